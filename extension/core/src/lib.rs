@@ -1,0 +1,14 @@
+//! keyturn-core: the pure, database-free logic of keyturn.
+//!
+//! Everything here is deterministic (except token minting) and unit-testable with
+//! plain `cargo test -p keyturn-core`. The pgrx extension wraps these functions; it
+//! never re-implements them.
+
+pub mod canonical;
+pub mod credentials;
+pub mod error;
+pub mod schema;
+pub mod template;
+pub mod token;
+
+pub use error::CoreError;

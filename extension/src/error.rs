@@ -1,0 +1,58 @@
+//! The extension's one error type. Every variant carries the SQLSTATE the
+//! contract names for it; nothing leaves as a bare 22000/XX000.
+
+use keyturn_core::CoreError;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyturnError {
+    /// Input that keyturn cannot accept as given (22023).
+    #[error("keyturn: {0}")]
+    Invalid(#[from] CoreError),
+    /// The caller may not do this (42501).
+    #[error("keyturn: {message}")]
+    Forbidden { message: String, hint: &'static str },
+    /// The installation itself is broken, e.g. the extension row is missing (55000).
+    #[error("keyturn: {0}")]
+    NotReady(String),
+}
+
+impl KeyturnError {
+    fn sqlstate(&self) -> PgSqlErrorCode {
+        match self {
+            KeyturnError::Invalid(_) => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            KeyturnError::Forbidden { .. } => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            KeyturnError::NotReady(_) => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        }
+    }
+
+    /// Raises this error as a PostgreSQL ERROR; never returns.
+    pub fn raise(self) -> ! {
+        let code = self.sqlstate();
+        let hint = match &self {
+            KeyturnError::Forbidden { hint, .. } => Some(*hint),
+            _ => None,
+        };
+        let mut report = ErrorReport::new(code, self.to_string(), "pg_keyturn");
+        if let Some(hint) = hint {
+            report = report.set_hint(hint);
+        }
+        report.report(PgLogLevel::ERROR);
+        unreachable!("ERROR-level reports do not return")
+    }
+}
+
+/// Unwraps a result, raising the error with its SQLSTATE.
+pub trait OrRaise<T> {
+    fn or_raise(self) -> T;
+}
+
+impl<T, E: Into<KeyturnError>> OrRaise<T> for Result<T, E> {
+    fn or_raise(self) -> T {
+        match self {
+            Ok(value) => value,
+            Err(error) => error.into().raise(),
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! pg_keyturn: a human-approval gate for AI-agent writes, enforced inside PostgreSQL.
+//!
+//! This file is the table of contents. The data model, the state machine and the
+//! privileges are hand-written SQL under `sql/` (read them in file order); the
+//! Rust modules below are the mechanisms SQL cannot do well or safely.
+
+::pgrx::pg_module_magic!(name, version);
+
+mod error;
+mod jsonb_text;
+
+mod canonical; // canonical_json, params_hash (RFC 8785 + SHA-256)
+mod exec_as; // _exec_as: run a statement as the caller, under RLS
+mod gate; // propose, approve, preview, reject: separation of duties + owner elevation
+mod identity; // current_tenant, current_principal, current_session
+mod privilege; // switching between the caller and the extension owner
+mod token; // one-time tokens: mint, digest, binding, constant-time compare
+mod validation; // credentials, receipts, summaries, params schemas
+
+#[cfg(any(test, feature = "pg_test"))]
+mod tests;
+
+// The hand-written SQL, in the order it must run. Rust functions named in a
+// `requires` list are created before that file.
+::pgrx::extension_sql_file!("../../sql/000_roles.sql", name = "roles", bootstrap);
+::pgrx::extension_sql_file!("../../sql/010_tables.sql", name = "tables", requires = ["roles"]);
+::pgrx::extension_sql_file!("../../sql/020_guards.sql", name = "guards", requires = ["tables"]);
+::pgrx::extension_sql_file!(
+    "../../sql/030_access.sql",
+    name = "access",
+    requires = [
+        "guards",
+        identity::current_tenant,
+        identity::current_principal,
+        identity::current_session
+    ]
+);
+::pgrx::extension_sql_file!("../../sql/040_admin.sql", name = "admin", requires = ["access"]);
+::pgrx::extension_sql_file!("../../sql/041_register.sql", name = "register", requires = ["admin"]);
+::pgrx::extension_sql_file!("../../sql/050_propose.sql", name = "propose", requires = ["register"]);
+::pgrx::extension_sql_file!("../../sql/051_approve.sql", name = "approve", requires = ["propose"]);
+::pgrx::extension_sql_file!("../../sql/052_session.sql", name = "session", requires = ["approve"]);
+::pgrx::extension_sql_file!("../../sql/060_dispatch.sql", name = "dispatch", requires = ["session"]);
+::pgrx::extension_sql_file!("../../sql/090_privileges.sql", name = "privileges", finalize);
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

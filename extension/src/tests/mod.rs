@@ -1,0 +1,4 @@
+//! `#[pg_test]`s: single-transaction behaviour inside a real backend.
+//! One file per feature; tests are named after the behaviour they pin down.
+
+mod canonical_tests;

@@ -1,0 +1,77 @@
+//! Input checks the state machine calls: credential material, receipts,
+//! summary templates and the params-schema subset. The logic lives in
+//! keyturn-core; these are its SQL entry points.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use keyturn_core::{credentials, schema, template};
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use serde_json::Value;
+
+use crate::error::OrRaise;
+use crate::jsonb_text::JsonbText;
+
+fn parse(json: &JsonbText) -> Value {
+    // Bounded parse (depth and size): 22023 on anything unusable.
+    keyturn_core::canonical::parse_bounded(&json.0).or_raise()
+}
+
+/// The path of the first credential-shaped key or value, or NULL.
+#[pg_extern(name = "_credential_path", immutable, strict, parallel_safe)]
+fn credential_path(params: JsonbText) -> Option<String> {
+    credentials::find_credential(&parse(&params))
+}
+
+/// A receipt with every credential-shaped key's value and credential-shaped
+/// string replaced by "[redacted]".
+#[pg_extern(name = "_redact", immutable, strict, parallel_safe)]
+fn redact(receipt: JsonbText) -> JsonB {
+    JsonB(credentials::redact(&parse(&receipt)))
+}
+
+/// Raises 22023 unless `template` is a valid summary template.
+#[pg_extern(name = "_check_template", immutable, strict, parallel_safe)]
+fn check_template(template: &str) {
+    template::check_template(template).or_raise()
+}
+
+/// The server-written summary: the template rendered over params.
+#[pg_extern(name = "_render_summary", immutable, strict, parallel_safe)]
+fn render_summary(template: &str, params: JsonbText, count: i32) -> String {
+    template::render(template, &parse(&params), i64::from(count))
+}
+
+/// Validates a params_schema against the supported subset and returns it
+/// normalized (additionalProperties defaulting to false).
+#[pg_extern(name = "_check_params_schema", immutable, strict, parallel_safe)]
+fn check_params_schema(params_schema: JsonbText) -> JsonB {
+    JsonB(schema::check_schema(&parse(&params_schema)).or_raise())
+}
+
+thread_local! {
+    // Compiled validators by schema text: tool versions are immutable, so a
+    // backend compiles each schema once instead of once per proposal.
+    static COMPILED: RefCell<HashMap<String, Rc<schema::CompiledSchema>>> = RefCell::new(HashMap::new());
+}
+const COMPILED_CACHE_MAX: usize = 128;
+
+/// NULL when params satisfy the (normalized) schema, else every violation.
+#[pg_extern(name = "_params_errors", immutable, strict, parallel_safe)]
+fn params_errors(params_schema: JsonbText, params: JsonbText) -> Option<String> {
+    let compiled = COMPILED.with(|cache| {
+        if let Some(hit) = cache.borrow().get(&params_schema.0) {
+            return Rc::clone(hit);
+        }
+        let compiled = Rc::new(schema::compile(&parse(&params_schema)).or_raise());
+        let mut cache = cache.borrow_mut();
+        if cache.len() >= COMPILED_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(params_schema.0.clone(), Rc::clone(&compiled));
+        compiled
+    });
+    compiled.validate(&parse(&params)).err().map(|e| e.to_string())
+}

@@ -1,0 +1,421 @@
+//! keyturnd's configuration: one struct, read from the environment.
+//!
+//! Precedence, highest first: command-line flag, environment variable, the
+//! TOML file named by `KEYTURN_CONFIG`, built-in default. The TOML file uses
+//! the field names below as keys (`listen = "127.0.0.1:8787"`,
+//! `workers = 8`, …); an unknown key is an error, so a typo never silently
+//! falls back to a default.
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `DATABASE_URL` | required | PostgreSQL connection string; the role needs `keyturn_dispatcher` (and `keyturn_operator` for `reconcile`, `uncertain` and the `keyturn_uncertain` gauge) |
+//! | `KEYTURN_LISTEN` | `127.0.0.1:8787` | address of `/healthz`, `/readyz`, `/metrics` |
+//! | `KEYTURN_WEBHOOK_URL` | unset | `webhook` adapter endpoint; unset = adapter off |
+//! | `KEYTURN_WEBHOOK_SECRET` | unset | HMAC-SHA256 key for `X-Keyturn-Signature`; required with the URL |
+//! | `KEYTURN_SMTP_URL` | unset | `smtp` adapter: `smtp://host:port` (plain), `?tls=required` / `?tls=opportunistic` (STARTTLS), `smtps://` (implicit TLS); `user:pass@` for AUTH |
+//! | `KEYTURN_SMTP_FROM` | unset | envelope and `From:` mailbox; required with the SMTP URL |
+//! | `KEYTURN_LEASE_SECONDS` | 30 | lease asked of `keyturn.lease`; must exceed the call timeout by the safety margin |
+//! | `KEYTURN_SWEEP_SECONDS` | 5 | period of `keyturn.sweep()` |
+//! | `KEYTURN_WORKERS` | 8 | provider calls in flight at most |
+//! | `KEYTURN_POLL_MS` | 1000 | lease poll period without notifications; 1..=1000 (the contract asks for at least one poll a second) |
+//! | `KEYTURN_HTTP_TIMEOUT_SECONDS` | 10 | upper bound of one provider call (a webhook request or an SMTP transaction) |
+//! | `KEYTURN_SHUTDOWN_SECONDS` | 30 | how long SIGTERM waits for calls in flight; keep it ≥ the lease so every call can be recorded |
+//! | `KEYTURN_LISTEN_NOTIFY` | true | `false` = poll only, no `LISTEN` (for benchmarks) |
+//! | `KEYTURN_WORKER_NAME` | `keyturnd-<host>-<pid>` | the `worker` argument of `keyturn.lease` |
+//! | `KEYTURN_LOG_FORMAT` | `text` | `json` for one JSON object per line |
+//! | `KEYTURN_CONFIG` | unset | path of an optional TOML file with any of the above |
+//!
+//! Secrets (`DATABASE_URL`, which may hold a password, the webhook secret and
+//! the SMTP URL, which may hold credentials) are [`Secret`]s: their `Debug`
+//! and `Display` print `[redacted]`, and `--help` never shows their values.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use clap::{ArgAction, Parser, ValueEnum};
+
+use crate::error::Error;
+
+/// Time kept free at the end of every lease: a provider call must end this
+/// long before the lease does, so that `complete` reaches the database before
+/// the sweep can call the action `uncertain`.
+pub const LEASE_SAFETY_MARGIN: Duration = Duration::from_secs(2);
+
+/// A string that must never reach a log line or a `Debug` dump.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself. Call it only where the value is consumed (a
+    /// connection, an HMAC key), never to print it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Secret(s)
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Every setting keyturnd reads. See the module docs for the table.
+#[derive(Clone, Debug, Parser)]
+pub struct Config {
+    /// PostgreSQL connection string (URL or key=value).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Secret,
+
+    /// Address of the health, readiness and metrics endpoints.
+    #[arg(long, env = "KEYTURN_LISTEN", default_value = "127.0.0.1:8787")]
+    pub listen: SocketAddr,
+
+    /// Endpoint of the `webhook` provider; unset disables it.
+    #[arg(long, env = "KEYTURN_WEBHOOK_URL")]
+    pub webhook_url: Option<url::Url>,
+
+    /// HMAC-SHA256 key (its UTF-8 bytes) signing every webhook body.
+    #[arg(long, env = "KEYTURN_WEBHOOK_SECRET", hide_env_values = true)]
+    pub webhook_secret: Option<Secret>,
+
+    /// SMTP server of the `smtp` provider; unset disables it.
+    #[arg(long, env = "KEYTURN_SMTP_URL", hide_env_values = true)]
+    pub smtp_url: Option<Secret>,
+
+    /// Sender mailbox of the `smtp` provider, e.g. `keyturn <noreply@example.com>`.
+    #[arg(long, env = "KEYTURN_SMTP_FROM")]
+    pub smtp_from: Option<String>,
+
+    /// Lease length asked of `keyturn.lease`, in seconds.
+    #[arg(long, env = "KEYTURN_LEASE_SECONDS", default_value_t = 30)]
+    pub lease_seconds: u64,
+
+    /// Period of `keyturn.sweep()`, in seconds.
+    #[arg(long, env = "KEYTURN_SWEEP_SECONDS", default_value_t = 5)]
+    pub sweep_seconds: u64,
+
+    /// Provider calls in flight at most.
+    #[arg(long, env = "KEYTURN_WORKERS", default_value_t = 8)]
+    pub workers: usize,
+
+    /// Lease poll period in milliseconds (1..=1000).
+    #[arg(long, env = "KEYTURN_POLL_MS", default_value_t = 1000)]
+    pub poll_ms: u64,
+
+    /// Upper bound of one provider call, in seconds.
+    #[arg(long, env = "KEYTURN_HTTP_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub http_timeout_seconds: u64,
+
+    /// Seconds SIGTERM waits for calls in flight before exiting.
+    #[arg(long, env = "KEYTURN_SHUTDOWN_SECONDS", default_value_t = 30)]
+    pub shutdown_seconds: u64,
+
+    /// `LISTEN keyturn_dispatch` for prompt wake-ups; false polls only.
+    #[arg(long, env = "KEYTURN_LISTEN_NOTIFY", default_value_t = true, action = ArgAction::Set)]
+    pub listen_notify: bool,
+
+    /// Name passed to `keyturn.lease` (default `keyturnd-<host>-<pid>`).
+    #[arg(long, env = "KEYTURN_WORKER_NAME")]
+    pub worker_name: Option<String>,
+
+    /// Log format.
+    #[arg(long, env = "KEYTURN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// Checks what clap cannot: ranges and settings that only make sense
+    /// together. Called once at start-up so a bad deployment fails loudly
+    /// instead of dispatching with surprising bounds.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |msg: String| Err(Error::Config(msg));
+        if !(1..=1000).contains(&self.poll_ms) {
+            return bad(format!(
+                "KEYTURN_POLL_MS={} must be between 1 and 1000: the contract polls at least once a second",
+                self.poll_ms
+            ));
+        }
+        if !(1..=1024).contains(&self.workers) {
+            return bad(format!(
+                "KEYTURN_WORKERS={} must be between 1 and 1024",
+                self.workers
+            ));
+        }
+        if self.sweep_seconds == 0 {
+            return bad("KEYTURN_SWEEP_SECONDS must be at least 1".into());
+        }
+        if self.http_timeout_seconds == 0 {
+            return bad("KEYTURN_HTTP_TIMEOUT_SECONDS must be at least 1".into());
+        }
+        if self.lease() < self.call_timeout() + LEASE_SAFETY_MARGIN {
+            return bad(format!(
+                "KEYTURN_LEASE_SECONDS={} must be at least KEYTURN_HTTP_TIMEOUT_SECONDS={} plus {} s: \
+                 every provider call has to end before its lease does",
+                self.lease_seconds,
+                self.http_timeout_seconds,
+                LEASE_SAFETY_MARGIN.as_secs()
+            ));
+        }
+        match (&self.webhook_url, &self.webhook_secret) {
+            (Some(url), Some(secret)) => {
+                if !matches!(url.scheme(), "http" | "https") {
+                    return bad("KEYTURN_WEBHOOK_URL must be an http:// or https:// URL".into());
+                }
+                if secret.expose().is_empty() {
+                    return bad("KEYTURN_WEBHOOK_SECRET must not be empty".into());
+                }
+            }
+            (Some(_), None) => {
+                return bad(
+                    "KEYTURN_WEBHOOK_URL is set but KEYTURN_WEBHOOK_SECRET is not: \
+                     every webhook body is signed"
+                        .into(),
+                )
+            }
+            (None, Some(_)) => {
+                return bad("KEYTURN_WEBHOOK_SECRET is set but KEYTURN_WEBHOOK_URL is not".into())
+            }
+            (None, None) => {}
+        }
+        if self.smtp_url.is_some() && self.smtp_from.is_none() {
+            return bad(
+                "KEYTURN_SMTP_URL is set but KEYTURN_SMTP_FROM is not: name the sender mailbox"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The lease asked of `keyturn.lease`.
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(self.lease_seconds)
+    }
+
+    /// The upper bound of one provider call.
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_secs(self.http_timeout_seconds)
+    }
+
+    /// The worker name passed to `keyturn.lease`.
+    pub fn worker_name(&self) -> String {
+        match &self.worker_name {
+            Some(name) if !name.is_empty() => name.clone(),
+            _ => {
+                // /proc is Linux-only; elsewhere the pid alone still tells
+                // two processes apart in the audit trail.
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_owned())
+                    .unwrap_or_default();
+                if host.is_empty() {
+                    format!("keyturnd-{}", std::process::id())
+                } else {
+                    format!("keyturnd-{host}-{}", std::process::id())
+                }
+            }
+        }
+    }
+}
+
+/// Parses `P` (the `Config` itself or a CLI that flattens it) from `args`
+/// and the environment, using the TOML file at `file` (if any) as defaults.
+///
+/// Clap errors (including `--help`) come back as `Err(clap::Error)` so the
+/// caller can `exit()` with clap's formatting; file errors as
+/// [`Error::Config`].
+pub fn parse_with_file<P: Parser>(
+    args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+    file: Option<&Path>,
+) -> Result<Result<P, clap::Error>, Error> {
+    let cmd = command_with_file_defaults(P::command(), file)?;
+    let matches = match cmd.try_get_matches_from(args) {
+        Ok(m) => m,
+        Err(e) => return Ok(Err(e)),
+    };
+    Ok(P::from_arg_matches(&matches))
+}
+
+/// Applies the TOML file at `file` (if any) to `cmd` as defaults.
+fn command_with_file_defaults(
+    mut cmd: clap::Command,
+    file: Option<&Path>,
+) -> Result<clap::Command, Error> {
+    if let Some(path) = file {
+        for (key, value) in read_toml_defaults(path)? {
+            if !cmd.get_arguments().any(|a| a.get_id() == key.as_str()) {
+                return Err(Error::Config(format!(
+                    "{}: unknown key `{key}` (keys are the long option names with `_`, e.g. `lease_seconds`)",
+                    path.display()
+                )));
+            }
+            // A default from the file must satisfy `required`, and it stays
+            // below the environment and the command line in clap's order.
+            cmd = cmd.mut_arg(key.as_str(), |a| a.default_value(value).required(false));
+        }
+    }
+    Ok(cmd)
+}
+
+/// Reads the TOML file into `(key, value-as-text)` pairs. Only flat scalar
+/// values are accepted: each one becomes the default of the option of the
+/// same name.
+fn read_toml_defaults(path: &Path) -> Result<Vec<(String, String)>, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e| Error::Config(format!("{} is not valid TOML: {e}", path.display())))?;
+    let mut out = Vec::with_capacity(table.len());
+    for (key, value) in table {
+        let text = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            _ => {
+                return Err(Error::Config(format!(
+                    "{}: `{key}` must be a string, number or boolean",
+                    path.display()
+                )))
+            }
+        };
+        out.push((key, text));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches};
+    use std::io::Write;
+
+    fn parse(args: &[&str], file: Option<&Path>) -> Result<Config, String> {
+        let mut all = vec!["keyturnd"];
+        all.extend_from_slice(args);
+        // The test process may run with DATABASE_URL & co. set (CI does):
+        // strip every `env` so only the arguments and the file count.
+        let mut cmd = Config::command();
+        let ids: Vec<String> = cmd
+            .get_arguments()
+            .map(|a| a.get_id().to_string())
+            .collect();
+        for id in ids {
+            cmd = cmd.mut_arg(id, |a| a.env(None));
+        }
+        let cmd = command_with_file_defaults(cmd, file).map_err(|e| e.to_string())?;
+        let matches = cmd.try_get_matches_from(all).map_err(|e| e.to_string())?;
+        Config::from_arg_matches(&matches).map_err(|e| e.to_string())
+    }
+
+    fn toml_file(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        f.write_all(text.as_bytes()).expect("write temp file");
+        f
+    }
+
+    #[test]
+    fn test_defaults_match_the_contract() {
+        let c = parse(&["--database-url", "postgres://x"], None).expect("parses");
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8787");
+        assert_eq!(c.lease_seconds, 30);
+        assert_eq!(c.sweep_seconds, 5);
+        assert_eq!(c.workers, 8);
+        assert_eq!(c.poll_ms, 1000);
+        assert!(c.listen_notify);
+        c.validate().expect("defaults are valid");
+    }
+
+    #[test]
+    fn test_file_fills_in_and_the_command_line_overrides_it() {
+        let f =
+            toml_file("database_url = \"postgres://file\"\nworkers = 3\nlisten_notify = false\n");
+        let c = parse(&[], Some(f.path())).expect("file supplies database_url");
+        assert_eq!(c.database_url.expose(), "postgres://file");
+        assert_eq!(c.workers, 3);
+        assert!(!c.listen_notify);
+        let c = parse(&["--workers", "5"], Some(f.path())).expect("parses");
+        assert_eq!(
+            c.workers, 5,
+            "the command line (like the environment) beats the file"
+        );
+    }
+
+    #[test]
+    fn test_unknown_file_key_is_refused() {
+        let f = toml_file("database_url = \"x\"\nworkerz = 3\n");
+        let err = parse(&[], Some(f.path())).expect_err("typo must not pass");
+        assert!(err.contains("workerz"), "{err}");
+    }
+
+    #[test]
+    fn test_secrets_never_show_in_debug() {
+        let c = parse(
+            &[
+                "--database-url",
+                "postgres://u:hunter2@h/db",
+                "--webhook-url",
+                "http://127.0.0.1:1/",
+                "--webhook-secret",
+                "s3cr3t-value",
+                "--smtp-url",
+                "smtp://user:pw-xyz@127.0.0.1:2525",
+                "--smtp-from",
+                "k@example.com",
+            ],
+            None,
+        )
+        .expect("parses");
+        let dump = format!("{c:?}");
+        for needle in ["hunter2", "s3cr3t-value", "pw-xyz"] {
+            assert!(!dump.contains(needle), "{needle} leaked: {dump}");
+        }
+        assert!(dump.contains("[redacted]"));
+    }
+
+    #[test]
+    fn test_validate_refuses_inconsistent_settings() {
+        let base = ["--database-url", "postgres://x"];
+        let cases: &[(&[&str], &str)] = &[
+            (&["--poll-ms", "1001"], "KEYTURN_POLL_MS"),
+            (&["--poll-ms", "0"], "KEYTURN_POLL_MS"),
+            (&["--workers", "0"], "KEYTURN_WORKERS"),
+            (&["--lease-seconds", "11"], "KEYTURN_LEASE_SECONDS"),
+            (
+                &["--webhook-url", "http://127.0.0.1:1/"],
+                "KEYTURN_WEBHOOK_SECRET",
+            ),
+            (&["--smtp-url", "smtp://127.0.0.1:25"], "KEYTURN_SMTP_FROM"),
+        ];
+        for (extra, needle) in cases {
+            let mut args = base.to_vec();
+            args.extend_from_slice(extra);
+            let c = parse(&args, None).expect("parses");
+            let err = c.validate().expect_err("must be refused").to_string();
+            assert!(err.contains(needle), "{extra:?}: {err}");
+        }
+    }
+}

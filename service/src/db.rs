@@ -1,0 +1,351 @@
+//! The SQL keyturnd runs: one function per contract call (CONTRACT.md §4,
+//! "Dispatcher" and "Operator"), typed rows in, typed rows out.
+//!
+//! Every function takes a plain `&tokio_postgres::Client`, so the worker
+//! passes pooled connections and tests can pass any connection they like.
+//! Each call is one statement in autocommit: `begin_dispatch` in particular
+//! must be committed before the provider is called, and autocommit makes
+//! that true by construction.
+//!
+//! Statements go through `query_typed` (parameter types stated here, one
+//! round trip, no named prepared statements), which also works behind a
+//! transaction-mode connection pooler.
+//!
+//! Intervals are sent as `float8` seconds and multiplied by
+//! `interval '1 second'` in SQL, so that a `NULL` delay stays `NULL` (the
+//! database then applies its own backoff).
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use serde::Serialize;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, NoTls, Row};
+use uuid::Uuid;
+
+use crate::error::Error;
+use crate::metrics::Metrics;
+
+/// Longest any single keyturn call may take before it counts as lost. The
+/// calls are small; a database that needs longer is in trouble, and the
+/// worker's own deadlines matter more than waiting it out.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long to wait for a pooled connection (or to open one).
+const POOL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One row of `keyturn.lease`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeasedJob {
+    /// The action.
+    pub action_id: Uuid,
+    /// This lease; every later call for the job must present it.
+    pub lease_id: Uuid,
+    /// The action's tenant.
+    pub tenant: String,
+    /// The tool name.
+    pub tool: String,
+    /// The adapter that carries it out (`webhook`, `smtp`, …).
+    pub provider: String,
+    /// The approved params. Never logged.
+    pub params: serde_json::Value,
+    /// Stable per action; sent to the provider on every attempt.
+    pub idempotency_key: String,
+    /// The attempt this lease is for (counted at `begin_dispatch`).
+    pub attempt: i32,
+}
+
+impl LeasedJob {
+    fn from_row(row: &Row) -> Result<Self, Error> {
+        Ok(LeasedJob {
+            action_id: get(row, "action_id")?,
+            lease_id: get(row, "lease_id")?,
+            tenant: get(row, "tenant")?,
+            tool: get(row, "tool")?,
+            provider: get(row, "provider")?,
+            params: get(row, "params")?,
+            idempotency_key: get(row, "idempotency_key")?,
+            attempt: get(row, "attempt")?,
+        })
+    }
+
+    /// A job for tests (fixed ids, an email-shaped params object).
+    #[cfg(test)]
+    pub fn example() -> Self {
+        LeasedJob {
+            action_id: Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),
+            lease_id: Uuid::from_u128(1),
+            tenant: "acme".into(),
+            tool: "send_email".into(),
+            provider: "webhook".into(),
+            params: serde_json::json!({"to": "a@example.com", "subject": "Hi", "body": "Hello"}),
+            idempotency_key: "ik-0123456789abcdef".into(),
+            attempt: 1,
+        }
+    }
+}
+
+/// One row of `keyturn.sweep()`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepCounts {
+    /// `pending` past expiry → `expired`.
+    pub expired: i32,
+    /// `leased` with a lapsed lease → `queued`.
+    pub requeued: i32,
+    /// `executing` with a lapsed lease → `uncertain`.
+    pub uncertain: i32,
+}
+
+/// One row of `keyturn.uncertain_actions()`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct UncertainAction {
+    /// The action.
+    pub action_id: Uuid,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its tool.
+    pub tool: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// When the last attempt began.
+    pub dispatched_at: Option<DateTime<Utc>>,
+    /// The last receipt recorded (credential-shaped keys redacted by the
+    /// database).
+    pub receipt: Option<serde_json::Value>,
+}
+
+/// The `outcome` argument of `keyturn.reconcile`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Reconciled {
+    /// The provider did it.
+    Succeeded,
+    /// The provider did not.
+    Failed,
+}
+
+impl Reconciled {
+    fn word(self) -> &'static str {
+        match self {
+            Reconciled::Succeeded => "succeeded",
+            Reconciled::Failed => "failed",
+        }
+    }
+}
+
+/// Builds the connection pool. Connections open lazily, so this succeeds
+/// while the database is down; the first call reports it.
+pub fn pool(database_url: &str, max_size: usize, metrics: Arc<Metrics>) -> Result<Pool, Error> {
+    let pg = pg_config(database_url)?;
+    let manager = Manager::from_config(
+        pg,
+        NoTls,
+        ManagerConfig {
+            // Fast: a closed connection is detected without a round trip; a
+            // connection that broke silently fails its next statement, which
+            // the callers retry.
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(max_size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(POOL_TIMEOUT))
+        .create_timeout(Some(POOL_TIMEOUT))
+        .recycle_timeout(Some(POOL_TIMEOUT))
+        .pre_recycle(Hook::sync_fn(move |client, _| {
+            // The pool is about to find this connection dead and open
+            // another: that is a reconnect.
+            if client.is_closed() {
+                metrics.reconnect("pool");
+            }
+            Ok(())
+        }))
+        .build()
+        .map_err(|e| Error::Config(format!("database pool: {e}")))
+}
+
+/// Parses `DATABASE_URL` and names the application for `pg_stat_activity`.
+pub fn pg_config(database_url: &str) -> Result<tokio_postgres::Config, Error> {
+    let mut pg = tokio_postgres::Config::from_str(database_url)
+        .map_err(|e| Error::Config(format!("DATABASE_URL does not parse: {e}")))?;
+    if pg.get_application_name().is_none() {
+        pg.application_name("keyturnd");
+    }
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(POOL_TIMEOUT);
+    }
+    // Notice a half-open connection (the LISTEN one above all) within
+    // minutes rather than the kernel's default two hours.
+    pg.keepalives(true).keepalives_idle(Duration::from_secs(30));
+    Ok(pg)
+}
+
+fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, col: &str) -> Result<T, Error> {
+    row.try_get(col).map_err(Error::Decode)
+}
+
+async fn bounded<T>(
+    fut: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(STATEMENT_TIMEOUT, fut).await {
+        Ok(result) => result.map_err(Error::Db),
+        Err(_) => Err(Error::DbTimeout(STATEMENT_TIMEOUT)),
+    }
+}
+
+async fn query(
+    client: &Client,
+    sql: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> Result<Vec<Row>, Error> {
+    bounded(client.query_typed(sql, params)).await
+}
+
+async fn query_one(
+    client: &Client,
+    sql: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> Result<Row, Error> {
+    bounded(client.query_typed_one(sql, params)).await
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// `keyturn.lease(worker, max_jobs, lease_for)`.
+pub async fn lease(
+    client: &Client,
+    worker: &str,
+    max_jobs: i32,
+    lease_for: Duration,
+) -> Result<Vec<LeasedJob>, Error> {
+    let lease_secs = secs(lease_for);
+    let rows = query(
+        client,
+        "SELECT action_id, lease_id, tenant, tool, provider, params, idempotency_key, attempt \
+         FROM keyturn.lease($1, $2, $3 * interval '1 second')",
+        &[
+            (&worker, Type::TEXT),
+            (&max_jobs, Type::INT4),
+            (&lease_secs, Type::FLOAT8),
+        ],
+    )
+    .await?;
+    rows.iter().map(LeasedJob::from_row).collect()
+}
+
+/// `keyturn.begin_dispatch(action_id, lease_id)`: true = go, false =
+/// invalidated (do not call the provider).
+pub async fn begin_dispatch(
+    client: &Client,
+    action_id: Uuid,
+    lease_id: Uuid,
+) -> Result<bool, Error> {
+    let row = query_one(
+        client,
+        "SELECT keyturn.begin_dispatch($1, $2) AS go",
+        &[(&action_id, Type::UUID), (&lease_id, Type::UUID)],
+    )
+    .await?;
+    get(&row, "go")
+}
+
+/// `keyturn.complete(action_id, lease_id, outcome, receipt, retry_after)`;
+/// returns the new status.
+pub async fn complete(
+    client: &Client,
+    action_id: Uuid,
+    lease_id: Uuid,
+    outcome: &str,
+    receipt: &serde_json::Value,
+    retry_after: Option<Duration>,
+) -> Result<String, Error> {
+    let retry_secs = retry_after.map(secs);
+    let row = query_one(
+        client,
+        "SELECT keyturn.complete($1, $2, $3, $4, $5 * interval '1 second') AS status",
+        &[
+            (&action_id, Type::UUID),
+            (&lease_id, Type::UUID),
+            (&outcome, Type::TEXT),
+            (receipt, Type::JSONB),
+            (&retry_secs, Type::FLOAT8),
+        ],
+    )
+    .await?;
+    get(&row, "status")
+}
+
+/// `keyturn.sweep()`.
+pub async fn sweep(client: &Client) -> Result<SweepCounts, Error> {
+    let row = query_one(
+        client,
+        "SELECT expired, requeued, uncertain FROM keyturn.sweep()",
+        &[],
+    )
+    .await?;
+    Ok(SweepCounts {
+        expired: get(&row, "expired")?,
+        requeued: get(&row, "requeued")?,
+        uncertain: get(&row, "uncertain")?,
+    })
+}
+
+/// `keyturn.reconcile(action_id, outcome, note)`; returns the new status.
+pub async fn reconcile(
+    client: &Client,
+    action_id: Uuid,
+    outcome: Reconciled,
+    note: &str,
+) -> Result<String, Error> {
+    let word = outcome.word();
+    let row = query_one(
+        client,
+        "SELECT keyturn.reconcile($1, $2, $3) AS status",
+        &[
+            (&action_id, Type::UUID),
+            (&word, Type::TEXT),
+            (&note, Type::TEXT),
+        ],
+    )
+    .await?;
+    get(&row, "status")
+}
+
+/// `keyturn.uncertain_actions()`, oldest dispatch first.
+pub async fn uncertain_actions(client: &Client) -> Result<Vec<UncertainAction>, Error> {
+    let rows = query(
+        client,
+        "SELECT action_id, tenant, tool, attempts, dispatched_at, receipt \
+         FROM keyturn.uncertain_actions() ORDER BY dispatched_at NULLS FIRST, action_id",
+        &[],
+    )
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(UncertainAction {
+                action_id: get(row, "action_id")?,
+                tenant: get(row, "tenant")?,
+                tool: get(row, "tool")?,
+                attempts: get(row, "attempts")?,
+                dispatched_at: get(row, "dispatched_at")?,
+                receipt: get(row, "receipt")?,
+            })
+        })
+        .collect()
+}
+
+/// How many rows `keyturn.uncertain_actions()` holds (the gauge).
+pub async fn uncertain_count(client: &Client) -> Result<i64, Error> {
+    let row = query_one(
+        client,
+        "SELECT count(*) AS n FROM keyturn.uncertain_actions()",
+        &[],
+    )
+    .await?;
+    get(&row, "n")
+}

@@ -1,0 +1,172 @@
+//! `keyturnd`: wiring only. See the library docs for what each part does.
+
+use std::future::IntoFuture;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use keyturnd::config::{self, Config, LogFormat};
+use keyturnd::db::{self, Reconciled};
+use keyturnd::providers::Providers;
+use keyturnd::shutdown::Signals;
+use keyturnd::worker::{Dispatcher, Settings};
+use keyturnd::{app, operator, AppState, Error};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// keyturn's dispatch service: leases approved external actions from
+/// PostgreSQL, calls the provider once per attempt, records the outcome.
+#[derive(Parser)]
+#[command(
+    name = "keyturnd",
+    version,
+    after_help = "Every option can also be set in a TOML file named by KEYTURN_CONFIG \
+                  (keys are the option names with `_`); the environment and the command line win over it."
+)]
+struct Cli {
+    #[command(flatten)]
+    config: Config,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Dispatch approved actions and serve /healthz, /readyz, /metrics (the default).
+    Serve,
+    /// Settle an `uncertain` action after checking with the provider (role keyturn_operator).
+    Reconcile {
+        /// The action to settle.
+        action_id: Uuid,
+        /// What the provider actually did.
+        #[arg(long, value_enum)]
+        outcome: Reconciled,
+        /// Why: kept in the audit trail.
+        #[arg(long)]
+        note: String,
+    },
+    /// List the actions waiting for an operator (role keyturn_operator).
+    Uncertain {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let file = std::env::var_os("KEYTURN_CONFIG").map(PathBuf::from);
+    let cli = match config::parse_with_file::<Cli>(std::env::args_os(), file.as_deref()) {
+        Ok(Ok(cli)) => cli,
+        Ok(Err(clap_error)) => clap_error.exit(),
+        Err(e) => {
+            eprintln!("keyturnd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(cli.config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    let url = cli.config.database_url.clone();
+    let result = runtime.block_on(async move {
+        match cli.command.unwrap_or(Command::Serve) {
+            Command::Serve => serve(cli.config).await,
+            Command::Reconcile {
+                action_id,
+                outcome,
+                note,
+            } => operator::reconcile(url.expose(), action_id, outcome, &note)
+                .await
+                .map(|line| println!("{line}")),
+            Command::Uncertain { json } => operator::uncertain(url.expose(), json)
+                .await
+                .map(|text| print!("{}", text.trim_end().to_owned() + "\n")),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "keyturnd failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn serve(config: Config) -> Result<(), Error> {
+    config.validate()?;
+    let state = AppState::new();
+    let shutdown = CancellationToken::new();
+    Signals::install()?.spawn(shutdown.clone(), state.health.clone());
+
+    let providers = Providers::from_config(&config)?;
+    if providers.names().is_empty() {
+        tracing::warn!(
+            "no provider is configured: every leased job will be handed back undispatched"
+        );
+    }
+    // Every call slot may need a connection at once, plus lease and sweep.
+    let pool = db::pool(
+        config.database_url.expose(),
+        config.workers + 2,
+        state.metrics.clone(),
+    )?;
+    let settings = Settings::from_config(&config);
+    tracing::info!(
+        listen = %config.listen,
+        worker = %settings.worker_name,
+        providers = ?providers.names(),
+        workers = config.workers,
+        lease_seconds = config.lease_seconds,
+        listen_notify = config.listen_notify,
+        "keyturnd starting"
+    );
+
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    // The HTTP server outlives the drain, so /readyz can say 503 meanwhile.
+    let http_stop = CancellationToken::new();
+    let server = tokio::spawn(
+        axum::serve(listener, app(state.clone()))
+            .with_graceful_shutdown(http_stop.clone().cancelled_owned())
+            .into_future(),
+    );
+
+    Dispatcher::new(
+        pool,
+        providers,
+        Arc::clone(&state.metrics),
+        Arc::clone(&state.health),
+        settings,
+    )
+    .run(shutdown)
+    .await;
+
+    http_stop.cancel();
+    match server.await {
+        Ok(result) => result?,
+        Err(e) => tracing::error!(error = %e, "HTTP server task failed"),
+    }
+    tracing::info!("keyturnd stopped");
+    Ok(())
+}

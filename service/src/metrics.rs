@@ -1,0 +1,190 @@
+//! Prometheus metrics, served at `GET /metrics` in the OpenMetrics text format.
+//!
+//! Built on `prometheus-client` (the Prometheus project's crate) with an
+//! explicit [`Registry`] held in the app state rather than a process-global
+//! recorder: tests can build many apps side by side, and nothing is recorded
+//! behind the caller's back.
+//!
+//! | metric | type | labels | meaning |
+//! |---|---|---|---|
+//! | `keyturn_actions_total` | counter | `outcome` = `succeeded` \| `failed` \| `retry` \| `unknown` \| `invalidated` | one per dispatch attempt: the classified provider outcome, or `invalidated` when `begin_dispatch` said no |
+//! | `keyturn_dispatch_seconds` | histogram | — | provider call latency (request sent → outcome classified) |
+//! | `keyturn_lease_batch_size` | histogram | — | jobs returned by one non-empty `keyturn.lease` call |
+//! | `keyturn_uncertain` | gauge | — | rows in `keyturn.uncertain_actions()`, refreshed after each sweep (needs `keyturn_operator`; stays at its last value otherwise) |
+//! | `keyturn_sweep_total` | counter | `kind` = `expired` \| `requeued` \| `uncertain` | rows moved by `keyturn.sweep()` |
+//! | `keyturn_db_reconnects_total` | counter | `conn` = `listen` \| `pool` | database connections found broken and replaced |
+//! | `keyturn_handbacks_total` | counter | `reason` = `lease_too_short` \| `shutdown` \| `unknown_provider` | leased jobs handed back (`complete 'retry'` before `begin_dispatch`) |
+//! | `keyturn_unrecorded_outcomes_total` | counter | — | observed outcomes `complete` could not record (database unreachable past the lease, or the action already `uncertain`); each one is logged for the operator |
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Label set `{outcome}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// The outcome word.
+    pub outcome: &'static str,
+}
+
+/// Label set `{kind}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// The sweep column.
+    pub kind: &'static str,
+}
+
+/// Label set `{conn}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnLabel {
+    /// `listen` or `pool`.
+    pub conn: &'static str,
+}
+
+/// Label set `{reason}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why the job was handed back.
+    pub reason: &'static str,
+}
+
+/// Every metric keyturnd exports. Cloning the handles is cheap (they are
+/// `Arc`s inside), so the struct is shared behind one `Arc`.
+pub struct Metrics {
+    registry: Registry,
+    /// `keyturn_actions_total{outcome}`.
+    pub actions: Family<OutcomeLabel, Counter>,
+    /// `keyturn_dispatch_seconds`.
+    pub dispatch_seconds: Histogram,
+    /// `keyturn_lease_batch_size`.
+    pub lease_batch_size: Histogram,
+    /// `keyturn_uncertain`.
+    pub uncertain: Gauge,
+    /// `keyturn_sweep_total{kind}`.
+    pub sweep: Family<KindLabel, Counter>,
+    /// `keyturn_db_reconnects_total{conn}`.
+    pub db_reconnects: Family<ConnLabel, Counter>,
+    /// `keyturn_handbacks_total{reason}`.
+    pub handbacks: Family<ReasonLabel, Counter>,
+    /// `keyturn_unrecorded_outcomes_total`.
+    pub unrecorded: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let actions = Family::<OutcomeLabel, Counter>::default();
+        // 5 ms … ~41 s: from a loopback webhook to a call that used its
+        // whole timeout.
+        let dispatch_seconds = Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        // 1, 2, 4 … 1024: KEYTURN_WORKERS is at most 1024.
+        let lease_batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 11));
+        let uncertain = Gauge::default();
+        let sweep = Family::<KindLabel, Counter>::default();
+        let db_reconnects = Family::<ConnLabel, Counter>::default();
+        let handbacks = Family::<ReasonLabel, Counter>::default();
+        let unrecorded = Counter::default();
+
+        // prometheus-client appends `_total` to counters itself.
+        registry.register(
+            "keyturn_actions",
+            "Dispatch attempts by outcome",
+            actions.clone(),
+        );
+        registry.register(
+            "keyturn_dispatch_seconds",
+            "Provider call latency in seconds",
+            dispatch_seconds.clone(),
+        );
+        registry.register(
+            "keyturn_lease_batch_size",
+            "Jobs returned by one non-empty keyturn.lease call",
+            lease_batch_size.clone(),
+        );
+        registry.register(
+            "keyturn_uncertain",
+            "Actions waiting in keyturn.uncertain_actions() for an operator",
+            uncertain.clone(),
+        );
+        registry.register(
+            "keyturn_sweep",
+            "Rows moved by keyturn.sweep() by kind",
+            sweep.clone(),
+        );
+        registry.register(
+            "keyturn_db_reconnects",
+            "Database connections found broken and replaced",
+            db_reconnects.clone(),
+        );
+        registry.register(
+            "keyturn_handbacks",
+            "Leased jobs handed back before begin_dispatch, by reason",
+            handbacks.clone(),
+        );
+        registry.register(
+            "keyturn_unrecorded_outcomes",
+            "Observed provider outcomes that complete could not record",
+            unrecorded.clone(),
+        );
+
+        // Touch the fixed label values so every series exists from the first
+        // scrape: a rate() over a series that appears late misses its start.
+        for outcome in ["succeeded", "failed", "retry", "unknown", "invalidated"] {
+            let _ = actions.get_or_create(&OutcomeLabel { outcome });
+        }
+        for kind in ["expired", "requeued", "uncertain"] {
+            let _ = sweep.get_or_create(&KindLabel { kind });
+        }
+        for conn in ["listen", "pool"] {
+            let _ = db_reconnects.get_or_create(&ConnLabel { conn });
+        }
+        for reason in ["lease_too_short", "shutdown", "unknown_provider"] {
+            let _ = handbacks.get_or_create(&ReasonLabel { reason });
+        }
+
+        Metrics {
+            registry,
+            actions,
+            dispatch_seconds,
+            lease_batch_size,
+            uncertain,
+            sweep,
+            db_reconnects,
+            handbacks,
+            unrecorded,
+        }
+    }
+
+    /// Counts one attempt's outcome.
+    pub fn action(&self, outcome: &'static str) {
+        self.actions.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// Counts one hand-back.
+    pub fn handback(&self, reason: &'static str) {
+        self.handbacks.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Counts one replaced connection.
+    pub fn reconnect(&self, conn: &'static str) {
+        self.db_reconnects.get_or_create(&ConnLabel { conn }).inc();
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::with_capacity(4096);
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}

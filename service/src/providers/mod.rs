@@ -1,0 +1,121 @@
+//! Provider adapters: the only code that talks to the outside world.
+//!
+//! An adapter receives one leased job after `begin_dispatch` committed, makes
+//! exactly one attempt bounded by the time it is given, and returns a
+//! [`CallResult`]: an [`Outcome`] classified by [`crate::classify`] and a
+//! small receipt. Adapters never return errors and never retry on their own:
+//! a retry is the database's decision, made on the recorded outcome.
+//!
+//! Receipts hold only what the contract allows (§6): status codes and a
+//! provider message id, never bodies or param values.
+//!
+//! The trait is object-safe (it returns a boxed future) so that the set of
+//! providers is a plain map from the tool's `provider` name, and tests can
+//! plug in their own.
+
+pub mod smtp;
+pub mod webhook;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::classify::Outcome;
+use crate::config::Config;
+use crate::db::LeasedJob;
+use crate::error::Error;
+
+/// A boxed, sendable future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Longest provider message id kept in a receipt.
+pub const MAX_MESSAGE_ID_CHARS: usize = 128;
+
+/// What one attempt produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallResult {
+    /// The classified outcome.
+    pub outcome: Outcome,
+    /// The receipt stored by `keyturn.complete`.
+    pub receipt: serde_json::Value,
+}
+
+/// One way of carrying out an external action.
+pub trait Provider: Send + Sync {
+    /// The name tools use in their `provider` spec key.
+    fn name(&self) -> &'static str;
+
+    /// Makes one attempt, finishing within `timeout`.
+    fn call<'a>(&'a self, job: &'a LeasedJob, timeout: Duration) -> BoxFuture<'a, CallResult>;
+}
+
+/// The configured providers, by name.
+#[derive(Clone, Default)]
+pub struct Providers {
+    by_name: HashMap<&'static str, Arc<dyn Provider>>,
+}
+
+impl Providers {
+    /// Builds every provider the configuration enables.
+    pub fn from_config(config: &Config) -> Result<Self, Error> {
+        let mut providers = Providers::default();
+        if let (Some(url), Some(secret)) = (&config.webhook_url, &config.webhook_secret) {
+            providers.insert(Arc::new(webhook::WebhookProvider::new(
+                url.clone(),
+                secret.clone(),
+            )?));
+        }
+        if let (Some(url), Some(from)) = (&config.smtp_url, &config.smtp_from) {
+            providers.insert(Arc::new(smtp::SmtpProvider::new(url, from)?));
+        }
+        Ok(providers)
+    }
+
+    /// Adds (or replaces) a provider.
+    pub fn insert(&mut self, provider: Arc<dyn Provider>) {
+        self.by_name.insert(provider.name(), provider);
+    }
+
+    /// The provider of that name, if configured.
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Provider>> {
+        self.by_name.get(name).cloned()
+    }
+
+    /// The configured names, sorted (for the start-up log line).
+    pub fn names(&self) -> Vec<&'static str> {
+        let mut names: Vec<_> = self.by_name.keys().copied().collect();
+        names.sort_unstable();
+        names
+    }
+}
+
+/// Keeps a provider-supplied id printable and short, so a hostile or broken
+/// provider cannot stuff the receipt.
+pub(crate) fn clean_message_id(raw: &str) -> Option<String> {
+    let cleaned: String = raw
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_graphic())
+        .take(MAX_MESSAGE_ID_CHARS)
+        .collect();
+    (!cleaned.is_empty()).then_some(cleaned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_message_id_is_cleaned_and_truncated() {
+        assert_eq!(clean_message_id("  abc-1 "), Some("abc-1".into()));
+        assert_eq!(clean_message_id("a\nb\u{7f}c"), Some("abc".into()));
+        assert_eq!(clean_message_id("   "), None);
+        let long = "x".repeat(500);
+        assert_eq!(
+            clean_message_id(&long).map(|s| s.len()),
+            Some(MAX_MESSAGE_ID_CHARS)
+        );
+    }
+}

@@ -1,0 +1,669 @@
+//! The dispatch loop. keyturnd never decides whether an action may run:
+//! it only carries out what the database has already moved forward, in the
+//! order the contract fixes (CONTRACT.md §4 "Dispatcher", §7).
+//!
+//! ```text
+//!  wake (NOTIFY keyturn_dispatch | poll every KEYTURN_POLL_MS | a job ended)
+//!    └─ keyturn.lease(worker, n = free slots, lease)          one batch
+//!         └─ per job, in its own task (≤ KEYTURN_WORKERS at once):
+//!              provider unknown here?     → complete 'retry' (hand back, delayed)
+//!              shutting down?             → complete 'retry' (hand back)
+//!              lease left < call + margin → complete 'retry' (hand back)
+//!              keyturn.begin_dispatch     (autocommit) false → stop: invalidated
+//!              provider call, bounded by the lease left, Idempotency-Key
+//!              keyturn.complete(outcome)  retried with backoff if the DB is away
+//! ```
+//!
+//! **Deadlines.** `keyturn.lease` does not return its expiry, so the worker
+//! takes the instant *before* it sent the lease call plus the lease length:
+//! the database's own `now()` is later, so the local deadline is never later
+//! than the real one. Every call ends [`LEASE_SAFETY_MARGIN`] before it.
+//!
+//! **Unknown provider.** A leased job whose `provider` this process does not
+//! have (not configured, or a name it does not know) is never dispatched:
+//! `begin_dispatch` is not called, the job is handed back with
+//! `complete 'retry'` and a delay of [`UNKNOWN_PROVIDER_DELAY`] (no attempt
+//! is counted before dispatch), an ERROR is logged and
+//! `keyturn_handbacks_total{reason="unknown_provider"}` counts it. The action
+//! stays `queued`, visible, and runs as soon as a keyturnd with that provider
+//! leases it. Failing it is not possible before dispatch under the contract,
+//! and would be wrong anyway: the human approved it, and the fix is
+//! configuration.
+//!
+//! **A lost database never becomes a guessed outcome.** If `complete` cannot
+//! be recorded, the worker retries recording the *same* outcome with backoff
+//! until one lease length past the lease deadline (the database accepts a
+//! known outcome past expiry until the sweep runs). If it still cannot, it
+//! logs the outcome at ERROR for the operator; the sweep will call the action
+//! `uncertain`. If `complete` answers `55000` (already `uncertain`), the
+//! observed outcome is logged at WARN for the operator.
+//!
+//! **begin_dispatch that may or may not have committed** (the connection
+//! broke around it): the provider is *not* called, and the worker records
+//! `retry`, which is right in both cases — from `leased` it requeues without
+//! counting an attempt, from `executing` it requeues counting one that did
+//! nothing.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use futures_util::StreamExt;
+use serde_json::json;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_postgres::AsyncMessage;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use crate::classify::Outcome;
+use crate::config::{Config, Secret, LEASE_SAFETY_MARGIN};
+use crate::db::{self, LeasedJob};
+use crate::error::Error;
+use crate::http::Health;
+use crate::metrics::Metrics;
+use crate::providers::{CallResult, Providers};
+
+/// The channel keyturn's `approve` notifies.
+pub const CHANNEL: &str = "keyturn_dispatch";
+
+/// Delay asked for when handing back a job whose provider is not here.
+pub const UNKNOWN_PROVIDER_DELAY: Duration = Duration::from_secs(60);
+
+/// Extra time a provider gets past its own bound before the worker stops
+/// waiting and records `unknown` (a provider that ignores its timeout).
+const PROVIDER_GRACE: Duration = Duration::from_millis(500);
+
+/// First and longest pause between retries of a database call.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+const RECONNECT_MAX: Duration = Duration::from_secs(10);
+
+/// What the dispatch loop needs from the configuration.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The `worker` argument of `keyturn.lease`.
+    pub worker_name: String,
+    /// Lease length.
+    pub lease: Duration,
+    /// Upper bound of one provider call.
+    pub call_timeout: Duration,
+    /// Poll period.
+    pub poll: Duration,
+    /// Sweep period.
+    pub sweep_every: Duration,
+    /// Calls in flight at most.
+    pub workers: usize,
+    /// Whether to `LISTEN`.
+    pub listen_notify: bool,
+    /// How long shutdown waits for calls in flight.
+    pub drain: Duration,
+    /// Connection string of the `LISTEN` connection.
+    pub database_url: Secret,
+}
+
+impl Settings {
+    /// Takes the dispatch settings from a validated [`Config`].
+    pub fn from_config(config: &Config) -> Self {
+        Settings {
+            worker_name: config.worker_name(),
+            lease: config.lease(),
+            call_timeout: config.call_timeout(),
+            poll: Duration::from_millis(config.poll_ms),
+            sweep_every: Duration::from_secs(config.sweep_seconds),
+            workers: config.workers,
+            listen_notify: config.listen_notify,
+            drain: Duration::from_secs(config.shutdown_seconds),
+            database_url: config.database_url.clone(),
+        }
+    }
+}
+
+/// Shared by the loop and its job tasks.
+struct Ctx {
+    pool: Pool,
+    providers: Providers,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    settings: Settings,
+    wake: Notify,
+    slots: Arc<Semaphore>,
+    inflight: Mutex<HashSet<Uuid>>,
+}
+
+/// The dispatcher: the lease loop, the `LISTEN` connection and the sweeper.
+pub struct Dispatcher {
+    ctx: Arc<Ctx>,
+}
+
+impl Dispatcher {
+    /// Wires a dispatcher; nothing runs until [`run`](Self::run).
+    pub fn new(
+        pool: Pool,
+        providers: Providers,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+        settings: Settings,
+    ) -> Self {
+        let slots = Arc::new(Semaphore::new(settings.workers));
+        Dispatcher {
+            ctx: Arc::new(Ctx {
+                pool,
+                providers,
+                metrics,
+                health,
+                settings,
+                wake: Notify::new(),
+                slots,
+                inflight: Mutex::new(HashSet::new()),
+            }),
+        }
+    }
+
+    /// Dispatches until `shutdown` fires, then stops leasing, lets job tasks
+    /// hand back what they have not begun, waits up to the drain time for
+    /// calls in flight to be recorded, and returns.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let ctx = self.ctx;
+        let tracker = TaskTracker::new();
+        let listener = ctx
+            .settings
+            .listen_notify
+            .then(|| tokio::spawn(listen_loop(ctx.clone(), shutdown.clone())));
+        let sweeper = tokio::spawn(sweep_loop(ctx.clone(), shutdown.clone()));
+
+        let mut lease_failing = false;
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                _ = ctx.wake.notified() => {}
+                _ = tokio::time::sleep(ctx.settings.poll) => {}
+            }
+            // Cancellable: a lease that committed but whose answer is
+            // dropped here simply lapses back to `queued`, no attempt counted.
+            lease_failing = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                failing = lease_batch(&ctx, &tracker, &shutdown, lease_failing) => failing,
+            };
+        }
+
+        tracing::info!(
+            in_flight = ctx.settings.workers - ctx.slots.available_permits(),
+            "stopped leasing; waiting for calls in flight"
+        );
+        tracker.close();
+        if tokio::time::timeout(ctx.settings.drain, tracker.wait())
+            .await
+            .is_err()
+        {
+            let left: Vec<Uuid> = lock(&ctx.inflight).iter().copied().collect();
+            for action_id in &left {
+                tracing::error!(%action_id, "still executing at exit: its outcome is not recorded; the sweep will mark it uncertain for an operator");
+            }
+        }
+        for task in [Some(sweeper), listener].into_iter().flatten() {
+            // They stop on the same token; their errors were logged.
+            let _ = task.await;
+        }
+        tracing::info!("dispatcher stopped");
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere must not stop the bookkeeping.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Leases as many jobs as there are free slots and starts them. Returns
+/// whether leasing is currently failing (to log the first failure loudly and
+/// the rest quietly).
+async fn lease_batch(
+    ctx: &Arc<Ctx>,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+    was_failing: bool,
+) -> bool {
+    let free = ctx.slots.available_permits();
+    if free == 0 {
+        return was_failing;
+    }
+    // `free` ≤ KEYTURN_WORKERS ≤ 1024 (validated), so both conversions hold.
+    let (Ok(n_permits), Ok(max_jobs)) = (u32::try_from(free), i32::try_from(free)) else {
+        return was_failing;
+    };
+    let Ok(mut permits) = ctx.slots.clone().try_acquire_many_owned(n_permits) else {
+        return was_failing;
+    };
+    // Before the call: the database's lease starts later than this.
+    let started = Instant::now();
+    let leased = async {
+        let client = ctx.pool.get().await?;
+        db::lease(
+            &client,
+            &ctx.settings.worker_name,
+            max_jobs,
+            ctx.settings.lease,
+        )
+        .await
+    }
+    .await;
+    let jobs = match leased {
+        Ok(jobs) => {
+            if was_failing {
+                tracing::info!("leasing works again");
+            }
+            if !ctx.settings.listen_notify {
+                ctx.health.set_db_ready(true);
+            }
+            jobs
+        }
+        Err(e) => {
+            if !was_failing {
+                tracing::warn!(error = %e, "keyturn.lease failed; will keep polling");
+            } else {
+                tracing::debug!(error = %e, "keyturn.lease failed again");
+            }
+            if !ctx.settings.listen_notify {
+                ctx.health.set_db_ready(false);
+            }
+            return true;
+        }
+    };
+    if jobs.is_empty() {
+        return false;
+    }
+    ctx.metrics.lease_batch_size.observe(jobs.len() as f64);
+    let deadline = started + ctx.settings.lease;
+    for job in jobs {
+        // `free` permits were taken and at most `free` jobs came back.
+        let Some(permit) = permits.split(1) else {
+            tracing::error!(action_id = %job.action_id, "more jobs than slots; leaving it to lapse");
+            continue;
+        };
+        tracker.spawn(run_job(
+            ctx.clone(),
+            job,
+            deadline,
+            permit,
+            shutdown.clone(),
+        ));
+    }
+    false
+}
+
+/// Removes the action from the in-flight set and wakes the loop (a slot is
+/// free) however the job task ends.
+struct JobGuard {
+    ctx: Arc<Ctx>,
+    action_id: Uuid,
+}
+
+impl Drop for JobGuard {
+    fn drop(&mut self) {
+        lock(&self.ctx.inflight).remove(&self.action_id);
+        self.ctx.wake.notify_one();
+    }
+}
+
+#[tracing::instrument(
+    name = "job",
+    skip_all,
+    fields(action_id = %job.action_id, tenant = %job.tenant, tool = %job.tool, provider = %job.provider, attempt = job.attempt)
+)]
+async fn run_job(
+    ctx: Arc<Ctx>,
+    job: LeasedJob,
+    deadline: Instant,
+    permit: OwnedSemaphorePermit,
+    shutdown: CancellationToken,
+) {
+    let _permit = permit;
+    lock(&ctx.inflight).insert(job.action_id);
+    let _guard = JobGuard {
+        ctx: ctx.clone(),
+        action_id: job.action_id,
+    };
+
+    let Some(provider) = ctx.providers.get(&job.provider) else {
+        tracing::error!(
+            configured = ?ctx.providers.names(),
+            "no provider of this name is configured here; handing the job back undispatched (configure it, or cancel the action)"
+        );
+        ctx.metrics.handback("unknown_provider");
+        hand_back(&ctx, &job, Some(UNKNOWN_PROVIDER_DELAY)).await;
+        return;
+    };
+    if shutdown.is_cancelled() {
+        ctx.metrics.handback("shutdown");
+        hand_back(&ctx, &job, None).await;
+        return;
+    }
+    let needed = ctx.settings.call_timeout + LEASE_SAFETY_MARGIN;
+    if deadline.saturating_duration_since(Instant::now()) < needed {
+        tracing::warn!("too little lease left for a full call; handing the job back");
+        ctx.metrics.handback("lease_too_short");
+        hand_back(&ctx, &job, None).await;
+        return;
+    }
+
+    let begun = async {
+        let client = ctx.pool.get().await?;
+        db::begin_dispatch(&client, job.action_id, job.lease_id).await
+    }
+    .await;
+    match begun {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::info!("begin_dispatch: invalidated; the provider is not called");
+            ctx.metrics.action("invalidated");
+            return;
+        }
+        Err(e) if e.is_object_not_in_state() => {
+            tracing::warn!(error = %e, "begin_dispatch refused (lease lapsed or action moved on); the provider is not called");
+            return;
+        }
+        Err(e) => {
+            // It may or may not have committed; see the module docs.
+            tracing::warn!(error = %e, "begin_dispatch unconfirmed; the provider is not called, recording retry");
+            let unsent = CallResult {
+                outcome: Outcome::Retry { after: None },
+                receipt: json!({ "error": "begin_dispatch unconfirmed; provider not called" }),
+            };
+            record(&ctx, &job, &unsent, deadline).await;
+            return;
+        }
+    }
+
+    // Bounded by the lease left, never by more than the configured timeout.
+    let budget = deadline
+        .saturating_duration_since(Instant::now())
+        .saturating_sub(LEASE_SAFETY_MARGIN)
+        .min(ctx.settings.call_timeout);
+    let t0 = Instant::now();
+    let result =
+        match tokio::time::timeout(budget + PROVIDER_GRACE, provider.call(&job, budget)).await {
+            Ok(result) => result,
+            Err(_) => {
+                tracing::error!(
+                    ?budget,
+                    "provider overran its time bound; recording unknown"
+                );
+                CallResult {
+                    outcome: Outcome::Unknown,
+                    receipt: json!({ "error": "provider call overran its time bound" }),
+                }
+            }
+        };
+    ctx.metrics
+        .dispatch_seconds
+        .observe(t0.elapsed().as_secs_f64());
+    ctx.metrics.action(result.outcome.word());
+    record(&ctx, &job, &result, deadline).await;
+}
+
+/// Hands a job back before `begin_dispatch`: `complete 'retry'` from
+/// `leased` requeues it without counting an attempt. One try: if it fails,
+/// the lease lapses and the sweep requeues the job the same way.
+async fn hand_back(ctx: &Ctx, job: &LeasedJob, delay: Option<Duration>) {
+    let receipt = json!({});
+    let result = async {
+        let client = ctx.pool.get().await?;
+        db::complete(
+            &client,
+            job.action_id,
+            job.lease_id,
+            "retry",
+            &receipt,
+            delay,
+        )
+        .await
+    }
+    .await;
+    match result {
+        Ok(status) => tracing::info!(%status, "handed back"),
+        Err(e) => {
+            tracing::warn!(error = %e, "hand-back not recorded; the lease will lapse and the sweep requeues the job")
+        }
+    }
+}
+
+/// Records an observed outcome with `keyturn.complete`, retrying the same
+/// outcome while the database is unreachable (see the module docs).
+async fn record(ctx: &Ctx, job: &LeasedJob, result: &CallResult, deadline: Instant) {
+    let outcome = result.outcome.word();
+    let give_up_at = deadline + ctx.settings.lease;
+    let mut backoff = BACKOFF_MIN;
+    let mut tries: u32 = 0;
+    loop {
+        tries += 1;
+        let recorded = async {
+            let client = ctx.pool.get().await?;
+            db::complete(
+                &client,
+                job.action_id,
+                job.lease_id,
+                outcome,
+                &result.receipt,
+                result.outcome.retry_after(),
+            )
+            .await
+        }
+        .await;
+        let err = match recorded {
+            Ok(status) => {
+                tracing::info!(outcome, %status, tries, "outcome recorded");
+                return;
+            }
+            Err(e) => e,
+        };
+        if err.is_object_not_in_state() {
+            ctx.metrics.unrecorded.inc();
+            tracing::warn!(
+                observed_outcome = outcome,
+                receipt = %result.receipt,
+                error = %err,
+                "complete refused: the action already left executing (likely swept to uncertain); operator: reconcile it with this observed outcome"
+            );
+            return;
+        }
+        if !err.is_transient() || Instant::now() + backoff > give_up_at {
+            ctx.metrics.unrecorded.inc();
+            tracing::error!(
+                observed_outcome = outcome,
+                receipt = %result.receipt,
+                error = %err,
+                tries,
+                "COULD NOT RECORD the provider outcome; the sweep will mark the action uncertain; operator: reconcile it with this observed outcome"
+            );
+            return;
+        }
+        tracing::warn!(observed_outcome = outcome, error = %err, tries, "could not record the outcome yet; retrying the same outcome");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// Keeps one connection in `LISTEN keyturn_dispatch`, reconnecting with
+/// backoff, and drives readiness from it.
+async fn listen_loop(ctx: Arc<Ctx>, shutdown: CancellationToken) {
+    let mut backoff = BACKOFF_MIN;
+    let mut connected_before = false;
+    let mut failing_logged = false;
+    loop {
+        if shutdown.is_cancelled() {
+            break;
+        }
+        // Cancellable, so a database that does not answer cannot hold up
+        // shutdown; dropping the future drops (closes) the connection.
+        let ended = tokio::select! {
+            _ = shutdown.cancelled() => Ok(()),
+            ended = listen_once(&ctx, &shutdown, &mut connected_before) => ended,
+        };
+        // Still marked ready: the connection was up, so this is a fresh loss.
+        let was_up = ctx.health.db_ready();
+        ctx.health.set_db_ready(false);
+        match ended {
+            Ok(()) => break,
+            Err(e) if was_up => {
+                backoff = BACKOFF_MIN;
+                failing_logged = false;
+                tracing::warn!(error = %e, "LISTEN connection lost; reconnecting (polling continues)");
+            }
+            Err(e) => {
+                if failing_logged {
+                    tracing::debug!(error = %e, "LISTEN connection still unavailable");
+                } else {
+                    tracing::warn!(error = %e, "LISTEN connection unavailable; polling continues, reconnecting with backoff");
+                    failing_logged = true;
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(RECONNECT_MAX);
+    }
+}
+
+/// One `LISTEN` connection's life: connect, listen, forward notifications
+/// until the connection ends (an error) or shutdown (`Ok`).
+async fn listen_once(
+    ctx: &Arc<Ctx>,
+    shutdown: &CancellationToken,
+    connected_before: &mut bool,
+) -> Result<(), Error> {
+    let pg = db::pg_config(ctx.settings.database_url.expose())?;
+    let (client, mut connection) =
+        tokio::time::timeout(db::STATEMENT_TIMEOUT, pg.connect(tokio_postgres::NoTls))
+            .await
+            .map_err(|_| Error::DbTimeout(db::STATEMENT_TIMEOUT))??;
+    // The connection has to be polled for anything to happen on it, the
+    // LISTEN itself included; notifications arrive through the same poll.
+    let notify_ctx = ctx.clone();
+    let mut driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            if let AsyncMessage::Notification(_) = message? {
+                notify_ctx.wake.notify_one();
+            }
+        }
+        Ok::<(), tokio_postgres::Error>(())
+    });
+    let listen_sql = format!("LISTEN {CHANNEL}");
+    match tokio::time::timeout(db::STATEMENT_TIMEOUT, client.batch_execute(&listen_sql)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            driver.abort();
+            return Err(e.into());
+        }
+        Err(_) => {
+            driver.abort();
+            return Err(Error::DbTimeout(db::STATEMENT_TIMEOUT));
+        }
+    }
+    if *connected_before {
+        ctx.metrics.reconnect("listen");
+        tracing::info!("LISTEN connection re-established");
+    } else {
+        tracing::info!(channel = CHANNEL, "listening");
+    }
+    *connected_before = true;
+    ctx.health.set_db_ready(true);
+    // Approvals notified while nobody listened are caught up right away.
+    ctx.wake.notify_one();
+
+    let ended = tokio::select! {
+        _ = shutdown.cancelled() => {
+            driver.abort();
+            return Ok(());
+        }
+        ended = &mut driver => ended,
+    };
+    // Kept alive until here: dropping the client would close the connection.
+    drop(client);
+    let closed = || {
+        Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "LISTEN connection closed",
+        ))
+    };
+    match ended {
+        Ok(Ok(())) | Err(_) => Err(closed()),
+        Ok(Err(e)) => Err(e.into()),
+    }
+}
+
+/// Runs `keyturn.sweep()` every sweep period and refreshes the uncertain
+/// gauge.
+async fn sweep_loop(ctx: Arc<Ctx>, shutdown: CancellationToken) {
+    let mut ticker = tokio::time::interval(ctx.settings.sweep_every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    let mut gauge_enabled = true;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = ticker.tick() => {}
+        }
+        let swept = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            swept = async {
+                let client = ctx.pool.get().await?;
+                db::sweep(&client).await
+            } => swept,
+        };
+        match swept {
+            Ok(counts) => {
+                failing = false;
+                let m = &ctx.metrics;
+                for (kind, n) in [
+                    ("expired", counts.expired),
+                    ("requeued", counts.requeued),
+                    ("uncertain", counts.uncertain),
+                ] {
+                    m.sweep
+                        .get_or_create(&crate::metrics::KindLabel { kind })
+                        .inc_by(u64::try_from(n).unwrap_or(0));
+                }
+                if counts.requeued > 0 {
+                    ctx.wake.notify_one();
+                }
+                if counts.uncertain > 0 {
+                    tracing::warn!(count = counts.uncertain, "sweep marked actions uncertain; an operator must reconcile them (`keyturnd uncertain`)");
+                }
+            }
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "keyturn.sweep failed; will retry every period");
+            }
+            Err(e) => tracing::debug!(error = %e, "keyturn.sweep failed again"),
+        }
+        if gauge_enabled {
+            let counted = async {
+                let client = ctx.pool.get().await?;
+                db::uncertain_count(&client).await
+            }
+            .await;
+            match counted {
+                Ok(n) => {
+                    ctx.metrics.uncertain.set(n);
+                }
+                Err(e)
+                    if e.sqlstate()
+                        == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
+                {
+                    gauge_enabled = false;
+                    tracing::info!(
+                        "this role lacks keyturn_operator; the keyturn_uncertain gauge is off"
+                    );
+                }
+                Err(e) => tracing::debug!(error = %e, "could not count uncertain actions"),
+            }
+        }
+    }
+}

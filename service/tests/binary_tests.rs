@@ -1,0 +1,97 @@
+//! The real `keyturnd` binary: starts without a database, reports itself
+//! alive but not ready, and exits 0 on SIGTERM.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+async fn status(client: &reqwest::Client, url: &str) -> Option<u16> {
+    client
+        .get(url)
+        .send()
+        .await
+        .ok()
+        .map(|r| r.status().as_u16())
+}
+
+#[tokio::test]
+async fn test_binary_without_database_is_alive_not_ready_and_exits_0_on_sigterm() {
+    let db_port = support::closed_port();
+    let http_port = support::closed_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keyturnd"))
+        .env_clear()
+        .env(
+            "DATABASE_URL",
+            format!("postgres://keyturnd:pw@127.0.0.1:{db_port}/keyturn"),
+        )
+        .env("KEYTURN_LISTEN", format!("127.0.0.1:{http_port}"))
+        .env("KEYTURN_POLL_MS", "200")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start keyturnd");
+
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let base = format!("http://127.0.0.1:{http_port}");
+    let started = Instant::now();
+    let mut healthy = None;
+    while started.elapsed() < Duration::from_secs(20) {
+        healthy = status(&client, &format!("{base}/healthz")).await;
+        if healthy.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if healthy.is_none() {
+        let _ = child.kill();
+    }
+    assert_eq!(
+        healthy,
+        Some(200),
+        "/healthz answers while the process runs"
+    );
+    assert_eq!(
+        status(&client, &format!("{base}/readyz")).await,
+        Some(503),
+        "no database, not ready"
+    );
+    assert_eq!(status(&client, &format!("{base}/metrics")).await, Some(200));
+
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill(1)");
+    assert!(kill.success());
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let exit = loop {
+        if let Some(exit) = child.try_wait().expect("wait") {
+            break exit;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("keyturnd did not exit within 15 s of SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut log = String::new();
+    if let Some(mut stderr) = child.stderr.take() {
+        use std::io::Read;
+        let _ = stderr.read_to_string(&mut log);
+    }
+    assert_eq!(
+        exit.code(),
+        Some(0),
+        "exit status after SIGTERM; log:\n{log}"
+    );
+    assert!(log.contains("SIGTERM"), "the shutdown is logged:\n{log}");
+    assert!(
+        !log.contains(":pw@"),
+        "the connection string never reaches the log:\n{log}"
+    );
+}

@@ -1,0 +1,204 @@
+-- keyturn 0.1.0: the data model.
+--
+-- Nobody but a superuser writes these tables directly: every state change goes
+-- through the functions in the later files, which run as the extension owner.
+-- Tables that hold tenant rows are under FORCEd row-level security (020_guards.sql).
+
+-- Tools are global; what a tenant may do with them is decided by grants.
+CREATE TABLE keyturn.tool (
+    name        text        PRIMARY KEY,
+    version     int         NOT NULL CHECK (version > 0),
+    enabled     boolean     NOT NULL DEFAULT true,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    -- ASCII only, so a look-alike (Cyrillic 'е' in 'sеnd_email') can never be
+    -- registered next to the real tool.
+    CONSTRAINT tool_name_shape CHECK (name ~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$'
+                                      AND length(name) <= 63)
+);
+
+-- Every registration is a new immutable version; proposals are bound to one.
+CREATE TABLE keyturn.tool_version (
+    tool           text        NOT NULL REFERENCES keyturn.tool (name),
+    version        int         NOT NULL,
+    spec           jsonb       NOT NULL,           -- the normalized spec, as registered
+    kind           text        NOT NULL CHECK (kind IN ('read', 'write')),
+    executor       text        CHECK (executor IN ('sql', 'external')),
+    provider       text,
+    params_schema  jsonb,                          -- normalized; external tools only
+    summary        text        NOT NULL,
+    effect         text        NOT NULL CHECK (effect IN ('reversible', 'compensatable', 'irreversible')),
+    expires_in     interval    NOT NULL,
+    retain         text        NOT NULL CHECK (retain IN ('full', 'digest')),
+    approval       text        NOT NULL CHECK (approval IN ('self', 'independent')),
+    max_targets    int         NOT NULL CHECK (max_targets > 0),
+    targets_param  text,
+    -- sql executor: resolved once at registration. Re-register after altering the table.
+    sql_relid      oid,
+    sql_key        text,
+    sql_version    text,                           -- 'xmin' or a column name
+    sql_set        text[],
+    sql_where      text[],
+    sql_types      jsonb,                          -- {column: format_type} for key, set and where
+    rate_max       int         CHECK (rate_max > 0),
+    rate_per       interval,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tool, version)
+);
+
+CREATE TABLE keyturn.member (
+    tenant      text        NOT NULL CHECK (tenant <> ''),
+    principal   text        NOT NULL CHECK (principal <> ''),
+    role        text        NOT NULL CHECK (role IN ('member', 'approver', 'admin')),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, principal)
+);
+
+CREATE TABLE keyturn.tool_grant (
+    tenant      text        NOT NULL,
+    principal   text        NOT NULL,
+    tool        text        NOT NULL REFERENCES keyturn.tool (name),
+    granted_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, principal, tool)
+);
+
+-- Bumped on every membership or grant change of (tenant, principal); a proposal
+-- records it, and a different value at approve or dispatch invalidates it.
+CREATE TABLE keyturn.auth_epoch (
+    tenant      text        NOT NULL,
+    principal   text        NOT NULL,
+    epoch       bigint      NOT NULL DEFAULT 0,
+    changed_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, principal)
+);
+
+-- Conversations a principal cancelled: later proposals carrying them are refused.
+CREATE TABLE keyturn.cancelled_origin (
+    tenant           text        NOT NULL,
+    principal        text        NOT NULL,
+    conversation_id  text        NOT NULL,
+    cancelled_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, principal, conversation_id)
+);
+
+-- An immutable proposal plus its lifecycle. The columns above `status` are fixed
+-- at propose time (020_guards.sql refuses any change to them).
+CREATE TABLE keyturn.action (
+    id               uuid        PRIMARY KEY,
+    tenant           text        NOT NULL,
+    principal        text        NOT NULL,
+    session          text        NOT NULL,
+    tool             text        NOT NULL,
+    tool_version     int         NOT NULL,
+    executor         text        NOT NULL,
+    approval         text        NOT NULL,
+    retain           text        NOT NULL,
+    params           jsonb,                        -- NULL when retain = digest
+    param_keys       text[]      NOT NULL,         -- sorted top-level keys
+    params_hash      text        NOT NULL,
+    summary          text,                         -- NULL when retain = digest
+    origin           jsonb       NOT NULL,
+    conversation_id  text,
+    epoch            bigint      NOT NULL,
+    target_count     int         NOT NULL,
+    token_digest     bytea       NOT NULL,         -- sha256(token): finds the claim
+    token_binding    bytea       NOT NULL,         -- HMAC(token; id, params_hash, expires_at)
+    idempotency_key  text        NOT NULL,
+    created_at       timestamptz NOT NULL,
+    expires_at       timestamptz NOT NULL,
+    -- lifecycle
+    status           text        NOT NULL CHECK (status IN (
+                         'pending', 'queued', 'leased', 'executing', 'succeeded', 'failed',
+                         'uncertain', 'rejected', 'rejected_tampered', 'expired',
+                         'cancelled', 'conflict', 'invalidated')),
+    result           jsonb,
+    approved_by      text,
+    approved_role    text,
+    approved_at      timestamptz,
+    attempts         int         NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz,
+    lease_id         uuid,
+    leased_by        text,
+    lease_expires_at timestamptz,
+    dispatched_at    timestamptz,
+    receipt          jsonb,
+    updated_at       timestamptz NOT NULL
+);
+
+-- The hot predicates, one index each (see BENCHMARKS.md for the plans).
+CREATE INDEX action_due_idx      ON keyturn.action (next_attempt_at) WHERE status = 'queued';
+CREATE INDEX action_lease_idx    ON keyturn.action (lease_expires_at) WHERE status IN ('leased', 'executing');
+CREATE INDEX action_expiry_idx   ON keyturn.action (expires_at) WHERE status = 'pending';
+CREATE INDEX action_session_idx  ON keyturn.action (tenant, principal, session)
+    WHERE status IN ('pending', 'queued', 'leased');
+CREATE INDEX action_origin_idx   ON keyturn.action (tenant, principal, conversation_id)
+    WHERE status IN ('pending', 'queued', 'leased');
+CREATE INDEX action_rate_idx     ON keyturn.action (tenant, principal, tool, created_at);
+CREATE INDEX action_uncertain_idx ON keyturn.action (dispatched_at) WHERE status = 'uncertain';
+CREATE INDEX action_tenant_idx   ON keyturn.action (tenant, created_at);
+
+-- sql tools: each target's key and before-state version, fixed at propose time.
+CREATE TABLE keyturn.action_target (
+    action_id  uuid NOT NULL REFERENCES keyturn.action (id),
+    ord        int  NOT NULL,
+    tenant     text NOT NULL,
+    principal  text NOT NULL,
+    key        text NOT NULL,
+    version    text NOT NULL,
+    PRIMARY KEY (action_id, ord)
+);
+
+-- digest-retained external actions: the approved payload, from approve until a
+-- final status (CONTRACT.md §6). Deleted by the lifecycle trigger.
+CREATE TABLE keyturn.staged_payload (
+    action_id  uuid        PRIMARY KEY REFERENCES keyturn.action (id),
+    tenant     text        NOT NULL,
+    principal  text        NOT NULL,
+    params     jsonb       NOT NULL,
+    staged_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- One row per provider attempt; kept after reconciliation so the reason recovery
+-- was needed is never erased.
+CREATE TABLE keyturn.attempt (
+    action_id    uuid        NOT NULL REFERENCES keyturn.action (id),
+    attempt      int         NOT NULL,
+    tenant       text        NOT NULL,
+    principal    text        NOT NULL,
+    lease_id     uuid        NOT NULL,
+    worker       text,
+    started_at   timestamptz NOT NULL,
+    finished_at  timestamptz,
+    outcome      text,
+    receipt      jsonb,
+    PRIMARY KEY (action_id, attempt)
+);
+
+-- Append-only: one row per status change, the creation included.
+CREATE TABLE keyturn.event (
+    id                bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    action_id         uuid        NOT NULL,
+    tenant            text        NOT NULL,
+    action_principal  text        NOT NULL,   -- whose action it is (for RLS)
+    at                timestamptz NOT NULL DEFAULT clock_timestamp(),
+    db_role           text        NOT NULL,
+    principal         text,                   -- the acting principal; NULL for role-only callers
+    from_status       text,
+    to_status         text        NOT NULL,
+    detail            jsonb       NOT NULL DEFAULT '{}'
+);
+CREATE INDEX event_action_idx ON keyturn.event (action_id, id);
+
+-- Metering: exactly one row per action that reached 'succeeded', written in the
+-- same transaction as that status.
+CREATE TABLE keyturn.usage (
+    action_id  uuid        NOT NULL UNIQUE REFERENCES keyturn.action (id),
+    tenant     text        NOT NULL,
+    principal  text        NOT NULL,
+    tool       text        NOT NULL,
+    executor   text        NOT NULL,
+    attempts   int         NOT NULL,
+    at         timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX usage_tenant_idx ON keyturn.usage (tenant, at);

@@ -1,0 +1,181 @@
+-- keyturn 0.1.0: the guards the database keeps whoever writes.
+--
+-- Triggers refuse illegal status transitions and any change to proposal columns,
+-- keep the event log and usage append-only, and perform the lifecycle side
+-- effects (event row, usage row, staged-payload deletion, NOTIFY) in the same
+-- transaction as the status change, so no code path can forget them.
+
+-- The status graph of CONTRACT.md §4.
+CREATE FUNCTION keyturn._legal_transition(from_status text, to_status text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE from_status
+        WHEN 'pending'   THEN to_status IN ('expired', 'invalidated', 'rejected_tampered',
+                                             'succeeded', 'conflict', 'failed', 'queued',
+                                             'rejected', 'cancelled')
+        WHEN 'queued'    THEN to_status IN ('leased', 'cancelled', 'invalidated')
+        WHEN 'leased'    THEN to_status IN ('executing', 'queued', 'cancelled', 'invalidated')
+        WHEN 'executing' THEN to_status IN ('succeeded', 'failed', 'uncertain', 'queued')
+        WHEN 'uncertain' THEN to_status IN ('succeeded', 'failed')
+        ELSE false
+    END
+$$;
+
+-- Final: terminal for everyone. 'uncertain' is terminal for automation only.
+CREATE FUNCTION keyturn._is_final(status text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT status IN ('succeeded', 'failed', 'rejected', 'rejected_tampered', 'expired',
+                      'cancelled', 'conflict', 'invalidated')
+$$;
+
+-- Who is acting, for the event log. The gate functions set this first thing;
+-- it is transaction-local and overwritten by every call, so a caller cannot
+-- make an event lie by setting it beforehand.
+CREATE FUNCTION keyturn._set_actor(p_role text, p_principal text)
+RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.set_config('keyturn.actor_role', coalesce(p_role, ''), true),
+           pg_catalog.set_config('keyturn.actor_principal', coalesce(p_principal, ''), true),
+           pg_catalog.set_config('keyturn.event_detail', '', true);
+$$;
+
+-- Detail for the next event row (never param values).
+CREATE FUNCTION keyturn._set_event_detail(p_detail jsonb)
+RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.set_config('keyturn.event_detail', coalesce(p_detail::text, ''), true);
+$$;
+
+CREATE FUNCTION keyturn._action_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'keyturn actions are never deleted'
+            USING ERRCODE = '42501',
+                  HINT = 'Actions are the audit trail. A superuser may archive them with triggers disabled.';
+    END IF;
+
+    IF (NEW.id, NEW.tenant, NEW.principal, NEW.session, NEW.tool, NEW.tool_version,
+        NEW.executor, NEW.approval, NEW.retain, NEW.params, NEW.param_keys, NEW.params_hash,
+        NEW.summary, NEW.origin, NEW.conversation_id, NEW.epoch, NEW.target_count,
+        NEW.token_digest, NEW.token_binding, NEW.idempotency_key, NEW.created_at,
+        NEW.expires_at)
+       IS DISTINCT FROM
+       (OLD.id, OLD.tenant, OLD.principal, OLD.session, OLD.tool, OLD.tool_version,
+        OLD.executor, OLD.approval, OLD.retain, OLD.params, OLD.param_keys, OLD.params_hash,
+        OLD.summary, OLD.origin, OLD.conversation_id, OLD.epoch, OLD.target_count,
+        OLD.token_digest, OLD.token_binding, OLD.idempotency_key, OLD.created_at,
+        OLD.expires_at)
+    THEN
+        RAISE EXCEPTION 'proposal columns of action % are immutable', OLD.id
+            USING ERRCODE = '55000',
+                  HINT = 'Propose a new action instead of changing this one.';
+    END IF;
+
+    IF NEW.status IS DISTINCT FROM OLD.status
+       AND NOT keyturn._legal_transition(OLD.status, NEW.status) THEN
+        RAISE EXCEPTION 'illegal status transition % -> % for action %', OLD.status, NEW.status, OLD.id
+            USING ERRCODE = '55000',
+                  HINT = 'See the status graph in CONTRACT.md §4.';
+    END IF;
+
+    NEW.updated_at := clock_timestamp();
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER action_guard
+    BEFORE UPDATE OR DELETE ON keyturn.action
+    FOR EACH ROW EXECUTE FUNCTION keyturn._action_guard();
+
+-- Everything a status change implies, in the same transaction.
+CREATE FUNCTION keyturn._action_lifecycle()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_role      text := nullif(current_setting('keyturn.actor_role', true), '');
+    v_principal text := nullif(current_setting('keyturn.actor_principal', true), '');
+    v_detail    text := nullif(current_setting('keyturn.event_detail', true), '');
+    v_from      text;
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        IF NEW.status IS NOT DISTINCT FROM OLD.status THEN
+            RETURN NULL;
+        END IF;
+        v_from := OLD.status;
+    END IF;
+
+    INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal,
+                               from_status, to_status, detail)
+    VALUES (NEW.id, NEW.tenant, NEW.principal,
+            coalesce(v_role, CASE WHEN current_setting('role') = 'none' THEN session_user::text
+                                  ELSE current_setting('role') END),
+            v_principal, v_from, NEW.status, coalesce(v_detail::jsonb, '{}'));
+    PERFORM pg_catalog.set_config('keyturn.event_detail', '', true);
+
+    IF NEW.status = 'succeeded' THEN
+        INSERT INTO keyturn.usage (action_id, tenant, principal, tool, executor, attempts)
+        VALUES (NEW.id, NEW.tenant, NEW.principal, NEW.tool, NEW.executor, NEW.attempts);
+    END IF;
+
+    IF keyturn._is_final(NEW.status) THEN
+        DELETE FROM keyturn.staged_payload WHERE action_id = NEW.id;
+    END IF;
+
+    IF NEW.status = 'queued' AND NEW.next_attempt_at <= clock_timestamp()
+       AND coalesce(current_setting('keyturn.notify', true), 'on') <> 'off' THEN
+        PERFORM pg_catalog.pg_notify('keyturn_dispatch', NEW.id::text);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER action_lifecycle
+    AFTER INSERT OR UPDATE OF status ON keyturn.action
+    FOR EACH ROW EXECUTE FUNCTION keyturn._action_lifecycle();
+
+-- Append-only tables refuse UPDATE, DELETE and TRUNCATE even to their owner.
+CREATE FUNCTION keyturn._append_only()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'keyturn.% is append-only: % refused', TG_TABLE_NAME, TG_OP
+        USING ERRCODE = '42501',
+              HINT = 'Audit and metering rows are never changed. Archive with triggers disabled, as a superuser.';
+END
+$$;
+
+CREATE TRIGGER event_append_only
+    BEFORE UPDATE OR DELETE ON keyturn.event
+    FOR EACH ROW EXECUTE FUNCTION keyturn._append_only();
+CREATE TRIGGER event_no_truncate
+    BEFORE TRUNCATE ON keyturn.event
+    FOR EACH STATEMENT EXECUTE FUNCTION keyturn._append_only();
+CREATE TRIGGER usage_append_only
+    BEFORE UPDATE OR DELETE ON keyturn.usage
+    FOR EACH ROW EXECUTE FUNCTION keyturn._append_only();
+CREATE TRIGGER usage_no_truncate
+    BEFORE TRUNCATE ON keyturn.usage
+    FOR EACH STATEMENT EXECUTE FUNCTION keyturn._append_only();
+CREATE TRIGGER action_target_immutable
+    BEFORE UPDATE OR DELETE ON keyturn.action_target
+    FOR EACH ROW EXECUTE FUNCTION keyturn._append_only();
+CREATE TRIGGER action_no_truncate
+    BEFORE TRUNCATE ON keyturn.action
+    FOR EACH STATEMENT EXECUTE FUNCTION keyturn._append_only();

@@ -1,0 +1,115 @@
+-- keyturn 0.1.0: identity checks, membership lookups and row-level security.
+--
+-- The identity functions themselves (current_tenant, current_principal,
+-- current_session) are written in Rust (extension/src/identity.rs): they parse
+-- request.jwt.claims without a subtransaction, which keeps them cheap enough to
+-- sit inside RLS policies.
+
+-- Raises 42501 unless the call carries a full identity whose principal is a
+-- member of its tenant; returns that member's role.
+CREATE FUNCTION keyturn._require_member(p_tenant text, p_principal text, p_session text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_role text;
+BEGIN
+    IF p_tenant IS NULL OR p_principal IS NULL OR p_session IS NULL THEN
+        RAISE EXCEPTION 'keyturn: missing identity (tenant=%, principal=%, session=%)',
+                coalesce(p_tenant, '<missing>'), coalesce(p_principal, '<missing>'),
+                coalesce(p_session, '<missing>')
+            USING ERRCODE = '42501',
+                  HINT = 'Set request.jwt.claims (tenant_id, sub, session_id), or SET LOCAL keyturn.tenant, keyturn.principal and keyturn.session.';
+    END IF;
+    SELECT m.role INTO v_role FROM keyturn.member m
+     WHERE m.tenant = p_tenant AND m.principal = p_principal;
+    IF v_role IS NULL THEN
+        RAISE EXCEPTION 'keyturn: principal % is not a member of tenant %', p_principal, p_tenant
+            USING ERRCODE = '42501',
+                  HINT = 'An admin adds members with keyturn.add_member(tenant, principal, role).';
+    END IF;
+    RETURN v_role;
+END
+$$;
+
+CREATE FUNCTION keyturn._has_grant(p_tenant text, p_principal text, p_tool text)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM keyturn.tool_grant g
+                    WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = p_tool)
+$$;
+
+CREATE FUNCTION keyturn._epoch(p_tenant text, p_principal text)
+RETURNS bigint
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
+                      WHERE e.tenant = p_tenant AND e.principal = p_principal), 0)
+$$;
+
+CREATE FUNCTION keyturn._bump_epoch(p_tenant text, p_principal text)
+RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO keyturn.auth_epoch AS e (tenant, principal, epoch)
+    VALUES (p_tenant, p_principal, 1)
+    ON CONFLICT (tenant, principal)
+    DO UPDATE SET epoch = e.epoch + 1, changed_at = now();
+$$;
+
+-- Row visibility for the calling identity: its own tenant only; a 'member' sees
+-- its own rows, an approver or admin the whole tenant's. SECURITY DEFINER so the
+-- policies below can consult keyturn.member without granting it more widely.
+CREATE FUNCTION keyturn._sees(p_tenant text, p_principal text)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p_tenant = keyturn.current_tenant()
+       AND EXISTS (SELECT 1 FROM keyturn.member m
+                    WHERE m.tenant = p_tenant
+                      AND m.principal = keyturn.current_principal()
+                      AND (m.role IN ('approver', 'admin') OR p_principal = m.principal))
+$$;
+
+-- FORCE: the table owner is bound too. Superusers and the extension's own
+-- SECURITY DEFINER functions (owned by a superuser) are not: those filter by
+-- tenant themselves.
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
+                             'action_target', 'staged_payload', 'attempt', 'event', 'usage']
+    LOOP
+        EXECUTE format('ALTER TABLE keyturn.%I ENABLE ROW LEVEL SECURITY', t);
+        EXECUTE format('ALTER TABLE keyturn.%I FORCE ROW LEVEL SECURITY', t);
+    END LOOP;
+END
+$$;
+
+CREATE POLICY member_visible ON keyturn.member FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY tool_grant_visible ON keyturn.tool_grant FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY auth_epoch_visible ON keyturn.auth_epoch FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY cancelled_origin_visible ON keyturn.cancelled_origin FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY action_visible ON keyturn.action FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY action_target_visible ON keyturn.action_target FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY staged_payload_visible ON keyturn.staged_payload FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY attempt_visible ON keyturn.attempt FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY event_visible ON keyturn.event FOR SELECT
+    USING (keyturn._sees(tenant, action_principal));
+CREATE POLICY usage_visible ON keyturn.usage FOR SELECT
+    USING (keyturn._sees(tenant, principal));

@@ -1,0 +1,167 @@
+-- keyturn 0.1.0: administration — members, grants, tools (CONTRACT.md §2, §3).
+--
+-- Authorized by the keyturn_admin role alone (EXECUTE, 090_privileges.sql); the
+-- tenant is an argument, not the caller's identity. Every membership or grant
+-- change that changes something bumps the principal's authorization epoch.
+
+CREATE FUNCTION keyturn._require_text(p_value text, p_what text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_value IS NULL OR btrim(p_value) = '' THEN
+        RAISE EXCEPTION 'keyturn: % must be a non-empty string', p_what
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+CREATE FUNCTION keyturn._require_tool(p_tool text)
+RETURNS keyturn.tool
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v keyturn.tool;
+BEGIN
+    SELECT t.* INTO v FROM keyturn.tool t WHERE t.name = p_tool;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'keyturn: unknown tool %', coalesce(quote_literal(p_tool), 'NULL')
+            USING ERRCODE = '42704',
+                  HINT = 'Register it first with keyturn.register_tool(name, spec).';
+    END IF;
+    RETURN v;
+END
+$$;
+
+CREATE FUNCTION keyturn.add_member(tenant text, principal text, role text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_changed boolean;
+BEGIN
+    PERFORM keyturn._require_text(add_member.tenant, 'tenant'),
+            keyturn._require_text(add_member.principal, 'principal');
+    IF add_member.role IS NULL OR add_member.role NOT IN ('member', 'approver', 'admin') THEN
+        RAISE EXCEPTION 'keyturn: role must be member, approver or admin, not %',
+                coalesce(quote_literal(add_member.role), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+
+    INSERT INTO keyturn.member AS m (tenant, principal, role)
+    VALUES (add_member.tenant, add_member.principal, add_member.role)
+    ON CONFLICT ON CONSTRAINT member_pkey
+    DO UPDATE SET role = EXCLUDED.role, updated_at = now()
+       WHERE m.role IS DISTINCT FROM EXCLUDED.role;
+    v_changed := FOUND;
+
+    IF v_changed THEN
+        PERFORM keyturn._bump_epoch(add_member.tenant, add_member.principal);
+    END IF;
+    RETURN v_changed;
+END
+$$;
+
+CREATE FUNCTION keyturn.remove_member(tenant text, principal text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_members int;
+    v_grants  int;
+BEGIN
+    DELETE FROM keyturn.tool_grant g
+     WHERE g.tenant = remove_member.tenant AND g.principal = remove_member.principal;
+    GET DIAGNOSTICS v_grants = ROW_COUNT;
+    DELETE FROM keyturn.member m
+     WHERE m.tenant = remove_member.tenant AND m.principal = remove_member.principal;
+    GET DIAGNOSTICS v_members = ROW_COUNT;
+
+    IF v_members + v_grants > 0 THEN
+        PERFORM keyturn._bump_epoch(remove_member.tenant, remove_member.principal);
+    END IF;
+    RETURN v_members + v_grants > 0;
+END
+$$;
+
+CREATE FUNCTION keyturn.grant_tool(tenant text, principal text, tool text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_changed boolean;
+BEGIN
+    PERFORM keyturn._require_text(grant_tool.tenant, 'tenant'),
+            keyturn._require_text(grant_tool.principal, 'principal');
+    PERFORM keyturn._require_tool(grant_tool.tool);
+
+    INSERT INTO keyturn.tool_grant (tenant, principal, tool)
+    VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool)
+    ON CONFLICT ON CONSTRAINT tool_grant_pkey DO NOTHING;
+    v_changed := FOUND;
+
+    IF v_changed THEN
+        PERFORM keyturn._bump_epoch(grant_tool.tenant, grant_tool.principal);
+    END IF;
+    RETURN v_changed;
+END
+$$;
+
+CREATE FUNCTION keyturn.revoke_tool(tenant text, principal text, tool text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_changed boolean;
+BEGIN
+    PERFORM keyturn._require_tool(revoke_tool.tool);
+
+    DELETE FROM keyturn.tool_grant g
+     WHERE g.tenant = revoke_tool.tenant AND g.principal = revoke_tool.principal
+       AND g.tool = revoke_tool.tool;
+    v_changed := FOUND;
+
+    IF v_changed THEN
+        PERFORM keyturn._bump_epoch(revoke_tool.tenant, revoke_tool.principal);
+    END IF;
+    RETURN v_changed;
+END
+$$;
+
+CREATE FUNCTION keyturn.set_tool_enabled(name text, enabled boolean)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tool(set_tool_enabled.name);
+    IF set_tool_enabled.enabled IS NULL THEN
+        RAISE EXCEPTION 'keyturn: enabled must be true or false' USING ERRCODE = '22023';
+    END IF;
+    UPDATE keyturn.tool t SET enabled = set_tool_enabled.enabled, updated_at = now()
+     WHERE t.name = set_tool_enabled.name AND t.enabled IS DISTINCT FROM set_tool_enabled.enabled;
+    RETURN FOUND;
+END
+$$;
+
+-- Never errors: anything unknown, disabled or ambiguous is 'unsupported'.
+CREATE FUNCTION keyturn.classify(tool text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(
+        (SELECT CASE WHEN t.enabled AND v.kind IN ('read', 'write') THEN v.kind
+                     ELSE 'unsupported' END
+           FROM keyturn.tool t
+           JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+          WHERE t.name = classify.tool),
+        'unsupported')
+$$;

@@ -1,0 +1,291 @@
+-- keyturn 0.1.0: propose (CONTRACT.md §4, Agent).
+--
+-- keyturn.propose itself is a Rust function (extension/src/gate.rs): it notes the
+-- calling role, then runs keyturn._propose as the extension owner. Reads that
+-- must honour the caller's row-level security (resolving sql targets) go back
+-- through keyturn._exec_as(caller, ...), which switches to the caller's role.
+
+-- origin: {"conversation_id", "turn_id", "message_id", "evidence": [ids]}, all optional.
+-- Returns the conversation id (or NULL).
+CREATE FUNCTION keyturn._check_origin(p_origin jsonb)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    k text;
+BEGIN
+    IF jsonb_typeof(p_origin) <> 'object' THEN
+        RAISE EXCEPTION 'keyturn: origin must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    FOR k IN SELECT jsonb_object_keys(p_origin) LOOP
+        IF k IN ('conversation_id', 'turn_id', 'message_id') THEN
+            IF jsonb_typeof(p_origin -> k) <> 'string' OR length(p_origin ->> k) NOT BETWEEN 1 AND 200 THEN
+                RAISE EXCEPTION 'keyturn: origin.% must be a string of 1 to 200 characters', k
+                    USING ERRCODE = '22023';
+            END IF;
+        ELSIF k = 'evidence' THEN
+            IF jsonb_typeof(p_origin -> k) <> 'array' OR jsonb_array_length(p_origin -> k) > 100
+               OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_origin -> k) e
+                           WHERE jsonb_typeof(e) <> 'string' OR length(e #>> '{}') NOT BETWEEN 1 AND 200) THEN
+                RAISE EXCEPTION 'keyturn: origin.evidence must be an array of at most 100 id strings'
+                    USING ERRCODE = '22023';
+            END IF;
+        ELSE
+            RAISE EXCEPTION 'keyturn: unknown origin key %', quote_literal(k)
+                USING ERRCODE = '22023',
+                      HINT = 'origin takes conversation_id, turn_id, message_id and evidence.';
+        END IF;
+    END LOOP;
+    RETURN p_origin ->> 'conversation_id';
+END
+$$;
+
+-- The WHERE clause of an sql tool's form, over the row alias t, reading values
+-- from the jsonb parameter $1 (never from the statement text). Column names come
+-- only from the tool's registered lists, so nothing the agent sends is spliced in.
+CREATE FUNCTION keyturn._form_where(p_ver keyturn.tool_version, p_form jsonb)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    k       text;
+    v       jsonb;
+    clauses text[] := '{}';
+BEGIN
+    FOR k, v IN SELECT e.key, e.value FROM jsonb_each(p_form -> 'where') e ORDER BY e.key COLLATE "C" LOOP
+        IF jsonb_typeof(v) = 'array' THEN
+            clauses := clauses || format('t.%I = ANY (ARRAY(SELECT jsonb_array_elements_text($1->''where''->%L))::%s[])',
+                                         k, k, p_ver.sql_types ->> k);
+        ELSE
+            clauses := clauses || format('t.%I = ($1->''where''->>%L)::%s', k, k, p_ver.sql_types ->> k);
+        END IF;
+    END LOOP;
+    RETURN array_to_string(clauses, ' AND ');
+END
+$$;
+
+CREATE FUNCTION keyturn._version_expr(p_ver keyturn.tool_version)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN p_ver.sql_version = 'xmin' THEN 't.xmin' ELSE format('t.%I', p_ver.sql_version) END
+$$;
+
+-- Validates the form {"where": {col: value | [values]}, "set": {col: value}}.
+CREATE FUNCTION keyturn._check_form(p_ver keyturn.tool_version, p_form jsonb)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    k text;
+    v jsonb;
+BEGIN
+    IF jsonb_typeof(p_form) <> 'object' OR NOT (p_form ?& ARRAY['where', 'set'])
+       OR EXISTS (SELECT 1 FROM jsonb_object_keys(p_form) j WHERE j NOT IN ('where', 'set')) THEN
+        RAISE EXCEPTION 'keyturn: params of sql tool % must be exactly {"where": {...}, "set": {...}}', p_ver.tool
+            USING ERRCODE = '22023';
+    END IF;
+    IF jsonb_typeof(p_form -> 'where') <> 'object' OR p_form -> 'where' = '{}'
+       OR jsonb_typeof(p_form -> 'set') <> 'object' OR p_form -> 'set' = '{}' THEN
+        RAISE EXCEPTION 'keyturn: params.where and params.set must be non-empty objects'
+            USING ERRCODE = '22023';
+    END IF;
+    FOR k, v IN SELECT e.key, e.value FROM jsonb_each(p_form -> 'where') e LOOP
+        IF NOT k = ANY (p_ver.sql_where) THEN
+            RAISE EXCEPTION 'keyturn: tool % may not filter on %', p_ver.tool, quote_ident(k)
+                USING ERRCODE = '22023',
+                      HINT = format('Filterable columns: %s.', array_to_string(p_ver.sql_where, ', '));
+        END IF;
+        IF jsonb_typeof(v) = 'array' THEN
+            IF jsonb_array_length(v) NOT BETWEEN 1 AND 1000
+               OR EXISTS (SELECT 1 FROM jsonb_array_elements(v) x
+                           WHERE jsonb_typeof(x) NOT IN ('string', 'number', 'boolean')) THEN
+                RAISE EXCEPTION 'keyturn: params.where.% must list 1 to 1000 strings, numbers or booleans', k
+                    USING ERRCODE = '22023';
+            END IF;
+        ELSIF jsonb_typeof(v) NOT IN ('string', 'number', 'boolean') THEN
+            RAISE EXCEPTION 'keyturn: params.where.% must be a string, number, boolean or a list of them', k
+                USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
+    FOR k, v IN SELECT e.key, e.value FROM jsonb_each(p_form -> 'set') e LOOP
+        IF NOT k = ANY (p_ver.sql_set) THEN
+            RAISE EXCEPTION 'keyturn: tool % may not set %', p_ver.tool, quote_ident(k)
+                USING ERRCODE = '22023',
+                      HINT = format('Settable columns: %s.', array_to_string(p_ver.sql_set, ', '));
+        END IF;
+        IF jsonb_typeof(v) IN ('object', 'array') AND p_ver.sql_types ->> k NOT IN ('json', 'jsonb') THEN
+            RAISE EXCEPTION 'keyturn: params.set.% must be a scalar for a % column', k, p_ver.sql_types ->> k
+                USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Resolves the targets of an sql form as the caller (RLS applies). Returns
+-- [{"k": key, "v": version}, ...], 1 to max_targets of them.
+CREATE FUNCTION keyturn._resolve_targets(p_caller oid, p_ver keyturn.tool_version, p_form jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_sql  text;
+    v_rows jsonb;
+    v_n    int;
+BEGIN
+    PERFORM keyturn._check_form(p_ver, p_form);
+    v_sql := format('SELECT jsonb_build_object(''k'', t.%I::text, ''v'', %s::text) FROM %s AS t WHERE %s ORDER BY t.%I LIMIT %s',
+                    p_ver.sql_key, keyturn._version_expr(p_ver), p_ver.sql_relid::regclass,
+                    keyturn._form_where(p_ver, p_form), p_ver.sql_key, p_ver.max_targets + 1);
+    BEGIN
+        v_rows := keyturn._exec_as(p_caller, v_sql, p_form);
+    EXCEPTION WHEN data_exception THEN
+        RAISE EXCEPTION 'keyturn: params.where does not fit the columns of %: %', p_ver.sql_relid::regclass, SQLERRM
+            USING ERRCODE = '22023';
+    END;
+    v_n := jsonb_array_length(v_rows);
+    IF v_n = 0 THEN
+        RAISE EXCEPTION 'keyturn: no row of % that you can see matches params.where', p_ver.sql_relid::regclass
+            USING ERRCODE = '22023',
+                  HINT = 'A write that changes nothing is refused, not approved.';
+    ELSIF v_n > p_ver.max_targets THEN
+        RAISE EXCEPTION 'keyturn: params.where matches more than % rows of % (max_targets)',
+                p_ver.max_targets, p_ver.sql_relid::regclass
+            USING ERRCODE = '22023',
+                  HINT = 'Narrow the filter, or split the change into several proposals.';
+    END IF;
+    RETURN v_rows;
+END
+$$;
+
+CREATE FUNCTION keyturn._propose(p_caller oid, p_tool text, p_params jsonb, p_origin jsonb)
+RETURNS TABLE (o_action_id uuid, o_token text, o_summary text, o_params_hash text, o_expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_session   text := keyturn.current_session();
+    v_tool      keyturn.tool;
+    v_ver       keyturn.tool_version;
+    v_origin    jsonb := coalesce(p_origin, '{}');
+    v_conv      text;
+    v_path      text;
+    v_err       text;
+    v_hash      text;
+    v_targets   jsonb := '[]';
+    v_count     int := 1;
+    v_recent    bigint;
+    v_id        uuid := gen_random_uuid();
+    v_token     text := keyturn._token_new();
+    v_expires   timestamptz;
+    v_summary   text;
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, v_session);
+
+    SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = p_tool;
+    IF NOT FOUND OR NOT v_tool.enabled THEN
+        RAISE EXCEPTION 'keyturn: tool % is unknown or disabled', coalesce(quote_literal(p_tool), 'NULL')
+            USING ERRCODE = '42704',
+                  HINT = 'keyturn.classify(tool) says what a tool is; only registered, enabled write tools take proposals.';
+    END IF;
+    SELECT v.* INTO v_ver FROM keyturn.tool_version v
+     WHERE v.tool = v_tool.name AND v.version = v_tool.version;
+    IF v_ver.kind = 'read' THEN
+        RAISE EXCEPTION 'keyturn: tool % is read-only and needs no proposal', p_tool
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT keyturn._has_grant(v_tenant, v_principal, v_tool.name) THEN
+        RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', v_principal, p_tool, v_tenant
+            USING ERRCODE = '42501',
+                  HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
+    END IF;
+
+    v_conv := keyturn._check_origin(v_origin);
+    IF v_conv IS NOT NULL AND EXISTS (
+           SELECT 1 FROM keyturn.cancelled_origin c
+            WHERE c.tenant = v_tenant AND c.principal = v_principal AND c.conversation_id = v_conv) THEN
+        RAISE EXCEPTION 'keyturn: conversation % was cancelled; it can start no new actions', v_conv
+            USING ERRCODE = '55000';
+    END IF;
+
+    IF p_params IS NULL OR jsonb_typeof(p_params) <> 'object' THEN
+        RAISE EXCEPTION 'keyturn: params must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    v_path := keyturn._credential_path(p_params);
+    IF v_path IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: params hold credential material at %', v_path
+            USING ERRCODE = '22023',
+                  HINT = 'Credentials never go through keyturn: the dispatcher holds them. Remove the field.';
+    END IF;
+    v_hash := keyturn.params_hash(v_tool.name, p_params);
+
+    IF v_ver.executor = 'external' THEN
+        v_err := keyturn._params_errors(v_ver.params_schema, p_params);
+        IF v_err IS NOT NULL THEN
+            RAISE EXCEPTION 'keyturn: params do not match the schema of %: %', p_tool, v_err
+                USING ERRCODE = '22023';
+        END IF;
+        IF v_ver.targets_param IS NOT NULL THEN
+            v_count := CASE jsonb_typeof(p_params -> v_ver.targets_param)
+                           WHEN 'array' THEN jsonb_array_length(p_params -> v_ver.targets_param)
+                           WHEN 'string' THEN 1
+                           ELSE 0 END;
+            IF v_count = 0 OR v_count > v_ver.max_targets THEN
+                RAISE EXCEPTION 'keyturn: params.% must name 1 to % targets, not %',
+                        v_ver.targets_param, v_ver.max_targets, v_count
+                    USING ERRCODE = '22023',
+                          HINT = 'max_targets bounds the blast radius of one approval.';
+            END IF;
+        END IF;
+    ELSE
+        v_targets := keyturn._resolve_targets(p_caller, v_ver, p_params);
+        v_count := jsonb_array_length(v_targets);
+    END IF;
+
+    IF v_ver.rate_max IS NOT NULL THEN
+        -- Serialize concurrent proposals of one (tenant, principal, tool) so the
+        -- window count cannot be raced past.
+        PERFORM pg_advisory_xact_lock(hashtextextended(
+            'keyturn.rate/' || v_tenant || '/' || v_principal || '/' || v_tool.name, 0));
+        SELECT count(*) INTO v_recent FROM keyturn.action a
+         WHERE a.tenant = v_tenant AND a.principal = v_principal AND a.tool = v_tool.name
+           AND a.created_at > clock_timestamp() - v_ver.rate_per;
+        IF v_recent >= v_ver.rate_max THEN
+            RAISE EXCEPTION 'keyturn: rate limit of tool % reached: % proposals per %', p_tool, v_ver.rate_max, v_ver.rate_per
+                USING ERRCODE = '54000',
+                      HINT = 'Wait for the window to pass, or ask an admin to raise spec.rate_limit.';
+        END IF;
+    END IF;
+
+    v_expires := clock_timestamp() + v_ver.expires_in;
+    v_summary := keyturn._render_summary(v_ver.summary, p_params, v_count);
+
+    INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor, approval,
+                                retain, params, param_keys, params_hash, summary, origin,
+                                conversation_id, epoch, target_count, token_digest, token_binding,
+                                idempotency_key, created_at, expires_at, status, updated_at)
+    VALUES (v_id, v_tenant, v_principal, v_session, v_tool.name, v_ver.version, v_ver.executor,
+            v_ver.approval, v_ver.retain,
+            CASE WHEN v_ver.retain = 'full' THEN p_params END,
+            ARRAY(SELECT k FROM jsonb_object_keys(p_params) k ORDER BY k COLLATE "C"),
+            v_hash,
+            CASE WHEN v_ver.retain = 'full' THEN v_summary END,
+            v_origin, v_conv, keyturn._epoch(v_tenant, v_principal), v_count,
+            keyturn._token_digest(v_token), keyturn._token_binding(v_token, v_id, v_hash, v_expires),
+            'keyturn-' || v_id::text, clock_timestamp(), v_expires, 'pending', clock_timestamp());
+
+    INSERT INTO keyturn.action_target (action_id, ord, tenant, principal, key, version)
+    SELECT v_id, t.ord, v_tenant, v_principal, t.value ->> 'k', t.value ->> 'v'
+      FROM jsonb_array_elements(v_targets) WITH ORDINALITY AS t (value, ord);
+
+    RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires;
+END
+$$;

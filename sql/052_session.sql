@@ -1,0 +1,101 @@
+-- keyturn 0.1.0: logout, conversation cancellation, status and audit (CONTRACT.md §4, §5).
+
+-- The role a SECURITY DEFINER function was called from: the SET ROLE role, else
+-- the login role (current_user inside such a function is its owner).
+CREATE FUNCTION keyturn._calling_role()
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
+                ELSE current_setting('role') END
+$$;
+
+CREATE FUNCTION keyturn.end_session(session text DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_session   text := keyturn.current_session();
+    v_target    text;
+    v_n         int;
+BEGIN
+    PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, v_session);
+    v_target := coalesce(end_session.session, v_session);
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'session ended'));
+    UPDATE keyturn.action a
+       SET status = 'cancelled', result = jsonb_build_object('reason', 'the session ended'),
+           lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
+     WHERE a.tenant = v_tenant AND a.principal = v_principal AND a.session = v_target
+       AND a.status IN ('pending', 'queued', 'leased');
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+
+CREATE FUNCTION keyturn.cancel_origin(conversation_id text)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_n         int;
+BEGIN
+    PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    PERFORM keyturn._require_text(cancel_origin.conversation_id, 'conversation_id');
+
+    INSERT INTO keyturn.cancelled_origin (tenant, principal, conversation_id)
+    VALUES (v_tenant, v_principal, cancel_origin.conversation_id)
+    ON CONFLICT ON CONSTRAINT cancelled_origin_pkey DO NOTHING;
+
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'conversation cancelled'));
+    UPDATE keyturn.action a
+       SET status = 'cancelled', result = jsonb_build_object('reason', 'the conversation was cancelled'),
+           lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
+     WHERE a.tenant = v_tenant AND a.principal = v_principal
+       AND a.conversation_id = cancel_origin.conversation_id
+       AND a.status IN ('pending', 'queued', 'leased');
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+
+CREATE FUNCTION keyturn.action_status(action_id uuid)
+RETURNS TABLE (action_id uuid, tool text, status text, summary text, attempts int, result jsonb,
+               created_at timestamptz, expires_at timestamptz, updated_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_role      text;
+BEGIN
+    v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    RETURN QUERY
+        SELECT a.id, a.tool, a.status, coalesce(a.summary, a.tool), a.attempts, a.result,
+               a.created_at, a.expires_at, a.updated_at
+          FROM keyturn.action a
+         WHERE a.id = action_status.action_id AND a.tenant = v_tenant
+           AND (v_role IN ('approver', 'admin') OR a.principal = v_principal);
+END
+$$;
+
+-- SECURITY INVOKER on purpose: what RLS on keyturn.event shows the caller.
+CREATE FUNCTION keyturn.audit(action_id uuid)
+RETURNS TABLE (at timestamptz, db_role text, principal text, from_status text, to_status text, detail jsonb)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT e.at, e.db_role, e.principal, e.from_status, e.to_status, e.detail
+      FROM keyturn.event e
+     WHERE e.action_id = audit.action_id
+     ORDER BY e.id
+$$;

@@ -1,0 +1,280 @@
+-- keyturn 0.1.0: the dispatcher and operator protocol (CONTRACT.md §4).
+--
+-- keyturnd only moves rows the database has released (queued), and only calls a
+-- provider after begin_dispatch has committed 'executing'. Authorized by role
+-- alone (keyturn_dispatcher, keyturn_operator); no tenant identity, all tenants.
+
+CREATE FUNCTION keyturn._retry_backoff(p_attempts int)
+RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- 2 s, 4 s, 8 s, ... capped at 5 minutes: at least 1 s, growing with attempts.
+    SELECT make_interval(secs => least(300, power(2, greatest(p_attempts, 0) + 1)))
+$$;
+
+CREATE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds')
+RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
+               idempotency_key text, attempt int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_text(lease.worker, 'worker');
+    IF lease.max_jobs IS NULL OR lease.max_jobs NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'keyturn: max_jobs must be from 1 to 1000, not %', lease.max_jobs
+            USING ERRCODE = '22023';
+    END IF;
+    IF lease.lease_for IS NULL OR lease.lease_for < interval '1 second' OR lease.lease_for > interval '1 hour' THEN
+        RAISE EXCEPTION 'keyturn: lease_for must be from 1 second to 1 hour, not %', lease.lease_for
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    PERFORM keyturn._set_event_detail(jsonb_build_object('worker', lease.worker));
+
+    RETURN QUERY
+    WITH due AS (
+        SELECT a.id FROM keyturn.action a
+         WHERE a.status = 'queued' AND a.next_attempt_at <= clock_timestamp()
+         ORDER BY a.next_attempt_at, a.id
+         LIMIT lease.max_jobs
+           FOR UPDATE SKIP LOCKED
+    ), leased AS (
+        UPDATE keyturn.action a
+           SET status = 'leased', lease_id = gen_random_uuid(), leased_by = lease.worker,
+               lease_expires_at = clock_timestamp() + lease.lease_for
+          FROM due
+         WHERE a.id = due.id
+        RETURNING a.*
+    )
+    SELECT l.id, l.lease_id, l.tenant, l.tool, v.provider, coalesce(l.params, s.params),
+           l.idempotency_key, l.attempts + 1
+      FROM leased l
+      JOIN keyturn.tool_version v ON v.tool = l.tool AND v.version = l.tool_version
+      LEFT JOIN keyturn.staged_payload s ON s.action_id = l.id
+     ORDER BY l.next_attempt_at, l.id;
+END
+$$;
+
+-- The leased row, locked, or 55000.
+CREATE FUNCTION keyturn._leased_action(p_id uuid, p_lease uuid, p_statuses text[])
+RETURNS keyturn.action
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    a keyturn.action;
+BEGIN
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id FOR UPDATE;
+    IF NOT FOUND OR a.lease_id IS DISTINCT FROM p_lease OR NOT a.status = ANY (p_statuses) THEN
+        RAISE EXCEPTION 'keyturn: action % is not % under lease %', p_id,
+                array_to_string(p_statuses, ' or '), coalesce(p_lease::text, 'NULL')
+            USING ERRCODE = '55000',
+                  DETAIL = format('Its status is %s.', coalesce(a.status, 'unknown')),
+                  HINT = 'Lease it again; never call the provider without a successful begin_dispatch.';
+    END IF;
+    RETURN a;
+END
+$$;
+
+CREATE FUNCTION keyturn.begin_dispatch(action_id uuid, lease_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    a        keyturn.action;
+    v_reason text;
+BEGIN
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    a := keyturn._leased_action(begin_dispatch.action_id, begin_dispatch.lease_id, ARRAY['leased']);
+    IF a.lease_expires_at <= clock_timestamp() THEN
+        RAISE EXCEPTION 'keyturn: the lease on action % lapsed at %', a.id, a.lease_expires_at
+            USING ERRCODE = '55000',
+                  HINT = 'Do not call the provider; the sweep hands the action back to the queue.';
+    END IF;
+
+    v_reason := keyturn._invalid_reason(a);
+    IF v_reason IS NOT NULL THEN
+        PERFORM keyturn._set_event_detail(jsonb_build_object('reason', v_reason));
+        UPDATE keyturn.action x
+           SET status = 'invalidated', result = jsonb_build_object('reason', v_reason),
+               lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
+         WHERE x.id = a.id;
+        RETURN false;
+    END IF;
+
+    PERFORM keyturn._set_event_detail(jsonb_build_object('attempt', a.attempts + 1, 'worker', a.leased_by));
+    UPDATE keyturn.action x
+       SET status = 'executing', attempts = a.attempts + 1, dispatched_at = clock_timestamp()
+     WHERE x.id = a.id;
+    INSERT INTO keyturn.attempt (action_id, attempt, tenant, principal, lease_id, worker, started_at)
+    VALUES (a.id, a.attempts + 1, a.tenant, a.principal, a.lease_id, a.leased_by, clock_timestamp());
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION keyturn.complete(action_id uuid, lease_id uuid, outcome text, receipt jsonb DEFAULT '{}',
+                                 retry_after interval DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    a         keyturn.action;
+    v_receipt jsonb;
+    v_status  text;
+    v_delay   interval;
+BEGIN
+    IF complete.outcome IS NULL OR complete.outcome NOT IN ('succeeded', 'failed', 'retry', 'unknown') THEN
+        RAISE EXCEPTION 'keyturn: outcome must be succeeded, failed, retry or unknown, not %',
+                coalesce(quote_literal(complete.outcome), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF complete.retry_after IS NOT NULL AND complete.retry_after < interval '0' THEN
+        RAISE EXCEPTION 'keyturn: retry_after must not be negative' USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    v_receipt := keyturn._redact(coalesce(complete.receipt, '{}'));
+    a := keyturn._leased_action(complete.action_id, complete.lease_id, ARRAY['leased', 'executing']);
+
+    -- Capped at a day: a provider cannot park an approved action for a year.
+    v_delay := least(coalesce(complete.retry_after, keyturn._retry_backoff(a.attempts)), interval '1 day');
+
+    IF a.status = 'leased' THEN
+        -- Handed back before any provider call: no attempt was made or counted.
+        IF complete.outcome <> 'retry' THEN
+            RAISE EXCEPTION 'keyturn: action % was never dispatched; only ''retry'' can hand it back', a.id
+                USING ERRCODE = '55000',
+                      HINT = 'Call begin_dispatch before the provider, then complete with the outcome.';
+        END IF;
+        PERFORM keyturn._set_event_detail(jsonb_build_object('handed_back', true));
+        UPDATE keyturn.action x
+           SET status = 'queued', next_attempt_at = clock_timestamp() + coalesce(complete.retry_after, interval '0'),
+               lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
+         WHERE x.id = a.id;
+        RETURN 'queued';
+    END IF;
+
+    v_status := CASE complete.outcome
+                    WHEN 'succeeded' THEN 'succeeded'
+                    WHEN 'failed' THEN 'failed'
+                    WHEN 'unknown' THEN 'uncertain'
+                    ELSE CASE WHEN a.attempts < 3 THEN 'queued' ELSE 'failed' END
+                END;
+    UPDATE keyturn.attempt t
+       SET finished_at = clock_timestamp(), outcome = complete.outcome, receipt = v_receipt
+     WHERE t.action_id = a.id AND t.attempt = a.attempts;
+    PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
+        'outcome', complete.outcome, 'attempt', a.attempts,
+        'retry_in', CASE WHEN v_status = 'queued' THEN v_delay::text END)));
+    UPDATE keyturn.action x
+       SET status = v_status,
+           receipt = v_receipt,
+           result = CASE
+                        WHEN v_status = 'failed' AND complete.outcome = 'retry'
+                            THEN jsonb_build_object('reason', 'the provider asked to retry after the third attempt')
+                        WHEN v_status = 'uncertain'
+                            THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
+                        WHEN v_status = 'queued' THEN x.result
+                        ELSE jsonb_build_object('outcome', complete.outcome)
+                    END,
+           next_attempt_at = CASE WHEN v_status = 'queued' THEN clock_timestamp() + v_delay END,
+           lease_id = CASE WHEN v_status = 'queued' THEN NULL ELSE x.lease_id END,
+           leased_by = CASE WHEN v_status = 'queued' THEN NULL ELSE x.leased_by END,
+           lease_expires_at = CASE WHEN v_status = 'queued' THEN NULL ELSE x.lease_expires_at END
+     WHERE x.id = a.id;
+    RETURN v_status;
+END
+$$;
+
+CREATE FUNCTION keyturn.sweep()
+RETURNS TABLE (expired int, requeued int, uncertain int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_expired   int;
+    v_requeued  int;
+    v_uncertain int;
+BEGIN
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'expired before approval'));
+    UPDATE keyturn.action a
+       SET status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
+     WHERE a.id IN (SELECT x.id FROM keyturn.action x
+                     WHERE x.status = 'pending' AND x.expires_at < clock_timestamp()
+                       FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_expired = ROW_COUNT;
+
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed before dispatch'));
+    UPDATE keyturn.action a
+       SET status = 'queued', next_attempt_at = clock_timestamp(),
+           lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
+     WHERE a.id IN (SELECT x.id FROM keyturn.action x
+                     WHERE x.status = 'leased' AND x.lease_expires_at < clock_timestamp()
+                       FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_requeued = ROW_COUNT;
+
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed while executing'));
+    WITH lapsed AS (
+        UPDATE keyturn.action a
+           SET status = 'uncertain',
+               result = jsonb_build_object('reason', 'the dispatcher''s lease lapsed during the provider call; the outcome is unknown and is never retried automatically')
+         WHERE a.id IN (SELECT x.id FROM keyturn.action x
+                         WHERE x.status = 'executing' AND x.lease_expires_at < clock_timestamp()
+                           FOR UPDATE SKIP LOCKED)
+        RETURNING a.id, a.attempts
+    ), closed AS (
+        UPDATE keyturn.attempt t SET finished_at = clock_timestamp(), outcome = 'lapsed'
+          FROM lapsed WHERE t.action_id = lapsed.id AND t.attempt = lapsed.attempts AND t.outcome IS NULL
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_uncertain FROM lapsed;
+    RETURN QUERY SELECT v_expired, v_requeued, v_uncertain;
+END
+$$;
+
+CREATE FUNCTION keyturn.reconcile(action_id uuid, outcome text, note text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    a keyturn.action;
+BEGIN
+    IF reconcile.outcome IS NULL OR reconcile.outcome NOT IN ('succeeded', 'failed') THEN
+        RAISE EXCEPTION 'keyturn: reconcile outcome must be succeeded or failed, not %',
+                coalesce(quote_literal(reconcile.outcome), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = reconcile.action_id FOR UPDATE;
+    IF NOT FOUND OR a.status <> 'uncertain' THEN
+        RAISE EXCEPTION 'keyturn: only an uncertain action can be reconciled; % is %',
+                reconcile.action_id, coalesce(a.status, 'unknown')
+            USING ERRCODE = '55000';
+    END IF;
+    PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
+        'reconciled', reconcile.outcome, 'note', reconcile.note)));
+    UPDATE keyturn.action x
+       SET status = reconcile.outcome,
+           result = coalesce(x.result, '{}') || jsonb_strip_nulls(jsonb_build_object(
+                        'reconciled', reconcile.outcome, 'note', reconcile.note,
+                        'by', keyturn._calling_role()))
+     WHERE x.id = a.id;
+    RETURN reconcile.outcome;
+END
+$$;
+
+CREATE FUNCTION keyturn.uncertain_actions()
+RETURNS TABLE (action_id uuid, tenant text, tool text, attempts int, dispatched_at timestamptz, receipt jsonb)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt
+      FROM keyturn.action a
+     WHERE a.status = 'uncertain'
+     ORDER BY a.dispatched_at, a.id
+$$;

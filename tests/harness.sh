@@ -1,0 +1,114 @@
+# shellcheck shell=bash
+# The private test cluster harness, sourced by tests/run-all, tests/demo and the
+# benchmarks. Every run gets its own data directory, socket directory and free
+# port (never 5432), runs PostgreSQL as the `postgres` OS user when we are root
+# (PostgreSQL refuses to run as root), and is torn down by an EXIT trap, also
+# when a test fails. Two runs at once do not collide.
+
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+PG_CONFIG=${PG_CONFIG:-$PG_BIN/pg_config}
+KT_ROOT=${KT_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+
+kt_log() { printf '\033[1m[keyturn]\033[0m %s\n' "$*" >&2; }
+
+# A TCP port nobody listens on right now.
+kt_free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+# Runs a command as the OS user that owns the clusters.
+kt_as_pg() {
+  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# Creates this run's scratch directory (removed at exit). Call once, in the
+# top-level shell, before anything else: $(...) subshells cannot export it.
+kt_init() {
+  if [ -z "${KT_SCRATCH:-}" ]; then
+    KT_SCRATCH=$(mktemp -d /tmp/keyturn-run.XXXXXX)
+    chmod 755 "$KT_SCRATCH"
+    if [ "$(id -u)" -eq 0 ]; then chown postgres:postgres "$KT_SCRATCH"; fi
+    export KT_SCRATCH
+  fi
+}
+
+kt_scratch() {
+  : "${KT_SCRATCH:?kt_init was not called}"
+  printf '%s\n' "$KT_SCRATCH"
+}
+
+# A PGRX_HOME of this run's own, with its own base ports, so `cargo pgrx test`
+# and `cargo pgrx regress` of two concurrent runs never share a port or a data
+# directory.
+kt_pgrx_home() {
+  local home
+  home="$(kt_scratch)/pgrx"
+  if [ ! -f "$home/config.toml" ]; then
+    mkdir -p "$home"
+    local base=$(( 20000 + RANDOM % 20000 ))
+    printf 'base_port = %d\nbase_testing_port = %d\n\n[configs]\npg15 = "%s"\n' \
+      "$base" "$(( base + 100 ))" "$PG_CONFIG" > "$home/config.toml"
+    if [ "$(id -u)" -eq 0 ]; then chown -R postgres:postgres "$home"; fi
+  fi
+  printf '%s\n' "$home"
+}
+
+# Builds and installs the extension into the system PostgreSQL 15.
+kt_install_extension() {
+  local profile=${1:-debug}
+  local args=(install -p pg_keyturn --pg-config "$PG_CONFIG")
+  [ "$profile" = release ] && args+=(--release)
+  [ "$(id -u)" -ne 0 ] && args+=(--sudo)
+  kt_log "building and installing pg_keyturn ($profile)"
+  (cd "$KT_ROOT" && cargo pgrx "${args[@]}" >"$(kt_scratch)/install.log" 2>&1) || {
+    cat "$(kt_scratch)/install.log" >&2
+    return 1
+  }
+}
+
+# Starts a private cluster; exports KT_PGPORT, KT_PGHOST, KT_PGDATA and
+# KT_ADMIN_URL (superuser, database keyturn). Extra postgres -c settings may be
+# passed as arguments.
+kt_cluster_start() {
+  local dir port
+  dir="$(kt_scratch)/cluster"
+  port=$(kt_free_port)
+  kt_as_pg mkdir -p "$dir"
+  kt_as_pg "$PG_BIN/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 --no-sync >"$(kt_scratch)/initdb.log" 2>&1 || {
+    cat "$(kt_scratch)/initdb.log" >&2
+    return 1
+  }
+  local opts="-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off -c synchronous_commit=off"
+  local extra
+  for extra in "$@"; do opts="$opts -c $extra"; done
+  kt_as_pg "$PG_BIN/pg_ctl" -D "$dir/data" -o "$opts" -l "$dir/postgres.log" -w -t 60 start >/dev/null || {
+    cat "$dir/postgres.log" >&2
+    return 1
+  }
+  export KT_PGDATA="$dir/data" KT_PGPORT=$port KT_PGHOST=127.0.0.1 KT_PGSOCK=$dir KT_PGLOG=$dir/postgres.log
+  export KT_ADMIN_URL="postgres://postgres@127.0.0.1:$port/keyturn"
+  kt_as_pg "$PG_BIN/psql" -h "$dir" -p "$port" -U postgres -d postgres -qAtc 'CREATE DATABASE keyturn' >/dev/null
+  kt_psql -qc 'CREATE EXTENSION pg_keyturn' >/dev/null
+  kt_log "private cluster up on 127.0.0.1:$port (data in $dir)"
+}
+
+# psql as the superuser against the private cluster's keyturn database.
+kt_psql() {
+  "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$KT_PGPORT" -U postgres -d keyturn "$@"
+}
+
+kt_cluster_stop() {
+  if [ -n "${KT_PGDATA:-}" ] && [ -d "$KT_PGDATA" ]; then
+    kt_as_pg "$PG_BIN/pg_ctl" -D "$KT_PGDATA" -m immediate -w stop >/dev/null 2>&1 || true
+  fi
+  unset KT_PGDATA
+}
+
+kt_cleanup() {
+  local status=$?
+  kt_cluster_stop
+  # Stop anything else this run left listening (keyturnd, receivers).
+  if [ -n "${KT_PIDS:-}" ]; then kill $KT_PIDS 2>/dev/null || true; fi
+  if [ -n "${KT_SCRATCH:-}" ] && [ -z "${KT_KEEP:-}" ]; then rm -rf "$KT_SCRATCH"; fi
+  return $status
+}
