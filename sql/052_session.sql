@@ -67,10 +67,10 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION keyturn.action_status(action_id uuid)
-RETURNS TABLE (action_id uuid, tool text, status text, summary text, attempts int, result jsonb,
-               created_at timestamptz, expires_at timestamptz, updated_at timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
+CREATE FUNCTION keyturn._action_status(p_id uuid)
+RETURNS TABLE (o_action_id uuid, o_tool text, o_status text, o_summary text, o_attempts int, o_result jsonb,
+               o_created_at timestamptz, o_expires_at timestamptz, o_updated_at timestamptz)
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -83,9 +83,19 @@ BEGIN
         SELECT a.id, a.tool, a.status, coalesce(a.summary, a.tool), a.attempts, a.result,
                a.created_at, a.expires_at, a.updated_at
           FROM keyturn.action a
-         WHERE a.id = action_status.action_id AND a.tenant = v_tenant
+         WHERE a.id = p_id AND a.tenant = v_tenant
            AND (v_role IN ('approver', 'admin') OR a.principal = v_principal);
 END
+$$;
+
+-- Visible rows only: the same rule as RLS (own tenant; a member its own actions).
+CREATE FUNCTION keyturn.action_status(action_id uuid)
+RETURNS TABLE (action_id uuid, tool text, status text, summary text, attempts int, result jsonb,
+               created_at timestamptz, expires_at timestamptz, updated_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM keyturn._action_status($1)
 $$;
 
 -- SECURITY INVOKER on purpose: what RLS on keyturn.event shows the caller.

@@ -17,17 +17,17 @@ pub enum Error {
 
     /// A statement failed or the connection broke. `tokio_postgres::Error`
     /// never carries the connection string, so printing it is safe.
-    #[error("database: {0}")]
+    #[error("database: {}", chain(.0))]
     Db(#[from] tokio_postgres::Error),
 
     /// A row came back in a shape this build does not expect (a contract
     /// mismatch between keyturnd and the installed extension). Not transient.
-    #[error("database returned an unexpected row: {0}")]
+    #[error("database returned an unexpected row: {}", chain(.0))]
     Decode(#[source] tokio_postgres::Error),
 
     /// No pooled connection could be had (the database is down or the pool
     /// is exhausted past its wait timeout).
-    #[error("database pool: {0}")]
+    #[error("database pool: {}", chain(.0))]
     Pool(#[from] deadpool_postgres::PoolError),
 
     /// A database call did not answer in time.
@@ -41,6 +41,27 @@ pub enum Error {
     /// The HTTP client could not be built (TLS backend, bad settings).
     #[error("http client: {0}")]
     HttpClient(#[from] reqwest::Error),
+}
+
+/// An error and its sources, `a: b: c`. `tokio_postgres::Error` prints only
+/// its kind ("db error"); the server's message and SQLSTATE, or the I/O
+/// cause, live in its sources. Repeated texts (wrappers that already print
+/// their source) are skipped.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        let text = match e.downcast_ref::<tokio_postgres::error::DbError>() {
+            Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+            None => e.to_string(),
+        };
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = e.source();
+    }
+    out
 }
 
 impl Error {
@@ -80,5 +101,32 @@ impl Error {
                 Error::Db(_) | Error::Pool(_) | Error::DbTimeout(_) | Error::Io(_)
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn test_chain_shows_sources_once() {
+        let e = Outer(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "refused",
+        ));
+        assert_eq!(chain(&e), "outer: refused");
+        let io = std::io::Error::other("same");
+        assert_eq!(chain(&io), "same");
+    }
+
+    #[test]
+    fn test_transient_errors() {
+        assert!(Error::DbTimeout(std::time::Duration::from_secs(1)).is_transient());
+        assert!(!Error::Config("x".into()).is_transient());
+        assert!(!Error::Config("x".into()).is_object_not_in_state());
     }
 }

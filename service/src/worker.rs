@@ -79,7 +79,9 @@ const PROVIDER_GRACE: Duration = Duration::from_millis(500);
 /// First and longest pause between retries of a database call.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
-const RECONNECT_MAX: Duration = Duration::from_secs(10);
+/// Cap of the LISTEN reconnect backoff: one connection, cheap to retry,
+/// and readiness waits on it.
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
 
 /// What the dispatch loop needs from the configuration.
 #[derive(Clone, Debug)]
