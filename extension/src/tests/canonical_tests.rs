@@ -1,3 +1,5 @@
+use pgrx::prelude::*;
+
 #[pg_schema]
 mod tests {
     use pgrx::prelude::*;
@@ -21,10 +23,37 @@ mod tests {
         assert_eq!(hash, expected);
     }
 
-    #[pg_test(error = "keyturn: number 9007199254740993 cannot be represented exactly")]
+    #[pg_test(
+        error = "keyturn: number 9007199254740993 cannot be represented exactly as an IEEE-754 double, so two different values would share one hash; send it as a string"
+    )]
     fn test_params_hash_rejects_inexact_integer() {
         let _ = Spi::get_one::<String>(
             r#"SELECT keyturn.params_hash('t', '{"n": 9007199254740993}'::jsonb)"#,
         );
+    }
+
+    #[pg_test(error = "keyturn: JSON nesting is deeper than 64 levels; flatten the params")]
+    fn test_canonical_json_refuses_deep_nesting_with_22023_not_a_panic() {
+        // 200 levels: past serde_json's own limit too, which must not surface as XX000.
+        let _ = Spi::get_one::<String>(&format!(
+            "SELECT keyturn.canonical_json('{}1{}'::jsonb)",
+            "[".repeat(200),
+            "]".repeat(200)
+        ));
+    }
+
+    #[pg_test]
+    fn test_canonical_json_accepts_nesting_within_the_limit() {
+        let ok = Spi::get_one::<String>(&format!(
+            "SELECT keyturn.canonical_json('{}1{}'::jsonb)",
+            "[".repeat(60),
+            "]".repeat(60)
+        ));
+        assert_eq!(ok.unwrap().unwrap().len(), 121);
+    }
+
+    #[pg_test]
+    fn test_canonical_json_is_null_on_null() {
+        assert_eq!(Spi::get_one::<String>("SELECT keyturn.canonical_json(NULL)"), Ok(None));
     }
 }

@@ -2,3 +2,5 @@
 //! One file per feature; tests are named after the behaviour they pin down.
 
 mod canonical_tests;
+mod gate_tests;
+mod identity_tests;
