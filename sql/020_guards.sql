@@ -61,12 +61,6 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF TG_OP = 'DELETE' THEN
-        RAISE EXCEPTION 'keyturn actions are never deleted'
-            USING ERRCODE = '42501',
-                  HINT = 'Actions are the audit trail. A superuser may archive them with triggers disabled.';
-    END IF;
-
     IF (NEW.id, NEW.tenant, NEW.principal, NEW.session, NEW.tool, NEW.tool_version,
         NEW.executor, NEW.approval, NEW.retain, NEW.params, NEW.param_keys, NEW.params_hash,
         NEW.summary, NEW.origin, NEW.conversation_id, NEW.epoch, NEW.target_count,
@@ -97,7 +91,7 @@ END
 $$;
 
 CREATE TRIGGER action_guard
-    BEFORE UPDATE OR DELETE ON keyturn.action
+    BEFORE UPDATE ON keyturn.action
     FOR EACH ROW EXECUTE FUNCTION keyturn._action_guard();
 
 -- Everything a status change implies, in the same transaction.
@@ -155,27 +149,22 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RAISE EXCEPTION 'keyturn.% is append-only: % refused', TG_TABLE_NAME, TG_OP
+    RAISE EXCEPTION 'keyturn.% does not allow %', TG_TABLE_NAME, TG_OP
         USING ERRCODE = '42501',
               HINT = 'Audit and metering rows are never changed. Archive with triggers disabled, as a superuser.';
 END
 $$;
 
+-- Statement-level, so even an UPDATE or DELETE that matches no row is refused.
 CREATE TRIGGER event_append_only
-    BEFORE UPDATE OR DELETE ON keyturn.event
-    FOR EACH ROW EXECUTE FUNCTION keyturn._append_only();
-CREATE TRIGGER event_no_truncate
-    BEFORE TRUNCATE ON keyturn.event
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON keyturn.event
     FOR EACH STATEMENT EXECUTE FUNCTION keyturn._append_only();
 CREATE TRIGGER usage_append_only
-    BEFORE UPDATE OR DELETE ON keyturn.usage
-    FOR EACH ROW EXECUTE FUNCTION keyturn._append_only();
-CREATE TRIGGER usage_no_truncate
-    BEFORE TRUNCATE ON keyturn.usage
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON keyturn.usage
     FOR EACH STATEMENT EXECUTE FUNCTION keyturn._append_only();
 CREATE TRIGGER action_target_immutable
-    BEFORE UPDATE OR DELETE ON keyturn.action_target
-    FOR EACH ROW EXECUTE FUNCTION keyturn._append_only();
-CREATE TRIGGER action_no_truncate
-    BEFORE TRUNCATE ON keyturn.action
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON keyturn.action_target
+    FOR EACH STATEMENT EXECUTE FUNCTION keyturn._append_only();
+CREATE TRIGGER action_never_deleted
+    BEFORE DELETE OR TRUNCATE ON keyturn.action
     FOR EACH STATEMENT EXECUTE FUNCTION keyturn._append_only();

@@ -111,10 +111,13 @@ BEGIN
 END
 $$;
 
+-- IntervalStyle is pinned so the stored spec reads the same whatever the
+-- caller's session settings.
 CREATE FUNCTION keyturn.register_tool(name text, spec jsonb)
 RETURNS int
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET IntervalStyle = 'postgres'
 AS $$
 DECLARE
     v_name      text := register_tool.name;

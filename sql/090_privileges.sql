@@ -26,8 +26,11 @@ TO keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keytur
 GRANT EXECUTE ON FUNCTION keyturn.action_status(uuid), keyturn.audit(uuid), keyturn.end_session(text)
 TO keyturn_agent, keyturn_approver;
 
-GRANT EXECUTE ON FUNCTION keyturn.propose(text, jsonb, jsonb), keyturn.cancel_origin(text)
+GRANT EXECUTE ON FUNCTION keyturn.propose(text, jsonb, jsonb)
 TO keyturn_agent;
+
+GRANT EXECUTE ON FUNCTION keyturn.cancel_origin(text)
+TO keyturn_agent, keyturn_approver;
 
 GRANT EXECUTE ON FUNCTION
     keyturn.approve(uuid, text, jsonb), keyturn.preview(uuid, text), keyturn.reject(uuid, text, text)

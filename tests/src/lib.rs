@@ -143,19 +143,15 @@ impl World {
     }
 
     /// Inserts deals for this tenant (as superuser) and returns their ids.
+    /// Ids are random (tests run in parallel and leave rows behind), and an
+    /// id collision fails loudly instead of handing a test another tenant's row.
     pub async fn deals(&self, owner: &str, n: i64) -> Vec<i64> {
-        let base: i64 = self
-            .superuser
-            .query_one("SELECT coalesce(max(id), 0) + 1 FROM crm.deal", &[])
-            .await
-            .expect("next deal id")
-            .get(0);
         let mut ids = Vec::new();
-        for i in 0..n {
-            let id = base + i + (std::process::id() as i64 % 1000) * 1_000_000;
+        for _ in 0..n {
+            let id = random_id();
             self.superuser
                 .execute(
-                    "INSERT INTO crm.deal (id, tenant, owner, name) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                    "INSERT INTO crm.deal (id, tenant, owner, name) VALUES ($1, $2, $3, $4)",
                     &[&id, &self.tenant, &owner, &format!("deal {id}")],
                 )
                 .await
@@ -163,6 +159,57 @@ impl World {
             ids.push(id);
         }
         ids
+    }
+
+    /// Inserts a contact for this tenant (as superuser) and returns its id.
+    pub async fn contact(&self, email: &str) -> i64 {
+        let id = random_id();
+        self.superuser
+            .execute(
+                "INSERT INTO crm.contact (id, tenant, email) VALUES ($1, $2, $3)",
+                &[&id, &self.tenant, &email],
+            )
+            .await
+            .expect("insert contact");
+        id
+    }
+
+    /// An sql tool over crm.contact that may set email, filtering by id.
+    pub async fn contact_tool(&self) -> String {
+        self.tool(
+            "contact_email",
+            json!({"executor": "sql", "summary": "Set email on {count} contact(s)",
+                   "sql": {"table": "crm.contact", "key": "id", "set": ["email"], "where": ["id"]}}),
+        )
+        .await
+    }
+
+    /// A second principal of this tenant with role `role`, and a connection as
+    /// login role `login` carrying its identity (session `session`).
+    pub async fn other(&self, role: &str, login: &str, session: &str) -> (String, Client) {
+        let principal = unique("user");
+        self.admin
+            .execute("SELECT keyturn.add_member($1, $2, $3)", &[&self.tenant, &principal, &role])
+            .await
+            .expect("add_member");
+        let client = connect(login).await;
+        set_identity(&client, &self.tenant, &principal, session).await;
+        (principal, client)
+    }
+
+    /// Business writes recorded for a deal by the crm.deal trigger.
+    pub async fn writes(&self, deal: i64) -> i64 {
+        count(&self.superuser, "SELECT count(*) FROM crm.deal_writes WHERE deal_id = $1", &[&deal]).await
+    }
+
+    /// keyturn.usage rows for an action.
+    pub async fn usage_rows(&self, id: uuid::Uuid) -> i64 {
+        count(&self.superuser, "SELECT count(*) FROM keyturn.usage WHERE action_id = $1", &[&id]).await
+    }
+
+    /// keyturn.event rows for an action.
+    pub async fn event_rows(&self, id: uuid::Uuid) -> i64 {
+        count(&self.superuser, "SELECT count(*) FROM keyturn.event WHERE action_id = $1", &[&id]).await
     }
 
     pub async fn propose(&self, tool: &str, params: Value) -> Result<Proposal, tokio_postgres::Error> {
@@ -236,4 +283,122 @@ pub async fn approve_on(
         .query_one("SELECT status, result FROM keyturn.approve($1, $2, $3)", &[&id, &token, &params])
         .await?;
     Ok((row.get(0), row.get(1)))
+}
+
+/// A random positive id for fixture rows.
+pub fn random_id() -> i64 {
+    (uuid::Uuid::new_v4().as_u128() as i64 & 0x0000_7fff_ffff_ffff).max(1)
+}
+
+/// The single bigint of a `SELECT count(*) ...`.
+pub async fn count(client: &Client, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> i64 {
+    client
+        .query_one(sql, params)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .get(0)
+}
+
+/// Sets `request.jwt.claims` (session-wide) to exactly `claims`.
+pub async fn set_claims(client: &Client, claims: &str) {
+    client
+        .execute("SELECT set_config('request.jwt.claims', $1, false)", &[&claims])
+        .await
+        .expect("set claims");
+}
+
+/// The message of a failed statement.
+pub fn message<T: std::fmt::Debug>(result: Result<T, tokio_postgres::Error>) -> String {
+    match result {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string()),
+    }
+}
+
+/// Runs `sql` as the superuser with every trigger off for that statement only
+/// (session_replication_role = replica, transaction-local): how an attacker who
+/// can write the table would tamper with it. Other sessions keep their guards.
+pub async fn tamper(superuser: &Client, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> u64 {
+    superuser.batch_execute("BEGIN; SET LOCAL session_replication_role = replica").await.expect("begin tamper");
+    let n = superuser.execute(sql, params).await.unwrap_or_else(|e| panic!("tamper {sql}: {e}"));
+    superuser.batch_execute("COMMIT").await.expect("commit tamper");
+    n
+}
+
+/// A connection that has run `LISTEN channel`; notifications arrive on the receiver.
+pub async fn listen(channel: &str) -> (Client, tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>) {
+    let url = format!("host=127.0.0.1 port={} user=postgres dbname=keyturn", port());
+    let (client, mut connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect listener");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let msg = std::future::poll_fn(|cx| connection.poll_message(cx)).await;
+            match msg {
+                Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                    if tx.send(n).is_err() {
+                        break;
+                    }
+                }
+                Some(Ok(_)) => {}
+                _ => break,
+            }
+        }
+    });
+    client.batch_execute(&format!("LISTEN {channel}")).await.expect("listen");
+    (client, rx)
+}
+
+/// Serializes the tests that lease: lease() and sweep() work across tenants,
+/// so two dispatch tests running at once would take each other's jobs.
+pub static DISPATCH_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// One leased job.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub action_id: uuid::Uuid,
+    pub lease_id: uuid::Uuid,
+    pub tenant: String,
+    pub tool: String,
+    pub provider: Option<String>,
+    pub params: Option<Value>,
+    pub idempotency_key: String,
+    pub attempt: i32,
+}
+
+/// Leases every due job as `worker` and returns those among `mine`; any other
+/// due job (left queued by earlier tests) is handed back for a day, untouched.
+pub async fn lease_mine(dispatcher: &Client, mine: &[uuid::Uuid], lease_for: &str) -> Vec<Lease> {
+    let rows = dispatcher
+        .query(
+            "SELECT action_id, lease_id, tenant, tool, provider, params, idempotency_key, attempt \
+             FROM keyturn.lease('itest-worker', 1000, $1::text::interval)",
+            &[&lease_for],
+        )
+        .await
+        .expect("lease");
+    let mut out = Vec::new();
+    for r in rows {
+        let l = Lease {
+            action_id: r.get(0),
+            lease_id: r.get(1),
+            tenant: r.get(2),
+            tool: r.get(3),
+            provider: r.get(4),
+            params: r.get(5),
+            idempotency_key: r.get(6),
+            attempt: r.get(7),
+        };
+        if mine.contains(&l.action_id) {
+            out.push(l);
+        } else {
+            dispatcher
+                .execute(
+                    "SELECT keyturn.complete($1, $2, 'retry', '{}', interval '1 day')",
+                    &[&l.action_id, &l.lease_id],
+                )
+                .await
+                .expect("hand back a foreign job");
+        }
+    }
+    out
 }

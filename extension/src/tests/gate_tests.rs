@@ -15,7 +15,7 @@ mod tests {
         error = "keyturn: current_user is a member of keyturn_agent (or a superuser) and may not preview"
     )]
     fn test_agent_member_never_previews() {
-        Spi::run("CREATE ROLE kt_test_agent IN ROLE keyturn_agent; SET LOCAL ROLE kt_test_agent").unwrap();
+        Spi::run("CREATE ROLE kt_test_both IN ROLE keyturn_agent, keyturn_approver; SET LOCAL ROLE kt_test_both").unwrap();
         Spi::run("SELECT keyturn.preview(gen_random_uuid(), 'token')").unwrap();
     }
 

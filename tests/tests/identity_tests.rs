@@ -1,0 +1,130 @@
+//! CONTRACT.md §2: identity comes from request.jwt.claims, else the three GUCs,
+//! never mixed; missing, empty or malformed identity is 42501.
+
+use keyturn_tests::*;
+use serde_json::json;
+use tokio_postgres::Client;
+
+async fn identity(c: &Client) -> (Option<String>, Option<String>, Option<String>) {
+    let r = c
+        .query_one("SELECT keyturn.current_tenant(), keyturn.current_principal(), keyturn.current_session()", &[])
+        .await
+        .expect("identity functions never raise");
+    (r.get(0), r.get(1), r.get(2))
+}
+
+/// A world with an sql tool and one deal, so a valid proposal is possible.
+async fn setup() -> (World, String, i64) {
+    let w = World::new("member").await;
+    let tool = w.deal_tool(json!({})).await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    (w, tool, deal)
+}
+
+fn form(deal: i64) -> serde_json::Value {
+    json!({"where": {"id": deal}, "set": {"stage": "qualified"}})
+}
+
+#[tokio::test]
+async fn test_claims_win_over_gucs() {
+    let (w, tool, deal) = setup().await;
+    // GUCs name a principal that does not exist; the claims name the real one.
+    set_identity(&w.agent, "nowhere", "nobody", "nosession").await;
+    let claims = json!({"tenant_id": w.tenant, "sub": w.principal, "session_id": w.session}).to_string();
+    set_claims(&w.agent, &claims).await;
+    assert_eq!(identity(&w.agent).await, (Some(w.tenant.clone()), Some(w.principal.clone()), Some(w.session.clone())));
+    let p = w.propose(&tool, form(deal)).await.expect("claims identity proposes");
+    assert!(w.approve(&p).await.is_ok());
+}
+
+#[tokio::test]
+async fn test_malformed_claims_are_missing_identity_even_with_gucs() {
+    let (w, tool, deal) = setup().await;
+    // The GUCs hold a complete, valid identity the whole time.
+    let bad = [
+        "{}".to_string(),
+        "[]".into(),
+        "\"a string\"".into(),
+        "42".into(),
+        "null".into(),
+        "not json at all".into(),
+        json!({"tenant_id": w.tenant, "sub": w.principal}).to_string(),
+        json!({"tenant_id": w.tenant, "sub": 17, "session_id": w.session}).to_string(),
+        json!({"tenant_id": [w.tenant], "sub": w.principal, "session_id": w.session}).to_string(),
+        json!({"tenant_id": "", "sub": w.principal, "session_id": w.session}).to_string(),
+    ];
+    for claims in bad {
+        set_claims(&w.agent, &claims).await;
+        let (t, p, s) = identity(&w.agent).await;
+        assert!(t.is_none() || p.is_none() || s.is_none(), "claims {claims} gave a full identity");
+        assert_eq!(sqlstate(w.propose(&tool, form(deal)).await), "42501", "claims {claims}");
+    }
+    // Never mixed: with claims lacking the session, the session GUC is not used.
+    set_claims(&w.agent, &json!({"tenant_id": w.tenant, "sub": w.principal}).to_string()).await;
+    assert_eq!(identity(&w.agent).await, (Some(w.tenant.clone()), Some(w.principal.clone()), None));
+    assert_eq!(count(&w.superuser, "SELECT count(*) FROM keyturn.action WHERE tenant = $1", &[&w.tenant]).await, 0);
+}
+
+#[tokio::test]
+async fn test_empty_claims_fall_back_to_gucs() {
+    let (w, tool, deal) = setup().await;
+    set_claims(&w.agent, "").await;
+    assert_eq!(identity(&w.agent).await, (Some(w.tenant.clone()), Some(w.principal.clone()), Some(w.session.clone())));
+    w.propose(&tool, form(deal)).await.expect("'' claims fall back to the GUCs");
+}
+
+#[tokio::test]
+async fn test_empty_guc_is_missing_not_wildcard() {
+    let (w, tool, deal) = setup().await;
+    for (t, p, s) in [("", w.principal.as_str(), w.session.as_str()), (w.tenant.as_str(), "", w.session.as_str()), (w.tenant.as_str(), w.principal.as_str(), "")] {
+        set_identity(&w.agent, t, p, s).await;
+        let (gt, gp, gs) = identity(&w.agent).await;
+        assert!(gt.is_none() || gp.is_none() || gs.is_none());
+        assert_eq!(sqlstate(w.propose(&tool, form(deal)).await), "42501", "identity ({t:?}, {p:?}, {s:?})");
+    }
+    // A connection that never set anything.
+    let bare = connect("app_agent").await;
+    assert_eq!(identity(&bare).await, (None, None, None));
+    assert_eq!(sqlstate(propose_on(&bare, &tool, form(deal), json!({})).await), "42501");
+}
+
+#[tokio::test]
+async fn test_set_local_identity_lasts_one_transaction() {
+    let (w, tool, deal) = setup().await;
+    let c = connect("app_agent").await;
+    c.batch_execute(&format!(
+        "BEGIN; SET LOCAL keyturn.tenant = '{}'; SET LOCAL keyturn.principal = '{}'; SET LOCAL keyturn.session = '{}'",
+        w.tenant, w.principal, w.session
+    ))
+    .await
+    .unwrap();
+    propose_on(&c, &tool, form(deal), json!({})).await.expect("SET LOCAL identity proposes");
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(identity(&c).await.0, None, "SET LOCAL identity must not outlive its transaction");
+    assert_eq!(sqlstate(propose_on(&c, &tool, form(deal), json!({})).await), "42501");
+}
+
+#[tokio::test]
+async fn test_non_member_principal_is_refused_on_every_identity_call() {
+    let (w, tool, deal) = setup().await;
+    let p = w.propose(&tool, form(deal)).await.unwrap();
+    let stranger = unique("stranger");
+    let agent = connect("app_agent").await;
+    let human = connect("app_human").await;
+    set_identity(&agent, &w.tenant, &stranger, &w.session).await;
+    set_identity(&human, &w.tenant, &stranger, &w.session).await;
+    w.grant(&stranger, &tool).await; // a grant without membership is worth nothing
+    assert_eq!(sqlstate(propose_on(&agent, &tool, form(deal), json!({})).await), "42501");
+    assert_eq!(sqlstate(agent.query("SELECT keyturn.cancel_origin('c1')", &[]).await), "42501");
+    assert_eq!(sqlstate(agent.query("SELECT keyturn.end_session()", &[]).await), "42501");
+    assert_eq!(sqlstate(agent.query("SELECT * FROM keyturn.action_status($1)", &[&p.id]).await), "42501");
+    assert_eq!(sqlstate(approve_on(&human, p.id, &p.token, None).await), "42501");
+    assert_eq!(sqlstate(human.query("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token]).await), "42501");
+    assert_eq!(sqlstate(human.query("SELECT keyturn.reject($1, $2)", &[&p.id, &p.token]).await), "42501");
+    assert_eq!(w.status(p.id).await, "pending");
+    // A member of another tenant is a non-member here.
+    let other = World::new("approver").await;
+    set_identity(&human, &w.tenant, &other.principal, &w.session).await;
+    assert_eq!(sqlstate(approve_on(&human, p.id, &p.token, None).await), "42501");
+    assert_eq!(w.status(p.id).await, "pending");
+}

@@ -1,0 +1,211 @@
+//! CONTRACT.md §1–§2: who may call what, and that nobody but a superuser writes
+//! keyturn tables directly.
+
+use std::collections::BTreeSet;
+
+use keyturn_tests::*;
+
+const LOGINS: &[&str] = &["app_agent", "app_human", "app_admin", "app_dispatcher", "app_operator", "app_bypass", "app_nobody"];
+
+const PUBLIC_FNS: &[&str] = &["canonical_json", "current_principal", "current_session", "current_tenant", "params_hash"];
+
+/// The public (non-underscore) functions of schema keyturn `role` may execute.
+async fn executable(su: &tokio_postgres::Client, role: &str) -> BTreeSet<String> {
+    su.query(
+        "SELECT DISTINCT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+         WHERE n.nspname = 'keyturn' AND p.proname !~ '^_' AND has_function_privilege($1, p.oid, 'EXECUTE')",
+        &[&role],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+fn set(base: &[&str], extra: &[&str]) -> BTreeSet<String> {
+    base.iter().chain(extra).map(|s| s.to_string()).collect()
+}
+
+#[tokio::test]
+async fn test_each_role_executes_exactly_its_functions() {
+    let su = connect("postgres").await;
+    let expected = [
+        ("app_nobody", set(PUBLIC_FNS, &[])),
+        ("app_agent", set(PUBLIC_FNS, &["propose", "cancel_origin", "end_session", "action_status", "audit", "classify"])),
+        ("app_human", set(PUBLIC_FNS, &["approve", "preview", "reject", "end_session", "action_status", "audit", "classify"])),
+        ("app_bypass", set(PUBLIC_FNS, &["approve", "preview", "reject", "end_session", "action_status", "audit", "classify"])),
+        ("app_dispatcher", set(PUBLIC_FNS, &["lease", "begin_dispatch", "complete", "sweep", "classify"])),
+        ("app_operator", set(PUBLIC_FNS, &["reconcile", "uncertain_actions", "sweep", "audit", "classify"])),
+        ("app_admin", set(PUBLIC_FNS, &["register_tool", "set_tool_enabled", "add_member", "remove_member", "grant_tool", "revoke_tool", "classify"])),
+    ];
+    for (role, want) in expected {
+        assert_eq!(executable(&su, role).await, want, "functions executable by {role}");
+    }
+}
+
+#[tokio::test]
+async fn test_no_login_role_executes_internal_functions() {
+    let su = connect("postgres").await;
+    for role in LOGINS {
+        let internal: Vec<String> = su
+            .query(
+                "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+                 WHERE n.nspname = 'keyturn' AND p.proname ~ '^_' AND p.proname <> '_sees' \
+                   AND has_function_privilege($1, p.oid, 'EXECUTE')",
+                &[role],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(internal.is_empty(), "{role} may execute internal functions {internal:?}");
+    }
+}
+
+#[tokio::test]
+async fn test_public_calls_identity_and_hash_functions_only() {
+    let nobody = connect("app_nobody").await;
+    set_identity(&nobody, "t", "p", "s").await;
+    let row = nobody
+        .query_one(
+            "SELECT keyturn.current_tenant(), keyturn.current_principal(), keyturn.current_session(), \
+             keyturn.canonical_json('{\"b\":1,\"a\":2}'), keyturn.params_hash('x', '{}')",
+            &[],
+        )
+        .await
+        .expect("PUBLIC may call the identity functions, canonical_json and params_hash");
+    assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("t"));
+    assert_eq!(row.get::<_, String>(3), r#"{"a":2,"b":1}"#);
+    assert_eq!(row.get::<_, String>(4).len(), 64);
+
+    let id = uuid::Uuid::new_v4();
+    let refused = [
+        "SELECT * FROM keyturn.propose('x', '{}')".to_string(),
+        format!("SELECT * FROM keyturn.approve('{id}', 't')"),
+        format!("SELECT keyturn.preview('{id}', 't')"),
+        format!("SELECT keyturn.reject('{id}', 't')"),
+        "SELECT * FROM keyturn.lease('w')".into(),
+        format!("SELECT keyturn.begin_dispatch('{id}', '{id}')"),
+        format!("SELECT keyturn.complete('{id}', '{id}', 'succeeded')"),
+        "SELECT * FROM keyturn.sweep()".into(),
+        format!("SELECT keyturn.reconcile('{id}', 'failed', 'n')"),
+        "SELECT * FROM keyturn.uncertain_actions()".into(),
+        "SELECT keyturn.register_tool('x', '{}')".into(),
+        "SELECT keyturn.set_tool_enabled('x', false)".into(),
+        "SELECT keyturn.add_member('t', 'p', 'admin')".into(),
+        "SELECT keyturn.remove_member('t', 'p')".into(),
+        "SELECT keyturn.grant_tool('t', 'p', 'x')".into(),
+        "SELECT keyturn.revoke_tool('t', 'p', 'x')".into(),
+        "SELECT keyturn.classify('x')".into(),
+        format!("SELECT * FROM keyturn.action_status('{id}')"),
+        format!("SELECT * FROM keyturn.audit('{id}')"),
+        "SELECT keyturn.end_session()".into(),
+        "SELECT keyturn.cancel_origin('c')".into(),
+        "SELECT count(*) FROM keyturn.action".into(),
+        "SELECT count(*) FROM keyturn.member".into(),
+    ];
+    for sql in refused {
+        assert_eq!(sqlstate(nobody.query(sql.as_str(), &[]).await), "42501", "app_nobody: {sql}");
+    }
+}
+
+#[tokio::test]
+async fn test_group_roles_are_refused_other_parts_calls() {
+    let id = uuid::Uuid::new_v4();
+    let cases: &[(&str, String)] = &[
+        ("app_agent", format!("SELECT * FROM keyturn.approve('{id}', 't')")),
+        ("app_agent", format!("SELECT keyturn.preview('{id}', 't')")),
+        ("app_agent", format!("SELECT keyturn.reject('{id}', 't')")),
+        ("app_agent", "SELECT * FROM keyturn.lease('w')".into()),
+        ("app_agent", "SELECT keyturn.register_tool('x', '{}')".into()),
+        ("app_agent", "SELECT keyturn.grant_tool('t', 'p', 'x')".into()),
+        ("app_agent", format!("SELECT keyturn.reconcile('{id}', 'failed', 'n')")),
+        ("app_human", "SELECT * FROM keyturn.propose('x', '{}')".into()),
+        ("app_human", "SELECT * FROM keyturn.lease('w')".into()),
+        ("app_human", "SELECT keyturn.add_member('t', 'p', 'admin')".into()),
+        ("app_dispatcher", format!("SELECT keyturn.reconcile('{id}', 'failed', 'n')")),
+        ("app_dispatcher", "SELECT * FROM keyturn.propose('x', '{}')".into()),
+        ("app_dispatcher", format!("SELECT * FROM keyturn.approve('{id}', 't')")),
+        ("app_operator", "SELECT * FROM keyturn.lease('w')".into()),
+        ("app_operator", format!("SELECT keyturn.complete('{id}', '{id}', 'succeeded')")),
+        ("app_operator", format!("SELECT * FROM keyturn.approve('{id}', 't')")),
+        ("app_admin", "SELECT * FROM keyturn.propose('x', '{}')".into()),
+        ("app_admin", format!("SELECT * FROM keyturn.approve('{id}', 't')")),
+        ("app_admin", "SELECT * FROM keyturn.lease('w')".into()),
+    ];
+    for (role, sql) in cases {
+        let c = connect(role).await;
+        assert_eq!(sqlstate(c.query(sql.as_str(), &[]).await), "42501", "{role}: {sql}");
+    }
+}
+
+#[tokio::test]
+async fn test_no_login_role_may_write_keyturn_tables() {
+    let su = connect("postgres").await;
+    for role in LOGINS {
+        let writable: Vec<String> = su
+            .query(
+                "SELECT c.relname || ':' || p FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 CROSS JOIN unnest(ARRAY['INSERT','UPDATE','DELETE','TRUNCATE','REFERENCES','TRIGGER']) p \
+                 WHERE n.nspname = 'keyturn' AND c.relkind IN ('r','p') AND has_table_privilege($1, c.oid, p)",
+                &[role],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(writable.is_empty(), "{role} holds write privileges {writable:?}");
+    }
+    // And for real: each part's own role tries its own tables.
+    let tries = [
+        ("app_admin", "INSERT INTO keyturn.member (tenant, principal, role) VALUES ('t', 'p', 'admin')"),
+        ("app_admin", "UPDATE keyturn.tool SET enabled = true"),
+        ("app_human", "UPDATE keyturn.action SET status = 'succeeded'"),
+        ("app_agent", "INSERT INTO keyturn.cancelled_origin (tenant, principal, conversation_id) VALUES ('t','p','c')"),
+        ("app_dispatcher", "UPDATE keyturn.action SET lease_expires_at = now() + interval '1 day'"),
+        ("app_operator", "DELETE FROM keyturn.event"),
+        ("app_operator", "DELETE FROM keyturn.usage"),
+        ("app_admin", "TRUNCATE keyturn.tool_grant"),
+    ];
+    for (role, sql) in tries {
+        let c = connect(role).await;
+        assert_eq!(sqlstate(c.execute(sql, &[]).await), "42501", "{role}: {sql}");
+    }
+}
+
+#[tokio::test]
+async fn test_security_definer_functions_pin_search_path() {
+    let su = connect("postgres").await;
+    let unpinned: Vec<String> = su
+        .query(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = 'keyturn' AND p.prosecdef \
+               AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(unpinned.is_empty(), "SECURITY DEFINER without a pinned search_path: {unpinned:?}");
+}
+
+#[tokio::test]
+async fn test_group_roles_exist_and_cannot_log_in() {
+    let su = connect("postgres").await;
+    let n = count(
+        &su,
+        "SELECT count(*) FROM pg_roles WHERE rolname = ANY ($1) AND NOT rolcanlogin",
+        &[&vec!["keyturn_agent", "keyturn_approver", "keyturn_dispatcher", "keyturn_operator", "keyturn_admin"]],
+    )
+    .await;
+    assert_eq!(n, 5);
+    // PUBLIC has USAGE on the schema but no table rights.
+    let nobody = connect("app_nobody").await;
+    let usage: bool = nobody.query_one("SELECT has_schema_privilege('keyturn', 'USAGE')", &[]).await.unwrap().get(0);
+    assert!(usage);
+}
