@@ -13,7 +13,10 @@ AS $$
     SELECT make_interval(secs => least(300, power(2, greatest(p_attempts, 0) + 1)))
 $$;
 
-CREATE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds')
+-- providers (an addition to the contract): only actions whose tool's provider is
+-- in the list, so a worker never leases what it has no adapter for; NULL = all.
+CREATE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds',
+                              providers text[] DEFAULT NULL)
 RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
                idempotency_key text, attempt int)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -36,9 +39,13 @@ BEGIN
     WITH due AS (
         SELECT a.id FROM keyturn.action a
          WHERE a.status = 'queued' AND a.next_attempt_at <= clock_timestamp()
+           AND (lease.providers IS NULL OR EXISTS (
+                    SELECT 1 FROM keyturn.tool_version v
+                     WHERE v.tool = a.tool AND v.version = a.tool_version
+                       AND v.provider = ANY (lease.providers)))
          ORDER BY a.next_attempt_at, a.id
          LIMIT lease.max_jobs
-           FOR UPDATE SKIP LOCKED
+           FOR UPDATE OF a SKIP LOCKED
     ), leased AS (
         UPDATE keyturn.action a
            SET status = 'leased', lease_id = gen_random_uuid(), leased_by = lease.worker,

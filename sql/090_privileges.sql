@@ -37,7 +37,7 @@ GRANT EXECUTE ON FUNCTION
 TO keyturn_approver;
 
 GRANT EXECUTE ON FUNCTION
-    keyturn.lease(text, int, interval), keyturn.begin_dispatch(uuid, uuid),
+    keyturn.lease(text, int, interval, text[]), keyturn.begin_dispatch(uuid, uuid),
     keyturn.complete(uuid, uuid, text, jsonb, interval), keyturn.sweep()
 TO keyturn_dispatcher;
 
