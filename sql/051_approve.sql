@@ -42,8 +42,9 @@ BEGIN
             USING ERRCODE = '42501';
     END IF;
     IF p_token IS NULL OR NOT keyturn._ct_eq(a.token_digest, keyturn._token_digest(p_token)) THEN
-        RAISE EXCEPTION 'keyturn: wrong token for action %', p_id
+        RAISE EXCEPTION 'keyturn: wrong token for this action'
             USING ERRCODE = '55000',
+                  DETAIL = format('action %s', p_id),
                   HINT = 'Use the token propose returned for this action. A wrong token does not use the proposal up.';
     END IF;
     RETURN a;
@@ -287,7 +288,11 @@ BEGIN
     END IF;
     IF v_err IS NOT NULL THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'invalidated',
-            jsonb_build_object('reason', 'params no longer pass the tool''s schema: ' || v_err),
+            -- Validator messages quote the offending values: never store them for
+            -- digest actions (CONTRACT.md §6: no param value after a final status).
+            jsonb_build_object('reason', 'params no longer pass the tool''s schema: '
+                               || CASE WHEN a.retain = 'digest' THEN '(details withheld: digest retention)'
+                                       ELSE v_err END),
             jsonb_build_object('reason', 'schema revalidation failed'));
         RETURN;
     END IF;
