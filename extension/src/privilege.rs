@@ -58,13 +58,34 @@ pub fn outer_user() -> pg_sys::Oid {
     unsafe { pg_sys::GetOuterUserId() }
 }
 
+thread_local! {
+    // (extension oid, its owner), per backend: the owner only changes when the
+    // extension is dropped and created again, which changes its oid too.
+    static OWNER: std::cell::Cell<Option<(pg_sys::Oid, pg_sys::Oid)>> = const { std::cell::Cell::new(None) };
+}
+
 /// The owner of pg_keyturn: the role keyturn's own writes run as.
 pub fn extension_owner() -> pg_sys::Oid {
-    let owner = Spi::get_one::<pg_sys::Oid>(
-        "SELECT extowner FROM pg_catalog.pg_extension WHERE extname = 'pg_keyturn'",
+    // SAFETY: a catalog lookup that returns InvalidOid when missing.
+    let extension = unsafe { pg_sys::get_extension_oid(c"pg_keyturn".as_ptr(), true) };
+    if extension == pg_sys::Oid::INVALID {
+        KeyturnError::NotReady("the pg_keyturn extension is not installed in this database".into())
+            .raise();
+    }
+    if let Some((cached, owner)) = OWNER.get() {
+        if cached == extension {
+            return owner;
+        }
+    }
+    let owner = Spi::get_one_with_args::<pg_sys::Oid>(
+        "SELECT extowner FROM pg_catalog.pg_extension WHERE oid = $1",
+        &[extension.into()],
     );
     match owner {
-        Ok(Some(oid)) => oid,
+        Ok(Some(owner)) => {
+            OWNER.set(Some((extension, owner)));
+            owner
+        }
         _ => KeyturnError::NotReady("the pg_keyturn extension row is missing".into()).raise(),
     }
 }
