@@ -16,6 +16,7 @@ use crate::privilege::{refuse_rls_bypass, RoleSwitch};
 /// Runs `query` (one jsonb parameter, `$1`; first column jsonb) as `role` and
 /// returns the first column of every row as a jsonb array.
 #[pg_extern(name = "_exec_as", volatile, strict, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
 fn exec_as(role: pg_sys::Oid, query: &str, arg: JsonB) -> JsonB {
     refuse_rls_bypass(role);
     let _as_caller = RoleSwitch::to(role);

@@ -4,6 +4,8 @@
 //! what only the caller's own context can tell (separation of duties), then runs
 //! the state machine (sql/05x_*.sql) as the extension owner, passing the caller's
 //! role so business reads and writes can switch back to it (see `privilege`).
+//! search_path is pinned: these statements run as a superuser, and a caller's
+//! schema must never shadow a type or function in them.
 
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -18,6 +20,7 @@ fn spi_failed(e: pgrx::spi::Error) -> ! {
 
 /// Agent: stores an immutable proposal and returns its one-time token.
 #[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
 fn propose(
     tool: Option<String>,
     params: Option<JsonbText>,
@@ -36,7 +39,7 @@ fn propose(
     let _as_owner = RoleSwitch::to(extension_owner());
     let rows = Spi::connect_mut(|client| -> Result<Vec<_>, pgrx::spi::Error> {
         let table = client.update(
-            "SELECT * FROM keyturn._propose($1, $2, $3::jsonb, $4::jsonb)",
+            "SELECT * FROM keyturn._propose($1, $2, $3::pg_catalog.jsonb, $4::pg_catalog.jsonb)",
             None,
             &[caller.into(), tool.into(), params.map(|p| p.0).into(), origin.map(|o| o.0).into()],
         )?;
@@ -58,6 +61,7 @@ fn propose(
 
 /// Human: approves exactly what was proposed, once.
 #[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
 fn approve(
     action_id: Option<pgrx::Uuid>,
     token: Option<String>,
@@ -71,7 +75,7 @@ fn approve(
     let _as_owner = RoleSwitch::to(extension_owner());
     let rows = Spi::connect_mut(|client| -> Result<Vec<_>, pgrx::spi::Error> {
         let table = client.update(
-            "SELECT * FROM keyturn._approve($1, $2, $3, $4::jsonb)",
+            "SELECT * FROM keyturn._approve($1, $2, $3, $4::pg_catalog.jsonb)",
             None,
             &[caller.into(), action_id.into(), token.into(), params.map(|p| p.0).into()],
         )?;
@@ -91,6 +95,7 @@ fn approve(
 
 /// Human: the approval card's data. Read-only.
 #[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
 fn preview(action_id: Option<pgrx::Uuid>, token: Option<String>) -> JsonB {
     refuse_agents("preview");
     let caller = current_user();
@@ -105,6 +110,7 @@ fn preview(action_id: Option<pgrx::Uuid>, token: Option<String>) -> JsonB {
 
 /// Human: declines a pending proposal; returns the action's status.
 #[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
 fn reject(
     action_id: Option<pgrx::Uuid>,
     token: Option<String>,

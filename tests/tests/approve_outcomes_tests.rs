@@ -222,3 +222,71 @@ async fn test_digest_retention() {
     .await;
     assert_eq!(leaks, 0);
 }
+
+#[tokio::test]
+async fn test_schema_revalidation_failure_is_invalidated() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let p = w.propose(&t, json!({"channel": "ops", "text": "a long enough text"})).await.unwrap();
+    // The stored schema is narrowed behind keyturn's back (tool versions have no guard).
+    w.superuser
+        .execute("UPDATE keyturn.tool_version SET params_schema = jsonb_set(params_schema, '{properties,text,maxLength}', '3') WHERE tool = $1", &[&t])
+        .await
+        .unwrap();
+    assert_eq!(w.approve(&p).await.unwrap().0, "invalidated");
+    assert_eq!(w.status(p.id).await, "invalidated");
+}
+
+#[tokio::test]
+async fn test_digest_action_invalidated_by_revalidation_keeps_no_param_value() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({"retain": "digest"})).await;
+    let marker = unique("revalidated");
+    let params = json!({"channel": "ops", "text": marker});
+    let p = w.propose(&t, params.clone()).await.unwrap();
+    w.superuser
+        .execute("UPDATE keyturn.tool_version SET params_schema = jsonb_set(params_schema, '{properties,text,maxLength}', '3') WHERE tool = $1", &[&t])
+        .await
+        .unwrap();
+    assert_eq!(approve_on(&w.human, p.id, &p.token, Some(params)).await.unwrap().0, "invalidated");
+    // §6: after a final status no param value is readable from any keyturn table.
+    let hits = count(
+        &w.superuser,
+        "SELECT (SELECT count(*) FROM keyturn.action a WHERE a.id = $1 AND strpos(to_jsonb(a)::text, $2) > 0) \
+              + (SELECT count(*) FROM keyturn.event e WHERE e.action_id = $1 AND strpos(to_jsonb(e)::text, $2) > 0) \
+              + (SELECT count(*) FROM keyturn.staged_payload s WHERE s.action_id = $1)",
+        &[&p.id, &marker],
+    )
+    .await;
+    assert_eq!(hits, 0, "the revalidation error message must not carry param values into the action row");
+}
+
+#[tokio::test]
+async fn test_approver_without_table_privilege_fails_the_write_as_itself() {
+    // The business UPDATE runs as the approving role: a role without UPDATE on
+    // crm.deal cannot write through keyturn's owner.
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    let p = w.propose(&t, form(deal, "won")).await.unwrap();
+    let login = unique("weak_human");
+    w.superuser.batch_execute(&format!("CREATE ROLE {login} LOGIN IN ROLE keyturn_approver; GRANT USAGE ON SCHEMA crm TO {login}")).await.unwrap();
+    let c = connect(&login).await;
+    set_identity(&c, &w.tenant, &w.principal, &w.session).await;
+    let (status, result) = approve_on(&c, p.id, &p.token, None).await.unwrap();
+    assert_eq!(status, "failed");
+    assert_eq!(result.unwrap()["sqlstate"], "42501");
+    assert_eq!(w.stage_of(deal).await, "lead");
+    assert_eq!(w.writes(deal).await, 0);
+}
+
+#[tokio::test]
+async fn test_preview_of_digest_action_has_no_params() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({"retain": "digest"})).await;
+    let p = w.propose(&t, json!({"channel": "ops", "text": "private words"})).await.unwrap();
+    let card: Value = w.human.query_one("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token]).await.unwrap().get(0);
+    assert!(card.get("params").is_none() || card["params"].is_null());
+    assert_eq!(card["summary"], t.as_str());
+    assert!(!card.to_string().contains("private words"));
+}

@@ -184,3 +184,38 @@ async fn test_concurrent_approvals_claim_once() {
     assert_eq!(w.writes(deals[0]).await, 1);
     assert_eq!(w.usage_rows(p.id).await, 1);
 }
+
+#[tokio::test]
+async fn test_repeatable_read_loser_gets_40001_or_the_outcome() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 1).await;
+    let p = w.propose(&t, form(&deals, "won")).await.unwrap();
+    let late = connect("app_human").await;
+    set_identity(&late, &w.tenant, &w.principal, &w.session).await;
+    late.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").await.unwrap();
+    late.query_one("SELECT count(*) FROM keyturn.action", &[]).await.unwrap(); // snapshot taken: pending
+    assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
+    match approve_on(&late, p.id, &p.token, None).await {
+        Ok((status, _)) => assert_eq!(status, "succeeded"),
+        Err(e) => assert_eq!(e.code().map(|c| c.code()), Some("40001"), "{e}"),
+    }
+    let _ = late.batch_execute("ROLLBACK").await;
+    assert_eq!(w.writes(deals[0]).await, 1);
+    assert_eq!(w.usage_rows(p.id).await, 1);
+}
+
+#[tokio::test]
+async fn test_replay_passes_the_same_checks() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 1).await;
+    let p = w.propose(&t, form(&deals, "won")).await.unwrap();
+    assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
+    let elsewhere = connect("app_human").await;
+    set_identity(&elsewhere, &w.tenant, &w.principal, "another-session").await;
+    assert_eq!(sqlstate(approve_on(&elsewhere, p.id, &p.token, None).await), "42501");
+    let other = World::new("approver").await;
+    assert_eq!(sqlstate(approve_on(&other.human, p.id, &p.token, None).await), "55000");
+    assert_eq!(sqlstate(approve_on(&w.agent, p.id, &p.token, None).await), "42501");
+}

@@ -125,3 +125,54 @@ async fn test_status_graph_and_proposal_columns_are_guarded() {
     assert_eq!(w.status(p.id).await, "succeeded");
     assert_eq!(w.event_rows(p.id).await, 2, "one event per status change, creation included");
 }
+
+const STATUSES: &[&str] = &[
+    "pending", "queued", "leased", "executing", "succeeded", "failed", "uncertain", "rejected",
+    "rejected_tampered", "expired", "cancelled", "conflict", "invalidated",
+];
+
+/// The graph of CONTRACT.md §4, edge by edge.
+fn contract_allows(from: &str, to: &str) -> bool {
+    match from {
+        "pending" => ["expired", "invalidated", "rejected_tampered", "succeeded", "conflict", "failed", "queued", "rejected", "cancelled"].contains(&to),
+        "queued" => ["leased", "cancelled", "invalidated"].contains(&to),
+        "leased" => ["executing", "queued", "cancelled", "invalidated"].contains(&to),
+        "executing" => ["succeeded", "failed", "uncertain", "queued"].contains(&to),
+        "uncertain" => ["succeeded", "failed"].contains(&to),
+        _ => false,
+    }
+}
+
+#[tokio::test]
+async fn test_status_graph_matches_the_contract_for_every_pair() {
+    // Drive a real row through each status (as superuser, through the guard) and
+    // try every transition out of it inside a rolled-back transaction.
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let su = connect("postgres").await;
+    for from in STATUSES {
+        let p = w.propose(&t, json!({"channel": "c", "text": "t"})).await.unwrap();
+        // Reach `from` along legal edges.
+        let path: &[&str] = match *from {
+            "pending" => &[],
+            "queued" => &["queued"],
+            "leased" => &["queued", "leased"],
+            "executing" => &["queued", "leased", "executing"],
+            "uncertain" => &["queued", "leased", "executing", "uncertain"],
+            other => std::slice::from_ref(STATUSES.iter().find(|s| **s == other).unwrap()),
+        };
+        for step in path {
+            su.execute("UPDATE keyturn.action SET status = $2 WHERE id = $1", &[&p.id, step]).await
+                .unwrap_or_else(|e| panic!("legal step to {step} refused: {e}"));
+        }
+        for to in STATUSES {
+            if to == from {
+                continue;
+            }
+            su.batch_execute("BEGIN").await.unwrap();
+            let r = su.execute("UPDATE keyturn.action SET status = $2 WHERE id = $1", &[&p.id, to]).await;
+            su.batch_execute("ROLLBACK").await.unwrap();
+            assert_eq!(r.is_ok(), contract_allows(from, to), "{from} -> {to}");
+        }
+    }
+}

@@ -188,3 +188,69 @@ async fn test_end_session_cancels_leased_actions_and_voids_the_lease() {
     assert_eq!(w.status(l.action_id).await, "cancelled");
     assert_eq!(sqlstate(begin(&d, &l).await), "55000");
 }
+
+#[tokio::test]
+async fn test_complete_needs_the_current_lease_and_backs_off_without_delay() {
+    let _g = DISPATCH_LOCK.lock().await;
+    let (w, _t, ids) = queued(1).await;
+    let d = connect("app_dispatcher").await;
+    let l = lease_mine(&d, &ids, "30 seconds").await.remove(0);
+    assert!(begin(&d, &l).await.unwrap());
+    let wrong = Lease { lease_id: uuid::Uuid::new_v4(), ..l.clone() };
+    assert_eq!(sqlstate(complete(&d, &wrong, "succeeded", json!({}), None).await), "55000");
+    assert_eq!(w.status(l.action_id).await, "executing");
+    // retry with no delay: due after a backoff of at least one second.
+    assert_eq!(complete(&d, &l, "retry", json!({}), None).await.unwrap(), "queued");
+    let secs: f64 = w
+        .superuser
+        .query_one("SELECT extract(epoch FROM next_attempt_at - clock_timestamp())::float8 FROM keyturn.action WHERE id = $1", &[&l.action_id])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(secs > 0.5, "backoff of at least 1 s, got {secs}");
+    assert!(lease_mine(&d, &ids, "30 seconds").await.is_empty(), "not due during the backoff");
+    assert_eq!(sqlstate(complete(&d, &l, "succeeded", json!({}), None).await), "55000", "lease given up on retry");
+}
+
+#[tokio::test]
+async fn test_concurrent_leases_never_share_a_job() {
+    let _g = DISPATCH_LOCK.lock().await;
+    let (_w, _t, ids) = queued(6).await;
+    let mut handles = Vec::new();
+    for _ in 0..3 {
+        let ids = ids.clone();
+        handles.push(tokio::spawn(async move {
+            let d = connect("app_dispatcher").await;
+            lease_mine(&d, &ids, "30 seconds").await.into_iter().map(|l| l.action_id).collect::<Vec<_>>()
+        }));
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.unwrap());
+    }
+    let mut uniq = all.clone();
+    uniq.sort();
+    uniq.dedup();
+    assert_eq!(uniq.len(), all.len(), "a job was leased twice: {all:?}");
+    assert_eq!(uniq.len(), 6);
+}
+
+#[tokio::test]
+async fn test_begin_keeps_the_lease_expiry_and_end_session_spares_executing() {
+    let _g = DISPATCH_LOCK.lock().await;
+    let (w, _t, ids) = queued(1).await;
+    let d = connect("app_dispatcher").await;
+    let l = lease_mine(&d, &ids, "30 seconds").await.remove(0);
+    let q = "SELECT lease_expires_at::text FROM keyturn.action WHERE id = $1";
+    let before: String = w.superuser.query_one(q, &[&l.action_id]).await.unwrap().get(0);
+    assert!(begin(&d, &l).await.unwrap());
+    let after: String = w.superuser.query_one(q, &[&l.action_id]).await.unwrap().get(0);
+    assert_eq!(before, after, "begin_dispatch must not extend the lease");
+    let n: i32 = w.human.query_one("SELECT keyturn.end_session()", &[]).await.unwrap().get(0);
+    assert_eq!(n, 0, "an executing call is not cancelled by logout");
+    assert_eq!(w.status(l.action_id).await, "executing");
+    let unknown = Lease { action_id: uuid::Uuid::new_v4(), ..l.clone() };
+    assert_eq!(sqlstate(begin(&d, &unknown).await), "55000");
+    assert_eq!(sqlstate(complete(&d, &unknown, "succeeded", json!({}), None).await), "55000");
+    assert_eq!(complete(&d, &l, "succeeded", json!({}), None).await.unwrap(), "succeeded");
+}

@@ -48,6 +48,7 @@ async fn test_malformed_claims_are_missing_identity_even_with_gucs() {
         "42".into(),
         "null".into(),
         "not json at all".into(),
+        " ".into(),
         json!({"tenant_id": w.tenant, "sub": w.principal}).to_string(),
         json!({"tenant_id": w.tenant, "sub": 17, "session_id": w.session}).to_string(),
         json!({"tenant_id": [w.tenant], "sub": w.principal, "session_id": w.session}).to_string(),

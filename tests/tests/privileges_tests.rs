@@ -33,8 +33,9 @@ async fn test_each_role_executes_exactly_its_functions() {
     let expected = [
         ("app_nobody", set(PUBLIC_FNS, &[])),
         ("app_agent", set(PUBLIC_FNS, &["propose", "cancel_origin", "end_session", "action_status", "audit", "classify"])),
-        ("app_human", set(PUBLIC_FNS, &["approve", "preview", "reject", "end_session", "action_status", "audit", "classify"])),
-        ("app_bypass", set(PUBLIC_FNS, &["approve", "preview", "reject", "end_session", "action_status", "audit", "classify"])),
+        // cancel_origin for approvers too: a human may stop a conversation (lead's decision, 090_privileges.sql).
+        ("app_human", set(PUBLIC_FNS, &["approve", "preview", "reject", "end_session", "cancel_origin", "action_status", "audit", "classify"])),
+        ("app_bypass", set(PUBLIC_FNS, &["approve", "preview", "reject", "end_session", "cancel_origin", "action_status", "audit", "classify"])),
         ("app_dispatcher", set(PUBLIC_FNS, &["lease", "begin_dispatch", "complete", "sweep", "classify"])),
         ("app_operator", set(PUBLIC_FNS, &["reconcile", "uncertain_actions", "sweep", "audit", "classify"])),
         ("app_admin", set(PUBLIC_FNS, &["register_tool", "set_tool_enabled", "add_member", "remove_member", "grant_tool", "revoke_tool", "classify"])),

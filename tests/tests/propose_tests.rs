@@ -211,6 +211,9 @@ async fn test_summary_is_rendered_by_the_server() {
     assert_eq!(sqlstate(r), "22023");
     let r = propose_on(&w.agent, &t, msg("ops"), json!({"summary": "Harmless"})).await;
     assert_eq!(sqlstate(r), "22023");
+    // A value that looks like a placeholder is printed, not expanded.
+    let p = w.propose(&t, json!({"channel": "{text}", "text": "{channel}"})).await.unwrap();
+    assert_eq!(p.summary, "Notify {text}: {channel}");
     // sql tool template with {set.stage} and {count}.
     let d = w.deal_tool(json!({})).await;
     let deals = w.deals(&w.principal, 2).await;

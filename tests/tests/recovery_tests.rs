@@ -200,3 +200,23 @@ async fn test_digest_payload_is_gone_after_a_final_status() {
     assert_eq!(w.status(c).await, "cancelled");
     assert!(leaks(&w.superuser, &marker3).await.is_empty());
 }
+
+#[tokio::test]
+async fn test_digest_payload_same_on_retry_and_gone_when_invalidated() {
+    let _g = DISPATCH_LOCK.lock().await;
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({"retain": "digest"})).await;
+    let marker = unique("digestretry");
+    let id = queued_in(&w, &t, json!({"channel": "c", "text": marker})).await;
+    let d = connect("app_dispatcher").await;
+    let l1 = lease_mine(&d, &[id], "30 seconds").await.remove(0);
+    assert!(begin(&d, &l1).await.unwrap());
+    d.query_one("SELECT keyturn.complete($1, $2, 'retry', '{}', interval '0 seconds')", &[&id, &l1.lease_id]).await.unwrap();
+    let l2 = lease_mine(&d, &[id], "30 seconds").await.remove(0);
+    assert_eq!(l2.params, l1.params, "the same staged payload on every attempt");
+    // Revoked before the second dispatch: invalidated, and the payload is deleted.
+    w.admin.execute("SELECT keyturn.revoke_tool($1, $2, $3)", &[&w.tenant, &w.principal, &t]).await.unwrap();
+    assert!(!begin(&d, &l2).await.unwrap());
+    assert_eq!(w.status(id).await, "invalidated");
+    assert!(leaks(&w.superuser, &marker).await.is_empty(), "{:?}", leaks(&w.superuser, &marker).await);
+}

@@ -49,6 +49,10 @@ async fn test_register_rejects_bad_specs() {
         ("targets_param not a property", json!({"executor": "external", "provider": "webhook", "targets_param": "to"})),
         ("rate_limit shape", json!({"executor": "sql", "sql": deal_sql(), "rate_limit": {"max": 2}})),
         ("rate_limit extra", json!({"executor": "sql", "sql": deal_sql(), "rate_limit": {"max": 2, "per": "1 hour", "burst": 3}})),
+        ("params_schema on sql", json!({"executor": "sql", "sql": deal_sql(), "params_schema": {"type": "object"}})),
+        ("targets_param on sql", json!({"executor": "sql", "sql": deal_sql(), "targets_param": "id"})),
+        ("expires_in a number", json!({"executor": "sql", "sql": deal_sql(), "expires_in": 900})),
+        ("expires_in 8 days", json!({"executor": "sql", "sql": deal_sql(), "expires_in": "1 week 1 day"})),
         ("summary placeholder", json!({"executor": "sql", "sql": deal_sql(), "summary": "Set {set.stage"})),
     ];
     for (why, spec) in bad {
@@ -146,4 +150,23 @@ async fn test_register_requires_admin_role() {
         let r = c.query("SELECT keyturn.register_tool($1, '{\"kind\":\"read\"}')", &[&unique("x")]).await;
         assert_eq!(sqlstate(r), "42501", "{role}");
     }
+}
+
+#[tokio::test]
+async fn test_expires_in_boundaries_and_default() {
+    let w = World::new("member").await;
+    for ok in ["7 days", "168 hours", "1 second"] {
+        let name = unique("exp");
+        register(&w, &name, json!({"executor": "sql", "sql": deal_sql(), "expires_in": ok})).await.unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+    // Default 15 minutes, measured on a real proposal.
+    let t = w.deal_tool(json!({})).await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    let row = w
+        .agent
+        .query_one("SELECT extract(epoch FROM expires_at - now())::float8 FROM keyturn.propose($1, $2)", &[&t, &json!({"where": {"id": deal}, "set": {"stage": "won"}})])
+        .await
+        .unwrap();
+    let secs: f64 = row.get(0);
+    assert!((880.0..=905.0).contains(&secs), "default expiry is 15 minutes, got {secs}s");
 }
