@@ -119,7 +119,8 @@ BEGIN
             coalesce(v_role, CASE WHEN current_setting('role') = 'none' THEN session_user::text
                                   ELSE current_setting('role') END),
             v_principal, v_from, NEW.status, coalesce(v_detail::jsonb, '{}'));
-    PERFORM pg_catalog.set_config('keyturn.event_detail', '', true);
+    -- The detail is left in place: one statement may move many rows (lease,
+    -- sweep) and each gets it. Every keyturn function clears it on entry.
 
     IF NEW.status = 'succeeded' THEN
         INSERT INTO keyturn.usage (action_id, tenant, principal, tool, executor, attempts)

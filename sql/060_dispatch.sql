@@ -9,8 +9,9 @@ RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    -- 2 s, 4 s, 8 s, ... capped at 5 minutes: at least 1 s, growing with attempts.
-    SELECT make_interval(secs => least(300, power(2, greatest(p_attempts, 0) + 1)))
+    -- After attempt n (counted at begin_dispatch): 2 s, 4 s, 8 s, ... capped at
+    -- 5 minutes; at least 1 s, growing with attempts.
+    SELECT make_interval(secs => least(300, power(2, greatest(p_attempts, 1))))
 $$;
 
 -- providers (an addition to the contract): only actions whose tool's provider is

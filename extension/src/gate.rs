@@ -37,25 +37,27 @@ fn propose(
 > {
     let caller = current_user();
     let _as_owner = RoleSwitch::to(extension_owner());
-    let rows = Spi::connect_mut(|client| -> Result<Vec<_>, pgrx::spi::Error> {
-        let table = client.update(
+    let rows =
+        Spi::connect_mut(|client| -> Result<Vec<_>, pgrx::spi::Error> {
+            let table = client.update(
             "SELECT * FROM keyturn._propose($1, $2, $3::pg_catalog.jsonb, $4::pg_catalog.jsonb)",
             None,
             &[caller.into(), tool.into(), params.map(|p| p.0).into(), origin.map(|o| o.0).into()],
         )?;
-        let mut rows = Vec::with_capacity(1);
-        for row in table {
-            rows.push((
-                row.get::<pgrx::Uuid>(1)?.expect("action_id is never NULL"),
-                row.get::<String>(2)?.expect("token is never NULL"),
-                row.get::<String>(3)?.expect("summary is never NULL"),
-                row.get::<String>(4)?.expect("params_hash is never NULL"),
-                row.get::<TimestampWithTimeZone>(5)?.expect("expires_at is never NULL"),
-            ));
-        }
-        Ok(rows)
-    })
-    .unwrap_or_else(|e| spi_failed(e));
+            let mut rows = Vec::with_capacity(1);
+            for row in table {
+                rows.push((
+                    row.get::<pgrx::Uuid>(1)?.expect("action_id is never NULL"),
+                    row.get::<String>(2)?.expect("token is never NULL"),
+                    row.get::<String>(3)?.expect("summary is never NULL"),
+                    row.get::<String>(4)?.expect("params_hash is never NULL"),
+                    row.get::<TimestampWithTimeZone>(5)?
+                        .expect("expires_at is never NULL"),
+                ));
+            }
+            Ok(rows)
+        })
+        .unwrap_or_else(|e| spi_failed(e));
     TableIterator::new(rows)
 }
 
@@ -68,7 +70,11 @@ fn approve(
     params: default!(Option<JsonbText>, "NULL"),
 ) -> TableIterator<
     'static,
-    (name!(action_id, pgrx::Uuid), name!(status, String), name!(result, Option<JsonB>)),
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(status, String),
+        name!(result, Option<JsonB>),
+    ),
 > {
     refuse_agents("approve");
     let caller = current_user();
@@ -77,7 +83,12 @@ fn approve(
         let table = client.update(
             "SELECT * FROM keyturn._approve($1, $2, $3, $4::pg_catalog.jsonb)",
             None,
-            &[caller.into(), action_id.into(), token.into(), params.map(|p| p.0).into()],
+            &[
+                caller.into(),
+                action_id.into(),
+                token.into(),
+                params.map(|p| p.0).into(),
+            ],
         )?;
         let mut rows = Vec::with_capacity(1);
         for row in table {

@@ -16,7 +16,11 @@ use pgrx::{direct_function_call, FromDatum};
 pub struct JsonbText(pub String);
 
 impl FromDatum for JsonbText {
-    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<Self> {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<Self> {
         if is_null {
             return None;
         }

@@ -23,8 +23,16 @@ mod tests;
 // The hand-written SQL, in the order it must run. Rust functions named in a
 // `requires` list are created before that file.
 ::pgrx::extension_sql_file!("../../sql/000_roles.sql", name = "roles", bootstrap);
-::pgrx::extension_sql_file!("../../sql/010_tables.sql", name = "tables", requires = ["roles"]);
-::pgrx::extension_sql_file!("../../sql/020_guards.sql", name = "guards", requires = ["tables"]);
+::pgrx::extension_sql_file!(
+    "../../sql/010_tables.sql",
+    name = "tables",
+    requires = ["roles"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/020_guards.sql",
+    name = "guards",
+    requires = ["tables"]
+);
 ::pgrx::extension_sql_file!(
     "../../sql/030_access.sql",
     name = "access",
@@ -35,13 +43,41 @@ mod tests;
         identity::current_session
     ]
 );
-::pgrx::extension_sql_file!("../../sql/040_admin.sql", name = "admin", requires = ["access"]);
-::pgrx::extension_sql_file!("../../sql/041_register.sql", name = "register", requires = ["admin"]);
-::pgrx::extension_sql_file!("../../sql/050_propose.sql", name = "propose", requires = ["register"]);
-::pgrx::extension_sql_file!("../../sql/051_approve.sql", name = "approve", requires = ["propose"]);
-::pgrx::extension_sql_file!("../../sql/052_session.sql", name = "session", requires = ["approve"]);
-::pgrx::extension_sql_file!("../../sql/060_dispatch.sql", name = "dispatch", requires = ["session"]);
-::pgrx::extension_sql_file!("../../sql/090_privileges.sql", name = "privileges", finalize);
+::pgrx::extension_sql_file!(
+    "../../sql/040_admin.sql",
+    name = "admin",
+    requires = ["access"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/041_register.sql",
+    name = "register",
+    requires = ["admin"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/050_propose.sql",
+    name = "propose",
+    requires = ["register"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/051_approve.sql",
+    name = "approve",
+    requires = ["propose"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/052_session.sql",
+    name = "session",
+    requires = ["approve"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/060_dispatch.sql",
+    name = "dispatch",
+    requires = ["session"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/090_privileges.sql",
+    name = "privileges",
+    finalize
+);
 
 /// Required by `cargo pgrx test`.
 #[cfg(test)]

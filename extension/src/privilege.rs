@@ -33,7 +33,10 @@ impl RoleSwitch {
                 saved_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
             );
         }
-        RoleSwitch { saved_user, saved_context }
+        RoleSwitch {
+            saved_user,
+            saved_context,
+        }
     }
 }
 
@@ -96,7 +99,10 @@ pub fn extension_owner() -> pg_sys::Oid {
 pub fn refuse_agents(what: &str) {
     // SAFETY: get_role_oid with missing_ok returns InvalidOid instead of raising.
     let agent = unsafe { pg_sys::get_role_oid(c"keyturn_agent".as_ptr(), true) };
-    for (label, role) in [("current_user", current_user()), ("the outer role", outer_user())] {
+    for (label, role) in [
+        ("current_user", current_user()),
+        ("the outer role", outer_user()),
+    ] {
         // A missing keyturn_agent role means a broken install: fail closed.
         // SAFETY: is_member_of_role only reads the catalog cache.
         if agent == pg_sys::Oid::INVALID || unsafe { pg_sys::is_member_of_role(role, agent) } {

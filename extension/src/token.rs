@@ -26,7 +26,13 @@ fn token_binding(
     params_hash: &str,
     expires_at: TimestampWithTimeZone,
 ) -> Vec<u8> {
-    token::token_binding(token, action_id.as_bytes(), params_hash, expires_at.into_inner()).to_vec()
+    token::token_binding(
+        token,
+        action_id.as_bytes(),
+        params_hash,
+        expires_at.into_inner(),
+    )
+    .to_vec()
 }
 
 #[pg_extern(name = "_token_binds", immutable, strict, parallel_safe)]
@@ -37,7 +43,13 @@ fn token_binds(
     expires_at: TimestampWithTimeZone,
     stored: &[u8],
 ) -> bool {
-    token::verify_binding(token, action_id.as_bytes(), params_hash, expires_at.into_inner(), stored)
+    token::verify_binding(
+        token,
+        action_id.as_bytes(),
+        params_hash,
+        expires_at.into_inner(),
+        stored,
+    )
 }
 
 /// Constant-time equality, for comparing token digests.

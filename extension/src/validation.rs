@@ -73,5 +73,8 @@ fn params_errors(params_schema: JsonbText, params: JsonbText) -> Option<String> 
         cache.insert(params_schema.0.clone(), Rc::clone(&compiled));
         compiled
     });
-    compiled.validate(&parse(&params)).err().map(|e| e.to_string())
+    compiled
+        .validate(&parse(&params))
+        .err()
+        .map(|e| e.to_string())
 }

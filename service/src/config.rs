@@ -10,9 +10,9 @@
 //! |---|---|---|
 //! | `DATABASE_URL` | required | PostgreSQL connection string; the role needs `keyturn_dispatcher` (and `keyturn_operator` for `reconcile`, `uncertain` and the `keyturn_uncertain` gauge) |
 //! | `KEYTURN_LISTEN` | `127.0.0.1:8787` | address of `/healthz`, `/readyz`, `/metrics` |
-//! | `KEYTURN_WEBHOOK_URL` | unset | `webhook` adapter endpoint; unset = adapter off |
+//! | `KEYTURN_WEBHOOK_URL` | unset | `webhook` adapter endpoint; unset = adapter off, and `webhook` actions are not leased by this process |
 //! | `KEYTURN_WEBHOOK_SECRET` | unset | HMAC-SHA256 key for `X-Keyturn-Signature`; required with the URL |
-//! | `KEYTURN_SMTP_URL` | unset | `smtp` adapter: `smtp://host:port` (plain), `?tls=required` / `?tls=opportunistic` (STARTTLS), `smtps://` (implicit TLS); `user:pass@` for AUTH |
+//! | `KEYTURN_SMTP_URL` | unset | unset = adapter off (`smtp` actions are not leased); `smtp` adapter: `smtp://host:port` (plain), `?tls=required` / `?tls=opportunistic` (STARTTLS), `smtps://` (implicit TLS); `user:pass@` for AUTH |
 //! | `KEYTURN_SMTP_FROM` | unset | envelope and `From:` mailbox; required with the SMTP URL |
 //! | `KEYTURN_LEASE_SECONDS` | 30 | lease asked of `keyturn.lease`; must exceed the call timeout by the safety margin |
 //! | `KEYTURN_SWEEP_SECONDS` | 5 | period of `keyturn.sweep()` |

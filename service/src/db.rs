@@ -216,22 +216,29 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-/// `keyturn.lease(worker, max_jobs, lease_for)`.
+/// `keyturn.lease(worker, max_jobs, lease_for, providers)`.
+///
+/// `providers` names the adapters this process has; the database leases only
+/// actions whose tool's provider is among them, so an action no running
+/// keyturnd can carry out stays `queued` (fail closed) instead of being
+/// leased and handed back over and over. An empty list leases nothing.
 pub async fn lease(
     client: &Client,
     worker: &str,
     max_jobs: i32,
     lease_for: Duration,
+    providers: &[&str],
 ) -> Result<Vec<LeasedJob>, Error> {
     let lease_secs = secs(lease_for);
     let rows = query(
         client,
         "SELECT action_id, lease_id, tenant, tool, provider, params, idempotency_key, attempt \
-         FROM keyturn.lease($1, $2, $3 * interval '1 second')",
+         FROM keyturn.lease($1, $2, $3 * interval '1 second', $4)",
         &[
             (&worker, Type::TEXT),
             (&max_jobs, Type::INT4),
             (&lease_secs, Type::FLOAT8),
+            (&providers, Type::TEXT_ARRAY),
         ],
     )
     .await?;

@@ -123,7 +123,7 @@ async fn serve(config: Config) -> Result<(), Error> {
     let providers = Providers::from_config(&config)?;
     if providers.names().is_empty() {
         tracing::warn!(
-            "no provider is configured: every leased job will be handed back undispatched"
+            "no provider is configured (set KEYTURN_WEBHOOK_URL or KEYTURN_SMTP_URL): nothing will be leased; approved external actions stay queued"
         );
     }
     // Every call slot may need a connection at once, plus lease and sweep.

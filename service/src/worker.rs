@@ -4,9 +4,9 @@
 //!
 //! ```text
 //!  wake (NOTIFY keyturn_dispatch | poll every KEYTURN_POLL_MS | a job ended)
-//!    └─ keyturn.lease(worker, n = free slots, lease)          one batch
+//!    └─ keyturn.lease(worker, n = free slots, lease, providers configured here)
 //!         └─ per job, in its own task (≤ KEYTURN_WORKERS at once):
-//!              provider unknown here?     → complete 'retry' (hand back, delayed)
+//!              provider unknown here?     → complete 'retry' (defence only; hand back, delayed)
 //!              shutting down?             → complete 'retry' (hand back)
 //!              lease left < call + margin → complete 'retry' (hand back)
 //!              keyturn.begin_dispatch     (autocommit) false → stop: invalidated
@@ -19,16 +19,24 @@
 //! the database's own `now()` is later, so the local deadline is never later
 //! than the real one. Every call ends [`LEASE_SAFETY_MARGIN`] before it.
 //!
-//! **Unknown provider.** A leased job whose `provider` this process does not
-//! have (not configured, or a name it does not know) is never dispatched:
+//! **Unknown provider: fail closed.** `keyturn.lease` is given the names of
+//! the providers configured here (`webhook` when `KEYTURN_WEBHOOK_URL` is
+//! set, `smtp` when `KEYTURN_SMTP_URL` is), and the database leases only
+//! actions whose tool names one of them. An action whose provider no running
+//! keyturnd supports (say `carrier_pigeon`, or `smtp` with no SMTP URL
+//! anywhere) is therefore never leased and never dispatched: it stays
+//! `queued`, visible in `action_status`, until a keyturnd with that provider
+//! starts, or someone cancels it (`end_session`, `cancel_origin`). Failing it
+//! is not possible before dispatch under the contract, and would be wrong
+//! anyway: the human approved it, and the fix is configuration. With no
+//! provider configured at all, keyturnd leases nothing.
+//!
+//! As defence in depth (a database whose `lease` ignored the filter), a
+//! leased job whose provider is not here is still never dispatched:
 //! `begin_dispatch` is not called, the job is handed back with
 //! `complete 'retry'` and a delay of [`UNKNOWN_PROVIDER_DELAY`] (no attempt
 //! is counted before dispatch), an ERROR is logged and
-//! `keyturn_handbacks_total{reason="unknown_provider"}` counts it. The action
-//! stays `queued`, visible, and runs as soon as a keyturnd with that provider
-//! leases it. Failing it is not possible before dispatch under the contract,
-//! and would be wrong anyway: the human approved it, and the fix is
-//! configuration.
+//! `keyturn_handbacks_total{reason="unknown_provider"}` counts it.
 //!
 //! **A lost database never becomes a guessed outcome.** If `complete` cannot
 //! be recorded, the worker retries recording the *same* outcome with backoff
@@ -133,6 +141,9 @@ struct Ctx {
     wake: Notify,
     slots: Arc<Semaphore>,
     inflight: Mutex<HashSet<Uuid>>,
+    /// The `providers` argument of `keyturn.lease`: what this process can
+    /// carry out.
+    provider_names: Vec<&'static str>,
 }
 
 /// The dispatcher: the lease loop, the `LISTEN` connection and the sweeper.
@@ -150,10 +161,12 @@ impl Dispatcher {
         settings: Settings,
     ) -> Self {
         let slots = Arc::new(Semaphore::new(settings.workers));
+        let provider_names = providers.names();
         Dispatcher {
             ctx: Arc::new(Ctx {
                 pool,
                 providers,
+                provider_names,
                 metrics,
                 health,
                 settings,
@@ -249,6 +262,7 @@ async fn lease_batch(
             &ctx.settings.worker_name,
             max_jobs,
             ctx.settings.lease,
+            &ctx.provider_names,
         )
         .await
     }
@@ -550,7 +564,12 @@ async fn listen_once(
     let mut driver = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = messages.next().await {
-            if let AsyncMessage::Notification(_) = message? {
+            if let AsyncMessage::Notification(n) = message? {
+                tracing::debug!(
+                    channel = n.channel(),
+                    action_id = n.payload(),
+                    "woken by notification"
+                );
                 notify_ctx.wake.notify_one();
             }
         }

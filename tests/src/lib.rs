@@ -84,7 +84,10 @@ impl World {
         let session = unique("session");
         let admin = connect("app_admin").await;
         admin
-            .execute("SELECT keyturn.add_member($1, $2, $3)", &[&tenant, &principal, &role])
+            .execute(
+                "SELECT keyturn.add_member($1, $2, $3)",
+                &[&tenant, &principal, &role],
+            )
             .await
             .expect("add_member");
         let agent = connect("app_agent").await;
@@ -92,7 +95,15 @@ impl World {
         set_identity(&agent, &tenant, &principal, &session).await;
         set_identity(&human, &tenant, &principal, &session).await;
         let superuser = connect("postgres").await;
-        World { tenant, principal, session, agent, human, admin, superuser }
+        World {
+            tenant,
+            principal,
+            session,
+            agent,
+            human,
+            admin,
+            superuser,
+        }
     }
 
     /// Registers a tool (unique name) and grants it to the world's principal.
@@ -108,7 +119,10 @@ impl World {
 
     pub async fn grant(&self, principal: &str, tool: &str) {
         self.admin
-            .execute("SELECT keyturn.grant_tool($1, $2, $3)", &[&self.tenant, &principal, &tool])
+            .execute(
+                "SELECT keyturn.grant_tool($1, $2, $3)",
+                &[&self.tenant, &principal, &tool],
+            )
             .await
             .expect("grant_tool");
     }
@@ -189,7 +203,10 @@ impl World {
     pub async fn other(&self, role: &str, login: &str, session: &str) -> (String, Client) {
         let principal = unique("user");
         self.admin
-            .execute("SELECT keyturn.add_member($1, $2, $3)", &[&self.tenant, &principal, &role])
+            .execute(
+                "SELECT keyturn.add_member($1, $2, $3)",
+                &[&self.tenant, &principal, &role],
+            )
             .await
             .expect("add_member");
         let client = connect(login).await;
@@ -199,24 +216,46 @@ impl World {
 
     /// Business writes recorded for a deal by the crm.deal trigger.
     pub async fn writes(&self, deal: i64) -> i64 {
-        count(&self.superuser, "SELECT count(*) FROM crm.deal_writes WHERE deal_id = $1", &[&deal]).await
+        count(
+            &self.superuser,
+            "SELECT count(*) FROM crm.deal_writes WHERE deal_id = $1",
+            &[&deal],
+        )
+        .await
     }
 
     /// keyturn.usage rows for an action.
     pub async fn usage_rows(&self, id: uuid::Uuid) -> i64 {
-        count(&self.superuser, "SELECT count(*) FROM keyturn.usage WHERE action_id = $1", &[&id]).await
+        count(
+            &self.superuser,
+            "SELECT count(*) FROM keyturn.usage WHERE action_id = $1",
+            &[&id],
+        )
+        .await
     }
 
     /// keyturn.event rows for an action.
     pub async fn event_rows(&self, id: uuid::Uuid) -> i64 {
-        count(&self.superuser, "SELECT count(*) FROM keyturn.event WHERE action_id = $1", &[&id]).await
+        count(
+            &self.superuser,
+            "SELECT count(*) FROM keyturn.event WHERE action_id = $1",
+            &[&id],
+        )
+        .await
     }
 
-    pub async fn propose(&self, tool: &str, params: Value) -> Result<Proposal, tokio_postgres::Error> {
+    pub async fn propose(
+        &self,
+        tool: &str,
+        params: Value,
+    ) -> Result<Proposal, tokio_postgres::Error> {
         propose_on(&self.agent, tool, params, json!({})).await
     }
 
-    pub async fn approve(&self, p: &Proposal) -> Result<(String, Option<Value>), tokio_postgres::Error> {
+    pub async fn approve(
+        &self,
+        p: &Proposal,
+    ) -> Result<(String, Option<Value>), tokio_postgres::Error> {
         approve_on(&self.human, p.id, &p.token, None).await
     }
 
@@ -270,7 +309,12 @@ pub async fn propose_on(
             &[&tool, &params, &origin],
         )
         .await?;
-    Ok(Proposal { id: row.get(0), token: row.get(1), summary: row.get(2), params_hash: row.get(3) })
+    Ok(Proposal {
+        id: row.get(0),
+        token: row.get(1),
+        summary: row.get(2),
+        params_hash: row.get(3),
+    })
 }
 
 pub async fn approve_on(
@@ -280,7 +324,10 @@ pub async fn approve_on(
     params: Option<Value>,
 ) -> Result<(String, Option<Value>), tokio_postgres::Error> {
     let row = client
-        .query_one("SELECT status, result FROM keyturn.approve($1, $2, $3)", &[&id, &token, &params])
+        .query_one(
+            "SELECT status, result FROM keyturn.approve($1, $2, $3)",
+            &[&id, &token, &params],
+        )
         .await?;
     Ok((row.get(0), row.get(1)))
 }
@@ -291,7 +338,11 @@ pub fn random_id() -> i64 {
 }
 
 /// The single bigint of a `SELECT count(*) ...`.
-pub async fn count(client: &Client, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> i64 {
+pub async fn count(
+    client: &Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> i64 {
     client
         .query_one(sql, params)
         .await
@@ -302,7 +353,10 @@ pub async fn count(client: &Client, sql: &str, params: &[&(dyn tokio_postgres::t
 /// Sets `request.jwt.claims` (session-wide) to exactly `claims`.
 pub async fn set_claims(client: &Client, claims: &str) {
     client
-        .execute("SELECT set_config('request.jwt.claims', $1, false)", &[&claims])
+        .execute(
+            "SELECT set_config('request.jwt.claims', $1, false)",
+            &[&claims],
+        )
         .await
         .expect("set claims");
 }
@@ -311,24 +365,50 @@ pub async fn set_claims(client: &Client, claims: &str) {
 pub fn message<T: std::fmt::Debug>(result: Result<T, tokio_postgres::Error>) -> String {
     match result {
         Ok(v) => panic!("expected an error, got {v:?}"),
-        Err(e) => e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string()),
+        Err(e) => e
+            .as_db_error()
+            .map(|d| d.message().to_string())
+            .unwrap_or_else(|| e.to_string()),
     }
 }
 
 /// Runs `sql` as the superuser with every trigger off for that statement only
 /// (session_replication_role = replica, transaction-local): how an attacker who
 /// can write the table would tamper with it. Other sessions keep their guards.
-pub async fn tamper(superuser: &Client, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> u64 {
-    superuser.batch_execute("BEGIN; SET LOCAL session_replication_role = replica").await.expect("begin tamper");
-    let n = superuser.execute(sql, params).await.unwrap_or_else(|e| panic!("tamper {sql}: {e}"));
-    superuser.batch_execute("COMMIT").await.expect("commit tamper");
+pub async fn tamper(
+    superuser: &Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> u64 {
+    superuser
+        .batch_execute("BEGIN; SET LOCAL session_replication_role = replica")
+        .await
+        .expect("begin tamper");
+    let n = superuser
+        .execute(sql, params)
+        .await
+        .unwrap_or_else(|e| panic!("tamper {sql}: {e}"));
+    superuser
+        .batch_execute("COMMIT")
+        .await
+        .expect("commit tamper");
     n
 }
 
 /// A connection that has run `LISTEN channel`; notifications arrive on the receiver.
-pub async fn listen(channel: &str) -> (Client, tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>) {
-    let url = format!("host=127.0.0.1 port={} user=postgres dbname=keyturn", port());
-    let (client, mut connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect listener");
+pub async fn listen(
+    channel: &str,
+) -> (
+    Client,
+    tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+) {
+    let url = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=keyturn",
+        port()
+    );
+    let (client, mut connection) = tokio_postgres::connect(&url, NoTls)
+        .await
+        .expect("connect listener");
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         loop {
@@ -344,7 +424,10 @@ pub async fn listen(channel: &str) -> (Client, tokio::sync::mpsc::UnboundedRecei
             }
         }
     });
-    client.batch_execute(&format!("LISTEN {channel}")).await.expect("listen");
+    client
+        .batch_execute(&format!("LISTEN {channel}"))
+        .await
+        .expect("listen");
     (client, rx)
 }
 

@@ -17,11 +17,18 @@ async fn test_expired_is_returned_not_raised() {
     let deal = w.deals(&w.principal, 1).await[0];
     let p = w.propose(&t, form(deal, "won")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    let (status, _) = w.approve(&p).await.expect("expiry is an answer, not an error");
+    let (status, _) = w
+        .approve(&p)
+        .await
+        .expect("expiry is an answer, not an error");
     assert_eq!(status, "expired");
     assert_eq!(w.status(p.id).await, "expired");
     assert_eq!(w.writes(deal).await, 0);
-    assert_eq!(w.approve(&p).await.unwrap().0, "expired", "replay answers the stored status");
+    assert_eq!(
+        w.approve(&p).await.unwrap().0,
+        "expired",
+        "replay answers the stored status"
+    );
 }
 
 #[tokio::test]
@@ -66,7 +73,12 @@ async fn test_extended_expiry_is_caught() {
     let deal = w.deals(&w.principal, 1).await[0];
     let p = w.propose(&t, form(deal, "won")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    tamper(&w.superuser, "UPDATE keyturn.action SET expires_at = expires_at + interval '1 day' WHERE id = $1", &[&p.id]).await;
+    tamper(
+        &w.superuser,
+        "UPDATE keyturn.action SET expires_at = expires_at + interval '1 day' WHERE id = $1",
+        &[&p.id],
+    )
+    .await;
     assert_eq!(w.approve(&p).await.unwrap().0, "rejected_tampered");
     assert_eq!(w.writes(deal).await, 0);
 }
@@ -77,13 +89,21 @@ async fn test_resubmitted_params_must_match() {
     let t = w.deal_tool(json!({})).await;
     let deal = w.deals(&w.principal, 1).await[0];
     let p = w.propose(&t, form(deal, "won")).await.unwrap();
-    let r = approve_on(&w.human, p.id, &p.token, Some(form(deal, "lost"))).await.unwrap();
+    let r = approve_on(&w.human, p.id, &p.token, Some(form(deal, "lost")))
+        .await
+        .unwrap();
     assert_eq!(r.0, "rejected_tampered");
     assert_eq!(w.writes(deal).await, 0);
     // The same params resubmitted (keys in another order) pass.
     let p2 = w.propose(&t, form(deal, "won")).await.unwrap();
     let same = json!({"set": {"stage": "won"}, "where": {"id": deal}});
-    assert_eq!(approve_on(&w.human, p2.id, &p2.token, Some(same)).await.unwrap().0, "succeeded");
+    assert_eq!(
+        approve_on(&w.human, p2.id, &p2.token, Some(same))
+            .await
+            .unwrap()
+            .0,
+        "succeeded"
+    );
 }
 
 #[tokio::test]
@@ -91,29 +111,58 @@ async fn test_changed_target_is_a_conflict() {
     let w = World::new("member").await;
     let t = w.deal_tool(json!({})).await;
     let deals = w.deals(&w.principal, 2).await;
-    let p = w.propose(&t, json!({"where": {"id": deals}, "set": {"stage": "won"}})).await.unwrap();
-    w.superuser.execute("UPDATE crm.deal SET name = name || ' (edited)' WHERE id = $1", &[&deals[1]]).await.unwrap();
+    let p = w
+        .propose(&t, json!({"where": {"id": deals}, "set": {"stage": "won"}}))
+        .await
+        .unwrap();
+    w.superuser
+        .execute(
+            "UPDATE crm.deal SET name = name || ' (edited)' WHERE id = $1",
+            &[&deals[1]],
+        )
+        .await
+        .unwrap();
     let writes_before = w.writes(deals[0]).await + w.writes(deals[1]).await;
     let (status, result) = w.approve(&p).await.unwrap();
     assert_eq!(status, "conflict");
     let result = result.unwrap();
     assert_eq!(result["expected"], 2);
     assert_eq!(result["matched"], 1);
-    assert_eq!(w.stage_of(deals[0]).await, "lead", "the whole write is rolled back");
+    assert_eq!(
+        w.stage_of(deals[0]).await,
+        "lead",
+        "the whole write is rolled back"
+    );
     assert_eq!(w.stage_of(deals[1]).await, "lead");
-    assert_eq!(w.writes(deals[0]).await + w.writes(deals[1]).await, writes_before);
+    assert_eq!(
+        w.writes(deals[0]).await + w.writes(deals[1]).await,
+        writes_before
+    );
     assert_eq!(w.usage_rows(p.id).await, 0);
 }
 
 #[tokio::test]
 async fn test_target_no_longer_matching_where_is_a_conflict() {
     let w = World::new("member").await;
-    let t = w.deal_tool(json!({"sql": {"table": "crm.deal", "key": "id", "version": "revision",
-                                       "set": ["stage"], "where": ["id", "owner"]}})).await;
+    let t = w
+        .deal_tool(
+            json!({"sql": {"table": "crm.deal", "key": "id", "version": "revision",
+                                       "set": ["stage"], "where": ["id", "owner"]}}),
+        )
+        .await;
     let deal = w.deals("alice", 1).await[0];
-    let p = w.propose(&t, json!({"where": {"owner": "alice"}, "set": {"stage": "won"}})).await.unwrap();
+    let p = w
+        .propose(
+            &t,
+            json!({"where": {"owner": "alice"}, "set": {"stage": "won"}}),
+        )
+        .await
+        .unwrap();
     // Owner changes but the version column does not: the where must still be rechecked.
-    w.superuser.execute("UPDATE crm.deal SET owner = 'bob' WHERE id = $1", &[&deal]).await.unwrap();
+    w.superuser
+        .execute("UPDATE crm.deal SET owner = 'bob' WHERE id = $1", &[&deal])
+        .await
+        .unwrap();
     let (status, result) = w.approve(&p).await.unwrap();
     assert_eq!(status, "conflict");
     assert_eq!(result.unwrap()["matched"], 0);
@@ -125,10 +174,18 @@ async fn test_postcondition_failure_rolls_back() {
     let w = World::new("member").await;
     let t = w.contact_tool().await;
     let c = w.contact("old@example.com").await;
-    let p = w.propose(&t, json!({"where": {"id": c}, "set": {"email": "X@Y.COM"}})).await.unwrap();
+    let p = w
+        .propose(&t, json!({"where": {"id": c}, "set": {"email": "X@Y.COM"}}))
+        .await
+        .unwrap();
     let (status, _) = w.approve(&p).await.unwrap();
     assert_eq!(status, "failed");
-    let email: String = w.superuser.query_one("SELECT email FROM crm.contact WHERE id = $1", &[&c]).await.unwrap().get(0);
+    let email: String = w
+        .superuser
+        .query_one("SELECT email FROM crm.contact WHERE id = $1", &[&c])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(email, "old@example.com", "rolled back");
     assert_eq!(w.usage_rows(p.id).await, 0);
 }
@@ -146,7 +203,13 @@ async fn test_business_error_is_failed_with_sqlstate() {
     assert_eq!(w.writes(deal).await, 0);
     assert_eq!(w.status(p.id).await, "failed");
     // An unparsable value for the column type is a business error too.
-    let p = w.propose(&t, json!({"where": {"id": deal}, "set": {"amount": "lots"}})).await.unwrap();
+    let p = w
+        .propose(
+            &t,
+            json!({"where": {"id": deal}, "set": {"amount": "lots"}}),
+        )
+        .await
+        .unwrap();
     let (status, result) = w.approve(&p).await.unwrap();
     assert_eq!(status, "failed");
     assert_eq!(result.unwrap()["sqlstate"], "22P02");
@@ -160,7 +223,10 @@ async fn test_bypassrls_approver_is_refused_for_sql_tools() {
     let p = w.propose(&t, form(deal, "won")).await.unwrap();
     let bypass = connect("app_bypass").await;
     set_identity(&bypass, &w.tenant, &w.principal, &w.session).await;
-    assert_eq!(sqlstate(approve_on(&bypass, p.id, &p.token, None).await), "42501");
+    assert_eq!(
+        sqlstate(approve_on(&bypass, p.id, &p.token, None).await),
+        "42501"
+    );
     assert_eq!(w.status(p.id).await, "pending");
     assert_eq!(w.writes(deal).await, 0);
 }
@@ -169,7 +235,10 @@ async fn test_bypassrls_approver_is_refused_for_sql_tools() {
 async fn test_external_approve_queues_and_notifies() {
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
-    let p = w.propose(&t, json!({"channel": "ops", "text": "hi"})).await.unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "hi"}))
+        .await
+        .unwrap();
     let (_listener, mut rx) = listen("keyturn_dispatch").await;
     let (status, _) = w.approve(&p).await.unwrap();
     assert_eq!(status, "queued");
@@ -194,24 +263,73 @@ async fn test_digest_retention() {
     let t = w.webhook_tool(json!({"retain": "digest"})).await;
     let params = json!({"text": "quarterly numbers zx81", "channel": "board"});
     let p = w.propose(&t, params.clone()).await.unwrap();
-    assert_eq!(p.summary, "Notify board: quarterly numbers zx81", "rendered summary is returned");
-    let row = w.superuser.query_one("SELECT params, summary, param_keys FROM keyturn.action WHERE id = $1", &[&p.id]).await.unwrap();
+    assert_eq!(
+        p.summary, "Notify board: quarterly numbers zx81",
+        "rendered summary is returned"
+    );
+    let row = w
+        .superuser
+        .query_one(
+            "SELECT params, summary, param_keys FROM keyturn.action WHERE id = $1",
+            &[&p.id],
+        )
+        .await
+        .unwrap();
     assert_eq!(row.get::<_, Option<Value>>(0), None);
     assert_eq!(row.get::<_, Option<String>>(1), None);
-    assert_eq!(row.get::<_, Vec<String>>(2), vec!["channel".to_string(), "text".to_string()]);
-    let shown: String = w.agent.query_one("SELECT summary FROM keyturn.action_status($1)", &[&p.id]).await.unwrap().get(0);
-    assert_eq!(shown, t, "action_status shows the tool name for digest actions");
+    assert_eq!(
+        row.get::<_, Vec<String>>(2),
+        vec!["channel".to_string(), "text".to_string()]
+    );
+    let shown: String = w
+        .agent
+        .query_one("SELECT summary FROM keyturn.action_status($1)", &[&p.id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        shown, t,
+        "action_status shows the tool name for digest actions"
+    );
     // Without params: 22023, nothing changes.
     assert_eq!(sqlstate(w.approve(&p).await), "22023");
     assert_eq!(w.status(p.id).await, "pending");
     // With the same params: queued, payload staged.
-    assert_eq!(approve_on(&w.human, p.id, &p.token, Some(params.clone())).await.unwrap().0, "queued");
-    assert_eq!(count(&w.superuser, "SELECT count(*) FROM keyturn.staged_payload WHERE action_id = $1", &[&p.id]).await, 1);
+    assert_eq!(
+        approve_on(&w.human, p.id, &p.token, Some(params.clone()))
+            .await
+            .unwrap()
+            .0,
+        "queued"
+    );
+    assert_eq!(
+        count(
+            &w.superuser,
+            "SELECT count(*) FROM keyturn.staged_payload WHERE action_id = $1",
+            &[&p.id]
+        )
+        .await,
+        1
+    );
     // With different params: rejected_tampered, nothing staged.
     let p2 = w.propose(&t, params.clone()).await.unwrap();
     let other = json!({"text": "quarterly numbers zx82", "channel": "board"});
-    assert_eq!(approve_on(&w.human, p2.id, &p2.token, Some(other)).await.unwrap().0, "rejected_tampered");
-    assert_eq!(count(&w.superuser, "SELECT count(*) FROM keyturn.staged_payload WHERE action_id = $1", &[&p2.id]).await, 0);
+    assert_eq!(
+        approve_on(&w.human, p2.id, &p2.token, Some(other))
+            .await
+            .unwrap()
+            .0,
+        "rejected_tampered"
+    );
+    assert_eq!(
+        count(
+            &w.superuser,
+            "SELECT count(*) FROM keyturn.staged_payload WHERE action_id = $1",
+            &[&p2.id]
+        )
+        .await,
+        0
+    );
     // No value of a rejected digest action is anywhere in its rows.
     let leaks = count(
         &w.superuser,
@@ -227,7 +345,10 @@ async fn test_digest_retention() {
 async fn test_schema_revalidation_failure_is_invalidated() {
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
-    let p = w.propose(&t, json!({"channel": "ops", "text": "a long enough text"})).await.unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "a long enough text"}))
+        .await
+        .unwrap();
     // The stored schema is narrowed behind keyturn's back (tool versions have no guard).
     w.superuser
         .execute("UPDATE keyturn.tool_version SET params_schema = jsonb_set(params_schema, '{properties,text,maxLength}', '3') WHERE tool = $1", &[&t])
@@ -248,7 +369,13 @@ async fn test_digest_action_invalidated_by_revalidation_keeps_no_param_value() {
         .execute("UPDATE keyturn.tool_version SET params_schema = jsonb_set(params_schema, '{properties,text,maxLength}', '3') WHERE tool = $1", &[&t])
         .await
         .unwrap();
-    assert_eq!(approve_on(&w.human, p.id, &p.token, Some(params)).await.unwrap().0, "invalidated");
+    assert_eq!(
+        approve_on(&w.human, p.id, &p.token, Some(params))
+            .await
+            .unwrap()
+            .0,
+        "invalidated"
+    );
     // §6: after a final status no param value is readable from any keyturn table.
     let hits = count(
         &w.superuser,
@@ -258,7 +385,10 @@ async fn test_digest_action_invalidated_by_revalidation_keeps_no_param_value() {
         &[&p.id, &marker],
     )
     .await;
-    assert_eq!(hits, 0, "the revalidation error message must not carry param values into the action row");
+    assert_eq!(
+        hits, 0,
+        "the revalidation error message must not carry param values into the action row"
+    );
 }
 
 #[tokio::test]
@@ -284,8 +414,16 @@ async fn test_approver_without_table_privilege_fails_the_write_as_itself() {
 async fn test_preview_of_digest_action_has_no_params() {
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({"retain": "digest"})).await;
-    let p = w.propose(&t, json!({"channel": "ops", "text": "private words"})).await.unwrap();
-    let card: Value = w.human.query_one("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token]).await.unwrap().get(0);
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "private words"}))
+        .await
+        .unwrap();
+    let card: Value = w
+        .human
+        .query_one("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token])
+        .await
+        .unwrap()
+        .get(0);
     assert!(card.get("params").is_none() || card["params"].is_null());
     assert_eq!(card["summary"], t.as_str());
     assert!(!card.to_string().contains("private words"));

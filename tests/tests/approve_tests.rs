@@ -18,7 +18,12 @@ async fn test_sql_tool_succeeds_with_rows_keys_and_one_usage_row() {
     assert_eq!(status, "succeeded");
     let result = result.expect("a result");
     assert_eq!(result["rows"], 2);
-    let mut keys: Vec<String> = result["keys"].as_array().unwrap().iter().map(|k| k.as_str().unwrap().to_string()).collect();
+    let mut keys: Vec<String> = result["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap().to_string())
+        .collect();
     keys.sort();
     let mut want: Vec<String> = deals.iter().map(|d| d.to_string()).collect();
     want.sort();
@@ -29,10 +34,23 @@ async fn test_sql_tool_succeeds_with_rows_keys_and_one_usage_row() {
     }
     assert_eq!(w.usage_rows(p.id).await, 1);
     // The usage row was written in the same transaction: same tenant/tool.
-    let n = count(&w.superuser, "SELECT count(*) FROM keyturn.usage WHERE action_id = $1 AND tenant = $2 AND tool = $3", &[&p.id, &w.tenant, &t]).await;
+    let n = count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.usage WHERE action_id = $1 AND tenant = $2 AND tool = $3",
+        &[&p.id, &w.tenant, &t],
+    )
+    .await;
     assert_eq!(n, 1);
     // The write ran as the approving role, under its RLS.
-    let by: String = w.superuser.query_one("SELECT by_role FROM crm.deal_writes WHERE deal_id = $1", &[&deals[0]]).await.unwrap().get(0);
+    let by: String = w
+        .superuser
+        .query_one(
+            "SELECT by_role FROM crm.deal_writes WHERE deal_id = $1",
+            &[&deals[0]],
+        )
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(by, "app_human");
 }
 
@@ -52,10 +70,18 @@ async fn test_replay_returns_stored_outcome_without_second_write() {
     }
     assert_eq!(w.writes(deals[0]).await, 1);
     assert_eq!(w.usage_rows(p.id).await, 1);
-    let events = count(&w.superuser, "SELECT count(*) FROM keyturn.event WHERE action_id = $1", &[&p.id]).await;
+    let events = count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.event WHERE action_id = $1",
+        &[&p.id],
+    )
+    .await;
     assert_eq!(events, 2, "creation + succeeded; replays add nothing");
     // A replay passes the same checks: the wrong token still fails.
-    assert_eq!(sqlstate(approve_on(&again, p.id, "nope", None).await), "55000");
+    assert_eq!(
+        sqlstate(approve_on(&again, p.id, "nope", None).await),
+        "55000"
+    );
 }
 
 #[tokio::test]
@@ -66,13 +92,31 @@ async fn test_wrong_token_and_unknown_id_are_55000_and_burn_nothing() {
     let p = w.propose(&t, form(&deals, "won")).await.unwrap();
     let other = w.propose(&t, form(&deals, "lost")).await.unwrap();
     for bad in ["", "x", other.token.as_str(), &p.token[1..]] {
-        assert_eq!(sqlstate(approve_on(&w.human, p.id, bad, None).await), "55000", "token {bad:?}");
+        assert_eq!(
+            sqlstate(approve_on(&w.human, p.id, bad, None).await),
+            "55000",
+            "token {bad:?}"
+        );
     }
-    assert_eq!(sqlstate(w.human.query("SELECT * FROM keyturn.approve($1, NULL)", &[&p.id]).await), "55000");
-    assert_eq!(sqlstate(approve_on(&w.human, uuid::Uuid::new_v4(), &p.token, None).await), "55000");
+    assert_eq!(
+        sqlstate(
+            w.human
+                .query("SELECT * FROM keyturn.approve($1, NULL)", &[&p.id])
+                .await
+        ),
+        "55000"
+    );
+    assert_eq!(
+        sqlstate(approve_on(&w.human, uuid::Uuid::new_v4(), &p.token, None).await),
+        "55000"
+    );
     assert_eq!(w.status(p.id).await, "pending");
     assert_eq!(w.writes(deals[0]).await, 0);
-    assert_eq!(w.approve(&p).await.unwrap().0, "succeeded", "a wrong token never burns a proposal");
+    assert_eq!(
+        w.approve(&p).await.unwrap().0,
+        "succeeded",
+        "a wrong token never burns a proposal"
+    );
 }
 
 #[tokio::test]
@@ -84,14 +128,40 @@ async fn test_cross_tenant_approval_is_55000_and_changes_nothing() {
     // An approver of tenant B, granted the same tool in B, holding the right token.
     let b = World::new("approver").await;
     b.grant(&b.principal, &t).await;
-    assert_eq!(sqlstate(approve_on(&b.human, p.id, &p.token, None).await), "55000");
-    assert_eq!(sqlstate(b.human.query("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token]).await), "55000");
-    assert_eq!(sqlstate(b.human.query("SELECT keyturn.reject($1, $2)", &[&p.id, &p.token]).await), "55000");
+    assert_eq!(
+        sqlstate(approve_on(&b.human, p.id, &p.token, None).await),
+        "55000"
+    );
+    assert_eq!(
+        sqlstate(
+            b.human
+                .query("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token])
+                .await
+        ),
+        "55000"
+    );
+    assert_eq!(
+        sqlstate(
+            b.human
+                .query("SELECT keyturn.reject($1, $2)", &[&p.id, &p.token])
+                .await
+        ),
+        "55000"
+    );
     // Same principal name in tenant B is still someone else.
     let c = connect("app_human").await;
-    b.admin.execute("SELECT keyturn.add_member($1, $2, 'approver')", &[&b.tenant, &a.principal]).await.unwrap();
+    b.admin
+        .execute(
+            "SELECT keyturn.add_member($1, $2, 'approver')",
+            &[&b.tenant, &a.principal],
+        )
+        .await
+        .unwrap();
     set_identity(&c, &b.tenant, &a.principal, &a.session).await;
-    assert_eq!(sqlstate(approve_on(&c, p.id, &p.token, None).await), "55000");
+    assert_eq!(
+        sqlstate(approve_on(&c, p.id, &p.token, None).await),
+        "55000"
+    );
     assert_eq!(a.status(p.id).await, "pending");
     assert_eq!(a.writes(deals[0]).await, 0);
     assert_eq!(a.event_rows(p.id).await, 1);
@@ -105,7 +175,10 @@ async fn test_member_cannot_approve_another_members_action() {
     let p = w.propose(&t, form(&deals, "won")).await.unwrap();
     let (other, human2) = w.other("member", "app_human", &w.session).await;
     w.grant(&other, &t).await;
-    assert_eq!(sqlstate(approve_on(&human2, p.id, &p.token, None).await), "55000");
+    assert_eq!(
+        sqlstate(approve_on(&human2, p.id, &p.token, None).await),
+        "55000"
+    );
     assert_eq!(w.status(p.id).await, "pending");
 }
 
@@ -117,11 +190,17 @@ async fn test_self_tool_needs_same_principal_and_session() {
     let p = w.propose(&t, form(&deals, "won")).await.unwrap();
     let elsewhere = connect("app_human").await;
     set_identity(&elsewhere, &w.tenant, &w.principal, "another-session").await;
-    assert_eq!(sqlstate(approve_on(&elsewhere, p.id, &p.token, None).await), "42501");
+    assert_eq!(
+        sqlstate(approve_on(&elsewhere, p.id, &p.token, None).await),
+        "42501"
+    );
     // An approver of the same tenant is not "self" either.
     let (appr, human2) = w.other("approver", "app_human", &w.session).await;
     w.grant(&appr, &t).await;
-    assert_eq!(sqlstate(approve_on(&human2, p.id, &p.token, None).await), "42501");
+    assert_eq!(
+        sqlstate(approve_on(&human2, p.id, &p.token, None).await),
+        "42501"
+    );
     assert_eq!(w.status(p.id).await, "pending");
     assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
 }
@@ -137,16 +216,30 @@ async fn test_independent_tool_needs_a_different_approver() {
     // A different 'member': the action is not even visible to it.
     let (m, member) = w.other("member", "app_human", "s-m").await;
     w.grant(&m, &t).await;
-    assert_eq!(sqlstate(approve_on(&member, p.id, &p.token, None).await), "55000");
+    assert_eq!(
+        sqlstate(approve_on(&member, p.id, &p.token, None).await),
+        "55000"
+    );
     // A different approver without the grant: 42501.
     let (a, approver) = w.other("approver", "app_human", "s-a").await;
-    assert_eq!(sqlstate(approve_on(&approver, p.id, &p.token, None).await), "42501");
+    assert_eq!(
+        sqlstate(approve_on(&approver, p.id, &p.token, None).await),
+        "42501"
+    );
     assert_eq!(w.status(p.id).await, "pending");
     // With the grant, from any session: succeeds, and records who approved.
     w.grant(&a, &t).await;
     let (status, _) = approve_on(&approver, p.id, &p.token, None).await.unwrap();
     assert_eq!(status, "succeeded");
-    let by: String = w.superuser.query_one("SELECT approved_by FROM keyturn.action WHERE id = $1", &[&p.id]).await.unwrap().get(0);
+    let by: String = w
+        .superuser
+        .query_one(
+            "SELECT approved_by FROM keyturn.action WHERE id = $1",
+            &[&p.id],
+        )
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(by, a);
     assert_eq!(w.writes(deals[0]).await, 1);
 }
@@ -158,7 +251,13 @@ async fn test_approver_without_grant_is_42501() {
     let deals = w.deals(&w.principal, 1).await;
     let p = w.propose(&t, form(&deals, "won")).await.unwrap();
     // Revoke changes the epoch too, but the pre-claim grant check comes first and raises.
-    w.admin.execute("SELECT keyturn.revoke_tool($1, $2, $3)", &[&w.tenant, &w.principal, &t]).await.unwrap();
+    w.admin
+        .execute(
+            "SELECT keyturn.revoke_tool($1, $2, $3)",
+            &[&w.tenant, &w.principal, &t],
+        )
+        .await
+        .unwrap();
     assert_eq!(sqlstate(w.approve(&p).await), "42501");
     assert_eq!(w.status(p.id).await, "pending");
 }
@@ -171,7 +270,12 @@ async fn test_concurrent_approvals_claim_once() {
     let p = w.propose(&t, form(&deals, "won")).await.unwrap();
     let mut handles = Vec::new();
     for _ in 0..6 {
-        let (tenant, principal, session, p) = (w.tenant.clone(), w.principal.clone(), w.session.clone(), p.clone());
+        let (tenant, principal, session, p) = (
+            w.tenant.clone(),
+            w.principal.clone(),
+            w.session.clone(),
+            p.clone(),
+        );
         handles.push(tokio::spawn(async move {
             let c = connect("app_human").await;
             set_identity(&c, &tenant, &principal, &session).await;
@@ -179,7 +283,12 @@ async fn test_concurrent_approvals_claim_once() {
         }));
     }
     for h in handles {
-        assert_eq!(h.await.unwrap().expect("READ COMMITTED approvals never raise"), "succeeded");
+        assert_eq!(
+            h.await
+                .unwrap()
+                .expect("READ COMMITTED approvals never raise"),
+            "succeeded"
+        );
     }
     assert_eq!(w.writes(deals[0]).await, 1);
     assert_eq!(w.usage_rows(p.id).await, 1);
@@ -193,8 +302,12 @@ async fn test_repeatable_read_loser_gets_40001_or_the_outcome() {
     let p = w.propose(&t, form(&deals, "won")).await.unwrap();
     let late = connect("app_human").await;
     set_identity(&late, &w.tenant, &w.principal, &w.session).await;
-    late.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").await.unwrap();
-    late.query_one("SELECT count(*) FROM keyturn.action", &[]).await.unwrap(); // snapshot taken: pending
+    late.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .unwrap();
+    late.query_one("SELECT count(*) FROM keyturn.action", &[])
+        .await
+        .unwrap(); // snapshot taken: pending
     assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
     match approve_on(&late, p.id, &p.token, None).await {
         Ok((status, _)) => assert_eq!(status, "succeeded"),
@@ -214,8 +327,17 @@ async fn test_replay_passes_the_same_checks() {
     assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
     let elsewhere = connect("app_human").await;
     set_identity(&elsewhere, &w.tenant, &w.principal, "another-session").await;
-    assert_eq!(sqlstate(approve_on(&elsewhere, p.id, &p.token, None).await), "42501");
+    assert_eq!(
+        sqlstate(approve_on(&elsewhere, p.id, &p.token, None).await),
+        "42501"
+    );
     let other = World::new("approver").await;
-    assert_eq!(sqlstate(approve_on(&other.human, p.id, &p.token, None).await), "55000");
-    assert_eq!(sqlstate(approve_on(&w.agent, p.id, &p.token, None).await), "42501");
+    assert_eq!(
+        sqlstate(approve_on(&other.human, p.id, &p.token, None).await),
+        "55000"
+    );
+    assert_eq!(
+        sqlstate(approve_on(&w.agent, p.id, &p.token, None).await),
+        "42501"
+    );
 }

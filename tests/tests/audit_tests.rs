@@ -4,15 +4,22 @@
 use keyturn_tests::*;
 use serde_json::{json, Value};
 
-async fn status_rows(c: &tokio_postgres::Client, id: uuid::Uuid) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-    c.query("SELECT * FROM keyturn.action_status($1)", &[&id]).await
+async fn status_rows(
+    c: &tokio_postgres::Client,
+    id: uuid::Uuid,
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    c.query("SELECT * FROM keyturn.action_status($1)", &[&id])
+        .await
 }
 
 #[tokio::test]
 async fn test_action_status_shows_visible_rows_only() {
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
-    let p = w.propose(&t, json!({"channel": "c", "text": "t"})).await.unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
     let rows = status_rows(&w.agent, p.id).await.unwrap();
     assert_eq!(rows.len(), 1, "the member sees its own action");
     let r = &rows[0];
@@ -38,42 +45,107 @@ async fn test_audit_lists_events_in_order_without_param_values() {
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
     let marker = "unmistakable-param-value-q7x";
-    let p = w.propose(&t, json!({"channel": "c", "text": marker})).await.unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": marker}))
+        .await
+        .unwrap();
     assert_eq!(w.approve(&p).await.unwrap().0, "queued");
     let _g = DISPATCH_LOCK.lock().await;
     let disp = connect("app_dispatcher").await;
     let l = lease_mine(&disp, &[p.id], "30 seconds").await;
     assert_eq!(l.len(), 1);
-    disp.query_one("SELECT keyturn.begin_dispatch($1, $2)", &[&p.id, &l[0].lease_id]).await.unwrap();
-    disp.query_one("SELECT keyturn.complete($1, $2, 'succeeded', '{\"status\": 200}')", &[&p.id, &l[0].lease_id]).await.unwrap();
+    disp.query_one(
+        "SELECT keyturn.begin_dispatch($1, $2)",
+        &[&p.id, &l[0].lease_id],
+    )
+    .await
+    .unwrap();
+    disp.query_one(
+        "SELECT keyturn.complete($1, $2, 'succeeded', '{\"status\": 200}')",
+        &[&p.id, &l[0].lease_id],
+    )
+    .await
+    .unwrap();
     drop(_g);
 
-    let rows = w.human.query("SELECT db_role, principal, from_status, to_status, detail FROM keyturn.audit($1)", &[&p.id]).await.unwrap();
+    let rows = w
+        .human
+        .query(
+            "SELECT db_role, principal, from_status, to_status, detail FROM keyturn.audit($1)",
+            &[&p.id],
+        )
+        .await
+        .unwrap();
     let steps: Vec<(Option<String>, String)> = rows.iter().map(|r| (r.get(2), r.get(3))).collect();
-    let want = [(None, "pending"), (Some("pending"), "queued"), (Some("queued"), "leased"), (Some("leased"), "executing"), (Some("executing"), "succeeded")];
+    let want = [
+        (None, "pending"),
+        (Some("pending"), "queued"),
+        (Some("queued"), "leased"),
+        (Some("leased"), "executing"),
+        (Some("executing"), "succeeded"),
+    ];
     assert_eq!(steps.len(), want.len(), "{steps:?}");
     for ((from, to), (wf, wt)) in steps.iter().zip(want) {
         assert_eq!(from.as_deref(), wf);
         assert_eq!(to, wt);
     }
     let roles: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(roles, ["app_agent", "app_human", "app_dispatcher", "app_dispatcher", "app_dispatcher"]);
+    assert_eq!(
+        roles,
+        [
+            "app_agent",
+            "app_human",
+            "app_dispatcher",
+            "app_dispatcher",
+            "app_dispatcher"
+        ]
+    );
     let principals: Vec<Option<String>> = rows.iter().map(|r| r.get(1)).collect();
     assert_eq!(principals[0].as_deref(), Some(w.principal.as_str()));
     assert_eq!(principals[1].as_deref(), Some(w.principal.as_str()));
     assert_eq!(principals[2], None, "role-only callers have no principal");
     for r in &rows {
         let d: Value = r.get(4);
-        assert!(!d.to_string().contains(marker), "event detail leaks a param value: {d}");
+        assert!(
+            !d.to_string().contains(marker),
+            "event detail leaks a param value: {d}"
+        );
     }
     // Other callers: the agent (own action) sees it; no identity sees nothing; superuser all.
-    assert_eq!(w.agent.query("SELECT * FROM keyturn.audit($1)", &[&p.id]).await.unwrap().len(), 5);
+    assert_eq!(
+        w.agent
+            .query("SELECT * FROM keyturn.audit($1)", &[&p.id])
+            .await
+            .unwrap()
+            .len(),
+        5
+    );
     let anon = connect("app_human").await;
-    assert_eq!(anon.query("SELECT * FROM keyturn.audit($1)", &[&p.id]).await.unwrap().len(), 0);
+    assert_eq!(
+        anon.query("SELECT * FROM keyturn.audit($1)", &[&p.id])
+            .await
+            .unwrap()
+            .len(),
+        0
+    );
     let other = World::new("admin").await;
-    assert_eq!(other.human.query("SELECT * FROM keyturn.audit($1)", &[&p.id]).await.unwrap().len(), 0);
+    assert_eq!(
+        other
+            .human
+            .query("SELECT * FROM keyturn.audit($1)", &[&p.id])
+            .await
+            .unwrap()
+            .len(),
+        0
+    );
     let su = connect("postgres").await;
-    assert_eq!(su.query("SELECT * FROM keyturn.audit($1)", &[&p.id]).await.unwrap().len(), 5);
+    assert_eq!(
+        su.query("SELECT * FROM keyturn.audit($1)", &[&p.id])
+            .await
+            .unwrap()
+            .len(),
+        5
+    );
 }
 
 #[tokio::test]
@@ -81,7 +153,10 @@ async fn test_event_and_usage_are_append_only_even_for_superuser() {
     let w = World::new("member").await;
     let t = w.deal_tool(json!({})).await;
     let deal = w.deals(&w.principal, 1).await[0];
-    let p = w.propose(&t, json!({"where": {"id": deal}, "set": {"stage": "won"}})).await.unwrap();
+    let p = w
+        .propose(&t, json!({"where": {"id": deal}, "set": {"stage": "won"}}))
+        .await
+        .unwrap();
     assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
     let su = &w.superuser;
     for sql in [
@@ -91,7 +166,10 @@ async fn test_event_and_usage_are_append_only_even_for_superuser() {
         "DELETE FROM keyturn.usage WHERE action_id = $1",
         "DELETE FROM keyturn.action WHERE id = $1",
     ] {
-        assert!(su.execute(sql, &[&p.id]).await.is_err(), "superuser: {sql} must be refused");
+        assert!(
+            su.execute(sql, &[&p.id]).await.is_err(),
+            "superuser: {sql} must be refused"
+        );
     }
     assert!(su.batch_execute("TRUNCATE keyturn.event").await.is_err());
     assert!(su.batch_execute("TRUNCATE keyturn.usage").await.is_err());
@@ -104,37 +182,95 @@ async fn test_status_graph_and_proposal_columns_are_guarded() {
     let w = World::new("member").await;
     let t = w.deal_tool(json!({})).await;
     let deal = w.deals(&w.principal, 1).await[0];
-    let p = w.propose(&t, json!({"where": {"id": deal}, "set": {"stage": "won"}})).await.unwrap();
+    let p = w
+        .propose(&t, json!({"where": {"id": deal}, "set": {"stage": "won"}}))
+        .await
+        .unwrap();
     let su = &w.superuser;
     for (sql, why) in [
-        ("UPDATE keyturn.action SET params = '{}' WHERE id = $1", "params"),
-        ("UPDATE keyturn.action SET params_hash = 'x' WHERE id = $1", "params_hash"),
-        ("UPDATE keyturn.action SET expires_at = expires_at + interval '1 day' WHERE id = $1", "expires_at"),
-        ("UPDATE keyturn.action SET principal = 'someone' WHERE id = $1", "principal"),
-        ("UPDATE keyturn.action SET status = 'executing' WHERE id = $1", "pending -> executing"),
-        ("UPDATE keyturn.action SET status = 'leased' WHERE id = $1", "pending -> leased"),
-        ("UPDATE keyturn.action SET status = 'uncertain' WHERE id = $1", "pending -> uncertain"),
+        (
+            "UPDATE keyturn.action SET params = '{}' WHERE id = $1",
+            "params",
+        ),
+        (
+            "UPDATE keyturn.action SET params_hash = 'x' WHERE id = $1",
+            "params_hash",
+        ),
+        (
+            "UPDATE keyturn.action SET expires_at = expires_at + interval '1 day' WHERE id = $1",
+            "expires_at",
+        ),
+        (
+            "UPDATE keyturn.action SET principal = 'someone' WHERE id = $1",
+            "principal",
+        ),
+        (
+            "UPDATE keyturn.action SET status = 'executing' WHERE id = $1",
+            "pending -> executing",
+        ),
+        (
+            "UPDATE keyturn.action SET status = 'leased' WHERE id = $1",
+            "pending -> leased",
+        ),
+        (
+            "UPDATE keyturn.action SET status = 'uncertain' WHERE id = $1",
+            "pending -> uncertain",
+        ),
     ] {
-        assert!(su.execute(sql, &[&p.id]).await.is_err(), "{why} must be refused");
+        assert!(
+            su.execute(sql, &[&p.id]).await.is_err(),
+            "{why} must be refused"
+        );
     }
     assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
     for to in ["pending", "queued", "failed", "cancelled", "uncertain"] {
-        let r = su.execute("UPDATE keyturn.action SET status = $2 WHERE id = $1", &[&p.id, &to]).await;
+        let r = su
+            .execute(
+                "UPDATE keyturn.action SET status = $2 WHERE id = $1",
+                &[&p.id, &to],
+            )
+            .await;
         assert!(r.is_err(), "succeeded -> {to} must be refused");
     }
     assert_eq!(w.status(p.id).await, "succeeded");
-    assert_eq!(w.event_rows(p.id).await, 2, "one event per status change, creation included");
+    assert_eq!(
+        w.event_rows(p.id).await,
+        2,
+        "one event per status change, creation included"
+    );
 }
 
 const STATUSES: &[&str] = &[
-    "pending", "queued", "leased", "executing", "succeeded", "failed", "uncertain", "rejected",
-    "rejected_tampered", "expired", "cancelled", "conflict", "invalidated",
+    "pending",
+    "queued",
+    "leased",
+    "executing",
+    "succeeded",
+    "failed",
+    "uncertain",
+    "rejected",
+    "rejected_tampered",
+    "expired",
+    "cancelled",
+    "conflict",
+    "invalidated",
 ];
 
 /// The graph of CONTRACT.md §4, edge by edge.
 fn contract_allows(from: &str, to: &str) -> bool {
     match from {
-        "pending" => ["expired", "invalidated", "rejected_tampered", "succeeded", "conflict", "failed", "queued", "rejected", "cancelled"].contains(&to),
+        "pending" => [
+            "expired",
+            "invalidated",
+            "rejected_tampered",
+            "succeeded",
+            "conflict",
+            "failed",
+            "queued",
+            "rejected",
+            "cancelled",
+        ]
+        .contains(&to),
         "queued" => ["leased", "cancelled", "invalidated"].contains(&to),
         "leased" => ["executing", "queued", "cancelled", "invalidated"].contains(&to),
         "executing" => ["succeeded", "failed", "uncertain", "queued"].contains(&to),
@@ -151,7 +287,10 @@ async fn test_status_graph_matches_the_contract_for_every_pair() {
     let t = w.webhook_tool(json!({})).await;
     let su = connect("postgres").await;
     for from in STATUSES {
-        let p = w.propose(&t, json!({"channel": "c", "text": "t"})).await.unwrap();
+        let p = w
+            .propose(&t, json!({"channel": "c", "text": "t"}))
+            .await
+            .unwrap();
         // Reach `from` along legal edges.
         let path: &[&str] = match *from {
             "pending" => &[],
@@ -162,15 +301,24 @@ async fn test_status_graph_matches_the_contract_for_every_pair() {
             other => std::slice::from_ref(STATUSES.iter().find(|s| **s == other).unwrap()),
         };
         for step in path {
-            su.execute("UPDATE keyturn.action SET status = $2 WHERE id = $1", &[&p.id, step]).await
-                .unwrap_or_else(|e| panic!("legal step to {step} refused: {e}"));
+            su.execute(
+                "UPDATE keyturn.action SET status = $2 WHERE id = $1",
+                &[&p.id, step],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("legal step to {step} refused: {e}"));
         }
         for to in STATUSES {
             if to == from {
                 continue;
             }
             su.batch_execute("BEGIN").await.unwrap();
-            let r = su.execute("UPDATE keyturn.action SET status = $2 WHERE id = $1", &[&p.id, to]).await;
+            let r = su
+                .execute(
+                    "UPDATE keyturn.action SET status = $2 WHERE id = $1",
+                    &[&p.id, to],
+                )
+                .await;
             su.batch_execute("ROLLBACK").await.unwrap();
             assert_eq!(r.is_ok(), contract_allows(from, to), "{from} -> {to}");
         }

@@ -30,10 +30,21 @@ async fn test_claims_win_over_gucs() {
     let (w, tool, deal) = setup().await;
     // GUCs name a principal that does not exist; the claims name the real one.
     set_identity(&w.agent, "nowhere", "nobody", "nosession").await;
-    let claims = json!({"tenant_id": w.tenant, "sub": w.principal, "session_id": w.session}).to_string();
+    let claims =
+        json!({"tenant_id": w.tenant, "sub": w.principal, "session_id": w.session}).to_string();
     set_claims(&w.agent, &claims).await;
-    assert_eq!(identity(&w.agent).await, (Some(w.tenant.clone()), Some(w.principal.clone()), Some(w.session.clone())));
-    let p = w.propose(&tool, form(deal)).await.expect("claims identity proposes");
+    assert_eq!(
+        identity(&w.agent).await,
+        (
+            Some(w.tenant.clone()),
+            Some(w.principal.clone()),
+            Some(w.session.clone())
+        )
+    );
+    let p = w
+        .propose(&tool, form(deal))
+        .await
+        .expect("claims identity proposes");
     assert!(w.approve(&p).await.is_ok());
 }
 
@@ -57,36 +68,78 @@ async fn test_malformed_claims_are_missing_identity_even_with_gucs() {
     for claims in bad {
         set_claims(&w.agent, &claims).await;
         let (t, p, s) = identity(&w.agent).await;
-        assert!(t.is_none() || p.is_none() || s.is_none(), "claims {claims} gave a full identity");
-        assert_eq!(sqlstate(w.propose(&tool, form(deal)).await), "42501", "claims {claims}");
+        assert!(
+            t.is_none() || p.is_none() || s.is_none(),
+            "claims {claims} gave a full identity"
+        );
+        assert_eq!(
+            sqlstate(w.propose(&tool, form(deal)).await),
+            "42501",
+            "claims {claims}"
+        );
     }
     // Never mixed: with claims lacking the session, the session GUC is not used.
-    set_claims(&w.agent, &json!({"tenant_id": w.tenant, "sub": w.principal}).to_string()).await;
-    assert_eq!(identity(&w.agent).await, (Some(w.tenant.clone()), Some(w.principal.clone()), None));
-    assert_eq!(count(&w.superuser, "SELECT count(*) FROM keyturn.action WHERE tenant = $1", &[&w.tenant]).await, 0);
+    set_claims(
+        &w.agent,
+        &json!({"tenant_id": w.tenant, "sub": w.principal}).to_string(),
+    )
+    .await;
+    assert_eq!(
+        identity(&w.agent).await,
+        (Some(w.tenant.clone()), Some(w.principal.clone()), None)
+    );
+    assert_eq!(
+        count(
+            &w.superuser,
+            "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
+            &[&w.tenant]
+        )
+        .await,
+        0
+    );
 }
 
 #[tokio::test]
 async fn test_empty_claims_fall_back_to_gucs() {
     let (w, tool, deal) = setup().await;
     set_claims(&w.agent, "").await;
-    assert_eq!(identity(&w.agent).await, (Some(w.tenant.clone()), Some(w.principal.clone()), Some(w.session.clone())));
-    w.propose(&tool, form(deal)).await.expect("'' claims fall back to the GUCs");
+    assert_eq!(
+        identity(&w.agent).await,
+        (
+            Some(w.tenant.clone()),
+            Some(w.principal.clone()),
+            Some(w.session.clone())
+        )
+    );
+    w.propose(&tool, form(deal))
+        .await
+        .expect("'' claims fall back to the GUCs");
 }
 
 #[tokio::test]
 async fn test_empty_guc_is_missing_not_wildcard() {
     let (w, tool, deal) = setup().await;
-    for (t, p, s) in [("", w.principal.as_str(), w.session.as_str()), (w.tenant.as_str(), "", w.session.as_str()), (w.tenant.as_str(), w.principal.as_str(), "")] {
+    for (t, p, s) in [
+        ("", w.principal.as_str(), w.session.as_str()),
+        (w.tenant.as_str(), "", w.session.as_str()),
+        (w.tenant.as_str(), w.principal.as_str(), ""),
+    ] {
         set_identity(&w.agent, t, p, s).await;
         let (gt, gp, gs) = identity(&w.agent).await;
         assert!(gt.is_none() || gp.is_none() || gs.is_none());
-        assert_eq!(sqlstate(w.propose(&tool, form(deal)).await), "42501", "identity ({t:?}, {p:?}, {s:?})");
+        assert_eq!(
+            sqlstate(w.propose(&tool, form(deal)).await),
+            "42501",
+            "identity ({t:?}, {p:?}, {s:?})"
+        );
     }
     // A connection that never set anything.
     let bare = connect("app_agent").await;
     assert_eq!(identity(&bare).await, (None, None, None));
-    assert_eq!(sqlstate(propose_on(&bare, &tool, form(deal), json!({})).await), "42501");
+    assert_eq!(
+        sqlstate(propose_on(&bare, &tool, form(deal), json!({})).await),
+        "42501"
+    );
 }
 
 #[tokio::test]
@@ -99,10 +152,19 @@ async fn test_set_local_identity_lasts_one_transaction() {
     ))
     .await
     .unwrap();
-    propose_on(&c, &tool, form(deal), json!({})).await.expect("SET LOCAL identity proposes");
+    propose_on(&c, &tool, form(deal), json!({}))
+        .await
+        .expect("SET LOCAL identity proposes");
     c.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(identity(&c).await.0, None, "SET LOCAL identity must not outlive its transaction");
-    assert_eq!(sqlstate(propose_on(&c, &tool, form(deal), json!({})).await), "42501");
+    assert_eq!(
+        identity(&c).await.0,
+        None,
+        "SET LOCAL identity must not outlive its transaction"
+    );
+    assert_eq!(
+        sqlstate(propose_on(&c, &tool, form(deal), json!({})).await),
+        "42501"
+    );
 }
 
 #[tokio::test]
@@ -115,17 +177,53 @@ async fn test_non_member_principal_is_refused_on_every_identity_call() {
     set_identity(&agent, &w.tenant, &stranger, &w.session).await;
     set_identity(&human, &w.tenant, &stranger, &w.session).await;
     w.grant(&stranger, &tool).await; // a grant without membership is worth nothing
-    assert_eq!(sqlstate(propose_on(&agent, &tool, form(deal), json!({})).await), "42501");
-    assert_eq!(sqlstate(agent.query("SELECT keyturn.cancel_origin('c1')", &[]).await), "42501");
-    assert_eq!(sqlstate(agent.query("SELECT keyturn.end_session()", &[]).await), "42501");
-    assert_eq!(sqlstate(agent.query("SELECT * FROM keyturn.action_status($1)", &[&p.id]).await), "42501");
-    assert_eq!(sqlstate(approve_on(&human, p.id, &p.token, None).await), "42501");
-    assert_eq!(sqlstate(human.query("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token]).await), "42501");
-    assert_eq!(sqlstate(human.query("SELECT keyturn.reject($1, $2)", &[&p.id, &p.token]).await), "42501");
+    assert_eq!(
+        sqlstate(propose_on(&agent, &tool, form(deal), json!({})).await),
+        "42501"
+    );
+    assert_eq!(
+        sqlstate(agent.query("SELECT keyturn.cancel_origin('c1')", &[]).await),
+        "42501"
+    );
+    assert_eq!(
+        sqlstate(agent.query("SELECT keyturn.end_session()", &[]).await),
+        "42501"
+    );
+    assert_eq!(
+        sqlstate(
+            agent
+                .query("SELECT * FROM keyturn.action_status($1)", &[&p.id])
+                .await
+        ),
+        "42501"
+    );
+    assert_eq!(
+        sqlstate(approve_on(&human, p.id, &p.token, None).await),
+        "42501"
+    );
+    assert_eq!(
+        sqlstate(
+            human
+                .query("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token])
+                .await
+        ),
+        "42501"
+    );
+    assert_eq!(
+        sqlstate(
+            human
+                .query("SELECT keyturn.reject($1, $2)", &[&p.id, &p.token])
+                .await
+        ),
+        "42501"
+    );
     assert_eq!(w.status(p.id).await, "pending");
     // A member of another tenant is a non-member here.
     let other = World::new("approver").await;
     set_identity(&human, &w.tenant, &other.principal, &w.session).await;
-    assert_eq!(sqlstate(approve_on(&human, p.id, &p.token, None).await), "42501");
+    assert_eq!(
+        sqlstate(approve_on(&human, p.id, &p.token, None).await),
+        "42501"
+    );
     assert_eq!(w.status(p.id).await, "pending");
 }

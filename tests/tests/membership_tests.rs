@@ -20,16 +20,42 @@ async fn epoch(w: &World, principal: &str) -> i64 {
 async fn test_add_member_validates_role() {
     let w = World::new("member").await;
     for bad in ["owner", "", "Admin", "approver "] {
-        let r = w.admin.execute("SELECT keyturn.add_member($1, $2, $3)", &[&w.tenant, &"someone", &bad]).await;
+        let r = w
+            .admin
+            .execute(
+                "SELECT keyturn.add_member($1, $2, $3)",
+                &[&w.tenant, &"someone", &bad],
+            )
+            .await;
         assert_eq!(sqlstate(r), "22023", "role {bad:?}");
     }
-    let r = w.admin.execute("SELECT keyturn.add_member($1, $2, NULL)", &[&w.tenant, &"someone"]).await;
+    let r = w
+        .admin
+        .execute(
+            "SELECT keyturn.add_member($1, $2, NULL)",
+            &[&w.tenant, &"someone"],
+        )
+        .await;
     assert_eq!(sqlstate(r), "22023");
     for good in ["member", "approver", "admin"] {
         let p = unique("p");
-        w.admin.execute("SELECT keyturn.add_member($1, $2, $3)", &[&w.tenant, &p, &good]).await.expect(good);
+        w.admin
+            .execute(
+                "SELECT keyturn.add_member($1, $2, $3)",
+                &[&w.tenant, &p, &good],
+            )
+            .await
+            .expect(good);
     }
-    assert_eq!(count(&w.superuser, "SELECT count(*) FROM keyturn.member WHERE tenant = $1 AND principal = 'someone'", &[&w.tenant]).await, 0);
+    assert_eq!(
+        count(
+            &w.superuser,
+            "SELECT count(*) FROM keyturn.member WHERE tenant = $1 AND principal = 'someone'",
+            &[&w.tenant]
+        )
+        .await,
+        0
+    );
 }
 
 #[tokio::test]
@@ -37,16 +63,35 @@ async fn test_remove_member_drops_grants_and_access() {
     let w = World::new("member").await;
     let tool = w.deal_tool(json!({})).await;
     let deal = w.deals(&w.principal, 1).await[0];
-    w.propose(&tool, form(deal)).await.expect("member with grant proposes");
-    w.admin.execute("SELECT keyturn.remove_member($1, $2)", &[&w.tenant, &w.principal]).await.unwrap();
+    w.propose(&tool, form(deal))
+        .await
+        .expect("member with grant proposes");
+    w.admin
+        .execute(
+            "SELECT keyturn.remove_member($1, $2)",
+            &[&w.tenant, &w.principal],
+        )
+        .await
+        .unwrap();
     assert_eq!(
-        count(&w.superuser, "SELECT count(*) FROM keyturn.tool_grant WHERE tenant = $1 AND principal = $2", &[&w.tenant, &w.principal]).await,
+        count(
+            &w.superuser,
+            "SELECT count(*) FROM keyturn.tool_grant WHERE tenant = $1 AND principal = $2",
+            &[&w.tenant, &w.principal]
+        )
+        .await,
         0,
         "remove_member must drop the principal's grants"
     );
     assert_eq!(sqlstate(w.propose(&tool, form(deal)).await), "42501");
     // Re-adding the member does not bring the grant back.
-    w.admin.execute("SELECT keyturn.add_member($1, $2, 'member')", &[&w.tenant, &w.principal]).await.unwrap();
+    w.admin
+        .execute(
+            "SELECT keyturn.add_member($1, $2, 'member')",
+            &[&w.tenant, &w.principal],
+        )
+        .await
+        .unwrap();
     assert_eq!(sqlstate(w.propose(&tool, form(deal)).await), "42501");
 }
 
@@ -54,9 +99,21 @@ async fn test_remove_member_drops_grants_and_access() {
 async fn test_grant_and_revoke_unknown_tool_is_42704() {
     let w = World::new("member").await;
     let ghost = unique("ghost");
-    let r = w.admin.execute("SELECT keyturn.grant_tool($1, $2, $3)", &[&w.tenant, &w.principal, &ghost]).await;
+    let r = w
+        .admin
+        .execute(
+            "SELECT keyturn.grant_tool($1, $2, $3)",
+            &[&w.tenant, &w.principal, &ghost],
+        )
+        .await;
     assert_eq!(sqlstate(r), "42704");
-    let r = w.admin.execute("SELECT keyturn.revoke_tool($1, $2, $3)", &[&w.tenant, &w.principal, &ghost]).await;
+    let r = w
+        .admin
+        .execute(
+            "SELECT keyturn.revoke_tool($1, $2, $3)",
+            &[&w.tenant, &w.principal, &ghost],
+        )
+        .await;
     assert_eq!(sqlstate(r), "42704");
 }
 
@@ -66,11 +123,25 @@ async fn test_real_grant_bumps_epoch_once() {
     let tool = w.deal_tool(json!({})).await;
     let e0 = epoch(&w, &w.principal).await;
     let name = unique("another");
-    w.admin.execute("SELECT keyturn.register_tool($1, '{\"kind\":\"read\"}')", &[&name]).await.unwrap();
+    w.admin
+        .execute(
+            "SELECT keyturn.register_tool($1, '{\"kind\":\"read\"}')",
+            &[&name],
+        )
+        .await
+        .unwrap();
     w.grant(&w.principal, &name).await;
-    assert_eq!(epoch(&w, &w.principal).await, e0 + 1, "a real grant bumps the epoch once");
+    assert_eq!(
+        epoch(&w, &w.principal).await,
+        e0 + 1,
+        "a real grant bumps the epoch once"
+    );
     w.grant(&w.principal, &tool).await; // already held
-    assert_eq!(epoch(&w, &w.principal).await, e0 + 1, "a repeated grant does not bump it");
+    assert_eq!(
+        epoch(&w, &w.principal).await,
+        e0 + 1,
+        "a repeated grant does not bump it"
+    );
 }
 
 #[tokio::test]
@@ -79,19 +150,65 @@ async fn test_noop_admin_calls_keep_epoch_and_proposal() {
     let tool = w.deal_tool(json!({})).await;
     let deal = w.deals(&w.principal, 1).await[0];
     let ungranted = unique("ungranted");
-    w.admin.execute("SELECT keyturn.register_tool($1, '{\"kind\":\"read\"}')", &[&ungranted]).await.unwrap();
+    w.admin
+        .execute(
+            "SELECT keyturn.register_tool($1, '{\"kind\":\"read\"}')",
+            &[&ungranted],
+        )
+        .await
+        .unwrap();
     let p = w.propose(&tool, form(deal)).await.unwrap();
     let e = epoch(&w, &w.principal).await;
-    let changed: bool = w.admin.query_one("SELECT keyturn.add_member($1, $2, 'member')", &[&w.tenant, &w.principal]).await.unwrap().get(0);
+    let changed: bool = w
+        .admin
+        .query_one(
+            "SELECT keyturn.add_member($1, $2, 'member')",
+            &[&w.tenant, &w.principal],
+        )
+        .await
+        .unwrap()
+        .get(0);
     assert!(!changed, "same role again reports no change");
-    let changed: bool = w.admin.query_one("SELECT keyturn.grant_tool($1, $2, $3)", &[&w.tenant, &w.principal, &tool]).await.unwrap().get(0);
+    let changed: bool = w
+        .admin
+        .query_one(
+            "SELECT keyturn.grant_tool($1, $2, $3)",
+            &[&w.tenant, &w.principal, &tool],
+        )
+        .await
+        .unwrap()
+        .get(0);
     assert!(!changed, "a repeated grant reports no change");
-    let changed: bool = w.admin.query_one("SELECT keyturn.revoke_tool($1, $2, $3)", &[&w.tenant, &w.principal, &ungranted]).await.unwrap().get(0);
-    assert!(!changed, "revoking what was never granted reports no change");
-    w.admin.execute("SELECT keyturn.remove_member($1, $2)", &[&w.tenant, &unique("absent")]).await.unwrap();
-    assert_eq!(epoch(&w, &w.principal).await, e, "no-op calls must not bump the epoch");
+    let changed: bool = w
+        .admin
+        .query_one(
+            "SELECT keyturn.revoke_tool($1, $2, $3)",
+            &[&w.tenant, &w.principal, &ungranted],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        !changed,
+        "revoking what was never granted reports no change"
+    );
+    w.admin
+        .execute(
+            "SELECT keyturn.remove_member($1, $2)",
+            &[&w.tenant, &unique("absent")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        epoch(&w, &w.principal).await,
+        e,
+        "no-op calls must not bump the epoch"
+    );
     let (status, _) = w.approve(&p).await.unwrap();
-    assert_eq!(status, "succeeded", "no-op admin calls must not invalidate a pending proposal");
+    assert_eq!(
+        status, "succeeded",
+        "no-op admin calls must not invalidate a pending proposal"
+    );
 }
 
 #[tokio::test]
@@ -105,19 +222,49 @@ async fn test_real_changes_invalidate_pending_proposals() {
         match change {
             "grant_other" => {
                 let name = unique("extra");
-                w.admin.execute("SELECT keyturn.register_tool($1, '{\"kind\":\"read\"}')", &[&name]).await.unwrap();
+                w.admin
+                    .execute(
+                        "SELECT keyturn.register_tool($1, '{\"kind\":\"read\"}')",
+                        &[&name],
+                    )
+                    .await
+                    .unwrap();
                 w.grant(&w.principal, &name).await;
             }
             "revoke" => {
-                w.admin.execute("SELECT keyturn.revoke_tool($1, $2, $3)", &[&w.tenant, &w.principal, &tool]).await.unwrap();
+                w.admin
+                    .execute(
+                        "SELECT keyturn.revoke_tool($1, $2, $3)",
+                        &[&w.tenant, &w.principal, &tool],
+                    )
+                    .await
+                    .unwrap();
                 w.grant(&w.principal, &tool).await;
             }
             "role" => {
-                w.admin.execute("SELECT keyturn.add_member($1, $2, 'approver')", &[&w.tenant, &w.principal]).await.unwrap();
+                w.admin
+                    .execute(
+                        "SELECT keyturn.add_member($1, $2, 'approver')",
+                        &[&w.tenant, &w.principal],
+                    )
+                    .await
+                    .unwrap();
             }
             _ => {
-                w.admin.execute("SELECT keyturn.remove_member($1, $2)", &[&w.tenant, &w.principal]).await.unwrap();
-                w.admin.execute("SELECT keyturn.add_member($1, $2, 'member')", &[&w.tenant, &w.principal]).await.unwrap();
+                w.admin
+                    .execute(
+                        "SELECT keyturn.remove_member($1, $2)",
+                        &[&w.tenant, &w.principal],
+                    )
+                    .await
+                    .unwrap();
+                w.admin
+                    .execute(
+                        "SELECT keyturn.add_member($1, $2, 'member')",
+                        &[&w.tenant, &w.principal],
+                    )
+                    .await
+                    .unwrap();
                 w.grant(&w.principal, &tool).await;
             }
         }
@@ -136,6 +283,9 @@ async fn test_other_principals_change_does_not_invalidate() {
     let p = w.propose(&tool, form(deal)).await.unwrap();
     let (other, _c) = w.other("member", "app_agent", "s2").await;
     w.grant(&other, &tool).await;
-    w.admin.execute("SELECT keyturn.remove_member($1, $2)", &[&w.tenant, &other]).await.unwrap();
+    w.admin
+        .execute("SELECT keyturn.remove_member($1, $2)", &[&w.tenant, &other])
+        .await
+        .unwrap();
     assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
 }

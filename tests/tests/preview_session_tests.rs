@@ -5,11 +5,18 @@ use serde_json::{json, Value};
 use tokio_postgres::Client;
 
 async fn preview(c: &Client, p: &Proposal) -> Result<Value, tokio_postgres::Error> {
-    c.query_one("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token]).await.map(|r| r.get(0))
+    c.query_one("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token])
+        .await
+        .map(|r| r.get(0))
 }
 
 async fn reject(c: &Client, p: &Proposal) -> Result<String, tokio_postgres::Error> {
-    c.query_one("SELECT keyturn.reject($1, $2, 'not today')", &[&p.id, &p.token]).await.map(|r| r.get(0))
+    c.query_one(
+        "SELECT keyturn.reject($1, $2, 'not today')",
+        &[&p.id, &p.token],
+    )
+    .await
+    .map(|r| r.get(0))
 }
 
 #[tokio::test]
@@ -17,7 +24,13 @@ async fn test_preview_shows_the_card_with_current_values_and_changes_nothing() {
     let w = World::new("member").await;
     let t = w.deal_tool(json!({})).await;
     let deals = w.deals(&w.principal, 2).await;
-    w.superuser.execute("UPDATE crm.deal SET stage = 'qualified', amount = 10 WHERE id = $1", &[&deals[1]]).await.unwrap();
+    w.superuser
+        .execute(
+            "UPDATE crm.deal SET stage = 'qualified', amount = 10 WHERE id = $1",
+            &[&deals[1]],
+        )
+        .await
+        .unwrap();
     let params = json!({"where": {"id": deals}, "set": {"stage": "won", "amount": 4.5}});
     let p = w.propose(&t, params.clone()).await.unwrap();
     let writes = w.writes(deals[0]).await + w.writes(deals[1]).await;
@@ -30,11 +43,17 @@ async fn test_preview_shows_the_card_with_current_values_and_changes_nothing() {
     assert_eq!(card["params"], params);
     let targets = card["targets"].as_array().expect("targets for sql tools");
     assert_eq!(targets.len(), 2);
-    let t1 = targets.iter().find(|x| x["key"] == deals[1].to_string()).expect("target per key");
+    let t1 = targets
+        .iter()
+        .find(|x| x["key"] == deals[1].to_string())
+        .expect("target per key");
     assert_eq!(t1["before"]["stage"], "qualified");
     assert_eq!(t1["before"]["amount"].as_f64(), Some(10.0));
     assert_eq!(t1["after"]["stage"], "won");
-    let t0 = targets.iter().find(|x| x["key"] == deals[0].to_string()).unwrap();
+    let t0 = targets
+        .iter()
+        .find(|x| x["key"] == deals[0].to_string())
+        .unwrap();
     assert_eq!(t0["before"]["stage"], "lead");
     // Read-only: nothing written, status unchanged, no event.
     assert_eq!(w.writes(deals[0]).await + w.writes(deals[1]).await, writes);
@@ -49,22 +68,44 @@ async fn test_preview_shows_the_card_with_current_values_and_changes_nothing() {
 async fn test_preview_checks_token_identity_and_agents_but_not_grant() {
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
-    let p = w.propose(&t, json!({"channel": "ops", "text": "hi"})).await.unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "hi"}))
+        .await
+        .unwrap();
     let card = preview(&w.human, &p).await.unwrap();
     assert_eq!(card["params"], json!({"channel": "ops", "text": "hi"}));
-    assert!(card.get("targets").is_none() || card["targets"].is_null(), "no targets for external tools");
-    let wrong = Proposal { token: "wrong".into(), ..p.clone() };
+    assert!(
+        card.get("targets").is_none() || card["targets"].is_null(),
+        "no targets for external tools"
+    );
+    let wrong = Proposal {
+        token: "wrong".into(),
+        ..p.clone()
+    };
     assert_eq!(sqlstate(preview(&w.human, &wrong).await), "55000");
-    let unknown = Proposal { id: uuid::Uuid::new_v4(), ..p.clone() };
+    let unknown = Proposal {
+        id: uuid::Uuid::new_v4(),
+        ..p.clone()
+    };
     assert_eq!(sqlstate(preview(&w.human, &unknown).await), "55000");
     assert_eq!(sqlstate(preview(&w.agent, &p).await), "42501");
     let anon = connect("app_human").await;
     assert_eq!(sqlstate(preview(&anon, &p).await), "42501");
     let other_session = connect("app_human").await;
     set_identity(&other_session, &w.tenant, &w.principal, "elsewhere").await;
-    assert_eq!(sqlstate(preview(&other_session, &p).await), "42501", "bound context");
+    assert_eq!(
+        sqlstate(preview(&other_session, &p).await),
+        "42501",
+        "bound context"
+    );
     // The grant is excepted: after a revoke, preview still works (approve would not).
-    w.admin.execute("SELECT keyturn.revoke_tool($1, $2, $3)", &[&w.tenant, &w.principal, &t]).await.unwrap();
+    w.admin
+        .execute(
+            "SELECT keyturn.revoke_tool($1, $2, $3)",
+            &[&w.tenant, &w.principal, &t],
+        )
+        .await
+        .unwrap();
     assert_eq!(preview(&w.human, &p).await.unwrap()["status"], "pending");
 }
 
@@ -73,16 +114,38 @@ async fn test_reject_then_approve_returns_rejected_and_writes_nothing() {
     let w = World::new("member").await;
     let t = w.deal_tool(json!({})).await;
     let deal = w.deals(&w.principal, 1).await[0];
-    let p = w.propose(&t, json!({"where": {"id": deal}, "set": {"stage": "won"}})).await.unwrap();
-    assert_eq!(sqlstate(reject(&w.human, &Proposal { token: "bad".into(), ..p.clone() }).await), "55000");
+    let p = w
+        .propose(&t, json!({"where": {"id": deal}, "set": {"stage": "won"}}))
+        .await
+        .unwrap();
+    assert_eq!(
+        sqlstate(
+            reject(
+                &w.human,
+                &Proposal {
+                    token: "bad".into(),
+                    ..p.clone()
+                }
+            )
+            .await
+        ),
+        "55000"
+    );
     assert_eq!(sqlstate(reject(&w.agent, &p).await), "42501");
     assert_eq!(reject(&w.human, &p).await.unwrap(), "rejected");
     assert_eq!(w.approve(&p).await.unwrap().0, "rejected");
     assert_eq!(w.writes(deal).await, 0);
     assert_eq!(w.usage_rows(p.id).await, 0);
-    assert_eq!(reject(&w.human, &p).await.unwrap(), "rejected", "reject is idempotent");
+    assert_eq!(
+        reject(&w.human, &p).await.unwrap(),
+        "rejected",
+        "reject is idempotent"
+    );
     // Reject of an action that already left pending returns its current status.
-    let p2 = w.propose(&t, json!({"where": {"id": deal}, "set": {"stage": "lost"}})).await.unwrap();
+    let p2 = w
+        .propose(&t, json!({"where": {"id": deal}, "set": {"stage": "lost"}}))
+        .await
+        .unwrap();
     assert_eq!(w.approve(&p2).await.unwrap().0, "succeeded");
     assert_eq!(reject(&w.human, &p2).await.unwrap(), "succeeded");
     assert_eq!(w.status(p2.id).await, "succeeded");
@@ -98,17 +161,29 @@ async fn test_end_session_cancels_only_that_sessions_actions_of_the_caller() {
     let queued = w.propose(&t, params.clone()).await.unwrap();
     assert_eq!(w.approve(&queued).await.unwrap().0, "queued");
     let done = w.propose(&t, params.clone()).await.unwrap();
-    w.human.query_one("SELECT keyturn.reject($1, $2)", &[&done.id, &done.token]).await.unwrap();
+    w.human
+        .query_one("SELECT keyturn.reject($1, $2)", &[&done.id, &done.token])
+        .await
+        .unwrap();
     // Same principal, another session.
     let s2 = connect("app_agent").await;
     set_identity(&s2, &w.tenant, &w.principal, "session-two").await;
-    let other_session = propose_on(&s2, &t, params.clone(), json!({})).await.unwrap();
+    let other_session = propose_on(&s2, &t, params.clone(), json!({}))
+        .await
+        .unwrap();
     // Another principal, same session name.
     let (other, agent2) = w.other("member", "app_agent", &w.session).await;
     w.grant(&other, &t).await;
-    let others = propose_on(&agent2, &t, params.clone(), json!({})).await.unwrap();
+    let others = propose_on(&agent2, &t, params.clone(), json!({}))
+        .await
+        .unwrap();
 
-    let n: i32 = w.human.query_one("SELECT keyturn.end_session()", &[]).await.unwrap().get(0);
+    let n: i32 = w
+        .human
+        .query_one("SELECT keyturn.end_session()", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 3, "two pending and one queued");
     for id in [mine1.id, mine2.id, queued.id] {
         assert_eq!(w.status(id).await, "cancelled");
@@ -119,7 +194,12 @@ async fn test_end_session_cancels_only_that_sessions_actions_of_the_caller() {
     // A cancelled action cannot be approved afterwards.
     assert_eq!(w.approve(&mine1).await.unwrap().0, "cancelled");
     // Naming the other session explicitly (the agent may call it too).
-    let n: i32 = w.agent.query_one("SELECT keyturn.end_session('session-two')", &[]).await.unwrap().get(0);
+    let n: i32 = w
+        .agent
+        .query_one("SELECT keyturn.end_session('session-two')", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 1);
     assert_eq!(w.status(other_session.id).await, "cancelled");
     assert_eq!(w.status(others.id).await, "pending");
@@ -131,21 +211,70 @@ async fn test_cancel_origin_cancels_by_conversation_for_the_caller_only() {
     let t = w.webhook_tool(json!({})).await;
     let params = json!({"channel": "c", "text": "t"});
     let conv = unique("conv");
-    let a = propose_on(&w.agent, &t, params.clone(), json!({"conversation_id": conv})).await.unwrap();
-    let b = propose_on(&w.agent, &t, params.clone(), json!({"conversation_id": conv, "turn_id": "2"})).await.unwrap();
-    let unrelated = propose_on(&w.agent, &t, params.clone(), json!({"conversation_id": "other"})).await.unwrap();
+    let a = propose_on(
+        &w.agent,
+        &t,
+        params.clone(),
+        json!({"conversation_id": conv}),
+    )
+    .await
+    .unwrap();
+    let b = propose_on(
+        &w.agent,
+        &t,
+        params.clone(),
+        json!({"conversation_id": conv, "turn_id": "2"}),
+    )
+    .await
+    .unwrap();
+    let unrelated = propose_on(
+        &w.agent,
+        &t,
+        params.clone(),
+        json!({"conversation_id": "other"}),
+    )
+    .await
+    .unwrap();
     let (other, agent2) = w.other("member", "app_agent", "s2").await;
     w.grant(&other, &t).await;
-    let theirs = propose_on(&agent2, &t, params.clone(), json!({"conversation_id": conv})).await.unwrap();
-    let n: i32 = w.agent.query_one("SELECT keyturn.cancel_origin($1)", &[&conv]).await.unwrap().get(0);
+    let theirs = propose_on(
+        &agent2,
+        &t,
+        params.clone(),
+        json!({"conversation_id": conv}),
+    )
+    .await
+    .unwrap();
+    let n: i32 = w
+        .agent
+        .query_one("SELECT keyturn.cancel_origin($1)", &[&conv])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 2);
     assert_eq!(w.status(a.id).await, "cancelled");
     assert_eq!(w.status(b.id).await, "cancelled");
     assert_eq!(w.status(unrelated.id).await, "pending");
     assert_eq!(w.status(theirs.id).await, "pending");
-    assert_eq!(sqlstate(propose_on(&w.agent, &t, params.clone(), json!({"conversation_id": conv})).await), "55000");
-    propose_on(&agent2, &t, params, json!({"conversation_id": conv})).await.expect("other principal's conversation lives");
-    assert_eq!(sqlstate(w.agent.query("SELECT keyturn.cancel_origin('')", &[]).await), "22023");
+    assert_eq!(
+        sqlstate(
+            propose_on(
+                &w.agent,
+                &t,
+                params.clone(),
+                json!({"conversation_id": conv})
+            )
+            .await
+        ),
+        "55000"
+    );
+    propose_on(&agent2, &t, params, json!({"conversation_id": conv}))
+        .await
+        .expect("other principal's conversation lives");
+    assert_eq!(
+        sqlstate(w.agent.query("SELECT keyturn.cancel_origin('')", &[]).await),
+        "22023"
+    );
 }
 
 #[tokio::test]
@@ -153,9 +282,21 @@ async fn test_cancel_origin_cancels_queued_actions_too() {
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
     let conv = unique("conv");
-    let p = propose_on(&w.agent, &t, json!({"channel": "c", "text": "t"}), json!({"conversation_id": conv})).await.unwrap();
+    let p = propose_on(
+        &w.agent,
+        &t,
+        json!({"channel": "c", "text": "t"}),
+        json!({"conversation_id": conv}),
+    )
+    .await
+    .unwrap();
     assert_eq!(w.approve(&p).await.unwrap().0, "queued");
-    let n: i32 = w.agent.query_one("SELECT keyturn.cancel_origin($1)", &[&conv]).await.unwrap().get(0);
+    let n: i32 = w
+        .agent
+        .query_one("SELECT keyturn.cancel_origin($1)", &[&conv])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 1, "queued actions of the conversation are cancelled");
     assert_eq!(w.status(p.id).await, "cancelled");
 }

@@ -5,9 +5,23 @@ use std::collections::BTreeSet;
 
 use keyturn_tests::*;
 
-const LOGINS: &[&str] = &["app_agent", "app_human", "app_admin", "app_dispatcher", "app_operator", "app_bypass", "app_nobody"];
+const LOGINS: &[&str] = &[
+    "app_agent",
+    "app_human",
+    "app_admin",
+    "app_dispatcher",
+    "app_operator",
+    "app_bypass",
+    "app_nobody",
+];
 
-const PUBLIC_FNS: &[&str] = &["canonical_json", "current_principal", "current_session", "current_tenant", "params_hash"];
+const PUBLIC_FNS: &[&str] = &[
+    "canonical_json",
+    "current_principal",
+    "current_session",
+    "current_tenant",
+    "params_hash",
+];
 
 /// The public (non-underscore) functions of schema keyturn `role` may execute.
 async fn executable(su: &tokio_postgres::Client, role: &str) -> BTreeSet<String> {
@@ -32,16 +46,95 @@ async fn test_each_role_executes_exactly_its_functions() {
     let su = connect("postgres").await;
     let expected = [
         ("app_nobody", set(PUBLIC_FNS, &[])),
-        ("app_agent", set(PUBLIC_FNS, &["propose", "cancel_origin", "end_session", "action_status", "audit", "classify"])),
+        (
+            "app_agent",
+            set(
+                PUBLIC_FNS,
+                &[
+                    "propose",
+                    "cancel_origin",
+                    "end_session",
+                    "action_status",
+                    "audit",
+                    "classify",
+                ],
+            ),
+        ),
         // cancel_origin for approvers too: a human may stop a conversation (lead's decision, 090_privileges.sql).
-        ("app_human", set(PUBLIC_FNS, &["approve", "preview", "reject", "end_session", "cancel_origin", "action_status", "audit", "classify"])),
-        ("app_bypass", set(PUBLIC_FNS, &["approve", "preview", "reject", "end_session", "cancel_origin", "action_status", "audit", "classify"])),
-        ("app_dispatcher", set(PUBLIC_FNS, &["lease", "begin_dispatch", "complete", "sweep", "classify"])),
-        ("app_operator", set(PUBLIC_FNS, &["reconcile", "uncertain_actions", "sweep", "audit", "classify"])),
-        ("app_admin", set(PUBLIC_FNS, &["register_tool", "set_tool_enabled", "add_member", "remove_member", "grant_tool", "revoke_tool", "classify"])),
+        (
+            "app_human",
+            set(
+                PUBLIC_FNS,
+                &[
+                    "approve",
+                    "preview",
+                    "reject",
+                    "end_session",
+                    "cancel_origin",
+                    "action_status",
+                    "audit",
+                    "classify",
+                ],
+            ),
+        ),
+        (
+            "app_bypass",
+            set(
+                PUBLIC_FNS,
+                &[
+                    "approve",
+                    "preview",
+                    "reject",
+                    "end_session",
+                    "cancel_origin",
+                    "action_status",
+                    "audit",
+                    "classify",
+                ],
+            ),
+        ),
+        (
+            "app_dispatcher",
+            set(
+                PUBLIC_FNS,
+                &["lease", "begin_dispatch", "complete", "sweep", "classify"],
+            ),
+        ),
+        (
+            "app_operator",
+            set(
+                PUBLIC_FNS,
+                &[
+                    "reconcile",
+                    "uncertain_actions",
+                    "sweep",
+                    "audit",
+                    "classify",
+                ],
+            ),
+        ),
+        (
+            "app_admin",
+            set(
+                PUBLIC_FNS,
+                &[
+                    "register_tool",
+                    "set_tool_enabled",
+                    "add_member",
+                    "remove_member",
+                    "grant_tool",
+                    "revoke_tool",
+                    "classify",
+                ],
+            ),
+        ),
     ];
     for (role, want) in expected {
-        assert_eq!(executable(&su, role).await, want, "functions executable by {role}");
+        assert_eq!(
+            executable(&su, role).await,
+            want,
+            "functions executable by {role}"
+        );
     }
 }
 
@@ -61,7 +154,10 @@ async fn test_no_login_role_executes_internal_functions() {
             .iter()
             .map(|r| r.get(0))
             .collect();
-        assert!(internal.is_empty(), "{role} may execute internal functions {internal:?}");
+        assert!(
+            internal.is_empty(),
+            "{role} may execute internal functions {internal:?}"
+        );
     }
 }
 
@@ -108,7 +204,11 @@ async fn test_public_calls_identity_and_hash_functions_only() {
         "SELECT count(*) FROM keyturn.member".into(),
     ];
     for sql in refused {
-        assert_eq!(sqlstate(nobody.query(sql.as_str(), &[]).await), "42501", "app_nobody: {sql}");
+        assert_eq!(
+            sqlstate(nobody.query(sql.as_str(), &[]).await),
+            "42501",
+            "app_nobody: {sql}"
+        );
     }
 }
 
@@ -116,29 +216,72 @@ async fn test_public_calls_identity_and_hash_functions_only() {
 async fn test_group_roles_are_refused_other_parts_calls() {
     let id = uuid::Uuid::new_v4();
     let cases: &[(&str, String)] = &[
-        ("app_agent", format!("SELECT * FROM keyturn.approve('{id}', 't')")),
+        (
+            "app_agent",
+            format!("SELECT * FROM keyturn.approve('{id}', 't')"),
+        ),
         ("app_agent", format!("SELECT keyturn.preview('{id}', 't')")),
         ("app_agent", format!("SELECT keyturn.reject('{id}', 't')")),
         ("app_agent", "SELECT * FROM keyturn.lease('w')".into()),
-        ("app_agent", "SELECT keyturn.register_tool('x', '{}')".into()),
-        ("app_agent", "SELECT keyturn.grant_tool('t', 'p', 'x')".into()),
-        ("app_agent", format!("SELECT keyturn.reconcile('{id}', 'failed', 'n')")),
-        ("app_human", "SELECT * FROM keyturn.propose('x', '{}')".into()),
+        (
+            "app_agent",
+            "SELECT keyturn.register_tool('x', '{}')".into(),
+        ),
+        (
+            "app_agent",
+            "SELECT keyturn.grant_tool('t', 'p', 'x')".into(),
+        ),
+        (
+            "app_agent",
+            format!("SELECT keyturn.reconcile('{id}', 'failed', 'n')"),
+        ),
+        (
+            "app_human",
+            "SELECT * FROM keyturn.propose('x', '{}')".into(),
+        ),
         ("app_human", "SELECT * FROM keyturn.lease('w')".into()),
-        ("app_human", "SELECT keyturn.add_member('t', 'p', 'admin')".into()),
-        ("app_dispatcher", format!("SELECT keyturn.reconcile('{id}', 'failed', 'n')")),
-        ("app_dispatcher", "SELECT * FROM keyturn.propose('x', '{}')".into()),
-        ("app_dispatcher", format!("SELECT * FROM keyturn.approve('{id}', 't')")),
+        (
+            "app_human",
+            "SELECT keyturn.add_member('t', 'p', 'admin')".into(),
+        ),
+        (
+            "app_dispatcher",
+            format!("SELECT keyturn.reconcile('{id}', 'failed', 'n')"),
+        ),
+        (
+            "app_dispatcher",
+            "SELECT * FROM keyturn.propose('x', '{}')".into(),
+        ),
+        (
+            "app_dispatcher",
+            format!("SELECT * FROM keyturn.approve('{id}', 't')"),
+        ),
         ("app_operator", "SELECT * FROM keyturn.lease('w')".into()),
-        ("app_operator", format!("SELECT keyturn.complete('{id}', '{id}', 'succeeded')")),
-        ("app_operator", format!("SELECT * FROM keyturn.approve('{id}', 't')")),
-        ("app_admin", "SELECT * FROM keyturn.propose('x', '{}')".into()),
-        ("app_admin", format!("SELECT * FROM keyturn.approve('{id}', 't')")),
+        (
+            "app_operator",
+            format!("SELECT keyturn.complete('{id}', '{id}', 'succeeded')"),
+        ),
+        (
+            "app_operator",
+            format!("SELECT * FROM keyturn.approve('{id}', 't')"),
+        ),
+        (
+            "app_admin",
+            "SELECT * FROM keyturn.propose('x', '{}')".into(),
+        ),
+        (
+            "app_admin",
+            format!("SELECT * FROM keyturn.approve('{id}', 't')"),
+        ),
         ("app_admin", "SELECT * FROM keyturn.lease('w')".into()),
     ];
     for (role, sql) in cases {
         let c = connect(role).await;
-        assert_eq!(sqlstate(c.query(sql.as_str(), &[]).await), "42501", "{role}: {sql}");
+        assert_eq!(
+            sqlstate(c.query(sql.as_str(), &[]).await),
+            "42501",
+            "{role}: {sql}"
+        );
     }
 }
 
@@ -158,7 +301,10 @@ async fn test_no_login_role_may_write_keyturn_tables() {
             .iter()
             .map(|r| r.get(0))
             .collect();
-        assert!(writable.is_empty(), "{role} holds write privileges {writable:?}");
+        assert!(
+            writable.is_empty(),
+            "{role} holds write privileges {writable:?}"
+        );
     }
     // And for real: each part's own role tries its own tables.
     let tries = [
@@ -173,7 +319,11 @@ async fn test_no_login_role_may_write_keyturn_tables() {
     ];
     for (role, sql) in tries {
         let c = connect(role).await;
-        assert_eq!(sqlstate(c.execute(sql, &[]).await), "42501", "{role}: {sql}");
+        assert_eq!(
+            sqlstate(c.execute(sql, &[]).await),
+            "42501",
+            "{role}: {sql}"
+        );
     }
 }
 
@@ -192,7 +342,10 @@ async fn test_security_definer_functions_pin_search_path() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert!(unpinned.is_empty(), "SECURITY DEFINER without a pinned search_path: {unpinned:?}");
+    assert!(
+        unpinned.is_empty(),
+        "SECURITY DEFINER without a pinned search_path: {unpinned:?}"
+    );
 }
 
 #[tokio::test]
@@ -201,12 +354,22 @@ async fn test_group_roles_exist_and_cannot_log_in() {
     let n = count(
         &su,
         "SELECT count(*) FROM pg_roles WHERE rolname = ANY ($1) AND NOT rolcanlogin",
-        &[&vec!["keyturn_agent", "keyturn_approver", "keyturn_dispatcher", "keyturn_operator", "keyturn_admin"]],
+        &[&vec![
+            "keyturn_agent",
+            "keyturn_approver",
+            "keyturn_dispatcher",
+            "keyturn_operator",
+            "keyturn_admin",
+        ]],
     )
     .await;
     assert_eq!(n, 5);
     // PUBLIC has USAGE on the schema but no table rights.
     let nobody = connect("app_nobody").await;
-    let usage: bool = nobody.query_one("SELECT has_schema_privilege('keyturn', 'USAGE')", &[]).await.unwrap().get(0);
+    let usage: bool = nobody
+        .query_one("SELECT has_schema_privilege('keyturn', 'USAGE')", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert!(usage);
 }

@@ -35,10 +35,24 @@ async fn test_credential_material_is_refused() {
     for p in bad {
         assert_eq!(sqlstate(w.propose(&t, p.clone()).await), "22023", "{p}");
     }
-    assert_eq!(count(&w.superuser, "SELECT count(*) FROM keyturn.action WHERE tenant = $1", &[&w.tenant]).await, 0);
+    assert_eq!(
+        count(
+            &w.superuser,
+            "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
+            &[&w.tenant]
+        )
+        .await,
+        0
+    );
     // Benign look-alikes in the same shapes pass.
-    for p in [json!({"note": {"deep": [{"topic": "x"}]}}), json!({"note": "bearer of good news"}), json!({"list": ["a.b.c"]})] {
-        w.propose(&t, p.clone()).await.unwrap_or_else(|e| panic!("{p}: {e}"));
+    for p in [
+        json!({"note": {"deep": [{"topic": "x"}]}}),
+        json!({"note": "bearer of good news"}),
+        json!({"list": ["a.b.c"]}),
+    ] {
+        w.propose(&t, p.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{p}: {e}"));
     }
 }
 
@@ -46,22 +60,52 @@ async fn test_credential_material_is_refused() {
 async fn test_inexact_numbers_are_refused_exact_ones_accepted() {
     let w = World::new("member").await;
     let t = open_tool(&w).await;
-    for n in ["9007199254740993", "1152921504606846976", "333333333.33333329", "1e400", "-9007199254740993"] {
+    for n in [
+        "9007199254740993",
+        "1152921504606846976",
+        "333333333.33333329",
+        "1e400",
+        "-9007199254740993",
+    ] {
         let text = format!("{{\"n\": {n}}}");
-        let r = w.agent.query("SELECT * FROM keyturn.propose($1, $2::text::jsonb)", &[&t, &text]).await;
+        let r = w
+            .agent
+            .query(
+                "SELECT * FROM keyturn.propose($1, $2::text::jsonb)",
+                &[&t, &text],
+            )
+            .await;
         assert_eq!(sqlstate(r), "22023", "{n}");
-        let r = w.agent.query("SELECT keyturn.params_hash($1, $2::text::jsonb)", &[&t, &text]).await;
+        let r = w
+            .agent
+            .query(
+                "SELECT keyturn.params_hash($1, $2::text::jsonb)",
+                &[&t, &text],
+            )
+            .await;
         assert_eq!(sqlstate(r), "22023", "params_hash of {n}");
     }
-    for (n, canon) in [("0.1", "0.1"), ("4.50", "4.5"), ("1E30", "1e+30"), ("9007199254740992", "9007199254740992"), ("-0", "0"), ("1e-7", "1e-7")] {
+    for (n, canon) in [
+        ("0.1", "0.1"),
+        ("4.50", "4.5"),
+        ("1E30", "1e+30"),
+        ("9007199254740992", "9007199254740992"),
+        ("-0", "0"),
+        ("1e-7", "1e-7"),
+    ] {
         let text = format!("{{\"n\": {n}}}");
         let row = w
             .agent
-            .query_one("SELECT params_hash FROM keyturn.propose($1, $2::text::jsonb)", &[&t, &text])
+            .query_one(
+                "SELECT params_hash FROM keyturn.propose($1, $2::text::jsonb)",
+                &[&t, &text],
+            )
             .await
             .unwrap_or_else(|e| panic!("{n}: {e}"));
         let got: String = row.get(0);
-        let want = sha256_hex(&format!("{{\"params\":{{\"n\":{canon}}},\"tool\":\"{t}\"}}"));
+        let want = sha256_hex(&format!(
+            "{{\"params\":{{\"n\":{canon}}},\"tool\":\"{t}\"}}"
+        ));
         assert_eq!(got, want, "hash of {n} must hash the JCS form {canon}");
     }
 }
@@ -74,18 +118,41 @@ async fn test_params_hash_is_sha256_of_jcs() {
     // opposite of UTF-8/code-point order; nested keys sort too; no whitespace.
     let params = json!({"z": 1, "b": {"y": true, "a": null}, "\u{e000}": "e", "\u{1f600}": "smile", "s": "q\"\\\n\u{1}é"});
     let canonical_params = "{\"b\":{\"a\":null,\"y\":true},\"s\":\"q\\\"\\\\\\n\\u0001é\",\"z\":1,\"\u{1f600}\":\"smile\",\"\u{e000}\":\"e\"}";
-    let got: String = w.agent.query_one("SELECT keyturn.canonical_json($1)", &[&params]).await.unwrap().get(0);
+    let got: String = w
+        .agent
+        .query_one("SELECT keyturn.canonical_json($1)", &[&params])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(got, canonical_params);
     let whole = format!("{{\"params\":{canonical_params},\"tool\":\"{t}\"}}");
     let want = sha256_hex(&whole);
     let p = w.propose(&t, params.clone()).await.unwrap();
     assert_eq!(p.params_hash, want, "propose's params_hash");
-    let h: String = w.agent.query_one("SELECT keyturn.params_hash($1, $2)", &[&t, &params]).await.unwrap().get(0);
+    let h: String = w
+        .agent
+        .query_one("SELECT keyturn.params_hash($1, $2)", &[&t, &params])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(h, want, "keyturn.params_hash");
-    let stored: String = w.superuser.query_one("SELECT params_hash FROM keyturn.action WHERE id = $1", &[&p.id]).await.unwrap().get(0);
+    let stored: String = w
+        .superuser
+        .query_one(
+            "SELECT params_hash FROM keyturn.action WHERE id = $1",
+            &[&p.id],
+        )
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(stored, want);
     // The tool name is part of the hash.
-    let other: String = w.agent.query_one("SELECT keyturn.params_hash('other_tool', $1)", &[&params]).await.unwrap().get(0);
+    let other: String = w
+        .agent
+        .query_one("SELECT keyturn.params_hash('other_tool', $1)", &[&params])
+        .await
+        .unwrap()
+        .get(0);
     assert_ne!(other, want);
 }
 
@@ -98,7 +165,13 @@ async fn test_token_is_random_urlsafe_and_only_a_verifier_is_stored() {
     assert_ne!(a.token, b.token);
     assert_eq!(a.params_hash, b.params_hash);
     assert!(a.token.len() >= 43, "32 random bytes in URL-safe text");
-    assert!(a.token.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'), "{}", a.token);
+    assert!(
+        a.token
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+        "{}",
+        a.token
+    );
     // Nothing in the action row holds the token text.
     let hits = count(
         &w.superuser,

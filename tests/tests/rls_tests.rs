@@ -5,8 +5,16 @@ use keyturn_tests::*;
 use serde_json::json;
 
 const TENANT_TABLES: &[&str] = &[
-    "member", "tool_grant", "auth_epoch", "cancelled_origin", "action", "action_target",
-    "staged_payload", "attempt", "event", "usage",
+    "member",
+    "tool_grant",
+    "auth_epoch",
+    "cancelled_origin",
+    "action",
+    "action_target",
+    "staged_payload",
+    "attempt",
+    "event",
+    "usage",
 ];
 
 /// Tenant B with a row in every tenant table.
@@ -14,20 +22,50 @@ async fn populated() -> World {
     let b = World::new("admin").await;
     let sql = b.deal_tool(json!({})).await;
     let deal = b.deals(&b.principal, 1).await[0];
-    let p = b.propose(&sql, json!({"where": {"id": deal}, "set": {"stage": "won"}})).await.unwrap();
+    let p = b
+        .propose(
+            &sql,
+            json!({"where": {"id": deal}, "set": {"stage": "won"}}),
+        )
+        .await
+        .unwrap();
     assert_eq!(b.approve(&p).await.unwrap().0, "succeeded"); // usage
     let digest = b.webhook_tool(json!({"retain": "digest"})).await;
     let params = json!({"channel": "c", "text": "t"});
     let d = b.propose(&digest, params.clone()).await.unwrap();
-    assert_eq!(approve_on(&b.human, d.id, &d.token, Some(params)).await.unwrap().0, "queued"); // staged_payload
-    b.agent.query_one("SELECT keyturn.cancel_origin('conv-b')", &[]).await.unwrap();
+    assert_eq!(
+        approve_on(&b.human, d.id, &d.token, Some(params))
+            .await
+            .unwrap()
+            .0,
+        "queued"
+    ); // staged_payload
+    b.agent
+        .query_one("SELECT keyturn.cancel_origin('conv-b')", &[])
+        .await
+        .unwrap();
     let _g = DISPATCH_LOCK.lock().await;
     let disp = connect("app_dispatcher").await;
     let l = lease_mine(&disp, &[d.id], "30 seconds").await;
-    disp.query_one("SELECT keyturn.begin_dispatch($1, $2)", &[&d.id, &l[0].lease_id]).await.unwrap(); // attempt
-    disp.query_one("SELECT keyturn.complete($1, $2, 'retry', '{}', interval '1 day')", &[&d.id, &l[0].lease_id]).await.unwrap();
+    disp.query_one(
+        "SELECT keyturn.begin_dispatch($1, $2)",
+        &[&d.id, &l[0].lease_id],
+    )
+    .await
+    .unwrap(); // attempt
+    disp.query_one(
+        "SELECT keyturn.complete($1, $2, 'retry', '{}', interval '1 day')",
+        &[&d.id, &l[0].lease_id],
+    )
+    .await
+    .unwrap();
     for t in TENANT_TABLES {
-        let n = count(&b.superuser, &format!("SELECT count(*) FROM keyturn.{t} WHERE tenant = $1"), &[&b.tenant]).await;
+        let n = count(
+            &b.superuser,
+            &format!("SELECT count(*) FROM keyturn.{t} WHERE tenant = $1"),
+            &[&b.tenant],
+        )
+        .await;
         assert!(n > 0, "fixture: tenant B has no row in keyturn.{t}");
     }
     b
@@ -41,7 +79,10 @@ async fn test_rls_is_enabled_and_forced_on_every_tenant_table() {
             .query_one("SELECT relrowsecurity, relforcerowsecurity FROM pg_class WHERE oid = ('keyturn.' || $1)::regclass", &[t])
             .await
             .unwrap();
-        assert!(row.get::<_, bool>(0) && row.get::<_, bool>(1), "keyturn.{t}: RLS must be ENABLEd and FORCEd");
+        assert!(
+            row.get::<_, bool>(0) && row.get::<_, bool>(1),
+            "keyturn.{t}: RLS must be ENABLEd and FORCEd"
+        );
     }
     // Every keyturn table with a tenant column is in the list.
     let n = count(
@@ -51,24 +92,47 @@ async fn test_rls_is_enabled_and_forced_on_every_tenant_table() {
         &[&TENANT_TABLES.to_vec()],
     )
     .await;
-    assert_eq!(n, 0, "a keyturn table with a tenant column is missing from the RLS list");
+    assert_eq!(
+        n, 0,
+        "a keyturn table with a tenant column is missing from the RLS list"
+    );
 }
 
 #[tokio::test]
 async fn test_no_role_sees_another_tenants_rows() {
     let b = populated().await;
     let a = World::new("admin").await; // an admin of tenant A sees its whole tenant
-    for role in ["app_agent", "app_human", "app_admin", "app_dispatcher", "app_operator", "app_bypass"] {
+    for role in [
+        "app_agent",
+        "app_human",
+        "app_admin",
+        "app_dispatcher",
+        "app_operator",
+        "app_bypass",
+    ] {
         let c = connect(role).await;
         set_identity(&c, &a.tenant, &a.principal, &a.session).await;
         for t in TENANT_TABLES {
-            let n = count(&c, &format!("SELECT count(*) FROM keyturn.{t} WHERE tenant = $1"), &[&b.tenant]).await;
-            let any_other = count(&c, &format!("SELECT count(*) FROM keyturn.{t} WHERE tenant <> $1"), &[&a.tenant]).await;
+            let n = count(
+                &c,
+                &format!("SELECT count(*) FROM keyturn.{t} WHERE tenant = $1"),
+                &[&b.tenant],
+            )
+            .await;
+            let any_other = count(
+                &c,
+                &format!("SELECT count(*) FROM keyturn.{t} WHERE tenant <> $1"),
+                &[&a.tenant],
+            )
+            .await;
             if role == "app_bypass" {
                 // BYPASSRLS is the DBA's choice; keyturn only refuses it for sql tools.
                 continue;
             }
-            assert_eq!(n, 0, "{role} with tenant A identity sees tenant B rows in keyturn.{t}");
+            assert_eq!(
+                n, 0,
+                "{role} with tenant A identity sees tenant B rows in keyturn.{t}"
+            );
             assert_eq!(any_other, 0, "{role} sees foreign rows in keyturn.{t}");
         }
         // And with no identity at all: no tenant rows.
@@ -81,7 +145,12 @@ async fn test_no_role_sees_another_tenants_rows() {
         }
     }
     // Tenant B's own admin does see them (the fixture is real).
-    let n = count(&b.human, "SELECT count(*) FROM keyturn.action WHERE tenant = $1", &[&b.tenant]).await;
+    let n = count(
+        &b.human,
+        "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
+        &[&b.tenant],
+    )
+    .await;
     assert_eq!(n, 2);
 }
 
@@ -89,14 +158,34 @@ async fn test_no_role_sees_another_tenants_rows() {
 async fn test_member_sees_only_own_rows_within_tenant() {
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
-    let mine = w.propose(&t, json!({"channel": "c", "text": "t"})).await.unwrap();
+    let mine = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
     let (other, agent2) = w.other("member", "app_agent", "s2").await;
     w.grant(&other, &t).await;
-    let theirs = propose_on(&agent2, &t, json!({"channel": "c", "text": "t"}), json!({})).await.unwrap();
-    let seen: Vec<uuid::Uuid> = w.agent.query("SELECT id FROM keyturn.action", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    let theirs = propose_on(&agent2, &t, json!({"channel": "c", "text": "t"}), json!({}))
+        .await
+        .unwrap();
+    let seen: Vec<uuid::Uuid> = w
+        .agent
+        .query("SELECT id FROM keyturn.action", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     assert_eq!(seen, vec![mine.id]);
-    let events = count(&w.agent, "SELECT count(*) FROM keyturn.event WHERE action_id = $1", &[&theirs.id]).await;
+    let events = count(
+        &w.agent,
+        "SELECT count(*) FROM keyturn.event WHERE action_id = $1",
+        &[&theirs.id],
+    )
+    .await;
     assert_eq!(events, 0);
     let (_a, approver) = w.other("approver", "app_human", "s3").await;
-    assert_eq!(count(&approver, "SELECT count(*) FROM keyturn.action", &[]).await, 2);
+    assert_eq!(
+        count(&approver, "SELECT count(*) FROM keyturn.action", &[]).await,
+        2
+    );
 }

@@ -7,14 +7,34 @@ use tokio_postgres::Client;
 
 async fn external_proposal(w: &World) -> Proposal {
     let t = w.webhook_tool(json!({})).await;
-    w.propose(&t, json!({"channel": "ops", "text": "hi"})).await.unwrap()
+    w.propose(&t, json!({"channel": "ops", "text": "hi"}))
+        .await
+        .unwrap()
 }
 
 /// The three human calls, each must be 42501 and change nothing.
 async fn assert_refused(c: &Client, w: &World, p: &Proposal, who: &str) {
-    assert_eq!(sqlstate(approve_on(c, p.id, &p.token, None).await), "42501", "{who}: approve");
-    assert_eq!(sqlstate(c.query("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token]).await), "42501", "{who}: preview");
-    assert_eq!(sqlstate(c.query("SELECT keyturn.reject($1, $2)", &[&p.id, &p.token]).await), "42501", "{who}: reject");
+    assert_eq!(
+        sqlstate(approve_on(c, p.id, &p.token, None).await),
+        "42501",
+        "{who}: approve"
+    );
+    assert_eq!(
+        sqlstate(
+            c.query("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token])
+                .await
+        ),
+        "42501",
+        "{who}: preview"
+    );
+    assert_eq!(
+        sqlstate(
+            c.query("SELECT keyturn.reject($1, $2)", &[&p.id, &p.token])
+                .await
+        ),
+        "42501",
+        "{who}: reject"
+    );
     assert_eq!(w.status(p.id).await, "pending", "{who}");
     assert_eq!(w.event_rows(p.id).await, 1, "{who}");
 }
@@ -24,7 +44,12 @@ async fn test_role_in_both_agent_and_approver_is_refused() {
     let w = World::new("member").await;
     let p = external_proposal(&w).await;
     let both = unique("both");
-    w.superuser.batch_execute(&format!("CREATE ROLE {both} LOGIN IN ROLE keyturn_agent, keyturn_approver")).await.unwrap();
+    w.superuser
+        .batch_execute(&format!(
+            "CREATE ROLE {both} LOGIN IN ROLE keyturn_agent, keyturn_approver"
+        ))
+        .await
+        .unwrap();
     let c = connect(&both).await;
     set_identity(&c, &w.tenant, &w.principal, &w.session).await;
     assert_refused(&c, &w, &p, "agent+approver role").await;
@@ -55,7 +80,9 @@ async fn test_set_role_to_an_agent_member_is_refused() {
         .unwrap();
     let c = connect(&login).await;
     set_identity(&c, &w.tenant, &w.principal, &w.session).await;
-    c.batch_execute(&format!("SET ROLE {agentish}")).await.unwrap();
+    c.batch_execute(&format!("SET ROLE {agentish}"))
+        .await
+        .unwrap();
     assert_refused(&c, &w, &p, "SET ROLE agent member").await;
 }
 
@@ -84,14 +111,34 @@ async fn test_security_definer_wrappers_do_not_hide_the_agent() {
         .await
         .unwrap();
     // A wrapper owned by an agent member, called by the human: current_user is the agent.
-    let r = w.human.query_one(&format!("SELECT {schema}.{prefix}_by_agent($1, $2)"), &[&p.id, &p.token]).await;
+    let r = w
+        .human
+        .query_one(
+            &format!("SELECT {schema}.{prefix}_by_agent($1, $2)"),
+            &[&p.id, &p.token],
+        )
+        .await;
     assert_eq!(sqlstate(r), "42501", "wrapper owned by an agent member");
     // A wrapper owned by a pure approver, called by the agent: the outer role is the agent.
-    let r = w.agent.query_one(&format!("SELECT {schema}.{prefix}_by_human($1, $2)"), &[&p.id, &p.token]).await;
+    let r = w
+        .agent
+        .query_one(
+            &format!("SELECT {schema}.{prefix}_by_human($1, $2)"),
+            &[&p.id, &p.token],
+        )
+        .await;
     assert_eq!(sqlstate(r), "42501", "agent calling an approver's wrapper");
     assert_eq!(w.status(p.id).await, "pending");
     // Control: the approver's wrapper called by the human works.
-    let ok: String = w.human.query_one(&format!("SELECT {schema}.{prefix}_by_human($1, $2)"), &[&p.id, &p.token]).await.unwrap().get(0);
+    let ok: String = w
+        .human
+        .query_one(
+            &format!("SELECT {schema}.{prefix}_by_human($1, $2)"),
+            &[&p.id, &p.token],
+        )
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(ok, "queued");
     w.superuser
         .batch_execute(&format!(
@@ -132,11 +179,15 @@ async fn test_the_role_in_effect_decides_not_the_login_role() {
     let c = connect(&login).await;
     set_identity(&c, &w.tenant, &w.principal, &w.session).await;
     c.batch_execute(&format!("SET ROLE {agent}")).await.unwrap();
-    let p = propose_on(&c, &t, json!({"channel": "ops", "text": "hi"}), json!({})).await.unwrap();
+    let p = propose_on(&c, &t, json!({"channel": "ops", "text": "hi"}), json!({}))
+        .await
+        .unwrap();
     // As the agent role, the same connection is refused ...
     assert_refused(&c, &w, &p, "authenticator while SET ROLE to the agent role").await;
     // ... as the human role, the request is the human's.
     c.batch_execute(&format!("SET ROLE {human}")).await.unwrap();
-    let (status, _) = approve_on(&c, p.id, &p.token, None).await.expect("approve as the human role");
+    let (status, _) = approve_on(&c, p.id, &p.token, None)
+        .await
+        .expect("approve as the human role");
     assert_eq!(status, "queued");
 }

@@ -54,6 +54,9 @@ mod tests {
 
     #[pg_test]
     fn test_canonical_json_is_null_on_null() {
-        assert_eq!(Spi::get_one::<String>("SELECT keyturn.canonical_json(NULL)"), Ok(None));
+        assert_eq!(
+            Spi::get_one::<String>("SELECT keyturn.canonical_json(NULL)"),
+            Ok(None)
+        );
     }
 }

@@ -27,10 +27,30 @@ mod tests {
             "SELECT keyturn._token_binds('tok', '00000000-0000-0000-0000-000000000001', 'h', '2030-01-01Z', {base})"
         )));
         for (tok, id, hash, exp) in [
-            ("tok2", "00000000-0000-0000-0000-000000000001", "h", "2030-01-01Z"),
-            ("tok", "00000000-0000-0000-0000-000000000002", "h", "2030-01-01Z"),
-            ("tok", "00000000-0000-0000-0000-000000000001", "h2", "2030-01-01Z"),
-            ("tok", "00000000-0000-0000-0000-000000000001", "h", "2030-01-02Z"),
+            (
+                "tok2",
+                "00000000-0000-0000-0000-000000000001",
+                "h",
+                "2030-01-01Z",
+            ),
+            (
+                "tok",
+                "00000000-0000-0000-0000-000000000002",
+                "h",
+                "2030-01-01Z",
+            ),
+            (
+                "tok",
+                "00000000-0000-0000-0000-000000000001",
+                "h2",
+                "2030-01-01Z",
+            ),
+            (
+                "tok",
+                "00000000-0000-0000-0000-000000000001",
+                "h",
+                "2030-01-02Z",
+            ),
         ] {
             assert!(!binds(&format!(
                 "SELECT keyturn._token_binds('{tok}', '{id}', '{hash}', '{exp}', {base})"
@@ -40,15 +60,22 @@ mod tests {
 
     #[pg_test]
     fn test_tokens_are_fresh_and_url_safe() {
-        let (a, b) = Spi::get_two::<String, String>("SELECT keyturn._token_new(), keyturn._token_new()").unwrap();
+        let (a, b) =
+            Spi::get_two::<String, String>("SELECT keyturn._token_new(), keyturn._token_new()")
+                .unwrap();
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_ne!(a, b);
         assert_eq!(a.len(), 43);
-        assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+        assert!(a
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
     }
 
-    #[pg_test(error = "keyturn: this role bypasses row-level security; keyturn runs business reads and writes only under RLS")]
+    #[pg_test(
+        error = "keyturn: this role bypasses row-level security; keyturn runs business reads and writes only under RLS"
+    )]
     fn test_exec_as_refuses_rls_bypassing_roles() {
-        Spi::run("SELECT keyturn._exec_as('postgres'::regrole, 'SELECT NULL::jsonb', '{}')").unwrap();
+        Spi::run("SELECT keyturn._exec_as('postgres'::regrole, 'SELECT NULL::jsonb', '{}')")
+            .unwrap();
     }
 }

@@ -62,9 +62,13 @@ impl Providers {
     pub fn from_config(config: &Config) -> Result<Self, Error> {
         let mut providers = Providers::default();
         if let (Some(url), Some(secret)) = (&config.webhook_url, &config.webhook_secret) {
-            providers.insert(Arc::new(webhook::WebhookProvider::new(
+            // Half the call bound (at most 5 s): a connect that is slow to
+            // fail is reported as a connect failure (a safe `retry`), never
+            // as a timeout once sending may have begun (`unknown`).
+            providers.insert(Arc::new(webhook::WebhookProvider::with_connect_timeout(
                 url.clone(),
                 secret.clone(),
+                config.call_timeout() / 2,
             )?));
         }
         if let (Some(url), Some(from)) = (&config.smtp_url, &config.smtp_from) {
@@ -93,14 +97,16 @@ impl Providers {
 
 /// Keeps a provider-supplied id printable and short, so a hostile or broken
 /// provider cannot stuff the receipt.
+///
+/// An id holding anything but printable ASCII without spaces is dropped, not
+/// cleaned: squeezing `Bearer abc…` into `Bearerabc…` would hide a credential
+/// from the database's receipt redaction, which recognizes the spaced form.
 pub(crate) fn clean_message_id(raw: &str) -> Option<String> {
-    let cleaned: String = raw
-        .trim()
-        .chars()
-        .filter(|c| c.is_ascii_graphic())
-        .take(MAX_MESSAGE_ID_CHARS)
-        .collect();
-    (!cleaned.is_empty()).then_some(cleaned)
+    let trimmed = raw.trim();
+    if trimmed.is_empty() || !trimmed.chars().all(|c| c.is_ascii_graphic()) {
+        return None;
+    }
+    Some(trimmed.chars().take(MAX_MESSAGE_ID_CHARS).collect())
 }
 
 #[cfg(test)]
@@ -110,7 +116,12 @@ mod tests {
     #[test]
     fn test_message_id_is_cleaned_and_truncated() {
         assert_eq!(clean_message_id("  abc-1 "), Some("abc-1".into()));
-        assert_eq!(clean_message_id("a\nb\u{7f}c"), Some("abc".into()));
+        assert_eq!(
+            clean_message_id("a\nb\u{7f}c"),
+            None,
+            "never glued together"
+        );
+        assert_eq!(clean_message_id("Bearer abcdefgh12345678"), None);
         assert_eq!(clean_message_id("   "), None);
         let long = "x".repeat(500);
         assert_eq!(

@@ -1,6 +1,7 @@
 //! Shared test helpers.
 #![allow(dead_code)]
 
+pub mod e2e;
 pub mod fake_smtp;
 
 use keyturnd::db::LeasedJob;

@@ -1,0 +1,136 @@
+//! End to end: PostgreSQL restarted under a running keyturnd. It reconnects
+//! (`/readyz` back to 200), and actions approved before, across and after
+//! the restart are each delivered exactly once, none lost.
+//!
+//! This test restarts the shared cluster of `tests/run-all`, so it lives
+//! alone in this file: test binaries run one after another, and no other
+//! test runs while it does. It uses `KT_PGDATA` (and `KT_PGLOG`, else
+//! `$KT_PGSOCK/postgres.log`, for the server log) and restarts with
+//! `pg_ctl restart -m fast`, which starts the server again with exactly the
+//! options recorded in `postmaster.opts` (port, socket directory, `-c`
+//! settings of `kt_cluster_start`).
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::e2e::{self, Keyturnd, Receiver, Reply, World};
+
+const WITHIN: Duration = Duration::from_secs(30);
+
+fn restart_postgres() {
+    let data = std::env::var("KT_PGDATA").expect("KT_PGDATA must be set with KT_PGPORT");
+    let log = std::env::var("KT_PGLOG").unwrap_or_else(|_| {
+        let sock = std::env::var("KT_PGSOCK").expect("KT_PGSOCK must be set with KT_PGPORT");
+        format!("{sock}/postgres.log")
+    });
+    let bin = std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
+    let pg_ctl = format!("{bin}/pg_ctl");
+    let args = [
+        "-D",
+        data.as_str(),
+        "-l",
+        log.as_str(),
+        "-w",
+        "-t",
+        "60",
+        "restart",
+        "-m",
+        "fast",
+    ];
+    // PostgreSQL refuses to run as root: the cluster belongs to `postgres`.
+    let is_root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    let mut cmd = if is_root {
+        let mut c = std::process::Command::new("runuser");
+        c.args(["-u", "postgres", "--", pg_ctl.as_str()]);
+        c
+    } else {
+        std::process::Command::new(&pg_ctl)
+    };
+    let out = cmd
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run pg_ctl restart");
+    assert!(
+        out.status.success(),
+        "pg_ctl restart failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn test_postgres_restart_reconnects_and_loses_nothing() {
+    let Some(port) = e2e::pg_port("test_postgres_restart…") else {
+        return;
+    };
+    let _serial = e2e::serial().await;
+    let mut w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    // Every call takes 1.5 s, so the first one is in flight across the restart.
+    let rx = Receiver::start(
+        &w.tenant,
+        vec![Reply::status(200).delay(Duration::from_millis(1500))],
+    )
+    .await;
+    let mut env = rx.env();
+    env.push(("KEYTURN_HTTP_TIMEOUT_SECONDS", "4".into()));
+    env.push(("KEYTURN_LEASE_SECONDS", "10".into()));
+    let k = Keyturnd::start(port, env).await;
+
+    // Before: delivered.
+    let before = w.queue(&tool, json!({"text": "before"}), false).await;
+    w.wait_status(before.id, "succeeded", WITHIN).await;
+
+    // Across: its call is in flight while the database restarts, so its
+    // outcome is recorded on a new connection.
+    let across = w.queue(&tool, json!({"text": "across"}), false).await;
+    rx.wait_requests(across.id, 1, WITHIN).await;
+    restart_postgres();
+    w.reconnect().await;
+
+    // Right after: approved while keyturnd may still be reconnecting.
+    let right_after = w.queue(&tool, json!({"text": "right after"}), false).await;
+    k.wait_ready(WITHIN).await;
+    // After readiness is back.
+    let after = w.queue(&tool, json!({"text": "after"}), false).await;
+
+    let all = [&before, &across, &right_after, &after];
+    for a in all {
+        w.wait_status(a.id, "succeeded", WITHIN).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for a in all {
+        assert_eq!(
+            rx.requests(a.id).len(),
+            1,
+            "{} delivered exactly once",
+            a.id
+        );
+        assert_eq!(w.usage_rows(a.id).await, 1);
+        assert_eq!(w.state(a.id).await.0, "succeeded");
+    }
+    assert_eq!(
+        w.attempts(across.id).await,
+        vec![(1, Some("succeeded".into()))],
+        "the in-flight outcome was recorded once the database was back"
+    );
+
+    let metrics = k.metrics().await;
+    let log = k.stop().await;
+    assert!(
+        log.contains("LISTEN connection lost"),
+        "the loss was noticed:\n{log}"
+    );
+    assert!(log.contains("LISTEN connection re-established"), "{log}");
+    assert!(
+        metrics.contains("keyturn_db_reconnects_total{conn=\"listen\"}"),
+        "reconnect counted:\n{metrics}"
+    );
+}

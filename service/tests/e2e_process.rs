@@ -1,0 +1,160 @@
+//! End to end, process life: keyturnd killed with SIGKILL mid-call (the
+//! action ends `uncertain`, is never re-sent, and an operator reconciles it
+//! with `keyturnd reconcile`), and SIGTERM mid-call (the call finishes, its
+//! outcome is recorded, `/readyz` is 503 meanwhile, exit code 0).
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::e2e::{self, Keyturnd, Receiver, Reply, World};
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+#[tokio::test]
+async fn test_sigkill_mid_call_ends_uncertain_once_and_is_reconciled() {
+    let Some(port) = e2e::pg_port("test_sigkill_mid_call…") else {
+        return;
+    };
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    // Holds the request past keyturnd's death; nobody is waiting by then.
+    let rx = Receiver::start(
+        &w.tenant,
+        vec![Reply::status(200).delay(Duration::from_secs(30))],
+    )
+    .await;
+    let mut k1 = Keyturnd::start(port, rx.env()).await;
+
+    let a = w
+        .queue(&tool, json!({"text": "in flight when killed"}), false)
+        .await;
+    rx.wait_requests(a.id, 1, WITHIN).await;
+    assert_eq!(
+        w.status(a.id).await,
+        "executing",
+        "begin_dispatch committed before the call"
+    );
+    k1.kill9().await;
+
+    // A fresh keyturnd: its sweep finds the lapsed lease (4 s) of an
+    // executing action and makes it uncertain; nothing re-sends it.
+    let k2 = Keyturnd::start(port, rx.env()).await;
+    w.wait_status(a.id, "uncertain", WITHIN).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        rx.requests(a.id).len(),
+        1,
+        "exactly one request, never re-sent"
+    );
+    assert_eq!(w.state(a.id).await, ("uncertain".into(), 1));
+    assert_eq!(w.attempts(a.id).await, vec![(1, Some("lapsed".into()))]);
+    let log = k2.stop().await;
+    assert!(log.contains("sweep marked actions uncertain"), "{log}");
+
+    // The operator's queue lists it; the dispatcher role may not reconcile.
+    let (code, out, err) = e2e::run_cli(port, "app_operator", &["uncertain", "--json"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(&a.id.to_string()), "{out}");
+    let id = a.id.to_string();
+    let reconcile = [
+        "reconcile",
+        id.as_str(),
+        "--outcome",
+        "succeeded",
+        "--note",
+        "receiver log shows it arrived",
+    ];
+    let (code, _, _) = e2e::run_cli(port, "app_dispatcher", &reconcile).await;
+    assert_ne!(code, Some(0), "reconcile needs keyturn_operator");
+    assert_eq!(w.status(a.id).await, "uncertain");
+
+    let (code, out, err) = e2e::run_cli(port, "app_operator", &reconcile).await;
+    assert_eq!(code, Some(0), "reconcile: {out}{err}");
+    assert_eq!(out.trim(), format!("{} succeeded", a.id));
+    assert_eq!(w.state(a.id).await, ("succeeded".into(), 1));
+    assert_eq!(
+        w.usage_rows(a.id).await,
+        1,
+        "one usage row, from the reconciliation"
+    );
+    assert_eq!(
+        w.attempts(a.id).await,
+        vec![(1, Some("lapsed".into()))],
+        "the attempt history stays"
+    );
+    assert_eq!(rx.requests(a.id).len(), 1);
+
+    // Only from uncertain: a second reconcile is refused and changes nothing.
+    let (code, _, _) = e2e::run_cli(port, "app_operator", &reconcile).await;
+    assert_ne!(code, Some(0));
+    assert_eq!(w.usage_rows(a.id).await, 1);
+}
+
+#[tokio::test]
+async fn test_sigterm_mid_call_finishes_records_and_exits_0() {
+    let Some(port) = e2e::pg_port("test_sigterm_mid_call…") else {
+        return;
+    };
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let rx = Receiver::start(
+        &w.tenant,
+        vec![Reply::status(200).delay(Duration::from_millis(2000))],
+    )
+    .await;
+    let mut env = rx.env();
+    env.push(("KEYTURN_HTTP_TIMEOUT_SECONDS", "4".into()));
+    env.push(("KEYTURN_LEASE_SECONDS", "8".into()));
+    let mut k = Keyturnd::start(port, env.clone()).await;
+
+    let a = w.queue(&tool, json!({"text": "drain me"}), false).await;
+    rx.wait_requests(a.id, 1, WITHIN).await;
+    k.signal("-TERM");
+    // Still serving HTTP while it drains, and not ready.
+    e2e::eventually(
+        Duration::from_secs(2),
+        "/readyz 503 after SIGTERM",
+        || async { (k.get_status("/readyz").await == Some(503)).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        k.get_status("/healthz").await,
+        Some(200),
+        "alive while draining"
+    );
+    // Queued after SIGTERM: not leased by this process.
+    let later = w
+        .queue(&tool, json!({"text": "after SIGTERM"}), false)
+        .await;
+
+    let status = k.wait_exit(Duration::from_secs(15)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let log = k.log();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "exit code after SIGTERM; log:\n{log}"
+    );
+    assert_eq!(
+        w.state(a.id).await,
+        ("succeeded".into(), 1),
+        "the call in flight was recorded; log:\n{log}"
+    );
+    assert_eq!(w.usage_rows(a.id).await, 1);
+    assert_eq!(rx.requests(a.id).len(), 1);
+    assert_eq!(
+        w.state(later.id).await,
+        ("queued".into(), 0),
+        "nothing new leased after SIGTERM"
+    );
+    assert!(rx.requests(later.id).is_empty());
+
+    // Leave nothing of ours queued behind: a fresh keyturnd delivers it.
+    let k2 = Keyturnd::start(port, env).await;
+    w.wait_status(later.id, "succeeded", WITHIN).await;
+    k2.stop().await;
+}

@@ -1,0 +1,164 @@
+# shellcheck shell=bash
+# Items 3, 4 and 6 of tests/bench/run: keyturnd's drain rate against a bare
+# worker, wake-up latency with LISTEN/NOTIFY and with polling only, and
+# keyturnd's peak RSS during the drain. Sourced by tests/bench/run.
+
+BENCH_BIN="$CARGO_TARGET_DIR/release"
+WEBHOOK_SECRET=bench-secret
+
+build_service() {
+  log "building keyturnd and the benchmark examples (release)"
+  (cd "$KT_ROOT" && cargo build -q --release -p keyturnd --bin keyturnd \
+     --example receiver --example bench_worker --example bench_wakeup) > "$OUT/service-build.log" 2>&1 || {
+    tail -30 "$OUT/service-build.log" >&2; return 1; }
+}
+
+# Proposes $1 external actions as p0/s0 and records their tokens in bare.token
+# (approved too when $2 = approve, with the NOTIFY switched off: no listener yet).
+queue_actions() {
+  local n=$1 approve=${2:-}
+  kt_psql -q -v n="$n" <<'SQL'
+SET session_replication_role = replica;
+TRUNCATE bare.token, bare.job;
+RESET session_replication_role;
+BEGIN;
+SET LOCAL ROLE app_agent;
+SELECT set_config('keyturn.tenant', 'acme', true), set_config('keyturn.principal', 'p0', true), set_config('keyturn.session', 's0', true) \gset
+INSERT INTO bare.token (n, action_id, token)
+SELECT g, p.action_id, p.token
+  FROM generate_series(1, :n) g,
+       LATERAL keyturn.propose('email.send', jsonb_build_object('to', 'ann' || g || '@example.com',
+               'subject', 'Q3 numbers', 'body', 'Hi Ann, the Q3 numbers are attached. Best, Bob')) p;
+COMMIT;
+SQL
+  if [ "$approve" = approve ]; then
+    kt_psql -q <<'SQL'
+BEGIN;
+SET LOCAL ROLE app_human;
+SELECT set_config('keyturn.tenant', 'acme', true), set_config('keyturn.principal', 'p0', true), set_config('keyturn.session', 's0', true),
+       set_config('keyturn.notify', 'off', true) \gset
+SELECT count(*) AS queued FROM bare.token t, LATERAL keyturn.approve(t.action_id, t.token) a WHERE a.status = 'queued' \gset
+COMMIT;
+-- The same jobs, as the bare worker's plain queue.
+INSERT INTO bare.job (id, tenant, tool, params, idempotency_key)
+SELECT a.id, a.tenant, a.tool, a.params, a.idempotency_key
+  FROM keyturn.action a JOIN bare.token t ON t.action_id = a.id;
+VACUUM ANALYZE keyturn.action;
+VACUUM ANALYZE bare.job;
+CHECKPOINT;
+SQL
+  fi
+}
+
+start_receiver() {
+  RECV_PORT=$(kt_free_port)
+  "$BENCH_BIN/examples/receiver" --listen "127.0.0.1:$RECV_PORT" --secret "$WEBHOOK_SECRET" \
+    > "$OUT/receiver.log" 2>&1 &
+  RECV_PID=$!
+  KT_PIDS="${KT_PIDS:-} $RECV_PID"
+  sleep 0.5
+}
+
+# keyturnd in the background; extra VAR=value arguments go to its environment.
+start_keyturnd() {
+  local url=$1
+  shift
+  KTD_PORT=$(kt_free_port)
+  env DATABASE_URL="postgres://app_dispatcher@127.0.0.1:$KT_PGPORT/keyturn" \
+      KEYTURN_LISTEN="127.0.0.1:$KTD_PORT" KEYTURN_WEBHOOK_URL="$url" \
+      KEYTURN_WEBHOOK_SECRET="$WEBHOOK_SECRET" RUST_LOG=warn "$@" \
+      "$BENCH_BIN/keyturnd" >> "$OUT/keyturnd.log" 2>&1 &
+  KTD_PID=$!
+  KT_PIDS="${KT_PIDS:-} $KTD_PID"
+}
+
+stop_pid() {
+  kill -TERM "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+
+# Seconds (and peak RSS of $2, if given) until the query $1 answers 0.
+wait_drained() {
+  local q=$1 pid=${2:-} t0 left hwm=0 now
+  t0=$(date +%s.%N)
+  while :; do
+    left=$(kt_psql -Atc "$q")
+    if [ -n "$pid" ] && [ -r "/proc/$pid/status" ]; then
+      now=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
+      [ -n "$now" ] && hwm=$now
+    fi
+    [ "$left" = 0 ] && break
+    sleep 0.1
+    if (( $(date +%s) - ${t0%.*} > 600 )); then log "drain did not finish in 600 s ($left left)"; break; fi
+  done
+  echo "$(python3 -c "import time; print(round(time.time() - $t0, 3))") $hwm"
+}
+
+# Earlier items (7) leave approved external actions queued with no consumer:
+# settle them out of band so a drain only sees its own batch.
+clear_queue() {
+  kt_psql -q <<'SQL'
+SET session_replication_role = replica;
+UPDATE keyturn.action SET status = 'cancelled', updated_at = now() WHERE status IN ('pending', 'queued', 'leased', 'executing');
+SQL
+}
+
+item_drain() {
+  clear_queue
+  build_service || { echo "PENDING: keyturnd or the examples do not build; see service-build.log" > "$OUT/drain.txt"; return 0; }
+  start_receiver
+  local url="http://127.0.0.1:$RECV_PORT/hook" r secs hwm n=$DRAIN_N rounds=${DRAIN_ROUNDS:-$(( ROUNDS < 3 ? ROUNDS : 3 ))}
+  : > "$OUT/drain.txt"
+  for r in $(seq 1 "$rounds"); do
+    log "drain round $r: queueing $n approved actions"
+    queue_actions "$n" approve
+    local w0 w1
+    w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
+    start_keyturnd "$url"
+    read -r secs hwm < <(wait_drained "SELECT count(*) FROM keyturn.action WHERE status IN ('queued', 'leased', 'executing')" "$KTD_PID")
+    w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
+    stop_pid "$KTD_PID"
+    local ok
+    ok=$(kt_psql -Atc "SELECT count(*) FROM keyturn.action a JOIN bare.token t ON t.action_id = a.id WHERE a.status = 'succeeded'")
+    printf 'drain\tA\t8\t%s\t%s\t%s\t%s\t0\trss_kib=%s\n' "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$hwm" >> "$RESULTS"
+    echo "round $r keyturnd:    $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") actions/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/action, peak RSS $(( hwm / 1024 )) MiB" | tee -a "$OUT/drain.txt"
+
+    w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
+    local t0 out
+    t0=$(date +%s.%N)
+    out=$("$BENCH_BIN/examples/bench_worker" --database-url "postgres://app_dispatcher@127.0.0.1:$KT_PGPORT/keyturn" \
+            --webhook-url "$url" --secret "$WEBHOOK_SECRET" --exit-when-empty 2>>"$OUT/bench_worker.log")
+    secs=$(python3 -c "import time; print(round(time.time() - $t0, 3))")
+    w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
+    ok=$(kt_psql -Atc "SELECT count(*) FROM bare.job WHERE status = 'succeeded'")
+    printf 'drain\tB\t8\t%s\t%s\t%s\t%s\t0\t%s\n' "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$out" >> "$RESULTS"
+    echo "round $r bare worker: $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") jobs/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/job ($out)" | tee -a "$OUT/drain.txt"
+  done
+  curl -s "http://127.0.0.1:$RECV_PORT/stats" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("receiver: total", d["total"], "bad signatures", d["bad_signatures"], "duplicates", d["duplicates"])' | tee -a "$OUT/drain.txt" || true
+  stop_pid "$RECV_PID"
+}
+
+item_wakeup() {
+  [ -x "$BENCH_BIN/examples/bench_wakeup" ] || build_service || {
+    echo "PENDING: keyturnd or the examples do not build; see service-build.log" > "$OUT/wakeup.txt"; return 0; }
+  local n=$(( 100 * WAKE_SECONDS )) mode port out
+  : > "$OUT/wakeup.txt"
+  for mode in notify poll-1000ms poll-20ms; do
+    clear_queue
+    queue_actions "$n"
+    kt_psql -qc "VACUUM ANALYZE keyturn.action" >/dev/null
+    port=$(kt_free_port)
+    case $mode in
+      notify)      start_keyturnd "http://127.0.0.1:$port/hook" ;;
+      poll-1000ms) start_keyturnd "http://127.0.0.1:$port/hook" KEYTURN_LISTEN_NOTIFY=false KEYTURN_POLL_MS=1000 ;;
+      poll-20ms)   start_keyturnd "http://127.0.0.1:$port/hook" KEYTURN_LISTEN_NOTIFY=false KEYTURN_POLL_MS=20 ;;
+    esac
+    sleep 1.5
+    log "wake-up ($mode): $n approvals at 100/s"
+    out=$("$BENCH_BIN/examples/bench_wakeup" --database-url "postgres://app_human@127.0.0.1:$KT_PGPORT/keyturn" \
+            --listen "127.0.0.1:$port" --rate 100 --principal p0 --session s0 2>>"$OUT/bench_wakeup.log") || out="failed"
+    stop_pid "$KTD_PID"
+    echo "$mode: $out" | tee -a "$OUT/wakeup.txt"
+    printf 'wakeup\t%s\t1\t1\t0\t%s\t0\t0\t%s\n' "$mode" "$n" "$out" >> "$RESULTS"
+  done
+}

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Turns a tests/bench/run results directory into summary.md (stdout).
+
+Every pair is reported as the median of the per-round ratios A/B (A and B ran
+back to back in each round), with the lowest and highest round ratio as the
+spread, beside each side's median flows/s and WAL bytes per flow.
+"""
+import collections
+import csv
+import glob
+import os
+import re
+import statistics
+import sys
+
+out = sys.argv[1]
+rows = list(csv.DictReader(open(os.path.join(out, "results.tsv")), delimiter="\t"))
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def approve_latency_ms(log):
+    """Sum of the per-statement latencies after the second BEGIN (pgbench -r)."""
+    try:
+        text = open(log).read()
+    except OSError:
+        return None
+    lines = text.split("statement latencies in milliseconds")[-1].splitlines()[1:]
+    stmts = []
+    for line in lines:
+        m = re.match(r"^\s+([0-9.]+)\s+(?:[0-9]+\s+)?(\S.*)$", line)
+        if m:
+            stmts.append((float(m.group(1)), m.group(2)))
+    begins = [i for i, (_, s) in enumerate(stmts) if s.startswith("BEGIN")]
+    if len(begins) < 2:
+        return None
+    tail = stmts[begins[1]:]
+    commit = tail[-1][0] if tail and tail[-1][1].startswith("COMMIT") else None
+    return sum(x for x, _ in tail), commit
+
+
+pairs = collections.OrderedDict()
+for r in rows:
+    if r["variant"] not in ("A", "B"):
+        continue
+    key = (r["item"], int(r["clients"]))
+    pairs.setdefault(key, {}).setdefault(int(r["round"]), {})[r["variant"]] = r
+
+TITLES = {
+    "flow": "1. Gate flow (propose + approve, sql tool) vs bare flow",
+    "propose": "2. propose alone vs plain INSERT of the same row",
+    "notify": "7. External approve flow with NOTIFY (A) vs keyturn.notify = off (B)",
+}
+
+print("# keyturn benchmark summary\n")
+machine = os.path.join(out, "machine.md")
+if os.path.exists(machine):
+    print(open(machine).read())
+
+print("## Ratios (A ÷ B, median of rounds; spread = lowest–highest round)\n")
+print("| item | clients | rounds | A flows/s | B flows/s | ratio A/B | spread | A WAL B/flow | B WAL B/flow | checkpoints in runs |")
+print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+scale_ratio = {}
+for (item, clients), rounds in pairs.items():
+    ratios, a_tps, b_tps, a_wal, b_wal, ckpt = [], [], [], [], [], 0
+    for rnd, ab in sorted(rounds.items()):
+        if "A" not in ab or "B" not in ab:
+            continue
+        a, b = ab["A"], ab["B"]
+        ta, tb = float(a["flows_per_s"] or 0), float(b["flows_per_s"] or 0)
+        if tb > 0:
+            ratios.append(ta / tb)
+        a_tps.append(ta)
+        b_tps.append(tb)
+        a_wal.append(int(a["wal_bytes"]) / max(1, int(a["flows"] or 1)))
+        b_wal.append(int(b["wal_bytes"]) / max(1, int(b["flows"] or 1)))
+        ckpt += int(a["checkpoints"]) + int(b["checkpoints"])
+    if not ratios:
+        continue
+    title = TITLES.get(item, item)
+    if item.startswith("scale-"):
+        title = f"5. Gate vs bare flow with {int(item[6:]):,} rows of history"
+        scale_ratio[int(item[6:])] = (med(ratios), min(ratios), max(ratios))
+    print(f"| {title} | {clients} | {len(ratios)} | {med(a_tps):.1f} | {med(b_tps):.1f} | "
+          f"**{med(ratios):.3f}** | {min(ratios):.3f}–{max(ratios):.3f} | {med(a_wal):.0f} | {med(b_wal):.0f} | {ckpt} |")
+print()
+
+# Item 7: approve transaction latency from pgbench -r.
+notify_logs = sorted(glob.glob(os.path.join(out, "pgbench", "notify-*.log")))
+if notify_logs:
+    print("### 7. Approve transaction latency (pgbench -r, ms, median of rounds)\n")
+    print("| clients | variant | approve tx (SET ROLE … COMMIT) | of which COMMIT |")
+    print("|---:|---|---:|---:|")
+    by = collections.defaultdict(list)
+    for log in notify_logs:
+        m = re.search(r"notify-([AB])-c(\d+)-r(\d+)\.log$", log)
+        lat = approve_latency_ms(log)
+        if m and lat:
+            by[(int(m.group(2)), m.group(1))].append(lat)
+    for (c, v), lats in sorted(by.items()):
+        label = "NOTIFY" if v == "A" else "no NOTIFY"
+        print(f"| {c} | {label} | {med([x for x, _ in lats]):.3f} | {med([y for _, y in lats if y is not None]):.3f} |")
+    print()
+
+if len(scale_ratio) == 2:
+    (small, (rs, _, _)), (big, (rb, lo, hi)) = sorted(scale_ratio.items())
+    print(f"**Scale:** gate/bare ratio at {big:,} rows ÷ at {small:,} rows = **{rb / rs:.3f}** "
+          f"(target ≥ 0.85, i.e. within 15 %).\n")
+
+sweeps = [r for r in rows if r["item"] == "scale" and r["variant"] == "sweep"]
+if sweeps:
+    print("### 5. sweep() with one due row (psql \\timing, ms)\n")
+    by = collections.defaultdict(list)
+    for r in sweeps:
+        by[int(r["extra"])].append(float(r["flows_per_s"]))
+    for label, ts in sorted(by.items()):
+        print(f"- {label:,} rows of history: median {med(ts):.2f} ms, max {max(ts):.2f} ms over {len(ts)} calls "
+              f"(first call {ts[0]:.2f} ms)")
+    print()
+
+for name, title in [("drain.txt", "3/6. Dispatch drain and keyturnd peak RSS"),
+                    ("wakeup.txt", "4. Wake-up latency"),
+                    ("flow-outcomes.txt", "Gate flow outcomes (sanity)")]:
+    path = os.path.join(out, name)
+    if os.path.exists(path):
+        print(f"### {title}\n\n```\n{open(path).read().rstrip()}\n```\n")
+
+crit = os.path.join(out, "criterion.txt")
+if os.path.exists(crit):
+    print("### 8. Canonicalize + hash (criterion, median time per call)\n")
+    text = open(crit).read()
+    times = {}
+    for m in re.finditer(r"^params/(\S+)/(\S+)\s*\n?\s*time:\s+\[\S+ \S+ (\S+) (\S+) \S+ \S+\]", text, re.M):
+        unit = m.group(4)
+        v = float(m.group(3)) * {"ns": 1, "µs": 1e3, "us": 1e3, "ms": 1e6, "s": 1e9}[unit]
+        times[(m.group(1), m.group(2))] = v
+    sizes = ["64B", "1KiB", "16KiB"]
+    print("| size | sha256 raw | canonicalize_str | params_hash_str (parse + JCS + sha256) | params_hash_str ÷ raw |")
+    print("|---|---:|---:|---:|---:|")
+    for s in sizes:
+        raw = times.get(("sha256_raw", s))
+        can = times.get(("canonicalize_str", s))
+        ph = times.get(("params_hash_str", s))
+        if raw and ph:
+            print(f"| {s} | {raw/1e3:.3f} µs | {can/1e3:.3f} µs | {ph/1e3:.3f} µs | {ph/raw:.1f}× |")
+    print()
+
+for name, title in [("profile-statements.txt", "Profile: pg_stat_statements, track = all (top by total time)"),
+                    ("perf-dso.txt", "Profile: perf, self time by object"),
+                    ("perf-self.txt", "Profile: perf, self time by symbol")]:
+    path = os.path.join(out, name)
+    if os.path.exists(path):
+        print(f"### {title}\n\n```\n{open(path).read().rstrip()}\n```\n")
