@@ -151,6 +151,11 @@ BEGIN
 
     IF a.status = 'leased' THEN
         -- Handed back before any provider call: no attempt was made or counted.
+        IF a.lease_expires_at <= clock_timestamp() THEN
+            RAISE EXCEPTION 'keyturn: the lease on action % lapsed at %', a.id, a.lease_expires_at
+                USING ERRCODE = '55000',
+                      HINT = 'Nothing to hand back: the sweep returns it to the queue.';
+        END IF;
         IF complete.outcome <> 'retry' THEN
             RAISE EXCEPTION 'keyturn: action % was never dispatched; only ''retry'' can hand it back', a.id
                 USING ERRCODE = '55000',

@@ -452,3 +452,25 @@ async fn test_begin_keeps_the_lease_expiry_and_end_session_spares_executing() {
         "succeeded"
     );
 }
+
+#[tokio::test]
+async fn test_a_lapsed_lease_cannot_be_handed_back_the_sweep_requeues_it() {
+    let _g = DISPATCH_LOCK.lock().await;
+    let (w, _t, ids) = queued(1).await;
+    let d = connect("app_dispatcher").await;
+    let l = lease_mine(&d, &ids, "1 second").await.remove(0);
+    tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
+    assert_eq!(
+        sqlstate(complete(&d, &l, "retry", json!({}), None).await),
+        "55000",
+        "a lapsed lease is not ours to hand back"
+    );
+    assert_eq!(
+        w.status(l.action_id).await,
+        "leased",
+        "the failed call changed nothing"
+    );
+    d.execute("SELECT keyturn.sweep()", &[]).await.unwrap();
+    assert_eq!(w.status(l.action_id).await, "queued");
+    assert_eq!(attempts(&w, l.action_id).await, 0, "no attempt was made");
+}
