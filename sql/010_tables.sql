@@ -124,7 +124,7 @@ CREATE TABLE keyturn.action (
     dispatched_at    timestamptz,
     receipt          jsonb,
     updated_at       timestamptz NOT NULL
-);
+) WITH (fillfactor = 80);  -- room for HOT updates: the claim touches no indexed column
 
 -- The hot predicates, one index each (see BENCHMARKS.md for the plans).
 CREATE INDEX action_due_idx      ON keyturn.action (next_attempt_at) WHERE status = 'queued';
@@ -136,11 +136,14 @@ CREATE INDEX action_origin_idx   ON keyturn.action (tenant, principal, conversat
     WHERE status IN ('pending', 'queued', 'leased');
 CREATE INDEX action_rate_idx     ON keyturn.action (tenant, principal, tool, created_at);
 CREATE INDEX action_uncertain_idx ON keyturn.action (dispatched_at) WHERE status = 'uncertain';
-CREATE INDEX action_tenant_idx   ON keyturn.action (tenant, created_at);
+
+-- The tables below are written only by keyturn's own functions, in the same
+-- transaction as their action row; they carry no foreign key to it, which would
+-- make every insert lock the action row (FOR KEY SHARE) and write WAL for it.
 
 -- sql tools: each target's key and before-state version, fixed at propose time.
 CREATE TABLE keyturn.action_target (
-    action_id  uuid NOT NULL REFERENCES keyturn.action (id),
+    action_id  uuid NOT NULL,
     ord        int  NOT NULL,
     tenant     text NOT NULL,
     principal  text NOT NULL,
@@ -162,7 +165,7 @@ CREATE TABLE keyturn.staged_payload (
 -- One row per provider attempt; kept after reconciliation so the reason recovery
 -- was needed is never erased.
 CREATE TABLE keyturn.attempt (
-    action_id    uuid        NOT NULL REFERENCES keyturn.action (id),
+    action_id    uuid        NOT NULL,
     attempt      int         NOT NULL,
     tenant       text        NOT NULL,
     principal    text        NOT NULL,
@@ -173,7 +176,7 @@ CREATE TABLE keyturn.attempt (
     outcome      text,
     receipt      jsonb,
     PRIMARY KEY (action_id, attempt)
-);
+) WITH (fillfactor = 90);
 
 -- Append-only: one row per status change, the creation included.
 CREATE TABLE keyturn.event (
@@ -193,7 +196,7 @@ CREATE INDEX event_action_idx ON keyturn.event (action_id, id);
 -- Metering: exactly one row per action that reached 'succeeded', written in the
 -- same transaction as that status.
 CREATE TABLE keyturn.usage (
-    action_id  uuid        NOT NULL UNIQUE REFERENCES keyturn.action (id),
+    action_id  uuid        NOT NULL UNIQUE,
     tenant     text        NOT NULL,
     principal  text        NOT NULL,
     tool       text        NOT NULL,

@@ -11,6 +11,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::Value;
 
+use crate::plans;
 use crate::privilege::{refuse_rls_bypass, RoleSwitch};
 
 /// Runs `query` (one jsonb parameter, `$1`; first column jsonb) as `role` and
@@ -21,7 +22,7 @@ fn exec_as(role: pg_sys::Oid, query: &str, arg: JsonB) -> JsonB {
     refuse_rls_bypass(role);
     let _as_caller = RoleSwitch::to(role);
     let rows = Spi::connect_mut(|client| -> Result<Vec<Value>, pgrx::spi::Error> {
-        let table = client.update(query, None, &[arg.into()])?;
+        let table = plans::execute(client, query, &[pg_sys::JSONBOID], &[arg.into()])?;
         let mut rows = Vec::with_capacity(table.len());
         for row in table {
             rows.push(row.get::<JsonB>(1)?.map_or(Value::Null, |j| j.0));

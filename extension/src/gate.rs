@@ -12,6 +12,7 @@ use pgrx::JsonB;
 use serde_json::Value;
 
 use crate::jsonb_text::JsonbText;
+use crate::plans;
 use crate::privilege::{current_user, extension_owner, refuse_agents, RoleSwitch};
 
 fn spi_failed(e: pgrx::spi::Error) -> ! {
@@ -39,9 +40,10 @@ fn propose(
     let _as_owner = RoleSwitch::to(extension_owner());
     let rows =
         Spi::connect_mut(|client| -> Result<Vec<_>, pgrx::spi::Error> {
-            let table = client.update(
+            let table = plans::execute(
+            client,
             "SELECT * FROM keyturn._propose($1, $2, $3::pg_catalog.jsonb, $4::pg_catalog.jsonb)",
-            None,
+            &[pg_sys::OIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
             &[caller.into(), tool.into(), params.map(|p| p.0).into(), origin.map(|o| o.0).into()],
         )?;
             let mut rows = Vec::with_capacity(1);
@@ -111,10 +113,16 @@ fn preview(action_id: Option<pgrx::Uuid>, token: Option<String>) -> JsonB {
     refuse_agents("preview");
     let caller = current_user();
     let _as_owner = RoleSwitch::to(extension_owner());
-    let card = Spi::get_one_with_args::<JsonB>(
-        "SELECT keyturn._preview($1, $2, $3)",
-        &[caller.into(), action_id.into(), token.into()],
-    )
+    let card = Spi::connect_mut(|client| {
+        plans::execute(
+            client,
+            "SELECT keyturn._preview($1, $2, $3)",
+            &[pg_sys::OIDOID, pg_sys::UUIDOID, pg_sys::TEXTOID],
+            &[caller.into(), action_id.into(), token.into()],
+        )?
+        .first()
+        .get_one::<JsonB>()
+    })
     .unwrap_or_else(|e| spi_failed(e));
     card.unwrap_or(JsonB(Value::Null))
 }
@@ -130,10 +138,16 @@ fn reject(
     refuse_agents("reject");
     let caller = current_user();
     let _as_owner = RoleSwitch::to(extension_owner());
-    Spi::get_one_with_args::<String>(
-        "SELECT keyturn._reject($1, $2, $3, $4)",
-        &[caller.into(), action_id.into(), token.into(), reason.into()],
-    )
+    Spi::connect_mut(|client| {
+        plans::execute(
+            client,
+            "SELECT keyturn._reject($1, $2, $3, $4)",
+            &[pg_sys::OIDOID, pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+            &[caller.into(), action_id.into(), token.into(), reason.into()],
+        )?
+        .first()
+        .get_one::<String>()
+    })
     .unwrap_or_else(|e| spi_failed(e))
     .unwrap_or_default()
 }

@@ -52,6 +52,9 @@ TITLES = {
     "flow": "1. Gate flow (propose + approve, sql tool) vs bare flow",
     "propose": "2. propose alone vs plain INSERT of the same row",
     "notify": "7. External approve flow with NOTIFY (A) vs keyturn.notify = off (B)",
+    "drain": "3. Drain: keyturnd (A) vs bare worker (B), 8 slots each; flows = actions",
+    "exp-e1": "E1. Gate flow as installed (A) vs helpers without SET search_path (B)",
+    "exp-e2": "E2. Gate flow as installed (A) vs _invalid_reason without FOR SHARE (B)",
 }
 
 print("# keyturn benchmark summary\n")
