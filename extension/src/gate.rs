@@ -15,6 +15,14 @@ use crate::jsonb_text::JsonbText;
 use crate::plans;
 use crate::privilege::{current_user, extension_owner, refuse_agents, RoleSwitch};
 
+// The state machine's entry points, run as the extension owner. The jsonb
+// arguments travel as text (see `jsonb_text`) and are cast back here.
+const PROPOSE: &str =
+    "SELECT * FROM keyturn._propose($1, $2, $3::pg_catalog.jsonb, $4::pg_catalog.jsonb)";
+const APPROVE: &str = "SELECT * FROM keyturn._approve($1, $2, $3, $4::pg_catalog.jsonb)";
+const PREVIEW: &str = "SELECT keyturn._preview($1, $2, $3)";
+const REJECT: &str = "SELECT keyturn._reject($1, $2, $3, $4)";
+
 fn spi_failed(e: pgrx::spi::Error) -> ! {
     error!("keyturn: internal statement failed: {e}")
 }
@@ -38,28 +46,37 @@ fn propose(
 > {
     let caller = current_user();
     let _as_owner = RoleSwitch::to(extension_owner());
-    let rows =
-        Spi::connect_mut(|client| -> Result<Vec<_>, pgrx::spi::Error> {
-            let table = plans::execute(
+    let rows = Spi::connect_mut(|client| -> Result<Vec<_>, pgrx::spi::Error> {
+        let table = plans::execute(
             client,
-            "SELECT * FROM keyturn._propose($1, $2, $3::pg_catalog.jsonb, $4::pg_catalog.jsonb)",
-            &[pg_sys::OIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
-            &[caller.into(), tool.into(), params.map(|p| p.0).into(), origin.map(|o| o.0).into()],
+            PROPOSE,
+            &[
+                pg_sys::OIDOID,
+                pg_sys::TEXTOID,
+                pg_sys::TEXTOID,
+                pg_sys::TEXTOID,
+            ],
+            &[
+                caller.into(),
+                tool.into(),
+                params.map(|p| p.0).into(),
+                origin.map(|o| o.0).into(),
+            ],
         )?;
-            let mut rows = Vec::with_capacity(1);
-            for row in table {
-                rows.push((
-                    row.get::<pgrx::Uuid>(1)?.expect("action_id is never NULL"),
-                    row.get::<String>(2)?.expect("token is never NULL"),
-                    row.get::<String>(3)?.expect("summary is never NULL"),
-                    row.get::<String>(4)?.expect("params_hash is never NULL"),
-                    row.get::<TimestampWithTimeZone>(5)?
-                        .expect("expires_at is never NULL"),
-                ));
-            }
-            Ok(rows)
-        })
-        .unwrap_or_else(|e| spi_failed(e));
+        let mut rows = Vec::with_capacity(1);
+        for row in table {
+            rows.push((
+                row.get::<pgrx::Uuid>(1)?.expect("action_id is never NULL"),
+                row.get::<String>(2)?.expect("token is never NULL"),
+                row.get::<String>(3)?.expect("summary is never NULL"),
+                row.get::<String>(4)?.expect("params_hash is never NULL"),
+                row.get::<TimestampWithTimeZone>(5)?
+                    .expect("expires_at is never NULL"),
+            ));
+        }
+        Ok(rows)
+    })
+    .unwrap_or_else(|e| spi_failed(e));
     TableIterator::new(rows)
 }
 
@@ -83,7 +100,7 @@ fn approve(
     let _as_owner = RoleSwitch::to(extension_owner());
     let rows = Spi::connect_mut(|client| -> Result<Vec<_>, pgrx::spi::Error> {
         let table = client.update(
-            "SELECT * FROM keyturn._approve($1, $2, $3, $4::pg_catalog.jsonb)",
+            APPROVE,
             None,
             &[
                 caller.into(),
@@ -116,7 +133,7 @@ fn preview(action_id: Option<pgrx::Uuid>, token: Option<String>) -> JsonB {
     let card = Spi::connect_mut(|client| {
         plans::execute(
             client,
-            "SELECT keyturn._preview($1, $2, $3)",
+            PREVIEW,
             &[pg_sys::OIDOID, pg_sys::UUIDOID, pg_sys::TEXTOID],
             &[caller.into(), action_id.into(), token.into()],
         )?
@@ -141,8 +158,13 @@ fn reject(
     Spi::connect_mut(|client| {
         plans::execute(
             client,
-            "SELECT keyturn._reject($1, $2, $3, $4)",
-            &[pg_sys::OIDOID, pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+            REJECT,
+            &[
+                pg_sys::OIDOID,
+                pg_sys::UUIDOID,
+                pg_sys::TEXTOID,
+                pg_sys::TEXTOID,
+            ],
             &[caller.into(), action_id.into(), token.into(), reason.into()],
         )?
         .first()
