@@ -287,6 +287,124 @@ pub async fn complete(
     get(&row, "status")
 }
 
+/// One row of `keyturn.begin_dispatch_many`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BeginAnswer {
+    /// The action.
+    pub action_id: Uuid,
+    /// True: now `executing`, committed; call the provider.
+    pub dispatch: bool,
+    /// `None` with `dispatch = false`: invalidated. `Some("<SQLSTATE> …")`:
+    /// refused (wrong or lapsed lease, not leased), nothing changed.
+    pub error: Option<String>,
+}
+
+impl BeginAnswer {
+    /// The SQLSTATE at the head of `error`, if any.
+    pub fn sqlstate(&self) -> Option<&str> {
+        self.error.as_deref().map(error_sqlstate)
+    }
+}
+
+/// One element of `keyturn.complete_many`.
+#[derive(Clone, Copy, Debug)]
+pub struct Completion<'a> {
+    /// The action.
+    pub action_id: Uuid,
+    /// Its lease.
+    pub lease_id: Uuid,
+    /// `succeeded`, `failed`, `retry` or `unknown`.
+    pub outcome: &'a str,
+    /// The receipt (redacted by the database).
+    pub receipt: &'a serde_json::Value,
+    /// `None`: the database's backoff.
+    pub retry_after: Option<Duration>,
+}
+
+/// One row of `keyturn.complete_many`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompleteAnswer {
+    /// The action.
+    pub action_id: Uuid,
+    /// The new status, or `None` when refused.
+    pub status: Option<String>,
+    /// `Some("<SQLSTATE> …")` when refused (nothing changed for it).
+    pub error: Option<String>,
+}
+
+impl CompleteAnswer {
+    /// The SQLSTATE at the head of `error`, if any.
+    pub fn sqlstate(&self) -> Option<&str> {
+        self.error.as_deref().map(error_sqlstate)
+    }
+}
+
+fn error_sqlstate(e: &str) -> &str {
+    e.split_once(' ').map_or(e, |(code, _)| code)
+}
+
+/// `keyturn.begin_dispatch_many(action_ids, lease_ids)`: one statement, one
+/// commit (autocommit) for the batch, before any provider call. One answer
+/// per pair, in order.
+pub async fn begin_dispatch_many(
+    client: &Client,
+    jobs: &[(Uuid, Uuid)],
+) -> Result<Vec<BeginAnswer>, Error> {
+    let ids: Vec<Uuid> = jobs.iter().map(|j| j.0).collect();
+    let leases: Vec<Uuid> = jobs.iter().map(|j| j.1).collect();
+    let rows = query(
+        client,
+        "SELECT action_id, dispatch, error FROM keyturn.begin_dispatch_many($1, $2)",
+        &[(&ids, Type::UUID_ARRAY), (&leases, Type::UUID_ARRAY)],
+    )
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(BeginAnswer {
+                action_id: get(row, "action_id")?,
+                dispatch: get(row, "dispatch")?,
+                error: get(row, "error")?,
+            })
+        })
+        .collect()
+}
+
+/// `keyturn.complete_many(...)`: per element `keyturn.complete`, one
+/// statement and one commit for the batch. One answer per element, in order.
+pub async fn complete_many(
+    client: &Client,
+    items: &[Completion<'_>],
+) -> Result<Vec<CompleteAnswer>, Error> {
+    let ids: Vec<Uuid> = items.iter().map(|i| i.action_id).collect();
+    let leases: Vec<Uuid> = items.iter().map(|i| i.lease_id).collect();
+    let outcomes: Vec<&str> = items.iter().map(|i| i.outcome).collect();
+    let receipts: Vec<&serde_json::Value> = items.iter().map(|i| i.receipt).collect();
+    let retry: Vec<Option<f64>> = items.iter().map(|i| i.retry_after.map(secs)).collect();
+    let rows = query(
+        client,
+        "SELECT action_id, status, error FROM keyturn.complete_many($1, $2, $3, $4, \
+           coalesce((SELECT array_agg(s * interval '1 second' ORDER BY o) \
+                       FROM unnest($5::float8[]) WITH ORDINALITY AS u(s, o)), '{}'))",
+        &[
+            (&ids, Type::UUID_ARRAY),
+            (&leases, Type::UUID_ARRAY),
+            (&outcomes, Type::TEXT_ARRAY),
+            (&receipts, Type::JSONB_ARRAY),
+            (&retry, Type::FLOAT8_ARRAY),
+        ],
+    )
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(CompleteAnswer {
+                action_id: get(row, "action_id")?,
+                status: get(row, "status")?,
+                error: get(row, "error")?,
+            })
+        })
+        .collect()
+}
+
 /// `keyturn.sweep()`.
 pub async fn sweep(client: &Client) -> Result<SweepCounts, Error> {
     let row = query_one(

@@ -14,6 +14,20 @@
 //!              keyturn.complete(outcome)  retried with backoff if the DB is away
 //! ```
 //!
+//! **Batched path (sql/061, used whenever the database has it).** The checks
+//! above run per job right after the lease; the jobs left get one
+//! `keyturn.begin_dispatch_many` (one commit for the batch, in its own task so
+//! the loop keeps leasing), and each job answered `dispatch` gets a provider
+//! call task holding its slot. An element answered `dispatch = false` is never
+//! called (invalidated, or refused with its `55000`). Outcomes go to a
+//! completion queue that one task flushes with `keyturn.complete_many` every
+//! [`FLUSH_EVERY`] or [`FLUSH_MAX`] outcomes (at once on shutdown), retrying
+//! the same outcomes exactly as `complete` is retried below. The slot is
+//! freed when the call ends; the job stays in the in-flight set until its
+//! outcome is recorded, and shutdown waits for the queue to drain. A database
+//! without the batch functions (`42883`) switches the process to the
+//! single-call path above; nothing ran in that case.
+//!
 //! **Deadlines.** `keyturn.lease` does not return its expiry, so the worker
 //! takes the instant *before* it sent the lease call plus the lease length:
 //! the database's own `now()` is later, so the local deadline is never later
@@ -53,14 +67,16 @@
 //! nothing.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use futures_util::StreamExt;
 use serde_json::json;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -90,6 +106,13 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Cap of the LISTEN reconnect backoff: one connection, cheap to retry,
 /// and readiness waits on it.
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
+
+/// The completion queue is flushed with one `keyturn.complete_many` this long
+/// after its first outcome arrived, or as soon as it holds [`FLUSH_MAX`]
+/// outcomes, or at once while shutting down.
+const FLUSH_EVERY: Duration = Duration::from_millis(3);
+/// Outcomes per `keyturn.complete_many` at most.
+const FLUSH_MAX: usize = 64;
 
 /// What the dispatch loop needs from the configuration.
 #[derive(Clone, Debug)]
@@ -144,6 +167,10 @@ struct Ctx {
     /// The `providers` argument of `keyturn.lease`: what this process can
     /// carry out.
     provider_names: Vec<&'static str>,
+    /// Whether the database has `begin_dispatch_many` / `complete_many`
+    /// (sql/061). Cleared on `42883`; then every job takes the single-call
+    /// path.
+    batch: AtomicBool,
 }
 
 /// The dispatcher: the lease loop, the `LISTEN` connection and the sweeper.
@@ -173,6 +200,7 @@ impl Dispatcher {
                 wake: Notify::new(),
                 slots,
                 inflight: Mutex::new(HashSet::new()),
+                batch: AtomicBool::new(true),
             }),
         }
     }
@@ -188,6 +216,11 @@ impl Dispatcher {
             .listen_notify
             .then(|| tokio::spawn(listen_loop(ctx.clone(), shutdown.clone())));
         let sweeper = tokio::spawn(sweep_loop(ctx.clone(), shutdown.clone()));
+        // The completion queue: job tasks send observed outcomes, one task
+        // records them in batches. It ends once every sender (the one here,
+        // and each job task's) is gone and the queue is empty.
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let flusher = tokio::spawn(flush_loop(ctx.clone(), done_rx, shutdown.clone()));
 
         let mut lease_failing = false;
         loop {
@@ -202,7 +235,7 @@ impl Dispatcher {
             lease_failing = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
-                failing = lease_batch(&ctx, &tracker, &shutdown, lease_failing) => failing,
+                failing = lease_batch(&ctx, &tracker, &shutdown, &done_tx, lease_failing) => failing,
             };
         }
 
@@ -211,7 +244,14 @@ impl Dispatcher {
             "stopped leasing; waiting for calls in flight"
         );
         tracker.close();
-        if tokio::time::timeout(ctx.settings.drain, tracker.wait())
+        drop(done_tx);
+        let drained = async {
+            tracker.wait().await;
+            // Every job task has ended, so every sender is gone: the flusher
+            // records what is queued (at once, shutdown is set) and returns.
+            let _ = flusher.await;
+        };
+        if tokio::time::timeout(ctx.settings.drain, drained)
             .await
             .is_err()
         {
@@ -240,6 +280,7 @@ async fn lease_batch(
     ctx: &Arc<Ctx>,
     tracker: &TaskTracker,
     shutdown: &CancellationToken,
+    done: &mpsc::UnboundedSender<Done>,
     was_failing: bool,
 ) -> bool {
     let free = ctx.slots.available_permits();
@@ -294,21 +335,256 @@ async fn lease_batch(
     }
     ctx.metrics.lease_batch_size.observe(jobs.len() as f64);
     let deadline = started + ctx.settings.lease;
+    let batch = ctx.batch.load(Ordering::Relaxed);
+    let mut to_begin = Vec::with_capacity(jobs.len());
     for job in jobs {
         // `free` permits were taken and at most `free` jobs came back.
         let Some(permit) = permits.split(1) else {
             tracing::error!(action_id = %job.action_id, "more jobs than slots; leaving it to lapse");
             continue;
         };
-        tracker.spawn(run_job(
+        if !batch {
+            tracker.spawn(run_job(
+                ctx.clone(),
+                job,
+                deadline,
+                permit,
+                shutdown.clone(),
+            ));
+            continue;
+        }
+        let slot = Slot::new(ctx, permit, job.action_id);
+        if let Some(reason) = handback_reason(ctx, &job, deadline, shutdown) {
+            tracker.spawn(async move {
+                let _slot = slot;
+                let delay = (reason == "unknown_provider").then_some(UNKNOWN_PROVIDER_DELAY);
+                hand_back(&_slot.ctx, &job, delay).await;
+            });
+            continue;
+        }
+        to_begin.push((job, slot));
+    }
+    if !to_begin.is_empty() {
+        // Its own task, so the loop can lease again as soon as a slot frees.
+        tracker.spawn(begin_batch(
             ctx.clone(),
-            job,
+            tracker.clone(),
+            to_begin,
             deadline,
-            permit,
+            done.clone(),
             shutdown.clone(),
         ));
     }
     false
+}
+
+/// A slot (one of KEYTURN_WORKERS) held by a job until its provider call has
+/// ended (or it was not dispatched). Dropping it frees the slot and wakes the
+/// lease loop; the job leaves the in-flight set unless its outcome was
+/// queued for recording (the flusher removes it then).
+struct Slot {
+    ctx: Arc<Ctx>,
+    action_id: Uuid,
+    permit: Option<OwnedSemaphorePermit>,
+    queued: bool,
+}
+
+impl Slot {
+    fn new(ctx: &Arc<Ctx>, permit: OwnedSemaphorePermit, action_id: Uuid) -> Self {
+        lock(&ctx.inflight).insert(action_id);
+        Slot {
+            ctx: ctx.clone(),
+            action_id,
+            permit: Some(permit),
+            queued: false,
+        }
+    }
+
+    /// The bare permit, for [`run_job`] (which keeps its own bookkeeping).
+    fn into_permit(mut self) -> OwnedSemaphorePermit {
+        lock(&self.ctx.inflight).remove(&self.action_id);
+        self.queued = true;
+        self.permit
+            .take()
+            .expect("a slot holds its permit until dropped")
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.queued {
+            lock(&self.ctx.inflight).remove(&self.action_id);
+        }
+        self.ctx.wake.notify_one();
+    }
+}
+
+/// An observed outcome waiting in the completion queue.
+struct Done {
+    job: LeasedJob,
+    result: CallResult,
+    deadline: Instant,
+}
+
+/// Why a leased job must be handed back instead of begun, if it must (the
+/// same checks, in the same order, as [`run_job`]); logs and counts it.
+fn handback_reason(
+    ctx: &Ctx,
+    job: &LeasedJob,
+    deadline: Instant,
+    shutdown: &CancellationToken,
+) -> Option<&'static str> {
+    let span = tracing::info_span!("job", action_id = %job.action_id, tenant = %job.tenant, tool = %job.tool, provider = %job.provider, attempt = job.attempt);
+    let _e = span.enter();
+    let reason = if ctx.providers.get(&job.provider).is_none() {
+        tracing::error!(
+            configured = ?ctx.providers.names(),
+            "no provider of this name is configured here; handing the job back undispatched (configure it, or cancel the action)"
+        );
+        "unknown_provider"
+    } else if shutdown.is_cancelled() {
+        "shutdown"
+    } else if deadline.saturating_duration_since(Instant::now())
+        < ctx.settings.call_timeout + LEASE_SAFETY_MARGIN
+    {
+        tracing::warn!("too little lease left for a full call; handing the job back");
+        "lease_too_short"
+    } else {
+        return None;
+    };
+    ctx.metrics.handback(reason);
+    Some(reason)
+}
+
+/// One `keyturn.begin_dispatch_many` (one commit) for the jobs of a lease
+/// batch, then a provider-call task for each job it answered `dispatch`.
+async fn begin_batch(
+    ctx: Arc<Ctx>,
+    tracker: TaskTracker,
+    jobs: Vec<(LeasedJob, Slot)>,
+    deadline: Instant,
+    done: mpsc::UnboundedSender<Done>,
+    shutdown: CancellationToken,
+) {
+    let pairs: Vec<(Uuid, Uuid)> = jobs
+        .iter()
+        .map(|(j, _)| (j.action_id, j.lease_id))
+        .collect();
+    let begun = async {
+        let client = ctx.pool.get().await?;
+        db::begin_dispatch_many(&client, &pairs).await
+    }
+    .await;
+    let answers = match begun {
+        Ok(answers) => answers,
+        Err(e) if e.sqlstate() == Some(&SqlState::UNDEFINED_FUNCTION) => {
+            // Nothing ran: the statement did not even plan. An older
+            // pg_keyturn without sql/061: single calls from now on.
+            if ctx.batch.swap(false, Ordering::Relaxed) {
+                tracing::warn!(error = %e, "keyturn.begin_dispatch_many is not installed; using single begin_dispatch/complete calls");
+            }
+            for (job, slot) in jobs {
+                let permit = slot.into_permit();
+                tracker.spawn(run_job(
+                    ctx.clone(),
+                    job,
+                    deadline,
+                    permit,
+                    shutdown.clone(),
+                ));
+            }
+            return;
+        }
+        Err(e) => {
+            // It may or may not have committed (the object-not-in-state case
+            // cannot arise for the batch as a whole; treated alike): no
+            // provider is called, `retry` is recorded for each job, which is
+            // right either way (see the module docs).
+            tracing::warn!(error = %e, jobs = jobs.len(), "begin_dispatch_many unconfirmed; no provider is called, recording retry");
+            for (job, slot) in jobs {
+                let unsent = CallResult {
+                    outcome: Outcome::Retry { after: None },
+                    receipt: json!({ "error": "begin_dispatch unconfirmed; provider not called" }),
+                };
+                enqueue(&done, job, unsent, deadline, slot);
+            }
+            return;
+        }
+    };
+    for (i, (job, slot)) in jobs.into_iter().enumerate() {
+        let span = tracing::info_span!("job", action_id = %job.action_id, tenant = %job.tenant, tool = %job.tool, provider = %job.provider, attempt = job.attempt);
+        let _e = span.enter();
+        match answers.get(i).filter(|a| a.action_id == job.action_id) {
+            Some(a) if a.dispatch => {
+                tracker.spawn(call_job(ctx.clone(), job, deadline, slot, done.clone()));
+            }
+            Some(a) if a.error.is_none() => {
+                tracing::info!("begin_dispatch: invalidated; the provider is not called");
+                ctx.metrics.action("invalidated");
+            }
+            Some(a) => {
+                tracing::warn!(error = a.error.as_deref().unwrap_or(""), "begin_dispatch refused (lease lapsed or action moved on); the provider is not called");
+            }
+            None => {
+                // Cannot happen (one answer per pair, in order); if it did,
+                // this job's begin is unconfirmed.
+                tracing::error!("begin_dispatch_many gave no answer for this job; the provider is not called, recording retry");
+                let unsent = CallResult {
+                    outcome: Outcome::Retry { after: None },
+                    receipt: json!({ "error": "begin_dispatch unconfirmed; provider not called" }),
+                };
+                enqueue(&done, job, unsent, deadline, slot);
+            }
+        }
+    }
+}
+
+/// Queues an observed outcome for `complete_many`; the slot is freed (the
+/// job stays in flight until the flusher has recorded it).
+fn enqueue(
+    done: &mpsc::UnboundedSender<Done>,
+    job: LeasedJob,
+    result: CallResult,
+    deadline: Instant,
+    mut slot: Slot,
+) {
+    slot.queued = true;
+    if let Err(mpsc::error::SendError(d)) = done.send(Done {
+        job,
+        result,
+        deadline,
+    }) {
+        // The flusher is gone (cannot happen before every sender is); record
+        // it here rather than lose it.
+        slot.queued = false;
+        let ctx = slot.ctx.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            record(&ctx, &d.job, &d.result, d.deadline).await;
+        });
+    }
+}
+
+/// The provider call of a begun job; its outcome goes to the completion
+/// queue.
+#[tracing::instrument(
+    name = "job",
+    skip_all,
+    fields(action_id = %job.action_id, tenant = %job.tenant, tool = %job.tool, provider = %job.provider, attempt = job.attempt)
+)]
+async fn call_job(
+    ctx: Arc<Ctx>,
+    job: LeasedJob,
+    deadline: Instant,
+    slot: Slot,
+    done: mpsc::UnboundedSender<Done>,
+) {
+    let Some(provider) = ctx.providers.get(&job.provider) else {
+        // Checked before begin; a provider cannot disappear.
+        return;
+    };
+    let result = call_provider(&ctx, provider.as_ref(), &job, deadline).await;
+    enqueue(&done, job, result, deadline, slot);
 }
 
 /// Removes the action from the in-flight set and wakes the loop (a slot is
@@ -394,14 +670,25 @@ async fn run_job(
         }
     }
 
-    // Bounded by the lease left, never by more than the configured timeout.
+    let result = call_provider(&ctx, provider.as_ref(), &job, deadline).await;
+    record(&ctx, &job, &result, deadline).await;
+}
+
+/// The provider call, bounded by the lease left (never by more than the
+/// configured timeout), with its metrics.
+async fn call_provider(
+    ctx: &Ctx,
+    provider: &dyn crate::providers::Provider,
+    job: &LeasedJob,
+    deadline: Instant,
+) -> CallResult {
     let budget = deadline
         .saturating_duration_since(Instant::now())
         .saturating_sub(LEASE_SAFETY_MARGIN)
         .min(ctx.settings.call_timeout);
     let t0 = Instant::now();
     let result =
-        match tokio::time::timeout(budget + PROVIDER_GRACE, provider.call(&job, budget)).await {
+        match tokio::time::timeout(budget + PROVIDER_GRACE, provider.call(job, budget)).await {
             Ok(result) => result,
             Err(_) => {
                 tracing::error!(
@@ -418,7 +705,7 @@ async fn run_job(
         .dispatch_seconds
         .observe(t0.elapsed().as_secs_f64());
     ctx.metrics.action(result.outcome.word());
-    record(&ctx, &job, &result, deadline).await;
+    result
 }
 
 /// Hands a job back before `begin_dispatch`: `complete 'retry'` from
@@ -501,6 +788,180 @@ async fn record(ctx: &Ctx, job: &LeasedJob, result: &CallResult, deadline: Insta
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
+}
+
+/// Drains the completion queue: waits for an outcome, gathers more for up to
+/// [`FLUSH_EVERY`] (none while shutting down) or [`FLUSH_MAX`], records them
+/// with one `keyturn.complete_many`, repeats. Returns once the queue is
+/// closed and empty.
+async fn flush_loop(
+    ctx: Arc<Ctx>,
+    mut rx: mpsc::UnboundedReceiver<Done>,
+    shutdown: CancellationToken,
+) {
+    let mut buf: Vec<Done> = Vec::with_capacity(FLUSH_MAX);
+    loop {
+        match rx.recv().await {
+            Some(d) => buf.push(d),
+            None => break,
+        }
+        let until = Instant::now() + FLUSH_EVERY;
+        while buf.len() < FLUSH_MAX {
+            // What is already queued joins this flush either way.
+            match rx.try_recv() {
+                Ok(d) => {
+                    buf.push(d);
+                    continue;
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+            if shutdown.is_cancelled() {
+                break;
+            }
+            tokio::select! {
+                biased;
+                d = rx.recv() => match d {
+                    Some(d) => buf.push(d),
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(until) => break,
+                _ = shutdown.cancelled() => {}
+            }
+        }
+        flush(&ctx, std::mem::take(&mut buf)).await;
+    }
+}
+
+/// Records a batch of outcomes with `keyturn.complete_many`, retrying the
+/// same outcomes while the database is unreachable, exactly as [`record`]
+/// does for one: each outcome until one lease length past its own lease
+/// deadline, then logged at ERROR for the operator; a `55000` answer (already
+/// `uncertain`) is logged at WARN. A batch the database refuses as a whole
+/// for its content (not transient) is recorded one by one with [`record`].
+async fn flush(ctx: &Ctx, mut items: Vec<Done>) {
+    let mut backoff = BACKOFF_MIN;
+    let mut tries: u32 = 0;
+    while !items.is_empty() {
+        tries += 1;
+        if !ctx.batch.load(Ordering::Relaxed) {
+            record_each(ctx, items).await;
+            return;
+        }
+        let recorded = async {
+            let client = ctx.pool.get().await?;
+            let batch: Vec<db::Completion<'_>> = items
+                .iter()
+                .map(|d| db::Completion {
+                    action_id: d.job.action_id,
+                    lease_id: d.job.lease_id,
+                    outcome: d.result.outcome.word(),
+                    receipt: &d.result.receipt,
+                    retry_after: d.result.outcome.retry_after(),
+                })
+                .collect();
+            db::complete_many(&client, &batch).await
+        }
+        .await;
+        let err = match recorded {
+            Ok(answers) => {
+                let mut unanswered = Vec::new();
+                for (i, d) in items.into_iter().enumerate() {
+                    match answers.get(i).filter(|a| a.action_id == d.job.action_id) {
+                        Some(a) => {
+                            log_recorded(ctx, &d, a, tries);
+                            lock(&ctx.inflight).remove(&d.job.action_id);
+                        }
+                        None => unanswered.push(d),
+                    }
+                }
+                if !unanswered.is_empty() {
+                    tracing::error!(
+                        count = unanswered.len(),
+                        "complete_many gave no answer for some outcomes; recording them one by one"
+                    );
+                    record_each(ctx, unanswered).await;
+                }
+                return;
+            }
+            Err(e) => e,
+        };
+        if err.sqlstate() == Some(&SqlState::UNDEFINED_FUNCTION) {
+            if ctx.batch.swap(false, Ordering::Relaxed) {
+                tracing::warn!(error = %err, "keyturn.complete_many is not installed; using single complete calls");
+            }
+            continue;
+        }
+        if !err.is_transient() {
+            tracing::warn!(error = %err, count = items.len(), "complete_many refused the batch; recording its outcomes one by one");
+            record_each(ctx, items).await;
+            return;
+        }
+        let now = Instant::now();
+        items.retain(|d| {
+            if now + backoff > d.deadline + ctx.settings.lease {
+                ctx.metrics.unrecorded.inc();
+                tracing::error!(
+                    action_id = %d.job.action_id,
+                    observed_outcome = d.result.outcome.word(),
+                    receipt = %d.result.receipt,
+                    error = %err,
+                    tries,
+                    "COULD NOT RECORD the provider outcome; the sweep will mark the action uncertain; operator: reconcile it with this observed outcome"
+                );
+                lock(&ctx.inflight).remove(&d.job.action_id);
+                false
+            } else {
+                true
+            }
+        });
+        if items.is_empty() {
+            return;
+        }
+        tracing::warn!(error = %err, count = items.len(), tries, "could not record outcomes yet; retrying the same outcomes");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// One answer of `complete_many`, logged as [`record`] logs one `complete`.
+fn log_recorded(ctx: &Ctx, d: &Done, a: &db::CompleteAnswer, tries: u32) {
+    let outcome = d.result.outcome.word();
+    let job = &d.job;
+    let span = tracing::info_span!("job", action_id = %job.action_id, tenant = %job.tenant, tool = %job.tool, provider = %job.provider, attempt = job.attempt);
+    let _e = span.enter();
+    match (&a.status, a.sqlstate()) {
+        (Some(status), None) => tracing::info!(outcome, %status, tries, "outcome recorded"),
+        (_, Some("55000")) => {
+            ctx.metrics.unrecorded.inc();
+            tracing::warn!(
+                observed_outcome = outcome,
+                receipt = %d.result.receipt,
+                error = a.error.as_deref().unwrap_or(""),
+                "complete refused: the action already left executing (likely swept to uncertain); operator: reconcile it with this observed outcome"
+            );
+        }
+        _ => {
+            ctx.metrics.unrecorded.inc();
+            tracing::error!(
+                observed_outcome = outcome,
+                receipt = %d.result.receipt,
+                error = a.error.as_deref().unwrap_or("no status"),
+                tries,
+                "COULD NOT RECORD the provider outcome; the sweep will mark the action uncertain; operator: reconcile it with this observed outcome"
+            );
+        }
+    }
+}
+
+/// The single-call path for queued outcomes, concurrently.
+async fn record_each(ctx: &Ctx, items: Vec<Done>) {
+    futures_util::future::join_all(items.iter().map(|d| async move {
+        let span = tracing::info_span!("job", action_id = %d.job.action_id, tenant = %d.job.tenant, tool = %d.job.tool, provider = %d.job.provider, attempt = d.job.attempt);
+        tracing::Instrument::instrument(record(ctx, &d.job, &d.result, d.deadline), span).await;
+        lock(&ctx.inflight).remove(&d.job.action_id);
+    }))
+    .await;
 }
 
 /// Keeps one connection in `LISTEN keyturn_dispatch`, reconnecting with

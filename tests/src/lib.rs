@@ -451,36 +451,46 @@ pub struct Lease {
 /// Leases every due job as `worker` and returns those among `mine`; any other
 /// due job (left queued by earlier tests) is handed back for a day, untouched.
 pub async fn lease_mine(dispatcher: &Client, mine: &[uuid::Uuid], lease_for: &str) -> Vec<Lease> {
-    let rows = dispatcher
-        .query(
-            "SELECT action_id, lease_id, tenant, tool, provider, params, idempotency_key, attempt \
-             FROM keyturn.lease('itest-worker', 1000, $1::text::interval)",
-            &[&lease_for],
-        )
-        .await
-        .expect("lease");
+    // The cluster is shared with every other test: lease in batches until ours
+    // are found or nothing is due, handing every foreign job back for a day.
     let mut out = Vec::new();
-    for r in rows {
-        let l = Lease {
-            action_id: r.get(0),
-            lease_id: r.get(1),
-            tenant: r.get(2),
-            tool: r.get(3),
-            provider: r.get(4),
-            params: r.get(5),
-            idempotency_key: r.get(6),
-            attempt: r.get(7),
-        };
-        if mine.contains(&l.action_id) {
-            out.push(l);
-        } else {
-            dispatcher
-                .execute(
-                    "SELECT keyturn.complete($1, $2, 'retry', '{}', interval '1 day')",
-                    &[&l.action_id, &l.lease_id],
-                )
-                .await
-                .expect("hand back a foreign job");
+    loop {
+        let rows = dispatcher
+            .query(
+                "SELECT action_id, lease_id, tenant, tool, provider, params, idempotency_key, attempt \
+                 FROM keyturn.lease('itest-worker', 1000, $1::text::interval)",
+                &[&lease_for],
+            )
+            .await
+            .expect("lease");
+        if rows.is_empty() {
+            break;
+        }
+        for r in rows {
+            let l = Lease {
+                action_id: r.get(0),
+                lease_id: r.get(1),
+                tenant: r.get(2),
+                tool: r.get(3),
+                provider: r.get(4),
+                params: r.get(5),
+                idempotency_key: r.get(6),
+                attempt: r.get(7),
+            };
+            if mine.contains(&l.action_id) {
+                out.push(l);
+            } else {
+                dispatcher
+                    .execute(
+                        "SELECT keyturn.complete($1, $2, 'retry', '{}', interval '1 day')",
+                        &[&l.action_id, &l.lease_id],
+                    )
+                    .await
+                    .expect("hand back a foreign job");
+            }
+        }
+        if out.len() == mine.len() {
+            break;
         }
     }
     out

@@ -97,7 +97,15 @@ async fn test_each_role_executes_exactly_its_functions() {
             "app_dispatcher",
             set(
                 PUBLIC_FNS,
-                &["lease", "begin_dispatch", "complete", "sweep", "classify"],
+                &[
+                    "lease",
+                    "begin_dispatch",
+                    "begin_dispatch_many",
+                    "complete",
+                    "complete_many",
+                    "sweep",
+                    "classify",
+                ],
             ),
         ),
         (
