@@ -205,3 +205,22 @@ CREATE TABLE keyturn.usage (
     at         timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX usage_tenant_idx ON keyturn.usage (tenant, at);
+
+-- These tables hold the tenants' data, not the extension's code: pg_dump must
+-- dump their rows (and the event sequence). Restore with
+-- session_replication_role = replica, or the lifecycle trigger would log a
+-- second creation event for every restored action.
+-- (One statement each: every call updates the pg_extension row.)
+SELECT pg_catalog.pg_extension_config_dump('keyturn.tool', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.tool_version', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.member', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.tool_grant', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.auth_epoch', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.cancelled_origin', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.action', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.action_target', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.staged_payload', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.attempt', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.event', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.usage', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.event_id_seq', '');

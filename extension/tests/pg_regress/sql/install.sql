@@ -32,3 +32,7 @@ SELECT p.proname,
  GROUP BY p.proname
  ORDER BY p.proname;
 ROLLBACK;
+-- pg_dump keeps the tenants' data: every table (and the event sequence) is a
+-- configuration relation of the extension.
+SELECT c::regclass AS dumped FROM pg_extension e, unnest(e.extconfig) AS c
+ WHERE e.extname = 'pg_keyturn' ORDER BY c::regclass::text;
