@@ -1,0 +1,139 @@
+//! The `LISTEN keyturn_dispatch` connection: it wakes the lease loop as soon
+//! as an approval notifies, and drives readiness (`/readyz`). It is a
+//! connection of its own, outside the pool, because a `LISTEN` lasts only as
+//! long as its session and notifications arrive only while the connection is
+//! polled. Losing it costs latency, never correctness: the loop still polls
+//! every `KEYTURN_POLL_MS`, so it is reconnected with a short capped backoff
+//! ([`RECONNECT_MAX`]), and each (re)connect wakes the loop once to catch up
+//! on what was notified while nobody listened.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio_postgres::AsyncMessage;
+use tokio_util::sync::CancellationToken;
+
+use super::{Ctx, BACKOFF_MIN, CHANNEL};
+use crate::db;
+use crate::error::Error;
+
+/// Cap of the LISTEN reconnect backoff: one connection, cheap to retry,
+/// and readiness waits on it.
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
+
+/// Keeps one connection in `LISTEN keyturn_dispatch`, reconnecting with
+/// backoff, and drives readiness from it.
+pub(super) async fn listen_loop(ctx: Arc<Ctx>, shutdown: CancellationToken) {
+    let mut backoff = BACKOFF_MIN;
+    let mut connected_before = false;
+    let mut failing_logged = false;
+    loop {
+        if shutdown.is_cancelled() {
+            break;
+        }
+        // Cancellable, so a database that does not answer cannot hold up
+        // shutdown; dropping the future drops (closes) the connection.
+        let ended = tokio::select! {
+            _ = shutdown.cancelled() => Ok(()),
+            ended = listen_once(&ctx, &shutdown, &mut connected_before) => ended,
+        };
+        // Still marked ready: the connection was up, so this is a fresh loss.
+        let was_up = ctx.health.db_ready();
+        ctx.health.set_db_ready(false);
+        match ended {
+            Ok(()) => break,
+            Err(e) if was_up => {
+                backoff = BACKOFF_MIN;
+                failing_logged = false;
+                tracing::warn!(error = %e, "LISTEN connection lost; reconnecting (polling continues)");
+            }
+            Err(e) => {
+                if failing_logged {
+                    tracing::debug!(error = %e, "LISTEN connection still unavailable");
+                } else {
+                    tracing::warn!(error = %e, "LISTEN connection unavailable; polling continues, reconnecting with backoff");
+                    failing_logged = true;
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(RECONNECT_MAX);
+    }
+}
+
+/// One `LISTEN` connection's life: connect, listen, forward notifications
+/// until the connection ends (an error) or shutdown (`Ok`).
+async fn listen_once(
+    ctx: &Arc<Ctx>,
+    shutdown: &CancellationToken,
+    connected_before: &mut bool,
+) -> Result<(), Error> {
+    let pg = db::pg_config(ctx.settings.database_url.expose())?;
+    let (client, mut connection) =
+        tokio::time::timeout(db::STATEMENT_TIMEOUT, pg.connect(tokio_postgres::NoTls))
+            .await
+            .map_err(|_| Error::DbTimeout(db::STATEMENT_TIMEOUT))??;
+    // The connection has to be polled for anything to happen on it, the
+    // LISTEN itself included; notifications arrive through the same poll.
+    let notify_ctx = ctx.clone();
+    let mut driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            if let AsyncMessage::Notification(n) = message? {
+                tracing::debug!(
+                    channel = n.channel(),
+                    action_id = n.payload(),
+                    "woken by notification"
+                );
+                notify_ctx.wake.notify_one();
+            }
+        }
+        Ok::<(), tokio_postgres::Error>(())
+    });
+    let listen_sql = format!("LISTEN {CHANNEL}");
+    match tokio::time::timeout(db::STATEMENT_TIMEOUT, client.batch_execute(&listen_sql)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            driver.abort();
+            return Err(e.into());
+        }
+        Err(_) => {
+            driver.abort();
+            return Err(Error::DbTimeout(db::STATEMENT_TIMEOUT));
+        }
+    }
+    if *connected_before {
+        ctx.metrics.reconnect("listen");
+        tracing::info!("LISTEN connection re-established");
+    } else {
+        tracing::info!(channel = CHANNEL, "listening");
+    }
+    *connected_before = true;
+    ctx.health.set_db_ready(true);
+    // Approvals notified while nobody listened are caught up right away.
+    ctx.wake.notify_one();
+
+    let ended = tokio::select! {
+        _ = shutdown.cancelled() => {
+            driver.abort();
+            return Ok(());
+        }
+        ended = &mut driver => ended,
+    };
+    // Kept alive until here: dropping the client would close the connection.
+    drop(client);
+    let closed = || {
+        Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "LISTEN connection closed",
+        ))
+    };
+    match ended {
+        Ok(Ok(())) | Err(_) => Err(closed()),
+        Ok(Err(e)) => Err(e.into()),
+    }
+}

@@ -1,0 +1,82 @@
+//! The periodic `keyturn.sweep()`: the database moves lapsed rows forward
+//! (`pending` past expiry → `expired`, `leased` with a lapsed lease →
+//! `queued`, `executing` with a lapsed lease → `uncertain`); keyturnd only
+//! calls it on a timer, counts what it did, wakes the loop when it requeued
+//! something, and refreshes the `keyturn_uncertain` gauge.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::Ctx;
+use crate::db;
+
+/// Runs `keyturn.sweep()` every sweep period and refreshes the uncertain
+/// gauge.
+pub(super) async fn sweep_loop(ctx: Arc<Ctx>, shutdown: CancellationToken) {
+    let mut ticker = tokio::time::interval(ctx.settings.sweep_every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    let mut gauge_enabled = true;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = ticker.tick() => {}
+        }
+        let swept = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            swept = async {
+                let client = ctx.pool.get().await?;
+                db::sweep(&client).await
+            } => swept,
+        };
+        match swept {
+            Ok(counts) => {
+                failing = false;
+                let m = &ctx.metrics;
+                for (kind, n) in [
+                    ("expired", counts.expired),
+                    ("requeued", counts.requeued),
+                    ("uncertain", counts.uncertain),
+                ] {
+                    m.sweep
+                        .get_or_create(&crate::metrics::KindLabel { kind })
+                        .inc_by(u64::try_from(n).unwrap_or(0));
+                }
+                if counts.requeued > 0 {
+                    ctx.wake.notify_one();
+                }
+                if counts.uncertain > 0 {
+                    tracing::warn!(count = counts.uncertain, "sweep marked actions uncertain; an operator must reconcile them (`keyturnd uncertain`)");
+                }
+            }
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "keyturn.sweep failed; will retry every period");
+            }
+            Err(e) => tracing::debug!(error = %e, "keyturn.sweep failed again"),
+        }
+        if gauge_enabled {
+            let counted = async {
+                let client = ctx.pool.get().await?;
+                db::uncertain_count(&client).await
+            }
+            .await;
+            match counted {
+                Ok(n) => {
+                    ctx.metrics.uncertain.set(n);
+                }
+                Err(e)
+                    if e.sqlstate()
+                        == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
+                {
+                    gauge_enabled = false;
+                    tracing::info!(
+                        "this role lacks keyturn_operator; the keyturn_uncertain gauge is off"
+                    );
+                }
+                Err(e) => tracing::debug!(error = %e, "could not count uncertain actions"),
+            }
+        }
+    }
+}
