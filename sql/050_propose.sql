@@ -182,7 +182,7 @@ DECLARE
     v_targets   jsonb := '[]';
     v_count     int := 1;
     v_recent    bigint;
-    v_id        uuid := gen_random_uuid();
+    v_id        uuid := keyturn._uuid_v7();  -- time-ordered: see extension/src/ids.rs
     v_token     text := keyturn._token_new();
     v_expires   timestamptz;
     v_summary   text;

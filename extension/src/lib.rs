@@ -13,6 +13,7 @@ mod canonical; // canonical_json, params_hash (RFC 8785 + SHA-256)
 mod exec_as; // _exec_as: run a statement as the caller, under RLS
 mod gate; // propose, approve, preview, reject: separation of duties + owner elevation
 mod identity; // current_tenant, current_principal, current_session
+mod ids; // time-ordered action ids
 mod plans; // SPI plans kept per backend
 mod privilege; // switching between the caller and the extension owner
 mod token; // one-time tokens: mint, digest, binding, constant-time compare
