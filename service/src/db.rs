@@ -3,9 +3,13 @@
 //!
 //! Every function takes a plain `&tokio_postgres::Client`, so the worker
 //! passes pooled connections and tests can pass any connection they like.
-//! Each call is one statement in autocommit: `begin_dispatch` in particular
-//! must be committed before the provider is called, and autocommit makes
-//! that true by construction.
+//! Each call is one statement in autocommit — except on the worker's batched
+//! path, which runs `lease`, its hand-backs and `begin_dispatch_many` inside
+//! one explicit transaction ([`transaction`] … [`commit`], see
+//! `worker/lease.rs`). Either way `begin_dispatch` must be committed before
+//! the provider is called: in autocommit that is true by construction; in
+//! the transaction the worker calls no provider until [`commit`] returned
+//! `Ok`.
 //!
 //! Statements go through `query_typed` (parameter types stated here, one
 //! round trip, no named prepared statements), which also works behind a
@@ -23,7 +27,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde::Serialize;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, NoTls, Row};
+use tokio_postgres::{Client, NoTls, Row, Transaction};
 use uuid::Uuid;
 
 use crate::error::Error;
@@ -216,6 +220,21 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
+/// `BEGIN` on `client`. Dropping the returned transaction without
+/// [`commit`] rolls it back (tokio-postgres queues a `ROLLBACK`), and a
+/// connection lost before [`commit`] rolls it back on the server: either
+/// way nothing done inside it ever happened.
+pub async fn transaction(client: &mut Client) -> Result<Transaction<'_>, Error> {
+    bounded(client.transaction()).await
+}
+
+/// `COMMIT`. `Ok` means committed. An error means the outcome is unknown
+/// to the caller (the connection may have broken after the server
+/// committed), and callers must treat it so.
+pub async fn commit(tx: Transaction<'_>) -> Result<(), Error> {
+    bounded(tx.commit()).await
+}
+
 /// `keyturn.lease(worker, max_jobs, lease_for, providers)`.
 ///
 /// `providers` names the adapters this process has; the database leases only
@@ -343,9 +362,10 @@ fn error_sqlstate(e: &str) -> &str {
     e.split_once(' ').map_or(e, |(code, _)| code)
 }
 
-/// `keyturn.begin_dispatch_many(action_ids, lease_ids)`: one statement, one
-/// commit (autocommit) for the batch, before any provider call. One answer
-/// per pair, in order.
+/// `keyturn.begin_dispatch_many(action_ids, lease_ids)`: one statement for
+/// the batch, committed before any provider call (the worker runs it inside
+/// the lease's transaction and calls providers only after [`commit`]). One
+/// answer per pair, in order.
 pub async fn begin_dispatch_many(
     client: &Client,
     jobs: &[(Uuid, Uuid)],

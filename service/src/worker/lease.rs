@@ -1,13 +1,52 @@
 //! Leasing and hand-backs: the lease loop's one step. Takes every free slot,
 //! asks `keyturn.lease` for that many jobs, and sends each one either back
-//! (`complete 'retry'` before begin) or on to be begun — in one
-//! `begin_dispatch_many` ([`super::begin`]) or, on the single-call path, in
-//! its own [`run_job`] task.
+//! (`complete 'retry'` before begin) or on to be begun.
+//!
+//! **Batched path: lease and begin in one transaction.** While the database
+//! has `begin_dispatch_many` (sql/061), one step is one transaction on one
+//! pooled connection, in a task of its own ([`lease_and_begin`]):
+//!
+//! ```text
+//!  BEGIN
+//!    keyturn.lease(worker, free slots, lease, providers)
+//!    per job, the hand-back checks (unknown provider, shutting down,
+//!      too little lease left) → keyturn.complete(…, 'retry')   same transaction
+//!    keyturn.begin_dispatch_many(the other jobs)
+//!  COMMIT
+//!    ── only after COMMIT succeeded ──
+//!    a provider call for each job answered dispatch = true
+//! ```
+//!
+//! One durable commit per batch instead of two (`lease`, then
+//! `begin_dispatch_many`, each in autocommit). It is safe because the
+//! contract's rule — `executing` is committed before any provider call —
+//! still holds: no provider is called before `COMMIT` returned success.
+//! Anything failing before that (a statement, the pool, the connection, a
+//! timeout) drops the transaction, which rolls back: the leases never
+//! existed, the rows stay `queued` with no attempt counted, no provider is
+//! called, and the next poll leases them again. A `COMMIT` whose outcome is
+//! unknown (the connection broke during it) is the unconfirmed
+//! `begin_dispatch` case: no provider is called and `retry` is recorded for
+//! every job that was to be begun (accepted only while the row is still
+//! `executing` under that lease; the sweep handles the rest) — see
+//! [`super::begin`]. The jobs handed back inside the transaction need
+//! nothing then: committed or not, they are `queued`. The transaction runs
+//! in a task on the tracker, so a shutdown never drops it between `COMMIT`
+//! and the provider calls; the loop still awaits it (one lease step at a
+//! time). Row locks taken by `lease` are held only until `COMMIT`, a few
+//! round trips; other workers skip them (`SKIP LOCKED`) as before.
+//!
+//! A database without `begin_dispatch_many` (`42883`) aborts that
+//! transaction, which rolls back (nothing ran, no lease exists); the process
+//! switches to the single-call path and the next step leases the same jobs
+//! again: `lease` in autocommit, then each job in its own [`run_job`] task
+//! (`begin_dispatch` in autocommit, the provider call, `complete`).
 //!
 //! **Deadlines.** `keyturn.lease` does not return its expiry, so the worker
-//! takes the instant *before* it sent the lease call plus the lease length:
-//! the database's own `now()` is later, so the local deadline is never later
-//! than the real one. Every call ends [`LEASE_SAFETY_MARGIN`] before it.
+//! takes the instant *before* it sent the lease call (before `BEGIN` on the
+//! batched path) plus the lease length: the database's own `now()` is later,
+//! so the local deadline is never later than the real one. Every call ends
+//! [`LEASE_SAFETY_MARGIN`] before it.
 //!
 //! **Unknown provider: fail closed.** `keyturn.lease` is given the names of
 //! the providers configured here (`webhook` when `KEYTURN_WEBHOOK_URL` is
@@ -35,16 +74,18 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use super::begin::begin_batch;
+use super::begin::{dispatch_begun, unconfirmed};
 use super::completion::Done;
 use super::job::run_job;
 use super::{lock, Ctx, UNKNOWN_PROVIDER_DELAY};
 use crate::config::LEASE_SAFETY_MARGIN;
 use crate::db::{self, LeasedJob};
+use crate::error::Error;
 
 /// Leases as many jobs as there are free slots and starts them. Returns
 /// whether leasing is currently failing (to log the first failure loudly and
@@ -64,12 +105,67 @@ pub(super) async fn lease_batch(
     let (Ok(n_permits), Ok(max_jobs)) = (u32::try_from(free), i32::try_from(free)) else {
         return was_failing;
     };
-    let Ok(mut permits) = ctx.slots.clone().try_acquire_many_owned(n_permits) else {
+    let Ok(permits) = ctx.slots.clone().try_acquire_many_owned(n_permits) else {
         return was_failing;
     };
+    let result = if ctx.batch.load(Ordering::Relaxed) {
+        // Its own task: cancelling this await (shutdown) must never drop the
+        // transaction between COMMIT and the provider calls. The loop still
+        // waits for it, one lease step at a time.
+        let step = tracker.spawn(lease_and_begin(
+            ctx.clone(),
+            tracker.clone(),
+            permits,
+            max_jobs,
+            done.clone(),
+            shutdown.clone(),
+        ));
+        match step.await {
+            Ok(result) => result,
+            Err(e) => {
+                tracing::error!(error = %e, "the lease step panicked; its transaction rolled back unless it had committed");
+                return true;
+            }
+        }
+    } else {
+        lease_single(ctx, tracker, shutdown, permits, max_jobs).await
+    };
+    match result {
+        Ok(()) => {
+            if was_failing {
+                tracing::info!("leasing works again");
+            }
+            if !ctx.settings.listen_notify {
+                ctx.health.set_db_ready(true);
+            }
+            false
+        }
+        Err(e) => {
+            if !was_failing {
+                tracing::warn!(error = %e, "leasing failed (nothing was dispatched); will keep polling");
+            } else {
+                tracing::debug!(error = %e, "leasing failed again");
+            }
+            if !ctx.settings.listen_notify {
+                ctx.health.set_db_ready(false);
+            }
+            true
+        }
+    }
+}
+
+/// The single-call path: `keyturn.lease` in autocommit, then each job in its
+/// own [`run_job`] task.
+async fn lease_single(
+    ctx: &Arc<Ctx>,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+    mut permits: OwnedSemaphorePermit,
+    max_jobs: i32,
+) -> Result<(), Error> {
     // Before the call: the database's lease starts later than this.
     let started = Instant::now();
-    let leased = async {
+    let jobs = {
         let client = ctx.pool.get().await?;
         db::lease(
             &client,
@@ -78,37 +174,64 @@ pub(super) async fn lease_batch(
             ctx.settings.lease,
             &ctx.provider_names,
         )
-        .await
-    }
-    .await;
-    let jobs = match leased {
-        Ok(jobs) => {
-            if was_failing {
-                tracing::info!("leasing works again");
-            }
-            if !ctx.settings.listen_notify {
-                ctx.health.set_db_ready(true);
-            }
-            jobs
-        }
-        Err(e) => {
-            if !was_failing {
-                tracing::warn!(error = %e, "keyturn.lease failed; will keep polling");
-            } else {
-                tracing::debug!(error = %e, "keyturn.lease failed again");
-            }
-            if !ctx.settings.listen_notify {
-                ctx.health.set_db_ready(false);
-            }
-            return true;
-        }
+        .await?
     };
     if jobs.is_empty() {
-        return false;
+        return Ok(());
     }
     ctx.metrics.lease_batch_size.observe(jobs.len() as f64);
     let deadline = started + ctx.settings.lease;
-    let batch = ctx.batch.load(Ordering::Relaxed);
+    for job in jobs {
+        // `free` permits were taken and at most `free` jobs came back.
+        let Some(permit) = permits.split(1) else {
+            tracing::error!(action_id = %job.action_id, "more jobs than slots; leaving it to lapse");
+            continue;
+        };
+        tracker.spawn(run_job(
+            ctx.clone(),
+            job,
+            deadline,
+            permit,
+            shutdown.clone(),
+        ));
+    }
+    Ok(())
+}
+
+/// The batched path: `lease`, the hand-backs and `begin_dispatch_many` in
+/// one transaction, then, only after its `COMMIT`, the provider calls (see
+/// the module docs). `Err`: nothing was dispatched (rolled back, or the
+/// `COMMIT` is unconfirmed and `retry` is queued for each job).
+async fn lease_and_begin(
+    ctx: Arc<Ctx>,
+    tracker: TaskTracker,
+    mut permits: OwnedSemaphorePermit,
+    max_jobs: i32,
+    done: mpsc::UnboundedSender<Done>,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    // Before BEGIN, so before the lease call: the database's lease starts
+    // later than this.
+    let started = Instant::now();
+    let mut client = ctx.pool.get().await?;
+    // From here until COMMIT, any early return drops `tx`: rolled back.
+    let tx = db::transaction(&mut client).await?;
+    let jobs = db::lease(
+        tx.client(),
+        &ctx.settings.worker_name,
+        max_jobs,
+        ctx.settings.lease,
+        &ctx.provider_names,
+    )
+    .await?;
+    if jobs.is_empty() {
+        // Nothing was changed: dropping it queues a ROLLBACK, no wait.
+        drop(tx);
+        return Ok(());
+    }
+    ctx.metrics.lease_batch_size.observe(jobs.len() as f64);
+    let deadline = started + ctx.settings.lease;
+    let mut handed_back = Vec::new();
     let mut to_begin = Vec::with_capacity(jobs.len());
     for job in jobs {
         // `free` permits were taken and at most `free` jobs came back.
@@ -116,39 +239,72 @@ pub(super) async fn lease_batch(
             tracing::error!(action_id = %job.action_id, "more jobs than slots; leaving it to lapse");
             continue;
         };
-        if !batch {
-            tracker.spawn(run_job(
-                ctx.clone(),
-                job,
-                deadline,
-                permit,
-                shutdown.clone(),
-            ));
-            continue;
+        let slot = Slot::new(&ctx, permit, job.action_id);
+        match handback_reason(&ctx, &job, deadline, &shutdown) {
+            Some(reason) => handed_back.push((job, slot, reason)),
+            None => to_begin.push((job, slot)),
         }
-        let slot = Slot::new(ctx, permit, job.action_id);
-        if let Some(reason) = handback_reason(ctx, &job, deadline, shutdown) {
-            tracker.spawn(async move {
-                let _slot = slot;
-                let delay = (reason == "unknown_provider").then_some(UNKNOWN_PROVIDER_DELAY);
-                hand_back(&_slot.ctx, &job, delay).await;
-            });
-            continue;
+    }
+    // Hand-backs, in the same transaction: `complete 'retry'` from `leased`
+    // requeues without counting an attempt. If one fails, the whole
+    // transaction rolls back, which hands every job back the same way.
+    let receipt = json!({});
+    let mut statuses = Vec::with_capacity(handed_back.len());
+    for (job, _, reason) in &handed_back {
+        let delay = (*reason == "unknown_provider").then_some(UNKNOWN_PROVIDER_DELAY);
+        statuses.push(
+            db::complete(
+                tx.client(),
+                job.action_id,
+                job.lease_id,
+                "retry",
+                &receipt,
+                delay,
+            )
+            .await?,
+        );
+    }
+    let answers = if to_begin.is_empty() {
+        Vec::new()
+    } else {
+        let pairs: Vec<(Uuid, Uuid)> = to_begin
+            .iter()
+            .map(|(j, _)| (j.action_id, j.lease_id))
+            .collect();
+        match db::begin_dispatch_many(tx.client(), &pairs).await {
+            Ok(answers) => answers,
+            Err(e) if e.sqlstate() == Some(&SqlState::UNDEFINED_FUNCTION) => {
+                // An older pg_keyturn without sql/061. The transaction is
+                // aborted: roll it back (no lease ever existed) and lease
+                // the same jobs again with single calls from now on.
+                drop(tx);
+                if ctx.batch.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "keyturn.begin_dispatch_many is not installed; using single begin_dispatch/complete calls");
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(e),
         }
-        to_begin.push((job, slot));
+    };
+    if let Err(e) = db::commit(tx).await {
+        // It may or may not have committed: call nothing; `retry` for each
+        // job that was to be begun (see `begin.rs`). Do not reuse this
+        // connection.
+        drop(deadpool_postgres::Object::take(client));
+        tracing::warn!(error = %e, jobs = to_begin.len(), handed_back = handed_back.len(), "lease/begin_dispatch_many COMMIT unconfirmed; no provider is called, recording retry");
+        unconfirmed(to_begin, deadline, &done);
+        return Err(e);
     }
-    if !to_begin.is_empty() {
-        // Its own task, so the loop can lease again as soon as a slot frees.
-        tracker.spawn(begin_batch(
-            ctx.clone(),
-            tracker.clone(),
-            to_begin,
-            deadline,
-            done.clone(),
-            shutdown.clone(),
-        ));
+    // Back to the pool before the calls start.
+    drop(client);
+    for ((job, slot, _), status) in handed_back.into_iter().zip(statuses) {
+        let span = tracing::info_span!("job", action_id = %job.action_id, tenant = %job.tenant, tool = %job.tool, provider = %job.provider, attempt = job.attempt);
+        let _e = span.enter();
+        tracing::info!(%status, "handed back");
+        drop(slot);
     }
-    false
+    dispatch_begun(&ctx, &tracker, to_begin, &answers, deadline, &done);
+    Ok(())
 }
 
 /// A slot (one of KEYTURN_WORKERS) held by a job until its provider call has
@@ -158,7 +314,7 @@ pub(super) async fn lease_batch(
 pub(super) struct Slot {
     pub(super) ctx: Arc<Ctx>,
     action_id: Uuid,
-    permit: Option<OwnedSemaphorePermit>,
+    _permit: OwnedSemaphorePermit,
     pub(super) queued: bool,
 }
 
@@ -168,18 +324,9 @@ impl Slot {
         Slot {
             ctx: ctx.clone(),
             action_id,
-            permit: Some(permit),
+            _permit: permit,
             queued: false,
         }
-    }
-
-    /// The bare permit, for [`run_job`] (which keeps its own bookkeeping).
-    pub(super) fn into_permit(mut self) -> OwnedSemaphorePermit {
-        lock(&self.ctx.inflight).remove(&self.action_id);
-        self.queued = true;
-        self.permit
-            .take()
-            .expect("a slot holds its permit until dropped")
     }
 }
 

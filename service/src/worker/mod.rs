@@ -14,26 +14,34 @@
 //!              keyturn.complete(outcome)  retried with backoff if the DB is away
 //! ```
 //!
-//! **Batched path (sql/061, used whenever the database has it).** The checks
-//! above run per job right after the lease; the jobs left get one
-//! `keyturn.begin_dispatch_many` (one commit for the batch, in its own task so
-//! the loop keeps leasing), and each job answered `dispatch` gets a provider
-//! call task holding its slot. An element answered `dispatch = false` is never
-//! called (invalidated, or refused with its `55000`). Outcomes go to a
+//! **Batched path (sql/061, used whenever the database has it).** One lease
+//! step is one transaction on one pooled connection, in a task of its own
+//! (see `lease.rs`): `BEGIN`; `keyturn.lease`; the checks above per job, the
+//! hand-backs recorded right there with `complete 'retry'`;
+//! `keyturn.begin_dispatch_many` for the jobs left; `COMMIT` — one durable
+//! commit per batch. Only after the `COMMIT` succeeded does each job
+//! answered `dispatch` get a provider call task holding its slot; an element
+//! answered `dispatch = false` is never called (invalidated, or refused with
+//! its `55000`). Anything failing before `COMMIT` rolls the transaction back
+//! (the leases never existed; nothing is called); a `COMMIT` whose outcome is
+//! unknown is an unconfirmed begin (nothing is called, `retry` recorded).
+//! Outcomes go to a
 //! completion queue that one task flushes with `keyturn.complete_many` every
 //! `FLUSH_EVERY` or `FLUSH_MAX` outcomes (at once on shutdown), retrying the
 //! same outcomes exactly as `complete` is retried. The slot is
 //! freed when the call ends; the job stays in the in-flight set until its
 //! outcome is recorded, and shutdown waits for the queue to drain. A database
 //! without the batch functions (`42883`) switches the process to the
-//! single-call path above; nothing ran in that case.
+//! single-call path above; the transaction rolled back, so nothing ran and
+//! the next step leases the same jobs again.
 //!
 //! One file per mechanism; the rules each one enforces are documented there:
 //!
-//! - `lease.rs`: leasing free slots, the deadline taken from the lease call,
-//!   the checks before begin and the hand-backs (unknown provider: fail
-//!   closed).
-//! - `begin.rs`: the batched `keyturn.begin_dispatch_many`.
+//! - `lease.rs`: leasing free slots, the lease-and-begin transaction, the
+//!   deadline taken from the lease call, the checks before begin and the
+//!   hand-backs (unknown provider: fail closed).
+//! - `begin.rs`: after the transaction's `COMMIT` (or its unknown outcome):
+//!   the provider calls for the jobs `begin_dispatch_many` answered.
 //! - `job.rs`: the provider call, and the single-call path (`begin_dispatch`
 //!   then `complete`) with its unconfirmed-begin rule.
 //! - `completion.rs`: recording outcomes (`complete`, and the queue flushed
@@ -198,8 +206,10 @@ impl Dispatcher {
                 _ = ctx.wake.notified() => {}
                 _ = tokio::time::sleep(ctx.settings.poll) => {}
             }
-            // Cancellable: a lease that committed but whose answer is
-            // dropped here simply lapses back to `queued`, no attempt counted.
+            // Cancellable. Single-call path: a lease that committed but whose
+            // answer is dropped here simply lapses back to `queued`, no
+            // attempt counted. Batched path: the lease-and-begin transaction
+            // runs in a tracked task, which this only stops awaiting.
             lease_failing = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
