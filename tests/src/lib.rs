@@ -495,3 +495,54 @@ pub async fn lease_mine(dispatcher: &Client, mine: &[uuid::Uuid], lease_for: &st
     }
     out
 }
+
+/// A world with an external (webhook) tool and `n` approved, `queued` actions.
+pub async fn queued(n: usize) -> (World, String, Vec<uuid::Uuid>) {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let p = w
+            .propose(&t, json!({"channel": "c", "text": format!("m{i}")}))
+            .await
+            .unwrap();
+        assert_eq!(w.approve(&p).await.unwrap().0, "queued");
+        ids.push(p.id);
+    }
+    (w, t, ids)
+}
+
+/// `keyturn.begin_dispatch` for a lease.
+pub async fn begin(d: &Client, l: &Lease) -> Result<bool, tokio_postgres::Error> {
+    d.query_one(
+        "SELECT keyturn.begin_dispatch($1, $2)",
+        &[&l.action_id, &l.lease_id],
+    )
+    .await
+    .map(|r| r.get(0))
+}
+
+/// `keyturn.complete` for a lease; `retry` is an interval text such as "1 hour".
+pub async fn complete(
+    d: &Client,
+    l: &Lease,
+    outcome: &str,
+    receipt: Value,
+    retry: Option<&str>,
+) -> Result<String, tokio_postgres::Error> {
+    d.query_one(
+        "SELECT keyturn.complete($1, $2, $3, $4, $5::text::interval)",
+        &[&l.action_id, &l.lease_id, &outcome, &receipt, &retry],
+    )
+    .await
+    .map(|r| r.get(0))
+}
+
+/// The action's attempt counter, read as superuser.
+pub async fn attempts(w: &World, id: uuid::Uuid) -> i32 {
+    w.superuser
+        .query_one("SELECT attempts FROM keyturn.action WHERE id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0)
+}

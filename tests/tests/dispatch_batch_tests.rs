@@ -8,21 +8,6 @@ use serde_json::{json, Value};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-async fn queued(n: usize) -> (World, String, Vec<Uuid>) {
-    let w = World::new("member").await;
-    let t = w.webhook_tool(json!({})).await;
-    let mut ids = Vec::new();
-    for i in 0..n {
-        let p = w
-            .propose(&t, json!({"channel": "c", "text": format!("m{i}")}))
-            .await
-            .unwrap();
-        assert_eq!(w.approve(&p).await.unwrap().0, "queued");
-        ids.push(p.id);
-    }
-    (w, t, ids)
-}
-
 type BeginRow = (Uuid, bool, Option<String>);
 
 async fn begin_many(
@@ -72,14 +57,6 @@ async fn complete_many(
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect())
-}
-
-async fn attempts(w: &World, id: Uuid) -> i32 {
-    w.superuser
-        .query_one("SELECT attempts FROM keyturn.action WHERE id = $1", &[&id])
-        .await
-        .unwrap()
-        .get(0)
 }
 
 fn starts(e: &Option<String>, code: &str) -> bool {

@@ -3,56 +3,7 @@
 //! every test here holds DISPATCH_LOCK.
 
 use keyturn_tests::*;
-use serde_json::{json, Value};
-use tokio_postgres::Client;
-
-/// A world with an external tool and `n` approved (queued) actions.
-async fn queued(n: usize) -> (World, String, Vec<uuid::Uuid>) {
-    let w = World::new("member").await;
-    let t = w.webhook_tool(json!({})).await;
-    let mut ids = Vec::new();
-    for i in 0..n {
-        let p = w
-            .propose(&t, json!({"channel": "c", "text": format!("m{i}")}))
-            .await
-            .unwrap();
-        assert_eq!(w.approve(&p).await.unwrap().0, "queued");
-        ids.push(p.id);
-    }
-    (w, t, ids)
-}
-
-async fn begin(d: &Client, l: &Lease) -> Result<bool, tokio_postgres::Error> {
-    d.query_one(
-        "SELECT keyturn.begin_dispatch($1, $2)",
-        &[&l.action_id, &l.lease_id],
-    )
-    .await
-    .map(|r| r.get(0))
-}
-
-async fn complete(
-    d: &Client,
-    l: &Lease,
-    outcome: &str,
-    receipt: Value,
-    retry: Option<&str>,
-) -> Result<String, tokio_postgres::Error> {
-    d.query_one(
-        "SELECT keyturn.complete($1, $2, $3, $4, $5::text::interval)",
-        &[&l.action_id, &l.lease_id, &outcome, &receipt, &retry],
-    )
-    .await
-    .map(|r| r.get(0))
-}
-
-async fn attempts(w: &World, id: uuid::Uuid) -> i32 {
-    w.superuser
-        .query_one("SELECT attempts FROM keyturn.action WHERE id = $1", &[&id])
-        .await
-        .unwrap()
-        .get(0)
-}
+use serde_json::json;
 
 #[tokio::test]
 async fn test_lease_takes_due_queued_rows_once() {

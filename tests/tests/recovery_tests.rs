@@ -26,29 +26,6 @@ async fn queued_in(w: &World, t: &str, params: Value) -> uuid::Uuid {
     p.id
 }
 
-async fn begin(d: &Client, l: &Lease) -> Result<bool, tokio_postgres::Error> {
-    d.query_one(
-        "SELECT keyturn.begin_dispatch($1, $2)",
-        &[&l.action_id, &l.lease_id],
-    )
-    .await
-    .map(|r| r.get(0))
-}
-
-async fn complete(
-    d: &Client,
-    l: &Lease,
-    outcome: &str,
-    receipt: Value,
-) -> Result<String, tokio_postgres::Error> {
-    d.query_one(
-        "SELECT keyturn.complete($1, $2, $3, $4)",
-        &[&l.action_id, &l.lease_id, &outcome, &receipt],
-    )
-    .await
-    .map(|r| r.get(0))
-}
-
 async fn sweep(c: &Client) -> (i32, i32, i32) {
     let r = c
         .query_one(
@@ -112,7 +89,7 @@ async fn test_sweep_expires_requeues_and_makes_uncertain() {
     assert_eq!(w.status(a).await, "queued");
     // Once uncertain, the dispatcher's late outcome is refused and nothing changes.
     assert_eq!(
-        sqlstate(complete(&d, &lb, "succeeded", json!({})).await),
+        sqlstate(complete(&d, &lb, "succeeded", json!({}), None).await),
         "55000"
     );
     assert_eq!(w.status(b).await, "uncertain");
@@ -135,7 +112,7 @@ async fn test_complete_is_accepted_past_lease_expiry_while_executing() {
     assert!(begin(&d, &l).await.unwrap());
     tokio::time::sleep(Duration::from_millis(1300)).await;
     assert_eq!(
-        complete(&d, &l, "succeeded", json!({"status": 200}))
+        complete(&d, &l, "succeeded", json!({"status": 200}), None)
             .await
             .unwrap(),
         "succeeded"
@@ -162,9 +139,15 @@ async fn test_reconcile_only_from_uncertain_keeps_attempts() {
     for l in &leases {
         assert!(begin(&d, l).await.unwrap());
         assert_eq!(
-            complete(&d, l, "unknown", json!({"error": "timeout after send"}))
-                .await
-                .unwrap(),
+            complete(
+                &d,
+                l,
+                "unknown",
+                json!({"error": "timeout after send"}),
+                None
+            )
+            .await
+            .unwrap(),
             "uncertain"
         );
     }
@@ -249,7 +232,7 @@ async fn test_receipts_are_stored_redacted() {
         "password": "pw-zzz"
     });
     assert_eq!(
-        complete(&d, &l, "succeeded", receipt).await.unwrap(),
+        complete(&d, &l, "succeeded", receipt, None).await.unwrap(),
         "succeeded"
     );
     for sql in [
@@ -327,7 +310,7 @@ async fn test_digest_payload_is_gone_after_a_final_status() {
     // Kept while executing or uncertain, so a retry sends the same payload.
     let lb = leases.iter().find(|l| l.action_id == b).unwrap();
     assert_eq!(
-        complete(&d, lb, "unknown", json!({})).await.unwrap(),
+        complete(&d, lb, "unknown", json!({}), None).await.unwrap(),
         "uncertain"
     );
     assert_eq!(
@@ -335,7 +318,7 @@ async fn test_digest_payload_is_gone_after_a_final_status() {
         vec!["staged_payload: 1".to_string()]
     );
     assert_eq!(
-        complete(&d, la, "succeeded", json!({"status": 202}))
+        complete(&d, la, "succeeded", json!({"status": 202}), None)
             .await
             .unwrap(),
         "succeeded"
