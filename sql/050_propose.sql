@@ -74,9 +74,11 @@ AS $$
     SELECT CASE WHEN p_ver.sql_version = 'xmin' THEN 't.xmin' ELSE format('t.%I', p_ver.sql_version) END
 $$;
 
--- Validates the form {"where": {col: value | [values]}, "set": {col: value}}.
-CREATE FUNCTION keyturn._check_form(p_ver keyturn.tool_version, p_form jsonb)
-RETURNS void
+-- What is wrong with the form {"where": {col: value | [values]}, "set": {col: value}},
+-- or NULL. Returned rather than raised, so approve's revalidation needs no
+-- subtransaction to catch it.
+CREATE FUNCTION keyturn._form_error(p_ver keyturn.tool_version, p_form jsonb)
+RETURNS text
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -86,43 +88,52 @@ DECLARE
 BEGIN
     IF jsonb_typeof(p_form) <> 'object' OR NOT (p_form ?& ARRAY['where', 'set'])
        OR EXISTS (SELECT 1 FROM jsonb_object_keys(p_form) j WHERE j NOT IN ('where', 'set')) THEN
-        RAISE EXCEPTION 'keyturn: params of sql tool % must be exactly {"where": {...}, "set": {...}}', p_ver.tool
-            USING ERRCODE = '22023';
+        RETURN format('params of sql tool %s must be exactly {"where": {...}, "set": {...}}', p_ver.tool);
     END IF;
     IF jsonb_typeof(p_form -> 'where') <> 'object' OR p_form -> 'where' = '{}'
        OR jsonb_typeof(p_form -> 'set') <> 'object' OR p_form -> 'set' = '{}' THEN
-        RAISE EXCEPTION 'keyturn: params.where and params.set must be non-empty objects'
-            USING ERRCODE = '22023';
+        RETURN 'params.where and params.set must be non-empty objects';
     END IF;
     FOR k, v IN SELECT e.key, e.value FROM jsonb_each(p_form -> 'where') e LOOP
         IF NOT k = ANY (p_ver.sql_where) THEN
-            RAISE EXCEPTION 'keyturn: tool % may not filter on %', p_ver.tool, quote_ident(k)
-                USING ERRCODE = '22023',
-                      HINT = format('Filterable columns: %s.', array_to_string(p_ver.sql_where, ', '));
+            RETURN format('tool %s may not filter on %s (filterable columns: %s)',
+                          p_ver.tool, quote_ident(k), array_to_string(p_ver.sql_where, ', '));
         END IF;
         IF jsonb_typeof(v) = 'array' THEN
             IF jsonb_array_length(v) NOT BETWEEN 1 AND 1000
                OR EXISTS (SELECT 1 FROM jsonb_array_elements(v) x
                            WHERE jsonb_typeof(x) NOT IN ('string', 'number', 'boolean')) THEN
-                RAISE EXCEPTION 'keyturn: params.where.% must list 1 to 1000 strings, numbers or booleans', k
-                    USING ERRCODE = '22023';
+                RETURN format('params.where.%s must list 1 to 1000 strings, numbers or booleans', k);
             END IF;
         ELSIF jsonb_typeof(v) NOT IN ('string', 'number', 'boolean') THEN
-            RAISE EXCEPTION 'keyturn: params.where.% must be a string, number, boolean or a list of them', k
-                USING ERRCODE = '22023';
+            RETURN format('params.where.%s must be a string, number, boolean or a list of them', k);
         END IF;
     END LOOP;
     FOR k, v IN SELECT e.key, e.value FROM jsonb_each(p_form -> 'set') e LOOP
         IF NOT k = ANY (p_ver.sql_set) THEN
-            RAISE EXCEPTION 'keyturn: tool % may not set %', p_ver.tool, quote_ident(k)
-                USING ERRCODE = '22023',
-                      HINT = format('Settable columns: %s.', array_to_string(p_ver.sql_set, ', '));
+            RETURN format('tool %s may not set %s (settable columns: %s)',
+                          p_ver.tool, quote_ident(k), array_to_string(p_ver.sql_set, ', '));
         END IF;
         IF jsonb_typeof(v) IN ('object', 'array') AND p_ver.sql_types ->> k NOT IN ('json', 'jsonb') THEN
-            RAISE EXCEPTION 'keyturn: params.set.% must be a scalar for a % column', k, p_ver.sql_types ->> k
-                USING ERRCODE = '22023';
+            RETURN format('params.set.%s must be a scalar for a %s column', k, p_ver.sql_types ->> k);
         END IF;
     END LOOP;
+    RETURN NULL;
+END
+$$;
+
+-- Raises 22023 with what is wrong with the form.
+CREATE FUNCTION keyturn._check_form(p_ver keyturn.tool_version, p_form jsonb)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_error text := keyturn._form_error(p_ver, p_form);
+BEGIN
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: %', v_error USING ERRCODE = '22023';
+    END IF;
 END
 $$;
 

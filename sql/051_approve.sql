@@ -280,11 +280,7 @@ BEGIN
     IF a.executor = 'external' THEN
         v_err := keyturn._params_errors(v_ver.params_schema, v_params);
     ELSE
-        BEGIN
-            PERFORM keyturn._check_form(v_ver, v_params);
-        EXCEPTION WHEN invalid_parameter_value THEN
-            v_err := SQLERRM;
-        END;
+        v_err := keyturn._form_error(v_ver, v_params);
     END IF;
     IF v_err IS NOT NULL THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'invalidated',
