@@ -546,3 +546,13 @@ pub async fn attempts(w: &World, id: uuid::Uuid) -> i32 {
         .unwrap()
         .get(0)
 }
+
+/// How many attempt rows (keyturn.attempt) the action has, read as superuser.
+pub async fn attempt_rows(w: &World, id: uuid::Uuid) -> i64 {
+    count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.attempt WHERE action_id = $1",
+        &[&id],
+    )
+    .await
+}

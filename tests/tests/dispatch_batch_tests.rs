@@ -127,15 +127,7 @@ async fn test_begin_dispatch_many_mixed_batch() {
     for l in [&good, &good2] {
         assert_eq!(w.status(l.action_id).await, "executing");
         assert_eq!(attempts(&w, l.action_id).await, 1);
-        assert_eq!(
-            count(
-                &w.superuser,
-                "SELECT count(*) FROM keyturn.attempt WHERE action_id = $1",
-                &[&l.action_id]
-            )
-            .await,
-            1
-        );
+        assert_eq!(attempt_rows(&w, l.action_id).await, 1);
     }
     // Refused ones changed nothing.
     assert_eq!(w.status(wrong.action_id).await, "leased");

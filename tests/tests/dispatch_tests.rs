@@ -49,15 +49,7 @@ async fn test_begin_dispatch_moves_to_executing_and_counts_the_attempt() {
     assert!(begin(&d, &l).await.unwrap());
     assert_eq!(w.status(l.action_id).await, "executing");
     assert_eq!(attempts(&w, l.action_id).await, 1);
-    assert_eq!(
-        count(
-            &w.superuser,
-            "SELECT count(*) FROM keyturn.attempt WHERE action_id = $1",
-            &[&l.action_id]
-        )
-        .await,
-        1
-    );
+    assert_eq!(attempt_rows(&w, l.action_id).await, 1);
     assert_eq!(
         sqlstate(begin(&d, &l).await),
         "55000",
@@ -228,15 +220,7 @@ async fn test_retry_requeues_with_same_idempotency_key_and_third_fails() {
     );
     assert_eq!(w.status(id).await, "failed");
     assert_eq!(attempts(&w, id).await, 3);
-    assert_eq!(
-        count(
-            &w.superuser,
-            "SELECT count(*) FROM keyturn.attempt WHERE action_id = $1",
-            &[&id]
-        )
-        .await,
-        3
-    );
+    assert_eq!(attempt_rows(&w, id).await, 3);
 }
 
 #[tokio::test]
@@ -255,15 +239,7 @@ async fn test_retry_before_dispatch_hands_back_without_counting() {
         "queued"
     );
     assert_eq!(attempts(&w, l.action_id).await, 0);
-    assert_eq!(
-        count(
-            &w.superuser,
-            "SELECT count(*) FROM keyturn.attempt WHERE action_id = $1",
-            &[&l.action_id]
-        )
-        .await,
-        0
-    );
+    assert_eq!(attempt_rows(&w, l.action_id).await, 0);
     let again = lease_mine(&d, &ids, "30 seconds").await.remove(0);
     assert_eq!(again.attempt, 1);
     assert_eq!(again.idempotency_key, l.idempotency_key);

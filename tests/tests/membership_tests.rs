@@ -16,6 +16,15 @@ async fn epoch(w: &World, principal: &str) -> i64 {
     .await
 }
 
+/// An admin call's boolean answer: did it change anything?
+async fn admin_says(
+    w: &World,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> bool {
+    w.admin.query_one(sql, params).await.unwrap().get(0)
+}
+
 #[tokio::test]
 async fn test_add_member_validates_role() {
     let w = World::new("member").await;
@@ -159,35 +168,26 @@ async fn test_noop_admin_calls_keep_epoch_and_proposal() {
         .unwrap();
     let p = w.propose(&tool, form(deal)).await.unwrap();
     let e = epoch(&w, &w.principal).await;
-    let changed: bool = w
-        .admin
-        .query_one(
-            "SELECT keyturn.add_member($1, $2, 'member')",
-            &[&w.tenant, &w.principal],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let changed: bool = admin_says(
+        &w,
+        "SELECT keyturn.add_member($1, $2, 'member')",
+        &[&w.tenant, &w.principal],
+    )
+    .await;
     assert!(!changed, "same role again reports no change");
-    let changed: bool = w
-        .admin
-        .query_one(
-            "SELECT keyturn.grant_tool($1, $2, $3)",
-            &[&w.tenant, &w.principal, &tool],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let changed: bool = admin_says(
+        &w,
+        "SELECT keyturn.grant_tool($1, $2, $3)",
+        &[&w.tenant, &w.principal, &tool],
+    )
+    .await;
     assert!(!changed, "a repeated grant reports no change");
-    let changed: bool = w
-        .admin
-        .query_one(
-            "SELECT keyturn.revoke_tool($1, $2, $3)",
-            &[&w.tenant, &w.principal, &ungranted],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let changed: bool = admin_says(
+        &w,
+        "SELECT keyturn.revoke_tool($1, $2, $3)",
+        &[&w.tenant, &w.principal, &ungranted],
+    )
+    .await;
     assert!(
         !changed,
         "revoking what was never granted reports no change"
