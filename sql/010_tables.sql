@@ -124,18 +124,39 @@ CREATE TABLE keyturn.action (
     dispatched_at    timestamptz,
     receipt          jsonb,
     updated_at       timestamptz NOT NULL
-) WITH (fillfactor = 80);  -- room for HOT updates: the claim touches no indexed column
+) WITH (fillfactor = 80);
+-- Only immutable columns are indexed here, so every status change is a HOT update
+-- (fillfactor leaves the room): it writes no index entry, and its WAL record
+-- carries only the changed tail of the row. The status predicates are indexed on
+-- keyturn.open_action instead.
+CREATE INDEX action_rate_idx ON keyturn.action (tenant, principal, tool, created_at);
 
--- The hot predicates, one index each (see BENCHMARKS.md for the plans).
-CREATE INDEX action_due_idx      ON keyturn.action (next_attempt_at) WHERE status = 'queued';
-CREATE INDEX action_lease_idx    ON keyturn.action (lease_expires_at) WHERE status IN ('leased', 'executing');
-CREATE INDEX action_expiry_idx   ON keyturn.action (expires_at) WHERE status = 'pending';
-CREATE INDEX action_session_idx  ON keyturn.action (tenant, principal, session)
-    WHERE status IN ('pending', 'queued', 'leased');
-CREATE INDEX action_origin_idx   ON keyturn.action (tenant, principal, conversation_id)
-    WHERE status IN ('pending', 'queued', 'leased');
-CREATE INDEX action_rate_idx     ON keyturn.action (tenant, principal, tool, created_at);
-CREATE INDEX action_uncertain_idx ON keyturn.action (dispatched_at) WHERE status = 'uncertain';
+-- The work list: one narrow row per action that is not final, kept in step with
+-- keyturn.action by the lifecycle trigger (020_guards.sql) and deleted when the
+-- action reaches a final status. Every hot "which actions are …" question (due,
+-- lapsed, expired, a session's, a conversation's, uncertain) is answered by an
+-- index here, on a table as large as the open work rather than the history.
+-- keyturn.action stays the truth: readers lock the action row and recheck its
+-- status before acting.
+CREATE TABLE keyturn.open_action (
+    action_id        uuid        PRIMARY KEY,
+    tenant           text        NOT NULL,
+    principal        text        NOT NULL,
+    session          text        NOT NULL,
+    conversation_id  text,
+    status           text        NOT NULL,
+    expires_at       timestamptz NOT NULL,
+    next_attempt_at  timestamptz,
+    lease_expires_at timestamptz,
+    dispatched_at    timestamptz
+);
+CREATE INDEX open_action_due_idx       ON keyturn.open_action (next_attempt_at) WHERE status = 'queued';
+CREATE INDEX open_action_lease_idx     ON keyturn.open_action (lease_expires_at) WHERE status IN ('leased', 'executing');
+CREATE INDEX open_action_expiry_idx    ON keyturn.open_action (expires_at) WHERE status = 'pending';
+CREATE INDEX open_action_session_idx   ON keyturn.open_action (tenant, principal, session);
+CREATE INDEX open_action_origin_idx    ON keyturn.open_action (tenant, principal, conversation_id)
+    WHERE conversation_id IS NOT NULL;
+CREATE INDEX open_action_uncertain_idx ON keyturn.open_action (dispatched_at) WHERE status = 'uncertain';
 
 -- The tables below are written only by keyturn's own functions, in the same
 -- transaction as their action row; they carry no foreign key to it, which would
@@ -218,6 +239,7 @@ SELECT pg_catalog.pg_extension_config_dump('keyturn.tool_grant', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.auth_epoch', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.cancelled_origin', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.action', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.open_action', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.action_target', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.staged_payload', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.attempt', '');

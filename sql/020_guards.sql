@@ -94,7 +94,8 @@ CREATE TRIGGER action_guard
     BEFORE UPDATE ON keyturn.action
     FOR EACH ROW EXECUTE FUNCTION keyturn._action_guard();
 
--- Everything a status change implies, in the same transaction.
+-- Everything a status change implies, in the same transaction: the work list
+-- (keyturn.open_action), the event, the usage row, the staged payload, the NOTIFY.
 CREATE FUNCTION keyturn._action_lifecycle()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -106,6 +107,26 @@ DECLARE
     v_detail    text := nullif(current_setting('keyturn.event_detail', true), '');
     v_from      text;
 BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO keyturn.open_action (action_id, tenant, principal, session, conversation_id,
+                                         status, expires_at, next_attempt_at, lease_expires_at,
+                                         dispatched_at)
+        SELECT NEW.id, NEW.tenant, NEW.principal, NEW.session, NEW.conversation_id,
+               NEW.status, NEW.expires_at, NEW.next_attempt_at, NEW.lease_expires_at,
+               NEW.dispatched_at
+         WHERE NOT keyturn._is_final(NEW.status);
+    ELSIF keyturn._is_final(NEW.status) THEN
+        IF NOT keyturn._is_final(OLD.status) THEN
+            DELETE FROM keyturn.open_action o WHERE o.action_id = NEW.id;
+        END IF;
+    ELSIF (NEW.status, NEW.next_attempt_at, NEW.lease_expires_at, NEW.dispatched_at)
+          IS DISTINCT FROM (OLD.status, OLD.next_attempt_at, OLD.lease_expires_at, OLD.dispatched_at) THEN
+        UPDATE keyturn.open_action o
+           SET status = NEW.status, next_attempt_at = NEW.next_attempt_at,
+               lease_expires_at = NEW.lease_expires_at, dispatched_at = NEW.dispatched_at
+         WHERE o.action_id = NEW.id;
+    END IF;
+
     IF TG_OP = 'UPDATE' THEN
         IF NEW.status IS NOT DISTINCT FROM OLD.status THEN
             RETURN NULL;
@@ -140,7 +161,7 @@ END
 $$;
 
 CREATE TRIGGER action_lifecycle
-    AFTER INSERT OR UPDATE OF status ON keyturn.action
+    AFTER INSERT OR UPDATE OF status, next_attempt_at, lease_expires_at, dispatched_at ON keyturn.action
     FOR EACH ROW EXECUTE FUNCTION keyturn._action_lifecycle();
 
 -- Append-only tables refuse UPDATE, DELETE and TRUNCATE even to their owner.

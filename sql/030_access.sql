@@ -85,7 +85,7 @@ DECLARE
     t text;
 BEGIN
     FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
-                             'action_target', 'staged_payload', 'attempt', 'event', 'usage']
+                             'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage']
     LOOP
         EXECUTE format('ALTER TABLE keyturn.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE keyturn.%I FORCE ROW LEVEL SECURITY', t);
@@ -102,6 +102,8 @@ CREATE POLICY auth_epoch_visible ON keyturn.auth_epoch FOR SELECT
 CREATE POLICY cancelled_origin_visible ON keyturn.cancelled_origin FOR SELECT
     USING (keyturn._sees(tenant, principal));
 CREATE POLICY action_visible ON keyturn.action FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY open_action_visible ON keyturn.open_action FOR SELECT
     USING (keyturn._sees(tenant, principal));
 CREATE POLICY action_target_visible ON keyturn.action_target FOR SELECT
     USING (keyturn._sees(tenant, principal));

@@ -30,7 +30,9 @@ BEGIN
     UPDATE keyturn.action a
        SET status = 'cancelled', result = jsonb_build_object('reason', 'the session ended'),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
-     WHERE a.tenant = v_tenant AND a.principal = v_principal AND a.session = v_target
+     WHERE a.id IN (SELECT o.action_id FROM keyturn.open_action o
+                     WHERE o.tenant = v_tenant AND o.principal = v_principal AND o.session = v_target)
+       AND a.tenant = v_tenant AND a.principal = v_principal AND a.session = v_target
        AND a.status IN ('pending', 'queued', 'leased');
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
@@ -59,7 +61,10 @@ BEGIN
     UPDATE keyturn.action a
        SET status = 'cancelled', result = jsonb_build_object('reason', 'the conversation was cancelled'),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
-     WHERE a.tenant = v_tenant AND a.principal = v_principal
+     WHERE a.id IN (SELECT o.action_id FROM keyturn.open_action o
+                     WHERE o.tenant = v_tenant AND o.principal = v_principal
+                       AND o.conversation_id = cancel_origin.conversation_id)
+       AND a.tenant = v_tenant AND a.principal = v_principal
        AND a.conversation_id = cancel_origin.conversation_id
        AND a.status IN ('pending', 'queued', 'leased');
     GET DIAGNOSTICS v_n = ROW_COUNT;

@@ -37,14 +37,18 @@ BEGIN
     PERFORM keyturn._set_event_detail(jsonb_build_object('worker', lease.worker));
 
     RETURN QUERY
+    -- The work list finds the due rows; the status test on the locked action row
+    -- (rechecked after a wait) is what decides.
     WITH due AS (
-        SELECT a.id FROM keyturn.action a
-         WHERE a.status = 'queued' AND a.next_attempt_at <= clock_timestamp()
+        SELECT a.id FROM keyturn.open_action o
+          JOIN keyturn.action a ON a.id = o.action_id
+         WHERE o.status = 'queued' AND o.next_attempt_at <= clock_timestamp()
+           AND a.status = 'queued' AND a.next_attempt_at <= clock_timestamp()
            AND (lease.providers IS NULL OR EXISTS (
                     SELECT 1 FROM keyturn.tool_version v
                      WHERE v.tool = a.tool AND v.version = a.tool_version
                        AND v.provider = ANY (lease.providers)))
-         ORDER BY a.next_attempt_at, a.id
+         ORDER BY o.next_attempt_at, o.action_id
          LIMIT lease.max_jobs
            FOR UPDATE OF a SKIP LOCKED
     ), leased AS (
@@ -216,18 +220,20 @@ BEGIN
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'expired before approval'));
     UPDATE keyturn.action a
        SET status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
-     WHERE a.id IN (SELECT x.id FROM keyturn.action x
-                     WHERE x.status = 'pending' AND x.expires_at < clock_timestamp()
-                       FOR UPDATE SKIP LOCKED);
+     WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
+                     WHERE o.status = 'pending' AND o.expires_at < clock_timestamp()
+                       AND x.status = 'pending'
+                       FOR UPDATE OF x SKIP LOCKED);
     GET DIAGNOSTICS v_expired = ROW_COUNT;
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed before dispatch'));
     UPDATE keyturn.action a
        SET status = 'queued', next_attempt_at = clock_timestamp(),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
-     WHERE a.id IN (SELECT x.id FROM keyturn.action x
-                     WHERE x.status = 'leased' AND x.lease_expires_at < clock_timestamp()
-                       FOR UPDATE SKIP LOCKED);
+     WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
+                     WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < clock_timestamp()
+                       AND x.status = 'leased' AND x.lease_expires_at < clock_timestamp()
+                       FOR UPDATE OF x SKIP LOCKED);
     GET DIAGNOSTICS v_requeued = ROW_COUNT;
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed while executing'));
@@ -235,9 +241,10 @@ BEGIN
         UPDATE keyturn.action a
            SET status = 'uncertain',
                result = jsonb_build_object('reason', 'the dispatcher''s lease lapsed during the provider call; the outcome is unknown and is never retried automatically')
-         WHERE a.id IN (SELECT x.id FROM keyturn.action x
-                         WHERE x.status = 'executing' AND x.lease_expires_at < clock_timestamp()
-                           FOR UPDATE SKIP LOCKED)
+         WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
+                         WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < clock_timestamp()
+                           AND x.status = 'executing' AND x.lease_expires_at < clock_timestamp()
+                           FOR UPDATE OF x SKIP LOCKED)
         RETURNING a.id, a.attempts
     ), closed AS (
         UPDATE keyturn.attempt t SET finished_at = clock_timestamp(), outcome = 'lapsed'
@@ -287,7 +294,8 @@ LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt
-      FROM keyturn.action a
-     WHERE a.status = 'uncertain'
-     ORDER BY a.dispatched_at, a.id
+      FROM keyturn.open_action o
+      JOIN keyturn.action a ON a.id = o.action_id
+     WHERE o.status = 'uncertain' AND a.status = 'uncertain'
+     ORDER BY o.dispatched_at, o.action_id
 $$;

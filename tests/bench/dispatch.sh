@@ -100,6 +100,7 @@ clear_queue() {
   kt_psql -q <<'SQL'
 SET session_replication_role = replica;
 UPDATE keyturn.action SET status = 'cancelled', updated_at = now() WHERE status IN ('pending', 'queued', 'leased', 'executing');
+DELETE FROM keyturn.open_action WHERE status IN ('pending', 'queued', 'leased', 'executing');
 SQL
 }
 

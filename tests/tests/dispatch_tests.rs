@@ -111,6 +111,7 @@ async fn test_begin_dispatch_after_revoke_or_disable_invalidates() {
     assert_eq!(w2.status(l2.action_id).await, "invalidated");
     // A queued action is also invalidated by the epoch (second lease of the first world).
     assert!(!begin(&d, &leases[1]).await.unwrap());
+    assert_work_list_in_step(&w.superuser).await;
 }
 
 #[tokio::test]
@@ -156,6 +157,7 @@ async fn test_complete_outcomes() {
     assert_eq!(w.usage_rows(leases[2].action_id).await, 1);
     // uncertain is never retried automatically.
     assert!(lease_mine(&d, &ids, "30 seconds").await.is_empty());
+    assert_work_list_in_step(&w.superuser).await;
 }
 
 #[tokio::test]
@@ -221,6 +223,7 @@ async fn test_retry_requeues_with_same_idempotency_key_and_third_fails() {
     assert_eq!(w.status(id).await, "failed");
     assert_eq!(attempts(&w, id).await, 3);
     assert_eq!(attempt_rows(&w, id).await, 3);
+    assert_work_list_in_step(&w.superuser).await;
 }
 
 #[tokio::test]
@@ -249,6 +252,7 @@ async fn test_retry_before_dispatch_hands_back_without_counting() {
         "the old lease is void"
     );
     assert!(begin(&d, &again).await.unwrap());
+    assert_work_list_in_step(&w.superuser).await;
 }
 
 #[tokio::test]
@@ -266,6 +270,7 @@ async fn test_end_session_cancels_leased_actions_and_voids_the_lease() {
     assert_eq!(n, 1);
     assert_eq!(w.status(l.action_id).await, "cancelled");
     assert_eq!(sqlstate(begin(&d, &l).await), "55000");
+    assert_work_list_in_step(&w.superuser).await;
 }
 
 #[tokio::test]
@@ -378,6 +383,7 @@ async fn test_begin_keeps_the_lease_expiry_and_end_session_spares_executing() {
             .unwrap(),
         "succeeded"
     );
+    assert_work_list_in_step(&w.superuser).await;
 }
 
 #[tokio::test]
@@ -400,4 +406,5 @@ async fn test_a_lapsed_lease_cannot_be_handed_back_the_sweep_requeues_it() {
     d.execute("SELECT keyturn.sweep()", &[]).await.unwrap();
     assert_eq!(w.status(l.action_id).await, "queued");
     assert_eq!(attempts(&w, l.action_id).await, 0, "no attempt was made");
+    assert_work_list_in_step(&w.superuser).await;
 }

@@ -149,6 +149,7 @@ async fn test_reject_then_approve_returns_rejected_and_writes_nothing() {
     assert_eq!(w.approve(&p2).await.unwrap().0, "succeeded");
     assert_eq!(reject(&w.human, &p2).await.unwrap(), "succeeded");
     assert_eq!(w.status(p2.id).await, "succeeded");
+    assert_work_list_in_step(&w.superuser).await;
 }
 
 #[tokio::test]
@@ -203,6 +204,7 @@ async fn test_end_session_cancels_only_that_sessions_actions_of_the_caller() {
     assert_eq!(n, 1);
     assert_eq!(w.status(other_session.id).await, "cancelled");
     assert_eq!(w.status(others.id).await, "pending");
+    assert_work_list_in_step(&w.superuser).await;
 }
 
 #[tokio::test]
@@ -275,6 +277,7 @@ async fn test_cancel_origin_cancels_by_conversation_for_the_caller_only() {
         sqlstate(w.agent.query("SELECT keyturn.cancel_origin('')", &[]).await),
         "22023"
     );
+    assert_work_list_in_step(&w.superuser).await;
 }
 
 #[tokio::test]
@@ -299,4 +302,5 @@ async fn test_cancel_origin_cancels_queued_actions_too() {
         .get(0);
     assert_eq!(n, 1, "queued actions of the conversation are cancelled");
     assert_eq!(w.status(p.id).await, "cancelled");
+    assert_work_list_in_step(&w.superuser).await;
 }

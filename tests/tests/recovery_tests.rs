@@ -99,6 +99,7 @@ async fn test_sweep_expires_requeues_and_makes_uncertain() {
     assert_eq!(again.len(), 1, "uncertain is never retried automatically");
     assert_eq!(again[0].action_id, a);
     assert_eq!(again[0].attempt, 1);
+    assert_work_list_in_step(&w.superuser).await;
 }
 
 #[tokio::test]
@@ -213,6 +214,7 @@ async fn test_reconcile_only_from_uncertain_keeps_attempts() {
         .unwrap()
         .get(0);
     assert_eq!(last, "app_operator");
+    assert_work_list_in_step(&w.superuser).await;
 }
 
 #[tokio::test]
@@ -382,4 +384,5 @@ async fn test_digest_payload_same_on_retry_and_gone_when_invalidated() {
         "{:?}",
         leaks(&w.superuser, &marker).await
     );
+    assert_work_list_in_step(&w.superuser).await;
 }

@@ -10,6 +10,7 @@ const TENANT_TABLES: &[&str] = &[
     "auth_epoch",
     "cancelled_origin",
     "action",
+    "open_action",
     "action_target",
     "staged_payload",
     "attempt",
