@@ -116,7 +116,7 @@ item_drain() {
     local w0 w1
     w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
     start_keyturnd "$url"
-    read -r secs hwm < <(wait_drained "SELECT count(*) FROM keyturn.action WHERE status IN ('queued', 'leased', 'executing')" "$KTD_PID")
+    read -r secs hwm < <(wait_drained "SELECT count(*) FROM keyturn.open_action WHERE status IN ('queued', 'leased', 'executing')" "$KTD_PID")
     w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
     stop_pid "$KTD_PID"
     local ok
