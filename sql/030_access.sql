@@ -10,7 +10,6 @@
 CREATE FUNCTION keyturn._require_member(p_tenant text, p_principal text, p_session text)
 RETURNS text
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_role text;
@@ -33,28 +32,31 @@ BEGIN
 END
 $$;
 
+-- plpgsql, not sql: a sql function with a subquery is never inlined, and is
+-- parsed and planned again on every call; plpgsql keeps the plan.
 CREATE FUNCTION keyturn._has_grant(p_tenant text, p_principal text, p_tool text)
 RETURNS boolean
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT EXISTS (SELECT 1 FROM keyturn.tool_grant g
-                    WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = p_tool)
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM keyturn.tool_grant g
+                    WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = p_tool);
+END
 $$;
 
 CREATE FUNCTION keyturn._epoch(p_tenant text, p_principal text)
 RETURNS bigint
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
-                      WHERE e.tenant = p_tenant AND e.principal = p_principal), 0)
+BEGIN
+    RETURN coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
+                      WHERE e.tenant = p_tenant AND e.principal = p_principal), 0);
+END
 $$;
 
 CREATE FUNCTION keyturn._bump_epoch(p_tenant text, p_principal text)
 RETURNS void
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
     INSERT INTO keyturn.auth_epoch AS e (tenant, principal, epoch)
     VALUES (p_tenant, p_principal, 1)

@@ -7,7 +7,6 @@
 CREATE FUNCTION keyturn._require_text(p_value text, p_what text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF p_value IS NULL OR btrim(p_value) = '' THEN
@@ -21,7 +20,6 @@ $$;
 CREATE FUNCTION keyturn._require_tool(p_tool text)
 RETURNS keyturn.tool
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v keyturn.tool;

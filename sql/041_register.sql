@@ -7,7 +7,6 @@
 CREATE FUNCTION keyturn._spec_choice(p_spec jsonb, p_key text, p_default text, p_allowed text[])
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v jsonb := p_spec -> p_key;
@@ -27,7 +26,6 @@ $$;
 CREATE FUNCTION keyturn._spec_string(p_spec jsonb, p_key text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v jsonb := p_spec -> p_key;
@@ -46,7 +44,6 @@ $$;
 CREATE FUNCTION keyturn._spec_positive_int(p_value jsonb, p_what text, p_max int)
 RETURNS int
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF jsonb_typeof(p_value) <> 'number' OR (p_value #>> '{}')::numeric <> trunc((p_value #>> '{}')::numeric)
@@ -61,7 +58,6 @@ $$;
 CREATE FUNCTION keyturn._spec_interval(p_value jsonb, p_what text, p_max interval)
 RETURNS interval
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v interval;
@@ -89,7 +85,6 @@ $$;
 CREATE FUNCTION keyturn._spec_column(p_relid oid, p_column jsonb, p_what text)
 RETURNS text
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_type text;

@@ -10,7 +10,6 @@
 CREATE FUNCTION keyturn._check_origin(p_origin jsonb)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     k text;
@@ -47,7 +46,6 @@ $$;
 CREATE FUNCTION keyturn._form_where(p_ver keyturn.tool_version, p_form jsonb)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     k       text;
@@ -68,8 +66,7 @@ $$;
 
 CREATE FUNCTION keyturn._version_expr(p_ver keyturn.tool_version)
 RETURNS text
-LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE  -- as format(): STABLE, and no SET clause, so it is inlined
 AS $$
     SELECT CASE WHEN p_ver.sql_version = 'xmin' THEN 't.xmin' ELSE format('t.%I', p_ver.sql_version) END
 $$;
@@ -80,7 +77,6 @@ $$;
 CREATE FUNCTION keyturn._form_error(p_ver keyturn.tool_version, p_form jsonb)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     k text;
@@ -126,7 +122,6 @@ $$;
 CREATE FUNCTION keyturn._check_form(p_ver keyturn.tool_version, p_form jsonb)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_error text := keyturn._form_error(p_ver, p_form);
@@ -142,7 +137,6 @@ $$;
 CREATE FUNCTION keyturn._resolve_targets(p_caller oid, p_ver keyturn.tool_version, p_form jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_sql  text;

@@ -10,7 +10,6 @@
 CREATE FUNCTION keyturn._usable_action(p_id uuid, p_token text, p_need_grant boolean)
 RETURNS keyturn.action
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_tenant    text := keyturn.current_tenant();
@@ -58,7 +57,6 @@ $$;
 CREATE FUNCTION keyturn._invalid_reason(a keyturn.action)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_tool  keyturn.tool;
@@ -96,11 +94,10 @@ $$;
 CREATE FUNCTION keyturn._settle(p_id uuid, p_status text, p_result jsonb, p_detail jsonb)
 RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM keyturn._set_event_detail(p_detail);
-    UPDATE keyturn.action a SET status = p_status, result = p_result WHERE a.id = p_id;
+    UPDATE keyturn.action a SET updated_at = clock_timestamp(), status = p_status, result = p_result WHERE a.id = p_id;
     RETURN QUERY SELECT p_id, p_status, p_result;
 END
 $$;
@@ -110,7 +107,6 @@ $$;
 CREATE FUNCTION keyturn._execute_sql(p_caller oid, a keyturn.action, p_ver keyturn.tool_version)
 RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_arg     jsonb;
@@ -182,8 +178,7 @@ $$;
 -- The value expression that assigns params.set.<column> in the column's type.
 CREATE FUNCTION keyturn._set_value(p_ver keyturn.tool_version, p_column text)
 RETURNS text
-LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE  -- as format(): STABLE, and no SET clause, so it is inlined
 AS $$
     SELECT CASE WHEN p_ver.sql_types ->> p_column IN ('json', 'jsonb')
                 THEN format('($1->''set''->%L)::%s', p_column, p_ver.sql_types ->> p_column)
@@ -229,7 +224,7 @@ BEGIN
     -- The claim: one conditional UPDATE. Of N concurrent approvals one gets the
     -- row; the rest wait for it, find it no longer pending, and report its outcome.
     UPDATE keyturn.action x
-       SET approved_by = v_principal, approved_role = p_caller::regrole::text, approved_at = clock_timestamp()
+       SET updated_at = clock_timestamp(), approved_by = v_principal, approved_role = p_caller::regrole::text, approved_at = clock_timestamp()
      WHERE x.id = p_id AND x.status = 'pending'
        AND keyturn._ct_eq(x.token_digest, keyturn._token_digest(p_token))
     RETURNING x.* INTO a;
@@ -303,7 +298,7 @@ BEGIN
         VALUES (a.id, a.tenant, a.principal, v_params);
     END IF;
     PERFORM keyturn._set_event_detail('{}');
-    UPDATE keyturn.action x SET status = 'queued', next_attempt_at = clock_timestamp()
+    UPDATE keyturn.action x SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp()
      WHERE x.id = a.id;
     RETURN QUERY SELECT a.id, 'queued'::text, NULL::jsonb;
 END
@@ -373,7 +368,7 @@ BEGIN
     a := keyturn._usable_action(p_id, p_token, false);
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object('reason', p_reason)));
     UPDATE keyturn.action x
-       SET status = 'rejected',
+       SET updated_at = clock_timestamp(), status = 'rejected',
            result = jsonb_strip_nulls(jsonb_build_object('reason', coalesce(p_reason, 'rejected by the approver')))
      WHERE x.id = p_id AND x.status = 'pending'
     RETURNING x.status INTO v_status;

@@ -5,7 +5,6 @@
 CREATE FUNCTION keyturn._calling_role()
 RETURNS text
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
                 ELSE current_setting('role') END
@@ -28,7 +27,7 @@ BEGIN
     v_target := coalesce(end_session.session, v_session);
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'session ended'));
     UPDATE keyturn.action a
-       SET status = 'cancelled', result = jsonb_build_object('reason', 'the session ended'),
+       SET updated_at = clock_timestamp(), status = 'cancelled', result = jsonb_build_object('reason', 'the session ended'),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
      WHERE a.id IN (SELECT o.action_id FROM keyturn.open_action o
                      WHERE o.tenant = v_tenant AND o.principal = v_principal AND o.session = v_target)
@@ -59,7 +58,7 @@ BEGIN
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'conversation cancelled'));
     UPDATE keyturn.action a
-       SET status = 'cancelled', result = jsonb_build_object('reason', 'the conversation was cancelled'),
+       SET updated_at = clock_timestamp(), status = 'cancelled', result = jsonb_build_object('reason', 'the conversation was cancelled'),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
      WHERE a.id IN (SELECT o.action_id FROM keyturn.open_action o
                      WHERE o.tenant = v_tenant AND o.principal = v_principal

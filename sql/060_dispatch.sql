@@ -7,7 +7,6 @@
 CREATE FUNCTION keyturn._retry_backoff(p_attempts int)
 RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
     -- After attempt n (counted at begin_dispatch): 2 s, 4 s, 8 s, ... capped at
     -- 5 minutes; at least 1 s, growing with attempts.
@@ -53,7 +52,7 @@ BEGIN
            FOR UPDATE OF a SKIP LOCKED
     ), leased AS (
         UPDATE keyturn.action a
-           SET status = 'leased', lease_id = gen_random_uuid(), leased_by = lease.worker,
+           SET updated_at = clock_timestamp(), status = 'leased', lease_id = gen_random_uuid(), leased_by = lease.worker,
                lease_expires_at = clock_timestamp() + lease.lease_for
           FROM due
          WHERE a.id = due.id
@@ -72,7 +71,6 @@ $$;
 CREATE FUNCTION keyturn._leased_action(p_id uuid, p_lease uuid, p_statuses text[])
 RETURNS keyturn.action
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     a keyturn.action;
@@ -89,17 +87,16 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION keyturn.begin_dispatch(action_id uuid, lease_id uuid)
+-- begin_dispatch on a row already locked FOR UPDATE and found 'leased' under
+-- the caller's lease. Shared by begin_dispatch and begin_dispatch_many, so a
+-- batch element is exactly the single call.
+CREATE FUNCTION keyturn._begin_locked(a keyturn.action)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    a        keyturn.action;
     v_reason text;
 BEGIN
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    a := keyturn._leased_action(begin_dispatch.action_id, begin_dispatch.lease_id, ARRAY['leased']);
     IF a.lease_expires_at <= clock_timestamp() THEN
         RAISE EXCEPTION 'keyturn: the lease on action % lapsed at %', a.id, a.lease_expires_at
             USING ERRCODE = '55000',
@@ -110,7 +107,7 @@ BEGIN
     IF v_reason IS NOT NULL THEN
         PERFORM keyturn._set_event_detail(jsonb_build_object('reason', v_reason));
         UPDATE keyturn.action x
-           SET status = 'invalidated', result = jsonb_build_object('reason', v_reason),
+           SET updated_at = clock_timestamp(), status = 'invalidated', result = jsonb_build_object('reason', v_reason),
                lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
          WHERE x.id = a.id;
         RETURN false;
@@ -118,7 +115,7 @@ BEGIN
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('attempt', a.attempts + 1, 'worker', a.leased_by));
     UPDATE keyturn.action x
-       SET status = 'executing', attempts = a.attempts + 1, dispatched_at = clock_timestamp()
+       SET updated_at = clock_timestamp(), status = 'executing', attempts = a.attempts + 1, dispatched_at = clock_timestamp()
      WHERE x.id = a.id;
     INSERT INTO keyturn.attempt (action_id, attempt, tenant, principal, lease_id, worker, started_at)
     VALUES (a.id, a.attempts + 1, a.tenant, a.principal, a.lease_id, a.leased_by, clock_timestamp());
@@ -126,32 +123,50 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION keyturn.complete(action_id uuid, lease_id uuid, outcome text, receipt jsonb DEFAULT '{}',
-                                 retry_after interval DEFAULT NULL)
-RETURNS text
+CREATE FUNCTION keyturn.begin_dispatch(action_id uuid, lease_id uuid)
+RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN keyturn._begin_locked(
+        keyturn._leased_action(begin_dispatch.action_id, begin_dispatch.lease_id, ARRAY['leased']));
+END
+$$;
+
+-- complete's argument checks (22023), before anything is read or locked.
+CREATE FUNCTION keyturn._complete_args(p_outcome text, p_retry_after interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed', 'retry', 'unknown') THEN
+        RAISE EXCEPTION 'keyturn: outcome must be succeeded, failed, retry or unknown, not %',
+                coalesce(quote_literal(p_outcome), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_retry_after IS NOT NULL AND p_retry_after < interval '0' THEN
+        RAISE EXCEPTION 'keyturn: retry_after must not be negative' USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- complete on a row already locked FOR UPDATE and found 'leased' or
+-- 'executing' under the caller's lease, with checked arguments. Shared by
+-- complete and complete_many, so a batch element is exactly the single call.
+CREATE FUNCTION keyturn._complete_locked(a keyturn.action, p_outcome text, p_receipt jsonb,
+                                         p_retry_after interval)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
 DECLARE
-    a         keyturn.action;
-    v_receipt jsonb;
+    v_receipt jsonb := keyturn._redact(coalesce(p_receipt, '{}'));
     v_status  text;
     v_delay   interval;
 BEGIN
-    IF complete.outcome IS NULL OR complete.outcome NOT IN ('succeeded', 'failed', 'retry', 'unknown') THEN
-        RAISE EXCEPTION 'keyturn: outcome must be succeeded, failed, retry or unknown, not %',
-                coalesce(quote_literal(complete.outcome), 'NULL')
-            USING ERRCODE = '22023';
-    END IF;
-    IF complete.retry_after IS NOT NULL AND complete.retry_after < interval '0' THEN
-        RAISE EXCEPTION 'keyturn: retry_after must not be negative' USING ERRCODE = '22023';
-    END IF;
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    v_receipt := keyturn._redact(coalesce(complete.receipt, '{}'));
-    a := keyturn._leased_action(complete.action_id, complete.lease_id, ARRAY['leased', 'executing']);
-
     -- Capped at a day: a provider cannot park an approved action for a year.
-    v_delay := least(coalesce(complete.retry_after, keyturn._retry_backoff(a.attempts)), interval '1 day');
+    v_delay := least(coalesce(p_retry_after, keyturn._retry_backoff(a.attempts)), interval '1 day');
 
     IF a.status = 'leased' THEN
         -- Handed back before any provider call: no attempt was made or counted.
@@ -160,41 +175,41 @@ BEGIN
                 USING ERRCODE = '55000',
                       HINT = 'Nothing to hand back: the sweep returns it to the queue.';
         END IF;
-        IF complete.outcome <> 'retry' THEN
+        IF p_outcome <> 'retry' THEN
             RAISE EXCEPTION 'keyturn: action % was never dispatched; only ''retry'' can hand it back', a.id
                 USING ERRCODE = '55000',
                       HINT = 'Call begin_dispatch before the provider, then complete with the outcome.';
         END IF;
         PERFORM keyturn._set_event_detail(jsonb_build_object('handed_back', true));
         UPDATE keyturn.action x
-           SET status = 'queued', next_attempt_at = clock_timestamp() + coalesce(complete.retry_after, interval '0'),
+           SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp() + coalesce(p_retry_after, interval '0'),
                lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
          WHERE x.id = a.id;
         RETURN 'queued';
     END IF;
 
-    v_status := CASE complete.outcome
+    v_status := CASE p_outcome
                     WHEN 'succeeded' THEN 'succeeded'
                     WHEN 'failed' THEN 'failed'
                     WHEN 'unknown' THEN 'uncertain'
                     ELSE CASE WHEN a.attempts < 3 THEN 'queued' ELSE 'failed' END
                 END;
     UPDATE keyturn.attempt t
-       SET finished_at = clock_timestamp(), outcome = complete.outcome, receipt = v_receipt
+       SET finished_at = clock_timestamp(), outcome = p_outcome, receipt = v_receipt
      WHERE t.action_id = a.id AND t.attempt = a.attempts;
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
-        'outcome', complete.outcome, 'attempt', a.attempts,
+        'outcome', p_outcome, 'attempt', a.attempts,
         'retry_in', CASE WHEN v_status = 'queued' THEN v_delay::text END)));
     UPDATE keyturn.action x
-       SET status = v_status,
+       SET updated_at = clock_timestamp(), status = v_status,
            receipt = v_receipt,
            result = CASE
-                        WHEN v_status = 'failed' AND complete.outcome = 'retry'
+                        WHEN v_status = 'failed' AND p_outcome = 'retry'
                             THEN jsonb_build_object('reason', 'the provider asked to retry after the third attempt')
                         WHEN v_status = 'uncertain'
                             THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
                         WHEN v_status = 'queued' THEN x.result
-                        ELSE jsonb_build_object('outcome', complete.outcome)
+                        ELSE jsonb_build_object('outcome', p_outcome)
                     END,
            next_attempt_at = CASE WHEN v_status = 'queued' THEN clock_timestamp() + v_delay END,
            lease_id = CASE WHEN v_status = 'queued' THEN NULL ELSE x.lease_id END,
@@ -202,6 +217,22 @@ BEGIN
            lease_expires_at = CASE WHEN v_status = 'queued' THEN NULL ELSE x.lease_expires_at END
      WHERE x.id = a.id;
     RETURN v_status;
+END
+$$;
+
+
+CREATE FUNCTION keyturn.complete(action_id uuid, lease_id uuid, outcome text, receipt jsonb DEFAULT '{}',
+                                 retry_after interval DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._complete_args(complete.outcome, complete.retry_after);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN keyturn._complete_locked(
+        keyturn._leased_action(complete.action_id, complete.lease_id, ARRAY['leased', 'executing']),
+        complete.outcome, complete.receipt, complete.retry_after);
 END
 $$;
 
@@ -219,7 +250,7 @@ BEGIN
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'expired before approval'));
     UPDATE keyturn.action a
-       SET status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
+       SET updated_at = clock_timestamp(), status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
      WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
                      WHERE o.status = 'pending' AND o.expires_at < clock_timestamp()
                        AND x.status = 'pending'
@@ -228,7 +259,7 @@ BEGIN
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed before dispatch'));
     UPDATE keyturn.action a
-       SET status = 'queued', next_attempt_at = clock_timestamp(),
+       SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp(),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
      WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
                      WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < clock_timestamp()
@@ -239,7 +270,7 @@ BEGIN
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed while executing'));
     WITH lapsed AS (
         UPDATE keyturn.action a
-           SET status = 'uncertain',
+           SET updated_at = clock_timestamp(), status = 'uncertain',
                result = jsonb_build_object('reason', 'the dispatcher''s lease lapsed during the provider call; the outcome is unknown and is never retried automatically')
          WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
                          WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < clock_timestamp()
@@ -279,7 +310,7 @@ BEGIN
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
         'reconciled', reconcile.outcome, 'note', reconcile.note)));
     UPDATE keyturn.action x
-       SET status = reconcile.outcome,
+       SET updated_at = clock_timestamp(), status = reconcile.outcome,
            result = coalesce(x.result, '{}') || jsonb_strip_nulls(jsonb_build_object(
                         'reconciled', reconcile.outcome, 'note', reconcile.note,
                         'by', keyturn._calling_role()))

@@ -2,7 +2,8 @@
 -- "Dispatcher").
 --
 -- keyturn.begin_dispatch_many and keyturn.complete_many do, per element, exactly
--- what keyturn.begin_dispatch and keyturn.complete do -- they call them -- but
+-- what keyturn.begin_dispatch and keyturn.complete do -- both run the same
+-- keyturn._begin_locked / keyturn._complete_locked on the locked row -- but
 -- for a whole batch in one statement, so one durable commit covers the batch
 -- instead of one commit per action. begin_dispatch_many is still committed
 -- before any provider call: keyturnd calls it in autocommit and calls a
@@ -13,10 +14,10 @@
 -- lease, wrong status; 22023: unknown outcome word, negative retry_after) is
 -- checked first, on the row locked FOR UPDATE, and reported in the element's
 -- `error` column as '<SQLSTATE> <message>' with nothing changed for it. Only
--- elements that passed those checks reach the single function, so the common
+-- elements that passed those checks reach the shared code, so the common
 -- path needs no subtransaction per element. The one check that depends on the
 -- clock (has the lease lapsed?) could flip between the pre-check and the
--- single call's own check; an element whose lease ends within
+-- shared code's own check; an element whose lease ends within
 -- keyturn._batch_lease_slack() of now is therefore run inside its own
 -- BEGIN ... EXCEPTION block instead, so that whichever way the clock falls the
 -- answer is the single call's own and the batch survives.
@@ -36,7 +37,6 @@
 CREATE FUNCTION keyturn._batch_lease_slack()
 RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT interval '1 second'
 $$;
@@ -44,7 +44,6 @@ $$;
 CREATE FUNCTION keyturn._batch_check_arrays(p_n1 int, p_n2 int, p_what text)
 RETURNS int
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF p_n1 IS NULL OR p_n2 IS NULL OR p_n1 <> p_n2 THEN
@@ -79,6 +78,7 @@ DECLARE
     v_state text;
     v_msg   text;
 BEGIN
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
     n := keyturn._batch_check_arrays(cardinality(begin_dispatch_many.action_ids),
                                      cardinality(begin_dispatch_many.lease_ids),
                                      'action_ids and lease_ids');
@@ -101,7 +101,7 @@ BEGIN
         END IF;
         IF a.lease_expires_at <= clock_timestamp() + keyturn._batch_lease_slack() THEN
             BEGIN
-                v_go := keyturn.begin_dispatch(v_id, v_lease);
+                v_go := keyturn._begin_locked(a);
             EXCEPTION WHEN OTHERS THEN
                 GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
                 IF v_state <> '55000' THEN
@@ -111,7 +111,7 @@ BEGIN
                 CONTINUE;
             END;
         ELSE
-            v_go := keyturn.begin_dispatch(v_id, v_lease);
+            v_go := keyturn._begin_locked(a);
         END IF;
         RETURN QUERY SELECT v_id, v_go, NULL::text;
     END LOOP;
@@ -142,6 +142,7 @@ DECLARE
     v_state   text;
     v_msg     text;
 BEGIN
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
     n := keyturn._batch_check_arrays(cardinality(complete_many.action_ids),
                                      cardinality(complete_many.lease_ids),
                                      'action_ids and lease_ids');
@@ -185,8 +186,7 @@ BEGIN
             END IF;
             IF a.lease_expires_at <= clock_timestamp() + keyturn._batch_lease_slack() THEN
                 BEGIN
-                    v_status := keyturn.complete(v_id, v_lease, v_outcome,
-                                                 coalesce(complete_many.receipts[i], '{}'), v_delay);
+                    v_status := keyturn._complete_locked(a, v_outcome, complete_many.receipts[i], v_delay);
                 EXCEPTION WHEN OTHERS THEN
                     GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
                     IF v_state <> '55000' THEN
@@ -200,8 +200,7 @@ BEGIN
             END IF;
         END IF;
         -- 'executing' under this lease: accepted even past the lease's expiry.
-        v_status := keyturn.complete(v_id, v_lease, v_outcome,
-                                     coalesce(complete_many.receipts[i], '{}'), v_delay);
+        v_status := keyturn._complete_locked(a, v_outcome, complete_many.receipts[i], v_delay);
         RETURN QUERY SELECT v_id, v_status, NULL::text;
     END LOOP;
 END

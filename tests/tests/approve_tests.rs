@@ -341,3 +341,33 @@ async fn test_replay_passes_the_same_checks() {
         "42501"
     );
 }
+
+async fn status_times(w: &World, id: uuid::Uuid) -> (std::time::SystemTime, std::time::SystemTime) {
+    let r = w
+        .agent
+        .query_one(
+            "SELECT created_at, updated_at FROM keyturn.action_status($1)",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+/// action_status.updated_at (CONTRACT.md §4) moves with every change of the
+/// row and stays put on a replay, which changes nothing.
+#[tokio::test]
+async fn test_updated_at_moves_with_each_change_and_not_on_replay() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 1).await;
+    let p = w.propose(&t, form(&deals, "won")).await.unwrap();
+    let (created, proposed) = status_times(&w, p.id).await;
+    assert!(proposed >= created);
+    assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
+    let (_, settled) = status_times(&w, p.id).await;
+    assert!(settled > proposed, "approve must move updated_at");
+    w.approve(&p).await.unwrap();
+    let (_, replayed) = status_times(&w, p.id).await;
+    assert_eq!(replayed, settled, "a replay changes nothing");
+}
