@@ -149,8 +149,14 @@ CREATE TABLE keyturn.open_action (
     next_attempt_at  timestamptz,
     lease_expires_at timestamptz,
     dispatched_at    timestamptz
-);
-CREATE INDEX open_action_due_idx       ON keyturn.open_action (next_attempt_at) WHERE status = 'queued';
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
+        autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = 1000);
+-- A queue: every row is inserted, updated a few times and deleted, so it is
+-- vacuumed and analyzed after every thousand changes, not after a fraction of
+-- a size that is always small.
+-- (next_attempt_at, action_id) is lease's whole ORDER BY, so the plan is an
+-- ordered index scan that stops after max_jobs rows (lease pins that plan: sql/060).
+CREATE INDEX open_action_due_idx       ON keyturn.open_action (next_attempt_at, action_id) WHERE status = 'queued';
 CREATE INDEX open_action_lease_idx     ON keyturn.open_action (lease_expires_at) WHERE status IN ('leased', 'executing');
 CREATE INDEX open_action_expiry_idx    ON keyturn.open_action (expires_at) WHERE status = 'pending';
 CREATE INDEX open_action_session_idx   ON keyturn.open_action (tenant, principal, session);

@@ -82,8 +82,15 @@ BEGIN
 END
 $$;
 
+-- The column list comes first: an UPDATE that sets none of these columns (every
+-- keyturn function's) skips the trigger on a bitmap test, before the WHEN
+-- condition is even loaded; one that sets them to their own values passes.
 CREATE TRIGGER action_proposal_immutable
-    BEFORE UPDATE ON keyturn.action
+    BEFORE UPDATE OF id, tenant, principal, session, tool, tool_version, executor, approval,
+                     retain, params, param_keys, params_hash, summary, origin, conversation_id,
+                     epoch, target_count, token_digest, token_binding, idempotency_key,
+                     created_at, expires_at
+    ON keyturn.action
     FOR EACH ROW
     WHEN ((NEW.id, NEW.tenant, NEW.principal, NEW.session, NEW.tool, NEW.tool_version,
            NEW.executor, NEW.approval, NEW.retain, NEW.params, NEW.param_keys, NEW.params_hash,

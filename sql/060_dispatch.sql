@@ -13,6 +13,43 @@ AS $$
     SELECT make_interval(secs => least(300, power(2, greatest(p_attempts, 1))))
 $$;
 
+-- The due actions lease takes, locked FOR UPDATE (SKIP LOCKED) until the
+-- caller's transaction ends: the first p_max in (next_attempt_at, id) order
+-- whose tool has one of p_providers (NULL = any).
+--
+-- The plan must be an ordered scan of open_action_due_idx that stops after
+-- p_max rows. A queue's statistics are always stale (20,000 rows arrive and
+-- leave between two autovacuum naps), and with a stale small estimate the
+-- planner prefers reading every due row and sorting them, which makes each
+-- lease cost O(queue length). Without sort and bitmap paths the ordered index
+-- scan is the only plan left. The settings live on this one function, so the
+-- statements lease runs afterwards (its UPDATE and the triggers it fires) are
+-- planned as usual.
+CREATE FUNCTION keyturn._due(p_now timestamptz, p_max int, p_providers text[])
+RETURNS SETOF uuid
+LANGUAGE plpgsql VOLATILE
+ROWS 16
+SET enable_sort = off
+SET enable_bitmapscan = off
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT a.id FROM keyturn.open_action o
+      JOIN keyturn.action a ON a.id = o.action_id
+     WHERE o.status = 'queued' AND o.next_attempt_at <= p_now
+       -- The work list finds the rows; the status on the locked action row
+       -- (rechecked after a wait) is what decides.
+       AND a.status = 'queued' AND a.next_attempt_at <= p_now
+       AND (p_providers IS NULL OR EXISTS (
+                SELECT 1 FROM keyturn.tool_version v
+                 WHERE v.tool = a.tool AND v.version = a.tool_version
+                   AND v.provider = ANY (p_providers)))
+     ORDER BY o.next_attempt_at, o.action_id
+     LIMIT p_max
+       FOR UPDATE OF a SKIP LOCKED;
+END
+$$;
+
 -- providers (an addition to the contract): only actions whose tool's provider is
 -- in the list, so a worker never leases what it has no adapter for; NULL = all.
 CREATE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds',
@@ -22,6 +59,9 @@ RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider t
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_ids uuid[];
 BEGIN
     PERFORM keyturn._require_text(lease.worker, 'worker');
     IF lease.max_jobs IS NULL OR lease.max_jobs NOT BETWEEN 1 AND 1000 THEN
@@ -35,27 +75,16 @@ BEGIN
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
     PERFORM keyturn._set_event_detail(jsonb_build_object('worker', lease.worker));
 
+    v_ids := ARRAY(SELECT keyturn._due(v_now, lease.max_jobs, lease.providers));
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
     RETURN QUERY
-    -- The work list finds the due rows; the status test on the locked action row
-    -- (rechecked after a wait) is what decides.
-    WITH due AS (
-        SELECT a.id FROM keyturn.open_action o
-          JOIN keyturn.action a ON a.id = o.action_id
-         WHERE o.status = 'queued' AND o.next_attempt_at <= clock_timestamp()
-           AND a.status = 'queued' AND a.next_attempt_at <= clock_timestamp()
-           AND (lease.providers IS NULL OR EXISTS (
-                    SELECT 1 FROM keyturn.tool_version v
-                     WHERE v.tool = a.tool AND v.version = a.tool_version
-                       AND v.provider = ANY (lease.providers)))
-         ORDER BY o.next_attempt_at, o.action_id
-         LIMIT lease.max_jobs
-           FOR UPDATE OF a SKIP LOCKED
-    ), leased AS (
+    WITH leased AS (
         UPDATE keyturn.action a
-           SET updated_at = clock_timestamp(), status = 'leased', lease_id = gen_random_uuid(), leased_by = lease.worker,
-               lease_expires_at = clock_timestamp() + lease.lease_for
-          FROM due
-         WHERE a.id = due.id
+           SET updated_at = clock_timestamp(), status = 'leased', lease_id = gen_random_uuid(),
+               leased_by = lease.worker, lease_expires_at = v_now + lease.lease_for
+         WHERE a.id = ANY (v_ids)
         RETURNING a.*
     )
     SELECT l.id, l.lease_id, l.tenant, l.tool, v.provider, coalesce(l.params, s.params),
@@ -245,6 +274,7 @@ DECLARE
     v_expired   int;
     v_requeued  int;
     v_uncertain int;
+    v_now       timestamptz := clock_timestamp();  -- an index condition, unlike clock_timestamp()
 BEGIN
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
 
@@ -252,7 +282,7 @@ BEGIN
     UPDATE keyturn.action a
        SET updated_at = clock_timestamp(), status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
      WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
-                     WHERE o.status = 'pending' AND o.expires_at < clock_timestamp()
+                     WHERE o.status = 'pending' AND o.expires_at < v_now
                        AND x.status = 'pending'
                        FOR UPDATE OF x SKIP LOCKED);
     GET DIAGNOSTICS v_expired = ROW_COUNT;
@@ -262,8 +292,8 @@ BEGIN
        SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp(),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
      WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
-                     WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < clock_timestamp()
-                       AND x.status = 'leased' AND x.lease_expires_at < clock_timestamp()
+                     WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
+                       AND x.status = 'leased' AND x.lease_expires_at < v_now
                        FOR UPDATE OF x SKIP LOCKED);
     GET DIAGNOSTICS v_requeued = ROW_COUNT;
 
@@ -273,8 +303,8 @@ BEGIN
            SET updated_at = clock_timestamp(), status = 'uncertain',
                result = jsonb_build_object('reason', 'the dispatcher''s lease lapsed during the provider call; the outcome is unknown and is never retried automatically')
          WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
-                         WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < clock_timestamp()
-                           AND x.status = 'executing' AND x.lease_expires_at < clock_timestamp()
+                         WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
+                           AND x.status = 'executing' AND x.lease_expires_at < v_now
                            FOR UPDATE OF x SKIP LOCKED)
         RETURNING a.id, a.attempts
     ), closed AS (
