@@ -224,16 +224,17 @@ BEGIN
     IF p_params IS NULL OR jsonb_typeof(p_params) <> 'object' THEN
         RAISE EXCEPTION 'keyturn: params must be a JSON object' USING ERRCODE = '22023';
     END IF;
-    v_path := keyturn._credential_path(p_params);
+    -- One parse for the credential scan, the hash and the schema (in that order).
+    SELECT i.credential_path, i.params_hash, i.schema_errors INTO v_path, v_hash, v_err
+      FROM keyturn._inspect_params(v_tool.name, p_params,
+               coalesce(CASE WHEN v_ver.executor = 'external' THEN v_ver.params_schema END, 'null')) i;
     IF v_path IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: params hold credential material at %', v_path
             USING ERRCODE = '22023',
                   HINT = 'Credentials never go through keyturn: the dispatcher holds them. Remove the field.';
     END IF;
-    v_hash := keyturn.params_hash(v_tool.name, p_params);
 
     IF v_ver.executor = 'external' THEN
-        v_err := keyturn._params_errors(v_ver.params_schema, p_params);
         IF v_err IS NOT NULL THEN
             RAISE EXCEPTION 'keyturn: params do not match the schema of %: %', p_tool, v_err
                 USING ERRCODE = '22023';

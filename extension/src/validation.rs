@@ -58,23 +58,60 @@ thread_local! {
 }
 const COMPILED_CACHE_MAX: usize = 128;
 
-/// NULL when params satisfy the (normalized) schema, else every violation.
-#[pg_extern(name = "_params_errors", immutable, strict, parallel_safe)]
-fn params_errors(params_schema: JsonbText, params: JsonbText) -> Option<String> {
-    let compiled = COMPILED.with(|cache| {
+fn compiled_schema(params_schema: &JsonbText) -> Rc<schema::CompiledSchema> {
+    COMPILED.with(|cache| {
         if let Some(hit) = cache.borrow().get(&params_schema.0) {
             return Rc::clone(hit);
         }
-        let compiled = Rc::new(schema::compile(&parse(&params_schema)).or_raise());
+        let compiled = Rc::new(schema::compile(&parse(params_schema)).or_raise());
         let mut cache = cache.borrow_mut();
         if cache.len() >= COMPILED_CACHE_MAX {
             cache.clear();
         }
         cache.insert(params_schema.0.clone(), Rc::clone(&compiled));
         compiled
-    });
-    compiled
+    })
+}
+
+/// NULL when params satisfy the (normalized) schema, else every violation.
+#[pg_extern(name = "_params_errors", immutable, strict, parallel_safe)]
+fn params_errors(params_schema: JsonbText, params: JsonbText) -> Option<String> {
+    compiled_schema(&params_schema)
         .validate(&parse(&params))
         .err()
         .map(|e| e.to_string())
+}
+
+/// Everything propose checks on the params, from one parse instead of three:
+/// the first credential-shaped path (when there is one, nothing else is
+/// computed: propose refuses the params), the params hash (22023 as
+/// `params_hash` raises it), and the violations of `params_schema` (NULL when
+/// they pass, or when the schema is JSON `null`: no schema to check).
+#[pg_extern(name = "_inspect_params", immutable, strict, parallel_safe)]
+fn inspect_params(
+    tool: &str,
+    params: JsonbText,
+    params_schema: JsonbText,
+) -> TableIterator<
+    'static,
+    (
+        name!(credential_path, Option<String>),
+        name!(params_hash, Option<String>),
+        name!(schema_errors, Option<String>),
+    ),
+> {
+    let value = parse(&params);
+    if let Some(path) = credentials::find_credential(&value) {
+        return TableIterator::once((Some(path), None, None));
+    }
+    let hash = keyturn_core::canonical::params_hash(tool, &value).or_raise();
+    let errors = if params_schema.0 == "null" {
+        None
+    } else {
+        compiled_schema(&params_schema)
+            .validate(&value)
+            .err()
+            .map(|e| e.to_string())
+    };
+    TableIterator::once((None, Some(hash), errors))
 }

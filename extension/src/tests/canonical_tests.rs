@@ -59,4 +59,60 @@ mod tests {
             Ok(None)
         );
     }
+
+    /// propose's one-parse check agrees with the three separate calls it replaced.
+    #[pg_test]
+    fn test_inspect_params_agrees_with_the_separate_checks() {
+        let schema = r#"'{"type": "object", "properties": {"to": {"type": "string"}}, "required": ["to"], "additionalProperties": false}'"#;
+        let row = |params: &str, schema: &str| {
+            Spi::get_three::<String, String, String>(&format!(
+                "SELECT * FROM keyturn._inspect_params('send_email', '{params}'::jsonb, {schema}::jsonb)"
+            ))
+            .unwrap()
+        };
+        let (path, hash, errors) = row(r#"{"to": "a@b.c"}"#, schema);
+        assert_eq!(path, None);
+        assert_eq!(
+            hash,
+            Spi::get_one::<String>(
+                r#"SELECT keyturn.params_hash('send_email', '{"to": "a@b.c"}'::jsonb)"#
+            )
+            .unwrap()
+        );
+        assert_eq!(errors, None);
+
+        let (_, _, errors) = row(r#"{"to": 7}"#, schema);
+        let separate = Spi::get_one::<String>(&format!(
+            r#"SELECT keyturn._params_errors({schema}::jsonb, '{{"to": 7}}'::jsonb)"#
+        ))
+        .unwrap();
+        assert!(errors.is_some());
+        assert_eq!(errors, separate);
+
+        // No schema to check: JSON null.
+        let (_, hash, errors) = row(r#"{"anything": [1, 2]}"#, "'null'");
+        assert!(hash.is_some());
+        assert_eq!(errors, None);
+
+        // Credential material: its path, and nothing else computed.
+        let (path, hash, errors) = row(r#"{"to": "a@b.c", "api_key": "x"}"#, schema);
+        assert!(path.is_some());
+        assert_eq!(
+            path,
+            Spi::get_one::<String>(
+                r#"SELECT keyturn._credential_path('{"to": "a@b.c", "api_key": "x"}'::jsonb)"#
+            )
+            .unwrap()
+        );
+        assert_eq!((hash, errors), (None, None));
+    }
+
+    #[pg_test(
+        error = "keyturn: number 9007199254740993 cannot be represented exactly as an IEEE-754 double, so two different values would share one hash; send it as a string"
+    )]
+    fn test_inspect_params_refuses_an_inexact_number_as_params_hash_does() {
+        let _ = Spi::get_one::<String>(
+            r#"SELECT params_hash FROM keyturn._inspect_params('t', '{"n": 9007199254740993}'::jsonb, 'null'::jsonb)"#,
+        );
+    }
 }
