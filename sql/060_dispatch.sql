@@ -164,20 +164,21 @@ BEGIN
 END
 $$;
 
--- complete's argument checks (22023), before anything is read or locked.
-CREATE FUNCTION keyturn._complete_args(p_outcome text, p_retry_after interval)
-RETURNS void
+-- What is wrong with complete's arguments (a 22023 message), or NULL; checked
+-- before anything is read or locked. complete raises it, complete_many reports it.
+CREATE FUNCTION keyturn._complete_args_error(p_outcome text, p_retry_after interval)
+RETURNS text
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
     IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed', 'retry', 'unknown') THEN
-        RAISE EXCEPTION 'keyturn: outcome must be succeeded, failed, retry or unknown, not %',
-                coalesce(quote_literal(p_outcome), 'NULL')
-            USING ERRCODE = '22023';
+        RETURN format('keyturn: outcome must be succeeded, failed, retry or unknown, not %s',
+                      coalesce(quote_literal(p_outcome), 'NULL'));
     END IF;
     IF p_retry_after IS NOT NULL AND p_retry_after < interval '0' THEN
-        RAISE EXCEPTION 'keyturn: retry_after must not be negative' USING ERRCODE = '22023';
+        RETURN 'keyturn: retry_after must not be negative';
     END IF;
+    RETURN NULL;
 END
 $$;
 
@@ -256,8 +257,12 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_error text := keyturn._complete_args_error(complete.outcome, complete.retry_after);
 BEGIN
-    PERFORM keyturn._complete_args(complete.outcome, complete.retry_after);
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+    END IF;
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
     RETURN keyturn._complete_locked(
         keyturn._leased_action(complete.action_id, complete.lease_id, ARRAY['leased', 'executing']),

@@ -154,14 +154,9 @@ BEGIN
         v_lease := complete_many.lease_ids[i];
         v_outcome := complete_many.outcomes[i];
         v_delay := complete_many.retry_after[i];
-        IF v_outcome IS NULL OR v_outcome NOT IN ('succeeded', 'failed', 'retry', 'unknown') THEN
-            RETURN QUERY SELECT v_id, NULL::text,
-                format('22023 keyturn: outcome must be succeeded, failed, retry or unknown, not %s',
-                       coalesce(quote_literal(v_outcome), 'NULL'));
-            CONTINUE;
-        END IF;
-        IF v_delay IS NOT NULL AND v_delay < interval '0' THEN
-            RETURN QUERY SELECT v_id, NULL::text, '22023 keyturn: retry_after must not be negative'::text;
+        v_msg := keyturn._complete_args_error(v_outcome, v_delay);
+        IF v_msg IS NOT NULL THEN
+            RETURN QUERY SELECT v_id, NULL::text, '22023 ' || v_msg;
             CONTINUE;
         END IF;
         SELECT x.* INTO a FROM keyturn.action x WHERE x.id = v_id FOR UPDATE;
