@@ -1,5 +1,6 @@
-//! Conformance with the RFC 8785 reference vectors in `shared/vectors/rfc8785`,
-//! byte for byte, with the one deliberate exception its README documents.
+//! Conformance with the RFC 8785 reference vectors in `tests/data/rfc8785` (the
+//! author's own test data, copied in with its licence), byte for byte, with the
+//! one deliberate exception its README documents.
 
 use std::fs;
 use std::path::PathBuf;
@@ -8,7 +9,7 @@ use keyturn_core::canonical::canonicalize_str;
 use keyturn_core::CoreError;
 
 fn vectors_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/vectors/rfc8785")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/rfc8785")
 }
 
 fn read(kind: &str, name: &str) -> String {
@@ -16,7 +17,7 @@ fn read(kind: &str, name: &str) -> String {
     fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The number no double holds exactly; keyturn refuses it (CONTRACT.md §4).
+/// The number no double holds exactly; keyturn refuses it (see the vectors' README).
 const INEXACT: &str = "333333333.33333329";
 
 #[test]
