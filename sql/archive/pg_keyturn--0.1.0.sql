@@ -9,7 +9,7 @@ The ordering of items is not stable, it is driven by a dependency graph.
 /* <begin connected objects> */
 -- extension/src/lib.rs:27
 -- bootstrap
--- keyturn 0.1.0: the five group roles of CONTRACT.md §1.
+-- keyturn 0.1.0: the five group roles of the 0.1.0 contract §1.
 -- Roles are cluster-wide, so they may predate this database's install (another
 -- database, or a previous install). Create only what is missing; never alter.
 DO $$
@@ -214,7 +214,7 @@ CREATE TABLE keyturn.action_target (
 );
 
 -- digest-retained external actions: the approved payload, from approve until a
--- final status (CONTRACT.md §6). Deleted by the lifecycle trigger.
+-- final status (the 0.1.0 contract §6). Deleted by the lifecycle trigger.
 CREATE TABLE keyturn.staged_payload (
     action_id  uuid        PRIMARY KEY REFERENCES keyturn.action (id),
     tenant     text        NOT NULL,
@@ -302,7 +302,7 @@ SELECT pg_catalog.pg_extension_config_dump('keyturn.event_id_seq', '');
 -- effects (event row, usage row, staged-payload deletion, NOTIFY) in the same
 -- transaction as the status change, so no code path can forget them.
 
--- The status graph of CONTRACT.md §4.
+-- The status graph of the 0.1.0 contract §4.
 CREATE FUNCTION keyturn._legal_transition(from_status text, to_status text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -375,7 +375,7 @@ AS $$
 BEGIN
     RAISE EXCEPTION 'illegal status transition % -> % for action %', OLD.status, NEW.status, OLD.id
         USING ERRCODE = '55000',
-              HINT = 'See the status graph in CONTRACT.md §4.';
+              HINT = 'See the status graph in the 0.1.0 contract §4.';
 END
 $$;
 
@@ -883,7 +883,7 @@ CREATE POLICY usage_visible ON keyturn.usage FOR SELECT
 -- requires:
 --   access
 
--- keyturn 0.1.0: administration — members, grants, tools (CONTRACT.md §2, §3).
+-- keyturn 0.1.0: administration — members, grants, tools (the 0.1.0 contract §2, §3).
 --
 -- Authorized by the keyturn_admin role alone (EXECUTE, 090_privileges.sql); the
 -- tenant is an argument, not the caller's identity. Every membership or grant
@@ -1055,7 +1055,7 @@ $$;
 -- requires:
 --   admin
 
--- keyturn 0.1.0: tool registration (CONTRACT.md §3).
+-- keyturn 0.1.0: tool registration (the 0.1.0 contract §3).
 --
 -- A spec is validated whole before anything is written: unknown keys, wrong
 -- types and out-of-range values are 22023 with the key named. sql tools are
@@ -1363,7 +1363,7 @@ $$;
 -- requires:
 --   register
 
--- keyturn 0.1.0: propose (CONTRACT.md §4, Agent).
+-- keyturn 0.1.0: propose (the 0.1.0 contract §4, Agent).
 --
 -- keyturn.propose itself is a Rust function (extension/src/gate.rs): it notes the
 -- calling role, then runs keyturn._propose as the extension owner. Reads that
@@ -1667,7 +1667,7 @@ $$;
 -- requires:
 --   propose
 
--- keyturn 0.1.0: approve, preview and reject (CONTRACT.md §4, Human).
+-- keyturn 0.1.0: approve, preview and reject (the 0.1.0 contract §4, Human).
 --
 -- keyturn.approve / preview / reject are Rust functions (extension/src/gate.rs):
 -- they refuse callers that are keyturn_agent members (separation of duties),
@@ -1949,7 +1949,7 @@ BEGIN
     IF v_err IS NOT NULL THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'invalidated',
             -- Validator messages quote the offending values: never store them for
-            -- digest actions (CONTRACT.md §6: no param value after a final status).
+            -- digest actions (the 0.1.0 contract §6: no param value after a final status).
             jsonb_build_object('reason', 'params no longer pass the tool''s schema: '
                                || CASE WHEN a.retain = 'digest' THEN '(details withheld: digest retention)'
                                        ELSE v_err END),
@@ -2054,7 +2054,7 @@ $$;
 -- requires:
 --   approve
 
--- keyturn 0.1.0: logout, conversation cancellation, status and audit (CONTRACT.md §4, §5).
+-- keyturn 0.1.0: logout, conversation cancellation, status and audit (the 0.1.0 contract §4, §5).
 
 -- The role a SECURITY DEFINER function was called from: the SET ROLE role, else
 -- the login role (current_user inside such a function is its owner).
@@ -2176,7 +2176,7 @@ $$;
 -- requires:
 --   session
 
--- keyturn 0.1.0: the dispatcher and operator protocol (CONTRACT.md §4).
+-- keyturn 0.1.0: the dispatcher and operator protocol (the 0.1.0 contract §4).
 --
 -- keyturnd only moves rows the database has released (queued), and only calls a
 -- provider after begin_dispatch has committed 'executing'. Authorized by role
@@ -2550,7 +2550,7 @@ $$;
 -- requires:
 --   dispatch
 
--- keyturn 0.1.0: batched dispatcher calls (an addition to CONTRACT.md §4,
+-- keyturn 0.1.0: batched dispatcher calls (an addition to the 0.1.0 contract §4,
 -- "Dispatcher").
 --
 -- keyturn.begin_dispatch_many and keyturn.complete_many do, per element, exactly
@@ -2820,7 +2820,7 @@ AS 'MODULE_PATHNAME', 'reject_wrapper';
 /* <begin connected objects> */
 -- extension/src/lib.rs:83
 -- finalize
--- keyturn 0.1.0: who may call what (CONTRACT.md §1, §2). Runs last.
+-- keyturn 0.1.0: who may call what (the 0.1.0 contract §1, §2). Runs last.
 --
 -- PUBLIC: USAGE on the schema, EXECUTE on the three identity functions,
 -- canonical_json and params_hash; nothing else. Each group role gets exactly the
