@@ -1,4 +1,4 @@
--- keyturn 0.1.0: the five group roles of CONTRACT.md §1.
+-- keyturn 0.1.0: the five group roles (docs/sql-api.md, "Roles").
 -- Roles are cluster-wide, so they may predate this database's install (another
 -- database, or a previous install). Create only what is missing; never alter.
 DO $$

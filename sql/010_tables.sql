@@ -180,7 +180,7 @@ CREATE TABLE keyturn.action_target (
 );
 
 -- digest-retained external actions: the approved payload, from approve until a
--- final status (CONTRACT.md §6). Deleted by the lifecycle trigger.
+-- final status (docs/concepts.md). Deleted by the lifecycle trigger.
 CREATE TABLE keyturn.staged_payload (
     action_id  uuid        PRIMARY KEY REFERENCES keyturn.action (id),
     tenant     text        NOT NULL,

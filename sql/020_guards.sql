@@ -5,7 +5,7 @@
 -- effects (event row, usage row, staged-payload deletion, NOTIFY) in the same
 -- transaction as the status change, so no code path can forget them.
 
--- The status graph of CONTRACT.md §4.
+-- The status graph (docs/concepts.md).
 CREATE FUNCTION keyturn._legal_transition(from_status text, to_status text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -78,7 +78,7 @@ AS $$
 BEGIN
     RAISE EXCEPTION 'illegal status transition % -> % for action %', OLD.status, NEW.status, OLD.id
         USING ERRCODE = '55000',
-              HINT = 'See the status graph in CONTRACT.md §4.';
+              HINT = 'The status graph is in docs/concepts.md, "The state machine".';
 END
 $$;
 

@@ -1,4 +1,4 @@
--- keyturn 0.1.0: administration — members, grants, tools (CONTRACT.md §2, §3).
+-- keyturn 0.1.0: administration — members, grants, tools (docs/sql-api.md).
 --
 -- Authorized by the keyturn_admin role alone (EXECUTE, 090_privileges.sql); the
 -- tenant is an argument, not the caller's identity. Every membership or grant

@@ -1,4 +1,4 @@
--- keyturn 0.1.0: tool registration (CONTRACT.md §3).
+-- keyturn 0.1.0: tool registration (docs/sql-api.md).
 --
 -- A spec is validated whole before anything is written: unknown keys, wrong
 -- types and out-of-range values are 22023 with the key named. sql tools are

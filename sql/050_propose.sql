@@ -1,4 +1,4 @@
--- keyturn 0.1.0: propose (CONTRACT.md §4, Agent).
+-- keyturn 0.1.0: propose (docs/sql-api.md).
 --
 -- keyturn.propose itself is a Rust function (extension/src/gate.rs): it notes the
 -- calling role, then runs keyturn._propose as the extension owner. Reads that

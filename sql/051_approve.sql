@@ -1,4 +1,4 @@
--- keyturn 0.1.0: approve, preview and reject (CONTRACT.md §4, Human).
+-- keyturn 0.1.0: approve, preview and reject (docs/sql-api.md).
 --
 -- keyturn.approve / preview / reject are Rust functions (extension/src/gate.rs):
 -- they refuse callers that are keyturn_agent members (separation of duties),
@@ -280,7 +280,7 @@ BEGIN
     IF v_err IS NOT NULL THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'invalidated',
             -- Validator messages quote the offending values: never store them for
-            -- digest actions (CONTRACT.md §6: no param value after a final status).
+            -- digest actions (docs/concepts.md).
             jsonb_build_object('reason', 'params no longer pass the tool''s schema: '
                                || CASE WHEN a.retain = 'digest' THEN '(details withheld: digest retention)'
                                        ELSE v_err END),

@@ -1,4 +1,4 @@
--- keyturn 0.1.0: logout, conversation cancellation, status and audit (CONTRACT.md §4, §5).
+-- keyturn 0.1.0: logout, conversation cancellation, status and audit (docs/sql-api.md).
 
 -- The role a SECURITY DEFINER function was called from: the SET ROLE role, else
 -- the login role (current_user inside such a function is its owner).

@@ -1,4 +1,4 @@
--- keyturn 0.1.0: the dispatcher and operator protocol (CONTRACT.md §4).
+-- keyturn 0.1.0: the dispatcher and operator protocol (docs/sql-api.md).
 --
 -- keyturnd only moves rows the database has released (queued), and only calls a
 -- provider after begin_dispatch has committed 'executing'. Authorized by role

@@ -1,5 +1,5 @@
--- keyturn 0.1.0: batched dispatcher calls (an addition to CONTRACT.md §4,
--- "Dispatcher").
+-- keyturn 0.1.0: batched dispatcher calls (an addition to the dispatcher
+-- calls, docs/sql-api.md).
 --
 -- keyturn.begin_dispatch_many and keyturn.complete_many do, per element, exactly
 -- what keyturn.begin_dispatch and keyturn.complete do -- both run the same

@@ -1,4 +1,4 @@
--- keyturn 0.1.0: who may call what (CONTRACT.md §1, §2). Runs last.
+-- keyturn 0.1.0: who may call what (docs/sql-api.md). Runs last.
 --
 -- PUBLIC: USAGE on the schema, EXECUTE on the three identity functions,
 -- canonical_json and params_hash; nothing else. Each group role gets exactly the

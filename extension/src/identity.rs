@@ -1,4 +1,4 @@
-//! The identity of a call: (tenant, principal, session), CONTRACT.md §2.
+//! The identity of a call: (tenant, principal, session); docs/sql-api.md, "Identity".
 //!
 //! `request.jwt.claims` (PostgREST/Supabase), when set to anything but the empty
 //! string, is the only source; otherwise the GUCs keyturn.tenant/principal/session.

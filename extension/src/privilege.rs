@@ -93,7 +93,7 @@ pub fn extension_owner() -> pg_sys::Oid {
     }
 }
 
-/// Separation of duties (CONTRACT.md §2): a caller whose `current_user` or outer
+/// Separation of duties (docs/sql-api.md): a caller whose `current_user` or outer
 /// role is a member of keyturn_agent never approves, previews or rejects.
 /// Superusers are members of every role, so they are refused too.
 pub fn refuse_agents(what: &str) {

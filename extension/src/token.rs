@@ -1,4 +1,4 @@
-//! One-time approval tokens (CONTRACT.md §4).
+//! One-time approval tokens (docs/sql-api.md).
 //!
 //! The token itself is returned once and never stored. Two derived values are:
 //! `token_digest` (SHA-256) finds the claim, and `token_binding` (HMAC keyed by

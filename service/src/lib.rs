@@ -2,7 +2,7 @@
 //!
 //! The database (`pg_keyturn`) owns every rule; keyturnd only carries out
 //! provider calls for rows the database has already moved forward, and
-//! records what it observed. See CONTRACT.md §4 and §7.
+//! records what it observed. See docs/keyturnd.md.
 //!
 //! Table of contents:
 

@@ -1,4 +1,4 @@
-//! CONTRACT.md §4 Human: what approve answers after the claim — expired,
+//! docs/sql-api.md: what approve answers after the claim — expired,
 //! rejected_tampered, conflict, failed, queued — and digest retention.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! CONTRACT.md §4 Human: approve — the happy path, replays, and the pre-claim checks.
+//! docs/sql-api.md: approve — the happy path, replays, and the pre-claim checks.
 
 use keyturn_tests::*;
 use serde_json::{json, Value};
@@ -354,7 +354,7 @@ async fn status_times(w: &World, id: uuid::Uuid) -> (std::time::SystemTime, std:
     (r.get(0), r.get(1))
 }
 
-/// action_status.updated_at (CONTRACT.md §4) moves with every change of the
+/// action_status.updated_at (docs/sql-api.md) moves with every change of the
 /// row and stays put on a replay, which changes nothing.
 #[tokio::test]
 async fn test_updated_at_moves_with_each_change_and_not_on_replay() {

@@ -1,4 +1,4 @@
-//! CONTRACT.md §4–§5: action_status visibility, the audit trail, append-only
+//! docs/sql-api.md: action_status visibility, the audit trail, append-only
 //! tables, and the status graph guard.
 
 use keyturn_tests::*;
@@ -256,7 +256,7 @@ const STATUSES: &[&str] = &[
     "invalidated",
 ];
 
-/// The graph of CONTRACT.md §4, edge by edge.
+/// The graph of docs/concepts.md, edge by edge.
 fn contract_allows(from: &str, to: &str) -> bool {
     match from {
         "pending" => [

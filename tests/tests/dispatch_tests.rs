@@ -1,4 +1,4 @@
-//! CONTRACT.md §4 Dispatcher: lease, begin_dispatch, complete — called in SQL
+//! docs/sql-api.md: lease, begin_dispatch, complete — called in SQL
 //! as app_dispatcher, no keyturnd needed. lease() works across tenants, so
 //! every test here holds DISPATCH_LOCK.
 

@@ -1,4 +1,4 @@
-//! CONTRACT.md §2: identity comes from request.jwt.claims, else the three GUCs,
+//! docs/sql-api.md: identity comes from request.jwt.claims, else the three GUCs,
 //! never mixed; missing, empty or malformed identity is 42501.
 
 use keyturn_tests::*;

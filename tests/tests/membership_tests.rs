@@ -1,4 +1,4 @@
-//! CONTRACT.md §2: membership, tool grants and the authorization epoch.
+//! docs/sql-api.md: membership, tool grants and the authorization epoch.
 
 use keyturn_tests::*;
 use serde_json::json;

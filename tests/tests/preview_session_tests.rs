@@ -1,4 +1,4 @@
-//! CONTRACT.md §4 Human: preview, reject, end_session, cancel_origin.
+//! docs/sql-api.md: preview, reject, end_session, cancel_origin.
 
 use keyturn_tests::*;
 use serde_json::{json, Value};

@@ -1,4 +1,4 @@
-//! CONTRACT.md §1–§2: who may call what, and that nobody but a superuser writes
+//! docs/sql-api.md: who may call what, and that nobody but a superuser writes
 //! keyturn tables directly.
 
 use std::collections::BTreeSet;

@@ -1,4 +1,4 @@
-//! CONTRACT.md §4 Agent: credential material, inexact numbers, and the params hash.
+//! docs/sql-api.md: credential material, inexact numbers, and the params hash.
 
 use keyturn_tests::*;
 use serde_json::{json, Value};

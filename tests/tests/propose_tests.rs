@@ -1,4 +1,4 @@
-//! CONTRACT.md §4 Agent: propose fails closed.
+//! docs/sql-api.md: propose fails closed.
 
 use keyturn_tests::*;
 use serde_json::{json, Value};

@@ -1,4 +1,4 @@
-//! CONTRACT.md §4 Dispatcher/Operator and §6: lapsed leases, sweep, reconcile,
+//! docs/sql-api.md: lapsed leases, sweep, reconcile,
 //! receipts, and digest payloads after a final status.
 
 use std::time::Duration;

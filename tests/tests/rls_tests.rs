@@ -1,4 +1,4 @@
-//! CONTRACT.md §2 Tenant isolation: FORCEd RLS on every keyturn table with
+//! docs/sql-api.md: FORCEd RLS on every keyturn table with
 //! tenant rows; no role sees another tenant's rows; no identity, no rows.
 
 use keyturn_tests::*;

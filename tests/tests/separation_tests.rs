@@ -1,4 +1,4 @@
-//! CONTRACT.md §2 Separation of duties: approve, preview and reject refuse any
+//! docs/sql-api.md: approve, preview and reject refuse any
 //! caller whose current_user or outer (SET ROLE) role is in keyturn_agent.
 
 use keyturn_tests::*;
@@ -157,7 +157,7 @@ async fn test_agent_cannot_reach_approve_at_all() {
 
 #[tokio::test]
 async fn test_the_role_in_effect_decides_not_the_login_role() {
-    // CONTRACT.md §2 checks current_user and the role in effect after SET ROLE,
+    // Separation of duties checks current_user and the role in effect after SET ROLE,
     // not the login role: a PostgREST authenticator logs in once and SETs ROLE
     // to the agent's or the human's role per request, so it is a member of
     // both. Refusing on the login role would refuse every approval made

@@ -1,4 +1,4 @@
-//! CONTRACT.md §3: register_tool, set_tool_enabled, classify.
+//! docs/sql-api.md: register_tool, set_tool_enabled, classify.
 
 use keyturn_tests::*;
 use serde_json::{json, Value};

@@ -1,4 +1,4 @@
-//! The params_schema subset for external tools (CONTRACT.md §3).
+//! The params_schema subset for external tools (docs/sql-api.md).
 //!
 //! External tools hand params to a provider outside the database, so the schema
 //! is the only thing standing between an agent and, say, an extra `bcc` field.

@@ -5,7 +5,7 @@
 //! answered `dispatch = false` is never called.
 //!
 //! **Why one transaction is safe.** The contract requires `executing` to be
-//! committed before any provider call (CONTRACT.md §4, `begin_dispatch`).
+//! committed before any provider call (docs/sql-api.md).
 //! That still holds: [`dispatch_begun`] runs only after `COMMIT` returned
 //! success, so every row it calls a provider for is committed `executing`
 //! under its lease. What changes is only that the `leased` state is never

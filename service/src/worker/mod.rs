@@ -1,6 +1,6 @@
 //! The dispatch loop. keyturnd never decides whether an action may run:
 //! it only carries out what the database has already moved forward, in the
-//! order the contract fixes (CONTRACT.md §4 "Dispatcher", §7).
+//! order the contract fixes (docs/sql-api.md, docs/keyturnd.md).
 //!
 //! ```text
 //!  wake (NOTIFY keyturn_dispatch | poll every KEYTURN_POLL_MS | a job ended)

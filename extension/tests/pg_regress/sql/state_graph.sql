@@ -1,4 +1,4 @@
--- The status graph of CONTRACT.md §4, as the database enforces it.
+-- The status graph (docs/concepts.md), as the database enforces it.
 SELECT f AS from_status, string_agg(t, ' ' ORDER BY t) AS may_become
   FROM unnest(ARRAY['pending', 'queued', 'leased', 'executing', 'uncertain', 'succeeded', 'failed',
                     'rejected', 'rejected_tampered', 'expired', 'cancelled', 'conflict', 'invalidated']) AS f,
