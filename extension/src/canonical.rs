@@ -21,3 +21,11 @@ fn canonical_json(j: JsonbText) -> String {
 fn params_hash(tool: &str, params: JsonbText) -> String {
     canonical::params_hash_str(tool, &params.0).or_raise()
 }
+
+/// The text an approved write stores for a jsonb value (keyturn-core
+/// `scalar_text`): the canonical form of what was hashed, never the literal
+/// the agent sent, so `1` and `1.00` write the same text. NULL for JSON null.
+#[pg_extern(name = "_scalar_text", immutable, strict, parallel_safe)]
+fn scalar_text(v: JsonbText) -> Option<String> {
+    canonical::scalar_text(&canonical::parse_bounded(&v.0).or_raise()).or_raise()
+}

@@ -20,7 +20,7 @@ use crate::privilege::{refuse_rls_bypass, RoleSwitch};
 #[search_path(pg_catalog, pg_temp)]
 fn exec_as(role: pg_sys::Oid, query: &str, arg: JsonB) -> JsonB {
     refuse_rls_bypass(role);
-    let _as_caller = RoleSwitch::to(role);
+    let _as_caller = RoleSwitch::to_caller(role);
     let rows = Spi::connect_mut(|client| -> Result<Vec<Value>, pgrx::spi::Error> {
         let table = plans::execute(client, query, &[pg_sys::JSONBOID], &[arg.into()])?;
         let mut rows = Vec::with_capacity(table.len());

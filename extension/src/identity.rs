@@ -1,10 +1,25 @@
-//! The identity of a call: (tenant, principal, session); docs/sql-api.md, "Identity".
+//! The identity of a call: (tenant, principal, session); docs/sql-api.md,
+//! "Identity".
 //!
-//! `request.jwt.claims` (PostgREST/Supabase), when set to anything but the empty
-//! string, is the only source; otherwise the GUCs keyturn.tenant/principal/session.
-//! The two are never mixed. Anything missing, empty or malformed reads as NULL,
-//! and the calls that need identity turn NULL into 42501. Written in Rust so that
-//! no subtransaction is needed to survive malformed claims: these functions sit
+//! `request.jwt.claims` (PostgREST/Supabase), when set to anything but the
+//! empty string, is the only source; otherwise the settings `keyturn.tenant`,
+//! `keyturn.principal`, `keyturn.session`. The two are never mixed.
+//!
+//! Identity must be transaction-local. A value set for the whole session
+//! (`SET`, `set_config(…, false)`, `PGOPTIONS`, `ALTER ROLE … SET`) stays on
+//! the connection after the transaction, and a pooler hands that connection
+//! to the next client, who would then read another tenant's rows and propose
+//! in its name. Such identity is missing identity unless a superuser set
+//! `keyturn.allow_session_identity` for a database whose connections are
+//! never shared.
+//!
+//! A value that would print as another (an embedded NUL, control or
+//! invisible characters, surrounding spaces) is missing identity too: `bob\0x`
+//! must never pass for `bob`.
+//!
+//! Anything unusable reads as NULL; the calls that need identity turn NULL
+//! into 42501 with the reason from [`problem`]. Written in Rust so that no
+//! subtransaction is needed to survive malformed claims: these functions sit
 //! inside RLS policies and run once per row.
 
 use std::ffi::CStr;
@@ -12,47 +27,153 @@ use std::ffi::CStr;
 use pgrx::prelude::*;
 use serde_json::Value;
 
-/// A GUC's current value, or None when it is not set at all.
-fn guc(name: &CStr) -> Option<String> {
-    // SAFETY: GetConfigOption with missing_ok = true returns NULL or a pointer to
-    // the GUC's current string, valid until the GUC changes; we copy it at once.
-    unsafe {
-        let value = pg_sys::GetConfigOption(name.as_ptr(), true, false);
-        if value.is_null() {
-            None
-        } else {
-            Some(CStr::from_ptr(value).to_string_lossy().into_owned())
+use crate::guc;
+
+const CLAIMS: &CStr = c"request.jwt.claims";
+
+/// One part of the identity: where it comes from in each source.
+#[derive(Clone, Copy)]
+struct Part {
+    what: &'static str,
+    claim_path_setting: &'static CStr,
+    default_claim: &'static str,
+    setting: &'static CStr,
+}
+
+const TENANT: Part = Part {
+    what: "tenant",
+    claim_path_setting: c"keyturn.claim_tenant",
+    default_claim: "tenant_id",
+    setting: c"keyturn.tenant",
+};
+const PRINCIPAL: Part = Part {
+    what: "principal",
+    claim_path_setting: c"keyturn.claim_principal",
+    default_claim: "sub",
+    setting: c"keyturn.principal",
+};
+const SESSION: Part = Part {
+    what: "session",
+    claim_path_setting: c"keyturn.claim_session",
+    default_claim: "session_id",
+    setting: c"keyturn.session",
+};
+
+/// The part's value, or why there is none.
+fn read(part: Part) -> Result<String, String> {
+    let allow_session = guc::ALLOW_SESSION_IDENTITY.get();
+    match guc::value(CLAIMS).filter(|c| !c.is_empty()) {
+        Some(claims) => {
+            if !allow_session && guc::outlives_transaction(CLAIMS) {
+                return Err(session_level("request.jwt.claims"));
+            }
+            let path = claim_path(part);
+            let claim = match serde_json::from_str::<Value>(&claims) {
+                Ok(v @ Value::Object(_)) => lookup(&v, &path).cloned(),
+                _ => return Err("request.jwt.claims is not a JSON object".into()),
+            };
+            let value = match claim {
+                Some(Value::String(s)) => s,
+                Some(Value::Number(n)) if guc::CLAIM_NUMBERS.get() => n.to_string(),
+                Some(_) => {
+                    return Err(format!(
+                        "claim {path} ({}) in request.jwt.claims is not a string",
+                        part.what
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "claim {path} ({}) is missing from request.jwt.claims",
+                        part.what
+                    ))
+                }
+            };
+            printable(&value, &format!("claim {path}"))
+        }
+        None => {
+            let name = part.setting.to_string_lossy();
+            let value = guc::value(part.setting)
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| format!("{name} is not set"))?;
+            if !allow_session && guc::outlives_transaction(part.setting) {
+                return Err(session_level(&name));
+            }
+            printable(&value, &name)
         }
     }
 }
 
-fn identity_part(claim: &str, fallback_guc: &CStr) -> Option<String> {
-    match guc(c"request.jwt.claims") {
-        Some(claims) if !claims.is_empty() => match serde_json::from_str::<Value>(&claims) {
-            Ok(Value::Object(map)) => match map.get(claim) {
-                Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
-                _ => None,
-            },
-            _ => None,
-        },
-        _ => guc(fallback_guc).filter(|s| !s.is_empty()),
-    }
+fn claim_path(part: Part) -> String {
+    guc::value(part.claim_path_setting)
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| part.default_claim.to_owned())
 }
 
-/// The calling tenant: claim `tenant_id`, else GUC `keyturn.tenant`; NULL if missing.
+/// `a.b.c` into a JSON object.
+fn lookup<'v>(v: &'v Value, path: &str) -> Option<&'v Value> {
+    path.split('.').try_fold(v, |v, key| v.as_object()?.get(key))
+}
+
+fn session_level(setting: &str) -> String {
+    format!(
+        "{setting} is set for the whole session (SET, set_config(..., false), PGOPTIONS, \
+         ALTER ROLE/DATABASE ... SET or postgresql.conf), so a pooled connection would carry \
+         it to the next client; set identity inside the transaction instead: \
+         BEGIN; SET LOCAL {setting} = ...; or set_config('{setting}', ..., true)"
+    )
+}
+
+/// Refuses values that would print as another value.
+fn printable(value: &str, what: &str) -> Result<String, String> {
+    if value.trim() != value || value.chars().any(is_hidden) {
+        return Err(format!(
+            "{what} holds control, invisible or surrounding space characters, so it would \
+             print as another identity"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// Characters that print as nothing, or as something else: controls (NUL
+/// included), bidi controls, format characters and the default-ignorable
+/// code points.
+fn is_hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(c,
+            '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+            | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}'
+            | '\u{FFA0}' | '\u{FFF0}'..='\u{FFFB}' | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}' | '\u{E0000}'..='\u{E0FFF}'
+            | '\u{0600}'..='\u{0605}' | '\u{06DD}' | '\u{070F}' | '\u{0890}' | '\u{0891}'
+            | '\u{08E2}' | '\u{110BD}' | '\u{110CD}' | '\u{13430}'..='\u{1343F}')
+}
+
+/// The calling tenant: claim `tenant_id`, else `keyturn.tenant`; NULL if missing.
 #[pg_extern(stable, parallel_safe)]
 pub fn current_tenant() -> Option<String> {
-    identity_part("tenant_id", c"keyturn.tenant")
+    read(TENANT).ok()
 }
 
-/// The calling principal: claim `sub`, else GUC `keyturn.principal`; NULL if missing.
+/// The calling principal: claim `sub`, else `keyturn.principal`; NULL if missing.
 #[pg_extern(stable, parallel_safe)]
 pub fn current_principal() -> Option<String> {
-    identity_part("sub", c"keyturn.principal")
+    read(PRINCIPAL).ok()
 }
 
-/// The calling session: claim `session_id`, else GUC `keyturn.session`; NULL if missing.
+/// The calling session: claim `session_id`, else `keyturn.session`; NULL if missing.
 #[pg_extern(stable, parallel_safe)]
 pub fn current_session() -> Option<String> {
-    identity_part("session_id", c"keyturn.session")
+    read(SESSION).ok()
+}
+
+/// Why the call's identity is unusable, part by part, or NULL when it is
+/// complete: the detail of keyturn's "missing identity" errors.
+#[pg_extern(name = "_identity_problem", stable, parallel_safe)]
+fn problem() -> Option<String> {
+    let problems: Vec<String> = [TENANT, PRINCIPAL, SESSION]
+        .into_iter()
+        .filter_map(|p| read(p).err())
+        .collect();
+    (!problems.is_empty()).then(|| problems.join("; "))
 }

@@ -6,18 +6,29 @@
 
 ::pgrx::pg_module_magic!(name, version);
 
+/// Runs once per backend, when the library is loaded.
+#[pgrx::pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    guc::register();
+    xact::register();
+}
+
 mod error;
 mod jsonb_text;
 
-mod canonical; // canonical_json, params_hash (RFC 8785 + SHA-256)
+mod actor; // who is acting, for the audit log: backend state, never a setting
+mod approval; // the approval binding: MAC under a key only the owner reads
+mod canonical; // canonical_json, params_hash (RFC 8785 + SHA-256), written values
 mod exec_as; // _exec_as: run a statement as the caller, under RLS
 mod gate; // propose, approve, preview, reject: separation of duties + owner elevation
+mod guc; // keyturn's settings; how long a setting's value lasts
 mod identity; // current_tenant, current_principal, current_session
 mod ids; // time-ordered action ids
 mod plans; // SPI plans kept per backend
 mod privilege; // switching between the caller and the extension owner
 mod token; // one-time tokens: mint, digest, binding, constant-time compare
 mod validation; // credentials, receipts, summaries, params schemas
+mod xact; // what is forgotten at the end of every transaction
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;

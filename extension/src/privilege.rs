@@ -17,10 +17,36 @@ use crate::error::KeyturnError;
 pub struct RoleSwitch {
     saved_user: pg_sys::Oid,
     saved_context: i32,
+    business: bool,
+}
+
+thread_local! {
+    // How many business statements (run as a caller through `_exec_as`) are
+    // under way in this backend. While one runs, every gate function refuses:
+    // a trigger on a gated table must not approve, propose or dispatch
+    // anything in the approver's name.
+    static IN_BUSINESS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 impl RoleSwitch {
+    /// Elevates to `role` (the extension owner) for keyturn's own statements.
     pub fn to(role: pg_sys::Oid) -> Self {
+        Self::switch(role, pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32, false)
+    }
+
+    /// Drops to the caller's `role` for a business statement: as PostgreSQL
+    /// does for maintenance commands, the statement is a security-restricted
+    /// operation (no SET ROLE, no temporary objects, no session changes),
+    /// and keyturn's gate functions refuse until it ends.
+    pub fn to_caller(role: pg_sys::Oid) -> Self {
+        Self::switch(
+            role,
+            (pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_RESTRICTED_OPERATION) as i32,
+            true,
+        )
+    }
+
+    fn switch(role: pg_sys::Oid, flags: i32, business: bool) -> Self {
         let mut saved_user = pg_sys::Oid::INVALID;
         let mut saved_context = 0;
         // SAFETY: plain reads and writes of the backend's current-user state;
@@ -28,23 +54,51 @@ impl RoleSwitch {
         // SET SESSION AUTHORIZATION until we switch back.
         unsafe {
             pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
-            pg_sys::SetUserIdAndSecContext(
-                role,
-                saved_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
-            );
+            pg_sys::SetUserIdAndSecContext(role, saved_context | flags);
+        }
+        if business {
+            IN_BUSINESS.set(IN_BUSINESS.get() + 1);
         }
         RoleSwitch {
             saved_user,
             saved_context,
+            business,
         }
     }
 }
 
 impl Drop for RoleSwitch {
     fn drop(&mut self) {
-        // SAFETY: restores exactly what `to` saved.
+        if self.business {
+            IN_BUSINESS.set(IN_BUSINESS.get().saturating_sub(1));
+        }
+        // SAFETY: restores exactly what `switch` saved.
         unsafe { pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context) }
     }
+}
+
+/// Forgets any business statement: an aborted transaction may have left the
+/// count behind if an error skipped a drop.
+pub fn reset_business() {
+    let _ = IN_BUSINESS.try_with(|n| n.set(0));
+}
+
+/// Refuses (42501) while a business statement runs as a caller: a trigger, a
+/// default or a policy function on a gated table reaching back into keyturn.
+pub fn refuse_inside_business_statement(what: &str) {
+    if IN_BUSINESS.get() > 0 {
+        KeyturnError::Forbidden {
+            message: format!("{what} cannot be called while an approved business statement runs"),
+            hint: "Code that runs inside an approved write (a trigger, a default, a policy) may not reach keyturn's gate; keyturn calls are refused until the statement ends.",
+        }
+        .raise();
+    }
+}
+
+/// `keyturn._refuse_nested(what)`: the check above, for keyturn's SQL entry points.
+#[pgrx::pg_extern(name = "_refuse_nested", volatile, parallel_unsafe)]
+fn refuse_nested(what: &str) {
+    refuse_inside_business_statement(what);
 }
 
 /// `current_user`: the role this function was called as.
@@ -93,27 +147,40 @@ pub fn extension_owner() -> pg_sys::Oid {
     }
 }
 
-/// Separation of duties (docs/sql-api.md): a caller whose `current_user` or outer
-/// role is a member of keyturn_agent never approves, previews or rejects.
+/// Separation of duties (docs/sql-api.md): the process that proposes never
+/// approves. Refused when `current_user`, or the outer role (the one in
+/// effect after SET ROLE, which an application SECURITY DEFINER wrapper does
+/// not hide), is a member of keyturn_agent, and when the session's login
+/// has the privileges of keyturn_agent (an inheriting member): such a login
+/// proposes, `SET ROLE`s into an approver role and approves. A login that
+/// serves both sides (a PostgREST authenticator) must be NOINHERIT.
 /// Superusers are members of every role, so they are refused too.
 pub fn refuse_agents(what: &str) {
+    refuse_inside_business_statement(what);
     // SAFETY: get_role_oid with missing_ok returns InvalidOid instead of raising.
     let agent = unsafe { pg_sys::get_role_oid(c"keyturn_agent".as_ptr(), true) };
+    // A missing keyturn_agent role means a broken install: fail closed.
+    let refused = |label: &str| -> ! {
+        KeyturnError::Forbidden {
+            message: format!(
+                "{label} is a member of keyturn_agent (or a superuser) and may not {what}"
+            ),
+            hint: "Separation of duties: the process that proposes never approves. Call from a role that is not in keyturn_agent; a login that switches to both sides (a PostgREST authenticator) must be NOINHERIT.",
+        }
+        .raise()
+    };
     for (label, role) in [
         ("current_user", current_user()),
         ("the outer role", outer_user()),
     ] {
-        // A missing keyturn_agent role means a broken install: fail closed.
         // SAFETY: is_member_of_role only reads the catalog cache.
         if agent == pg_sys::Oid::INVALID || unsafe { pg_sys::is_member_of_role(role, agent) } {
-            KeyturnError::Forbidden {
-                message: format!(
-                    "{label} is a member of keyturn_agent (or a superuser) and may not {what}"
-                ),
-                hint: "Separation of duties: the process that proposes never approves. Call from a role that is not in keyturn_agent.",
-            }
-            .raise();
+            refused(label);
         }
+    }
+    // SAFETY: GetSessionUserId reads backend state; has_privs_of_role reads the catalog cache.
+    if unsafe { pg_sys::has_privs_of_role(pg_sys::GetSessionUserId(), agent) } {
+        refused("the session's login role (it inherits keyturn_agent)");
     }
 }
 

@@ -70,6 +70,27 @@ pub fn parse_bounded(json: &str) -> Result<Value, CoreError> {
     parse::parse_strict(json)
 }
 
+/// The text an approved write stores for a JSON value: a string as itself, a
+/// number in its canonical (RFC 8785) form, `true`/`false`, and for arrays and
+/// objects their canonical JSON; `None` for null.
+///
+/// What the database writes must follow from what was hashed: `1` and `1.00`
+/// hash alike, so a text column must receive `1` for both, never the literal
+/// the agent happened to send.
+pub fn scalar_text(v: &Value) -> Result<Option<String>, CoreError> {
+    Ok(match v {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) => {
+            let mut out = String::new();
+            number::write_number(&mut out, n.as_str())?;
+            Some(out)
+        }
+        Value::Array(_) | Value::Object(_) => Some(canonicalize_value(v)?),
+    })
+}
+
 /// Appends canonical JSON to a buffer, enforcing depth and output size.
 struct Writer<'a> {
     out: &'a mut String,
@@ -186,6 +207,23 @@ mod tests {
             Ok(s) => s,
             Err(e) => panic!("{text}: {e}"),
         }
+    }
+
+    #[test]
+    fn test_scalar_text_writes_what_was_hashed() {
+        let v = |t: &str| parse_bounded(t).unwrap();
+        assert_eq!(scalar_text(&v("1.00")).unwrap().as_deref(), Some("1"));
+        assert_eq!(scalar_text(&v("1")).unwrap().as_deref(), Some("1"));
+        assert_eq!(scalar_text(&v("4.50")).unwrap().as_deref(), Some("4.5"));
+        assert_eq!(scalar_text(&v("1E30")).unwrap().as_deref(), Some("1e+30"));
+        assert_eq!(scalar_text(&v(r#""1.00""#)).unwrap().as_deref(), Some("1.00"));
+        assert_eq!(scalar_text(&v("true")).unwrap().as_deref(), Some("true"));
+        assert_eq!(scalar_text(&v("null")).unwrap(), None);
+        assert_eq!(
+            scalar_text(&v(r#"{"b": 1.0, "a": [2.50]}"#)).unwrap().as_deref(),
+            Some(r#"{"a":[2.5],"b":1}"#)
+        );
+        assert!(scalar_text(&v("9007199254740993")).is_err());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! plain `cargo test -p keyturn-core`. The pgrx extension wraps these functions; it
 //! never re-implements them.
 
+pub mod approval;
 pub mod canonical;
 pub mod credentials;
 pub mod error;

@@ -1,0 +1,81 @@
+//! Who is acting, for the audit log: backend state, never a setting.
+//!
+//! Every keyturn function that changes an action notes the calling role, the
+//! acting principal and the detail of the next event here first thing; the
+//! lifecycle trigger reads them into the event row. 0.1.0 kept them in
+//! settings (`keyturn.actor_role`, …), which any caller can set: a role with
+//! write access to keyturn's tables set them and wrote an event naming a
+//! person who never acted. Here only keyturn's own functions (EXECUTE on
+//! `_set_actor` belongs to the extension owner alone) can set them, and they
+//! are forgotten at the end of every transaction; a status change made by
+//! anything else is logged as the session's own role, marked as a direct
+//! write.
+
+use std::cell::RefCell;
+
+use pgrx::prelude::*;
+
+use crate::jsonb_text::JsonbText;
+
+#[derive(Default)]
+struct Actor {
+    role: Option<String>,
+    principal: Option<String>,
+    detail: Option<String>,
+}
+
+thread_local! {
+    static ACTOR: RefCell<Option<Actor>> = const { RefCell::new(None) };
+}
+
+/// Forgets the actor: called at the end of every transaction.
+pub fn clear() {
+    let _ = ACTOR.try_with(|a| a.borrow_mut().take());
+}
+
+/// Notes the acting role and principal for this transaction and clears the
+/// event detail. Returns '' (callers `PERFORM` it).
+#[pg_extern(name = "_set_actor", volatile, parallel_unsafe)]
+fn set_actor(p_role: Option<&str>, p_principal: Option<&str>) -> String {
+    ACTOR.with(|a| {
+        *a.borrow_mut() = Some(Actor {
+            role: p_role.filter(|r| !r.is_empty()).map(str::to_owned),
+            principal: p_principal.filter(|p| !p.is_empty()).map(str::to_owned),
+            detail: None,
+        })
+    });
+    String::new()
+}
+
+/// Sets the detail of the next event rows (never param values). Returns ''.
+#[pg_extern(name = "_set_event_detail", volatile, parallel_unsafe)]
+fn set_event_detail(p_detail: Option<JsonbText>) -> String {
+    ACTOR.with(|a| {
+        a.borrow_mut().get_or_insert_with(Actor::default).detail = p_detail.map(|d| d.0)
+    });
+    String::new()
+}
+
+/// The role keyturn noted for this transaction, or NULL for a status change
+/// keyturn's functions did not make.
+#[pg_extern(name = "_actor_role", volatile, parallel_unsafe)]
+fn actor_role() -> Option<String> {
+    ACTOR.with(|a| a.borrow().as_ref().and_then(|a| a.role.clone()))
+}
+
+#[pg_extern(name = "_actor_principal", volatile, parallel_unsafe)]
+fn actor_principal() -> Option<String> {
+    ACTOR.with(|a| a.borrow().as_ref().and_then(|a| a.principal.clone()))
+}
+
+/// The detail for the next event row, as jsonb text, or NULL.
+#[pg_extern(name = "_event_detail", volatile, parallel_unsafe)]
+fn event_detail() -> Option<String> {
+    ACTOR.with(|a| a.borrow().as_ref().and_then(|a| a.detail.clone()))
+}
+
+/// Whether one of keyturn's own functions is acting in this transaction.
+#[pg_extern(name = "_acting", volatile, parallel_unsafe)]
+fn acting() -> bool {
+    ACTOR.with(|a| a.borrow().is_some())
+}

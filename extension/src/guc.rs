@@ -1,0 +1,175 @@
+//! Settings: keyturn's own (superuser-only) switches, and a look at how long
+//! any setting's current value will last.
+//!
+//! Identity is asserted with settings (`keyturn.tenant`, `request.jwt.claims`,
+//! …). A value set for the whole session survives the transaction, and a
+//! pooled connection carries it to the next client, who then acts as someone
+//! else. [`outlives_transaction`] answers whether a setting's value will still
+//! be there after the current transaction ends, from PostgreSQL's own record
+//! of it: the GUC stack that `SET LOCAL`, `set_config(…, true)` and function
+//! `SET` clauses push, and that the end of the transaction pops.
+
+use std::ffi::{CStr, CString};
+
+use pgrx::prelude::*;
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+
+/// `keyturn.allow_session_identity`: accept identity set for the whole
+/// session. Only for a database whose connections are never shared.
+pub static ALLOW_SESSION_IDENTITY: GucSetting<bool> = GucSetting::<bool>::new(false);
+
+/// `keyturn.notify`: send `NOTIFY keyturn_dispatch` when an action becomes
+/// due. Off only in benchmarks that measure the polling path.
+pub static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(true);
+
+/// `keyturn.claim_numbers`: accept a JSON number as a claim (Supabase and
+/// other issuers put numeric ids in JWTs); its text is the identity.
+pub static CLAIM_NUMBERS: GucSetting<bool> = GucSetting::<bool>::new(false);
+
+/// `keyturn.claim_tenant`, `keyturn.claim_principal`, `keyturn.claim_session`:
+/// the dot paths of the identity inside `request.jwt.claims` (unset: `tenant_id`,
+/// `sub`, `session_id`), e.g. `app_metadata.tenant_id` for Supabase.
+pub static CLAIM_TENANT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static CLAIM_PRINCIPAL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static CLAIM_SESSION: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
+/// Registers keyturn's settings; called once per backend from `_PG_init`.
+/// All are superuser-only: a caller who could switch them could leak
+/// identity across clients, choose which claim names it, or silence the
+/// dispatcher's wake-ups.
+pub fn register() {
+    GucRegistry::define_bool_guc(
+        c"keyturn.allow_session_identity",
+        c"Accept keyturn identity set for the whole session (never with a connection pooler).",
+        c"By default keyturn refuses identity (request.jwt.claims, keyturn.tenant, keyturn.principal, keyturn.session) whose value outlives the transaction, because a pooled connection would carry it to the next client.",
+        &ALLOW_SESSION_IDENTITY,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"keyturn.notify",
+        c"Send NOTIFY keyturn_dispatch when an external action becomes due.",
+        c"keyturnd also polls; turning this off only delays dispatch. For benchmarks.",
+        &NOTIFY,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"keyturn.claim_numbers",
+        c"Accept JSON numbers as identity claims (their text is the identity).",
+        c"",
+        &CLAIM_NUMBERS,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    for (name, setting) in [
+        (c"keyturn.claim_tenant", &CLAIM_TENANT),
+        (c"keyturn.claim_principal", &CLAIM_PRINCIPAL),
+        (c"keyturn.claim_session", &CLAIM_SESSION),
+    ] {
+        GucRegistry::define_string_guc(
+            name,
+            c"Dot path of this identity part inside request.jwt.claims.",
+            c"Unset: tenant_id, sub and session_id. For Supabase, e.g. app_metadata.tenant_id.",
+            setting,
+            GucContext::Suset,
+            GucFlags::default(),
+        );
+    }
+}
+
+/// A setting's current value, or `None` when it has never been set.
+pub fn value(name: &CStr) -> Option<String> {
+    // SAFETY: GetConfigOption with missing_ok = true returns NULL or a pointer
+    // to the setting's current string, valid until it changes; copied at once.
+    unsafe {
+        let v = pg_sys::GetConfigOption(name.as_ptr(), true, false);
+        (!v.is_null()).then(|| CStr::from_ptr(v).to_string_lossy().into_owned())
+    }
+}
+
+/// Whether the setting holds a non-empty value that will still be set when
+/// the current transaction ends: set with `SET`, `set_config(…, false)`,
+/// `PGOPTIONS`, `ALTER ROLE/DATABASE … SET` or postgresql.conf, before this
+/// transaction or inside it. A value set only with `SET LOCAL`,
+/// `set_config(…, true)` or a function's `SET` clause does not.
+pub fn outlives_transaction(name: &CStr) -> bool {
+    let Some(gconf) = find(name) else {
+        return false;
+    };
+    // SAFETY: `find` returned a live entry of PostgreSQL's settings table;
+    // its stack is a NULL-terminated list of stack entries owned by guc.c,
+    // each `prior` of a string setting holding a NUL-terminated string or NULL.
+    unsafe {
+        let mut entry = (*gconf).stack;
+        if entry.is_null() {
+            // Untouched in this transaction: what is there now was there before.
+            return !current_is_empty(name);
+        }
+        let mut oldest = entry;
+        while !entry.is_null() {
+            let state = (*entry).state;
+            if state == pg_sys::GucStackState::GUC_SET
+                || state == pg_sys::GucStackState::GUC_SET_LOCAL
+            {
+                // A plain SET in this transaction persists at commit.
+                if !current_is_empty(name) || !string_is_empty((*entry).masked.val.stringval) {
+                    return true;
+                }
+            }
+            oldest = entry;
+            entry = (*entry).prev;
+        }
+        // The oldest entry saved the value this transaction started with.
+        !string_is_empty((*oldest).prior.val.stringval)
+    }
+}
+
+fn current_is_empty(name: &CStr) -> bool {
+    value(name).is_none_or(|v| v.is_empty())
+}
+
+/// # Safety
+/// `s` is NULL or a NUL-terminated string.
+unsafe fn string_is_empty(s: *mut std::ffi::c_char) -> bool {
+    s.is_null() || unsafe { *s == 0 }
+}
+
+/// PostgreSQL's entry for a setting (a real one or a placeholder), if any.
+#[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+fn find(name: &CStr) -> Option<*mut pg_sys::config_generic> {
+    // SAFETY: guc.c keeps `guc_variables` sorted by guc_name_compare (ASCII
+    // case-insensitive) for its own binary search; we search it the same way
+    // and only read.
+    unsafe {
+        let vars = pg_sys::get_guc_variables();
+        let n = usize::try_from(pg_sys::GetNumConfigOptions()).ok()?;
+        if vars.is_null() || n == 0 {
+            return None;
+        }
+        let vars = std::slice::from_raw_parts(vars, n);
+        let wanted = name.to_bytes();
+        vars.binary_search_by(|&g| {
+            let have = CStr::from_ptr((*g).name).to_bytes();
+            guc_name_cmp(have, wanted)
+        })
+        .ok()
+        .map(|i| vars[i])
+    }
+}
+
+#[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+fn find(name: &CStr) -> Option<*mut pg_sys::config_generic> {
+    // SAFETY: find_option without creating placeholders and without raising
+    // (skip_errors) only looks the name up.
+    let g = unsafe { pg_sys::find_option(name.as_ptr(), false, true, pg_sys::ERROR as i32) };
+    (!g.is_null()).then_some(g)
+}
+
+/// guc.c's `guc_name_compare`: ASCII case-insensitive, byte by byte.
+#[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+fn guc_name_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    a.iter()
+        .map(u8::to_ascii_lowercase)
+        .cmp(b.iter().map(u8::to_ascii_lowercase))
+}
