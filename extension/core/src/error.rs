@@ -2,9 +2,10 @@
 //!
 //! Every failure here is the caller's input being unacceptable (bad JSON, a number
 //! that would hash ambiguously, a schema outside the supported subset, params that
-//! fail it, a broken summary template), so the extension maps all of them to
-//! SQLSTATE `22023` (invalid_parameter_value). The messages are shown to agents and
-//! administrators verbatim: each says what was wrong and what to send instead.
+//! fail it, a broken summary template, a malformed scope), so the extension maps
+//! all of them to SQLSTATE `22023` (invalid_parameter_value). The messages are
+//! shown to agents and administrators verbatim: each says what was wrong and what
+//! to send instead.
 
 use std::fmt;
 
@@ -51,6 +52,11 @@ pub enum CoreError {
     /// A summary template that does not parse.
     #[error("invalid summary template: {0}")]
     InvalidTemplate(String),
+
+    /// A grant or standing-approval scope outside the scope language (message
+    /// names the path or key and what to send instead).
+    #[error("invalid scope: {0}")]
+    InvalidScope(String),
 }
 
 impl CoreError {
@@ -121,6 +127,7 @@ mod tests {
             CoreError::InvalidSchema(String::new()),
             CoreError::InvalidParams(Vec::new()),
             CoreError::InvalidTemplate(String::new()),
+            CoreError::InvalidScope(String::new()),
         ];
         for e in all {
             assert_eq!(e.sqlstate(), "22023", "{e:?}");

@@ -9,6 +9,7 @@ pub mod canonical;
 pub mod credentials;
 pub mod error;
 pub mod schema;
+pub mod scope; // which params a scoped grant or standing approval covers
 pub mod template;
 pub mod token;
 
