@@ -1,8 +1,8 @@
--- keyturn 0.1.0: the data model.
+-- The data model.
 --
 -- Nobody but a superuser writes these tables directly: every state change goes
 -- through the functions in the later files, which run as the extension owner.
--- Tables that hold tenant rows are under FORCEd row-level security (020_guards.sql).
+-- Tables that hold tenant rows are under FORCEd row-level security (030_access.sql).
 
 -- Tools are global; what a tenant may do with them is decided by grants.
 CREATE TABLE keyturn.tool (
@@ -30,16 +30,19 @@ CREATE TABLE keyturn.tool_version (
     effect         text        NOT NULL CHECK (effect IN ('reversible', 'compensatable', 'irreversible')),
     expires_in     interval    NOT NULL,
     retain         text        NOT NULL CHECK (retain IN ('full', 'digest')),
-    approval       text        NOT NULL CHECK (approval IN ('self', 'independent')),
+    approval       text        NOT NULL CHECK (approval IN ('self', 'independent', 'task')),
     max_targets    int         NOT NULL CHECK (max_targets > 0),
     targets_param  text,
-    -- sql executor: resolved once at registration. Re-register after altering the table.
-    sql_relid      oid,
+    -- sql executor: checked against the catalog at registration, named (never
+    -- by OID: a dump and restore gives the table another one) and looked up
+    -- again by name at every use. Re-register after altering the table.
+    sql_schema     text,
+    sql_table      text,
     sql_key        text,
     sql_version    text,                           -- 'xmin' or a column name
     sql_set        text[],
     sql_where      text[],
-    sql_types      jsonb,                          -- {column: format_type} for key, set and where
+    sql_types      jsonb,                          -- {column: format_type} for key, version, set and where
     rate_max       int         CHECK (rate_max > 0),
     rate_per       interval,
     created_at     timestamptz NOT NULL DEFAULT now(),
@@ -108,14 +111,15 @@ CREATE TABLE keyturn.action (
     created_at       timestamptz NOT NULL,
     expires_at       timestamptz NOT NULL,
     -- lifecycle
-    status           text        NOT NULL CHECK (status IN (
-                         'pending', 'queued', 'leased', 'executing', 'succeeded', 'failed',
-                         'uncertain', 'rejected', 'rejected_tampered', 'expired',
-                         'cancelled', 'conflict', 'invalidated')),
+    status           keyturn.status NOT NULL,
     result           jsonb,
+    -- The approval: who, as which role, when, how (approve, a standing
+    -- approval, a task request), bound by approval_mac (sql/051_approve.sql).
     approved_by      text,
     approved_role    text,
     approved_at      timestamptz,
+    approved_via     text,
+    approval_mac     bytea,
     attempts         int         NOT NULL DEFAULT 0,
     next_attempt_at  timestamptz,
     lease_id         uuid,
@@ -144,7 +148,7 @@ CREATE TABLE keyturn.open_action (
     principal        text        NOT NULL,
     session          text        NOT NULL,
     conversation_id  text,
-    status           text        NOT NULL,
+    status           keyturn.status NOT NULL,
     expires_at       timestamptz NOT NULL,
     next_attempt_at  timestamptz,
     lease_expires_at timestamptz,
@@ -180,7 +184,8 @@ CREATE TABLE keyturn.action_target (
 );
 
 -- digest-retained external actions: the approved payload, from approve until a
--- final status (docs/concepts.md). Deleted by the lifecycle trigger.
+-- final status (docs/concepts.md, "Digest retention"). Deleted by the lifecycle
+-- trigger.
 CREATE TABLE keyturn.staged_payload (
     action_id  uuid        PRIMARY KEY REFERENCES keyturn.action (id),
     tenant     text        NOT NULL,
@@ -216,8 +221,8 @@ CREATE TABLE keyturn.event (
     at                timestamptz NOT NULL DEFAULT clock_timestamp(),
     db_role           text        NOT NULL,
     principal         text,                   -- the acting principal; NULL for role-only callers
-    from_status       text,
-    to_status         text        NOT NULL,
+    from_status       keyturn.status,
+    to_status         keyturn.status NOT NULL,
     detail            jsonb       NOT NULL DEFAULT '{}',
     PRIMARY KEY (action_id, id)
 );
@@ -235,10 +240,23 @@ CREATE TABLE keyturn.usage (
 );
 CREATE INDEX usage_tenant_idx ON keyturn.usage (tenant, at);
 
+-- The key of the approval binding (sql/051_approve.sql): one row, written here,
+-- readable by the extension owner alone. It lives in a schema of its own on
+-- which no role holds any privilege, so not even GRANT ... ON ALL TABLES IN
+-- SCHEMA keyturn (to a role with BYPASSRLS, say) reaches it;
+-- keyturn.check_deployment() reports any grant on either.
+CREATE SCHEMA keyturn_secret;
+REVOKE ALL ON SCHEMA keyturn_secret FROM PUBLIC;
+CREATE TABLE keyturn_secret.approval_key (
+    id   int   PRIMARY KEY CHECK (id = 1),
+    key  bytea NOT NULL CHECK (length(key) = 32)
+);
+INSERT INTO keyturn_secret.approval_key (id, key) VALUES (1, keyturn._new_approval_key());
+
 -- These tables hold the tenants' data, not the extension's code: pg_dump must
--- dump their rows (and the event sequence). Restore with
--- session_replication_role = replica, or the lifecycle trigger would log a
--- second creation event for every restored action.
+-- dump their rows (and the event sequence). A restore needs no special
+-- settings: rows that keyturn's own functions did not insert (a restore's)
+-- fire no lifecycle side effects (020_guards.sql).
 -- (One statement each: every call updates the pg_extension row.)
 SELECT pg_catalog.pg_extension_config_dump('keyturn.tool', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.tool_version', '');
@@ -254,3 +272,6 @@ SELECT pg_catalog.pg_extension_config_dump('keyturn.attempt', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.event', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.usage', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.event_id_seq', '');
+-- The approval key travels with the data it verifies (dumping keyturn's
+-- tables, all under forced row-level security, takes a superuser anyway).
+SELECT pg_catalog.pg_extension_config_dump('keyturn_secret.approval_key', '');

@@ -1,63 +1,11 @@
--- keyturn 0.1.0: the guards the database keeps whoever writes.
+-- The guards the database keeps whoever writes.
 --
--- Triggers refuse illegal status transitions and any change to proposal columns,
--- keep the event log and usage append-only, and perform the lifecycle side
--- effects (event row, usage row, staged-payload deletion, NOTIFY) in the same
--- transaction as the status change, so no code path can forget them.
+-- Triggers refuse illegal status transitions, any change to proposal columns,
+-- and an approval-only status without an approval; keep the event log and
+-- usage append-only; and perform the lifecycle side effects (work list, event
+-- row, usage row, staged-payload deletion, NOTIFY) in the same transaction as
+-- the status change, so no code path can forget them.
 
--- The status graph (docs/concepts.md).
-CREATE FUNCTION keyturn._legal_transition(from_status text, to_status text)
-RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$
-    SELECT CASE from_status
-        WHEN 'pending'   THEN to_status IN ('expired', 'invalidated', 'rejected_tampered',
-                                             'succeeded', 'conflict', 'failed', 'queued',
-                                             'rejected', 'cancelled')
-        WHEN 'queued'    THEN to_status IN ('leased', 'cancelled', 'invalidated')
-        WHEN 'leased'    THEN to_status IN ('executing', 'queued', 'cancelled', 'invalidated')
-        WHEN 'executing' THEN to_status IN ('succeeded', 'failed', 'uncertain', 'queued')
-        WHEN 'uncertain' THEN to_status IN ('succeeded', 'failed')
-        ELSE false
-    END
-$$;
-
--- Final: terminal for everyone. 'uncertain' is terminal for automation only.
-CREATE FUNCTION keyturn._is_final(status text)
-RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$
-    SELECT status IN ('succeeded', 'failed', 'rejected', 'rejected_tampered', 'expired',
-                      'cancelled', 'conflict', 'invalidated')
-$$;
-
--- Who is acting, for the event log. The gate functions set this first thing;
--- it is transaction-local and overwritten by every call, so a caller cannot
--- make an event lie by setting it beforehand.
--- (One expression returning text, no SET clause: the planner inlines it into
--- the caller, so no call parses and plans it again. The result means nothing.)
-CREATE FUNCTION keyturn._set_actor(p_role text, p_principal text)
-RETURNS text
-LANGUAGE sql VOLATILE
-AS $$
-    SELECT pg_catalog.concat(
-               pg_catalog.set_config('keyturn.actor_role', coalesce(p_role, ''), true),
-               pg_catalog.set_config('keyturn.actor_principal', coalesce(p_principal, ''), true),
-               pg_catalog.set_config('keyturn.event_detail', '', true))
-$$;
-
--- Detail for the next event row (never param values).
-CREATE FUNCTION keyturn._set_event_detail(p_detail jsonb)
-RETURNS text
-LANGUAGE sql VOLATILE
-AS $$
-    SELECT pg_catalog.set_config('keyturn.event_detail', coalesce(p_detail::text, ''), true)
-$$;
-
--- The guards are WHEN conditions, evaluated by the executor: an update that
--- keeps the rules runs no trigger function at all, and one that breaks them
--- runs only the function that raises. The conditions are parsed here, once,
--- with pg_catalog's operators; no caller's search_path is ever consulted.
 CREATE FUNCTION keyturn._refuse_proposal_change()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -78,10 +26,15 @@ AS $$
 BEGIN
     RAISE EXCEPTION 'illegal status transition % -> % for action %', OLD.status, NEW.status, OLD.id
         USING ERRCODE = '55000',
-              HINT = 'The status graph is in docs/concepts.md, "The state machine".';
+              HINT = 'keyturn.transition lists every legal status change (docs/concepts.md, "The state machine").';
 END
 $$;
 
+-- The guards are WHEN conditions, evaluated by the executor: an update that
+-- keeps the rules runs no trigger function at all, and one that breaks them
+-- runs only the function that raises. The conditions are parsed here, once,
+-- with pg_catalog's operators; no caller's search_path is ever consulted.
+--
 -- The column list comes first: an UPDATE that sets none of these columns (every
 -- keyturn function's) skips the trigger on a bitmap test, before the WHEN
 -- condition is even loaded; one that sets them to their own values passes.
@@ -105,38 +58,79 @@ CREATE TRIGGER action_proposal_immutable
            OLD.expires_at))
     EXECUTE FUNCTION keyturn._refuse_proposal_change();
 
--- The same graph as keyturn._legal_transition, spelled out so that no function
--- is called per row.
-CREATE TRIGGER action_status_graph
+-- The status graph, keyturn.transition, as a trigger condition generated from
+-- its rows: a trigger's WHEN cannot read a table, and a function call per
+-- row is what the condition exists to avoid.
+DO $do$
+BEGIN
+    EXECUTE pg_catalog.format(
+        $t$CREATE TRIGGER action_status_graph
+               BEFORE UPDATE OF status ON keyturn.action
+               FOR EACH ROW
+               WHEN (NEW.status IS DISTINCT FROM OLD.status
+                     AND NOT coalesce(CASE OLD.status %s ELSE false END, false))
+               EXECUTE FUNCTION keyturn._refuse_transition()$t$,
+        (SELECT pg_catalog.string_agg(
+                    pg_catalog.format('WHEN %L THEN NEW.status IN (%s)', f.from_status,
+                        (SELECT pg_catalog.string_agg(pg_catalog.quote_literal(t.to_status::text), ', '
+                                                      ORDER BY t.to_status)
+                           FROM keyturn.transition t WHERE t.from_status = f.from_status)),
+                    ' ' ORDER BY f.from_status)
+           FROM (SELECT DISTINCT from_status FROM keyturn.transition) f));
+END
+$do$;
+
+-- A status only an approval can give needs an approval: whoever writes the
+-- row (a role that was granted UPDATE, one with BYPASSRLS) cannot move a
+-- proposal to queued or an outcome without the approval MAC that only
+-- keyturn's approve, standing approvals and task admission can compute.
+-- lease and begin_dispatch check the MAC again, for rows that reached
+-- 'queued' with the triggers off.
+CREATE FUNCTION keyturn._require_approval()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT keyturn._approval_valid(NEW.id, NEW.params_hash, NEW.approved_by, NEW.approved_role,
+                                   NEW.approved_at, NEW.approved_via, NEW.approval_mac) THEN
+        RAISE EXCEPTION 'action % cannot become % without an approval', NEW.id, NEW.status
+            USING ERRCODE = '42501',
+                  HINT = 'Only keyturn.approve (or a standing approval, or a task request) gives this status; a table write cannot.';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER action_requires_approval
     BEFORE UPDATE OF status ON keyturn.action
     FOR EACH ROW
-    WHEN (NEW.status IS DISTINCT FROM OLD.status AND NOT coalesce(CASE OLD.status
-        WHEN 'pending'   THEN NEW.status IN ('expired', 'invalidated', 'rejected_tampered',
-                                             'succeeded', 'conflict', 'failed', 'queued',
-                                             'rejected', 'cancelled')
-        WHEN 'queued'    THEN NEW.status IN ('leased', 'cancelled', 'invalidated')
-        WHEN 'leased'    THEN NEW.status IN ('executing', 'queued', 'cancelled', 'invalidated')
-        WHEN 'executing' THEN NEW.status IN ('succeeded', 'failed', 'uncertain', 'queued')
-        WHEN 'uncertain' THEN NEW.status IN ('succeeded', 'failed')
-        ELSE false
-    END, false))
-    EXECUTE FUNCTION keyturn._refuse_transition();
+    WHEN (OLD.status = 'pending' AND NEW.status IN ('queued', 'succeeded', 'conflict', 'failed'))
+    EXECUTE FUNCTION keyturn._require_approval();
 
 -- Everything a status change implies, in the same transaction: the work list
--- (keyturn.open_action), the event, the usage row, the staged payload, the NOTIFY.
+-- (keyturn.open_action), the event, the usage row, the staged payload, the
+-- NOTIFY. The acting role and principal come from keyturn's own backend state
+-- (extension/src/actor.rs), never from a setting a caller can write; a change
+-- keyturn's functions did not make is logged as the session's role, marked
+-- direct_write. A row inserted by anything but keyturn's propose (a restore
+-- from a dump, which brings its own events and work list) implies nothing.
 CREATE FUNCTION keyturn._action_lifecycle()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_final boolean := NEW.status IN ('succeeded', 'failed', 'rejected', 'rejected_tampered',
-                                      'expired', 'cancelled', 'conflict', 'invalidated');
-    v_from  text;
-    v_role  text;
-    v_detail text;
+    v_final  boolean := keyturn._is_final(NEW.status);
+    v_acting boolean := keyturn._acting();
+    v_from   keyturn.status;
+    v_detail jsonb;
 BEGIN
-    -- The work list. (keyturn._is_final spelled out: no function call per row.)
+    IF TG_OP = 'INSERT' AND NOT v_acting THEN
+        RETURN NULL;
+    END IF;
+
+    -- The work list.
     IF TG_OP = 'INSERT' THEN
         IF NOT v_final THEN
             INSERT INTO keyturn.open_action (action_id, tenant, principal, session, conversation_id,
@@ -164,17 +158,19 @@ BEGIN
         v_from := OLD.status;
     END IF;
 
-    v_role := nullif(current_setting('keyturn.actor_role', true), '');
-    v_detail := nullif(current_setting('keyturn.event_detail', true), '');
+    v_detail := coalesce(keyturn._event_detail()::jsonb, '{}');
+    IF NOT v_acting THEN
+        v_detail := v_detail || '{"direct_write": true}';
+    END IF;
     INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal,
                                from_status, to_status, detail)
     VALUES (NEW.id, NEW.tenant, NEW.principal,
-            coalesce(v_role, CASE WHEN current_setting('role') = 'none' THEN session_user::text
-                                  ELSE current_setting('role') END),
-            nullif(current_setting('keyturn.actor_principal', true), ''),
-            v_from, NEW.status, coalesce(v_detail::jsonb, '{}'));
-    -- The detail is left in place: one statement may move many rows (lease,
-    -- sweep) and each gets it. Every keyturn function clears it on entry.
+            coalesce(keyturn._actor_role(),
+                     CASE WHEN current_setting('role') = 'none' THEN session_user::text
+                          ELSE current_setting('role') END),
+            keyturn._actor_principal(), v_from, NEW.status, v_detail);
+    -- The detail stays in place: one statement may move many rows (lease,
+    -- sweep) and each gets it. Every keyturn function sets it afresh.
 
     IF NEW.status = 'succeeded' THEN
         INSERT INTO keyturn.usage (action_id, tenant, principal, tool, executor, attempts)
@@ -186,9 +182,10 @@ BEGIN
         DELETE FROM keyturn.staged_payload WHERE action_id = NEW.id;
     END IF;
 
+    -- The payload names nothing: any role may LISTEN on this channel.
     IF NEW.status = 'queued' AND NEW.next_attempt_at <= clock_timestamp()
        AND coalesce(current_setting('keyturn.notify', true), 'on') <> 'off' THEN
-        PERFORM pg_catalog.pg_notify('keyturn_dispatch', NEW.id::text);
+        PERFORM pg_catalog.pg_notify('keyturn_dispatch', '');
     END IF;
     RETURN NULL;
 END

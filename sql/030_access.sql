@@ -1,9 +1,19 @@
--- keyturn 0.1.0: identity checks, membership lookups and row-level security.
+-- Identity checks, membership lookups and row-level security.
 --
 -- The identity functions themselves (current_tenant, current_principal,
 -- current_session) are written in Rust (extension/src/identity.rs): they parse
 -- request.jwt.claims without a subtransaction, which keeps them cheap enough to
 -- sit inside RLS policies.
+
+-- The role a SECURITY DEFINER function was called from: the SET ROLE role, else
+-- the login role (current_user inside such a function is its owner).
+CREATE FUNCTION keyturn._calling_role()
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
+                ELSE current_setting('role') END
+$$;
 
 -- Raises 42501 unless the call carries a full identity whose principal is a
 -- member of its tenant; returns that member's role.
@@ -19,7 +29,8 @@ BEGIN
                 coalesce(p_tenant, '<missing>'), coalesce(p_principal, '<missing>'),
                 coalesce(p_session, '<missing>')
             USING ERRCODE = '42501',
-                  HINT = 'Set request.jwt.claims (tenant_id, sub, session_id), or SET LOCAL keyturn.tenant, keyturn.principal and keyturn.session.';
+                  DETAIL = coalesce(keyturn._identity_problem(), 'identity changed during the call'),
+                  HINT = 'Inside the transaction: BEGIN; SET LOCAL keyturn.tenant = ...; SET LOCAL keyturn.principal = ...; SET LOCAL keyturn.session = ...; or set_config(''request.jwt.claims'', ..., true).';
     END IF;
     SELECT m.role INTO v_role FROM keyturn.member m
      WHERE m.tenant = p_tenant AND m.principal = p_principal;
@@ -117,3 +128,7 @@ CREATE POLICY event_visible ON keyturn.event FOR SELECT
     USING (keyturn._sees(tenant, action_principal));
 CREATE POLICY usage_visible ON keyturn.usage FOR SELECT
     USING (keyturn._sees(tenant, principal));
+-- keyturn_secret.approval_key: forced row-level security and no policy at all,
+-- on top of holding no grants.
+ALTER TABLE keyturn_secret.approval_key ENABLE ROW LEVEL SECURITY;
+ALTER TABLE keyturn_secret.approval_key FORCE ROW LEVEL SECURITY;

@@ -1,8 +1,12 @@
--- keyturn 0.1.0: administration — members, grants, tools (docs/sql-api.md).
+-- Administration: members, grants, tools (docs/sql-api.md, "Administration").
 --
--- Authorized by the keyturn_admin role alone (EXECUTE, 090_privileges.sql); the
--- tenant is an argument, not the caller's identity. Every membership or grant
--- change that changes something bumps the principal's authorization epoch.
+-- Two kinds of administrator. The keyturn_admin database role is the
+-- platform's: it registers tools (which are global) and manages every
+-- tenant, naming the tenant as an argument. A tenant's own `admin` member,
+-- calling through the human-facing connection (keyturn_approver) with its
+-- identity, manages that one tenant's members and grants, and no other.
+-- Every membership or grant change that changes something bumps the
+-- principal's authorization epoch.
 
 CREATE FUNCTION keyturn._require_text(p_value text, p_what text)
 RETURNS text
@@ -34,6 +38,36 @@ BEGIN
 END
 $$;
 
+-- Raises 42501 unless the caller may administer p_tenant: the platform's
+-- keyturn_admin role, or an `admin` member of p_tenant acting with its own
+-- identity (never an agent: separation of duties holds for administration
+-- too, or an agent could grant itself tools).
+CREATE FUNCTION keyturn._require_admin(p_tenant text, p_what text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_caller text := keyturn._calling_role();
+BEGIN
+    PERFORM keyturn._refuse_nested(p_what);
+    IF pg_catalog.pg_has_role(v_caller, 'keyturn_admin', 'USAGE') THEN
+        RETURN;
+    END IF;
+    IF pg_catalog.pg_has_role(v_caller, 'keyturn_agent', 'MEMBER')
+       OR pg_catalog.pg_has_role(session_user, 'keyturn_agent', 'USAGE') THEN
+        RAISE EXCEPTION 'keyturn: % may not be called by an agent role', p_what
+            USING ERRCODE = '42501';
+    END IF;
+    IF keyturn._require_member(keyturn.current_tenant(), keyturn.current_principal(),
+                               keyturn.current_session()) <> 'admin'
+       OR keyturn.current_tenant() IS DISTINCT FROM p_tenant THEN
+        RAISE EXCEPTION 'keyturn: % needs the keyturn_admin role, or an admin of tenant % acting as itself', p_what, coalesce(p_tenant, 'NULL')
+            USING ERRCODE = '42501',
+                  HINT = 'A tenant admin manages only its own tenant; the platform role keyturn_admin manages all.';
+    END IF;
+END
+$$;
+
 CREATE FUNCTION keyturn.add_member(tenant text, principal text, role text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -42,6 +76,7 @@ AS $$
 DECLARE
     v_changed boolean;
 BEGIN
+    PERFORM keyturn._require_admin(add_member.tenant, 'add_member');
     PERFORM keyturn._require_text(add_member.tenant, 'tenant'),
             keyturn._require_text(add_member.principal, 'principal');
     IF add_member.role IS NULL OR add_member.role NOT IN ('member', 'approver', 'admin') THEN
@@ -73,6 +108,7 @@ DECLARE
     v_members int;
     v_grants  int;
 BEGIN
+    PERFORM keyturn._require_admin(remove_member.tenant, 'remove_member');
     DELETE FROM keyturn.tool_grant g
      WHERE g.tenant = remove_member.tenant AND g.principal = remove_member.principal;
     GET DIAGNOSTICS v_grants = ROW_COUNT;
@@ -95,6 +131,7 @@ AS $$
 DECLARE
     v_changed boolean;
 BEGIN
+    PERFORM keyturn._require_admin(grant_tool.tenant, 'grant_tool');
     PERFORM keyturn._require_text(grant_tool.tenant, 'tenant'),
             keyturn._require_text(grant_tool.principal, 'principal');
     PERFORM keyturn._require_tool(grant_tool.tool);
@@ -119,6 +156,7 @@ AS $$
 DECLARE
     v_changed boolean;
 BEGIN
+    PERFORM keyturn._require_admin(revoke_tool.tenant, 'revoke_tool');
     PERFORM keyturn._require_tool(revoke_tool.tool);
 
     DELETE FROM keyturn.tool_grant g
@@ -139,6 +177,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    PERFORM keyturn._refuse_nested('set_tool_enabled');
     PERFORM keyturn._require_tool(set_tool_enabled.name);
     IF set_tool_enabled.enabled IS NULL THEN
         RAISE EXCEPTION 'keyturn: enabled must be true or false' USING ERRCODE = '22023';

@@ -1,8 +1,10 @@
--- keyturn 0.1.0: tool registration (docs/sql-api.md).
+-- Tool registration (docs/sql-api.md, "Tools").
 --
 -- A spec is validated whole before anything is written: unknown keys, wrong
--- types and out-of-range values are 22023 with the key named. sql tools are
--- resolved against the catalog here, once, so approve never has to.
+-- types and out-of-range values are 22023 with the key named. Each part of
+-- the spec has its own function below (scalars, rate_limit, the external
+-- part, the sql part); register_tool puts their answers together. sql tools
+-- are checked against the catalog here, once, and stored by name.
 
 CREATE FUNCTION keyturn._spec_choice(p_spec jsonb, p_key text, p_default text, p_allowed text[])
 RETURNS text
@@ -80,6 +82,24 @@ BEGIN
 END
 $$;
 
+-- Refuses keys outside p_known, naming them.
+CREATE FUNCTION keyturn._spec_keys(p_obj jsonb, p_what text, p_known text[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    k text;
+BEGIN
+    FOR k IN SELECT jsonb_object_keys(p_obj) LOOP
+        IF NOT k = ANY (p_known) THEN
+            RAISE EXCEPTION 'keyturn: unknown % key %', p_what, quote_literal(k)
+                USING ERRCODE = '22023',
+                      HINT = format('Known keys: %s.', array_to_string(p_known, ', '));
+        END IF;
+    END LOOP;
+END
+$$;
+
 -- The column's type as format_type prints it, or 22023 when it is not a plain
 -- column of the table (system columns, dropped columns and typos alike).
 CREATE FUNCTION keyturn._spec_column(p_relid oid, p_column jsonb, p_what text)
@@ -106,6 +126,185 @@ BEGIN
 END
 $$;
 
+-- What lets an agent change a table other than through an approved form, one
+-- line per problem, or nothing: an agent role (a non-superuser member of
+-- keyturn_agent) that owns it or can act as its owner (ALTER, CREATE
+-- TRIGGER on it, DROP), or holds a privilege that writes to it or attaches
+-- code to it. Such a role could put a trigger on the table that runs inside
+-- the approved write, as the approver. Used by register_tool (which refuses)
+-- and check_deployment (which reports).
+CREATE FUNCTION keyturn._agent_table_problems(p_relid oid)
+RETURNS SETOF text
+LANGUAGE sql STABLE
+AS $$
+    SELECT format('agent role %s %s', quote_ident(r.rolname), p.problem)
+      FROM pg_roles r
+      JOIN pg_class c ON c.oid = p_relid
+     CROSS JOIN LATERAL (VALUES
+         (pg_has_role(r.oid, c.relowner, 'MEMBER'),
+          format('owns %s or is a member of its owner %s', p_relid::regclass, c.relowner::regrole)),
+         (has_table_privilege(r.oid, p_relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
+          OR has_any_column_privilege(r.oid, p_relid, 'INSERT, UPDATE'),
+          format('may write %s directly', p_relid::regclass)),
+         (has_table_privilege(r.oid, p_relid, 'TRIGGER'),
+          format('may create triggers on %s', p_relid::regclass))
+     ) AS p (bad, problem)
+     WHERE NOT r.rolsuper AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') AND p.bad
+     ORDER BY r.rolname, p.problem
+$$;
+
+-- The sql part of a spec: {"table", "key", "version", "set", "where"}, checked
+-- against the catalog. Returns the stored columns as one jsonb object.
+CREATE FUNCTION keyturn._spec_sql(p_tool text, p_sql jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    c        jsonb;
+    v_relid  oid;
+    v_key    text;
+    v_verc   text := 'xmin';
+    v_set    text[] := '{}';
+    v_where  text[] := '{}';
+    v_types  jsonb;
+    v_bad    text;
+BEGIN
+    IF p_sql IS NULL OR jsonb_typeof(p_sql) <> 'object' THEN
+        RAISE EXCEPTION 'keyturn: sql tool % needs spec.sql = {"table", "key", "version", "set", "where"}', p_tool
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._spec_keys(p_sql, 'spec.sql', ARRAY['table', 'key', 'version', 'set', 'where']);
+    IF jsonb_typeof(p_sql -> 'table') IS DISTINCT FROM 'string' THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table must name a table, e.g. "crm.deal"' USING ERRCODE = '22023';
+    END IF;
+    v_relid := to_regclass(p_sql ->> 'table');
+    IF v_relid IS NULL OR NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = v_relid AND r.relkind IN ('r', 'p')) THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table % is not an existing table', p_sql -> 'table'
+            USING ERRCODE = '22023';
+    END IF;
+    IF (SELECT n.nspname LIKE 'pg\_temp\_%' OR n.nspname LIKE 'pg\_toast\_temp\_%'
+          FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = v_relid) THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table % is a temporary table', p_sql -> 'table'
+            USING ERRCODE = '22023';
+    END IF;
+    v_bad := (SELECT string_agg(p, '; ') FROM keyturn._agent_table_problems(v_relid) p);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: agents could change % outside the approved form: %', v_relid::regclass, v_bad
+            USING ERRCODE = '22023',
+                  HINT = 'Agent roles may only SELECT a gated table: revoke their write and TRIGGER privileges and make a non-agent role its owner, then register again.';
+    END IF;
+
+    v_key := p_sql ->> 'key';
+    v_types := jsonb_build_object(v_key, keyturn._spec_column(v_relid, p_sql -> 'key', 'spec.sql.key'));
+    IF p_sql ? 'version' AND p_sql -> 'version' IS DISTINCT FROM '"xmin"' THEN
+        v_verc := p_sql ->> 'version';
+        v_types := v_types || jsonb_build_object(v_verc, keyturn._spec_column(v_relid, p_sql -> 'version', 'spec.sql.version'));
+        -- A version column that nothing changes on every write cannot show a
+        -- conflicting edit: two proposals against the same before-state would
+        -- both pass. keyturn's own write never sets it (set may not name it),
+        -- so a trigger must.
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger t
+                        WHERE t.tgrelid = v_relid AND NOT t.tgisinternal
+                          AND (t.tgtype & 2) <> 0      -- BEFORE
+                          AND (t.tgtype & 16) <> 0     -- UPDATE
+                          AND (t.tgtype & 1) <> 0) THEN -- FOR EACH ROW
+            RAISE EXCEPTION 'keyturn: spec.sql.version % is a column that no BEFORE UPDATE trigger on % maintains', v_verc, v_relid::regclass
+                USING ERRCODE = '22023',
+                      HINT = 'Use "version": "xmin" (the default), or add a BEFORE UPDATE ... FOR EACH ROW trigger that changes the column on every update.';
+        END IF;
+    ELSE
+        v_types := v_types || jsonb_build_object('xmin', 'xid');
+    END IF;
+    IF jsonb_typeof(p_sql -> 'set') IS DISTINCT FROM 'array' OR jsonb_array_length(p_sql -> 'set') = 0 THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.set must be a non-empty array of column names' USING ERRCODE = '22023';
+    END IF;
+    FOR c IN SELECT jsonb_array_elements(p_sql -> 'set') LOOP
+        v_types := v_types || jsonb_build_object(c #>> '{}', keyturn._spec_column(v_relid, c, 'spec.sql.set'));
+        IF c #>> '{}' IN (v_key, v_verc) THEN
+            RAISE EXCEPTION 'keyturn: spec.sql.set may not include the key or version column %', c
+                USING ERRCODE = '22023';
+        END IF;
+        v_set := v_set || (c #>> '{}');
+    END LOOP;
+    IF p_sql ? 'where' THEN
+        IF jsonb_typeof(p_sql -> 'where') <> 'array' THEN
+            RAISE EXCEPTION 'keyturn: spec.sql.where must be an array of column names' USING ERRCODE = '22023';
+        END IF;
+        FOR c IN SELECT jsonb_array_elements(p_sql -> 'where') LOOP
+            v_types := v_types || jsonb_build_object(c #>> '{}', keyturn._spec_column(v_relid, c, 'spec.sql.where'));
+            v_where := v_where || (c #>> '{}');
+        END LOOP;
+    END IF;
+    IF cardinality(v_where) = 0 THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.where must name at least one column the form may filter on'
+            USING ERRCODE = '22023',
+                  HINT = 'A form without filters would address the whole table.';
+    END IF;
+
+    RETURN (SELECT jsonb_build_object(
+                'schema', n.nspname, 'table', r.relname, 'key', v_key, 'version', v_verc,
+                'set', to_jsonb(v_set), 'where', to_jsonb(v_where), 'types', v_types)
+              FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
+             WHERE r.oid = v_relid);
+END
+$$;
+
+-- The external part of a spec: provider, params_schema, targets_param.
+-- Returns {"provider", "params_schema" (normalized), "targets_param"}.
+CREATE FUNCTION keyturn._spec_external(p_tool text, p_spec jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_provider text := keyturn._spec_string(p_spec, 'provider');
+    v_tparam   text := keyturn._spec_string(p_spec, 'targets_param');
+    v_schema   jsonb;
+BEGIN
+    IF v_provider IS NULL OR v_provider !~ '^[a-z][a-z0-9_]*$' THEN
+        RAISE EXCEPTION 'keyturn: external tool % needs spec.provider, a lowercase adapter name such as webhook or smtp', p_tool
+            USING ERRCODE = '22023';
+    END IF;
+    v_schema := keyturn._check_params_schema(coalesce(p_spec -> 'params_schema', '{}'));
+    IF v_tparam IS NOT NULL AND NOT (v_schema -> 'properties') ? v_tparam THEN
+        RAISE EXCEPTION 'keyturn: spec.targets_param % is not a property of params_schema', quote_literal(v_tparam)
+            USING ERRCODE = '22023';
+    END IF;
+    -- Every address the smtp adapter sends to is a bare addr-spec the card
+    -- showed as it is: "Ann" <ann@x> display names and quoted local parts
+    -- are refused by format: email, so these fields must use it.
+    IF v_provider = 'smtp' AND EXISTS (
+           SELECT 1 FROM jsonb_each(v_schema -> 'properties') p
+            WHERE p.key IN ('to', 'cc', 'bcc', 'reply_to')
+              AND NOT (p.value @> '{"type": "string", "format": "email"}'
+                       OR p.value @> '{"type": "array", "items": {"type": "string", "format": "email"}}')) THEN
+        RAISE EXCEPTION 'keyturn: smtp tool %: params_schema properties to, cc, bcc and reply_to must be {"type": "string", "format": "email"} or arrays of them', p_tool
+            USING ERRCODE = '22023',
+                  HINT = 'format: email accepts only a bare address (no display name), so what the person approves is where the mail goes.';
+    END IF;
+    RETURN jsonb_build_object('provider', v_provider, 'params_schema', v_schema, 'targets_param', v_tparam);
+END
+$$;
+
+-- {"max": N, "per": "<interval>"} → {"max": N, "per": interval text}, or NULL.
+CREATE FUNCTION keyturn._spec_rate_limit(p_rate jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF p_rate IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(p_rate) <> 'object' OR NOT (p_rate ?& ARRAY['max', 'per']) THEN
+        RAISE EXCEPTION 'keyturn: spec.rate_limit must be {"max": N, "per": "<interval>"}'
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._spec_keys(p_rate, 'spec.rate_limit', ARRAY['max', 'per']);
+    RETURN jsonb_build_object(
+        'max', keyturn._spec_positive_int(p_rate -> 'max', 'spec.rate_limit.max', 1000000),
+        'per', keyturn._spec_interval(p_rate -> 'per', 'spec.rate_limit.per', interval '366 days')::text);
+END
+$$;
+
 -- IntervalStyle is pinned so the stored spec reads the same whatever the
 -- caller's session settings.
 CREATE FUNCTION keyturn.register_tool(name text, spec jsonb)
@@ -117,30 +316,21 @@ AS $$
 DECLARE
     v_name      text := register_tool.name;
     k           text;
-    c           jsonb;
     v_kind      text;
     v_exec      text;
-    v_provider  text;
-    v_schema    jsonb;
+    v_ext       jsonb;
+    v_sql       jsonb;
     v_summary   text;
     v_effect    text;
     v_expires   interval := interval '15 minutes';
     v_retain    text;
     v_approval  text;
     v_max       int := 100;
-    v_tparam    text;
-    v_sql       jsonb;
-    v_relid     oid;
-    v_key       text;
-    v_verc      text := 'xmin';
-    v_set       text[] := '{}';
-    v_where     text[] := '{}';
-    v_types     jsonb := '{}';
-    v_rate_max  int;
-    v_rate_per  interval;
+    v_rate      jsonb;
     v_version   int;
     v_normal    jsonb;
 BEGIN
+    PERFORM keyturn._refuse_nested('register_tool');
     IF v_name IS NULL OR v_name !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$' OR length(v_name) > 63 THEN
         RAISE EXCEPTION 'keyturn: tool name % is not allowed', coalesce(quote_literal(v_name), 'NULL')
             USING ERRCODE = '22023',
@@ -149,15 +339,9 @@ BEGIN
     IF spec IS NULL OR jsonb_typeof(spec) <> 'object' THEN
         RAISE EXCEPTION 'keyturn: spec must be a JSON object' USING ERRCODE = '22023';
     END IF;
-    FOR k IN SELECT jsonb_object_keys(spec) LOOP
-        IF NOT k = ANY (ARRAY['kind', 'executor', 'provider', 'params_schema', 'summary', 'effect',
-                              'expires_in', 'retain', 'approval', 'max_targets', 'targets_param',
-                              'sql', 'rate_limit']) THEN
-            RAISE EXCEPTION 'keyturn: unknown spec key %', quote_literal(k)
-                USING ERRCODE = '22023',
-                      HINT = 'Known keys: kind, executor, provider, params_schema, summary, effect, expires_in, retain, approval, max_targets, targets_param, sql, rate_limit.';
-        END IF;
-    END LOOP;
+    PERFORM keyturn._spec_keys(spec, 'spec',
+        ARRAY['kind', 'executor', 'provider', 'params_schema', 'summary', 'effect', 'expires_in',
+              'retain', 'approval', 'max_targets', 'targets_param', 'sql', 'rate_limit']);
 
     v_kind     := keyturn._spec_choice(spec, 'kind', 'write', ARRAY['read', 'write']);
     v_exec     := keyturn._spec_choice(spec, 'executor', NULL, ARRAY['sql', 'external']);
@@ -165,8 +349,6 @@ BEGIN
                                        ARRAY['reversible', 'compensatable', 'irreversible']);
     v_retain   := keyturn._spec_choice(spec, 'retain', 'full', ARRAY['full', 'digest']);
     v_approval := keyturn._spec_choice(spec, 'approval', 'self', ARRAY['self', 'independent']);
-    v_provider := keyturn._spec_string(spec, 'provider');
-    v_tparam   := keyturn._spec_string(spec, 'targets_param');
     v_summary  := coalesce(keyturn._spec_string(spec, 'summary'), v_name);
     PERFORM keyturn._check_template(v_summary);
     IF spec ? 'expires_in' THEN
@@ -175,16 +357,7 @@ BEGIN
     IF spec ? 'max_targets' THEN
         v_max := keyturn._spec_positive_int(spec -> 'max_targets', 'spec.max_targets', 10000);
     END IF;
-    IF spec ? 'rate_limit' THEN
-        IF jsonb_typeof(spec -> 'rate_limit') <> 'object'
-           OR EXISTS (SELECT 1 FROM jsonb_object_keys(spec -> 'rate_limit') j WHERE j NOT IN ('max', 'per'))
-           OR NOT (spec -> 'rate_limit' ?& ARRAY['max', 'per']) THEN
-            RAISE EXCEPTION 'keyturn: spec.rate_limit must be {"max": N, "per": "<interval>"}'
-                USING ERRCODE = '22023';
-        END IF;
-        v_rate_max := keyturn._spec_positive_int(spec #> '{rate_limit,max}', 'spec.rate_limit.max', 1000000);
-        v_rate_per := keyturn._spec_interval(spec #> '{rate_limit,per}', 'spec.rate_limit.per', interval '366 days');
-    END IF;
+    v_rate := keyturn._spec_rate_limit(spec -> 'rate_limit');
 
     IF v_kind = 'write' AND v_exec IS NULL THEN
         RAISE EXCEPTION 'keyturn: write tool % needs spec.executor (sql or external)', v_name
@@ -205,79 +378,23 @@ BEGIN
     IF v_exec IS DISTINCT FROM 'sql' AND spec ? 'sql' THEN
         RAISE EXCEPTION 'keyturn: spec.sql is only for sql tools' USING ERRCODE = '22023';
     END IF;
-
     IF v_exec = 'external' THEN
-        IF v_provider IS NULL OR v_provider !~ '^[a-z][a-z0-9_]*$' THEN
-            RAISE EXCEPTION 'keyturn: external tool % needs spec.provider, a lowercase adapter name such as webhook or smtp', v_name
-                USING ERRCODE = '22023';
-        END IF;
-        v_schema := keyturn._check_params_schema(coalesce(spec -> 'params_schema', '{}'));
-        IF v_tparam IS NOT NULL AND NOT (v_schema -> 'properties') ? v_tparam THEN
-            RAISE EXCEPTION 'keyturn: spec.targets_param % is not a property of params_schema', quote_literal(v_tparam)
-                USING ERRCODE = '22023';
-        END IF;
+        v_ext := keyturn._spec_external(v_name, spec);
     ELSIF v_exec = 'sql' THEN
-        v_sql := spec -> 'sql';
-        IF v_sql IS NULL OR jsonb_typeof(v_sql) <> 'object' THEN
-            RAISE EXCEPTION 'keyturn: sql tool % needs spec.sql = {"table", "key", "version", "set", "where"}', v_name
-                USING ERRCODE = '22023';
-        END IF;
-        FOR k IN SELECT jsonb_object_keys(v_sql) LOOP
-            IF k NOT IN ('table', 'key', 'version', 'set', 'where') THEN
-                RAISE EXCEPTION 'keyturn: unknown spec.sql key %', quote_literal(k) USING ERRCODE = '22023';
-            END IF;
-        END LOOP;
-        IF jsonb_typeof(v_sql -> 'table') IS DISTINCT FROM 'string' THEN
-            RAISE EXCEPTION 'keyturn: spec.sql.table must name a table, e.g. "crm.deal"' USING ERRCODE = '22023';
-        END IF;
-        v_relid := to_regclass(v_sql ->> 'table');
-        IF v_relid IS NULL OR NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = v_relid AND r.relkind IN ('r', 'p')) THEN
-            RAISE EXCEPTION 'keyturn: spec.sql.table % is not an existing table', v_sql -> 'table'
-                USING ERRCODE = '22023';
-        END IF;
-        v_key := v_sql ->> 'key';
-        v_types := jsonb_build_object(v_key, keyturn._spec_column(v_relid, v_sql -> 'key', 'spec.sql.key'));
-        IF v_sql ? 'version' AND v_sql -> 'version' IS DISTINCT FROM '"xmin"' THEN
-            PERFORM keyturn._spec_column(v_relid, v_sql -> 'version', 'spec.sql.version');
-            v_verc := v_sql ->> 'version';
-        END IF;
-        IF jsonb_typeof(v_sql -> 'set') IS DISTINCT FROM 'array' OR jsonb_array_length(v_sql -> 'set') = 0 THEN
-            RAISE EXCEPTION 'keyturn: spec.sql.set must be a non-empty array of column names' USING ERRCODE = '22023';
-        END IF;
-        FOR c IN SELECT jsonb_array_elements(v_sql -> 'set') LOOP
-            v_types := v_types || jsonb_build_object(c #>> '{}', keyturn._spec_column(v_relid, c, 'spec.sql.set'));
-            IF c #>> '{}' IN (v_key, v_verc) THEN
-                RAISE EXCEPTION 'keyturn: spec.sql.set may not include the key or version column %', c
-                    USING ERRCODE = '22023';
-            END IF;
-            v_set := v_set || (c #>> '{}');
-        END LOOP;
-        IF v_sql ? 'where' THEN
-            IF jsonb_typeof(v_sql -> 'where') <> 'array' THEN
-                RAISE EXCEPTION 'keyturn: spec.sql.where must be an array of column names' USING ERRCODE = '22023';
-            END IF;
-            FOR c IN SELECT jsonb_array_elements(v_sql -> 'where') LOOP
-                v_types := v_types || jsonb_build_object(c #>> '{}', keyturn._spec_column(v_relid, c, 'spec.sql.where'));
-                v_where := v_where || (c #>> '{}');
-            END LOOP;
-        END IF;
-        IF cardinality(v_where) = 0 THEN
-            RAISE EXCEPTION 'keyturn: spec.sql.where must name at least one column the form may filter on'
-                USING ERRCODE = '22023',
-                      HINT = 'A form without filters would address the whole table.';
-        END IF;
+        v_sql := keyturn._spec_sql(v_name, spec -> 'sql');
     END IF;
 
     v_normal := jsonb_strip_nulls(jsonb_build_object(
-        'kind', v_kind, 'executor', v_exec, 'provider', v_provider, 'params_schema', v_schema,
+        'kind', v_kind, 'executor', v_exec, 'provider', v_ext ->> 'provider',
+        'params_schema', v_ext -> 'params_schema',
         'summary', v_summary, 'effect', v_effect, 'expires_in', v_expires::text,
         'retain', v_retain, 'approval', v_approval, 'max_targets', v_max,
-        'targets_param', v_tparam,
-        'sql', CASE WHEN v_exec = 'sql' THEN jsonb_build_object(
-                    'table', v_relid::regclass::text, 'key', v_key, 'version', v_verc,
-                    'set', to_jsonb(v_set), 'where', to_jsonb(v_where)) END,
-        'rate_limit', CASE WHEN v_rate_max IS NOT NULL THEN jsonb_build_object(
-                    'max', v_rate_max, 'per', v_rate_per::text) END));
+        'targets_param', v_ext ->> 'targets_param',
+        'sql', CASE WHEN v_sql IS NOT NULL THEN jsonb_build_object(
+                    'table', format('%I.%I', v_sql ->> 'schema', v_sql ->> 'table'),
+                    'key', v_sql -> 'key', 'version', v_sql -> 'version',
+                    'set', v_sql -> 'set', 'where', v_sql -> 'where') END,
+        'rate_limit', v_rate));
 
     SELECT t.version + 1 INTO v_version FROM keyturn.tool t WHERE t.name = v_name FOR UPDATE;
     IF v_version IS NULL THEN
@@ -289,13 +406,15 @@ BEGIN
 
     INSERT INTO keyturn.tool_version (tool, version, spec, kind, executor, provider, params_schema,
                                       summary, effect, expires_in, retain, approval, max_targets,
-                                      targets_param, sql_relid, sql_key, sql_version, sql_set,
-                                      sql_where, sql_types, rate_max, rate_per)
-    VALUES (v_name, v_version, v_normal, v_kind, v_exec, v_provider, v_schema,
+                                      targets_param, sql_schema, sql_table, sql_key, sql_version,
+                                      sql_set, sql_where, sql_types, rate_max, rate_per)
+    VALUES (v_name, v_version, v_normal, v_kind, v_exec, v_ext ->> 'provider', v_ext -> 'params_schema',
             v_summary, v_effect, v_expires, v_retain, v_approval, v_max,
-            v_tparam, v_relid, v_key, CASE WHEN v_exec = 'sql' THEN v_verc END,
-            CASE WHEN v_exec = 'sql' THEN v_set END, CASE WHEN v_exec = 'sql' THEN v_where END,
-            CASE WHEN v_exec = 'sql' THEN v_types END, v_rate_max, v_rate_per);
+            v_ext ->> 'targets_param', v_sql ->> 'schema', v_sql ->> 'table', v_sql ->> 'key',
+            v_sql ->> 'version',
+            CASE WHEN v_sql IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'set')) END,
+            CASE WHEN v_sql IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'where')) END,
+            v_sql -> 'types', (v_rate ->> 'max')::int, (v_rate ->> 'per')::interval);
     RETURN v_version;
 END
 $$;

@@ -1,9 +1,22 @@
--- keyturn 0.1.0: propose (docs/sql-api.md).
+-- propose (docs/sql-api.md, "Agent").
 --
 -- keyturn.propose itself is a Rust function (extension/src/gate.rs): it notes the
 -- calling role, then runs keyturn._propose as the extension owner. Reads that
 -- must honour the caller's row-level security (resolving sql targets) go back
 -- through keyturn._exec_as(caller, ...), which switches to the caller's role.
+
+-- Every statement keyturn runs on a business table (resolving targets, the
+-- preview read, the approved write) goes through keyturn._exec_as, which
+-- switches to the caller's role. These settings change how values are read
+-- from and printed to text (a date key, a timestamptz version, a number), so
+-- they are pinned for those statements: no session setting can change what a
+-- proposal names or what an approval writes.
+ALTER FUNCTION keyturn._exec_as(oid, text, jsonb)
+    SET DateStyle = 'ISO, MDY'
+    SET TimeZone = 'UTC'
+    SET IntervalStyle = 'postgres'
+    SET extra_float_digits = 1
+    SET bytea_output = 'hex';
 
 -- origin: {"conversation_id", "turn_id", "message_id", "evidence": [ids]}, all optional.
 -- Returns the conversation id (or NULL).
@@ -40,9 +53,40 @@ BEGIN
 END
 $$;
 
--- The WHERE clause of an sql tool's form, over the row alias t, reading values
--- from the jsonb parameter $1 (never from the statement text). Column names come
--- only from the tool's registered lists, so nothing the agent sends is spliced in.
+-- The text that names a tool's table in its statements: by name, looked up
+-- again at every use (a table's OID does not survive a dump and restore, and
+-- a stale one could name another table). 55000 when it is gone.
+CREATE FUNCTION keyturn._tool_table(p_ver keyturn.tool_version)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_name text := format('%I.%I', p_ver.sql_schema, p_ver.sql_table);
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = to_regclass(v_name) AND r.relkind IN ('r', 'p')) THEN
+        RAISE EXCEPTION 'keyturn: the table % of tool % (version %) does not exist', v_name, p_ver.tool, p_ver.version
+            USING ERRCODE = '55000',
+                  HINT = 'Restore or recreate the table, or register the tool again for the table it should use.';
+    END IF;
+    RETURN v_name;
+END
+$$;
+
+-- A form value as the column's type, read from the jsonb parameter $1
+-- (never from the statement text), which keyturn._form_arg has made the
+-- canonical form of what was hashed.
+CREATE FUNCTION keyturn._form_value(p_ver keyturn.tool_version, p_part text, p_column text)
+RETURNS text
+LANGUAGE sql STABLE  -- as format(): STABLE, and no SET clause, so it is inlined
+AS $$
+    SELECT CASE WHEN p_ver.sql_types ->> p_column IN ('json', 'jsonb')
+                THEN format('($1->%L->%L)::%s', p_part, p_column, p_ver.sql_types ->> p_column)
+                ELSE format('($1->%L->>%L)::%s', p_part, p_column, p_ver.sql_types ->> p_column) END
+$$;
+
+-- The WHERE clause of an sql tool's form, over the row alias t. Column names
+-- come only from the tool's registered lists, so nothing the agent sends is
+-- spliced in.
 CREATE FUNCTION keyturn._form_where(p_ver keyturn.tool_version, p_form jsonb)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE
@@ -57,7 +101,7 @@ BEGIN
             clauses := clauses || format('t.%I = ANY (ARRAY(SELECT jsonb_array_elements_text($1->''where''->%L))::%s[])',
                                          k, k, p_ver.sql_types ->> k);
         ELSE
-            clauses := clauses || format('t.%I = ($1->''where''->>%L)::%s', k, k, p_ver.sql_types ->> k);
+            clauses := clauses || format('t.%I = %s', k, keyturn._form_value(p_ver, 'where', k));
         END IF;
     END LOOP;
     RETURN array_to_string(clauses, ' AND ');
@@ -144,23 +188,26 @@ DECLARE
     v_n    int;
 BEGIN
     PERFORM keyturn._check_form(p_ver, p_form);
+    -- Keys and versions are stored as text written under the settings
+    -- _exec_as pins (DateStyle, TimeZone, ...), and compared in the column's
+    -- own type at approve, so no session setting changes what they name.
     v_sql := format('SELECT jsonb_build_object(''k'', t.%I::text, ''v'', %s::text) FROM %s AS t WHERE %s ORDER BY t.%I LIMIT %s',
-                    p_ver.sql_key, keyturn._version_expr(p_ver), p_ver.sql_relid::regclass,
+                    p_ver.sql_key, keyturn._version_expr(p_ver), keyturn._tool_table(p_ver),
                     keyturn._form_where(p_ver, p_form), p_ver.sql_key, p_ver.max_targets + 1);
     BEGIN
-        v_rows := keyturn._exec_as(p_caller, v_sql, p_form);
+        v_rows := keyturn._exec_as(p_caller, v_sql, keyturn._form_arg(p_form, p_ver.sql_types));
     EXCEPTION WHEN data_exception THEN
-        RAISE EXCEPTION 'keyturn: params.where does not fit the columns of %: %', p_ver.sql_relid::regclass, SQLERRM
+        RAISE EXCEPTION 'keyturn: params.where does not fit the columns of %: %', format('%I.%I', p_ver.sql_schema, p_ver.sql_table), SQLERRM
             USING ERRCODE = '22023';
     END;
     v_n := jsonb_array_length(v_rows);
     IF v_n = 0 THEN
-        RAISE EXCEPTION 'keyturn: no row of % that you can see matches params.where', p_ver.sql_relid::regclass
+        RAISE EXCEPTION 'keyturn: no row of % that you can see matches params.where', format('%I.%I', p_ver.sql_schema, p_ver.sql_table)
             USING ERRCODE = '22023',
                   HINT = 'A write that changes nothing is refused, not approved.';
     ELSIF v_n > p_ver.max_targets THEN
         RAISE EXCEPTION 'keyturn: params.where matches more than % rows of % (max_targets)',
-                p_ver.max_targets, p_ver.sql_relid::regclass
+                p_ver.max_targets, format('%I.%I', p_ver.sql_schema, p_ver.sql_table)
             USING ERRCODE = '22023',
                   HINT = 'Narrow the filter, or split the change into several proposals.';
     END IF;
@@ -258,9 +305,13 @@ BEGIN
 
     IF v_ver.rate_max IS NOT NULL THEN
         -- Serialize concurrent proposals of one (tenant, principal, tool) so the
-        -- window count cannot be raced past.
-        PERFORM pg_advisory_xact_lock(hashtextextended(
-            'keyturn.rate/' || v_tenant || '/' || v_principal || '/' || v_tool.name, 0));
+        -- window count cannot be raced past, on the grant row: a lock only
+        -- keyturn can take (row locks need UPDATE on keyturn.tool_grant, which
+        -- no role holds), unlike an advisory lock, which any role may take
+        -- with a guessable key and hold to stall the tenant.
+        PERFORM 1 FROM keyturn.tool_grant g
+          WHERE g.tenant = v_tenant AND g.principal = v_principal AND g.tool = v_tool.name
+            FOR NO KEY UPDATE;
         SELECT count(*) INTO v_recent FROM keyturn.action a
          WHERE a.tenant = v_tenant AND a.principal = v_principal AND a.tool = v_tool.name
            AND a.created_at > clock_timestamp() - v_ver.rate_per;

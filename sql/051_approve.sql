@@ -1,8 +1,15 @@
--- keyturn 0.1.0: approve, preview and reject (docs/sql-api.md).
+-- approve, preview and reject (docs/sql-api.md, "Human").
 --
 -- keyturn.approve / preview / reject are Rust functions (extension/src/gate.rs):
 -- they refuse callers that are keyturn_agent members (separation of duties),
 -- note the calling role, and run the functions below as the extension owner.
+--
+-- approve is three steps, each its own function so that standing approvals
+-- and task requests (which approve inside propose) share them exactly:
+-- the pre-claim checks (_usable_action), the claim (_claim: one conditional
+-- UPDATE that also records the approval binding), and everything after it
+-- (_after_claim: expiry, bindings, grants, hash, schema, then the write or the
+-- queue), where every failure is a persisted answer, not an error.
 
 -- approve's pre-claim checks, shared by preview and reject. Raises and changes
 -- nothing: 42501 for identity, membership, grant and bound context; 55000 when
@@ -91,20 +98,31 @@ $$;
 
 -- Persists a terminal outcome and returns it: after the claim, failures are
 -- answers, not errors.
-CREATE FUNCTION keyturn._settle(p_id uuid, p_status text, p_result jsonb, p_detail jsonb)
+CREATE FUNCTION keyturn._settle(p_id uuid, p_status keyturn.status, p_result jsonb, p_detail jsonb)
 RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     PERFORM keyturn._set_event_detail(p_detail);
     UPDATE keyturn.action a SET updated_at = clock_timestamp(), status = p_status, result = p_result WHERE a.id = p_id;
-    RETURN QUERY SELECT p_id, p_status, p_result;
+    RETURN QUERY SELECT p_id, p_status::text, p_result;
 END
 $$;
 
--- Runs the business UPDATE of an sql tool as the approving role, under RLS, on
--- the stored targets at their stored versions, in a subtransaction.
-CREATE FUNCTION keyturn._execute_sql(p_caller oid, a keyturn.action, p_ver keyturn.tool_version)
+-- A time as keyturn's own messages print it, whatever the session's
+-- DateStyle and TimeZone: ISO 8601 in UTC.
+CREATE FUNCTION keyturn._utc(p_at timestamptz)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+$$;
+
+-- Runs the business UPDATE of an sql tool as p_runas (the approving role,
+-- under its RLS), on the stored targets at their stored versions, in a
+-- subtransaction. Keys and versions compare in the columns' own types, and
+-- every value written is the canonical text of what was hashed.
+CREATE FUNCTION keyturn._execute_sql(p_runas oid, a keyturn.action, p_ver keyturn.tool_version)
 RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -117,26 +135,26 @@ DECLARE
     v_n       int := -1;
     v_bad     jsonb;
 BEGIN
-    v_arg := jsonb_build_object(
-        'where', a.params -> 'where', 'set', a.params -> 'set',
+    v_arg := keyturn._form_arg(a.params, p_ver.sql_types) || jsonb_build_object(
         'targets', (SELECT jsonb_agg(jsonb_build_object('k', t.key, 'v', t.version) ORDER BY t.ord)
                       FROM keyturn.action_target t WHERE t.action_id = a.id));
 
-    SELECT string_agg(format('%I = %s', s.key, keyturn._set_value(p_ver, s.key)), ', ' ORDER BY s.key),
-           string_agg(format('(t.%I IS NOT DISTINCT FROM %s)', s.key, keyturn._set_value(p_ver, s.key)), ' AND ' ORDER BY s.key)
+    SELECT string_agg(format('%I = %s', s.key, keyturn._form_value(p_ver, 'set', s.key)), ', ' ORDER BY s.key),
+           string_agg(format('(t.%I IS NOT DISTINCT FROM %s)', s.key, keyturn._form_value(p_ver, 'set', s.key)), ' AND ' ORDER BY s.key)
       INTO v_sets, v_checks
       FROM jsonb_object_keys(a.params -> 'set') AS s (key);
 
     v_sql := format(
         'UPDATE %s AS t SET %s FROM jsonb_to_recordset($1->''targets'') AS x (k text, v text) '
-        'WHERE t.%I = x.k::%s AND %s::text = x.v AND %s '
+        'WHERE t.%I = x.k::%s AND %s = x.v::%s AND %s '
         'RETURNING jsonb_build_object(''key'', t.%I::text, ''ok'', %s)',
-        p_ver.sql_relid::regclass, v_sets,
-        p_ver.sql_key, p_ver.sql_types ->> p_ver.sql_key, keyturn._version_expr(p_ver),
+        keyturn._tool_table(p_ver), v_sets,
+        p_ver.sql_key, p_ver.sql_types ->> p_ver.sql_key,
+        keyturn._version_expr(p_ver), p_ver.sql_types ->> p_ver.sql_version,
         keyturn._form_where(p_ver, a.params), p_ver.sql_key, v_checks);
 
     BEGIN
-        v_rows := keyturn._exec_as(p_caller, v_sql, v_arg);
+        v_rows := keyturn._exec_as(p_runas, v_sql, v_arg);
         v_n := jsonb_array_length(v_rows);
         IF v_n <> a.target_count THEN
             RAISE EXCEPTION 'target count mismatch' USING ERRCODE = 'KT409';
@@ -147,7 +165,13 @@ BEGIN
             RAISE EXCEPTION 'postcondition failed' USING ERRCODE = 'KT417';
         END IF;
     EXCEPTION
-        WHEN serialization_failure OR deadlock_detected THEN
+        -- Transient failures are raised, never persisted: the claim rolls back
+        -- with them and the proposal stays pending for another try. Only a
+        -- definite failure of the write (a constraint, an RLS check, a
+        -- trigger's error) uses the approval up.
+        WHEN transaction_rollback OR lock_not_available OR query_canceled
+             OR insufficient_resources OR operator_intervention OR system_error
+             OR internal_error THEN
             RAISE;
         WHEN SQLSTATE 'KT409' THEN
             RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'conflict',
@@ -175,68 +199,49 @@ BEGIN
 END
 $$;
 
--- The value expression that assigns params.set.<column> in the column's type.
-CREATE FUNCTION keyturn._set_value(p_ver keyturn.tool_version, p_column text)
-RETURNS text
-LANGUAGE sql STABLE  -- as format(): STABLE, and no SET clause, so it is inlined
-AS $$
-    SELECT CASE WHEN p_ver.sql_types ->> p_column IN ('json', 'jsonb')
-                THEN format('($1->''set''->%L)::%s', p_column, p_ver.sql_types ->> p_column)
-                ELSE format('($1->''set''->>%L)::%s', p_column, p_ver.sql_types ->> p_column) END
-$$;
-
-CREATE FUNCTION keyturn._approve(p_caller oid, p_id uuid, p_token text, p_params jsonb)
-RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+-- The claim: one conditional UPDATE on (id, pending, the token's digest),
+-- recording who approved, as which role, when and how, bound by a MAC under
+-- the approval key. Of N concurrent claims one gets the row; the others wait
+-- for it, find it no longer pending, and get NULL. NULL also for a wrong
+-- token (the caller checked it already; a race with a revise or a reject
+-- lands here too).
+CREATE FUNCTION keyturn._claim(p_id uuid, p_token text, p_by text, p_role text, p_via text)
+RETURNS keyturn.action
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_principal text := keyturn.current_principal();
-    a           keyturn.action;
-    v_ver       keyturn.tool_version;
-    v_params    jsonb;
-    v_given     text;
-    v_reason    text;
-    v_err       text;
+    v_at timestamptz := clock_timestamp();
+    a    keyturn.action;
 BEGIN
-    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
-    a := keyturn._usable_action(p_id, p_token, true);
-
-    IF a.status <> 'pending' THEN
-        -- A replay: the stored outcome, nothing run or charged twice.
-        RETURN QUERY SELECT a.id, a.status, a.result;
-        RETURN;
-    END IF;
-    IF a.retain = 'digest' AND p_params IS NULL THEN
-        RAISE EXCEPTION 'keyturn: action % keeps only a digest; approve must resubmit the reviewed params', p_id
-            USING ERRCODE = '22023';
-    END IF;
-    IF a.executor = 'sql' AND (SELECT r.rolbypassrls FROM pg_roles r WHERE r.oid = p_caller) THEN
-        RAISE EXCEPTION 'keyturn: role % bypasses row-level security and may not run sql tools', p_caller::regrole
-            USING ERRCODE = '42501',
-                  HINT = 'Approve from a role without BYPASSRLS: keyturn runs business writes under RLS.';
-    END IF;
-    IF p_params IS NOT NULL THEN
-        -- Hash before the claim: an unhashable payload raises and changes nothing.
-        v_given := keyturn.params_hash(a.tool, p_params);
-    END IF;
-
-    -- The claim: one conditional UPDATE. Of N concurrent approvals one gets the
-    -- row; the rest wait for it, find it no longer pending, and report its outcome.
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), approved_by = v_principal, approved_role = p_caller::regrole::text, approved_at = clock_timestamp()
+       SET updated_at = v_at, approved_by = p_by, approved_role = p_role, approved_at = v_at,
+           approved_via = p_via,
+           approval_mac = keyturn._approval_mac(x.id, x.params_hash, p_by, p_role, v_at, p_via)
      WHERE x.id = p_id AND x.status = 'pending'
        AND keyturn._ct_eq(x.token_digest, keyturn._token_digest(p_token))
     RETURNING x.* INTO a;
-    IF NOT FOUND THEN
-        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id;
-        RETURN QUERY SELECT a.id, a.status, a.result;
-        RETURN;
-    END IF;
+    RETURN a;
+END
+$$;
 
+-- Everything after the claim, in order, each failure persisted and returned:
+-- expiry, the token binding, what invalidates (tool, membership, grant,
+-- epoch, origin), the params hash (of the stored params, and of resubmitted
+-- ones), the schema; then the sql write as p_runas, or the queue.
+CREATE FUNCTION keyturn._after_claim(p_runas oid, a keyturn.action, p_token text, p_params jsonb,
+                                     p_given_hash text)
+RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_ver    keyturn.tool_version;
+    v_params jsonb;
+    v_reason text;
+    v_err    text;
+BEGIN
     IF clock_timestamp() > a.expires_at THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'expired',
-            jsonb_build_object('reason', format('the proposal expired at %s', a.expires_at)),
+            jsonb_build_object('reason', format('the proposal expired at %s', keyturn._utc(a.expires_at))),
             jsonb_build_object('reason', 'expired'));
         RETURN;
     END IF;
@@ -264,7 +269,7 @@ BEGIN
     ELSE
         v_params := p_params;
     END IF;
-    IF v_given IS NOT NULL AND v_given <> a.params_hash THEN
+    IF p_given_hash IS NOT NULL AND p_given_hash <> a.params_hash THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'rejected_tampered',
             jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
             jsonb_build_object('reason', 'resubmitted params hash mismatch'));
@@ -280,7 +285,7 @@ BEGIN
     IF v_err IS NOT NULL THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'invalidated',
             -- Validator messages quote the offending values: never store them for
-            -- digest actions (docs/concepts.md).
+            -- digest actions (docs/concepts.md, "Digest retention").
             jsonb_build_object('reason', 'params no longer pass the tool''s schema: '
                                || CASE WHEN a.retain = 'digest' THEN '(details withheld: digest retention)'
                                        ELSE v_err END),
@@ -289,7 +294,7 @@ BEGIN
     END IF;
 
     IF a.executor = 'sql' THEN
-        RETURN QUERY SELECT * FROM keyturn._execute_sql(p_caller, a, v_ver);
+        RETURN QUERY SELECT * FROM keyturn._execute_sql(p_runas, a, v_ver);
         RETURN;
     END IF;
 
@@ -304,6 +309,47 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION keyturn._approve(p_caller oid, p_id uuid, p_token text, p_params jsonb)
+RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_principal text := keyturn.current_principal();
+    a           keyturn.action;
+    v_claimed   keyturn.action;
+    v_given     text;
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    a := keyturn._usable_action(p_id, p_token, true);
+
+    IF a.status <> 'pending' THEN
+        -- A replay: the stored outcome, nothing run or charged twice.
+        RETURN QUERY SELECT a.id, a.status::text, a.result;
+        RETURN;
+    END IF;
+    IF a.retain = 'digest' AND p_params IS NULL THEN
+        RAISE EXCEPTION 'keyturn: action % keeps only a digest; approve must resubmit the reviewed params', p_id
+            USING ERRCODE = '22023';
+    END IF;
+    IF a.executor = 'sql' THEN
+        PERFORM keyturn._refuse_rls_bypass(p_caller);
+    END IF;
+    IF p_params IS NOT NULL THEN
+        -- Hash before the claim: an unhashable payload raises and changes nothing.
+        v_given := keyturn.params_hash(a.tool, p_params);
+    END IF;
+
+    v_claimed := keyturn._claim(p_id, p_token, v_principal, p_caller::regrole::text, 'approve');
+    IF v_claimed.id IS NULL THEN
+        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id;
+        RETURN QUERY SELECT a.id, a.status::text, a.result;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM keyturn._after_claim(p_caller, v_claimed, p_token, p_params, v_given);
+END
+$$;
+
 CREATE FUNCTION keyturn._preview(p_caller oid, p_id uuid, p_token text)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
@@ -314,6 +360,7 @@ DECLARE
     v_ver     keyturn.tool_version;
     v_sql     text;
     v_rows    jsonb := '[]';
+    v_after   jsonb;
     v_targets jsonb;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
@@ -321,20 +368,22 @@ BEGIN
     SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
 
     IF a.executor = 'sql' THEN
-        -- Current values of the columns to be set, read as the approver (RLS applies).
+        -- Current values of the columns to be set, read as the approver (RLS
+        -- applies), beside the values the write would store.
         v_sql := format(
             'SELECT jsonb_build_object(''key'', t.%I::text, ''before'', jsonb_build_object(%s)) '
             'FROM %s AS t WHERE t.%I = ANY (ARRAY(SELECT jsonb_array_elements_text($1->''keys''))::%s[])',
             v_ver.sql_key,
             (SELECT string_agg(format('%L, to_jsonb(t.%I)', s.key, s.key), ', ' ORDER BY s.key)
                FROM jsonb_object_keys(a.params -> 'set') s (key)),
-            v_ver.sql_relid::regclass, v_ver.sql_key, v_ver.sql_types ->> v_ver.sql_key);
+            keyturn._tool_table(v_ver), v_ver.sql_key, v_ver.sql_types ->> v_ver.sql_key);
         v_rows := keyturn._exec_as(p_caller, v_sql, jsonb_build_object('keys',
             (SELECT jsonb_agg(t.key) FROM keyturn.action_target t WHERE t.action_id = a.id)));
+        v_after := keyturn._form_arg(a.params, v_ver.sql_types) -> 'set';
         SELECT jsonb_agg(jsonb_build_object(
                    'key', t.key,
                    'before', (SELECT r -> 'before' FROM jsonb_array_elements(v_rows) r WHERE r ->> 'key' = t.key LIMIT 1),
-                   'after', a.params -> 'set') ORDER BY t.ord)
+                   'after', v_after) ORDER BY t.ord)
           INTO v_targets
           FROM keyturn.action_target t WHERE t.action_id = a.id;
     END IF;
@@ -344,13 +393,17 @@ BEGIN
         'summary', coalesce(a.summary, a.tool),
         'tool', a.tool,
         'effect', v_ver.effect,
+        'executor', a.executor,
+        'approval', a.approval,
         'status', a.status,
         'expires_at', a.expires_at,
         'retain', a.retain,
+        'target_count', a.target_count,
         'param_keys', to_jsonb(a.param_keys),
         'params', a.params,
         'params_hash', a.params_hash,
         'origin', a.origin,
+        'result', a.result,
         'targets', v_targets));
 END
 $$;
@@ -362,7 +415,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     a        keyturn.action;
-    v_status text;
+    v_status keyturn.status;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
     a := keyturn._usable_action(p_id, p_token, false);
@@ -375,6 +428,6 @@ BEGIN
     IF NOT FOUND THEN
         SELECT x.status INTO v_status FROM keyturn.action x WHERE x.id = p_id;
     END IF;
-    RETURN v_status;
+    RETURN v_status::text;
 END
 $$;

@@ -1,14 +1,4 @@
--- keyturn 0.1.0: logout, conversation cancellation, status and audit (docs/sql-api.md).
-
--- The role a SECURITY DEFINER function was called from: the SET ROLE role, else
--- the login role (current_user inside such a function is its owner).
-CREATE FUNCTION keyturn._calling_role()
-RETURNS text
-LANGUAGE sql STABLE
-AS $$
-    SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
-                ELSE current_setting('role') END
-$$;
+-- Logout, conversation cancellation, status and audit (docs/sql-api.md).
 
 CREATE FUNCTION keyturn.end_session(session text DEFAULT NULL)
 RETURNS int
@@ -22,6 +12,7 @@ DECLARE
     v_target    text;
     v_n         int;
 BEGIN
+    PERFORM keyturn._refuse_nested('end_session');
     PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
     PERFORM keyturn._require_member(v_tenant, v_principal, v_session);
     v_target := coalesce(end_session.session, v_session);
@@ -48,6 +39,7 @@ DECLARE
     v_principal text := keyturn.current_principal();
     v_n         int;
 BEGIN
+    PERFORM keyturn._refuse_nested('cancel_origin');
     PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     PERFORM keyturn._require_text(cancel_origin.conversation_id, 'conversation_id');
@@ -84,7 +76,7 @@ DECLARE
 BEGIN
     v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     RETURN QUERY
-        SELECT a.id, a.tool, a.status, coalesce(a.summary, a.tool), a.attempts, a.result,
+        SELECT a.id, a.tool, a.status::text, coalesce(a.summary, a.tool), a.attempts, a.result,
                a.created_at, a.expires_at, a.updated_at
           FROM keyturn.action a
          WHERE a.id = p_id AND a.tenant = v_tenant
@@ -99,17 +91,29 @@ RETURNS TABLE (action_id uuid, tool text, status text, summary text, attempts in
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+    SELECT keyturn._refuse_nested('action_status');
     SELECT * FROM keyturn._action_status($1)
 $$;
 
--- SECURITY INVOKER on purpose: what RLS on keyturn.event shows the caller.
+-- What the caller may see of an action's history: superusers and operators
+-- (who reconcile across tenants by role; events hold no param values) see
+-- every event; anyone else what row-level security on keyturn.event would
+-- show its identity (nothing without identity).
 CREATE FUNCTION keyturn.audit(action_id uuid)
 RETURNS TABLE (at timestamptz, db_role text, principal text, from_status text, to_status text, detail jsonb)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT e.at, e.db_role, e.principal, e.from_status, e.to_status, e.detail
-      FROM keyturn.event e
-     WHERE e.action_id = audit.action_id
-     ORDER BY e.id
+DECLARE
+    v_all boolean;
+BEGIN
+    PERFORM keyturn._refuse_nested('audit');
+    v_all := pg_has_role(keyturn._calling_role(), 'keyturn_operator', 'USAGE');
+    RETURN QUERY
+        SELECT e.at, e.db_role, e.principal, e.from_status::text, e.to_status::text, e.detail
+          FROM keyturn.event e
+         WHERE e.action_id = audit.action_id
+           AND (v_all OR keyturn._sees(e.tenant, e.action_principal))
+         ORDER BY e.id;
+END
 $$;

@@ -1,4 +1,4 @@
--- keyturn 0.1.0: the dispatcher and operator protocol (docs/sql-api.md).
+-- The dispatcher and operator protocol (docs/sql-api.md, "Dispatcher").
 --
 -- keyturnd only moves rows the database has released (queued), and only calls a
 -- provider after begin_dispatch has committed 'executing'. Authorized by role
@@ -60,8 +60,9 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now timestamptz := clock_timestamp();
-    v_ids uuid[];
+    v_now    timestamptz := clock_timestamp();
+    v_ids    uuid[];
+    v_forged uuid[];
 BEGIN
     PERFORM keyturn._require_text(lease.worker, 'worker');
     IF lease.max_jobs IS NULL OR lease.max_jobs NOT BETWEEN 1 AND 1000 THEN
@@ -72,19 +73,33 @@ BEGIN
         RAISE EXCEPTION 'keyturn: lease_for must be from 1 second to 1 hour, not %', lease.lease_for
             USING ERRCODE = '22023';
     END IF;
+    PERFORM keyturn._refuse_nested('lease');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    PERFORM keyturn._set_event_detail(jsonb_build_object('worker', lease.worker));
 
     v_ids := ARRAY(SELECT keyturn._due(v_now, lease.max_jobs, lease.providers));
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
+    -- A queued row that no approval produced (a table write, a tampered
+    -- restore) is never leased: it is invalidated, visibly, instead.
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'no valid approval', 'worker', lease.worker));
+    WITH forged AS (
+        UPDATE keyturn.action a
+           SET updated_at = clock_timestamp(), status = 'invalidated',
+               result = jsonb_build_object('reason', 'no approval produced this queued action; it is never dispatched')
+         WHERE a.id = ANY (v_ids)
+           AND NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
+                                           a.approved_at, a.approved_via, a.approval_mac)
+        RETURNING a.id
+    )
+    SELECT coalesce(array_agg(f.id), '{}') INTO v_forged FROM forged f;
+    PERFORM keyturn._set_event_detail(jsonb_build_object('worker', lease.worker));
     RETURN QUERY
     WITH leased AS (
         UPDATE keyturn.action a
            SET updated_at = clock_timestamp(), status = 'leased', lease_id = gen_random_uuid(),
                leased_by = lease.worker, lease_expires_at = v_now + lease.lease_for
-         WHERE a.id = ANY (v_ids)
+         WHERE a.id = ANY (v_ids) AND NOT a.id = ANY (v_forged)
         RETURNING a.*
     )
     SELECT l.id, l.lease_id, l.tenant, l.tool, v.provider, coalesce(l.params, s.params),
@@ -96,29 +111,63 @@ BEGIN
 END
 $$;
 
--- The leased row, locked, or 55000.
-CREATE FUNCTION keyturn._leased_action(p_id uuid, p_lease uuid, p_statuses text[])
-RETURNS keyturn.action
-LANGUAGE plpgsql VOLATILE
+-- Why a dispatcher call may not act on this row under this lease, or NULL:
+-- the one place for these rules, shared by the single calls (which raise it
+-- as 55000) and the batch calls (which answer it per element). a is the row
+-- locked FOR UPDATE (all NULL when there is none); p_live: the lease must
+-- not have lapsed.
+CREATE FUNCTION keyturn._lease_problem(a keyturn.action, p_id uuid, p_lease uuid,
+                                       p_statuses keyturn.status[], p_live boolean)
+RETURNS text
+LANGUAGE plpgsql STABLE
 AS $$
-DECLARE
-    a keyturn.action;
 BEGIN
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id FOR UPDATE;
-    IF NOT FOUND OR a.lease_id IS DISTINCT FROM p_lease OR NOT a.status = ANY (p_statuses) THEN
-        RAISE EXCEPTION 'keyturn: action % is not % under lease %', p_id,
-                array_to_string(p_statuses, ' or '), coalesce(p_lease::text, 'NULL')
+    IF a.id IS NULL OR a.lease_id IS DISTINCT FROM p_lease OR NOT a.status = ANY (p_statuses) THEN
+        RETURN format('keyturn: action %s is not %s under lease %s (its status is %s)',
+                      coalesce(p_id::text, 'NULL'), array_to_string(p_statuses, ' or '),
+                      coalesce(p_lease::text, 'NULL'), coalesce(a.status::text, 'unknown'));
+    END IF;
+    IF p_live AND a.lease_expires_at <= clock_timestamp() THEN
+        RETURN format('keyturn: the lease on action %s lapsed at %s; do not call the provider, the sweep requeues it',
+                      p_id, keyturn._utc(a.lease_expires_at));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- complete's version: also only 'retry' may hand back a job never begun.
+CREATE FUNCTION keyturn._complete_problem(a keyturn.action, p_id uuid, p_lease uuid, p_outcome text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    -- 'executing' under this lease is accepted even past the lease's expiry:
+    -- a known outcome beats an unknown one.
+    RETURN coalesce(
+        keyturn._lease_problem(a, p_id, p_lease, '{leased,executing}', a.status = 'leased'),
+        CASE WHEN a.status = 'leased' AND p_outcome <> 'retry' THEN
+            format('keyturn: action %s was never dispatched; only ''retry'' can hand it back (call begin_dispatch before the provider)', p_id)
+        END);
+END
+$$;
+
+-- Raises 55000 with a dispatcher call's problem, if there is one.
+CREATE FUNCTION keyturn._raise_lease_problem(p_problem text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', p_problem
             USING ERRCODE = '55000',
-                  DETAIL = format('Its status is %s.', coalesce(a.status, 'unknown')),
                   HINT = 'Lease it again; never call the provider without a successful begin_dispatch.';
     END IF;
-    RETURN a;
 END
 $$;
 
 -- begin_dispatch on a row already locked FOR UPDATE and found 'leased' under
--- the caller's lease. Shared by begin_dispatch and begin_dispatch_many, so a
--- batch element is exactly the single call.
+-- the caller's live lease. Shared by begin_dispatch and begin_dispatch_many,
+-- so a batch element is exactly the single call.
 CREATE FUNCTION keyturn._begin_locked(a keyturn.action)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -126,13 +175,12 @@ AS $$
 DECLARE
     v_reason text;
 BEGIN
-    IF a.lease_expires_at <= clock_timestamp() THEN
-        RAISE EXCEPTION 'keyturn: the lease on action % lapsed at %', a.id, a.lease_expires_at
-            USING ERRCODE = '55000',
-                  HINT = 'Do not call the provider; the sweep hands the action back to the queue.';
+    IF NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
+                                   a.approved_at, a.approved_via, a.approval_mac) THEN
+        v_reason := 'no approval produced this action; it is never dispatched';
+    ELSE
+        v_reason := keyturn._invalid_reason(a);
     END IF;
-
-    v_reason := keyturn._invalid_reason(a);
     IF v_reason IS NOT NULL THEN
         PERFORM keyturn._set_event_detail(jsonb_build_object('reason', v_reason));
         UPDATE keyturn.action x
@@ -157,10 +205,15 @@ RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    a keyturn.action;
 BEGIN
+    PERFORM keyturn._refuse_nested('begin_dispatch');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    RETURN keyturn._begin_locked(
-        keyturn._leased_action(begin_dispatch.action_id, begin_dispatch.lease_id, ARRAY['leased']));
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = begin_dispatch.action_id FOR UPDATE;
+    PERFORM keyturn._raise_lease_problem(
+        keyturn._lease_problem(a, begin_dispatch.action_id, begin_dispatch.lease_id, '{leased}', true));
+    RETURN keyturn._begin_locked(a);
 END
 $$;
 
@@ -182,9 +235,9 @@ BEGIN
 END
 $$;
 
--- complete on a row already locked FOR UPDATE and found 'leased' or
--- 'executing' under the caller's lease, with checked arguments. Shared by
--- complete and complete_many, so a batch element is exactly the single call.
+-- complete on a row already locked FOR UPDATE that passed
+-- keyturn._complete_problem, with checked arguments. Shared by complete and complete_many, so a batch element is
+-- exactly the single call.
 CREATE FUNCTION keyturn._complete_locked(a keyturn.action, p_outcome text, p_receipt jsonb,
                                          p_retry_after interval)
 RETURNS text
@@ -192,7 +245,7 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_receipt jsonb := keyturn._redact(coalesce(p_receipt, '{}'));
-    v_status  text;
+    v_status  keyturn.status;
     v_delay   interval;
 BEGIN
     -- Capped at a day: a provider cannot park an approved action for a year.
@@ -200,16 +253,6 @@ BEGIN
 
     IF a.status = 'leased' THEN
         -- Handed back before any provider call: no attempt was made or counted.
-        IF a.lease_expires_at <= clock_timestamp() THEN
-            RAISE EXCEPTION 'keyturn: the lease on action % lapsed at %', a.id, a.lease_expires_at
-                USING ERRCODE = '55000',
-                      HINT = 'Nothing to hand back: the sweep returns it to the queue.';
-        END IF;
-        IF p_outcome <> 'retry' THEN
-            RAISE EXCEPTION 'keyturn: action % was never dispatched; only ''retry'' can hand it back', a.id
-                USING ERRCODE = '55000',
-                      HINT = 'Call begin_dispatch before the provider, then complete with the outcome.';
-        END IF;
         PERFORM keyturn._set_event_detail(jsonb_build_object('handed_back', true));
         UPDATE keyturn.action x
            SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp() + coalesce(p_retry_after, interval '0'),
@@ -223,7 +266,7 @@ BEGIN
                     WHEN 'failed' THEN 'failed'
                     WHEN 'unknown' THEN 'uncertain'
                     ELSE CASE WHEN a.attempts < 3 THEN 'queued' ELSE 'failed' END
-                END;
+                END::keyturn.status;
     UPDATE keyturn.attempt t
        SET finished_at = clock_timestamp(), outcome = p_outcome, receipt = v_receipt
      WHERE t.action_id = a.id AND t.attempt = a.attempts;
@@ -246,10 +289,9 @@ BEGIN
            leased_by = CASE WHEN v_status = 'queued' THEN NULL ELSE x.leased_by END,
            lease_expires_at = CASE WHEN v_status = 'queued' THEN NULL ELSE x.lease_expires_at END
      WHERE x.id = a.id;
-    RETURN v_status;
+    RETURN v_status::text;
 END
 $$;
-
 
 CREATE FUNCTION keyturn.complete(action_id uuid, lease_id uuid, outcome text, receipt jsonb DEFAULT '{}',
                                  retry_after interval DEFAULT NULL)
@@ -259,14 +301,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_error text := keyturn._complete_args_error(complete.outcome, complete.retry_after);
+    a       keyturn.action;
 BEGIN
     IF v_error IS NOT NULL THEN
         RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
     END IF;
+    PERFORM keyturn._refuse_nested('complete');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    RETURN keyturn._complete_locked(
-        keyturn._leased_action(complete.action_id, complete.lease_id, ARRAY['leased', 'executing']),
-        complete.outcome, complete.receipt, complete.retry_after);
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = complete.action_id FOR UPDATE;
+    PERFORM keyturn._raise_lease_problem(
+        keyturn._complete_problem(a, complete.action_id, complete.lease_id, complete.outcome));
+    RETURN keyturn._complete_locked(a, complete.outcome, complete.receipt, complete.retry_after);
 END
 $$;
 
@@ -281,6 +326,7 @@ DECLARE
     v_uncertain int;
     v_now       timestamptz := clock_timestamp();  -- an index condition, unlike clock_timestamp()
 BEGIN
+    PERFORM keyturn._refuse_nested('sweep');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'expired before approval'));
@@ -335,17 +381,18 @@ BEGIN
                 coalesce(quote_literal(reconcile.outcome), 'NULL')
             USING ERRCODE = '22023';
     END IF;
+    PERFORM keyturn._refuse_nested('reconcile');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = reconcile.action_id FOR UPDATE;
     IF NOT FOUND OR a.status <> 'uncertain' THEN
         RAISE EXCEPTION 'keyturn: only an uncertain action can be reconciled; % is %',
-                reconcile.action_id, coalesce(a.status, 'unknown')
+                reconcile.action_id, coalesce(a.status::text, 'unknown')
             USING ERRCODE = '55000';
     END IF;
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
         'reconciled', reconcile.outcome, 'note', reconcile.note)));
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = reconcile.outcome,
+       SET updated_at = clock_timestamp(), status = reconcile.outcome::keyturn.status,
            result = coalesce(x.result, '{}') || jsonb_strip_nulls(jsonb_build_object(
                         'reconciled', reconcile.outcome, 'note', reconcile.note,
                         'by', keyturn._calling_role()))
@@ -359,6 +406,7 @@ RETURNS TABLE (action_id uuid, tenant text, tool text, attempts int, dispatched_
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+    SELECT keyturn._refuse_nested('uncertain_actions');
     SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt
       FROM keyturn.open_action o
       JOIN keyturn.action a ON a.id = o.action_id

@@ -1,9 +1,13 @@
--- keyturn 0.1.0: who may call what (docs/sql-api.md). Runs last.
+-- Who may call what (docs/sql-api.md, "Roles"). Runs last, and is the one
+-- place where privileges are given.
 --
 -- PUBLIC: USAGE on the schema, EXECUTE on the three identity functions,
--- canonical_json and params_hash; nothing else. Each group role gets exactly the
--- calls of its part, and SELECT on the tables (row-level security decides which
--- rows). Nobody but a superuser may write a keyturn table directly.
+-- canonical_json and params_hash; nothing else. Each group role gets exactly
+-- the calls of its part. Agents and approvers may also SELECT keyturn's
+-- tables, where row-level security shows them their own tenant's rows; the
+-- dispatcher, operator and admin roles read nothing directly: since identity
+-- is only asserted, a role that could set any tenant and SELECT would read
+-- every tenant's params. Nobody but a superuser writes a keyturn table.
 
 REVOKE ALL ON SCHEMA keyturn FROM PUBLIC;
 GRANT USAGE ON SCHEMA keyturn TO PUBLIC;
@@ -11,46 +15,56 @@ GRANT USAGE ON SCHEMA keyturn TO PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA keyturn FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA keyturn FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA keyturn FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA keyturn_secret FROM PUBLIC;
 
 GRANT EXECUTE ON FUNCTION
     keyturn.current_tenant(), keyturn.current_principal(), keyturn.current_session(),
     keyturn.canonical_json(jsonb), keyturn.params_hash(text, jsonb)
 TO PUBLIC;
 
-GRANT SELECT ON ALL TABLES IN SCHEMA keyturn
-TO keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
+GRANT SELECT ON ALL TABLES IN SCHEMA keyturn TO keyturn_agent, keyturn_approver;
 
 GRANT EXECUTE ON FUNCTION keyturn.classify(text)
 TO keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
 
-GRANT EXECUTE ON FUNCTION keyturn.action_status(uuid), keyturn.audit(uuid), keyturn.end_session(text)
-TO keyturn_agent, keyturn_approver;
-
+-- Agent.
 GRANT EXECUTE ON FUNCTION keyturn.propose(text, jsonb, jsonb)
 TO keyturn_agent;
 
-GRANT EXECUTE ON FUNCTION keyturn.cancel_origin(text)
+-- Agent and human.
+GRANT EXECUTE ON FUNCTION
+    keyturn.action_status(uuid), keyturn.audit(uuid), keyturn.end_session(text),
+    keyturn.cancel_origin(text)
 TO keyturn_agent, keyturn_approver;
 
+-- Human. (Tenant admins administer their own tenant through this role.)
 GRANT EXECUTE ON FUNCTION
-    keyturn.approve(uuid, text, jsonb), keyturn.preview(uuid, text), keyturn.reject(uuid, text, text)
+    keyturn.approve(uuid, text, jsonb), keyturn.preview(uuid, text), keyturn.reject(uuid, text, text),
+    keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
+    keyturn.grant_tool(text, text, text), keyturn.revoke_tool(text, text, text)
 TO keyturn_approver;
 
+-- Dispatcher.
 GRANT EXECUTE ON FUNCTION
     keyturn.lease(text, int, interval, text[]), keyturn.begin_dispatch(uuid, uuid),
-    keyturn.complete(uuid, uuid, text, jsonb, interval), keyturn.sweep()
+    keyturn.complete(uuid, uuid, text, jsonb, interval), keyturn.sweep(),
+    keyturn.begin_dispatch_many(uuid[], uuid[]),
+    keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[])
 TO keyturn_dispatcher;
 
+-- Operator.
 GRANT EXECUTE ON FUNCTION
     keyturn.reconcile(uuid, text, text), keyturn.uncertain_actions(), keyturn.sweep(), keyturn.audit(uuid)
 TO keyturn_operator;
 
+-- Platform administrator.
 GRANT EXECUTE ON FUNCTION
     keyturn.register_tool(text, jsonb), keyturn.set_tool_enabled(text, boolean),
     keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
-    keyturn.grant_tool(text, text, text), keyturn.revoke_tool(text, text, text)
+    keyturn.grant_tool(text, text, text), keyturn.revoke_tool(text, text, text),
+    keyturn.check_deployment()
 TO keyturn_admin;
 
 -- The RLS helper runs inside policies as the querying role.
 GRANT EXECUTE ON FUNCTION keyturn._sees(text, text)
-TO keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
+TO keyturn_agent, keyturn_approver;

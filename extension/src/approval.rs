@@ -1,5 +1,5 @@
 //! The approval binding's SQL entry points (keyturn-core `approval` has the
-//! MAC). The key lives in `keyturn.approval_key`, one row written at
+//! MAC). The key lives in `keyturn_secret.approval_key`, one row written at
 //! `CREATE EXTENSION`, readable by the extension owner alone (no grants, RLS
 //! forced with no policy), and dumped with the data so that a restored
 //! database still verifies the approvals it holds.
@@ -26,13 +26,13 @@ fn key() -> Vec<u8> {
     }) {
         return k;
     }
-    let key = Spi::get_one::<Vec<u8>>("SELECT key FROM keyturn.approval_key")
+    let key = Spi::get_one::<Vec<u8>>("SELECT key FROM keyturn_secret.approval_key")
         .ok()
         .flatten()
         .filter(|k| k.len() == approval::KEY_BYTES)
         .unwrap_or_else(|| {
             KeyturnError::NotReady(
-                "the approval key is missing; no approval can be recorded or verified (restore keyturn.approval_key from a dump of this database)".into(),
+                "the approval key is missing; no approval can be recorded or verified (restore keyturn_secret.approval_key from a dump of this database)".into(),
             )
             .raise()
         });

@@ -6,6 +6,8 @@
 
 use keyturn_core::canonical;
 use pgrx::prelude::*;
+use pgrx::JsonB;
+use serde_json::Value;
 
 use crate::error::OrRaise;
 use crate::jsonb_text::JsonbText;
@@ -22,10 +24,42 @@ fn params_hash(tool: &str, params: JsonbText) -> String {
     canonical::params_hash_str(tool, &params.0).or_raise()
 }
 
-/// The text an approved write stores for a jsonb value (keyturn-core
-/// `scalar_text`): the canonical form of what was hashed, never the literal
-/// the agent sent, so `1` and `1.00` write the same text. NULL for JSON null.
-#[pg_extern(name = "_scalar_text", immutable, strict, parallel_safe)]
-fn scalar_text(v: JsonbText) -> Option<String> {
-    canonical::scalar_text(&canonical::parse_bounded(&v.0).or_raise()).or_raise()
+/// An sql tool's form as its statements read it: every value in `where`
+/// and `set` replaced by what the database must store for it -- the
+/// canonical text of what was hashed (a JSON string; null stays null), or,
+/// for a json/jsonb column, the canonical JSON value. `1` and `1.00` hash
+/// alike, so they must write alike. `types` maps column names to their types.
+#[pg_extern(name = "_form_arg", immutable, strict, parallel_safe)]
+fn form_arg(form: JsonbText, types: JsonB) -> JsonB {
+    let form = canonical::parse_bounded(&form.0).or_raise();
+    let json_column = |c: &str| {
+        matches!(types.0.get(c).and_then(Value::as_str), Some("json" | "jsonb"))
+    };
+    let mut out = serde_json::Map::new();
+    for part in ["where", "set"] {
+        let Some(Value::Object(values)) = form.get(part) else {
+            continue;
+        };
+        let mut stored = serde_json::Map::new();
+        for (column, v) in values {
+            let written = match v {
+                _ if json_column(column) => canonical::canonicalize_value(v)
+                    .and_then(|text| canonical::parse_bounded(&text))
+                    .or_raise(),
+                Value::Array(items) if part == "where" => Value::Array(
+                    items.iter().map(|item| text_value(item)).collect(),
+                ),
+                _ => text_value(v),
+            };
+            stored.insert(column.clone(), written);
+        }
+        out.insert(part.to_owned(), Value::Object(stored));
+    }
+    JsonB(Value::Object(out))
+}
+
+fn text_value(v: &Value) -> Value {
+    canonical::scalar_text(v)
+        .or_raise()
+        .map_or(Value::Null, Value::String)
 }

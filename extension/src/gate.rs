@@ -13,7 +13,9 @@ use serde_json::Value;
 
 use crate::jsonb_text::JsonbText;
 use crate::plans;
-use crate::privilege::{current_user, extension_owner, refuse_agents, RoleSwitch};
+use crate::privilege::{
+    current_user, extension_owner, refuse_agents, refuse_inside_business_statement, RoleSwitch,
+};
 
 // The state machine's entry points, run as the extension owner. The jsonb
 // arguments travel as text (see `jsonb_text`) and are cast back here.
@@ -44,6 +46,7 @@ fn propose(
         name!(expires_at, TimestampWithTimeZone),
     ),
 > {
+    refuse_inside_business_statement("propose");
     let caller = current_user();
     let _as_owner = RoleSwitch::to(extension_owner());
     let rows = Spi::connect_mut(|client| -> Result<Vec<_>, pgrx::spi::Error> {

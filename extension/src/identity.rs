@@ -59,46 +59,57 @@ const SESSION: Part = Part {
     setting: c"keyturn.session",
 };
 
+/// Why a part of the identity is unusable.
+enum Problem {
+    /// The setting would outlive the transaction.
+    SessionLevel(&'static str),
+    Other(String),
+}
+
 /// The part's value, or why there is none.
-fn read(part: Part) -> Result<String, String> {
+fn read(part: Part) -> Result<String, Problem> {
     let allow_session = guc::ALLOW_SESSION_IDENTITY.get();
     match guc::value(CLAIMS).filter(|c| !c.is_empty()) {
         Some(claims) => {
             if !allow_session && guc::outlives_transaction(CLAIMS) {
-                return Err(session_level("request.jwt.claims"));
+                return Err(Problem::SessionLevel("request.jwt.claims"));
             }
             let path = claim_path(part);
             let claim = match serde_json::from_str::<Value>(&claims) {
                 Ok(v @ Value::Object(_)) => lookup(&v, &path).cloned(),
-                _ => return Err("request.jwt.claims is not a JSON object".into()),
+                _ => {
+                    return Err(Problem::Other(
+                        "request.jwt.claims is not a JSON object".into(),
+                    ))
+                }
             };
             let value = match claim {
                 Some(Value::String(s)) => s,
                 Some(Value::Number(n)) if guc::CLAIM_NUMBERS.get() => n.to_string(),
                 Some(_) => {
-                    return Err(format!(
+                    return Err(Problem::Other(format!(
                         "claim {path} ({}) in request.jwt.claims is not a string",
                         part.what
-                    ))
+                    )))
                 }
                 None => {
-                    return Err(format!(
+                    return Err(Problem::Other(format!(
                         "claim {path} ({}) is missing from request.jwt.claims",
                         part.what
-                    ))
+                    )))
                 }
             };
-            printable(&value, &format!("claim {path}"))
+            printable(&value, &format!("claim {path}")).map_err(Problem::Other)
         }
         None => {
-            let name = part.setting.to_string_lossy();
+            let name = part.setting.to_str().unwrap_or("keyturn identity");
             let value = guc::value(part.setting)
                 .filter(|v| !v.is_empty())
-                .ok_or_else(|| format!("{name} is not set"))?;
+                .ok_or_else(|| Problem::Other(format!("{name} is not set")))?;
             if !allow_session && guc::outlives_transaction(part.setting) {
-                return Err(session_level(&name));
+                return Err(Problem::SessionLevel(name));
             }
-            printable(&value, &name)
+            printable(&value, name).map_err(Problem::Other)
         }
     }
 }
@@ -112,15 +123,6 @@ fn claim_path(part: Part) -> String {
 /// `a.b.c` into a JSON object.
 fn lookup<'v>(v: &'v Value, path: &str) -> Option<&'v Value> {
     path.split('.').try_fold(v, |v, key| v.as_object()?.get(key))
-}
-
-fn session_level(setting: &str) -> String {
-    format!(
-        "{setting} is set for the whole session (SET, set_config(..., false), PGOPTIONS, \
-         ALTER ROLE/DATABASE ... SET or postgresql.conf), so a pooled connection would carry \
-         it to the next client; set identity inside the transaction instead: \
-         BEGIN; SET LOCAL {setting} = ...; or set_config('{setting}', ..., true)"
-    )
 }
 
 /// Refuses values that would print as another value.
@@ -167,13 +169,35 @@ pub fn current_session() -> Option<String> {
     read(SESSION).ok()
 }
 
-/// Why the call's identity is unusable, part by part, or NULL when it is
-/// complete: the detail of keyturn's "missing identity" errors.
+/// Why the call's identity is unusable, or NULL when it is complete: the
+/// detail of keyturn's "missing identity" errors.
 #[pg_extern(name = "_identity_problem", stable, parallel_safe)]
 fn problem() -> Option<String> {
-    let problems: Vec<String> = [TENANT, PRINCIPAL, SESSION]
-        .into_iter()
-        .filter_map(|p| read(p).err())
-        .collect();
-    (!problems.is_empty()).then(|| problems.join("; "))
+    let mut session_level: Vec<&str> = Vec::new();
+    let mut other: Vec<String> = Vec::new();
+    for part in [TENANT, PRINCIPAL, SESSION] {
+        match read(part) {
+            Ok(_) => {}
+            Err(Problem::SessionLevel(s)) if !session_level.contains(&s) => session_level.push(s),
+            Err(Problem::SessionLevel(_)) => {}
+            Err(Problem::Other(o)) => other.push(o),
+        }
+    }
+    if !session_level.is_empty() {
+        other.insert(
+            0,
+            format!(
+                "{} set for the whole session (SET, set_config(..., false), PGOPTIONS, \
+                 ALTER ROLE/DATABASE ... SET or postgresql.conf), so a pooled connection would \
+                 carry it to the next client; identity must be set inside the transaction \
+                 (SET LOCAL, or set_config(..., true))",
+                if session_level.len() == 1 {
+                    format!("{} is", session_level[0])
+                } else {
+                    format!("{} are", session_level.join(", "))
+                }
+            ),
+        );
+    }
+    (!other.is_empty()).then(|| other.join("; "))
 }

@@ -37,9 +37,14 @@ mod tests;
 // `requires` list are created before that file.
 ::pgrx::extension_sql_file!("../../sql/000_roles.sql", name = "roles", bootstrap);
 ::pgrx::extension_sql_file!(
+    "../../sql/005_status.sql",
+    name = "status",
+    requires = ["roles"]
+);
+::pgrx::extension_sql_file!(
     "../../sql/010_tables.sql",
     name = "tables",
-    requires = ["roles"]
+    requires = ["status", approval::new_approval_key]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/020_guards.sql",
@@ -53,7 +58,8 @@ mod tests;
         "guards",
         identity::current_tenant,
         identity::current_principal,
-        identity::current_session
+        identity::current_session,
+        privilege::refuse_nested
     ]
 );
 ::pgrx::extension_sql_file!(
@@ -69,7 +75,7 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/050_propose.sql",
     name = "propose",
-    requires = ["register"]
+    requires = ["register", exec_as::exec_as]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/051_approve.sql",
@@ -90,6 +96,11 @@ mod tests;
     "../../sql/061_dispatch_batch.sql",
     name = "dispatch_batch",
     requires = ["dispatch"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/070_deployment.sql",
+    name = "deployment",
+    requires = ["dispatch_batch"]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/090_privileges.sql",

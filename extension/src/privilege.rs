@@ -184,6 +184,13 @@ pub fn refuse_agents(what: &str) {
     }
 }
 
+/// `keyturn._refuse_rls_bypass(role)`: the check below, for approve to make
+/// before the claim (inside the business write it would be an outcome).
+#[pgrx::pg_extern(name = "_refuse_rls_bypass", stable, strict, parallel_safe)]
+fn refuse_rls_bypass_sql(role: pg_sys::Oid) {
+    refuse_rls_bypass(role);
+}
+
 /// Refuses roles that would not be bound by row-level security.
 pub fn refuse_rls_bypass(role: pg_sys::Oid) {
     // SAFETY: catalog lookups only.

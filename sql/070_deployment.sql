@@ -1,0 +1,150 @@
+-- keyturn.check_deployment(): what a live database gets wrong (docs/operations.md,
+-- "Checking a deployment").
+--
+-- keyturn's rules hold inside its functions; some depend on how the
+-- database around them is set up. This lists every such problem it can see,
+-- one row each: 'error' breaks a guarantee keyturn states, 'warning' weakens
+-- one or needs a person to confirm it is intended.
+
+-- The tables the current version of some sql tool writes.
+CREATE FUNCTION keyturn._gated_tables()
+RETURNS TABLE (relid oid, tools text)
+LANGUAGE sql STABLE
+AS $$
+    SELECT to_regclass(format('%I.%I', v.sql_schema, v.sql_table))::oid,
+           string_agg(v.tool, ', ' ORDER BY v.tool)
+      FROM keyturn.tool t
+      JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     WHERE v.executor = 'sql' AND to_regclass(format('%I.%I', v.sql_schema, v.sql_table)) IS NOT NULL
+     GROUP BY 1
+$$;
+
+CREATE FUNCTION keyturn.check_deployment()
+RETURNS TABLE (severity text, object text, problem text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('check_deployment');
+    IF NOT pg_has_role(keyturn._calling_role(), 'keyturn_admin', 'USAGE') THEN
+        RAISE EXCEPTION 'keyturn: check_deployment needs a superuser or the keyturn_admin role'
+            USING ERRCODE = '42501';
+    END IF;
+    RETURN QUERY
+    WITH problems (severity, object, problem) AS (
+        -- Agents that can change a gated table other than through the form,
+        -- or attach code that runs inside an approved write.
+        SELECT 'error', g.relid::regclass::text,
+               p || ' (gated by ' || g.tools || '); an agent could run code as the approver inside an approved write'
+          FROM keyturn._gated_tables() g, keyturn._agent_table_problems(g.relid) p
+        UNION ALL
+        -- Code on gated tables.
+        SELECT CASE WHEN n.nspname LIKE 'pg\_temp\_%' OR pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
+                         AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner)
+                    THEN 'error' ELSE 'warning' END,
+               f.oid::regprocedure::text,
+               CASE WHEN n.nspname LIKE 'pg\_temp\_%'
+                        THEN format('trigger %s on %s calls a function in a temporary schema', tg.tgname, g.relid::regclass)
+                    WHEN pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
+                         AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner)
+                        THEN format('trigger %s on %s calls a function owned by agent role %s', tg.tgname, g.relid::regclass, f.proowner::regrole)
+                    ELSE format('trigger function of %s on %s is SECURITY DEFINER without a pinned search_path', tg.tgname, g.relid::regclass)
+               END
+          FROM keyturn._gated_tables() g
+          JOIN pg_trigger tg ON tg.tgrelid = g.relid AND NOT tg.tgisinternal
+          JOIN pg_proc f ON f.oid = tg.tgfoid
+          JOIN pg_namespace n ON n.oid = f.pronamespace
+         WHERE n.nspname LIKE 'pg\_temp\_%'
+            OR (pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
+                AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner))
+            OR (f.prosecdef AND NOT coalesce(array_to_string(f.proconfig, ',') LIKE '%search_path=%', false))
+        UNION ALL
+        -- Version columns nothing maintains.
+        SELECT 'warning', format('tool %s', v.tool),
+               format('version column %s of %I.%I is not changed by any BEFORE UPDATE trigger, so a conflicting edit may go unseen',
+                      v.sql_version, v.sql_schema, v.sql_table)
+          FROM keyturn.tool t
+          JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+         WHERE v.executor = 'sql' AND v.sql_version <> 'xmin'
+           AND NOT EXISTS (SELECT 1 FROM pg_trigger tg
+                            WHERE tg.tgrelid = to_regclass(format('%I.%I', v.sql_schema, v.sql_table))
+                              AND NOT tg.tgisinternal AND (tg.tgtype & 2) <> 0 AND (tg.tgtype & 16) <> 0
+                              AND (tg.tgtype & 1) <> 0)
+        UNION ALL
+        -- Logins that serve both sides.
+        SELECT 'error', r.rolname::text,
+               'login inherits both keyturn_agent and keyturn_approver: a process holding it proposes and approves; make it NOINHERIT or split it'
+          FROM pg_roles r
+         WHERE r.rolcanlogin AND NOT r.rolsuper
+           AND pg_has_role(r.oid, 'keyturn_agent', 'USAGE') AND pg_has_role(r.oid, 'keyturn_approver', 'USAGE')
+        UNION ALL
+        SELECT 'warning', r.rolname::text,
+               'login may SET ROLE to both an agent and an approver role (NOINHERIT, as a PostgREST authenticator): make sure the agent''s process can never choose the approver role'
+          FROM pg_roles r
+         WHERE r.rolcanlogin AND NOT r.rolsuper
+           AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') AND pg_has_role(r.oid, 'keyturn_approver', 'MEMBER')
+           AND NOT (pg_has_role(r.oid, 'keyturn_agent', 'USAGE') AND pg_has_role(r.oid, 'keyturn_approver', 'USAGE'))
+        UNION ALL
+        -- Roles that bypass row-level security on keyturn's side.
+        SELECT 'warning', r.rolname::text,
+               format('role bypasses row-level security and is a member of %s: it sees every tenant''s rows in keyturn''s tables it may read',
+                      CASE WHEN pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') THEN 'keyturn_agent' ELSE 'keyturn_approver' END)
+          FROM pg_roles r
+         WHERE r.rolbypassrls AND NOT r.rolsuper
+           AND (pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') OR pg_has_role(r.oid, 'keyturn_approver', 'MEMBER'))
+        UNION ALL
+        -- Identity that is not transaction-local by default.
+        SELECT 'error',
+               format('setting %s', split_part(cfg, '=', 1)),
+               format('set by ALTER %s ... SET: every connection of %s starts with this identity, and a pooler hands it to the next client',
+                      CASE WHEN s.setrole = 0 THEN 'DATABASE' ELSE 'ROLE' END,
+                      CASE WHEN s.setrole = 0 THEN coalesce((SELECT datname FROM pg_database WHERE oid = s.setdatabase)::text, 'every database')
+                           ELSE s.setrole::regrole::text END)
+          FROM pg_db_role_setting s, unnest(s.setconfig) cfg
+         WHERE split_part(cfg, '=', 1) IN ('keyturn.tenant', 'keyturn.principal', 'keyturn.session', 'request.jwt.claims')
+           AND (s.setdatabase = 0 OR s.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database()))
+        UNION ALL
+        SELECT 'error', format('setting %s', c.name),
+               format('set in %s: every connection starts with this identity', coalesce(c.sourcefile, c.source))
+          FROM pg_settings c
+         WHERE c.name IN ('keyturn.tenant', 'keyturn.principal', 'keyturn.session', 'request.jwt.claims')
+           AND c.source IN ('configuration file', 'command line', 'environment variable')
+           AND coalesce(c.reset_val, '') <> ''
+        UNION ALL
+        SELECT 'warning', 'setting keyturn.allow_session_identity',
+               'session-level identity is accepted: only safe while no connection is ever shared (no pooler, no reused connection)'
+         WHERE coalesce(current_setting('keyturn.allow_session_identity', true), 'off') = 'on'
+           OR EXISTS (SELECT 1 FROM pg_db_role_setting s, unnest(s.setconfig) cfg
+                       WHERE cfg = 'keyturn.allow_session_identity=on')
+        UNION ALL
+        -- Writes to keyturn's own tables, and reads of its secret.
+        SELECT 'error', format('%I.%I', t.table_schema, t.table_name),
+               format('role %s holds %s on it: only keyturn''s functions may change keyturn''s tables', t.grantee, t.privilege_type)
+          FROM information_schema.role_table_grants t
+         WHERE t.table_schema IN ('keyturn', 'keyturn_secret')
+           AND t.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'TRIGGER', 'REFERENCES')
+           AND NOT EXISTS (SELECT 1 FROM pg_roles o WHERE o.rolname = t.grantee AND o.rolsuper)
+        UNION ALL
+        SELECT 'error', 'keyturn_secret.approval_key',
+               format('role %s may read the approval key: it could forge approvals', r.rolname)
+          FROM pg_roles r
+         WHERE NOT r.rolsuper
+           AND (has_table_privilege(r.oid, 'keyturn_secret.approval_key', 'SELECT')
+                OR has_schema_privilege(r.oid, 'keyturn_secret', 'USAGE, CREATE'))
+        UNION ALL
+        SELECT 'error', format('%I.%I', t.table_schema, t.table_name),
+               format('role %s (%s) may SELECT it: dispatchers, operators and admins reach keyturn only through its functions',
+                      t.grantee, string_agg(DISTINCT k.rolname, ', '))
+          FROM information_schema.role_table_grants t
+          JOIN pg_roles g ON g.rolname = t.grantee
+          JOIN pg_roles k ON k.rolname IN ('keyturn_dispatcher', 'keyturn_operator', 'keyturn_admin')
+                         AND pg_has_role(g.oid, k.oid, 'MEMBER')
+         WHERE t.table_schema = 'keyturn' AND t.privilege_type = 'SELECT' AND NOT g.rolsuper
+           AND NOT pg_has_role(g.oid, 'keyturn_agent', 'MEMBER')
+           AND NOT pg_has_role(g.oid, 'keyturn_approver', 'MEMBER')
+         GROUP BY t.table_schema, t.table_name, t.grantee
+    )
+    SELECT p.severity, p.object, p.problem FROM problems p
+     ORDER BY CASE p.severity WHEN 'error' THEN 0 ELSE 1 END, p.object, p.problem;
+END
+$$;
