@@ -31,6 +31,8 @@ CREATE TABLE keyturn.tool_version (
     expires_in     interval    NOT NULL,
     retain         text        NOT NULL CHECK (retain IN ('full', 'digest')),
     approval       text        NOT NULL CHECK (approval IN ('self', 'independent', 'task')),
+    quorum         int         NOT NULL DEFAULT 1 CHECK (quorum BETWEEN 1 AND 5),
+    delegable      boolean     NOT NULL DEFAULT false,
     max_targets    int         NOT NULL CHECK (max_targets > 0),
     targets_param  text,
     -- sql executor: checked against the catalog at registration, named (never
@@ -45,6 +47,10 @@ CREATE TABLE keyturn.tool_version (
     sql_types      jsonb,                          -- {column: format_type} for key, version, set and where
     rate_max       int         CHECK (rate_max > 0),
     rate_per       interval,
+    -- private attachments (sql/056_files.sql)
+    attachments_param     text,
+    attachment_types      text[],
+    max_attachment_bytes  bigint,
     created_at     timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tool, version)
 );
@@ -58,11 +64,18 @@ CREATE TABLE keyturn.member (
     PRIMARY KEY (tenant, principal)
 );
 
+-- What a principal may propose. A grant may be scoped (which params, how
+-- many targets: keyturn-core's scope language), end at valid_until, and allow
+-- max_uses proposals, counted in uses by propose itself.
 CREATE TABLE keyturn.tool_grant (
-    tenant      text        NOT NULL,
-    principal   text        NOT NULL,
-    tool        text        NOT NULL REFERENCES keyturn.tool (name),
-    granted_at  timestamptz NOT NULL DEFAULT now(),
+    tenant       text        NOT NULL,
+    principal    text        NOT NULL,
+    tool         text        NOT NULL REFERENCES keyturn.tool (name),
+    granted_at   timestamptz NOT NULL DEFAULT now(),
+    scope        jsonb,
+    valid_until  timestamptz,
+    max_uses     int         CHECK (max_uses > 0),
+    uses         int         NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, principal, tool)
 );
 
@@ -77,13 +90,33 @@ CREATE TABLE keyturn.auth_epoch (
 );
 
 -- Conversations a principal cancelled: later proposals carrying them are refused.
+-- Conversations that ended: cancelled (cancel_origin) or archived
+-- (archive_conversation). Either way they start no new actions.
 CREATE TABLE keyturn.cancelled_origin (
     tenant           text        NOT NULL,
     principal        text        NOT NULL,
     conversation_id  text        NOT NULL,
     cancelled_at     timestamptz NOT NULL DEFAULT now(),
+    how              text        NOT NULL DEFAULT 'cancelled' CHECK (how IN ('cancelled', 'archived')),
     PRIMARY KEY (tenant, principal, conversation_id)
 );
+
+-- The human messages a task tool's proposals may cite as their approval
+-- (sql/055_task.sql): recorded by the human side, never by an agent.
+CREATE TABLE keyturn.request (
+    tenant           text        NOT NULL,
+    principal        text        NOT NULL,
+    message_id       text        NOT NULL,
+    session          text        NOT NULL,
+    conversation_id  text        NOT NULL,
+    turn_id          text        NOT NULL,
+    text_sha256      text        NOT NULL CHECK (text_sha256 ~ '^[0-9a-f]{64}$'),
+    recorded_role    text        NOT NULL,
+    recorded_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    seq              bigint      GENERATED ALWAYS AS IDENTITY,
+    PRIMARY KEY (tenant, principal, message_id)
+);
+CREATE INDEX request_turn_idx ON keyturn.request (tenant, principal, conversation_id, seq);
 
 -- An immutable proposal plus its lifecycle. The columns above `status` are fixed
 -- at propose time (020_guards.sql refuses any change to them).
@@ -108,6 +141,8 @@ CREATE TABLE keyturn.action (
     token_digest     bytea       NOT NULL,         -- sha256(token): finds the claim
     token_binding    bytea       NOT NULL,         -- HMAC(token; id, params_hash, expires_at)
     idempotency_key  text        NOT NULL,
+    revised_from     uuid,                         -- the proposal this one revised
+    revised_by       text,                         -- the principal who revised it
     created_at       timestamptz NOT NULL,
     expires_at       timestamptz NOT NULL,
     -- lifecycle
@@ -194,6 +229,78 @@ CREATE TABLE keyturn.staged_payload (
     staged_at  timestamptz NOT NULL DEFAULT now()
 );
 
+-- Quorum votes: one per principal and action (sql/053_ceremony.sql). Each is
+-- also an event (pending -> pending); this table is what keeps it to one.
+CREATE TABLE keyturn.vote (
+    action_id         uuid        NOT NULL,
+    principal         text        NOT NULL,
+    tenant            text        NOT NULL,
+    action_principal  text        NOT NULL,
+    epoch             bigint      NOT NULL,       -- the voter's, re-checked when votes are counted
+    db_role           text        NOT NULL,
+    voted_at          timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (action_id, principal)
+);
+
+-- Standing approvals (sql/054_delegation.sql): a person's "approve these for
+-- me", within a scope, a number of uses and a time. propose spends the uses.
+CREATE TABLE keyturn.delegation (
+    id          uuid        PRIMARY KEY,
+    tenant      text        NOT NULL,
+    principal   text        NOT NULL,
+    tool        text        NOT NULL REFERENCES keyturn.tool (name),
+    scope       jsonb       NOT NULL,
+    max_uses    int         NOT NULL CHECK (max_uses BETWEEN 1 AND 1000),
+    uses        int         NOT NULL DEFAULT 0 CHECK (uses <= max_uses),
+    epoch       bigint      NOT NULL,             -- the delegator's; a change ends it
+    db_role     text        NOT NULL,             -- the role the covered writes run as
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    expires_at  timestamptz NOT NULL,
+    revoked_at  timestamptz
+);
+CREATE INDEX delegation_live_idx ON keyturn.delegation (tenant, principal, tool, expires_at)
+    WHERE revoked_at IS NULL;
+
+-- Private attachments (sql/056_files.sql): the bytes, staged by an agent or
+-- a person, bound to at most one action, deleted in the transaction that
+-- gives that action a final status (or by the sweep, a day after staging, if
+-- never bound). A table rather than object storage: the deletion is part of
+-- the same transaction as the status, row-level security guards it, and
+-- there is exactly one copy. EXTERNAL storage: files arrive compressed
+-- already, so TOAST should not spend time compressing them again.
+CREATE TABLE keyturn.staged_file (
+    id            uuid        PRIMARY KEY,
+    tenant        text        NOT NULL,
+    principal     text        NOT NULL,
+    filename      text        NOT NULL,
+    content_type  text        NOT NULL,
+    size          bigint      NOT NULL,
+    sha256        text        NOT NULL,
+    content       bytea       NOT NULL,
+    staged_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
+    action_id     uuid
+);
+ALTER TABLE keyturn.staged_file ALTER COLUMN content SET STORAGE EXTERNAL;
+CREATE INDEX staged_file_action_idx ON keyturn.staged_file (action_id) WHERE action_id IS NOT NULL;
+CREATE INDEX staged_file_unbound_idx ON keyturn.staged_file (staged_at) WHERE action_id IS NULL;
+
+-- Read-side projections (sql/057_fence.sql): which fields of a provider's
+-- data may reach a prompt. Versioned like tools.
+CREATE TABLE keyturn.projection (
+    provider    text        PRIMARY KEY,
+    version     int         NOT NULL CHECK (version > 0),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT projection_name_shape CHECK (provider ~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$'
+                                            AND length(provider) <= 63)
+);
+CREATE TABLE keyturn.projection_version (
+    provider    text        NOT NULL REFERENCES keyturn.projection (provider),
+    version     int         NOT NULL,
+    spec        jsonb       NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (provider, version)
+);
+
 -- One row per provider attempt; kept after reconciliation so the reason recovery
 -- was needed is never erased.
 CREATE TABLE keyturn.attempt (
@@ -271,6 +378,13 @@ SELECT pg_catalog.pg_extension_config_dump('keyturn.staged_payload', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.attempt', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.event', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.usage', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.request', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.vote', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.delegation', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.staged_file', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.projection', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.projection_version', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.request_seq_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.event_id_seq', '');
 -- The approval key travels with the data it verifies (dumping keyturn's
 -- tables, all under forced row-level security, takes a superuser anyway).

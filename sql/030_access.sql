@@ -98,7 +98,8 @@ DECLARE
     t text;
 BEGIN
     FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
-                             'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage']
+                             'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage',
+                             'request', 'vote', 'delegation', 'staged_file']
     LOOP
         EXECUTE format('ALTER TABLE keyturn.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE keyturn.%I FORCE ROW LEVEL SECURITY', t);
@@ -127,6 +128,14 @@ CREATE POLICY attempt_visible ON keyturn.attempt FOR SELECT
 CREATE POLICY event_visible ON keyturn.event FOR SELECT
     USING (keyturn._sees(tenant, action_principal));
 CREATE POLICY usage_visible ON keyturn.usage FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY request_visible ON keyturn.request FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY vote_visible ON keyturn.vote FOR SELECT
+    USING (keyturn._sees(tenant, action_principal));
+CREATE POLICY delegation_visible ON keyturn.delegation FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY staged_file_visible ON keyturn.staged_file FOR SELECT
     USING (keyturn._sees(tenant, principal));
 -- keyturn_secret.approval_key: forced row-level security and no policy at all,
 -- on top of holding no grants.
