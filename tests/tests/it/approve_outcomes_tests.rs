@@ -68,6 +68,8 @@ async fn test_tampered_params_and_hash_together_are_caught() {
 
 #[tokio::test]
 async fn test_extended_expiry_is_caught() {
+    // A sweep in between would record the expiry before the tamper.
+    let _g = DISPATCH_LOCK.lock().await;
     let w = World::new("member").await;
     let t = w.deal_tool(json!({"expires_in": "1 second"})).await;
     let deal = w.deals(&w.principal, 1).await[0];

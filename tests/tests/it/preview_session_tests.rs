@@ -45,14 +45,14 @@ async fn test_preview_shows_the_card_with_current_values_and_changes_nothing() {
     assert_eq!(targets.len(), 2);
     let t1 = targets
         .iter()
-        .find(|x| x["key"] == deals[1].to_string())
+        .find(|x| x["key"].as_str() == Some(&*deals[1].to_string()))
         .expect("target per key");
     assert_eq!(t1["before"]["stage"], "qualified");
     assert_eq!(t1["before"]["amount"].as_f64(), Some(10.0));
     assert_eq!(t1["after"]["stage"], "won");
     let t0 = targets
         .iter()
-        .find(|x| x["key"] == deals[0].to_string())
+        .find(|x| x["key"].as_str() == Some(&*deals[0].to_string()))
         .unwrap();
     assert_eq!(t0["before"]["stage"], "lead");
     // Read-only: nothing written, status unchanged, no event.
