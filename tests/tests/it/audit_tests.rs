@@ -5,7 +5,7 @@ use keyturn_tests::*;
 use serde_json::{json, Value};
 
 async fn status_rows(
-    c: &tokio_postgres::Client,
+    c: &impl Sql,
     id: uuid::Uuid,
 ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
     c.query("SELECT * FROM keyturn.action_status($1)", &[&id])

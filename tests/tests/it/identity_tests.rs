@@ -1,11 +1,12 @@
 //! docs/sql-api.md: identity comes from request.jwt.claims, else the three GUCs,
-//! never mixed; missing, empty or malformed identity is 42501.
+//! never mixed; missing, empty or malformed identity is 42501. Each identity
+//! here is asserted inside the transaction that uses it, as a pooled
+//! application must (see `Conn`).
 
 use keyturn_tests::*;
 use serde_json::json;
-use tokio_postgres::Client;
 
-async fn identity(c: &Client) -> (Option<String>, Option<String>, Option<String>) {
+async fn identity(c: &impl Sql) -> (Option<String>, Option<String>, Option<String>) {
     let r = c
         .query_one("SELECT keyturn.current_tenant(), keyturn.current_principal(), keyturn.current_session()", &[])
         .await
@@ -29,10 +30,11 @@ fn form(deal: i64) -> serde_json::Value {
 async fn test_claims_win_over_gucs() {
     let (w, tool, deal) = setup().await;
     // GUCs name a principal that does not exist; the claims name the real one.
-    set_identity(&w.agent, "nowhere", "nobody", "nosession").await;
     let claims =
         json!({"tenant_id": w.tenant, "sub": w.principal, "session_id": w.session}).to_string();
-    set_claims(&w.agent, &claims).await;
+    w.agent
+        .set_identity(Identity::gucs("nowhere", "nobody", "nosession").with_claims(&claims))
+        .await;
     assert_eq!(
         identity(&w.agent).await,
         (
@@ -66,7 +68,9 @@ async fn test_malformed_claims_are_missing_identity_even_with_gucs() {
         json!({"tenant_id": "", "sub": w.principal, "session_id": w.session}).to_string(),
     ];
     for claims in bad {
-        set_claims(&w.agent, &claims).await;
+        w.agent
+            .set_identity(w.identity().with_claims(&claims))
+            .await;
         let (t, p, s) = identity(&w.agent).await;
         assert!(
             t.is_none() || p.is_none() || s.is_none(),
@@ -79,11 +83,12 @@ async fn test_malformed_claims_are_missing_identity_even_with_gucs() {
         );
     }
     // Never mixed: with claims lacking the session, the session GUC is not used.
-    set_claims(
-        &w.agent,
-        &json!({"tenant_id": w.tenant, "sub": w.principal}).to_string(),
-    )
-    .await;
+    w.agent
+        .set_identity(
+            w.identity()
+                .with_claims(&json!({"tenant_id": w.tenant, "sub": w.principal}).to_string()),
+        )
+        .await;
     assert_eq!(
         identity(&w.agent).await,
         (Some(w.tenant.clone()), Some(w.principal.clone()), None)
@@ -102,7 +107,7 @@ async fn test_malformed_claims_are_missing_identity_even_with_gucs() {
 #[tokio::test]
 async fn test_empty_claims_fall_back_to_gucs() {
     let (w, tool, deal) = setup().await;
-    set_claims(&w.agent, "").await;
+    w.agent.set_identity(w.identity().with_claims("")).await;
     assert_eq!(
         identity(&w.agent).await,
         (
@@ -124,7 +129,7 @@ async fn test_empty_guc_is_missing_not_wildcard() {
         (w.tenant.as_str(), "", w.session.as_str()),
         (w.tenant.as_str(), w.principal.as_str(), ""),
     ] {
-        set_identity(&w.agent, t, p, s).await;
+        w.agent.set_identity(Identity::gucs(t, p, s)).await;
         let (gt, gp, gs) = identity(&w.agent).await;
         assert!(gt.is_none() || gp.is_none() || gs.is_none());
         assert_eq!(
@@ -145,26 +150,41 @@ async fn test_empty_guc_is_missing_not_wildcard() {
 #[tokio::test]
 async fn test_set_local_identity_lasts_one_transaction() {
     let (w, tool, deal) = setup().await;
-    let c = connect("app_agent").await;
-    c.batch_execute(&format!(
-        "BEGIN; SET LOCAL keyturn.tenant = '{}'; SET LOCAL keyturn.principal = '{}'; SET LOCAL keyturn.session = '{}'",
-        w.tenant, w.principal, w.session
-    ))
-    .await
-    .unwrap();
-    propose_on(&c, &tool, form(deal), json!({}))
-        .await
-        .expect("SET LOCAL identity proposes");
-    c.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(
-        identity(&c).await.0,
-        None,
-        "SET LOCAL identity must not outlive its transaction"
-    );
-    assert_eq!(
-        sqlstate(propose_on(&c, &tool, form(deal), json!({})).await),
-        "42501"
-    );
+    let claims =
+        json!({"tenant_id": w.tenant, "sub": w.principal, "session_id": w.session}).to_string();
+    // Each way to assert identity for one transaction, written by hand on a
+    // connection that asserts none of its own.
+    let ways = [
+        format!(
+            "SET LOCAL keyturn.tenant = '{}'; SET LOCAL keyturn.principal = '{}'; SET LOCAL keyturn.session = '{}'",
+            w.tenant, w.principal, w.session
+        ),
+        format!(
+            "SELECT set_config('keyturn.tenant', '{}', true), set_config('keyturn.principal', '{}', true), \
+             set_config('keyturn.session', '{}', true)",
+            w.tenant, w.principal, w.session
+        ),
+        format!("SELECT set_config('request.jwt.claims', '{claims}', true)"),
+    ];
+    let c = Conn::connect("app_agent", Identity::none()).await;
+    for way in ways {
+        let tx = c.transaction().await.unwrap();
+        tx.batch_execute(&way).await.unwrap();
+        propose_on(&tx, &tool, form(deal), json!({}))
+            .await
+            .unwrap_or_else(|e| panic!("{way}: {e}"));
+        tx.commit().await.unwrap();
+        assert_eq!(
+            identity(&c).await,
+            (None, None, None),
+            "{way}: identity must not outlive its transaction"
+        );
+        assert_eq!(
+            sqlstate(propose_on(&c, &tool, form(deal), json!({})).await),
+            "42501",
+            "{way}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -172,10 +192,16 @@ async fn test_non_member_principal_is_refused_on_every_identity_call() {
     let (w, tool, deal) = setup().await;
     let p = w.propose(&tool, form(deal)).await.unwrap();
     let stranger = unique("stranger");
-    let agent = connect("app_agent").await;
-    let human = connect("app_human").await;
-    set_identity(&agent, &w.tenant, &stranger, &w.session).await;
-    set_identity(&human, &w.tenant, &stranger, &w.session).await;
+    let agent = Conn::connect(
+        "app_agent",
+        Identity::gucs(&w.tenant, &stranger, &w.session),
+    )
+    .await;
+    let human = Conn::connect(
+        "app_human",
+        Identity::gucs(&w.tenant, &stranger, &w.session),
+    )
+    .await;
     w.grant(&stranger, &tool).await; // a grant without membership is worth nothing
     assert_eq!(
         sqlstate(propose_on(&agent, &tool, form(deal), json!({})).await),
@@ -220,7 +246,9 @@ async fn test_non_member_principal_is_refused_on_every_identity_call() {
     assert_eq!(w.status(p.id).await, "pending");
     // A member of another tenant is a non-member here.
     let other = World::new("approver").await;
-    set_identity(&human, &w.tenant, &other.principal, &w.session).await;
+    human
+        .set_identity(Identity::gucs(&w.tenant, &other.principal, &w.session))
+        .await;
     assert_eq!(
         sqlstate(approve_on(&human, p.id, &p.token, None).await),
         "42501"

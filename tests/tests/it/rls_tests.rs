@@ -111,8 +111,7 @@ async fn test_no_role_sees_another_tenants_rows() {
         "app_operator",
         "app_bypass",
     ] {
-        let c = connect(role).await;
-        set_identity(&c, &a.tenant, &a.principal, &a.session).await;
+        let c = Conn::connect(role, a.identity()).await;
         for t in TENANT_TABLES {
             let n = count(
                 &c,
