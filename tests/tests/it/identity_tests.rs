@@ -53,6 +53,11 @@ async fn test_claims_win_over_gucs() {
         .await
         .expect("claims identity proposes");
     assert!(w.approve(&p).await.is_ok());
+    // Claims alone, as PostgREST sets them per request, are a whole identity.
+    let claims_only = Conn::connect("app_agent", Identity::claims(&claims)).await;
+    propose_on(&claims_only, &tool, form(deal), json!({}))
+        .await
+        .expect("claims without any GUC propose");
 }
 
 #[tokio::test]
