@@ -33,6 +33,7 @@ async fn populated() -> World {
     assert_eq!(b.approve(&p).await.unwrap().0, "succeeded"); // usage
     let digest = b.webhook_tool(json!({"retain": "digest"})).await;
     let params = json!({"channel": "c", "text": "t"});
+    let _g = DISPATCH_LOCK.lock().await;
     let d = b.propose(&digest, params.clone()).await.unwrap();
     assert_eq!(
         approve_on(&b.human, d.id, &d.token, Some(params))
@@ -45,7 +46,6 @@ async fn populated() -> World {
         .query_one("SELECT keyturn.cancel_origin('conv-b')", &[])
         .await
         .unwrap();
-    let _g = DISPATCH_LOCK.lock().await;
     let disp = connect("app_dispatcher").await;
     let l = lease_mine(&disp, &[d.id], "30 seconds").await;
     disp.query_one(
@@ -111,8 +111,7 @@ async fn test_no_role_sees_another_tenants_rows() {
         "app_operator",
         "app_bypass",
     ] {
-        let c = connect(role).await;
-        set_identity(&c, &a.tenant, &a.principal, &a.session).await;
+        let c = Conn::connect(role, a.identity()).await;
         for t in TENANT_TABLES {
             let n = count(
                 &c,

@@ -3,7 +3,6 @@
 
 use keyturn_tests::*;
 use serde_json::json;
-use tokio_postgres::Client;
 
 async fn external_proposal(w: &World) -> Proposal {
     let t = w.webhook_tool(json!({})).await;
@@ -13,7 +12,7 @@ async fn external_proposal(w: &World) -> Proposal {
 }
 
 /// The three human calls, each must be 42501 and change nothing.
-async fn assert_refused(c: &Client, w: &World, p: &Proposal, who: &str) {
+async fn assert_refused(c: &Conn, w: &World, p: &Proposal, who: &str) {
     assert_eq!(
         sqlstate(approve_on(c, p.id, &p.token, None).await),
         "42501",
@@ -50,8 +49,7 @@ async fn test_role_in_both_agent_and_approver_is_refused() {
         ))
         .await
         .unwrap();
-    let c = connect(&both).await;
-    set_identity(&c, &w.tenant, &w.principal, &w.session).await;
+    let c = Conn::connect(&both, w.identity()).await;
     assert_refused(&c, &w, &p, "agent+approver role").await;
     // The proposal was fine all along: a pure approver approves it.
     assert_eq!(w.approve(&p).await.unwrap().0, "queued");
@@ -61,8 +59,8 @@ async fn test_role_in_both_agent_and_approver_is_refused() {
 async fn test_superuser_is_refused() {
     let w = World::new("member").await;
     let p = external_proposal(&w).await;
-    set_identity(&w.superuser, &w.tenant, &w.principal, &w.session).await;
-    assert_refused(&w.superuser, &w, &p, "superuser").await;
+    let su = Conn::connect("postgres", w.identity()).await;
+    assert_refused(&su, &w, &p, "superuser").await;
 }
 
 #[tokio::test]
@@ -78,8 +76,7 @@ async fn test_set_role_to_an_agent_member_is_refused() {
         ))
         .await
         .unwrap();
-    let c = connect(&login).await;
-    set_identity(&c, &w.tenant, &w.principal, &w.session).await;
+    let c = Conn::connect(&login, w.identity()).await;
     c.batch_execute(&format!("SET ROLE {agentish}"))
         .await
         .unwrap();
@@ -176,8 +173,7 @@ async fn test_the_role_in_effect_decides_not_the_login_role() {
         ))
         .await
         .unwrap();
-    let c = connect(&login).await;
-    set_identity(&c, &w.tenant, &w.principal, &w.session).await;
+    let c = Conn::connect(&login, w.identity()).await;
     c.batch_execute(&format!("SET ROLE {agent}")).await.unwrap();
     let p = propose_on(&c, &t, json!({"channel": "ops", "text": "hi"}), json!({}))
         .await

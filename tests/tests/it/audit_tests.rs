@@ -5,7 +5,7 @@ use keyturn_tests::*;
 use serde_json::{json, Value};
 
 async fn status_rows(
-    c: &tokio_postgres::Client,
+    c: &impl Sql,
     id: uuid::Uuid,
 ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
     c.query("SELECT * FROM keyturn.action_status($1)", &[&id])
@@ -45,12 +45,12 @@ async fn test_audit_lists_events_in_order_without_param_values() {
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
     let marker = "unmistakable-param-value-q7x";
+    let _g = DISPATCH_LOCK.lock().await;
     let p = w
         .propose(&t, json!({"channel": "c", "text": marker}))
         .await
         .unwrap();
     assert_eq!(w.approve(&p).await.unwrap().0, "queued");
-    let _g = DISPATCH_LOCK.lock().await;
     let disp = connect("app_dispatcher").await;
     let l = lease_mine(&disp, &[p.id], "30 seconds").await;
     assert_eq!(l.len(), 1);
@@ -283,6 +283,8 @@ fn contract_allows(from: &str, to: &str) -> bool {
 async fn test_status_graph_matches_the_contract_for_every_pair() {
     // Drive a real row through each status (as superuser, through the guard) and
     // try every transition out of it inside a rolled-back transaction.
+    // A lease would move the hand-made queued row on under our feet.
+    let _g = DISPATCH_LOCK.lock().await;
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
     let su = connect("postgres").await;

@@ -171,8 +171,7 @@ async fn test_no_login_role_executes_internal_functions() {
 
 #[tokio::test]
 async fn test_public_calls_identity_and_hash_functions_only() {
-    let nobody = connect("app_nobody").await;
-    set_identity(&nobody, "t", "p", "s").await;
+    let nobody = Conn::connect("app_nobody", Identity::gucs("t", "p", "s")).await;
     let row = nobody
         .query_one(
             "SELECT keyturn.current_tenant(), keyturn.current_principal(), keyturn.current_session(), \

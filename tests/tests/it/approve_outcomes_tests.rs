@@ -68,6 +68,8 @@ async fn test_tampered_params_and_hash_together_are_caught() {
 
 #[tokio::test]
 async fn test_extended_expiry_is_caught() {
+    // A sweep in between would record the expiry before the tamper.
+    let _g = DISPATCH_LOCK.lock().await;
     let w = World::new("member").await;
     let t = w.deal_tool(json!({"expires_in": "1 second"})).await;
     let deal = w.deals(&w.principal, 1).await[0];
@@ -221,8 +223,7 @@ async fn test_bypassrls_approver_is_refused_for_sql_tools() {
     let t = w.deal_tool(json!({})).await;
     let deal = w.deals(&w.principal, 1).await[0];
     let p = w.propose(&t, form(deal, "won")).await.unwrap();
-    let bypass = connect("app_bypass").await;
-    set_identity(&bypass, &w.tenant, &w.principal, &w.session).await;
+    let bypass = Conn::connect("app_bypass", w.identity()).await;
     assert_eq!(
         sqlstate(approve_on(&bypass, p.id, &p.token, None).await),
         "42501"
@@ -401,8 +402,7 @@ async fn test_approver_without_table_privilege_fails_the_write_as_itself() {
     let p = w.propose(&t, form(deal, "won")).await.unwrap();
     let login = unique("weak_human");
     w.superuser.batch_execute(&format!("CREATE ROLE {login} LOGIN IN ROLE keyturn_approver; GRANT USAGE ON SCHEMA crm TO {login}")).await.unwrap();
-    let c = connect(&login).await;
-    set_identity(&c, &w.tenant, &w.principal, &w.session).await;
+    let c = Conn::connect(&login, w.identity()).await;
     let (status, result) = approve_on(&c, p.id, &p.token, None).await.unwrap();
     assert_eq!(status, "failed");
     assert_eq!(result.unwrap()["sqlstate"], "42501");

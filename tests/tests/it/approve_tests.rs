@@ -62,8 +62,7 @@ async fn test_replay_returns_stored_outcome_without_second_write() {
     let p = w.propose(&t, form(&deals, "won")).await.unwrap();
     let first = w.approve(&p).await.unwrap();
     // Another connection of the same principal and session replays.
-    let again = connect("app_human").await;
-    set_identity(&again, &w.tenant, &w.principal, &w.session).await;
+    let again = Conn::connect("app_human", w.identity()).await;
     for _ in 0..3 {
         let replay = approve_on(&again, p.id, &p.token, None).await.unwrap();
         assert_eq!(replay, first);
@@ -149,7 +148,6 @@ async fn test_cross_tenant_approval_is_55000_and_changes_nothing() {
         "55000"
     );
     // Same principal name in tenant B is still someone else.
-    let c = connect("app_human").await;
     b.admin
         .execute(
             "SELECT keyturn.add_member($1, $2, 'approver')",
@@ -157,7 +155,11 @@ async fn test_cross_tenant_approval_is_55000_and_changes_nothing() {
         )
         .await
         .unwrap();
-    set_identity(&c, &b.tenant, &a.principal, &a.session).await;
+    let c = Conn::connect(
+        "app_human",
+        Identity::gucs(&b.tenant, &a.principal, &a.session),
+    )
+    .await;
     assert_eq!(
         sqlstate(approve_on(&c, p.id, &p.token, None).await),
         "55000"
@@ -188,8 +190,11 @@ async fn test_self_tool_needs_same_principal_and_session() {
     let t = w.deal_tool(json!({})).await;
     let deals = w.deals(&w.principal, 1).await;
     let p = w.propose(&t, form(&deals, "won")).await.unwrap();
-    let elsewhere = connect("app_human").await;
-    set_identity(&elsewhere, &w.tenant, &w.principal, "another-session").await;
+    let elsewhere = Conn::connect(
+        "app_human",
+        Identity::gucs(&w.tenant, &w.principal, "another-session"),
+    )
+    .await;
     assert_eq!(
         sqlstate(approve_on(&elsewhere, p.id, &p.token, None).await),
         "42501"
@@ -277,8 +282,7 @@ async fn test_concurrent_approvals_claim_once() {
             p.clone(),
         );
         handles.push(tokio::spawn(async move {
-            let c = connect("app_human").await;
-            set_identity(&c, &tenant, &principal, &session).await;
+            let c = Conn::connect("app_human", Identity::gucs(&tenant, &principal, &session)).await;
             approve_on(&c, p.id, &p.token, None).await.map(|r| r.0)
         }));
     }
@@ -300,20 +304,20 @@ async fn test_repeatable_read_loser_gets_40001_or_the_outcome() {
     let t = w.deal_tool(json!({})).await;
     let deals = w.deals(&w.principal, 1).await;
     let p = w.propose(&t, form(&deals, "won")).await.unwrap();
-    let late = connect("app_human").await;
-    set_identity(&late, &w.tenant, &w.principal, &w.session).await;
-    late.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    let late = Conn::connect("app_human", w.identity()).await;
+    let tx = late
+        .transaction_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
         .await
         .unwrap();
-    late.query_one("SELECT count(*) FROM keyturn.action", &[])
+    tx.query_one("SELECT count(*) FROM keyturn.action", &[])
         .await
         .unwrap(); // snapshot taken: pending
     assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
-    match approve_on(&late, p.id, &p.token, None).await {
+    match approve_on(&tx, p.id, &p.token, None).await {
         Ok((status, _)) => assert_eq!(status, "succeeded"),
         Err(e) => assert_eq!(e.code().map(|c| c.code()), Some("40001"), "{e}"),
     }
-    let _ = late.batch_execute("ROLLBACK").await;
+    let _ = tx.rollback().await;
     assert_eq!(w.writes(deals[0]).await, 1);
     assert_eq!(w.usage_rows(p.id).await, 1);
 }
@@ -325,8 +329,11 @@ async fn test_replay_passes_the_same_checks() {
     let deals = w.deals(&w.principal, 1).await;
     let p = w.propose(&t, form(&deals, "won")).await.unwrap();
     assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
-    let elsewhere = connect("app_human").await;
-    set_identity(&elsewhere, &w.tenant, &w.principal, "another-session").await;
+    let elsewhere = Conn::connect(
+        "app_human",
+        Identity::gucs(&w.tenant, &w.principal, "another-session"),
+    )
+    .await;
     assert_eq!(
         sqlstate(approve_on(&elsewhere, p.id, &p.token, None).await),
         "42501"

@@ -2,15 +2,14 @@
 
 use keyturn_tests::*;
 use serde_json::{json, Value};
-use tokio_postgres::Client;
 
-async fn preview(c: &Client, p: &Proposal) -> Result<Value, tokio_postgres::Error> {
+async fn preview(c: &impl Sql, p: &Proposal) -> Result<Value, tokio_postgres::Error> {
     c.query_one("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token])
         .await
         .map(|r| r.get(0))
 }
 
-async fn reject(c: &Client, p: &Proposal) -> Result<String, tokio_postgres::Error> {
+async fn reject(c: &impl Sql, p: &Proposal) -> Result<String, tokio_postgres::Error> {
     c.query_one(
         "SELECT keyturn.reject($1, $2, 'not today')",
         &[&p.id, &p.token],
@@ -45,14 +44,14 @@ async fn test_preview_shows_the_card_with_current_values_and_changes_nothing() {
     assert_eq!(targets.len(), 2);
     let t1 = targets
         .iter()
-        .find(|x| x["key"] == deals[1].to_string())
+        .find(|x| x["key"].as_str() == Some(&*deals[1].to_string()))
         .expect("target per key");
     assert_eq!(t1["before"]["stage"], "qualified");
     assert_eq!(t1["before"]["amount"].as_f64(), Some(10.0));
     assert_eq!(t1["after"]["stage"], "won");
     let t0 = targets
         .iter()
-        .find(|x| x["key"] == deals[0].to_string())
+        .find(|x| x["key"].as_str() == Some(&*deals[0].to_string()))
         .unwrap();
     assert_eq!(t0["before"]["stage"], "lead");
     // Read-only: nothing written, status unchanged, no event.
@@ -91,8 +90,11 @@ async fn test_preview_checks_token_identity_and_agents_but_not_grant() {
     assert_eq!(sqlstate(preview(&w.agent, &p).await), "42501");
     let anon = connect("app_human").await;
     assert_eq!(sqlstate(preview(&anon, &p).await), "42501");
-    let other_session = connect("app_human").await;
-    set_identity(&other_session, &w.tenant, &w.principal, "elsewhere").await;
+    let other_session = Conn::connect(
+        "app_human",
+        Identity::gucs(&w.tenant, &w.principal, "elsewhere"),
+    )
+    .await;
     assert_eq!(
         sqlstate(preview(&other_session, &p).await),
         "42501",
@@ -167,8 +169,11 @@ async fn test_end_session_cancels_only_that_sessions_actions_of_the_caller() {
         .await
         .unwrap();
     // Same principal, another session.
-    let s2 = connect("app_agent").await;
-    set_identity(&s2, &w.tenant, &w.principal, "session-two").await;
+    let s2 = Conn::connect(
+        "app_agent",
+        Identity::gucs(&w.tenant, &w.principal, "session-two"),
+    )
+    .await;
     let other_session = propose_on(&s2, &t, params.clone(), json!({}))
         .await
         .unwrap();
