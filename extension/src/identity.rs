@@ -84,6 +84,12 @@ fn read(part: Part) -> Result<String, Problem> {
                 }
             };
             let value = match claim {
+                Some(Value::String(s)) if s.is_empty() => {
+                    return Err(Problem::Other(format!(
+                        "claim {path} ({}) in request.jwt.claims is empty",
+                        part.what
+                    )))
+                }
                 Some(Value::String(s)) => s,
                 Some(Value::Number(n)) if guc::CLAIM_NUMBERS.get() => n.to_string(),
                 Some(_) => {

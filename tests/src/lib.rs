@@ -628,7 +628,7 @@ impl World {
     /// The action's current status, read as superuser.
     pub async fn status(&self, id: uuid::Uuid) -> String {
         self.superuser
-            .query_one("SELECT status FROM keyturn.action WHERE id = $1", &[&id])
+            .query_one("SELECT status::text FROM keyturn.action WHERE id = $1", &[&id])
             .await
             .expect("status")
             .get(0)
@@ -719,7 +719,7 @@ pub async fn count(client: &impl Sql, sql: &str, params: &[&(dyn ToSql + Sync)])
 pub async fn assert_work_list_in_step(superuser: &Client) {
     let rows = superuser
         .query(
-            "SELECT coalesce(a.id, o.action_id)::text, a.status, o.status \
+            "SELECT coalesce(a.id, o.action_id)::text, a.status::text, o.status::text \
                FROM (SELECT * FROM keyturn.action WHERE NOT keyturn._is_final(status)) a \
                FULL JOIN keyturn.open_action o ON o.action_id = a.id \
               WHERE a.id IS NULL OR o.action_id IS NULL \

@@ -72,7 +72,7 @@ async fn test_begin_dispatch_moves_to_executing_and_counts_the_attempt() {
     let status: String = w
         .superuser
         .query_one(
-            "SELECT status FROM keyturn.action WHERE id = $1",
+            "SELECT status::text FROM keyturn.action WHERE id = $1",
             &[&l.action_id],
         )
         .await

@@ -323,12 +323,10 @@ async fn test_conn_asserts_identity_per_transaction_and_serializes_calls() {
     assert_ne!(name, "set-in-a-dropped-tx", "a dropped Tx is rolled back");
 }
 
-// Identity set for the whole session is to be refused (security item 8): a
-// session value stays on a pooled connection and reaches the next client's
-// requests. Only identity local to the caller's transaction will count. The
-// extension still accepts session values, so these wait, ignored; that a
-// local identity ends with its transaction holds already and is checked by
-// test_set_local_identity_lasts_one_transaction.
+// Identity set for the whole session is refused: a session value stays on a
+// pooled connection and reaches the next client's requests. Only identity
+// local to the caller's transaction counts; that it ends with its
+// transaction is checked by test_set_local_identity_lasts_one_transaction.
 
 /// Sets the GUC identity for the rest of the session: what keyturn is to refuse.
 async fn set_for_the_session(c: &Client, identity: &Identity) {
@@ -352,7 +350,7 @@ async fn actions_of(w: &World) -> i64 {
 }
 
 #[tokio::test]
-#[ignore = "enable when session-level identity is refused (security item 8)"]
+
 async fn test_session_set_config_identity_is_refused() {
     let (w, tool, deal) = setup().await;
     let agent = connect("app_agent").await;
@@ -375,7 +373,7 @@ async fn test_session_set_config_identity_is_refused() {
 }
 
 #[tokio::test]
-#[ignore = "enable when session-level identity is refused (security item 8)"]
+
 async fn test_session_set_leaks_past_a_correct_set_local() {
     let (w, tool, deal) = setup().await;
     // A previous client of the pooled connection left its identity on it.
@@ -406,7 +404,7 @@ async fn test_session_set_leaks_past_a_correct_set_local() {
 }
 
 #[tokio::test]
-#[ignore = "enable when session-level identity is refused (security item 8)"]
+
 async fn test_pgoptions_identity_is_refused() {
     let (w, tool, deal) = setup().await;
     // What PGOPTIONS="-c keyturn.tenant=…" does: identity in the startup packet.
@@ -428,11 +426,17 @@ async fn test_pgoptions_identity_is_refused() {
         client
     };
     let c = with_options().await;
+    let set: Option<String> = c
+        .query_one("SELECT current_setting('keyturn.tenant', true)", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(
-        identity(&c).await.0.as_deref(),
+        set.as_deref(),
         Some(w.tenant.as_str()),
         "fixture: the startup options set the GUC"
     );
+    assert_eq!(identity(&c).await.0, None, "and keyturn reads it as missing");
     assert_eq!(
         sqlstate(propose_on(&c, &tool, form(deal), json!({})).await),
         "42501",
@@ -448,7 +452,7 @@ async fn test_pgoptions_identity_is_refused() {
 }
 
 #[tokio::test]
-#[ignore = "enable when session-level identity is refused (security item 8)"]
+
 async fn test_session_claims_are_refused_under_correct_local_gucs() {
     let (w, tool, deal) = setup().await;
     let claims =
