@@ -397,3 +397,34 @@ async fn test_digest_tool_leaves_no_param_value_in_any_table() {
     assert_eq!(w.usage_rows(a.id).await, 1);
     k.stop().await;
 }
+
+/// `KEYTURN_LEASE_SECONDS = KEYTURN_HTTP_TIMEOUT_SECONDS + 2` passes the
+/// start-up check, so it has to dispatch: a configuration keyturnd accepts
+/// and then never acts on is a silent outage.
+#[tokio::test]
+async fn test_smallest_accepted_lease_dispatches() {
+    let Some(port) = e2e::pg_port("test_smallest_accepted_lease_dispatches") else {
+        return;
+    };
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
+    let mut env = rx.env();
+    env.push(("KEYTURN_LEASE_SECONDS", "5".into()));
+    env.push(("KEYTURN_HTTP_TIMEOUT_SECONDS", "3".into()));
+    let k = Keyturnd::start(port, env).await;
+
+    let a = w.queue(&tool, json!({"text": "tight lease"}), false).await;
+    let delivered = tokio::time::timeout(
+        Duration::from_secs(15),
+        w.wait_status(a.id, "succeeded", WITHIN),
+    )
+    .await;
+    let log = k.stop().await;
+    let handbacks = log.matches("handing the job back").count();
+    assert!(
+        delivered.is_ok() && rx.requests(a.id).len() == 1,
+        "accepted at start but never dispatched ({handbacks} hand-back lines)"
+    );
+}
