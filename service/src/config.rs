@@ -11,7 +11,7 @@
 //! | `DATABASE_URL` | required | PostgreSQL connection string; the role needs `keyturn_dispatcher` (and `keyturn_operator` for `reconcile`, `uncertain` and the `keyturn_uncertain` gauge) |
 //! | `KEYTURN_LISTEN` | `127.0.0.1:8787` | address of `/healthz`, `/readyz`, `/metrics` |
 //! | `KEYTURN_WEBHOOK_URL` | unset | `webhook` adapter endpoint; unset = adapter off, and `webhook` actions are not leased by this process |
-//! | `KEYTURN_WEBHOOK_SECRET` | unset | HMAC-SHA256 key for `X-Keyturn-Signature`; required with the URL |
+//! | `KEYTURN_WEBHOOK_SECRET` | unset | signs every webhook; required with the URL. `whsec_<base64>` (the Standard Webhooks format): `webhook-signature` is keyed by the decoded bytes, and a rest that does not decode is refused; anything else: by its UTF-8 bytes. The deprecated `X-Keyturn-Signature` is always keyed by the UTF-8 bytes of the whole value |
 //! | `KEYTURN_SMTP_URL` | unset | unset = adapter off (`smtp` actions are not leased); `smtp` adapter: `smtp://host:port` (plain), `?tls=required` / `?tls=opportunistic` (STARTTLS), `smtps://` (implicit TLS); `user:pass@` for AUTH |
 //! | `KEYTURN_SMTP_FROM` | unset | envelope and `From:` mailbox; required with the SMTP URL |
 //! | `KEYTURN_LEASE_SECONDS` | 30 | lease asked of `keyturn.lease`; at least the call timeout + 3 s (see [`min_lease`]) |
@@ -119,7 +119,7 @@ pub struct Config {
     #[arg(long, env = "KEYTURN_WEBHOOK_URL")]
     pub webhook_url: Option<url::Url>,
 
-    /// HMAC-SHA256 key (its UTF-8 bytes) signing every webhook body.
+    /// Webhook signing secret: `whsec_<base64>` (Standard Webhooks) or any text.
     #[arg(long, env = "KEYTURN_WEBHOOK_SECRET", hide_env_values = true)]
     pub webhook_secret: Option<Secret>,
 
@@ -212,6 +212,7 @@ impl Config {
                 if secret.expose().is_empty() {
                     return bad("KEYTURN_WEBHOOK_SECRET must not be empty".into());
                 }
+                crate::providers::webhook::standard_key(secret.expose())?;
             }
             (Some(_), None) => {
                 return bad(
@@ -457,6 +458,15 @@ mod tests {
                 "KEYTURN_WEBHOOK_SECRET",
             ),
             (&["--smtp-url", "smtp://127.0.0.1:25"], "KEYTURN_SMTP_FROM"),
+            (
+                &[
+                    "--webhook-url",
+                    "http://127.0.0.1:1/",
+                    "--webhook-secret",
+                    "whsec_***",
+                ],
+                "whsec_",
+            ),
         ];
         for (extra, needle) in cases {
             let mut args = base.to_vec();
