@@ -6,8 +6,8 @@
 //! **Isolation.** Tools are global and every keyturnd leases every due
 //! action of its providers, so two keyturnd processes running at once would
 //! deliver each other's actions. Every e2e test therefore holds
-//! [`serial`] for its whole life (test binaries already run one after
-//! another), and each receiver tells its own tenant's actions from
+//! [`serial`] for its whole life (the tests of the one test binary run on
+//! parallel threads), and each receiver tells its own tenant's actions from
 //! *foreign* ones (left queued by other layers or by an earlier test): a
 //! foreign request is answered 200 and only counted apart, so it can never
 //! disturb a test's counts.
@@ -34,19 +34,11 @@ use uuid::Uuid;
 // Skipping, serializing, naming
 // ---------------------------------------------------------------------------
 
-/// The private cluster's port, or `None` (and a loud note) when the tests run
-/// without one: `cargo test -p keyturnd` alone still passes.
-pub fn pg_port(test: &str) -> Option<u16> {
-    match std::env::var("KT_PGPORT") {
-        Ok(p) => Some(p.parse().expect("KT_PGPORT must be a port number")),
-        Err(_) => {
-            eprintln!(
-                "\n*** SKIPPED {test}: KT_PGPORT is not set. The end-to-end tests need the private \
-                 cluster; run them through tests/run-all (or see service/tests/support/e2e.rs). ***\n"
-            );
-            None
-        }
-    }
+/// The private cluster's port, `None` without one (see `require_db!`).
+pub fn pg_port() -> Option<u16> {
+    std::env::var("KT_PGPORT")
+        .ok()
+        .map(|p| p.parse().expect("KT_PGPORT must be a port number"))
 }
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -109,7 +101,8 @@ pub struct Queued {
 
 /// A tenant with one principal (role `member`), acting through the fixture's
 /// login roles: app_admin registers and grants, app_agent proposes,
-/// app_human approves (same principal and session: a `self` approval).
+/// app_human approves (same principal and session: a `self` approval), each
+/// call with the identity set for its transaction only ([`World::as_identity`]).
 pub struct World {
     pub port: u16,
     pub tenant: String,
@@ -135,7 +128,8 @@ impl World {
             )
             .await
             .expect("add_member");
-        let (agent, human) = identified(port, &tenant, &principal, &session).await;
+        let agent = connect(port, "app_agent").await;
+        let human = connect(port, "app_human").await;
         let superuser = connect(port, "postgres").await;
         World {
             port,
@@ -149,13 +143,11 @@ impl World {
         }
     }
 
-    /// New connections with the same identity (after a database restart).
+    /// New connections (after a database restart).
     pub async fn reconnect(&mut self) {
         self.admin = connect(self.port, "app_admin").await;
-        let (agent, human) =
-            identified(self.port, &self.tenant, &self.principal, &self.session).await;
-        self.agent = agent;
-        self.human = human;
+        self.agent = connect(self.port, "app_agent").await;
+        self.human = connect(self.port, "app_human").await;
         self.superuser = connect(self.port, "postgres").await;
     }
 
@@ -198,8 +190,8 @@ impl World {
     /// `queued`. `resubmit` passes the params again at approve (digest tools).
     pub async fn queue(&self, tool: &str, params: Value, resubmit: bool) -> Queued {
         let row = self
-            .agent
-            .query_one(
+            .as_identity(
+                &self.agent,
                 "SELECT action_id, token FROM keyturn.propose($1, $2)",
                 &[&tool, &params],
             )
@@ -209,8 +201,8 @@ impl World {
         let token: String = row.get(1);
         let again: Option<Value> = resubmit.then(|| params.clone());
         let row = self
-            .human
-            .query_one(
+            .as_identity(
+                &self.human,
                 "SELECT status FROM keyturn.approve($1, $2, $3)",
                 &[&id, &token, &again],
             )
@@ -230,6 +222,41 @@ impl World {
         Queued {
             id,
             idempotency_key,
+        }
+    }
+
+    /// One keyturn call on `client` carrying this world's identity, set
+    /// transaction-locally: `BEGIN; set_config(…, true) …; <call>; COMMIT`.
+    /// Session-level identity would outlive the call on a pooled
+    /// connection, so keyturn refuses it.
+    pub async fn as_identity(
+        &self,
+        client: &Client,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+        client.batch_execute("BEGIN").await?;
+        let called = async {
+            client
+                .execute(
+                    "SELECT set_config('keyturn.tenant', $1, true), \
+                            set_config('keyturn.principal', $2, true), \
+                            set_config('keyturn.session', $3, true)",
+                    &[&self.tenant, &self.principal, &self.session],
+                )
+                .await?;
+            client.query_one(sql, params).await
+        }
+        .await;
+        match called {
+            Ok(row) => {
+                client.batch_execute("COMMIT").await?;
+                Ok(row)
+            }
+            Err(e) => {
+                client.batch_execute("ROLLBACK").await?;
+                Err(e)
+            }
         }
     }
 
@@ -356,22 +383,6 @@ impl World {
         }
         hits
     }
-}
-
-/// An agent and a human connection carrying one identity.
-async fn identified(port: u16, tenant: &str, principal: &str, session: &str) -> (Client, Client) {
-    let agent = connect(port, "app_agent").await;
-    let human = connect(port, "app_human").await;
-    for c in [&agent, &human] {
-        c.execute(
-            "SELECT set_config('keyturn.tenant', $1, false), set_config('keyturn.principal', $2, false), \
-             set_config('keyturn.session', $3, false)",
-            &[&tenant, &principal, &session],
-        )
-        .await
-        .expect("set identity");
-    }
-    (agent, human)
 }
 
 fn quote_ident(s: &str) -> String {

@@ -1,7 +1,7 @@
 //! The `webhook` adapter against a real HTTP receiver on loopback that
 //! checks the signature and records every request.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
