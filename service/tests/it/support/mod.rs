@@ -5,6 +5,9 @@
 pub mod e2e;
 pub mod fake_smtp;
 
+use keyturnd::db::LeasedJob;
+use uuid::Uuid;
+
 /// The path of the test function it is used in, `module::test_name`.
 macro_rules! test_name {
     () => {{
@@ -33,17 +36,18 @@ macro_rules! require_db {
     };
 }
 
-/// Says loudly that `test` did not run, why, and how to run it.
+/// Says loudly that `test` did not run, why, and how to run it. Written to
+/// the process's stderr itself, not through `eprintln!`, which the test
+/// harness captures and shows only for failing tests.
 pub fn skipped(test: &str, why: &str) {
-    eprintln!(
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
         "\n*** SKIPPED {test}: {why}. Run it with `KT_ONLY=service tests/run-all`, or against a \
          cluster of your own with `KT_PGPORT=<port> KT_PGDATA=<dir> KT_PGSOCK=<dir> \
          cargo test -p keyturnd --test it {test}`. ***\n"
     );
 }
-
-use keyturnd::db::LeasedJob;
-use uuid::Uuid;
 
 /// A leased job as `keyturn.lease` would return it.
 pub fn job(provider: &str, params: serde_json::Value) -> LeasedJob {
