@@ -34,6 +34,12 @@ async fn test_success_is_one_signed_request_one_usage_row_and_counted_in_metrics
         r.signature_ok,
         "X-Keyturn-Signature is the HMAC of the body"
     );
+    assert!(r.standard_ok, "webhook-signature verifies");
+    assert_eq!(
+        r.webhook_id.as_deref(),
+        Some(a.idempotency_key.as_str()),
+        "webhook-id is the idempotency key"
+    );
     assert!(r.has_timestamp, "X-Keyturn-Timestamp is sent");
     assert_eq!(
         r.idempotency_key.as_deref(),
@@ -81,7 +87,7 @@ async fn test_429_with_retry_after_is_retried_with_the_same_key_and_bytes() {
 
     let reqs = rx.requests(a.id);
     assert_eq!(reqs.len(), 2, "one refused attempt, one accepted");
-    assert!(reqs.iter().all(|r| r.signature_ok));
+    assert!(reqs.iter().all(|r| r.signature_ok && r.standard_ok));
     assert_eq!(
         reqs[0].idempotency_key.as_deref(),
         Some(a.idempotency_key.as_str())

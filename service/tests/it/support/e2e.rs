@@ -22,6 +22,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
@@ -432,7 +434,12 @@ impl Reply {
 pub struct Received {
     pub action_id: Option<Uuid>,
     pub idempotency_key: Option<String>,
+    /// The deprecated `X-Keyturn-Signature` verified.
     pub signature_ok: bool,
+    /// `webhook-signature` verified (Standard Webhooks, key = the decoded
+    /// `whsec_` secret).
+    pub standard_ok: bool,
+    pub webhook_id: Option<String>,
     pub has_timestamp: bool,
     pub body: Vec<u8>,
 }
@@ -446,6 +453,7 @@ struct Seen {
 #[derive(Clone)]
 struct RecvState {
     secret: Arc<Vec<u8>>,
+    standard_key: Arc<Vec<u8>>,
     tenant: String,
     plan: Arc<Vec<Reply>>,
     seen: Arc<Mutex<Seen>>,
@@ -470,6 +478,23 @@ pub fn hmac_hex(secret: &[u8], body: &[u8]) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("any key length");
     mac.update(body);
     hex::encode(mac.finalize().into_bytes())
+}
+
+/// Whether `webhook-signature` holds `v1,<base64 HMAC(key, id.timestamp.body)>`.
+fn standard_ok(key: &[u8], headers: &HeaderMap, body: &[u8]) -> bool {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let (Some(id), Some(ts), Some(sigs)) = (
+        header("webhook-id"),
+        header("webhook-timestamp"),
+        header("webhook-signature"),
+    ) else {
+        return false;
+    };
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("any key length");
+    mac.update(format!("{id}.{ts}.").as_bytes());
+    mac.update(body);
+    let want = format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()));
+    sigs.split(' ').any(|s| s == want)
 }
 
 async fn receive(State(s): State<RecvState>, headers: HeaderMap, body: Bytes) -> Response {
@@ -502,6 +527,8 @@ async fn receive(State(s): State<RecvState>, headers: HeaderMap, body: Bytes) ->
             .and_then(|s| s.parse().ok()),
         idempotency_key: header("idempotency-key"),
         signature_ok,
+        standard_ok: standard_ok(&s.standard_key, &headers, &body),
+        webhook_id: header("webhook-id"),
         has_timestamp: header("x-keyturn-timestamp").is_some(),
         body: body.to_vec(),
     };
@@ -544,10 +571,12 @@ async fn receive(State(s): State<RecvState>, headers: HeaderMap, body: Bytes) ->
 impl Receiver {
     /// Starts a receiver for `tenant`'s actions answering by `plan`.
     pub async fn start(tenant: &str, plan: Vec<Reply>) -> Receiver {
-        let secret = format!("whsec_{}", Uuid::new_v4().simple());
+        let key = Uuid::new_v4().into_bytes();
+        let secret = format!("whsec_{}", STANDARD.encode(key));
         let seen = Arc::new(Mutex::new(Seen::default()));
         let state = RecvState {
             secret: Arc::new(secret.clone().into_bytes()),
+            standard_key: Arc::new(key.to_vec()),
             tenant: tenant.to_owned(),
             plan: Arc::new(plan),
             seen: seen.clone(),
