@@ -1,5 +1,5 @@
 //! The SQL keyturnd runs: one function per dispatcher or operator call
-//! (docs/sql-api.md), typed rows in, typed rows out.
+//! (README, section SQL API), typed rows in, typed rows out.
 //!
 //! Every function takes a plain `&tokio_postgres::Client`, so the worker
 //! passes pooled connections and tests can pass any connection they like.
