@@ -21,9 +21,10 @@
 //!
 //! **Hand-backs never spin.** A job handed back for a short lease asks for a
 //! delay (`retry_after`) that doubles with every step that did nothing but
-//! hand back, so the same job is not leased again at once; the loop then
-//! waits a whole poll period ([`Step::OnlyHandedBack`]); and each reason is
-//! logged once, then at debug with a running count, until a job is begun.
+//! hand back, so the same job is not leased again at once; after such a
+//! step the loop pauses, ignoring wake-ups, for a time that grows the same
+//! way up to a second ([`Step::OnlyHandedBack`]); and each reason is logged
+//! once, then at debug with a running count, until a job is begun again.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -216,9 +216,8 @@ impl Dispatcher {
         let mut pause = None;
         loop {
             match pause.take() {
-                // Its own hand-backs freed slots and woke the loop at once:
-                // waiting out a whole period is what keeps a lease that is
-                // always too short from spinning.
+                // The step's hand-backs freed slots: leasing again at once,
+                // on every wake-up, is how a lease too short to use spins.
                 Some(pause) => tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => break,
