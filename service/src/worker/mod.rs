@@ -216,8 +216,8 @@ impl Dispatcher {
         let mut pause = None;
         loop {
             match pause.take() {
-                // The step's hand-backs freed slots: leasing again at once,
-                // on every wake-up, is how a lease too short to use spins.
+                // Every job the step leased went back: leasing again on the
+                // next wake-up would only hand back the next due jobs too.
                 Some(pause) => tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => break,
