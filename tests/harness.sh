@@ -95,6 +95,30 @@ kt_cluster_start() {
   kt_log "private cluster up on 127.0.0.1:$port (data in $dir)"
 }
 
+# A venv in the scratch directory with the Standard Webhooks library from PyPI,
+# for the service test that verifies keyturnd's webhooks with it. Exports
+# KT_STANDARDWEBHOOKS_PYTHON, or, when it cannot be had,
+# KT_STANDARDWEBHOOKS_UNAVAILABLE with the reason, which that test prints as
+# its reason for skipping. Never fails the run.
+kt_standard_webhooks() {
+  local venv log
+  venv="$(kt_scratch)/standardwebhooks-venv"
+  log="$(kt_scratch)/standardwebhooks-venv.log"
+  unset KT_STANDARDWEBHOOKS_PYTHON KT_STANDARDWEBHOOKS_UNAVAILABLE
+  if ! "$venv/bin/python" -c 'import standardwebhooks' >/dev/null 2>&1; then
+    if ! python3 -m venv "$venv" >"$log" 2>&1; then
+      export KT_STANDARDWEBHOOKS_UNAVAILABLE="python3 -m venv failed (is python3-venv installed?): $(tail -n 1 "$log")"
+      return 0
+    fi
+    if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --timeout 20 --retries 1 \
+        standardwebhooks >>"$log" 2>&1; then
+      export KT_STANDARDWEBHOOKS_UNAVAILABLE="pip install standardwebhooks failed (is PyPI reachable?): $(tail -n 1 "$log")"
+      return 0
+    fi
+  fi
+  export KT_STANDARDWEBHOOKS_PYTHON="$venv/bin/python"
+}
+
 # psql as the superuser against the private cluster's keyturn database.
 kt_psql() {
   "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$KT_PGPORT" -U postgres -d keyturn "$@"

@@ -1,5 +1,5 @@
 //! Outcome classification: what one provider call tells us, as the word
-//! `keyturn.complete` records (docs/keyturnd.md).
+//! `keyturn.complete` records (README, section Outcome classification).
 //!
 //! The rule behind every row: `retry` only when the provider *certainly* did
 //! nothing and said so, or never heard from us; `failed` only when it

@@ -11,10 +11,10 @@
 //! | `DATABASE_URL` | required | PostgreSQL connection string; the role needs `keyturn_dispatcher` (and `keyturn_operator` for `reconcile`, `uncertain` and the `keyturn_uncertain` gauge) |
 //! | `KEYTURN_LISTEN` | `127.0.0.1:8787` | address of `/healthz`, `/readyz`, `/metrics` |
 //! | `KEYTURN_WEBHOOK_URL` | unset | `webhook` adapter endpoint; unset = adapter off, and `webhook` actions are not leased by this process |
-//! | `KEYTURN_WEBHOOK_SECRET` | unset | HMAC-SHA256 key for `X-Keyturn-Signature`; required with the URL |
+//! | `KEYTURN_WEBHOOK_SECRET` | unset | signs every webhook; required with the URL. `whsec_<base64>` (the Standard Webhooks format): `webhook-signature` is keyed by the decoded bytes, and a rest that does not decode is refused; anything else: by its UTF-8 bytes. The deprecated `X-Keyturn-Signature` is always keyed by the UTF-8 bytes of the whole value |
 //! | `KEYTURN_SMTP_URL` | unset | unset = adapter off (`smtp` actions are not leased); `smtp` adapter: `smtp://host:port` (plain), `?tls=required` / `?tls=opportunistic` (STARTTLS), `smtps://` (implicit TLS); `user:pass@` for AUTH |
 //! | `KEYTURN_SMTP_FROM` | unset | envelope and `From:` mailbox; required with the SMTP URL |
-//! | `KEYTURN_LEASE_SECONDS` | 30 | lease asked of `keyturn.lease`; must exceed the call timeout by the safety margin |
+//! | `KEYTURN_LEASE_SECONDS` | 30 | lease asked of `keyturn.lease`; at least the call timeout + 3 s (see [`min_lease`]) |
 //! | `KEYTURN_SWEEP_SECONDS` | 5 | period of `keyturn.sweep()` |
 //! | `KEYTURN_WORKERS` | 8 | provider calls in flight at most |
 //! | `KEYTURN_POLL_MS` | 1000 | lease poll period without notifications; 1..=1000 (the contract asks for at least one poll a second) |
@@ -43,6 +43,27 @@ use crate::error::Error;
 /// long before the lease does, so that `complete` reaches the database before
 /// the sweep can call the action `uncertain`.
 pub const LEASE_SAFETY_MARGIN: Duration = Duration::from_secs(2);
+
+/// What the lease round trip may take out of a lease before its jobs are
+/// checked. The worker's deadline runs from before it asks for the lease, so
+/// by the time a job is checked the pool, `BEGIN` and `keyturn.lease` have
+/// already used some of it; a lease with no room for that would hand back
+/// every job it got.
+pub const LEASE_ROUND_TRIP_SLACK: Duration = Duration::from_secs(1);
+
+/// Whether a leased job with `left` of its lease may be begun: a whole call
+/// and the [`LEASE_SAFETY_MARGIN`] must fit.
+pub fn enough_lease_left(left: Duration, call_timeout: Duration) -> bool {
+    left >= call_timeout + LEASE_SAFETY_MARGIN
+}
+
+/// The shortest lease accepted: what [`enough_lease_left`] wants plus the
+/// [`LEASE_ROUND_TRIP_SLACK`]. So every accepted configuration dispatches
+/// whenever a lease round trip takes less than the slack; one that takes
+/// longer is handed back with a growing delay, never in a loop.
+pub fn min_lease(call_timeout: Duration) -> Duration {
+    call_timeout + LEASE_SAFETY_MARGIN + LEASE_ROUND_TRIP_SLACK
+}
 
 /// A string that must never reach a log line or a `Debug` dump.
 #[derive(Clone, PartialEq, Eq)]
@@ -98,7 +119,7 @@ pub struct Config {
     #[arg(long, env = "KEYTURN_WEBHOOK_URL")]
     pub webhook_url: Option<url::Url>,
 
-    /// HMAC-SHA256 key (its UTF-8 bytes) signing every webhook body.
+    /// Webhook signing secret: `whsec_<base64>` (Standard Webhooks) or any text.
     #[arg(long, env = "KEYTURN_WEBHOOK_SECRET", hide_env_values = true)]
     pub webhook_secret: Option<Secret>,
 
@@ -171,13 +192,16 @@ impl Config {
         if self.http_timeout_seconds == 0 {
             return bad("KEYTURN_HTTP_TIMEOUT_SECONDS must be at least 1".into());
         }
-        if self.lease() < self.call_timeout() + LEASE_SAFETY_MARGIN {
+        if self.lease() < min_lease(self.call_timeout()) {
             return bad(format!(
                 "KEYTURN_LEASE_SECONDS={} must be at least KEYTURN_HTTP_TIMEOUT_SECONDS={} plus {} s: \
-                 every provider call has to end before its lease does",
+                 every provider call has to end {} s before its lease does, and the lease round trip \
+                 may take {} s of it",
                 self.lease_seconds,
                 self.http_timeout_seconds,
-                LEASE_SAFETY_MARGIN.as_secs()
+                (LEASE_SAFETY_MARGIN + LEASE_ROUND_TRIP_SLACK).as_secs(),
+                LEASE_SAFETY_MARGIN.as_secs(),
+                LEASE_ROUND_TRIP_SLACK.as_secs(),
             ));
         }
         match (&self.webhook_url, &self.webhook_secret) {
@@ -188,6 +212,7 @@ impl Config {
                 if secret.expose().is_empty() {
                     return bad("KEYTURN_WEBHOOK_SECRET must not be empty".into());
                 }
+                crate::providers::webhook::standard_key(secret.expose())?;
             }
             (Some(_), None) => {
                 return bad(
@@ -397,6 +422,25 @@ mod tests {
     }
 
     #[test]
+    fn test_the_shortest_accepted_lease_is_timeout_plus_3_s() {
+        for (lease, timeout, ok) in [("6", "3", true), ("5", "3", false), ("13", "10", true)] {
+            let c = parse(
+                &[
+                    "--database-url",
+                    "postgres://x",
+                    "--lease-seconds",
+                    lease,
+                    "--http-timeout-seconds",
+                    timeout,
+                ],
+                None,
+            )
+            .expect("parses");
+            assert_eq!(c.validate().is_ok(), ok, "lease {lease}, timeout {timeout}");
+        }
+    }
+
+    #[test]
     fn test_validate_refuses_inconsistent_settings() {
         let base = ["--database-url", "postgres://x"];
         let cases: &[(&[&str], &str)] = &[
@@ -404,11 +448,25 @@ mod tests {
             (&["--poll-ms", "0"], "KEYTURN_POLL_MS"),
             (&["--workers", "0"], "KEYTURN_WORKERS"),
             (&["--lease-seconds", "11"], "KEYTURN_LEASE_SECONDS"),
+            (&["--lease-seconds", "12"], "KEYTURN_LEASE_SECONDS"),
+            (
+                &["--lease-seconds", "5", "--http-timeout-seconds", "3"],
+                "KEYTURN_LEASE_SECONDS",
+            ),
             (
                 &["--webhook-url", "http://127.0.0.1:1/"],
                 "KEYTURN_WEBHOOK_SECRET",
             ),
             (&["--smtp-url", "smtp://127.0.0.1:25"], "KEYTURN_SMTP_FROM"),
+            (
+                &[
+                    "--webhook-url",
+                    "http://127.0.0.1:1/",
+                    "--webhook-secret",
+                    "whsec_***",
+                ],
+                "whsec_",
+            ),
         ];
         for (extra, needle) in cases {
             let mut args = base.to_vec();

@@ -1,15 +1,12 @@
 //! The SQL keyturnd runs: one function per dispatcher or operator call
-//! (docs/sql-api.md), typed rows in, typed rows out.
+//! (README, section SQL API), typed rows in, typed rows out.
 //!
 //! Every function takes a plain `&tokio_postgres::Client`, so the worker
 //! passes pooled connections and tests can pass any connection they like.
-//! Each call is one statement in autocommit — except on the worker's batched
-//! path, which runs `lease`, its hand-backs and `begin_dispatch_many` inside
-//! one explicit transaction ([`transaction`] … [`commit`], see
-//! `worker/lease.rs`). Either way `begin_dispatch` must be committed before
-//! the provider is called: in autocommit that is true by construction; in
-//! the transaction the worker calls no provider until [`commit`] returned
-//! `Ok`.
+//! Each call is one statement, in autocommit except for the worker's lease
+//! step, which runs `lease`, its hand-backs and `begin_dispatch_many` in one
+//! transaction ([`transaction`] … [`commit`]) and calls no provider before
+//! [`commit`] returned `Ok`.
 //!
 //! Statements go through `query_typed` (parameter types stated here, one
 //! round trip, no named prepared statements), which also works behind a
@@ -264,22 +261,6 @@ pub async fn lease(
     rows.iter().map(LeasedJob::from_row).collect()
 }
 
-/// `keyturn.begin_dispatch(action_id, lease_id)`: true = go, false =
-/// invalidated (do not call the provider).
-pub async fn begin_dispatch(
-    client: &Client,
-    action_id: Uuid,
-    lease_id: Uuid,
-) -> Result<bool, Error> {
-    let row = query_one(
-        client,
-        "SELECT keyturn.begin_dispatch($1, $2) AS go",
-        &[(&action_id, Type::UUID), (&lease_id, Type::UUID)],
-    )
-    .await?;
-    get(&row, "go")
-}
-
 /// `keyturn.complete(action_id, lease_id, outcome, receipt, retry_after)`;
 /// returns the new status.
 pub async fn complete(
@@ -306,7 +287,20 @@ pub async fn complete(
     get(&row, "status")
 }
 
-/// One row of `keyturn.begin_dispatch_many`.
+/// `pg_extension.extversion` of `pg_keyturn`; `None` when it is not
+/// installed in this database.
+pub async fn extension_version(client: &Client) -> Result<Option<String>, Error> {
+    let rows = query(
+        client,
+        "SELECT extversion::text AS v FROM pg_catalog.pg_extension WHERE extname = 'pg_keyturn'",
+        &[],
+    )
+    .await?;
+    rows.first().map(|row| get(row, "v")).transpose()
+}
+
+/// One row of `keyturn.begin_dispatch_many`: what `keyturn.begin_dispatch`
+/// would have answered for that element.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BeginAnswer {
     /// The action.

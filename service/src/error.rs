@@ -15,6 +15,11 @@ pub enum Error {
     #[error("configuration: {0}")]
     Config(String),
 
+    /// The database's `pg_keyturn` is missing or of another release than
+    /// this keyturnd. The message says which and what to do.
+    #[error("incompatible database: {0}")]
+    Incompatible(String),
+
     /// A statement failed or the connection broke. `tokio_postgres::Error`
     /// never carries the connection string, so printing it is safe.
     #[error("database: {}", chain(.0))]

@@ -152,7 +152,7 @@ async fn serve(config: Config) -> Result<(), Error> {
             .into_future(),
     );
 
-    Dispatcher::new(
+    let dispatched = Dispatcher::new(
         pool,
         providers,
         Arc::clone(&state.metrics),
@@ -167,6 +167,7 @@ async fn serve(config: Config) -> Result<(), Error> {
         Ok(result) => result?,
         Err(e) => tracing::error!(error = %e, "HTTP server task failed"),
     }
+    dispatched?;
     tracing::info!("keyturnd stopped");
     Ok(())
 }

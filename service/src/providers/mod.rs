@@ -6,7 +6,7 @@
 //! small receipt. Adapters never return errors and never retry on their own:
 //! a retry is the database's decision, made on the recorded outcome.
 //!
-//! Receipts hold only what the contract allows (§6): status codes and a
+//! Receipts hold only what the database may keep about a call: status codes and a
 //! provider message id, never bodies or param values.
 //!
 //! The trait is object-safe (it returns a boxed future) so that the set of

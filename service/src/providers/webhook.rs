@@ -13,19 +13,30 @@
 //! `serde_json` writes fields in declaration order, so the bytes do not
 //! depend on the attempt.
 //!
-//! **Headers.**
+//! **Headers.** Signed twice: the [Standard Webhooks] way, which receivers
+//! verify with that project's libraries, and keyturn's own older way, kept
+//! for one more release.
 //!
 //! | header | value |
 //! |---|---|
 //! | `Content-Type` | `application/json` |
 //! | `Idempotency-Key` | the action's idempotency key (never changes) |
-//! | `X-Keyturn-Signature` | `sha256=<lowercase hex HMAC-SHA256(key = UTF-8 bytes of KEYTURN_WEBHOOK_SECRET, message = exact body bytes)>` |
-//! | `X-Keyturn-Timestamp` | Unix seconds when this attempt was sent |
+//! | `webhook-id` | the same idempotency key |
+//! | `webhook-timestamp` | Unix seconds when this attempt was sent |
+//! | `webhook-signature` | `v1,<base64 HMAC-SHA256(key, "<webhook-id>.<webhook-timestamp>.<body>")>` |
+//! | `X-Keyturn-Signature` | deprecated: `sha256=<lowercase hex HMAC-SHA256(key = UTF-8 bytes of KEYTURN_WEBHOOK_SECRET, message = exact body bytes)>` |
+//! | `X-Keyturn-Timestamp` | deprecated: the same seconds as `webhook-timestamp`, not signed |
 //!
-//! The timestamp is informational and *not* covered by the signature (the
-//! contract fixes the signature to the body bytes alone). A receiver that
-//! wants replay protection deduplicates on `Idempotency-Key`, which is
-//! exactly what it must do anyway.
+//! The Standard Webhooks key ([`standard_key`]): a `KEYTURN_WEBHOOK_SECRET`
+//! of the form `whsec_<base64>` (that project's secret format) signs with the
+//! decoded bytes, and one that does not decode is refused at start; any
+//! other secret signs with its UTF-8 bytes, and receivers give their library
+//! `whsec_` + the base64 of those bytes. Only the timestamp headers and the
+//! `webhook-signature` differ between attempts; a receiver refuses a
+//! replay once its timestamp is outside the library's tolerance, and
+//! deduplicates on the id within it.
+//!
+//! [Standard Webhooks]: https://www.standardwebhooks.com/
 //!
 //! **Transport.** rustls, HTTP/1.1, no redirects followed (a 3xx is
 //! `unknown`), no proxy (a proxy would turn "connection refused" — a safe
@@ -40,6 +51,10 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
+use base64::alphabet;
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
+use base64::engine::DecodePaddingMode;
+use base64::Engine;
 use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use serde::Serialize;
@@ -86,15 +101,58 @@ pub fn body(job: &LeasedJob) -> Result<Vec<u8>, serde_json::Error> {
     })
 }
 
-/// `sha256=<lowercase hex HMAC-SHA256(secret, body)>`.
-pub fn signature(secret: &[u8], body: &[u8]) -> String {
+/// The prefix of a Standard Webhooks secret.
+pub const STANDARD_SECRET_PREFIX: &str = "whsec_";
+
+/// Standard Webhooks libraries decode secrets with or without padding.
+const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     // HMAC accepts keys of any length; the error arm cannot happen.
-    let mut mac = match Hmac::<Sha256>::new_from_slice(secret) {
+    let mut mac = match Hmac::<Sha256>::new_from_slice(key) {
         Ok(mac) => mac,
         Err(_) => unreachable!("HMAC-SHA256 takes keys of any length"),
     };
-    mac.update(body);
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+    for part in parts {
+        mac.update(part);
+    }
+    mac.finalize().into_bytes().into()
+}
+
+/// Deprecated `X-Keyturn-Signature`: `sha256=<lowercase hex
+/// HMAC-SHA256(secret, body)>`.
+pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    format!("sha256={}", hex::encode(hmac_sha256(secret, &[body])))
+}
+
+/// The Standard Webhooks signing key of `KEYTURN_WEBHOOK_SECRET`: the
+/// decoded rest of `whsec_<base64>`, otherwise the secret's UTF-8 bytes.
+pub fn standard_key(secret: &str) -> Result<Vec<u8>, Error> {
+    let Some(encoded) = secret.strip_prefix(STANDARD_SECRET_PREFIX) else {
+        return Ok(secret.as_bytes().to_vec());
+    };
+    match SECRET_BASE64.decode(encoded) {
+        Ok(key) if !key.is_empty() => Ok(key),
+        // The error text could quote the secret; say only what is wrong.
+        _ => Err(Error::Config(
+            "KEYTURN_WEBHOOK_SECRET starts with whsec_ but the rest is not a non-empty base64 \
+             key (the Standard Webhooks secret format); fix it, or use a secret without the prefix"
+                .into(),
+        )),
+    }
+}
+
+/// `webhook-signature`: `v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>`.
+pub fn standard_signature(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
+    let timestamp = timestamp.to_string();
+    let mac = hmac_sha256(
+        key,
+        &[id.as_bytes(), b".", timestamp.as_bytes(), b".", body],
+    );
+    format!("v1,{}", STANDARD.encode(mac))
 }
 
 /// POSTs each job to one configured URL.
@@ -102,6 +160,8 @@ pub struct WebhookProvider {
     client: reqwest::Client,
     url: url::Url,
     secret: Secret,
+    /// [`standard_key`] of `secret`. Never printed.
+    standard_key: Vec<u8>,
 }
 
 impl WebhookProvider {
@@ -112,7 +172,8 @@ impl WebhookProvider {
     }
 
     /// As [`new`](Self::new), with an explicit connect timeout (it must stay
-    /// below every call timeout).
+    /// below every call timeout). Refuses a `whsec_` secret that does not
+    /// decode.
     pub fn with_connect_timeout(
         url: url::Url,
         secret: Secret,
@@ -124,10 +185,12 @@ impl WebhookProvider {
             .connect_timeout(connect_timeout.min(MAX_CONNECT_TIMEOUT))
             .user_agent(concat!("keyturnd/", env!("CARGO_PKG_VERSION")))
             .build()?;
+        let standard_key = standard_key(secret.expose())?;
         Ok(WebhookProvider {
             client,
             url,
             secret,
+            standard_key,
         })
     }
 
@@ -144,15 +207,20 @@ impl WebhookProvider {
             Ok(v) => v,
             Err(_) => return refused("idempotency key is not a valid header value"),
         };
-        let sig = signature(self.secret.expose().as_bytes(), &body);
-        let sig = match HeaderValue::from_str(&sig) {
-            Ok(v) => v,
-            Err(_) => return refused("signature is not a valid header value"),
-        };
         let timestamp = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
+        let legacy = signature(self.secret.expose().as_bytes(), &body);
+        let standard =
+            standard_signature(&self.standard_key, &job.idempotency_key, timestamp, &body);
+        // Hex and base64 are always valid header values.
+        let (Ok(legacy), Ok(standard)) = (
+            HeaderValue::from_str(&legacy),
+            HeaderValue::from_str(&standard),
+        ) else {
+            return refused("signature is not a valid header value");
+        };
         let deadline = Instant::now() + timeout;
 
         let sent = self
@@ -160,9 +228,12 @@ impl WebhookProvider {
             .post(self.url.clone())
             .timeout(timeout)
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header("idempotency-key", key)
+            .header("idempotency-key", key.clone())
+            .header("webhook-id", key)
+            .header("webhook-timestamp", timestamp)
+            .header("webhook-signature", standard)
             .header("x-keyturn-timestamp", timestamp)
-            .header("x-keyturn-signature", sig)
+            .header("x-keyturn-signature", legacy)
             .body(body)
             .send()
             .await;
@@ -265,6 +336,43 @@ mod tests {
             signature(b"Jefe", b"what do ya want for nothing?"),
             "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
+    }
+
+    #[test]
+    fn test_standard_signature_matches_the_published_example() {
+        // The example of the Standard Webhooks libraries' own tests.
+        let key = standard_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("decodes");
+        assert_eq!(
+            standard_signature(
+                &key,
+                "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                1_614_265_330,
+                br#"{"test": 2432232314}"#
+            ),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
+    }
+
+    #[test]
+    fn test_standard_key_of_each_secret_form() {
+        assert_eq!(
+            standard_key("s3cret-🔑").expect("any text"),
+            "s3cret-🔑".as_bytes(),
+            "no prefix: the UTF-8 bytes"
+        );
+        let padded = format!("whsec_{}", STANDARD.encode(b"0123456789"));
+        let unpadded = padded.trim_end_matches('=').to_owned();
+        assert_ne!(padded, unpadded);
+        for s in [padded, unpadded] {
+            assert_eq!(standard_key(&s).expect("decodes"), b"0123456789");
+        }
+        for rest in ["", "not base64!", "@@@@"] {
+            let err = standard_key(&format!("whsec_{rest}"))
+                .expect_err("refused")
+                .to_string();
+            assert!(err.contains("KEYTURN_WEBHOOK_SECRET"), "{err}");
+            assert!(rest.is_empty() || !err.contains(rest), "quoted: {err}");
+        }
     }
 
     #[test]

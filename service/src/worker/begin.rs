@@ -1,54 +1,71 @@
-//! The batched begin: `keyturn.begin_dispatch_many` for the jobs of a lease
-//! batch, run inside the same transaction as the `keyturn.lease` that leased
-//! them (see [`super::lease`]), and what follows its `COMMIT`: each job it
-//! answered `dispatch` gets a provider-call task ([`call_job`]); a job
-//! answered `dispatch = false` is never called.
+//! The begin: `keyturn.begin_dispatch_many` for the jobs of a lease step,
+//! inside the step's transaction, then its `COMMIT`; and only after that, a
+//! provider call ([`super::call`]) for each job answered `dispatch`. A job
+//! answered `dispatch = false` is never called: invalidated (the database
+//! re-checked tool, grants, epoch and origin), or refused with its `55000`.
 //!
-//! **Why one transaction is safe.** The contract requires `executing` to be
-//! committed before any provider call (docs/sql-api.md).
-//! That still holds: [`dispatch_begun`] runs only after `COMMIT` returned
-//! success, so every row it calls a provider for is committed `executing`
-//! under its lease. What changes is only that the `leased` state is never
-//! committed on its own: if anything fails before `COMMIT` (a statement, the
-//! connection, the process), the transaction rolls back, the leases never
-//! existed, the rows are still `queued` with no attempt counted, and no
-//! provider is called. If the outcome of `COMMIT` itself is unknown (the
-//! connection broke during it), [`unconfirmed`] treats the batch exactly as
-//! an unconfirmed `begin_dispatch` (see [`super::job`]): no provider is
-//! called and `retry` is recorded for each job, which the database accepts
-//! only while the row is still `executing` (or `leased`) under that lease —
-//! requeued, the attempt counted and doing nothing — and refuses with
-//! `55000` if the transaction did not commit (the row is `queued` and never
-//! was leased).
+//! One durable commit per step instead of two (`lease`, then the begin) is
+//! safe because the rule that matters still holds: a row is committed
+//! `executing` before its provider is called. Only the `leased` state is
+//! never committed on its own, so anything failing before `COMMIT` (a
+//! statement, the connection, the process) rolls back to rows still
+//! `queued`, with no attempt counted and nothing called.
 
 use std::sync::Arc;
 
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_postgres::Transaction;
 use tokio_util::task::TaskTracker;
+use uuid::Uuid;
 
-use super::completion::{enqueue, Done};
-use super::job::call_job;
-use super::lease::Slot;
-use super::Ctx;
+use super::call::call_job;
+use super::completion::enqueue;
+use super::{job_span, Ctx, Done, Slot};
 use crate::classify::Outcome;
-use crate::db::{BeginAnswer, LeasedJob};
+use crate::db::{self, LeasedJob};
+use crate::error::Error;
 use crate::providers::CallResult;
 
-/// After a successful `COMMIT`: a provider-call task for each job
-/// `begin_dispatch_many` answered `dispatch` (in order, one answer per job).
-pub(super) fn dispatch_begun(
+/// Begins `jobs` in `tx`, commits, and starts a provider call for each job
+/// the database answered `dispatch`.
+///
+/// **A COMMIT whose outcome is unknown** (the connection broke, or the
+/// answer did not come in time) may have made every job `executing` or none
+/// of them. Nothing is called, and `retry` is recorded for each job: if the
+/// commit happened, that requeues the row (the attempt counted, having done
+/// nothing); if it did not, the row is `queued` under no lease and the
+/// database refuses it with `55000`, changing nothing. Either way the
+/// provider was not called, so nothing can have happened twice. The jobs
+/// handed back in the same transaction need nothing: committed or not, they
+/// are `queued`.
+pub(super) async fn begin_and_commit(
     ctx: &Arc<Ctx>,
     tracker: &TaskTracker,
+    tx: Transaction<'_>,
     jobs: Vec<(LeasedJob, Slot)>,
-    answers: &[BeginAnswer],
     deadline: Instant,
     done: &mpsc::UnboundedSender<Done>,
-) {
+) -> Result<(), Error> {
+    let answers = if jobs.is_empty() {
+        Vec::new()
+    } else {
+        let pairs: Vec<(Uuid, Uuid)> = jobs
+            .iter()
+            .map(|(j, _)| (j.action_id, j.lease_id))
+            .collect();
+        db::begin_dispatch_many(tx.client(), &pairs).await?
+    };
+    if let Err(e) = db::commit(tx).await {
+        tracing::warn!(error = %e, jobs = jobs.len(), "lease and begin COMMIT unconfirmed; no provider is called, recording retry");
+        for (job, slot) in jobs {
+            enqueue(done, job, not_called(), deadline, slot);
+        }
+        return Err(e);
+    }
     for (i, (job, slot)) in jobs.into_iter().enumerate() {
-        let span = tracing::info_span!("job", action_id = %job.action_id, tenant = %job.tenant, tool = %job.tool, provider = %job.provider, attempt = job.attempt);
-        let _e = span.enter();
+        let _span = job_span(&job).entered();
         match answers.get(i).filter(|a| a.action_id == job.action_id) {
             Some(a) if a.dispatch => {
                 tracker.spawn(call_job(ctx.clone(), job, deadline, slot, done.clone()));
@@ -61,29 +78,17 @@ pub(super) fn dispatch_begun(
                 tracing::warn!(error = a.error.as_deref().unwrap_or(""), "begin_dispatch refused (lease lapsed or action moved on); the provider is not called");
             }
             None => {
-                // Cannot happen (one answer per pair, in order); if it did,
-                // this job's begin is unconfirmed.
+                // One answer per pair, in order; were one missing, its begin
+                // would be as unconfirmed as an unanswered COMMIT.
                 tracing::error!("begin_dispatch_many gave no answer for this job; the provider is not called, recording retry");
-                enqueue(done, job, unsent(), deadline, slot);
+                enqueue(done, job, not_called(), deadline, slot);
             }
         }
     }
+    Ok(())
 }
 
-/// The `COMMIT` of a lease-and-begin transaction may or may not have
-/// happened: no provider is called, `retry` is recorded for each job that
-/// was to be begun (see the module docs).
-pub(super) fn unconfirmed(
-    jobs: Vec<(LeasedJob, Slot)>,
-    deadline: Instant,
-    done: &mpsc::UnboundedSender<Done>,
-) {
-    for (job, slot) in jobs {
-        enqueue(done, job, unsent(), deadline, slot);
-    }
-}
-
-fn unsent() -> CallResult {
+fn not_called() -> CallResult {
     CallResult {
         outcome: Outcome::Retry { after: None },
         receipt: json!({ "error": "begin_dispatch unconfirmed; provider not called" }),

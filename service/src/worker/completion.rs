@@ -1,27 +1,24 @@
-//! Recording observed outcomes: `keyturn.complete` for one
-//! ([`record`]), and the completion queue that job tasks feed and one task
-//! ([`flush_loop`]) drains with `keyturn.complete_many`, falling back to
-//! single calls when the database refuses a batch or lacks the function.
+//! The completion: observed outcomes recorded. Call tasks queue them
+//! ([`enqueue`]); one task ([`flush_loop`]) records them in batches with
+//! `keyturn.complete_many`, and one by one with `keyturn.complete`
+//! ([`record`]) when the database refuses a batch for its content.
 //!
-//! **A lost database never becomes a guessed outcome.** If `complete` cannot
-//! be recorded, the worker retries recording the *same* outcome with backoff
-//! until one lease length past the lease deadline (the database accepts a
-//! known outcome past expiry until the sweep runs). If it still cannot, it
-//! logs the outcome at ERROR for the operator; the sweep will call the action
-//! `uncertain`. If `complete` answers `55000` (already `uncertain`), the
-//! observed outcome is logged at WARN for the operator.
+//! **A lost database never becomes a guessed outcome.** An outcome that
+//! cannot be recorded is retried, the *same* outcome, with backoff until one
+//! lease length past its lease deadline (the database accepts a known
+//! outcome past expiry until the sweep runs). If it still cannot be, it is
+//! logged at ERROR for the operator, and the sweep will call the action
+//! `uncertain`. A `55000` answer (already `uncertain`) is logged at WARN with
+//! the observed outcome, for the operator to reconcile.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 
-use super::lease::Slot;
-use super::{lock, Ctx, BACKOFF_MAX, BACKOFF_MIN};
+use super::{job_span, lock, Ctx, Done, Slot, BACKOFF_MAX, BACKOFF_MIN};
 use crate::db::{self, LeasedJob};
 use crate::providers::CallResult;
 
@@ -31,13 +28,6 @@ use crate::providers::CallResult;
 const FLUSH_EVERY: Duration = Duration::from_millis(3);
 /// Outcomes per `keyturn.complete_many` at most.
 const FLUSH_MAX: usize = 64;
-
-/// An observed outcome waiting in the completion queue.
-pub(super) struct Done {
-    job: LeasedJob,
-    result: CallResult,
-    deadline: Instant,
-}
 
 /// Queues an observed outcome for `complete_many`; the slot is freed (the
 /// job stays in flight until the flusher has recorded it).
@@ -67,7 +57,7 @@ pub(super) fn enqueue(
 
 /// Records an observed outcome with `keyturn.complete`, retrying the same
 /// outcome while the database is unreachable (see the module docs).
-pub(super) async fn record(ctx: &Ctx, job: &LeasedJob, result: &CallResult, deadline: Instant) {
+async fn record(ctx: &Ctx, job: &LeasedJob, result: &CallResult, deadline: Instant) {
     let outcome = result.outcome.word();
     let give_up_at = deadline + ctx.settings.lease;
     let mut backoff = BACKOFF_MIN;
@@ -175,10 +165,6 @@ async fn flush(ctx: &Ctx, mut items: Vec<Done>) {
     let mut tries: u32 = 0;
     while !items.is_empty() {
         tries += 1;
-        if !ctx.batch.load(Ordering::Relaxed) {
-            record_each(ctx, items).await;
-            return;
-        }
         let recorded = async {
             let client = ctx.pool.get().await?;
             let batch: Vec<db::Completion<'_>> = items
@@ -217,12 +203,6 @@ async fn flush(ctx: &Ctx, mut items: Vec<Done>) {
             }
             Err(e) => e,
         };
-        if err.sqlstate() == Some(&SqlState::UNDEFINED_FUNCTION) {
-            if ctx.batch.swap(false, Ordering::Relaxed) {
-                tracing::warn!(error = %err, "keyturn.complete_many is not installed; using single complete calls");
-            }
-            continue;
-        }
         if !err.is_transient() {
             tracing::warn!(error = %err, count = items.len(), "complete_many refused the batch; recording its outcomes one by one");
             record_each(ctx, items).await;
@@ -258,9 +238,7 @@ async fn flush(ctx: &Ctx, mut items: Vec<Done>) {
 /// One answer of `complete_many`, logged as [`record`] logs one `complete`.
 fn log_recorded(ctx: &Ctx, d: &Done, a: &db::CompleteAnswer, tries: u32) {
     let outcome = d.result.outcome.word();
-    let job = &d.job;
-    let span = tracing::info_span!("job", action_id = %job.action_id, tenant = %job.tenant, tool = %job.tool, provider = %job.provider, attempt = job.attempt);
-    let _e = span.enter();
+    let _span = job_span(&d.job).entered();
     match (&a.status, a.sqlstate()) {
         (Some(status), None) => tracing::info!(outcome, %status, tries, "outcome recorded"),
         (_, Some("55000")) => {
@@ -285,11 +263,14 @@ fn log_recorded(ctx: &Ctx, d: &Done, a: &db::CompleteAnswer, tries: u32) {
     }
 }
 
-/// The single-call path for queued outcomes, concurrently.
+/// Queued outcomes one `keyturn.complete` each, concurrently.
 async fn record_each(ctx: &Ctx, items: Vec<Done>) {
     futures_util::future::join_all(items.iter().map(|d| async move {
-        let span = tracing::info_span!("job", action_id = %d.job.action_id, tenant = %d.job.tenant, tool = %d.job.tool, provider = %d.job.provider, attempt = d.job.attempt);
-        tracing::Instrument::instrument(record(ctx, &d.job, &d.result, d.deadline), span).await;
+        tracing::Instrument::instrument(
+            record(ctx, &d.job, &d.result, d.deadline),
+            job_span(&d.job),
+        )
+        .await;
         lock(&ctx.inflight).remove(&d.job.action_id);
     }))
     .await;

@@ -1,220 +1,211 @@
-//! Leasing and hand-backs: the lease loop's one step. Takes every free slot,
-//! asks `keyturn.lease` for that many jobs, and sends each one either back
-//! (`complete 'retry'` before begin) or on to be begun.
+//! The lease: the first stage of a step. Takes every free slot, opens the
+//! step's transaction, asks `keyturn.lease` for that many jobs, and either
+//! hands each one back (`complete 'retry'` from `leased`, in the same
+//! transaction: requeued, no attempt counted) or passes it on to
+//! [`super::begin`], which ends the transaction.
 //!
-//! **Batched path: lease and begin in one transaction.** While the database
-//! has `begin_dispatch_many` (sql/061), one step is one transaction on one
-//! pooled connection, in a task of its own ([`lease_and_begin`]):
+//! **Deadlines.** `keyturn.lease` does not return its expiry, so the step
+//! takes the instant before `BEGIN` plus the lease length: the database's own
+//! `now()` is later, so the local deadline is never later than the real one.
+//! A job is begun only while it has a whole call and the safety margin left
+//! ([`config::enough_lease_left`]); the round trip to get here is what
+//! [`config::LEASE_ROUND_TRIP_SLACK`] pays for, which is why every lease
+//! `Config::validate` accepts passes this check.
 //!
-//! ```text
-//!  BEGIN
-//!    keyturn.lease(worker, free slots, lease, providers)
-//!    per job, the hand-back checks (unknown provider, shutting down,
-//!      too little lease left) → keyturn.complete(…, 'retry')   same transaction
-//!    keyturn.begin_dispatch_many(the other jobs)
-//!  COMMIT
-//!    ── only after COMMIT succeeded ──
-//!    a provider call for each job answered dispatch = true
-//! ```
+//! **Unknown provider: fail closed.** `keyturn.lease` is given the providers
+//! configured here, so an action whose provider no running keyturnd has is
+//! never leased: it stays `queued` until one starts or someone cancels it
+//! (the human approved it; the fix is configuration). A leased job whose
+//! provider is not here anyway (a database ignoring the filter) is handed
+//! back, never begun.
 //!
-//! One durable commit per batch instead of two (`lease`, then
-//! `begin_dispatch_many`, each in autocommit). It is safe because the
-//! contract's rule — `executing` is committed before any provider call —
-//! still holds: no provider is called before `COMMIT` returned success.
-//! Anything failing before that (a statement, the pool, the connection, a
-//! timeout) drops the transaction, which rolls back: the leases never
-//! existed, the rows stay `queued` with no attempt counted, no provider is
-//! called, and the next poll leases them again. A `COMMIT` whose outcome is
-//! unknown (the connection broke during it) is the unconfirmed
-//! `begin_dispatch` case: no provider is called and `retry` is recorded for
-//! every job that was to be begun (accepted only while the row is still
-//! `executing` under that lease; the sweep handles the rest) — see
-//! [`super::begin`]. The jobs handed back inside the transaction need
-//! nothing then: committed or not, they are `queued`. The transaction runs
-//! in a task on the tracker, so a shutdown never drops it between `COMMIT`
-//! and the provider calls; the loop still awaits it (one lease step at a
-//! time). Row locks taken by `lease` are held only until `COMMIT`, a few
-//! round trips; other workers skip them (`SKIP LOCKED`) as before.
-//!
-//! A database without `begin_dispatch_many` (`42883`) aborts that
-//! transaction, which rolls back (nothing ran, no lease exists); the process
-//! switches to the single-call path and the next step leases the same jobs
-//! again: `lease` in autocommit, then each job in its own [`run_job`] task
-//! (`begin_dispatch` in autocommit, the provider call, `complete`).
-//!
-//! **Deadlines.** `keyturn.lease` does not return its expiry, so the worker
-//! takes the instant *before* it sent the lease call (before `BEGIN` on the
-//! batched path) plus the lease length: the database's own `now()` is later,
-//! so the local deadline is never later than the real one. Every call ends
-//! [`LEASE_SAFETY_MARGIN`] before it.
-//!
-//! **Unknown provider: fail closed.** `keyturn.lease` is given the names of
-//! the providers configured here (`webhook` when `KEYTURN_WEBHOOK_URL` is
-//! set, `smtp` when `KEYTURN_SMTP_URL` is), and the database leases only
-//! actions whose tool names one of them. An action whose provider no running
-//! keyturnd supports (say `carrier_pigeon`, or `smtp` with no SMTP URL
-//! anywhere) is therefore never leased and never dispatched: it stays
-//! `queued`, visible in `action_status`, until a keyturnd with that provider
-//! starts, or someone cancels it (`end_session`, `cancel_origin`). Failing it
-//! is not possible before dispatch under the contract, and would be wrong
-//! anyway: the human approved it, and the fix is configuration. With no
-//! provider configured at all, keyturnd leases nothing.
-//!
-//! As defence in depth (a database whose `lease` ignored the filter), a
-//! leased job whose provider is not here is still never dispatched:
-//! `begin_dispatch` is not called, the job is handed back with
-//! `complete 'retry'` and a delay of [`UNKNOWN_PROVIDER_DELAY`] (no attempt
-//! is counted before dispatch), an ERROR is logged and
-//! `keyturn_handbacks_total{reason="unknown_provider"}` counts it.
+//! **Hand-backs never spin.** A job handed back for a short lease asks for a
+//! delay (`retry_after`) that doubles with every step that did nothing but
+//! hand back, so the same job is not leased again at once; after such a
+//! step the loop pauses, ignoring wake-ups, for a time that grows the same
+//! way up to a second ([`Step::OnlyHandedBack`]); and each reason is logged
+//! once, then at debug with a running count, until a job is begun again.
 
-use std::sync::atomic::Ordering;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use uuid::Uuid;
 
-use super::begin::{dispatch_begun, unconfirmed};
-use super::completion::Done;
-use super::job::run_job;
-use super::{lock, Ctx, UNKNOWN_PROVIDER_DELAY};
-use crate::config::LEASE_SAFETY_MARGIN;
+use super::begin::begin_and_commit;
+use super::{discard, job_span, lock, Ctx, Done, Slot, UNKNOWN_PROVIDER_DELAY};
+use crate::config;
 use crate::db::{self, LeasedJob};
 use crate::error::Error;
 
-/// Leases as many jobs as there are free slots and starts them. Returns
-/// whether leasing is currently failing (to log the first failure loudly and
-/// the rest quietly).
-pub(super) async fn lease_batch(
-    ctx: &Arc<Ctx>,
-    tracker: &TaskTracker,
-    shutdown: &CancellationToken,
-    done: &mpsc::UnboundedSender<Done>,
-    was_failing: bool,
-) -> bool {
-    let free = ctx.slots.available_permits();
-    if free == 0 {
-        return was_failing;
+/// Delay of the first hand-back for a short lease; it doubles with every
+/// step that only handed back, up to [`HANDBACK_DELAY_MAX`].
+const HANDBACK_DELAY_MIN: Duration = Duration::from_secs(1);
+const HANDBACK_DELAY_MAX: Duration = Duration::from_secs(60);
+
+/// The loop's pause after a step that only handed back, growing the same
+/// way; never longer than a second, the longest the loop may go without
+/// polling.
+const STEP_PAUSE_MIN: Duration = Duration::from_millis(100);
+const STEP_PAUSE_MAX: Duration = Duration::from_secs(1);
+
+/// Why a leased job goes back instead of on to begin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum HandBack {
+    /// No provider of its name is configured here.
+    UnknownProvider,
+    /// Shutdown has begun: another keyturnd should take it at once.
+    Shutdown,
+    /// Less than a whole call and the safety margin is left of the lease.
+    LeaseTooShort,
+}
+
+impl HandBack {
+    fn reason(self) -> &'static str {
+        match self {
+            HandBack::UnknownProvider => "unknown_provider",
+            HandBack::Shutdown => "shutdown",
+            HandBack::LeaseTooShort => "lease_too_short",
+        }
     }
-    // `free` ≤ KEYTURN_WORKERS ≤ 1024 (validated), so both conversions hold.
-    let (Ok(n_permits), Ok(max_jobs)) = (u32::try_from(free), i32::try_from(free)) else {
-        return was_failing;
-    };
-    let Ok(permits) = ctx.slots.clone().try_acquire_many_owned(n_permits) else {
-        return was_failing;
-    };
-    let result = if ctx.batch.load(Ordering::Relaxed) {
-        // Its own task: cancelling this await (shutdown) must never drop the
-        // transaction between COMMIT and the provider calls. The loop still
-        // waits for it, one lease step at a time.
-        let step = tracker.spawn(lease_and_begin(
-            ctx.clone(),
-            tracker.clone(),
-            permits,
-            max_jobs,
-            done.clone(),
-            shutdown.clone(),
-        ));
-        match step.await {
-            Ok(result) => result,
-            Err(e) => {
-                tracing::error!(error = %e, "the lease step panicked; its transaction rolled back unless it had committed");
-                return true;
+}
+
+/// Hand-backs since a step last began a job.
+#[derive(Debug, Default)]
+pub(super) struct HandBacks {
+    /// Consecutive steps that leased jobs and began none.
+    streak: u32,
+    /// Jobs handed back, by reason.
+    counts: BTreeMap<HandBack, u64>,
+}
+
+impl HandBacks {
+    /// The `retry_after` of a job handed back for `why` in the next step.
+    pub(super) fn delay(&self, why: HandBack) -> Option<Duration> {
+        match why {
+            HandBack::UnknownProvider => Some(UNKNOWN_PROVIDER_DELAY),
+            HandBack::Shutdown => None,
+            HandBack::LeaseTooShort => {
+                Some(doubled(HANDBACK_DELAY_MIN, self.streak, HANDBACK_DELAY_MAX))
             }
         }
+    }
+
+    /// Counts a step's hand-backs; logs each reason the first time only.
+    fn note(&mut self, why: HandBack, jobs: u64, ctx: &Ctx) {
+        let count = self.counts.entry(why).or_insert(0);
+        let first = *count == 0;
+        *count += jobs;
+        let total = *count;
+        if !first {
+            tracing::debug!(
+                reason = why.reason(),
+                jobs,
+                total,
+                "handing jobs back again"
+            );
+            return;
+        }
+        match why {
+            HandBack::UnknownProvider => tracing::error!(
+                configured = ?ctx.providers.names(),
+                jobs,
+                "leased jobs whose provider is not configured here; handing them back undispatched (configure it, or cancel the actions); repeats are logged at debug"
+            ),
+            HandBack::Shutdown => {
+                tracing::info!(jobs, "shutting down; handing leased jobs back undispatched")
+            }
+            HandBack::LeaseTooShort => tracing::warn!(
+                jobs,
+                lease = ?ctx.settings.lease,
+                call_timeout = ?ctx.settings.call_timeout,
+                "too little lease left for a whole provider call (is the database slow to answer?); handing jobs back with a growing delay; repeats are logged at debug"
+            ),
+        }
+    }
+
+    /// After a step: `passed` jobs went on to be begun, `handed_back` came
+    /// back. Returns the loop's pause when the step did nothing else.
+    fn after_step(&mut self, passed: usize, handed_back: usize) -> Option<Duration> {
+        if passed > 0 {
+            if !self.counts.is_empty() {
+                let total: u64 = self.counts.values().sum();
+                tracing::info!(handed_back = total, "beginning jobs again");
+            }
+            *self = HandBacks::default();
+            return None;
+        }
+        if handed_back == 0 {
+            return None;
+        }
+        let pause = doubled(STEP_PAUSE_MIN, self.streak, STEP_PAUSE_MAX);
+        self.streak = self.streak.saturating_add(1);
+        Some(pause)
+    }
+}
+
+/// `base · 2^n`, at most `max`.
+fn doubled(base: Duration, n: u32, max: Duration) -> Duration {
+    base.saturating_mul(2u32.saturating_pow(n)).min(max)
+}
+
+/// What a step did, for the loop.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Nothing to report: jobs were begun, none were due, or no slot was free.
+    Done,
+    /// Jobs were leased and every one was handed back: the loop pauses this
+    /// long, ignoring wake-ups, before leasing again.
+    OnlyHandedBack { pause: Duration },
+}
+
+/// Whether a leased job must go back instead of on to begin, checked in this
+/// order.
+pub(super) fn handback(
+    has_provider: bool,
+    shutting_down: bool,
+    lease_left: Duration,
+    call_timeout: Duration,
+) -> Option<HandBack> {
+    if !has_provider {
+        Some(HandBack::UnknownProvider)
+    } else if shutting_down {
+        Some(HandBack::Shutdown)
+    } else if !config::enough_lease_left(lease_left, call_timeout) {
+        Some(HandBack::LeaseTooShort)
     } else {
-        lease_single(ctx, tracker, shutdown, permits, max_jobs).await
-    };
-    match result {
-        Ok(()) => {
-            if was_failing {
-                tracing::info!("leasing works again");
-            }
-            if !ctx.settings.listen_notify {
-                ctx.health.set_db_ready(true);
-            }
-            false
-        }
-        Err(e) => {
-            if !was_failing {
-                tracing::warn!(error = %e, "leasing failed (nothing was dispatched); will keep polling");
-            } else {
-                tracing::debug!(error = %e, "leasing failed again");
-            }
-            if !ctx.settings.listen_notify {
-                ctx.health.set_db_ready(false);
-            }
-            true
-        }
+        None
     }
 }
 
-/// The single-call path: `keyturn.lease` in autocommit, then each job in its
-/// own [`run_job`] task.
-async fn lease_single(
-    ctx: &Arc<Ctx>,
-    tracker: &TaskTracker,
-    shutdown: &CancellationToken,
-    mut permits: OwnedSemaphorePermit,
-    max_jobs: i32,
-) -> Result<(), Error> {
-    // Before the call: the database's lease starts later than this.
-    let started = Instant::now();
-    let jobs = {
-        let client = ctx.pool.get().await?;
-        db::lease(
-            &client,
-            &ctx.settings.worker_name,
-            max_jobs,
-            ctx.settings.lease,
-            &ctx.provider_names,
-        )
-        .await?
-    };
-    if jobs.is_empty() {
-        return Ok(());
-    }
-    ctx.metrics.lease_batch_size.observe(jobs.len() as f64);
-    let deadline = started + ctx.settings.lease;
-    for job in jobs {
-        // `free` permits were taken and at most `free` jobs came back.
-        let Some(permit) = permits.split(1) else {
-            tracing::error!(action_id = %job.action_id, "more jobs than slots; leaving it to lapse");
-            continue;
-        };
-        tracker.spawn(run_job(
-            ctx.clone(),
-            job,
-            deadline,
-            permit,
-            shutdown.clone(),
-        ));
-    }
-    Ok(())
-}
-
-/// The batched path: `lease`, the hand-backs and `begin_dispatch_many` in
-/// one transaction, then, only after its `COMMIT`, the provider calls (see
-/// the module docs). `Err`: nothing was dispatched (rolled back, or the
-/// `COMMIT` is unconfirmed and `retry` is queued for each job).
-async fn lease_and_begin(
+/// One step: lease as many jobs as there are free slots, hand back what must
+/// go back, and pass the rest to [`begin_and_commit`]. `Err`: nothing was
+/// dispatched.
+pub(super) async fn lease_step(
     ctx: Arc<Ctx>,
     tracker: TaskTracker,
-    mut permits: OwnedSemaphorePermit,
-    max_jobs: i32,
-    done: mpsc::UnboundedSender<Done>,
     shutdown: CancellationToken,
-) -> Result<(), Error> {
-    // Before BEGIN, so before the lease call: the database's lease starts
-    // later than this.
+    done: mpsc::UnboundedSender<Done>,
+) -> Result<Step, Error> {
+    let free = ctx.slots.available_permits();
+    // `free` ≤ KEYTURN_WORKERS ≤ 1024 (validated), so both conversions hold.
+    let (Ok(n_permits), Ok(max_jobs)) = (u32::try_from(free), i32::try_from(free)) else {
+        return Ok(Step::Done);
+    };
+    if free == 0 {
+        return Ok(Step::Done);
+    }
+    let Ok(mut permits) = ctx.slots.clone().try_acquire_many_owned(n_permits) else {
+        return Ok(Step::Done);
+    };
     let started = Instant::now();
     let mut client = ctx.pool.get().await?;
-    // From here until COMMIT, any early return drops `tx`: rolled back.
+    // From here until COMMIT, any early return drops `tx`: rolled back, the
+    // leases never existed.
     let tx = db::transaction(&mut client).await?;
     let jobs = db::lease(
         tx.client(),
@@ -226,171 +217,138 @@ async fn lease_and_begin(
     .await?;
     if jobs.is_empty() {
         // Nothing was changed: dropping it queues a ROLLBACK, no wait.
-        drop(tx);
-        return Ok(());
+        return Ok(Step::Done);
     }
     ctx.metrics.lease_batch_size.observe(jobs.len() as f64);
     let deadline = started + ctx.settings.lease;
-    let mut handed_back = Vec::new();
-    let mut to_begin = Vec::with_capacity(jobs.len());
+
+    let mut handed_back: Vec<(LeasedJob, HandBack)> = Vec::new();
+    let mut to_begin: Vec<(LeasedJob, Slot)> = Vec::with_capacity(jobs.len());
     for job in jobs {
         // `free` permits were taken and at most `free` jobs came back.
         let Some(permit) = permits.split(1) else {
             tracing::error!(action_id = %job.action_id, "more jobs than slots; leaving it to lapse");
             continue;
         };
-        let slot = Slot::new(&ctx, permit, job.action_id);
-        match handback_reason(&ctx, &job, deadline, &shutdown) {
-            Some(reason) => handed_back.push((job, slot, reason)),
-            None => to_begin.push((job, slot)),
+        let why = handback(
+            ctx.providers.get(&job.provider).is_some(),
+            shutdown.is_cancelled(),
+            deadline.saturating_duration_since(Instant::now()),
+            ctx.settings.call_timeout,
+        );
+        match why {
+            // Its slot is free again as soon as the permit drops here.
+            Some(why) => handed_back.push((job, why)),
+            None => {
+                let slot = Slot::new(&ctx, permit, job.action_id);
+                to_begin.push((job, slot));
+            }
         }
     }
-    // Hand-backs, in the same transaction: `complete 'retry'` from `leased`
-    // requeues without counting an attempt. If one fails, the whole
-    // transaction rolls back, which hands every job back the same way.
-    let receipt = json!({});
-    let mut statuses = Vec::with_capacity(handed_back.len());
-    for (job, _, reason) in &handed_back {
-        let delay = (*reason == "unknown_provider").then_some(UNKNOWN_PROVIDER_DELAY);
-        statuses.push(
-            db::complete(
+
+    if !handed_back.is_empty() {
+        let mut by_reason: BTreeMap<HandBack, u64> = BTreeMap::new();
+        for (_, why) in &handed_back {
+            *by_reason.entry(*why).or_insert(0) += 1;
+            ctx.metrics.handback(why.reason());
+        }
+        let delays: BTreeMap<HandBack, Option<Duration>> = {
+            let mut hb = lock(&ctx.handbacks);
+            for (why, n) in &by_reason {
+                hb.note(*why, *n, &ctx);
+            }
+            by_reason.keys().map(|w| (*w, hb.delay(*w))).collect()
+        };
+        // If one fails, the whole transaction rolls back, which hands every
+        // job back all the same (minus the delay).
+        let receipt = json!({});
+        for (job, why) in &handed_back {
+            let status = db::complete(
                 tx.client(),
                 job.action_id,
                 job.lease_id,
                 "retry",
                 &receipt,
-                delay,
+                delays.get(why).copied().flatten(),
             )
-            .await?,
-        );
-    }
-    let answers = if to_begin.is_empty() {
-        Vec::new()
-    } else {
-        let pairs: Vec<(Uuid, Uuid)> = to_begin
-            .iter()
-            .map(|(j, _)| (j.action_id, j.lease_id))
-            .collect();
-        match db::begin_dispatch_many(tx.client(), &pairs).await {
-            Ok(answers) => answers,
-            Err(e) if e.sqlstate() == Some(&SqlState::UNDEFINED_FUNCTION) => {
-                // An older pg_keyturn without sql/061. The transaction is
-                // aborted: roll it back (no lease ever existed) and lease
-                // the same jobs again with single calls from now on.
-                drop(tx);
-                if ctx.batch.swap(false, Ordering::Relaxed) {
-                    tracing::warn!(error = %e, "keyturn.begin_dispatch_many is not installed; using single begin_dispatch/complete calls");
-                }
-                return Ok(());
-            }
-            Err(e) => return Err(e),
+            .await?;
+            let _span = job_span(job).entered();
+            tracing::debug!(%status, reason = why.reason(), "handed back");
         }
-    };
-    if let Err(e) = db::commit(tx).await {
-        // It may or may not have committed: call nothing; `retry` for each
-        // job that was to be begun (see `begin.rs`). Do not reuse this
-        // connection.
-        drop(deadpool_postgres::Object::take(client));
-        tracing::warn!(error = %e, jobs = to_begin.len(), handed_back = handed_back.len(), "lease/begin_dispatch_many COMMIT unconfirmed; no provider is called, recording retry");
-        unconfirmed(to_begin, deadline, &done);
+    }
+
+    let passed = to_begin.len();
+    if let Err(e) = begin_and_commit(&ctx, &tracker, tx, to_begin, deadline, &done).await {
+        discard(client);
         return Err(e);
     }
-    // Back to the pool before the calls start.
-    drop(client);
-    for ((job, slot, _), status) in handed_back.into_iter().zip(statuses) {
-        let span = tracing::info_span!("job", action_id = %job.action_id, tenant = %job.tenant, tool = %job.tool, provider = %job.provider, attempt = job.attempt);
-        let _e = span.enter();
-        tracing::info!(%status, "handed back");
-        drop(slot);
-    }
-    dispatch_begun(&ctx, &tracker, to_begin, &answers, deadline, &done);
-    Ok(())
+    let pause = lock(&ctx.handbacks).after_step(passed, handed_back.len());
+    Ok(match pause {
+        Some(pause) => Step::OnlyHandedBack { pause },
+        None => Step::Done,
+    })
 }
 
-/// A slot (one of KEYTURN_WORKERS) held by a job until its provider call has
-/// ended (or it was not dispatched). Dropping it frees the slot and wakes the
-/// lease loop; the job leaves the in-flight set unless its outcome was
-/// queued for recording (the flusher removes it then).
-pub(super) struct Slot {
-    pub(super) ctx: Arc<Ctx>,
-    action_id: Uuid,
-    _permit: OwnedSemaphorePermit,
-    pub(super) queued: bool,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl Slot {
-    fn new(ctx: &Arc<Ctx>, permit: OwnedSemaphorePermit, action_id: Uuid) -> Self {
-        lock(&ctx.inflight).insert(action_id);
-        Slot {
-            ctx: ctx.clone(),
-            action_id,
-            _permit: permit,
-            queued: false,
-        }
-    }
-}
+    const S: fn(u64) -> Duration = Duration::from_secs;
 
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if !self.queued {
-            lock(&self.ctx.inflight).remove(&self.action_id);
-        }
-        self.ctx.wake.notify_one();
-    }
-}
-
-/// Why a leased job must be handed back instead of begun, if it must (the
-/// same checks, in the same order, as [`run_job`]); logs and counts it.
-fn handback_reason(
-    ctx: &Ctx,
-    job: &LeasedJob,
-    deadline: Instant,
-    shutdown: &CancellationToken,
-) -> Option<&'static str> {
-    let span = tracing::info_span!("job", action_id = %job.action_id, tenant = %job.tenant, tool = %job.tool, provider = %job.provider, attempt = job.attempt);
-    let _e = span.enter();
-    let reason = if ctx.providers.get(&job.provider).is_none() {
-        tracing::error!(
-            configured = ?ctx.providers.names(),
-            "no provider of this name is configured here; handing the job back undispatched (configure it, or cancel the action)"
+    #[test]
+    fn test_checks_in_order() {
+        let t = S(3);
+        assert_eq!(
+            handback(false, true, S(0), t),
+            Some(HandBack::UnknownProvider)
         );
-        "unknown_provider"
-    } else if shutdown.is_cancelled() {
-        "shutdown"
-    } else if deadline.saturating_duration_since(Instant::now())
-        < ctx.settings.call_timeout + LEASE_SAFETY_MARGIN
-    {
-        tracing::warn!("too little lease left for a full call; handing the job back");
-        "lease_too_short"
-    } else {
-        return None;
-    };
-    ctx.metrics.handback(reason);
-    Some(reason)
-}
-
-/// Hands a job back before `begin_dispatch`: `complete 'retry'` from
-/// `leased` requeues it without counting an attempt. One try: if it fails,
-/// the lease lapses and the sweep requeues the job the same way.
-pub(super) async fn hand_back(ctx: &Ctx, job: &LeasedJob, delay: Option<Duration>) {
-    let receipt = json!({});
-    let result = async {
-        let client = ctx.pool.get().await?;
-        db::complete(
-            &client,
-            job.action_id,
-            job.lease_id,
-            "retry",
-            &receipt,
-            delay,
-        )
-        .await
+        assert_eq!(handback(true, true, S(60), t), Some(HandBack::Shutdown));
+        assert_eq!(
+            handback(true, false, S(4), t),
+            Some(HandBack::LeaseTooShort)
+        );
+        assert_eq!(handback(true, false, S(5), t), None);
     }
-    .await;
-    match result {
-        Ok(status) => tracing::info!(%status, "handed back"),
-        Err(e) => {
-            tracing::warn!(error = %e, "hand-back not recorded; the lease will lapse and the sweep requeues the job")
+
+    #[test]
+    fn test_every_lease_validate_accepts_is_begun_after_a_slow_round_trip() {
+        for timeout in 1..=120 {
+            let t = S(timeout);
+            let lease = config::min_lease(t);
+            let round_trip = config::LEASE_ROUND_TRIP_SLACK - Duration::from_millis(1);
+            assert_eq!(
+                handback(true, false, lease - round_trip, t),
+                None,
+                "timeout {timeout} s, lease {lease:?}: accepted at start, so it must be begun"
+            );
         }
+    }
+
+    #[test]
+    fn test_handback_delay_and_pause_grow_and_reset_on_a_begun_job() {
+        let mut hb = HandBacks::default();
+        let mut delays = Vec::new();
+        let mut pauses = Vec::new();
+        for _ in 0..8 {
+            delays.push(hb.delay(HandBack::LeaseTooShort).expect("a delay"));
+            pauses.push(hb.after_step(0, 1).expect("a pause"));
+        }
+        assert_eq!(delays[..4], [S(1), S(2), S(4), S(8)]);
+        assert_eq!(*delays.last().expect("some"), HANDBACK_DELAY_MAX);
+        assert!(pauses.windows(2).all(|w| w[0] <= w[1]), "{pauses:?}");
+        assert_eq!(*pauses.last().expect("some"), STEP_PAUSE_MAX);
+        assert_eq!(hb.after_step(0, 0), None, "a step that leased nothing");
+        assert_eq!(hb.delay(HandBack::LeaseTooShort), Some(S(60)), "kept");
+        assert_eq!(hb.after_step(1, 3), None, "a begun job: no pause");
+        assert_eq!(
+            hb.delay(HandBack::LeaseTooShort),
+            Some(S(1)),
+            "and the delay starts over"
+        );
+        assert_eq!(hb.delay(HandBack::Shutdown), None);
+        assert_eq!(
+            hb.delay(HandBack::UnknownProvider),
+            Some(UNKNOWN_PROVIDER_DELAY)
+        );
     }
 }

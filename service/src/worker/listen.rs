@@ -6,6 +6,12 @@
 //! every `KEYTURN_POLL_MS`, so it is reconnected with a short capped backoff
 //! ([`RECONNECT_MAX`]), and each (re)connect wakes the loop once to catch up
 //! on what was notified while nobody listened.
+//!
+//! **A notification is a wake-up, nothing more.** Any role may `LISTEN
+//! keyturn_dispatch`, so keyturn sends no action in the payload (it may be
+//! empty or opaque), and keyturnd never reads it: what to do is always
+//! asked of the database with `keyturn.lease`. A notification with any
+//! payload, or none, wakes the loop the same way.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,7 +92,7 @@ async fn listen_once(
             if let AsyncMessage::Notification(n) = message? {
                 tracing::debug!(
                     channel = n.channel(),
-                    action_id = n.payload(),
+                    payload_bytes = n.payload().len(),
                     "woken by notification"
                 );
                 notify_ctx.wake.notify_one();

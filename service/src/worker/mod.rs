@@ -1,84 +1,52 @@
-//! The dispatch loop. keyturnd never decides whether an action may run:
-//! it only carries out what the database has already moved forward, in the
-//! order the contract fixes (docs/sql-api.md, docs/keyturnd.md).
+//! The dispatch loop. keyturnd never decides whether an action may run: it
+//! carries out what the database has already moved forward.
+//!
+//! One lease step, each stage in its own file and each file importing only
+//! the stages after it (and this one):
 //!
 //! ```text
-//!  wake (NOTIFY keyturn_dispatch | poll every KEYTURN_POLL_MS | a job ended)
-//!    └─ keyturn.lease(worker, n = free slots, lease, providers configured here)
-//!         └─ per job, in its own task (≤ KEYTURN_WORKERS at once):
-//!              provider unknown here?     → complete 'retry' (defence only; hand back, delayed)
-//!              shutting down?             → complete 'retry' (hand back)
-//!              lease left < call + margin → complete 'retry' (hand back)
-//!              keyturn.begin_dispatch     (autocommit) false → stop: invalidated
-//!              provider call, bounded by the lease left, Idempotency-Key
-//!              keyturn.complete(outcome)  retried with backoff if the DB is away
+//!  wake (NOTIFY keyturn_dispatch | poll every KEYTURN_POLL_MS | a slot freed)
+//!    lease.rs       BEGIN; keyturn.lease(free slots); hand-backs as complete 'retry'
+//!    begin.rs       keyturn.begin_dispatch_many; COMMIT; only then, per job answered dispatch:
+//!    call.rs        the provider call, bounded by the lease left
+//!    completion.rs  the outcome queued, recorded with keyturn.complete_many
 //! ```
 //!
-//! **Batched path (sql/061, used whenever the database has it).** One lease
-//! step is one transaction on one pooled connection, in a task of its own
-//! (see `lease.rs`): `BEGIN`; `keyturn.lease`; the checks above per job, the
-//! hand-backs recorded right there with `complete 'retry'`;
-//! `keyturn.begin_dispatch_many` for the jobs left; `COMMIT` — one durable
-//! commit per batch. Only after the `COMMIT` succeeded does each job
-//! answered `dispatch` get a provider call task holding its slot; an element
-//! answered `dispatch = false` is never called (invalidated, or refused with
-//! its `55000`). Anything failing before `COMMIT` rolls the transaction back
-//! (the leases never existed; nothing is called); a `COMMIT` whose outcome is
-//! unknown is an unconfirmed begin (nothing is called, `retry` recorded).
-//! Outcomes go to a
-//! completion queue that one task flushes with `keyturn.complete_many` every
-//! `FLUSH_EVERY` or `FLUSH_MAX` outcomes (at once on shutdown), retrying the
-//! same outcomes exactly as `complete` is retried. The slot is
-//! freed when the call ends; the job stays in the in-flight set until its
-//! outcome is recorded, and shutdown waits for the queue to drain. A database
-//! without the batch functions (`42883`) switches the process to the
-//! single-call path above; the transaction rolled back, so nothing ran and
-//! the next step leases the same jobs again.
+//! Beside the step: `listen.rs` (the `LISTEN` connection: wake-ups and
+//! readiness) and `sweeper.rs` (`keyturn.sweep()` on a timer).
 //!
-//! One file per mechanism; the rules each one enforces are documented there:
-//!
-//! - `lease.rs`: leasing free slots, the lease-and-begin transaction, the
-//!   deadline taken from the lease call, the checks before begin and the
-//!   hand-backs (unknown provider: fail closed).
-//! - `begin.rs`: after the transaction's `COMMIT` (or its unknown outcome):
-//!   the provider calls for the jobs `begin_dispatch_many` answered.
-//! - `job.rs`: the provider call, and the single-call path (`begin_dispatch`
-//!   then `complete`) with its unconfirmed-begin rule.
-//! - `completion.rs`: recording outcomes (`complete`, and the queue flushed
-//!   with `complete_many`); a lost database never becomes a guessed outcome.
-//! - `listen.rs`: the `LISTEN` connection that wakes the loop and drives
-//!   readiness.
-//! - `sweeper.rs`: the periodic `keyturn.sweep()`.
-//!
-//! This file holds the public surface ([`Dispatcher`], [`Settings`]), the
-//! state shared by all of them, and the loop with its shutdown drain.
+//! This file holds the public surface ([`Dispatcher`], [`Settings`]), what
+//! the stages share ([`Ctx`], [`Slot`], [`Done`]), and the loop with its
+//! shutdown drain.
 
 mod begin;
+mod call;
 mod completion;
-mod job;
 mod lease;
 mod listen;
 mod sweeper;
 
 use std::collections::HashSet;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
-use tokio::sync::{mpsc, Notify, Semaphore};
+use deadpool_postgres::{Object, Pool};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use self::completion::flush_loop;
-use self::lease::lease_batch;
+use self::lease::{lease_step, HandBacks, Step};
 use self::listen::listen_loop;
 use self::sweeper::sweep_loop;
 use crate::config::{Config, Secret};
+use crate::db::LeasedJob;
+use crate::error::Error;
 use crate::http::Health;
 use crate::metrics::Metrics;
-use crate::providers::Providers;
+use crate::providers::{CallResult, Providers};
 
 /// The channel keyturn's `approve` notifies.
 pub const CHANNEL: &str = "keyturn_dispatch";
@@ -130,23 +98,66 @@ impl Settings {
     }
 }
 
-/// Shared by the loop and its job tasks.
+/// Shared by the loop and every stage.
 struct Ctx {
     pool: Pool,
     providers: Providers,
+    /// The `providers` argument of `keyturn.lease`: what this process can
+    /// carry out.
+    provider_names: Vec<&'static str>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     settings: Settings,
     wake: Notify,
     slots: Arc<Semaphore>,
     inflight: Mutex<HashSet<Uuid>>,
-    /// The `providers` argument of `keyturn.lease`: what this process can
-    /// carry out.
-    provider_names: Vec<&'static str>,
-    /// Whether the database has `begin_dispatch_many` / `complete_many`
-    /// (sql/061). Cleared on `42883`; then every job takes the single-call
-    /// path.
-    batch: AtomicBool,
+    handbacks: Mutex<HandBacks>,
+}
+
+/// A slot (one of KEYTURN_WORKERS) held by a job until its provider call has
+/// ended (or it was not dispatched). Dropping it frees the slot and wakes the
+/// lease loop; the job leaves the in-flight set unless its outcome was
+/// queued for recording (the flusher removes it then).
+struct Slot {
+    ctx: Arc<Ctx>,
+    action_id: Uuid,
+    _permit: OwnedSemaphorePermit,
+    queued: bool,
+}
+
+impl Slot {
+    fn new(ctx: &Arc<Ctx>, permit: OwnedSemaphorePermit, action_id: Uuid) -> Self {
+        lock(&ctx.inflight).insert(action_id);
+        Slot {
+            ctx: ctx.clone(),
+            action_id,
+            _permit: permit,
+            queued: false,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.queued {
+            lock(&self.ctx.inflight).remove(&self.action_id);
+        }
+        self.ctx.wake.notify_one();
+    }
+}
+
+/// An observed outcome waiting in the completion queue.
+struct Done {
+    job: LeasedJob,
+    result: CallResult,
+    /// The job's lease deadline: recording is retried until one lease
+    /// length past it.
+    deadline: Instant,
+}
+
+/// The span every log line about one job carries.
+fn job_span(job: &LeasedJob) -> tracing::Span {
+    tracing::info_span!("job", action_id = %job.action_id, tenant = %job.tenant, tool = %job.tool, provider = %job.provider, attempt = job.attempt)
 }
 
 /// The dispatcher: the lease loop, the `LISTEN` connection and the sweeper.
@@ -176,45 +187,86 @@ impl Dispatcher {
                 wake: Notify::new(),
                 slots,
                 inflight: Mutex::new(HashSet::new()),
-                batch: AtomicBool::new(true),
+                handbacks: Mutex::new(HandBacks::default()),
             }),
         }
     }
 
-    /// Dispatches until `shutdown` fires, then stops leasing, lets job tasks
-    /// hand back what they have not begun, waits up to the drain time for
-    /// calls in flight to be recorded, and returns.
-    pub async fn run(self, shutdown: CancellationToken) {
+    /// Waits for a database whose `pg_keyturn` this build speaks (see
+    /// [`crate::compat`]), then dispatches until `shutdown` fires, stops
+    /// leasing, waits up to the drain time for calls in flight to be
+    /// recorded, and returns. `Err` only for an incompatible database.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let ctx = self.ctx;
+        if !crate::compat::wait_for_compatible_extension(&ctx.pool, &shutdown).await? {
+            return Ok(());
+        }
         let tracker = TaskTracker::new();
         let listener = ctx
             .settings
             .listen_notify
             .then(|| tokio::spawn(listen_loop(ctx.clone(), shutdown.clone())));
         let sweeper = tokio::spawn(sweep_loop(ctx.clone(), shutdown.clone()));
-        // The completion queue: job tasks send observed outcomes, one task
-        // records them in batches. It ends once every sender (the one here,
-        // and each job task's) is gone and the queue is empty.
+        // It ends once every sender (the one here, and each job task's) is
+        // gone and the queue is empty.
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let flusher = tokio::spawn(flush_loop(ctx.clone(), done_rx, shutdown.clone()));
 
         let mut lease_failing = false;
+        let mut pause = None;
         loop {
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => break,
-                _ = ctx.wake.notified() => {}
-                _ = tokio::time::sleep(ctx.settings.poll) => {}
+            match pause.take() {
+                // Every job the step leased went back: leasing again on the
+                // next wake-up would only hand back the next due jobs too.
+                Some(pause) => tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(pause) => {}
+                },
+                None => tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break,
+                    _ = ctx.wake.notified() => {}
+                    _ = tokio::time::sleep(ctx.settings.poll) => {}
+                },
             }
-            // Cancellable. Single-call path: a lease that committed but whose
-            // answer is dropped here simply lapses back to `queued`, no
-            // attempt counted. Batched path: the lease-and-begin transaction
-            // runs in a tracked task, which this only stops awaiting.
-            lease_failing = tokio::select! {
+            // The step runs in a tracked task of its own, so a shutdown
+            // never drops its transaction between COMMIT and the provider
+            // calls: this only stops awaiting it.
+            let step = tracker.spawn(lease_step(
+                ctx.clone(),
+                tracker.clone(),
+                shutdown.clone(),
+                done_tx.clone(),
+            ));
+            let step = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
-                failing = lease_batch(&ctx, &tracker, &shutdown, &done_tx, lease_failing) => failing,
+                step = step => step,
             };
+            let ok = match step {
+                Ok(Ok(step)) => {
+                    if let Step::OnlyHandedBack { pause: p } = step {
+                        pause = Some(p);
+                    }
+                    true
+                }
+                Ok(Err(e)) => {
+                    log_lease_failure(&e, lease_failing);
+                    false
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "the lease step panicked; its transaction rolled back unless it had committed");
+                    false
+                }
+            };
+            if ok && lease_failing {
+                tracing::info!("leasing works again");
+            }
+            lease_failing = !ok;
+            if !ctx.settings.listen_notify {
+                ctx.health.set_db_ready(ok);
+            }
         }
 
         tracing::info!(
@@ -243,7 +295,24 @@ impl Dispatcher {
             let _ = task.await;
         }
         tracing::info!("dispatcher stopped");
+        Ok(())
     }
+}
+
+/// The first failure of a run loudly, the rest quietly.
+fn log_lease_failure(e: &Error, already_failing: bool) {
+    if already_failing {
+        tracing::debug!(error = %e, "leasing failed again");
+    } else {
+        tracing::warn!(error = %e, "leasing failed (nothing was dispatched); will keep polling");
+    }
+}
+
+/// A pooled connection whose state is not known (a statement on it failed
+/// mid-transaction, or its COMMIT went unanswered) is closed instead of
+/// going back to the pool.
+fn discard(client: Object) {
+    drop(Object::take(client));
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -1,16 +1,16 @@
 //! The `smtp` adapter against a real SMTP conversation on loopback (the
 //! test-only fake server in `support/fake_smtp.rs`).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
+use crate::support::fake_smtp::{self, Script};
 use keyturnd::classify::Outcome;
 use keyturnd::config::Secret;
 use keyturnd::providers::smtp::SmtpProvider;
 use keyturnd::providers::{CallResult, Provider};
 use serde_json::json;
-use support::fake_smtp::{self, Script};
 
 fn provider(port: u16) -> SmtpProvider {
     SmtpProvider::new(

@@ -3,19 +3,15 @@
 //! test-only server of `support/fake_smtp.rs`), once, with a Message-ID
 //! carrying the action's idempotency key.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::e2e::{self, Keyturnd, World};
+use crate::support::fake_smtp::{self, Script};
 use serde_json::json;
-use support::e2e::{self, Keyturnd, World};
-use support::fake_smtp::{self, Script};
 
 #[tokio::test]
 async fn test_email_is_delivered_once_with_the_idempotency_key_as_message_id() {
-    let Some(port) = e2e::pg_port("test_email_is_delivered_once…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w

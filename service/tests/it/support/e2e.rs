@@ -6,8 +6,8 @@
 //! **Isolation.** Tools are global and every keyturnd leases every due
 //! action of its providers, so two keyturnd processes running at once would
 //! deliver each other's actions. Every e2e test therefore holds
-//! [`serial`] for its whole life (test binaries already run one after
-//! another), and each receiver tells its own tenant's actions from
+//! [`serial`] for its whole life (the tests of the one test binary run on
+//! parallel threads), and each receiver tells its own tenant's actions from
 //! *foreign* ones (left queued by other layers or by an earlier test): a
 //! foreign request is answered 200 and only counted apart, so it can never
 //! disturb a test's counts.
@@ -22,6 +22,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
@@ -34,19 +36,11 @@ use uuid::Uuid;
 // Skipping, serializing, naming
 // ---------------------------------------------------------------------------
 
-/// The private cluster's port, or `None` (and a loud note) when the tests run
-/// without one: `cargo test -p keyturnd` alone still passes.
-pub fn pg_port(test: &str) -> Option<u16> {
-    match std::env::var("KT_PGPORT") {
-        Ok(p) => Some(p.parse().expect("KT_PGPORT must be a port number")),
-        Err(_) => {
-            eprintln!(
-                "\n*** SKIPPED {test}: KT_PGPORT is not set. The end-to-end tests need the private \
-                 cluster; run them through tests/run-all (or see service/tests/support/e2e.rs). ***\n"
-            );
-            None
-        }
-    }
+/// The private cluster's port, `None` without one (see `require_db!`).
+pub fn pg_port() -> Option<u16> {
+    std::env::var("KT_PGPORT")
+        .ok()
+        .map(|p| p.parse().expect("KT_PGPORT must be a port number"))
 }
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -109,7 +103,8 @@ pub struct Queued {
 
 /// A tenant with one principal (role `member`), acting through the fixture's
 /// login roles: app_admin registers and grants, app_agent proposes,
-/// app_human approves (same principal and session: a `self` approval).
+/// app_human approves (same principal and session: a `self` approval), each
+/// call with the identity set for its transaction only ([`World::as_identity`]).
 pub struct World {
     pub port: u16,
     pub tenant: String,
@@ -135,7 +130,8 @@ impl World {
             )
             .await
             .expect("add_member");
-        let (agent, human) = identified(port, &tenant, &principal, &session).await;
+        let agent = connect(port, "app_agent").await;
+        let human = connect(port, "app_human").await;
         let superuser = connect(port, "postgres").await;
         World {
             port,
@@ -149,13 +145,11 @@ impl World {
         }
     }
 
-    /// New connections with the same identity (after a database restart).
+    /// New connections (after a database restart).
     pub async fn reconnect(&mut self) {
         self.admin = connect(self.port, "app_admin").await;
-        let (agent, human) =
-            identified(self.port, &self.tenant, &self.principal, &self.session).await;
-        self.agent = agent;
-        self.human = human;
+        self.agent = connect(self.port, "app_agent").await;
+        self.human = connect(self.port, "app_human").await;
         self.superuser = connect(self.port, "postgres").await;
     }
 
@@ -198,8 +192,8 @@ impl World {
     /// `queued`. `resubmit` passes the params again at approve (digest tools).
     pub async fn queue(&self, tool: &str, params: Value, resubmit: bool) -> Queued {
         let row = self
-            .agent
-            .query_one(
+            .as_identity(
+                &self.agent,
                 "SELECT action_id, token FROM keyturn.propose($1, $2)",
                 &[&tool, &params],
             )
@@ -209,8 +203,8 @@ impl World {
         let token: String = row.get(1);
         let again: Option<Value> = resubmit.then(|| params.clone());
         let row = self
-            .human
-            .query_one(
+            .as_identity(
+                &self.human,
                 "SELECT status FROM keyturn.approve($1, $2, $3)",
                 &[&id, &token, &again],
             )
@@ -230,6 +224,41 @@ impl World {
         Queued {
             id,
             idempotency_key,
+        }
+    }
+
+    /// One keyturn call on `client` carrying this world's identity, set
+    /// transaction-locally: `BEGIN; set_config(…, true) …; <call>; COMMIT`.
+    /// Session-level identity would outlive the call on a pooled
+    /// connection, so keyturn refuses it.
+    pub async fn as_identity(
+        &self,
+        client: &Client,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+        client.batch_execute("BEGIN").await?;
+        let called = async {
+            client
+                .execute(
+                    "SELECT set_config('keyturn.tenant', $1, true), \
+                            set_config('keyturn.principal', $2, true), \
+                            set_config('keyturn.session', $3, true)",
+                    &[&self.tenant, &self.principal, &self.session],
+                )
+                .await?;
+            client.query_one(sql, params).await
+        }
+        .await;
+        match called {
+            Ok(row) => {
+                client.batch_execute("COMMIT").await?;
+                Ok(row)
+            }
+            Err(e) => {
+                client.batch_execute("ROLLBACK").await?;
+                Err(e)
+            }
         }
     }
 
@@ -358,22 +387,6 @@ impl World {
     }
 }
 
-/// An agent and a human connection carrying one identity.
-async fn identified(port: u16, tenant: &str, principal: &str, session: &str) -> (Client, Client) {
-    let agent = connect(port, "app_agent").await;
-    let human = connect(port, "app_human").await;
-    for c in [&agent, &human] {
-        c.execute(
-            "SELECT set_config('keyturn.tenant', $1, false), set_config('keyturn.principal', $2, false), \
-             set_config('keyturn.session', $3, false)",
-            &[&tenant, &principal, &session],
-        )
-        .await
-        .expect("set identity");
-    }
-    (agent, human)
-}
-
 fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }
@@ -421,7 +434,12 @@ impl Reply {
 pub struct Received {
     pub action_id: Option<Uuid>,
     pub idempotency_key: Option<String>,
+    /// The deprecated `X-Keyturn-Signature` verified.
     pub signature_ok: bool,
+    /// `webhook-signature` verified (Standard Webhooks, key = the decoded
+    /// `whsec_` secret).
+    pub standard_ok: bool,
+    pub webhook_id: Option<String>,
     pub has_timestamp: bool,
     pub body: Vec<u8>,
 }
@@ -435,6 +453,7 @@ struct Seen {
 #[derive(Clone)]
 struct RecvState {
     secret: Arc<Vec<u8>>,
+    standard_key: Arc<Vec<u8>>,
     tenant: String,
     plan: Arc<Vec<Reply>>,
     seen: Arc<Mutex<Seen>>,
@@ -459,6 +478,23 @@ pub fn hmac_hex(secret: &[u8], body: &[u8]) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("any key length");
     mac.update(body);
     hex::encode(mac.finalize().into_bytes())
+}
+
+/// Whether `webhook-signature` holds `v1,<base64 HMAC(key, id.timestamp.body)>`.
+fn standard_ok(key: &[u8], headers: &HeaderMap, body: &[u8]) -> bool {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let (Some(id), Some(ts), Some(sigs)) = (
+        header("webhook-id"),
+        header("webhook-timestamp"),
+        header("webhook-signature"),
+    ) else {
+        return false;
+    };
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("any key length");
+    mac.update(format!("{id}.{ts}.").as_bytes());
+    mac.update(body);
+    let want = format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()));
+    sigs.split(' ').any(|s| s == want)
 }
 
 async fn receive(State(s): State<RecvState>, headers: HeaderMap, body: Bytes) -> Response {
@@ -491,6 +527,8 @@ async fn receive(State(s): State<RecvState>, headers: HeaderMap, body: Bytes) ->
             .and_then(|s| s.parse().ok()),
         idempotency_key: header("idempotency-key"),
         signature_ok,
+        standard_ok: standard_ok(&s.standard_key, &headers, &body),
+        webhook_id: header("webhook-id"),
         has_timestamp: header("x-keyturn-timestamp").is_some(),
         body: body.to_vec(),
     };
@@ -533,10 +571,12 @@ async fn receive(State(s): State<RecvState>, headers: HeaderMap, body: Bytes) ->
 impl Receiver {
     /// Starts a receiver for `tenant`'s actions answering by `plan`.
     pub async fn start(tenant: &str, plan: Vec<Reply>) -> Receiver {
-        let secret = format!("whsec_{}", Uuid::new_v4().simple());
+        let key = Uuid::new_v4().into_bytes();
+        let secret = format!("whsec_{}", STANDARD.encode(key));
         let seen = Arc::new(Mutex::new(Seen::default()));
         let state = RecvState {
             secret: Arc::new(secret.clone().into_bytes()),
+            standard_key: Arc::new(key.to_vec()),
             tenant: tenant.to_owned(),
             plan: Arc::new(plan),
             seen: seen.clone(),

@@ -2,20 +2,18 @@
 //! (`/readyz` back to 200), and actions approved before, across and after
 //! the restart are each delivered exactly once, none lost.
 //!
-//! This test restarts the shared cluster of `tests/run-all`, so it lives
-//! alone in this file: test binaries run one after another, and no other
-//! test runs while it does. It uses `KT_PGDATA` (and `KT_PGLOG`, else
+//! This test restarts the shared cluster of `tests/run-all`; like every
+//! database test it holds [`e2e::serial`], so no other one runs meanwhile.
+//! It uses `KT_PGDATA` (and `KT_PGLOG`, else
 //! `$KT_PGSOCK/postgres.log`, for the server log) and restarts with
 //! `pg_ctl restart -m fast`, which starts the server again with exactly the
 //! options recorded in `postmaster.opts` (port, socket directory, `-c`
 //! settings of `kt_cluster_start`).
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::e2e::{self, Keyturnd, Receiver, Reply, World};
 use serde_json::json;
-use support::e2e::{self, Keyturnd, Receiver, Reply, World};
 
 const WITHIN: Duration = Duration::from_secs(30);
 
@@ -67,9 +65,7 @@ fn restart_postgres() {
 
 #[tokio::test]
 async fn test_postgres_restart_reconnects_and_loses_nothing() {
-    let Some(port) = e2e::pg_port("test_postgres_restart…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let mut w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;

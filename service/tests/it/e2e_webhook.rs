@@ -3,12 +3,12 @@
 //! registers and grants, agent proposes, human approves). See
 //! `support/e2e.rs` for why these tests run one at a time.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
+use crate::support::e2e::{self, Keyturnd, Receiver, Reply, World};
 use serde_json::json;
-use support::e2e::{self, Keyturnd, Receiver, Reply, World};
 
 /// Long enough for several poll (200 ms) and sweep (1 s) cycles.
 const SETTLE: Duration = Duration::from_secs(3);
@@ -16,9 +16,7 @@ const WITHIN: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn test_success_is_one_signed_request_one_usage_row_and_counted_in_metrics() {
-    let Some(port) = e2e::pg_port("test_success_is_one_signed_request…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;
@@ -35,6 +33,12 @@ async fn test_success_is_one_signed_request_one_usage_row_and_counted_in_metrics
     assert!(
         r.signature_ok,
         "X-Keyturn-Signature is the HMAC of the body"
+    );
+    assert!(r.standard_ok, "webhook-signature verifies");
+    assert_eq!(
+        r.webhook_id.as_deref(),
+        Some(a.idempotency_key.as_str()),
+        "webhook-id is the idempotency key"
     );
     assert!(r.has_timestamp, "X-Keyturn-Timestamp is sent");
     assert_eq!(
@@ -63,9 +67,7 @@ async fn test_success_is_one_signed_request_one_usage_row_and_counted_in_metrics
 
 #[tokio::test]
 async fn test_429_with_retry_after_is_retried_with_the_same_key_and_bytes() {
-    let Some(port) = e2e::pg_port("test_429_with_retry_after…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;
@@ -85,7 +87,7 @@ async fn test_429_with_retry_after_is_retried_with_the_same_key_and_bytes() {
 
     let reqs = rx.requests(a.id);
     assert_eq!(reqs.len(), 2, "one refused attempt, one accepted");
-    assert!(reqs.iter().all(|r| r.signature_ok));
+    assert!(reqs.iter().all(|r| r.signature_ok && r.standard_ok));
     assert_eq!(
         reqs[0].idempotency_key.as_deref(),
         Some(a.idempotency_key.as_str())
@@ -106,9 +108,7 @@ async fn test_429_with_retry_after_is_retried_with_the_same_key_and_bytes() {
 
 #[tokio::test]
 async fn test_connect_refused_is_retried_never_uncertain_then_delivered_once() {
-    let Some(port) = e2e::pg_port("test_connect_refused…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;
@@ -164,9 +164,7 @@ async fn test_connect_refused_is_retried_never_uncertain_then_delivered_once() {
 
 #[tokio::test]
 async fn test_400_is_failed_and_not_retried() {
-    let Some(port) = e2e::pg_port("test_400_is_failed…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;
@@ -184,9 +182,7 @@ async fn test_400_is_failed_and_not_retried() {
 
 #[tokio::test]
 async fn test_500_is_uncertain_and_never_resent() {
-    let Some(port) = e2e::pg_port("test_500_is_uncertain…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;
@@ -209,9 +205,7 @@ async fn test_500_is_uncertain_and_never_resent() {
 
 #[tokio::test]
 async fn test_timeout_is_uncertain_and_never_resent() {
-    let Some(port) = e2e::pg_port("test_timeout_is_uncertain…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;
@@ -243,9 +237,7 @@ async fn test_timeout_is_uncertain_and_never_resent() {
 
 #[tokio::test]
 async fn test_credentials_in_a_response_reach_neither_tables_nor_log() {
-    let Some(port) = e2e::pg_port("test_credentials_in_a_response…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;
@@ -293,9 +285,7 @@ async fn test_credentials_in_a_response_reach_neither_tables_nor_log() {
 
 #[tokio::test]
 async fn test_unknown_provider_stays_queued_and_is_never_leased() {
-    let Some(port) = e2e::pg_port("test_unknown_provider…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let pigeon = w
@@ -339,9 +329,7 @@ async fn test_unknown_provider_stays_queued_and_is_never_leased() {
 
 #[tokio::test]
 async fn test_notification_wakes_the_dispatcher() {
-    let Some(port) = e2e::pg_port("test_notification_wakes…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;
@@ -353,22 +341,29 @@ async fn test_notification_wakes_the_dispatcher() {
 
     let a = w.queue(&tool, json!({"text": "ding"}), false).await;
     w.wait_status(a.id, "succeeded", WITHIN).await;
+    // A notification that names nothing wakes it all the same: the payload
+    // is never read.
+    w.superuser
+        .batch_execute("NOTIFY keyturn_dispatch")
+        .await
+        .expect("NOTIFY");
+    e2e::eventually(WITHIN, "a wake-up by an empty notification", || async {
+        k.log()
+            .lines()
+            .any(|l| l.contains("woken by notification") && l.contains("payload_bytes=0"))
+            .then_some(())
+    })
+    .await;
     let log = k.stop().await;
-    let woke = log
-        .lines()
-        .any(|l| l.contains("woken by notification") && l.contains(&a.id.to_string()));
     assert!(
-        woke,
-        "keyturnd woke on NOTIFY keyturn_dispatch for {}:\n{log}",
-        a.id
+        log.contains("woken by notification"),
+        "keyturnd woke on NOTIFY keyturn_dispatch:\n{log}"
     );
 }
 
 #[tokio::test]
 async fn test_digest_tool_leaves_no_param_value_in_any_table() {
-    let Some(port) = e2e::pg_port("test_digest_tool…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w

@@ -3,20 +3,16 @@
 //! with `keyturnd reconcile`), and SIGTERM mid-call (the call finishes, its
 //! outcome is recorded, `/readyz` is 503 meanwhile, exit code 0).
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::e2e::{self, Keyturnd, Receiver, Reply, World};
 use serde_json::json;
-use support::e2e::{self, Keyturnd, Receiver, Reply, World};
 
 const WITHIN: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn test_sigkill_mid_call_ends_uncertain_once_and_is_reconciled() {
-    let Some(port) = e2e::pg_port("test_sigkill_mid_call…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;
@@ -95,9 +91,7 @@ async fn test_sigkill_mid_call_ends_uncertain_once_and_is_reconciled() {
 
 #[tokio::test]
 async fn test_sigterm_mid_call_finishes_records_and_exits_0() {
-    let Some(port) = e2e::pg_port("test_sigterm_mid_call…") else {
-        return;
-    };
+    let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;

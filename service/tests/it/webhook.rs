@@ -1,7 +1,7 @@
 //! The `webhook` adapter against a real HTTP receiver on loopback that
 //! checks the signature and records every request.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -11,6 +11,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 use hmac::{Hmac, Mac};
 use keyturnd::classify::Outcome;
 use keyturnd::config::Secret;
@@ -149,6 +151,15 @@ async fn test_one_signed_request_with_the_contract_headers() {
                 .chars()
                 .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
     );
+    // Standard Webhooks: a secret without `whsec_` signs with its UTF-8 bytes.
+    assert_eq!(header("webhook-id"), job.idempotency_key);
+    assert_eq!(header("webhook-timestamp"), header("x-keyturn-timestamp"));
+    let signed = format!("{}.{}.", header("webhook-id"), header("webhook-timestamp"));
+    let mut mac = Hmac::<Sha256>::new_from_slice(SECRET.as_bytes()).expect("any key length");
+    mac.update(signed.as_bytes());
+    mac.update(&r.body);
+    let want = format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()));
+    assert_eq!(header("webhook-signature"), want);
     let body: serde_json::Value = serde_json::from_slice(&r.body).expect("json body");
     assert_eq!(body["action_id"], json!(job.action_id.to_string()));
     assert_eq!(body["tool"], json!("notify"));
@@ -181,6 +192,10 @@ async fn test_body_is_byte_identical_across_attempts() {
     assert_eq!(
         requests[0].headers.get("idempotency-key"),
         requests[1].headers.get("idempotency-key")
+    );
+    assert_eq!(
+        requests[0].headers.get("webhook-id"),
+        requests[1].headers.get("webhook-id")
     );
     assert!(requests.iter().all(|r| r.signature_ok));
 }

@@ -1,7 +1,7 @@
 //! The real `keyturnd` binary: starts without a database, reports itself
 //! alive but not ready, and exits 0 on SIGTERM.
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -93,5 +93,32 @@ async fn test_binary_without_database_is_alive_not_ready_and_exits_0_on_sigterm(
     assert!(
         !log.contains(":pw@"),
         "the connection string never reaches the log:\n{log}"
+    );
+}
+
+/// A lease with no room for a whole call, its margin and the lease round
+/// trip is refused at start, with a message naming the setting.
+#[tokio::test]
+async fn test_lease_too_short_for_a_call_is_refused_at_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_keyturnd"))
+        .env_clear()
+        .env(
+            "DATABASE_URL",
+            format!(
+                "postgres://keyturnd@127.0.0.1:{}/keyturn",
+                support::closed_port()
+            ),
+        )
+        .env("KEYTURN_LEASE_SECONDS", "5")
+        .env("KEYTURN_HTTP_TIMEOUT_SECONDS", "3")
+        .output()
+        .expect("run keyturnd");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{log}");
+    assert!(
+        log.contains(
+            "KEYTURN_LEASE_SECONDS=5 must be at least KEYTURN_HTTP_TIMEOUT_SECONDS=3 plus 3 s"
+        ),
+        "{log}"
     );
 }

@@ -1,0 +1,178 @@
+//! End to end, the lease rules: every lease `Config::validate` accepts
+//! dispatches; a lease that leaves no job enough time hands back with a
+//! growing delay and one log line, never in a loop; and keyturnd serves only
+//! against a database with a `pg_keyturn` of its own release.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keyturnd::config::Secret;
+use keyturnd::http::Health;
+use keyturnd::metrics::Metrics;
+use keyturnd::providers::webhook::WebhookProvider;
+use keyturnd::providers::Providers;
+use keyturnd::worker::{Dispatcher, Settings};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::e2e::{self, Keyturnd, Receiver, Reply, World};
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+/// The shortest lease accepted for a 3 s call (3 + 2 s margin + 1 s for the
+/// lease round trip) dispatches, with no hand-back.
+#[tokio::test]
+async fn test_shortest_accepted_lease_dispatches() {
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
+    let mut env = rx.env();
+    env.push(("KEYTURN_LEASE_SECONDS", "6".into()));
+    env.push(("KEYTURN_HTTP_TIMEOUT_SECONDS", "3".into()));
+    let k = Keyturnd::start(port, env).await;
+
+    let a = w.queue(&tool, json!({"text": "tight lease"}), false).await;
+    w.wait_status(a.id, "succeeded", WITHIN).await;
+    let metrics = k.metrics().await;
+    let log = k.stop().await;
+    assert_eq!(rx.requests(a.id).len(), 1);
+    assert_eq!(w.events_to(a.id, "leased").await, 1, "leased once");
+    assert!(
+        metrics.contains("keyturn_handbacks_total{reason=\"lease_too_short\"} 0"),
+        "{metrics}"
+    );
+    assert!(!log.contains("too little lease"), "{log}");
+}
+
+/// Log lines of an in-process dispatcher.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Capture {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// A lease no longer than the call (which `Config::validate` refuses, so the
+/// dispatcher is built by hand here, as a database that answers slowly
+/// would leave it) hands every job back. Each hand-back asks for a longer
+/// delay, so over five seconds the job is leased a few times, not
+/// thousands, and the reason is logged once.
+#[tokio::test]
+async fn test_a_lease_that_must_hand_back_never_spins() {
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
+
+    // #[tokio::test] runs every task on this thread, so this catches the
+    // dispatcher's lines and no other test's.
+    let log = Capture::default();
+    let sink = log.clone();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish(),
+    );
+    let url = e2e::url(port, "app_dispatcher");
+    let metrics = Arc::new(Metrics::new());
+    let pool = keyturnd::db::pool(&url, 4, metrics.clone()).expect("pool");
+    let mut providers = Providers::default();
+    providers.insert(Arc::new(
+        WebhookProvider::new(
+            rx.url().parse().expect("url"),
+            Secret::from(rx.secret.clone()),
+        )
+        .expect("webhook provider"),
+    ));
+    let settings = Settings {
+        worker_name: e2e::unique("spin"),
+        lease: Duration::from_secs(3),
+        call_timeout: Duration::from_secs(3),
+        poll: Duration::from_millis(50),
+        sweep_every: Duration::from_secs(1),
+        workers: 4,
+        listen_notify: true,
+        drain: Duration::from_secs(5),
+        database_url: Secret::from(url),
+    };
+    let shutdown = CancellationToken::new();
+    let dispatcher = tokio::spawn(
+        Dispatcher::new(
+            pool,
+            providers,
+            metrics.clone(),
+            Arc::new(Health::default()),
+            settings,
+        )
+        .run(shutdown.clone()),
+    );
+
+    let a = w
+        .queue(&tool, json!({"text": "never lease enough"}), false)
+        .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    shutdown.cancel();
+    dispatcher
+        .await
+        .expect("dispatcher task")
+        .expect("dispatcher");
+
+    let text = log.text();
+    let leased = w.events_to(a.id, "leased").await;
+    assert!(
+        (1..=4).contains(&leased),
+        "leased {leased} times in 5 s; delays of 1, 2, 4 s allow 3:\n{text}"
+    );
+    assert_eq!(w.state(a.id).await, ("queued".into(), 0), "no attempt");
+    assert!(rx.requests(a.id).is_empty(), "never dispatched");
+    let lines = text
+        .lines()
+        .filter(|l| l.contains("too little lease"))
+        .count();
+    assert_eq!(lines, 1, "the reason is logged once:\n{text}");
+    let rendered = metrics.render().expect("metrics");
+    assert!(
+        !rendered.contains("keyturn_handbacks_total{reason=\"lease_too_short\"} 0"),
+        "hand-backs are counted:\n{rendered}"
+    );
+}
+
+/// Pointed at a database without `pg_keyturn`, keyturnd refuses to serve
+/// and says why, instead of failing every lease.
+#[tokio::test]
+async fn test_a_database_without_pg_keyturn_is_refused_at_start() {
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let mut k = Keyturnd::spawn(
+        port,
+        vec![(
+            "DATABASE_URL",
+            format!("postgres://app_dispatcher@127.0.0.1:{port}/postgres"),
+        )],
+    );
+    let status = k.wait_exit(WITHIN).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let log = k.log();
+    assert!(!status.success(), "refused: non-zero exit; log:\n{log}");
+    assert!(
+        log.contains("incompatible database") && log.contains("pg_keyturn is not installed"),
+        "{log}"
+    );
+}

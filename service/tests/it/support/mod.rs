@@ -1,0 +1,72 @@
+//! Shared test fixtures: leased jobs, free ports, the skip rule, and (in
+//! [`e2e`]) the database, the keyturnd process and the receivers.
+#![allow(dead_code)]
+
+pub mod e2e;
+pub mod fake_smtp;
+
+use keyturnd::db::LeasedJob;
+use uuid::Uuid;
+
+/// The path of the test function it is used in, `module::test_name`.
+macro_rules! test_name {
+    () => {{
+        fn here() {}
+        let name = std::any::type_name_of_val(&here);
+        let name = name.strip_suffix("::here").unwrap_or(name);
+        let name = name.strip_suffix("::{{closure}}").unwrap_or(name);
+        name.strip_prefix("it::").unwrap_or(name)
+    }};
+}
+
+/// The private cluster's port. Without one (`KT_PGPORT` unset) the test
+/// prints that it skipped and how to run it, and returns.
+macro_rules! require_db {
+    () => {
+        match $crate::support::e2e::pg_port() {
+            Some(port) => port,
+            None => {
+                $crate::support::skipped(
+                    test_name!(),
+                    "KT_PGPORT is not set, and this test needs the private PostgreSQL cluster",
+                );
+                return;
+            }
+        }
+    };
+}
+
+/// Says loudly that `test` did not run, why, and how to run it. Written to
+/// the process's stderr itself, not through `eprintln!`, which the test
+/// harness captures and shows only for failing tests.
+pub fn skipped(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** SKIPPED {test}: {why}. Run it with `KT_ONLY=service tests/run-all`, or against a \
+         cluster of your own with `KT_PGPORT=<port> KT_PGDATA=<dir> KT_PGSOCK=<dir> \
+         cargo test -p keyturnd --test it {test}`. ***\n"
+    );
+}
+
+/// A leased job as `keyturn.lease` would return it.
+pub fn job(provider: &str, params: serde_json::Value) -> LeasedJob {
+    LeasedJob {
+        action_id: Uuid::new_v4(),
+        lease_id: Uuid::new_v4(),
+        tenant: "acme".into(),
+        tool: "notify".into(),
+        provider: provider.into(),
+        params,
+        idempotency_key: format!("ik-{}", Uuid::new_v4().simple()),
+        attempt: 1,
+    }
+}
+
+/// A loopback port with nothing listening on it (bound, then released).
+pub fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    drop(listener);
+    port
+}
