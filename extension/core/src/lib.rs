@@ -9,6 +9,7 @@ pub mod credentials;
 pub mod error;
 pub mod schema;
 pub mod template;
+pub mod text;
 pub mod token;
 
 pub use error::CoreError;
