@@ -51,6 +51,15 @@ pub enum CoreError {
     /// A summary template that does not parse.
     #[error("invalid summary template: {0}")]
     InvalidTemplate(String),
+
+    /// Params the approval summary cannot show in full (strict rendering), one
+    /// entry per placeholder, each naming it.
+    #[error(
+        "the approval summary cannot show these params faithfully: {}; send shorter values \
+         or fewer list elements",
+        Joined(.0)
+    )]
+    UnfaithfulSummary(Vec<String>),
 }
 
 impl CoreError {
@@ -121,6 +130,7 @@ mod tests {
             CoreError::InvalidSchema(String::new()),
             CoreError::InvalidParams(Vec::new()),
             CoreError::InvalidTemplate(String::new()),
+            CoreError::UnfaithfulSummary(Vec::new()),
         ];
         for e in all {
             assert_eq!(e.sqlstate(), "22023", "{e:?}");

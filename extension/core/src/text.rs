@@ -127,27 +127,28 @@ pub fn is_quote(c: char) -> bool {
 /// boundary between two runs of text: a space shows the reader that boundary
 /// instead of silently joining the runs into one word.
 pub fn for_display(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
+    display_chars(s).collect()
+}
+
+/// [`for_display`] as an iterator, so a caller that needs only the first few
+/// hundred characters of a long value does not clean all of it.
+pub fn display_chars(s: &str) -> impl Iterator<Item = char> + '_ {
     let mut last_space = false;
-    for c in s.chars() {
+    s.chars().filter_map(move |c| {
         let c = if is_break_or_control(c) || is_bidi_control(c) || c.is_whitespace() {
             ' '
         } else if is_invisible(c) {
-            continue;
+            return None;
         } else {
             c
         };
-        if c == ' ' {
-            if last_space {
-                continue;
-            }
-            last_space = true;
-        } else {
-            last_space = false;
+        let space = c == ' ';
+        if space && last_space {
+            return None;
         }
-        out.push(c);
-    }
-    out
+        last_space = space;
+        Some(c)
+    })
 }
 
 /// `s` as the credential detector compares it: NFKC (fullwidth and other
