@@ -6,6 +6,7 @@
 
 pub mod canonical;
 pub mod credentials;
+pub mod email;
 pub mod error;
 pub mod schema;
 pub mod template;
