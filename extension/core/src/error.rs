@@ -60,6 +60,11 @@ pub enum CoreError {
         Joined(.0)
     )]
     UnfaithfulSummary(Vec<String>),
+
+    /// A read-side projection spec outside its rules (message names the key
+    /// or path).
+    #[error("invalid projection spec: {0}")]
+    InvalidProjection(String),
 }
 
 impl CoreError {
@@ -131,6 +136,7 @@ mod tests {
             CoreError::InvalidParams(Vec::new()),
             CoreError::InvalidTemplate(String::new()),
             CoreError::UnfaithfulSummary(Vec::new()),
+            CoreError::InvalidProjection(String::new()),
         ];
         for e in all {
             assert_eq!(e.sqlstate(), "22023", "{e:?}");

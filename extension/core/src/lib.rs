@@ -8,6 +8,7 @@ pub mod canonical;
 pub mod credentials;
 pub mod email;
 pub mod error;
+pub mod fence;
 pub mod schema;
 pub mod template;
 pub mod text;
