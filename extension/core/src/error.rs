@@ -2,7 +2,8 @@
 //!
 //! Every failure here is the caller's input being unacceptable (bad JSON, a number
 //! that would hash ambiguously, a schema outside the supported subset, params that
-//! fail it, a broken summary template), so the extension maps all of them to
+//! fail it, a broken summary template, params a summary cannot show in full, a
+//! projection spec outside its rules), so the extension maps all of them to
 //! SQLSTATE `22023` (invalid_parameter_value). The messages are shown to agents and
 //! administrators verbatim: each says what was wrong and what to send instead.
 
