@@ -285,7 +285,9 @@ fn has_secret_assignment(s: &str) -> bool {
             .last()
             .map_or(before.len(), |(i, _)| i);
         let key = &before[key_start..];
-        if key.is_empty() {
+        // No secret name is shorter than `pwd`; skipping shorter keys before
+        // folding keeps a string of many `a=` from costing a fold each.
+        if key.chars().count() < 3 {
             return false;
         }
         let after = s[at + sep.len()..].trim_start();
@@ -293,9 +295,12 @@ fn has_secret_assignment(s: &str) -> bool {
             Some(rest) => (true, rest),
             None => (false, after),
         };
+        // Six is the most any rule below asks for; counting further would make
+        // a string of many separators ("a=a=a=...") quadratic.
         let value_chars = after
             .chars()
             .take_while(|&c| !c.is_whitespace() && !matches!(c, '"' | '\'' | '&' | ';' | ','))
+            .take(6)
             .count();
         let enough = match sep {
             "=" => value_chars >= 1,
@@ -593,6 +598,16 @@ mod tests {
         let r = redact(&v);
         assert_eq!(r, json!({"a": ["[redacted]"], "b": {"c": "[redacted]"}}));
         assert_eq!(find_credential(&r), None);
+    }
+
+    #[test]
+    fn test_many_separators_and_schemes_stay_linear() {
+        // Each would take hours if a rule rescanned the rest of the string at
+        // every separator or scheme word.
+        for unit in ["a=", "a: ", "x://", "Bearer ", "://a:", "=\"", "basic b"] {
+            let s = unit.repeat(50_000);
+            let _ = is_credential_value(&s);
+        }
     }
 
     #[test]
