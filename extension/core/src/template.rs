@@ -18,8 +18,9 @@
 //!   ASCII `"…"` with `"` and `\` escaped the same way: ASCII because it is the
 //!   one quote every keyboard and font has, so the reader can see which quote
 //!   the renderer chose. Single tokens (`won`, an address, a number, `{count}`)
-//!   stay bare, so `Set stage won on 3 deal(s)` reads naturally, and a bare run
-//!   of words on the card is always the template's own text.
+//!   stay bare, so `Set stage won on 3 deal(s)` reads naturally, and a run of
+//!   words outside quotes on the card is the template's own text (or the
+//!   renderer's "and N more").
 //! * **No element of a list is hidden.** Arrays are shown element by element
 //!   (each quoted by the rule above, and also when it contains a comma), joined
 //!   by `, `. When they do not all fit, the leading ones are shown and the rest
