@@ -12,6 +12,8 @@ use super::{as_owner, required};
 use crate::jsonb_text::JsonbText;
 use crate::privilege::refuse_agents;
 
+// (Spelled out in each signature too: pg_extern reads the return type's
+// syntax, so an alias there would be an unknown SQL type.)
 type Outcomes = TableIterator<
     'static,
     (
@@ -34,7 +36,14 @@ fn approve(
     action_id: Option<pgrx::Uuid>,
     token: Option<String>,
     params: default!(Option<JsonbText>, "NULL"),
-) -> Outcomes {
+) -> TableIterator<
+    'static,
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(status, String),
+        name!(result, Option<JsonB>),
+    ),
+> {
     refuse_agents("approve");
     outcomes(
         "SELECT * FROM keyturn._approve($1, $2, $3, $4::pg_catalog.jsonb)",
@@ -46,7 +55,14 @@ fn approve(
 /// Human: one card for several proposals, each element exactly `approve`.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn approve_many(items: Option<JsonbText>) -> Outcomes {
+fn approve_many(items: Option<JsonbText>) -> TableIterator<
+    'static,
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(status, String),
+        name!(result, Option<JsonB>),
+    ),
+> {
     refuse_agents("approve_many");
     outcomes(
         "SELECT * FROM keyturn._approve_many($1, $2::pg_catalog.jsonb)",
@@ -176,7 +192,7 @@ fn delegate(
     tool: Option<String>,
     scope: Option<JsonbText>,
     max_uses: Option<i32>,
-    valid_for: Option<Interval>,
+    valid_for: Option<pgrx::datum::Interval>,
 ) -> pgrx::Uuid {
     refuse_agents("delegate");
     as_owner(
