@@ -424,6 +424,9 @@ BEGIN
         'params_hash', a.params_hash,
         'origin', a.origin,
         'result', a.result,
+        'revised_from', a.revised_from,
+        'quorum', CASE WHEN v_ver.quorum > 1 THEN v_ver.quorum END,
+        'votes', CASE WHEN v_ver.quorum > 1 THEN keyturn._votes(a) END,
         'targets', v_targets));
 END
 $$;

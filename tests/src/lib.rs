@@ -486,7 +486,7 @@ impl World {
         self.admin
             .execute("SELECT keyturn.register_tool($1, $2)", &[&name, &spec])
             .await
-            .unwrap_or_else(|e| panic!("register_tool {name}: {e}"));
+            .unwrap_or_else(|e| panic!("register_tool {name}: {}", message::<u64>(Err(e))));
         self.grant(&self.principal, &name).await;
         name
     }
