@@ -549,6 +549,12 @@ async fn test_an_identity_that_prints_as_another_is_missing() {
     ] {
         let claims = json!({"tenant_id": w.tenant, "sub": sub, "session_id": w.session}).to_string();
         let c = Conn::connect("app_agent", Identity::claims(&claims)).await;
+        let read: Option<String> = c
+            .query_one("SELECT keyturn.current_principal()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(read, None, "{sub:?} is no principal at all, not one that prints as another");
         assert_eq!(
             sqlstate(propose_on(&c, &t, json!({"channel": "c", "text": "t"}), json!({})).await),
             "42501",
