@@ -61,9 +61,10 @@ fn set_event_context(p_context: Option<pgrx::JsonB>) -> String {
         let mut a = a.borrow_mut();
         let actor = a.get_or_insert_with(Actor::default);
         match p_context.map(|c| c.0) {
-            Some(serde_json::Value::Object(add)) => {
-                actor.context.get_or_insert_with(Default::default).extend(add)
-            }
+            Some(serde_json::Value::Object(add)) => actor
+                .context
+                .get_or_insert_with(Default::default)
+                .extend(add),
             _ => actor.context = None,
         }
     });
@@ -73,9 +74,8 @@ fn set_event_context(p_context: Option<pgrx::JsonB>) -> String {
 /// Sets the detail of the next event rows (never param values). Returns ''.
 #[pg_extern(name = "_set_event_detail", volatile, parallel_unsafe)]
 fn set_event_detail(p_detail: Option<JsonbText>) -> String {
-    ACTOR.with(|a| {
-        a.borrow_mut().get_or_insert_with(Actor::default).detail = p_detail.map(|d| d.0)
-    });
+    ACTOR
+        .with(|a| a.borrow_mut().get_or_insert_with(Actor::default).detail = p_detail.map(|d| d.0));
     String::new()
 }
 

@@ -52,7 +52,14 @@ fn fence_data(
     provider: &str,
     spec: JsonbText,
     data: JsonbText,
-) -> TableIterator<'static, (name!(guard, String), name!(reference, String), name!(marker, String))> {
+) -> TableIterator<
+    'static,
+    (
+        name!(guard, String),
+        name!(reference, String),
+        name!(marker, String),
+    ),
+> {
     let projection = compiled(&spec);
     let data = keyturn_core::canonical::parse_bounded(&data.0).or_raise();
     let fenced = fence::fence(provider, &projection, &data);

@@ -129,7 +129,8 @@ fn claim_path(part: Part) -> String {
 
 /// `a.b.c` into a JSON object.
 fn lookup<'v>(v: &'v Value, path: &str) -> Option<&'v Value> {
-    path.split('.').try_fold(v, |v, key| v.as_object()?.get(key))
+    path.split('.')
+        .try_fold(v, |v, key| v.as_object()?.get(key))
 }
 
 /// Refuses values that would print as another value.

@@ -628,7 +628,10 @@ impl World {
     /// The action's current status, read as superuser.
     pub async fn status(&self, id: uuid::Uuid) -> String {
         self.superuser
-            .query_one("SELECT status::text FROM keyturn.action WHERE id = $1", &[&id])
+            .query_one(
+                "SELECT status::text FROM keyturn.action WHERE id = $1",
+                &[&id],
+            )
             .await
             .expect("status")
             .get(0)

@@ -33,7 +33,11 @@ fn propose(
     TableIterator::new(as_owner(
         "SELECT * FROM keyturn._propose($1, $2, $3::pg_catalog.jsonb, $4::pg_catalog.jsonb)",
         &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
-        vec![tool.into(), params.map(|p| p.0).into(), origin.map(|o| o.0).into()],
+        vec![
+            tool.into(),
+            params.map(|p| p.0).into(),
+            origin.map(|o| o.0).into(),
+        ],
         |row| {
             Ok((
                 required(row, 1)?,

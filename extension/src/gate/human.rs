@@ -23,7 +23,11 @@ type Outcomes = TableIterator<
     ),
 >;
 
-fn outcomes(sql: &str, types: &[pg_sys::Oid], args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Outcomes {
+fn outcomes(
+    sql: &str,
+    types: &[pg_sys::Oid],
+    args: Vec<pgrx::datum::DatumWithOid<'_>>,
+) -> Outcomes {
     TableIterator::new(as_owner(sql, types, args, |row| {
         Ok((required(row, 1)?, required(row, 2)?, row.get(3)?))
     }))
@@ -55,7 +59,9 @@ fn approve(
 /// Human: one card for several proposals, each element exactly `approve`.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn approve_many(items: Option<JsonbText>) -> TableIterator<
+fn approve_many(
+    items: Option<JsonbText>,
+) -> TableIterator<
     'static,
     (
         name!(action_id, pgrx::Uuid),

@@ -5,13 +5,18 @@ use keyturn_tests::*;
 use serde_json::{json, Value};
 
 /// `approve_many` answers as (action_id, status, result) rows.
-async fn approve_many(c: &Conn, items: Value) -> Result<Vec<(uuid::Uuid, String, Option<Value>)>, tokio_postgres::Error> {
-    Ok(c
-        .query("SELECT action_id, status, result FROM keyturn.approve_many($1)", &[&items])
-        .await?
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect())
+async fn approve_many(
+    c: &Conn,
+    items: Value,
+) -> Result<Vec<(uuid::Uuid, String, Option<Value>)>, tokio_postgres::Error> {
+    Ok(c.query(
+        "SELECT action_id, status, result FROM keyturn.approve_many($1)",
+        &[&items],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect())
 }
 
 fn item(p: &Proposal) -> Value {
@@ -23,21 +28,36 @@ async fn test_pending_is_the_callers_queue_soonest_expiry_first() {
     let w = World::new("member").await;
     let long = w.webhook_tool(json!({"expires_in": "2 hours"})).await;
     let short = w.webhook_tool(json!({"expires_in": "5 minutes"})).await;
-    let later = w.propose(&long, json!({"channel": "c", "text": "later"})).await.unwrap();
-    let sooner = w.propose(&short, json!({"channel": "c", "text": "sooner"})).await.unwrap();
+    let later = w
+        .propose(&long, json!({"channel": "c", "text": "later"}))
+        .await
+        .unwrap();
+    let sooner = w
+        .propose(&short, json!({"channel": "c", "text": "sooner"}))
+        .await
+        .unwrap();
     // Another member's proposal is not in this member's queue.
     let (other, other_agent) = w.other("member", "app_agent", "s-other").await;
     w.grant(&other, &long).await;
-    let theirs = propose_on(&other_agent, &long, json!({"channel": "c", "text": "x"}), json!({}))
-        .await
-        .unwrap();
+    let theirs = propose_on(
+        &other_agent,
+        &long,
+        json!({"channel": "c", "text": "x"}),
+        json!({}),
+    )
+    .await
+    .unwrap();
     let rows = w
         .human
         .query("SELECT * FROM keyturn.pending()", &[])
         .await
         .unwrap();
     let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.get("action_id")).collect();
-    assert_eq!(ids, vec![sooner.id, later.id], "own actions, soonest expiry first");
+    assert_eq!(
+        ids,
+        vec![sooner.id, later.id],
+        "own actions, soonest expiry first"
+    );
     let columns: Vec<&str> = rows[0].columns().iter().map(|c| c.name()).collect();
     assert!(!columns.contains(&"token"), "never a token: {columns:?}");
     assert_eq!(rows[0].get::<_, i32>("quorum"), 1);
@@ -56,8 +76,14 @@ async fn test_pending_is_the_callers_queue_soonest_expiry_first() {
     assert_eq!(w.approve(&sooner).await.unwrap().0, "queued");
     let n = count(&w.human, "SELECT count(*) FROM keyturn.pending()", &[]).await;
     assert_eq!(n, 1);
-    assert_eq!(sqlstate(w.human.query("SELECT * FROM keyturn.pending(0)", &[]).await), "22023");
-    assert_eq!(sqlstate(w.agent.query("SELECT * FROM keyturn.pending()", &[]).await), "42501");
+    assert_eq!(
+        sqlstate(w.human.query("SELECT * FROM keyturn.pending(0)", &[]).await),
+        "22023"
+    );
+    assert_eq!(
+        sqlstate(w.agent.query("SELECT * FROM keyturn.pending()", &[]).await),
+        "42501"
+    );
 }
 
 #[tokio::test]
@@ -75,7 +101,10 @@ async fn test_approve_many_answers_each_element_on_its_own() {
     let replayed = w.propose(&sql, form(deals[4])).await.unwrap();
     assert_eq!(w.approve(&replayed).await.unwrap().0, "succeeded");
     let b_tool = b.webhook_tool(json!({})).await;
-    let foreign = b.propose(&b_tool, json!({"channel": "c", "text": "t"})).await.unwrap();
+    let foreign = b
+        .propose(&b_tool, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
     tamper(
         &w.superuser,
         "UPDATE keyturn.action SET params = jsonb_set(params, '{set,stage}', '\"lost\"') WHERE id = $1",
@@ -99,11 +128,22 @@ async fn test_approve_many_answers_each_element_on_its_own() {
     let statuses: Vec<&str> = answers.iter().map(|a| a.1.as_str()).collect();
     assert_eq!(
         statuses,
-        ["succeeded", "refused", "refused", "expired", "rejected_tampered", "succeeded"]
+        [
+            "succeeded",
+            "refused",
+            "refused",
+            "expired",
+            "rejected_tampered",
+            "succeeded"
+        ]
     );
     assert_eq!(answers[1].2.as_ref().unwrap()["sqlstate"], "55000");
     assert_eq!(answers[2].2.as_ref().unwrap()["sqlstate"], "55000");
-    assert_eq!(w.status(wrong_token.id).await, "pending", "a refusal uses nothing up");
+    assert_eq!(
+        w.status(wrong_token.id).await,
+        "pending",
+        "a refusal uses nothing up"
+    );
     assert_eq!(b.status(foreign.id).await, "pending");
     assert_eq!(w.stage_of(deals[0]).await, "won");
     assert_eq!(w.writes(deals[4]).await, 1, "the replay ran nothing twice");
@@ -122,7 +162,10 @@ async fn test_approve_many_answers_each_element_on_its_own() {
 async fn test_approve_many_refuses_what_is_not_a_list_of_items() {
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
-    let p = w.propose(&t, json!({"channel": "c", "text": "t"})).await.unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
     let many: Vec<Value> = (0..101).map(|_| item(&p)).collect();
     for items in [
         json!({}),
@@ -133,10 +176,17 @@ async fn test_approve_many_refuses_what_is_not_a_list_of_items() {
         json!([{"action_id": "not-a-uuid", "token": p.token}]),
         json!(["x"]),
     ] {
-        assert_eq!(sqlstate(approve_many(&w.human, items.clone()).await), "22023", "{items}");
+        assert_eq!(
+            sqlstate(approve_many(&w.human, items.clone()).await),
+            "22023",
+            "{items}"
+        );
     }
     assert_eq!(w.status(p.id).await, "pending");
-    assert_eq!(sqlstate(approve_many(&w.agent, json!([item(&p)])).await), "42501");
+    assert_eq!(
+        sqlstate(approve_many(&w.agent, json!([item(&p)])).await),
+        "42501"
+    );
 }
 
 /// A tenant with a quorum-2 tool, its proposer (a member) and three approvers.
@@ -159,30 +209,54 @@ async fn quorum_world(extra: Value) -> (World, String, Vec<(String, Conn)>) {
 #[tokio::test]
 async fn test_quorum_takes_two_different_approvers() {
     let (w, t, approvers) = quorum_world(json!({})).await;
-    let p = w.propose(&t, json!({"channel": "c", "text": "t"})).await.unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
     let vote = |i: usize| approve_on(&approvers[i].1, p.id, &p.token, None);
     let (status, result) = vote(0).await.unwrap();
     assert_eq!(status, "pending");
     assert_eq!(result.unwrap(), json!({"votes": 1, "quorum": 2}));
     let (status, result) = vote(0).await.unwrap();
-    assert_eq!((status.as_str(), result.unwrap()), ("pending", json!({"votes": 1, "quorum": 2})), "the same voter again is no second vote");
+    assert_eq!(
+        (status.as_str(), result.unwrap()),
+        ("pending", json!({"votes": 1, "quorum": 2})),
+        "the same voter again is no second vote"
+    );
     // The proposer never votes.
-    assert_eq!(sqlstate(approve_on(&w.human, p.id, &p.token, None).await), "42501");
+    assert_eq!(
+        sqlstate(approve_on(&w.human, p.id, &p.token, None).await),
+        "42501"
+    );
     let preview: Value = approvers[2]
         .1
         .query_one("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token])
         .await
         .unwrap()
         .get(0);
-    assert_eq!((preview["votes"].clone(), preview["quorum"].clone()), (json!(1), json!(2)));
+    assert_eq!(
+        (preview["votes"].clone(), preview["quorum"].clone()),
+        (json!(1), json!(2))
+    );
     let pending = approvers[2]
         .1
-        .query_one("SELECT votes, quorum FROM keyturn.pending() WHERE action_id = $1", &[&p.id])
+        .query_one(
+            "SELECT votes, quorum FROM keyturn.pending() WHERE action_id = $1",
+            &[&p.id],
+        )
         .await
         .unwrap();
     assert_eq!((pending.get::<_, i32>(0), pending.get::<_, i32>(1)), (1, 2));
-    assert_eq!(vote(1).await.unwrap().0, "queued", "the deciding vote performs the claim");
-    assert_eq!(vote(2).await.unwrap().0, "queued", "a vote after the decision is a replay");
+    assert_eq!(
+        vote(1).await.unwrap().0,
+        "queued",
+        "the deciding vote performs the claim"
+    );
+    assert_eq!(
+        vote(2).await.unwrap().0,
+        "queued",
+        "a vote after the decision is a replay"
+    );
     let votes = w
         .superuser
         .query(
@@ -193,15 +267,24 @@ async fn test_quorum_takes_two_different_approvers() {
         .await
         .unwrap();
     let voters: Vec<String> = votes.iter().map(|r| r.get(0)).collect();
-    assert_eq!(voters, vec![approvers[0].0.clone(), approvers[1].0.clone()], "who voted, in order");
+    assert_eq!(
+        voters,
+        vec![approvers[0].0.clone(), approvers[1].0.clone()],
+        "who voted, in order"
+    );
     assert_eq!(votes[1].get::<_, Value>(1)["vote"], 2);
 }
 
 #[tokio::test]
 async fn test_quorum_is_vetoed_by_any_eligible_reject() {
     let (w, t, approvers) = quorum_world(json!({})).await;
-    let p = w.propose(&t, json!({"channel": "c", "text": "t"})).await.unwrap();
-    approve_on(&approvers[0].1, p.id, &p.token, None).await.unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
+    approve_on(&approvers[0].1, p.id, &p.token, None)
+        .await
+        .unwrap();
     let s: String = approvers[1]
         .1
         .query_one("SELECT keyturn.reject($1, $2, 'no')", &[&p.id, &p.token])
@@ -209,41 +292,89 @@ async fn test_quorum_is_vetoed_by_any_eligible_reject() {
         .unwrap()
         .get(0);
     assert_eq!(s, "rejected");
-    assert_eq!(approve_on(&approvers[2].1, p.id, &p.token, None).await.unwrap().0, "rejected");
+    assert_eq!(
+        approve_on(&approvers[2].1, p.id, &p.token, None)
+            .await
+            .unwrap()
+            .0,
+        "rejected"
+    );
 }
 
 #[tokio::test]
 async fn test_quorum_expiry_between_votes_expires() {
     let (w, t, approvers) = quorum_world(json!({"expires_in": "1 second"})).await;
-    let p = w.propose(&t, json!({"channel": "c", "text": "t"})).await.unwrap();
-    assert_eq!(approve_on(&approvers[0].1, p.id, &p.token, None).await.unwrap().0, "pending");
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        approve_on(&approvers[0].1, p.id, &p.token, None)
+            .await
+            .unwrap()
+            .0,
+        "pending"
+    );
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-    assert_eq!(approve_on(&approvers[1].1, p.id, &p.token, None).await.unwrap().0, "expired");
+    assert_eq!(
+        approve_on(&approvers[1].1, p.id, &p.token, None)
+            .await
+            .unwrap()
+            .0,
+        "expired"
+    );
 }
 
 #[tokio::test]
 async fn test_quorum_vote_after_a_revoke_invalidates() {
     let (w, t, approvers) = quorum_world(json!({})).await;
-    let p = w.propose(&t, json!({"channel": "c", "text": "t"})).await.unwrap();
-    approve_on(&approvers[0].1, p.id, &p.token, None).await.unwrap();
-    w.admin
-        .execute("SELECT keyturn.revoke_tool($1, $2, $3)", &[&w.tenant, &w.principal, &t])
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
         .await
         .unwrap();
-    assert_eq!(approve_on(&approvers[1].1, p.id, &p.token, None).await.unwrap().0, "invalidated");
+    approve_on(&approvers[0].1, p.id, &p.token, None)
+        .await
+        .unwrap();
+    w.admin
+        .execute(
+            "SELECT keyturn.revoke_tool($1, $2, $3)",
+            &[&w.tenant, &w.principal, &t],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        approve_on(&approvers[1].1, p.id, &p.token, None)
+            .await
+            .unwrap()
+            .0,
+        "invalidated"
+    );
 }
 
 #[tokio::test]
 async fn test_a_voter_who_lost_the_grant_no_longer_counts() {
     let (w, t, approvers) = quorum_world(json!({})).await;
-    let p = w.propose(&t, json!({"channel": "c", "text": "t"})).await.unwrap();
-    approve_on(&approvers[0].1, p.id, &p.token, None).await.unwrap();
-    w.admin
-        .execute("SELECT keyturn.revoke_tool($1, $2, $3)", &[&w.tenant, &approvers[0].0, &t])
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
         .await
         .unwrap();
-    let (status, result) = approve_on(&approvers[1].1, p.id, &p.token, None).await.unwrap();
-    assert_eq!((status.as_str(), result.unwrap()), ("pending", json!({"votes": 1, "quorum": 2})));
+    approve_on(&approvers[0].1, p.id, &p.token, None)
+        .await
+        .unwrap();
+    w.admin
+        .execute(
+            "SELECT keyturn.revoke_tool($1, $2, $3)",
+            &[&w.tenant, &approvers[0].0, &t],
+        )
+        .await
+        .unwrap();
+    let (status, result) = approve_on(&approvers[1].1, p.id, &p.token, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (status.as_str(), result.unwrap()),
+        ("pending", json!({"votes": 1, "quorum": 2}))
+    );
 }
 
 #[tokio::test]
@@ -256,7 +387,10 @@ async fn test_quorum_needs_an_independent_tool_of_at_most_five() {
     ] {
         let r = w
             .admin
-            .execute("SELECT keyturn.register_tool($1, $2)", &[&unique("q"), &spec])
+            .execute(
+                "SELECT keyturn.register_tool($1, $2)",
+                &[&unique("q"), &spec],
+            )
             .await;
         assert_eq!(sqlstate(r), "22023", "{spec}");
     }
@@ -275,11 +409,20 @@ async fn test_revise_supersedes_and_links_both_ways() {
         .human
         .query_one(
             "SELECT action_id, token, summary, params_hash FROM keyturn.revise($1, $2, $3)",
-            &[&old.id, &old.token, &json!({"where": {"id": deal}, "set": {"stage": "lost"}})],
+            &[
+                &old.id,
+                &old.token,
+                &json!({"where": {"id": deal}, "set": {"stage": "lost"}}),
+            ],
         )
         .await
         .unwrap();
-    let new = Proposal { id: r.get(0), token: r.get(1), summary: r.get(2), params_hash: r.get(3) };
+    let new = Proposal {
+        id: r.get(0),
+        token: r.get(1),
+        summary: r.get(2),
+        params_hash: r.get(3),
+    };
     assert_ne!(new.params_hash, old.params_hash);
     assert_eq!(new.summary, "Set stage lost on 1 deal(s)");
     assert_eq!(w.status(old.id).await, "superseded");
@@ -293,7 +436,10 @@ async fn test_revise_supersedes_and_links_both_ways() {
     assert_eq!(result["superseded_by"], json!(new.id));
     let from: Option<uuid::Uuid> = w
         .superuser
-        .query_one("SELECT revised_from FROM keyturn.action WHERE id = $1", &[&new.id])
+        .query_one(
+            "SELECT revised_from FROM keyturn.action WHERE id = $1",
+            &[&new.id],
+        )
         .await
         .unwrap()
         .get(0);
@@ -306,11 +452,20 @@ async fn test_revise_supersedes_and_links_both_ways() {
         .human
         .query_one(
             "SELECT action_id, token FROM keyturn.revise($1, $2, $3)",
-            &[&new.id, &new.token, &json!({"where": {"id": deal}, "set": {"stage": "negotiation"}})],
+            &[
+                &new.id,
+                &new.token,
+                &json!({"where": {"id": deal}, "set": {"stage": "negotiation"}}),
+            ],
         )
         .await
         .unwrap();
-    let third = Proposal { id: r.get(0), token: r.get(1), summary: String::new(), params_hash: String::new() };
+    let third = Proposal {
+        id: r.get(0),
+        token: r.get(1),
+        summary: String::new(),
+        params_hash: String::new(),
+    };
     assert_eq!(w.status(new.id).await, "superseded");
     assert_eq!(w.approve(&third).await.unwrap().0, "succeeded");
     assert_eq!(w.stage_of(deal).await, "negotiation");
@@ -334,24 +489,56 @@ async fn test_revise_is_refused_outside_its_rules() {
         .propose(&t, json!({"where": {"id": deal}, "set": {"stage": "won"}}))
         .await
         .unwrap();
-    async fn revise(c: &Conn, p: &Proposal, params: Value) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
-        c.query_one("SELECT action_id FROM keyturn.revise($1, $2, $3)", &[&p.id, &p.token, &params])
-            .await
+    async fn revise(
+        c: &Conn,
+        p: &Proposal,
+        params: Value,
+    ) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+        c.query_one(
+            "SELECT action_id FROM keyturn.revise($1, $2, $3)",
+            &[&p.id, &p.token, &params],
+        )
+        .await
     }
     assert_eq!(
-        sqlstate(revise(&w.agent, &p, json!({"where": {"id": deal}, "set": {"stage": "lost"}})).await),
+        sqlstate(
+            revise(
+                &w.agent,
+                &p,
+                json!({"where": {"id": deal}, "set": {"stage": "lost"}})
+            )
+            .await
+        ),
         "42501",
         "an agent never revises"
     );
     assert_eq!(
-        sqlstate(revise(&w.human, &p, json!({"where": {"id": deal}, "set": {"name": "x"}})).await),
+        sqlstate(
+            revise(
+                &w.human,
+                &p,
+                json!({"where": {"id": deal}, "set": {"name": "x"}})
+            )
+            .await
+        ),
         "22023",
         "outside the form"
     );
-    assert_eq!(w.status(p.id).await, "pending", "a refused revise changes nothing");
+    assert_eq!(
+        w.status(p.id).await,
+        "pending",
+        "a refused revise changes nothing"
+    );
     assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
     assert_eq!(
-        sqlstate(revise(&w.human, &p, json!({"where": {"id": deal}, "set": {"stage": "lost"}})).await),
+        sqlstate(
+            revise(
+                &w.human,
+                &p,
+                json!({"where": {"id": deal}, "set": {"stage": "lost"}})
+            )
+            .await
+        ),
         "55000",
         "only from pending"
     );
@@ -365,7 +552,10 @@ async fn test_a_reviser_does_not_approve_its_own_revision_of_an_independent_tool
     let (b, bob) = w.other("approver", "app_human", "s-b").await;
     w.grant(&a, &t).await;
     w.grant(&b, &t).await;
-    let p = w.propose(&t, json!({"channel": "c", "text": "t"})).await.unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
     let r = alice
         .query_one(
             "SELECT action_id, token FROM keyturn.revise($1, $2, $3)",
@@ -374,6 +564,13 @@ async fn test_a_reviser_does_not_approve_its_own_revision_of_an_independent_tool
         .await
         .unwrap();
     let (id, token): (uuid::Uuid, String) = (r.get(0), r.get(1));
-    assert_eq!(sqlstate(approve_on(&alice, id, &token, None).await), "42501", "not its own edit");
-    assert_eq!(approve_on(&bob, id, &token, None).await.unwrap().0, "queued");
+    assert_eq!(
+        sqlstate(approve_on(&alice, id, &token, None).await),
+        "42501",
+        "not its own edit"
+    );
+    assert_eq!(
+        approve_on(&bob, id, &token, None).await.unwrap().0,
+        "queued"
+    );
 }

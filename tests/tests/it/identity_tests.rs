@@ -436,7 +436,11 @@ async fn test_pgoptions_identity_is_refused() {
         Some(w.tenant.as_str()),
         "fixture: the startup options set the GUC"
     );
-    assert_eq!(identity(&c).await.0, None, "and keyturn reads it as missing");
+    assert_eq!(
+        identity(&c).await.0,
+        None,
+        "and keyturn reads it as missing"
+    );
     assert_eq!(
         sqlstate(propose_on(&c, &tool, form(deal), json!({})).await),
         "42501",

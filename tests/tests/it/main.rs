@@ -11,8 +11,8 @@
 
 mod approve_outcomes_tests;
 mod approve_tests;
-mod ceremony_tests;
 mod audit_tests;
+mod ceremony_tests;
 mod dispatch_batch_tests;
 mod dispatch_tests;
 mod identity_tests;

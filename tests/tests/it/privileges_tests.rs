@@ -74,7 +74,10 @@ async fn test_each_role_executes_exactly_its_functions() {
     ];
     let expected = [
         ("app_nobody", set(PUBLIC_FNS, &[])),
-        ("app_agent", set(PUBLIC_FNS, &[&["propose"][..], &both].concat())),
+        (
+            "app_agent",
+            set(PUBLIC_FNS, &[&["propose"][..], &both].concat()),
+        ),
         ("app_human", set(PUBLIC_FNS, &[&human[..], &both].concat())),
         ("app_bypass", set(PUBLIC_FNS, &[&human[..], &both].concat())),
         (

@@ -55,7 +55,10 @@ fn recipients_tool(extra: Value) -> Value {
 async fn test_a_display_name_never_passes_for_an_address() {
     let w = World::new("member").await;
     let t = w.tool("mail", recipients_tool(json!({}))).await;
-    let padded = format!("\"ann@acme.com{}\" <attacker@evil.example>", " ".repeat(200));
+    let padded = format!(
+        "\"ann@acme.com{}\" <attacker@evil.example>",
+        " ".repeat(200)
+    );
     for to in [
         padded.as_str(),
         "Ann <ann@acme.com>",
@@ -82,7 +85,10 @@ async fn test_an_smtp_tool_must_check_its_recipients_as_addresses() {
             "to": {"type": "string"}, "subject": {"type": "string"}}}});
     let r = w
         .admin
-        .execute("SELECT keyturn.register_tool($1, $2)", &[&unique("smtp_loose"), &spec])
+        .execute(
+            "SELECT keyturn.register_tool($1, $2)",
+            &[&unique("smtp_loose"), &spec],
+        )
         .await;
     assert_eq!(sqlstate(r), "22023", "to without format: email is refused");
 }
@@ -97,7 +103,10 @@ async fn test_the_card_never_hides_a_recipient() {
         .await
         .unwrap();
     // Every element shown is whole, and the rest are counted, never cut off.
-    let shown: Vec<&String> = to.iter().filter(|a| p.summary.contains(a.as_str())).collect();
+    let shown: Vec<&String> = to
+        .iter()
+        .filter(|a| p.summary.contains(a.as_str()))
+        .collect();
     let rest = to.len() - shown.len();
     assert!(rest > 0, "forty addresses do not all fit: {}", p.summary);
     assert!(
@@ -117,8 +126,19 @@ async fn test_invisible_characters_never_reach_the_summary() {
         .propose(&t, json!({"channel": "ops", "text": sneaky}))
         .await
         .unwrap();
-    for c in ['\u{200B}', '\u{00AD}', '\u{2060}', '\u{FEFF}', '\u{3164}', '\u{E0041}'] {
-        assert!(!p.summary.contains(c), "{c:?} reached the card: {:?}", p.summary);
+    for c in [
+        '\u{200B}',
+        '\u{00AD}',
+        '\u{2060}',
+        '\u{FEFF}',
+        '\u{3164}',
+        '\u{E0041}',
+    ] {
+        assert!(
+            !p.summary.contains(c),
+            "{c:?} reached the card: {:?}",
+            p.summary
+        );
     }
     assert!(p.summary.contains("payroll run now"), "{:?}", p.summary);
 }
@@ -139,7 +159,10 @@ async fn test_what_is_written_follows_from_what_was_hashed() {
         .await
         .unwrap();
     let one_point_zero = w
-        .propose(&t, json!({"where": {"id": deals[1]}, "set": {"name": 1.00}}))
+        .propose(
+            &t,
+            json!({"where": {"id": deals[1]}, "set": {"name": 1.00}}),
+        )
         .await
         .unwrap();
     assert_eq!(w.approve(&one).await.unwrap().0, "succeeded");
@@ -159,7 +182,11 @@ async fn test_what_is_written_follows_from_what_was_hashed() {
 async fn test_a_timestamp_version_means_the_same_in_every_time_zone() {
     let w = World::new("member").await;
     let su = &w.superuser;
-    let t = table(su, "id bigint PRIMARY KEY, state text NOT NULL, changed_at timestamptz NOT NULL DEFAULT now()").await;
+    let t = table(
+        su,
+        "id bigint PRIMARY KEY, state text NOT NULL, changed_at timestamptz NOT NULL DEFAULT now()",
+    )
+    .await;
     su.batch_execute(&format!(
         "CREATE FUNCTION {t}_touch() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN NEW.changed_at := clock_timestamp(); RETURN NEW; END $$;
@@ -181,9 +208,14 @@ async fn test_a_timestamp_version_means_the_same_in_every_time_zone() {
     tx.batch_execute("SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle = 'SQL, DMY'")
         .await
         .unwrap();
-    let p = propose_on(&tx, &tool, json!({"where": {"id": 1}, "set": {"state": "closed"}}), json!({}))
-        .await
-        .unwrap();
+    let p = propose_on(
+        &tx,
+        &tool,
+        json!({"where": {"id": 1}, "set": {"state": "closed"}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
     let tx = w.human.transaction().await.unwrap();
     tx.batch_execute("SET LOCAL TimeZone = 'Europe/Berlin'; SET LOCAL DateStyle = 'German'")
@@ -212,17 +244,32 @@ async fn test_a_date_key_names_the_same_row_in_every_date_style() {
         )
         .await;
     let tx = w.agent.transaction().await.unwrap();
-    tx.batch_execute("SET LOCAL DateStyle = 'SQL, DMY'").await.unwrap();
-    let p = propose_on(&tx, &tool, json!({"where": {"day": "2026-02-01"}, "set": {"note": "changed"}}), json!({}))
+    tx.batch_execute("SET LOCAL DateStyle = 'SQL, DMY'")
         .await
         .unwrap();
+    let p = propose_on(
+        &tx,
+        &tool,
+        json!({"where": {"day": "2026-02-01"}, "set": {"note": "changed"}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
     let tx = w.human.transaction().await.unwrap();
-    tx.batch_execute("SET LOCAL DateStyle = 'SQL, MDY'").await.unwrap();
-    assert_eq!(approve_on(&tx, p.id, &p.token, None).await.unwrap().0, "succeeded");
+    tx.batch_execute("SET LOCAL DateStyle = 'SQL, MDY'")
+        .await
+        .unwrap();
+    assert_eq!(
+        approve_on(&tx, p.id, &p.token, None).await.unwrap().0,
+        "succeeded"
+    );
     tx.commit().await.unwrap();
     let rows = su
-        .query(&format!("SELECT day::text, note FROM {t} ORDER BY day"), &[])
+        .query(
+            &format!("SELECT day::text, note FROM {t} ORDER BY day"),
+            &[],
+        )
         .await
         .unwrap();
     let got: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
@@ -244,51 +291,88 @@ async fn test_a_login_that_inherits_both_sides_cannot_approve() {
     // Not app_human: a login that inherited its UPDATE on crm.deal would be an
     // agent that may write the table, and register_tool (rightly) refuses
     // gated tables an agent may write while this role exists.
-    let both = role(&w.superuser, "kt_both", "LOGIN IN ROLE app_agent, keyturn_approver").await;
+    let both = role(
+        &w.superuser,
+        "kt_both",
+        "LOGIN IN ROLE app_agent, keyturn_approver",
+    )
+    .await;
     let t = w.deal_tool(json!({})).await;
     let deal = w.deals(&w.principal, 1).await[0];
     let c = Conn::connect(&both, w.identity()).await;
-    let p = propose_on(&c, &t, json!({"where": {"id": deal}, "set": {"stage": "won"}}), json!({}))
-        .await
-        .expect("it may propose: it is an agent");
+    let p = propose_on(
+        &c,
+        &t,
+        json!({"where": {"id": deal}, "set": {"stage": "won"}}),
+        json!({}),
+    )
+    .await
+    .expect("it may propose: it is an agent");
     let tx = c.transaction().await.unwrap();
-    tx.batch_execute("SET LOCAL ROLE keyturn_approver").await.unwrap();
+    tx.batch_execute("SET LOCAL ROLE keyturn_approver")
+        .await
+        .unwrap();
     let r = approve_on(&tx, p.id, &p.token, None).await;
-    assert_eq!(sqlstate(r), "42501", "SET ROLE into the approver side does not make it a person");
+    assert_eq!(
+        sqlstate(r),
+        "42501",
+        "SET ROLE into the approver side does not make it a person"
+    );
     drop(tx);
     for call in [
         format!("SELECT keyturn.preview('{}', '{}')", p.id, p.token),
         format!("SELECT keyturn.reject('{}', '{}')", p.id, p.token),
-        format!("SELECT * FROM keyturn.revise('{}', '{}', '{{}}')", p.id, p.token),
+        format!(
+            "SELECT * FROM keyturn.revise('{}', '{}', '{{}}')",
+            p.id, p.token
+        ),
         format!("SELECT keyturn.delegate('{t}', '{{}}', 1, '1 hour')"),
         "SELECT * FROM keyturn.pending()".to_string(),
     ] {
         let tx = c.transaction().await.unwrap();
-        tx.batch_execute("SET LOCAL ROLE keyturn_approver").await.unwrap();
+        tx.batch_execute("SET LOCAL ROLE keyturn_approver")
+            .await
+            .unwrap();
         assert_eq!(sqlstate(tx.query(&call, &[]).await), "42501", "{call}");
     }
     assert_eq!(w.status(p.id).await, "pending");
     assert_eq!(w.writes(deal).await, 0);
-    w.superuser.batch_execute(&format!("DROP ROLE {both}")).await.unwrap();
+    w.superuser
+        .batch_execute(&format!("DROP ROLE {both}"))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
 async fn test_a_noinherit_authenticator_switching_roles_may_approve() {
     // The PostgREST pattern done right: one NOINHERIT login, the role per request.
     let w = World::new("member").await;
-    let auth = role(&w.superuser, "kt_auth", "LOGIN NOINHERIT IN ROLE app_agent, app_human").await;
+    let auth = role(
+        &w.superuser,
+        "kt_auth",
+        "LOGIN NOINHERIT IN ROLE app_agent, app_human",
+    )
+    .await;
     let t = w.deal_tool(json!({})).await;
     let deal = w.deals(&w.principal, 1).await[0];
     let c = Conn::connect(&auth, w.identity()).await;
     let tx = c.transaction().await.unwrap();
     tx.batch_execute("SET LOCAL ROLE app_agent").await.unwrap();
-    let p = propose_on(&tx, &t, json!({"where": {"id": deal}, "set": {"stage": "won"}}), json!({}))
-        .await
-        .unwrap();
+    let p = propose_on(
+        &tx,
+        &t,
+        json!({"where": {"id": deal}, "set": {"stage": "won"}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
     let tx = c.transaction().await.unwrap();
     tx.batch_execute("SET LOCAL ROLE app_human").await.unwrap();
-    assert_eq!(approve_on(&tx, p.id, &p.token, None).await.unwrap().0, "succeeded");
+    assert_eq!(
+        approve_on(&tx, p.id, &p.token, None).await.unwrap().0,
+        "succeeded"
+    );
     tx.commit().await.unwrap();
 }
 
@@ -323,7 +407,10 @@ async fn test_code_inside_the_approved_write_cannot_approve_anything() {
     let victim_tool = w.deal_tool(json!({})).await;
     let deal = w.deals(&w.principal, 1).await[0];
     let victim = w
-        .propose(&victim_tool, json!({"where": {"id": deal}, "set": {"stage": "lost"}}))
+        .propose(
+            &victim_tool,
+            json!({"where": {"id": deal}, "set": {"stage": "lost"}}),
+        )
         .await
         .unwrap();
     su.execute(
@@ -337,9 +424,16 @@ async fn test_code_inside_the_approved_write_cannot_approve_anything() {
         .await
         .unwrap();
     let (status, result) = w.approve(&shown).await.unwrap();
-    assert_eq!(status, "failed", "the write whose trigger reached keyturn fails");
+    assert_eq!(
+        status, "failed",
+        "the write whose trigger reached keyturn fails"
+    );
     assert_eq!(result.unwrap()["sqlstate"], "42501");
-    assert_eq!(w.status(victim.id).await, "pending", "the proposal nobody saw stays pending");
+    assert_eq!(
+        w.status(victim.id).await,
+        "pending",
+        "the proposal nobody saw stays pending"
+    );
     assert_eq!(w.stage_of(deal).await, "lead");
 }
 
@@ -390,7 +484,10 @@ async fn test_register_tool_refuses_a_table_agents_can_change() {
         let spec = json!({"executor": "sql", "sql": {"table": t, "key": "id", "set": ["state"], "where": ["id"]}});
         let r = w
             .admin
-            .execute("SELECT keyturn.register_tool($1, $2)", &[&unique("gated"), &spec])
+            .execute(
+                "SELECT keyturn.register_tool($1, $2)",
+                &[&unique("gated"), &spec],
+            )
             .await;
         assert_eq!(sqlstate(r), "22023", "{grant}");
     }
@@ -403,11 +500,21 @@ async fn test_check_deployment_reports_what_a_live_database_gets_wrong() {
     let t = table(su, "id bigint PRIMARY KEY, state text NOT NULL").await;
     w.tool("gated", json!({"executor": "sql", "sql": {"table": t, "key": "id", "set": ["state"], "where": ["id"]}}))
         .await;
-    let both = role(su, "kt_both", "LOGIN IN ROLE keyturn_agent, keyturn_approver").await;
-    su.batch_execute(&format!("GRANT TRIGGER ON {t} TO app_agent")).await.unwrap();
+    let both = role(
+        su,
+        "kt_both",
+        "LOGIN IN ROLE keyturn_agent, keyturn_approver",
+    )
+    .await;
+    su.batch_execute(&format!("GRANT TRIGGER ON {t} TO app_agent"))
+        .await
+        .unwrap();
     let rows = w
         .admin
-        .query("SELECT severity, object, problem FROM keyturn.check_deployment()", &[])
+        .query(
+            "SELECT severity, object, problem FROM keyturn.check_deployment()",
+            &[],
+        )
         .await
         .unwrap();
     let found = |object: &str, needle: &str| {
@@ -419,12 +526,18 @@ async fn test_check_deployment_reports_what_a_live_database_gets_wrong() {
     };
     assert!(found(&t, "may create triggers"), "the TRIGGER grant on {t}");
     assert!(found(&both, "inherits both"), "the login {both}");
-    su.batch_execute(&format!("REVOKE TRIGGER ON {t} FROM app_agent; DROP ROLE {both}"))
-        .await
-        .unwrap();
+    su.batch_execute(&format!(
+        "REVOKE TRIGGER ON {t} FROM app_agent; DROP ROLE {both}"
+    ))
+    .await
+    .unwrap();
     let agent = Conn::connect("app_agent", w.identity()).await;
     assert_eq!(
-        sqlstate(agent.query("SELECT * FROM keyturn.check_deployment()", &[]).await),
+        sqlstate(
+            agent
+                .query("SELECT * FROM keyturn.check_deployment()", &[])
+                .await
+        ),
         "42501",
         "not for agents"
     );
@@ -441,7 +554,10 @@ async fn test_a_table_write_cannot_give_an_approval_only_status() {
         .await
         .unwrap();
     let t = w.webhook_tool(json!({})).await;
-    let p = w.propose(&t, json!({"channel": "c", "text": "t"})).await.unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
     let c = connect(&writer).await;
     // 0.1.0 took the audit's actor from these settings.
     c.batch_execute("SET keyturn.actor_role = 'app_human'; SET keyturn.actor_principal = 'alice'")
@@ -458,9 +574,12 @@ async fn test_a_table_write_cannot_give_an_approval_only_status() {
     }
     assert_eq!(w.status(p.id).await, "pending");
     // A change the graph allows is logged as what it is: this role, directly.
-    c.execute("UPDATE keyturn.action SET status = 'rejected' WHERE id = $1", &[&p.id])
-        .await
-        .unwrap();
+    c.execute(
+        "UPDATE keyturn.action SET status = 'rejected' WHERE id = $1",
+        &[&p.id],
+    )
+    .await
+    .unwrap();
     let e = w
         .superuser
         .query_one(
@@ -479,7 +598,10 @@ async fn test_a_queued_row_no_approval_produced_is_never_dispatched() {
     let _g = DISPATCH_LOCK.lock().await;
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
-    let p = w.propose(&t, json!({"channel": "c", "text": "t"})).await.unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
     // With the triggers off (a tampered dump restored in replica mode), both
     // the row and the work list say queued.
     tamper(
@@ -515,16 +637,28 @@ async fn test_a_tenant_admin_manages_only_its_own_tenant() {
     let t = a.webhook_tool(json!({})).await;
     let newcomer = unique("user");
     a.human
-        .query_one("SELECT keyturn.add_member($1, $2, 'member')", &[&a.tenant, &newcomer])
+        .query_one(
+            "SELECT keyturn.add_member($1, $2, 'member')",
+            &[&a.tenant, &newcomer],
+        )
         .await
         .expect("its own tenant");
     a.human
-        .query_one("SELECT keyturn.grant_tool($1, $2, $3)", &[&a.tenant, &newcomer, &t])
+        .query_one(
+            "SELECT keyturn.grant_tool($1, $2, $3)",
+            &[&a.tenant, &newcomer, &t],
+        )
         .await
         .expect("grants in its own tenant");
     for (sql, what) in [
-        ("SELECT keyturn.add_member($1, $2, 'admin')", "another tenant's members"),
-        ("SELECT keyturn.remove_member($1, $2)", "another tenant's members"),
+        (
+            "SELECT keyturn.add_member($1, $2, 'admin')",
+            "another tenant's members",
+        ),
+        (
+            "SELECT keyturn.remove_member($1, $2)",
+            "another tenant's members",
+        ),
     ] {
         let r = a.human.query_one(sql, &[&b.tenant, &b.principal]).await;
         assert_eq!(sqlstate(r), "42501", "{what}");
@@ -532,7 +666,10 @@ async fn test_a_tenant_admin_manages_only_its_own_tenant() {
     // A member who is not an admin manages nothing.
     let r = b
         .human
-        .query_one("SELECT keyturn.add_member($1, $2, 'admin')", &[&b.tenant, &unique("user")])
+        .query_one(
+            "SELECT keyturn.add_member($1, $2, 'admin')",
+            &[&b.tenant, &unique("user")],
+        )
         .await;
     assert_eq!(sqlstate(r), "42501");
 }
@@ -547,14 +684,18 @@ async fn test_an_identity_that_prints_as_another_is_missing() {
         format!(" {}", w.principal),
         format!("{}\u{202E}", w.principal),
     ] {
-        let claims = json!({"tenant_id": w.tenant, "sub": sub, "session_id": w.session}).to_string();
+        let claims =
+            json!({"tenant_id": w.tenant, "sub": sub, "session_id": w.session}).to_string();
         let c = Conn::connect("app_agent", Identity::claims(&claims)).await;
         let read: Option<String> = c
             .query_one("SELECT keyturn.current_principal()", &[])
             .await
             .unwrap()
             .get(0);
-        assert_eq!(read, None, "{sub:?} is no principal at all, not one that prints as another");
+        assert_eq!(
+            read, None,
+            "{sub:?} is no principal at all, not one that prints as another"
+        );
         assert_eq!(
             sqlstate(propose_on(&c, &t, json!({"channel": "c", "text": "t"}), json!({})).await),
             "42501",
@@ -576,27 +717,46 @@ async fn test_a_lock_timeout_leaves_the_proposal_pending() {
         .unwrap();
     let holder = connect("postgres").await;
     holder
-        .batch_execute(&format!("BEGIN; SELECT 1 FROM crm.deal WHERE id = {deal} FOR UPDATE"))
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM crm.deal WHERE id = {deal} FOR UPDATE"
+        ))
         .await
         .unwrap();
     let tx = w.human.transaction().await.unwrap();
-    tx.batch_execute("SET LOCAL lock_timeout = '200ms'").await.unwrap();
+    tx.batch_execute("SET LOCAL lock_timeout = '200ms'")
+        .await
+        .unwrap();
     let r = approve_on(&tx, p.id, &p.token, None).await;
     assert_eq!(sqlstate(r), "55P03", "raised, not persisted");
     drop(tx);
     let tx = w.human.transaction().await.unwrap();
-    tx.batch_execute("SET LOCAL statement_timeout = '200ms'").await.unwrap();
-    assert_eq!(sqlstate(approve_on(&tx, p.id, &p.token, None).await), "57014");
+    tx.batch_execute("SET LOCAL statement_timeout = '200ms'")
+        .await
+        .unwrap();
+    assert_eq!(
+        sqlstate(approve_on(&tx, p.id, &p.token, None).await),
+        "57014"
+    );
     drop(tx);
-    assert_eq!(w.status(p.id).await, "pending", "the approval is not used up");
+    assert_eq!(
+        w.status(p.id).await,
+        "pending",
+        "the approval is not used up"
+    );
     holder.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(w.approve(&p).await.unwrap().0, "succeeded", "and works once the lock is gone");
+    assert_eq!(
+        w.approve(&p).await.unwrap().0,
+        "succeeded",
+        "and works once the lock is gone"
+    );
 }
 
 #[tokio::test]
 async fn test_an_advisory_lock_cannot_stall_a_tenants_proposals() {
     let w = World::new("member").await;
-    let t = w.webhook_tool(json!({"rate_limit": {"max": 100, "per": "1 hour"}})).await;
+    let t = w
+        .webhook_tool(json!({"rate_limit": {"max": 100, "per": "1 hour"}}))
+        .await;
     // 0.1.0 serialized rate-limited proposals on this guessable advisory key.
     let staller = connect("app_agent").await;
     staller
@@ -633,7 +793,10 @@ async fn test_credentials_hidden_in_text_are_refused() {
         );
     }
     let r = w
-        .propose(&t, json!({"channel": "c", "text": "t", "ｐａｓｓｗｏｒｄ": "x"}))
+        .propose(
+            &t,
+            json!({"channel": "c", "text": "t", "ｐａｓｓｗｏｒｄ": "x"}),
+        )
         .await;
     assert_eq!(sqlstate(r), "22023", "a fullwidth key");
 }
@@ -641,12 +804,19 @@ async fn test_credentials_hidden_in_text_are_refused() {
 #[tokio::test]
 async fn test_a_version_column_nothing_maintains_is_refused() {
     let w = World::new("member").await;
-    let t = table(&w.superuser, "id bigint PRIMARY KEY, state text NOT NULL, rev int NOT NULL DEFAULT 1").await;
+    let t = table(
+        &w.superuser,
+        "id bigint PRIMARY KEY, state text NOT NULL, rev int NOT NULL DEFAULT 1",
+    )
+    .await;
     let spec = json!({"executor": "sql", "sql": {"table": t, "key": "id", "version": "rev",
                                                 "set": ["state"], "where": ["id"]}});
     let r = w
         .admin
-        .execute("SELECT keyturn.register_tool($1, $2)", &[&unique("unversioned"), &spec])
+        .execute(
+            "SELECT keyturn.register_tool($1, $2)",
+            &[&unique("unversioned"), &spec],
+        )
         .await;
     assert_eq!(sqlstate(r), "22023");
 }
