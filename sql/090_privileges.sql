@@ -9,6 +9,12 @@
 -- is only asserted, a role that could set any tenant and SELECT would read
 -- every tenant's params. Nobody but a superuser writes a keyturn table.
 
+-- Revoked from every keyturn role first, so that running this file again (an
+-- upgrade does) leaves exactly the privileges below.
+REVOKE ALL ON ALL TABLES IN SCHEMA keyturn
+    FROM keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA keyturn
+    FROM keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
 REVOKE ALL ON SCHEMA keyturn FROM PUBLIC;
 GRANT USAGE ON SCHEMA keyturn TO PUBLIC;
 

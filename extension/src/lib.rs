@@ -45,12 +45,17 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/010_tables.sql",
     name = "tables",
-    requires = ["status", approval::new_approval_key]
+    requires = ["status"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/011_status_rules.sql",
+    name = "status_rules",
+    requires = ["tables"]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/020_guards.sql",
     name = "guards",
-    requires = ["tables"]
+    requires = ["status_rules"]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/030_access.sql",

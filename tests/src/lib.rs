@@ -31,9 +31,19 @@ pub fn port() -> u16 {
         .expect("KT_PGPORT must be a port number")
 }
 
+/// The database under test: `keyturn`, or `KT_DBNAME` (the upgrade layer runs
+/// this suite again on a database upgraded from the previous release).
+pub fn dbname() -> String {
+    std::env::var("KT_DBNAME").unwrap_or_else(|_| "keyturn".into())
+}
+
 /// A connection as `role` (trust authentication on the private cluster).
 pub async fn connect(role: &str) -> Client {
-    let url = format!("host=127.0.0.1 port={} user={role} dbname=keyturn", port());
+    let url = format!(
+        "host=127.0.0.1 port={} user={role} dbname={}",
+        port(),
+        dbname()
+    );
     let (client, connection) = tokio_postgres::connect(&url, NoTls)
         .await
         .unwrap_or_else(|e| panic!("connect as {role}: {e}"));
@@ -783,8 +793,9 @@ pub async fn listen(
     tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
 ) {
     let url = format!(
-        "host=127.0.0.1 port={} user=postgres dbname=keyturn",
-        port()
+        "host=127.0.0.1 port={} user=postgres dbname={}",
+        port(),
+        dbname()
     );
     let (client, mut connection) = tokio_postgres::connect(&url, NoTls)
         .await

@@ -410,9 +410,10 @@ async fn test_pgoptions_identity_is_refused() {
     // What PGOPTIONS="-c keyturn.tenant=…" does: identity in the startup packet.
     let with_options = || async {
         let url = format!(
-            "host=127.0.0.1 port={} user=app_agent dbname=keyturn \
+            "host=127.0.0.1 port={} user=app_agent dbname={} \
              options='-c keyturn.tenant={} -c keyturn.principal={} -c keyturn.session={}'",
             port(),
+            dbname(),
             w.tenant,
             w.principal,
             w.session
