@@ -134,6 +134,29 @@ mod tests;
     requires = ["dispatch_batch"]
 );
 ::pgrx::extension_sql_file!(
+    "../../sql/080_comments.sql",
+    name = "comments",
+    requires = [
+        "deployment",
+        identity::current_tenant,
+        identity::current_principal,
+        identity::current_session,
+        canonical::canonical_json,
+        canonical::params_hash,
+        gate::agent::propose,
+        gate::human::approve,
+        gate::human::approve_many,
+        gate::human::preview,
+        gate::human::reject,
+        gate::human::revise,
+        gate::human::pending,
+        gate::human::delegate,
+        gate::human::revoke_delegation,
+        gate::human::delegations,
+        gate::human::record_request
+    ]
+);
+::pgrx::extension_sql_file!(
     "../../sql/090_privileges.sql",
     name = "privileges",
     finalize
