@@ -173,6 +173,36 @@ BEGIN
 END
 $$;
 
+-- Which files the dispatcher must send with an action, from the approved
+-- params: the one place that knows a tool's attachments_param, so keyturnd
+-- never guesses from the params' shape. Leased or executing under that lease
+-- (else 55000); no rows when the tool takes no attachments.
+CREATE FUNCTION keyturn.attachments(action_id uuid, lease_id uuid)
+RETURNS TABLE (param text, ord int, file_id uuid, sha256 text, filename text, content_type text, size bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    a keyturn.action;
+    v keyturn.tool_version;
+BEGIN
+    PERFORM keyturn._refuse_nested('attachments');
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = attachments.action_id;
+    PERFORM keyturn._raise_lease_problem(
+        keyturn._lease_problem(a, attachments.action_id, attachments.lease_id, '{leased,executing}', false));
+    SELECT t.* INTO v FROM keyturn.tool_version t WHERE t.tool = a.tool AND t.version = a.tool_version;
+    IF v.attachments_param IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT v.attachments_param, t.ord::int, t.file_id, t.meta ->> 'sha256', t.meta ->> 'filename',
+           t.meta ->> 'content_type', (t.meta ->> 'size')::bigint
+      FROM keyturn._attachments(v, coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
+                                                         WHERE s.action_id = a.id))) t
+     ORDER BY t.ord;
+END
+$$;
+
 -- The bytes of one attachment, for the dispatcher building the provider's
 -- request in memory: only while the action is executing under that lease
 -- (else 55000), and only a file bound to it.
@@ -193,7 +223,8 @@ BEGIN
      WHERE s.id = file_content.file_id AND s.action_id = file_content.action_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'keyturn: file % is not an attachment of action %', file_content.file_id, file_content.action_id
-            USING ERRCODE = '55000';
+            USING ERRCODE = '55000',
+                  HINT = 'keyturn.attachments(action_id, lease_id) lists the files of an action.';
     END IF;
     RETURN v;
 END

@@ -60,6 +60,7 @@ COMMENT ON FUNCTION keyturn.archive_conversation(text) IS 'Ends a conversation n
 COMMENT ON FUNCTION keyturn.action_status(uuid) IS 'An action''s status and result, if visible to the caller.';
 COMMENT ON FUNCTION keyturn.audit(uuid) IS 'An action''s events in order (operators: every action; others: what their identity may see).';
 COMMENT ON FUNCTION keyturn.stage_file(bytea, text, text) IS 'Stages an attachment''s bytes for the caller''s principal; returns its id, SHA-256 and size.';
+COMMENT ON FUNCTION keyturn.attachments(uuid, uuid) IS 'Dispatcher: the files an action sends (from its approved params, in their order), while it is leased or executing under that lease.';
 COMMENT ON FUNCTION keyturn.file_content(uuid, uuid, uuid) IS 'Dispatcher: an attachment''s bytes, only while its action is executing under that lease.';
 COMMENT ON FUNCTION keyturn.register_projection(text, jsonb) IS 'Admin: which fields of a provider''s data may reach a prompt; returns the new version.';
 COMMENT ON FUNCTION keyturn.fence(text, jsonb) IS 'A provider''s data as a fenced, projected reference block, with a fresh marker and the guard that names it.';

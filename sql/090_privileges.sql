@@ -60,7 +60,8 @@ GRANT EXECUTE ON FUNCTION
     keyturn.complete(uuid, uuid, text, jsonb, interval), keyturn.sweep(),
     keyturn.begin_dispatch_many(uuid[], uuid[]),
     keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[]),
-    keyturn.file_content(uuid, uuid, uuid)
+    keyturn.file_content(uuid, uuid, uuid),
+    keyturn.attachments(uuid, uuid)
 TO keyturn_dispatcher;
 
 -- Operator.
