@@ -261,6 +261,41 @@ pub async fn lease(
     rows.iter().map(LeasedJob::from_row).collect()
 }
 
+/// `keyturn.file_content(action_id, lease_id, file_id)`: the bytes of one
+/// attachment of an action `executing` under this lease (else `55000`).
+/// Never log or store what it returns.
+pub async fn file_content(
+    client: &Client,
+    action_id: Uuid,
+    lease_id: Uuid,
+    file_id: Uuid,
+) -> Result<Vec<u8>, Error> {
+    let row = query_one(
+        client,
+        "SELECT keyturn.file_content($1, $2, $3) AS content",
+        &[
+            (&action_id, Type::UUID),
+            (&lease_id, Type::UUID),
+            (&file_id, Type::UUID),
+        ],
+    )
+    .await?;
+    get(&row, "content")
+}
+
+/// Whether `e` is `file_content` saying the file is not stored for this
+/// action (as opposed to the lease or the action's status, the other
+/// `55000`). Told apart by the message, the only difference the function
+/// gives.
+pub fn is_missing_file(e: &Error) -> bool {
+    match e {
+        Error::Db(db) if e.is_object_not_in_state() => db
+            .as_db_error()
+            .is_some_and(|d| d.message().contains("is not an attachment of action")),
+        _ => false,
+    }
+}
+
 /// `keyturn.complete(action_id, lease_id, outcome, receipt, retry_after)`;
 /// returns the new status.
 pub async fn complete(
