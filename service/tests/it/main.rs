@@ -15,6 +15,7 @@
 #[macro_use]
 mod support;
 
+mod attachments;
 mod binary;
 mod e2e_dispatch;
 mod e2e_pg_restart;
