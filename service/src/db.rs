@@ -23,6 +23,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde::Serialize;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls, Row, Transaction};
 use uuid::Uuid;
@@ -284,10 +285,14 @@ pub async fn file_content(
 }
 
 /// Whether `e` is `file_content` saying the file is not stored for this
-/// action (as opposed to the lease or the action's status, the other
-/// `55000`). Told apart by the message, the only difference the function
-/// gives.
+/// action (as opposed to the lease or the action's status). Today both are
+/// `55000` and only the message tells them apart; `P0002` (`no_data_found`)
+/// is accepted as well, for an extension that gives the missing file a code
+/// of its own.
 pub fn is_missing_file(e: &Error) -> bool {
+    if e.sqlstate() == Some(&SqlState::NO_DATA_FOUND) {
+        return true;
+    }
     match e {
         Error::Db(db) if e.is_object_not_in_state() => db
             .as_db_error()
