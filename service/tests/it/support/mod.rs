@@ -4,6 +4,7 @@
 
 pub mod e2e;
 pub mod fake_smtp;
+pub mod files;
 
 use keyturnd::db::LeasedJob;
 use uuid::Uuid;
