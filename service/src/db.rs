@@ -23,7 +23,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde::Serialize;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls, Row, Transaction};
 use uuid::Uuid;
@@ -262,6 +261,52 @@ pub async fn lease(
     rows.iter().map(LeasedJob::from_row).collect()
 }
 
+/// One file an action sends, as `keyturn.attachments` lists it.
+#[derive(Clone, Debug)]
+pub struct ListedFile {
+    /// The params key whose list names it (the tool's `attachments_param`).
+    pub param: String,
+    /// The staged file.
+    pub file_id: Uuid,
+    /// Lowercase hex SHA-256 of the bytes.
+    pub sha256: String,
+    /// The name it is sent under.
+    pub filename: String,
+    /// `type/subtype`.
+    pub content_type: String,
+    /// Length in bytes.
+    pub size: i64,
+}
+
+/// `keyturn.attachments(action_id, lease_id)`: the files an action sends,
+/// from its approved params, in their order; none when its tool takes no
+/// attachments. `55000` unless it is leased or executing under this lease.
+pub async fn attachments(
+    client: &Client,
+    action_id: Uuid,
+    lease_id: Uuid,
+) -> Result<Vec<ListedFile>, Error> {
+    let rows = query(
+        client,
+        "SELECT param, file_id, sha256, filename, content_type, size \
+           FROM keyturn.attachments($1, $2) ORDER BY ord",
+        &[(&action_id, Type::UUID), (&lease_id, Type::UUID)],
+    )
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(ListedFile {
+                param: get(r, "param")?,
+                file_id: get(r, "file_id")?,
+                sha256: get(r, "sha256")?,
+                filename: get(r, "filename")?,
+                content_type: get(r, "content_type")?,
+                size: get(r, "size")?,
+            })
+        })
+        .collect()
+}
+
 /// `keyturn.file_content(action_id, lease_id, file_id)`: the bytes of one
 /// attachment of an action `executing` under this lease (else `55000`).
 /// Never log or store what it returns.
@@ -285,14 +330,9 @@ pub async fn file_content(
 }
 
 /// Whether `e` is `file_content` saying the file is not stored for this
-/// action (as opposed to the lease or the action's status). Today both are
-/// `55000` and only the message tells them apart; `P0002` (`no_data_found`)
-/// is accepted as well, for an extension that gives the missing file a code
-/// of its own.
+/// action (as opposed to the lease or the action's status): both are
+/// `55000`, and only the message tells them apart.
 pub fn is_missing_file(e: &Error) -> bool {
-    if e.sqlstate() == Some(&SqlState::NO_DATA_FOUND) {
-        return true;
-    }
     match e {
         Error::Db(db) if e.is_object_not_in_state() => db
             .as_db_error()

@@ -9,18 +9,14 @@
 //! `begin_dispatch` committed (which re-hashed them) and before the provider
 //! call, and they live only in memory for that one call.
 //!
-//! **Which key.** `keyturn.lease` does not say which param is the tool's
-//! `attachments_param`, and the dispatcher may not read the tool, so the
-//! key is recognized by shape ([`is_attachment_list`]): every top-level
-//! params value that is an array whose every element is an object with
-//! exactly those five keys and a UUID string `file_id`. The rule can only
-//! err towards reading *more* files than the tool declares, never fewer, and
-//! the database answers only for files bound to this very action (the ones
-//! in its `attachments_param`, checked at propose): a look-alike list in
-//! another param makes the attempt `failed` before anything is sent, it
-//! never sends a file the approved metadata does not name, and it never
-//! drops one it does. An empty array names no file and carries nothing an
-//! adapter could leave out, so it counts as a (vacuous) list too.
+//! **Which key.** The database says: `keyturn.attachments(action_id,
+//! lease_id)` lists the files of an action from its approved params, each
+//! with the key its tool's spec names `attachments_param`, in list order.
+//! keyturnd never decides which params are files. It only skips that round
+//! trip for a job whose params hold no list shaped like one
+//! ([`may_name_files`]): `propose` accepts an attachment list only in that
+//! exact shape, so such a job has no files. A look-alike list under another
+//! key is just a param, sent as the approver saw it.
 //!
 //! **Bytes.** An [`Attachment`] exists only with bytes whose length and
 //! SHA-256 equal its metadata ([`Attachment::verified`]), so an adapter can
@@ -95,7 +91,9 @@ fn whole_number(v: &Value) -> Option<u64> {
     (f.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(&f)).then_some(f as u64)
 }
 
-/// Whether `value` has the shape of an attachment list (see the module docs).
+/// Whether `value` has the shape of an attachment list: an array whose
+/// every element is an object with exactly [`META_KEYS`] and a UUID string
+/// `file_id`. An empty array has it too.
 pub fn is_attachment_list(value: &Value) -> bool {
     let Some(items) = value.as_array() else {
         return false;
@@ -112,39 +110,34 @@ pub fn is_attachment_list(value: &Value) -> bool {
     })
 }
 
-/// The params keys that hold attachment lists, in key order.
-pub fn attachment_keys(params: &Value) -> Vec<&str> {
-    params
-        .as_object()
-        .map(|obj| {
-            obj.iter()
-                .filter(|(_, v)| is_attachment_list(v))
-                .map(|(k, _)| k.as_str())
-                .collect()
-        })
-        .unwrap_or_default()
+/// Whether the params might name files: some top-level value is a
+/// non-empty attachment list. When not, the job has none and keyturnd does
+/// not ask the database.
+pub fn may_name_files(params: &Value) -> bool {
+    params.as_object().is_some_and(|obj| {
+        obj.values()
+            .any(|v| v.as_array().is_some_and(|a| !a.is_empty()) && is_attachment_list(v))
+    })
 }
 
-/// Every attachment the params name, in key order and then list order (a
-/// fixed order: params come from jsonb, whose key order is canonical).
-/// `Err` when an element does not read as metadata, or a file is named
-/// twice; the message names no value.
-pub fn named_in(params: &Value) -> Result<Vec<AttachmentMeta>, &'static str> {
+/// The metadata listed under `key`, in list order. `Err` when that is not
+/// an attachment list, an element does not read as metadata, or a file is
+/// named twice; the message names no value.
+pub fn listed_under(params: &Value, key: &str) -> Result<Vec<AttachmentMeta>, &'static str> {
+    let list = params.get(key).unwrap_or(&Value::Null);
+    if !is_attachment_list(list) {
+        return Err("the attachments param is not a list of attachment metadata");
+    }
     let mut metas: Vec<AttachmentMeta> = Vec::new();
-    let Some(obj) = params.as_object() else {
-        return Ok(metas);
-    };
-    for value in obj.values().filter(|v| is_attachment_list(v)) {
-        for item in value.as_array().into_iter().flatten() {
-            let meta = item
-                .as_object()
-                .ok_or("attachment metadata must be objects")
-                .and_then(AttachmentMeta::from_object)?;
-            if metas.iter().any(|m| m.file_id == meta.file_id) {
-                return Err("params name one attachment twice");
-            }
-            metas.push(meta);
+    for item in list.as_array().into_iter().flatten() {
+        let meta = item
+            .as_object()
+            .ok_or("attachment metadata must be objects")
+            .and_then(AttachmentMeta::from_object)?;
+        if metas.iter().any(|m| m.file_id == meta.file_id) {
+            return Err("params name one attachment twice");
         }
+        metas.push(meta);
     }
     Ok(metas)
 }
@@ -157,9 +150,11 @@ pub struct Mismatch {
     pub file_id: Uuid,
 }
 
-/// One file to send: approved metadata and bytes known to match it.
+/// One file to send: the params key that lists it, its approved metadata
+/// and bytes known to match it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Attachment {
+    param: String,
     meta: AttachmentMeta,
     bytes: Vec<u8>,
 }
@@ -178,7 +173,7 @@ impl Attachment {
     /// differs from it. The database re-hashed them at `begin_dispatch`
     /// already; this keeps an adapter from ever sending other bytes, should
     /// storage or the connection have changed them since.
-    pub fn verified(meta: AttachmentMeta, bytes: Vec<u8>) -> Result<Self, Mismatch> {
+    pub fn verified(param: String, meta: AttachmentMeta, bytes: Vec<u8>) -> Result<Self, Mismatch> {
         let same_size = u64::try_from(bytes.len()).is_ok_and(|n| n == meta.size);
         let digest = hex::encode(Sha256::digest(&bytes));
         if !same_size || !digest.eq_ignore_ascii_case(&meta.sha256) {
@@ -186,7 +181,12 @@ impl Attachment {
                 file_id: meta.file_id,
             });
         }
-        Ok(Attachment { meta, bytes })
+        Ok(Attachment { param, meta, bytes })
+    }
+
+    /// The params key whose list names this file.
+    pub fn param(&self) -> &str {
+        &self.param
     }
 
     /// The approved metadata.
@@ -200,26 +200,29 @@ impl Attachment {
     }
 }
 
-/// The attachments to send with `params`, in [`named_in`] order: exactly
-/// the files the params name, each once. `Err` (naming no value) when the
-/// two sets differ, so an adapter neither drops an approved file nor sends
-/// one nobody approved.
+/// The attachments to send with `params`, in the order their list names
+/// them: exactly the files that list names, each once. No attachments is
+/// no files (the database listed none). `Err` (naming no value) when the
+/// files do not share one key or are not exactly that key's list, so an
+/// adapter neither drops an approved file nor sends one nobody approved.
 pub fn in_params_order<'a>(
     params: &Value,
     attachments: &'a [Attachment],
 ) -> Result<Vec<&'a Attachment>, &'static str> {
-    let metas = named_in(params)?;
+    const NOT_THESE: &str = "the attachments given are not the ones the params name";
+    let Some(first) = attachments.first() else {
+        return Ok(Vec::new());
+    };
+    if attachments.iter().any(|a| a.param != first.param) {
+        return Err(NOT_THESE);
+    }
+    let metas = listed_under(params, &first.param)?;
     if metas.len() != attachments.len() {
-        return Err("the attachments given are not the ones the params name");
+        return Err(NOT_THESE);
     }
     metas
         .iter()
-        .map(|m| {
-            attachments
-                .iter()
-                .find(|a| a.meta == *m)
-                .ok_or("the attachments given are not the ones the params name")
-        })
+        .map(|m| attachments.iter().find(|a| a.meta == *m).ok_or(NOT_THESE))
         .collect()
 }
 
@@ -269,46 +272,64 @@ mod tests {
     }
 
     #[test]
-    fn test_named_in_reads_every_list_in_order() {
-        let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    fn test_only_a_non_empty_list_may_name_files() {
+        let id = Uuid::new_v4();
+        let one = json!([meta_json(id, b"x", "a.pdf")]);
+        assert!(may_name_files(&json!({"to": "x", "files": one})));
+        for none in [
+            json!({"files": []}),
+            json!({"tags": ["a"], "to": "x"}),
+            json!({"files": [{"file_id": id.to_string()}]}),
+            json!(["not", "an", "object"]),
+        ] {
+            assert!(!may_name_files(&none), "{none}");
+        }
+    }
+
+    #[test]
+    fn test_listed_under_reads_one_key_in_order() {
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
         let params = json!({
             "files": [meta_json(a, b"one", "1.pdf"), meta_json(b, b"two", "2.pdf")],
-            "also": [meta_json(c, b"three", "3.pdf")],
             "to": "x@example.com",
-            "tags": ["a"],
         });
-        let ids: Vec<Uuid> = named_in(&params)
+        let ids: Vec<Uuid> = listed_under(&params, "files")
             .expect("reads")
             .iter()
             .map(|m| m.file_id)
             .collect();
-        assert_eq!(ids, vec![c, a, b], "key order (jsonb's), then list order");
-        assert_eq!(attachment_keys(&params), vec!["also", "files"]);
+        assert_eq!(ids, vec![a, b], "list order");
+        assert!(listed_under(&params, "to").is_err(), "not a list");
+        assert!(listed_under(&params, "absent").is_err());
 
         let mut scaled = meta_json(a, b"one", "1.pdf");
         scaled["size"] = json!(3.0);
-        assert_eq!(named_in(&json!({"f": [scaled]})).expect("3.0")[0].size, 3);
+        assert_eq!(
+            listed_under(&json!({"f": [scaled]}), "f").expect("3.0")[0].size,
+            3
+        );
         let mut bad = meta_json(a, b"one", "1.pdf");
         bad["filename"] = json!(1);
         assert!(
-            named_in(&json!({"f": [bad]})).is_err(),
+            listed_under(&json!({"f": [bad]}), "f").is_err(),
             "refused, not skipped"
         );
         let twice = json!({"f": [meta_json(a, b"1", "x"), meta_json(a, b"1", "x")]});
-        assert!(named_in(&twice).is_err());
+        assert!(listed_under(&twice, "f").is_err());
     }
 
     #[test]
     fn test_only_matching_bytes_make_an_attachment() {
         let id = Uuid::new_v4();
         let params = json!({"files": [meta_json(id, b"%PDF-1.7", "a.pdf")]});
-        let meta = named_in(&params).expect("reads").remove(0);
+        let meta = listed_under(&params, "files").expect("reads").remove(0);
+        let files = || "files".to_owned();
         assert_eq!(
-            Attachment::verified(meta.clone(), b"%PDF-1.8".to_vec()),
+            Attachment::verified(files(), meta.clone(), b"%PDF-1.8".to_vec()),
             Err(Mismatch { file_id: id })
         );
-        assert!(Attachment::verified(meta.clone(), b"%PDF-1.7 ".to_vec()).is_err());
-        let ok = Attachment::verified(meta, b"%PDF-1.7".to_vec()).expect("matches");
+        assert!(Attachment::verified(files(), meta.clone(), b"%PDF-1.7 ".to_vec()).is_err());
+        let ok = Attachment::verified(files(), meta, b"%PDF-1.7".to_vec()).expect("matches");
         let shown = format!("{ok:?} {:?}", ok.meta());
         assert!(
             !shown.contains("a.pdf") && !shown.contains("PDF"),
@@ -323,7 +344,7 @@ mod tests {
             1
         );
         assert!(
-            in_params_order(&params, &[]).is_err(),
+            in_params_order(&json!({"files": [meta_json(id, b"%PDF-1.7", "a.pdf"), meta_json(Uuid::new_v4(), b"2", "b.pdf")]}), std::slice::from_ref(&ok)).is_err(),
             "an approved file missing"
         );
         assert!(

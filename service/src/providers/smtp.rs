@@ -180,14 +180,17 @@ pub struct Email {
 
 impl Email {
     /// Reads the params, refusing anything this adapter would not send
-    /// faithfully. Error messages name keys, never values.
-    pub fn from_params(params: &Value) -> Result<Self, &'static str> {
+    /// faithfully. `files_key` is the key that lists the attachments being
+    /// sent, if any; an empty list names nothing, so it may stand under any
+    /// key (the database lists no files, so no key, for it). Error messages
+    /// name keys, never values.
+    pub fn from_params(params: &Value, files_key: Option<&str>) -> Result<Self, &'static str> {
         let obj = params.as_object().ok_or("params must be an object")?;
-        let attachment_keys = attachments::attachment_keys(params);
-        if obj
-            .keys()
-            .any(|k| !KNOWN_KEYS.contains(&k.as_str()) && !attachment_keys.contains(&k.as_str()))
-        {
+        if obj.iter().any(|(k, v)| {
+            !KNOWN_KEYS.contains(&k.as_str())
+                && Some(k.as_str()) != files_key
+                && v.as_array().is_none_or(|a| !a.is_empty())
+        }) {
             return Err("params has a key the smtp adapter does not send");
         }
         let bare = |s: &str| -> Result<String, &'static str> {
@@ -278,7 +281,7 @@ impl SmtpProvider {
         job: &LeasedJob,
         attachments: &[Attachment],
     ) -> Result<(Envelope, Vec<u8>, String), &'static str> {
-        let email = Email::from_params(&job.params)?;
+        let email = Email::from_params(&job.params, attachments.first().map(Attachment::param))?;
         let files = attachments::in_params_order(&job.params, attachments)?;
         // Already a bare addr-spec: parsed as an address, never as a
         // mailbox that could carry a display name.
@@ -554,10 +557,10 @@ mod tests {
 
     #[test]
     fn test_params_shapes() {
-        let e = Email::from_params(&json!({"to": "a@b.c", "subject": "s", "body": "b"}))
+        let e = Email::from_params(&json!({"to": "a@b.c", "subject": "s", "body": "b"}), None)
             .expect("single");
         assert_eq!(e.to, vec!["a@b.c"]);
-        let e = Email::from_params(&json!({"to": ["a@b.c", "d@e.f"], "cc": "g@h.i", "bcc": ["x@y.z"], "reply_to": "r@s.t", "subject": "s", "body": "b"}))
+        let e = Email::from_params(&json!({"to": ["a@b.c", "d@e.f"], "cc": "g@h.i", "bcc": ["x@y.z"], "reply_to": "r@s.t", "subject": "s", "body": "b"}), None)
             .expect("full");
         assert_eq!(
             (e.to.len(), e.cc.len(), e.bcc.len(), e.reply_to.as_deref()),
@@ -567,7 +570,7 @@ mod tests {
             "file_id": "0190d6a8-0000-7000-8000-000000000001", "sha256": "00", "filename": "a.pdf",
             "content_type": "application/pdf", "size": 1}]});
         assert!(
-            Email::from_params(&with_files).is_ok(),
+            Email::from_params(&with_files, Some("files")).is_ok(),
             "an attachment list"
         );
         for bad in [
@@ -576,10 +579,11 @@ mod tests {
             json!({"to": "a@b.c", "body": "b"}),
             json!({"to": "a@b.c", "subject": "s", "body": "b", "note": "x"}),
             json!({"to": "a@b.c", "subject": "s", "body": "b", "files": [{"file_id": "1"}]}),
+            json!({"to": "a@b.c", "subject": "s", "body": "b", "other": [{"file_id": "1"}]}),
             json!({"to": [1], "subject": "s", "body": "b"}),
             json!("a string"),
         ] {
-            assert!(Email::from_params(&bad).is_err(), "{bad}");
+            assert!(Email::from_params(&bad, None).is_err(), "{bad}");
         }
     }
 
@@ -596,10 +600,13 @@ mod tests {
             for key in ["to", "cc", "bcc", "reply_to"] {
                 let mut params = json!({"to": "ok@example.com", "subject": "s", "body": "b"});
                 params[key] = json!(addr);
-                assert!(Email::from_params(&params).is_err(), "{key}: {addr}");
+                assert!(Email::from_params(&params, None).is_err(), "{key}: {addr}");
                 if key != "reply_to" {
                     params[key] = json!(["ok2@example.com", addr]);
-                    assert!(Email::from_params(&params).is_err(), "{key}: [{addr}]");
+                    assert!(
+                        Email::from_params(&params, None).is_err(),
+                        "{key}: [{addr}]"
+                    );
                 }
             }
         }

@@ -482,9 +482,14 @@ mod tests {
                           "filename": "a.pdf", "content_type": "application/pdf", "size": bytes.len()});
         let mut job = LeasedJob::example();
         job.params = json!({"files": [meta]});
-        let meta = attachments::named_in(&job.params).expect("named").remove(0);
-        let file = Attachment::verified(meta, bytes.clone()).expect("matches");
-        assert!(body(&job, &[]).is_err(), "a named file is never left out");
+        let meta = attachments::listed_under(&job.params, "files")
+            .expect("named")
+            .remove(0);
+        let file = Attachment::verified("files".into(), meta, bytes.clone()).expect("matches");
+        assert!(
+            body(&job, &[]).is_ok(),
+            "no files listed: the list is a param like any other"
+        );
         let v: serde_json::Value =
             serde_json::from_slice(&body(&job, std::slice::from_ref(&file)).expect("body"))
                 .expect("json");

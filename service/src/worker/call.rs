@@ -2,8 +2,9 @@
 //! `executing`, bounded by the lease left (never by more than the configured
 //! timeout); its outcome goes to the completion queue.
 //!
-//! **Attachments.** When the params name files, their bytes are read here,
-//! after `begin_dispatch` committed and before the provider is called, with
+//! **Attachments.** When the params may name files, the database says which
+//! (`keyturn.attachments`), and their bytes are read here, after
+//! `begin_dispatch` committed and before the provider is called, with
 //! `keyturn.file_content` (the dispatcher's only way to them, and only while
 //! the action is `executing` under this lease), checked against their
 //! approved size and SHA-256, and handed to the provider in memory. If any
@@ -26,7 +27,7 @@ use crate::classify::Outcome;
 use crate::config::LEASE_SAFETY_MARGIN;
 use crate::db::{self, LeasedJob};
 use crate::error::Error;
-use crate::providers::attachments::{self, Attachment};
+use crate::providers::attachments::{self, Attachment, AttachmentMeta};
 use crate::providers::{not_sent, CallResult, Provider};
 
 /// Extra time a provider gets past its own bound before the worker stops
@@ -78,31 +79,40 @@ async fn read_attachments(
     job: &LeasedJob,
     deadline: Instant,
 ) -> Result<Vec<Attachment>, CallResult> {
-    let metas = attachments::named_in(&job.params).map_err(|why| {
-        tracing::error!(why, "attachment metadata unreadable; provider not called");
-        not_sent(Outcome::Failed, why)
-    })?;
-    if metas.is_empty() {
+    if !attachments::may_name_files(&job.params) {
         return Ok(Vec::new());
-    }
-    if !provider.takes_attachments() {
-        tracing::error!(
-            attachments = metas.len(),
-            "the params name attachments and this provider sends none; failed, provider not called"
-        );
-        return Err(not_sent(
-            Outcome::Failed,
-            "this provider does not send attachments",
-        ));
     }
     let reads = async {
         let client = ctx.pool.get().await.map_err(|e| unread(&e.into()))?;
-        let mut files = Vec::with_capacity(metas.len());
-        for meta in metas {
+        let listed = db::attachments(&client, job.action_id, job.lease_id)
+            .await
+            .map_err(|e| unread(&e))?;
+        if listed.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !provider.takes_attachments() {
+            tracing::error!(
+                attachments = listed.len(),
+                "the action has attachments and this provider sends none; failed, provider not called"
+            );
+            return Err(not_sent(
+                Outcome::Failed,
+                "this provider does not send attachments",
+            ));
+        }
+        let mut files = Vec::with_capacity(listed.len());
+        for f in listed {
+            let meta = AttachmentMeta {
+                file_id: f.file_id,
+                sha256: f.sha256,
+                filename: f.filename,
+                content_type: f.content_type,
+                size: u64::try_from(f.size).unwrap_or(u64::MAX),
+            };
             let bytes = db::file_content(&client, job.action_id, job.lease_id, meta.file_id)
                 .await
                 .map_err(|e| unread(&e))?;
-            let file = Attachment::verified(meta, bytes).map_err(|m| {
+            let file = Attachment::verified(f.param, meta, bytes).map_err(|m| {
                 tracing::error!(file_id = %m.file_id, "attachment bytes differ from their approved size or SHA-256; failed, provider not called");
                 not_sent(
                     Outcome::Failed,
@@ -120,6 +130,9 @@ async fn read_attachments(
     let files = tokio::time::timeout_at(reads_by, reads)
         .await
         .unwrap_or_else(|_| Err(too_slow()))?;
+    if files.is_empty() {
+        return Ok(files);
+    }
     // Below half the call timeout the webhook adapter's connect phase no
     // longer fits, and a slow connect would read as a timeout after sending
     // (`unknown`) instead of a refused one (`retry`).

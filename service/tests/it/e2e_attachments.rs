@@ -256,6 +256,24 @@ async fn test_file_content_only_while_executing_under_the_lease() {
     assert_eq!(job.action_id, a.id);
     let refused = |e: &keyturnd::Error| e.is_object_not_in_state() && !db::is_missing_file(e);
 
+    // Which files: the database says, leased or executing, under this lease.
+    let listed = db::attachments(&d, a.id, job.lease_id)
+        .await
+        .expect("leased");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (
+            listed[0].param.as_str(),
+            listed[0].file_id,
+            json!(listed[0].sha256)
+        ),
+        ("files", file_id, meta["sha256"].clone())
+    );
+    let e = db::attachments(&d, a.id, Uuid::new_v4())
+        .await
+        .expect_err("another lease");
+    assert!(refused(&e), "{e}");
+
     let e = db::file_content(&d, a.id, job.lease_id, file_id)
         .await
         .expect_err("leased, not executing");
@@ -286,6 +304,10 @@ async fn test_file_content_only_while_executing_under_the_lease() {
         .await
         .expect_err("final");
     assert!(refused(&e), "{e}");
+    let e = db::attachments(&d, a.id, job.lease_id)
+        .await
+        .expect_err("final");
+    assert!(refused(&e), "{e}");
     assert_eq!(
         w.count(
             "SELECT count(*) FROM keyturn.staged_file WHERE id = $1",
@@ -296,13 +318,11 @@ async fn test_file_content_only_while_executing_under_the_lease() {
     );
 }
 
-/// Until `keyturn.lease` names the attachments param, keyturnd knows it by
-/// shape. A tool that declares no attachments but takes a list shaped like
-/// one gets `failed`, with nothing sent: keyturnd asks for the file, the
-/// database holds none for the action, and a file the params name is never
-/// left out.
+/// The database, not the params' shape, says which params are files: a
+/// tool that declares no attachments but takes a list shaped like one sends
+/// it as the plain param the approver saw, and keyturnd reads no file.
 #[tokio::test]
-async fn test_a_look_alike_list_the_tool_does_not_declare_fails_before_sending() {
+async fn test_a_look_alike_list_the_tool_does_not_declare_is_a_plain_param() {
     let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
@@ -321,16 +341,16 @@ async fn test_a_look_alike_list_the_tool_does_not_declare_fails_before_sending()
     let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
     let k = Keyturnd::start(port, rx.env()).await;
     let fake = files::meta(Uuid::new_v4(), b"never staged", "x.pdf", "application/pdf");
-    let a = w.queue(&tool, json!({"docs": [fake]}), false).await;
-    w.wait_status(a.id, "failed", WITHIN).await;
+    let a = w.queue(&tool, json!({"docs": [fake.clone()]}), false).await;
+    w.wait_status(a.id, "succeeded", WITHIN).await;
     k.stop().await;
-    assert!(rx.requests(a.id).is_empty(), "nothing was sent");
-    assert_eq!(w.attempts(a.id).await, vec![(1, Some("failed".into()))]);
-    let receipt = w.receipt(a.id).await.expect("receipt");
-    assert!(
-        receipt["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("missing")),
-        "{receipt}"
+    let sent = rx.requests(a.id);
+    assert_eq!(sent.len(), 1, "sent once");
+    let body: Value = serde_json::from_slice(&sent[0].body).expect("json body");
+    assert_eq!(
+        body["params"]["docs"],
+        json!([fake]),
+        "the param as approved"
     );
+    assert!(body.get("attachments").is_none(), "no file read: {body}");
 }

@@ -27,10 +27,10 @@ pub fn meta(file_id: Uuid, bytes: &[u8], filename: &str, content_type: &str) -> 
 
 /// The verified attachment for `meta` (which must match `bytes`).
 pub fn attachment(meta: &Value, bytes: &[u8]) -> Attachment {
-    let meta = attachments::named_in(&json!({ "files": [meta] }))
+    let meta = attachments::listed_under(&json!({ "files": [meta] }), "files")
         .expect("metadata reads")
         .remove(0);
-    Attachment::verified(meta, bytes.to_vec()).expect("bytes match their metadata")
+    Attachment::verified("files".into(), meta, bytes.to_vec()).expect("bytes match their metadata")
 }
 
 /// Bytes whose standard base64 is `canary` itself: a string that occurs
