@@ -14,6 +14,7 @@ mod approve_tests;
 mod audit_tests;
 mod dispatch_batch_tests;
 mod dispatch_tests;
+mod grant_scope_tests;
 mod identity_tests;
 mod membership_tests;
 mod preview_session_tests;
