@@ -1145,8 +1145,11 @@ impl World {
     /// A table of this tenant's rows, in a schema of its own, whose row-level
     /// security shows `hidden` rows to app_agent only: the agent resolves
     /// them, no person-side role can read or write them. A trigger notes in
-    /// `written_by` the role each write ran as. Returns `schema.table`.
-    pub async fn role_table(&self) -> String {
+    /// `written_by` the role each write ran as. Only `writers` may UPDATE it
+    /// (never a group: some tests leave roles that are agents and approvers
+    /// at once, which register_tool rightly counts as agents that can write).
+    /// Returns `schema.table`.
+    pub async fn role_table(&self, writers: &[&str]) -> String {
         let schema = unique("rolet");
         let table = format!("{schema}.item");
         self.superuser
@@ -1168,7 +1171,8 @@ impl World {
                  CREATE TRIGGER item_writer BEFORE UPDATE ON {table}
                      FOR EACH ROW EXECUTE FUNCTION {schema}.note_writer();
                  GRANT SELECT ON {table} TO keyturn_agent;
-                 GRANT SELECT, UPDATE ON {table} TO keyturn_approver;"
+                 GRANT SELECT, UPDATE ON {table} TO {writers};",
+                writers = writers.join(", ")
             ))
             .await
             .expect("create role table");
