@@ -12,6 +12,7 @@
 mod approve_outcomes_tests;
 mod approve_tests;
 mod audit_tests;
+mod delegation_tests;
 mod dispatch_batch_tests;
 mod dispatch_tests;
 mod grant_scope_tests;
