@@ -25,4 +25,5 @@ mod propose_tests;
 mod recovery_tests;
 mod rls_tests;
 mod separation_tests;
+mod task_tests;
 mod tools_tests;
