@@ -1145,7 +1145,9 @@ impl World {
     /// A table of this tenant's rows, in a schema of its own, whose row-level
     /// security shows `hidden` rows to app_agent only: the agent resolves
     /// them, no person-side role can read or write them. A trigger notes in
-    /// `written_by` the role each write ran as. Only `writers` may UPDATE it
+    /// `written_by` the role each write ran as. Its policies read the tenant
+    /// setting a [`Conn`] asserts, not keyturn's functions, so that nothing
+    /// it leaves behind stops `DROP EXTENSION`. Only `writers` may UPDATE it
     /// (never a group: some tests leave roles that are agents and approvers
     /// at once, which register_tool rightly counts as agents that can write).
     /// Returns `schema.table`.
@@ -1162,10 +1164,11 @@ impl World {
                  ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
                  ALTER TABLE {table} FORCE ROW LEVEL SECURITY;
                  CREATE POLICY item_read ON {table} FOR SELECT
-                     USING (tenant = keyturn.current_tenant() AND (NOT hidden OR current_user = 'app_agent'));
+                     USING (tenant = current_setting('keyturn.tenant', true)
+                            AND (NOT hidden OR current_user = 'app_agent'));
                  CREATE POLICY item_write ON {table} FOR UPDATE
-                     USING (tenant = keyturn.current_tenant() AND NOT hidden)
-                     WITH CHECK (tenant = keyturn.current_tenant());
+                     USING (tenant = current_setting('keyturn.tenant', true) AND NOT hidden)
+                     WITH CHECK (tenant = current_setting('keyturn.tenant', true));
                  CREATE FUNCTION {schema}.note_writer() RETURNS trigger LANGUAGE plpgsql AS $$
                  BEGIN NEW.written_by := current_user; RETURN NEW; END $$;
                  CREATE TRIGGER item_writer BEFORE UPDATE ON {table}
