@@ -11,6 +11,7 @@
 
 mod approve_outcomes_tests;
 mod approve_tests;
+mod attachment_tests;
 mod audit_tests;
 mod delegation_tests;
 mod dispatch_batch_tests;
