@@ -372,7 +372,10 @@ async fn test_propose_verifies_each_attachment() {
         0,
         "nothing bound by a refused proposal"
     );
-    let p = w.propose(&t, with_files(&[good.clone()])).await.unwrap();
+    let p = w
+        .propose(&t, with_files(std::slice::from_ref(&good)))
+        .await
+        .unwrap();
     let bound: Option<uuid::Uuid> = w
         .superuser
         .query_one(
