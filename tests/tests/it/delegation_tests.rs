@@ -623,3 +623,20 @@ async fn test_repeatable_read_proposal_never_spends_a_spent_use() {
     assert_eq!(w.writes(deals[1]).await, 0);
     assert_eq!(listed(&w, d).await.1, 1);
 }
+
+/// The covered writes of an sql tool would run as the delegating role: one
+/// that bypasses row-level security may not make a standing approval for it.
+#[tokio::test]
+async fn test_rls_bypassing_role_cannot_delegate_an_sql_tool() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let bypass = Conn::connect("app_bypass", w.identity()).await;
+    assert_eq!(
+        sqlstate(delegate_on(&bypass, &t, json!({}), 1, "1 hour").await),
+        "42501"
+    );
+    let hook = w.webhook_tool(json!({"effect": "reversible"})).await;
+    delegate_on(&bypass, &hook, json!({}), 1, "1 hour")
+        .await
+        .expect("an external tool's call is not a write under RLS");
+}
