@@ -726,3 +726,25 @@ async fn test_request_context_ends_with_its_admission() {
         "an ordinary proposal's event names a request: {detail}"
     );
 }
+
+/// A replay creates nothing, so it spends none of the grant's uses and is
+/// answered even when they are all spent.
+#[tokio::test]
+#[ignore = "bug: _propose_for (sql/050) checks the grant's uses before the task replay, so a replay after the last use is 42501"]
+async fn test_replay_is_answered_when_the_grant_uses_are_spent() {
+    let w = World::new("member").await;
+    let t = external_task_tool(&w).await;
+    w.grant_with(&w.principal, &t, None, None, Some(1))
+        .await
+        .unwrap();
+    record(&w, "conv", "turn-1", "msg-1").await;
+    let origin = task_origin("conv", "turn-1", "msg-1");
+    let params = json!({"channel": "c", "text": "t"});
+    let first = propose_full(&w.agent, &t, params.clone(), origin.clone())
+        .await
+        .unwrap();
+    let again = propose_full(&w.agent, &t, params, origin)
+        .await
+        .expect("the replay of an admitted call");
+    assert_eq!((again.id, again.token), (first.id, None));
+}
