@@ -50,8 +50,9 @@ BEGIN
 END
 $$;
 
--- The recorded request a task proposal cites as its approval, locked (so the
--- admissions of one request happen one at a time). 42501 without a human
+-- The recorded request a task proposal cites as its approval, with a new
+-- row version written (so the admissions of one request happen one at a
+-- time, under any isolation level). 42501 without a human
 -- source: no origin message, or one not recorded for this tenant, principal
 -- and session, in this conversation and turn; 55000 when the turn is not the
 -- conversation's latest (the person has moved on). The conversation being
@@ -72,9 +73,15 @@ BEGIN
         RAISE EXCEPTION 'keyturn: a task tool needs origin assistant_message_id, the reply that carries the call'
             USING ERRCODE = '22023';
     END IF;
-    SELECT x.* INTO r FROM keyturn.request x
+    -- An UPDATE, not FOR NO KEY UPDATE: a REPEATABLE READ admission whose
+    -- snapshot predates a concurrent admission of the same request waits for
+    -- a mere lock and then goes on without seeing that admission's action
+    -- (a second action for the same call, an eleventh for the request). A
+    -- row version written after its snapshot makes it fail to serialize
+    -- (40001) instead; READ COMMITTED waits and reads the new state.
+    UPDATE keyturn.request x SET recorded_at = x.recorded_at
      WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.message_id = p_origin ->> 'message_id'
-       FOR NO KEY UPDATE;
+    RETURNING x.* INTO r;
     IF NOT FOUND OR r.session IS DISTINCT FROM p_session
        OR r.conversation_id IS DISTINCT FROM p_origin ->> 'conversation_id'
        OR r.turn_id IS DISTINCT FROM p_origin ->> 'turn_id' THEN

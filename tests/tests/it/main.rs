@@ -11,10 +11,13 @@
 
 mod approve_outcomes_tests;
 mod approve_tests;
+mod attachment_tests;
 mod audit_tests;
 mod ceremony_tests;
+mod delegation_tests;
 mod dispatch_batch_tests;
 mod dispatch_tests;
+mod grant_scope_tests;
 mod identity_tests;
 mod membership_tests;
 mod preview_session_tests;
@@ -25,4 +28,5 @@ mod recovery_tests;
 mod rls_tests;
 mod security_tests;
 mod separation_tests;
+mod task_tests;
 mod tools_tests;

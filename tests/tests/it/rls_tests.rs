@@ -64,6 +64,31 @@ async fn populated() -> World {
     )
     .await
     .unwrap();
+    assert!(
+        record_request_on(&b.human, "conv-b", "turn-1", "msg-b", "please")
+            .await
+            .unwrap()
+    ); // request
+    let quorum = b
+        .webhook_tool(json!({"approval": "independent", "quorum": 2}))
+        .await;
+    let (voter, voter_human) = b.other("approver", "app_human", "s-voter").await;
+    b.grant(&voter, &quorum).await;
+    let q = b
+        .propose(&quorum, json!({"channel": "c", "text": "vote"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        approve_on(&voter_human, q.id, &q.token, None)
+            .await
+            .unwrap()
+            .0,
+        "pending"
+    ); // vote: one of two
+    b.delegate(&sql, json!({}), 1, "1 hour").await.unwrap(); // delegation
+    stage_file_on(&b.agent, b"tenant b", "b.pdf", "application/pdf")
+        .await
+        .unwrap(); // staged_file
     for t in TENANT_TABLES {
         let n = count(
             &b.superuser,
@@ -106,9 +131,10 @@ async fn test_rls_is_enabled_and_forced_on_every_tenant_table() {
 #[tokio::test]
 async fn test_no_role_sees_another_tenants_rows() {
     let b = populated().await;
-    let a = World::new("admin").await; // an admin of tenant A sees its whole tenant
-                                       // The dispatcher, operator and admin roles may set any identity they
-                                       // like, so they read keyturn's tables only through its functions.
+    // An admin of tenant A sees its whole tenant.
+    let a = World::new("admin").await;
+    // The dispatcher, operator and admin roles may set any identity they
+    // like, so they read keyturn's tables only through its functions.
     for role in ["app_admin", "app_dispatcher", "app_operator"] {
         let c = Conn::connect(role, a.identity()).await;
         for t in TENANT_TABLES {
@@ -163,7 +189,7 @@ async fn test_no_role_sees_another_tenants_rows() {
         &[&b.tenant],
     )
     .await;
-    assert_eq!(n, 2);
+    assert_eq!(n, 3);
 }
 
 #[tokio::test]
