@@ -326,6 +326,20 @@ BEGIN
                   HINT = 'Credentials never go through keyturn: the dispatcher holds them. Remove the field.';
     END IF;
 
+    IF v_ver.approval = 'task' THEN
+        -- The person's request in the chat is the approval; the same request
+        -- for the same call again is the same action. A replay is answered
+        -- before the checks that admission spent (the grant's uses, the
+        -- attachments it bound): it creates nothing.
+        v_request := keyturn._task_request(p_tenant, p_principal, p_session, v_origin);
+        v_existing := keyturn._task_replay(p_tenant, p_principal, v_request, v_tool.name, v_hash);
+        IF v_existing.id IS NOT NULL THEN
+            RETURN QUERY SELECT v_existing.id, NULL::text, coalesce(v_existing.summary, v_existing.tool),
+                                v_existing.params_hash, v_existing.expires_at, v_existing.status::text, NULL::uuid;
+            RETURN;
+        END IF;
+    END IF;
+
     IF v_ver.executor = 'external' THEN
         IF v_err IS NOT NULL THEN
             RAISE EXCEPTION 'keyturn: params do not match the schema of %: %', p_tool, v_err
@@ -344,7 +358,7 @@ BEGIN
             END IF;
         END IF;
         IF v_ver.attachments_param IS NOT NULL THEN
-            PERFORM keyturn._check_attachments(p_tenant, p_principal, v_ver, p_params);
+            PERFORM keyturn._check_attachments(p_tenant, p_principal, v_ver, p_params, p_revised_from);
         END IF;
     ELSE
         v_targets := keyturn._resolve_targets(p_caller, v_ver, p_params);
@@ -358,18 +372,6 @@ BEGIN
             RAISE EXCEPTION 'keyturn: outside the scope of the grant of tool % to principal %: %', p_tool, p_principal, v_err
                 USING ERRCODE = '42501',
                       HINT = 'Propose within the grant''s scope, or ask an admin to widen it.';
-        END IF;
-    END IF;
-
-    IF v_ver.approval = 'task' THEN
-        -- The person's request in the chat is the approval; the same request
-        -- for the same call again is the same action.
-        v_request := keyturn._task_request(p_tenant, p_principal, p_session, v_origin);
-        v_existing := keyturn._task_replay(p_tenant, p_principal, v_request, v_tool.name, v_hash);
-        IF v_existing.id IS NOT NULL THEN
-            RETURN QUERY SELECT v_existing.id, NULL::text, coalesce(v_existing.summary, v_existing.tool),
-                                v_existing.params_hash, v_existing.expires_at, v_existing.status::text, NULL::uuid;
-            RETURN;
         END IF;
     END IF;
 
@@ -415,7 +417,7 @@ BEGIN
     SELECT v_id, t.ord, p_tenant, p_principal, t.value ->> 'k', t.value ->> 'v'
       FROM jsonb_array_elements(v_targets) WITH ORDINALITY AS t (value, ord);
     IF v_ver.attachments_param IS NOT NULL THEN
-        PERFORM keyturn._bind_attachments(v_id, p_tenant, p_principal, v_ver, p_params);
+        PERFORM keyturn._bind_attachments(v_id, p_tenant, p_principal, v_ver, p_params, p_revised_from);
     END IF;
 
     -- Approved at once: by the person's request (task tools), or by a standing
@@ -427,6 +429,9 @@ BEGIN
                                     'task:' || v_request.message_id);
         SELECT * INTO v_result
           FROM keyturn._after_claim(to_regrole(v_request.recorded_role)::oid, v_claimed, v_token, p_params, NULL);
+        -- The request's approval is this action's alone, not the rest of
+        -- the transaction's.
+        PERFORM keyturn._set_event_context(NULL);
         RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, NULL::uuid;
         RETURN;
     END IF;
@@ -439,6 +444,7 @@ BEGIN
                                         'delegation:' || v_deleg.id);
             SELECT * INTO v_result
               FROM keyturn._after_claim(to_regrole(v_deleg.db_role)::oid, v_claimed, v_token, p_params, NULL);
+            PERFORM keyturn._set_event_context(NULL);
             RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, v_deleg.id;
             RETURN;
         END IF;

@@ -83,10 +83,11 @@ END
 $$;
 
 -- propose's checks of every attachment: staged by this (tenant, principal)
--- and not bound to another action (55000), metadata equal to the staged
+-- and not bound to another action (55000; a revision takes over the files of
+-- the proposal it revises), metadata equal to the staged
 -- file's, an allowed type, within the size bound (else 22023).
 CREATE FUNCTION keyturn._check_attachments(p_tenant text, p_principal text, p_ver keyturn.tool_version,
-                                           p_params jsonb)
+                                           p_params jsonb, p_revised_from uuid)
 RETURNS void
 LANGUAGE plpgsql STABLE
 AS $$
@@ -104,7 +105,7 @@ BEGIN
                 USING ERRCODE = '22023',
                       HINT = 'Stage the bytes with keyturn.stage_file(content, filename, content_type) first.';
         END IF;
-        IF f.action_id IS NOT NULL THEN
+        IF f.action_id IS DISTINCT FROM NULL AND f.action_id IS DISTINCT FROM p_revised_from THEN
             RAISE EXCEPTION 'keyturn: attachment % already belongs to action %', x.file_id, f.action_id
                 USING ERRCODE = '55000',
                       HINT = 'A staged file goes with one action; stage it again for another.';
@@ -129,9 +130,11 @@ END
 $$;
 
 -- Binds the checked attachments to the new action, all or none (55000 when
--- a concurrent proposal bound one first).
+-- a concurrent proposal bound one first). A revision moves the files it
+-- keeps from the proposal it supersedes, whose final status then deletes
+-- only the ones it dropped.
 CREATE FUNCTION keyturn._bind_attachments(p_action uuid, p_tenant text, p_principal text,
-                                          p_ver keyturn.tool_version, p_params jsonb)
+                                          p_ver keyturn.tool_version, p_params jsonb, p_revised_from uuid)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -140,7 +143,8 @@ DECLARE
     v_n   int;
 BEGIN
     UPDATE keyturn.staged_file s SET action_id = p_action
-     WHERE s.id = ANY (v_ids) AND s.action_id IS NULL AND s.tenant = p_tenant AND s.principal = p_principal;
+     WHERE s.id = ANY (v_ids) AND (s.action_id IS NULL OR s.action_id = p_revised_from)
+       AND s.tenant = p_tenant AND s.principal = p_principal;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     IF v_n <> cardinality(v_ids) THEN
         RAISE EXCEPTION 'keyturn: an attachment of this proposal was bound to another action meanwhile'

@@ -2170,6 +2170,20 @@ BEGIN
                   HINT = 'Credentials never go through keyturn: the dispatcher holds them. Remove the field.';
     END IF;
 
+    IF v_ver.approval = 'task' THEN
+        -- The person's request in the chat is the approval; the same request
+        -- for the same call again is the same action. A replay is answered
+        -- before the checks that admission spent (the grant's uses, the
+        -- attachments it bound): it creates nothing.
+        v_request := keyturn._task_request(p_tenant, p_principal, p_session, v_origin);
+        v_existing := keyturn._task_replay(p_tenant, p_principal, v_request, v_tool.name, v_hash);
+        IF v_existing.id IS NOT NULL THEN
+            RETURN QUERY SELECT v_existing.id, NULL::text, coalesce(v_existing.summary, v_existing.tool),
+                                v_existing.params_hash, v_existing.expires_at, v_existing.status::text, NULL::uuid;
+            RETURN;
+        END IF;
+    END IF;
+
     IF v_ver.executor = 'external' THEN
         IF v_err IS NOT NULL THEN
             RAISE EXCEPTION 'keyturn: params do not match the schema of %: %', p_tool, v_err
@@ -2188,7 +2202,7 @@ BEGIN
             END IF;
         END IF;
         IF v_ver.attachments_param IS NOT NULL THEN
-            PERFORM keyturn._check_attachments(p_tenant, p_principal, v_ver, p_params);
+            PERFORM keyturn._check_attachments(p_tenant, p_principal, v_ver, p_params, p_revised_from);
         END IF;
     ELSE
         v_targets := keyturn._resolve_targets(p_caller, v_ver, p_params);
@@ -2202,18 +2216,6 @@ BEGIN
             RAISE EXCEPTION 'keyturn: outside the scope of the grant of tool % to principal %: %', p_tool, p_principal, v_err
                 USING ERRCODE = '42501',
                       HINT = 'Propose within the grant''s scope, or ask an admin to widen it.';
-        END IF;
-    END IF;
-
-    IF v_ver.approval = 'task' THEN
-        -- The person's request in the chat is the approval; the same request
-        -- for the same call again is the same action.
-        v_request := keyturn._task_request(p_tenant, p_principal, p_session, v_origin);
-        v_existing := keyturn._task_replay(p_tenant, p_principal, v_request, v_tool.name, v_hash);
-        IF v_existing.id IS NOT NULL THEN
-            RETURN QUERY SELECT v_existing.id, NULL::text, coalesce(v_existing.summary, v_existing.tool),
-                                v_existing.params_hash, v_existing.expires_at, v_existing.status::text, NULL::uuid;
-            RETURN;
         END IF;
     END IF;
 
@@ -2259,7 +2261,7 @@ BEGIN
     SELECT v_id, t.ord, p_tenant, p_principal, t.value ->> 'k', t.value ->> 'v'
       FROM jsonb_array_elements(v_targets) WITH ORDINALITY AS t (value, ord);
     IF v_ver.attachments_param IS NOT NULL THEN
-        PERFORM keyturn._bind_attachments(v_id, p_tenant, p_principal, v_ver, p_params);
+        PERFORM keyturn._bind_attachments(v_id, p_tenant, p_principal, v_ver, p_params, p_revised_from);
     END IF;
 
     -- Approved at once: by the person's request (task tools), or by a standing
@@ -2271,6 +2273,9 @@ BEGIN
                                     'task:' || v_request.message_id);
         SELECT * INTO v_result
           FROM keyturn._after_claim(to_regrole(v_request.recorded_role)::oid, v_claimed, v_token, p_params, NULL);
+        -- The request's approval is this action's alone, not the rest of
+        -- the transaction's.
+        PERFORM keyturn._set_event_context(NULL);
         RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, NULL::uuid;
         RETURN;
     END IF;
@@ -2283,6 +2288,7 @@ BEGIN
                                         'delegation:' || v_deleg.id);
             SELECT * INTO v_result
               FROM keyturn._after_claim(to_regrole(v_deleg.db_role)::oid, v_claimed, v_token, p_params, NULL);
+            PERFORM keyturn._set_event_context(NULL);
             RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, v_deleg.id;
             RETURN;
         END IF;
@@ -3374,8 +3380,9 @@ BEGIN
 END
 $$;
 
--- The recorded request a task proposal cites as its approval, locked (so the
--- admissions of one request happen one at a time). 42501 without a human
+-- The recorded request a task proposal cites as its approval, with a new
+-- row version written (so the admissions of one request happen one at a
+-- time, under any isolation level). 42501 without a human
 -- source: no origin message, or one not recorded for this tenant, principal
 -- and session, in this conversation and turn; 55000 when the turn is not the
 -- conversation's latest (the person has moved on). The conversation being
@@ -3396,9 +3403,15 @@ BEGIN
         RAISE EXCEPTION 'keyturn: a task tool needs origin assistant_message_id, the reply that carries the call'
             USING ERRCODE = '22023';
     END IF;
-    SELECT x.* INTO r FROM keyturn.request x
+    -- An UPDATE, not FOR NO KEY UPDATE: a REPEATABLE READ admission whose
+    -- snapshot predates a concurrent admission of the same request waits for
+    -- a mere lock and then goes on without seeing that admission's action
+    -- (a second action for the same call, an eleventh for the request). A
+    -- row version written after its snapshot makes it fail to serialize
+    -- (40001) instead; READ COMMITTED waits and reads the new state.
+    UPDATE keyturn.request x SET recorded_at = x.recorded_at
      WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.message_id = p_origin ->> 'message_id'
-       FOR NO KEY UPDATE;
+    RETURNING x.* INTO r;
     IF NOT FOUND OR r.session IS DISTINCT FROM p_session
        OR r.conversation_id IS DISTINCT FROM p_origin ->> 'conversation_id'
        OR r.turn_id IS DISTINCT FROM p_origin ->> 'turn_id' THEN
@@ -3542,10 +3555,11 @@ END
 $$;
 
 -- propose's checks of every attachment: staged by this (tenant, principal)
--- and not bound to another action (55000), metadata equal to the staged
+-- and not bound to another action (55000; a revision takes over the files of
+-- the proposal it revises), metadata equal to the staged
 -- file's, an allowed type, within the size bound (else 22023).
 CREATE OR REPLACE FUNCTION keyturn._check_attachments(p_tenant text, p_principal text, p_ver keyturn.tool_version,
-                                           p_params jsonb)
+                                           p_params jsonb, p_revised_from uuid)
 RETURNS void
 LANGUAGE plpgsql STABLE
 AS $$
@@ -3563,7 +3577,7 @@ BEGIN
                 USING ERRCODE = '22023',
                       HINT = 'Stage the bytes with keyturn.stage_file(content, filename, content_type) first.';
         END IF;
-        IF f.action_id IS NOT NULL THEN
+        IF f.action_id IS DISTINCT FROM NULL AND f.action_id IS DISTINCT FROM p_revised_from THEN
             RAISE EXCEPTION 'keyturn: attachment % already belongs to action %', x.file_id, f.action_id
                 USING ERRCODE = '55000',
                       HINT = 'A staged file goes with one action; stage it again for another.';
@@ -3588,9 +3602,11 @@ END
 $$;
 
 -- Binds the checked attachments to the new action, all or none (55000 when
--- a concurrent proposal bound one first).
+-- a concurrent proposal bound one first). A revision moves the files it
+-- keeps from the proposal it supersedes, whose final status then deletes
+-- only the ones it dropped.
 CREATE OR REPLACE FUNCTION keyturn._bind_attachments(p_action uuid, p_tenant text, p_principal text,
-                                          p_ver keyturn.tool_version, p_params jsonb)
+                                          p_ver keyturn.tool_version, p_params jsonb, p_revised_from uuid)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -3599,7 +3615,8 @@ DECLARE
     v_n   int;
 BEGIN
     UPDATE keyturn.staged_file s SET action_id = p_action
-     WHERE s.id = ANY (v_ids) AND s.action_id IS NULL AND s.tenant = p_tenant AND s.principal = p_principal;
+     WHERE s.id = ANY (v_ids) AND (s.action_id IS NULL OR s.action_id = p_revised_from)
+       AND s.tenant = p_tenant AND s.principal = p_principal;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     IF v_n <> cardinality(v_ids) THEN
         RAISE EXCEPTION 'keyturn: an attachment of this proposal was bound to another action meanwhile'

@@ -724,7 +724,6 @@ async fn test_sweep_deletes_unbound_files_a_day_old() {
 /// Asking again for the same task call with an attachment is the replay of
 /// the admitted action, whose files it already holds.
 #[tokio::test]
-#[ignore = "bug: _propose_for (sql/050) checks attachments before the task replay, so the replay is refused as 55000 (file already bound)"]
 async fn test_task_replay_with_an_attachment_returns_the_admitted_action() {
     let w = World::new("member").await;
     let t = files_tool(&w, json!({"approval": "task"})).await;
@@ -748,7 +747,6 @@ async fn test_task_replay_with_an_attachment_returns_the_admitted_action() {
 /// Edit before approve keeps the attachment: the revision takes the file
 /// over from the proposal it supersedes.
 #[tokio::test]
-#[ignore = "bug: revise (sql/053 via _propose_for, sql/050) re-checks attachments as new, so a file bound to the revised proposal is refused (55000)"]
 async fn test_revision_keeps_the_attachments() {
     let w = World::new("member").await;
     let t = files_tool(&w, json!({})).await;

@@ -432,7 +432,6 @@ async fn test_audit_names_the_delegation_and_the_delegating_principal() {
 /// One transaction, two proposals: the first covered, the second not. The
 /// second's events must not claim the first one's standing approval.
 #[tokio::test]
-#[ignore = "bug: _propose_for (sql/050) leaves the delegation event context set for the rest of the transaction"]
 async fn test_delegation_context_ends_with_its_proposal() {
     let w = World::new("member").await;
     let t = w.deal_tool(json!({})).await;

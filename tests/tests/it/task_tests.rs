@@ -689,7 +689,6 @@ async fn test_request_recorded_by_an_rls_bypassing_role_never_writes() {
 /// One transaction, a task admission and then an ordinary proposal: the
 /// ordinary one's event must not claim the request as its approval.
 #[tokio::test]
-#[ignore = "bug: _propose_for (sql/050) leaves the request event context set for the rest of the transaction"]
 async fn test_request_context_ends_with_its_admission() {
     let w = World::new("member").await;
     let task = external_task_tool(&w).await;
@@ -730,7 +729,6 @@ async fn test_request_context_ends_with_its_admission() {
 /// A replay creates nothing, so it spends none of the grant's uses and is
 /// answered even when they are all spent.
 #[tokio::test]
-#[ignore = "bug: _propose_for (sql/050) checks the grant's uses before the task replay, so a replay after the last use is 42501"]
 async fn test_replay_is_answered_when_the_grant_uses_are_spent() {
     let w = World::new("member").await;
     let t = external_task_tool(&w).await;
