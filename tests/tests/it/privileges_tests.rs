@@ -91,6 +91,7 @@ async fn test_each_role_executes_exactly_its_functions() {
                     "complete",
                     "complete_many",
                     "file_content",
+                    "attachments",
                     "sweep",
                     "classify",
                 ],
