@@ -443,8 +443,10 @@ async fn test_a_business_statement_is_security_restricted() {
     let su = &w.superuser;
     let t = table(su, "id bigint PRIMARY KEY, state text NOT NULL").await;
     su.batch_execute(&format!(
+        // A temporary table outlives the approve on the pooled connection
+        // and shadows the application's unqualified names there.
         "CREATE FUNCTION {t}_escalate() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN SET ROLE postgres; RETURN NEW; END $$;
+         BEGIN CREATE TEMP TABLE IF NOT EXISTS deal (id int); RETURN NEW; END $$;
          CREATE TRIGGER escalate BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {t}_escalate();
          INSERT INTO {t} VALUES ('{0}', 1, 'open');",
         w.tenant
