@@ -124,6 +124,20 @@ kt_psql() {
   "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$KT_PGPORT" -U postgres -d keyturn "$@"
 }
 
+# Drops the roles the integration tests made (keyturn_tests::unique names,
+# <prefix>_<pid>_<n>), with whatever they own in every database, so a later
+# layer's check_deployment() sees the cluster as the fixture left it. Roles
+# are cluster-wide and outlive the databases the tests used.
+kt_drop_test_roles() {
+  local roles db
+  roles=$(kt_psql -d postgres -Atc "SELECT string_agg(quote_ident(rolname), ', ') FROM pg_roles WHERE rolname ~ '^[a-z][a-z_]*_[0-9]+_[0-9]+$'")
+  [ -n "$roles" ] || return 0
+  for db in $(kt_psql -d postgres -Atc "SELECT datname FROM pg_database WHERE datallowconn"); do
+    kt_psql -d "$db" -qc "DROP OWNED BY $roles CASCADE" >/dev/null
+  done
+  kt_psql -d postgres -qc "DROP ROLE $roles" >/dev/null
+}
+
 kt_cluster_stop() {
   if [ -n "${KT_PGDATA:-}" ] && [ -d "$KT_PGDATA" ]; then
     kt_as_pg "$PG_BIN/pg_ctl" -D "$KT_PGDATA" -m immediate -w stop >/dev/null 2>&1 || true
