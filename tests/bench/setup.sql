@@ -70,6 +70,15 @@ GRANT SELECT, INSERT ON bare.proposal TO app_agent;
 GRANT SELECT, UPDATE ON bare.proposal TO app_human;
 GRANT INSERT ON bare.event TO app_human;
 
+-- Item 1b (lean flow): one login that may do all of it itself, no role
+-- switching, no identity; it bypasses row-level security instead (and is in
+-- none of keyturn's groups).
+CREATE ROLE bench_lean LOGIN BYPASSRLS;
+GRANT USAGE ON SCHEMA bare, crm TO bench_lean;
+GRANT SELECT, INSERT, UPDATE ON bare.proposal TO bench_lean;
+GRANT INSERT ON bare.event TO bench_lean;
+GRANT SELECT, UPDATE ON crm.deal TO bench_lean;
+
 -- Item 2 (plain INSERT): the same row keyturn.propose stores, same table shape
 -- (columns, defaults, checks and all nine indexes), no function, no trigger.
 CREATE TABLE bare.action (LIKE keyturn.action INCLUDING ALL);
