@@ -2325,10 +2325,11 @@ $$;
 --
 -- approve is three steps, each its own function so that standing approvals
 -- and task requests (which approve inside propose) share them exactly:
--- the pre-claim checks (_usable_action), the claim (_claim: one conditional
--- UPDATE that also records the approval binding), and everything after it
+-- the pre-claim checks (_usable_action), the claim (_claim: the row locked
+-- while pending, and the approval binding made), and everything after it
 -- (_after_claim: expiry, bindings, grants, hash, schema, then the write or the
--- queue), where every failure is a persisted answer, not an error.
+-- queue), where every failure is a persisted answer, not an error, written
+-- with the binding in one UPDATE.
 
 -- approve's pre-claim checks, shared by revise, preview and reject (p_for
 -- says which: the grant is needed to approve and to revise). Raises and
@@ -2428,15 +2429,20 @@ END
 $$;
 
 -- Persists a terminal outcome and returns it: after the claim, failures are
--- answers, not errors.
-CREATE OR REPLACE FUNCTION keyturn._settle(p_id uuid, p_status keyturn.status, p_result jsonb, p_detail jsonb)
+-- answers, not errors. The claim's approval binding (a, made by _claim) is
+-- written with the outcome: one row version per approve.
+CREATE OR REPLACE FUNCTION keyturn._settle(a keyturn.action, p_status keyturn.status, p_result jsonb, p_detail jsonb)
 RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     PERFORM keyturn._set_event_detail(p_detail);
-    UPDATE keyturn.action a SET updated_at = clock_timestamp(), status = p_status, result = p_result WHERE a.id = p_id;
-    RETURN QUERY SELECT p_id, p_status::text, p_result;
+    UPDATE keyturn.action x
+       SET updated_at = clock_timestamp(), status = p_status, result = p_result,
+           approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
+           approved_via = a.approved_via, approval_mac = a.approval_mac
+     WHERE x.id = a.id;
+    RETURN QUERY SELECT a.id, p_status::text, p_result;
 END
 $$;
 
@@ -2505,35 +2511,37 @@ BEGIN
              OR internal_error THEN
             RAISE;
         WHEN SQLSTATE 'KT409' THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'conflict',
+            RETURN QUERY SELECT * FROM keyturn._settle(a, 'conflict',
                 jsonb_build_object('reason', 'targets changed since the proposal; propose again to see the new state',
                                    'expected', a.target_count, 'matched', v_n),
                 jsonb_build_object('expected', a.target_count, 'matched', v_n));
             RETURN;
         WHEN SQLSTATE 'KT417' THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'failed',
+            RETURN QUERY SELECT * FROM keyturn._settle(a, 'failed',
                 jsonb_build_object('reason', 'postcondition failed: targets do not hold the approved values after the write (a trigger changed them?); rolled back',
                                    'keys', v_bad),
                 jsonb_build_object('reason', 'postcondition failed'));
             RETURN;
         WHEN OTHERS THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'failed',
+            RETURN QUERY SELECT * FROM keyturn._settle(a, 'failed',
                 jsonb_build_object('reason', 'the business write failed and was rolled back',
                                    'sqlstate', SQLSTATE, 'message', SQLERRM),
                 jsonb_build_object('reason', 'business write failed', 'sqlstate', SQLSTATE));
             RETURN;
     END;
 
-    RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'succeeded',
+    RETURN QUERY SELECT * FROM keyturn._settle(a, 'succeeded',
         jsonb_build_object('rows', v_n, 'keys', (SELECT jsonb_agg(r -> 'key') FROM jsonb_array_elements(v_rows) r)),
         jsonb_build_object('rows', v_n));
 END
 $$;
 
--- The claim: one conditional UPDATE on (id, pending, the token's digest),
--- recording who approved, as which role, when and how, bound by a MAC under
--- the approval key. Of N concurrent claims one gets the row; the others wait
--- for it, find it no longer pending, and get NULL. NULL also for a wrong
+-- The claim: the proposal row, locked on (id, pending, the token's digest),
+-- with the approval binding made in memory: who approved, as which role,
+-- when and how, under a MAC with the approval key. _settle writes it with
+-- the outcome, in the one UPDATE that moves the status. Of N concurrent
+-- claims one gets the row; the others wait for its transaction, find the
+-- row no longer pending, and get NULL (all columns). NULL also for a wrong
 -- token (the caller checked it already; a race with a revise or a reject
 -- lands here too).
 CREATE OR REPLACE FUNCTION keyturn._claim(p_id uuid, p_token text, p_by text, p_role text, p_via text)
@@ -2544,13 +2552,18 @@ DECLARE
     v_at timestamptz := clock_timestamp();
     a    keyturn.action;
 BEGIN
-    UPDATE keyturn.action x
-       SET updated_at = v_at, approved_by = p_by, approved_role = p_role, approved_at = v_at,
-           approved_via = p_via,
-           approval_mac = keyturn._approval_mac(x.id, x.params_hash, p_by, p_role, v_at, p_via)
+    SELECT x.* INTO a FROM keyturn.action x
      WHERE x.id = p_id AND x.status = 'pending'
        AND keyturn._ct_eq(x.token_digest, keyturn._token_digest(p_token))
-    RETURNING x.* INTO a;
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN a;
+    END IF;
+    a.approved_by := p_by;
+    a.approved_role := p_role;
+    a.approved_at := v_at;
+    a.approved_via := p_via;
+    a.approval_mac := keyturn._approval_mac(a.id, a.params_hash, p_by, p_role, v_at, p_via);
     RETURN a;
 END
 $$;
@@ -2571,27 +2584,27 @@ DECLARE
     v_err    text;
 BEGIN
     IF clock_timestamp() > a.expires_at THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'expired',
+        RETURN QUERY SELECT * FROM keyturn._settle(a, 'expired',
             jsonb_build_object('reason', format('the proposal expired at %s', keyturn._utc(a.expires_at))),
             jsonb_build_object('reason', 'expired'));
         RETURN;
     END IF;
     IF NOT keyturn._token_binds(p_token, a.id, a.params_hash, a.expires_at, a.token_binding) THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'rejected_tampered',
+        RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
             jsonb_build_object('reason', 'the stored proposal no longer matches what the token was issued for'),
             jsonb_build_object('reason', 'token binding mismatch'));
         RETURN;
     END IF;
     v_reason := keyturn._invalid_reason(a);
     IF v_reason IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'invalidated',
+        RETURN QUERY SELECT * FROM keyturn._settle(a, 'invalidated',
             jsonb_build_object('reason', v_reason), jsonb_build_object('reason', v_reason));
         RETURN;
     END IF;
 
     IF a.retain = 'full' THEN
         IF keyturn.params_hash(a.tool, a.params) <> a.params_hash THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'rejected_tampered',
+            RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
                 jsonb_build_object('reason', 'the stored params no longer match the proposal hash'),
                 jsonb_build_object('reason', 'stored params hash mismatch'));
             RETURN;
@@ -2601,7 +2614,7 @@ BEGIN
         v_params := p_params;
     END IF;
     IF p_given_hash IS NOT NULL AND p_given_hash <> a.params_hash THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'rejected_tampered',
+        RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
             jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
             jsonb_build_object('reason', 'resubmitted params hash mismatch'));
         RETURN;
@@ -2614,7 +2627,7 @@ BEGIN
         v_err := keyturn._form_error(v_ver, v_params);
     END IF;
     IF v_err IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a.id, 'invalidated',
+        RETURN QUERY SELECT * FROM keyturn._settle(a, 'invalidated',
             -- Validator messages quote the offending values: never store them for
             -- digest actions (docs/concepts.md, "Digest retention").
             jsonb_build_object('reason', 'params no longer pass the tool''s schema: '
@@ -2634,7 +2647,10 @@ BEGIN
         VALUES (a.id, a.tenant, a.principal, v_params);
     END IF;
     PERFORM keyturn._set_event_detail('{}');
-    UPDATE keyturn.action x SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp()
+    UPDATE keyturn.action x
+       SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp(),
+           approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
+           approved_via = a.approved_via, approval_mac = a.approval_mac
      WHERE x.id = a.id;
     RETURN QUERY SELECT a.id, 'queued'::text, NULL::jsonb;
 END
