@@ -717,6 +717,20 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'revoke_delegation_wrapper';
 
+-- extension/src/lifecycle.rs:280
+-- pg_keyturn::lifecycle::_action_lifecycle
+CREATE OR REPLACE FUNCTION "_action_lifecycle"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', '_action_lifecycle_wrapper';
+
+-- extension/src/lifecycle.rs:210
+-- pg_keyturn::lifecycle::_require_approval
+CREATE OR REPLACE FUNCTION "_require_approval"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', '_require_approval_wrapper';
+
 
 -- ==== sql/011_status_rules.sql ====
 
@@ -839,22 +853,8 @@ $do$;
 -- keyturn's approve, standing approvals and task admission can compute.
 -- lease and begin_dispatch check the MAC again, for rows that reached
 -- 'queued' with the triggers off.
-CREATE OR REPLACE FUNCTION keyturn._require_approval()
-RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF NOT keyturn._approval_valid(NEW.id, NEW.params_hash, NEW.approved_by, NEW.approved_role,
-                                   NEW.approved_at, NEW.approved_via, NEW.approval_mac) THEN
-        RAISE EXCEPTION 'action % cannot become % without an approval', NEW.id, NEW.status
-            USING ERRCODE = '42501',
-                  HINT = 'Only keyturn.approve (or a standing approval, or a task request) gives this status; a table write cannot.';
-    END IF;
-    RETURN NEW;
-END
-$$;
-
+-- keyturn._require_approval() is Rust (extension/src/lifecycle.rs): it
+-- verifies the binding with the key only the extension owner reads.
 CREATE TRIGGER action_requires_approval
     BEFORE UPDATE OF status ON keyturn.action
     FOR EACH ROW
@@ -868,90 +868,11 @@ CREATE TRIGGER action_requires_approval
 -- keyturn's functions did not make is logged as the session's role, marked
 -- direct_write. A row inserted by anything but keyturn's propose (a restore
 -- from a dump, which brings its own events and work list) implies nothing.
--- SECURITY DEFINER: the side effects are keyturn's to write whoever changed
+-- keyturn._action_lifecycle() is Rust (extension/src/lifecycle.rs), for
+-- speed: it fires for every status change. It runs its statements as the
+-- extension owner: the side effects are keyturn's to write whoever changed
 -- the row, so a direct write (by a role someone granted UPDATE) is logged,
 -- not failed for want of privileges on keyturn's internals.
-CREATE OR REPLACE FUNCTION keyturn._action_lifecycle()
-RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_final  boolean := keyturn._is_final(NEW.status);
-    v_acting boolean := keyturn._acting();
-    v_from   keyturn.status;
-    v_detail jsonb;
-BEGIN
-    IF TG_OP = 'INSERT' AND NOT v_acting THEN
-        RETURN NULL;
-    END IF;
-
-    -- The work list.
-    IF TG_OP = 'INSERT' THEN
-        IF NOT v_final THEN
-            INSERT INTO keyturn.open_action (action_id, tenant, principal, session, conversation_id,
-                                             status, expires_at, next_attempt_at, lease_expires_at,
-                                             dispatched_at)
-            VALUES (NEW.id, NEW.tenant, NEW.principal, NEW.session, NEW.conversation_id,
-                    NEW.status, NEW.expires_at, NEW.next_attempt_at, NEW.lease_expires_at,
-                    NEW.dispatched_at);
-        END IF;
-    ELSIF v_final THEN
-        -- Every status a final one can be reached from is open.
-        DELETE FROM keyturn.open_action o WHERE o.action_id = NEW.id;
-    ELSIF (NEW.status, NEW.next_attempt_at, NEW.lease_expires_at, NEW.dispatched_at)
-          IS DISTINCT FROM (OLD.status, OLD.next_attempt_at, OLD.lease_expires_at, OLD.dispatched_at) THEN
-        UPDATE keyturn.open_action o
-           SET status = NEW.status, next_attempt_at = NEW.next_attempt_at,
-               lease_expires_at = NEW.lease_expires_at, dispatched_at = NEW.dispatched_at
-         WHERE o.action_id = NEW.id;
-    END IF;
-
-    IF TG_OP = 'UPDATE' THEN
-        IF NEW.status IS NOT DISTINCT FROM OLD.status THEN
-            RETURN NULL;
-        END IF;
-        v_from := OLD.status;
-    END IF;
-
-    v_detail := coalesce(keyturn._event_detail()::jsonb, '{}');
-    IF NOT v_acting THEN
-        v_detail := v_detail || '{"direct_write": true}';
-    END IF;
-    INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal,
-                               from_status, to_status, detail)
-    VALUES (NEW.id, NEW.tenant, NEW.principal,
-            coalesce(keyturn._actor_role(),
-                     CASE WHEN current_setting('role') = 'none' THEN session_user::text
-                          ELSE current_setting('role') END),
-            keyturn._actor_principal(), v_from, NEW.status, v_detail);
-    -- The detail stays in place: one statement may move many rows (lease,
-    -- sweep) and each gets it. Every keyturn function sets it afresh.
-
-    IF NEW.status = 'succeeded' THEN
-        INSERT INTO keyturn.usage (action_id, tenant, principal, tool, executor, attempts)
-        VALUES (NEW.id, NEW.tenant, NEW.principal, NEW.tool, NEW.executor, NEW.attempts);
-    END IF;
-
-    -- Only external actions ever stage a payload or files; both go with the
-    -- final status, in its transaction, and stay while any outcome is open
-    -- (uncertain included).
-    IF v_final AND NEW.executor = 'external' THEN
-        IF NEW.retain = 'digest' THEN
-            DELETE FROM keyturn.staged_payload WHERE action_id = NEW.id;
-        END IF;
-        DELETE FROM keyturn.staged_file WHERE action_id = NEW.id;
-    END IF;
-
-    -- The payload names nothing: any role may LISTEN on this channel.
-    IF NEW.status = 'queued' AND NEW.next_attempt_at <= clock_timestamp()
-       AND coalesce(current_setting('keyturn.notify', true), 'on') <> 'off' THEN
-        PERFORM pg_catalog.pg_notify('keyturn_dispatch', '');
-    END IF;
-    RETURN NULL;
-END
-$$;
-
 CREATE TRIGGER action_lifecycle
     AFTER INSERT OR UPDATE OF status, next_attempt_at, lease_expires_at, dispatched_at ON keyturn.action
     FOR EACH ROW EXECUTE FUNCTION keyturn._action_lifecycle();

@@ -82,19 +82,19 @@ fn set_event_detail(p_detail: Option<JsonbText>) -> String {
 /// The role keyturn noted for this transaction, or NULL for a status change
 /// keyturn's functions did not make.
 #[pg_extern(name = "_actor_role", volatile, parallel_unsafe)]
-fn actor_role() -> Option<String> {
+pub fn actor_role() -> Option<String> {
     ACTOR.with(|a| a.borrow().as_ref().and_then(|a| a.role.clone()))
 }
 
 #[pg_extern(name = "_actor_principal", volatile, parallel_unsafe)]
-fn actor_principal() -> Option<String> {
+pub fn actor_principal() -> Option<String> {
     ACTOR.with(|a| a.borrow().as_ref().and_then(|a| a.principal.clone()))
 }
 
 /// The detail for the next event row (the detail merged with the context),
 /// as jsonb text, or NULL.
 #[pg_extern(name = "_event_detail", volatile, parallel_unsafe)]
-fn event_detail() -> Option<String> {
+pub fn event_detail() -> Option<String> {
     ACTOR.with(|a| {
         let a = a.borrow();
         let a = a.as_ref()?;
@@ -114,6 +114,6 @@ fn event_detail() -> Option<String> {
 
 /// Whether one of keyturn's own functions is acting in this transaction.
 #[pg_extern(name = "_acting", volatile, parallel_unsafe)]
-fn acting() -> bool {
+pub fn acting() -> bool {
     ACTOR.with(|a| a.borrow().is_some())
 }

@@ -99,12 +99,34 @@ fn approval_valid(
     via: Option<&str>,
     mac: Option<&[u8]>,
 ) -> bool {
+    binding_valid(
+        action_id,
+        params_hash,
+        approved_by,
+        approved_role,
+        approved_at.map(TimestampWithTimeZone::into_inner),
+        via,
+        mac,
+    )
+}
+
+/// `_approval_valid` for Rust callers (the approval trigger), the time in
+/// PostgreSQL's microseconds.
+pub fn binding_valid(
+    action_id: Option<pgrx::Uuid>,
+    params_hash: Option<&str>,
+    approved_by: Option<&str>,
+    approved_role: Option<&str>,
+    approved_at_micros: Option<i64>,
+    via: Option<&str>,
+    mac: Option<&[u8]>,
+) -> bool {
     let (
         Some(action_id),
         Some(params_hash),
         Some(approved_by),
         Some(approved_role),
-        Some(approved_at),
+        Some(approved_at_micros),
         Some(via),
         Some(mac),
     ) = (
@@ -112,7 +134,7 @@ fn approval_valid(
         params_hash,
         approved_by,
         approved_role,
-        approved_at,
+        approved_at_micros,
         via,
         mac,
     )
@@ -130,7 +152,7 @@ fn approval_valid(
             params_hash,
             approved_by,
             approved_role,
-            approved_at_micros: approved_at.into_inner(),
+            approved_at_micros,
             via,
         },
         mac,

@@ -22,6 +22,11 @@ pub static ALLOW_SESSION_IDENTITY: GucSetting<bool> = GucSetting::<bool>::new(fa
 /// due. Off only in benchmarks that measure the polling path.
 pub static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(true);
 
+/// Whether `keyturn.notify` is on.
+pub fn notify_on() -> bool {
+    NOTIFY.get()
+}
+
 /// `keyturn.claim_numbers`: accept a JSON number as a claim (Supabase and
 /// other issuers put numeric ids in JWTs); its text is the identity.
 pub static CLAIM_NUMBERS: GucSetting<bool> = GucSetting::<bool>::new(false);

@@ -25,6 +25,7 @@ mod gate; // propose and the person's calls: separation of duties + owner elevat
 mod guc; // keyturn's settings; how long a setting's value lasts
 mod identity; // current_tenant, current_principal, current_session
 mod ids; // time-ordered action ids
+mod lifecycle; // the action row triggers: approval required, lifecycle side effects
 mod plans; // SPI plans kept per backend
 mod privilege; // switching between the caller and the extension owner
 mod token; // one-time tokens: mint, digest, binding, constant-time compare
@@ -55,7 +56,11 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/020_guards.sql",
     name = "guards",
-    requires = ["status_rules"]
+    requires = [
+        "status_rules",
+        lifecycle::_require_approval,
+        lifecycle::_action_lifecycle
+    ]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/030_access.sql",

@@ -1,0 +1,479 @@
+//! The two row triggers on `keyturn.action` that run on the hot path
+//! (sql/020_guards.sql creates the triggers and says what they keep):
+//!
+//! - `_require_approval`, BEFORE: an approval-only status needs a valid
+//!   approval binding;
+//! - `_action_lifecycle`, AFTER: the work list, the event, the usage row, the
+//!   staged payload and files, the NOTIFY, in the status change's transaction.
+//!
+//! Why Rust: they fire on every status change, three times for each
+//! dispatched action, and as plpgsql each firing converted both rows to
+//! records and ran a dozen expressions and three statements; that was the
+//! largest per-row cost in the profile (docs/benchmarks.md). Here each firing
+//! reads the few columns it needs straight from the tuples and runs one kept
+//! statement.
+//!
+//! They run as the extension owner (as the SECURITY DEFINER plpgsql did): the
+//! side effects are keyturn's to write whoever changed the row, so a direct
+//! write by a role someone granted UPDATE is logged, not failed. Every name in
+//! their statements is schema-qualified, operators included, so no caller's
+//! search_path can change what they mean.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+
+use crate::approval;
+use crate::error::KeyturnError;
+use crate::privilege::{extension_owner, RoleSwitch};
+use crate::{actor, plans};
+
+/// The columns the triggers read, in this order.
+const COLUMNS: [&str; 20] = [
+    "id",
+    "tenant",
+    "principal",
+    "session",
+    "conversation_id",
+    "status",
+    "expires_at",
+    "next_attempt_at",
+    "lease_expires_at",
+    "dispatched_at",
+    "tool",
+    "executor",
+    "retain",
+    "attempts",
+    "params_hash",
+    "approved_by",
+    "approved_role",
+    "approved_at",
+    "approved_via",
+    "approval_mac",
+];
+const ID: usize = 0;
+const TENANT: usize = 1;
+const PRINCIPAL: usize = 2;
+const SESSION: usize = 3;
+const CONVERSATION: usize = 4;
+const STATUS: usize = 5;
+const EXPIRES_AT: usize = 6;
+const NEXT_ATTEMPT_AT: usize = 7;
+const LEASE_EXPIRES_AT: usize = 8;
+const DISPATCHED_AT: usize = 9;
+const TOOL: usize = 10;
+const EXECUTOR: usize = 11;
+const RETAIN: usize = 12;
+const ATTEMPTS: usize = 13;
+const PARAMS_HASH: usize = 14;
+const APPROVED_BY: usize = 15;
+const APPROVED_ROLE: usize = 16;
+const APPROVED_AT: usize = 17;
+const APPROVED_VIA: usize = 18;
+const APPROVAL_MAC: usize = 19;
+
+/// What a backend knows about `keyturn.action` and `keyturn.status`, for the
+/// relation it was read for (a new extension has a new relation).
+struct Shape {
+    attnums: [NonZeroUsize; COLUMNS.len()],
+    types: [pg_sys::Oid; COLUMNS.len()],
+    /// enum label oid → (label, final)
+    statuses: HashMap<pg_sys::Oid, (String, bool)>,
+}
+
+thread_local! {
+    static SHAPE: RefCell<Option<(pg_sys::Oid, std::rc::Rc<Shape>)>> = const { RefCell::new(None) };
+}
+
+fn shape(relid: pg_sys::Oid, tupdesc: pg_sys::TupleDesc) -> std::rc::Rc<Shape> {
+    if let Some(shape) = SHAPE.with(|s| {
+        s.borrow()
+            .as_ref()
+            .filter(|(r, _)| *r == relid)
+            .map(|(_, shape)| shape.clone())
+    }) {
+        return shape;
+    }
+    let mut attnums = [NonZeroUsize::MIN; COLUMNS.len()];
+    let mut types = [pg_sys::Oid::INVALID; COLUMNS.len()];
+    for (i, name) in COLUMNS.iter().enumerate() {
+        let cname = std::ffi::CString::new(*name).expect("column names have no NUL");
+        // SAFETY: tupdesc is the trigger relation's, valid for this call.
+        let attno = unsafe { pg_sys::SPI_fnumber(tupdesc, cname.as_ptr()) };
+        let attno = usize::try_from(attno)
+            .ok()
+            .and_then(NonZeroUsize::new)
+            .unwrap_or_else(|| {
+                KeyturnError::NotReady(format!("keyturn.action has no column {name}")).raise()
+            });
+        attnums[i] = attno;
+        // SAFETY: attno is a valid 1-based attribute number of tupdesc.
+        types[i] = unsafe { (*(*tupdesc).attrs.as_ptr().add(attno.get() - 1)).atttypid };
+    }
+    // As the owner: whoever changed the row may not execute keyturn's helpers.
+    let as_owner = RoleSwitch::to(extension_owner());
+    let statuses = Spi::connect(|client| -> Result<_, pgrx::spi::Error> {
+        let mut map = HashMap::new();
+        let rows = client.select(
+            "SELECT e.oid, e.enumlabel::pg_catalog.text, keyturn._is_final(e.enumlabel::keyturn.status) \
+               FROM pg_catalog.pg_enum e WHERE e.enumtypid OPERATOR(pg_catalog.=) $1",
+            None,
+            &[types[STATUS].into()],
+        )?;
+        for row in rows {
+            let oid: pg_sys::Oid = row.get(1)?.unwrap_or(pg_sys::Oid::INVALID);
+            let label: String = row.get(2)?.unwrap_or_default();
+            let is_final: bool = row.get(3)?.unwrap_or(false);
+            map.insert(oid, (label, is_final));
+        }
+        Ok(map)
+    })
+    .unwrap_or_else(|e| error!("keyturn: reading keyturn.status failed: {e}"));
+    drop(as_owner);
+    let shape = std::rc::Rc::new(Shape {
+        attnums,
+        types,
+        statuses,
+    });
+    SHAPE.with(|s| *s.borrow_mut() = Some((relid, shape.clone())));
+    shape
+}
+
+/// One row of `keyturn.action` as the trigger sees it: raw datums, valid
+/// for the trigger call.
+struct Row {
+    datums: [Option<pg_sys::Datum>; COLUMNS.len()],
+}
+
+impl Row {
+    /// SAFETY: `tuple` and `tupdesc` are the trigger's, valid for this call.
+    unsafe fn read(
+        tuple: *mut pg_sys::HeapTupleData,
+        tupdesc: pg_sys::TupleDesc,
+        shape: &Shape,
+    ) -> Row {
+        let mut datums = [None; COLUMNS.len()];
+        for (i, attno) in shape.attnums.iter().enumerate() {
+            // SAFETY: see the function's contract.
+            datums[i] = unsafe { pgrx::heap_getattr_raw(tuple, *attno, tupdesc) };
+        }
+        Row { datums }
+    }
+
+    fn param(&self, shape: &Shape, col: usize) -> DatumWithOid<'static> {
+        match self.datums[col] {
+            // SAFETY: the datum is of the column's own type, and the
+            // statement reads it before the trigger returns.
+            Some(d) => unsafe { DatumWithOid::new(d, shape.types[col]) },
+            None => DatumWithOid::null_oid(shape.types[col]),
+        }
+    }
+
+    fn text(&self, col: usize) -> Option<&str> {
+        // SAFETY: text columns hold text datums (varlena), valid for this call.
+        self.datums[col].and_then(|d| unsafe { <&str as FromDatum>::from_datum(d, false) })
+    }
+
+    fn timestamp(&self, col: usize) -> Option<i64> {
+        // timestamptz is an int64 passed by value.
+        self.datums[col].map(|d| d.value() as i64)
+    }
+
+    fn status<'s>(&self, shape: &'s Shape) -> (&'s str, bool) {
+        self.datums[STATUS]
+            .and_then(|d| shape.statuses.get(&pg_sys::Oid::from(d.value() as u32)))
+            .map(|(label, fin)| (label.as_str(), *fin))
+            .unwrap_or_else(|| {
+                KeyturnError::NotReady("an action row has an unknown status".into()).raise()
+            })
+    }
+}
+
+fn trigger_rows<'a>(trigger: &'a PgTrigger<'a>) -> (std::rc::Rc<Shape>, Option<Row>, Row) {
+    let data = trigger.trigger_data();
+    // SAFETY: a row trigger's relation and tuples are valid for this call;
+    // for UPDATE tg_trigtuple is the old row and tg_newtuple the new one, for
+    // INSERT tg_trigtuple is the new row.
+    unsafe {
+        let rel = data.tg_relation;
+        let tupdesc = (*rel).rd_att;
+        let shape = shape((*rel).rd_id, tupdesc);
+        let is_update = matches!(trigger.op(), Ok(PgTriggerOperation::Update));
+        if is_update {
+            let old = Row::read(data.tg_trigtuple, tupdesc, &shape);
+            let new = Row::read(data.tg_newtuple, tupdesc, &shape);
+            (shape, Some(old), new)
+        } else {
+            let new = Row::read(data.tg_trigtuple, tupdesc, &shape);
+            (shape, None, new)
+        }
+    }
+}
+
+/// BEFORE UPDATE OF status, when pending becomes queued, succeeded, conflict
+/// or failed: only an approval gives those, so the row must carry a binding
+/// that verifies.
+#[pg_trigger]
+fn _require_approval<'a>(
+    trigger: &'a PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, KeyturnError> {
+    let (shape, _, new) = trigger_rows(trigger);
+    // SAFETY: a uuid datum of this row, valid for this call.
+    let id = new.datums[ID].and_then(|d| unsafe { pgrx::Uuid::from_datum(d, false) });
+    // SAFETY: bytea datum of this row, valid for this call.
+    let mac = new.datums[APPROVAL_MAC]
+        .and_then(|d| unsafe { <&[u8] as FromDatum>::from_datum(d, false) });
+    let valid = approval::binding_valid(
+        id,
+        new.text(PARAMS_HASH),
+        new.text(APPROVED_BY),
+        new.text(APPROVED_ROLE),
+        new.timestamp(APPROVED_AT),
+        new.text(APPROVED_VIA),
+        mac,
+    );
+    if !valid {
+        let (status, _) = new.status(&shape);
+        // Raised, not returned: pgrx reports a trigger's Err as XX000.
+        KeyturnError::Forbidden {
+            message: format!(
+                "action {} cannot become {status} without an approval",
+                id.map(|u| u.to_string()).unwrap_or_default()
+            ),
+            hint: "Only keyturn.approve (or a standing approval, or a task request) gives this status; a table write cannot.",
+        }
+        .raise();
+    }
+    Ok(trigger.new())
+}
+
+// The statements, one per kind of change, each a single statement (one
+// executor start) for all the rows it writes.
+const OPEN_INSERT: &str = "\
+WITH o AS (INSERT INTO keyturn.open_action (action_id, tenant, principal, session, conversation_id, status, \
+                                            expires_at, next_attempt_at, lease_expires_at, dispatched_at) \
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)) \
+INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status, detail) \
+VALUES ($1, $2, $3, $11, $12, NULL, $6, $13::pg_catalog.jsonb)";
+const OPEN_UPDATE: &str = "\
+WITH o AS (UPDATE keyturn.open_action o SET status = $6, next_attempt_at = $8, lease_expires_at = $9, \
+                                           dispatched_at = $10 \
+            WHERE o.action_id OPERATOR(pg_catalog.=) $1) \
+INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status, detail) \
+SELECT $1, $2, $3, $11, $12, $14, $6, $13::pg_catalog.jsonb WHERE $15";
+const FINAL: &str = "\
+WITH o AS (DELETE FROM keyturn.open_action o WHERE o.action_id OPERATOR(pg_catalog.=) $1), \
+     u AS (INSERT INTO keyturn.usage (action_id, tenant, principal, tool, executor, attempts) \
+           SELECT $1, $2, $3, $7, $8, $9 WHERE $10), \
+     p AS (DELETE FROM keyturn.staged_payload s WHERE $11 AND s.action_id OPERATOR(pg_catalog.=) $1), \
+     f AS (DELETE FROM keyturn.staged_file s WHERE $12 AND s.action_id OPERATOR(pg_catalog.=) $1) \
+INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status, detail) \
+VALUES ($1, $2, $3, $4, $5, $13, $6, $14::pg_catalog.jsonb)";
+const NOTIFY: &str = "SELECT pg_catalog.pg_notify('keyturn_dispatch', '')";
+
+/// The work list's columns, $1 … $10 of OPEN_INSERT and OPEN_UPDATE.
+const WORK_LIST: [usize; 10] = [
+    ID,
+    TENANT,
+    PRINCIPAL,
+    SESSION,
+    CONVERSATION,
+    STATUS,
+    EXPIRES_AT,
+    NEXT_ATTEMPT_AT,
+    LEASE_EXPIRES_AT,
+    DISPATCHED_AT,
+];
+
+/// AFTER INSERT OR UPDATE OF status, next_attempt_at, lease_expires_at,
+/// dispatched_at: everything a status change implies (sql/020_guards.sql).
+#[pg_trigger]
+fn _action_lifecycle<'a>(
+    trigger: &'a PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, KeyturnError> {
+    let acting = actor::acting();
+    let (shape, old, new) = trigger_rows(trigger);
+    // A row inserted by anything but keyturn's propose (a restore from a
+    // dump, which brings its own events and work list) implies nothing.
+    if old.is_none() && !acting {
+        return Ok(None);
+    }
+    let (status, is_final) = new.status(&shape);
+    let changed = match &old {
+        None => true,
+        Some(old) => old.datums[STATUS].map(|d| d.value()) != new.datums[STATUS].map(|d| d.value()),
+    };
+    let work_list_moved = match &old {
+        None => true,
+        Some(old) => [STATUS, NEXT_ATTEMPT_AT, LEASE_EXPIRES_AT, DISPATCHED_AT]
+            .iter()
+            .any(|&c| old.datums[c].map(|d| d.value()) != new.datums[c].map(|d| d.value())),
+    };
+    if !changed && !work_list_moved {
+        return Ok(None);
+    }
+
+    let mut detail = actor::event_detail().unwrap_or_else(|| "{}".to_owned());
+    if !acting {
+        detail = match serde_json::from_str::<serde_json::Value>(&detail) {
+            Ok(serde_json::Value::Object(mut m)) => {
+                m.insert("direct_write".into(), serde_json::Value::Bool(true));
+                serde_json::Value::Object(m).to_string()
+            }
+            _ => r#"{"direct_write": true}"#.to_owned(),
+        };
+    }
+    let db_role = actor::actor_role().unwrap_or_else(outer_role_name);
+    let principal = actor::actor_principal();
+    let from_status = old.as_ref().map(|o| o.param(&shape, STATUS));
+    let from_status = from_status.unwrap_or_else(|| DatumWithOid::null_oid(shape.types[STATUS]));
+    let external = new.text(EXECUTOR) == Some("external");
+    let notify = status == "queued"
+        && new
+            .timestamp(NEXT_ATTEMPT_AT)
+            // SAFETY: reads the clock.
+            .is_some_and(|t| t <= unsafe { pg_sys::GetCurrentTimestamp() })
+        && crate::guc::notify_on();
+
+    let p = |c| new.param(&shape, c);
+    let (sql, types, args): (&str, Vec<pg_sys::Oid>, Vec<DatumWithOid<'_>>) = if old.is_none() {
+        if is_final {
+            // Nothing inserts a final action; should something, it gets what
+            // a final status change gets (no work-list row to delete).
+            let digest = external && new.text(RETAIN) == Some("digest");
+            (
+                FINAL,
+                final_types(&shape),
+                final_args(
+                    &new,
+                    &shape,
+                    &db_role,
+                    principal.as_deref(),
+                    from_status,
+                    &detail,
+                    digest,
+                    external,
+                ),
+            )
+        } else {
+            let mut types: Vec<pg_sys::Oid> = WORK_LIST.iter().map(|&c| shape.types[c]).collect();
+            types.extend([pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID]);
+            let mut args: Vec<DatumWithOid<'_>> = WORK_LIST.iter().map(|&c| p(c)).collect();
+            args.extend([
+                DatumWithOid::from(db_role.as_str()),
+                DatumWithOid::from(principal.as_deref()),
+                DatumWithOid::from(detail.as_str()),
+            ]);
+            (OPEN_INSERT, types, args)
+        }
+    } else if is_final {
+        let digest = external && new.text(RETAIN) == Some("digest");
+        (
+            FINAL,
+            final_types(&shape),
+            final_args(
+                &new,
+                &shape,
+                &db_role,
+                principal.as_deref(),
+                from_status,
+                &detail,
+                digest,
+                external,
+            ),
+        )
+    } else {
+        let mut types: Vec<pg_sys::Oid> = WORK_LIST.iter().map(|&c| shape.types[c]).collect();
+        types.extend([
+            pg_sys::TEXTOID,
+            pg_sys::TEXTOID,
+            pg_sys::TEXTOID,
+            shape.types[STATUS],
+            pg_sys::BOOLOID,
+        ]);
+        let mut args: Vec<DatumWithOid<'_>> = WORK_LIST.iter().map(|&c| p(c)).collect();
+        args.extend([
+            DatumWithOid::from(db_role.as_str()),
+            DatumWithOid::from(principal.as_deref()),
+            DatumWithOid::from(detail.as_str()),
+            from_status,
+            DatumWithOid::from(changed),
+        ]);
+        (OPEN_UPDATE, types, args)
+    };
+
+    let _as_owner = RoleSwitch::to(extension_owner());
+    Spi::connect_mut(|client| -> pgrx::spi::SpiResult<()> {
+        plans::execute(client, sql, &types, &args)?;
+        if notify {
+            plans::execute(client, NOTIFY, &[], &[])?;
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|e| error!("keyturn: the lifecycle of an action failed: {e}"));
+    Ok(None)
+}
+
+fn final_types(shape: &Shape) -> Vec<pg_sys::Oid> {
+    vec![
+        shape.types[ID],
+        shape.types[TENANT],
+        shape.types[PRINCIPAL],
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        shape.types[STATUS],
+        shape.types[TOOL],
+        shape.types[EXECUTOR],
+        shape.types[ATTEMPTS],
+        pg_sys::BOOLOID,
+        pg_sys::BOOLOID,
+        pg_sys::BOOLOID,
+        shape.types[STATUS],
+        pg_sys::TEXTOID,
+    ]
+}
+
+#[allow(clippy::too_many_arguments)]
+fn final_args<'a>(
+    new: &Row,
+    shape: &Shape,
+    db_role: &'a str,
+    principal: Option<&'a str>,
+    from_status: DatumWithOid<'a>,
+    detail: &'a str,
+    digest: bool,
+    external: bool,
+) -> Vec<DatumWithOid<'a>> {
+    let succeeded = new.status(shape).0 == "succeeded";
+    vec![
+        new.param(shape, ID),
+        new.param(shape, TENANT),
+        new.param(shape, PRINCIPAL),
+        DatumWithOid::from(db_role),
+        DatumWithOid::from(principal),
+        new.param(shape, STATUS),
+        new.param(shape, TOOL),
+        new.param(shape, EXECUTOR),
+        new.param(shape, ATTEMPTS),
+        DatumWithOid::from(succeeded),
+        DatumWithOid::from(digest),
+        DatumWithOid::from(external),
+        from_status,
+        DatumWithOid::from(detail),
+    ]
+}
+
+/// The session's role as the audit log names a change keyturn did not make:
+/// the SET ROLE role, else the session user.
+fn outer_role_name() -> String {
+    // SAFETY: reads backend state; the name is copied before returning.
+    unsafe {
+        let name = pg_sys::GetUserNameFromId(pg_sys::GetOuterUserId(), false);
+        std::ffi::CStr::from_ptr(name)
+            .to_string_lossy()
+            .into_owned()
+    }
+}
