@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use keyturnd::config::{self, Config, LogFormat};
 use keyturnd::db::{self, Reconciled};
 use keyturnd::providers::Providers;
+use keyturnd::rpc::Rpc;
 use keyturnd::shutdown::Signals;
 use keyturnd::worker::{Dispatcher, Settings};
 use keyturnd::{app, operator, AppState, Error};
@@ -34,7 +35,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Dispatch approved actions and serve /healthz, /readyz, /metrics (the default).
+    /// Dispatch approved actions and serve /healthz, /readyz, /metrics, and with a JWT key /rpc, /card, /console (the default).
     Serve,
     /// Settle an `uncertain` action after checking with the provider (role keyturn_operator).
     Reconcile {
@@ -116,9 +117,17 @@ fn init_logging(format: LogFormat) {
 
 async fn serve(config: Config) -> Result<(), Error> {
     config.validate()?;
-    let state = AppState::new();
+    let mut state = AppState::new().with_frame_ancestors(&config.frame_ancestors)?;
     let shutdown = CancellationToken::new();
     Signals::install()?.spawn(shutdown.clone(), state.health.clone());
+
+    // Before the listener: a role allowlist the database refuses stops
+    // keyturnd here, before it answers anything.
+    match Rpc::start(&config, Arc::clone(&state.metrics), &shutdown).await? {
+        Some(rpc) => state = state.with_rpc(rpc),
+        None if config.rpc_enabled() => return Ok(()),
+        None => {}
+    }
 
     let providers = Providers::from_config(&config)?;
     if providers.names().is_empty() {
@@ -140,6 +149,7 @@ async fn serve(config: Config) -> Result<(), Error> {
         workers = config.workers,
         lease_seconds = config.lease_seconds,
         listen_notify = config.listen_notify,
+        rpc = state.rpc.is_some(),
         "keyturnd starting"
     );
 
