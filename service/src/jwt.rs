@@ -7,7 +7,7 @@
 //!
 //! Accepted: HS256 with `KEYTURN_JWT_SECRET`, or RS256 / ES256 with a key of
 //! the `KEYTURN_JWT_JWKS` file (chosen by `kid`, else by algorithm). `exp` is
-//! required; `exp` and `nbf` are checked with 60 s of leeway; `aud` is checked
+//! required (and `aud`, when `KEYTURN_JWT_AUD` is set); `exp` and `nbf` are checked with 60 s of leeway; `aud` is checked
 //! when `KEYTURN_JWT_AUD` is set. `alg: none` and any algorithm other than
 //! the configured ones are refused, so a JWKS public key can never be used
 //! as an HMAC secret.
@@ -190,7 +190,11 @@ impl Verifier {
         validation.validate_exp = true;
         validation.validate_nbf = true;
         match &self.audience {
-            Some(aud) => validation.set_audience(&[aud]),
+            Some(aud) => {
+                validation.set_audience(&[aud]);
+                // A configured audience is required, not only checked when present.
+                validation.set_required_spec_claims(&["exp", "aud"]);
+            }
             None => validation.validate_aud = false,
         }
         let mut last = Error::Unauthorized("the JWT's signature does not verify");

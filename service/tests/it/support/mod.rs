@@ -4,6 +4,7 @@
 
 pub mod e2e;
 pub mod fake_smtp;
+pub mod web;
 
 use keyturnd::db::LeasedJob;
 use uuid::Uuid;
