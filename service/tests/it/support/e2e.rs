@@ -267,7 +267,7 @@ impl World {
         let row = self
             .superuser
             .query_one(
-                "SELECT status, attempts FROM keyturn.action WHERE id = $1",
+                "SELECT status::text, attempts FROM keyturn.action WHERE id = $1",
                 &[&id],
             )
             .await
@@ -340,7 +340,7 @@ impl World {
     pub async fn events_to(&self, id: Uuid, to_status: &str) -> i64 {
         self.superuser
             .query_one(
-                "SELECT count(*) FROM keyturn.event WHERE action_id = $1 AND to_status = $2",
+                "SELECT count(*) FROM keyturn.event WHERE action_id = $1 AND to_status::text = $2",
                 &[&id, &to_status],
             )
             .await
