@@ -516,6 +516,11 @@ class KeyturnCard extends HTMLElement {
     if (this.started) return;
     this.started = true;
     const ownLink = this.getAttribute("link");
+    if (ownLink === null) {
+      // Another link opened in this tab changes only the fragment, which
+      // reloads nothing by itself: start over with it.
+      window.addEventListener("hashchange", () => location.reload());
+    }
     const { items } = parseLink(ownLink ?? location.hash.slice(1));
     // An embedding page hands the JWT over as a property; the /card page
     // brings it in its fragment.

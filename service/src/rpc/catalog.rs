@@ -254,9 +254,9 @@ fn not_found(name: &str, body: &Map<String, Value>, hint: Option<String>) -> Err
 fn value_of(arg: &Arg) -> String {
     let key = literal(&arg.name);
     match arg.ty.as_str() {
-        "jsonb" => format!("pg_catalog.nullif($1 -> {key}, 'null'::pg_catalog.jsonb)"),
+        "jsonb" => format!("NULLIF($1 -> {key}, 'null'::pg_catalog.jsonb)"),
         "json" => {
-            format!("pg_catalog.nullif($1 -> {key}, 'null'::pg_catalog.jsonb)::pg_catalog.json")
+            format!("NULLIF($1 -> {key}, 'null'::pg_catalog.jsonb)::pg_catalog.json")
         }
         ty if ty.ends_with("[]") => format!(
             "CASE WHEN pg_catalog.jsonb_typeof($1 -> {key}) = 'array' \
@@ -327,9 +327,7 @@ mod tests {
             )
             .expect("found");
         assert!(
-            sql.contains(
-                r#""params" => pg_catalog.nullif($1 -> 'params', 'null'::pg_catalog.jsonb)"#
-            ),
+            sql.contains(r#""params" => NULLIF($1 -> 'params', 'null'::pg_catalog.jsonb)"#),
             "{sql}"
         );
     }

@@ -76,6 +76,31 @@ async fn test_rpc_runs_a_persons_calls_with_named_arguments() {
     .await;
     assert_eq!(again[0]["status"], "queued");
 
+    // A jsonb argument takes the JSON value: the params resubmitted match.
+    let r = w.propose(&tool, json!({"text": "resubmitted"})).await;
+    let (status, _, rows) = post_rpc(
+        &k.base,
+        "approve",
+        Some(&jwt),
+        &json!({"action_id": r.id.to_string(), "token": r.token, "params": {"text": "resubmitted"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, rows[0]["status"].as_str()),
+        (200, Some("queued")),
+        "{rows}"
+    );
+    // JSON null is SQL NULL (the default), not the JSON value null.
+    let s = w.propose(&tool, json!({"text": "null params"})).await;
+    let (_, _, rows) = post_rpc(
+        &k.base,
+        "approve",
+        Some(&jwt),
+        &json!({"action_id": s.id.to_string(), "token": s.token, "params": null}),
+    )
+    .await;
+    assert_eq!(rows[0]["status"], "queued", "{rows}");
+
     // reject returns text: a JSON string.
     let q = w.propose(&tool, json!({"text": "no thanks"})).await;
     let (status, _, answer) = post_rpc(

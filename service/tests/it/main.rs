@@ -16,6 +16,7 @@
 mod support;
 
 mod binary;
+mod browser;
 mod e2e_dispatch;
 mod e2e_pg_restart;
 mod e2e_process;

@@ -113,14 +113,18 @@ pub async fn wait_js(c: &Client, what: &str, script: &str, args: Vec<Value>) -> 
     let start = Instant::now();
     loop {
         let v = js(c, script, args.clone()).await;
-        let truthy = !matches!(&v, Value::Null | Value::Bool(false))
-            && v != json!("")
-            && v != json!(0);
+        let truthy =
+            !matches!(&v, Value::Null | Value::Bool(false)) && v != json!("") && v != json!(0);
         if truthy {
             return v;
         }
         if start.elapsed() > Duration::from_secs(20) {
-            let page = js(c, "return document.body ? document.body.innerText : ''", vec![]).await;
+            let page = js(
+                c,
+                "return document.body ? document.body.innerText : ''",
+                vec![],
+            )
+            .await;
             panic!("timed out waiting for {what}; the page says:\n{page}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -158,7 +162,10 @@ pub async fn wait_loaded(c: &Client) {
 
 /// Whether `css` matches anything.
 pub async fn exists(c: &Client, css: &str) -> bool {
-    !c.find_all(Locator::Css(css)).await.expect("find").is_empty()
+    !c.find_all(Locator::Css(css))
+        .await
+        .expect("find")
+        .is_empty()
 }
 
 /// Saves a PNG of the page as `<name>.png` in `KT_SCREENSHOT_DIR` (set it
