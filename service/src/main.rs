@@ -54,6 +54,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print a short-lived HS256 JWT signed with KEYTURN_JWT_SECRET, to try
+    /// the card and the console without an identity provider (development
+    /// and demos only: in production the application's sign-in mints them).
+    Jwt {
+        /// The database role the JWT selects (one of KEYTURN_JWT_ROLES).
+        #[arg(long)]
+        role: String,
+        /// The principal (`sub`).
+        #[arg(long)]
+        sub: String,
+        /// The tenant (`tenant_id`).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The session (`session_id`).
+        #[arg(long)]
+        session: Option<String>,
+        /// Seconds until it expires.
+        #[arg(long, default_value_t = 900)]
+        ttl: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -91,6 +111,28 @@ fn main() -> ExitCode {
             Command::Uncertain { json } => operator::uncertain(url.expose(), json)
                 .await
                 .map(|text| print!("{}", text.trim_end().to_owned() + "\n")),
+            Command::Jwt {
+                role,
+                sub,
+                tenant,
+                session,
+                ttl,
+            } => match &cli.config.jwt_secret {
+                Some(secret) => keyturnd::jwt::mint_hs256(
+                    secret.expose().as_bytes(),
+                    &role,
+                    [
+                        ("sub", Some(sub.as_str())),
+                        ("tenant_id", tenant.as_deref()),
+                        ("session_id", session.as_deref()),
+                    ],
+                    ttl,
+                )
+                .map(|jwt| println!("{jwt}")),
+                None => Err(Error::Config(
+                    "keyturnd jwt signs with KEYTURN_JWT_SECRET, which is not set".into(),
+                )),
+            },
         }
     });
     match result {
