@@ -347,8 +347,8 @@ CREATE TABLE keyturn.usage (
 );
 CREATE INDEX usage_tenant_idx ON keyturn.usage (tenant, at);
 
--- The key of the approval binding (sql/051_approve.sql): one row, written here,
--- readable by the extension owner alone. It lives in a schema of its own on
+-- The key of the approval binding (sql/051_approve.sql): one row, made on
+-- first use (extension/src/approval.rs), readable by the extension owner alone. It lives in a schema of its own on
 -- which no role holds any privilege, so not even GRANT ... ON ALL TABLES IN
 -- SCHEMA keyturn (to a role with BYPASSRLS, say) reaches it;
 -- keyturn.check_deployment() reports any grant on either.
@@ -358,7 +358,6 @@ CREATE TABLE keyturn_secret.approval_key (
     id   int   PRIMARY KEY CHECK (id = 1),
     key  bytea NOT NULL CHECK (length(key) = 32)
 );
-INSERT INTO keyturn_secret.approval_key (id, key) VALUES (1, keyturn._new_approval_key());
 
 -- These tables hold the tenants' data, not the extension's code: pg_dump must
 -- dump their rows (and the event sequence). A restore needs no special

@@ -115,9 +115,12 @@ CREATE TRIGGER action_requires_approval
 -- keyturn's functions did not make is logged as the session's role, marked
 -- direct_write. A row inserted by anything but keyturn's propose (a restore
 -- from a dump, which brings its own events and work list) implies nothing.
+-- SECURITY DEFINER: the side effects are keyturn's to write whoever changed
+-- the row, so a direct write (by a role someone granted UPDATE) is logged,
+-- not failed for want of privileges on keyturn's internals.
 CREATE FUNCTION keyturn._action_lifecycle()
 RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE

@@ -50,8 +50,10 @@ RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
+    -- A grant past its valid_until is no grant: it ends like a revoke.
     RETURN EXISTS (SELECT 1 FROM keyturn.tool_grant g
-                    WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = p_tool);
+                    WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = p_tool
+                      AND (g.valid_until IS NULL OR g.valid_until > clock_timestamp()));
 END
 $$;
 

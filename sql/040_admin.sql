@@ -123,22 +123,40 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION keyturn.grant_tool(tenant text, principal text, tool text)
+-- Sets the (tenant, principal, tool) grant to exactly the given scope,
+-- valid_until and max_uses, with its use count at zero; the plain
+-- three-argument call is a grant without scope or limits. A call that changes
+-- none of them changes nothing (and keeps the count); any real change bumps
+-- the epoch, so proposals made under the old terms are invalidated.
+CREATE FUNCTION keyturn.grant_tool(tenant text, principal text, tool text, scope jsonb DEFAULT NULL,
+                                   valid_until timestamptz DEFAULT NULL, max_uses int DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_scope   jsonb;
     v_changed boolean;
 BEGIN
     PERFORM keyturn._require_admin(grant_tool.tenant, 'grant_tool');
     PERFORM keyturn._require_text(grant_tool.tenant, 'tenant'),
             keyturn._require_text(grant_tool.principal, 'principal');
     PERFORM keyturn._require_tool(grant_tool.tool);
+    IF grant_tool.scope IS NOT NULL THEN
+        v_scope := keyturn._check_scope(grant_tool.scope);
+    END IF;
+    IF grant_tool.max_uses IS NOT NULL AND grant_tool.max_uses < 1 THEN
+        RAISE EXCEPTION 'keyturn: max_uses must be at least 1, not %', grant_tool.max_uses USING ERRCODE = '22023';
+    END IF;
 
-    INSERT INTO keyturn.tool_grant (tenant, principal, tool)
-    VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool)
-    ON CONFLICT ON CONSTRAINT tool_grant_pkey DO NOTHING;
+    INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)
+    VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool, v_scope, grant_tool.valid_until,
+            grant_tool.max_uses)
+    ON CONFLICT ON CONSTRAINT tool_grant_pkey
+    DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
+                  uses = 0, granted_at = now()
+       WHERE (g.scope, g.valid_until, g.max_uses)
+             IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
     v_changed := FOUND;
 
     IF v_changed THEN

@@ -249,8 +249,10 @@ BEGIN
 END
 $$;
 
--- The external part of a spec: provider, params_schema, targets_param.
--- Returns {"provider", "params_schema" (normalized), "targets_param"}.
+-- The external part of a spec: provider, params_schema, targets_param and
+-- the attachment keys. Returns {"provider", "params_schema" (normalized),
+-- "targets_param", "attachments_param", "attachment_types",
+-- "max_attachment_bytes"}.
 CREATE FUNCTION keyturn._spec_external(p_tool text, p_spec jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE
@@ -258,6 +260,9 @@ AS $$
 DECLARE
     v_provider text := keyturn._spec_string(p_spec, 'provider');
     v_tparam   text := keyturn._spec_string(p_spec, 'targets_param');
+    v_aparam   text := keyturn._spec_string(p_spec, 'attachments_param');
+    v_types    jsonb := p_spec -> 'attachment_types';
+    v_max      bigint := 10 * 1024 * 1024;
     v_schema   jsonb;
 BEGIN
     IF v_provider IS NULL OR v_provider !~ '^[a-z][a-z0-9_]*$' THEN
@@ -281,7 +286,31 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'format: email accepts only a bare address (no display name), so what the person approves is where the mail goes.';
     END IF;
-    RETURN jsonb_build_object('provider', v_provider, 'params_schema', v_schema, 'targets_param', v_tparam);
+    IF v_aparam IS NULL THEN
+        IF p_spec ?| ARRAY['attachment_types', 'max_attachment_bytes'] THEN
+            RAISE EXCEPTION 'keyturn: spec.attachment_types and spec.max_attachment_bytes need spec.attachments_param'
+                USING ERRCODE = '22023';
+        END IF;
+    ELSE
+        IF (v_schema #>> ARRAY['properties', v_aparam, 'type']) IS DISTINCT FROM 'array' THEN
+            RAISE EXCEPTION 'keyturn: spec.attachments_param % must be an array property of params_schema', quote_literal(v_aparam)
+                USING ERRCODE = '22023';
+        END IF;
+        IF jsonb_typeof(v_types) IS DISTINCT FROM 'array' OR jsonb_array_length(v_types) = 0
+           OR EXISTS (SELECT 1 FROM jsonb_array_elements(v_types) t
+                       WHERE jsonb_typeof(t) <> 'string'
+                          OR (t #>> '{}') !~ '^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*$') THEN
+            RAISE EXCEPTION 'keyturn: spec.attachment_types must list the allowed content types, e.g. ["application/pdf"]'
+                USING ERRCODE = '22023';
+        END IF;
+        IF p_spec ? 'max_attachment_bytes' THEN
+            v_max := keyturn._spec_positive_int(p_spec -> 'max_attachment_bytes', 'spec.max_attachment_bytes',
+                                                keyturn._max_file_bytes()::int);
+        END IF;
+    END IF;
+    RETURN jsonb_build_object('provider', v_provider, 'params_schema', v_schema, 'targets_param', v_tparam,
+                              'attachments_param', v_aparam, 'attachment_types', v_types,
+                              'max_attachment_bytes', CASE WHEN v_aparam IS NOT NULL THEN v_max END);
 END
 $$;
 
@@ -327,6 +356,8 @@ DECLARE
     v_approval  text;
     v_max       int := 100;
     v_rate      jsonb;
+    v_quorum    int := 1;
+    v_delegable boolean := false;
     v_version   int;
     v_normal    jsonb;
 BEGIN
@@ -341,14 +372,29 @@ BEGIN
     END IF;
     PERFORM keyturn._spec_keys(spec, 'spec',
         ARRAY['kind', 'executor', 'provider', 'params_schema', 'summary', 'effect', 'expires_in',
-              'retain', 'approval', 'max_targets', 'targets_param', 'sql', 'rate_limit']);
+              'retain', 'approval', 'max_targets', 'targets_param', 'sql', 'rate_limit', 'quorum',
+              'delegable', 'attachments_param', 'attachment_types', 'max_attachment_bytes']);
 
     v_kind     := keyturn._spec_choice(spec, 'kind', 'write', ARRAY['read', 'write']);
     v_exec     := keyturn._spec_choice(spec, 'executor', NULL, ARRAY['sql', 'external']);
     v_effect   := keyturn._spec_choice(spec, 'effect', 'irreversible',
                                        ARRAY['reversible', 'compensatable', 'irreversible']);
     v_retain   := keyturn._spec_choice(spec, 'retain', 'full', ARRAY['full', 'digest']);
-    v_approval := keyturn._spec_choice(spec, 'approval', 'self', ARRAY['self', 'independent']);
+    v_approval := keyturn._spec_choice(spec, 'approval', 'self', ARRAY['self', 'independent', 'task']);
+    IF spec ? 'quorum' THEN
+        v_quorum := keyturn._spec_positive_int(spec -> 'quorum', 'spec.quorum', 5);
+    END IF;
+    IF v_quorum > 1 AND v_approval <> 'independent' THEN
+        RAISE EXCEPTION 'keyturn: spec.quorum above 1 needs "approval": "independent"'
+            USING ERRCODE = '22023',
+                  HINT = 'Several people approve only what its proposer may not approve alone.';
+    END IF;
+    IF spec ? 'delegable' THEN
+        IF jsonb_typeof(spec -> 'delegable') <> 'boolean' THEN
+            RAISE EXCEPTION 'keyturn: spec.delegable must be true or false' USING ERRCODE = '22023';
+        END IF;
+        v_delegable := (spec ->> 'delegable')::boolean;
+    END IF;
     v_summary  := coalesce(keyturn._spec_string(spec, 'summary'), v_name);
     PERFORM keyturn._check_template(v_summary);
     IF spec ? 'expires_in' THEN
@@ -359,12 +405,16 @@ BEGIN
     END IF;
     v_rate := keyturn._spec_rate_limit(spec -> 'rate_limit');
 
+    IF v_kind = 'read' AND (v_approval <> 'self' OR v_quorum > 1 OR v_delegable) THEN
+        RAISE EXCEPTION 'keyturn: a read tool takes no approval settings' USING ERRCODE = '22023';
+    END IF;
     IF v_kind = 'write' AND v_exec IS NULL THEN
         RAISE EXCEPTION 'keyturn: write tool % needs spec.executor (sql or external)', v_name
             USING ERRCODE = '22023';
     END IF;
     IF v_exec IS DISTINCT FROM 'external' THEN
-        FOREACH k IN ARRAY ARRAY['provider', 'params_schema', 'targets_param'] LOOP
+        FOREACH k IN ARRAY ARRAY['provider', 'params_schema', 'targets_param', 'attachments_param',
+                                 'attachment_types', 'max_attachment_bytes'] LOOP
             IF spec ? k THEN
                 RAISE EXCEPTION 'keyturn: spec.% is only for external tools', k USING ERRCODE = '22023';
             END IF;
@@ -389,7 +439,9 @@ BEGIN
         'params_schema', v_ext -> 'params_schema',
         'summary', v_summary, 'effect', v_effect, 'expires_in', v_expires::text,
         'retain', v_retain, 'approval', v_approval, 'max_targets', v_max,
-        'targets_param', v_ext ->> 'targets_param',
+        'targets_param', v_ext ->> 'targets_param', 'quorum', v_quorum, 'delegable', v_delegable,
+        'attachments_param', v_ext ->> 'attachments_param', 'attachment_types', v_ext -> 'attachment_types',
+        'max_attachment_bytes', v_ext -> 'max_attachment_bytes',
         'sql', CASE WHEN v_sql IS NOT NULL THEN jsonb_build_object(
                     'table', format('%I.%I', v_sql ->> 'schema', v_sql ->> 'table'),
                     'key', v_sql -> 'key', 'version', v_sql -> 'version',
@@ -405,16 +457,21 @@ BEGIN
     END IF;
 
     INSERT INTO keyturn.tool_version (tool, version, spec, kind, executor, provider, params_schema,
-                                      summary, effect, expires_in, retain, approval, max_targets,
-                                      targets_param, sql_schema, sql_table, sql_key, sql_version,
-                                      sql_set, sql_where, sql_types, rate_max, rate_per)
+                                      summary, effect, expires_in, retain, approval, quorum, delegable,
+                                      max_targets, targets_param, sql_schema, sql_table, sql_key, sql_version,
+                                      sql_set, sql_where, sql_types, rate_max, rate_per,
+                                      attachments_param, attachment_types, max_attachment_bytes)
     VALUES (v_name, v_version, v_normal, v_kind, v_exec, v_ext ->> 'provider', v_ext -> 'params_schema',
-            v_summary, v_effect, v_expires, v_retain, v_approval, v_max,
+            v_summary, v_effect, v_expires, v_retain, v_approval, v_quorum, v_delegable, v_max,
             v_ext ->> 'targets_param', v_sql ->> 'schema', v_sql ->> 'table', v_sql ->> 'key',
             v_sql ->> 'version',
             CASE WHEN v_sql IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'set')) END,
             CASE WHEN v_sql IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'where')) END,
-            v_sql -> 'types', (v_rate ->> 'max')::int, (v_rate ->> 'per')::interval);
+            v_sql -> 'types', (v_rate ->> 'max')::int, (v_rate ->> 'per')::interval,
+            v_ext ->> 'attachments_param',
+            CASE WHEN v_ext ->> 'attachments_param' IS NOT NULL
+                 THEN ARRAY(SELECT jsonb_array_elements_text(v_ext -> 'attachment_types')) END,
+            (v_ext ->> 'max_attachment_bytes')::bigint);
     RETURN v_version;
 END
 $$;

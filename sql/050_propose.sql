@@ -18,7 +18,8 @@ ALTER FUNCTION keyturn._exec_as(oid, text, jsonb)
     SET extra_float_digits = 1
     SET bytea_output = 'hex';
 
--- origin: {"conversation_id", "turn_id", "message_id", "evidence": [ids]}, all optional.
+-- origin: {"conversation_id", "turn_id", "message_id", "assistant_message_id",
+-- "evidence": [ids]}, all optional (task tools need the first four).
 -- Returns the conversation id (or NULL).
 CREATE FUNCTION keyturn._check_origin(p_origin jsonb)
 RETURNS text
@@ -31,7 +32,7 @@ BEGIN
         RAISE EXCEPTION 'keyturn: origin must be a JSON object' USING ERRCODE = '22023';
     END IF;
     FOR k IN SELECT jsonb_object_keys(p_origin) LOOP
-        IF k IN ('conversation_id', 'turn_id', 'message_id') THEN
+        IF k IN ('conversation_id', 'turn_id', 'message_id', 'assistant_message_id') THEN
             IF jsonb_typeof(p_origin -> k) <> 'string' OR length(p_origin ->> k) NOT BETWEEN 1 AND 200 THEN
                 RAISE EXCEPTION 'keyturn: origin.% must be a string of 1 to 200 characters', k
                     USING ERRCODE = '22023';
@@ -46,7 +47,7 @@ BEGIN
         ELSE
             RAISE EXCEPTION 'keyturn: unknown origin key %', quote_literal(k)
                 USING ERRCODE = '22023',
-                      HINT = 'origin takes conversation_id, turn_id, message_id and evidence.';
+                      HINT = 'origin takes conversation_id, turn_id, message_id, assistant_message_id and evidence.';
         END IF;
     END LOOP;
     RETURN p_origin ->> 'conversation_id';
@@ -215,17 +216,58 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION keyturn._propose(p_caller oid, p_tool text, p_params jsonb, p_origin jsonb)
-RETURNS TABLE (o_action_id uuid, o_token text, o_summary text, o_params_hash text, o_expires_at timestamptz)
+-- The proposing principal's grant for a tool, locked so that its uses and
+-- the rate window cannot be raced past (a row lock only keyturn can take:
+-- row locks need UPDATE on keyturn.tool_grant, which no role holds, unlike an
+-- advisory lock, which any role may take with a guessable key and hold to
+-- stall the tenant). 42501 when there is none, it has ended, or its uses are
+-- spent.
+CREATE FUNCTION keyturn._lock_grant(p_tenant text, p_principal text, p_tool text)
+RETURNS keyturn.tool_grant
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_tenant    text := keyturn.current_tenant();
-    v_principal text := keyturn.current_principal();
-    v_session   text := keyturn.current_session();
+    g keyturn.tool_grant;
+BEGIN
+    SELECT x.* INTO g FROM keyturn.tool_grant x
+     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
+            USING ERRCODE = '42501',
+                  HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
+    END IF;
+    IF g.valid_until IS NOT NULL AND g.valid_until <= clock_timestamp() THEN
+        RAISE EXCEPTION 'keyturn: the grant of tool % to principal % ended at %', p_tool, p_principal, keyturn._utc(g.valid_until)
+            USING ERRCODE = '42501',
+                  HINT = 'An admin renews it with keyturn.grant_tool(tenant, principal, tool, scope, valid_until, max_uses).';
+    END IF;
+    IF g.max_uses IS NOT NULL AND g.uses >= g.max_uses THEN
+        RAISE EXCEPTION 'keyturn: the grant of tool % to principal % allows % proposals, all used', p_tool, p_principal, g.max_uses
+            USING ERRCODE = '42501',
+                  HINT = 'An admin renews it with keyturn.grant_tool(tenant, principal, tool, scope, valid_until, max_uses).';
+    END IF;
+    RETURN g;
+END
+$$;
+
+-- Everything propose does for (tenant, principal, session), whoever asks: the
+-- agent's propose, and a person's revise (which proposes in the agent's name,
+-- with the targets resolved under the reviser's RLS). p_caller is the role
+-- that resolves targets. A covering standing approval (or, for a task tool,
+-- the person's recorded request) approves the new action in the same
+-- transaction.
+CREATE FUNCTION keyturn._propose_for(p_caller oid, p_tenant text, p_principal text, p_session text,
+                                     p_tool text, p_params jsonb, p_origin jsonb,
+                                     p_revised_from uuid, p_revised_by text)
+RETURNS TABLE (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
+               o_expires_at timestamptz, o_status text, o_delegation_id uuid)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
     v_tool      keyturn.tool;
     v_ver       keyturn.tool_version;
+    v_grant     keyturn.tool_grant;
     v_origin    jsonb := coalesce(p_origin, '{}');
     v_conv      text;
     v_path      text;
@@ -238,9 +280,13 @@ DECLARE
     v_token     text := keyturn._token_new();
     v_expires   timestamptz;
     v_summary   text;
+    v_request   keyturn.request;
+    v_existing  keyturn.action;
+    v_claimed   keyturn.action;
+    v_deleg     keyturn.delegation;
+    v_result    record;
 BEGIN
-    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
-    PERFORM keyturn._require_member(v_tenant, v_principal, v_session);
+    PERFORM keyturn._require_member(p_tenant, p_principal, p_session);
 
     SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = p_tool;
     IF NOT FOUND OR NOT v_tool.enabled THEN
@@ -254,19 +300,18 @@ BEGIN
         RAISE EXCEPTION 'keyturn: tool % is read-only and needs no proposal', p_tool
             USING ERRCODE = '22023';
     END IF;
-    IF NOT keyturn._has_grant(v_tenant, v_principal, v_tool.name) THEN
-        RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', v_principal, p_tool, v_tenant
+    -- Checked here without a lock (a clear error before any work); locked
+    -- and checked again below, where its uses are counted.
+    PERFORM 1 FROM keyturn.tool_grant g
+      WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = v_tool.name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
             USING ERRCODE = '42501',
                   HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
     END IF;
 
     v_conv := keyturn._check_origin(v_origin);
-    IF v_conv IS NOT NULL AND EXISTS (
-           SELECT 1 FROM keyturn.cancelled_origin c
-            WHERE c.tenant = v_tenant AND c.principal = v_principal AND c.conversation_id = v_conv) THEN
-        RAISE EXCEPTION 'keyturn: conversation % was cancelled; it can start no new actions', v_conv
-            USING ERRCODE = '55000';
-    END IF;
+    PERFORM keyturn._refuse_ended_conversation(p_tenant, p_principal, v_conv);
 
     IF p_params IS NULL OR jsonb_typeof(p_params) <> 'object' THEN
         RAISE EXCEPTION 'keyturn: params must be a JSON object' USING ERRCODE = '22023';
@@ -298,22 +343,41 @@ BEGIN
                           HINT = 'max_targets bounds the blast radius of one approval.';
             END IF;
         END IF;
+        IF v_ver.attachments_param IS NOT NULL THEN
+            PERFORM keyturn._check_attachments(p_tenant, p_principal, v_ver, p_params);
+        END IF;
     ELSE
         v_targets := keyturn._resolve_targets(p_caller, v_ver, p_params);
         v_count := jsonb_array_length(v_targets);
     END IF;
 
+    v_grant := keyturn._lock_grant(p_tenant, p_principal, v_tool.name);
+    IF v_grant.scope IS NOT NULL THEN
+        v_err := keyturn._scope_violation(v_grant.scope, p_params, v_count);
+        IF v_err IS NOT NULL THEN
+            RAISE EXCEPTION 'keyturn: outside the scope of the grant of tool % to principal %: %', p_tool, p_principal, v_err
+                USING ERRCODE = '42501',
+                      HINT = 'Propose within the grant''s scope, or ask an admin to widen it.';
+        END IF;
+    END IF;
+
+    IF v_ver.approval = 'task' THEN
+        -- The person's request in the chat is the approval; the same request
+        -- for the same call again is the same action.
+        v_request := keyturn._task_request(p_tenant, p_principal, p_session, v_origin);
+        v_existing := keyturn._task_replay(p_tenant, p_principal, v_request, v_tool.name, v_hash);
+        IF v_existing.id IS NOT NULL THEN
+            RETURN QUERY SELECT v_existing.id, NULL::text, coalesce(v_existing.summary, v_existing.tool),
+                                v_existing.params_hash, v_existing.expires_at, v_existing.status::text, NULL::uuid;
+            RETURN;
+        END IF;
+    END IF;
+
     IF v_ver.rate_max IS NOT NULL THEN
-        -- Serialize concurrent proposals of one (tenant, principal, tool) so the
-        -- window count cannot be raced past, on the grant row: a lock only
-        -- keyturn can take (row locks need UPDATE on keyturn.tool_grant, which
-        -- no role holds), unlike an advisory lock, which any role may take
-        -- with a guessable key and hold to stall the tenant.
-        PERFORM 1 FROM keyturn.tool_grant g
-          WHERE g.tenant = v_tenant AND g.principal = v_principal AND g.tool = v_tool.name
-            FOR NO KEY UPDATE;
+        -- The grant row is locked: concurrent proposals of one (tenant,
+        -- principal, tool) count the window one at a time.
         SELECT count(*) INTO v_recent FROM keyturn.action a
-         WHERE a.tenant = v_tenant AND a.principal = v_principal AND a.tool = v_tool.name
+         WHERE a.tenant = p_tenant AND a.principal = p_principal AND a.tool = v_tool.name
            AND a.created_at > clock_timestamp() - v_ver.rate_per;
         IF v_recent >= v_ver.rate_max THEN
             RAISE EXCEPTION 'keyturn: rate limit of tool % reached: % proposals per %', p_tool, v_ver.rate_max, v_ver.rate_per
@@ -321,28 +385,81 @@ BEGIN
                       HINT = 'Wait for the window to pass, or ask an admin to raise spec.rate_limit.';
         END IF;
     END IF;
+    IF v_grant.max_uses IS NOT NULL THEN
+        UPDATE keyturn.tool_grant g SET uses = g.uses + 1
+         WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = v_tool.name;
+    END IF;
 
     v_expires := clock_timestamp() + v_ver.expires_in;
     v_summary := keyturn._render_summary(v_ver.summary, p_params, v_count);
 
+    PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
+        'revised_from', p_revised_from, 'revised_by', p_revised_by)));
     INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor, approval,
                                 retain, params, param_keys, params_hash, summary, origin,
                                 conversation_id, epoch, target_count, token_digest, token_binding,
-                                idempotency_key, created_at, expires_at, status, updated_at)
-    VALUES (v_id, v_tenant, v_principal, v_session, v_tool.name, v_ver.version, v_ver.executor,
+                                idempotency_key, revised_from, revised_by, created_at, expires_at,
+                                status, updated_at)
+    VALUES (v_id, p_tenant, p_principal, p_session, v_tool.name, v_ver.version, v_ver.executor,
             v_ver.approval, v_ver.retain,
             CASE WHEN v_ver.retain = 'full' THEN p_params END,
             ARRAY(SELECT k FROM jsonb_object_keys(p_params) k ORDER BY k COLLATE "C"),
             v_hash,
             CASE WHEN v_ver.retain = 'full' THEN v_summary END,
-            v_origin, v_conv, keyturn._epoch(v_tenant, v_principal), v_count,
+            v_origin, v_conv, keyturn._epoch(p_tenant, p_principal), v_count,
             keyturn._token_digest(v_token), keyturn._token_binding(v_token, v_id, v_hash, v_expires),
-            'keyturn-' || v_id::text, clock_timestamp(), v_expires, 'pending', clock_timestamp());
+            'keyturn-' || v_id::text, p_revised_from, p_revised_by, clock_timestamp(), v_expires,
+            'pending', clock_timestamp());
 
     INSERT INTO keyturn.action_target (action_id, ord, tenant, principal, key, version)
-    SELECT v_id, t.ord, v_tenant, v_principal, t.value ->> 'k', t.value ->> 'v'
+    SELECT v_id, t.ord, p_tenant, p_principal, t.value ->> 'k', t.value ->> 'v'
       FROM jsonb_array_elements(v_targets) WITH ORDINALITY AS t (value, ord);
+    IF v_ver.attachments_param IS NOT NULL THEN
+        PERFORM keyturn._bind_attachments(v_id, p_tenant, p_principal, v_ver, p_params);
+    END IF;
 
-    RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires;
+    -- Approved at once: by the person's request (task tools), or by a standing
+    -- approval that covers it (never for a revision: the person revising is
+    -- about to look at it).
+    IF v_ver.approval = 'task' THEN
+        PERFORM keyturn._set_event_context(jsonb_build_object('request', v_request.message_id));
+        v_claimed := keyturn._claim(v_id, v_token, p_principal, v_request.recorded_role,
+                                    'task:' || v_request.message_id);
+        SELECT * INTO v_result
+          FROM keyturn._after_claim(to_regrole(v_request.recorded_role)::oid, v_claimed, v_token, p_params, NULL);
+        RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, NULL::uuid;
+        RETURN;
+    END IF;
+    IF p_revised_from IS NULL THEN
+        v_deleg := keyturn._spend_delegation(v_id, v_ver, p_params, v_count);
+        IF v_deleg.id IS NOT NULL THEN
+            PERFORM keyturn._set_event_context(jsonb_build_object(
+                'delegation', v_deleg.id, 'delegated_by', v_deleg.principal));
+            v_claimed := keyturn._claim(v_id, v_token, v_deleg.principal, v_deleg.db_role,
+                                        'delegation:' || v_deleg.id);
+            SELECT * INTO v_result
+              FROM keyturn._after_claim(to_regrole(v_deleg.db_role)::oid, v_claimed, v_token, p_params, NULL);
+            RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, v_deleg.id;
+            RETURN;
+        END IF;
+    END IF;
+
+    RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, 'pending'::text, NULL::uuid;
+END
+$$;
+
+CREATE FUNCTION keyturn._propose(p_caller oid, p_tool text, p_params jsonb, p_origin jsonb)
+RETURNS TABLE (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
+               o_expires_at timestamptz, o_status text, o_delegation_id uuid)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_principal text := keyturn.current_principal();
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    RETURN QUERY SELECT * FROM keyturn._propose_for(
+        p_caller, keyturn.current_tenant(), v_principal, keyturn.current_session(),
+        p_tool, p_params, p_origin, NULL, NULL);
 END
 $$;

@@ -11,10 +11,11 @@
 -- (_after_claim: expiry, bindings, grants, hash, schema, then the write or the
 -- queue), where every failure is a persisted answer, not an error.
 
--- approve's pre-claim checks, shared by preview and reject. Raises and changes
--- nothing: 42501 for identity, membership, grant and bound context; 55000 when
--- there is no usable proposal (unknown, invisible, wrong token).
-CREATE FUNCTION keyturn._usable_action(p_id uuid, p_token text, p_need_grant boolean)
+-- approve's pre-claim checks, shared by revise, preview and reject (p_for
+-- says which: the grant is needed to approve and to revise). Raises and
+-- changes nothing: 42501 for identity, membership, grant and bound context;
+-- 55000 when there is no usable proposal (unknown, invisible, wrong token).
+CREATE FUNCTION keyturn._usable_action(p_id uuid, p_token text, p_for text)
 RETURNS keyturn.action
 LANGUAGE plpgsql STABLE
 AS $$
@@ -34,7 +35,7 @@ BEGIN
             USING ERRCODE = '55000',
                   DETAIL = 'It does not exist, or it is not visible to this identity.';
     END IF;
-    IF p_need_grant AND NOT keyturn._has_grant(v_tenant, v_principal, a.tool) THEN
+    IF p_for IN ('approve', 'revise') AND NOT keyturn._has_grant(v_tenant, v_principal, a.tool) THEN
         RAISE EXCEPTION 'keyturn: principal % holds no grant for tool %', v_principal, a.tool
             USING ERRCODE = '42501',
                   HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
@@ -45,6 +46,16 @@ BEGIN
     END IF;
     IF a.approval = 'independent' AND (a.principal = v_principal OR v_role NOT IN ('approver', 'admin')) THEN
         RAISE EXCEPTION 'keyturn: action % needs an independent approver: a different principal with role approver or admin', p_id
+            USING ERRCODE = '42501';
+    END IF;
+    -- Whoever wrote a revision does not also approve it.
+    IF a.approval = 'independent' AND p_for = 'approve' AND a.revised_by = v_principal THEN
+        RAISE EXCEPTION 'keyturn: action % is %''s revision; an independent approver other than its reviser must approve it', p_id, v_principal
+            USING ERRCODE = '42501';
+    END IF;
+    -- Task actions are approved by the request that admitted them, never by a token.
+    IF a.approval = 'task' AND p_for IN ('approve', 'revise') THEN
+        RAISE EXCEPTION 'keyturn: action % is a task action, approved by the request that admitted it', p_id
             USING ERRCODE = '42501';
     END IF;
     IF p_token IS NULL OR NOT keyturn._ct_eq(a.token_digest, keyturn._token_digest(p_token)) THEN
@@ -68,6 +79,7 @@ AS $$
 DECLARE
     v_tool  keyturn.tool;
     v_epoch bigint;
+    v_how   text;
 BEGIN
     SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = a.tool FOR SHARE;
     IF NOT FOUND OR NOT v_tool.enabled THEN
@@ -87,10 +99,10 @@ BEGIN
     IF NOT keyturn._has_grant(a.tenant, a.principal, a.tool) THEN
         RETURN format('principal %s no longer holds a grant for tool %s', a.principal, a.tool);
     END IF;
-    IF a.conversation_id IS NOT NULL AND EXISTS (
-           SELECT 1 FROM keyturn.cancelled_origin c
-            WHERE c.tenant = a.tenant AND c.principal = a.principal AND c.conversation_id = a.conversation_id) THEN
-        RETURN format('conversation %s was cancelled', a.conversation_id);
+    SELECT c.how INTO v_how FROM keyturn.cancelled_origin c
+     WHERE c.tenant = a.tenant AND c.principal = a.principal AND c.conversation_id = a.conversation_id;
+    IF FOUND THEN
+        RETURN format('conversation %s was %s', a.conversation_id, v_how);
     END IF;
     RETURN NULL;
 END
@@ -319,9 +331,10 @@ DECLARE
     a           keyturn.action;
     v_claimed   keyturn.action;
     v_given     text;
+    v_quorum    int;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
-    a := keyturn._usable_action(p_id, p_token, true);
+    a := keyturn._usable_action(p_id, p_token, 'approve');
 
     IF a.status <> 'pending' THEN
         -- A replay: the stored outcome, nothing run or charged twice.
@@ -338,6 +351,13 @@ BEGIN
     IF p_params IS NOT NULL THEN
         -- Hash before the claim: an unhashable payload raises and changes nothing.
         v_given := keyturn.params_hash(a.tool, p_params);
+    END IF;
+
+    SELECT v.quorum INTO v_quorum FROM keyturn.tool_version v
+     WHERE v.tool = a.tool AND v.version = a.tool_version;
+    IF v_quorum > 1 THEN
+        RETURN QUERY SELECT * FROM keyturn._vote(p_caller, a, p_token, p_params, v_given, v_quorum);
+        RETURN;
     END IF;
 
     v_claimed := keyturn._claim(p_id, p_token, v_principal, p_caller::regrole::text, 'approve');
@@ -364,7 +384,7 @@ DECLARE
     v_targets jsonb;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
-    a := keyturn._usable_action(p_id, p_token, false);
+    a := keyturn._usable_action(p_id, p_token, 'preview');
     SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
 
     IF a.executor = 'sql' THEN
@@ -404,6 +424,9 @@ BEGIN
         'params_hash', a.params_hash,
         'origin', a.origin,
         'result', a.result,
+        'revised_from', a.revised_from,
+        'quorum', CASE WHEN v_ver.quorum > 1 THEN v_ver.quorum END,
+        'votes', CASE WHEN v_ver.quorum > 1 THEN keyturn._votes(a) END,
         'targets', v_targets));
 END
 $$;
@@ -418,7 +441,7 @@ DECLARE
     v_status keyturn.status;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
-    a := keyturn._usable_action(p_id, p_token, false);
+    a := keyturn._usable_action(p_id, p_token, 'reject');
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object('reason', p_reason)));
     UPDATE keyturn.action x
        SET updated_at = clock_timestamp(), status = 'rejected',

@@ -29,37 +29,77 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION keyturn.cancel_origin(conversation_id text)
+-- Ends a conversation for the caller's principal: cancelled (it was stopped)
+-- or archived (it ended normally). Either way it starts no new actions, and
+-- its pending, queued and leased actions are cancelled; calls already
+-- executing finish. A conversation ends once: the first word stays.
+CREATE FUNCTION keyturn._end_conversation(p_conversation text, p_how text, p_what text)
 RETURNS int
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_tenant    text := keyturn.current_tenant();
     v_principal text := keyturn.current_principal();
     v_n         int;
 BEGIN
-    PERFORM keyturn._refuse_nested('cancel_origin');
+    PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
-    PERFORM keyturn._require_text(cancel_origin.conversation_id, 'conversation_id');
+    PERFORM keyturn._require_text(p_conversation, 'conversation_id');
 
-    INSERT INTO keyturn.cancelled_origin (tenant, principal, conversation_id)
-    VALUES (v_tenant, v_principal, cancel_origin.conversation_id)
+    INSERT INTO keyturn.cancelled_origin (tenant, principal, conversation_id, how)
+    VALUES (v_tenant, v_principal, p_conversation, p_how)
     ON CONFLICT ON CONSTRAINT cancelled_origin_pkey DO NOTHING;
 
-    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'conversation cancelled'));
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'conversation ' || p_how));
     UPDATE keyturn.action a
-       SET updated_at = clock_timestamp(), status = 'cancelled', result = jsonb_build_object('reason', 'the conversation was cancelled'),
+       SET updated_at = clock_timestamp(), status = 'cancelled',
+           result = jsonb_build_object('reason', 'the conversation was ' || p_how),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
      WHERE a.id IN (SELECT o.action_id FROM keyturn.open_action o
                      WHERE o.tenant = v_tenant AND o.principal = v_principal
-                       AND o.conversation_id = cancel_origin.conversation_id)
+                       AND o.conversation_id = p_conversation)
        AND a.tenant = v_tenant AND a.principal = v_principal
-       AND a.conversation_id = cancel_origin.conversation_id
+       AND a.conversation_id = p_conversation
        AND a.status IN ('pending', 'queued', 'leased');
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
+END
+$$;
+
+CREATE FUNCTION keyturn.cancel_origin(conversation_id text)
+RETURNS int
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._end_conversation(cancel_origin.conversation_id, 'cancelled', 'cancel_origin')
+$$;
+
+CREATE FUNCTION keyturn.archive_conversation(conversation_id text)
+RETURNS int
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._end_conversation(archive_conversation.conversation_id, 'archived', 'archive_conversation')
+$$;
+
+-- 55000 when the conversation a proposal comes from has ended for its principal.
+CREATE FUNCTION keyturn._refuse_ended_conversation(p_tenant text, p_principal text, p_conversation text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_how text;
+BEGIN
+    IF p_conversation IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT c.how INTO v_how FROM keyturn.cancelled_origin c
+     WHERE c.tenant = p_tenant AND c.principal = p_principal AND c.conversation_id = p_conversation;
+    IF FOUND THEN
+        RAISE EXCEPTION 'keyturn: conversation % was %; it can start no new actions', p_conversation, v_how
+            USING ERRCODE = '55000';
+    END IF;
 END
 $$;
 

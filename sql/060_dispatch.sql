@@ -174,12 +174,25 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_reason text;
+    v_ver    keyturn.tool_version;
+    v_params jsonb;
 BEGIN
     IF NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
                                    a.approved_at, a.approved_via, a.approval_mac) THEN
         v_reason := 'no approval produced this action; it is never dispatched';
     ELSE
         v_reason := keyturn._invalid_reason(a);
+    END IF;
+    IF v_reason IS NULL THEN
+        SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
+        v_params := coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s WHERE s.action_id = a.id));
+        v_reason := keyturn._attachment_problem(a, v_ver, v_params);
+        -- A task action was approved by a request, not by a person looking
+        -- at it: its params pass the schema again right before they leave.
+        IF v_reason IS NULL AND a.approval = 'task'
+           AND keyturn._params_errors(v_ver.params_schema, v_params) IS NOT NULL THEN
+            v_reason := 'params no longer pass the tool''s schema';
+        END IF;
     END IF;
     IF v_reason IS NOT NULL THEN
         PERFORM keyturn._set_event_detail(jsonb_build_object('reason', v_reason));
@@ -316,7 +329,7 @@ END
 $$;
 
 CREATE FUNCTION keyturn.sweep()
-RETURNS TABLE (expired int, requeued int, uncertain int)
+RETURNS TABLE (expired int, requeued int, uncertain int, files int)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -324,6 +337,7 @@ DECLARE
     v_expired   int;
     v_requeued  int;
     v_uncertain int;
+    v_files     int;
     v_now       timestamptz := clock_timestamp();  -- an index condition, unlike clock_timestamp()
 BEGIN
     PERFORM keyturn._refuse_nested('sweep');
@@ -364,7 +378,14 @@ BEGIN
         RETURNING 1
     )
     SELECT count(*) INTO v_uncertain FROM lapsed;
-    RETURN QUERY SELECT v_expired, v_requeued, v_uncertain;
+
+    -- Staged files no proposal ever bound: gone a day after staging.
+    DELETE FROM keyturn.staged_file s
+     WHERE s.id IN (SELECT f.id FROM keyturn.staged_file f
+                     WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours'
+                       FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_files = ROW_COUNT;
+    RETURN QUERY SELECT v_expired, v_requeued, v_uncertain, v_files;
 END
 $$;
 
@@ -412,4 +433,19 @@ AS $$
       JOIN keyturn.action a ON a.id = o.action_id
      WHERE o.status = 'uncertain' AND a.status = 'uncertain'
      ORDER BY o.dispatched_at, o.action_id
+$$;
+
+-- An action's attempts, for the operator deciding an uncertain outcome:
+-- who tried when, what came back (receipts are stored redacted).
+CREATE FUNCTION keyturn.attempts(action_id uuid)
+RETURNS TABLE (attempt int, worker text, started_at timestamptz, finished_at timestamptz, outcome text,
+               receipt jsonb)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._refuse_nested('attempts');
+    SELECT t.attempt, t.worker, t.started_at, t.finished_at, t.outcome, t.receipt
+      FROM keyturn.attempt t
+     WHERE t.action_id = attempts.action_id
+     ORDER BY t.attempt
 $$;

@@ -125,10 +125,18 @@ BEGIN
            AND t.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'TRIGGER', 'REFERENCES')
            AND NOT EXISTS (SELECT 1 FROM pg_roles o WHERE o.rolname = t.grantee AND o.rolsuper)
         UNION ALL
+        SELECT 'error', r.rolname::text,
+               'role is a member of pg_write_all_data: it may change keyturn''s tables directly, around every rule'
+          FROM pg_roles r
+         WHERE NOT r.rolsuper AND r.oid >= 16384
+           AND pg_has_role(r.oid, 'pg_write_all_data', 'MEMBER')
+        UNION ALL
+        -- The predefined roles (oids below FirstNormalObjectId, 16384) are not
+        -- reported themselves: their members are.
         SELECT 'error', 'keyturn_secret.approval_key',
                format('role %s may read the approval key: it could forge approvals', r.rolname)
           FROM pg_roles r
-         WHERE NOT r.rolsuper
+         WHERE NOT r.rolsuper AND r.oid >= 16384
            AND (has_table_privilege(r.oid, 'keyturn_secret.approval_key', 'SELECT')
                 OR has_schema_privilege(r.oid, 'keyturn_secret', 'USAGE, CREATE'))
         UNION ALL

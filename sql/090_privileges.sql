@@ -9,6 +9,12 @@
 -- is only asserted, a role that could set any tenant and SELECT would read
 -- every tenant's params. Nobody but a superuser writes a keyturn table.
 
+-- Revoked from every keyturn role first, so that running this file again (an
+-- upgrade does) leaves exactly the privileges below.
+REVOKE ALL ON ALL TABLES IN SCHEMA keyturn
+    FROM keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA keyturn
+    FROM keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
 REVOKE ALL ON SCHEMA keyturn FROM PUBLIC;
 GRANT USAGE ON SCHEMA keyturn TO PUBLIC;
 
@@ -34,14 +40,18 @@ TO keyturn_agent;
 -- Agent and human.
 GRANT EXECUTE ON FUNCTION
     keyturn.action_status(uuid), keyturn.audit(uuid), keyturn.end_session(text),
-    keyturn.cancel_origin(text)
+    keyturn.cancel_origin(text), keyturn.archive_conversation(text),
+    keyturn.stage_file(bytea, text, text), keyturn.fence(text, jsonb)
 TO keyturn_agent, keyturn_approver;
 
 -- Human. (Tenant admins administer their own tenant through this role.)
 GRANT EXECUTE ON FUNCTION
     keyturn.approve(uuid, text, jsonb), keyturn.preview(uuid, text), keyturn.reject(uuid, text, text),
+    keyturn.approve_many(jsonb), keyturn.revise(uuid, text, jsonb), keyturn.pending(int),
+    keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
+    keyturn.delegations(), keyturn.record_request(text, text, text, text),
     keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
-    keyturn.grant_tool(text, text, text), keyturn.revoke_tool(text, text, text)
+    keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text)
 TO keyturn_approver;
 
 -- Dispatcher.
@@ -49,20 +59,23 @@ GRANT EXECUTE ON FUNCTION
     keyturn.lease(text, int, interval, text[]), keyturn.begin_dispatch(uuid, uuid),
     keyturn.complete(uuid, uuid, text, jsonb, interval), keyturn.sweep(),
     keyturn.begin_dispatch_many(uuid[], uuid[]),
-    keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[])
+    keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[]),
+    keyturn.file_content(uuid, uuid, uuid),
+    keyturn.attachments(uuid, uuid)
 TO keyturn_dispatcher;
 
 -- Operator.
 GRANT EXECUTE ON FUNCTION
-    keyturn.reconcile(uuid, text, text), keyturn.uncertain_actions(), keyturn.sweep(), keyturn.audit(uuid)
+    keyturn.reconcile(uuid, text, text), keyturn.uncertain_actions(), keyturn.sweep(), keyturn.audit(uuid),
+    keyturn.attempts(uuid)
 TO keyturn_operator;
 
 -- Platform administrator.
 GRANT EXECUTE ON FUNCTION
     keyturn.register_tool(text, jsonb), keyturn.set_tool_enabled(text, boolean),
     keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
-    keyturn.grant_tool(text, text, text), keyturn.revoke_tool(text, text, text),
-    keyturn.check_deployment()
+    keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text),
+    keyturn.check_deployment(), keyturn.register_projection(text, jsonb)
 TO keyturn_admin;
 
 -- The RLS helper runs inside policies as the querying role.

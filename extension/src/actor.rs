@@ -22,6 +22,9 @@ struct Actor {
     role: Option<String>,
     principal: Option<String>,
     detail: Option<String>,
+    /// Merged into every event detail until the transaction ends: what a
+    /// whole call is part of (a batch, a standing approval, a task request).
+    context: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 thread_local! {
@@ -38,11 +41,32 @@ pub fn clear() {
 #[pg_extern(name = "_set_actor", volatile, parallel_unsafe)]
 fn set_actor(p_role: Option<&str>, p_principal: Option<&str>) -> String {
     ACTOR.with(|a| {
-        *a.borrow_mut() = Some(Actor {
+        let mut a = a.borrow_mut();
+        let context = a.as_mut().and_then(|a| a.context.take());
+        *a = Some(Actor {
             role: p_role.filter(|r| !r.is_empty()).map(str::to_owned),
             principal: p_principal.filter(|p| !p.is_empty()).map(str::to_owned),
             detail: None,
+            context,
         })
+    });
+    String::new()
+}
+
+/// Adds keys to the context merged into every later event detail of this
+/// transaction (NULL clears it). Returns ''.
+#[pg_extern(name = "_set_event_context", volatile, parallel_unsafe)]
+fn set_event_context(p_context: Option<pgrx::JsonB>) -> String {
+    ACTOR.with(|a| {
+        let mut a = a.borrow_mut();
+        let actor = a.get_or_insert_with(Actor::default);
+        match p_context.map(|c| c.0) {
+            Some(serde_json::Value::Object(add)) => actor
+                .context
+                .get_or_insert_with(Default::default)
+                .extend(add),
+            _ => actor.context = None,
+        }
     });
     String::new()
 }
@@ -50,9 +74,8 @@ fn set_actor(p_role: Option<&str>, p_principal: Option<&str>) -> String {
 /// Sets the detail of the next event rows (never param values). Returns ''.
 #[pg_extern(name = "_set_event_detail", volatile, parallel_unsafe)]
 fn set_event_detail(p_detail: Option<JsonbText>) -> String {
-    ACTOR.with(|a| {
-        a.borrow_mut().get_or_insert_with(Actor::default).detail = p_detail.map(|d| d.0)
-    });
+    ACTOR
+        .with(|a| a.borrow_mut().get_or_insert_with(Actor::default).detail = p_detail.map(|d| d.0));
     String::new()
 }
 
@@ -68,10 +91,25 @@ fn actor_principal() -> Option<String> {
     ACTOR.with(|a| a.borrow().as_ref().and_then(|a| a.principal.clone()))
 }
 
-/// The detail for the next event row, as jsonb text, or NULL.
+/// The detail for the next event row (the detail merged with the context),
+/// as jsonb text, or NULL.
 #[pg_extern(name = "_event_detail", volatile, parallel_unsafe)]
 fn event_detail() -> Option<String> {
-    ACTOR.with(|a| a.borrow().as_ref().and_then(|a| a.detail.clone()))
+    ACTOR.with(|a| {
+        let a = a.borrow();
+        let a = a.as_ref()?;
+        match (&a.detail, &a.context) {
+            (detail, None) => detail.clone(),
+            (detail, Some(context)) => {
+                let mut merged = match detail.as_deref().map(serde_json::from_str) {
+                    Some(Ok(serde_json::Value::Object(m))) => m,
+                    _ => serde_json::Map::new(),
+                };
+                merged.extend(context.clone());
+                Some(serde_json::Value::Object(merged).to_string())
+            }
+        }
+    })
 }
 
 /// Whether one of keyturn's own functions is acting in this transaction.

@@ -1,8 +1,8 @@
 //! The approval binding's SQL entry points (keyturn-core `approval` has the
-//! MAC). The key lives in `keyturn_secret.approval_key`, one row written at
-//! `CREATE EXTENSION`, readable by the extension owner alone (no grants, RLS
-//! forced with no policy), and dumped with the data so that a restored
-//! database still verifies the approvals it holds.
+//! MAC). The key lives in `keyturn_secret.approval_key`, one row made on
+//! first use, readable by the extension owner alone (no grants, RLS forced
+//! with no policy), and dumped with the data so that a restored database
+//! still verifies the approvals it holds.
 
 use keyturn_core::approval::{self, Approval};
 use pgrx::prelude::*;
@@ -15,7 +15,9 @@ thread_local! {
     static KEY: std::cell::RefCell<Option<(pg_sys::Oid, Vec<u8>)>> = const { std::cell::RefCell::new(None) };
 }
 
-fn key() -> Vec<u8> {
+/// The database's approval key, if it has one yet. Cached only once read
+/// back from the table: a key this transaction inserted might still roll back.
+fn existing_key() -> Option<Vec<u8>> {
     // SAFETY: a catalog lookup that returns InvalidOid when missing.
     let extension = unsafe { pg_sys::get_extension_oid(c"pg_keyturn".as_ptr(), true) };
     if let Some(k) = KEY.with(|k| {
@@ -24,26 +26,41 @@ fn key() -> Vec<u8> {
             .filter(|(oid, _)| *oid == extension)
             .map(|(_, key)| key.clone())
     }) {
-        return k;
+        return Some(k);
     }
-    let key = Spi::get_one::<Vec<u8>>("SELECT key FROM keyturn_secret.approval_key")
+    let key = Spi::get_one::<Vec<u8>>("SELECT key FROM keyturn_secret.approval_key WHERE id = 1")
         .ok()
         .flatten()
-        .filter(|k| k.len() == approval::KEY_BYTES)
-        .unwrap_or_else(|| {
-            KeyturnError::NotReady(
-                "the approval key is missing; no approval can be recorded or verified (restore keyturn_secret.approval_key from a dump of this database)".into(),
-            )
-            .raise()
-        });
+        .filter(|k| k.len() == approval::KEY_BYTES)?;
     KEY.with(|k| *k.borrow_mut() = Some((extension, key.clone())));
-    key
+    Some(key)
 }
 
-/// A fresh approval key, for `CREATE EXTENSION`.
-#[pg_extern(name = "_new_approval_key", volatile, parallel_unsafe)]
-fn new_approval_key() -> Vec<u8> {
-    approval::new_key().to_vec()
+/// The approval key, made on first use. Not at CREATE EXTENSION: a restore
+/// creates the extension and then copies the dumped key in, which must be
+/// the one that verifies the dumped approvals. Two first uses at once agree:
+/// the second waits on the first's insert and reads its key.
+fn key_for_binding() -> Vec<u8> {
+    if let Some(key) = existing_key() {
+        return key;
+    }
+    let fresh = approval::new_key().to_vec();
+    Spi::get_one_with_args::<Vec<u8>>(
+        "WITH made AS (INSERT INTO keyturn_secret.approval_key (id, key) VALUES (1, $1) \
+                       ON CONFLICT (id) DO NOTHING RETURNING key) \
+         SELECT key FROM made UNION ALL \
+         SELECT key FROM keyturn_secret.approval_key WHERE id = 1 AND NOT EXISTS (SELECT 1 FROM made)",
+        &[fresh.into()],
+    )
+    .ok()
+    .flatten()
+    // A concurrent first use committed its key after this statement's
+    // snapshot: a new statement sees it (under READ COMMITTED).
+    .or_else(existing_key)
+    .unwrap_or_else(|| {
+        KeyturnError::Busy("the approval key was being made by another transaction; try again".into())
+            .raise()
+    })
 }
 
 /// The MAC binding an approval to the action and its params hash.
@@ -57,7 +74,7 @@ fn approval_mac(
     via: &str,
 ) -> Vec<u8> {
     approval::mac(
-        &key(),
+        &key_for_binding(),
         &Approval {
             action_id: action_id.as_bytes(),
             params_hash,
@@ -102,8 +119,12 @@ fn approval_valid(
     else {
         return false;
     };
+    // No key yet: no approval was ever bound, so none verifies.
+    let Some(key) = existing_key() else {
+        return false;
+    };
     approval::verify(
-        &key(),
+        &key,
         &Approval {
             action_id: action_id.as_bytes(),
             params_hash,

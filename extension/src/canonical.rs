@@ -33,7 +33,10 @@ fn params_hash(tool: &str, params: JsonbText) -> String {
 fn form_arg(form: JsonbText, types: JsonB) -> JsonB {
     let form = canonical::parse_bounded(&form.0).or_raise();
     let json_column = |c: &str| {
-        matches!(types.0.get(c).and_then(Value::as_str), Some("json" | "jsonb"))
+        matches!(
+            types.0.get(c).and_then(Value::as_str),
+            Some("json" | "jsonb")
+        )
     };
     let mut out = serde_json::Map::new();
     for part in ["where", "set"] {
@@ -46,9 +49,9 @@ fn form_arg(form: JsonbText, types: JsonB) -> JsonB {
                 _ if json_column(column) => canonical::canonicalize_value(v)
                     .and_then(|text| canonical::parse_bounded(&text))
                     .or_raise(),
-                Value::Array(items) if part == "where" => Value::Array(
-                    items.iter().map(|item| text_value(item)).collect(),
-                ),
+                Value::Array(items) if part == "where" => {
+                    Value::Array(items.iter().map(text_value).collect())
+                }
                 _ => text_value(v),
             };
             stored.insert(column.clone(), written);

@@ -16,6 +16,9 @@ pub enum KeyturnError {
     /// The installation itself is broken, e.g. the extension row is missing (55000).
     #[error("keyturn: {0}")]
     NotReady(String),
+    /// A concurrent transaction got there first; the same call again succeeds (40001).
+    #[error("keyturn: {0}")]
+    Busy(String),
 }
 
 impl KeyturnError {
@@ -24,6 +27,7 @@ impl KeyturnError {
             KeyturnError::Invalid(_) => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             KeyturnError::Forbidden { .. } => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             KeyturnError::NotReady(_) => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            KeyturnError::Busy(_) => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
         }
     }
 

@@ -132,6 +132,7 @@ fn current_is_empty(name: &CStr) -> bool {
 /// # Safety
 /// `s` is NULL or a NUL-terminated string.
 unsafe fn string_is_empty(s: *mut std::ffi::c_char) -> bool {
+    // SAFETY: the caller guarantees a non-NULL `s` points at a C string.
     s.is_null() || unsafe { *s == 0 }
 }
 

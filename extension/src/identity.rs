@@ -24,6 +24,7 @@
 
 use std::ffi::CStr;
 
+use keyturn_core::text;
 use pgrx::prelude::*;
 use serde_json::Value;
 
@@ -128,7 +129,8 @@ fn claim_path(part: Part) -> String {
 
 /// `a.b.c` into a JSON object.
 fn lookup<'v>(v: &'v Value, path: &str) -> Option<&'v Value> {
-    path.split('.').try_fold(v, |v, key| v.as_object()?.get(key))
+    path.split('.')
+        .try_fold(v, |v, key| v.as_object()?.get(key))
 }
 
 /// Refuses values that would print as another value.
@@ -143,18 +145,10 @@ fn printable(value: &str, what: &str) -> Result<String, String> {
 }
 
 /// Characters that print as nothing, or as something else: controls (NUL
-/// included), bidi controls, format characters and the default-ignorable
-/// code points.
+/// included), line breaks, bidi controls, format characters and the
+/// default-ignorable code points.
 fn is_hidden(c: char) -> bool {
-    c.is_control()
-        || matches!(c,
-            '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
-            | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
-            | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}'
-            | '\u{FFA0}' | '\u{FFF0}'..='\u{FFFB}' | '\u{1BCA0}'..='\u{1BCA3}'
-            | '\u{1D173}'..='\u{1D17A}' | '\u{E0000}'..='\u{E0FFF}'
-            | '\u{0600}'..='\u{0605}' | '\u{06DD}' | '\u{070F}' | '\u{0890}' | '\u{0891}'
-            | '\u{08E2}' | '\u{110BD}' | '\u{110CD}' | '\u{13430}'..='\u{1343F}')
+    text::is_break_or_control(c) || text::is_bidi_control(c) || text::is_invisible(c)
 }
 
 /// The calling tenant: claim `tenant_id`, else `keyturn.tenant`; NULL if missing.

@@ -37,6 +37,8 @@ impl FromDatum for JsonbText {
     }
 }
 
+// SAFETY: unboxing goes through FromDatum above, which reads the datum only
+// as the jsonb its SQL signature declares.
 unsafe impl<'fcx> ArgAbi<'fcx> for JsonbText {
     unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
         let index = arg.index();
@@ -46,6 +48,7 @@ unsafe impl<'fcx> ArgAbi<'fcx> for JsonbText {
     }
 }
 
+// SAFETY: the SQL type named here (jsonb) is the type FromDatum expects.
 unsafe impl SqlTranslatable for JsonbText {
     const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbText);
     const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =

@@ -20,7 +20,8 @@ mod actor; // who is acting, for the audit log: backend state, never a setting
 mod approval; // the approval binding: MAC under a key only the owner reads
 mod canonical; // canonical_json, params_hash (RFC 8785 + SHA-256), written values
 mod exec_as; // _exec_as: run a statement as the caller, under RLS
-mod gate; // propose, approve, preview, reject: separation of duties + owner elevation
+mod fence; // fence: projected, neutralized, marked reference blocks
+mod gate; // propose and the person's calls: separation of duties + owner elevation
 mod guc; // keyturn's settings; how long a setting's value lasts
 mod identity; // current_tenant, current_principal, current_session
 mod ids; // time-ordered action ids
@@ -44,12 +45,17 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/010_tables.sql",
     name = "tables",
-    requires = ["status", approval::new_approval_key]
+    requires = ["status"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/011_status_rules.sql",
+    name = "status_rules",
+    requires = ["tables"]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/020_guards.sql",
     name = "guards",
-    requires = ["tables"]
+    requires = ["status_rules"]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/030_access.sql",
@@ -88,9 +94,34 @@ mod tests;
     requires = ["approve"]
 );
 ::pgrx::extension_sql_file!(
+    "../../sql/053_ceremony.sql",
+    name = "ceremony",
+    requires = ["session"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/054_delegation.sql",
+    name = "delegation",
+    requires = ["ceremony"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/055_task.sql",
+    name = "task",
+    requires = ["delegation"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/056_files.sql",
+    name = "files",
+    requires = ["task"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/057_fence.sql",
+    name = "fence",
+    requires = ["files"]
+);
+::pgrx::extension_sql_file!(
     "../../sql/060_dispatch.sql",
     name = "dispatch",
-    requires = ["session"]
+    requires = ["fence"]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/061_dispatch_batch.sql",
@@ -101,6 +132,29 @@ mod tests;
     "../../sql/070_deployment.sql",
     name = "deployment",
     requires = ["dispatch_batch"]
+);
+::pgrx::extension_sql_file!(
+    "../../sql/080_comments.sql",
+    name = "comments",
+    requires = [
+        "deployment",
+        identity::current_tenant,
+        identity::current_principal,
+        identity::current_session,
+        canonical::canonical_json,
+        canonical::params_hash,
+        gate::agent::propose,
+        gate::human::approve,
+        gate::human::approve_many,
+        gate::human::preview,
+        gate::human::reject,
+        gate::human::revise,
+        gate::human::pending,
+        gate::human::delegate,
+        gate::human::revoke_delegation,
+        gate::human::delegations,
+        gate::human::record_request
+    ]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/090_privileges.sql",

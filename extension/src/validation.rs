@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use keyturn_core::{credentials, schema, template};
+use keyturn_core::{credentials, schema, scope, template};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::Value;
@@ -114,4 +114,27 @@ fn inspect_params(
             .map(|e| e.to_string())
     };
     TableIterator::once((None, Some(hash), errors))
+}
+
+/// Raises 22023 unless `scope` is a valid scope; returns it normalized.
+#[pg_extern(name = "_check_scope", immutable, strict, parallel_safe)]
+fn check_scope(scope: JsonbText) -> JsonB {
+    JsonB(scope::check_scope(&parse(&scope)).or_raise())
+}
+
+/// NULL when params (and the target count) are inside the scope, else the
+/// first failing path and why.
+#[pg_extern(name = "_scope_violation", immutable, parallel_safe)]
+fn scope_violation(
+    scope: Option<JsonbText>,
+    params: Option<JsonbText>,
+    target_count: Option<i32>,
+) -> Option<String> {
+    // No scope allows everything; params are never NULL by the time a scope
+    // is checked, and if they were, nothing would be inside it.
+    let scope = scope?;
+    let Some(params) = params else {
+        return Some("params are missing".into());
+    };
+    scope::scope_violation(&scope.0, &params.0, target_count.map(i64::from)).or_raise()
 }

@@ -10,20 +10,33 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `POST` any path | verifies `X-Keyturn-Signature` (`sha256=<hex HMAC-SHA256(secret, body)>`); a bad or missing signature is counted and answered 401; otherwise, after `--delay-ms`, the configured `--status` with an empty body |
-//! | `GET /stats` | `{"total": n, "bad_signatures": n, "per_key": {"<Idempotency-Key>": n, …}, "duplicates": n}` |
+//! | `POST` any path | verifies `webhook-signature` the [Standard Webhooks] way (`v1,<base64 HMAC-SHA256(key, "<webhook-id>.<webhook-timestamp>.<body>")>`, the key being the decoded rest of a `whsec_<base64>` secret, else the secret's UTF-8 bytes; the timestamp within 5 minutes); a bad or missing signature is counted and answered 401; otherwise, after `--delay-ms`, the configured `--status` with an empty body |
+//! | `GET /stats` | `{"total": n, "bad_signatures": n, "legacy_mismatches": n, "per_key": {"<Idempotency-Key>": n, …}, "duplicates": n, "attachments": n, "attachment_bytes": n, "bad_attachments": n}` |
+//!
+//! The deprecated `X-Keyturn-Signature` (`sha256=<hex HMAC-SHA256(secret,
+//! body)>`) is checked too when present; one that does not verify on an
+//! otherwise well-signed request counts as a `legacy_mismatch`.
 //!
 //! `duplicates` is the number of well-signed requests beyond the first for
 //! their `Idempotency-Key`: after a benchmark it says how many retries the
 //! receiver saw (each of them allowed by keyturn's rules only when the
 //! provider had refused the earlier attempt, e.g. `--status 429`).
 //!
-//! The receiver never logs bodies or headers: it is a counter, not a sink.
+//! `attachments` counts the files of well-signed requests (the body's
+//! `attachments` array) and `attachment_bytes` their decoded size; a file
+//! whose `content_base64` does not decode to bytes of its `size` and
+//! `sha256` is a `bad_attachment`. Each request with files prints one line
+//! with the count and total size.
+//!
+//! The receiver never logs bodies, headers or filenames: it is a counter,
+//! not a sink.
+//!
+//! [Standard Webhooks]: https://www.standardwebhooks.com/
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -31,9 +44,15 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 use clap::Parser;
 use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
+
+/// How far a `webhook-timestamp` may be from now, as the Standard Webhooks
+/// libraries allow.
+const TOLERANCE_SECONDS: u64 = 5 * 60;
 
 /// Command-line options.
 #[derive(Parser, Debug)]
@@ -57,51 +76,132 @@ struct Args {
 struct Counts {
     total: u64,
     bad_signatures: u64,
+    legacy_mismatches: u64,
     per_key: BTreeMap<String, u64>,
+    attachments: u64,
+    attachment_bytes: u64,
+    bad_attachments: u64,
 }
 
 #[derive(Clone)]
 struct Shared {
     secret: Arc<Vec<u8>>,
+    standard_key: Arc<Vec<u8>>,
     status: StatusCode,
     delay: Duration,
     counts: Arc<Mutex<Counts>>,
 }
 
-/// True when `X-Keyturn-Signature` is the HMAC of exactly these body bytes.
-fn signature_ok(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> bool {
-    let Some(hex_sig) = headers
-        .get("x-keyturn-signature")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("sha256="))
-    else {
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// True when `webhook-signature` holds a `v1` HMAC of
+/// `<webhook-id>.<webhook-timestamp>.<body>` and the timestamp is recent.
+fn standard_ok(key: &[u8], headers: &HeaderMap, body: &[u8]) -> bool {
+    let (Some(id), Some(ts), Some(signatures)) = (
+        header(headers, "webhook-id"),
+        header(headers, "webhook-timestamp"),
+        header(headers, "webhook-signature"),
+    ) else {
         return false;
     };
-    let Ok(sig) = hex::decode(hex_sig) else {
+    let Ok(sent_at) = ts.parse::<u64>() else {
         return false;
+    };
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if now.abs_diff(sent_at) > TOLERANCE_SECONDS {
+        return false;
+    }
+    // Several space-separated signatures are allowed (key rotation).
+    signatures.split(' ').any(|entry| {
+        let Some(Ok(sig)) = entry.strip_prefix("v1,").map(|b| STANDARD.decode(b)) else {
+            return false;
+        };
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(key) else {
+            return false;
+        };
+        mac.update(id.as_bytes());
+        mac.update(b".");
+        mac.update(ts.as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        mac.verify_slice(&sig).is_ok() // constant time
+    })
+}
+
+/// `Some(true)` when the deprecated `X-Keyturn-Signature` is the HMAC of
+/// exactly these body bytes, `None` when it is absent.
+fn legacy_ok(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> Option<bool> {
+    let given = header(headers, "x-keyturn-signature")?;
+    let Some(Ok(sig)) = given.strip_prefix("sha256=").map(hex::decode) else {
+        return Some(false);
     };
     let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(secret) else {
-        return false;
+        return Some(false);
     };
     mac.update(body);
-    mac.verify_slice(&sig).is_ok() // constant time
+    Some(mac.verify_slice(&sig).is_ok())
+}
+
+/// (files, decoded bytes, files that do not match their metadata) of a body.
+fn attachment_counts(body: &[u8]) -> (u64, u64, u64) {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return (0, 0, 0);
+    };
+    let Some(items) = value.get("attachments").and_then(|v| v.as_array()) else {
+        return (0, 0, 0);
+    };
+    let (mut bytes, mut bad) = (0u64, 0u64);
+    for item in items {
+        let decoded = item
+            .get("content_base64")
+            .and_then(|v| v.as_str())
+            .and_then(|b| STANDARD.decode(b).ok());
+        let Some(decoded) = decoded else {
+            bad += 1;
+            continue;
+        };
+        let len = decoded.len() as u64;
+        bytes += len;
+        let matches = item.get("size").and_then(|v| v.as_u64()) == Some(len)
+            && item.get("sha256").and_then(|v| v.as_str())
+                == Some(hex::encode(Sha256::digest(&decoded)).as_str());
+        if !matches {
+            bad += 1;
+        }
+    }
+    (items.len() as u64, bytes, bad)
 }
 
 async fn receive(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    let ok = signature_ok(&s.secret, &headers, &body);
+    let ok = standard_ok(&s.standard_key, &headers, &body);
+    let legacy = legacy_ok(&s.secret, &headers, &body);
+    let (files, file_bytes, bad_files) = if ok {
+        attachment_counts(&body)
+    } else {
+        (0, 0, 0)
+    };
     {
         let mut c = s.counts.lock().unwrap_or_else(|e| e.into_inner());
         c.total += 1;
         if !ok {
             c.bad_signatures += 1;
         } else {
-            let key = headers
-                .get("idempotency-key")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned();
+            if legacy == Some(false) {
+                c.legacy_mismatches += 1;
+            }
+            let key = header(&headers, "idempotency-key").unwrap_or("").to_owned();
             *c.per_key.entry(key).or_default() += 1;
+            c.attachments += files;
+            c.attachment_bytes += file_bytes;
+            c.bad_attachments += bad_files;
         }
+    }
+    if files > 0 {
+        eprintln!("request with {files} attachment(s), {file_bytes} bytes, {bad_files} not matching their metadata");
     }
     if !ok {
         return StatusCode::UNAUTHORIZED;
@@ -118,8 +218,12 @@ async fn stats(State(s): State<Shared>) -> impl IntoResponse {
     let body = serde_json::json!({
         "total": c.total,
         "bad_signatures": c.bad_signatures,
+        "legacy_mismatches": c.legacy_mismatches,
         "per_key": c.per_key,
         "duplicates": duplicates,
+        "attachments": c.attachments,
+        "attachment_bytes": c.attachment_bytes,
+        "bad_attachments": c.bad_attachments,
     });
     ([("content-type", "application/json")], body.to_string())
 }
@@ -129,8 +233,12 @@ async fn main() -> std::io::Result<()> {
     let args = Args::parse();
     let status = StatusCode::from_u16(args.status)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // keyturnd's own rule for the key, so both ends read a secret alike.
+    let standard_key = keyturnd::providers::webhook::standard_key(&args.secret)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
     let shared = Shared {
         secret: Arc::new(args.secret.into_bytes()),
+        standard_key: Arc::new(standard_key),
         status,
         delay: Duration::from_millis(args.delay_ms),
         counts: Arc::default(),

@@ -23,6 +23,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde::Serialize;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls, Row, Transaction};
 use uuid::Uuid;
@@ -271,6 +272,45 @@ pub async fn lease(
     )
     .await?;
     rows.iter().map(LeasedJob::from_row).collect()
+}
+
+/// `keyturn.file_content(action_id, lease_id, file_id)`: the bytes of one
+/// attachment of an action `executing` under this lease (else `55000`).
+/// Never log or store what it returns.
+pub async fn file_content(
+    client: &Client,
+    action_id: Uuid,
+    lease_id: Uuid,
+    file_id: Uuid,
+) -> Result<Vec<u8>, Error> {
+    let row = query_one(
+        client,
+        "SELECT keyturn.file_content($1, $2, $3) AS content",
+        &[
+            (&action_id, Type::UUID),
+            (&lease_id, Type::UUID),
+            (&file_id, Type::UUID),
+        ],
+    )
+    .await?;
+    get(&row, "content")
+}
+
+/// Whether `e` is `file_content` saying the file is not stored for this
+/// action (as opposed to the lease or the action's status). Today both are
+/// `55000` and only the message tells them apart; `P0002` (`no_data_found`)
+/// is accepted as well, for an extension that gives the missing file a code
+/// of its own.
+pub fn is_missing_file(e: &Error) -> bool {
+    if e.sqlstate() == Some(&SqlState::NO_DATA_FOUND) {
+        return true;
+    }
+    match e {
+        Error::Db(db) if e.is_object_not_in_state() => db
+            .as_db_error()
+            .is_some_and(|d| d.message().contains("is not an attachment of action")),
+        _ => false,
+    }
 }
 
 /// `keyturn.complete(action_id, lease_id, outcome, receipt, retry_after)`;

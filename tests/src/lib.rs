@@ -31,9 +31,19 @@ pub fn port() -> u16 {
         .expect("KT_PGPORT must be a port number")
 }
 
+/// The database under test: `keyturn`, or `KT_DBNAME` (the upgrade layer runs
+/// this suite again on a database upgraded from the previous release).
+pub fn dbname() -> String {
+    std::env::var("KT_DBNAME").unwrap_or_else(|_| "keyturn".into())
+}
+
 /// A connection as `role` (trust authentication on the private cluster).
 pub async fn connect(role: &str) -> Client {
-    let url = format!("host=127.0.0.1 port={} user={role} dbname=keyturn", port());
+    let url = format!(
+        "host=127.0.0.1 port={} user={role} dbname={}",
+        port(),
+        dbname()
+    );
     let (client, connection) = tokio_postgres::connect(&url, NoTls)
         .await
         .unwrap_or_else(|e| panic!("connect as {role}: {e}"));
@@ -486,7 +496,7 @@ impl World {
         self.admin
             .execute("SELECT keyturn.register_tool($1, $2)", &[&name, &spec])
             .await
-            .unwrap_or_else(|e| panic!("register_tool {name}: {e}"));
+            .unwrap_or_else(|e| panic!("register_tool {name}: {}", message::<u64>(Err(e))));
         self.grant(&self.principal, &name).await;
         name
     }
@@ -628,7 +638,10 @@ impl World {
     /// The action's current status, read as superuser.
     pub async fn status(&self, id: uuid::Uuid) -> String {
         self.superuser
-            .query_one("SELECT status::text FROM keyturn.action WHERE id = $1", &[&id])
+            .query_one(
+                "SELECT status::text FROM keyturn.action WHERE id = $1",
+                &[&id],
+            )
             .await
             .expect("status")
             .get(0)
@@ -780,8 +793,9 @@ pub async fn listen(
     tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
 ) {
     let url = format!(
-        "host=127.0.0.1 port={} user=postgres dbname=keyturn",
-        port()
+        "host=127.0.0.1 port={} user=postgres dbname={}",
+        port(),
+        dbname()
     );
     let (client, mut connection) = tokio_postgres::connect(&url, NoTls)
         .await

@@ -98,12 +98,30 @@ mod tests {
         assert!(verify(&key, &base(), &m));
         let other_id = [8; 16];
         let changed = [
-            Approval { action_id: &other_id, ..base() },
-            Approval { params_hash: "ab13", ..base() },
-            Approval { approved_by: "mallory", ..base() },
-            Approval { approved_role: "app_agent", ..base() },
-            Approval { approved_at_micros: 1_000_001, ..base() },
-            Approval { via: "delegation:x", ..base() },
+            Approval {
+                action_id: &other_id,
+                ..base()
+            },
+            Approval {
+                params_hash: "ab13",
+                ..base()
+            },
+            Approval {
+                approved_by: "mallory",
+                ..base()
+            },
+            Approval {
+                approved_role: "app_agent",
+                ..base()
+            },
+            Approval {
+                approved_at_micros: 1_000_001,
+                ..base()
+            },
+            Approval {
+                via: "delegation:x",
+                ..base()
+            },
         ];
         for a in changed {
             assert!(!verify(&key, &a, &m), "{a:?}");
@@ -115,8 +133,16 @@ mod tests {
     #[test]
     fn test_fields_cannot_slide_into_each_other() {
         let key = [1u8; KEY_BYTES];
-        let a = Approval { approved_by: "al", approved_role: "ice", ..base() };
-        let b = Approval { approved_by: "ali", approved_role: "ce", ..base() };
+        let a = Approval {
+            approved_by: "al",
+            approved_role: "ice",
+            ..base()
+        };
+        let b = Approval {
+            approved_by: "ali",
+            approved_role: "ce",
+            ..base()
+        };
         assert_ne!(mac(&key, &a), mac(&key, &b));
     }
 

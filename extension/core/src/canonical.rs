@@ -216,11 +216,16 @@ mod tests {
         assert_eq!(scalar_text(&v("1")).unwrap().as_deref(), Some("1"));
         assert_eq!(scalar_text(&v("4.50")).unwrap().as_deref(), Some("4.5"));
         assert_eq!(scalar_text(&v("1E30")).unwrap().as_deref(), Some("1e+30"));
-        assert_eq!(scalar_text(&v(r#""1.00""#)).unwrap().as_deref(), Some("1.00"));
+        assert_eq!(
+            scalar_text(&v(r#""1.00""#)).unwrap().as_deref(),
+            Some("1.00")
+        );
         assert_eq!(scalar_text(&v("true")).unwrap().as_deref(), Some("true"));
         assert_eq!(scalar_text(&v("null")).unwrap(), None);
         assert_eq!(
-            scalar_text(&v(r#"{"b": 1.0, "a": [2.50]}"#)).unwrap().as_deref(),
+            scalar_text(&v(r#"{"b": 1.0, "a": [2.50]}"#))
+                .unwrap()
+                .as_deref(),
             Some(r#"{"a":[2.5],"b":1}"#)
         );
         assert!(scalar_text(&v("9007199254740993")).is_err());

@@ -2,7 +2,8 @@
 //!
 //! Every failure here is the caller's input being unacceptable (bad JSON, a number
 //! that would hash ambiguously, a schema outside the supported subset, params that
-//! fail it, a broken summary template, a malformed scope), so the extension maps
+//! fail it, a broken summary template, params a summary cannot show in full, a
+//! malformed scope, a projection spec outside its rules), so the extension maps
 //! all of them to SQLSTATE `22023` (invalid_parameter_value). The messages are
 //! shown to agents and administrators verbatim: each says what was wrong and what
 //! to send instead.
@@ -57,6 +58,20 @@ pub enum CoreError {
     /// names the path or key and what to send instead).
     #[error("invalid scope: {0}")]
     InvalidScope(String),
+
+    /// Params the approval summary cannot show in full (strict rendering), one
+    /// entry per placeholder, each naming it.
+    #[error(
+        "the approval summary cannot show these params faithfully: {}; send shorter values \
+         or fewer list elements",
+        Joined(.0)
+    )]
+    UnfaithfulSummary(Vec<String>),
+
+    /// A read-side projection spec outside its rules (message names the key
+    /// or path).
+    #[error("invalid projection spec: {0}")]
+    InvalidProjection(String),
 }
 
 impl CoreError {
@@ -128,6 +143,8 @@ mod tests {
             CoreError::InvalidParams(Vec::new()),
             CoreError::InvalidTemplate(String::new()),
             CoreError::InvalidScope(String::new()),
+            CoreError::UnfaithfulSummary(Vec::new()),
+            CoreError::InvalidProjection(String::new()),
         ];
         for e in all {
             assert_eq!(e.sqlstate(), "22023", "{e:?}");

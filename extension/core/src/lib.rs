@@ -1,16 +1,31 @@
 //! keyturn-core: the pure, database-free logic of keyturn.
 //!
-//! Everything here is deterministic (except token minting) and unit-testable with
-//! plain `cargo test -p keyturn-core`. The pgrx extension wraps these functions; it
-//! never re-implements them.
+//! Everything here is deterministic (except token and marker minting) and
+//! unit-testable with plain `cargo test -p keyturn-core`. The pgrx extension
+//! and keyturnd wrap these functions; they never re-implement them.
+//!
+//! * [`canonical`]: RFC 8785 canonical JSON and the params hash approvals bind to.
+//! * [`token`]: one-time approval tokens, their digest and binding.
+//! * [`schema`]: the params_schema subset and params validation.
+//! * [`email`]: the bare addr-spec that `"format": "email"` and the SMTP
+//!   adapter accept.
+//! * [`credentials`]: finding and redacting credential material.
+//! * [`template`]: the approval summary, rendered so that it cannot lie.
+//! * [`fence`]: projecting and fencing connected-app data for a prompt.
+//! * [`text`]: the character classes the modules above share (invisible,
+//!   bidi, controls, quotes), so each rule lives in one place.
+//! * [`error`]: [`CoreError`], every variant SQLSTATE 22023.
 
 pub mod approval;
 pub mod canonical;
 pub mod credentials;
+pub mod email;
 pub mod error;
+pub mod fence;
 pub mod schema;
 pub mod scope; // which params a scoped grant or standing approval covers
 pub mod template;
+pub mod text;
 pub mod token;
 
 pub use error::CoreError;

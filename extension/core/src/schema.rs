@@ -1,4 +1,4 @@
-//! The params_schema subset for external tools (docs/sql-api.md).
+//! The params_schema subset for external tools (docs/sql-api.md, "Tools").
 //!
 //! External tools hand params to a provider outside the database, so the schema
 //! is the only thing standing between an agent and, say, an extra `bcc` field.
@@ -16,7 +16,11 @@
 //!
 //! Validation itself is the `jsonschema` crate (draft 2020-12) with format
 //! checking switched on, since `format` is an annotation only by default and
-//! `"format": "email"` would otherwise accept anything.
+//! `"format": "email"` would otherwise accept anything. `email` is our own
+//! check, [`crate::email::is_bare_addr_spec`], not the crate's: that one
+//! follows RFC 5322 and so accepts display names, quoted local parts and IP
+//! literals, each a way to show one address on the approval card and deliver
+//! to another.
 
 use std::fmt;
 
@@ -70,6 +74,7 @@ pub fn compile(normalized: &Value) -> Result<CompiledSchema, CoreError> {
     let validator = jsonschema::options()
         .with_draft(jsonschema::Draft::Draft202012)
         .should_validate_formats(true)
+        .with_format("email", crate::email::is_bare_addr_spec)
         .build(&schema)
         .map_err(|e| CoreError::InvalidSchema(e.to_string()))?;
     Ok(CompiledSchema { validator })
@@ -475,6 +480,12 @@ mod tests {
         test_wrong_type_string: json!({"to": "ann@example.com", "subject": 5}) => "/subject",
         test_format_email_rejects_non_email: json!({"to": "not an email", "subject": "hi"}) => "/to",
         test_format_email_rejects_missing_domain: json!({"to": "ann@", "subject": "hi"}) => "/to",
+        test_attack_format_email_rejects_display_name: json!({"to": "\"ann@acme.com   \" <attacker@evil.example>", "subject": "hi"}) => "/to",
+        test_attack_format_email_rejects_name_addr: json!({"to": "Ann <ann@acme.com>", "subject": "hi"}) => "/to",
+        test_attack_format_email_rejects_quoted_local_part: json!({"to": "\"ann smith\"@acme.com", "subject": "hi"}) => "/to",
+        test_attack_format_email_rejects_ip_literal: json!({"to": "ann@[127.0.0.1]", "subject": "hi"}) => "/to",
+        test_attack_format_email_rejects_look_alike_letters: json!({"to": "ann@\u{0430}cme.com", "subject": "hi"}) => "/to",
+        test_attack_format_email_rejects_bad_item: json!({"to": "ann@acme.com", "subject": "hi", "cc": ["Bob <b@acme.com>"]}) => "/cc/0",
         test_min_length: json!({"to": "ann@example.com", "subject": ""}) => "/subject",
         test_max_length: json!({"to": "ann@example.com", "subject": "01234567890"}) => "/subject",
         test_enum: json!({"to": "ann@example.com", "subject": "hi", "priority": "urgent"}) => "/priority",

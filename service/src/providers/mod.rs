@@ -12,7 +12,13 @@
 //! The trait is object-safe (it returns a boxed future) so that the set of
 //! providers is a plain map from the tool's `provider` name, and tests can
 //! plug in their own.
+//!
+//! Attachments ([`attachments`]) reach an adapter already read from the
+//! database and checked against their approved metadata; an adapter that
+//! does not send them refuses a job that has any, so no file the person
+//! approved is ever silently left out.
 
+pub mod attachments;
 pub mod smtp;
 pub mod webhook;
 
@@ -22,6 +28,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use self::attachments::Attachment;
 use crate::classify::Outcome;
 use crate::config::Config;
 use crate::db::LeasedJob;
@@ -49,6 +56,39 @@ pub trait Provider: Send + Sync {
 
     /// Makes one attempt, finishing within `timeout`.
     fn call<'a>(&'a self, job: &'a LeasedJob, timeout: Duration) -> BoxFuture<'a, CallResult>;
+
+    /// Whether this adapter sends attachments. The worker reads a job's
+    /// files only for one that does.
+    fn takes_attachments(&self) -> bool {
+        false
+    }
+
+    /// Makes one attempt carrying `attachments`: exactly the files the
+    /// job's params name, verified. Adapters that send files override it;
+    /// the default refuses any, before sending anything.
+    fn call_with_attachments<'a>(
+        &'a self,
+        job: &'a LeasedJob,
+        attachments: &'a [Attachment],
+        timeout: Duration,
+    ) -> BoxFuture<'a, CallResult> {
+        if attachments.is_empty() {
+            return self.call(job, timeout);
+        }
+        Box::pin(std::future::ready(not_sent(
+            Outcome::Failed,
+            "this provider does not send attachments",
+        )))
+    }
+}
+
+/// The result of an attempt that ended before anything reached the
+/// provider.
+pub(crate) fn not_sent(outcome: Outcome, why: &str) -> CallResult {
+    CallResult {
+        outcome,
+        receipt: serde_json::json!({ "error": why }),
+    }
 }
 
 /// The configured providers, by name.

@@ -5,12 +5,27 @@
 //!
 //! ```json
 //! {"to": "a@example.com" | ["a@…", …], "subject": "…", "body": "…",
-//!  "cc"?: "…" | […], "reply_to"?: "…"}
+//!  "cc"?: "…" | […], "bcc"?: "…" | […], "reply_to"?: "…",
+//!  "<attachments_param>"?: [{"file_id", "sha256", "filename", "content_type", "size"}, …]}
 //! ```
 //!
 //! Any other key makes the attempt `failed` before connecting: silently
-//! dropping a field the approver saw (say, an attachment) would send a
-//! different email than the one approved.
+//! dropping a field the approver saw would send a different email than the
+//! one approved. So does an address that is not a bare addr-spec
+//! ([`keyturn_core::email::is_bare_addr_spec`], the rule `format: email`
+//! applied at propose time): no display name, quoted local part, comment or
+//! IP literal ever reaches the server, so the address the person read is
+//! the one mail goes to. `bcc` recipients are in the envelope only, never in
+//! a header.
+//!
+//! **Attachments.** The files the params name (see
+//! [`super::attachments`]; the key is recognized by shape) are sent as
+//! `multipart/mixed`: the text body as its first part, exactly as without
+//! files, then one base64 part per file, in the params' order, with
+//! `Content-Disposition: attachment` and the approved filename and content
+//! type. The files must be exactly those the params name, with bytes that
+//! match their approved size and SHA-256, or the attempt is `failed` before
+//! connecting. The message is built in memory and dropped after the call.
 //!
 //! **Message-ID.** `<{idempotency_key}@keyturn>`, identical on every attempt,
 //! so a receiving system can deduplicate. A key that is not a valid RFC 5322
@@ -36,17 +51,20 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use keyturn_core::email::is_bare_addr_spec;
 use lettre::address::Envelope;
-use lettre::message::header::ContentType;
-use lettre::message::Mailbox;
+use lettre::message::header::{ContentTransferEncoding, ContentType};
+use lettre::message::{Attachment as MimeAttachment, Body, Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
 use lettre::transport::smtp::client::{AsyncSmtpConnection, TlsParameters};
 use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
+use lettre::Address;
 use lettre::Message;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
+use super::attachments::{self, Attachment};
 use super::{BoxFuture, CallResult, Provider};
 use crate::classify::{self, Outcome, SmtpFailure, SmtpStage};
 use crate::config::Secret;
@@ -62,8 +80,8 @@ const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a polite `QUIT` may take once the outcome is known.
 const QUIT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The keys an email action may carry.
-const KNOWN_KEYS: [&str; 5] = ["to", "subject", "body", "cc", "reply_to"];
+/// The keys an email action may carry, besides its attachment list.
+const KNOWN_KEYS: [&str; 6] = ["to", "subject", "body", "cc", "bcc", "reply_to"];
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Security {
@@ -150,6 +168,8 @@ pub struct Email {
     pub to: Vec<String>,
     /// `Cc:` recipients.
     pub cc: Vec<String>,
+    /// Envelope-only recipients.
+    pub bcc: Vec<String>,
     /// `Reply-To:`.
     pub reply_to: Option<String>,
     /// Subject line.
@@ -163,20 +183,27 @@ impl Email {
     /// faithfully. Error messages name keys, never values.
     pub fn from_params(params: &Value) -> Result<Self, &'static str> {
         let obj = params.as_object().ok_or("params must be an object")?;
-        if obj.keys().any(|k| !KNOWN_KEYS.contains(&k.as_str())) {
+        let attachment_keys = attachments::attachment_keys(params);
+        if obj
+            .keys()
+            .any(|k| !KNOWN_KEYS.contains(&k.as_str()) && !attachment_keys.contains(&k.as_str()))
+        {
             return Err("params has a key the smtp adapter does not send");
         }
+        let bare = |s: &str| -> Result<String, &'static str> {
+            if is_bare_addr_spec(s) {
+                Ok(s.to_owned())
+            } else {
+                Err("an address is not a bare addr-spec (no display name, quoting, comment or IP literal)")
+            }
+        };
         let addresses = |key: &str| -> Result<Vec<String>, &'static str> {
             match obj.get(key) {
                 None | Some(Value::Null) => Ok(Vec::new()),
-                Some(Value::String(s)) => Ok(vec![s.clone()]),
+                Some(Value::String(s)) => Ok(vec![bare(s)?]),
                 Some(Value::Array(items)) => items
                     .iter()
-                    .map(|v| {
-                        v.as_str()
-                            .map(str::to_owned)
-                            .ok_or("addresses must be strings")
-                    })
+                    .map(|v| v.as_str().ok_or("addresses must be strings").and_then(bare))
                     .collect(),
                 Some(_) => Err("addresses must be a string or an array of strings"),
             }
@@ -193,12 +220,13 @@ impl Email {
         }
         let reply_to = match obj.get("reply_to") {
             None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::String(s)) => Some(bare(s)?),
             Some(_) => return Err("params.reply_to must be a string"),
         };
         Ok(Email {
             to,
             cc: addresses("cc")?,
+            bcc: addresses("bcc")?,
             reply_to,
             subject: text("subject")?,
             body: text("body")?,
@@ -243,10 +271,20 @@ impl SmtpProvider {
         Ok(SmtpProvider { endpoint, from })
     }
 
-    fn build(&self, job: &LeasedJob) -> Result<(Envelope, Vec<u8>, String), &'static str> {
+    /// The envelope, the message bytes and the Message-ID of a job, or why
+    /// it must not be sent (naming no value).
+    fn build(
+        &self,
+        job: &LeasedJob,
+        attachments: &[Attachment],
+    ) -> Result<(Envelope, Vec<u8>, String), &'static str> {
         let email = Email::from_params(&job.params)?;
+        let files = attachments::in_params_order(&job.params, attachments)?;
+        // Already a bare addr-spec: parsed as an address, never as a
+        // mailbox that could carry a display name.
         let parse = |s: &String| {
-            s.parse::<Mailbox>()
+            s.parse::<Address>()
+                .map(|a| Mailbox::new(None, a))
                 .map_err(|_| "an address does not parse")
         };
         let id = message_id(&job.idempotency_key);
@@ -260,19 +298,46 @@ impl SmtpProvider {
         for cc in &email.cc {
             builder = builder.cc(parse(cc)?);
         }
+        for bcc in &email.bcc {
+            builder = builder.bcc(parse(bcc)?);
+        }
         if let Some(reply_to) = &email.reply_to {
             builder = builder.reply_to(parse(reply_to)?);
         }
-        let message = builder
-            .header(ContentType::TEXT_PLAIN)
-            .body(email.body)
-            .map_err(|_| "the message could not be built")?;
+        let built = if files.is_empty() {
+            builder.header(ContentType::TEXT_PLAIN).body(email.body)
+        } else {
+            let text = SinglePart::builder()
+                .header(ContentType::TEXT_PLAIN)
+                .body(email.body);
+            let mut mixed = MultiPart::mixed().singlepart(text);
+            for file in files {
+                let meta = file.meta();
+                let content_type = ContentType::parse(&meta.content_type)
+                    .map_err(|_| "an attachment's content type does not parse")?;
+                // Base64 whatever the bytes: the other encodings may rewrite
+                // line endings, and a file must arrive byte for byte.
+                let body =
+                    Body::new_with_encoding(file.bytes().to_vec(), ContentTransferEncoding::Base64)
+                        .map_err(|_| "an attachment could not be encoded")?;
+                mixed = mixed.singlepart(
+                    MimeAttachment::new(meta.filename.clone()).body(body, content_type),
+                );
+            }
+            builder.multipart(mixed)
+        };
+        let message = built.map_err(|_| "the message could not be built")?;
         Ok((message.envelope().clone(), message.formatted(), id))
     }
 
-    async fn attempt(&self, job: &LeasedJob, timeout: Duration) -> CallResult {
+    async fn attempt(
+        &self,
+        job: &LeasedJob,
+        attachments: &[Attachment],
+        timeout: Duration,
+    ) -> CallResult {
         let deadline = Instant::now() + timeout;
-        let (envelope, bytes, id) = match self.build(job) {
+        let (envelope, bytes, id) = match self.build(job, attachments) {
             Ok(built) => built,
             Err(why) => {
                 return CallResult {
@@ -435,7 +500,20 @@ impl Provider for SmtpProvider {
     }
 
     fn call<'a>(&'a self, job: &'a LeasedJob, timeout: Duration) -> BoxFuture<'a, CallResult> {
-        Box::pin(self.attempt(job, timeout))
+        Box::pin(self.attempt(job, &[], timeout))
+    }
+
+    fn takes_attachments(&self) -> bool {
+        true
+    }
+
+    fn call_with_attachments<'a>(
+        &'a self,
+        job: &'a LeasedJob,
+        attachments: &'a [Attachment],
+        timeout: Duration,
+    ) -> BoxFuture<'a, CallResult> {
+        Box::pin(self.attempt(job, attachments, timeout))
     }
 }
 
@@ -479,21 +557,51 @@ mod tests {
         let e = Email::from_params(&json!({"to": "a@b.c", "subject": "s", "body": "b"}))
             .expect("single");
         assert_eq!(e.to, vec!["a@b.c"]);
-        let e = Email::from_params(&json!({"to": ["a@b.c", "d@e.f"], "cc": "g@h.i", "reply_to": "r@s.t", "subject": "s", "body": "b"}))
+        let e = Email::from_params(&json!({"to": ["a@b.c", "d@e.f"], "cc": "g@h.i", "bcc": ["x@y.z"], "reply_to": "r@s.t", "subject": "s", "body": "b"}))
             .expect("full");
         assert_eq!(
-            (e.to.len(), e.cc.len(), e.reply_to.as_deref()),
-            (2, 1, Some("r@s.t"))
+            (e.to.len(), e.cc.len(), e.bcc.len(), e.reply_to.as_deref()),
+            (2, 1, 1, Some("r@s.t"))
+        );
+        let with_files = json!({"to": "a@b.c", "subject": "s", "body": "b", "files": [{
+            "file_id": "0190d6a8-0000-7000-8000-000000000001", "sha256": "00", "filename": "a.pdf",
+            "content_type": "application/pdf", "size": 1}]});
+        assert!(
+            Email::from_params(&with_files).is_ok(),
+            "an attachment list"
         );
         for bad in [
             json!({"subject": "s", "body": "b"}),
             json!({"to": [], "subject": "s", "body": "b"}),
             json!({"to": "a@b.c", "body": "b"}),
-            json!({"to": "a@b.c", "subject": "s", "body": "b", "bcc": "x@y.z"}),
+            json!({"to": "a@b.c", "subject": "s", "body": "b", "note": "x"}),
+            json!({"to": "a@b.c", "subject": "s", "body": "b", "files": [{"file_id": "1"}]}),
             json!({"to": [1], "subject": "s", "body": "b"}),
             json!("a string"),
         ] {
             assert!(Email::from_params(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn test_only_bare_addresses_are_sent() {
+        for addr in [
+            "\"Ann\" <ann@acme.com>",
+            "Ann <ann@acme.com>",
+            "\"ann smith\"@acme.com",
+            "ann@[192.0.2.1]",
+            "ann@acme.com (Ann)",
+            "ann@localhost",
+        ] {
+            for key in ["to", "cc", "bcc", "reply_to"] {
+                let mut params = json!({"to": "ok@example.com", "subject": "s", "body": "b"});
+                params[key] = json!(addr);
+                assert!(Email::from_params(&params).is_err(), "{key}: {addr}");
+                if key != "reply_to" {
+                    params[key] = json!(["ok2@example.com", addr]);
+                    assert!(Email::from_params(&params).is_err(), "{key}: [{addr}]");
+                }
+            }
         }
     }
 

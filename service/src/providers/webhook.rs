@@ -13,6 +13,22 @@
 //! `serde_json` writes fields in declaration order, so the bytes do not
 //! depend on the attempt.
 //!
+//! **Attachments.** When the params name files (see
+//! [`super::attachments`]), the body gains a last field, `attachments`: one
+//! object per file, in the order the params list them, holding the approved
+//! metadata and the bytes in standard base64 (with padding):
+//!
+//! ```json
+//! "attachments":[{"file_id":"…","sha256":"…","filename":"…","content_type":"…","size":N,"content_base64":"…"}]
+//! ```
+//!
+//! Both halves are immutable for the action (the metadata are approved
+//! params, the bytes must hash to them), so the body stays byte-identical
+//! across attempts, and the signatures cover the files. Without files the
+//! field is absent and the body is exactly what it was before attachments.
+//! The base64 is written straight into the body buffer, which is dropped
+//! once the request is sent; it is never logged or stored.
+//!
 //! **Headers.** Signed twice: the [Standard Webhooks] way, which receivers
 //! verify with that project's libraries, and keyturn's own older way, kept
 //! for one more release.
@@ -57,10 +73,11 @@ use base64::engine::DecodePaddingMode;
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use serde_json::json;
 use sha2::Sha256;
 
+use super::attachments::{self, Attachment};
 use super::{clean_message_id, BoxFuture, CallResult, Provider};
 use crate::classify::{self, Outcome};
 use crate::config::Secret;
@@ -88,17 +105,61 @@ struct Body<'a> {
     tool: &'a str,
     idempotency_key: &'a str,
     params: &'a serde_json::Value,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    attachments: Vec<BodyAttachment<'a>>,
 }
 
-/// The exact body bytes for a job. Identical for every attempt of an action.
-pub fn body(job: &LeasedJob) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(&Body {
+/// One element of `attachments`, fields in a fixed order.
+#[derive(Serialize)]
+struct BodyAttachment<'a> {
+    file_id: &'a uuid::Uuid,
+    sha256: &'a str,
+    filename: &'a str,
+    content_type: &'a str,
+    size: u64,
+    content_base64: Base64<'a>,
+}
+
+/// Bytes serialized as a standard base64 string, encoded straight into the
+/// output: no second copy of a large file.
+struct Base64<'a>(&'a [u8]);
+
+impl Serialize for Base64<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&base64::display::Base64Display::new(self.0, &STANDARD))
+    }
+}
+
+/// The exact body bytes for a job and the files its params name (see the
+/// module docs). Identical for every attempt of an action. `Err` (naming no
+/// value) when `attachments` are not exactly the files the params name.
+pub fn body(job: &LeasedJob, attachments: &[Attachment]) -> Result<Vec<u8>, &'static str> {
+    let files = attachments::in_params_order(&job.params, attachments)?;
+    let encoded: usize = files.iter().map(|a| a.bytes().len().div_ceil(3) * 4).sum();
+    let mut out = Vec::with_capacity(encoded + 1024);
+    let body = Body {
         action_id: &job.action_id,
         tenant: &job.tenant,
         tool: &job.tool,
         idempotency_key: &job.idempotency_key,
         params: &job.params,
-    })
+        attachments: files
+            .into_iter()
+            .map(|a| {
+                let m = a.meta();
+                BodyAttachment {
+                    file_id: &m.file_id,
+                    sha256: &m.sha256,
+                    filename: &m.filename,
+                    content_type: &m.content_type,
+                    size: m.size,
+                    content_base64: Base64(a.bytes()),
+                }
+            })
+            .collect(),
+    };
+    serde_json::to_writer(&mut out, &body).map_err(|_| "params could not be serialized")?;
+    Ok(out)
 }
 
 /// The prefix of a Standard Webhooks secret.
@@ -194,14 +255,19 @@ impl WebhookProvider {
         })
     }
 
-    async fn attempt(&self, job: &LeasedJob, timeout: Duration) -> CallResult {
+    async fn attempt(
+        &self,
+        job: &LeasedJob,
+        attachments: &[Attachment],
+        timeout: Duration,
+    ) -> CallResult {
         let refused = |why: &str| CallResult {
             outcome: Outcome::Failed,
             receipt: json!({ "error": why }),
         };
-        let body = match body(job) {
+        let body = match body(job, attachments) {
             Ok(b) => b,
-            Err(_) => return refused("params could not be serialized"),
+            Err(why) => return refused(why),
         };
         let key = match HeaderValue::from_str(&job.idempotency_key) {
             Ok(v) => v,
@@ -279,7 +345,20 @@ impl Provider for WebhookProvider {
     }
 
     fn call<'a>(&'a self, job: &'a LeasedJob, timeout: Duration) -> BoxFuture<'a, CallResult> {
-        Box::pin(self.attempt(job, timeout))
+        Box::pin(self.attempt(job, &[], timeout))
+    }
+
+    fn takes_attachments(&self) -> bool {
+        true
+    }
+
+    fn call_with_attachments<'a>(
+        &'a self,
+        job: &'a LeasedJob,
+        attachments: &'a [Attachment],
+        timeout: Duration,
+    ) -> BoxFuture<'a, CallResult> {
+        Box::pin(self.attempt(job, attachments, timeout))
     }
 }
 
@@ -378,12 +457,12 @@ mod tests {
     #[test]
     fn test_body_has_fixed_fields_and_no_attempt() {
         let mut job = LeasedJob::example();
-        let first = body(&job).expect("serializes");
+        let first = body(&job, &[]).expect("serializes");
         job.attempt += 1;
         job.lease_id = uuid::Uuid::new_v4();
         assert_eq!(
             first,
-            body(&job).expect("serializes"),
+            body(&job, &[]).expect("serializes"),
             "attempt and lease do not show"
         );
         let v: serde_json::Value = serde_json::from_slice(&first).expect("json");
@@ -391,5 +470,29 @@ mod tests {
             assert!(v.get(key).is_some(), "{key} missing");
         }
         assert!(v.get("attempt").is_none());
+        assert!(v.get("attachments").is_none(), "absent without files");
+    }
+
+    #[test]
+    fn test_body_refuses_files_the_params_do_not_name_and_missing_ones() {
+        use sha2::Digest;
+        let bytes = b"%PDF-1.7 tiny".to_vec();
+        let id = uuid::Uuid::new_v4();
+        let meta = json!({"file_id": id, "sha256": hex::encode(Sha256::digest(&bytes)),
+                          "filename": "a.pdf", "content_type": "application/pdf", "size": bytes.len()});
+        let mut job = LeasedJob::example();
+        job.params = json!({"files": [meta]});
+        let meta = attachments::named_in(&job.params).expect("named").remove(0);
+        let file = Attachment::verified(meta, bytes.clone()).expect("matches");
+        assert!(body(&job, &[]).is_err(), "a named file is never left out");
+        let v: serde_json::Value =
+            serde_json::from_slice(&body(&job, std::slice::from_ref(&file)).expect("body"))
+                .expect("json");
+        assert_eq!(
+            v["attachments"][0]["content_base64"],
+            json!(STANDARD.encode(&bytes))
+        );
+        job.params = json!({"files": []});
+        assert!(body(&job, &[file]).is_err(), "nor one nobody approved sent");
     }
 }

@@ -1,6 +1,17 @@
 //! The call: one provider attempt for a job the database has committed
 //! `executing`, bounded by the lease left (never by more than the configured
 //! timeout); its outcome goes to the completion queue.
+//!
+//! **Attachments.** When the params name files, their bytes are read here,
+//! after `begin_dispatch` committed and before the provider is called, with
+//! `keyturn.file_content` (the dispatcher's only way to them, and only while
+//! the action is `executing` under this lease), checked against their
+//! approved size and SHA-256, and handed to the provider in memory. If any
+//! cannot be had, the provider is not called: a file the database does not
+//! hold for the action is `failed`; a refusal for the lease or status, a
+//! lost connection, or reads slow enough to squeeze the call are `retry`
+//! (nothing was sent; the attempt is counted). Only their number and total
+//! size are logged.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +24,10 @@ use super::completion::enqueue;
 use super::{Ctx, Done, Slot};
 use crate::classify::Outcome;
 use crate::config::LEASE_SAFETY_MARGIN;
-use crate::db::LeasedJob;
-use crate::providers::{CallResult, Provider};
+use crate::db::{self, LeasedJob};
+use crate::error::Error;
+use crate::providers::attachments::{self, Attachment};
+use crate::providers::{not_sent, CallResult, Provider};
 
 /// Extra time a provider gets past its own bound before the worker stops
 /// waiting and records `unknown` (a provider that ignores its timeout).
@@ -38,35 +51,140 @@ pub(super) async fn call_job(
         // Checked before begin; a provider cannot disappear.
         return;
     };
-    let result = call_provider(&ctx, provider.as_ref(), &job, deadline).await;
+    let result = match read_attachments(&ctx, provider.as_ref(), &job, deadline).await {
+        Ok(files) => call_provider(&ctx, provider.as_ref(), &job, &files, deadline).await,
+        Err(result) => {
+            ctx.metrics.action(result.outcome.word());
+            result
+        }
+    };
     enqueue(&done, job, result, deadline, slot);
+}
+
+/// The provider's time: the lease left less the margin, at most the
+/// configured call timeout.
+fn budget(ctx: &Ctx, deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .saturating_sub(LEASE_SAFETY_MARGIN)
+        .min(ctx.settings.call_timeout)
+}
+
+/// The files the job's params name, read and verified; `Err` is the outcome
+/// to record instead of calling the provider.
+async fn read_attachments(
+    ctx: &Ctx,
+    provider: &dyn Provider,
+    job: &LeasedJob,
+    deadline: Instant,
+) -> Result<Vec<Attachment>, CallResult> {
+    let metas = attachments::named_in(&job.params).map_err(|why| {
+        tracing::error!(why, "attachment metadata unreadable; provider not called");
+        not_sent(Outcome::Failed, why)
+    })?;
+    if metas.is_empty() {
+        return Ok(Vec::new());
+    }
+    if !provider.takes_attachments() {
+        tracing::error!(
+            attachments = metas.len(),
+            "the params name attachments and this provider sends none; failed, provider not called"
+        );
+        return Err(not_sent(
+            Outcome::Failed,
+            "this provider does not send attachments",
+        ));
+    }
+    let reads = async {
+        let client = ctx.pool.get().await.map_err(|e| unread(&e.into()))?;
+        let mut files = Vec::with_capacity(metas.len());
+        for meta in metas {
+            let bytes = db::file_content(&client, job.action_id, job.lease_id, meta.file_id)
+                .await
+                .map_err(|e| unread(&e))?;
+            let file = Attachment::verified(meta, bytes).map_err(|m| {
+                tracing::error!(file_id = %m.file_id, "attachment bytes differ from their approved size or SHA-256; failed, provider not called");
+                not_sent(
+                    Outcome::Failed,
+                    "attachment bytes do not match their approved metadata; provider not called",
+                )
+            })?;
+            files.push(file);
+        }
+        Ok(files)
+    };
+    // A slow read must not eat the lease the call needs.
+    let reads_by = deadline
+        .checked_sub(LEASE_SAFETY_MARGIN)
+        .unwrap_or_else(Instant::now);
+    let files = tokio::time::timeout_at(reads_by, reads)
+        .await
+        .unwrap_or_else(|_| Err(too_slow()))?;
+    // Below half the call timeout the webhook adapter's connect phase no
+    // longer fits, and a slow connect would read as a timeout after sending
+    // (`unknown`) instead of a refused one (`retry`).
+    if budget(ctx, deadline) < ctx.settings.call_timeout / 2 {
+        return Err(too_slow());
+    }
+    let (count, bytes) = attachments::totals(&files);
+    tracing::info!(
+        attachments = count,
+        attachment_bytes = bytes,
+        "attachments read; calling the provider"
+    );
+    Ok(files)
+}
+
+fn too_slow() -> CallResult {
+    tracing::warn!("reading the attachments left too little of the lease for the call; provider not called, recording retry");
+    not_sent(
+        Outcome::Retry { after: None },
+        "attachments took too long to read; provider not called",
+    )
+}
+
+/// The outcome of a `file_content` that failed: nothing was sent.
+fn unread(e: &Error) -> CallResult {
+    if db::is_missing_file(e) {
+        tracing::error!(error = %e, "an attachment the params name is not stored for this action; failed, provider not called");
+        return not_sent(
+            Outcome::Failed,
+            "an attachment is missing from storage; provider not called",
+        );
+    }
+    tracing::warn!(error = %e, "could not read the attachments; provider not called, recording retry");
+    CallResult {
+        outcome: Outcome::Retry { after: None },
+        receipt: json!({
+            "error": "attachments could not be read; provider not called",
+            "sqlstate": e.sqlstate().map(|c| c.code()),
+        }),
+    }
 }
 
 async fn call_provider(
     ctx: &Ctx,
     provider: &dyn Provider,
     job: &LeasedJob,
+    files: &[Attachment],
     deadline: Instant,
 ) -> CallResult {
-    let budget = deadline
-        .saturating_duration_since(Instant::now())
-        .saturating_sub(LEASE_SAFETY_MARGIN)
-        .min(ctx.settings.call_timeout);
+    let budget = budget(ctx, deadline);
     let t0 = Instant::now();
-    let result =
-        match tokio::time::timeout(budget + PROVIDER_GRACE, provider.call(job, budget)).await {
-            Ok(result) => result,
-            Err(_) => {
-                tracing::error!(
-                    ?budget,
-                    "provider overran its time bound; recording unknown"
-                );
-                CallResult {
-                    outcome: Outcome::Unknown,
-                    receipt: json!({ "error": "provider call overran its time bound" }),
-                }
+    let call = provider.call_with_attachments(job, files, budget);
+    let result = match tokio::time::timeout(budget + PROVIDER_GRACE, call).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::error!(
+                ?budget,
+                "provider overran its time bound; recording unknown"
+            );
+            CallResult {
+                outcome: Outcome::Unknown,
+                receipt: json!({ "error": "provider call overran its time bound" }),
             }
-        };
+        }
+    };
     ctx.metrics
         .dispatch_seconds
         .observe(t0.elapsed().as_secs_f64());

@@ -15,8 +15,10 @@
 #[macro_use]
 mod support;
 
+mod attachments;
 mod binary;
 mod browser;
+mod e2e_attachments;
 mod e2e_dispatch;
 mod e2e_pg_restart;
 mod e2e_process;

@@ -261,7 +261,7 @@ async fn test_digest_retention() {
     let params = json!({"text": "quarterly numbers zx81", "channel": "board"});
     let p = w.propose(&t, params.clone()).await.unwrap();
     assert_eq!(
-        p.summary, "Notify board: quarterly numbers zx81",
+        p.summary, "Notify board: \"quarterly numbers zx81\"",
         "rendered summary is returned"
     );
     let row = w

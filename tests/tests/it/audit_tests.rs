@@ -307,7 +307,14 @@ async fn test_status_graph_matches_the_contract_for_every_pair() {
         if *from == "conflict" {
             continue;
         }
-        let approved = ["queued", "leased", "executing", "uncertain", "succeeded", "failed"];
+        let approved = [
+            "queued",
+            "leased",
+            "executing",
+            "uncertain",
+            "succeeded",
+            "failed",
+        ];
         if approved.contains(from) {
             assert_eq!(w.approve(&p).await.unwrap().0, "queued");
         }

@@ -410,9 +410,10 @@ async fn test_pgoptions_identity_is_refused() {
     // What PGOPTIONS="-c keyturn.tenant=…" does: identity in the startup packet.
     let with_options = || async {
         let url = format!(
-            "host=127.0.0.1 port={} user=app_agent dbname=keyturn \
+            "host=127.0.0.1 port={} user=app_agent dbname={} \
              options='-c keyturn.tenant={} -c keyturn.principal={} -c keyturn.session={}'",
             port(),
+            dbname(),
             w.tenant,
             w.principal,
             w.session
@@ -436,7 +437,11 @@ async fn test_pgoptions_identity_is_refused() {
         Some(w.tenant.as_str()),
         "fixture: the startup options set the GUC"
     );
-    assert_eq!(identity(&c).await.0, None, "and keyturn reads it as missing");
+    assert_eq!(
+        identity(&c).await.0,
+        None,
+        "and keyturn reads it as missing"
+    );
     assert_eq!(
         sqlstate(propose_on(&c, &tool, form(deal), json!({})).await),
         "42501",

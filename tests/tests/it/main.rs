@@ -12,6 +12,7 @@
 mod approve_outcomes_tests;
 mod approve_tests;
 mod audit_tests;
+mod ceremony_tests;
 mod dispatch_batch_tests;
 mod dispatch_tests;
 mod identity_tests;
@@ -22,5 +23,6 @@ mod propose_input_tests;
 mod propose_tests;
 mod recovery_tests;
 mod rls_tests;
+mod security_tests;
 mod separation_tests;
 mod tools_tests;

@@ -320,7 +320,8 @@ async fn test_summary_is_rendered_by_the_server() {
         .propose(&t, json!({"channel": "ops", "text": "deploy done"}))
         .await
         .unwrap();
-    assert_eq!(p.summary, "Notify ops: deploy done");
+    // A value with spaces is quoted, so it cannot pass for the template's prose.
+    assert_eq!(p.summary, "Notify ops: \"deploy done\"");
     let s: String = w
         .agent
         .query_one("SELECT summary FROM keyturn.action_status($1)", &[&p.id])

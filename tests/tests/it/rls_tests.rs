@@ -107,13 +107,16 @@ async fn test_rls_is_enabled_and_forced_on_every_tenant_table() {
 async fn test_no_role_sees_another_tenants_rows() {
     let b = populated().await;
     let a = World::new("admin").await; // an admin of tenant A sees its whole tenant
-    // The dispatcher, operator and admin roles may set any identity they
-    // like, so they read keyturn's tables only through its functions.
+                                       // The dispatcher, operator and admin roles may set any identity they
+                                       // like, so they read keyturn's tables only through its functions.
     for role in ["app_admin", "app_dispatcher", "app_operator"] {
         let c = Conn::connect(role, a.identity()).await;
         for t in TENANT_TABLES {
             assert_eq!(
-                sqlstate(c.query(&format!("SELECT count(*) FROM keyturn.{t}"), &[]).await),
+                sqlstate(
+                    c.query(&format!("SELECT count(*) FROM keyturn.{t}"), &[])
+                        .await
+                ),
                 "42501",
                 "{role} may not SELECT keyturn.{t}"
             );

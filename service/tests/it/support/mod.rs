@@ -6,6 +6,7 @@
 pub mod browser;
 pub mod e2e;
 pub mod fake_smtp;
+pub mod files;
 pub mod web;
 
 use keyturnd::db::LeasedJob;

@@ -1,0 +1,321 @@
+//! Which characters can fool a reader, decided in one place.
+//!
+//! Three readers see text that an agent or a connected app wrote: the person
+//! approving a summary ([`crate::template`]), the credential detector
+//! ([`crate::credentials`]) and the model reading fenced data ([`crate::fence`]).
+//! Each must be blind to the same tricks, so the character classes live here and
+//! every module asks this one:
+//!
+//! * **invisible** ([`is_invisible`]): every format character (general category
+//!   Cf: zero-width space and joiners, soft hyphen, word joiner, BOM, bidi
+//!   controls, Unicode TAG characters, ...) and every Default_Ignorable_Code_Point
+//!   (which adds the Hangul fillers, variation selectors, the combining grapheme
+//!   joiner and reserved ranges that future versions may fill with more of the
+//!   same). A renderer may draw them as nothing, so they can hide text, glue two
+//!   words into what looks like one, or split a secret so it matches no pattern;
+//! * **bidi controls** ([`is_bidi_control`]), a subset of the invisible ones that
+//!   also reorders what follows ("Trojan Source");
+//! * **breaks and controls** ([`is_break_or_control`]): C0/C1 controls (line
+//!   feeds, tabs, terminal escapes) and the line/paragraph separators, which fake
+//!   line breaks;
+//! * **quotes** ([`is_quote`]): characters a reader takes for the start or end of
+//!   a quotation.
+//!
+//! The general category comes from `unicode-properties` (unicode-rs);
+//! Default_Ignorable_Code_Point is a short range table, checked against
+//! `unicode-security`'s copy of the same Unicode data by a test.
+
+use std::borrow::Cow;
+
+use unicode_normalization::UnicodeNormalization;
+use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+
+/// True for characters that may render as nothing: general category Cf and
+/// Default_Ignorable_Code_Point.
+pub fn is_invisible(c: char) -> bool {
+    // Every invisible character is outside printable ASCII and Latin-1 except
+    // the soft hyphen, so the common case skips the table lookups.
+    if c < '\u{AD}' {
+        return false;
+    }
+    c.general_category() == GeneralCategory::Format || is_default_ignorable(c)
+}
+
+/// Default_Ignorable_Code_Point (DerivedCoreProperties.txt). The Cf members
+/// are listed too, so the table is the property as published and can be
+/// compared with other copies of it.
+fn is_default_ignorable(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{034F}'
+            | '\u{061C}'
+            | '\u{115F}'..='\u{1160}'
+            | '\u{17B4}'..='\u{17B5}'
+            | '\u{180B}'..='\u{180F}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FEFF}'
+            | '\u{FFA0}'
+            | '\u{FFF0}'..='\u{FFF8}'
+            | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0000}'..='\u{E0FFF}'
+    )
+}
+
+/// Bidi embedding, override, isolate and mark characters (UAX #9).
+pub fn is_bidi_control(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+    )
+}
+
+/// C0 and C1 controls (including DEL, tab, CR, LF, NEL) and the line and
+/// paragraph separators U+2028/U+2029.
+pub fn is_break_or_control(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
+}
+
+/// Characters read as opening or closing a quotation: the Unicode
+/// Quotation_Mark property (PropList.txt), plus look-alikes that are not in it
+/// but pass for quotes on a small screen (backtick, acute accent, primes,
+/// modifier apostrophes, Hebrew geresh/gershayim, ornamental quotes).
+pub fn is_quote(c: char) -> bool {
+    matches!(
+        c,
+        // Quotation_Mark
+        '"' | '\''
+            | '\u{00AB}'
+            | '\u{00BB}'
+            | '\u{2018}'..='\u{201F}'
+            | '\u{2039}'
+            | '\u{203A}'
+            | '\u{2E42}'
+            | '\u{300C}'..='\u{300F}'
+            | '\u{301D}'..='\u{301F}'
+            | '\u{FE41}'..='\u{FE44}'
+            | '\u{FF02}'
+            | '\u{FF07}'
+            | '\u{FF62}'
+            | '\u{FF63}'
+            // look-alikes
+            | '`'
+            | '\u{00B4}'
+            | '\u{02B9}'..='\u{02BC}'
+            | '\u{02DD}'
+            | '\u{02EE}'
+            | '\u{05F3}'
+            | '\u{05F4}'
+            | '\u{2032}'..='\u{2037}'
+            | '\u{275B}'..='\u{275E}'
+            | '\u{FF40}'
+            | '\u{1F676}'..='\u{1F678}'
+    )
+}
+
+/// `s` as a person may be shown it: breaks, controls and bidi controls become
+/// a space, other invisible characters are removed, and every run of
+/// whitespace becomes one ASCII space. Leading and trailing space is kept, so
+/// pieces of a larger text can be cleaned one at a time; trim values yourself.
+///
+/// Bidi controls become a space rather than nothing because they sit at the
+/// boundary between two runs of text: a space shows the reader that boundary
+/// instead of silently joining the runs into one word.
+pub fn for_display(s: &str) -> String {
+    display_chars(s).collect()
+}
+
+/// [`for_display`] as an iterator, so a caller that needs only the first few
+/// hundred characters of a long value does not clean all of it.
+pub fn display_chars(s: &str) -> impl Iterator<Item = char> + '_ {
+    let mut last_space = false;
+    s.chars().filter_map(move |c| {
+        let c = if is_break_or_control(c) || is_bidi_control(c) || c.is_whitespace() {
+            ' '
+        } else if is_invisible(c) {
+            return None;
+        } else {
+            c
+        };
+        let space = c == ' ';
+        if space && last_space {
+            return None;
+        }
+        last_space = space;
+        Some(c)
+    })
+}
+
+/// `s` as the credential detector compares it: NFKC (fullwidth and other
+/// compatibility forms become their plain letters, odd spaces become U+0020),
+/// then without invisible characters, so a zero-width space cannot split
+/// `Bearer` or a key prefix. ASCII input is returned as it is: NFKC leaves it
+/// unchanged and it holds no invisible character.
+pub fn for_matching(s: &str) -> Cow<'_, str> {
+    if s.is_ascii() {
+        return Cow::Borrowed(s);
+    }
+    // Stripping after NFKC also catches what NFKC produces: U+3164 HANGUL
+    // FILLER decomposes to U+1160, which is itself ignorable.
+    Cow::Owned(s.nfkc().filter(|&c| !is_invisible(c)).collect())
+}
+
+/// A name folded so that look-alikes compare equal: [`for_matching`], then
+/// lowercase, then the UTS #39 confusable skeleton (Cyrillic `р` and `а` read
+/// `p` and `a`, digit `0` reads `O`), then lowercase again because skeletons map
+/// onto either case. Meant for comparing names with names, not for display.
+pub fn fold_confusables(s: &str) -> String {
+    let lower = for_matching(s).to_lowercase();
+    unicode_security::skeleton(&lower)
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every code point, for checking tables against the Unicode data.
+    fn all_chars() -> impl Iterator<Item = char> {
+        // A char range skips the surrogates by itself.
+        '\0'..=char::MAX
+    }
+
+    #[test]
+    fn test_default_ignorable_table_matches_unicode_security() {
+        // unicode-security's skeleton drops exactly the Default_Ignorable code
+        // points after NFD; none of them decomposes, so a lone one yields nothing.
+        let mismatches: Vec<String> = all_chars()
+            .filter(|&c| {
+                let s = c.to_string();
+                let dropped = unicode_security::skeleton(&s).next().is_none();
+                is_default_ignorable(c) != dropped
+            })
+            .map(|c| format!("U+{:04X}", u32::from(c)))
+            .collect();
+        assert!(mismatches.is_empty(), "{mismatches:?}");
+    }
+
+    #[test]
+    fn test_invisible_includes_the_reported_characters() {
+        for c in [
+            '\u{200B}',
+            '\u{200C}',
+            '\u{200D}',
+            '\u{00AD}',
+            '\u{2060}',
+            '\u{FEFF}',
+            '\u{115F}',
+            '\u{1160}',
+            '\u{3164}',
+            '\u{FFA0}',
+            '\u{E0000}',
+            '\u{E0041}',
+            '\u{E007F}',
+            '\u{FE0F}',
+            '\u{E0100}',
+            '\u{180E}',
+            '\u{034F}',
+            '\u{202E}',
+            '\u{2066}',
+            '\u{061C}',
+            '\u{0600}',
+        ] {
+            assert!(is_invisible(c), "U+{:04X}", u32::from(c));
+        }
+    }
+
+    #[test]
+    fn test_latin1_fast_path_skips_no_invisible_character() {
+        for c in all_chars() {
+            let want = c.general_category() == GeneralCategory::Format || is_default_ignorable(c);
+            assert_eq!(is_invisible(c), want, "U+{:04X}", u32::from(c));
+        }
+    }
+
+    #[test]
+    fn test_visible_characters_are_not_invisible() {
+        for c in [
+            'a', 'Z', '0', ' ', '-', 'é', 'ж', '中', '😀', '…', '\u{A0}', '\u{3000}',
+        ] {
+            assert!(!is_invisible(c), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn test_bidi_controls_are_invisible_too() {
+        for c in all_chars().filter(|&c| is_bidi_control(c)) {
+            assert!(is_invisible(c), "U+{:04X}", u32::from(c));
+        }
+    }
+
+    #[test]
+    fn test_breaks_and_controls() {
+        for c in [
+            '\n', '\r', '\t', '\u{0}', '\u{1b}', '\u{7f}', '\u{85}', '\u{9f}', '\u{2028}',
+            '\u{2029}',
+        ] {
+            assert!(is_break_or_control(c), "U+{:04X}", u32::from(c));
+        }
+        for c in [' ', 'a', '\u{A0}', '\u{200B}'] {
+            assert!(!is_break_or_control(c), "U+{:04X}", u32::from(c));
+        }
+    }
+
+    #[test]
+    fn test_quotes() {
+        for c in [
+            '"', '\'', '`', '“', '”', '‘', '’', '„', '«', '»', '‹', '›', '「', '」', '＂', '″',
+        ] {
+            assert!(is_quote(c), "{c:?}");
+        }
+        for c in ['a', '<', '>', '(', '[', '\\', '-'] {
+            assert!(!is_quote(c), "{c:?}");
+        }
+    }
+
+    macro_rules! display {
+        ($($name:ident: $input:expr => $want:expr,)*) => {$(
+            #[test]
+            fn $name() {
+                assert_eq!(for_display($input), $want);
+            }
+        )*};
+    }
+
+    display! {
+        test_display_keeps_plain_text: "Send email to ann" => "Send email to ann",
+        test_display_collapses_whitespace_runs: "a   b\t\t c\u{3000}\u{A0}d" => "a b c d",
+        test_display_breaks_become_one_space: "a\r\n\r\nb\u{2028}c\u{85}d" => "a b c d",
+        test_display_keeps_edge_spaces_for_the_caller: "  a  " => " a ",
+        test_display_bidi_becomes_space: "a\u{202E}b\u{2066}c\u{2069}" => "a b c ",
+        test_display_removes_invisible: "a\u{200B}b\u{00AD}c\u{2060}d\u{FEFF}e\u{115F}\u{1160}\u{3164}\u{FFA0}f\u{E0041}\u{E007F}g\u{FE0F}h" => "abcdefgh",
+        test_display_invisible_between_spaces_still_collapses: "a \u{200B} b" => "a b",
+        test_display_padding_with_fillers_collapses: "ann@acme.com\u{3164}\u{3164} \u{200B}\u{200B} x" => "ann@acme.com x",
+    }
+
+    #[test]
+    fn test_matching_form() {
+        assert_eq!(for_matching("Bear\u{200B}er"), "Bearer");
+        assert_eq!(for_matching("ｐａｓｓｗｏｒｄ"), "password");
+        assert_eq!(for_matching("Bearer\u{A0}x"), "Bearer x");
+        assert_eq!(for_matching("a\u{3164}b"), "ab");
+        assert!(matches!(for_matching("plain"), Cow::Borrowed("plain")));
+    }
+
+    #[test]
+    fn test_fold_confusables() {
+        assert_eq!(fold_confusables("password"), fold_confusables("раssword"));
+        assert_eq!(
+            fold_confusables("PASSWORD"),
+            fold_confusables("ｐａｓｓｗｏｒｄ")
+        );
+        assert_eq!(fold_confusables("token"), fold_confusables("t0ken"));
+        assert_ne!(fold_confusables("token"), fold_confusables("taken"));
+    }
+}

@@ -1,0 +1,53 @@
+//! The agent's one entry point: propose.
+
+use pgrx::prelude::*;
+
+use super::{as_owner, required};
+use crate::jsonb_text::JsonbText;
+use crate::privilege::refuse_inside_business_statement;
+
+/// Agent: stores an immutable proposal and returns its one-time token. A
+/// standing approval that covers it, or (task tools) the person's recorded
+/// request, approves it in the same call: `status` says what came of it.
+/// `token` is NULL when a task request's replay returns the action it
+/// already admitted.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn propose(
+    tool: Option<String>,
+    params: Option<JsonbText>,
+    origin: default!(Option<JsonbText>, "'{}'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(token, Option<String>),
+        name!(summary, String),
+        name!(params_hash, String),
+        name!(expires_at, TimestampWithTimeZone),
+        name!(status, String),
+        name!(delegation_id, Option<pgrx::Uuid>),
+    ),
+> {
+    refuse_inside_business_statement("propose");
+    TableIterator::new(as_owner(
+        "SELECT * FROM keyturn._propose($1, $2, $3::pg_catalog.jsonb, $4::pg_catalog.jsonb)",
+        &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+        vec![
+            tool.into(),
+            params.map(|p| p.0).into(),
+            origin.map(|o| o.0).into(),
+        ],
+        |row| {
+            Ok((
+                required(row, 1)?,
+                row.get(2)?,
+                required(row, 3)?,
+                required(row, 4)?,
+                required(row, 5)?,
+                required(row, 6)?,
+                row.get(7)?,
+            ))
+        },
+    ))
+}

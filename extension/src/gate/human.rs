@@ -1,0 +1,307 @@
+//! The person's entry points: approve and what surrounds it (preview,
+//! reject, the queue, batch approval, edit before approve), standing
+//! approvals, and the request that is a task tool's approval. Every one
+//! refuses agents first (separation of duties, `privilege::refuse_agents`):
+//! a standing approval or a recorded request is an approval too.
+
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use serde_json::Value;
+
+use super::{as_owner, required};
+use crate::jsonb_text::JsonbText;
+use crate::privilege::refuse_agents;
+
+// (Spelled out in each signature too: pg_extern reads the return type's
+// syntax, so an alias there would be an unknown SQL type.)
+type Outcomes = TableIterator<
+    'static,
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(status, String),
+        name!(result, Option<JsonB>),
+    ),
+>;
+
+fn outcomes(
+    sql: &str,
+    types: &[pg_sys::Oid],
+    args: Vec<pgrx::datum::DatumWithOid<'_>>,
+) -> Outcomes {
+    TableIterator::new(as_owner(sql, types, args, |row| {
+        Ok((required(row, 1)?, required(row, 2)?, row.get(3)?))
+    }))
+}
+
+/// Human: approves exactly what was proposed, once.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn approve(
+    action_id: Option<pgrx::Uuid>,
+    token: Option<String>,
+    params: default!(Option<JsonbText>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(status, String),
+        name!(result, Option<JsonB>),
+    ),
+> {
+    refuse_agents("approve");
+    outcomes(
+        "SELECT * FROM keyturn._approve($1, $2, $3, $4::pg_catalog.jsonb)",
+        &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+        vec![action_id.into(), token.into(), params.map(|p| p.0).into()],
+    )
+}
+
+/// Human: one card for several proposals, each element exactly `approve`.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn approve_many(
+    items: Option<JsonbText>,
+) -> TableIterator<
+    'static,
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(status, String),
+        name!(result, Option<JsonB>),
+    ),
+> {
+    refuse_agents("approve_many");
+    outcomes(
+        "SELECT * FROM keyturn._approve_many($1, $2::pg_catalog.jsonb)",
+        &[pg_sys::TEXTOID],
+        vec![items.map(|i| i.0).into()],
+    )
+}
+
+/// Human: the approval card's data. Read-only.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn preview(action_id: Option<pgrx::Uuid>, token: Option<String>) -> JsonB {
+    refuse_agents("preview");
+    as_owner(
+        "SELECT keyturn._preview($1, $2, $3)",
+        &[pg_sys::UUIDOID, pg_sys::TEXTOID],
+        vec![action_id.into(), token.into()],
+        |row| row.get::<JsonB>(1),
+    )
+    .into_iter()
+    .next()
+    .flatten()
+    .unwrap_or(JsonB(Value::Null))
+}
+
+/// Human: declines a pending proposal; returns the action's status.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn reject(
+    action_id: Option<pgrx::Uuid>,
+    token: Option<String>,
+    reason: default!(Option<String>, "NULL"),
+) -> String {
+    refuse_agents("reject");
+    as_owner(
+        "SELECT keyturn._reject($1, $2, $3, $4)",
+        &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+        vec![action_id.into(), token.into(), reason.into()],
+        |row| required::<String>(row, 1),
+    )
+    .into_iter()
+    .next()
+    .unwrap_or_default()
+}
+
+/// Human: edit before approve. The proposal becomes `superseded`; the new
+/// one, with the edited params, is returned with its own token.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn revise(
+    action_id: Option<pgrx::Uuid>,
+    token: Option<String>,
+    params: Option<JsonbText>,
+) -> TableIterator<
+    'static,
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(token, String),
+        name!(summary, String),
+        name!(params_hash, String),
+        name!(expires_at, TimestampWithTimeZone),
+    ),
+> {
+    refuse_agents("revise");
+    TableIterator::new(as_owner(
+        "SELECT * FROM keyturn._revise($1, $2, $3, $4::pg_catalog.jsonb)",
+        &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+        vec![action_id.into(), token.into(), params.map(|p| p.0).into()],
+        |row| {
+            Ok((
+                required(row, 1)?,
+                required(row, 2)?,
+                required(row, 3)?,
+                required(row, 4)?,
+                required(row, 5)?,
+            ))
+        },
+    ))
+}
+
+/// Human: what waits for the caller, soonest expiry first. Never a token.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn pending(
+    max_rows: default!(Option<i32>, 50),
+) -> TableIterator<
+    'static,
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(tool, String),
+        name!(summary, String),
+        name!(effect, String),
+        name!(approval, String),
+        name!(principal, String),
+        name!(created_at, TimestampWithTimeZone),
+        name!(expires_at, TimestampWithTimeZone),
+        name!(votes, i32),
+        name!(quorum, i32),
+    ),
+> {
+    refuse_agents("pending");
+    TableIterator::new(as_owner(
+        "SELECT * FROM keyturn._pending($1, $2)",
+        &[pg_sys::INT4OID],
+        vec![max_rows.into()],
+        |row| {
+            Ok((
+                required(row, 1)?,
+                required(row, 2)?,
+                required(row, 3)?,
+                required(row, 4)?,
+                required(row, 5)?,
+                required(row, 6)?,
+                required(row, 7)?,
+                required(row, 8)?,
+                required(row, 9)?,
+                required(row, 10)?,
+            ))
+        },
+    ))
+}
+
+/// Human: a standing approval of the caller's own principal for one tool.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn delegate(
+    tool: Option<String>,
+    scope: Option<JsonbText>,
+    max_uses: Option<i32>,
+    valid_for: Option<pgrx::datum::Interval>,
+) -> pgrx::Uuid {
+    refuse_agents("delegate");
+    as_owner(
+        "SELECT keyturn._delegate($1, $2, $3::pg_catalog.jsonb, $4, $5)",
+        &[
+            pg_sys::TEXTOID,
+            pg_sys::TEXTOID,
+            pg_sys::INT4OID,
+            pg_sys::INTERVALOID,
+        ],
+        vec![
+            tool.into(),
+            scope.map(|s| s.0).into(),
+            max_uses.into(),
+            valid_for.into(),
+        ],
+        |row| required::<pgrx::Uuid>(row, 1),
+    )
+    .into_iter()
+    .next()
+    .unwrap_or_else(|| error!("keyturn: delegate returned no row"))
+}
+
+/// Human: ends a standing approval (its principal, or a tenant admin).
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn revoke_delegation(delegation_id: Option<pgrx::Uuid>) -> bool {
+    refuse_agents("revoke_delegation");
+    as_owner(
+        "SELECT keyturn._revoke_delegation($1, $2)",
+        &[pg_sys::UUIDOID],
+        vec![delegation_id.into()],
+        |row| required::<bool>(row, 1),
+    )
+    .into_iter()
+    .next()
+    .unwrap_or(false)
+}
+
+/// Human: the visible standing approvals, with their uses so far.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn delegations() -> TableIterator<
+    'static,
+    (
+        name!(delegation_id, pgrx::Uuid),
+        name!(principal, String),
+        name!(tool, String),
+        name!(scope, JsonB),
+        name!(max_uses, i32),
+        name!(uses, i32),
+        name!(expires_at, TimestampWithTimeZone),
+        name!(revoked, bool),
+    ),
+> {
+    refuse_agents("delegations");
+    TableIterator::new(as_owner(
+        "SELECT * FROM keyturn._delegations() WHERE $1 IS NOT NULL",
+        &[],
+        vec![],
+        |row| {
+            Ok((
+                required(row, 1)?,
+                required(row, 2)?,
+                required(row, 3)?,
+                required(row, 4)?,
+                required(row, 5)?,
+                required(row, 6)?,
+                required(row, 7)?,
+                required(row, 8)?,
+            ))
+        },
+    ))
+}
+
+/// Human side: records the person's message of a turn, the approval of the
+/// task tool calls it asks for. An agent cannot record one.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn record_request(
+    conversation_id: Option<String>,
+    turn_id: Option<String>,
+    message_id: Option<String>,
+    text_sha256: Option<String>,
+) -> bool {
+    refuse_agents("record_request");
+    as_owner(
+        "SELECT keyturn._record_request($1, $2, $3, $4, $5)",
+        &[
+            pg_sys::TEXTOID,
+            pg_sys::TEXTOID,
+            pg_sys::TEXTOID,
+            pg_sys::TEXTOID,
+        ],
+        vec![
+            conversation_id.into(),
+            turn_id.into(),
+            message_id.into(),
+            text_sha256.into(),
+        ],
+        |row| required::<bool>(row, 1),
+    )
+    .into_iter()
+    .next()
+    .unwrap_or(false)
+}

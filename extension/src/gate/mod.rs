@@ -1,0 +1,60 @@
+//! The gate's SQL entry points that act for a person or an agent: propose
+//! (`agent`), and approve, the ceremony around it, standing approvals and
+//! task requests (`human`).
+//!
+//! Each is SECURITY INVOKER so that `current_user` is the real caller. It checks
+//! what only the caller's own context can tell (separation of duties), then runs
+//! the state machine (sql/05x_*.sql) as the extension owner, passing the caller's
+//! role so business reads and writes can switch back to it (see `privilege`).
+//! search_path is pinned: these statements run as a superuser, and a caller's
+//! schema must never shadow a type or function in them.
+
+// pg_extern reads a function's return type from its syntax, so the table
+// types of these entry points are spelled out, never aliased.
+#![allow(clippy::type_complexity)]
+
+mod agent;
+mod human;
+
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use pgrx::spi::{SpiHeapTupleData, SpiResult};
+
+use crate::plans;
+use crate::privilege::{current_user, extension_owner, RoleSwitch};
+
+/// Runs one of the state machine's statements as the extension owner, with
+/// the caller's role as `$1`, and reads every row it returns. `types` and
+/// `args` are the statement's other parameters (`$2`…); jsonb arguments
+/// travel as text (see `jsonb_text`) and the statement casts them back.
+fn as_owner<R>(
+    sql: &str,
+    types: &[pg_sys::Oid],
+    args: Vec<DatumWithOid<'_>>,
+    mut read: impl FnMut(&SpiHeapTupleData<'_>) -> SpiResult<R>,
+) -> Vec<R> {
+    let caller = current_user();
+    let _as_owner = RoleSwitch::to(extension_owner());
+    let mut all_types = Vec::with_capacity(types.len() + 1);
+    all_types.push(pg_sys::OIDOID);
+    all_types.extend_from_slice(types);
+    let mut all_args = Vec::with_capacity(args.len() + 1);
+    all_args.push(caller.into());
+    all_args.extend(args);
+    Spi::connect_mut(|client| -> SpiResult<Vec<R>> {
+        let table = plans::execute(client, sql, &all_types, &all_args)?;
+        let mut rows = Vec::with_capacity(table.len());
+        for row in table {
+            rows.push(read(&row)?);
+        }
+        Ok(rows)
+    })
+    .unwrap_or_else(|e| error!("keyturn: internal statement failed: {e}"))
+}
+
+/// A column the state machine never leaves NULL.
+fn required<T: IntoDatum + FromDatum>(row: &SpiHeapTupleData<'_>, ordinal: usize) -> SpiResult<T> {
+    Ok(row
+        .get::<T>(ordinal)?
+        .unwrap_or_else(|| error!("keyturn: internal statement returned NULL in column {ordinal}")))
+}

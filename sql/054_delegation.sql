@@ -1,0 +1,169 @@
+-- Standing approvals (docs/sql-api.md, "Scoped grants and standing
+-- approvals"): a person says once "approve these for me" -- this tool,
+-- within this scope, this many times, for this long -- and propose approves
+-- what the standing approval covers in the same transaction. The database
+-- counts the uses: one conditional UPDATE spends each, so no concurrency,
+-- retry or second process ever approves more than max_uses.
+--
+-- keyturn.delegate, keyturn.revoke_delegation and keyturn.delegations are
+-- Rust entry points (extension/src/gate/human.rs): the separation of duties
+-- of approve applies, since a standing approval is an approval.
+
+-- Why a tool version may not be approved by a standing approval, or NULL.
+CREATE FUNCTION keyturn._not_delegable(p_ver keyturn.tool_version)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE
+        WHEN p_ver.approval = 'independent' THEN 'it needs an independent approver'
+        WHEN p_ver.quorum > 1 THEN format('it needs %s approvers', p_ver.quorum)
+        WHEN p_ver.approval = 'task' THEN 'its approval is the request in the chat'
+        WHEN p_ver.effect = 'irreversible' AND NOT p_ver.delegable
+            THEN 'its effect is irreversible (a tool may allow it with "delegable": true)'
+    END
+$$;
+
+CREATE FUNCTION keyturn._delegate(p_caller oid, p_tool text, p_scope jsonb, p_max_uses int,
+                                  p_valid_for interval)
+RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_ver       keyturn.tool_version;
+    v_why       text;
+    v_scope     jsonb;
+    v_id        uuid := keyturn._uuid_v7();
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    PERFORM keyturn._require_tool(p_tool);
+    SELECT v.* INTO v_ver FROM keyturn.tool t
+      JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     WHERE t.name = p_tool;
+    IF NOT keyturn._has_grant(v_tenant, v_principal, p_tool) THEN
+        RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', v_principal, p_tool, v_tenant
+            USING ERRCODE = '42501',
+                  HINT = 'A standing approval covers only what its principal may itself approve.';
+    END IF;
+    IF p_max_uses IS NULL OR p_max_uses NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'keyturn: max_uses must be from 1 to 1000, not %', p_max_uses USING ERRCODE = '22023';
+    END IF;
+    IF p_valid_for IS NULL OR p_valid_for <= interval '0' OR p_valid_for > interval '7 days' THEN
+        RAISE EXCEPTION 'keyturn: valid_for must be more than 0 and at most 7 days, not %', p_valid_for
+            USING ERRCODE = '22023';
+    END IF;
+    v_why := keyturn._not_delegable(v_ver);
+    IF v_why IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: tool % cannot be approved by a standing approval: %', p_tool, v_why
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_scope IS NULL THEN
+        RAISE EXCEPTION 'keyturn: scope is required (''{}'' covers every call of the tool)' USING ERRCODE = '22023';
+    END IF;
+    v_scope := keyturn._check_scope(p_scope);
+    IF v_ver.executor = 'sql' THEN
+        -- Its writes will run as this role, under its RLS.
+        PERFORM keyturn._refuse_rls_bypass(p_caller);
+    END IF;
+    INSERT INTO keyturn.delegation (id, tenant, principal, tool, scope, max_uses, epoch, db_role, expires_at)
+    VALUES (v_id, v_tenant, v_principal, p_tool, v_scope, p_max_uses,
+            keyturn._epoch(v_tenant, v_principal), p_caller::regrole::text,
+            clock_timestamp() + p_valid_for);
+    RETURN v_id;
+END
+$$;
+
+-- Ends a standing approval: its own principal, or an admin of its tenant.
+-- False when it is unknown, invisible, or already revoked.
+CREATE FUNCTION keyturn._revoke_delegation(p_caller oid, p_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_role      text;
+    d           keyturn.delegation;
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    SELECT x.* INTO d FROM keyturn.delegation x
+     WHERE x.id = p_id AND x.tenant = v_tenant
+       AND (v_role IN ('approver', 'admin') OR x.principal = v_principal)
+       FOR NO KEY UPDATE;
+    IF NOT FOUND OR d.revoked_at IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    IF d.principal <> v_principal AND v_role <> 'admin' THEN
+        RAISE EXCEPTION 'keyturn: only its principal or an admin of tenant % may revoke standing approval %', v_tenant, p_id
+            USING ERRCODE = '42501';
+    END IF;
+    UPDATE keyturn.delegation x SET revoked_at = clock_timestamp() WHERE x.id = p_id;
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION keyturn._delegations()
+RETURNS TABLE (o_delegation_id uuid, o_principal text, o_tool text, o_scope jsonb, o_max_uses int,
+               o_uses int, o_expires_at timestamptz, o_revoked boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_role      text;
+BEGIN
+    v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    RETURN QUERY
+        SELECT d.id, d.principal, d.tool, d.scope, d.max_uses, d.uses, d.expires_at, d.revoked_at IS NOT NULL
+          FROM keyturn.delegation d
+         WHERE d.tenant = v_tenant AND (v_role IN ('approver', 'admin') OR d.principal = v_principal)
+         ORDER BY d.created_at, d.id;
+END
+$$;
+
+-- The live standing approval of the proposing principal that covers a new
+-- proposal, with one of its uses spent, or NULL. Live: not revoked, not
+-- past its end, uses left, the delegator's authorization unchanged since it
+-- was made, its role still there, and the tool's current version still one a
+-- standing approval may approve. The use is spent by one conditional UPDATE:
+-- concurrent proposals wait on the row, and the one that finds the uses gone
+-- is simply not covered.
+CREATE FUNCTION keyturn._spend_delegation(p_action uuid, p_ver keyturn.tool_version, p_params jsonb,
+                                          p_count int)
+RETURNS keyturn.delegation
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    a keyturn.action;
+    c keyturn.delegation;
+    d keyturn.delegation;
+BEGIN
+    IF keyturn._not_delegable(p_ver) IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_action;
+    FOR c IN
+        SELECT x.* FROM keyturn.delegation x
+         WHERE x.tenant = a.tenant AND x.principal = a.principal AND x.tool = a.tool
+           AND x.revoked_at IS NULL AND x.expires_at > clock_timestamp() AND x.uses < x.max_uses
+           AND x.epoch = a.epoch AND to_regrole(x.db_role) IS NOT NULL
+         ORDER BY x.expires_at, x.id
+    LOOP
+        CONTINUE WHEN keyturn._scope_violation(c.scope, p_params, p_count) IS NOT NULL;
+        UPDATE keyturn.delegation x SET uses = x.uses + 1
+         WHERE x.id = c.id AND x.uses < x.max_uses AND x.revoked_at IS NULL
+           AND x.expires_at > clock_timestamp()
+        RETURNING x.* INTO d;
+        IF FOUND THEN
+            RETURN d;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;

@@ -1,0 +1,231 @@
+-- Private attachments (docs/sql-api.md, "Private attachments"): the bytes are
+-- staged in keyturn.staged_file by the invoking principal, bound to the one
+-- action whose params name them (their metadata is part of the params, so of
+-- the hash), verified at propose and re-hashed at begin_dispatch, read by
+-- the dispatcher only while that action is executing under its lease, and
+-- deleted in the transaction that gives the action a final status (a
+-- reconciled uncertain one included), or by the sweep a day after staging
+-- when nothing ever bound them.
+
+-- Most a tool may allow per attachment.
+CREATE FUNCTION keyturn._max_file_bytes()
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT 25 * 1024 * 1024::bigint
+$$;
+
+CREATE FUNCTION keyturn.stage_file(content bytea, filename text, content_type text)
+RETURNS TABLE (file_id uuid, sha256 text, size bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_id        uuid := keyturn._uuid_v7();
+    v_hash      text;
+BEGIN
+    PERFORM keyturn._refuse_nested('stage_file');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    IF stage_file.filename IS NULL OR stage_file.filename = '' OR octet_length(stage_file.filename) > 255
+       OR stage_file.filename ~ '[/\\[:cntrl:]]' OR stage_file.filename IN ('.', '..') THEN
+        RAISE EXCEPTION 'keyturn: filename must be 1 to 255 bytes without a path separator (/ or \) or a control character'
+            USING ERRCODE = '22023';
+    END IF;
+    IF stage_file.content_type IS NULL
+       OR stage_file.content_type !~ '^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*$' THEN
+        RAISE EXCEPTION 'keyturn: content_type must be a lowercase type/subtype such as application/pdf, not %',
+                coalesce(quote_literal(stage_file.content_type), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF stage_file.content IS NULL OR length(stage_file.content) = 0
+       OR length(stage_file.content) > keyturn._max_file_bytes() THEN
+        RAISE EXCEPTION 'keyturn: a staged file holds 1 byte to % bytes, not %', keyturn._max_file_bytes(),
+                coalesce(length(stage_file.content), 0)
+            USING ERRCODE = '22023';
+    END IF;
+    v_hash := encode(sha256(stage_file.content), 'hex');
+    INSERT INTO keyturn.staged_file (id, tenant, principal, filename, content_type, size, sha256, content)
+    VALUES (v_id, v_tenant, v_principal, stage_file.filename, stage_file.content_type,
+            length(stage_file.content), v_hash, stage_file.content);
+    RETURN QUERY SELECT v_id, v_hash, length(stage_file.content)::bigint;
+END
+$$;
+
+-- The attachments a params object names, as (ord, file_id, metadata): 22023
+-- unless params.<attachments_param> is an array of
+-- {"file_id", "sha256", "filename", "content_type", "size"}.
+CREATE FUNCTION keyturn._attachments(p_ver keyturn.tool_version, p_params jsonb)
+RETURNS TABLE (ord bigint, file_id uuid, meta jsonb)
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_list jsonb := coalesce(p_params -> p_ver.attachments_param, '[]');
+BEGIN
+    IF jsonb_typeof(v_list) <> 'array' OR EXISTS (
+           SELECT 1 FROM jsonb_array_elements(v_list) e
+            WHERE jsonb_typeof(e) <> 'object'
+               OR NOT (e ?& ARRAY['file_id', 'sha256', 'filename', 'content_type', 'size'])
+               OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k
+                           WHERE k NOT IN ('file_id', 'sha256', 'filename', 'content_type', 'size'))
+               OR jsonb_typeof(e -> 'file_id') <> 'string'
+               OR (e ->> 'file_id') !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+               OR jsonb_typeof(e -> 'size') <> 'number') THEN
+        RAISE EXCEPTION 'keyturn: params.% must be an array of {"file_id", "sha256", "filename", "content_type", "size"}',
+                p_ver.attachments_param
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY SELECT e.ord, (e.value ->> 'file_id')::uuid, e.value
+                   FROM jsonb_array_elements(v_list) WITH ORDINALITY AS e (value, ord);
+END
+$$;
+
+-- propose's checks of every attachment: staged by this (tenant, principal)
+-- and not bound to another action (55000), metadata equal to the staged
+-- file's, an allowed type, within the size bound (else 22023).
+CREATE FUNCTION keyturn._check_attachments(p_tenant text, p_principal text, p_ver keyturn.tool_version,
+                                           p_params jsonb)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    x record;
+    f keyturn.staged_file;
+BEGIN
+    IF (SELECT count(*) <> count(DISTINCT t.file_id) FROM keyturn._attachments(p_ver, p_params) t) THEN
+        RAISE EXCEPTION 'keyturn: params.% names a file twice', p_ver.attachments_param USING ERRCODE = '22023';
+    END IF;
+    FOR x IN SELECT * FROM keyturn._attachments(p_ver, p_params) LOOP
+        SELECT s.* INTO f FROM keyturn.staged_file s WHERE s.id = x.file_id;
+        IF NOT FOUND OR f.tenant <> p_tenant OR f.principal <> p_principal THEN
+            RAISE EXCEPTION 'keyturn: attachment % was not staged by this principal', x.file_id
+                USING ERRCODE = '22023',
+                      HINT = 'Stage the bytes with keyturn.stage_file(content, filename, content_type) first.';
+        END IF;
+        IF f.action_id IS NOT NULL THEN
+            RAISE EXCEPTION 'keyturn: attachment % already belongs to action %', x.file_id, f.action_id
+                USING ERRCODE = '55000',
+                      HINT = 'A staged file goes with one action; stage it again for another.';
+        END IF;
+        IF (x.meta ->> 'sha256', x.meta ->> 'filename', x.meta ->> 'content_type', (x.meta ->> 'size')::numeric)
+           IS DISTINCT FROM (f.sha256, f.filename, f.content_type, f.size::numeric) THEN
+            RAISE EXCEPTION 'keyturn: the metadata of attachment % differ from the staged file (sha256, filename, content_type, size)', x.file_id
+                USING ERRCODE = '22023';
+        END IF;
+        IF NOT f.content_type = ANY (p_ver.attachment_types) THEN
+            RAISE EXCEPTION 'keyturn: attachment % is %, which tool % does not take (it takes %)', x.file_id,
+                    f.content_type, p_ver.tool, array_to_string(p_ver.attachment_types, ', ')
+                USING ERRCODE = '22023';
+        END IF;
+        IF f.size > p_ver.max_attachment_bytes THEN
+            RAISE EXCEPTION 'keyturn: attachment % has % bytes; tool % takes at most %', x.file_id, f.size,
+                    p_ver.tool, p_ver.max_attachment_bytes
+                USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Binds the checked attachments to the new action, all or none (55000 when
+-- a concurrent proposal bound one first).
+CREATE FUNCTION keyturn._bind_attachments(p_action uuid, p_tenant text, p_principal text,
+                                          p_ver keyturn.tool_version, p_params jsonb)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_ids uuid[] := ARRAY(SELECT t.file_id FROM keyturn._attachments(p_ver, p_params) t);
+    v_n   int;
+BEGIN
+    UPDATE keyturn.staged_file s SET action_id = p_action
+     WHERE s.id = ANY (v_ids) AND s.action_id IS NULL AND s.tenant = p_tenant AND s.principal = p_principal;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n <> cardinality(v_ids) THEN
+        RAISE EXCEPTION 'keyturn: an attachment of this proposal was bound to another action meanwhile'
+            USING ERRCODE = '55000';
+    END IF;
+END
+$$;
+
+-- Why the bytes bound to an action can no longer be sent as approved, or
+-- NULL: a file changed in storage (its SHA-256 is recomputed), or is gone.
+CREATE FUNCTION keyturn._attachment_problem(a keyturn.action, p_ver keyturn.tool_version, p_params jsonb)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_bad uuid;
+BEGIN
+    IF p_ver.attachments_param IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT t.file_id INTO v_bad
+      FROM keyturn._attachments(p_ver, p_params) t
+      LEFT JOIN keyturn.staged_file s ON s.id = t.file_id AND s.action_id = a.id
+     WHERE s.id IS NULL OR encode(sha256(s.content), 'hex') <> t.meta ->> 'sha256'
+     LIMIT 1;
+    IF FOUND THEN
+        RETURN format('attachment %s is missing or changed in storage since it was approved', v_bad);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Which files the dispatcher must send with an action, from the approved
+-- params: the one place that knows a tool's attachments_param, so keyturnd
+-- never guesses from the params' shape. Leased or executing under that lease
+-- (else 55000); no rows when the tool takes no attachments.
+CREATE FUNCTION keyturn.attachments(action_id uuid, lease_id uuid)
+RETURNS TABLE (param text, ord int, file_id uuid, sha256 text, filename text, content_type text, size bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    a keyturn.action;
+    v keyturn.tool_version;
+BEGIN
+    PERFORM keyturn._refuse_nested('attachments');
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = attachments.action_id;
+    PERFORM keyturn._raise_lease_problem(
+        keyturn._lease_problem(a, attachments.action_id, attachments.lease_id, '{leased,executing}', false));
+    SELECT t.* INTO v FROM keyturn.tool_version t WHERE t.tool = a.tool AND t.version = a.tool_version;
+    IF v.attachments_param IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT v.attachments_param, t.ord::int, t.file_id, t.meta ->> 'sha256', t.meta ->> 'filename',
+           t.meta ->> 'content_type', (t.meta ->> 'size')::bigint
+      FROM keyturn._attachments(v, coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
+                                                         WHERE s.action_id = a.id))) t
+     ORDER BY t.ord;
+END
+$$;
+
+-- The bytes of one attachment, for the dispatcher building the provider's
+-- request in memory: only while the action is executing under that lease
+-- (else 55000), and only a file bound to it.
+CREATE FUNCTION keyturn.file_content(action_id uuid, lease_id uuid, file_id uuid)
+RETURNS bytea
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    a keyturn.action;
+    v bytea;
+BEGIN
+    PERFORM keyturn._refuse_nested('file_content');
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = file_content.action_id;
+    PERFORM keyturn._raise_lease_problem(
+        keyturn._lease_problem(a, file_content.action_id, file_content.lease_id, '{executing}', false));
+    SELECT s.content INTO v FROM keyturn.staged_file s
+     WHERE s.id = file_content.file_id AND s.action_id = file_content.action_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'keyturn: file % is not an attachment of action %', file_content.file_id, file_content.action_id
+            USING ERRCODE = '55000',
+                  HINT = 'keyturn.attachments(action_id, lease_id) lists the files of an action.';
+    END IF;
+    RETURN v;
+END
+$$;

@@ -1,0 +1,83 @@
+-- What a DBA sees in \d+ and \df+: every schema, table, type, public
+-- function and role of keyturn says what it is for. The reference is
+-- docs/sql-api.md; these are the one-line reminders.
+
+COMMENT ON SCHEMA keyturn IS
+    'keyturn: a human-approval gate for AI-agent writes. Agents propose, people approve exactly what was proposed, once; state changes only through these functions (docs/sql-api.md).';
+COMMENT ON SCHEMA keyturn_secret IS
+    'keyturn''s approval key. No role but the extension owner may read it; keyturn.check_deployment() reports any grant.';
+COMMENT ON TYPE keyturn.status IS
+    'The status of an action. Legal changes: keyturn.transition. Final: keyturn._is_final().';
+
+COMMENT ON TABLE keyturn.transition IS 'Every legal status change of an action; the status guard refuses any other.';
+COMMENT ON TABLE keyturn.tool IS 'Registered tools (global): the current version and whether it is enabled.';
+COMMENT ON TABLE keyturn.tool_version IS 'Every registered version of every tool, immutable; proposals are bound to one.';
+COMMENT ON TABLE keyturn.member IS 'Who belongs to which tenant, as member, approver or admin.';
+COMMENT ON TABLE keyturn.tool_grant IS 'Which principal may propose (and approve) which tool, with an optional scope, end and number of uses.';
+COMMENT ON TABLE keyturn.auth_epoch IS 'Per principal, bumped on every real membership or grant change; a changed epoch invalidates proposals.';
+COMMENT ON TABLE keyturn.cancelled_origin IS 'Conversations that ended (cancelled or archived): they start no new actions.';
+COMMENT ON TABLE keyturn.request IS 'Human messages recorded by the human side: the approval of task tools'' calls.';
+COMMENT ON TABLE keyturn.action IS 'Immutable proposals and their lifecycle. Columns fixed at propose time never change.';
+COMMENT ON TABLE keyturn.open_action IS 'The work list: one narrow row per action that is not final, kept by the lifecycle trigger.';
+COMMENT ON TABLE keyturn.action_target IS 'sql tools: each target''s key and before-state version, fixed at propose time.';
+COMMENT ON TABLE keyturn.staged_payload IS 'Digest-retained external actions: the approved params, from approve until a final status.';
+COMMENT ON TABLE keyturn.vote IS 'Quorum votes, one per principal and action.';
+COMMENT ON TABLE keyturn.delegation IS 'Standing approvals: what a person approves in advance, within a scope, uses and time.';
+COMMENT ON TABLE keyturn.staged_file IS 'Private attachments: the bytes, bound to one action, deleted with its final status.';
+COMMENT ON TABLE keyturn.projection IS 'Read-side projections: the current version per provider.';
+COMMENT ON TABLE keyturn.projection_version IS 'Every registered projection spec: which fields of a provider''s data may reach a prompt.';
+COMMENT ON TABLE keyturn.attempt IS 'One row per provider attempt; kept after reconciliation.';
+COMMENT ON TABLE keyturn.event IS 'The audit log: one row per status change (and per quorum vote); append-only, even for the owner.';
+COMMENT ON TABLE keyturn.usage IS 'Metering: one row per action that reached succeeded; append-only.';
+COMMENT ON TABLE keyturn_secret.approval_key IS 'The key of the approval binding (an HMAC proving an approval, not a table write, moved an action on).';
+
+COMMENT ON FUNCTION keyturn.current_tenant() IS 'The calling tenant, from request.jwt.claims or keyturn.tenant (transaction-local only); NULL if missing.';
+COMMENT ON FUNCTION keyturn.current_principal() IS 'The calling principal, from request.jwt.claims or keyturn.principal (transaction-local only); NULL if missing.';
+COMMENT ON FUNCTION keyturn.current_session() IS 'The calling session, from request.jwt.claims or keyturn.session (transaction-local only); NULL if missing.';
+COMMENT ON FUNCTION keyturn.canonical_json(jsonb) IS 'The RFC 8785 canonical text keyturn hashes; 22023 for numbers a double cannot hold exactly.';
+COMMENT ON FUNCTION keyturn.params_hash(text, jsonb) IS 'Lowercase hex SHA-256 of the canonical form of {"params": params, "tool": tool}.';
+COMMENT ON FUNCTION keyturn.classify(text) IS 'read, write or unsupported; never errors.';
+COMMENT ON FUNCTION keyturn.register_tool(text, jsonb) IS 'Admin: creates or replaces a tool from its spec; returns the new version.';
+COMMENT ON FUNCTION keyturn.set_tool_enabled(text, boolean) IS 'Admin: enables or disables a tool; returns whether it changed.';
+COMMENT ON FUNCTION keyturn.add_member(text, text, text) IS 'Admin (platform, or the tenant''s own admin): adds or changes a member; returns whether it changed.';
+COMMENT ON FUNCTION keyturn.remove_member(text, text) IS 'Admin (platform, or the tenant''s own admin): removes a member and its grants.';
+COMMENT ON FUNCTION keyturn.grant_tool(text, text, text, jsonb, timestamptz, int) IS 'Admin: sets a grant to exactly this scope, end and number of uses; returns whether it changed.';
+COMMENT ON FUNCTION keyturn.revoke_tool(text, text, text) IS 'Admin: revokes a grant; returns whether it changed.';
+COMMENT ON FUNCTION keyturn.propose(text, jsonb, jsonb) IS 'Agent: stores an immutable proposal; returns its one-time token (and status, when a standing approval or task request approved it).';
+COMMENT ON FUNCTION keyturn.approve(uuid, text, jsonb) IS 'Human: approves exactly what was proposed, once; a replay returns the stored outcome.';
+COMMENT ON FUNCTION keyturn.approve_many(jsonb) IS 'Human: one card for several proposals; each element exactly approve.';
+COMMENT ON FUNCTION keyturn.preview(uuid, text) IS 'Human: the approval card''s data, read-only.';
+COMMENT ON FUNCTION keyturn.reject(uuid, text, text) IS 'Human: declines a pending proposal (a veto for quorum tools).';
+COMMENT ON FUNCTION keyturn.revise(uuid, text, jsonb) IS 'Human: edit before approve; the old proposal is superseded by a new one with its own hash and token.';
+COMMENT ON FUNCTION keyturn.pending(int) IS 'Human: the caller''s queue of pending actions, soonest expiry first. Never a token.';
+COMMENT ON FUNCTION keyturn.delegate(text, jsonb, int, interval) IS 'Human: a standing approval of the caller''s own proposals of a tool, within a scope, uses and time.';
+COMMENT ON FUNCTION keyturn.revoke_delegation(uuid) IS 'Human: ends a standing approval.';
+COMMENT ON FUNCTION keyturn.delegations() IS 'Human: the visible standing approvals, with their uses.';
+COMMENT ON FUNCTION keyturn.record_request(text, text, text, text) IS 'Human side: records the person''s message of a turn, the approval of the task tool calls it asks for.';
+COMMENT ON FUNCTION keyturn.end_session(text) IS 'Logout: cancels the caller''s pending, queued and leased actions of a session.';
+COMMENT ON FUNCTION keyturn.cancel_origin(text) IS 'Stops a conversation: cancels its actions and refuses later ones.';
+COMMENT ON FUNCTION keyturn.archive_conversation(text) IS 'Ends a conversation normally: cancels its actions not yet executing and refuses later ones.';
+COMMENT ON FUNCTION keyturn.action_status(uuid) IS 'An action''s status and result, if visible to the caller.';
+COMMENT ON FUNCTION keyturn.audit(uuid) IS 'An action''s events in order (operators: every action; others: what their identity may see).';
+COMMENT ON FUNCTION keyturn.stage_file(bytea, text, text) IS 'Stages an attachment''s bytes for the caller''s principal; returns its id, SHA-256 and size.';
+COMMENT ON FUNCTION keyturn.attachments(uuid, uuid) IS 'Dispatcher: the files an action sends (from its approved params, in their order), while it is leased or executing under that lease.';
+COMMENT ON FUNCTION keyturn.file_content(uuid, uuid, uuid) IS 'Dispatcher: an attachment''s bytes, only while its action is executing under that lease.';
+COMMENT ON FUNCTION keyturn.register_projection(text, jsonb) IS 'Admin: which fields of a provider''s data may reach a prompt; returns the new version.';
+COMMENT ON FUNCTION keyturn.fence(text, jsonb) IS 'A provider''s data as a fenced, projected reference block, with a fresh marker and the guard that names it.';
+COMMENT ON FUNCTION keyturn.lease(text, int, interval, text[]) IS 'Dispatcher: takes due queued actions (FOR UPDATE SKIP LOCKED) under a lease.';
+COMMENT ON FUNCTION keyturn.begin_dispatch(uuid, uuid) IS 'Dispatcher: rechecks everything and commits executing before any provider call; false: invalidated.';
+COMMENT ON FUNCTION keyturn.begin_dispatch_many(uuid[], uuid[]) IS 'Dispatcher: begin_dispatch for a batch, one answer per element.';
+COMMENT ON FUNCTION keyturn.complete(uuid, uuid, text, jsonb, interval) IS 'Dispatcher: records a provider call''s outcome (succeeded, failed, retry, unknown).';
+COMMENT ON FUNCTION keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[]) IS 'Dispatcher: complete for a batch, one answer per element.';
+COMMENT ON FUNCTION keyturn.sweep() IS 'Expires pending actions, requeues lapsed leases, marks lapsed calls uncertain, deletes unbound files.';
+COMMENT ON FUNCTION keyturn.reconcile(uuid, text, text) IS 'Operator: settles an uncertain action as succeeded or failed, with a note.';
+COMMENT ON FUNCTION keyturn.uncertain_actions() IS 'Operator: the actions waiting for a person to decide what happened.';
+COMMENT ON FUNCTION keyturn.attempts(uuid) IS 'Operator: an action''s provider attempts, with their receipts.';
+COMMENT ON FUNCTION keyturn.check_deployment() IS 'Superuser or admin: what a live database gets wrong for keyturn''s guarantees, one row per problem.';
+
+-- Roles are cluster-wide; they may predate this install.
+COMMENT ON ROLE keyturn_agent IS 'keyturn: the AI agent''s side. Proposes; never approves.';
+COMMENT ON ROLE keyturn_approver IS 'keyturn: the person''s side. Approves, rejects, revises; a tenant''s admin administers it through this role.';
+COMMENT ON ROLE keyturn_dispatcher IS 'keyturn: keyturnd. Dispatches approved external actions; reads nothing directly.';
+COMMENT ON ROLE keyturn_operator IS 'keyturn: reconciles uncertain outcomes; reads nothing directly.';
+COMMENT ON ROLE keyturn_admin IS 'keyturn: the platform administrator. Registers tools; manages every tenant.';

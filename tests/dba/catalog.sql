@@ -1,0 +1,105 @@
+-- The catalog a DBA audits, as pgTAP tests (the `dba` layer of tests/run-all).
+-- Run in a fresh database with pgtap and pg_keyturn installed; every check
+-- prints the offending objects when it fails.
+BEGIN;
+SELECT plan(16);
+
+SELECT is_empty($$
+    SELECT c.oid::regclass FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+     WHERE c.relnamespace = 'keyturn'::regnamespace AND c.relkind = 'r' AND a.attname = 'tenant'
+       AND NOT (c.relrowsecurity AND c.relforcerowsecurity)$$,
+    'every keyturn table with tenant rows has row-level security enabled and forced');
+
+SELECT is_empty($$
+    SELECT c.oid::regclass, a.grantee::regrole FROM pg_class c LEFT JOIN LATERAL aclexplode(c.relacl) a ON true
+     WHERE c.oid = 'keyturn_secret.approval_key'::regclass
+       AND (NOT (c.relrowsecurity AND c.relforcerowsecurity) OR a.grantee <> c.relowner)$$,
+    'the approval key: row-level security forced, no grant to anyone');
+
+SELECT is_empty($$
+    SELECT n.nspname, a.grantee::regrole FROM pg_namespace n, aclexplode(n.nspacl) a
+     WHERE n.nspname = 'keyturn_secret' AND a.grantee <> n.nspowner$$,
+    'nobody but its owner may use schema keyturn_secret');
+
+SELECT is_empty($$
+    SELECT p.oid::regprocedure FROM pg_proc p
+     WHERE p.pronamespace = 'keyturn'::regnamespace AND p.proname ~ '^_'
+       AND has_function_privilege('public', p.oid, 'EXECUTE')$$,
+    'PUBLIC executes no internal function');
+
+SELECT is(ARRAY(SELECT p.proname::text COLLATE "C" FROM pg_proc p
+                 WHERE p.pronamespace = 'keyturn'::regnamespace AND has_function_privilege('public', p.oid, 'EXECUTE')
+                 ORDER BY 1),
+          ARRAY['canonical_json', 'current_principal', 'current_session', 'current_tenant', 'params_hash'],
+          'PUBLIC executes exactly the identity functions, canonical_json and params_hash');
+
+SELECT is_empty($$
+    SELECT p.oid::regprocedure FROM pg_proc p
+     WHERE p.pronamespace = 'keyturn'::regnamespace AND p.prosecdef
+       AND NOT coalesce(array_to_string(p.proconfig, ',') LIKE '%search_path=%', false)$$,
+    'every SECURITY DEFINER function pins search_path');
+
+SELECT is_empty($$
+    SELECT DISTINCT t.tgfoid::regprocedure FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+     WHERE t.tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'keyturn'::regnamespace)
+       AND NOT t.tgisinternal
+       AND NOT coalesce(array_to_string(p.proconfig, ',') LIKE '%search_path=%', false)$$,
+    'every trigger function on keyturn''s tables pins search_path');
+
+SELECT is_empty($$
+    SELECT c.oid::regclass, a.grantee::regrole, a.privilege_type
+      FROM pg_class c, aclexplode(c.relacl) a
+     WHERE c.relnamespace IN ('keyturn'::regnamespace, 'keyturn_secret'::regnamespace)
+       AND a.grantee <> c.relowner
+       AND a.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'TRIGGER', 'REFERENCES')$$,
+    'no role but the owner may write keyturn''s tables');
+
+SELECT is_empty($$
+    SELECT c.oid::regclass, a.grantee::regrole
+      FROM pg_class c, aclexplode(c.relacl) a
+     WHERE c.relnamespace = 'keyturn'::regnamespace AND a.privilege_type = 'SELECT'
+       AND a.grantee IN ('keyturn_dispatcher'::regrole, 'keyturn_operator'::regrole, 'keyturn_admin'::regrole)$$,
+    'the dispatcher, operator and admin roles read no table directly');
+
+SELECT is_empty($$
+    SELECT p.oid::regprocedure FROM pg_proc p
+     WHERE p.pronamespace = 'keyturn'::regnamespace AND p.proname !~ '^_'
+       AND obj_description(p.oid, 'pg_proc') IS NULL$$,
+    'every public function has a comment');
+
+SELECT is_empty($$
+    SELECT c.oid::regclass FROM pg_class c
+     WHERE c.relnamespace IN ('keyturn'::regnamespace, 'keyturn_secret'::regnamespace)
+       AND c.relkind = 'r' AND obj_description(c.oid, 'pg_class') IS NULL$$,
+    'every table has a comment');
+
+SELECT is_empty($$
+    SELECT r.rolname FROM pg_roles r
+     WHERE r.rolname IN ('keyturn_agent', 'keyturn_approver', 'keyturn_dispatcher', 'keyturn_operator', 'keyturn_admin')
+       AND shobj_description(r.oid, 'pg_authid') IS NULL$$,
+    'every keyturn role has a comment');
+
+SELECT is_empty($$
+    SELECT c.oid::regclass FROM pg_class c
+     WHERE c.relnamespace IN ('keyturn'::regnamespace, 'keyturn_secret'::regnamespace)
+       AND c.relkind IN ('r', 'S') AND c.relname <> 'transition'
+       AND NOT c.oid = ANY ((SELECT extconfig FROM pg_extension WHERE extname = 'pg_keyturn')::oid[])$$,
+    'every table but the install''s own transition graph is dumped with the data');
+
+SELECT is_empty($$SELECT object, problem FROM keyturn.check_deployment() WHERE severity = 'error'$$,
+    'a fresh install passes keyturn.check_deployment()');
+
+-- The predefined roles reach keyturn's tables around every grant: their
+-- members are errors (the roles are dropped with the rollback).
+CREATE ROLE kt_dba_reader IN ROLE pg_read_all_data;
+CREATE ROLE kt_dba_writer IN ROLE pg_write_all_data;
+SELECT ok(EXISTS (SELECT 1 FROM keyturn.check_deployment()
+                   WHERE severity = 'error' AND object = 'keyturn_secret.approval_key'
+                     AND problem LIKE 'role kt_dba_reader %'),
+          'a member of pg_read_all_data is reported: it may read the approval key');
+SELECT ok(EXISTS (SELECT 1 FROM keyturn.check_deployment()
+                   WHERE severity = 'error' AND object = 'kt_dba_writer'),
+          'a member of pg_write_all_data is reported: it may write keyturn''s tables');
+
+SELECT * FROM finish();
+ROLLBACK;

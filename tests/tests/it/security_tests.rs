@@ -1,0 +1,822 @@
+//! docs/security.md, "Attack record": each hole an adversary or a real
+//! deployment found, reproduced. Each test here failed against 0.1.0 (see the
+//! attack record for how that was checked) and holds now.
+
+use std::time::Duration;
+
+use keyturn_tests::*;
+use serde_json::{json, Value};
+
+/// A role of this test run, created by the superuser.
+async fn role(su: &tokio_postgres::Client, prefix: &str, options: &str) -> String {
+    let name = unique(prefix);
+    su.batch_execute(&format!("CREATE ROLE {name} {options}"))
+        .await
+        .unwrap_or_else(|e| panic!("CREATE ROLE {name} {options}: {e}"));
+    name
+}
+
+/// A business table of this test run, under RLS by tenant, readable by the
+/// agent and writable by the human, owned by the superuser.
+async fn table(su: &tokio_postgres::Client, columns: &str) -> String {
+    let name = format!("crm.{}", unique("t"));
+    su.batch_execute(&format!(
+        "CREATE TABLE {name} (tenant text NOT NULL, {columns});
+         ALTER TABLE {name} ENABLE ROW LEVEL SECURITY;
+         ALTER TABLE {name} FORCE ROW LEVEL SECURITY;
+         CREATE POLICY by_tenant ON {name} USING (tenant = keyturn.current_tenant())
+             WITH CHECK (tenant = keyturn.current_tenant());
+         GRANT SELECT ON {name} TO app_agent;
+         GRANT SELECT, UPDATE ON {name} TO app_human;"
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("CREATE TABLE {name}: {e}"));
+    name
+}
+
+fn recipients_tool(extra: Value) -> Value {
+    let mut spec = json!({
+        "executor": "external", "provider": "webhook",
+        "summary": "Send email to {to} about \"{subject}\"",
+        "targets_param": "to", "max_targets": 100,
+        "params_schema": {"type": "object", "required": ["to", "subject"], "properties": {
+            "to": {"type": "array", "items": {"type": "string", "format": "email"}},
+            "subject": {"type": "string"}}}
+    });
+    if let (Value::Object(s), Value::Object(e)) = (&mut spec, extra) {
+        s.extend(e);
+    }
+    spec
+}
+
+// --- Approve exactly what you see -------------------------------------------
+
+#[tokio::test]
+async fn test_a_display_name_never_passes_for_an_address() {
+    let w = World::new("member").await;
+    let t = w.tool("mail", recipients_tool(json!({}))).await;
+    let padded = format!(
+        "\"ann@acme.com{}\" <attacker@evil.example>",
+        " ".repeat(200)
+    );
+    for to in [
+        padded.as_str(),
+        "Ann <ann@acme.com>",
+        "\"ann\"@acme.com",
+        "ann@[192.168.0.1]",
+        "ann@acme.com ",
+    ] {
+        assert_eq!(
+            sqlstate(w.propose(&t, json!({"to": [to], "subject": "hi"})).await),
+            "22023",
+            "{to:?} is not a bare address"
+        );
+    }
+    w.propose(&t, json!({"to": ["ann@acme.com"], "subject": "hi"}))
+        .await
+        .expect("a bare address is fine");
+}
+
+#[tokio::test]
+async fn test_an_smtp_tool_must_check_its_recipients_as_addresses() {
+    let w = World::new("member").await;
+    let spec = json!({"executor": "external", "provider": "smtp",
+        "params_schema": {"type": "object", "properties": {
+            "to": {"type": "string"}, "subject": {"type": "string"}}}});
+    let r = w
+        .admin
+        .execute(
+            "SELECT keyturn.register_tool($1, $2)",
+            &[&unique("smtp_loose"), &spec],
+        )
+        .await;
+    assert_eq!(sqlstate(r), "22023", "to without format: email is refused");
+}
+
+#[tokio::test]
+async fn test_the_card_never_hides_a_recipient() {
+    let w = World::new("member").await;
+    let t = w.tool("mail", recipients_tool(json!({}))).await;
+    let to: Vec<String> = (0..40).map(|i| format!("person{i:02}@acme.com")).collect();
+    let p = w
+        .propose(&t, json!({"to": to, "subject": "q3"}))
+        .await
+        .unwrap();
+    // Every element shown is whole, and the rest are counted, never cut off.
+    let shown: Vec<&String> = to
+        .iter()
+        .filter(|a| p.summary.contains(a.as_str()))
+        .collect();
+    let rest = to.len() - shown.len();
+    assert!(rest > 0, "forty addresses do not all fit: {}", p.summary);
+    assert!(
+        p.summary.contains(&format!("and {rest} more")),
+        "the hidden ones are counted: {}",
+        p.summary
+    );
+    assert!(!p.summary.contains('…'), "no element is cut: {}", p.summary);
+}
+
+#[tokio::test]
+async fn test_invisible_characters_never_reach_the_summary() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let sneaky = "pay\u{200B}roll\u{00AD} \u{2060}\u{FEFF}run\u{3164}\u{E0041}\u{E0042} now";
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": sneaky}))
+        .await
+        .unwrap();
+    for c in [
+        '\u{200B}',
+        '\u{00AD}',
+        '\u{2060}',
+        '\u{FEFF}',
+        '\u{3164}',
+        '\u{E0041}',
+    ] {
+        assert!(
+            !p.summary.contains(c),
+            "{c:?} reached the card: {:?}",
+            p.summary
+        );
+    }
+    assert!(p.summary.contains("payroll run now"), "{:?}", p.summary);
+}
+
+#[tokio::test]
+async fn test_what_is_written_follows_from_what_was_hashed() {
+    let w = World::new("member").await;
+    let t = w
+        .tool(
+            "rename",
+            json!({"executor": "sql", "summary": "Rename {count} deal(s)",
+                   "sql": {"table": "crm.deal", "key": "id", "set": ["name"], "where": ["id"]}}),
+        )
+        .await;
+    let deals = w.deals(&w.principal, 2).await;
+    let one = w
+        .propose(&t, json!({"where": {"id": deals[0]}, "set": {"name": 1}}))
+        .await
+        .unwrap();
+    let one_point_zero = w
+        .propose(
+            &t,
+            json!({"where": {"id": deals[1]}, "set": {"name": 1.00}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.approve(&one).await.unwrap().0, "succeeded");
+    assert_eq!(w.approve(&one_point_zero).await.unwrap().0, "succeeded");
+    for d in deals {
+        let name: String = w
+            .superuser
+            .query_one("SELECT name FROM crm.deal WHERE id = $1", &[&d])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(name, "1", "1 and 1.00 hash alike, so they write alike");
+    }
+}
+
+#[tokio::test]
+async fn test_a_timestamp_version_means_the_same_in_every_time_zone() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let t = table(
+        su,
+        "id bigint PRIMARY KEY, state text NOT NULL, changed_at timestamptz NOT NULL DEFAULT now()",
+    )
+    .await;
+    su.batch_execute(&format!(
+        "CREATE FUNCTION {t}_touch() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN NEW.changed_at := clock_timestamp(); RETURN NEW; END $$;
+         CREATE TRIGGER touch BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {t}_touch();
+         INSERT INTO {t} (tenant, id, state) VALUES ('{}', 1, 'open');",
+        w.tenant
+    ))
+    .await
+    .unwrap();
+    let tool = w
+        .tool(
+            "close",
+            json!({"executor": "sql", "sql": {"table": t, "key": "id", "version": "changed_at",
+                                              "set": ["state"], "where": ["id"]}}),
+        )
+        .await;
+    // Proposed in UTC, approved in Berlin: the same instant, another text.
+    let tx = w.agent.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle = 'SQL, DMY'")
+        .await
+        .unwrap();
+    let p = propose_on(
+        &tx,
+        &tool,
+        json!({"where": {"id": 1}, "set": {"state": "closed"}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let tx = w.human.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL TimeZone = 'Europe/Berlin'; SET LOCAL DateStyle = 'German'")
+        .await
+        .unwrap();
+    let (status, _) = approve_on(&tx, p.id, &p.token, None).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(status, "succeeded", "not a false conflict");
+}
+
+#[tokio::test]
+async fn test_a_date_key_names_the_same_row_in_every_date_style() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let t = table(su, "day date PRIMARY KEY, note text NOT NULL").await;
+    su.batch_execute(&format!(
+        "INSERT INTO {t} VALUES ('{0}', '2026-02-01', 'first of February'), ('{0}', '2026-01-02', 'second of January')",
+        w.tenant
+    ))
+    .await
+    .unwrap();
+    let tool = w
+        .tool(
+            "annotate",
+            json!({"executor": "sql", "sql": {"table": t, "key": "day", "set": ["note"], "where": ["day"]}}),
+        )
+        .await;
+    let tx = w.agent.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL DateStyle = 'SQL, DMY'")
+        .await
+        .unwrap();
+    let p = propose_on(
+        &tx,
+        &tool,
+        json!({"where": {"day": "2026-02-01"}, "set": {"note": "changed"}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let tx = w.human.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL DateStyle = 'SQL, MDY'")
+        .await
+        .unwrap();
+    assert_eq!(
+        approve_on(&tx, p.id, &p.token, None).await.unwrap().0,
+        "succeeded"
+    );
+    tx.commit().await.unwrap();
+    let rows = su
+        .query(
+            &format!("SELECT day::text, note FROM {t} ORDER BY day"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("2026-01-02".to_string(), "second of January".to_string()),
+            ("2026-02-01".to_string(), "changed".to_string())
+        ],
+        "the row the agent named changed, and no other"
+    );
+}
+
+// --- Only a person approves --------------------------------------------------
+
+#[tokio::test]
+async fn test_a_login_that_inherits_both_sides_cannot_approve() {
+    let w = World::new("member").await;
+    // Not app_human: a login that inherited its UPDATE on crm.deal would be an
+    // agent that may write the table, and register_tool (rightly) refuses
+    // gated tables an agent may write while this role exists.
+    let both = role(
+        &w.superuser,
+        "kt_both",
+        "LOGIN IN ROLE app_agent, keyturn_approver",
+    )
+    .await;
+    let t = w.deal_tool(json!({})).await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    let c = Conn::connect(&both, w.identity()).await;
+    let p = propose_on(
+        &c,
+        &t,
+        json!({"where": {"id": deal}, "set": {"stage": "won"}}),
+        json!({}),
+    )
+    .await
+    .expect("it may propose: it is an agent");
+    let tx = c.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL ROLE keyturn_approver")
+        .await
+        .unwrap();
+    let r = approve_on(&tx, p.id, &p.token, None).await;
+    assert_eq!(
+        sqlstate(r),
+        "42501",
+        "SET ROLE into the approver side does not make it a person"
+    );
+    drop(tx);
+    for call in [
+        format!("SELECT keyturn.preview('{}', '{}')", p.id, p.token),
+        format!("SELECT keyturn.reject('{}', '{}')", p.id, p.token),
+        format!(
+            "SELECT * FROM keyturn.revise('{}', '{}', '{{}}')",
+            p.id, p.token
+        ),
+        format!("SELECT keyturn.delegate('{t}', '{{}}', 1, '1 hour')"),
+        "SELECT * FROM keyturn.pending()".to_string(),
+    ] {
+        let tx = c.transaction().await.unwrap();
+        tx.batch_execute("SET LOCAL ROLE keyturn_approver")
+            .await
+            .unwrap();
+        assert_eq!(sqlstate(tx.query(&call, &[]).await), "42501", "{call}");
+    }
+    assert_eq!(w.status(p.id).await, "pending");
+    assert_eq!(w.writes(deal).await, 0);
+    w.superuser
+        .batch_execute(&format!("DROP ROLE {both}"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn test_a_noinherit_authenticator_switching_roles_may_approve() {
+    // The PostgREST pattern done right: one NOINHERIT login, the role per request.
+    let w = World::new("member").await;
+    let auth = role(
+        &w.superuser,
+        "kt_auth",
+        "LOGIN NOINHERIT IN ROLE app_agent, app_human",
+    )
+    .await;
+    let t = w.deal_tool(json!({})).await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    let c = Conn::connect(&auth, w.identity()).await;
+    let tx = c.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL ROLE app_agent").await.unwrap();
+    let p = propose_on(
+        &tx,
+        &t,
+        json!({"where": {"id": deal}, "set": {"stage": "won"}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let tx = c.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL ROLE app_human").await.unwrap();
+    assert_eq!(
+        approve_on(&tx, p.id, &p.token, None).await.unwrap().0,
+        "succeeded"
+    );
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn test_code_inside_the_approved_write_cannot_approve_anything() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let t = table(su, "id bigint PRIMARY KEY, state text NOT NULL").await;
+    let stash = format!("{t}_stash");
+    // The trigger's author reached it through the table; what it does: approve
+    // a proposal the person never saw, with its stolen token.
+    su.batch_execute(&format!(
+        "CREATE TABLE {stash} (action_id uuid, token text);
+         GRANT SELECT ON {stash} TO app_human;
+         CREATE FUNCTION {t}_sneak() RETURNS trigger LANGUAGE plpgsql AS $$
+         DECLARE s record;
+         BEGIN
+             FOR s IN SELECT * FROM {stash} LOOP
+                 PERFORM * FROM keyturn.approve(s.action_id, s.token);
+             END LOOP;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER sneak BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {t}_sneak();
+         INSERT INTO {t} VALUES ('{0}', 1, 'open');",
+        w.tenant
+    ))
+    .await
+    .unwrap();
+    let tool = w
+        .tool("touch", json!({"executor": "sql", "sql": {"table": t, "key": "id", "set": ["state"], "where": ["id"]}}))
+        .await;
+    let victim_tool = w.deal_tool(json!({})).await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    let victim = w
+        .propose(
+            &victim_tool,
+            json!({"where": {"id": deal}, "set": {"stage": "lost"}}),
+        )
+        .await
+        .unwrap();
+    su.execute(
+        &format!("INSERT INTO {stash} VALUES ($1, $2)"),
+        &[&victim.id, &victim.token],
+    )
+    .await
+    .unwrap();
+    let shown = w
+        .propose(&tool, json!({"where": {"id": 1}, "set": {"state": "seen"}}))
+        .await
+        .unwrap();
+    let (status, result) = w.approve(&shown).await.unwrap();
+    assert_eq!(
+        status, "failed",
+        "the write whose trigger reached keyturn fails"
+    );
+    assert_eq!(result.unwrap()["sqlstate"], "42501");
+    assert_eq!(
+        w.status(victim.id).await,
+        "pending",
+        "the proposal nobody saw stays pending"
+    );
+    assert_eq!(w.stage_of(deal).await, "lead");
+}
+
+#[tokio::test]
+async fn test_a_business_statement_is_security_restricted() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let t = table(su, "id bigint PRIMARY KEY, state text NOT NULL").await;
+    su.batch_execute(&format!(
+        "CREATE FUNCTION {t}_escalate() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN SET ROLE postgres; RETURN NEW; END $$;
+         CREATE TRIGGER escalate BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {t}_escalate();
+         INSERT INTO {t} VALUES ('{0}', 1, 'open');",
+        w.tenant
+    ))
+    .await
+    .unwrap();
+    let tool = w
+        .tool("touch", json!({"executor": "sql", "sql": {"table": t, "key": "id", "set": ["state"], "where": ["id"]}}))
+        .await;
+    let p = w
+        .propose(&tool, json!({"where": {"id": 1}, "set": {"state": "seen"}}))
+        .await
+        .unwrap();
+    let (status, result) = w.approve(&p).await.unwrap();
+    assert_eq!(status, "failed", "{result:?}");
+    let state: String = su
+        .query_one(&format!("SELECT state FROM {t} WHERE id = 1"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "open");
+}
+
+#[tokio::test]
+async fn test_register_tool_refuses_a_table_agents_can_change() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    for grant in [
+        "GRANT UPDATE ON {t} TO app_agent",
+        "GRANT TRIGGER ON {t} TO app_agent",
+        "GRANT UPDATE (state) ON {t} TO app_agent",
+        "GRANT INSERT ON {t} TO PUBLIC",
+        "ALTER TABLE {t} OWNER TO app_agent",
+    ] {
+        let t = table(su, "id bigint PRIMARY KEY, state text NOT NULL").await;
+        su.batch_execute(&grant.replace("{t}", &t)).await.unwrap();
+        let spec = json!({"executor": "sql", "sql": {"table": t, "key": "id", "set": ["state"], "where": ["id"]}});
+        let r = w
+            .admin
+            .execute(
+                "SELECT keyturn.register_tool($1, $2)",
+                &[&unique("gated"), &spec],
+            )
+            .await;
+        assert_eq!(sqlstate(r), "22023", "{grant}");
+    }
+}
+
+#[tokio::test]
+async fn test_check_deployment_reports_what_a_live_database_gets_wrong() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let t = table(su, "id bigint PRIMARY KEY, state text NOT NULL").await;
+    w.tool("gated", json!({"executor": "sql", "sql": {"table": t, "key": "id", "set": ["state"], "where": ["id"]}}))
+        .await;
+    let both = role(
+        su,
+        "kt_both",
+        "LOGIN IN ROLE keyturn_agent, keyturn_approver",
+    )
+    .await;
+    su.batch_execute(&format!("GRANT TRIGGER ON {t} TO app_agent"))
+        .await
+        .unwrap();
+    let rows = w
+        .admin
+        .query(
+            "SELECT severity, object, problem FROM keyturn.check_deployment()",
+            &[],
+        )
+        .await
+        .unwrap();
+    let found = |object: &str, needle: &str| {
+        rows.iter().any(|r| {
+            r.get::<_, String>(0) == "error"
+                && r.get::<_, String>(1).contains(object)
+                && r.get::<_, String>(2).contains(needle)
+        })
+    };
+    assert!(found(&t, "may create triggers"), "the TRIGGER grant on {t}");
+    assert!(found(&both, "inherits both"), "the login {both}");
+    su.batch_execute(&format!(
+        "REVOKE TRIGGER ON {t} FROM app_agent; DROP ROLE {both}"
+    ))
+    .await
+    .unwrap();
+    let agent = Conn::connect("app_agent", w.identity()).await;
+    assert_eq!(
+        sqlstate(
+            agent
+                .query("SELECT * FROM keyturn.check_deployment()", &[])
+                .await
+        ),
+        "42501",
+        "not for agents"
+    );
+}
+
+#[tokio::test]
+async fn test_a_table_write_cannot_give_an_approval_only_status() {
+    let w = World::new("member").await;
+    let writer = role(&w.superuser, "kt_writer", "LOGIN BYPASSRLS").await;
+    w.superuser
+        .batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA keyturn TO {writer}; GRANT SELECT, UPDATE ON keyturn.action TO {writer}"
+        ))
+        .await
+        .unwrap();
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
+    let c = connect(&writer).await;
+    // 0.1.0 took the audit's actor from these settings.
+    c.batch_execute("SET keyturn.actor_role = 'app_human'; SET keyturn.actor_principal = 'alice'")
+        .await
+        .unwrap();
+    for to in ["queued", "succeeded", "failed"] {
+        let r = c
+            .execute(
+                "UPDATE keyturn.action SET status = $2::text::keyturn.status WHERE id = $1",
+                &[&p.id, &to],
+            )
+            .await;
+        assert_eq!(sqlstate(r), "42501", "pending -> {to} by a table write");
+    }
+    assert_eq!(w.status(p.id).await, "pending");
+    // A change the graph allows is logged as what it is: this role, directly.
+    c.execute(
+        "UPDATE keyturn.action SET status = 'rejected' WHERE id = $1",
+        &[&p.id],
+    )
+    .await
+    .unwrap();
+    let e = w
+        .superuser
+        .query_one(
+            "SELECT db_role, principal, detail FROM keyturn.event WHERE action_id = $1 AND to_status = 'rejected'",
+            &[&p.id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(e.get::<_, String>(0), writer);
+    assert_eq!(e.get::<_, Option<String>>(1), None);
+    assert_eq!(e.get::<_, Value>(2)["direct_write"], true);
+}
+
+#[tokio::test]
+async fn test_a_queued_row_no_approval_produced_is_never_dispatched() {
+    let _g = DISPATCH_LOCK.lock().await;
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
+    // With the triggers off (a tampered dump restored in replica mode), both
+    // the row and the work list say queued.
+    tamper(
+        &w.superuser,
+        "UPDATE keyturn.action SET status = 'queued', next_attempt_at = now() WHERE id = $1",
+        &[&p.id],
+    )
+    .await;
+    tamper(
+        &w.superuser,
+        "UPDATE keyturn.open_action SET status = 'queued', next_attempt_at = now() WHERE action_id = $1",
+        &[&p.id],
+    )
+    .await;
+    let d = connect("app_dispatcher").await;
+    let leased = d
+        .query("SELECT action_id FROM keyturn.lease('w', 1000)", &[])
+        .await
+        .unwrap();
+    assert!(
+        leased.iter().all(|r| r.get::<_, uuid::Uuid>(0) != p.id),
+        "never leased"
+    );
+    assert_eq!(w.status(p.id).await, "invalidated");
+}
+
+// --- Tenants stay apart ------------------------------------------------------
+
+#[tokio::test]
+async fn test_a_tenant_admin_manages_only_its_own_tenant() {
+    let a = World::new("admin").await;
+    let b = World::new("member").await;
+    let t = a.webhook_tool(json!({})).await;
+    let newcomer = unique("user");
+    a.human
+        .query_one(
+            "SELECT keyturn.add_member($1, $2, 'member')",
+            &[&a.tenant, &newcomer],
+        )
+        .await
+        .expect("its own tenant");
+    a.human
+        .query_one(
+            "SELECT keyturn.grant_tool($1, $2, $3)",
+            &[&a.tenant, &newcomer, &t],
+        )
+        .await
+        .expect("grants in its own tenant");
+    for (sql, what) in [
+        (
+            "SELECT keyturn.add_member($1, $2, 'admin')",
+            "another tenant's members",
+        ),
+        (
+            "SELECT keyturn.remove_member($1, $2)",
+            "another tenant's members",
+        ),
+    ] {
+        let r = a.human.query_one(sql, &[&b.tenant, &b.principal]).await;
+        assert_eq!(sqlstate(r), "42501", "{what}");
+    }
+    // A member who is not an admin manages nothing.
+    let r = b
+        .human
+        .query_one(
+            "SELECT keyturn.add_member($1, $2, 'admin')",
+            &[&b.tenant, &unique("user")],
+        )
+        .await;
+    assert_eq!(sqlstate(r), "42501");
+}
+
+#[tokio::test]
+async fn test_an_identity_that_prints_as_another_is_missing() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    for sub in [
+        format!("{}\u{0000}x", w.principal),
+        format!("{}\u{200B}", w.principal),
+        format!(" {}", w.principal),
+        format!("{}\u{202E}", w.principal),
+    ] {
+        let claims =
+            json!({"tenant_id": w.tenant, "sub": sub, "session_id": w.session}).to_string();
+        let c = Conn::connect("app_agent", Identity::claims(&claims)).await;
+        let read: Option<String> = c
+            .query_one("SELECT keyturn.current_principal()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            read, None,
+            "{sub:?} is no principal at all, not one that prints as another"
+        );
+        assert_eq!(
+            sqlstate(propose_on(&c, &t, json!({"channel": "c", "text": "t"}), json!({})).await),
+            "42501",
+            "{sub:?}"
+        );
+    }
+}
+
+// --- Nothing is lost, nothing runs twice, no one is blocked -------------------
+
+#[tokio::test]
+async fn test_a_lock_timeout_leaves_the_proposal_pending() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    let p = w
+        .propose(&t, json!({"where": {"id": deal}, "set": {"stage": "won"}}))
+        .await
+        .unwrap();
+    let holder = connect("postgres").await;
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM crm.deal WHERE id = {deal} FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    let tx = w.human.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL lock_timeout = '200ms'")
+        .await
+        .unwrap();
+    let r = approve_on(&tx, p.id, &p.token, None).await;
+    assert_eq!(sqlstate(r), "55P03", "raised, not persisted");
+    drop(tx);
+    let tx = w.human.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL statement_timeout = '200ms'")
+        .await
+        .unwrap();
+    assert_eq!(
+        sqlstate(approve_on(&tx, p.id, &p.token, None).await),
+        "57014"
+    );
+    drop(tx);
+    assert_eq!(
+        w.status(p.id).await,
+        "pending",
+        "the approval is not used up"
+    );
+    holder.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        w.approve(&p).await.unwrap().0,
+        "succeeded",
+        "and works once the lock is gone"
+    );
+}
+
+#[tokio::test]
+async fn test_an_advisory_lock_cannot_stall_a_tenants_proposals() {
+    let w = World::new("member").await;
+    let t = w
+        .webhook_tool(json!({"rate_limit": {"max": 100, "per": "1 hour"}}))
+        .await;
+    // 0.1.0 serialized rate-limited proposals on this guessable advisory key.
+    let staller = connect("app_agent").await;
+    staller
+        .query_one(
+            "SELECT pg_advisory_lock(hashtextextended('keyturn.rate/' || $1 || '/' || $2 || '/' || $3, 0))",
+            &[&w.tenant, &w.principal, &t],
+        )
+        .await
+        .unwrap();
+    let proposed = tokio::time::timeout(
+        Duration::from_secs(10),
+        w.propose(&t, json!({"channel": "c", "text": "t"})),
+    )
+    .await
+    .expect("not stalled by a lock anyone can take");
+    proposed.unwrap();
+}
+
+#[tokio::test]
+async fn test_credentials_hidden_in_text_are_refused() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    for text in [
+        "Authorization: Bearer abcdef1234567890xyz",
+        "token:\tBearer\tabcdef1234567890xyz",
+        "db is postgres://admin:hunter2secret@db.internal/app",
+        "use password=correct-horse-battery-staple",
+        "ghp_\u{200B}aBcDeFgHiJkLmNoPqRsTuVwXyZ012345",
+    ] {
+        assert_eq!(
+            sqlstate(w.propose(&t, json!({"channel": "c", "text": text})).await),
+            "22023",
+            "{text:?}"
+        );
+    }
+    let r = w
+        .propose(
+            &t,
+            json!({"channel": "c", "text": "t", "ｐａｓｓｗｏｒｄ": "x"}),
+        )
+        .await;
+    assert_eq!(sqlstate(r), "22023", "a fullwidth key");
+}
+
+#[tokio::test]
+async fn test_a_version_column_nothing_maintains_is_refused() {
+    let w = World::new("member").await;
+    let t = table(
+        &w.superuser,
+        "id bigint PRIMARY KEY, state text NOT NULL, rev int NOT NULL DEFAULT 1",
+    )
+    .await;
+    let spec = json!({"executor": "sql", "sql": {"table": t, "key": "id", "version": "rev",
+                                                "set": ["state"], "where": ["id"]}});
+    let r = w
+        .admin
+        .execute(
+            "SELECT keyturn.register_tool($1, $2)",
+            &[&unique("unversioned"), &spec],
+        )
+        .await;
+    assert_eq!(sqlstate(r), "22023");
+}
