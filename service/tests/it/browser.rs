@@ -670,3 +670,84 @@ async fn test_rfc8785_in_the_browser_matches_the_vectors_and_the_database() {
     c.close().await.expect("close");
     k.stop().await;
 }
+
+#[tokio::test]
+async fn test_card_revises_a_proposal_and_shows_the_new_one_as_such() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
+    let k = keyturnd(&w, rx.env()).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let jwt = w.human_jwt();
+    let p = w.propose(&tool, json!({"text": "meet at 10"})).await;
+
+    let c = browser::open(&webdriver, false).await;
+    visit(&c, &card_link(&k.base, &[(&p, None)], &jwt))
+        .await
+        .expect("open");
+    wait_loaded(&c).await;
+    c.find(Locator::Css("[data-kt=edit]"))
+        .await
+        .expect("edit")
+        .click()
+        .await
+        .expect("click");
+    assert!(approve_disabled(&c).await, "no approving while editing");
+    let field = c
+        .find(Locator::Css("[data-kt=field][data-key=text]"))
+        .await
+        .expect("field");
+    field.clear().await.expect("clear");
+    field.send_keys("meet at 11").await.expect("type");
+    c.find(Locator::Css("[data-kt=revise]"))
+        .await
+        .expect("save")
+        .click()
+        .await
+        .expect("click");
+    let banner = wait_js(
+        &c,
+        "the revised proposal",
+        "const b = document.querySelector('[data-kt=revised]'); return b && b.textContent;",
+        vec![],
+    )
+    .await;
+    assert!(
+        banner.as_str().unwrap_or("").contains(&p.id.to_string()),
+        "{banner}"
+    );
+    let summary = text(&c, "[data-kt=summary]").await;
+    assert!(summary.contains("meet at 11"), "{summary}");
+    assert_eq!(w.status(p.id).await, "superseded");
+    let new_id = js(
+        &c,
+        "return document.querySelector('[data-kt=item]').dataset.actionId",
+        vec![],
+    )
+    .await;
+    let new_id = new_id.as_str().expect("new id").to_owned();
+    assert_ne!(new_id, p.id.to_string());
+    // The new token stayed in memory: not in the address bar, not in storage.
+    let url = c.current_url().await.expect("url");
+    assert!(
+        url.as_str().contains(&p.token),
+        "the link is the old one: {url}"
+    );
+    assert_eq!(
+        js(&c, "return sessionStorage.length", vec![]).await,
+        json!(1),
+        "only the JWT is stored"
+    );
+    c.find(Locator::Css("[data-kt=approve]"))
+        .await
+        .expect("approve")
+        .click()
+        .await
+        .expect("click");
+    wait_status(&c, &new_id, "succeeded").await;
+    c.close().await.expect("close");
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&jwt, &p.token]);
+}

@@ -36,7 +36,13 @@ async fn test_rpc_runs_a_persons_calls_with_named_arguments() {
     )
     .await;
     assert_eq!(status, 200, "{card}");
-    assert_eq!(card["summary"], "Notify: hello over http");
+    assert!(
+        card["summary"]
+            .as_str()
+            .unwrap_or("")
+            .contains("hello over http"),
+        "{card}"
+    );
     assert_eq!(card["status"], "pending");
     assert_eq!(headers["cache-control"], "no-store");
     assert_eq!(headers["x-content-type-options"], "nosniff");
