@@ -332,7 +332,15 @@ async fn test_card_shows_markup_and_invisible_characters_as_text() {
         param.contains("pay⟨U+200B⟩pal ⟨U+202E⟩cod.exe"),
         "invisible characters shown: {param}"
     );
-    assert!(seen["summary"].as_str().unwrap_or("").contains("⟨U+200B⟩"));
+    // The server may escape the summary's characters itself; either way none
+    // is shown raw.
+    let summary = seen["summary"].as_str().unwrap_or("");
+    assert!(
+        summary.contains("<script>")
+            && !summary.contains('\u{200B}')
+            && !summary.contains('\u{202E}'),
+        "{summary}"
+    );
     assert!(c.get_alert_text().await.is_err(), "no alert opened");
     c.close().await.expect("close");
     let log = k.stop().await;
