@@ -119,6 +119,37 @@ kt_standard_webhooks() {
   export KT_STANDARDWEBHOOKS_PYTHON="$venv/bin/python"
 }
 
+# chromedriver on a free loopback port, for the browser layer: exports
+# KT_WEBDRIVER_URL (and KT_CHROMIUM, the browser binary), or, when Debian's
+# chromium or chromium-driver is missing, KT_BROWSER_UNAVAILABLE with the
+# reason, which every browser test prints as its reason for skipping. Never
+# fails the run; stopped by kt_cleanup.
+kt_chromedriver() {
+  unset KT_WEBDRIVER_URL KT_BROWSER_UNAVAILABLE
+  local driver browser port log
+  driver=$(command -v chromedriver || true)
+  browser=$(command -v chromium || true)
+  if [ -z "$browser" ] || [ -z "$driver" ]; then
+    export KT_BROWSER_UNAVAILABLE="chromium or chromedriver is not installed (Debian's chromium and chromium-driver; .ci/bootstrap installs them)"
+    return 0
+  fi
+  port=$(kt_free_port)
+  log="$(kt_scratch)/chromedriver.log"
+  "$driver" --port="$port" --allowed-ips=127.0.0.1 --log-path="$log" >/dev/null 2>&1 &
+  KT_PIDS="${KT_PIDS:-} $!"
+  export KT_PIDS
+  local _
+  for _ in $(seq 100); do
+    if curl -fs "http://127.0.0.1:$port/status" >/dev/null 2>&1; then
+      export KT_WEBDRIVER_URL="http://127.0.0.1:$port" KT_CHROMIUM="$browser"
+      kt_log "chromedriver on 127.0.0.1:$port ($("$browser" --version 2>/dev/null || echo chromium))"
+      return 0
+    fi
+    sleep 0.1
+  done
+  export KT_BROWSER_UNAVAILABLE="chromedriver did not answer on 127.0.0.1:$port (see $log)"
+}
+
 # psql as the superuser against the private cluster's keyturn database.
 kt_psql() {
   "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$KT_PGPORT" -U postgres -d keyturn "$@"

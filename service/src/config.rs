@@ -23,16 +23,24 @@
 //! | `KEYTURN_LISTEN_NOTIFY` | true | `false` = poll only, no `LISTEN` (for benchmarks) |
 //! | `KEYTURN_WORKER_NAME` | `keyturnd-<host>-<pid>` | the `worker` argument of `keyturn.lease` |
 //! | `KEYTURN_LOG_FORMAT` | `text` | `json` for one JSON object per line |
+//! | `KEYTURN_JWT_SECRET` | unset | HS256 key of the people's JWTs (at least 32 bytes); set it or `KEYTURN_JWT_JWKS` to serve `/rpc` (docs/http.md) |
+//! | `KEYTURN_JWT_JWKS` | unset | path of a JWKS file whose RS256 / ES256 keys sign the people's JWTs |
+//! | `KEYTURN_JWT_AUD` | unset | the `aud` a JWT must carry; unset = `aud` is not checked |
+//! | `KEYTURN_JWT_ROLES` | required with a JWT key | comma-separated database roles a JWT's `role` claim may select; none may be a member of `keyturn_agent` |
+//! | `KEYTURN_RPC_DATABASE_URL` | required with a JWT key | connection of `/rpc`: a NOINHERIT login that is a member of every role in `KEYTURN_JWT_ROLES`, never the dispatcher's login |
+//! | `KEYTURN_RPC_CONNECTIONS` | 8 | size of the `/rpc` pool |
+//! | `KEYTURN_FRAME_ANCESTORS` | `'none'` | the `frame-ancestors` sources of `/card` and `/console`, for apps that frame the card |
 //! | `KEYTURN_CONFIG` | unset | path of an optional TOML file with any of the above |
 //!
-//! Secrets (`DATABASE_URL`, which may hold a password, the webhook secret and
-//! the SMTP URL, which may hold credentials) are [`Secret`]s: their `Debug`
-//! and `Display` print `[redacted]`, and `--help` never shows their values.
+//! Secrets (`DATABASE_URL`, which may hold a password, the webhook secret,
+//! the SMTP URL, which may hold credentials, the JWT key and the RPC URL)
+//! are [`Secret`]s: their `Debug` and `Display` print `[redacted]`, and
+//! `--help` never shows their values.
 
 use std::ffi::OsString;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
@@ -166,6 +174,34 @@ pub struct Config {
     /// Log format.
     #[arg(long, env = "KEYTURN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// HS256 key of the people's JWTs; turns `/rpc` on.
+    #[arg(long, env = "KEYTURN_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<Secret>,
+
+    /// JWKS file with the RS256 / ES256 keys of the people's JWTs; turns `/rpc` on.
+    #[arg(long, env = "KEYTURN_JWT_JWKS")]
+    pub jwt_jwks: Option<PathBuf>,
+
+    /// The `aud` every JWT must carry; unset = not checked.
+    #[arg(long, env = "KEYTURN_JWT_AUD")]
+    pub jwt_aud: Option<String>,
+
+    /// Database roles a JWT's `role` claim may select, comma-separated.
+    #[arg(long, env = "KEYTURN_JWT_ROLES", value_delimiter = ',')]
+    pub jwt_roles: Vec<String>,
+
+    /// Connection string of `/rpc`: a NOINHERIT login that may SET ROLE to the JWT roles.
+    #[arg(long, env = "KEYTURN_RPC_DATABASE_URL", hide_env_values = true)]
+    pub rpc_database_url: Option<Secret>,
+
+    /// Size of the `/rpc` connection pool.
+    #[arg(long, env = "KEYTURN_RPC_CONNECTIONS", default_value_t = 8)]
+    pub rpc_connections: usize,
+
+    /// `frame-ancestors` sources of the pages (e.g. `https://app.example.com`).
+    #[arg(long, env = "KEYTURN_FRAME_ANCESTORS", default_value = "'none'")]
+    pub frame_ancestors: String,
 }
 
 impl Config {
@@ -231,6 +267,59 @@ impl Config {
                 "KEYTURN_SMTP_URL is set but KEYTURN_SMTP_FROM is not: name the sender mailbox"
                     .into(),
             );
+        }
+        self.validate_rpc()?;
+        crate::pages::frame_ancestors_header(&self.frame_ancestors)?;
+        Ok(())
+    }
+
+    /// Whether `/rpc` is on: a JWT key is configured.
+    pub fn rpc_enabled(&self) -> bool {
+        self.jwt_secret.is_some() || self.jwt_jwks.is_some()
+    }
+
+    fn validate_rpc(&self) -> Result<(), Error> {
+        let bad = |msg: &str| Err(Error::Config(msg.to_owned()));
+        if !self.rpc_enabled() {
+            if self.rpc_database_url.is_some()
+                || !self.jwt_roles.is_empty()
+                || self.jwt_aud.is_some()
+            {
+                return bad(
+                    "KEYTURN_RPC_DATABASE_URL, KEYTURN_JWT_ROLES and KEYTURN_JWT_AUD only take effect \
+                     with KEYTURN_JWT_SECRET or KEYTURN_JWT_JWKS: set one, or remove them",
+                );
+            }
+            return Ok(());
+        }
+        if self.jwt_secret.is_some() && self.jwt_jwks.is_some() {
+            return bad("set KEYTURN_JWT_SECRET or KEYTURN_JWT_JWKS, not both");
+        }
+        if self
+            .jwt_secret
+            .as_ref()
+            .is_some_and(|s| s.expose().len() < 32)
+        {
+            // RFC 7518 3.2: an HS256 key is at least as long as the hash.
+            return bad("KEYTURN_JWT_SECRET must be at least 32 bytes");
+        }
+        if self.rpc_database_url.is_none() {
+            return bad(
+                "KEYTURN_RPC_DATABASE_URL is required with a JWT key: a NOINHERIT login that is a \
+                 member of the KEYTURN_JWT_ROLES roles (the dispatcher's login may not approve)",
+            );
+        }
+        if self.jwt_roles.is_empty() || self.jwt_roles.iter().any(|r| r.trim().is_empty()) {
+            return bad(
+                "KEYTURN_JWT_ROLES must name the database roles a JWT's role claim may select, \
+                 comma-separated, none empty",
+            );
+        }
+        if self.rpc_connections == 0 || self.rpc_connections > 1024 {
+            return bad("KEYTURN_RPC_CONNECTIONS must be between 1 and 1024");
+        }
+        if self.jwt_aud.as_deref() == Some("") {
+            return bad("KEYTURN_JWT_AUD must not be empty; unset it to accept any audience");
         }
         Ok(())
     }
@@ -371,7 +460,32 @@ mod tests {
         assert_eq!(c.workers, 8);
         assert_eq!(c.poll_ms, 1000);
         assert!(c.listen_notify);
+        assert!(!c.rpc_enabled(), "/rpc is off by default");
+        assert_eq!(c.frame_ancestors, "'none'");
         c.validate().expect("defaults are valid");
+    }
+
+    #[test]
+    fn test_jwt_roles_are_a_comma_separated_list() {
+        let c = parse(
+            &[
+                "--database-url",
+                "postgres://x",
+                "--jwt-secret",
+                "0123456789abcdef0123456789abcdef",
+                "--rpc-database-url",
+                "postgres://auth@h/db",
+                "--jwt-roles",
+                "web_human,web_operator",
+            ],
+            None,
+        )
+        .expect("parses");
+        assert_eq!(c.jwt_roles, ["web_human", "web_operator"]);
+        assert!(c.rpc_enabled());
+        c.validate().expect("valid");
+        let dump = format!("{c:?}");
+        assert!(!dump.contains("0123456789abcdef") && !dump.contains("auth@h"));
     }
 
     #[test]
@@ -458,6 +572,48 @@ mod tests {
                 "KEYTURN_WEBHOOK_SECRET",
             ),
             (&["--smtp-url", "smtp://127.0.0.1:25"], "KEYTURN_SMTP_FROM"),
+            (
+                &["--jwt-secret", "0123456789abcdef0123456789abcdef"],
+                "KEYTURN_RPC_DATABASE_URL",
+            ),
+            (
+                &[
+                    "--jwt-secret",
+                    "short",
+                    "--rpc-database-url",
+                    "postgres://a",
+                    "--jwt-roles",
+                    "web_human",
+                ],
+                "at least 32 bytes",
+            ),
+            (
+                &[
+                    "--jwt-secret",
+                    "0123456789abcdef0123456789abcdef",
+                    "--rpc-database-url",
+                    "postgres://a",
+                ],
+                "KEYTURN_JWT_ROLES",
+            ),
+            (
+                &[
+                    "--jwt-secret",
+                    "0123456789abcdef0123456789abcdef",
+                    "--jwt-jwks",
+                    "/x.json",
+                    "--rpc-database-url",
+                    "postgres://a",
+                    "--jwt-roles",
+                    "web_human",
+                ],
+                "not both",
+            ),
+            (&["--rpc-database-url", "postgres://a"], "only take effect"),
+            (
+                &["--frame-ancestors", "https://a.example; script-src *"],
+                "KEYTURN_FRAME_ANCESTORS",
+            ),
             (
                 &[
                     "--webhook-url",

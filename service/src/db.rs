@@ -139,6 +139,17 @@ impl Reconciled {
 /// Builds the connection pool. Connections open lazily, so this succeeds
 /// while the database is down; the first call reports it.
 pub fn pool(database_url: &str, max_size: usize, metrics: Arc<Metrics>) -> Result<Pool, Error> {
+    pool_named(database_url, max_size, metrics, "pool")
+}
+
+/// [`pool`], its reconnects counted under `conn` = `conn` (`rpc` for the
+/// `/rpc` pool).
+pub fn pool_named(
+    database_url: &str,
+    max_size: usize,
+    metrics: Arc<Metrics>,
+    conn: &'static str,
+) -> Result<Pool, Error> {
     let pg = pg_config(database_url)?;
     let manager = Manager::from_config(
         pg,
@@ -160,7 +171,7 @@ pub fn pool(database_url: &str, max_size: usize, metrics: Arc<Metrics>) -> Resul
             // The pool is about to find this connection dead and open
             // another: that is a reconnect.
             if client.is_closed() {
-                metrics.reconnect("pool");
+                metrics.reconnect(conn);
             }
             Ok(())
         }))
@@ -188,7 +199,8 @@ fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, col: &str) -> Re
     row.try_get(col).map_err(Error::Decode)
 }
 
-async fn bounded<T>(
+/// `fut`, failing with [`Error::DbTimeout`] after [`STATEMENT_TIMEOUT`].
+pub async fn bounded<T>(
     fut: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
 ) -> Result<T, Error> {
     match tokio::time::timeout(STATEMENT_TIMEOUT, fut).await {

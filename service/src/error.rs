@@ -1,11 +1,18 @@
-//! The crate's one error type.
+//! The crate's one error type, and its HTTP answer.
 //!
 //! Provider calls never return this: their failures are *outcomes* (see
 //! [`crate::classify`]), recorded in the database. This enum covers what can
-//! go wrong around them: configuration, the database, the network stack, and
-//! the operator commands.
+//! go wrong around them: configuration, the database, the network stack, the
+//! operator commands, and the refusals of `/rpc`.
+//!
+//! Every HTTP error answers PostgREST's shape, `{"code", "message",
+//! "details", "hint"}`, so clients written for PostgREST read it unchanged
+//! (docs/http.md has the table of statuses).
 
-use tokio_postgres::error::SqlState;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use tokio_postgres::error::{DbError, SqlState};
 
 /// Everything that can fail in keyturnd outside a classified provider call.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +53,49 @@ pub enum Error {
     /// The HTTP client could not be built (TLS backend, bad settings).
     #[error("http client: {0}")]
     HttpClient(#[from] reqwest::Error),
+
+    /// `/rpc` without a usable JWT: missing, malformed, expired, not yet
+    /// valid, wrongly signed, of another audience or algorithm. The text
+    /// says which, never what the token was.
+    #[error("unauthorized: {0}")]
+    Unauthorized(&'static str),
+
+    /// The JWT is valid but its `role` claim is missing or not one of
+    /// `KEYTURN_JWT_ROLES`.
+    #[error("the JWT's role claim is not one keyturnd may select")]
+    RoleNotAllowed,
+
+    /// `/rpc/<name>` for a function keyturnd does not expose, or with
+    /// arguments it does not take (PostgREST's `PGRST202`).
+    #[error("{message}")]
+    NoSuchFunction {
+        /// PostgREST's wording: which function and arguments were looked for.
+        message: String,
+        /// What the caller can do about it.
+        hint: Option<String>,
+    },
+
+    /// The request body is not a JSON object (PostgREST's `PGRST102`).
+    #[error("invalid request body: {0}")]
+    BadBody(String),
+
+    /// The request body is over the limit.
+    #[error("request body too large")]
+    BodyTooLarge,
+
+    /// `/rpc` is configured but its start-up checks have not finished.
+    #[error("not ready")]
+    NotReady,
+
+    /// Something on our side failed while answering a request; the context
+    /// goes to the log, the client sees only a 500.
+    #[error("internal: {context}: {detail}")]
+    Internal {
+        /// What we were doing.
+        context: &'static str,
+        /// The details, for the log only.
+        detail: String,
+    },
 }
 
 /// An error and its sources, `a: b: c`. `tokio_postgres::Error` prints only
@@ -70,6 +120,24 @@ fn chain(err: &dyn std::error::Error) -> String {
 }
 
 impl Error {
+    /// An internal error while doing `context`.
+    pub fn internal(context: &'static str, err: impl std::fmt::Display) -> Self {
+        Error::Internal {
+            context,
+            detail: err.to_string(),
+        }
+    }
+
+    /// The server's error report, if the server answered with one.
+    pub fn db_error(&self) -> Option<&DbError> {
+        let source = match self {
+            Error::Db(e) | Error::Decode(e) => e,
+            Error::Pool(deadpool_postgres::PoolError::Backend(e)) => e,
+            _ => return None,
+        };
+        source.as_db_error()
+    }
+
     /// The SQLSTATE the server answered with, if the server answered at all.
     pub fn sqlstate(&self) -> Option<&SqlState> {
         match self {
@@ -109,6 +177,119 @@ impl Error {
     }
 }
 
+/// The HTTP status of a database refusal, by SQLSTATE (docs/http.md).
+/// `None`: not the caller's doing; answered 500 without the server's words.
+pub fn sqlstate_status(code: &str) -> Option<StatusCode> {
+    Some(match code {
+        "42501" => StatusCode::FORBIDDEN,
+        "55000" => StatusCode::CONFLICT,
+        "22023" | "22P02" => StatusCode::BAD_REQUEST,
+        "42704" | "42883" => StatusCode::NOT_FOUND,
+        "54000" => StatusCode::TOO_MANY_REQUESTS,
+        _ => return None,
+    })
+}
+
+fn body(
+    status: StatusCode,
+    code: &str,
+    message: &str,
+    details: Option<&str>,
+    hint: Option<&str>,
+) -> Response {
+    let body = json!({"code": code, "message": message, "details": details, "hint": hint});
+    let mut response = (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json; charset=utf-8"),
+        )],
+        body.to_string(),
+    )
+        .into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        if let Error::Internal { context, detail } = &self {
+            tracing::error!(context, detail, "request failed");
+        }
+        match &self {
+            Error::Unauthorized(why) => body(StatusCode::UNAUTHORIZED, "PGRST301", why, None, None),
+            Error::RoleNotAllowed => body(
+                StatusCode::FORBIDDEN,
+                "PGRST300",
+                "the JWT's role claim is missing or not one keyturnd may select",
+                None,
+                Some("keyturnd lets a JWT select only the roles in KEYTURN_JWT_ROLES"),
+            ),
+            Error::NoSuchFunction { message, hint } => body(
+                StatusCode::NOT_FOUND,
+                "PGRST202",
+                message,
+                None,
+                hint.as_deref(),
+            ),
+            Error::BadBody(why) => body(StatusCode::BAD_REQUEST, "PGRST102", why, None, None),
+            Error::BodyTooLarge => body(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "PGRST413",
+                "request body too large",
+                None,
+                None,
+            ),
+            Error::NotReady => body(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "PGRST002",
+                "keyturnd is still checking the database; try again shortly",
+                None,
+                None,
+            ),
+            _ => match self.db_error() {
+                Some(db) => match sqlstate_status(db.code().code()) {
+                    Some(status) => body(
+                        status,
+                        db.code().code(),
+                        db.message(),
+                        db.detail(),
+                        db.hint(),
+                    ),
+                    // The caller learns the class of the failure (a 40001
+                    // may be retried) but not the server's words, which can
+                    // name tables, columns and values.
+                    None => body(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        db.code().code(),
+                        "internal error; keyturnd's log has the details",
+                        None,
+                        None,
+                    ),
+                },
+                None if self.is_transient() => body(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "PGRST000",
+                    "the database is unavailable; try again shortly",
+                    None,
+                    None,
+                ),
+                None => body(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "XX000",
+                    "internal error; keyturnd's log has the details",
+                    None,
+                    None,
+                ),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,5 +314,22 @@ mod tests {
         assert!(Error::DbTimeout(std::time::Duration::from_secs(1)).is_transient());
         assert!(!Error::Config("x".into()).is_transient());
         assert!(!Error::Config("x".into()).is_object_not_in_state());
+    }
+
+    #[test]
+    fn test_sqlstates_map_to_the_documented_statuses() {
+        for (code, status) in [
+            ("42501", Some(403)),
+            ("55000", Some(409)),
+            ("22023", Some(400)),
+            ("22P02", Some(400)),
+            ("42704", Some(404)),
+            ("42883", Some(404)),
+            ("54000", Some(429)),
+            ("XX000", None),
+            ("23505", None),
+        ] {
+            assert_eq!(sqlstate_status(code).map(|s| s.as_u16()), status, "{code}");
+        }
     }
 }

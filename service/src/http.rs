@@ -1,22 +1,37 @@
-//! The HTTP surface: health, readiness and metrics. Nothing here touches
-//! actions: keyturnd takes no orders over HTTP.
+//! The HTTP surface. keyturnd takes no orders over HTTP: `/rpc` only
+//! passes a person's own calls to the database, which decides.
 //!
 //! | route | answer |
 //! |---|---|
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200 once the database connection and its `LISTEN` work (with `KEYTURN_LISTEN_NOTIFY=false`: once a lease call succeeded); 503 before, while the connection is lost, and from SIGTERM on |
 //! | `GET /metrics` | Prometheus / OpenMetrics text, see [`crate::metrics`] |
+//! | `POST /rpc/<function>` | with a JWT key configured: the keyturn call, see [`crate::rpc`] and docs/http.md |
+//! | `GET /card`, `GET /console`, `GET /card/<asset>` | the approval card and the operator console, see [`crate::pages`] |
+//!
+//! Every answer carries `X-Content-Type-Options: nosniff`,
+//! `Referrer-Policy: no-referrer` and the pages' Content-Security-Policy;
+//! `/rpc` answers also `Cache-Control: no-store`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 
+use crate::error::Error;
 use crate::metrics::Metrics;
+use crate::rpc::Rpc;
+
+/// The largest `/rpc` body accepted; `approve_many`'s 100 items with their
+/// params fit many times over.
+pub const BODY_LIMIT: usize = 1 << 20;
 
 /// Readiness inputs, written by the dispatcher and the signal handler.
 #[derive(Debug, Default)]
@@ -54,15 +69,36 @@ pub struct AppState {
     pub health: Arc<Health>,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
+    /// `/rpc`, when a JWT key is configured.
+    pub rpc: Option<Arc<Rpc>>,
+    /// The Content-Security-Policy of every answer.
+    pub csp: HeaderValue,
 }
 
 impl AppState {
-    /// A fresh state: not ready, not shutting down, empty metrics.
+    /// A fresh state: not ready, not shutting down, empty metrics, no
+    /// `/rpc`, pages that no other site may frame.
     pub fn new() -> Self {
         AppState {
             health: Arc::new(Health::default()),
             metrics: Arc::new(Metrics::new()),
+            rpc: None,
+            csp: crate::pages::frame_ancestors_header(crate::pages::DEFAULT_FRAME_ANCESTORS)
+                .expect("the default frame-ancestors is valid"),
         }
+    }
+
+    /// This state serving `/rpc` with `rpc`.
+    pub fn with_rpc(mut self, rpc: Rpc) -> Self {
+        self.rpc = Some(Arc::new(rpc));
+        self
+    }
+
+    /// This state letting `frame_ancestors` (a `KEYTURN_FRAME_ANCESTORS`
+    /// value) frame the pages.
+    pub fn with_frame_ancestors(mut self, frame_ancestors: &str) -> Result<Self, Error> {
+        self.csp = crate::pages::frame_ancestors_header(frame_ancestors)?;
+        Ok(self)
     }
 }
 
@@ -74,11 +110,82 @@ impl Default for AppState {
 
 /// The router, without a server, so tests can drive it with `oneshot`.
 pub fn app(state: AppState) -> Router {
-    Router::new()
+    let mut router = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .merge(crate::pages::routes());
+    if state.rpc.is_some() {
+        router = router.route(
+            "/rpc/{function}",
+            post(rpc).layer(DefaultBodyLimit::max(BODY_LIMIT)),
+        );
+    }
+    router
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            security_headers,
+        ))
         .with_state(state)
+}
+
+async fn security_headers(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let rpc = request.uri().path().starts_with("/rpc/");
+    // The path only: a query string is never logged, in case someone put a
+    // token into one (the card and the console never do).
+    tracing::debug!(
+        method = %request.method(),
+        path = request.uri().path(),
+        has_query = request.uri().query().is_some(),
+        "request"
+    );
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(header::CONTENT_SECURITY_POLICY, state.csp.clone());
+    if rpc {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}
+
+async fn rpc(
+    State(state): State<AppState>,
+    Path(function): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Error> {
+    let rpc = state.rpc.as_ref().ok_or(Error::NotReady)?;
+    let body = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Error::BodyTooLarge
+        } else {
+            Error::BadBody(rejection.body_text())
+        }
+    })?;
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| Error::Unauthorized("the Authorization header is not text"))
+        })
+        .transpose()?;
+    let value = rpc.call(&function, authorization, &body).await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json; charset=utf-8"),
+        )],
+        value.to_string(),
+    )
+        .into_response())
 }
 
 async fn healthz() -> &'static str {
@@ -95,11 +202,11 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+async fn metrics(State(state): State<AppState>) -> Result<Response, Error> {
     let body = state
         .metrics
         .render()
-        .map_err(|e| ApiError::internal("encoding metrics", e))?;
+        .map_err(|e| Error::internal("encoding metrics", e))?;
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -108,38 +215,4 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
         body,
     )
         .into_response())
-}
-
-/// The one error type of the routes: it logs what went wrong and tells the
-/// client only the status.
-#[derive(Debug)]
-pub enum ApiError {
-    /// Something on our side failed.
-    Internal {
-        /// What we were doing.
-        context: &'static str,
-        /// The details, for the log only.
-        detail: String,
-    },
-}
-
-impl ApiError {
-    /// An internal error while doing `context`.
-    pub fn internal(context: &'static str, err: impl std::fmt::Display) -> Self {
-        ApiError::Internal {
-            context,
-            detail: err.to_string(),
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        match self {
-            ApiError::Internal { context, detail } => {
-                tracing::error!(context, detail, "request failed");
-                (StatusCode::INTERNAL_SERVER_ERROR, "internal error\n").into_response()
-            }
-        }
-    }
 }

@@ -12,11 +12,14 @@
 //! | [`worker`] | the dispatch loop: lease → begin → call → completion, the `LISTEN` connection, the sweeper |
 //! | [`providers`] | the adapters: [`providers::webhook`], [`providers::smtp`] |
 //! | [`classify`] | provider results → `succeeded` / `failed` / `retry` / `unknown` |
-//! | [`http`] | `/healthz`, `/readyz`, `/metrics` |
+//! | [`http`] | the router: `/healthz`, `/readyz`, `/metrics`, `/rpc`, the pages; the security headers |
+//! | [`jwt`] | verifying the people's JWTs (HS256, or RS256 / ES256 from a JWKS) |
+//! | [`rpc`] | `POST /rpc/<function>`: a person's keyturn call, run the way PostgREST runs it; the start-up checks of its login and roles |
+//! | [`pages`] | the approval card and the operator console, compiled in (`service/web/`) |
 //! | [`metrics`] | the Prometheus registry |
 //! | [`operator`] | `keyturnd uncertain` and `keyturnd reconcile` |
 //! | [`shutdown`] | SIGTERM / SIGINT → drain |
-//! | [`error`] | the one error type |
+//! | [`error`] | the one error type, and its HTTP answer |
 
 pub mod classify;
 pub mod compat;
@@ -24,9 +27,12 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod http;
+pub mod jwt;
 pub mod metrics;
 pub mod operator;
+pub mod pages;
 pub mod providers;
+pub mod rpc;
 pub mod shutdown;
 pub mod worker;
 

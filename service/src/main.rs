@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use keyturnd::config::{self, Config, LogFormat};
 use keyturnd::db::{self, Reconciled};
 use keyturnd::providers::Providers;
+use keyturnd::rpc::Rpc;
 use keyturnd::shutdown::Signals;
 use keyturnd::worker::{Dispatcher, Settings};
 use keyturnd::{app, operator, AppState, Error};
@@ -34,7 +35,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Dispatch approved actions and serve /healthz, /readyz, /metrics (the default).
+    /// Dispatch approved actions and serve /healthz, /readyz, /metrics, and with a JWT key /rpc, /card, /console (the default).
     Serve,
     /// Settle an `uncertain` action after checking with the provider (role keyturn_operator).
     Reconcile {
@@ -52,6 +53,26 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Print a short-lived HS256 JWT signed with KEYTURN_JWT_SECRET, to try
+    /// the card and the console without an identity provider (development
+    /// and demos only: in production the application's sign-in mints them).
+    Jwt {
+        /// The database role the JWT selects (one of KEYTURN_JWT_ROLES).
+        #[arg(long)]
+        role: String,
+        /// The principal (`sub`).
+        #[arg(long)]
+        sub: String,
+        /// The tenant (`tenant_id`).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The session (`session_id`).
+        #[arg(long)]
+        session: Option<String>,
+        /// Seconds until it expires.
+        #[arg(long, default_value_t = 900)]
+        ttl: u64,
     },
 }
 
@@ -90,6 +111,28 @@ fn main() -> ExitCode {
             Command::Uncertain { json } => operator::uncertain(url.expose(), json)
                 .await
                 .map(|text| print!("{}", text.trim_end().to_owned() + "\n")),
+            Command::Jwt {
+                role,
+                sub,
+                tenant,
+                session,
+                ttl,
+            } => match &cli.config.jwt_secret {
+                Some(secret) => keyturnd::jwt::mint_hs256(
+                    secret.expose().as_bytes(),
+                    &role,
+                    [
+                        ("sub", Some(sub.as_str())),
+                        ("tenant_id", tenant.as_deref()),
+                        ("session_id", session.as_deref()),
+                    ],
+                    ttl,
+                )
+                .map(|jwt| println!("{jwt}")),
+                None => Err(Error::Config(
+                    "keyturnd jwt signs with KEYTURN_JWT_SECRET, which is not set".into(),
+                )),
+            },
         }
     });
     match result {
@@ -116,9 +159,17 @@ fn init_logging(format: LogFormat) {
 
 async fn serve(config: Config) -> Result<(), Error> {
     config.validate()?;
-    let state = AppState::new();
+    let mut state = AppState::new().with_frame_ancestors(&config.frame_ancestors)?;
     let shutdown = CancellationToken::new();
     Signals::install()?.spawn(shutdown.clone(), state.health.clone());
+
+    // Before the listener: a role allowlist the database refuses stops
+    // keyturnd here, before it answers anything.
+    match Rpc::start(&config, Arc::clone(&state.metrics), &shutdown).await? {
+        Some(rpc) => state = state.with_rpc(rpc),
+        None if config.rpc_enabled() => return Ok(()),
+        None => {}
+    }
 
     let providers = Providers::from_config(&config)?;
     if providers.names().is_empty() {
@@ -140,6 +191,7 @@ async fn serve(config: Config) -> Result<(), Error> {
         workers = config.workers,
         lease_seconds = config.lease_seconds,
         listen_notify = config.listen_notify,
+        rpc = state.rpc.is_some(),
         "keyturnd starting"
     );
 

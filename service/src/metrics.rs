@@ -12,7 +12,7 @@
 //! | `keyturn_lease_batch_size` | histogram | — | jobs returned by one non-empty `keyturn.lease` call |
 //! | `keyturn_uncertain` | gauge | — | rows in `keyturn.uncertain_actions()`, refreshed after each sweep (needs `keyturn_operator`; stays at its last value otherwise) |
 //! | `keyturn_sweep_total` | counter | `kind` = `expired` \| `requeued` \| `uncertain` | rows moved by `keyturn.sweep()` |
-//! | `keyturn_db_reconnects_total` | counter | `conn` = `listen` \| `pool` | database connections found broken and replaced |
+//! | `keyturn_db_reconnects_total` | counter | `conn` = `listen` \| `pool` \| `rpc` | database connections found broken and replaced |
 //! | `keyturn_handbacks_total` | counter | `reason` = `lease_too_short` \| `shutdown` \| `unknown_provider` | leased jobs handed back (`complete 'retry'` before `begin_dispatch`) |
 //! | `keyturn_unrecorded_outcomes_total` | counter | — | observed outcomes `complete` could not record (database unreachable past the lease, or the action already `uncertain`); each one is logged for the operator |
 
@@ -41,7 +41,7 @@ pub struct KindLabel {
 /// Label set `{conn}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConnLabel {
-    /// `listen` or `pool`.
+    /// `listen`, `pool` or `rpc`.
     pub conn: &'static str,
 }
 
@@ -146,7 +146,7 @@ impl Metrics {
         for kind in ["expired", "requeued", "uncertain"] {
             let _ = sweep.get_or_create(&KindLabel { kind });
         }
-        for conn in ["listen", "pool"] {
+        for conn in ["listen", "pool", "rpc"] {
             let _ = db_reconnects.get_or_create(&ConnLabel { conn });
         }
         for reason in ["lease_too_short", "shutdown", "unknown_provider"] {

@@ -17,10 +17,12 @@ mod support;
 
 mod attachments;
 mod binary;
+mod browser;
 mod e2e_attachments;
 mod e2e_dispatch;
 mod e2e_pg_restart;
 mod e2e_process;
+mod e2e_rpc;
 mod e2e_smtp;
 mod e2e_standard_webhooks;
 mod e2e_webhook;

@@ -2,9 +2,12 @@
 //! [`e2e`]) the database, the keyturnd process and the receivers.
 #![allow(dead_code)]
 
+#[macro_use]
+pub mod browser;
 pub mod e2e;
 pub mod fake_smtp;
 pub mod files;
+pub mod web;
 
 use keyturnd::db::LeasedJob;
 use uuid::Uuid;

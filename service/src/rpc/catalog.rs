@@ -1,0 +1,403 @@
+//! The functions `/rpc` may run, read from `pg_proc` once at start, and the
+//! one statement each request becomes.
+//!
+//! A request's JSON object maps to named arguments the way PostgREST maps
+//! it: `keyturn.fn(arg => …)` for exactly the keys given, so omitted
+//! arguments take their SQL defaults. The statement has one parameter, the
+//! body as `jsonb`; every argument is taken out of it and cast to the type
+//! the catalog names (`jsonb` arguments take the JSON value, JSON `null`
+//! being SQL `NULL`). Names and types are spliced from the catalog only,
+//! never from the request, whose keys are merely looked up.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+
+use crate::error::Error;
+
+/// What `/rpc` exposes, and nothing else: the human's, the operator's and
+/// the console's calls. `propose`, `lease` and the other agent and
+/// dispatcher calls are never reachable over HTTP.
+pub const EXPOSED: &[&str] = &[
+    "pending",
+    "preview",
+    "approve",
+    "approve_many",
+    "reject",
+    "revise",
+    "action_status",
+    "audit",
+    "delegate",
+    "revoke_delegation",
+    "delegations",
+    "record_request",
+    "uncertain_actions",
+    "reconcile",
+    "attempts",
+];
+
+/// One input argument.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Arg {
+    /// Its name (`proargnames`).
+    pub name: String,
+    /// Its type as `format_type` prints it (`uuid`, `jsonb`, `text[]`, …).
+    pub ty: String,
+    /// Whether it has a default (the last `pronargdefaults` inputs do).
+    pub has_default: bool,
+}
+
+/// What a function returns, which decides the answer's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Returns {
+    /// A set (`RETURNS TABLE`/`SETOF`): a JSON array of row objects.
+    Set,
+    /// One value: that value as JSON.
+    Scalar,
+    /// Nothing: JSON `null`.
+    Void,
+}
+
+/// One function of schema `keyturn`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Function {
+    /// Its name.
+    pub name: String,
+    /// Its input arguments, in order.
+    pub args: Vec<Arg>,
+    /// Its answer's shape.
+    pub returns: Returns,
+}
+
+/// The exposed functions present in the database.
+#[derive(Clone, Debug, Default)]
+pub struct Catalog {
+    functions: HashMap<String, Vec<Function>>,
+}
+
+const LOAD: &str = "\
+SELECT p.proname::text AS name, p.proretset AS returns_set,
+       p.prorettype = 'pg_catalog.void'::pg_catalog.regtype AS returns_void,
+       p.pronargdefaults::int AS defaults,
+       p.proargnames AS arg_names, p.proargmodes::text[] AS arg_modes,
+       ARRAY(SELECT pg_catalog.format_type(t.oid, NULL)
+               FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS t(oid, ord)
+              ORDER BY t.ord) AS input_types
+  FROM pg_catalog.pg_proc p
+  JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+ WHERE n.nspname = 'keyturn' AND p.proname = ANY ($1) AND p.prokind = 'f'
+ ORDER BY p.proname, p.oid";
+
+impl Catalog {
+    /// A catalog of the given functions (tests build one without a database).
+    pub fn from_functions(functions: impl IntoIterator<Item = Function>) -> Catalog {
+        let mut catalog = Catalog::default();
+        for f in functions {
+            catalog.functions.entry(f.name.clone()).or_default().push(f);
+        }
+        catalog
+    }
+
+    /// Reads the [`EXPOSED`] functions the database has. One not there yet
+    /// (an older extension) answers 404 like any unknown function.
+    pub async fn load(client: &tokio_postgres::Client) -> Result<Catalog, Error> {
+        let names: Vec<&str> = EXPOSED.to_vec();
+        let rows = client
+            .query_typed(LOAD, &[(&names, tokio_postgres::types::Type::TEXT_ARRAY)])
+            .await?;
+        let mut functions = Vec::with_capacity(rows.len());
+        for row in rows {
+            let get = |e| Error::Decode(e);
+            let name: String = row.try_get("name").map_err(get)?;
+            let set: bool = row.try_get("returns_set").map_err(get)?;
+            let void: bool = row.try_get("returns_void").map_err(get)?;
+            let defaults: i32 = row.try_get("defaults").map_err(get)?;
+            let names: Option<Vec<String>> = row.try_get("arg_names").map_err(get)?;
+            let modes: Option<Vec<String>> = row.try_get("arg_modes").map_err(get)?;
+            let types: Vec<String> = row.try_get("input_types").map_err(get)?;
+            let input_names = input_names(names, modes.as_deref(), types.len());
+            let Some(input_names) = input_names else {
+                // PostgREST cannot call an unnamed argument by name either.
+                tracing::warn!(function = %name, "skipping keyturn.{name}: an input argument has no name");
+                continue;
+            };
+            let first_default = types.len().saturating_sub(defaults.max(0) as usize);
+            let args = input_names
+                .into_iter()
+                .zip(types)
+                .enumerate()
+                .map(|(i, (name, ty))| Arg {
+                    name,
+                    ty,
+                    has_default: i >= first_default,
+                })
+                .collect();
+            functions.push(Function {
+                name,
+                args,
+                returns: match (set, void) {
+                    (true, _) => Returns::Set,
+                    (false, true) => Returns::Void,
+                    (false, false) => Returns::Scalar,
+                },
+            });
+        }
+        let catalog = Catalog::from_functions(functions);
+        let missing: Vec<&&str> = EXPOSED
+            .iter()
+            .filter(|n| !catalog.functions.contains_key(**n))
+            .collect();
+        if !missing.is_empty() {
+            tracing::warn!(
+                ?missing,
+                "these /rpc functions are not in this database's pg_keyturn; calls to them answer 404"
+            );
+        }
+        Ok(catalog)
+    }
+
+    /// The names of the functions present.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.functions.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// The function `name` callable with exactly the keys of `body`, and
+    /// its statement (parameter `$1`: `body` as `jsonb`). `None` in PostgREST's
+    /// sense: 404 `PGRST202`.
+    pub fn statement(
+        &self,
+        name: &str,
+        body: &Map<String, Value>,
+    ) -> Result<(Returns, String), Error> {
+        let candidates = self
+            .functions
+            .get(name)
+            .filter(|_| EXPOSED.contains(&name))
+            .ok_or_else(|| not_found(name, body, None))?;
+        let function = candidates
+            .iter()
+            .find(|f| accepts(f, body))
+            .ok_or_else(|| {
+                let hint = candidates.first().map(|f| {
+                    let args: Vec<String> = f
+                        .args
+                        .iter()
+                        .map(|a| {
+                            let optional = if a.has_default { " (optional)" } else { "" };
+                            format!("{} {}{optional}", a.name, a.ty)
+                        })
+                        .collect();
+                    format!("keyturn.{name} takes: {}", args.join(", "))
+                });
+                not_found(name, body, hint)
+            })?;
+        let args: Vec<String> = function
+            .args
+            .iter()
+            .filter(|a| body.contains_key(&a.name))
+            .map(|a| format!("{} => {}", ident(&a.name), value_of(a)))
+            .collect();
+        let call = format!("keyturn.{}({})", ident(&function.name), args.join(", "));
+        let sql = match function.returns {
+            Returns::Set => format!(
+                "SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r.*)), '[]'::pg_catalog.jsonb) FROM {call} AS r"
+            ),
+            Returns::Scalar => format!("SELECT pg_catalog.to_jsonb({call})"),
+            Returns::Void => format!("SELECT NULL::pg_catalog.jsonb FROM (SELECT {call}) AS r"),
+        };
+        Ok((function.returns, sql))
+    }
+}
+
+/// The input arguments' names: all of `proargnames` when there are no
+/// modes, else those of mode in, inout or variadic.
+fn input_names(
+    names: Option<Vec<String>>,
+    modes: Option<&[String]>,
+    inputs: usize,
+) -> Option<Vec<String>> {
+    let names = names.unwrap_or_default();
+    let picked: Vec<String> = match modes {
+        None => names.into_iter().take(inputs).collect(),
+        Some(modes) => names
+            .into_iter()
+            .zip(modes)
+            .filter(|(_, m)| matches!(m.as_str(), "i" | "b" | "v"))
+            .map(|(n, _)| n)
+            .collect(),
+    };
+    (picked.len() == inputs && picked.iter().all(|n| !n.is_empty())).then_some(picked)
+}
+
+fn accepts(f: &Function, body: &Map<String, Value>) -> bool {
+    body.keys().all(|k| f.args.iter().any(|a| &a.name == k))
+        && f.args
+            .iter()
+            .all(|a| a.has_default || body.contains_key(&a.name))
+}
+
+fn not_found(name: &str, body: &Map<String, Value>, hint: Option<String>) -> Error {
+    let mut keys: Vec<&str> = body.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    Error::NoSuchFunction {
+        message: format!(
+            "Could not find the function keyturn.{name}({}) in the schema cache",
+            keys.join(", ")
+        ),
+        hint,
+    }
+}
+
+/// `$1`'s member for `arg`, as the argument's type.
+fn value_of(arg: &Arg) -> String {
+    let key = literal(&arg.name);
+    match arg.ty.as_str() {
+        "jsonb" => format!("NULLIF($1 -> {key}, 'null'::pg_catalog.jsonb)"),
+        "json" => {
+            format!("NULLIF($1 -> {key}, 'null'::pg_catalog.jsonb)::pg_catalog.json")
+        }
+        ty if ty.ends_with("[]") => format!(
+            "CASE WHEN pg_catalog.jsonb_typeof($1 -> {key}) = 'array' \
+             THEN ARRAY(SELECT pg_catalog.jsonb_array_elements_text($1 -> {key}))::{ty} \
+             ELSE ($1 ->> {key})::{ty} END"
+        ),
+        ty => format!("($1 ->> {key})::{ty}"),
+    }
+}
+
+/// A quoted identifier.
+pub fn ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn approve() -> Function {
+        Function {
+            name: "approve".into(),
+            args: vec![
+                Arg {
+                    name: "action_id".into(),
+                    ty: "uuid".into(),
+                    has_default: false,
+                },
+                Arg {
+                    name: "token".into(),
+                    ty: "text".into(),
+                    has_default: false,
+                },
+                Arg {
+                    name: "params".into(),
+                    ty: "jsonb".into(),
+                    has_default: true,
+                },
+            ],
+            returns: Returns::Set,
+        }
+    }
+
+    fn body(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn test_named_arguments_only_for_the_keys_given() {
+        let c = Catalog::from_functions([approve()]);
+        let (returns, sql) = c
+            .statement("approve", &body(json!({"action_id": "x", "token": "t"})))
+            .expect("found");
+        assert_eq!(returns, Returns::Set);
+        assert!(sql.contains(r#"keyturn."approve"("action_id" => ($1 ->> 'action_id')::uuid, "token" => ($1 ->> 'token')::text)"#), "{sql}");
+        let (_, sql) = c
+            .statement(
+                "approve",
+                &body(json!({"action_id": "x", "token": "t", "params": {}})),
+            )
+            .expect("found");
+        assert!(
+            sql.contains(r#""params" => NULLIF($1 -> 'params', 'null'::pg_catalog.jsonb)"#),
+            "{sql}"
+        );
+    }
+
+    #[test]
+    fn test_unknown_or_missing_arguments_and_unexposed_functions_are_not_found() {
+        let mut propose = approve();
+        propose.name = "propose".into();
+        let c = Catalog::from_functions([approve(), propose]);
+        for (name, b) in [
+            (
+                "approve",
+                json!({"action_id": "x", "token": "t", "tokn": 1}),
+            ),
+            ("approve", json!({"token": "t"})),
+            ("propose", json!({"action_id": "x", "token": "t"})),
+            ("lease", json!({})),
+        ] {
+            match c.statement(name, &body(b.clone())) {
+                Err(Error::NoSuchFunction { message, .. }) => {
+                    assert!(
+                        message
+                            .starts_with(&format!("Could not find the function keyturn.{name}(")),
+                        "{message}"
+                    )
+                }
+                other => panic!("{name} {b}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn test_scalar_void_and_array_arguments() {
+        let c = Catalog::from_functions([
+            Function {
+                name: "preview".into(),
+                args: vec![],
+                returns: Returns::Scalar,
+            },
+            Function {
+                name: "delegations".into(),
+                args: vec![Arg {
+                    name: "tools".into(),
+                    ty: "text[]".into(),
+                    has_default: true,
+                }],
+                returns: Returns::Void,
+            },
+        ]);
+        let (_, sql) = c.statement("preview", &Map::new()).expect("found");
+        assert_eq!(sql, r#"SELECT pg_catalog.to_jsonb(keyturn."preview"())"#);
+        let (_, sql) = c
+            .statement("delegations", &body(json!({"tools": ["a"]})))
+            .expect("found");
+        assert!(sql.starts_with("SELECT NULL::pg_catalog.jsonb FROM (SELECT keyturn.\"delegations\"(\"tools\" => CASE"), "{sql}");
+    }
+
+    #[test]
+    fn test_input_names_skip_out_and_table_columns() {
+        let names = Some(vec![
+            "action_id".to_owned(),
+            "status".to_owned(),
+            "result".to_owned(),
+        ]);
+        let modes = vec!["i".to_owned(), "t".to_owned(), "t".to_owned()];
+        assert_eq!(
+            input_names(names, Some(&modes), 1),
+            Some(vec!["action_id".to_owned()])
+        );
+        assert_eq!(input_names(None, None, 1), None, "unnamed input");
+        assert_eq!(input_names(None, None, 0), Some(vec![]));
+    }
+}

@@ -1,0 +1,299 @@
+//! `POST /rpc/<function>`: the human's and the operator's keyturn calls over
+//! HTTP, run the way PostgREST runs RPC, so a client written for PostgREST
+//! (schema `keyturn` exposed) works unchanged against keyturnd.
+//!
+//! Each request is one transaction on the RPC pool (`KEYTURN_RPC_DATABASE_URL`,
+//! a NOINHERIT login, never the dispatcher's):
+//!
+//! ```sql
+//! BEGIN;
+//! SET LOCAL statement_timeout = …; SET LOCAL ROLE "<role claim>";
+//! SELECT set_config('request.jwt.claims', '<the verified claims>', true);
+//! SELECT … FROM keyturn.<function>(<arg> => …);   -- see [`catalog`]
+//! COMMIT;
+//! ```
+//!
+//! keyturnd decides nothing here: it verifies the JWT (see [`crate::jwt`]),
+//! keeps to the function and role allowlists, and the database applies every
+//! rule to the identity the claims assert. Database errors answer with their
+//! SQLSTATE, message, detail and hint ([`crate::error`]); a server-side
+//! failure is logged with every string of the request blanked out, so a
+//! token or a JWT never reaches the log.
+
+pub mod catalog;
+
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use serde_json::{Map, Value};
+use tokio_postgres::types::Type;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::db;
+use crate::error::Error;
+use crate::jwt::Verifier;
+use crate::metrics::Metrics;
+use catalog::{ident, Catalog};
+
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Everything `/rpc` needs.
+pub struct Rpc {
+    verifier: Verifier,
+    catalog: Catalog,
+    pool: Pool,
+}
+
+impl std::fmt::Debug for Rpc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rpc")
+            .field("verifier", &self.verifier)
+            .field("functions", &self.catalog.names())
+            .finish()
+    }
+}
+
+impl Rpc {
+    /// Assembles `/rpc` from its parts (tests build one with a catalog of
+    /// their own and a pool that is never used).
+    pub fn new(verifier: Verifier, catalog: Catalog, pool: Pool) -> Rpc {
+        Rpc {
+            verifier,
+            catalog,
+            pool,
+        }
+    }
+
+    /// `/rpc` as configured, once the database has answered the start-up
+    /// checks ([`check_roles`]) and the catalog is read. `Ok(None)`: `/rpc`
+    /// is off (no JWT key), or shutdown came first. A failed check is an
+    /// error: keyturnd does not start.
+    pub async fn start(
+        config: &Config,
+        metrics: std::sync::Arc<Metrics>,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Rpc>, Error> {
+        let Some(verifier) = Verifier::from_config(config)? else {
+            return Ok(None);
+        };
+        let url = config.rpc_database_url.as_ref().ok_or_else(|| {
+            Error::Config("KEYTURN_RPC_DATABASE_URL is required with a JWT key".into())
+        })?;
+        let pool = db::pool_named(url.expose(), config.rpc_connections, metrics, "rpc")?;
+        let roles: Vec<String> = verifier.roles().map(str::to_owned).collect();
+        let mut backoff = RETRY_MIN;
+        let mut logged = false;
+        let catalog = loop {
+            let attempt = async {
+                let client = pool.get().await?;
+                check_roles(&client, &roles).await?;
+                Catalog::load(&client).await
+            };
+            let result = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(None),
+                r = attempt => r,
+            };
+            match result {
+                Ok(catalog) => break catalog,
+                Err(e) if e.is_transient() => {
+                    if !logged {
+                        tracing::warn!(error = %e, "RPC database unavailable; waiting for it before serving /rpc");
+                        logged = true;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(None),
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(RETRY_MAX);
+        };
+        tracing::info!(functions = ?catalog.names(), roles = ?roles, "serving /rpc");
+        Ok(Some(Rpc::new(verifier, catalog, pool)))
+    }
+
+    /// Runs `function` for the request with `authorization` and `body`.
+    pub async fn call(
+        &self,
+        function: &str,
+        authorization: Option<&str>,
+        body: &[u8],
+    ) -> Result<Value, Error> {
+        let verified = self.verifier.verify(authorization)?;
+        let args = parse_body(body)?;
+        let (_, sql) = self.catalog.statement(function, &args)?;
+        let args = Value::Object(args);
+        let result = async {
+            let mut client = self.pool.get().await?;
+            let tx = db::transaction(&mut client).await?;
+            db::bounded(tx.batch_execute(&format!(
+                "SET LOCAL statement_timeout = {}; SET LOCAL ROLE {}",
+                db::STATEMENT_TIMEOUT.as_millis(),
+                ident(&verified.role)
+            )))
+            .await?;
+            db::bounded(tx.query_typed(
+                "SELECT pg_catalog.set_config('request.jwt.claims', $1, true)",
+                &[(&verified.claims, Type::TEXT)],
+            ))
+            .await?;
+            let row = db::bounded(tx.query_typed_one(&sql, &[(&args, Type::JSONB)])).await?;
+            let value: Option<Value> = row.try_get(0).map_err(Error::Decode)?;
+            db::commit(tx).await?;
+            Ok::<_, Error>(value.unwrap_or(Value::Null))
+        }
+        .await;
+        if let Err(e) = &result {
+            log_failure(function, e, &args);
+        }
+        result
+    }
+}
+
+/// The request body as an object of named arguments; empty = none.
+fn parse_body(body: &[u8]) -> Result<Map<String, Value>, Error> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(Error::BadBody(
+            "the body must be a JSON object of named arguments".into(),
+        )),
+        Err(e) => Err(Error::BadBody(format!("the body is not JSON: {e}"))),
+    }
+}
+
+/// Logs a failed call for the operator. The caller's refusals (4xx) are
+/// routine and logged at debug; anything else at warn, with the server's
+/// words. Every string value of the request is blanked out of them first:
+/// a token in the wrong argument would otherwise come back in a message
+/// such as "invalid input syntax for type uuid: …".
+fn log_failure(function: &str, e: &Error, args: &Value) {
+    let secrets = strings(args);
+    let clean = |s: &str| {
+        let mut out = s.to_owned();
+        for secret in &secrets {
+            out = out.replace(secret.as_str(), "[redacted]");
+        }
+        out
+    };
+    match e.db_error() {
+        Some(db) if crate::error::sqlstate_status(db.code().code()).is_some() => {
+            tracing::debug!(function, sqlstate = db.code().code(), "rpc call refused");
+        }
+        Some(db) => tracing::warn!(
+            function,
+            sqlstate = db.code().code(),
+            message = %clean(db.message()),
+            detail = %clean(db.detail().unwrap_or("")),
+            hint = %clean(db.hint().unwrap_or("")),
+            "rpc call failed"
+        ),
+        None => tracing::warn!(function, error = %clean(&e.to_string()), "rpc call failed"),
+    }
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(s) if s.len() >= 4 => out.push(s.clone()),
+            Value::Array(a) => stack.extend(a),
+            Value::Object(o) => stack.extend(o.values()),
+            _ => {}
+        }
+    }
+    // Longest first, so a string inside another is not blanked by halves.
+    out.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    out
+}
+
+/// The start-up checks of the RPC login against `roles` (the
+/// `KEYTURN_JWT_ROLES`): each exists, none is a member of `keyturn_agent`
+/// (a JWT must never select a role that proposes), the login does not
+/// inherit `keyturn_agent` (the database would refuse every approval made
+/// through it), and the login can `SET ROLE` to each, which is tried.
+pub async fn check_roles(client: &tokio_postgres::Client, roles: &[String]) -> Result<(), Error> {
+    let rows = db::bounded(client.query_typed(
+        "SELECT w.name, r.oid IS NOT NULL AS present, \
+                coalesce(pg_catalog.pg_has_role(r.oid, 'keyturn_agent', 'MEMBER'), false) AS agent, \
+                coalesce(pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER'), false) AS can_set, \
+                pg_catalog.pg_has_role(session_user, 'keyturn_agent', 'USAGE') AS login_inherits_agent, \
+                session_user::text AS login \
+           FROM unnest($1::text[]) WITH ORDINALITY AS w(name, ord) \
+           LEFT JOIN pg_catalog.pg_roles r ON r.rolname = w.name ORDER BY w.ord",
+        &[(&roles, Type::TEXT_ARRAY)],
+    ))
+    .await?;
+    let refuse = |why: String| Err(Error::Config(why));
+    for row in &rows {
+        let get = |col: &str| row.try_get::<_, bool>(col).map_err(Error::Decode);
+        let name: String = row.try_get("name").map_err(Error::Decode)?;
+        let login: String = row.try_get("login").map_err(Error::Decode)?;
+        if get("login_inherits_agent")? {
+            return refuse(format!(
+                "KEYTURN_RPC_DATABASE_URL logs in as {login}, which has keyturn_agent's privileges: \
+                 the database refuses every approval through it. Use a NOINHERIT login (as PostgREST's authenticator)"
+            ));
+        }
+        if !get("present")? {
+            return refuse(format!("KEYTURN_JWT_ROLES: role {name} does not exist"));
+        }
+        if get("agent")? {
+            return refuse(format!(
+                "KEYTURN_JWT_ROLES: role {name} is a member of keyturn_agent; a JWT must never select \
+                 a role that proposes (separation of duties)"
+            ));
+        }
+        if !get("can_set")? {
+            return refuse(format!(
+                "KEYTURN_JWT_ROLES: the RPC login {login} is not a member of role {name}, so it cannot SET ROLE to it: \
+                 GRANT {name} TO {login}"
+            ));
+        }
+    }
+    for role in roles {
+        // Membership said yes; SET ROLE itself is the proof.
+        let tried = db::bounded(
+            client.batch_execute(&format!("BEGIN; SET LOCAL ROLE {}; ROLLBACK", ident(role))),
+        )
+        .await;
+        if let Err(e) = tried {
+            let _ = client.batch_execute("ROLLBACK").await;
+            if e.is_transient() {
+                return Err(e);
+            }
+            return refuse(format!(
+                "KEYTURN_JWT_ROLES: the RPC login cannot SET ROLE {role}: {e}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn test_body_is_an_object_or_empty() {
+        assert!(parse_body(b"").expect("empty").is_empty());
+        assert!(parse_body(b" \n").expect("blank").is_empty());
+        assert_eq!(parse_body(br#"{"a": 1}"#).expect("object")["a"], 1);
+        assert!(matches!(parse_body(b"[1]"), Err(Error::BadBody(_))));
+        assert!(matches!(parse_body(b"{"), Err(Error::BadBody(_))));
+    }
+
+    #[test]
+    fn test_every_request_string_is_collected_longest_first() {
+        let s =
+            strings(&json!({"token": "abcdefgh", "items": [{"token": "abcd"}], "n": 5, "x": "ab"}));
+        assert_eq!(s, ["abcdefgh", "abcd"]);
+    }
+}

@@ -1,0 +1,761 @@
+//! The browser layer: the approval card and the operator console in a real
+//! headless Chromium, as the person and the operator use them, against the
+//! real keyturnd and the private cluster. Run with `KT_ONLY=browser
+//! tests/run-all`; elsewhere each test says it skipped and why.
+
+use std::time::Duration;
+
+use fantoccini::key::Key;
+use fantoccini::{Client, Locator};
+use serde_json::{json, Value};
+
+use crate::e2e_rpc::assert_no_secret;
+use crate::support::browser::{
+    self, card_link, exists, js, link_params, screenshot, wait_js, wait_loaded, wait_status,
+    PHONE_WIDTH,
+};
+use crate::support::e2e::{self, Keyturnd, Receiver, Reply, World};
+use crate::support::web::{self, post_rpc, Proposal};
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+async fn keyturnd(w: &World, mut env: Vec<(&'static str, String)>) -> Keyturnd {
+    web::authenticator(&w.superuser).await;
+    env.extend(web::rpc_env(w.port));
+    Keyturnd::start(w.port, env).await
+}
+
+/// Opens `url` afresh: a link that differs from the page's only in its
+/// fragment would otherwise reach the open card as a hashchange.
+async fn visit(c: &Client, url: &str) -> Result<(), fantoccini::error::CmdError> {
+    c.goto("about:blank").await?;
+    c.goto(url).await
+}
+
+async fn text(c: &Client, css: &str) -> String {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .text()
+        .await
+        .expect("text")
+}
+
+async fn approve_disabled(c: &Client) -> bool {
+    js(
+        c,
+        "return document.querySelector('[data-kt=approve]').disabled",
+        vec![],
+    )
+    .await
+        == json!(true)
+}
+
+#[tokio::test]
+async fn test_card_shows_the_change_approves_once_and_says_when_the_record_changed() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let k = keyturnd(&w, vec![]).await;
+    let (tool, deals) = w.deal_tool(3).await;
+    let jwt = w.human_jwt();
+    let propose = |deal: i64, stage: &'static str| {
+        let w = &w;
+        let tool = tool.clone();
+        async move {
+            w.propose(
+                &tool,
+                json!({"where": {"id": deal}, "set": {"stage": stage}}),
+            )
+            .await
+        }
+    };
+    let p = propose(deals[0], "won").await;
+
+    let c = browser::open(&webdriver, false).await;
+    visit(&c, &card_link(&k.base, &[(&p, None)], &jwt))
+        .await
+        .expect("open the card");
+    wait_loaded(&c).await;
+    assert_eq!(
+        text(&c, "[data-kt=summary]").await,
+        "Set stage won on 1 deal(s)"
+    );
+    assert!(text(&c, "[data-kt=effect]").await.contains("Reversible"));
+    assert_eq!(text(&c, "[data-kt=blast]").await, "Affects 1 record");
+    let target = text(&c, &format!("[data-kt=target][data-key=\"{}\"]", deals[0])).await;
+    assert!(
+        target.contains("qualified") && target.contains("won"),
+        "{target}"
+    );
+    assert!(text(&c, "[data-kt=expires]")
+        .await
+        .starts_with("Expires in"));
+    // The JWT left the address bar for this tab's session storage.
+    let url = c.current_url().await.expect("url");
+    assert!(!url.as_str().contains("j="), "{url}");
+    assert!(url.query().is_none(), "nothing in a query string: {url}");
+    assert_eq!(
+        js(&c, "return sessionStorage.getItem('keyturn.jwt')", vec![]).await,
+        json!(jwt)
+    );
+    screenshot(&c, "card-desktop").await;
+
+    // A double tap: the second click meets a disabled button.
+    let disabled_after_first = js(
+        &c,
+        "const b = document.querySelector('[data-kt=approve]'); b.click(); b.click(); return b.disabled;",
+        vec![],
+    )
+    .await;
+    assert_eq!(disabled_after_first, json!(true));
+    let said = wait_status(&c, &p.id.to_string(), "succeeded").await;
+    assert!(said.starts_with("Done"), "{said}");
+    assert!(approve_disabled(&c).await);
+    assert_eq!(w.deal_writes(deals[0]).await, 1, "the row changed once");
+    assert_eq!(w.deal_stage(deals[0]).await, "won");
+    assert_eq!(w.events_to(p.id, "succeeded").await, 1);
+    assert_eq!(w.usage_rows(p.id).await, 1);
+    // Reopened (the JWT now from session storage), it shows the outcome.
+    c.refresh().await.expect("reload");
+    wait_loaded(&c).await;
+    wait_status(&c, &p.id.to_string(), "succeeded").await;
+    assert!(approve_disabled(&c).await);
+    assert_eq!(w.deal_writes(deals[0]).await, 1);
+
+    // Someone edits the deal between the proposal and the approval.
+    let stale = propose(deals[1], "lost").await;
+    w.superuser
+        .execute(
+            "UPDATE crm.deal SET name = name || ' (edited)' WHERE id = $1",
+            &[&deals[1]],
+        )
+        .await
+        .expect("edit the deal");
+    visit(&c, &card_link(&k.base, &[(&stale, None)], &jwt))
+        .await
+        .expect("open");
+    wait_loaded(&c).await;
+    c.find(Locator::Css("[data-kt=approve]"))
+        .await
+        .expect("approve")
+        .click()
+        .await
+        .expect("click");
+    let said = wait_status(&c, &stale.id.to_string(), "conflict").await;
+    assert_eq!(said, "The record changed since the proposal; ask again.");
+    assert_eq!(w.deal_stage(deals[1]).await, "qualified");
+    c.close().await.expect("close");
+
+    // On a phone, by keyboard: Tab to Approve (its focus visible), Enter.
+    let phone = propose(deals[2], "negotiation").await;
+    let c = browser::open(&webdriver, true).await;
+    visit(&c, &card_link(&k.base, &[(&phone, None)], &jwt))
+        .await
+        .expect("open");
+    wait_loaded(&c).await;
+    let layout = js(
+        &c,
+        "const b = document.querySelector('[data-kt=approve]').getBoundingClientRect(); \
+         return {width: window.innerWidth, scroll: document.documentElement.scrollWidth, right: b.right};",
+        vec![],
+    )
+    .await;
+    assert_eq!(layout["width"], json!(PHONE_WIDTH), "{layout}");
+    assert!(
+        layout["scroll"].as_f64() <= Some(PHONE_WIDTH as f64),
+        "no sideways scrolling: {layout}"
+    );
+    assert!(
+        layout["right"].as_f64() <= Some(PHONE_WIDTH as f64),
+        "{layout}"
+    );
+    screenshot(&c, "card-mobile").await;
+    let body = c.find(Locator::Css("body")).await.expect("body");
+    let mut focused = Value::Null;
+    for _ in 0..20 {
+        body.send_keys(&Key::Tab).await.expect("tab");
+        focused = js(
+            &c,
+            "const a = document.activeElement; return {kt: a.dataset.kt || null, outline: getComputedStyle(a).outlineStyle, label: a.textContent};",
+            vec![],
+        )
+        .await;
+        if focused["kt"] == "approve" {
+            break;
+        }
+    }
+    assert_eq!(focused["kt"], "approve", "Approve is reachable by Tab");
+    assert_ne!(focused["outline"], "none", "focus is visible: {focused}");
+    c.active_element()
+        .await
+        .expect("focused")
+        .send_keys(&Key::Enter)
+        .await
+        .expect("enter");
+    wait_status(&c, &phone.id.to_string(), "succeeded").await;
+    assert_eq!(w.deal_stage(deals[2]).await, "negotiation");
+    c.close().await.expect("close");
+
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&jwt, &p.token, &stale.token, &phone.token]);
+}
+
+#[tokio::test]
+async fn test_card_refuses_expired_proposals_wrong_tokens_and_foreign_jwts() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let k = keyturnd(&w, vec![]).await;
+    let quick = w.webhook_tool(json!({"expires_in": "1 second"})).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let jwt = w.human_jwt();
+
+    let late = w.propose(&quick, json!({"text": "too late"})).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let c = browser::open(&webdriver, false).await;
+    visit(&c, &card_link(&k.base, &[(&late, None)], &jwt))
+        .await
+        .expect("open");
+    wait_loaded(&c).await;
+    let said = wait_js(
+        &c,
+        "the card to say expired",
+        "const e = document.querySelector('[data-kt=expires][data-expired]'); \
+         const s = document.querySelector('[data-kt=status][data-status=expired]'); \
+         return (e && e.textContent) || (s && s.textContent);",
+        vec![],
+    )
+    .await;
+    assert!(said.as_str().unwrap_or("").starts_with("Expired"), "{said}");
+    assert!(approve_disabled(&c).await);
+    // Forced through anyway, the database says the same.
+    let (_, _, rows) = post_rpc(
+        &k.base,
+        "approve",
+        Some(&jwt),
+        &json!({"action_id": late.id.to_string(), "token": late.token}),
+    )
+    .await;
+    assert_eq!(rows[0]["status"], "expired", "{rows}");
+
+    // A wrong token: refused, nothing shown.
+    let p = w.propose(&tool, json!({"text": "secret plans"})).await;
+    let wrong = Proposal {
+        id: p.id,
+        token: "not-the-token".into(),
+    };
+    visit(&c, &card_link(&k.base, &[(&wrong, None)], &jwt))
+        .await
+        .expect("open");
+    wait_loaded(&c).await;
+    assert!(text(&c, "[data-kt=error]:not([hidden])")
+        .await
+        .contains("the token is wrong"));
+    assert!(!exists(&c, "[data-kt=summary]").await);
+    c.close().await.expect("close");
+
+    // An agent's JWT, another tenant's, an expired one: refused, nothing shown.
+    let other = World::new(port).await;
+    for (who, bad, words) in [
+        (
+            "agent",
+            w.jwt_as("app_agent", web::now() + 600),
+            "not allowed",
+        ),
+        ("another tenant", other.human_jwt(), "not visible to you"),
+        (
+            "expired",
+            w.jwt_as("app_human", web::now() - 300),
+            "sign-in is missing, expired",
+        ),
+    ] {
+        let c = browser::open(&webdriver, false).await;
+        visit(&c, &card_link(&k.base, &[(&p, None)], &bad))
+            .await
+            .expect("open");
+        wait_loaded(&c).await;
+        let error = text(&c, "[data-kt=error]:not([hidden])").await;
+        assert!(error.contains(words), "{who}: {error}");
+        assert!(!exists(&c, "[data-kt=summary]").await, "{who}");
+        let page = js(&c, "return document.body.innerText", vec![]).await;
+        assert!(
+            !page.as_str().unwrap_or("").contains("secret plans"),
+            "{who}: {page}"
+        );
+        c.close().await.expect("close");
+    }
+    assert_eq!(w.status(p.id).await, "pending");
+
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&jwt, &p.token, &late.token]);
+}
+
+#[tokio::test]
+async fn test_card_shows_markup_and_invisible_characters_as_text() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let k = keyturnd(&w, vec![]).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let jwt = w.human_jwt();
+    let hostile = "<img src=x onerror=\"window.__kt_xss=1;alert(1)\"><script>window.__kt_xss=2</script>pay\u{200B}pal \u{202E}cod.exe";
+    let p = w.propose(&tool, json!({"text": hostile})).await;
+
+    let c = browser::open(&webdriver, false).await;
+    visit(&c, &card_link(&k.base, &[(&p, None)], &jwt))
+        .await
+        .expect("open");
+    wait_loaded(&c).await;
+    let seen = js(
+        &c,
+        "return { xss: window.__kt_xss === undefined ? null : window.__kt_xss, \
+                  imgs: document.querySelectorAll('img').length, \
+                  inline: [...document.scripts].filter(s => !s.src).length, \
+                  param: document.querySelector('[data-kt=param][data-key=text]').textContent, \
+                  summary: document.querySelector('[data-kt=summary]').textContent };",
+        vec![],
+    )
+    .await;
+    assert_eq!(seen["xss"], Value::Null, "nothing ran: {seen}");
+    assert_eq!(seen["imgs"], 0, "no injected node: {seen}");
+    assert_eq!(seen["inline"], 0, "{seen}");
+    let param = seen["param"].as_str().unwrap_or("");
+    assert!(
+        param.starts_with("<img src=x onerror=") && param.contains("<script>"),
+        "{param}"
+    );
+    assert!(
+        param.contains("pay⟨U+200B⟩pal ⟨U+202E⟩cod.exe"),
+        "invisible characters shown: {param}"
+    );
+    // The server may escape the summary's characters itself; either way none
+    // is shown raw.
+    let summary = seen["summary"].as_str().unwrap_or("");
+    assert!(
+        summary.contains("<script>")
+            && !summary.contains('\u{200B}')
+            && !summary.contains('\u{202E}'),
+        "{summary}"
+    );
+    assert!(c.get_alert_text().await.is_err(), "no alert opened");
+    c.close().await.expect("close");
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&jwt, &p.token]);
+}
+
+#[tokio::test]
+async fn test_digest_card_approves_only_fields_that_match_the_hash() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
+    let k = keyturnd(&w, rx.env()).await;
+    let tool = w.webhook_tool(json!({"retain": "digest"})).await;
+    let jwt = w.human_jwt();
+
+    let params = json!({"text": "Grüße 😂 דּ — 1e30 and 4.50"});
+    let p = w.propose(&tool, params.clone()).await;
+    let link_p = link_params(&params);
+    let c = browser::open(&webdriver, false).await;
+    visit(&c, &card_link(&k.base, &[(&p, Some(&link_p))], &jwt))
+        .await
+        .expect("open");
+    wait_loaded(&c).await;
+    assert_eq!(
+        js(
+            &c,
+            "return document.querySelector('[data-kt=hash]').dataset.match",
+            vec![]
+        )
+        .await,
+        "true"
+    );
+    assert_eq!(
+        text(&c, "[data-kt=param][data-key=text]").await,
+        "Grüße 😂 דּ — 1e30 and 4.50"
+    );
+    assert!(
+        !approve_disabled(&c).await,
+        "matching fields may be approved"
+    );
+    c.find(Locator::Css("[data-kt=approve]"))
+        .await
+        .expect("approve")
+        .click()
+        .await
+        .expect("click");
+    wait_status(&c, &p.id.to_string(), "succeeded").await;
+    assert_eq!(rx.requests(p.id).len(), 1);
+
+    // One field changed in the link: refused in the card, and by the database.
+    let q = w.propose(&tool, json!({"text": "pay 10 EUR"})).await;
+    let changed = json!({"text": "pay 10000 EUR"});
+    visit(
+        &c,
+        &card_link(&k.base, &[(&q, Some(&link_params(&changed)))], &jwt),
+    )
+    .await
+    .expect("open");
+    wait_loaded(&c).await;
+    assert_eq!(
+        js(
+            &c,
+            "return document.querySelector('[data-kt=hash]').dataset.match",
+            vec![]
+        )
+        .await,
+        "false"
+    );
+    assert!(text(&c, "[data-kt=hash]")
+        .await
+        .contains("not the ones proposed"));
+    assert!(approve_disabled(&c).await);
+    let (_, _, rows) = post_rpc(
+        &k.base,
+        "approve",
+        Some(&jwt),
+        &json!({"action_id": q.id.to_string(), "token": q.token, "params": changed}),
+    )
+    .await;
+    assert_eq!(rows[0]["status"], "rejected_tampered", "{rows}");
+    c.refresh().await.expect("reload");
+    wait_loaded(&c).await;
+    let said = wait_status(&c, &q.id.to_string(), "rejected_tampered").await;
+    assert!(said.contains("does not match what was proposed"), "{said}");
+    assert!(rx.requests(q.id).is_empty());
+    c.close().await.expect("close");
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&jwt, &p.token, &q.token]);
+}
+
+#[tokio::test]
+async fn test_batch_card_approves_all_and_shows_each_outcome() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
+    let k = keyturnd(&w, rx.env()).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let other_tool = w.webhook_tool(json!({})).await;
+    let jwt = w.human_jwt();
+    let a = w.propose(&tool, json!({"text": "first"})).await;
+    let b = w.propose(&tool, json!({"text": "second"})).await;
+    let refused = w.propose(&other_tool, json!({"text": "third"})).await;
+
+    let c = browser::open(&webdriver, false).await;
+    visit(
+        &c,
+        &card_link(&k.base, &[(&a, None), (&b, None), (&refused, None)], &jwt),
+    )
+    .await
+    .expect("open");
+    wait_loaded(&c).await;
+    let summaries = c
+        .find_all(Locator::Css("[data-kt=summary]"))
+        .await
+        .expect("summaries");
+    assert_eq!(summaries.len(), 3, "each call visible");
+    // After the card was shown the third one's grant disappears (removed
+    // directly, without the epoch bump revoke_tool makes, which would
+    // invalidate the other two as well): approve refuses it before the claim.
+    w.superuser
+        .execute(
+            "DELETE FROM keyturn.tool_grant WHERE tenant = $1 AND principal = $2 AND tool = $3",
+            &[&w.tenant, &w.principal, &other_tool],
+        )
+        .await
+        .expect("remove the grant");
+    assert_eq!(text(&c, "[data-kt=approve-all]").await, "Approve all 3");
+    c.find(Locator::Css("[data-kt=approve-all]"))
+        .await
+        .expect("approve all")
+        .click()
+        .await
+        .expect("click");
+    wait_status(&c, &a.id.to_string(), "succeeded").await;
+    wait_status(&c, &b.id.to_string(), "succeeded").await;
+    let said = wait_status(&c, &refused.id.to_string(), "refused").await;
+    assert!(said.contains("Refused"), "{said}");
+    assert!(text(&c, "[data-kt=batch-status]")
+        .await
+        .contains("2 actions approved, 1 refused"));
+    assert_eq!(
+        w.status(refused.id).await,
+        "pending",
+        "a refusal changes nothing"
+    );
+    assert_eq!(rx.requests(a.id).len(), 1);
+    assert_eq!(rx.requests(b.id).len(), 1);
+    c.close().await.expect("close");
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&jwt, &a.token, &b.token, &refused.token]);
+}
+
+#[tokio::test]
+async fn test_console_reconciles_an_uncertain_action_and_shows_its_audit() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let rx = Receiver::start(&w.tenant, vec![Reply::status(500)]).await;
+    let k = keyturnd(&w, rx.env()).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let q = w
+        .queue(&tool, json!({"text": "did it arrive?"}), false)
+        .await;
+    w.wait_status(q.id, "uncertain", WITHIN).await;
+    let id = q.id.to_string();
+    let operator =
+        web::jwt(json!({"role": "app_operator", "sub": "ops-1", "exp": web::now() + 600}));
+
+    let c = browser::open(&webdriver, false).await;
+    c.goto(&format!("{}/console#j={operator}", k.base))
+        .await
+        .expect("open the console");
+    let row = format!("[data-kt=uncertain-row][data-action-id=\"{id}\"]");
+    wait_js(
+        &c,
+        "the uncertain row",
+        "return document.querySelector(arguments[0])",
+        vec![json!(row)],
+    )
+    .await;
+    assert!(!c.current_url().await.expect("url").as_str().contains("j="));
+    let button = c
+        .find(Locator::Css(&format!("{row} [data-kt=reconcile]")))
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        button.prop("disabled").await.expect("prop").as_deref(),
+        Some("true"),
+        "a note is required"
+    );
+    c.find(Locator::Css(&format!("{row} [data-kt=note]")))
+        .await
+        .expect("note")
+        .send_keys("receiver log shows the delivery at 10:02")
+        .await
+        .expect("type");
+    wait_js(
+        &c,
+        "the metrics",
+        "return document.querySelectorAll('[data-kt=metric]').length",
+        vec![],
+    )
+    .await;
+    assert!(
+        js(
+            &c,
+            "return document.querySelector('[data-kt=pending-section]').hidden",
+            vec![]
+        )
+        .await
+            == json!(true),
+        "an operator has no tenant queue to see"
+    );
+    js(
+        &c,
+        "document.activeElement.blur(); window.scrollTo(0, 0);",
+        vec![],
+    )
+    .await;
+    screenshot(&c, "console").await;
+    button.click().await.expect("reconcile");
+    wait_js(
+        &c,
+        "the audit to show the reconciliation",
+        "return [...document.querySelectorAll('[data-kt=audit-row]')].some(r => \
+           r.textContent.includes('uncertain → succeeded') && r.textContent.includes('receiver log shows'))",
+        vec![],
+    )
+    .await;
+    assert_eq!(w.status(q.id).await, "succeeded");
+    assert_eq!(w.usage_rows(q.id).await, 1);
+    c.close().await.expect("close");
+
+    // A person's or an agent's JWT: refused, nothing shown.
+    for bad in [w.jwt_as("app_agent", web::now() + 600), w.human_jwt()] {
+        let c = browser::open(&webdriver, false).await;
+        c.goto(&format!("{}/console#j={bad}", k.base))
+            .await
+            .expect("open");
+        wait_js(
+            &c,
+            "the console to load",
+            "return document.body.dataset.loaded",
+            vec![],
+        )
+        .await;
+        assert!(!exists(&c, "[data-kt=uncertain-row]").await);
+        assert!(
+            js(
+                &c,
+                "return !document.querySelector('[data-kt=error]').hidden",
+                vec![]
+            )
+            .await
+                == json!(true)
+        );
+        c.close().await.expect("close");
+    }
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&operator]);
+}
+
+#[tokio::test]
+async fn test_rfc8785_in_the_browser_matches_the_vectors_and_the_database() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let k = keyturnd(&w, vec![]).await;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../extension/core/tests/data/rfc8785");
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("input"))
+        .expect("vectors")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 6, "{names:?}");
+    let inputs: Vec<Value> = names
+        .iter()
+        .map(|n| json!(std::fs::read_to_string(dir.join("input").join(n)).expect("input")))
+        .collect();
+
+    let c = browser::open(&webdriver, false).await;
+    c.goto(&format!("{}/card", k.base)).await.expect("open");
+    let got = c
+        .execute_async(
+            "const [inputs, done] = arguments; \
+             import('/card/jcs.js').then(m => done(inputs.map(i => m.canonicalize(JSON.parse(i)))), e => done(String(e)));",
+            vec![json!(inputs)],
+        )
+        .await
+        .expect("canonicalize in the browser");
+    for (i, name) in names.iter().enumerate() {
+        let want = std::fs::read_to_string(dir.join("output").join(name)).expect("output");
+        // values.json too: JavaScript's doubles are the RFC's own model. (The
+        // database refuses that vector's inexact number at propose, so no
+        // card ever meets it.)
+        assert_eq!(got[i], json!(want), "{name}");
+    }
+
+    // The card's params hash is the database's, for awkward params.
+    let cases = [
+        ("notify", json!({"text": "a"})),
+        (
+            "t.x",
+            json!({"b": [1e30, 4.5, 0.002, -0.0, 1e-7], "a": {"€": "😂", "\u{fb33}": "\u{7}\u{1f}"}}),
+        ),
+        (
+            "deal_stage",
+            json!({"where": {"id": 12}, "set": {"stage": "won"}, "\u{1f602}": true}),
+        ),
+    ];
+    for (tool, params) in cases {
+        let browser_hash = c
+            .execute_async(
+                "const [tool, params, done] = arguments; \
+                 import('/card/jcs.js').then(m => m.paramsHash(tool, params)).then(done, e => done(String(e)));",
+                vec![json!(tool), params.clone()],
+            )
+            .await
+            .expect("hash in the browser");
+        let db_hash: String = w
+            .superuser
+            .query_one("SELECT keyturn.params_hash($1, $2)", &[&tool, &params])
+            .await
+            .expect("params_hash")
+            .get(0);
+        assert_eq!(browser_hash, json!(db_hash), "{tool} {params}");
+    }
+    c.close().await.expect("close");
+    k.stop().await;
+}
+
+#[tokio::test]
+async fn test_card_revises_a_proposal_and_shows_the_new_one_as_such() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
+    let k = keyturnd(&w, rx.env()).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let jwt = w.human_jwt();
+    let p = w.propose(&tool, json!({"text": "meet at 10"})).await;
+
+    let c = browser::open(&webdriver, false).await;
+    visit(&c, &card_link(&k.base, &[(&p, None)], &jwt))
+        .await
+        .expect("open");
+    wait_loaded(&c).await;
+    c.find(Locator::Css("[data-kt=edit]"))
+        .await
+        .expect("edit")
+        .click()
+        .await
+        .expect("click");
+    assert!(approve_disabled(&c).await, "no approving while editing");
+    let field = c
+        .find(Locator::Css("[data-kt=field][data-key=text]"))
+        .await
+        .expect("field");
+    field.clear().await.expect("clear");
+    field.send_keys("meet at 11").await.expect("type");
+    c.find(Locator::Css("[data-kt=revise]"))
+        .await
+        .expect("save")
+        .click()
+        .await
+        .expect("click");
+    let banner = wait_js(
+        &c,
+        "the revised proposal",
+        "const b = document.querySelector('[data-kt=revised]'); return b && b.textContent;",
+        vec![],
+    )
+    .await;
+    assert!(
+        banner.as_str().unwrap_or("").contains(&p.id.to_string()),
+        "{banner}"
+    );
+    let summary = text(&c, "[data-kt=summary]").await;
+    assert!(summary.contains("meet at 11"), "{summary}");
+    assert_eq!(w.status(p.id).await, "superseded");
+    let new_id = js(
+        &c,
+        "return document.querySelector('[data-kt=item]').dataset.actionId",
+        vec![],
+    )
+    .await;
+    let new_id = new_id.as_str().expect("new id").to_owned();
+    assert_ne!(new_id, p.id.to_string());
+    // The new token stayed in memory: not in the address bar, not in storage.
+    let url = c.current_url().await.expect("url");
+    assert!(
+        url.as_str().contains(&p.token),
+        "the link is the old one: {url}"
+    );
+    assert_eq!(
+        js(&c, "return sessionStorage.length", vec![]).await,
+        json!(1),
+        "only the JWT is stored"
+    );
+    c.find(Locator::Css("[data-kt=approve]"))
+        .await
+        .expect("approve")
+        .click()
+        .await
+        .expect("click");
+    wait_status(&c, &new_id, "succeeded").await;
+    c.close().await.expect("close");
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&jwt, &p.token]);
+}

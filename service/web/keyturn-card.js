@@ -1,0 +1,614 @@
+// <keyturn-card>: the approval card. The page /card is this element alone;
+// an application embeds the same element (or frames /card).
+//
+// It shows what the person approves in their terms (the server-written
+// summary, tool, effect, blast radius, every param as text, each target's
+// before and after, a live expiry), and sends exactly one decision per
+// click. It decides nothing: every rule is the database's, and the card
+// only reports what the database answered (docs/card.md).
+//
+// Input, from the element's `link` attribute or else the page's fragment:
+//   a=<action_id>&t=<token>[&p=<base64url params JSON>]   one action
+//   … repeated                                             a batch card
+//   j=<JWT>                                                 the person's JWT
+// `p` belongs to the `a` before it: a digest action's reviewed params.
+
+import { rpc, takeJwt, explain, isMissingFunction, RpcError } from "./rpc.js";
+import { paramsHash, decodeLinkParams } from "./jcs.js";
+import { el, valueText, visible, duration } from "./show.js";
+
+const IN_FLIGHT = new Set(["queued", "leased", "executing"]);
+const EFFECTS = {
+  reversible: ["Reversible", "It can be undone."],
+  compensatable: ["Compensatable", "It can be reversed by a later action."],
+  irreversible: ["Irreversible", "It cannot be undone."],
+};
+
+/** The items and JWT of a link fragment (without the leading #). */
+export function parseLink(fragment) {
+  const items = [];
+  let jwt = null;
+  for (const [key, value] of new URLSearchParams(fragment)) {
+    if (key === "a") items.push({ action_id: value, token: null, p: null });
+    else if (key === "t" && items.length) items[items.length - 1].token = value;
+    else if (key === "p" && items.length) items[items.length - 1].p = value;
+    else if (key === "j") jwt = value;
+  }
+  return { items, jwt };
+}
+
+/** What an outcome means, in words. */
+export function outcomeWords(status, result) {
+  const reason = result && typeof result === "object" ? result.reason || result.message : null;
+  const why = reason ? `: ${reason}` : ".";
+  switch (status) {
+    case "pending":
+      return "Waiting for your decision.";
+    case "queued":
+    case "leased":
+      return "Approved. Sending it now…";
+    case "executing":
+      return "Approved. It is being carried out…";
+    case "succeeded":
+      return "Done: approved and carried out.";
+    case "failed":
+      return `Approved, but it failed${why}`;
+    case "uncertain":
+      return "Approved, but it is not known whether it happened; an operator will check and settle it.";
+    case "rejected":
+      return `Rejected${why}`;
+    case "rejected_tampered":
+      return "Refused: what was submitted does not match what was proposed, so nothing ran.";
+    case "expired":
+      return "Expired: the proposal ran out of time before it was approved. Ask again.";
+    case "cancelled":
+      return `Cancelled${why}`;
+    case "conflict":
+      return "The record changed since the proposal; ask again.";
+    case "invalidated":
+      return `No longer valid${why}`;
+    case "superseded":
+      return "Replaced by a revised proposal.";
+    case "refused":
+      return `Refused${why}`;
+    default:
+      return `Status: ${status}.`;
+  }
+}
+
+/** Whether an outcome is a success, a failure or neither, for styling. */
+function tone(status) {
+  if (status === "succeeded") return "good";
+  if (status === "pending" || IN_FLIGHT.has(status)) return "wait";
+  return "bad";
+}
+
+function plural(n, one, many) {
+  return `${n} ${n === 1 ? one : many}`;
+}
+
+/** One action on the card. */
+class Item {
+  constructor(card, { action_id, token, p }, index) {
+    this.card = card;
+    this.actionId = action_id;
+    this.token = token;
+    this.linkParams = undefined;
+    this.linkParamsError = null;
+    if (p) {
+      try {
+        this.linkParams = decodeLinkParams(p);
+      } catch (e) {
+        this.linkParamsError = "The link's fields cannot be read.";
+      }
+    }
+    this.preview = null;
+    this.status = null;
+    this.busy = false;
+    this.hashOk = null;
+    this.editing = false;
+    this.revisedFrom = null;
+    this.id = `kt-item-${index}`;
+    this.root = el("section", { class: "kt-item", kt: "item", "aria-labelledby": `${this.id}-summary` });
+    this.root.dataset.actionId = action_id;
+  }
+
+  get params() {
+    if (!this.preview) return undefined;
+    return this.preview.retain === "digest" ? this.linkParams : this.preview.params;
+  }
+
+  get expired() {
+    return this.preview && Date.parse(this.preview.expires_at) <= Date.now();
+  }
+
+  /** Whether Approve may be pressed: the card's own checks, before the
+   *  database makes its own. */
+  get approvable() {
+    return (
+      !!this.preview &&
+      this.status === "pending" &&
+      !this.busy &&
+      !this.editing &&
+      !this.expired &&
+      (this.preview.retain !== "digest" || this.hashOk === true)
+    );
+  }
+
+  async load() {
+    this.root.replaceChildren(el("p", { class: "kt-loading", text: "Loading the proposal…" }));
+    if (!this.token) {
+      this.renderError(["This link lacks the action's token.", ""]);
+      return;
+    }
+    try {
+      this.preview = await rpc("preview", { action_id: this.actionId, token: this.token }, this.card.auth);
+    } catch (e) {
+      this.preview = null;
+      this.renderError(explain(e));
+      this.card.refresh();
+      return;
+    }
+    this.status = this.preview.status;
+    this.render();
+    if (this.preview.retain === "digest") await this.checkHash();
+    if (IN_FLIGHT.has(this.status)) this.follow();
+    this.card.refresh();
+  }
+
+  async checkHash() {
+    const hashLine = this.root.querySelector('[data-kt="hash"]');
+    if (this.linkParams === undefined) {
+      this.hashOk = false;
+      hashLine.textContent = this.linkParamsError || "This link does not carry the fields to review, so it cannot be approved here. Ask for a new link.";
+    } else {
+      try {
+        const got = await paramsHash(this.preview.tool, this.linkParams);
+        this.hashOk = got === this.preview.params_hash;
+      } catch (e) {
+        this.hashOk = false;
+      }
+      hashLine.textContent = this.hashOk
+        ? "✓ These fields are exactly the ones proposed (their hash matches)."
+        : "✗ These fields are not the ones proposed (their hash does not match). Do not approve; ask again.";
+    }
+    hashLine.dataset.match = String(this.hashOk);
+    hashLine.className = `kt-hash ${this.hashOk ? "kt-good" : "kt-bad"}`;
+    this.sync();
+  }
+
+  renderError([headline, said]) {
+    this.root.replaceChildren(
+      el("p", { class: "kt-error", kt: "error", role: "alert" }, headline, said ? el("span", { class: "kt-said", text: said }) : null)
+    );
+  }
+
+  render() {
+    const pv = this.preview;
+    const effect = EFFECTS[pv.effect] || [pv.effect || "unknown effect", ""];
+    const parts = [];
+    if (this.revisedFrom) {
+      parts.push(el("p", { class: "kt-revised", kt: "revised", text: `Revised proposal: it replaces ${this.revisedFrom}, which can no longer be approved.` }));
+    }
+    parts.push(el("h2", { class: "kt-summary", kt: "summary", id: `${this.id}-summary`, text: pv.summary }));
+    const meta = el(
+      "p",
+      { class: "kt-meta" },
+      el("span", { kt: "tool", class: "kt-tool" }, "Tool: ", el("code", { text: pv.tool })),
+      el("span", { kt: "effect", class: `kt-effect kt-effect-${pv.effect}` }, el("strong", { text: effect[0] }), effect[1] ? ` — ${effect[1]}` : "")
+    );
+    if (pv.target_count !== undefined && pv.target_count !== null) {
+      meta.append(el("span", { kt: "blast", class: "kt-blast", text: `Affects ${plural(pv.target_count, "record", "records")}` }));
+    }
+    if (pv.approval === "independent") meta.append(el("span", { class: "kt-approval", text: "Needs an approver other than the requester" }));
+    parts.push(meta);
+    parts.push(el("p", { class: "kt-expires", kt: "expires" }));
+    parts.push(this.renderParams());
+    if (Array.isArray(pv.targets) && pv.targets.length) parts.push(this.renderTargets(pv.targets));
+    if (pv.retain === "digest") parts.push(el("p", { class: "kt-hash", kt: "hash", "aria-live": "polite", text: "Checking the fields against the proposal…" }));
+    parts.push(this.renderActions());
+    parts.push(el("p", { class: "kt-status", kt: "status", role: "status", "aria-live": "polite" }));
+    parts.push(el("p", { class: "kt-error", kt: "error", role: "alert", hidden: true }));
+    this.root.replaceChildren(...parts);
+    this.showStatus(this.status, pv.result);
+    this.tick();
+  }
+
+  renderParams() {
+    const params = this.params;
+    const box = el("div", { class: "kt-params" }, el("h3", { text: "What it will do, field by field" }));
+    if (params && typeof params === "object" && !Array.isArray(params)) {
+      const list = el("dl", { kt: "params" });
+      for (const key of Object.keys(params).sort()) {
+        const dd = el("dd", { kt: "param", class: "kt-value" });
+        dd.dataset.key = key;
+        dd.textContent = valueText(params[key]);
+        list.append(el("dt", { text: key }), dd);
+      }
+      box.append(list);
+    } else if (params !== undefined) {
+      const dd = el("pre", { kt: "param", class: "kt-value" });
+      dd.textContent = valueText(params);
+      box.append(dd);
+    } else {
+      const keys = this.preview.param_keys || [];
+      box.append(el("p", { class: "kt-note", text: `keyturn keeps only a digest of this action's fields (${keys.map(visible).join(", ") || "none"}); the link brings the values.` }));
+    }
+    return box;
+  }
+
+  renderTargets(targets) {
+    const table = el("table", { class: "kt-targets", kt: "targets" });
+    table.append(
+      el("caption", { text: `Each record, before → after (${plural(targets.length, "record", "records")})` }),
+      el("thead", {}, el("tr", {}, el("th", { scope: "col", text: "Record" }), el("th", { scope: "col", text: "Change" })))
+    );
+    const body = el("tbody");
+    for (const t of targets) {
+      const change = el("td");
+      const after = t.after || {};
+      for (const col of Object.keys(after).sort()) {
+        const before = t.before ? t.before[col] : undefined;
+        change.append(
+          el(
+            "div",
+            { class: "kt-change" },
+            el("span", { class: "kt-col", text: col }),
+            ": ",
+            el("span", { class: "kt-before", text: t.before ? valueText(before) : "(not visible to you)" }),
+            " → ",
+            el("span", { class: "kt-after", text: valueText(after[col]) })
+          )
+        );
+      }
+      const row = el("tr", { kt: "target" }, el("th", { scope: "row", text: String(t.key) }), change);
+      row.dataset.key = String(t.key);
+      body.append(row);
+    }
+    table.append(body);
+    return el("div", { class: "kt-table-wrap" }, table);
+  }
+
+  renderActions() {
+    const reasonId = `${this.id}-reason`;
+    this.approveButton = el("button", { type: "button", kt: "approve", class: "kt-approve", text: "Approve" });
+    this.approveButton.addEventListener("click", () => this.approve());
+    this.rejectButton = el("button", { type: "button", kt: "reject", class: "kt-reject", text: "Reject" });
+    this.rejectButton.addEventListener("click", () => this.reject());
+    this.reason = el("textarea", { id: reasonId, kt: "reason", rows: 2, maxlength: 500 });
+    this.editButton = el("button", { type: "button", kt: "edit", class: "kt-secondary", text: "Edit fields…" });
+    this.editButton.addEventListener("click", () => this.edit());
+    return el(
+      "div",
+      { class: "kt-actions" },
+      el("div", { class: "kt-row" }, this.approveButton, this.editButton),
+      el(
+        "div",
+        { class: "kt-reject-box" },
+        el("label", { for: reasonId, text: "Reason for rejecting (optional)" }),
+        this.reason,
+        this.rejectButton
+      )
+    );
+  }
+
+  /** Enables what may be pressed now. */
+  sync() {
+    if (!this.approveButton) return;
+    const pending = this.status === "pending" && !this.expired;
+    this.approveButton.disabled = !this.approvable;
+    this.rejectButton.disabled = !pending || this.busy || this.editing;
+    this.reason.disabled = this.rejectButton.disabled;
+    this.editButton.disabled = !pending || this.busy || this.editing || this.params === undefined;
+    this.editButton.hidden = this.params === undefined;
+    this.root.dataset.status = this.status || "";
+    this.card.refresh();
+  }
+
+  /** Updates the countdown; called every second. */
+  tick() {
+    const line = this.root.querySelector('[data-kt="expires"]');
+    if (!line || !this.preview) return;
+    const left = (Date.parse(this.preview.expires_at) - Date.now()) / 1000;
+    if (this.status !== "pending") {
+      line.textContent = "";
+      line.hidden = true;
+    } else if (left > 0) {
+      line.hidden = false;
+      line.textContent = `Expires in ${duration(left)}`;
+      line.classList.toggle("kt-soon", left < 60);
+      delete line.dataset.expired;
+    } else {
+      line.hidden = false;
+      line.textContent = "Expired: this proposal can no longer be approved. Ask again.";
+      line.dataset.expired = "true";
+    }
+    this.sync();
+  }
+
+  showStatus(status, result) {
+    this.status = status;
+    const line = this.root.querySelector('[data-kt="status"]');
+    if (line) {
+      line.dataset.status = status;
+      line.className = `kt-status kt-${tone(status)}`;
+      line.textContent = outcomeWords(status, result);
+    }
+    this.tick();
+  }
+
+  showError(err) {
+    const line = this.root.querySelector('[data-kt="error"]');
+    if (!line) return;
+    const [headline, said] = Array.isArray(err) ? err : explain(err);
+    line.replaceChildren(headline, said ? el("span", { class: "kt-said", text: said }) : "");
+    line.hidden = false;
+  }
+
+  clearError() {
+    const line = this.root.querySelector('[data-kt="error"]');
+    if (line) line.hidden = true;
+  }
+
+  /** The approve call's arguments: a digest action resubmits its params. */
+  approveArgs() {
+    const args = { action_id: this.actionId, token: this.token };
+    if (this.preview.retain === "digest") args.params = this.linkParams;
+    return args;
+  }
+
+  setBusy(busy) {
+    this.busy = busy;
+    this.root.setAttribute("aria-busy", String(busy));
+    this.sync();
+  }
+
+  async approve() {
+    // The guard and the disabled button hold from this line on, before any
+    // await: a second click meets a disabled button. The database's replay
+    // answer covers whatever gets through anyway (another tab, a retry).
+    if (!this.approvable) return;
+    this.setBusy(true);
+    this.clearError();
+    try {
+      const rows = await rpc("approve", this.approveArgs(), this.card.auth);
+      const row = rows[0];
+      this.showStatus(row.status, row.result);
+      if (IN_FLIGHT.has(row.status)) this.follow();
+    } catch (e) {
+      this.showError(e);
+    } finally {
+      this.setBusy(false);
+    }
+  }
+
+  /** Shows one row of approve_many (or of approve, one by one). */
+  settle(row) {
+    if (row.status === "refused") {
+      this.showStatus("refused", row.result);
+      this.showError(["The database refused this one; nothing ran for it.", (row.result && row.result.message) || ""]);
+    } else {
+      this.showStatus(row.status, row.result);
+      if (IN_FLIGHT.has(row.status)) this.follow();
+    }
+  }
+
+  async reject() {
+    if (this.busy || this.status !== "pending") return;
+    this.setBusy(true);
+    this.clearError();
+    try {
+      const reason = this.reason.value.trim();
+      const status = await rpc(
+        "reject",
+        reason ? { action_id: this.actionId, token: this.token, reason } : { action_id: this.actionId, token: this.token },
+        this.card.auth
+      );
+      this.showStatus(status, reason ? { reason } : null);
+    } catch (e) {
+      this.showError(e);
+    } finally {
+      this.setBusy(false);
+    }
+  }
+
+  /** Polls action_status until the action is no longer on its way. */
+  async follow() {
+    if (this.following) return;
+    this.following = true;
+    let delay = 500;
+    try {
+      while (IN_FLIGHT.has(this.status)) {
+        await new Promise((r) => setTimeout(r, delay));
+        delay = Math.min(delay * 1.5, 5000);
+        try {
+          const rows = await rpc("action_status", { action_id: this.actionId }, this.card.auth);
+          if (rows && rows[0]) this.showStatus(rows[0].status, rows[0].result);
+        } catch (e) {
+          if (e instanceof RpcError && e.status >= 400 && e.status < 500) {
+            this.showError(e);
+            return;
+          }
+        }
+      }
+    } finally {
+      this.following = false;
+    }
+  }
+
+  /** Turns the fields into inputs; saving calls revise. */
+  edit() {
+    if (this.params === undefined || this.status !== "pending") return;
+    this.editing = true;
+    const params = this.params;
+    const form = el("form", { class: "kt-edit", kt: "edit-form", novalidate: true });
+    form.append(el("h3", { text: "Edit the fields: saving makes a new proposal and retires this one" }));
+    const inputs = [];
+    const keys = params && typeof params === "object" && !Array.isArray(params) ? Object.keys(params).sort() : [];
+    keys.forEach((key, i) => {
+      const id = `${this.id}-field-${i}`;
+      const value = params[key];
+      const isText = typeof value === "string";
+      const input = el(isText && !value.includes("\n") ? "input" : "textarea", { id, kt: "field", class: "kt-field" });
+      input.dataset.key = key;
+      input.dataset.json = String(!isText);
+      input.value = isText ? value : JSON.stringify(value, null, 2);
+      if (input.tagName === "INPUT") input.type = "text";
+      else input.rows = 4;
+      inputs.push(input);
+      form.append(el("label", { for: id, text: isText ? key : `${key} (JSON)` }), input);
+    });
+    const save = el("button", { type: "submit", kt: "revise", text: "Save as a new proposal" });
+    const cancel = el("button", { type: "button", kt: "edit-cancel", class: "kt-secondary", text: "Cancel" });
+    cancel.addEventListener("click", () => {
+      form.remove();
+      this.editing = false;
+      this.sync();
+    });
+    form.append(el("div", { class: "kt-row" }, save, cancel));
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      this.revise(inputs, save);
+    });
+    this.root.querySelector(".kt-actions").before(form);
+    this.sync();
+    if (inputs[0]) inputs[0].focus();
+  }
+
+  async revise(inputs, save) {
+    if (this.busy) return;
+    const params = {};
+    try {
+      for (const input of inputs) {
+        params[input.dataset.key] = input.dataset.json === "true" ? JSON.parse(input.value) : input.value;
+      }
+    } catch (e) {
+      this.showError(["A JSON field does not parse; fix it and save again.", String(e.message || e)]);
+      return;
+    }
+    save.disabled = true;
+    this.setBusy(true);
+    this.clearError();
+    try {
+      const rows = await rpc("revise", { action_id: this.actionId, token: this.token, params }, this.card.auth);
+      const next = rows[0];
+      this.revisedFrom = this.actionId;
+      // The new token lives only here, in memory: it is never written to
+      // the address bar or to storage.
+      this.actionId = next.action_id;
+      this.token = next.token;
+      this.root.dataset.actionId = next.action_id;
+      if (this.preview.retain === "digest") this.linkParams = params;
+      this.editing = false;
+      this.busy = false;
+      await this.load();
+    } catch (e) {
+      save.disabled = false;
+      this.showError(isMissingFunction(e) ? ["This keyturn cannot revise proposals yet.", ""] : e);
+    } finally {
+      this.setBusy(false);
+    }
+  }
+}
+
+class KeyturnCard extends HTMLElement {
+  connectedCallback() {
+    if (this.started) return;
+    this.started = true;
+    const ownLink = this.getAttribute("link");
+    if (ownLink === null) {
+      // Another link opened in this tab changes only the fragment, which
+      // reloads nothing by itself: start over with it.
+      window.addEventListener("hashchange", () => location.reload());
+    }
+    const { items } = parseLink(ownLink ?? location.hash.slice(1));
+    // An embedding page hands the JWT over as a property; the /card page
+    // brings it in its fragment.
+    const jwt = this.jwt || (ownLink ? parseLink(ownLink).jwt : null) || takeJwt();
+    this.auth = { jwt, base: this.getAttribute("endpoint") || "" };
+    this.classList.add("kt-card");
+    this.dataset.kt = "card";
+    this.globalError = el("p", { class: "kt-error", kt: "error", role: "alert", hidden: true });
+    this.list = el("div", { class: "kt-items" });
+    this.items = items.map((it, i) => new Item(this, it, i));
+    const header = el("header", { class: "kt-header" }, el("h1", { text: this.items.length > 1 ? `${this.items.length} actions wait for your decision` : "An action waits for your decision" }));
+    this.replaceChildren(header, this.globalError, this.list);
+    if (!items.length) return this.fail(["This link holds no action to review.", ""]);
+    if (!jwt) return this.fail(["You are not signed in here: open the link your app gave you again.", ""]);
+    if (this.items.length > 1) {
+      this.approveAll = el("button", { type: "button", kt: "approve-all", class: "kt-approve", text: "Approve all" });
+      this.approveAll.addEventListener("click", () => this.approveEvery());
+      this.batchStatus = el("p", { kt: "batch-status", class: "kt-status", role: "status", "aria-live": "polite" });
+      header.append(el("p", { class: "kt-note", text: "Review each one below. You can decide on each alone, or approve all that can be approved in one step." }), this.approveAll, this.batchStatus);
+    }
+    for (const item of this.items) this.list.append(item.root);
+    this.timer = setInterval(() => this.items.forEach((i) => i.tick()), 1000);
+    Promise.all(this.items.map((i) => i.load())).then(() => this.afterLoad());
+  }
+
+  disconnectedCallback() {
+    clearInterval(this.timer);
+  }
+
+  afterLoad() {
+    // When nothing could be shown because of the sign-in, say so once.
+    const denied = this.items.every((i) => !i.preview);
+    this.dataset.loaded = "true";
+    if (denied && this.items.length > 1) this.fail(["None of these actions can be shown to you.", ""], false);
+  }
+
+  fail(message, clear = true) {
+    const [headline, said] = message;
+    this.globalError.replaceChildren(headline, said ? el("span", { class: "kt-said", text: said }) : "");
+    this.globalError.hidden = false;
+    if (clear) this.list.replaceChildren();
+    this.dataset.loaded = "true";
+  }
+
+  refresh() {
+    if (!this.approveAll) return;
+    const ready = this.items.filter((i) => i.approvable);
+    this.approveAll.disabled = ready.length === 0 || this.items.some((i) => i.busy);
+    this.approveAll.textContent = ready.length ? `Approve all ${ready.length}` : "Approve all";
+  }
+
+  async approveEvery() {
+    const ready = this.items.filter((i) => i.approvable);
+    if (!ready.length) return;
+    ready.forEach((i) => i.setBusy(true));
+    this.approveAll.disabled = true;
+    try {
+      let rows;
+      try {
+        rows = await rpc("approve_many", { items: ready.map((i) => i.approveArgs()) }, this.auth);
+      } catch (e) {
+        if (!isMissingFunction(e)) throw e;
+        // An older keyturn without approve_many: the same calls one by one,
+        // each answered as approve answers it.
+        rows = [];
+        for (const item of ready) {
+          try {
+            const [row] = await rpc("approve", item.approveArgs(), this.auth);
+            rows.push(row);
+          } catch (err) {
+            rows.push({ action_id: item.actionId, status: "refused", result: { sqlstate: err.code, message: err.message } });
+          }
+        }
+      }
+      for (const row of rows) {
+        const item = ready.find((i) => i.actionId === row.action_id);
+        if (item) item.settle(row);
+      }
+      const done = rows.filter((r) => r.status !== "refused").length;
+      this.batchStatus.textContent = `${plural(done, "action", "actions")} approved, ${rows.length - done} refused. Each outcome is shown below.`;
+    } catch (e) {
+      const [headline, said] = explain(e);
+      this.batchStatus.textContent = `${headline} ${said}`;
+    } finally {
+      ready.forEach((i) => i.setBusy(false));
+      this.refresh();
+    }
+  }
+}
+
+customElements.define("keyturn-card", KeyturnCard);

@@ -1,0 +1,66 @@
+// Building what the person reads, as text only. Nothing here ever parses
+// markup: every node is made with createElement and filled with
+// textContent, so a param value such as <img onerror=…> stays text.
+
+// Characters that print as nothing or as something else: controls (but tab
+// and newline), format characters (zero-width, bidi overrides, tags),
+// separators, unassigned and private-use code points, lone surrogates, and
+// the spaces and fillers that look like a plain space or like nothing.
+const HIDDEN =
+  /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Co}\p{Cn}\p{Cs}\u00A0\u034F\u115F\u1160\u1680\u180B-\u180F\u2000-\u200A\u202F\u205F\u3000\u3164\uFE00-\uFE0F\uFFA0]/gu;
+
+/** `s` with every hidden character shown as ⟨U+XXXX⟩. */
+export function visible(s) {
+  return String(s).replace(HIDDEN, (ch) => {
+    if (ch === "\n" || ch === "\t") return ch;
+    const cp = ch.codePointAt(0);
+    return `⟨U+${cp.toString(16).toUpperCase().padStart(4, "0")}⟩`;
+  });
+}
+
+/** A param or column value as the person reads it: strings as they are,
+ *  anything else as JSON; hidden characters shown either way. */
+export function valueText(v) {
+  if (typeof v === "string") return visible(v);
+  if (v === undefined) return "(none)";
+  return visible(JSON.stringify(v, null, 2));
+}
+
+/** A new element: `attrs` may set class, data-kt (kt), text, and any
+ *  attribute; `children` are nodes or strings (as text). */
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "text") node.textContent = visible(v);
+    else if (k === "kt") node.dataset.kt = v;
+    else if (k === "class") node.className = v;
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children) {
+    if (c === null || c === undefined || c === false) continue;
+    node.append(typeof c === "string" ? document.createTextNode(visible(c)) : c);
+  }
+  return node;
+}
+
+/** "3 min 12 s" for a number of seconds. */
+export function duration(seconds) {
+  const s = Math.max(0, Math.floor(seconds));
+  const d = Math.floor(s / 86400);
+  const h = Math.floor((s % 86400) / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  const parts = [];
+  if (d) parts.push(`${d} d`);
+  if (h) parts.push(`${h} h`);
+  if (m && !d) parts.push(`${m} min`);
+  if (!d && !h) parts.push(`${s % 60} s`);
+  return parts.join(" ");
+}
+
+/** A timestamp in the reader's locale, with its ISO form for the title. */
+export function when(iso) {
+  if (!iso) return "—";
+  const t = new Date(iso);
+  return Number.isNaN(t.getTime()) ? String(iso) : t.toLocaleString();
+}
