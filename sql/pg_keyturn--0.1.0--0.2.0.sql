@@ -206,28 +206,24 @@ SELECT pg_catalog.pg_extension_config_dump('keyturn_secret.approval_key', '');
 
 -- ==== The functions of 0.2.0, from its install script ====
 
--- extension/src/actor.rs:116
 -- pg_keyturn::actor::_acting
 CREATE OR REPLACE FUNCTION "_acting"() RETURNS bool /* bool */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'acting_wrapper';
 
--- extension/src/actor.rs:89
 -- pg_keyturn::actor::_actor_principal
 CREATE OR REPLACE FUNCTION "_actor_principal"() RETURNS TEXT /* Option < String > */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'actor_principal_wrapper';
 
--- extension/src/actor.rs:84
 -- pg_keyturn::actor::_actor_role
 CREATE OR REPLACE FUNCTION "_actor_role"() RETURNS TEXT /* Option < String > */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'actor_role_wrapper';
 
--- extension/src/approval.rs:67
 -- pg_keyturn::approval::_approval_mac
 CREATE OR REPLACE FUNCTION "_approval_mac"(
 	"action_id" uuid, /* pgrx :: Uuid */
@@ -241,7 +237,6 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'approval_mac_wrapper';
 
--- extension/src/approval.rs:92
 -- pg_keyturn::approval::_approval_valid
 CREATE OR REPLACE FUNCTION "_approval_valid"(
 	"action_id" uuid, /* Option < pgrx :: Uuid > */
@@ -256,7 +251,6 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'approval_valid_wrapper';
 
--- extension/src/validation.rs:49
 -- pg_keyturn::validation::_check_params_schema
 CREATE OR REPLACE FUNCTION "_check_params_schema"(
 	"params_schema" jsonb /* JsonbText */
@@ -265,7 +259,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'check_params_schema_wrapper';
 
--- extension/src/fence.rs:40
 -- pg_keyturn::fence::_check_projection
 CREATE OR REPLACE FUNCTION "_check_projection"(
 	"spec" jsonb /* JsonbText */
@@ -274,7 +267,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'check_projection_wrapper';
 
--- extension/src/validation.rs:120
 -- pg_keyturn::validation::_check_scope
 CREATE OR REPLACE FUNCTION "_check_scope"(
 	"scope" jsonb /* JsonbText */
@@ -283,7 +275,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'check_scope_wrapper';
 
--- extension/src/validation.rs:36
 -- pg_keyturn::validation::_check_template
 CREATE OR REPLACE FUNCTION "_check_template"(
 	"template" TEXT /* & str */
@@ -292,7 +283,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'check_template_wrapper';
 
--- extension/src/validation.rs:23
 -- pg_keyturn::validation::_credential_path
 CREATE OR REPLACE FUNCTION "_credential_path"(
 	"params" jsonb /* JsonbText */
@@ -301,7 +291,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'credential_path_wrapper';
 
--- extension/src/token.rs:56
 -- pg_keyturn::token::_ct_eq
 CREATE OR REPLACE FUNCTION "_ct_eq"(
 	"a" bytea, /* & [u8] */
@@ -311,14 +300,12 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'ct_eq_wrapper';
 
--- extension/src/actor.rs:96
 -- pg_keyturn::actor::_event_detail
 CREATE OR REPLACE FUNCTION "_event_detail"() RETURNS TEXT /* Option < String > */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'event_detail_wrapper';
 
--- extension/src/exec_as.rs:19
 -- pg_keyturn::exec_as::_exec_as
 CREATE OR REPLACE FUNCTION "_exec_as"(
 	"role" oid, /* pg_sys :: Oid */
@@ -330,7 +317,6 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'exec_as_wrapper';
 
--- extension/src/fence.rs:50
 -- pg_keyturn::fence::_fence
 CREATE OR REPLACE FUNCTION "_fence"(
 	"provider" TEXT, /* & str */
@@ -345,7 +331,6 @@ STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'fence_data_wrapper';
 
--- extension/src/canonical.rs:32
 -- pg_keyturn::canonical::_form_arg
 CREATE OR REPLACE FUNCTION "_form_arg"(
 	"form" jsonb, /* JsonbText */
@@ -355,14 +340,12 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'form_arg_wrapper';
 
--- extension/src/identity.rs:174
 -- pg_keyturn::identity::_identity_problem
 CREATE OR REPLACE FUNCTION "_identity_problem"() RETURNS TEXT /* Option < String > */
 STRICT STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'problem_wrapper';
 
--- extension/src/validation.rs:90
 -- pg_keyturn::validation::_inspect_params
 CREATE OR REPLACE FUNCTION "_inspect_params"(
 	"tool" TEXT, /* & str */
@@ -377,7 +360,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'inspect_params_wrapper';
 
--- extension/src/validation.rs:77
 -- pg_keyturn::validation::_params_errors
 CREATE OR REPLACE FUNCTION "_params_errors"(
 	"params_schema" jsonb, /* JsonbText */
@@ -387,7 +369,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'params_errors_wrapper';
 
--- extension/src/validation.rs:30
 -- pg_keyturn::validation::_redact
 CREATE OR REPLACE FUNCTION "_redact"(
 	"receipt" jsonb /* JsonbText */
@@ -396,7 +377,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'redact_wrapper';
 
--- extension/src/privilege.rs:99
 -- pg_keyturn::privilege::_refuse_nested
 CREATE OR REPLACE FUNCTION "_refuse_nested"(
 	"what" TEXT /* & str */
@@ -405,7 +385,6 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'refuse_nested_wrapper';
 
--- extension/src/privilege.rs:189
 -- pg_keyturn::privilege::_refuse_rls_bypass
 CREATE OR REPLACE FUNCTION "_refuse_rls_bypass"(
 	"role" oid /* pg_sys :: Oid */
@@ -414,7 +393,6 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'refuse_rls_bypass_sql_wrapper';
 
--- extension/src/validation.rs:42
 -- pg_keyturn::validation::_render_summary
 CREATE OR REPLACE FUNCTION "_render_summary"(
 	"template" TEXT, /* & str */
@@ -425,7 +403,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'render_summary_wrapper';
 
--- extension/src/validation.rs:127
 -- pg_keyturn::validation::_scope_violation
 CREATE OR REPLACE FUNCTION "_scope_violation"(
 	"scope" jsonb, /* Option < JsonbText > */
@@ -436,7 +413,6 @@ IMMUTABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'scope_violation_wrapper';
 
--- extension/src/actor.rs:41
 -- pg_keyturn::actor::_set_actor
 CREATE OR REPLACE FUNCTION "_set_actor"(
 	"p_role" TEXT, /* Option < & str > */
@@ -446,7 +422,6 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'set_actor_wrapper';
 
--- extension/src/actor.rs:58
 -- pg_keyturn::actor::_set_event_context
 CREATE OR REPLACE FUNCTION "_set_event_context"(
 	"p_context" jsonb /* Option < pgrx :: JsonB > */
@@ -455,7 +430,6 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'set_event_context_wrapper';
 
--- extension/src/actor.rs:75
 -- pg_keyturn::actor::_set_event_detail
 CREATE OR REPLACE FUNCTION "_set_event_detail"(
 	"p_detail" jsonb /* Option < JsonbText > */
@@ -464,7 +438,6 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'set_event_detail_wrapper';
 
--- extension/src/token.rs:22
 -- pg_keyturn::token::_token_binding
 CREATE OR REPLACE FUNCTION "_token_binding"(
 	"token" TEXT, /* & str */
@@ -476,7 +449,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'token_binding_wrapper';
 
--- extension/src/token.rs:38
 -- pg_keyturn::token::_token_binds
 CREATE OR REPLACE FUNCTION "_token_binds"(
 	"token" TEXT, /* & str */
@@ -489,7 +461,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'token_binds_wrapper';
 
--- extension/src/token.rs:17
 -- pg_keyturn::token::_token_digest
 CREATE OR REPLACE FUNCTION "_token_digest"(
 	"token" TEXT /* & str */
@@ -498,21 +469,18 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'token_digest_wrapper';
 
--- extension/src/token.rs:12
 -- pg_keyturn::token::_token_new
 CREATE OR REPLACE FUNCTION "_token_new"() RETURNS TEXT /* String */
 STRICT VOLATILE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'token_new_wrapper';
 
--- extension/src/ids.rs:12
 -- pg_keyturn::ids::_uuid_v7
 CREATE OR REPLACE FUNCTION "_uuid_v7"() RETURNS uuid /* pgrx :: Uuid */
 STRICT VOLATILE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'uuid_v7_wrapper';
 
--- extension/src/gate/human.rs:37
 -- pg_keyturn::gate::human::approve
 CREATE OR REPLACE FUNCTION "approve"(
 	"action_id" uuid, /* Option < pgrx :: Uuid > */
@@ -528,7 +496,6 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'approve_wrapper';
 
--- extension/src/gate/human.rs:60
 -- pg_keyturn::gate::human::approve_many
 CREATE OR REPLACE FUNCTION "approve_many"(
 	"items" jsonb /* Option < JsonbText > */
@@ -542,7 +509,6 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'approve_many_wrapper';
 
--- extension/src/canonical.rs:16
 -- pg_keyturn::canonical::canonical_json
 CREATE OR REPLACE FUNCTION "canonical_json"(
 	"j" jsonb /* JsonbText */
@@ -551,28 +517,24 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'canonical_json_wrapper';
 
--- extension/src/identity.rs:161
 -- pg_keyturn::identity::current_principal
 CREATE OR REPLACE FUNCTION "current_principal"() RETURNS TEXT /* Option < String > */
 STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'current_principal_wrapper';
 
--- extension/src/identity.rs:167
 -- pg_keyturn::identity::current_session
 CREATE OR REPLACE FUNCTION "current_session"() RETURNS TEXT /* Option < String > */
 STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'current_session_wrapper';
 
--- extension/src/identity.rs:155
 -- pg_keyturn::identity::current_tenant
 CREATE OR REPLACE FUNCTION "current_tenant"() RETURNS TEXT /* Option < String > */
 STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'current_tenant_wrapper';
 
--- extension/src/gate/human.rs:195
 -- pg_keyturn::gate::human::delegate
 CREATE OR REPLACE FUNCTION "delegate"(
 	"tool" TEXT, /* Option < String > */
@@ -585,7 +547,6 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'delegate_wrapper';
 
--- extension/src/gate/human.rs:242
 -- pg_keyturn::gate::human::delegations
 CREATE OR REPLACE FUNCTION "delegations"() RETURNS TABLE (
 	"delegation_id" uuid,  /* pgrx :: Uuid */
@@ -602,7 +563,6 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'delegations_wrapper';
 
--- extension/src/canonical.rs:22
 -- pg_keyturn::canonical::params_hash
 CREATE OR REPLACE FUNCTION "params_hash"(
 	"tool" TEXT, /* & str */
@@ -612,7 +572,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'params_hash_wrapper';
 
--- extension/src/gate/human.rs:153
 -- pg_keyturn::gate::human::pending
 CREATE OR REPLACE FUNCTION "pending"(
 	"max_rows" INT DEFAULT 50 /* Option < i32 > */
@@ -633,7 +592,6 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'pending_wrapper';
 
--- extension/src/gate/human.rs:81
 -- pg_keyturn::gate::human::preview
 CREATE OR REPLACE FUNCTION "preview"(
 	"action_id" uuid, /* Option < pgrx :: Uuid > */
@@ -644,7 +602,6 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'preview_wrapper';
 
--- extension/src/gate/agent.rs:14
 -- pg_keyturn::gate::agent::propose
 CREATE OR REPLACE FUNCTION "propose"(
 	"tool" TEXT, /* Option < String > */
@@ -664,7 +621,6 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'propose_wrapper';
 
--- extension/src/gate/human.rs:279
 -- pg_keyturn::gate::human::record_request
 CREATE OR REPLACE FUNCTION "record_request"(
 	"conversation_id" TEXT, /* Option < String > */
@@ -677,7 +633,6 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'record_request_wrapper';
 
--- extension/src/gate/human.rs:98
 -- pg_keyturn::gate::human::reject
 CREATE OR REPLACE FUNCTION "reject"(
 	"action_id" uuid, /* Option < pgrx :: Uuid > */
@@ -689,7 +644,6 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'reject_wrapper';
 
--- extension/src/gate/human.rs:119
 -- pg_keyturn::gate::human::revise
 CREATE OR REPLACE FUNCTION "revise"(
 	"action_id" uuid, /* Option < pgrx :: Uuid > */
@@ -707,7 +661,6 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'revise_wrapper';
 
--- extension/src/gate/human.rs:226
 -- pg_keyturn::gate::human::revoke_delegation
 CREATE OR REPLACE FUNCTION "revoke_delegation"(
 	"delegation_id" uuid /* Option < pgrx :: Uuid > */
@@ -717,14 +670,12 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'revoke_delegation_wrapper';
 
--- extension/src/lifecycle.rs:280
 -- pg_keyturn::lifecycle::_action_lifecycle
 CREATE OR REPLACE FUNCTION "_action_lifecycle"()
 	RETURNS TRIGGER
 	LANGUAGE c
 	AS 'MODULE_PATHNAME', '_action_lifecycle_wrapper';
 
--- extension/src/lifecycle.rs:210
 -- pg_keyturn::lifecycle::_require_approval
 CREATE OR REPLACE FUNCTION "_require_approval"()
 	RETURNS TRIGGER
