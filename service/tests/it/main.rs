@@ -20,6 +20,7 @@ mod binary;
 mod e2e_attachments;
 mod e2e_dispatch;
 mod e2e_pg_restart;
+mod e2e_pooler;
 mod e2e_process;
 mod e2e_smtp;
 mod e2e_standard_webhooks;
