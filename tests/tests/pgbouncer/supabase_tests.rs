@@ -63,6 +63,16 @@ async fn direct(role: &str, db: &str) -> Client {
     client
 }
 
+/// Role and privilege DDL, one test at a time: two concurrent GRANTs on one
+/// object (schema crm, crm.deal) fail with "tuple concurrently updated".
+async fn ddl(su: &Client, sql: &str) {
+    su.batch_execute(&format!(
+        "BEGIN; SELECT pg_advisory_xact_lock(hashtext('keyturn pgbouncer tests ddl')); {sql}; COMMIT"
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
 fn repo_file(path: &str) -> String {
     let full = format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"));
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("read {full}: {e}"))
@@ -136,7 +146,7 @@ impl Site {
         let agent_role = unique("sb_agent");
         let person_role = unique("sb_person");
         let anon_role = unique("sb_anon");
-        su.batch_execute(&format!(
+        ddl(&su, &format!(
             "CREATE ROLE {anon_role} NOLOGIN;
              CREATE ROLE {agent_role} NOLOGIN IN ROLE keyturn_agent;
              CREATE ROLE {person_role} NOLOGIN IN ROLE keyturn_approver;
@@ -144,9 +154,7 @@ impl Site {
              GRANT USAGE ON SCHEMA crm TO {agent_role}, {person_role};
              GRANT SELECT ON crm.deal TO {agent_role};
              GRANT SELECT, UPDATE ON crm.deal TO {person_role};"
-        ))
-        .await
-        .expect("PostgREST roles");
+        )).await;
         let tenant = random_id();
         let user = uuid::Uuid::new_v4().to_string();
         let session = uuid::Uuid::new_v4().to_string();
@@ -423,7 +431,8 @@ async fn test_every_rule_holds_through_the_api_schema() {
     let ids = json!({"action_id": action_id, "token": token});
     let person = s.claims(&s.person_role, s.tenant);
 
-    // Separation of duties: the agent's role never approves.
+    // Separation of duties: the agent's role may not call approve at all,
+    // and a role that could (one in both group roles) is refused by keyturn.
     let r = rpc(
         &c,
         &s.agent_role,
@@ -432,7 +441,24 @@ async fn test_every_rule_holds_through_the_api_schema() {
         &ids,
     )
     .await;
-    assert_eq!(code(r), "42501");
+    assert!(
+        detail(r).contains("permission denied for function approve"),
+        "the agent's role has no EXECUTE on the wrapper"
+    );
+    let dual = unique("sb_dual");
+    ddl(
+        &s.su,
+        &format!(
+        "CREATE ROLE {dual} NOLOGIN IN ROLE keyturn_agent, keyturn_approver; GRANT {dual} TO {}",
+        s.authenticator
+    ),
+    )
+    .await;
+    let r = rpc(&c, &dual, Some(&person), &APPROVE, &ids).await;
+    assert!(
+        detail(r).contains("is a member of keyturn_agent"),
+        "keyturn's own separation of duties, through the wrapper"
+    );
     // Each role executes exactly its own calls: a person does not propose,
     // an anonymous request calls nothing.
     let propose_body =
@@ -474,13 +500,15 @@ async fn test_every_rule_holds_through_the_api_schema() {
     // register_tool, rightly.)
     let both = unique("sb_both");
     let approver = unique("sb_approver");
-    s.su.batch_execute(&format!(
-        "CREATE ROLE {approver} NOLOGIN IN ROLE keyturn_approver;
+    ddl(
+        &s.su,
+        &format!(
+            "CREATE ROLE {approver} NOLOGIN IN ROLE keyturn_approver;
          CREATE ROLE {both} LOGIN INHERIT IN ROLE {}, {approver}",
-        s.agent_role
-    ))
-    .await
-    .expect("an inheriting login");
+            s.agent_role
+        ),
+    )
+    .await;
     let inherits = pooled(crate::support::bouncer_port().expect("port"), &both, DB).await;
     let r = rpc(&inherits, &approver, Some(&person), &APPROVE, &ids).await;
     assert_eq!(code(r), "42501", "inherits keyturn_agent");
@@ -627,12 +655,14 @@ async fn test_claim_paths_are_per_database_and_only_a_superuser_sets_them() {
     // Without keyturn.claim_numbers a numeric tenant is missing identity,
     // and the detail says how to accept it.
     let strict = unique("sb_strict");
-    s.su.batch_execute(&format!(
-        "CREATE ROLE {strict} LOGIN IN ROLE keyturn_agent; \
+    ddl(
+        &s.su,
+        &format!(
+            "CREATE ROLE {strict} LOGIN IN ROLE keyturn_agent; \
          ALTER ROLE {strict} IN DATABASE {DB} SET keyturn.claim_numbers = off"
-    ))
-    .await
-    .expect("a role without claim_numbers");
+        ),
+    )
+    .await;
     let strict_conn = pooled(port, &strict, DB).await;
     assert_eq!(
         identity_under(&strict_conn, &claims, identity_sql).await.0,
