@@ -355,7 +355,7 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'form_arg_wrapper';
 
--- extension/src/identity.rs:174
+-- extension/src/identity.rs:184
 -- pg_keyturn::identity::_identity_problem
 CREATE OR REPLACE FUNCTION "_identity_problem"() RETURNS TEXT /* Option < String > */
 STRICT STABLE PARALLEL SAFE 
@@ -551,21 +551,21 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'canonical_json_wrapper';
 
--- extension/src/identity.rs:161
+-- extension/src/identity.rs:171
 -- pg_keyturn::identity::current_principal
 CREATE OR REPLACE FUNCTION "current_principal"() RETURNS TEXT /* Option < String > */
 STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'current_principal_wrapper';
 
--- extension/src/identity.rs:167
+-- extension/src/identity.rs:177
 -- pg_keyturn::identity::current_session
 CREATE OR REPLACE FUNCTION "current_session"() RETURNS TEXT /* Option < String > */
 STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'current_session_wrapper';
 
--- extension/src/identity.rs:155
+-- extension/src/identity.rs:165
 -- pg_keyturn::identity::current_tenant
 CREATE OR REPLACE FUNCTION "current_tenant"() RETURNS TEXT /* Option < String > */
 STRICT STABLE PARALLEL SAFE
