@@ -3,7 +3,8 @@
 # benchmarks. Every run gets its own data directory, socket directory and free
 # port (never 5432), runs PostgreSQL as the `postgres` OS user when we are root
 # (PostgreSQL refuses to run as root), and is torn down by an EXIT trap, also
-# when a test fails. Two runs at once do not collide.
+# when a test fails. Two runs at once do not collide. PgBouncer, for the
+# pgbouncer layer, runs in front of the cluster the same way.
 
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 PG_CONFIG=${PG_CONFIG:-$PG_BIN/pg_config}
@@ -167,6 +168,73 @@ kt_drop_test_roles() {
     kt_psql -d "$db" -qc "DROP OWNED BY $roles CASCADE" >/dev/null
   done
   kt_psql -d postgres -qc "DROP ROLE $roles" >/dev/null
+}
+
+# Starts PgBouncer in transaction mode in front of the private cluster, on a
+# port of its own; exports KT_PGBOUNCER_PORT and KT_PGBOUNCER_DIR (its config
+# and log). Any login role of the cluster connects through it as itself:
+# trust, as the cluster itself does, the role looked up by auth_query. No
+# server_reset_query runs between clients (PgBouncer's default in transaction
+# mode), so session state does travel from one client to the next: the case
+# keyturn's identity rules must survive. Database keyturn_one is keyturn with
+# one server connection per role, for tests that need two clients to share
+# one; any other name reaches the database of that name.
+kt_pgbouncer_start() {
+  : "${KT_PGPORT:?start the cluster first (kt_cluster_start)}"
+  local dir port
+  dir="$(kt_scratch)/pgbouncer"
+  port=$(kt_free_port)
+  kt_as_pg mkdir -p "$dir"
+  echo '"postgres" ""' | kt_as_pg tee "$dir/userlist.txt" >/dev/null
+  kt_as_pg tee "$dir/pgbouncer.ini" >/dev/null <<INI
+[databases]
+keyturn_one = host=127.0.0.1 port=$KT_PGPORT dbname=keyturn pool_size=1
+* = host=127.0.0.1 port=$KT_PGPORT
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+pool_mode = transaction
+default_pool_size = 8
+max_client_conn = 500
+auth_type = trust
+auth_file = $dir/userlist.txt
+auth_user = postgres
+auth_query = SELECT rolname::text, NULL::text FROM pg_catalog.pg_roles WHERE rolname = \$1 AND rolcanlogin
+ignore_startup_parameters = extra_float_digits
+admin_users = postgres
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+  # PgBouncer refuses to run as root, as PostgreSQL does.
+  kt_as_pg pgbouncer -d -q "$dir/pgbouncer.ini" || {
+    cat "$dir/pgbouncer.log" >&2 2>/dev/null
+    return 1
+  }
+  local i
+  for i in $(seq 1 100); do
+    if "$PG_BIN/psql" -X -h 127.0.0.1 -p "$port" -U postgres -d keyturn -qAtc 'SELECT 1' >/dev/null 2>&1; then
+      export KT_PGBOUNCER_PORT=$port KT_PGBOUNCER_DIR=$dir
+      KT_PIDS="${KT_PIDS:-} $(cat "$dir/pgbouncer.pid")"
+      kt_log "PgBouncer (transaction mode) up on 127.0.0.1:$port in front of :$KT_PGPORT (config and log in $dir)"
+      return 0
+    fi
+    sleep 0.1
+  done
+  kt_log "PgBouncer did not accept connections on :$port after 10 s; its log:"
+  cat "$dir/pgbouncer.log" >&2 2>/dev/null
+  return 1
+}
+
+kt_pgbouncer_stop() {
+  if [ -n "${KT_PGBOUNCER_DIR:-}" ] && [ -f "$KT_PGBOUNCER_DIR/pgbouncer.pid" ]; then
+    local pid
+    pid=$(cat "$KT_PGBOUNCER_DIR/pgbouncer.pid")
+    kill "$pid" 2>/dev/null || true
+    KT_PIDS=$(sed "s/\b$pid\b//" <<<"${KT_PIDS:-}")
+  fi
+  unset KT_PGBOUNCER_PORT KT_PGBOUNCER_DIR
 }
 
 kt_cluster_stop() {

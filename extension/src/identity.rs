@@ -93,6 +93,16 @@ fn read(part: Part) -> Result<String, Problem> {
                 }
                 Some(Value::String(s)) => s,
                 Some(Value::Number(n)) if guc::CLAIM_NUMBERS.get() => n.to_string(),
+                // Supabase and other issuers put numeric ids in their claims;
+                // say how to accept them rather than only that they are wrong.
+                Some(Value::Number(_)) => {
+                    return Err(Problem::Other(format!(
+                        "claim {path} ({}) in request.jwt.claims is a number, not a string; a \
+                         superuser accepts numbers as identity with keyturn.claim_numbers = on \
+                         (ALTER DATABASE ... SET keyturn.claim_numbers = on)",
+                        part.what
+                    )))
+                }
                 Some(_) => {
                     return Err(Problem::Other(format!(
                         "claim {path} ({}) in request.jwt.claims is not a string",

@@ -9,6 +9,7 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `DATABASE_URL` | required | PostgreSQL connection string; the role needs `keyturn_dispatcher` (and `keyturn_operator` for `reconcile`, `uncertain` and the `keyturn_uncertain` gauge) |
+//! | `KEYTURN_LISTEN_DATABASE_URL` | `DATABASE_URL` | the connection that `LISTEN`s, and only that one: a direct connection to PostgreSQL when `DATABASE_URL` goes through a transaction-mode pooler, which cannot keep a `LISTEN` |
 //! | `KEYTURN_LISTEN` | `127.0.0.1:8787` | address of `/healthz`, `/readyz`, `/metrics` |
 //! | `KEYTURN_WEBHOOK_URL` | unset | `webhook` adapter endpoint; unset = adapter off, and `webhook` actions are not leased by this process |
 //! | `KEYTURN_WEBHOOK_SECRET` | unset | signs every webhook; required with the URL. `whsec_<base64>` (the Standard Webhooks format): `webhook-signature` is keyed by the decoded bytes, and a rest that does not decode is refused; anything else: by its UTF-8 bytes. The deprecated `X-Keyturn-Signature` is always keyed by the UTF-8 bytes of the whole value |
@@ -21,6 +22,7 @@
 //! | `KEYTURN_HTTP_TIMEOUT_SECONDS` | 10 | upper bound of one provider call (a webhook request or an SMTP transaction) |
 //! | `KEYTURN_SHUTDOWN_SECONDS` | 30 | how long SIGTERM waits for calls in flight; keep it ≥ the lease so every call can be recorded |
 //! | `KEYTURN_LISTEN_NOTIFY` | true | `false` = poll only, no `LISTEN` (for benchmarks) |
+//! | `KEYTURN_NOTIFY_HEARTBEAT_SECONDS` | 10 | period of the heartbeat `NOTIFY` sent through the pool, which must reach the `LISTEN` connection before the next one is due, or notifications count as stalled; 0 = off |
 //! | `KEYTURN_WORKER_NAME` | `keyturnd-<host>-<pid>` | the `worker` argument of `keyturn.lease` |
 //! | `KEYTURN_LOG_FORMAT` | `text` | `json` for one JSON object per line |
 //! | `KEYTURN_JWT_SECRET` | unset | HS256 key of the people's JWTs (at least 32 bytes); set it or `KEYTURN_JWT_JWKS` to serve `/rpc` (docs/http.md) |
@@ -41,6 +43,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
@@ -72,6 +75,10 @@ pub fn enough_lease_left(left: Duration, call_timeout: Duration) -> bool {
 pub fn min_lease(call_timeout: Duration) -> Duration {
     call_timeout + LEASE_SAFETY_MARGIN + LEASE_ROUND_TRIP_SLACK
 }
+
+/// The longest heartbeat period accepted: past an hour, a stall would go
+/// unnoticed for longer than anyone would wait for a wake-up.
+pub const MAX_HEARTBEAT: Duration = Duration::from_secs(3600);
 
 /// A string that must never reach a log line or a `Debug` dump.
 #[derive(Clone, PartialEq, Eq)]
@@ -118,6 +125,11 @@ pub struct Config {
     /// PostgreSQL connection string (URL or key=value).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Secret,
+
+    /// Connection string of the LISTEN connection alone (default: DATABASE_URL);
+    /// a direct one when DATABASE_URL goes through a transaction-mode pooler.
+    #[arg(long, env = "KEYTURN_LISTEN_DATABASE_URL", hide_env_values = true)]
+    pub listen_database_url: Option<Secret>,
 
     /// Address of the health, readiness and metrics endpoints.
     #[arg(long, env = "KEYTURN_LISTEN", default_value = "127.0.0.1:8787")]
@@ -166,6 +178,11 @@ pub struct Config {
     /// `LISTEN keyturn_dispatch` for prompt wake-ups; false polls only.
     #[arg(long, env = "KEYTURN_LISTEN_NOTIFY", default_value_t = true, action = ArgAction::Set)]
     pub listen_notify: bool,
+
+    /// Seconds between heartbeat NOTIFYs through the pool, each expected on the
+    /// LISTEN connection before the next; 0 turns stall detection off.
+    #[arg(long, env = "KEYTURN_NOTIFY_HEARTBEAT_SECONDS", default_value_t = 10)]
+    pub notify_heartbeat_seconds: u64,
 
     /// Name passed to `keyturn.lease` (default `keyturnd-<host>-<pid>`).
     #[arg(long, env = "KEYTURN_WORKER_NAME")]
@@ -239,6 +256,18 @@ impl Config {
                 LEASE_SAFETY_MARGIN.as_secs(),
                 LEASE_ROUND_TRIP_SLACK.as_secs(),
             ));
+        }
+        if self.notify_heartbeat_seconds > MAX_HEARTBEAT.as_secs() {
+            return bad(format!(
+                "KEYTURN_NOTIFY_HEARTBEAT_SECONDS={} must be between 0 (off) and {}",
+                self.notify_heartbeat_seconds,
+                MAX_HEARTBEAT.as_secs()
+            ));
+        }
+        if let Some(url) = &self.listen_database_url {
+            if let Err(e) = tokio_postgres::Config::from_str(url.expose()) {
+                return bad(format!("KEYTURN_LISTEN_DATABASE_URL does not parse: {e}"));
+            }
         }
         match (&self.webhook_url, &self.webhook_secret) {
             (Some(url), Some(secret)) => {
@@ -332,6 +361,20 @@ impl Config {
     /// The upper bound of one provider call.
     pub fn call_timeout(&self) -> Duration {
         Duration::from_secs(self.http_timeout_seconds)
+    }
+
+    /// The connection string of the `LISTEN` connection.
+    pub fn listen_url(&self) -> Secret {
+        self.listen_database_url
+            .clone()
+            .unwrap_or_else(|| self.database_url.clone())
+    }
+
+    /// The heartbeat period, `None` when stall detection is off (or there
+    /// is no `LISTEN` to check).
+    pub fn notify_heartbeat(&self) -> Option<Duration> {
+        (self.listen_notify && self.notify_heartbeat_seconds > 0)
+            .then(|| Duration::from_secs(self.notify_heartbeat_seconds))
     }
 
     /// The worker name passed to `keyturn.lease`.
@@ -462,7 +505,38 @@ mod tests {
         assert!(c.listen_notify);
         assert!(!c.rpc_enabled(), "/rpc is off by default");
         assert_eq!(c.frame_ancestors, "'none'");
+        assert_eq!(
+            c.listen_url().expose(),
+            "postgres://x",
+            "LISTEN on the pool's URL"
+        );
+        assert_eq!(c.notify_heartbeat(), Some(Duration::from_secs(10)));
         c.validate().expect("defaults are valid");
+    }
+
+    #[test]
+    fn test_listen_url_and_heartbeat_follow_their_settings() {
+        let c = parse(
+            &[
+                "--database-url",
+                "postgres://pooler:6432/db",
+                "--listen-database-url",
+                "postgres://direct:5432/db",
+                "--notify-heartbeat-seconds",
+                "0",
+            ],
+            None,
+        )
+        .expect("parses");
+        c.validate().expect("valid");
+        assert_eq!(c.listen_url().expose(), "postgres://direct:5432/db");
+        assert_eq!(c.notify_heartbeat(), None, "0 turns the heartbeat off");
+        let c = parse(
+            &["--database-url", "postgres://x", "--listen-notify", "false"],
+            None,
+        )
+        .expect("parses");
+        assert_eq!(c.notify_heartbeat(), None, "no LISTEN, nothing to check");
     }
 
     #[test]
@@ -524,12 +598,14 @@ mod tests {
                 "smtp://user:pw-xyz@127.0.0.1:2525",
                 "--smtp-from",
                 "k@example.com",
+                "--listen-database-url",
+                "postgres://u:listen-pw@h/db",
             ],
             None,
         )
         .expect("parses");
         let dump = format!("{c:?}");
-        for needle in ["hunter2", "s3cr3t-value", "pw-xyz"] {
+        for needle in ["hunter2", "s3cr3t-value", "pw-xyz", "listen-pw"] {
             assert!(!dump.contains(needle), "{needle} leaked: {dump}");
         }
         assert!(dump.contains("[redacted]"));
@@ -572,6 +648,14 @@ mod tests {
                 "KEYTURN_WEBHOOK_SECRET",
             ),
             (&["--smtp-url", "smtp://127.0.0.1:25"], "KEYTURN_SMTP_FROM"),
+            (
+                &["--notify-heartbeat-seconds", "3601"],
+                "KEYTURN_NOTIFY_HEARTBEAT_SECONDS",
+            ),
+            (
+                &["--listen-database-url", "host=h port=notaport"],
+                "KEYTURN_LISTEN_DATABASE_URL",
+            ),
             (
                 &["--jwt-secret", "0123456789abcdef0123456789abcdef"],
                 "KEYTURN_RPC_DATABASE_URL",

@@ -526,6 +526,19 @@ pub async fn sweep(client: &Client) -> Result<SweepCounts, Error> {
     })
 }
 
+/// `pg_notify(channel, payload)` in a transaction of its own: keyturnd's
+/// heartbeat, sent the way an approval's wake-up is, to see that it arrives
+/// on the `LISTEN` connection.
+pub async fn notify(client: &Client, channel: &str, payload: &str) -> Result<(), Error> {
+    query(
+        client,
+        "SELECT 1 FROM pg_catalog.pg_notify($1, $2)",
+        &[(&channel, Type::TEXT), (&payload, Type::TEXT)],
+    )
+    .await?;
+    Ok(())
+}
+
 /// `keyturn.reconcile(action_id, outcome, note)`; returns the new status.
 pub async fn reconcile(
     client: &Client,

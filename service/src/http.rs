@@ -4,7 +4,7 @@
 //! | route | answer |
 //! |---|---|
 //! | `GET /healthz` | 200 while the process runs |
-//! | `GET /readyz` | 200 once the database connection and its `LISTEN` work (with `KEYTURN_LISTEN_NOTIFY=false`: once a lease call succeeded); 503 before, while the connection is lost, and from SIGTERM on |
+//! | `GET /readyz` | 200 once the database connection and its `LISTEN` work (with `KEYTURN_LISTEN_NOTIFY=false`: once a lease call succeeded); 503 before, while the connection is lost, while notifications are stalled (the heartbeat sent through the pool does not arrive), and from SIGTERM on |
 //! | `GET /metrics` | Prometheus / OpenMetrics text, see [`crate::metrics`] |
 //! | `POST /rpc/<function>` | with a JWT key configured: the keyturn call, see [`crate::rpc`] and docs/http.md |
 //! | `GET /card`, `GET /console`, `GET /card/<asset>` | the approval card and the operator console, see [`crate::pages`] |
@@ -37,6 +37,7 @@ pub const BODY_LIMIT: usize = 1 << 20;
 #[derive(Debug, Default)]
 pub struct Health {
     db_ready: AtomicBool,
+    notify_stalled: AtomicBool,
     shutting_down: AtomicBool,
 }
 
@@ -49,6 +50,17 @@ impl Health {
     /// Whether the database connection works.
     pub fn db_ready(&self) -> bool {
         self.db_ready.load(Ordering::Acquire)
+    }
+
+    /// Marks notifications as stalled (a heartbeat sent through the pool
+    /// did not reach the `LISTEN` connection in time) or flowing.
+    pub fn set_notify_stalled(&self, stalled: bool) {
+        self.notify_stalled.store(stalled, Ordering::Release);
+    }
+
+    /// Whether notifications are stalled.
+    pub fn notify_stalled(&self) -> bool {
+        self.notify_stalled.load(Ordering::Acquire)
     }
 
     /// Marks the process as draining: `/readyz` answers 503 from now on.
@@ -192,11 +204,21 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// The `/readyz` body while notifications are stalled: what is wrong and
+/// what to do.
+pub const STALLED: &str = "notifications stalled: a heartbeat NOTIFY sent through the pool did \
+not reach the LISTEN connection; LISTEN behind a transaction-mode pooler? set \
+KEYTURN_LISTEN_DATABASE_URL to a direct connection (dispatch continues by polling)\n";
+
 async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
     if state.health.shutting_down() {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
     } else if !state.health.db_ready() {
         (StatusCode::SERVICE_UNAVAILABLE, "database not ready\n")
+    } else if state.health.notify_stalled() {
+        // Dispatch still works, a poll period late: saying 503 is what makes
+        // a deployment that silently lost its wake-ups visible.
+        (StatusCode::SERVICE_UNAVAILABLE, STALLED)
     } else {
         (StatusCode::OK, "ready\n")
     }

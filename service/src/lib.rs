@@ -9,7 +9,7 @@
 //! | [`config`] | every setting, from flags, the environment and a TOML file; the start-up checks |
 //! | [`compat`] | the `pg_keyturn` version this build serves against |
 //! | [`db`] | the SQL keyturnd runs, one function per keyturn call, and the pool |
-//! | [`worker`] | the dispatch loop: lease → begin → call → completion, the `LISTEN` connection, the sweeper |
+//! | [`worker`] | the dispatch loop: lease → begin → call → completion, the `LISTEN` connection and its heartbeat, the sweeper |
 //! | [`providers`] | the adapters: [`providers::webhook`], [`providers::smtp`] |
 //! | [`classify`] | provider results → `succeeded` / `failed` / `retry` / `unknown` |
 //! | [`http`] | the router: `/healthz`, `/readyz`, `/metrics`, `/rpc`, the pages; the security headers |

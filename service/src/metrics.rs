@@ -15,6 +15,8 @@
 //! | `keyturn_db_reconnects_total` | counter | `conn` = `listen` \| `pool` \| `rpc` | database connections found broken and replaced |
 //! | `keyturn_handbacks_total` | counter | `reason` = `lease_too_short` \| `shutdown` \| `unknown_provider` | leased jobs handed back (`complete 'retry'` before `begin_dispatch`) |
 //! | `keyturn_unrecorded_outcomes_total` | counter | — | observed outcomes `complete` could not record (database unreachable past the lease, or the action already `uncertain`); each one is logged for the operator |
+//! | `keyturn_notify_stalled` | gauge | — | 1 while the heartbeat `NOTIFY` sent through the pool does not reach the `LISTEN` connection (wake-ups then come only from polling), else 0 |
+//! | `keyturn_notify_heartbeats_total` | counter | `result` = `received` \| `missed` \| `unsent` | heartbeats by what became of them: arrived in time, did not, or could not be sent (the pool failed) |
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -52,6 +54,13 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
+/// Label set `{result}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// What became of the heartbeat.
+    pub result: &'static str,
+}
+
 /// Every metric keyturnd exports. Cloning the handles is cheap (they are
 /// `Arc`s inside), so the struct is shared behind one `Arc`.
 pub struct Metrics {
@@ -72,6 +81,10 @@ pub struct Metrics {
     pub handbacks: Family<ReasonLabel, Counter>,
     /// `keyturn_unrecorded_outcomes_total`.
     pub unrecorded: Counter,
+    /// `keyturn_notify_stalled`.
+    pub notify_stalled: Gauge,
+    /// `keyturn_notify_heartbeats_total{result}`.
+    pub notify_heartbeats: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -95,6 +108,8 @@ impl Metrics {
         let db_reconnects = Family::<ConnLabel, Counter>::default();
         let handbacks = Family::<ReasonLabel, Counter>::default();
         let unrecorded = Counter::default();
+        let notify_stalled = Gauge::default();
+        let notify_heartbeats = Family::<ResultLabel, Counter>::default();
 
         // prometheus-client appends `_total` to counters itself.
         registry.register(
@@ -137,6 +152,16 @@ impl Metrics {
             "Observed provider outcomes that complete could not record",
             unrecorded.clone(),
         );
+        registry.register(
+            "keyturn_notify_stalled",
+            "1 while heartbeat NOTIFYs sent through the pool do not reach the LISTEN connection",
+            notify_stalled.clone(),
+        );
+        registry.register(
+            "keyturn_notify_heartbeats",
+            "Heartbeat NOTIFYs by result: received in time, missed, or unsent",
+            notify_heartbeats.clone(),
+        );
 
         // Touch the fixed label values so every series exists from the first
         // scrape: a rate() over a series that appears late misses its start.
@@ -152,6 +177,9 @@ impl Metrics {
         for reason in ["lease_too_short", "shutdown", "unknown_provider"] {
             let _ = handbacks.get_or_create(&ReasonLabel { reason });
         }
+        for result in ["received", "missed", "unsent"] {
+            let _ = notify_heartbeats.get_or_create(&ResultLabel { result });
+        }
 
         Metrics {
             registry,
@@ -163,6 +191,8 @@ impl Metrics {
             db_reconnects,
             handbacks,
             unrecorded,
+            notify_stalled,
+            notify_heartbeats,
         }
     }
 
@@ -179,6 +209,13 @@ impl Metrics {
     /// Counts one replaced connection.
     pub fn reconnect(&self, conn: &'static str) {
         self.db_reconnects.get_or_create(&ConnLabel { conn }).inc();
+    }
+
+    /// Counts one heartbeat by what became of it.
+    pub fn heartbeat(&self, result: &'static str) {
+        self.notify_heartbeats
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 
     /// The OpenMetrics text exposition.

@@ -12,6 +12,12 @@
 //! empty or opaque), and keyturnd never reads it: what to do is always
 //! asked of the database with `keyturn.lease`. A notification with any
 //! payload, or none, wakes the loop the same way.
+//!
+//! It is the one connection opened with `KEYTURN_LISTEN_DATABASE_URL`
+//! (default `DATABASE_URL`): a transaction-mode pooler cannot keep a
+//! `LISTEN`, so behind one it must reach PostgreSQL directly. Whether it
+//! still hears anything is [`super::heartbeat`]'s question; its own channel
+//! is listened to here, and its notifications never wake the loop.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +26,7 @@ use futures_util::StreamExt;
 use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
+use super::heartbeat::Heartbeat;
 use super::{Ctx, BACKOFF_MIN, CHANNEL};
 use crate::db;
 use crate::error::Error;
@@ -34,6 +41,7 @@ pub(super) async fn listen_loop(ctx: Arc<Ctx>, shutdown: CancellationToken) {
     let mut backoff = BACKOFF_MIN;
     let mut connected_before = false;
     let mut failing_logged = false;
+    let heartbeat = ctx.settings.notify_heartbeat.map(Heartbeat::new);
     loop {
         if shutdown.is_cancelled() {
             break;
@@ -42,7 +50,7 @@ pub(super) async fn listen_loop(ctx: Arc<Ctx>, shutdown: CancellationToken) {
         // shutdown; dropping the future drops (closes) the connection.
         let ended = tokio::select! {
             _ = shutdown.cancelled() => Ok(()),
-            ended = listen_once(&ctx, &shutdown, &mut connected_before) => ended,
+            ended = listen_once(&ctx, &shutdown, &mut connected_before, heartbeat.as_ref()) => ended,
         };
         // Still marked ready: the connection was up, so this is a fresh loss.
         let was_up = ctx.health.db_ready();
@@ -77,8 +85,9 @@ async fn listen_once(
     ctx: &Arc<Ctx>,
     shutdown: &CancellationToken,
     connected_before: &mut bool,
+    heartbeat: Option<&Arc<Heartbeat>>,
 ) -> Result<(), Error> {
-    let pg = db::pg_config(ctx.settings.database_url.expose())?;
+    let pg = db::pg_config(ctx.settings.listen_database_url.expose())?;
     let (client, mut connection) =
         tokio::time::timeout(db::STATEMENT_TIMEOUT, pg.connect(tokio_postgres::NoTls))
             .await
@@ -86,10 +95,15 @@ async fn listen_once(
     // The connection has to be polled for anything to happen on it, the
     // LISTEN itself included; notifications arrive through the same poll.
     let notify_ctx = ctx.clone();
+    let beats = heartbeat.cloned();
     let mut driver = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = messages.next().await {
             if let AsyncMessage::Notification(n) = message? {
+                if let Some(beats) = beats.as_ref().filter(|b| n.channel() == b.channel()) {
+                    beats.arrived(n.payload());
+                    continue;
+                }
                 tracing::debug!(
                     channel = n.channel(),
                     payload_bytes = n.payload().len(),
@@ -100,7 +114,10 @@ async fn listen_once(
         }
         Ok::<(), tokio_postgres::Error>(())
     });
-    let listen_sql = format!("LISTEN {CHANNEL}");
+    let listen_sql = match heartbeat {
+        Some(beats) => format!("LISTEN {CHANNEL}; LISTEN {}", beats.channel()),
+        None => format!("LISTEN {CHANNEL}"),
+    };
     match tokio::time::timeout(db::STATEMENT_TIMEOUT, client.batch_execute(&listen_sql)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
@@ -123,12 +140,19 @@ async fn listen_once(
     // Approvals notified while nobody listened are caught up right away.
     ctx.wake.notify_one();
 
+    let beating = async {
+        match heartbeat {
+            Some(beats) => beats.beat(ctx).await,
+            None => std::future::pending().await,
+        }
+    };
     let ended = tokio::select! {
         _ = shutdown.cancelled() => {
             driver.abort();
             return Ok(());
         }
         ended = &mut driver => ended,
+        never = beating => match never {},
     };
     // Kept alive until here: dropping the client would close the connection.
     drop(client);

@@ -13,7 +13,8 @@
 //! ```
 //!
 //! Beside the step: `listen.rs` (the `LISTEN` connection: wake-ups and
-//! readiness) and `sweeper.rs` (`keyturn.sweep()` on a timer).
+//! readiness), `heartbeat.rs` (whether notifications still arrive on it)
+//! and `sweeper.rs` (`keyturn.sweep()` on a timer).
 //!
 //! This file holds the public surface ([`Dispatcher`], [`Settings`]), what
 //! the stages share ([`Ctx`], [`Slot`], [`Done`]), and the loop with its
@@ -22,6 +23,7 @@
 mod begin;
 mod call;
 mod completion;
+mod heartbeat;
 mod lease;
 mod listen;
 mod sweeper;
@@ -77,8 +79,11 @@ pub struct Settings {
     pub listen_notify: bool,
     /// How long shutdown waits for calls in flight.
     pub drain: Duration,
-    /// Connection string of the `LISTEN` connection.
-    pub database_url: Secret,
+    /// Connection string of the `LISTEN` connection
+    /// (`KEYTURN_LISTEN_DATABASE_URL`, else `DATABASE_URL`).
+    pub listen_database_url: Secret,
+    /// Period of the heartbeat that checks notifications arrive; `None`: off.
+    pub notify_heartbeat: Option<Duration>,
 }
 
 impl Settings {
@@ -93,7 +98,8 @@ impl Settings {
             workers: config.workers,
             listen_notify: config.listen_notify,
             drain: Duration::from_secs(config.shutdown_seconds),
-            database_url: config.database_url.clone(),
+            listen_database_url: config.listen_url(),
+            notify_heartbeat: config.notify_heartbeat(),
         }
     }
 }

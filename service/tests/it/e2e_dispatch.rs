@@ -110,7 +110,8 @@ async fn test_a_lease_that_must_hand_back_never_spins() {
         workers: 4,
         listen_notify: true,
         drain: Duration::from_secs(5),
-        database_url: Secret::from(url),
+        listen_database_url: Secret::from(url),
+        notify_heartbeat: None,
     };
     let shutdown = CancellationToken::new();
     let dispatcher = tokio::spawn(

@@ -76,6 +76,25 @@ async fn test_readyz_follows_the_database_and_shutdown() {
 }
 
 #[tokio::test]
+async fn test_readyz_reports_stalled_notifications_and_what_to_do() {
+    let state = AppState::new();
+    state.health.set_db_ready(true);
+    state.health.set_notify_stalled(true);
+    let (status, body, _) = get(&state, "/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("notifications stalled"), "{body}");
+    assert!(body.contains("KEYTURN_LISTEN_DATABASE_URL"), "{body}");
+
+    state.health.set_notify_stalled(false);
+    assert_eq!(get(&state, "/readyz").await.0, StatusCode::OK, "recovered");
+
+    state.health.set_notify_stalled(true);
+    state.health.set_shutting_down();
+    let (_, body, _) = get(&state, "/readyz").await;
+    assert!(body.contains("shutting down"), "shutdown says so first");
+}
+
+#[tokio::test]
 async fn test_metrics_text_names_every_metric() {
     let state = AppState::new();
     state.metrics.action("succeeded");
@@ -98,6 +117,9 @@ async fn test_metrics_text_names_every_metric() {
         "keyturn_db_reconnects_total{conn=\"listen\"} 0",
         "keyturn_handbacks_total{reason=\"unknown_provider\"} 0",
         "keyturn_unrecorded_outcomes_total 0",
+        "keyturn_notify_stalled 0",
+        "keyturn_notify_heartbeats_total{result=\"missed\"} 0",
+        "keyturn_notify_heartbeats_total{result=\"unsent\"} 0",
     ] {
         assert!(body.contains(name), "missing `{name}` in:\n{body}");
     }
