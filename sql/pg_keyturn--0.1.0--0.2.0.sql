@@ -4369,6 +4369,14 @@ BEGIN
            AND c.source IN ('configuration file', 'command line', 'environment variable')
            AND coalesce(c.reset_val, '') <> ''
         UNION ALL
+        -- A claim path into what the signed-in user may edit (Supabase's
+        -- user_metadata) lets the caller choose its own identity.
+        SELECT 'error', format('setting %s', p.name),
+               format('points into %s, which the user may edit: a caller would choose this identity; use a claim only the issuer sets (app_metadata)',
+                      current_setting(p.name, true))
+          FROM (VALUES ('keyturn.claim_tenant'), ('keyturn.claim_principal'), ('keyturn.claim_session')) p (name)
+         WHERE coalesce(current_setting(p.name, true), '') ~ '^user_metadata(\.|$)'
+        UNION ALL
         SELECT 'warning', 'setting keyturn.allow_session_identity',
                'session-level identity is accepted: only safe while no connection is ever shared (no pooler, no reused connection)'
          WHERE coalesce(current_setting('keyturn.allow_session_identity', true), 'off') = 'on'

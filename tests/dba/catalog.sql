@@ -2,7 +2,7 @@
 -- Run in a fresh database with pgtap and pg_keyturn installed; every check
 -- prints the offending objects when it fails.
 BEGIN;
-SELECT plan(17);
+SELECT plan(18);
 
 SELECT is_empty($$
     SELECT c.oid::regclass FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
@@ -110,6 +110,12 @@ SELECT ok(EXISTS (SELECT 1 FROM keyturn.check_deployment()
 SELECT ok(EXISTS (SELECT 1 FROM keyturn.check_deployment()
                    WHERE severity = 'error' AND object = 'kt_dba_writer'),
           'a member of pg_write_all_data is reported: it may write keyturn''s tables');
+
+-- A claim path the user may edit is an error (set for this transaction only).
+SET LOCAL keyturn.claim_tenant = 'user_metadata.tenant_id';
+SELECT ok(EXISTS (SELECT 1 FROM keyturn.check_deployment()
+                   WHERE severity = 'error' AND object = 'setting keyturn.claim_tenant'),
+          'a claim path into user_metadata is reported');
 
 SELECT * FROM finish();
 ROLLBACK;
