@@ -22,6 +22,7 @@ mod e2e_dispatch;
 mod e2e_pg_restart;
 mod e2e_process;
 mod e2e_smtp;
+mod e2e_soak;
 mod e2e_standard_webhooks;
 mod e2e_webhook;
 mod http;

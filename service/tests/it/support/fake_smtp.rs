@@ -56,6 +56,12 @@ impl Log {
 
 /// Starts a server on 127.0.0.1:0 that follows `script` on every connection.
 pub async fn start(script: Script) -> (SocketAddr, Log) {
+    start_with_delay(script, Duration::ZERO).await
+}
+
+/// [`start`], answering the end of each message after a random pause of at
+/// most `max_delay` (a provider that takes a while to accept a message).
+pub async fn start_with_delay(script: Script, max_delay: Duration) -> (SocketAddr, Log) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let log = Log::default();
@@ -65,14 +71,19 @@ pub async fn start(script: Script) -> (SocketAddr, Log) {
             *server_log.connections.lock().expect("log") += 1;
             let log = server_log.clone();
             tokio::spawn(async move {
-                let _ = session(stream, script, log).await;
+                let _ = session(stream, script, log, max_delay).await;
             });
         }
     });
     (addr, log)
 }
 
-async fn session(stream: tokio::net::TcpStream, script: Script, log: Log) -> std::io::Result<()> {
+async fn session(
+    stream: tokio::net::TcpStream,
+    script: Script,
+    log: Log,
+    max_delay: Duration,
+) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read);
     write
@@ -118,6 +129,9 @@ async fn session(stream: tokio::net::TcpStream, script: Script, log: Log) -> std
                 .lock()
                 .expect("log")
                 .push(std::mem::take(&mut current));
+            if !max_delay.is_zero() {
+                tokio::time::sleep(super::random_duration(max_delay)).await;
+            }
             match script.end_of_data {
                 Some(text) => text.into(),
                 None => {
