@@ -22,6 +22,8 @@
 //! | `KEYTURN_SHUTDOWN_SECONDS` | 30 | how long SIGTERM waits for calls in flight; keep it ≥ the lease so every call can be recorded |
 //! | `KEYTURN_LISTEN_NOTIFY` | true | `false` = poll only, no `LISTEN` (for benchmarks) |
 //! | `KEYTURN_WORKER_NAME` | `keyturnd-<host>-<pid>` | the `worker` argument of `keyturn.lease` |
+//! | `KEYTURN_JOURNAL_DIR` | `/var/lib/keyturnd/journal` | the outcome journal ([`crate::journal`]); created (0700) if missing; one keyturnd per directory; not writable = keyturnd refuses to start |
+//! | `KEYTURN_JOURNAL` | true | `false` = no journal: outcomes observed but not yet recorded are lost with the process (their actions end `uncertain`) |
 //! | `KEYTURN_LOG_FORMAT` | `text` | `json` for one JSON object per line |
 //! | `KEYTURN_CONFIG` | unset | path of an optional TOML file with any of the above |
 //!
@@ -32,7 +34,7 @@
 use std::ffi::OsString;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
@@ -64,6 +66,10 @@ pub fn enough_lease_left(left: Duration, call_timeout: Duration) -> bool {
 pub fn min_lease(call_timeout: Duration) -> Duration {
     call_timeout + LEASE_SAFETY_MARGIN + LEASE_ROUND_TRIP_SLACK
 }
+
+/// Where the outcome journal lives unless `KEYTURN_JOURNAL_DIR` says
+/// otherwise (systemd: `StateDirectory=keyturnd`).
+pub const DEFAULT_JOURNAL_DIR: &str = "/var/lib/keyturnd/journal";
 
 /// A string that must never reach a log line or a `Debug` dump.
 #[derive(Clone, PartialEq, Eq)]
@@ -162,6 +168,14 @@ pub struct Config {
     /// Name passed to `keyturn.lease` (default `keyturnd-<host>-<pid>`).
     #[arg(long, env = "KEYTURN_WORKER_NAME")]
     pub worker_name: Option<String>,
+
+    /// Directory of the outcome journal (one keyturnd per directory).
+    #[arg(long, env = "KEYTURN_JOURNAL_DIR", default_value = DEFAULT_JOURNAL_DIR)]
+    pub journal_dir: PathBuf,
+
+    /// Journal observed outcomes until the database has them; false opts out.
+    #[arg(long, env = "KEYTURN_JOURNAL", default_value_t = true, action = ArgAction::Set)]
+    pub journal: bool,
 
     /// Log format.
     #[arg(long, env = "KEYTURN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]

@@ -14,6 +14,7 @@
 //! | [`classify`] | provider results → `succeeded` / `failed` / `retry` / `unknown` |
 //! | [`http`] | `/healthz`, `/readyz`, `/metrics` |
 //! | [`metrics`] | the Prometheus registry |
+//! | [`journal`] | the outcome journal: observed outcomes on disk until the database has them |
 //! | [`operator`] | `keyturnd uncertain` and `keyturnd reconcile` |
 //! | [`shutdown`] | SIGTERM / SIGINT → drain |
 //! | [`error`] | the one error type |
@@ -24,6 +25,7 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod http;
+pub mod journal;
 pub mod metrics;
 pub mod operator;
 pub mod providers;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use keyturnd::config::{self, Config, LogFormat};
 use keyturnd::db::{self, Reconciled};
+use keyturnd::journal::Journal;
 use keyturnd::providers::Providers;
 use keyturnd::shutdown::Signals;
 use keyturnd::worker::{Dispatcher, Settings};
@@ -120,6 +121,22 @@ async fn serve(config: Config) -> Result<(), Error> {
     let shutdown = CancellationToken::new();
     Signals::install()?.spawn(shutdown.clone(), state.health.clone());
 
+    // Before anything else: a journal that cannot be used stops the start.
+    let (journal, replay) = if config.journal {
+        let (journal, replay) = Journal::open(&config.journal_dir, state.metrics.clone())?;
+        tracing::info!(
+            dir = %config.journal_dir.display(),
+            to_replay = replay.len(),
+            "outcome journal open"
+        );
+        (journal, replay)
+    } else {
+        tracing::warn!(
+            "KEYTURN_JOURNAL=false: observed outcomes are not journaled; those not yet recorded when keyturnd dies are lost and their actions end uncertain"
+        );
+        (Journal::disabled(state.metrics.clone()), Vec::new())
+    };
+
     let providers = Providers::from_config(&config)?;
     if providers.names().is_empty() {
         tracing::warn!(
@@ -159,6 +176,7 @@ async fn serve(config: Config) -> Result<(), Error> {
         Arc::clone(&state.health),
         settings,
     )
+    .with_journal(Arc::new(journal), replay)
     .run(shutdown)
     .await;
 

@@ -19,6 +19,7 @@ mod attachments;
 mod binary;
 mod e2e_attachments;
 mod e2e_dispatch;
+mod e2e_journal;
 mod e2e_pg_restart;
 mod e2e_process;
 mod e2e_smtp;
