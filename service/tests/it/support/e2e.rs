@@ -456,6 +456,9 @@ pub struct Received {
 struct Seen {
     mine: Vec<Received>,
     foreign: usize,
+    /// When the answer to each of its tenant's requests was handed to the
+    /// server to send, by action.
+    answered: Vec<(Option<Uuid>, Instant)>,
 }
 
 /// Chooses the reply to the n-th request (from 0) for one action.
@@ -543,6 +546,7 @@ async fn receive(State(s): State<RecvState>, headers: HeaderMap, body: Bytes) ->
         has_timestamp: header("x-keyturn-timestamp").is_some(),
         body: body.to_vec(),
     };
+    let action_id = received.action_id;
     let nth = {
         let mut seen = s.seen.lock().unwrap();
         let nth = seen
@@ -576,6 +580,11 @@ async fn receive(State(s): State<RecvState>, headers: HeaderMap, body: Bytes) ->
             HeaderValue::from_str(&value).expect("header value"),
         );
     }
+    s.seen
+        .lock()
+        .unwrap()
+        .answered
+        .push((action_id, Instant::now()));
     response
 }
 
@@ -638,6 +647,12 @@ impl Receiver {
     /// Every request of its own tenant.
     pub fn all(&self) -> Vec<Received> {
         self.seen.lock().unwrap().mine.clone()
+    }
+
+    /// When each answer of its tenant's requests was handed over to be
+    /// sent, by action, in order.
+    pub fn answered(&self) -> Vec<(Option<Uuid>, Instant)> {
+        self.seen.lock().unwrap().answered.clone()
     }
 
     /// Waits until `id` has had `n` requests.

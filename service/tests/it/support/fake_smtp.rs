@@ -43,6 +43,9 @@ pub struct Delivered {
 pub struct Log {
     pub delivered: Arc<Mutex<Vec<Delivered>>>,
     pub connections: Arc<Mutex<usize>>,
+    /// When the reply to each delivered message's end of data was written,
+    /// by its index in `delivered`.
+    pub answered: Arc<Mutex<Vec<(usize, std::time::Instant)>>>,
 }
 
 impl Log {
@@ -51,6 +54,9 @@ impl Log {
     }
     pub fn connections(&self) -> usize {
         *self.connections.lock().expect("log")
+    }
+    pub fn answered(&self) -> Vec<(usize, std::time::Instant)> {
+        self.answered.lock().expect("log").clone()
     }
 }
 
@@ -125,15 +131,23 @@ async fn session(
                 data.push_str(&line);
             }
             current.data = data;
-            log.delivered
-                .lock()
-                .expect("log")
-                .push(std::mem::take(&mut current));
+            let index = {
+                let mut delivered = log.delivered.lock().expect("log");
+                delivered.push(std::mem::take(&mut current));
+                delivered.len() - 1
+            };
             if !max_delay.is_zero() {
                 tokio::time::sleep(super::random_duration(max_delay)).await;
             }
             match script.end_of_data {
-                Some(text) => text.into(),
+                Some(text) => {
+                    write.write_all(format!("{text}\r\n").as_bytes()).await?;
+                    log.answered
+                        .lock()
+                        .expect("log")
+                        .push((index, std::time::Instant::now()));
+                    continue;
+                }
                 None => {
                     // Never answer: the client must give up on its own.
                     tokio::time::sleep(Duration::from_secs(30)).await;
