@@ -436,6 +436,27 @@ mod tests {
     }
 
     #[test]
+    fn test_the_journal_is_on_by_default_and_off_only_when_asked() {
+        let c = parse(&["--database-url", "postgres://x"], None).expect("parses");
+        assert!(c.journal);
+        assert_eq!(c.journal_dir, PathBuf::from(DEFAULT_JOURNAL_DIR));
+        let c = parse(
+            &[
+                "--database-url",
+                "postgres://x",
+                "--journal",
+                "false",
+                "--journal-dir",
+                "/srv/kt",
+            ],
+            None,
+        )
+        .expect("parses");
+        assert!(!c.journal);
+        assert_eq!(c.journal_dir, PathBuf::from("/srv/kt"));
+    }
+
+    #[test]
     fn test_the_shortest_accepted_lease_is_timeout_plus_3_s() {
         for (lease, timeout, ok) in [("6", "3", true), ("5", "3", false), ("13", "10", true)] {
             let c = parse(
