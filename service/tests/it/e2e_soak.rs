@@ -127,10 +127,12 @@ fn say(text: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_crash_soak() {
     let Ok(mode) = std::env::var("KT_SOAK") else {
-        crate::support::skipped(
-            test_name!(),
-            "KT_SOAK is not set (short or long): the soak restarts the cluster it is given, so it runs only when asked, as the `soak` layer does",
-        );
+        say(&format!(
+            "\n*** SKIPPED {}: KT_SOAK is not set (short or long): the soak restarts the cluster it \
+             is given, so it runs only when asked. Run it with `KT_ONLY=soak tests/run-all` \
+             (`KT_SOAK=long` for the long run). ***\n",
+            test_name!()
+        ));
         return;
     };
     let plan = Plan::from_env(&mode).expect("KT_SOAK must be short or long");
