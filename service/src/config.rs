@@ -24,6 +24,8 @@
 //! | `KEYTURN_LISTEN_NOTIFY` | true | `false` = poll only, no `LISTEN` (for benchmarks) |
 //! | `KEYTURN_NOTIFY_HEARTBEAT_SECONDS` | 10 | period of the heartbeat `NOTIFY` sent through the pool, which must reach the `LISTEN` connection before the next one is due, or notifications count as stalled; 0 = off |
 //! | `KEYTURN_WORKER_NAME` | `keyturnd-<host>-<pid>` | the `worker` argument of `keyturn.lease` |
+//! | `KEYTURN_JOURNAL_DIR` | `/var/lib/keyturnd/journal` | the outcome journal ([`crate::journal`]); created (0700) if missing; one keyturnd per directory; not writable = keyturnd refuses to start |
+//! | `KEYTURN_JOURNAL` | true | `false` = no journal: outcomes observed but not yet recorded are lost with the process (their actions end `uncertain`) |
 //! | `KEYTURN_LOG_FORMAT` | `text` | `json` for one JSON object per line |
 //! | `KEYTURN_JWT_SECRET` | unset | HS256 key of the people's JWTs (at least 32 bytes); set it or `KEYTURN_JWT_JWKS` to serve `/rpc` (docs/http.md) |
 //! | `KEYTURN_JWT_JWKS` | unset | path of a JWKS file whose RS256 / ES256 keys sign the people's JWTs |
@@ -79,6 +81,9 @@ pub fn min_lease(call_timeout: Duration) -> Duration {
 /// The longest heartbeat period accepted: past an hour, a stall would go
 /// unnoticed for longer than anyone would wait for a wake-up.
 pub const MAX_HEARTBEAT: Duration = Duration::from_secs(3600);
+/// Where the outcome journal lives unless `KEYTURN_JOURNAL_DIR` says
+/// otherwise (systemd: `StateDirectory=keyturnd`).
+pub const DEFAULT_JOURNAL_DIR: &str = "/var/lib/keyturnd/journal";
 
 /// A string that must never reach a log line or a `Debug` dump.
 #[derive(Clone, PartialEq, Eq)]
@@ -187,6 +192,14 @@ pub struct Config {
     /// Name passed to `keyturn.lease` (default `keyturnd-<host>-<pid>`).
     #[arg(long, env = "KEYTURN_WORKER_NAME")]
     pub worker_name: Option<String>,
+
+    /// Directory of the outcome journal (one keyturnd per directory).
+    #[arg(long, env = "KEYTURN_JOURNAL_DIR", default_value = DEFAULT_JOURNAL_DIR)]
+    pub journal_dir: PathBuf,
+
+    /// Journal observed outcomes until the database has them; false opts out.
+    #[arg(long, env = "KEYTURN_JOURNAL", default_value_t = true, action = ArgAction::Set)]
+    pub journal: bool,
 
     /// Log format.
     #[arg(long, env = "KEYTURN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -609,6 +622,27 @@ mod tests {
             assert!(!dump.contains(needle), "{needle} leaked: {dump}");
         }
         assert!(dump.contains("[redacted]"));
+    }
+
+    #[test]
+    fn test_the_journal_is_on_by_default_and_off_only_when_asked() {
+        let c = parse(&["--database-url", "postgres://x"], None).expect("parses");
+        assert!(c.journal);
+        assert_eq!(c.journal_dir, PathBuf::from(DEFAULT_JOURNAL_DIR));
+        let c = parse(
+            &[
+                "--database-url",
+                "postgres://x",
+                "--journal",
+                "false",
+                "--journal-dir",
+                "/srv/kt",
+            ],
+            None,
+        )
+        .expect("parses");
+        assert!(!c.journal);
+        assert_eq!(c.journal_dir, PathBuf::from("/srv/kt"));
     }
 
     #[test]

@@ -391,6 +391,35 @@ pub async fn extension_version(client: &Client) -> Result<Option<String>, Error>
     rows.first().map(|row| get(row, "v")).transpose()
 }
 
+/// What the outcome journal is bound to: the cluster's system identifier
+/// (fixed at `initdb`, kept by physical replicas, so a failover keeps it)
+/// and the database's name. Outcomes journaled for one database are never
+/// replayed into another. Where `pg_control_system()` is not granted (some
+/// hosted services), the database's name alone.
+pub async fn database_identity(client: &Client) -> Result<String, Error> {
+    let asked = query_one(
+        client,
+        "SELECT (SELECT system_identifier FROM pg_catalog.pg_control_system())::text \
+                || '/' || pg_catalog.current_database() AS id",
+        &[],
+    )
+    .await;
+    let row = match asked {
+        Err(e)
+            if e.sqlstate() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
+        {
+            query_one(
+                client,
+                "SELECT 'unknown-cluster/' || pg_catalog.current_database() AS id",
+                &[],
+            )
+            .await?
+        }
+        other => other?,
+    };
+    get(&row, "id")
+}
+
 /// One row of `keyturn.begin_dispatch_many`: what `keyturn.begin_dispatch`
 /// would have answered for that element.
 #[derive(Clone, Debug, PartialEq, Eq)]

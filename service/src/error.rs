@@ -46,6 +46,11 @@ pub enum Error {
     #[error("database call timed out after {0:?}")]
     DbTimeout(std::time::Duration),
 
+    /// The outcome journal's directory or file cannot be used, or holds
+    /// outcomes of another database. The message says what to do.
+    #[error("journal: {0}")]
+    Journal(String),
+
     /// Binding the HTTP listener or another local I/O step failed.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),

@@ -17,6 +17,7 @@
 //! | [`rpc`] | `POST /rpc/<function>`: a person's keyturn call, run the way PostgREST runs it; the start-up checks of its login and roles |
 //! | [`pages`] | the approval card and the operator console, compiled in (`service/web/`) |
 //! | [`metrics`] | the Prometheus registry |
+//! | [`journal`] | the outcome journal: observed outcomes on disk until the database has them |
 //! | [`operator`] | `keyturnd uncertain` and `keyturnd reconcile` |
 //! | [`shutdown`] | SIGTERM / SIGINT → drain |
 //! | [`error`] | the one error type, and its HTTP answer |
@@ -28,6 +29,7 @@ pub mod db;
 pub mod error;
 pub mod http;
 pub mod jwt;
+pub mod journal;
 pub mod metrics;
 pub mod operator;
 pub mod pages;

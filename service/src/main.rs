@@ -9,6 +9,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use keyturnd::config::{self, Config, LogFormat};
 use keyturnd::db::{self, Reconciled};
+use keyturnd::journal::Journal;
 use keyturnd::providers::Providers;
 use keyturnd::rpc::Rpc;
 use keyturnd::shutdown::Signals;
@@ -163,6 +164,22 @@ async fn serve(config: Config) -> Result<(), Error> {
     let shutdown = CancellationToken::new();
     Signals::install()?.spawn(shutdown.clone(), state.health.clone());
 
+    // Before anything else: a journal that cannot be used stops the start.
+    let (journal, replay) = if config.journal {
+        let (journal, replay) = Journal::open(&config.journal_dir, state.metrics.clone())?;
+        tracing::info!(
+            dir = %config.journal_dir.display(),
+            to_replay = replay.len(),
+            "outcome journal open"
+        );
+        (journal, replay)
+    } else {
+        tracing::warn!(
+            "KEYTURN_JOURNAL=false: observed outcomes are not journaled; those not yet recorded when keyturnd dies are lost and their actions end uncertain"
+        );
+        (Journal::disabled(state.metrics.clone()), Vec::new())
+    };
+
     // Before the listener: a role allowlist the database refuses stops
     // keyturnd here, before it answers anything.
     match Rpc::start(&config, Arc::clone(&state.metrics), &shutdown).await? {
@@ -211,6 +228,7 @@ async fn serve(config: Config) -> Result<(), Error> {
         Arc::clone(&state.health),
         settings,
     )
+    .with_journal(Arc::new(journal), replay)
     .run(shutdown)
     .await;
 

@@ -17,6 +17,11 @@
 //! | `keyturn_unrecorded_outcomes_total` | counter | — | observed outcomes `complete` could not record (database unreachable past the lease, or the action already `uncertain`); each one is logged for the operator |
 //! | `keyturn_notify_stalled` | gauge | — | 1 while the heartbeat `NOTIFY` sent through the pool does not reach the `LISTEN` connection (wake-ups then come only from polling), else 0 |
 //! | `keyturn_notify_heartbeats_total` | counter | `result` = `received` \| `missed` \| `unsent` | heartbeats by what became of them: arrived in time, did not, or could not be sent (the pool failed) |
+//! | `keyturn_journal_records_total` | counter | `kind` = `outcome` \| `ack` | records appended to the outcome journal |
+//! | `keyturn_journal_fsync_seconds` | histogram | — | one durable journal write (a batch's `fdatasync`, or a rewrite of the file) |
+//! | `keyturn_journal_bytes` | gauge | — | the journal file's size |
+//! | `keyturn_journal_errors_total` | counter | — | journal writes that failed (logged; no job is leased until the file can be rewritten) |
+//! | `keyturn_journal_replayed_total` | counter | `result` = `recorded` \| `refused` | outcomes found in the journal at start and sent to `complete`: recorded, or refused for good (logged for the operator) |
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -36,7 +41,7 @@ pub struct OutcomeLabel {
 /// Label set `{kind}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
-    /// The sweep column.
+    /// The sweep column, or the kind of journal record.
     pub kind: &'static str,
 }
 
@@ -47,18 +52,18 @@ pub struct ConnLabel {
     pub conn: &'static str,
 }
 
+/// Label set `{result}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// What became of it (a heartbeat, a replayed outcome).
+    pub result: &'static str,
+}
+
 /// Label set `{reason}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     /// Why the job was handed back.
     pub reason: &'static str,
-}
-
-/// Label set `{result}`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
-    /// What became of the heartbeat.
-    pub result: &'static str,
 }
 
 /// Every metric keyturnd exports. Cloning the handles is cheap (they are
@@ -85,6 +90,16 @@ pub struct Metrics {
     pub notify_stalled: Gauge,
     /// `keyturn_notify_heartbeats_total{result}`.
     pub notify_heartbeats: Family<ResultLabel, Counter>,
+    /// `keyturn_journal_records_total{kind}`.
+    pub journal_records: Family<KindLabel, Counter>,
+    /// `keyturn_journal_fsync_seconds`.
+    pub journal_fsync_seconds: Histogram,
+    /// `keyturn_journal_bytes`.
+    pub journal_bytes: Gauge,
+    /// `keyturn_journal_errors_total`.
+    pub journal_errors: Counter,
+    /// `keyturn_journal_replayed_total{result}`.
+    pub journal_replayed: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -110,6 +125,12 @@ impl Metrics {
         let unrecorded = Counter::default();
         let notify_stalled = Gauge::default();
         let notify_heartbeats = Family::<ResultLabel, Counter>::default();
+        let journal_records = Family::<KindLabel, Counter>::default();
+        // 50 µs … ~0.8 s: from a battery-backed cache to a struggling disk.
+        let journal_fsync_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 15));
+        let journal_bytes = Gauge::default();
+        let journal_errors = Counter::default();
+        let journal_replayed = Family::<ResultLabel, Counter>::default();
 
         // prometheus-client appends `_total` to counters itself.
         registry.register(
@@ -163,6 +184,32 @@ impl Metrics {
             notify_heartbeats.clone(),
         );
 
+        registry.register(
+            "keyturn_journal_records",
+            "Records appended to the outcome journal, by kind",
+            journal_records.clone(),
+        );
+        registry.register(
+            "keyturn_journal_fsync_seconds",
+            "Durable outcome journal writes (one per batch) in seconds",
+            journal_fsync_seconds.clone(),
+        );
+        registry.register(
+            "keyturn_journal_bytes",
+            "Size of the outcome journal file",
+            journal_bytes.clone(),
+        );
+        registry.register(
+            "keyturn_journal_errors",
+            "Outcome journal writes that failed",
+            journal_errors.clone(),
+        );
+        registry.register(
+            "keyturn_journal_replayed",
+            "Outcomes replayed from the journal at start, by result",
+            journal_replayed.clone(),
+        );
+
         // Touch the fixed label values so every series exists from the first
         // scrape: a rate() over a series that appears late misses its start.
         for outcome in ["succeeded", "failed", "retry", "unknown", "invalidated"] {
@@ -180,6 +227,12 @@ impl Metrics {
         for result in ["received", "missed", "unsent"] {
             let _ = notify_heartbeats.get_or_create(&ResultLabel { result });
         }
+        for kind in ["outcome", "ack"] {
+            let _ = journal_records.get_or_create(&KindLabel { kind });
+        }
+        for result in ["recorded", "refused"] {
+            let _ = journal_replayed.get_or_create(&ResultLabel { result });
+        }
 
         Metrics {
             registry,
@@ -193,6 +246,11 @@ impl Metrics {
             unrecorded,
             notify_stalled,
             notify_heartbeats,
+            journal_records,
+            journal_fsync_seconds,
+            journal_bytes,
+            journal_errors,
+            journal_replayed,
         }
     }
 
@@ -204,6 +262,13 @@ impl Metrics {
     /// Counts one hand-back.
     pub fn handback(&self, reason: &'static str) {
         self.handbacks.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Counts one replayed outcome.
+    pub fn replayed(&self, result: &'static str) {
+        self.journal_replayed
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 
     /// Counts one replaced connection.

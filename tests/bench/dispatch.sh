@@ -66,7 +66,8 @@ start_keyturnd() {
   KTD_PORT=$(kt_free_port)
   env DATABASE_URL="postgres://app_dispatcher@127.0.0.1:$KT_PGPORT/keyturn" \
       KEYTURN_LISTEN="127.0.0.1:$KTD_PORT" KEYTURN_WEBHOOK_URL="$url" \
-      KEYTURN_WEBHOOK_SECRET="$WEBHOOK_SECRET" RUST_LOG=warn "$@" \
+      KEYTURN_WEBHOOK_SECRET="$WEBHOOK_SECRET" KEYTURN_JOURNAL_DIR="$(kt_scratch)/keyturnd-journal" \
+      RUST_LOG=warn "$@" \
       "$BENCH_BIN/keyturnd" >> "$OUT/keyturnd.log" 2>&1 &
   KTD_PID=$!
   KT_PIDS="${KT_PIDS:-} $KTD_PID"

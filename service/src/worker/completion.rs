@@ -1,5 +1,6 @@
-//! The completion: observed outcomes recorded. Call tasks queue them
-//! ([`enqueue`]); one task ([`flush_loop`]) records them in batches with
+//! The completion: observed outcomes journaled, then recorded. Call tasks
+//! queue them ([`enqueue`]); one task journals them ([`journal_loop`]);
+//! another ([`flush_loop`]) records them in batches with
 //! `keyturn.complete_many`, and one by one with `keyturn.complete`
 //! ([`record`]) when the database refuses a batch for its content.
 //!
@@ -10,6 +11,17 @@
 //! logged at ERROR for the operator, and the sweep will call the action
 //! `uncertain`. A `55000` answer (already `uncertain`) is logged at WARN with
 //! the observed outcome, for the operator to reconcile.
+//!
+//! **Journaled first.** [`enqueue`] writes the outcome to the journal the
+//! moment it is observed (no sync: it survives the process from then on);
+//! [`journal_loop`] makes what has queued up durable with one `fdatasync`
+//! (group commit: what arrives during one sync goes with the next) and only
+//! then passes it on; it never waits for the database, so an outcome is on
+//! disk within a sync of being observed however long recording takes
+//! ([`crate::journal`]). It is acknowledged there once the database
+//! answered for it; one whose recording was given up stays for the next
+//! start. While a batch is being recorded this process does not sweep
+//! (`Ctx::recording`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{job_span, lock, Ctx, Done, Slot, BACKOFF_MAX, BACKOFF_MIN};
 use crate::db::{self, LeasedJob};
+use crate::journal::format::Entry;
 use crate::providers::CallResult;
 
 /// The completion queue is flushed with one `keyturn.complete_many` this long
@@ -39,18 +52,23 @@ pub(super) fn enqueue(
     mut slot: Slot,
 ) {
     slot.queued = true;
-    if let Err(mpsc::error::SendError(d)) = done.send(Done {
+    let d = Done {
         job,
         result,
         deadline,
-    }) {
-        // The flusher is gone (cannot happen before every sender is); record
-        // it here rather than lose it.
-        slot.queued = false;
+    };
+    // A small write to the page cache, done here so that no scheduling
+    // delay stands between the observation and the journal.
+    slot.ctx.journal.write(&[entry(&d)]);
+    if let Err(mpsc::error::SendError(d)) = done.send(d) {
+        // The journal loop is gone (cannot happen before every sender is);
+        // journal and record it here rather than lose it. `flush` takes it
+        // out of the in-flight set once it is answered.
         let ctx = slot.ctx.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            record(&ctx, &d.job, &d.result, d.deadline).await;
+            sync(&ctx).await;
+            flush(&ctx, vec![d]).await;
         });
     }
 }
@@ -80,6 +98,7 @@ async fn record(ctx: &Ctx, job: &LeasedJob, result: &CallResult, deadline: Insta
         let err = match recorded {
             Ok(status) => {
                 tracing::info!(outcome, %status, tries, "outcome recorded");
+                acknowledge(ctx, &[(job.action_id, job.lease_id)]).await;
                 return;
             }
             Err(e) => e,
@@ -92,22 +111,64 @@ async fn record(ctx: &Ctx, job: &LeasedJob, result: &CallResult, deadline: Insta
                 error = %err,
                 "complete refused: the action already left executing (likely swept to uncertain); operator: reconcile it with this observed outcome"
             );
+            acknowledge(ctx, &[(job.action_id, job.lease_id)]).await;
             return;
         }
-        if !err.is_transient() || Instant::now() + backoff > give_up_at {
+        if !err.is_transient() {
             ctx.metrics.unrecorded.inc();
             tracing::error!(
                 observed_outcome = outcome,
                 receipt = %result.receipt,
                 error = %err,
                 tries,
-                "COULD NOT RECORD the provider outcome; the sweep will mark the action uncertain; operator: reconcile it with this observed outcome"
+                "COULD NOT RECORD the provider outcome: the database refused it; the sweep will mark the action uncertain; operator: reconcile it with this observed outcome"
+            );
+            // Refused for its content: replaying it would be refused again.
+            acknowledge(ctx, &[(job.action_id, job.lease_id)]).await;
+            return;
+        }
+        if Instant::now() + backoff > give_up_at {
+            ctx.metrics.unrecorded.inc();
+            tracing::error!(
+                observed_outcome = outcome,
+                receipt = %result.receipt,
+                error = %err,
+                tries,
+                "COULD NOT RECORD the provider outcome; it stays in the journal for the next start; the sweep will mark the action uncertain; operator: reconcile it with this observed outcome"
             );
             return;
         }
         tracing::warn!(observed_outcome = outcome, error = %err, tries, "could not record the outcome yet; retrying the same outcome");
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// Makes the observed outcomes durable as they come, every group that queued
+/// up during the previous sync with one sync, and passes them on to
+/// [`flush_loop`]. Returns once the queue is closed and empty (and so
+/// closes the flusher's).
+pub(super) async fn journal_loop(
+    ctx: Arc<Ctx>,
+    mut rx: mpsc::UnboundedReceiver<Done>,
+    tx: mpsc::UnboundedSender<Done>,
+) {
+    let mut group: Vec<Done> = Vec::new();
+    while let Some(d) = rx.recv().await {
+        group.push(d);
+        while let Ok(d) = rx.try_recv() {
+            group.push(d);
+        }
+        // Each was written when observed ([`enqueue`]): one sync for all.
+        sync(&ctx).await;
+        for d in group.drain(..) {
+            if let Err(mpsc::error::SendError(d)) = tx.send(d) {
+                // The flusher ends only after this loop: unreachable, but
+                // an outcome is never dropped.
+                let ctx = ctx.clone();
+                tokio::spawn(async move { flush(&ctx, vec![d]).await });
+            }
+        }
     }
 }
 
@@ -161,6 +222,7 @@ pub(super) async fn flush_loop(
 /// `uncertain`) is logged at WARN. A batch the database refuses as a whole
 /// for its content (not transient) is recorded one by one with [`record`].
 async fn flush(ctx: &Ctx, mut items: Vec<Done>) {
+    let _recording = ctx.recording.lock().await;
     let mut backoff = BACKOFF_MIN;
     let mut tries: u32 = 0;
     while !items.is_empty() {
@@ -183,15 +245,18 @@ async fn flush(ctx: &Ctx, mut items: Vec<Done>) {
         let err = match recorded {
             Ok(answers) => {
                 let mut unanswered = Vec::new();
+                let mut answered = Vec::with_capacity(items.len());
                 for (i, d) in items.into_iter().enumerate() {
                     match answers.get(i).filter(|a| a.action_id == d.job.action_id) {
                         Some(a) => {
                             log_recorded(ctx, &d, a, tries);
+                            answered.push((d.job.action_id, d.job.lease_id));
                             lock(&ctx.inflight).remove(&d.job.action_id);
                         }
                         None => unanswered.push(d),
                     }
                 }
+                acknowledge(ctx, &answered).await;
                 if !unanswered.is_empty() {
                     tracing::error!(
                         count = unanswered.len(),
@@ -218,7 +283,7 @@ async fn flush(ctx: &Ctx, mut items: Vec<Done>) {
                     receipt = %d.result.receipt,
                     error = %err,
                     tries,
-                    "COULD NOT RECORD the provider outcome; the sweep will mark the action uncertain; operator: reconcile it with this observed outcome"
+                    "COULD NOT RECORD the provider outcome; it stays in the journal for the next start; the sweep will mark the action uncertain; operator: reconcile it with this observed outcome"
                 );
                 lock(&ctx.inflight).remove(&d.job.action_id);
                 false
@@ -274,4 +339,39 @@ async fn record_each(ctx: &Ctx, items: Vec<Done>) {
         lock(&ctx.inflight).remove(&d.job.action_id);
     }))
     .await;
+}
+
+/// The journal's entry for an observed outcome: what `complete` is given.
+fn entry(d: &Done) -> Entry {
+    Entry {
+        action_id: d.job.action_id,
+        lease_id: d.job.lease_id,
+        outcome: d.result.outcome.word().to_owned(),
+        receipt: d.result.receipt.clone(),
+        retry_after_ms: d
+            .result
+            .outcome
+            .retry_after()
+            .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+    }
+}
+
+/// Makes what was written to the journal durable, off the async threads.
+async fn sync(ctx: &Ctx) {
+    if !ctx.journal.enabled() {
+        return;
+    }
+    let journal = ctx.journal.clone();
+    // A failure is logged by the journal; the outcomes are recorded anyway.
+    let _ = tokio::task::spawn_blocking(move || journal.sync()).await;
+}
+
+/// Tells the journal the database answered for these outcomes.
+async fn acknowledge(ctx: &Ctx, keys: &[(uuid::Uuid, uuid::Uuid)]) {
+    if !ctx.journal.enabled() || keys.is_empty() {
+        return;
+    }
+    let journal = ctx.journal.clone();
+    let keys = keys.to_vec();
+    let _ = tokio::task::spawn_blocking(move || journal.ack(&keys)).await;
 }

@@ -19,6 +19,9 @@
 //! provider is not here anyway (a database ignoring the filter) is handed
 //! back, never begun.
 //!
+//! **No journal, no lease.** While the outcome journal cannot be written
+//! (its failure is logged by [`crate::journal`]), nothing is leased.
+//!
 //! **Hand-backs never spin.** A job handed back for a short lease asks for a
 //! delay (`retry_after`) that doubles with every step that did nothing but
 //! hand back, so the same job is not leased again at once; after such a
@@ -197,6 +200,11 @@ pub(super) async fn lease_step(
         return Ok(Step::Done);
     };
     if free == 0 {
+        return Ok(Step::Done);
+    }
+    // An outcome that cannot be journaled would be lost with the process:
+    // take on no new call until the journal can be written again.
+    if !ctx.journal.ready() {
         return Ok(Step::Done);
     }
     let Ok(mut permits) = ctx.slots.clone().try_acquire_many_owned(n_permits) else {

@@ -9,12 +9,14 @@
 //!    lease.rs       BEGIN; keyturn.lease(free slots); hand-backs as complete 'retry'
 //!    begin.rs       keyturn.begin_dispatch_many; COMMIT; only then, per job answered dispatch:
 //!    call.rs        the provider call, bounded by the lease left
-//!    completion.rs  the outcome queued, recorded with keyturn.complete_many
+//!    completion.rs  the outcome journaled (one sync per group), then recorded with keyturn.complete_many
 //! ```
 //!
 //! Beside the step: `listen.rs` (the `LISTEN` connection: wake-ups and
-//! readiness), `heartbeat.rs` (whether notifications still arrive on it)
-//! and `sweeper.rs` (`keyturn.sweep()` on a timer).
+//! readiness), `heartbeat.rs` (whether notifications still arrive on it),
+//! `sweeper.rs` (`keyturn.sweep()` on a timer) and `replay.rs` (at start,
+//! before anything else: the outcomes an earlier process left in the
+//! journal, recorded).
 //!
 //! This file holds the public surface ([`Dispatcher`], [`Settings`]), what
 //! the stages share ([`Ctx`], [`Slot`], [`Done`]), and the loop with its
@@ -26,6 +28,7 @@ mod completion;
 mod heartbeat;
 mod lease;
 mod listen;
+mod replay;
 mod sweeper;
 
 use std::collections::HashSet;
@@ -39,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use self::completion::flush_loop;
+use self::completion::{flush_loop, journal_loop};
 use self::lease::{lease_step, HandBacks, Step};
 use self::listen::listen_loop;
 use self::sweeper::sweep_loop;
@@ -47,6 +50,8 @@ use crate::config::{Config, Secret};
 use crate::db::LeasedJob;
 use crate::error::Error;
 use crate::http::Health;
+use crate::journal::format::Entry;
+use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::providers::{CallResult, Providers};
 
@@ -118,6 +123,11 @@ struct Ctx {
     slots: Arc<Semaphore>,
     inflight: Mutex<HashSet<Uuid>>,
     handbacks: Mutex<HandBacks>,
+    journal: Arc<Journal>,
+    /// Held by the flusher while it records a batch (retries included) and
+    /// by the sweeper around `keyturn.sweep()`: this process never sweeps an
+    /// action to `uncertain` whose observed outcome it is still recording.
+    recording: tokio::sync::Mutex<()>,
 }
 
 /// A slot (one of KEYTURN_WORKERS) held by a job until its provider call has
@@ -168,7 +178,9 @@ fn job_span(job: &LeasedJob) -> tracing::Span {
 
 /// The dispatcher: the lease loop, the `LISTEN` connection and the sweeper.
 pub struct Dispatcher {
-    ctx: Arc<Ctx>,
+    ctx: Ctx,
+    /// What the journal held at open, replayed before anything else runs.
+    replay: Vec<Entry>,
 }
 
 impl Dispatcher {
@@ -182,8 +194,9 @@ impl Dispatcher {
     ) -> Self {
         let slots = Arc::new(Semaphore::new(settings.workers));
         let provider_names = providers.names();
+        let journal = Arc::new(Journal::disabled(metrics.clone()));
         Dispatcher {
-            ctx: Arc::new(Ctx {
+            ctx: Ctx {
                 pool,
                 providers,
                 provider_names,
@@ -194,17 +207,36 @@ impl Dispatcher {
                 slots,
                 inflight: Mutex::new(HashSet::new()),
                 handbacks: Mutex::new(HandBacks::default()),
-            }),
+                journal,
+                recording: tokio::sync::Mutex::new(()),
+            },
+            replay: Vec::new(),
         }
     }
 
+    /// Journals every observed outcome in `journal` until the database has
+    /// it, and first records `replay`, what [`Journal::open`] found left by
+    /// an earlier process. Without this, outcomes are not journaled.
+    pub fn with_journal(mut self, journal: Arc<Journal>, replay: Vec<Entry>) -> Self {
+        self.ctx.journal = journal;
+        self.replay = replay;
+        self
+    }
+
     /// Waits for a database whose `pg_keyturn` this build speaks (see
-    /// [`crate::compat`]), then dispatches until `shutdown` fires, stops
-    /// leasing, waits up to the drain time for calls in flight to be
-    /// recorded, and returns. `Err` only for an incompatible database.
+    /// [`crate::compat`]), records what the journal held (see
+    /// [`replay`](self::replay)), then dispatches until `shutdown` fires,
+    /// stops leasing, waits up to the drain time for calls in flight to be
+    /// recorded, and returns. `Err` only for an incompatible database, or a
+    /// journal that holds another database's outcomes.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
-        let ctx = self.ctx;
+        let ctx = Arc::new(self.ctx);
         if !crate::compat::wait_for_compatible_extension(&ctx.pool, &shutdown).await? {
+            return Ok(());
+        }
+        // Before the sweeper's first sweep, which would make the replayed
+        // actions `uncertain` once their leases lapsed.
+        if !replay::replay(&ctx, self.replay, &shutdown).await? {
             return Ok(());
         }
         let tracker = TaskTracker::new();
@@ -215,8 +247,11 @@ impl Dispatcher {
         let sweeper = tokio::spawn(sweep_loop(ctx.clone(), shutdown.clone()));
         // It ends once every sender (the one here, and each job task's) is
         // gone and the queue is empty.
+        // Call tasks → journal_loop → flush_loop.
         let (done_tx, done_rx) = mpsc::unbounded_channel();
-        let flusher = tokio::spawn(flush_loop(ctx.clone(), done_rx, shutdown.clone()));
+        let (journaled_tx, journaled_rx) = mpsc::unbounded_channel();
+        let journaler = tokio::spawn(journal_loop(ctx.clone(), done_rx, journaled_tx));
+        let flusher = tokio::spawn(flush_loop(ctx.clone(), journaled_rx, shutdown.clone()));
 
         let mut lease_failing = false;
         let mut pause = None;
@@ -283,8 +318,10 @@ impl Dispatcher {
         drop(done_tx);
         let drained = async {
             tracker.wait().await;
-            // Every job task has ended, so every sender is gone: the flusher
-            // records what is queued (at once, shutdown is set) and returns.
+            // Every job task has ended, so every sender is gone: the journal
+            // loop writes what is queued and returns, then the flusher
+            // records it (at once, shutdown is set) and returns.
+            let _ = journaler.await;
             let _ = flusher.await;
         };
         if tokio::time::timeout(ctx.settings.drain, drained)
@@ -295,6 +332,13 @@ impl Dispatcher {
             for action_id in &left {
                 tracing::error!(%action_id, "still executing at exit: its outcome is not recorded; the sweep will mark it uncertain for an operator");
             }
+        }
+        let unrecorded = ctx.journal.unacknowledged();
+        if unrecorded > 0 {
+            tracing::warn!(
+                outcomes = unrecorded,
+                "observed outcomes the database has not acknowledged stay in the journal; the next keyturnd started on KEYTURN_JOURNAL_DIR records them"
+            );
         }
         for task in [Some(sweeper), listener].into_iter().flatten() {
             // They stop on the same token; their errors were logged.

@@ -3,6 +3,11 @@
 //! `queued`, `executing` with a lapsed lease → `uncertain`); keyturnd only
 //! calls it on a timer, counts what it did, wakes the loop when it requeued
 //! something, and refreshes the `keyturn_uncertain` gauge.
+//!
+//! It waits while the completion queue is recording a batch (retries
+//! included): an outcome this process observed is recorded before its own
+//! sweep can call the action `uncertain`, however long the database was
+//! away.
 
 use std::sync::Arc;
 
@@ -26,6 +31,7 @@ pub(super) async fn sweep_loop(ctx: Arc<Ctx>, shutdown: CancellationToken) {
         let swept = tokio::select! {
             _ = shutdown.cancelled() => break,
             swept = async {
+                let _recording = ctx.recording.lock().await;
                 let client = ctx.pool.get().await?;
                 db::sweep(&client).await
             } => swept,

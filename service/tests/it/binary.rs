@@ -17,6 +17,7 @@ async fn status(client: &reqwest::Client, url: &str) -> Option<u16> {
 
 #[tokio::test]
 async fn test_binary_without_database_is_alive_not_ready_and_exits_0_on_sigterm() {
+    let journal = tempfile::tempdir().expect("journal dir");
     let db_port = support::closed_port();
     let http_port = support::closed_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_keyturnd"))
@@ -27,6 +28,7 @@ async fn test_binary_without_database_is_alive_not_ready_and_exits_0_on_sigterm(
         )
         .env("KEYTURN_LISTEN", format!("127.0.0.1:{http_port}"))
         .env("KEYTURN_POLL_MS", "200")
+        .env("KEYTURN_JOURNAL_DIR", journal.path())
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -119,6 +121,86 @@ async fn test_lease_too_short_for_a_call_is_refused_at_start() {
         log.contains(
             "KEYTURN_LEASE_SECONDS=5 must be at least KEYTURN_HTTP_TIMEOUT_SECONDS=3 plus 3 s"
         ),
+        "{log}"
+    );
+}
+
+fn no_database() -> String {
+    format!(
+        "postgres://keyturnd@127.0.0.1:{}/keyturn",
+        support::closed_port()
+    )
+}
+
+/// A journal directory keyturnd cannot create is refused at start, before
+/// any database work, saying what to do (and how to opt out).
+#[tokio::test]
+async fn test_an_unusable_journal_dir_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"").expect("file");
+    let out = Command::new(env!("CARGO_BIN_EXE_keyturnd"))
+        .env_clear()
+        .env("DATABASE_URL", no_database())
+        .env(
+            "KEYTURN_LISTEN",
+            format!("127.0.0.1:{}", support::closed_port()),
+        )
+        .env("KEYTURN_JOURNAL_DIR", file.join("journal"))
+        .output()
+        .expect("run keyturnd");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{log}");
+    assert!(log.contains("KEYTURN_JOURNAL_DIR="), "{log}");
+    assert!(log.contains("KEYTURN_JOURNAL=false"), "{log}");
+}
+
+/// Two keyturnd processes on one journal directory: the second is refused
+/// at start, naming the first.
+#[tokio::test]
+async fn test_a_second_keyturnd_on_one_journal_dir_is_refused() {
+    let journal = tempfile::tempdir().expect("journal dir");
+    let http_port = support::closed_port();
+    let mut first = Command::new(env!("CARGO_BIN_EXE_keyturnd"))
+        .env_clear()
+        .env("DATABASE_URL", no_database())
+        .env("KEYTURN_LISTEN", format!("127.0.0.1:{http_port}"))
+        .env("KEYTURN_JOURNAL_DIR", journal.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start keyturnd");
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let started = Instant::now();
+    while status(&client, &format!("http://127.0.0.1:{http_port}/healthz"))
+        .await
+        .is_none()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the first keyturnd never served /healthz"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_keyturnd"))
+        .env_clear()
+        .env("DATABASE_URL", no_database())
+        .env(
+            "KEYTURN_LISTEN",
+            format!("127.0.0.1:{}", support::closed_port()),
+        )
+        .env("KEYTURN_JOURNAL_DIR", journal.path())
+        .output()
+        .expect("run the second keyturnd");
+    let _ = first.kill();
+    let _ = first.wait();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{log}");
+    assert!(
+        log.contains("in use by another keyturnd") && log.contains(&format!("pid {}", first.id())),
         "{log}"
     );
 }

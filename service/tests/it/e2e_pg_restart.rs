@@ -4,11 +4,7 @@
 //!
 //! This test restarts the shared cluster of `tests/run-all`; like every
 //! database test it holds [`e2e::serial`], so no other one runs meanwhile.
-//! It uses `KT_PGDATA` (and `KT_PGLOG`, else
-//! `$KT_PGSOCK/postgres.log`, for the server log) and restarts with
-//! `pg_ctl restart -m fast`, which starts the server again with exactly the
-//! options recorded in `postmaster.opts` (port, socket directory, `-c`
-//! settings of `kt_cluster_start`).
+//! It restarts with [`e2e::restart_postgres`]`("fast")`.
 
 use std::time::Duration;
 
@@ -16,52 +12,6 @@ use crate::support::e2e::{self, Keyturnd, Receiver, Reply, World};
 use serde_json::json;
 
 const WITHIN: Duration = Duration::from_secs(30);
-
-fn restart_postgres() {
-    let data = std::env::var("KT_PGDATA").expect("KT_PGDATA must be set with KT_PGPORT");
-    let log = std::env::var("KT_PGLOG").unwrap_or_else(|_| {
-        let sock = std::env::var("KT_PGSOCK").expect("KT_PGSOCK must be set with KT_PGPORT");
-        format!("{sock}/postgres.log")
-    });
-    let bin = std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
-    let pg_ctl = format!("{bin}/pg_ctl");
-    let args = [
-        "-D",
-        data.as_str(),
-        "-l",
-        log.as_str(),
-        "-w",
-        "-t",
-        "60",
-        "restart",
-        "-m",
-        "fast",
-    ];
-    // PostgreSQL refuses to run as root: the cluster belongs to `postgres`.
-    let is_root = std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false);
-    let mut cmd = if is_root {
-        let mut c = std::process::Command::new("runuser");
-        c.args(["-u", "postgres", "--", pg_ctl.as_str()]);
-        c
-    } else {
-        std::process::Command::new(&pg_ctl)
-    };
-    let out = cmd
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("run pg_ctl restart");
-    assert!(
-        out.status.success(),
-        "pg_ctl restart failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 #[tokio::test]
 async fn test_postgres_restart_reconnects_and_loses_nothing() {
@@ -88,7 +38,7 @@ async fn test_postgres_restart_reconnects_and_loses_nothing() {
     // outcome is recorded on a new connection.
     let across = w.queue(&tool, json!({"text": "across"}), false).await;
     rx.wait_requests(across.id, 1, WITHIN).await;
-    restart_postgres();
+    e2e::restart_postgres("fast");
     w.reconnect().await;
 
     // Right after: approved while keyturnd may still be reconnecting.

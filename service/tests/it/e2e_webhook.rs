@@ -273,6 +273,16 @@ async fn test_credentials_in_a_response_reach_neither_tables_nor_log() {
         hits.is_empty(),
         "the provider's credential was stored in {hits:?}"
     );
+    let journal = std::fs::read(e2e::journal_dir().join("journal")).expect("the journal");
+    let journal = String::from_utf8_lossy(&journal);
+    assert!(
+        journal.contains("msg-42"),
+        "the receipt was journaled as recorded"
+    );
+    assert!(
+        !journal.contains(&leaked),
+        "the provider's credential reached the journal"
+    );
     assert!(
         !log.contains(&leaked),
         "the provider's credential reached the log:\n{log}"

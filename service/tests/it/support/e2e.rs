@@ -404,6 +404,8 @@ pub struct Reply {
     pub body: String,
     /// Wait this long before answering.
     pub delay: Duration,
+    /// Answer only once a permit is added to this (the test says when).
+    pub hold: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Reply {
@@ -413,6 +415,7 @@ impl Reply {
             headers: Vec::new(),
             body: String::new(),
             delay: Duration::ZERO,
+            hold: None,
         }
     }
     pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Reply {
@@ -425,6 +428,11 @@ impl Reply {
     }
     pub fn delay(mut self, delay: Duration) -> Reply {
         self.delay = delay;
+        self
+    }
+    /// Answers once `gate` has a permit, taking it.
+    pub fn until(mut self, gate: Arc<tokio::sync::Semaphore>) -> Reply {
+        self.hold = Some(gate);
         self
     }
 }
@@ -448,14 +456,20 @@ pub struct Received {
 struct Seen {
     mine: Vec<Received>,
     foreign: usize,
+    /// When the answer to each of its tenant's requests was handed to the
+    /// server to send, by action.
+    answered: Vec<(Option<Uuid>, Instant)>,
 }
+
+/// Chooses the reply to the n-th request (from 0) for one action.
+pub type Pick = Arc<dyn Fn(usize) -> Reply + Send + Sync>;
 
 #[derive(Clone)]
 struct RecvState {
     secret: Arc<Vec<u8>>,
     standard_key: Arc<Vec<u8>>,
     tenant: String,
-    plan: Arc<Vec<Reply>>,
+    pick: Pick,
     seen: Arc<Mutex<Seen>>,
 }
 
@@ -532,6 +546,7 @@ async fn receive(State(s): State<RecvState>, headers: HeaderMap, body: Bytes) ->
         has_timestamp: header("x-keyturn-timestamp").is_some(),
         body: body.to_vec(),
     };
+    let action_id = received.action_id;
     let nth = {
         let mut seen = s.seen.lock().unwrap();
         let nth = seen
@@ -545,12 +560,12 @@ async fn receive(State(s): State<RecvState>, headers: HeaderMap, body: Bytes) ->
     if !signature_ok {
         return StatusCode::UNAUTHORIZED.into_response();
     }
-    let reply = s
-        .plan
-        .get(nth)
-        .or(s.plan.last())
-        .cloned()
-        .unwrap_or(Reply::status(200));
+    let reply = (s.pick)(nth);
+    if let Some(gate) = &reply.hold {
+        if let Ok(permit) = gate.acquire().await {
+            permit.forget();
+        }
+    }
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
     }
@@ -565,12 +580,28 @@ async fn receive(State(s): State<RecvState>, headers: HeaderMap, body: Bytes) ->
             HeaderValue::from_str(&value).expect("header value"),
         );
     }
+    s.seen
+        .lock()
+        .unwrap()
+        .answered
+        .push((action_id, Instant::now()));
     response
 }
 
 impl Receiver {
     /// Starts a receiver for `tenant`'s actions answering by `plan`.
     pub async fn start(tenant: &str, plan: Vec<Reply>) -> Receiver {
+        let pick: Pick = Arc::new(move |nth| {
+            plan.get(nth)
+                .or(plan.last())
+                .cloned()
+                .unwrap_or(Reply::status(200))
+        });
+        Receiver::start_with(tenant, pick).await
+    }
+
+    /// Starts a receiver for `tenant`'s actions answering what `pick` says.
+    pub async fn start_with(tenant: &str, pick: Pick) -> Receiver {
         let key = Uuid::new_v4().into_bytes();
         let secret = format!("whsec_{}", STANDARD.encode(key));
         let seen = Arc::new(Mutex::new(Seen::default()));
@@ -578,7 +609,7 @@ impl Receiver {
             secret: Arc::new(secret.clone().into_bytes()),
             standard_key: Arc::new(key.to_vec()),
             tenant: tenant.to_owned(),
-            plan: Arc::new(plan),
+            pick,
             seen: seen.clone(),
         };
         let app = axum::Router::new().fallback(receive).with_state(state);
@@ -618,6 +649,12 @@ impl Receiver {
         self.seen.lock().unwrap().mine.clone()
     }
 
+    /// When each answer of its tenant's requests was handed over to be
+    /// sent, by action, in order.
+    pub fn answered(&self) -> Vec<(Option<Uuid>, Instant)> {
+        self.seen.lock().unwrap().answered.clone()
+    }
+
     /// Waits until `id` has had `n` requests.
     pub async fn wait_requests(&self, id: Uuid, n: usize, within: Duration) {
         eventually(within, &format!("{n} request(s) for {id}"), || async {
@@ -653,6 +690,24 @@ impl Drop for Keyturnd {
     }
 }
 
+/// The journal directory of the running test: shared by every keyturnd a
+/// test starts (a restarted one replays what a killed one left), apart from
+/// every other test's. Under `KT_SCRATCH` (removed with the run's scratch
+/// directory) when set, else the system's temporary directory.
+pub fn journal_dir() -> std::path::PathBuf {
+    let base = std::env::var_os("KT_SCRATCH")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    // libtest names each test's thread after the test. Hashed, so that
+    // keyturnd's log (which names the directory) never holds the test's
+    // name: some tests look for words in that log.
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::thread::current().name().unwrap_or("main").hash(&mut h);
+    base.join(format!("keyturnd-it-{}", std::process::id()))
+        .join(format!("t{:016x}", h.finish()))
+}
+
 /// Short timings, so leases lapse and sweeps run within a test.
 pub fn fast_env() -> Vec<(&'static str, String)> {
     vec![
@@ -680,6 +735,10 @@ impl Keyturnd {
         vars.insert("DATABASE_URL", url(port, "app_dispatcher"));
         vars.insert("KEYTURN_LISTEN", format!("127.0.0.1:{http_port}"));
         vars.insert("RUST_LOG", "info".into());
+        vars.insert(
+            "KEYTURN_JOURNAL_DIR",
+            journal_dir().to_string_lossy().into_owned(),
+        );
         for (k, v) in fast_env().into_iter().chain(env) {
             vars.insert(k, v);
         }
@@ -796,6 +855,56 @@ impl Keyturnd {
         );
         log
     }
+}
+
+/// Restarts the private cluster (`KT_PGDATA`) with `pg_ctl restart -m
+/// <mode>` (`fast`: a clean shutdown; `immediate`: a crash, recovered at
+/// start), which starts it again with the options in `postmaster.opts`.
+/// The server log goes to `KT_PGLOG`, else `$KT_PGSOCK/postgres.log`.
+pub fn restart_postgres(mode: &str) {
+    let data = std::env::var("KT_PGDATA").expect("KT_PGDATA must be set with KT_PGPORT");
+    let log = std::env::var("KT_PGLOG").unwrap_or_else(|_| {
+        let sock = std::env::var("KT_PGSOCK").expect("KT_PGSOCK must be set with KT_PGPORT");
+        format!("{sock}/postgres.log")
+    });
+    let bin = std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
+    let pg_ctl = format!("{bin}/pg_ctl");
+    let args = [
+        "-D",
+        data.as_str(),
+        "-l",
+        log.as_str(),
+        "-w",
+        "-t",
+        "60",
+        "restart",
+        "-m",
+        mode,
+    ];
+    // PostgreSQL refuses to run as root: the cluster belongs to `postgres`.
+    let is_root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    let mut cmd = if is_root {
+        let mut c = std::process::Command::new("runuser");
+        c.args(["-u", "postgres", "--", pg_ctl.as_str()]);
+        c
+    } else {
+        std::process::Command::new(&pg_ctl)
+    };
+    let out = cmd
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run pg_ctl restart");
+    assert!(
+        out.status.success(),
+        "pg_ctl restart -m {mode} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Runs the keyturnd binary once with `args` as `role` (an operator

@@ -43,6 +43,9 @@ pub struct Delivered {
 pub struct Log {
     pub delivered: Arc<Mutex<Vec<Delivered>>>,
     pub connections: Arc<Mutex<usize>>,
+    /// When the reply to each delivered message's end of data was written,
+    /// by its index in `delivered`.
+    pub answered: Arc<Mutex<Vec<(usize, std::time::Instant)>>>,
 }
 
 impl Log {
@@ -52,10 +55,19 @@ impl Log {
     pub fn connections(&self) -> usize {
         *self.connections.lock().expect("log")
     }
+    pub fn answered(&self) -> Vec<(usize, std::time::Instant)> {
+        self.answered.lock().expect("log").clone()
+    }
 }
 
 /// Starts a server on 127.0.0.1:0 that follows `script` on every connection.
 pub async fn start(script: Script) -> (SocketAddr, Log) {
+    start_with_delay(script, Duration::ZERO).await
+}
+
+/// [`start`], answering the end of each message after a random pause of at
+/// most `max_delay` (a provider that takes a while to accept a message).
+pub async fn start_with_delay(script: Script, max_delay: Duration) -> (SocketAddr, Log) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let log = Log::default();
@@ -65,14 +77,19 @@ pub async fn start(script: Script) -> (SocketAddr, Log) {
             *server_log.connections.lock().expect("log") += 1;
             let log = server_log.clone();
             tokio::spawn(async move {
-                let _ = session(stream, script, log).await;
+                let _ = session(stream, script, log, max_delay).await;
             });
         }
     });
     (addr, log)
 }
 
-async fn session(stream: tokio::net::TcpStream, script: Script, log: Log) -> std::io::Result<()> {
+async fn session(
+    stream: tokio::net::TcpStream,
+    script: Script,
+    log: Log,
+    max_delay: Duration,
+) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read);
     write
@@ -114,12 +131,23 @@ async fn session(stream: tokio::net::TcpStream, script: Script, log: Log) -> std
                 data.push_str(&line);
             }
             current.data = data;
-            log.delivered
-                .lock()
-                .expect("log")
-                .push(std::mem::take(&mut current));
+            let index = {
+                let mut delivered = log.delivered.lock().expect("log");
+                delivered.push(std::mem::take(&mut current));
+                delivered.len() - 1
+            };
+            if !max_delay.is_zero() {
+                tokio::time::sleep(super::random_duration(max_delay)).await;
+            }
             match script.end_of_data {
-                Some(text) => text.into(),
+                Some(text) => {
+                    write.write_all(format!("{text}\r\n").as_bytes()).await?;
+                    log.answered
+                        .lock()
+                        .expect("log")
+                        .push((index, std::time::Instant::now()));
+                    continue;
+                }
                 None => {
                     // Never answer: the client must give up on its own.
                     tokio::time::sleep(Duration::from_secs(30)).await;

@@ -74,3 +74,15 @@ pub fn closed_port() -> u16 {
     drop(listener);
     port
 }
+
+/// A uniformly random number below `n` (`n` > 0), from a v4 UUID's random
+/// bits: enough for picking delays and moments, with no extra dependency.
+pub fn random_below(n: u64) -> u64 {
+    (Uuid::new_v4().as_u128() % u128::from(n.max(1))) as u64
+}
+
+/// A random duration from zero to `max`, in whole milliseconds.
+pub fn random_duration(max: std::time::Duration) -> std::time::Duration {
+    let ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
+    std::time::Duration::from_millis(random_below(ms.saturating_add(1)))
+}
