@@ -135,10 +135,15 @@ mod tests;
     requires = ["dispatch_batch"]
 );
 ::pgrx::extension_sql_file!(
+    "../../sql/071_citus.sql",
+    name = "citus",
+    requires = ["deployment"]
+);
+::pgrx::extension_sql_file!(
     "../../sql/080_comments.sql",
     name = "comments",
     requires = [
-        "deployment",
+        "citus",
         identity::current_tenant,
         identity::current_principal,
         identity::current_session,
