@@ -49,6 +49,41 @@ ROLLBACK;
 SELECT citus_check.expect('probe: staged_payload references action by id alone', :'LAST_ERROR_MESSAGE',
     'referenced table "action" must be a distributed table or a reference table');
 
+\set LAST_ERROR_MESSAGE ''
+BEGIN;
+SELECT create_distributed_table('keyturn.action_target', 'tenant');
+ROLLBACK;
+SELECT citus_check.expect('probe: action_target has triggers', :'LAST_ERROR_MESSAGE',
+    'cannot distribute relation "action_target" because it has triggers');
+
+\set LAST_ERROR_MESSAGE ''
+BEGIN;
+SELECT create_distributed_table('keyturn.usage', 'tenant');
+ROLLBACK;
+SELECT citus_check.expect('probe: usage has triggers', :'LAST_ERROR_MESSAGE',
+    'cannot distribute relation "usage" because it has triggers');
+
+\set LAST_ERROR_MESSAGE ''
+BEGIN;
+SELECT create_distributed_table('keyturn.vote', 'tenant');
+ROLLBACK;
+SELECT citus_check.expect('probe: vote''s primary key has no tenant', :'LAST_ERROR_MESSAGE',
+    'cannot create constraint on "vote"');
+
+\set LAST_ERROR_MESSAGE ''
+BEGIN;
+SELECT create_distributed_table('keyturn.staged_file', 'tenant');
+ROLLBACK;
+SELECT citus_check.expect('probe: staged_file''s primary key has no tenant', :'LAST_ERROR_MESSAGE',
+    'cannot create constraint on "staged_file"');
+
+\set LAST_ERROR_MESSAGE ''
+BEGIN;
+SELECT create_distributed_table('keyturn.delegation', 'tenant');
+ROLLBACK;
+SELECT citus_check.expect('probe: delegation references the local tool table', :'LAST_ERROR_MESSAGE',
+    'referenced table "tool" must be a distributed table or a reference table');
+
 -- The global tables as reference tables: the foreign keys between the local
 -- ones make Citus convert the whole graph, which the extension's own
 -- objects cannot take.
@@ -65,8 +100,11 @@ SELECT citus_check.expect('probe: tool as a reference table', :'LAST_ERROR_MESSA
 BEGIN;
 SELECT create_distributed_table('keyturn.member', 'tenant') IS NOT NULL AS member_distributed \gset
 SELECT create_distributed_table('keyturn.auth_epoch', 'tenant', colocate_with => 'keyturn.member') IS NOT NULL AS epoch_distributed \gset
+SELECT create_distributed_table('keyturn.request', 'tenant', colocate_with => 'keyturn.member') IS NOT NULL AS request_distributed \gset
+SELECT create_distributed_table('keyturn.cancelled_origin', 'tenant', colocate_with => 'keyturn.member') IS NOT NULL AS origin_distributed \gset
 ROLLBACK;
-SELECT citus_check.expect('probe: member and auth_epoch are accepted', :'LAST_ERROR_MESSAGE' || :'member_distributed' || :'epoch_distributed', 'tt');
+SELECT citus_check.expect('probe: member, auth_epoch, request and cancelled_origin are accepted',
+    :'LAST_ERROR_MESSAGE' || :'member_distributed' || :'epoch_distributed' || :'request_distributed' || :'origin_distributed', 'tttt');
 
 \set ON_ERROR_STOP on
 SELECT citus_check.expect('probe: nothing stayed distributed',

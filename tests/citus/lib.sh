@@ -41,7 +41,9 @@ kt_citus_node_start() {
   # what Citus wants for shard moves; the layer never moves shards.
   local opts="-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200"
   opts="$opts -c shared_preload_libraries=citus -c max_prepared_transactions=200"
-  opts="$opts -c fsync=off -c synchronous_commit=off -c citus.recover_2pc_interval=-1"
+  # synchronous_commit stays on: the crash tests stop the coordinator at once,
+  # and a commit must not be lost from its WAL buffers with it.
+  opts="$opts -c fsync=off -c citus.recover_2pc_interval=-1"
   local extra
   for extra in "$@"; do opts="$opts -c $extra"; done
   kt_as_pg env RUST_BACKTRACE=0 RUST_LIB_BACKTRACE=0 \
