@@ -49,7 +49,7 @@ kt_citus_node_start() {
   kt_as_pg env RUST_BACKTRACE=0 RUST_LIB_BACKTRACE=0 \
     "$PG_BIN/pg_ctl" -D "$dir/data" -o "$opts" -l "$dir/postgres.log" -w -t 60 start >/dev/null \
     || { cat "$dir/postgres.log" >&2; return 1; }
-  printf '%s %s' "$port" "$dir/data" >"$dir/node"
+  printf '%s %s\n' "$port" "$dir/data" >"$dir/node"
   printf '%s\n' "$port"
 }
 
@@ -65,7 +65,7 @@ kt_citus_stop() {
   local node port data
   for node in "$(kt_scratch)"/citus/*/node; do
     [ -f "$node" ] || continue
-    read -r port data <"$node"
+    read -r port data <"$node" || continue
     kt_as_pg "$PG_BIN/pg_ctl" -D "$data" -m immediate -w stop >/dev/null 2>&1 || true
   done
 }
