@@ -240,6 +240,13 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'A form without filters would address the whole table.';
     END IF;
+    -- A table Citus distributes (sql/071_citus.sql); nothing without Citus.
+    v_bad := (SELECT string_agg(p, '; ') FROM keyturn._citus_table_problems(v_relid, v_key, v_verc, v_set, v_types) p);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: % cannot be gated this way on Citus: %', v_relid::regclass, v_bad
+            USING ERRCODE = '22023',
+                  HINT = 'Leave the distribution column out of spec.sql.set, and use key and version columns of a type whose text is the same under every setting (integers, text, uuid; "xmin"); docs/scale-out.md.';
+    END IF;
 
     RETURN (SELECT jsonb_build_object(
                 'schema', n.nspname, 'table', r.relname, 'key', v_key, 'version', v_verc,

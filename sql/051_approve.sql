@@ -148,6 +148,7 @@ DECLARE
     v_arg     jsonb;
     v_sets    text;
     v_checks  text;
+    v_cols    text;
     v_sql     text;
     v_rows    jsonb;
     v_n       int := -1;
@@ -158,18 +159,24 @@ BEGIN
                       FROM keyturn.action_target t WHERE t.action_id = a.id));
 
     SELECT string_agg(format('%I = %s', s.key, keyturn._form_value(p_ver, 'set', s.key)), ', ' ORDER BY s.key),
-           string_agg(format('(t.%I IS NOT DISTINCT FROM %s)', s.key, keyturn._form_value(p_ver, 'set', s.key)), ' AND ' ORDER BY s.key)
-      INTO v_sets, v_checks
+           string_agg(format('(u.%I IS NOT DISTINCT FROM %s)', s.key, keyturn._form_value(p_ver, 'set', s.key)), ' AND ' ORDER BY s.key),
+           string_agg(format('t.%I', s.key), ', ' ORDER BY s.key)
+      INTO v_sets, v_checks, v_cols
       FROM jsonb_object_keys(a.params -> 'set') AS s (key);
 
+    -- RETURNING names plain columns only, and the checks and the jsonb are
+    -- built over the CTE: Citus refuses any non-IMMUTABLE function in the
+    -- RETURNING clause of a write to a distributed table (docs/scale-out.md).
+    -- The key is never in set, so the column names cannot collide.
     v_sql := format(
-        'UPDATE %s AS t SET %s FROM jsonb_to_recordset($1->''targets'') AS x (k text, v text) '
+        'WITH u AS (UPDATE %s AS t SET %s FROM jsonb_to_recordset($1->''targets'') AS x (k text, v text) '
         'WHERE t.%I = x.k::%s AND %s = x.v::%s AND %s '
-        'RETURNING jsonb_build_object(''key'', t.%I::text, ''ok'', %s)',
+        'RETURNING t.%I, %s) '
+        'SELECT jsonb_build_object(''key'', u.%I::text, ''ok'', %s) FROM u',
         keyturn._tool_table(p_ver), v_sets,
         p_ver.sql_key, p_ver.sql_types ->> p_ver.sql_key,
         keyturn._version_expr(p_ver), p_ver.sql_types ->> p_ver.sql_version,
-        keyturn._form_where(p_ver, a.params), p_ver.sql_key, v_checks);
+        keyturn._form_where(p_ver, a.params), p_ver.sql_key, v_cols, p_ver.sql_key, v_checks);
 
     BEGIN
         v_rows := keyturn._exec_as(p_runas, v_sql, v_arg);

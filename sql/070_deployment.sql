@@ -159,6 +159,9 @@ BEGIN
            AND NOT pg_has_role(g.oid, 'keyturn_agent', 'MEMBER')
            AND NOT pg_has_role(g.oid, 'keyturn_approver', 'MEMBER')
          GROUP BY t.table_schema, t.table_name, t.grantee
+        UNION ALL
+        -- Gated tables that Citus distributes, and the workers (sql/071_citus.sql).
+        SELECT c.severity, c.object, c.problem FROM keyturn._citus_problems() c
     )
     SELECT p.severity, p.object, p.problem FROM problems p
      ORDER BY CASE p.severity WHEN 'error' THEN 0 ELSE 1 END, p.object, p.problem;

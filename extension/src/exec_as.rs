@@ -11,6 +11,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::Value;
 
+use crate::citus;
 use crate::plans;
 use crate::privilege::{refuse_rls_bypass, RoleSwitch};
 
@@ -20,15 +21,20 @@ use crate::privilege::{refuse_rls_bypass, RoleSwitch};
 #[search_path(pg_catalog, pg_temp)]
 fn exec_as(role: pg_sys::Oid, query: &str, arg: JsonB) -> JsonB {
     refuse_rls_bypass(role);
-    let _as_caller = RoleSwitch::to_caller(role);
-    let rows = Spi::connect_mut(|client| -> Result<Vec<Value>, pgrx::spi::Error> {
-        let table = plans::execute(client, query, &[pg_sys::JSONBOID], &[arg.into()])?;
-        let mut rows = Vec::with_capacity(table.len());
-        for row in table {
-            rows.push(row.get::<JsonB>(1)?.map_or(Value::Null, |j| j.0));
-        }
-        Ok(rows)
-    });
+    // Before the switch: SET is refused inside a security-restricted operation.
+    let asserted = citus::assert_identity();
+    let rows = {
+        let _as_caller = RoleSwitch::to_caller(role);
+        Spi::connect_mut(|client| -> Result<Vec<Value>, pgrx::spi::Error> {
+            let table = plans::execute(client, query, &[pg_sys::JSONBOID], &[arg.into()])?;
+            let mut rows = Vec::with_capacity(table.len());
+            for row in table {
+                rows.push(row.get::<JsonB>(1)?.map_or(Value::Null, |j| j.0));
+            }
+            Ok(rows)
+        })
+    };
+    citus::restore(asserted);
     match rows {
         Ok(rows) => JsonB(Value::Array(rows)),
         Err(e) => error!("keyturn: internal statement failed: {e}"),

@@ -19,6 +19,7 @@ mod jsonb_text;
 mod actor; // who is acting, for the audit log: backend state, never a setting
 mod approval; // the approval binding: MAC under a key only the owner reads
 mod canonical; // canonical_json, params_hash (RFC 8785 + SHA-256), written values
+mod citus; // identity re-asserted for Citus workers before a business statement
 mod exec_as; // _exec_as: run a statement as the caller, under RLS
 mod fence; // fence: projected, neutralized, marked reference blocks
 mod gate; // propose and the person's calls: separation of duties + owner elevation
@@ -139,10 +140,15 @@ mod tests;
     requires = ["dispatch_batch"]
 );
 ::pgrx::extension_sql_file!(
+    "../../sql/071_citus.sql",
+    name = "citus",
+    requires = ["deployment"]
+);
+::pgrx::extension_sql_file!(
     "../../sql/080_comments.sql",
     name = "comments",
     requires = [
-        "deployment",
+        "citus",
         identity::current_tenant,
         identity::current_principal,
         identity::current_session,

@@ -1,0 +1,189 @@
+-- keyturn on Citus (docs/scale-out.md): what a gated table that Citus
+-- distributes must be, checked by register_tool (which refuses) and
+-- check_deployment (which reports).
+--
+-- The extension never depends on Citus: without it in this database every
+-- function here answers nothing, and Citus's catalog and functions are only
+-- reached through EXECUTE, once its presence is known.
+
+CREATE FUNCTION keyturn._citus_present()
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')
+$$;
+
+-- How Citus holds a table: method 'h' (hash-distributed), 'n' (reference,
+-- single-shard or Citus-local: no distribution column), 'a'/'r' (append,
+-- range); dist_column its distribution column. No row: not a Citus table,
+-- or no Citus.
+CREATE FUNCTION keyturn._citus_table(p_relid oid)
+RETURNS TABLE (method text, dist_column text, reference boolean)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF NOT keyturn._citus_present() THEN
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE
+        'SELECT p.partmethod::text,
+                CASE WHEN p.partkey IS NOT NULL THEN pg_catalog.column_to_column_name(p.logicalrelid, p.partkey) END,
+                p.partmethod = ''n'' AND p.repmodel = ''t''
+           FROM pg_catalog.pg_dist_partition p WHERE p.logicalrelid = $1'
+        USING p_relid;
+END
+$$;
+
+-- Key and version columns whose text depends on session settings (DateStyle,
+-- TimeZone, IntervalStyle, extra_float_digits, bytea_output, lc_monetary).
+-- keyturn stores a target's key and version as text written under settings
+-- it pins for its own statements; on a distributed table that text is
+-- written and read back on the workers, under whatever settings their
+-- connections have (a SET LOCAL the application propagates included), so the
+-- same text could name another row.
+CREATE FUNCTION keyturn._citus_setting_dependent(p_type text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT split_part(p_type, '(', 1) IN (
+        'date', 'timestamp without time zone', 'timestamp with time zone', 'time without time zone',
+        'time with time zone', 'interval', 'real', 'double precision', 'bytea', 'money')
+$$;
+
+-- Why an sql tool's part (as _spec_sql returns it: table, key, version, set,
+-- types) cannot work on a table Citus distributes, one line per problem, or
+-- nothing. register_tool refuses on any; check_deployment reports them for
+-- the registered tools of tables distributed since.
+CREATE FUNCTION keyturn._citus_table_problems(p_relid oid, p_key text, p_version text, p_set text[],
+                                              p_types jsonb)
+RETURNS SETOF text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    c record;
+    k text;
+BEGIN
+    SELECT * INTO c FROM keyturn._citus_table(p_relid);
+    IF NOT FOUND OR c.reference THEN
+        RETURN;
+    END IF;
+    IF c.dist_column = ANY (p_set) THEN
+        RETURN NEXT format('spec.sql.set names %s, the distribution column of %s: Citus never changes a row''s distribution column, so every approval would fail',
+                           quote_ident(c.dist_column), p_relid::regclass);
+    END IF;
+    FOREACH k IN ARRAY ARRAY[p_key, p_version] LOOP
+        IF k <> 'xmin' AND keyturn._citus_setting_dependent(p_types ->> k) THEN
+            RETURN NEXT format('%s %s of distributed table %s is %s, whose text depends on the workers'' session settings: the stored target could name another row there',
+                               CASE WHEN k = p_key THEN 'key' ELSE 'version' END, quote_ident(k),
+                               p_relid::regclass, p_types ->> k);
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- What every node must agree on for identity to resolve alike everywhere:
+-- pg_keyturn's version and the settings that read identity. Calling
+-- current_tenant() first loads pg_keyturn in this backend, so its settings
+-- are defined here even on a worker's fresh connection.
+CREATE FUNCTION keyturn._citus_node_settings()
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    PERFORM keyturn.current_tenant();
+    RETURN format('%s|%s|%s|%s|%s|%s', (SELECT extversion FROM pg_extension WHERE extname = 'pg_keyturn'),
+                  current_setting('keyturn.claim_tenant', true), current_setting('keyturn.claim_principal', true),
+                  current_setting('keyturn.claim_session', true), current_setting('keyturn.claim_numbers', true),
+                  current_setting('keyturn.allow_session_identity', true));
+END
+$$;
+
+-- check_deployment's part for Citus: the gated tables Citus distributes, and
+-- what the workers must share with the coordinator. Severity as there.
+-- VOLATILE: it asks the workers.
+CREATE FUNCTION keyturn._citus_problems()
+RETURNS TABLE (severity text, object text, problem text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_coord text;
+    w       record;
+BEGIN
+    IF NOT keyturn._citus_present() THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    SELECT 'error', format('tool %s', v.tool), p
+      FROM keyturn.tool t
+      JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     CROSS JOIN LATERAL keyturn._citus_table_problems(
+               to_regclass(format('%I.%I', v.sql_schema, v.sql_table)), v.sql_key, v.sql_version,
+               v.sql_set, v.sql_types) p
+     WHERE v.executor = 'sql' AND to_regclass(format('%I.%I', v.sql_schema, v.sql_table)) IS NOT NULL;
+
+    -- Routing: without the distribution column in the form, Citus cannot
+    -- tell which shard the write touches and runs it on all of them, in a
+    -- two-phase commit over every worker (docs/scale-out.md, "Throughput").
+    RETURN QUERY
+    SELECT 'warning', format('tool %s', v.tool),
+           format('the form cannot name %s, the distribution column of %s: every approval runs on every shard, in a two-phase commit over all workers; add it to spec.sql.where and have the agent fill it in',
+                  quote_ident(c.dist_column), format('%I.%I', v.sql_schema, v.sql_table))
+      FROM keyturn.tool t
+      JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     CROSS JOIN LATERAL keyturn._citus_table(to_regclass(format('%I.%I', v.sql_schema, v.sql_table))) c
+     WHERE v.executor = 'sql' AND c.dist_column IS NOT NULL AND NOT c.dist_column = ANY (v.sql_where);
+
+    -- Code on a distributed gated table runs on the workers, per shard, as
+    -- the approver, inside the approved write.
+    RETURN QUERY
+    SELECT 'warning', g.relid::regclass::text,
+           format('trigger %s runs on the workers, in each shard, inside the approved write (citus.enable_unsafe_triggers): it must touch only rows of the same shard (colocated tables, the same tenant); a statement without the tenant fans out to every node from inside the write',
+                  tg.tgname)
+      FROM keyturn._gated_tables() g
+     CROSS JOIN LATERAL keyturn._citus_table(g.relid) c
+      JOIN pg_trigger tg ON tg.tgrelid = g.relid AND NOT tg.tgisinternal
+     WHERE c.method = 'h' AND NOT c.reference;
+
+    RETURN QUERY
+    SELECT 'warning', g.relid::regclass::text,
+           format('reference table gated by %s: every approval writes every node, in a two-phase commit', g.tools)
+      FROM keyturn._gated_tables() g
+     CROSS JOIN LATERAL keyturn._citus_table(g.relid) c
+     WHERE c.reference;
+
+    -- The application's own statements on distributed tables (an agent's
+    -- reads under RLS) reach the workers with its identity only as
+    -- propagated SET LOCALs; keyturn re-asserts identity for its own.
+    IF coalesce((SELECT s.reset_val FROM pg_settings s WHERE s.name = 'citus.propagate_set_commands'), 'none') <> 'local'
+       AND EXISTS (SELECT 1 FROM keyturn._gated_tables() g CROSS JOIN LATERAL keyturn._citus_table(g.relid) c
+                    WHERE NOT c.reference) THEN
+        RETURN QUERY SELECT 'warning', 'setting citus.propagate_set_commands',
+            'is not ''local'' for this login: the application''s own statements on distributed tables see no identity on the workers (row-level security there finds no tenant); set it to local and assert identity with SET LOCAL (docs/scale-out.md)';
+    END IF;
+
+    -- Every worker resolves identity itself (RLS calls keyturn.current_tenant()
+    -- there), from the settings keyturn propagates: it needs pg_keyturn at the
+    -- coordinator's version and the same claim settings.
+    v_coord := keyturn._citus_node_settings();
+    BEGIN
+        FOR w IN EXECUTE
+            'SELECT nodename, nodeport, success, result
+               FROM pg_catalog.run_command_on_workers(''SELECT keyturn._citus_node_settings()'')'
+        LOOP
+            IF NOT w.success THEN
+                RETURN QUERY SELECT 'error', format('worker %s:%s', w.nodename, w.nodeport),
+                    format('pg_keyturn is missing or differs there (keyturn._citus_node_settings() failed: %s): row-level security on that worker cannot resolve identity as here',
+                           w.result);
+            ELSIF w.result IS DISTINCT FROM v_coord THEN
+                RETURN QUERY SELECT 'error', format('worker %s:%s', w.nodename, w.nodeport),
+                    format('pg_keyturn version or identity settings (version|claim_tenant|claim_principal|claim_session|claim_numbers|allow_session_identity) are %s there, %s here: row-level security on that worker would resolve another identity; set them alike on every node',
+                           w.result, v_coord);
+            END IF;
+        END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+        RETURN QUERY SELECT 'warning', 'citus workers',
+            format('could not compare keyturn''s version and identity settings with the workers: %s', SQLERRM);
+    END;
+END
+$$;
