@@ -23,6 +23,8 @@ use tokio_postgres::{Client, Error, NoTls, Row, ToStatement};
 
 pub use tokio_postgres::error::SqlState;
 
+pub mod tally;
+
 /// The private cluster's port; tests refuse to guess one.
 pub fn port() -> u16 {
     std::env::var("KT_PGPORT")
