@@ -106,3 +106,36 @@ async fn test_preview_of_a_deeply_nested_business_value() {
         .get(0);
     assert_eq!(meta, json!({"flat": true}));
 }
+
+/// spec.sql.table is the admin's text: one that does not even parse as a
+/// table name is invalid input like any other, 22023 with the key named, not
+/// whatever the name parser raises.
+///
+/// Fails on the code it was written against: `..`, `""` and the like end in
+/// 42602 (invalid name syntax), `a.b.c.d` in 42601 and `db.s.t` in 0A000,
+/// raised by to_regclass in keyturn._spec_sql.
+#[tokio::test]
+async fn test_register_tool_refuses_a_table_name_that_does_not_parse_with_22023() {
+    let admin = connect("app_admin").await;
+    for table in [
+        "..",
+        "",
+        "\"",
+        "crm.\"deal",
+        "a.b.c.d",
+        "nodb.public.t",
+        "crm.deal; DROP TABLE crm.deal",
+    ] {
+        let name = unique("unparsable");
+        let spec = json!({"executor": "sql",
+                          "sql": {"table": table, "key": "id", "set": ["stage"], "where": ["id"]}});
+        let e = admin
+            .execute("SELECT keyturn.register_tool($1, $2)", &[&name, &spec])
+            .await
+            .expect_err("a table name that does not parse is refused");
+        let code = e.code().map(|c| c.code().to_owned());
+        let msg = message::<()>(Err(e));
+        assert_eq!(code.as_deref(), Some("22023"), "table {table:?}: {msg}");
+        assert!(msg.contains("spec.sql.table"), "table {table:?}: {msg}");
+    }
+}
