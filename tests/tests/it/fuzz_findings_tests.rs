@@ -12,20 +12,23 @@ fn nested(levels: usize) -> Value {
 }
 
 /// The approval card reads the current values of the columns a form sets.
-/// An application's jsonb column may hold a document nested deeper than
-/// serde_json's default limit of 128 levels; the card must then show it,
-/// or refuse with a deliberate SQLSTATE that says why, never fail with an
-/// internal error.
+/// An application's jsonb column may hold any document: one nested deeper
+/// than serde_json's default limit of 128 levels, or an object whose key is
+/// serde_json's reserved `$serde_json::private::Number`. The card must then
+/// show it, or refuse with a deliberate SQLSTATE that says why, never fail
+/// with an internal error; approving must still write the form and nothing
+/// else.
 ///
 /// Fails on the code it was written against: preview ends in XX000 "a text
-/// version of jsonb must be a valid json: Error("recursion limit
-/// exceeded"…)", because keyturn._exec_as and keyturn.preview read jsonb
-/// through pgrx's JsonB, which parses with serde_json's limit and panics.
+/// version of jsonb must be a valid json: Error("recursion limit exceeded"…)"
+/// (or "invalid number"), because keyturn._exec_as and keyturn.preview read
+/// jsonb through pgrx's JsonB, which parses it with serde_json (its depth
+/// limit, and arbitrary_precision's reserved key) and panics.
 #[tokio::test]
-#[ignore = "bug: preview of a row whose jsonb column is nested deeper than 128 levels fails with XX000 (pgrx JsonB in _exec_as and preview)"]
-async fn test_preview_of_a_deeply_nested_business_value() {
+#[ignore = "bug: preview of a row whose jsonb column serde_json cannot read (over 128 levels, its reserved number key) fails with XX000 (pgrx JsonB in _exec_as and preview)"]
+async fn test_preview_shows_any_business_jsonb() {
     let w = World::new("member").await;
-    let schema = unique("deepjson");
+    let schema = unique("anyjson");
     let table = format!("{schema}.doc");
     w.superuser
         .batch_execute(&format!(
@@ -42,14 +45,6 @@ async fn test_preview_of_a_deeply_nested_business_value() {
         ))
         .await
         .expect("create the table");
-    let deep = nested(130);
-    w.superuser
-        .execute(
-            &format!("INSERT INTO {table} (id, tenant, meta) VALUES (1, $1, $2::text::jsonb)"),
-            &[&w.tenant, &deep.to_string()],
-        )
-        .await
-        .expect("a row an application wrote");
     let t = w
         .tool(
             "doc_meta",
@@ -57,54 +52,71 @@ async fn test_preview_of_a_deeply_nested_business_value() {
                    "sql": {"table": table, "key": "id", "set": ["meta"], "where": ["id"]}}),
         )
         .await;
-    let p = w
-        .propose(
-            &t,
-            json!({"where": {"id": 1}, "set": {"meta": {"flat": true}}}),
-        )
-        .await
-        .expect("propose");
-
-    let card = w
-        .human
-        .query_one("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token])
-        .await;
-    match card {
-        Ok(row) => {
-            let card: Value = row.get(0);
-            assert_eq!(card["targets"][0]["key"], json!("1"), "{card}");
-            assert_eq!(
-                card["targets"][0]["after"],
-                json!({"meta": {"flat": true}}),
-                "{card}"
-            );
+    let documents = [
+        nested(130).to_string(),
+        r#"{"$serde_json::private::Number": "x"}"#.to_owned(),
+    ];
+    for (id, document) in (1i64..).zip(&documents) {
+        w.superuser
+            .execute(
+                &format!("INSERT INTO {table} (id, tenant, meta) VALUES ($1, $2, $3::text::jsonb)"),
+                &[&id, &w.tenant, document],
+            )
+            .await
+            .expect("a row an application wrote");
+        let p = w
+            .propose(
+                &t,
+                json!({"where": {"id": id}, "set": {"meta": {"flat": true}}}),
+            )
+            .await
+            .expect("propose");
+        let card = w
+            .human
+            .query_one(
+                "SELECT (keyturn.preview($1, $2) -> 'targets' -> 0) - 'before'",
+                &[&p.id, &p.token],
+            )
+            .await;
+        match card {
+            Ok(row) => {
+                let target: Value = row.get(0);
+                assert_eq!(
+                    target,
+                    json!({"key": id.to_string(), "after": {"meta": {"flat": true}}})
+                );
+            }
+            Err(e) => {
+                let code = e.code().map(|c| c.code().to_owned());
+                let msg = e
+                    .as_db_error()
+                    .map_or_else(|| e.to_string(), |d| d.message().to_owned());
+                assert_ne!(
+                    code.as_deref(),
+                    Some("XX000"),
+                    "{document:.40}: preview failed with an internal error: {msg}"
+                );
+                assert_eq!(
+                    code.as_deref(),
+                    Some("22023"),
+                    "{document:.40}: preview refused with an undocumented SQLSTATE: {msg}"
+                );
+            }
         }
-        Err(e) => {
-            let code = e.code().map(|c| c.code().to_owned());
-            let msg = e
-                .as_db_error()
-                .map_or_else(|| e.to_string(), |d| d.message().to_owned());
-            assert_ne!(
-                code.as_deref(),
-                Some("XX000"),
-                "preview failed with an internal error: {msg}"
-            );
-            assert_eq!(
-                code.as_deref(),
-                Some("22023"),
-                "preview refused with an undocumented SQLSTATE: {msg}"
-            );
-        }
+        assert_eq!(w.approve(&p).await.expect("approve").0, "succeeded");
+        let meta: Value = w
+            .superuser
+            .query_one(&format!("SELECT meta FROM {table} WHERE id = $1"), &[&id])
+            .await
+            .expect("the row")
+            .get(0);
+        assert_eq!(meta, json!({"flat": true}));
     }
-    // Whatever the card does, approving writes the form and nothing else.
-    assert_eq!(w.approve(&p).await.expect("approve").0, "succeeded");
-    let meta: Value = w
-        .superuser
-        .query_one(&format!("SELECT meta FROM {table} WHERE id = 1"), &[])
+    // Its grants to app_human would keep tests/dev-reinstall from dropping the role.
+    w.superuser
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .await
-        .expect("the row")
-        .get(0);
-    assert_eq!(meta, json!({"flat": true}));
+        .expect("drop the table");
 }
 
 /// spec.sql.table is the admin's text: one that does not even parse as a
