@@ -323,3 +323,33 @@ pub fn not_a_form() -> BoxedStrategy<Value> {
     ]
     .boxed()
 }
+
+/// A form's JSON text with one key written twice, the first time with junk:
+/// `{"where": …, "set": {"stage": "x"}, "set": {…}}` or a column repeated
+/// inside a part. A reader that keeps the first occurrence sees another form
+/// than one that keeps the last (PostgreSQL's jsonb keeps the last).
+pub fn with_duplicate_key(
+    where_cols: &'static [&'static str],
+    set_cols: &'static [&'static str],
+) -> BoxedStrategy<String> {
+    (form(where_cols, set_cols), junk_value(), any::<bool>())
+        .prop_map(|(f, junk, top)| {
+            let text = f.to_string();
+            if top {
+                // The whole part twice: junk first.
+                format!("{{\"set\": {junk}, {}", &text[1..])
+            } else {
+                let set = &f["set"];
+                let (col, _) = set
+                    .as_object()
+                    .and_then(|m| m.iter().next())
+                    .expect("form() sets a column");
+                let inner = set.to_string();
+                let doubled = format!("{{{}: {junk}, {}", Value::from(col.as_str()), &inner[1..]);
+                let filters = json!({"where": f["where"]}).to_string();
+                let open = filters.strip_suffix('}').expect("an object ends in }");
+                format!("{open}, \"set\": {doubled}}}")
+            }
+        })
+        .boxed()
+}

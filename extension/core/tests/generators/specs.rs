@@ -278,7 +278,8 @@ pub fn template() -> BoxedStrategy<String> {
             "é",
             "\u{1F602}",
         ]),
-        0..8,
+        // An empty summary is refused; a tool without one shows its name.
+        1..8,
     )
     .prop_map(|parts| parts.concat())
     .boxed()
