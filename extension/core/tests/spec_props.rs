@@ -4,7 +4,7 @@
 
 mod generators;
 
-use generators::specs::{hostile_params_schema, params_schema, schema_and_params};
+use generators::schemas::{hostile_params_schema, params_schema, schema_and_params};
 use keyturn_core::schema::{check_schema, compile};
 use proptest::prelude::*;
 

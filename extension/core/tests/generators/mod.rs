@@ -14,15 +14,16 @@
 //!
 //! The submodules cover the rest of what the SQL fuzzer (tests/src/bin/
 //! keyturn-fuzz, which includes this module) sends: [`text`] hostile strings,
-//! [`forms`] sql tool forms over the fuzzer's table, [`specs`] tool specs and
-//! params schemas with params for them, [`claims`] identity claims and
-//! settings with what keyturn must read from them.
+//! [`forms`] sql tool forms over the fuzzer's table, [`schemas`] params
+//! schemas with params for them, [`specs`] templates, names and tool specs,
+//! [`claims`] identity claims and settings with what keyturn must read.
 
 // Each test binary that includes this module uses a different subset.
 #![allow(dead_code)]
 
 pub mod claims;
 pub mod forms;
+pub mod schemas;
 pub mod specs;
 pub mod text;
 
