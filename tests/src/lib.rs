@@ -23,6 +23,7 @@ use tokio_postgres::{Client, Error, NoTls, Row, ToStatement};
 
 pub use tokio_postgres::error::SqlState;
 
+pub mod server_log;
 pub mod tally;
 
 /// The private cluster's port; tests refuse to guess one.

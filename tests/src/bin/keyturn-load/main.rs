@@ -24,6 +24,8 @@ mod invariants;
 mod judge;
 mod link;
 mod mix;
+mod operations;
+mod people;
 mod world;
 
 use std::process::ExitCode;
@@ -31,6 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use keyturn_tests::server_log;
 use keyturn_tests::tally::Tally;
 use keyturn_tests::{connect, unique};
 use proptest::test_runner::{RngAlgorithm, TestRng};
@@ -82,7 +85,7 @@ async fn main() -> ExitCode {
 async fn run_phase(n: usize, seconds: u64, seed: u64) -> bool {
     let run = unique("load");
     let world = Arc::new(world::World::new(&run).await);
-    let log_mark = judge::log_mark();
+    let log_mark = server_log::mark();
     let stop = Arc::new(AtomicBool::new(false));
     let roles = mix::roles(n);
     println!("\nphase {run}: {n} clients ({roles:?}), {seconds} s");
@@ -132,7 +135,7 @@ async fn run_phase(n: usize, seconds: u64, seed: u64) -> bool {
     println!("faults injected:");
     print!("{}", injected.render(|_, _| true));
     let refused = calls.refused(judge::allowed);
-    let crashes = judge::crashes_since(log_mark);
+    let crashes = server_log::crashes_since(log_mark);
     let mut ok = refused.is_empty() && crashes.is_empty();
     println!("invariants:");
     for c in &checks {
