@@ -11,6 +11,10 @@
 //! session value travels with a pooled connection to its next client). A
 //! [`Conn`] does that for every statement it runs; the admin, superuser and
 //! dispatcher connections carry no identity and are plain `Client`s.
+//!
+//! [`tally`] and [`server_log`] are what the load and fuzz binaries
+//! (`src/bin/keyturn-load`, `src/bin/keyturn-fuzz`) share: counts of calls by
+//! outcome, and the server log's word on crashes.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};

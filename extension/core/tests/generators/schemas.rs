@@ -99,6 +99,11 @@ pub fn params_schema() -> BoxedStrategy<Value> {
     .boxed()
 }
 
+/// Longest string and array [`fitting`] makes. A schema the generators made
+/// stays far below; a stored one (a hostile spec keyturn took) may allow
+/// billions, and fitting it then is best effort.
+const MOST: usize = 24;
+
 /// Params that pass `schema` (a subschema [`subschema`] or [`params_schema`]
 /// made), built by walking it.
 pub fn fitting(schema: &Value) -> BoxedStrategy<Value> {
@@ -110,10 +115,13 @@ pub fn fitting(schema: &Value) -> BoxedStrategy<Value> {
             .prop_map(Value::from)
             .boxed(),
         Some("string") => {
-            let min = schema["minLength"].as_u64().unwrap_or(0) as usize;
+            let min = schema["minLength"]
+                .as_u64()
+                .map_or(0, |m| m.min(MOST as u64) as usize);
             let max = schema["maxLength"]
                 .as_u64()
-                .map_or(min + 12, |m| m as usize);
+                .map_or(min + 12, |m| m.min(MOST as u64) as usize)
+                .max(min);
             prop::collection::vec(
                 prop::sample::select(vec!['a', 'é', ' ', '\u{1F602}', '\'']),
                 min..=max,
@@ -135,7 +143,9 @@ pub fn fitting(schema: &Value) -> BoxedStrategy<Value> {
         }
         Some("boolean") => any::<bool>().prop_map(Value::Bool).boxed(),
         Some("array") => {
-            let max = schema["maxItems"].as_u64().map_or(4, |m| m as usize);
+            let max = schema["maxItems"]
+                .as_u64()
+                .map_or(4, |m| m.min(MOST as u64) as usize);
             prop::collection::vec(fitting(&schema["items"]), 0..=max)
                 .prop_map(Value::Array)
                 .boxed()

@@ -56,6 +56,8 @@ fn runner(seed: u64, case: u64) -> TestRunner {
 
 const SHOWN_FINDINGS: usize = 60;
 
+static CURRENT_CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let seconds: u64 = env_or("KT_FUZZ_SECONDS", 30);
@@ -78,8 +80,16 @@ async fn main() -> ExitCode {
     let mut tally = Tally::default();
     let mut failing: Vec<(u64, cases::Kind, Vec<String>, Vec<String>)> = Vec::new();
     let mut by_kind: std::collections::BTreeMap<String, u64> = Default::default();
+    // A panic in the fuzzer itself (a generator, a client) names the case.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let case = CURRENT_CASE.load(std::sync::atomic::Ordering::Relaxed);
+        eprintln!("keyturn-fuzz panicked in case {case}; reproduce with KT_FUZZ_SEED={seed} KT_FUZZ_CASE={case}");
+        default_hook(info);
+    }));
     let mut case = only.unwrap_or(0);
     loop {
+        CURRENT_CASE.store(case, std::sync::atomic::Ordering::Relaxed);
         let mut r = runner(seed, case);
         let kind = cases::pick(&mut r);
         *by_kind.entry(format!("{kind:?}")).or_default() += 1;
