@@ -88,7 +88,15 @@ async fn run_phase(n: usize, seconds: u64, seed: u64) -> bool {
     let log_mark = server_log::mark();
     let stop = Arc::new(AtomicBool::new(false));
     let roles = mix::roles(n);
-    println!("\nphase {run}: {n} clients ({roles:?}), {seconds} s");
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for r in &roles {
+        *counts.entry(format!("{r:?}")).or_default() += 1;
+    }
+    let counts: Vec<String> = counts.iter().map(|(r, k)| format!("{r}={k}")).collect();
+    println!(
+        "\nphase {run}: {n} clients ({}), {seconds} s",
+        counts.join(" ")
+    );
 
     let mut tasks = Vec::new();
     for (i, role) in roles.into_iter().enumerate() {
