@@ -151,3 +151,51 @@ async fn test_register_tool_refuses_a_table_name_that_does_not_parse_with_22023(
         assert!(msg.contains("spec.sql.table"), "table {table:?}: {msg}");
     }
 }
+
+/// With `keyturn.claim_numbers` on, a number claim is its text; an object
+/// is still no identity, whatever its key. serde_json (with the
+/// arbitrary_precision feature keyturn-core turns on) reads an object whose
+/// one key is `$serde_json::private::Number` as a number, so such a claim
+/// must not pass for one.
+///
+/// Fails on the code it was written against: the object claim reads as
+/// principal "123", because extension/src/identity.rs parses the claims with
+/// serde_json::from_str rather than keyturn-core's strict reader, which
+/// refuses that key.
+#[tokio::test]
+async fn test_an_object_claim_is_no_identity_even_with_claim_numbers() {
+    let su = connect("postgres").await;
+    let principal = |claims: &'static str| {
+        let su = &su;
+        async move {
+            su.batch_execute("BEGIN; SET LOCAL keyturn.claim_numbers = on")
+                .await
+                .expect("begin");
+            su.execute(
+                "SELECT set_config('request.jwt.claims', $1, true)",
+                &[&claims],
+            )
+            .await
+            .expect("claims");
+            let p: Option<String> = su
+                .query_one("SELECT keyturn.current_principal()", &[])
+                .await
+                .expect("current_principal")
+                .get(0);
+            su.batch_execute("ROLLBACK").await.expect("rollback");
+            p
+        }
+    };
+    assert_eq!(
+        principal(r#"{"sub": 123, "tenant_id": "t", "session_id": "s"}"#)
+            .await
+            .as_deref(),
+        Some("123"),
+        "a number claim is its text"
+    );
+    assert_eq!(
+        principal(r#"{"sub": {"$serde_json::private::Number": "123"}, "tenant_id": "t", "session_id": "s"}"#).await,
+        None,
+        "an object claim is no identity"
+    );
+}
