@@ -77,8 +77,9 @@ fn escaped(s: &str) -> String {
 
 /// Claims that are not part of the identity, as a PostgREST JWT carries them.
 fn other_claims() -> BoxedStrategy<Vec<(String, String)>> {
-    prop::collection::vec(
-        prop::sample::select(vec![
+    // Each at most once: a key written twice is the Duplicate damage's.
+    prop::sample::subsequence(
+        vec![
             ("role", "\"authenticated\""),
             ("exp", "1999999999"),
             ("aud", "[\"a\", \"b\"]"),
@@ -89,7 +90,7 @@ fn other_claims() -> BoxedStrategy<Vec<(String, String)>> {
             ("iat", "1.5e9"),
             ("", "\"empty key\""),
             ("sub ", "\"padded key\""),
-        ]),
+        ],
         0..4,
     )
     .prop_map(|v| {
@@ -160,14 +161,14 @@ pub fn claims() -> BoxedStrategy<Claims> {
                     CLAIM_KEYS[dup_part].to_owned(),
                     Value::from(dup_value.clone()).to_string(),
                 ));
-                let e = std::mem::replace(&mut expect[dup_part], Expect::Is(None)).loosen();
-                expect[dup_part] = match e {
-                    Expect::NullOr(mut v) => {
-                        v.push(dup_value);
-                        Expect::NullOr(v)
-                    }
-                    other => other,
-                };
+                // A strict reader refuses the whole text; one that keeps the
+                // last occurrence reads the second value: either may be right.
+                for e in expect.iter_mut() {
+                    *e = std::mem::replace(e, Expect::Is(None)).loosen();
+                }
+                if let Expect::NullOr(v) = &mut expect[dup_part] {
+                    v.push(dup_value);
+                }
             }
             let body: Vec<String> = entries
                 .iter()
