@@ -177,7 +177,14 @@ BEGIN
     IF jsonb_typeof(p_sql -> 'table') IS DISTINCT FROM 'string' THEN
         RAISE EXCEPTION 'keyturn: spec.sql.table must name a table, e.g. "crm.deal"' USING ERRCODE = '22023';
     END IF;
-    v_relid := to_regclass(p_sql ->> 'table');
+    -- to_regclass answers NULL for a table that does not exist, but raises
+    -- for text that is no table name at all ("..", "a.b.c.d", "db.s.t"):
+    -- both are the same invalid input here.
+    BEGIN
+        v_relid := to_regclass(p_sql ->> 'table');
+    EXCEPTION WHEN invalid_name OR syntax_error OR feature_not_supported THEN
+        v_relid := NULL;
+    END;
     IF v_relid IS NULL OR NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = v_relid AND r.relkind IN ('r', 'p')) THEN
         RAISE EXCEPTION 'keyturn: spec.sql.table % is not an existing table', p_sql -> 'table'
             USING ERRCODE = '22023';

@@ -24,7 +24,7 @@
 
 use std::ffi::CStr;
 
-use keyturn_core::text;
+use keyturn_core::{canonical, text};
 use pgrx::prelude::*;
 use serde_json::Value;
 
@@ -76,11 +76,14 @@ fn read(part: Part) -> Result<String, Problem> {
                 return Err(Problem::SessionLevel("request.jwt.claims"));
             }
             let path = claim_path(part);
-            let claim = match serde_json::from_str::<Value>(&claims) {
+            // keyturn-core's strict reader, not serde_json's: with
+            // arbitrary_precision, serde_json reads {"$serde_json::private::Number":
+            // "123"} as the number 123, and keeps the last of duplicate keys.
+            let claim = match canonical::parse_bounded(&claims) {
                 Ok(v @ Value::Object(_)) => lookup(&v, &path).cloned(),
                 _ => {
                     return Err(Problem::Other(
-                        "request.jwt.claims is not a JSON object".into(),
+                        "request.jwt.claims is not one well-formed JSON object".into(),
                     ))
                 }
             };

@@ -11,6 +11,10 @@
 //! session value travels with a pooled connection to its next client). A
 //! [`Conn`] does that for every statement it runs; the admin, superuser and
 //! dispatcher connections carry no identity and are plain `Client`s.
+//!
+//! [`tally`] and [`server_log`] are what the load and fuzz binaries
+//! (`src/bin/keyturn-load`, `src/bin/keyturn-fuzz`) share: counts of calls by
+//! outcome, and the server log's word on crashes.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +26,9 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Error, NoTls, Row, ToStatement};
 
 pub use tokio_postgres::error::SqlState;
+
+pub mod server_log;
+pub mod tally;
 
 /// The private cluster's port; tests refuse to guess one.
 pub fn port() -> u16 {

@@ -17,6 +17,7 @@ mod ceremony_tests;
 mod delegation_tests;
 mod dispatch_batch_tests;
 mod dispatch_tests;
+mod fuzz_findings_tests;
 mod grant_scope_tests;
 mod identity_tests;
 mod membership_tests;

@@ -11,9 +11,21 @@
 //!
 //! Values are built through `canonical::parse_bounded`, as the extension builds
 //! them, so number spellings such as `1.0` and `1e0` survive into the `Value`.
+//!
+//! The submodules cover the rest of what the SQL fuzzer (tests/src/bin/
+//! keyturn-fuzz, which includes this module) sends: [`text`] hostile strings,
+//! [`forms`] sql tool forms over the fuzzer's table, [`schemas`] params
+//! schemas with params for them, [`specs`] templates, names and tool specs,
+//! [`claims`] identity claims and settings with what keyturn must read.
 
 // Each test binary that includes this module uses a different subset.
 #![allow(dead_code)]
+
+pub mod claims;
+pub mod forms;
+pub mod schemas;
+pub mod specs;
+pub mod text;
 
 use keyturn_core::canonical::{parse_bounded, MAX_DEPTH};
 use proptest::prelude::*;
