@@ -16,6 +16,10 @@ pub enum KeyturnError {
     /// The installation itself is broken, e.g. the extension row is missing (55000).
     #[error("keyturn: {0}")]
     NotReady(String),
+    /// The row is not in a state that allows this (55000), e.g. a status
+    /// change the state machine does not have.
+    #[error("keyturn: {message}")]
+    WrongState { message: String, hint: &'static str },
     /// A concurrent transaction got there first; the same call again succeeds (40001).
     #[error("keyturn: {0}")]
     Busy(String),
@@ -26,7 +30,9 @@ impl KeyturnError {
         match self {
             KeyturnError::Invalid(_) => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             KeyturnError::Forbidden { .. } => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            KeyturnError::NotReady(_) => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            KeyturnError::NotReady(_) | KeyturnError::WrongState { .. } => {
+                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+            }
             KeyturnError::Busy(_) => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
         }
     }
@@ -35,7 +41,7 @@ impl KeyturnError {
     pub fn raise(self) -> ! {
         let code = self.sqlstate();
         let hint = match &self {
-            KeyturnError::Forbidden { hint, .. } => Some(*hint),
+            KeyturnError::Forbidden { hint, .. } | KeyturnError::WrongState { hint, .. } => Some(*hint),
             _ => None,
         };
         let mut report = ErrorReport::new(code, self.to_string(), "pg_keyturn");

@@ -26,7 +26,7 @@ mod gate; // propose and the person's calls: separation of duties + owner elevat
 mod guc; // keyturn's settings; how long a setting's value lasts
 mod identity; // current_tenant, current_principal, current_session
 mod ids; // time-ordered action ids
-mod lifecycle; // the action row triggers: approval required, lifecycle side effects
+mod lifecycle; // the action row triggers: the status guard, the lifecycle side effects
 mod plans; // SPI plans kept per backend
 mod privilege; // switching between the caller and the extension owner
 mod token; // one-time tokens: mint, digest, binding, constant-time compare
@@ -59,7 +59,7 @@ mod tests;
     name = "guards",
     requires = [
         "status_rules",
-        lifecycle::_require_approval,
+        lifecycle::_guard_status,
         lifecycle::_action_lifecycle
     ]
 );

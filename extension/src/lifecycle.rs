@@ -1,8 +1,9 @@
 //! The two row triggers on `keyturn.action` that run on the hot path
 //! (sql/020_guards.sql creates the triggers and says what they keep):
 //!
-//! - `_require_approval`, BEFORE: an approval-only status needs a valid
-//!   approval binding;
+//! - `_guard_status`, BEFORE UPDATE OF status: only a step of the status
+//!   graph (`keyturn.transition`), and an approval-only status only with a
+//!   valid approval binding;
 //! - `_action_lifecycle`, AFTER: the work list, the event, the usage row, the
 //!   staged payload and files, the NOTIFY, in the status change's transaction.
 //!
@@ -11,7 +12,9 @@
 //! records and ran a dozen expressions and three statements; that was the
 //! largest per-row cost in the profile (docs/benchmarks.md). Here each firing
 //! reads the few columns it needs straight from the tuples and runs one kept
-//! statement.
+//! statement. The guard was two triggers with WHEN conditions, which
+//! PostgreSQL parses again for every statement that updates the table; the
+//! graph is read once per backend instead.
 //!
 //! They run as the extension owner (as the SECURITY DEFINER plpgsql did): the
 //! side effects are keyturn's to write whoever changed the row, so a direct
@@ -20,7 +23,7 @@
 //! search_path can change what they mean.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::num::NonZeroUsize;
 
 use pgrx::datum::DatumWithOid;
@@ -82,6 +85,8 @@ struct Shape {
     types: [pg_sys::Oid; COLUMNS.len()],
     /// enum label oid → (label, final)
     statuses: HashMap<pg_sys::Oid, (String, bool)>,
+    /// The legal status changes, as (from, to) enum label oids.
+    transitions: HashSet<(pg_sys::Oid, pg_sys::Oid)>,
 }
 
 thread_local! {
@@ -115,8 +120,8 @@ fn shape(relid: pg_sys::Oid, tupdesc: pg_sys::TupleDesc) -> std::rc::Rc<Shape> {
     }
     // As the owner: whoever changed the row may not execute keyturn's helpers.
     let as_owner = RoleSwitch::to(extension_owner());
-    let statuses = Spi::connect(|client| -> Result<_, pgrx::spi::Error> {
-        let mut map = HashMap::new();
+    let (statuses, transitions) = Spi::connect(|client| -> Result<_, pgrx::spi::Error> {
+        let mut statuses = HashMap::new();
         let rows = client.select(
             "SELECT e.oid, e.enumlabel::pg_catalog.text, keyturn._is_final(e.enumlabel::keyturn.status) \
                FROM pg_catalog.pg_enum e WHERE e.enumtypid OPERATOR(pg_catalog.=) $1",
@@ -127,9 +132,24 @@ fn shape(relid: pg_sys::Oid, tupdesc: pg_sys::TupleDesc) -> std::rc::Rc<Shape> {
             let oid: pg_sys::Oid = row.get(1)?.unwrap_or(pg_sys::Oid::INVALID);
             let label: String = row.get(2)?.unwrap_or_default();
             let is_final: bool = row.get(3)?.unwrap_or(false);
-            map.insert(oid, (label, is_final));
+            statuses.insert(oid, (label, is_final));
         }
-        Ok(map)
+        let mut transitions = HashSet::new();
+        let rows = client.select(
+            "SELECT f.oid, t.oid FROM keyturn.transition x \
+               JOIN pg_catalog.pg_enum f ON f.enumtypid OPERATOR(pg_catalog.=) $1 \
+                AND f.enumlabel OPERATOR(pg_catalog.=) x.from_status::pg_catalog.text::pg_catalog.name \
+               JOIN pg_catalog.pg_enum t ON t.enumtypid OPERATOR(pg_catalog.=) $1 \
+                AND t.enumlabel OPERATOR(pg_catalog.=) x.to_status::pg_catalog.text::pg_catalog.name",
+            None,
+            &[types[STATUS].into()],
+        )?;
+        for row in rows {
+            let from: pg_sys::Oid = row.get(1)?.unwrap_or(pg_sys::Oid::INVALID);
+            let to: pg_sys::Oid = row.get(2)?.unwrap_or(pg_sys::Oid::INVALID);
+            transitions.insert((from, to));
+        }
+        Ok((statuses, transitions))
     })
     .unwrap_or_else(|e| error!("keyturn: reading keyturn.status failed: {e}"));
     drop(as_owner);
@@ -137,6 +157,7 @@ fn shape(relid: pg_sys::Oid, tupdesc: pg_sys::TupleDesc) -> std::rc::Rc<Shape> {
         attnums,
         types,
         statuses,
+        transitions,
     });
     SHAPE.with(|s| *s.borrow_mut() = Some((relid, shape.clone())));
     shape
@@ -182,6 +203,12 @@ impl Row {
         self.datums[col].map(|d| d.value() as i64)
     }
 
+    fn status_oid(&self) -> pg_sys::Oid {
+        self.datums[STATUS]
+            .map(|d| pg_sys::Oid::from(d.value() as u32))
+            .unwrap_or(pg_sys::Oid::INVALID)
+    }
+
     fn status<'s>(&self, shape: &'s Shape) -> (&'s str, bool) {
         self.datums[STATUS]
             .and_then(|d| shape.statuses.get(&pg_sys::Oid::from(d.value() as u32)))
@@ -213,37 +240,52 @@ fn trigger_rows<'a>(trigger: &'a PgTrigger<'a>) -> (std::rc::Rc<Shape>, Option<R
     }
 }
 
-/// BEFORE UPDATE OF status, when pending becomes queued, succeeded, conflict
-/// or failed: only an approval gives those, so the row must carry a binding
-/// that verifies.
+/// The statuses only an approval gives a pending proposal.
+const APPROVAL_ONLY: [&str; 4] = ["queued", "succeeded", "conflict", "failed"];
+
+/// BEFORE UPDATE OF status: the change must be a step of the graph, and an
+/// approval-only status from pending needs a binding that verifies.
 #[pg_trigger]
-fn _require_approval<'a>(
+fn _guard_status<'a>(
     trigger: &'a PgTrigger<'a>,
 ) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, KeyturnError> {
-    let (shape, _, new) = trigger_rows(trigger);
+    let (shape, old, new) = trigger_rows(trigger);
+    let Some(old) = old else {
+        return Ok(trigger.new());
+    };
+    if old.status_oid() == new.status_oid() {
+        return Ok(trigger.new());
+    }
+    let (from, _) = old.status(&shape);
+    let (to, _) = new.status(&shape);
     // SAFETY: a uuid datum of this row, valid for this call.
     let id = new.datums[ID].and_then(|d| unsafe { pgrx::Uuid::from_datum(d, false) });
-    // SAFETY: bytea datum of this row, valid for this call.
-    let mac = new.datums[APPROVAL_MAC]
-        .and_then(|d| unsafe { <&[u8] as FromDatum>::from_datum(d, false) });
-    let valid = approval::binding_valid(
-        id,
-        new.text(PARAMS_HASH),
-        new.text(APPROVED_BY),
-        new.text(APPROVED_ROLE),
-        new.timestamp(APPROVED_AT),
-        new.text(APPROVED_VIA),
-        mac,
-    );
-    if !valid {
-        let (status, _) = new.status(&shape);
-        // Raised, not returned: pgrx reports a trigger's Err as XX000.
-        KeyturnError::Forbidden {
-            message: format!(
-                "action {} cannot become {status} without an approval",
-                id.map(|u| u.to_string()).unwrap_or_default()
-            ),
-            hint: "Only keyturn.approve (or a standing approval, or a task request) gives this status; a table write cannot.",
+    let id_text = id.map(|u| u.to_string()).unwrap_or_default();
+    if from == "pending" && APPROVAL_ONLY.contains(&to) {
+        // SAFETY: bytea datum of this row, valid for this call.
+        let mac = new.datums[APPROVAL_MAC].and_then(|d| unsafe { <&[u8] as FromDatum>::from_datum(d, false) });
+        let valid = approval::binding_valid(
+            id,
+            new.text(PARAMS_HASH),
+            new.text(APPROVED_BY),
+            new.text(APPROVED_ROLE),
+            new.timestamp(APPROVED_AT),
+            new.text(APPROVED_VIA),
+            mac,
+        );
+        if !valid {
+            // Raised, not returned: pgrx reports a trigger's Err as XX000.
+            KeyturnError::Forbidden {
+                message: format!("action {id_text} cannot become {to} without an approval"),
+                hint: "Only keyturn.approve (or a standing approval, or a task request) gives this status; a table write cannot.",
+            }
+            .raise();
+        }
+    }
+    if !shape.transitions.contains(&(old.status_oid(), new.status_oid())) {
+        KeyturnError::WrongState {
+            message: format!("illegal status transition {from} -> {to} for action {id_text}"),
+            hint: "keyturn.transition lists every legal status change (docs/concepts.md, \"The state machine\").",
         }
         .raise();
     }

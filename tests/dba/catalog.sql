@@ -53,7 +53,7 @@ SELECT set_eq($$
     SELECT DISTINCT t.tgfoid::regprocedure::text FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
      WHERE t.tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'keyturn'::regnamespace)
        AND NOT t.tgisinternal AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')$$,
-    ARRAY['keyturn._action_lifecycle()', 'keyturn._require_approval()'],
+    ARRAY['keyturn._action_lifecycle()', 'keyturn._guard_status()'],
     'the only C trigger functions are the two audited ones');
 
 SELECT is_empty($$
