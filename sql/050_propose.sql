@@ -216,15 +216,13 @@ BEGIN
 END
 $$;
 
--- The proposing principal's grant for a tool, checked: 42501 when there is
--- none, it has ended, or its uses are spent. When something is counted
--- against it (its max_uses, or the tool's rate limit: p_counted), the row is
--- locked first, so that neither can be raced past (a row lock only keyturn
--- can take: row locks need UPDATE on keyturn.tool_grant, which no role holds,
--- unlike an advisory lock, which any role may take with a guessable key and
--- hold to stall the tenant). Otherwise it is only read: a concurrent revoke
--- changes the epoch this proposal recorded, so approve invalidates it.
-CREATE FUNCTION keyturn._lock_grant(p_tenant text, p_principal text, p_tool text, p_counted boolean)
+-- The proposing principal's grant for a tool, locked so that its uses and
+-- the rate window cannot be raced past (a row lock only keyturn can take:
+-- row locks need UPDATE on keyturn.tool_grant, which no role holds, unlike an
+-- advisory lock, which any role may take with a guessable key and hold to
+-- stall the tenant). 42501 when there is none, it has ended, or its uses are
+-- spent.
+CREATE FUNCTION keyturn._lock_grant(p_tenant text, p_principal text, p_tool text)
 RETURNS keyturn.tool_grant
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -232,12 +230,8 @@ DECLARE
     g keyturn.tool_grant;
 BEGIN
     SELECT x.* INTO g FROM keyturn.tool_grant x
-     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool;
-    IF FOUND AND (p_counted OR g.max_uses IS NOT NULL) THEN
-        SELECT x.* INTO g FROM keyturn.tool_grant x
-         WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool
-           FOR NO KEY UPDATE;
-    END IF;
+     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool
+       FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
             USING ERRCODE = '42501',
@@ -371,7 +365,7 @@ BEGIN
         v_count := jsonb_array_length(v_targets);
     END IF;
 
-    v_grant := keyturn._lock_grant(p_tenant, p_principal, v_tool.name, v_ver.rate_max IS NOT NULL);
+    v_grant := keyturn._lock_grant(p_tenant, p_principal, v_tool.name);
     IF v_grant.scope IS NOT NULL THEN
         v_err := keyturn._scope_violation(v_grant.scope, p_params, v_count);
         IF v_err IS NOT NULL THEN

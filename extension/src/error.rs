@@ -41,7 +41,9 @@ impl KeyturnError {
     pub fn raise(self) -> ! {
         let code = self.sqlstate();
         let hint = match &self {
-            KeyturnError::Forbidden { hint, .. } | KeyturnError::WrongState { hint, .. } => Some(*hint),
+            KeyturnError::Forbidden { hint, .. } | KeyturnError::WrongState { hint, .. } => {
+                Some(*hint)
+            }
             _ => None,
         };
         let mut report = ErrorReport::new(code, self.to_string(), "pg_keyturn");

@@ -8,35 +8,43 @@
 //! code does, with statements it built from registered column names.
 
 use pgrx::prelude::*;
-use pgrx::JsonB;
-use serde_json::Value;
 
 use crate::citus;
+use crate::jsonb_text::RawJsonb;
 use crate::plans;
 use crate::privilege::{refuse_rls_bypass, RoleSwitch};
 
 /// Runs `query` (one jsonb parameter, `$1`; first column jsonb) as `role` and
-/// returns the first column of every row as a jsonb array.
+/// returns the first column of every row as a jsonb array. The documents are
+/// an application's, of any depth and shape: they are joined as PostgreSQL
+/// prints them and read back by PostgreSQL, never parsed here.
 #[pg_extern(name = "_exec_as", volatile, strict, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn exec_as(role: pg_sys::Oid, query: &str, arg: JsonB) -> JsonB {
+fn exec_as(role: pg_sys::Oid, query: &str, arg: RawJsonb) -> RawJsonb {
     refuse_rls_bypass(role);
     // Before the switch: SET is refused inside a security-restricted operation.
     let asserted = citus::assert_identity();
     let rows = {
         let _as_caller = RoleSwitch::to_caller(role);
-        Spi::connect_mut(|client| -> Result<Vec<Value>, pgrx::spi::Error> {
+        Spi::connect_mut(|client| -> Result<String, pgrx::spi::Error> {
             let table = plans::execute(client, query, &[pg_sys::JSONBOID], &[arg.into()])?;
-            let mut rows = Vec::with_capacity(table.len());
+            let mut rows = String::from("[");
             for row in table {
-                rows.push(row.get::<JsonB>(1)?.map_or(Value::Null, |j| j.0));
+                if rows.len() > 1 {
+                    rows.push(',');
+                }
+                match row.get::<RawJsonb>(1)? {
+                    Some(value) => rows.push_str(&value.text()),
+                    None => rows.push_str("null"),
+                }
             }
+            rows.push(']');
             Ok(rows)
         })
     };
     citus::restore(asserted);
     match rows {
-        Ok(rows) => JsonB(Value::Array(rows)),
+        Ok(rows) => RawJsonb::parse(&rows),
         Err(e) => error!("keyturn: internal statement failed: {e}"),
     }
 }

@@ -263,7 +263,8 @@ fn _guard_status<'a>(
     let id_text = id.map(|u| u.to_string()).unwrap_or_default();
     if from == "pending" && APPROVAL_ONLY.contains(&to) {
         // SAFETY: bytea datum of this row, valid for this call.
-        let mac = new.datums[APPROVAL_MAC].and_then(|d| unsafe { <&[u8] as FromDatum>::from_datum(d, false) });
+        let mac = new.datums[APPROVAL_MAC]
+            .and_then(|d| unsafe { <&[u8] as FromDatum>::from_datum(d, false) });
         let valid = approval::binding_valid(
             id,
             new.text(PARAMS_HASH),
@@ -282,7 +283,10 @@ fn _guard_status<'a>(
             .raise();
         }
     }
-    if !shape.transitions.contains(&(old.status_oid(), new.status_oid())) {
+    if !shape
+        .transitions
+        .contains(&(old.status_oid(), new.status_oid()))
+    {
         KeyturnError::WrongState {
             message: format!("illegal status transition {from} -> {to} for action {id_text}"),
             hint: "keyturn.transition lists every legal status change (docs/concepts.md, \"The state machine\").",

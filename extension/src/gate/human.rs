@@ -5,11 +5,9 @@
 //! a standing approval or a recorded request is an approval too.
 
 use pgrx::prelude::*;
-use pgrx::JsonB;
-use serde_json::Value;
 
 use super::{as_owner, required};
-use crate::jsonb_text::JsonbText;
+use crate::jsonb_text::{JsonbText, RawJsonb};
 use crate::privilege::refuse_agents;
 
 // (Spelled out in each signature too: pg_extern reads the return type's
@@ -19,7 +17,7 @@ type Outcomes = TableIterator<
     (
         name!(action_id, pgrx::Uuid),
         name!(status, String),
-        name!(result, Option<JsonB>),
+        name!(result, Option<RawJsonb>),
     ),
 >;
 
@@ -45,7 +43,7 @@ fn approve(
     (
         name!(action_id, pgrx::Uuid),
         name!(status, String),
-        name!(result, Option<JsonB>),
+        name!(result, Option<RawJsonb>),
     ),
 > {
     refuse_agents("approve");
@@ -66,7 +64,7 @@ fn approve_many(
     (
         name!(action_id, pgrx::Uuid),
         name!(status, String),
-        name!(result, Option<JsonB>),
+        name!(result, Option<RawJsonb>),
     ),
 > {
     refuse_agents("approve_many");
@@ -80,18 +78,18 @@ fn approve_many(
 /// Human: the approval card's data. Read-only.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn preview(action_id: Option<pgrx::Uuid>, token: Option<String>) -> JsonB {
+fn preview(action_id: Option<pgrx::Uuid>, token: Option<String>) -> RawJsonb {
     refuse_agents("preview");
     as_owner(
         "SELECT keyturn._preview($1, $2, $3)",
         &[pg_sys::UUIDOID, pg_sys::TEXTOID],
         vec![action_id.into(), token.into()],
-        |row| row.get::<JsonB>(1),
+        |row| row.get::<RawJsonb>(1),
     )
     .into_iter()
     .next()
     .flatten()
-    .unwrap_or(JsonB(Value::Null))
+    .unwrap_or_else(|| RawJsonb::parse("null"))
 }
 
 /// Human: declines a pending proposal; returns the action's status.
@@ -247,7 +245,7 @@ fn delegations() -> TableIterator<
         name!(delegation_id, pgrx::Uuid),
         name!(principal, String),
         name!(tool, String),
-        name!(scope, JsonB),
+        name!(scope, RawJsonb),
         name!(max_uses, i32),
         name!(uses, i32),
         name!(expires_at, TimestampWithTimeZone),

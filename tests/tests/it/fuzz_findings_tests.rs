@@ -25,7 +25,6 @@ fn nested(levels: usize) -> Value {
 /// jsonb through pgrx's JsonB, which parses it with serde_json (its depth
 /// limit, and arbitrary_precision's reserved key) and panics.
 #[tokio::test]
-#[ignore = "bug: preview of a row whose jsonb column serde_json cannot read (over 128 levels, its reserved number key) fails with XX000 (pgrx JsonB in _exec_as and preview)"]
 async fn test_preview_shows_any_business_jsonb() {
     let w = World::new("member").await;
     let schema = unique("anyjson");
