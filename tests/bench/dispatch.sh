@@ -32,13 +32,17 @@ SELECT g, p.action_id, p.token
 COMMIT;
 SQL
   if [ "$approve" = approve ]; then
+    # The person approves from a session of their own: keyturn refuses a
+    # session whose login (this superuser) could act as an agent.
+    # keyturn.notify is the superuser's to set, so it is set first.
     kt_psql -q <<'SQL'
+SET keyturn.notify = off;
+SET SESSION AUTHORIZATION app_human;
 BEGIN;
-SET LOCAL ROLE app_human;
-SELECT set_config('keyturn.tenant', 'acme', true), set_config('keyturn.principal', 'p0', true), set_config('keyturn.session', 's0', true),
-       set_config('keyturn.notify', 'off', true) \gset
+SELECT set_config('keyturn.tenant', 'acme', true), set_config('keyturn.principal', 'p0', true), set_config('keyturn.session', 's0', true) \gset
 SELECT count(*) AS queued FROM bare.token t, LATERAL keyturn.approve(t.action_id, t.token) a WHERE a.status = 'queued' \gset
 COMMIT;
+RESET SESSION AUTHORIZATION;
 -- The same jobs, as the bare worker's plain queue.
 INSERT INTO bare.job (id, tenant, tool, params, idempotency_key)
 SELECT a.id, a.tenant, a.tool, a.params, a.idempotency_key

@@ -52,9 +52,9 @@ experiment_e3() {
   local clients r
   for clients in 4 16; do
     for r in $(seq 1 "$ROUNDS"); do
-      pgbench_run exp-e3 A "$clients" "$r" ext_flow.sql -D notify=on
+      pgbench_run exp-e3 A "$clients" "$r" ext_flow.sql
       e3_apply
-      pgbench_run exp-e3 B "$clients" "$r" ext_flow.sql -D notify=on
+      pgbench_run exp-e3 B "$clients" "$r" ext_flow.sql
       e3_revert
     done
   done

@@ -9,6 +9,10 @@
 -- The "bare" schema is what a team would write by hand for the same work.
 
 CREATE ROLE bench_app LOGIN NOINHERIT IN ROLE app_agent, app_human;
+-- bench_app with keyturn.notify off, for item 7's "off" side (only a
+-- superuser may set it, so it is the role's setting).
+CREATE ROLE bench_quiet LOGIN NOINHERIT IN ROLE app_agent, app_human;
+ALTER ROLE bench_quiet SET keyturn.notify = off;
 
 -- 100k deals, 64 principals of tenant acme (pgbench client n acts as p<n>).
 INSERT INTO crm.deal (id, tenant, owner, name, stage, amount)

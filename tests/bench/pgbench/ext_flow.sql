@@ -1,5 +1,7 @@
--- Item 7: propose + approve of an external tool; -D notify=on|off switches the
--- in-transaction NOTIFY of approve (keyturn.notify, read by the lifecycle trigger).
+-- Item 7: propose + approve of an external tool. keyturn.notify (the
+-- in-transaction NOTIFY of approve, read by the lifecycle trigger) is a
+-- superuser's setting: the "off" side connects as bench_quiet, which has it
+-- off (tests/bench/setup.sql).
 \set n random(1, 1000000)
 BEGIN;
 SET LOCAL ROLE app_agent;
@@ -8,6 +10,6 @@ SELECT action_id, token FROM keyturn.propose('email.send', jsonb_build_object('t
 COMMIT;
 BEGIN;
 SET LOCAL ROLE app_human;
-SELECT set_config('keyturn.notify', :notify::text, true), set_config('keyturn.tenant', 'acme', true), set_config('keyturn.principal', 'p' || :client_id::text, true), set_config('keyturn.session', 's' || :client_id::text, true);
+SELECT set_config('keyturn.tenant', 'acme', true), set_config('keyturn.principal', 'p' || :client_id::text, true), set_config('keyturn.session', 's' || :client_id::text, true);
 SELECT status FROM keyturn.approve(:action_id::uuid, :token::text) \gset
 COMMIT;
