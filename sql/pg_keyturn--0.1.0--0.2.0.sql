@@ -310,8 +310,8 @@ AS 'MODULE_PATHNAME', 'event_detail_wrapper';
 CREATE OR REPLACE FUNCTION "_exec_as"(
 	"role" oid, /* pg_sys :: Oid */
 	"query" TEXT, /* & str */
-	"arg" jsonb /* JsonB */
-) RETURNS jsonb /* JsonB */
+	"arg" jsonb /* RawJsonb */
+) RETURNS jsonb /* RawJsonb */
 STRICT VOLATILE PARALLEL UNSAFE 
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
@@ -489,7 +489,7 @@ CREATE OR REPLACE FUNCTION "approve"(
 ) RETURNS TABLE (
 	"action_id" uuid,  /* pgrx :: Uuid */
 	"status" TEXT,  /* String */
-	"result" jsonb  /* Option < JsonB > */
+	"result" jsonb  /* Option < RawJsonb > */
 )
 VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
@@ -502,7 +502,7 @@ CREATE OR REPLACE FUNCTION "approve_many"(
 ) RETURNS TABLE (
 	"action_id" uuid,  /* pgrx :: Uuid */
 	"status" TEXT,  /* String */
-	"result" jsonb  /* Option < JsonB > */
+	"result" jsonb  /* Option < RawJsonb > */
 )
 VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
@@ -552,7 +552,7 @@ CREATE OR REPLACE FUNCTION "delegations"() RETURNS TABLE (
 	"delegation_id" uuid,  /* pgrx :: Uuid */
 	"principal" TEXT,  /* String */
 	"tool" TEXT,  /* String */
-	"scope" jsonb,  /* JsonB */
+	"scope" jsonb,  /* RawJsonb */
 	"max_uses" INT,  /* i32 */
 	"uses" INT,  /* i32 */
 	"expires_at" timestamp with time zone,  /* TimestampWithTimeZone */
@@ -596,7 +596,7 @@ AS 'MODULE_PATHNAME', 'pending_wrapper';
 CREATE OR REPLACE FUNCTION "preview"(
 	"action_id" uuid, /* Option < pgrx :: Uuid > */
 	"token" TEXT /* Option < String > */
-) RETURNS jsonb /* JsonB */
+) RETURNS jsonb /* RawJsonb */
 VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
@@ -676,11 +676,11 @@ CREATE OR REPLACE FUNCTION "_action_lifecycle"()
 	LANGUAGE c
 	AS 'MODULE_PATHNAME', '_action_lifecycle_wrapper';
 
--- pg_keyturn::lifecycle::_require_approval
-CREATE OR REPLACE FUNCTION "_require_approval"()
+-- pg_keyturn::lifecycle::_guard_status
+CREATE OR REPLACE FUNCTION "_guard_status"()
 	RETURNS TRIGGER
 	LANGUAGE c
-	AS 'MODULE_PATHNAME', '_require_approval_wrapper';
+	AS 'MODULE_PATHNAME', '_guard_status_wrapper';
 
 
 -- ==== sql/011_status_rules.sql ====
@@ -736,26 +736,12 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION keyturn._refuse_transition()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RAISE EXCEPTION 'illegal status transition % -> % for action %', OLD.status, NEW.status, OLD.id
-        USING ERRCODE = '55000',
-              HINT = 'keyturn.transition lists every legal status change (docs/concepts.md, "The state machine").';
-END
-$$;
-
--- The guards are WHEN conditions, evaluated by the executor: an update that
--- keeps the rules runs no trigger function at all, and one that breaks them
--- runs only the function that raises. The conditions are parsed here, once,
--- with pg_catalog's operators; no caller's search_path is ever consulted.
---
--- The column list comes first: an UPDATE that sets none of these columns (every
--- keyturn function's) skips the trigger on a bitmap test, before the WHEN
--- condition is even loaded; one that sets them to their own values passes.
+-- Proposal columns never change: a WHEN condition, parsed here with
+-- pg_catalog's operators (no caller's search_path is ever consulted), that
+-- runs the raising function only when they do. The column list comes first:
+-- an UPDATE that sets none of these columns (every keyturn function's) skips
+-- the trigger on a bitmap test, before the condition is even loaded; one that
+-- sets them to their own values passes.
 CREATE TRIGGER action_proposal_immutable
     BEFORE UPDATE OF id, tenant, principal, session, tool, tool_version, executor, approval,
                      retain, params, param_keys, params_hash, summary, origin, conversation_id,
@@ -776,41 +762,19 @@ CREATE TRIGGER action_proposal_immutable
            OLD.revised_by, OLD.created_at, OLD.expires_at))
     EXECUTE FUNCTION keyturn._refuse_proposal_change();
 
--- The status graph, keyturn.transition, as a trigger condition generated from
--- its rows: a trigger's WHEN cannot read a table, and a function call per
--- row is what the condition exists to avoid.
-DO $do$
-BEGIN
-    EXECUTE pg_catalog.format(
-        $t$CREATE TRIGGER action_status_graph
-               BEFORE UPDATE OF status ON keyturn.action
-               FOR EACH ROW
-               WHEN (NEW.status IS DISTINCT FROM OLD.status
-                     AND NOT coalesce(CASE OLD.status %s ELSE false END, false))
-               EXECUTE FUNCTION keyturn._refuse_transition()$t$,
-        (SELECT pg_catalog.string_agg(
-                    pg_catalog.format('WHEN %L THEN NEW.status IN (%s)', f.from_status,
-                        (SELECT pg_catalog.string_agg(pg_catalog.quote_literal(t.to_status::text), ', '
-                                                      ORDER BY t.to_status)
-                           FROM keyturn.transition t WHERE t.from_status = f.from_status)),
-                    ' ' ORDER BY f.from_status)
-           FROM (SELECT DISTINCT from_status FROM keyturn.transition) f));
-END
-$do$;
-
--- A status only an approval can give needs an approval: whoever writes the
--- row (a role that was granted UPDATE, one with BYPASSRLS) cannot move a
--- proposal to queued or an outcome without the approval MAC that only
--- keyturn's approve, standing approvals and task admission can compute.
--- lease and begin_dispatch check the MAC again, for rows that reached
--- 'queued' with the triggers off.
--- keyturn._require_approval() is Rust (extension/src/lifecycle.rs): it
--- verifies the binding with the key only the extension owner reads.
-CREATE TRIGGER action_requires_approval
+-- The status graph (keyturn.transition), and a status only an approval can
+-- give: whoever writes the row (a role that was granted UPDATE, one with
+-- BYPASSRLS) cannot move an action along a step the graph does not have, nor
+-- a proposal to queued or an outcome without the approval MAC that only
+-- keyturn's approve, standing approvals and task admission can compute
+-- (lease and begin_dispatch check the MAC again, for rows that reached
+-- 'queued' with the triggers off). keyturn._guard_status() is Rust
+-- (extension/src/lifecycle.rs): it reads the graph once per backend, where
+-- a WHEN condition is parsed again by every statement, and verifies the
+-- binding with the key only the extension owner reads.
+CREATE TRIGGER action_status_guard
     BEFORE UPDATE OF status ON keyturn.action
-    FOR EACH ROW
-    WHEN (OLD.status = 'pending' AND NEW.status IN ('queued', 'succeeded', 'conflict', 'failed'))
-    EXECUTE FUNCTION keyturn._require_approval();
+    FOR EACH ROW EXECUTE FUNCTION keyturn._guard_status();
 
 -- Everything a status change implies, in the same transaction: the work list
 -- (keyturn.open_action), the event, the usage row, the staged payload, the
