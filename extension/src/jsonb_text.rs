@@ -42,26 +42,36 @@ impl FromDatum for JsonbText {
     }
 }
 
-// SAFETY: unboxing goes through FromDatum above, which reads the datum only
-// as the jsonb its SQL signature declares.
-unsafe impl<'fcx> ArgAbi<'fcx> for JsonbText {
-    unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
-        let index = arg.index();
-        // SAFETY: forwarded contract of ArgAbi: the datum is a non-null jsonb.
-        unsafe { arg.unbox_arg_using_from_datum() }
-            .unwrap_or_else(|| panic!("argument {index} must not be null"))
-    }
+/// A Rust type that is `jsonb` in SQL signatures: unboxed as an argument by
+/// its FromDatum, which reads the datum only as the jsonb the signature
+/// declares.
+macro_rules! jsonb_in_sql {
+    ($t:ident) => {
+        // SAFETY: unboxing goes through the type's FromDatum, which reads the
+        // datum only as the jsonb its SQL signature declares.
+        unsafe impl<'fcx> ArgAbi<'fcx> for $t {
+            unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
+                let index = arg.index();
+                // SAFETY: forwarded contract of ArgAbi: the datum is a non-null jsonb.
+                unsafe { arg.unbox_arg_using_from_datum() }
+                    .unwrap_or_else(|| panic!("argument {index} must not be null"))
+            }
+        }
+
+        // SAFETY: the SQL type named here (jsonb) is the type FromDatum expects.
+        unsafe impl SqlTranslatable for $t {
+            const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!($t);
+            const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
+                pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+            const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> =
+                Ok(SqlMappingRef::literal("jsonb"));
+            const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
+                Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+        }
+    };
 }
 
-// SAFETY: the SQL type named here (jsonb) is the type FromDatum expects.
-unsafe impl SqlTranslatable for JsonbText {
-    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbText);
-    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
-        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
-    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
-    const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
-        Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
-}
+jsonb_in_sql!(JsonbText);
 
 /// A `jsonb` datum carried as PostgreSQL made it: copied into the current
 /// memory context (pgrx reads SPI results in the caller's), never parsed.
@@ -128,23 +138,4 @@ unsafe impl BoxRet for RawJsonb {
     }
 }
 
-// SAFETY: unboxing goes through FromDatum above, which reads the datum only
-// as the jsonb its SQL signature declares.
-unsafe impl<'fcx> ArgAbi<'fcx> for RawJsonb {
-    unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
-        let index = arg.index();
-        // SAFETY: forwarded contract of ArgAbi: the datum is a non-null jsonb.
-        unsafe { arg.unbox_arg_using_from_datum() }
-            .unwrap_or_else(|| panic!("argument {index} must not be null"))
-    }
-}
-
-// SAFETY: the SQL type named here (jsonb) is the type FromDatum expects.
-unsafe impl SqlTranslatable for RawJsonb {
-    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(RawJsonb);
-    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
-        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
-    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
-    const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
-        Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
-}
+jsonb_in_sql!(RawJsonb);

@@ -385,37 +385,9 @@ fn _action_lifecycle<'a>(
         && crate::guc::notify_on();
 
     let p = |c| new.param(&shape, c);
-    let (sql, types, args): (&str, Vec<pg_sys::Oid>, Vec<DatumWithOid<'_>>) = if old.is_none() {
-        if is_final {
-            // Nothing inserts a final action; should something, it gets what
-            // a final status change gets (no work-list row to delete).
-            let digest = external && new.text(RETAIN) == Some("digest");
-            (
-                FINAL,
-                final_types(&shape),
-                final_args(
-                    &new,
-                    &shape,
-                    &db_role,
-                    principal.as_deref(),
-                    from_status,
-                    &detail,
-                    digest,
-                    external,
-                ),
-            )
-        } else {
-            let mut types: Vec<pg_sys::Oid> = WORK_LIST.iter().map(|&c| shape.types[c]).collect();
-            types.extend([pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID]);
-            let mut args: Vec<DatumWithOid<'_>> = WORK_LIST.iter().map(|&c| p(c)).collect();
-            args.extend([
-                DatumWithOid::from(db_role.as_str()),
-                DatumWithOid::from(principal.as_deref()),
-                DatumWithOid::from(detail.as_str()),
-            ]);
-            (OPEN_INSERT, types, args)
-        }
-    } else if is_final {
+    let (sql, types, args): (&str, Vec<pg_sys::Oid>, Vec<DatumWithOid<'_>>) = if is_final {
+        // Nothing inserts a final action; should something, it gets what a
+        // final status change gets (with no work-list row to delete).
         let digest = external && new.text(RETAIN) == Some("digest");
         (
             FINAL,
@@ -432,23 +404,22 @@ fn _action_lifecycle<'a>(
             ),
         )
     } else {
+        // The work-list row and the event, both statements' first parameters.
         let mut types: Vec<pg_sys::Oid> = WORK_LIST.iter().map(|&c| shape.types[c]).collect();
-        types.extend([
-            pg_sys::TEXTOID,
-            pg_sys::TEXTOID,
-            pg_sys::TEXTOID,
-            shape.types[STATUS],
-            pg_sys::BOOLOID,
-        ]);
+        types.extend([pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID]);
         let mut args: Vec<DatumWithOid<'_>> = WORK_LIST.iter().map(|&c| p(c)).collect();
         args.extend([
             DatumWithOid::from(db_role.as_str()),
             DatumWithOid::from(principal.as_deref()),
             DatumWithOid::from(detail.as_str()),
-            from_status,
-            DatumWithOid::from(changed),
         ]);
-        (OPEN_UPDATE, types, args)
+        if old.is_none() {
+            (OPEN_INSERT, types, args)
+        } else {
+            types.extend([shape.types[STATUS], pg_sys::BOOLOID]);
+            args.extend([from_status, DatumWithOid::from(changed)]);
+            (OPEN_UPDATE, types, args)
+        }
     };
 
     let _as_owner = RoleSwitch::to(extension_owner());
