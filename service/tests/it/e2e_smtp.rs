@@ -14,25 +14,7 @@ async fn test_email_is_delivered_once_with_the_idempotency_key_as_message_id() {
     let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
-    let tool = w
-        .tool(
-            "e2e_email",
-            json!({
-                "executor": "external",
-                "provider": "smtp",
-                "summary": "Send email to {to} about \"{subject}\"",
-                "params_schema": {
-                    "type": "object",
-                    "properties": {
-                        "to": {"type": "string", "format": "email"},
-                        "subject": {"type": "string", "maxLength": 200},
-                        "body": {"type": "string", "maxLength": 5000}
-                    },
-                    "required": ["to", "subject", "body"]
-                }
-            }),
-        )
-        .await;
+    let tool = w.smtp_tool("e2e_email").await;
     let (addr, smtp) = fake_smtp::start(Script::default()).await;
     // SMTP only: this keyturnd leases no webhook action.
     let k = Keyturnd::start(

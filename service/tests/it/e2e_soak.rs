@@ -158,25 +158,7 @@ async fn test_crash_soak() {
     );
 
     let hook = w.webhook_tool(json!({})).await;
-    let mail = w
-        .tool(
-            "soak_mail",
-            json!({
-                "executor": "external",
-                "provider": "smtp",
-                "summary": "Send email to {to} about \"{subject}\"",
-                "params_schema": {
-                    "type": "object",
-                    "properties": {
-                        "to": {"type": "string", "format": "email"},
-                        "subject": {"type": "string", "maxLength": 200},
-                        "body": {"type": "string", "maxLength": 5000}
-                    },
-                    "required": ["to", "subject", "body"]
-                }
-            }),
-        )
-        .await;
+    let mail = w.smtp_tool("soak_mail").await;
     let rx = Receiver::start_with(&w.tenant, soak_reply()).await;
     let (smtp_addr, smtp) = fake_smtp::start_with_delay(Script::default(), MAX_ANSWER).await;
     let journal = tempfile::tempdir().expect("journal dir");

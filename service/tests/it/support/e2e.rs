@@ -188,6 +188,28 @@ impl World {
         self.tool("e2e_hook", spec).await
     }
 
+    /// An smtp tool named `name`: to, subject and body, `to` a bare address.
+    pub async fn smtp_tool(&self, name: &str) -> String {
+        self.tool(
+            name,
+            json!({
+                "executor": "external",
+                "provider": "smtp",
+                "summary": "Send email to {to} about \"{subject}\"",
+                "params_schema": {
+                    "type": "object",
+                    "properties": {
+                        "to": {"type": "string", "format": "email"},
+                        "subject": {"type": "string", "maxLength": 200},
+                        "body": {"type": "string", "maxLength": 5000}
+                    },
+                    "required": ["to", "subject", "body"]
+                }
+            }),
+        )
+        .await
+    }
+
     /// Proposes (as the agent) and approves (as the human): the action is
     /// `queued`. `resubmit` passes the params again at approve (digest tools).
     pub async fn queue(&self, tool: &str, params: Value, resubmit: bool) -> Queued {
