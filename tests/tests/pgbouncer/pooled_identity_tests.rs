@@ -187,6 +187,7 @@ async fn test_session_level_identity_is_refused_through_the_pooler() {
     // their own pools.
     let login = login_in(&w.superuser, "session_agent", "keyturn_agent").await;
     let c = pooled(port, &login, "keyturn").await;
+    // Session-level on purpose: the refusal is what this test checks.
     c.batch_execute(&format!(
         "SET keyturn.tenant = '{}'; SET keyturn.principal = '{}'; SET keyturn.session = '{}'",
         w.tenant, w.principal, w.session
@@ -276,8 +277,8 @@ async fn test_a_pooled_server_connection_never_hands_identity_to_the_next_client
         ""
     );
 
-    // A sets identity for the whole session, and PgBouncer does hand the
-    // values to B ...
+    // A sets identity for the whole session (on purpose: the refusal is
+    // what this test checks), and PgBouncer does hand the values to B ...
     a.batch_execute(&format!(
         "SET keyturn.tenant = '{}'; SET keyturn.principal = '{}'; SET keyturn.session = '{}'",
         w.tenant, w.principal, w.session
