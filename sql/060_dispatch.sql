@@ -25,12 +25,19 @@ $$;
 -- scan is the only plan left. The settings live on this one function, so the
 -- statements lease runs afterwards (its UPDATE and the triggers it fires) are
 -- planned as usual.
+--
+-- That plan does not depend on the parameters, so it is planned once per
+-- backend (force_generic_plan). Planned per call with the actual p_now, the
+-- planner probed the end of open_action_due_idx for the column's true
+-- maximum, walking the index entries every drained row leaves dead: a third
+-- of a lease call's time in the drain's profile (tests/bench/BENCHMARKS.md).
 CREATE FUNCTION keyturn._due(p_now timestamptz, p_max int, p_providers text[])
 RETURNS SETOF uuid
 LANGUAGE plpgsql VOLATILE
 ROWS 16
 SET enable_sort = off
 SET enable_bitmapscan = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     RETURN QUERY
