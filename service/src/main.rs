@@ -194,11 +194,10 @@ async fn serve(config: Config) -> Result<(), Error> {
             "no provider is configured (set KEYTURN_WEBHOOK_URL or KEYTURN_SMTP_URL): nothing will be leased; approved external actions stay queued"
         );
     }
-    // Every call slot may need a connection at once (attachments), plus the
-    // lease steps in flight, the flusher and the sweep.
+    // Every call slot may need a connection at once, plus lease and sweep.
     let pool = db::pool(
         config.database_url.expose(),
-        config.workers + keyturnd::worker::STEPS_IN_FLIGHT + 2,
+        config.workers + 2,
         state.metrics.clone(),
     )?;
     let settings = Settings::from_config(&config);

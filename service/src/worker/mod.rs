@@ -2,8 +2,7 @@
 //! carries out what the database has already moved forward.
 //!
 //! One lease step, each stage in its own file and each file importing only
-//! the stages after it (and this one); up to [`STEPS_IN_FLIGHT`] steps run
-//! at once, each on the slots that were free when it started:
+//! the stages after it (and this one):
 //!
 //! ```text
 //!  wake (NOTIFY keyturn_dispatch | poll every KEYTURN_POLL_MS | a slot freed)
@@ -61,12 +60,6 @@ pub const CHANNEL: &str = "keyturn_dispatch";
 
 /// Delay asked for when handing back a job whose provider is not here.
 pub const UNKNOWN_PROVIDER_DELAY: Duration = Duration::from_secs(60);
-
-/// Lease steps running at once. One step is four round trips (BEGIN, lease,
-/// begin_dispatch_many, COMMIT); with one at a time, slots freed during a
-/// step waited for it to end, and the drain was bound by that latency, not
-/// by the database's work (tests/bench/BENCHMARKS.md).
-pub const STEPS_IN_FLIGHT: usize = 2;
 
 /// First and longest pause between retries of a database call.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -260,83 +253,60 @@ impl Dispatcher {
         let journaler = tokio::spawn(journal_loop(ctx.clone(), done_rx, journaled_tx));
         let flusher = tokio::spawn(flush_loop(ctx.clone(), journaled_rx, shutdown.clone()));
 
-        // Up to STEPS_IN_FLIGHT lease steps at once, each in a tracked task
-        // of its own (so a shutdown never drops a transaction between COMMIT
-        // and the provider calls: the loop only stops waiting for it). Each
-        // step takes the slots free when it starts, so two never count the
-        // same slot; the second leases what was freed while the first is
-        // still between its lease and its COMMIT.
-        let (step_tx, mut step_rx) = mpsc::unbounded_channel();
-        let mut in_flight = 0usize;
         let mut lease_failing = false;
-        // Lease at start; then on a wake-up (a slot freed, a NOTIFY), a poll,
-        // or the end of a pause.
-        let mut wanted = true;
-        let mut pause_until: Option<Instant> = None;
-        let mut next_poll = Instant::now() + ctx.settings.poll;
+        let mut pause = None;
         loop {
-            if wanted
-                && pause_until.is_none()
-                && in_flight < STEPS_IN_FLIGHT
-                && ctx.slots.available_permits() > 0
-            {
-                wanted = false;
-                in_flight += 1;
-                next_poll = Instant::now() + ctx.settings.poll;
-                let step = lease_step(
-                    ctx.clone(),
-                    tracker.clone(),
-                    shutdown.clone(),
-                    done_tx.clone(),
-                );
-                let step = tracker.spawn(step);
-                let step_tx = step_tx.clone();
-                tracker.spawn(async move {
-                    let _ = step_tx.send(step.await);
-                });
+            match pause.take() {
+                // Every job the step leased went back: leasing again on the
+                // next wake-up would only hand back the next due jobs too.
+                Some(pause) => tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(pause) => {}
+                },
+                None => tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break,
+                    _ = ctx.wake.notified() => {}
+                    _ = tokio::time::sleep(ctx.settings.poll) => {}
+                },
             }
-            tokio::select! {
+            // The step runs in a tracked task of its own, so a shutdown
+            // never drops its transaction between COMMIT and the provider
+            // calls: this only stops awaiting it.
+            let step = tracker.spawn(lease_step(
+                ctx.clone(),
+                tracker.clone(),
+                shutdown.clone(),
+                done_tx.clone(),
+            ));
+            let step = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
-                Some(step) = step_rx.recv() => {
-                    in_flight -= 1;
-                    let ok = match step {
-                        Ok(Ok(Step::OnlyHandedBack { pause })) => {
-                            // Every job the step leased went back: leasing
-                            // again on the next wake-up would only hand back
-                            // the next due jobs too.
-                            pause_until = Some(Instant::now() + pause);
-                            true
-                        }
-                        Ok(Ok(Step::Done)) => true,
-                        Ok(Err(e)) => {
-                            log_lease_failure(&e, lease_failing);
-                            false
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "the lease step panicked; its transaction rolled back unless it had committed");
-                            false
-                        }
-                    };
-                    if ok && lease_failing {
-                        tracing::info!("leasing works again");
+                step = step => step,
+            };
+            let ok = match step {
+                Ok(Ok(step)) => {
+                    if let Step::OnlyHandedBack { pause: p } = step {
+                        pause = Some(p);
                     }
-                    lease_failing = !ok;
-                    if !ctx.settings.listen_notify {
-                        ctx.health.set_db_ready(ok);
-                    }
+                    true
                 }
-                _ = sleep_until_some(pause_until), if pause_until.is_some() => {
-                    pause_until = None;
-                    wanted = true;
+                Ok(Err(e)) => {
+                    log_lease_failure(&e, lease_failing);
+                    false
                 }
-                // A pause ignores wake-ups; they are taken (not left to
-                // fire at its end) only when no pause runs.
-                _ = ctx.wake.notified(), if pause_until.is_none() => wanted = true,
-                _ = tokio::time::sleep_until(next_poll) => {
-                    next_poll = Instant::now() + ctx.settings.poll;
-                    wanted = true;
+                Err(e) => {
+                    tracing::error!(error = %e, "the lease step panicked; its transaction rolled back unless it had committed");
+                    false
                 }
+            };
+            if ok && lease_failing {
+                tracing::info!("leasing works again");
+            }
+            lease_failing = !ok;
+            if !ctx.settings.listen_notify {
+                ctx.health.set_db_ready(ok);
             }
         }
 
@@ -376,14 +346,6 @@ impl Dispatcher {
         }
         tracing::info!("dispatcher stopped");
         Ok(())
-    }
-}
-
-/// Sleeps until `at`; `None` never (the branch is disabled then anyway).
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 
