@@ -3709,7 +3709,7 @@ BEGIN
 END
 $$;
 
--- providers (an addition to the contract): only actions whose tool's provider is
+-- providers (keyturn's addition to the dispatcher protocol): only actions whose tool's provider is
 -- in the list, so a worker never leases what it has no adapter for; NULL = all.
 CREATE OR REPLACE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds',
                               providers text[] DEFAULT NULL)

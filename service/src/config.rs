@@ -18,7 +18,7 @@
 //! | `KEYTURN_LEASE_SECONDS` | 30 | lease asked of `keyturn.lease`; at least the call timeout + 3 s (see [`min_lease`]) |
 //! | `KEYTURN_SWEEP_SECONDS` | 5 | period of `keyturn.sweep()` |
 //! | `KEYTURN_WORKERS` | 8 | provider calls in flight at most |
-//! | `KEYTURN_POLL_MS` | 1000 | lease poll period without notifications; 1..=1000 (the contract asks for at least one poll a second) |
+//! | `KEYTURN_POLL_MS` | 1000 | lease poll period without notifications; 1..=1000 (at least one poll a second: retries and lapsed leases send no notification) |
 //! | `KEYTURN_HTTP_TIMEOUT_SECONDS` | 10 | upper bound of one provider call (a webhook request or an SMTP transaction) |
 //! | `KEYTURN_SHUTDOWN_SECONDS` | 30 | how long SIGTERM waits for calls in flight; keep it ≥ the lease so every call can be recorded |
 //! | `KEYTURN_LISTEN_NOTIFY` | true | `false` = poll only, no `LISTEN` (for benchmarks) |
@@ -242,7 +242,7 @@ impl Config {
         let bad = |msg: String| Err(Error::Config(msg));
         if !(1..=1000).contains(&self.poll_ms) {
             return bad(format!(
-                "KEYTURN_POLL_MS={} must be between 1 and 1000: the contract polls at least once a second",
+                "KEYTURN_POLL_MS={} must be between 1 and 1000: keyturnd polls at least once a second (retries and lapsed leases send no notification)",
                 self.poll_ms
             ));
         }

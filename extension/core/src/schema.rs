@@ -10,7 +10,7 @@
 //! * keywords must fit the declared `type`, and every subschema declares a `type`
 //!   or an `enum`, because an untyped subschema accepts any value, including an
 //!   object with arbitrary keys;
-//! * objects default to `"additionalProperties": false`, the contract's default,
+//! * objects default to `"additionalProperties": false`, keyturn's default,
 //!   made explicit in the normalized schema so the validator and anyone reading
 //!   the stored schema see the same rule.
 //!

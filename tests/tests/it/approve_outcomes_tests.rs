@@ -373,7 +373,7 @@ async fn test_digest_action_invalidated_by_revalidation_keeps_no_param_value() {
             .0,
         "invalidated"
     );
-    // §6: after a final status no param value is readable from any keyturn table.
+    // Digest retention: after a final status no param value is readable from any keyturn table.
     let hits = count(
         &w.superuser,
         "SELECT (SELECT count(*) FROM keyturn.action a WHERE a.id = $1 AND strpos(to_jsonb(a)::text, $2) > 0) \
