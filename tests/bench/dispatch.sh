@@ -153,14 +153,13 @@ item_wakeup() {
     echo "PENDING: keyturnd or the examples do not build; see service-build.log" > "$OUT/wakeup.txt"; return 0; }
   local n=$(( 100 * WAKE_SECONDS )) mode port out
   : > "$OUT/wakeup.txt"
-  for mode in notify coalesced poll-1000ms poll-20ms; do
+  for mode in notify poll-1000ms poll-20ms; do
     clear_queue
     queue_actions "$n"
     kt_psql -qc "VACUUM ANALYZE keyturn.action" >/dev/null
     port=$(kt_free_port)
     case $mode in
       notify)      start_keyturnd "http://127.0.0.1:$port/hook" ;;
-      coalesced)   e3_apply; start_keyturnd "http://127.0.0.1:$port/hook" ;;
       poll-1000ms) start_keyturnd "http://127.0.0.1:$port/hook" KEYTURN_LISTEN_NOTIFY=false KEYTURN_POLL_MS=1000 ;;
       poll-20ms)   start_keyturnd "http://127.0.0.1:$port/hook" KEYTURN_LISTEN_NOTIFY=false KEYTURN_POLL_MS=20 ;;
     esac
@@ -169,7 +168,6 @@ item_wakeup() {
     out=$("$BENCH_BIN/examples/bench_wakeup" --database-url "postgres://app_human@127.0.0.1:$KT_PGPORT/keyturn" \
             --listen "127.0.0.1:$port" --rate 100 --principal p0 --session s0 2>>"$OUT/bench_wakeup.log") || out="failed"
     stop_pid "$KTD_PID"
-    [ "$mode" = coalesced ] && e3_revert
     echo "$mode: $out" | tee -a "$OUT/wakeup.txt"
     printf 'wakeup\t%s\t1\t1\t0\t%s\t0\t0\t%s\n' "$mode" "$n" "$out" >> "$RESULTS"
   done

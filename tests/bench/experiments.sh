@@ -31,34 +31,9 @@ E2_FN='keyturn._invalid_reason(keyturn.action)'
 e2_apply()  { swap_in_function "$E2_FN" E2 "FOR SHARE;" "/*FOR SHARE*/;"; }
 e2_revert() { swap_in_function "$E2_FN" E2 "/*FOR SHARE*/;" "FOR SHARE;"; }
 
-# E3: coalesced NOTIFY (BENCHMARKS.md, item 7). The lifecycle trigger sends
-# NOTIFY keyturn_dispatch only when no other due action is queued: the empty →
-# non-empty edge. keyturnd leases again whenever a job ends, so a non-empty
-# queue keeps draining without being told; the approval that finds the queue
-# empty is the one that must wake it.
-E3_FROM="    IF NEW.status = 'queued' AND NEW.next_attempt_at <= clock_timestamp()"
-E3_TO="    IF NEW.status = 'queued' AND NEW.next_attempt_at <= clock_timestamp()
-       AND NOT EXISTS (SELECT 1 FROM keyturn.open_action o
-                        WHERE o.status = 'queued' AND o.next_attempt_at <= clock_timestamp()
-                          AND o.action_id <> NEW.id)"
-e3_apply()  { swap_in_function 'keyturn._action_lifecycle()' E3 "$E3_FROM" "$E3_TO"; }
-e3_revert() { swap_in_function 'keyturn._action_lifecycle()' E3 "$E3_TO" "$E3_FROM"; }
-
-# E3 as a pair: the external approve flow with the NOTIFY as installed (A)
-# against the coalesced one (B). No keyturnd runs, so the queue only grows and
-# B sends no NOTIFY once one action is queued: the upper bound of the saving.
-# Its cost, wake-up latency, is measured by item_wakeup's "coalesced" mode.
-experiment_e3() {
-  local clients r
-  for clients in 4 16; do
-    for r in $(seq 1 "$ROUNDS"); do
-      pgbench_run exp-e3 A "$clients" "$r" ext_flow.sql
-      e3_apply
-      pgbench_run exp-e3 B "$clients" "$r" ext_flow.sql
-      e3_revert
-    done
-  done
-}
+# E3 (a coalesced NOTIFY, BENCHMARKS.md item 7) swapped one condition in the
+# plpgsql lifecycle trigger of 0.1.0; the trigger is Rust since 0.2.0, so it is
+# no longer applied here (its 0.1.0 figures stay in BENCHMARKS.md).
 
 experiment() {
   local name=$1 clients=$2 r
@@ -71,7 +46,6 @@ experiment() {
 }
 
 item_experiments() {
-  log "experiments: E2 (no FOR SHARE in _invalid_reason), E3 (coalesced NOTIFY)"
+  log "experiments: E2 (no FOR SHARE in _invalid_reason)"
   experiment e2 4
-  experiment_e3
 }

@@ -56,7 +56,6 @@ TITLES = {
     "drain": "3. Drain: keyturnd (A) vs bare worker (B), 8 slots each; flows = actions",
     "exp-e1": "E1. Gate flow as installed (A) vs helpers without SET search_path (B)",
     "exp-e2": "E2. Gate flow as installed (A) vs _invalid_reason without FOR SHARE (B)",
-    "exp-e3": "E3. External approve flow, NOTIFY as installed (A) vs coalesced NOTIFY (B)",
 }
 
 print("# keyturn benchmark summary\n")
