@@ -3681,8 +3681,8 @@ $$;
 -- That plan does not depend on the parameters, so it is planned once per
 -- backend (force_generic_plan). Planned per call with the actual p_now, the
 -- planner probed the end of open_action_due_idx for the column's true
--- maximum, walking the index entries every drained row leaves dead: a third
--- of a lease call's time in the drain's profile (tests/bench/BENCHMARKS.md).
+-- maximum, walking the index entries every drained row leaves dead: about a
+-- fifth of a lease call's time in the drain's profile (tests/bench/BENCHMARKS.md).
 CREATE OR REPLACE FUNCTION keyturn._due(p_now timestamptz, p_max int, p_providers text[])
 RETURNS SETOF uuid
 LANGUAGE plpgsql VOLATILE
