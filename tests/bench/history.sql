@@ -10,7 +10,7 @@ SELECT g,
        CASE WHEN g % 10 = 0 THEN 'acme' ELSE 't' || (g % 997) END AS tenant,
        'p' || (g % 64) AS principal,
        CASE WHEN g % 3 = 0 THEN 'email.send' ELSE 'deal.set_stage' END AS tool,
-       CASE g % 20 WHEN 0 THEN 'expired' WHEN 1 THEN 'rejected' WHEN 2 THEN 'conflict' ELSE 'succeeded' END AS status,
+       (CASE g % 20 WHEN 0 THEN 'expired' WHEN 1 THEN 'rejected' WHEN 2 THEN 'conflict' ELSE 'succeeded' END)::keyturn.status AS status,
        now() - make_interval(secs => (g % 31536000)) - interval '1 day' AS at
   FROM generate_series(:from, :to) g;
 
