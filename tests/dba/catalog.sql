@@ -2,7 +2,7 @@
 -- Run in a fresh database with pgtap and pg_keyturn installed; every check
 -- prints the offending objects when it fails.
 BEGIN;
-SELECT plan(18);
+SELECT plan(19);
 
 SELECT is_empty($$
     SELECT c.oid::regclass FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
@@ -95,6 +95,43 @@ SELECT is_empty($$
        AND c.relkind IN ('r', 'S') AND c.relname <> 'transition'
        AND NOT c.oid = ANY ((SELECT extconfig FROM pg_extension WHERE extname = 'pg_keyturn')::oid[])$$,
     'every table but the install''s own transition graph is dumped with the data');
+
+-- A scalar SQL function PostgreSQL cannot inline is parsed and planned again
+-- in every transaction that calls it (its cache lives in the calling
+-- expression); one declared IMMUTABLE over a STABLE body such as format() is
+-- not inlined. Each is called with column references, never constants,
+-- which the planner would fold instead. The ones listed cannot be inlined,
+-- and none is on a hot path: _bump_epoch writes, _votes aggregates (quorum
+-- tools only), _legal_transition and _citus_present are sub-selects (a DBA's
+-- helper, and Citus's checks at register and deployment time).
+CREATE FUNCTION pg_temp.not_inlined() RETURNS SETOF text LANGUAGE plpgsql AS $f$
+DECLARE
+    p    record;
+    line text;
+    plan text;
+BEGIN
+    FOR p IN SELECT f.oid, f.proname, f.proargtypes::oid[] AS types
+               FROM pg_proc f JOIN pg_language l ON l.oid = f.prolang
+              WHERE f.pronamespace = 'keyturn'::regnamespace AND l.lanname = 'sql' AND f.prokind = 'f'
+                AND NOT f.proretset AND NOT f.prosecdef AND f.proconfig IS NULL LOOP
+        plan := '';
+        FOR line IN EXECUTE format('EXPLAIN (VERBOSE, COSTS OFF) SELECT %s(%s) FROM (SELECT %s OFFSET 0) s',
+                p.oid::regproc,
+                (SELECT string_agg(format('s.a%s', i), ', ') FROM generate_subscripts(p.types, 1) i),
+                coalesce((SELECT string_agg(format('NULL::%s AS a%s', format_type(p.types[i], NULL), i), ', ')
+                            FROM generate_subscripts(p.types, 1) i), '1')) LOOP
+            plan := plan || line;
+        END LOOP;
+        IF position(p.proname || '(' IN plan) > 0 THEN
+            RETURN NEXT p.oid::regprocedure::text;
+        END IF;
+    END LOOP;
+END
+$f$;
+SELECT set_eq('SELECT * FROM pg_temp.not_inlined()',
+    ARRAY['keyturn._bump_epoch(text,text)', 'keyturn._votes(keyturn.action)',
+          'keyturn._legal_transition(keyturn.status,keyturn.status)', 'keyturn._citus_present()'],
+    'every scalar SQL function is inlined but the four that cannot be');
 
 SELECT is_empty($$SELECT object, problem FROM keyturn.check_deployment() WHERE severity = 'error'$$,
     'a fresh install passes keyturn.check_deployment()');
