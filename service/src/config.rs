@@ -19,6 +19,7 @@
 //! | `KEYTURN_SWEEP_SECONDS` | 5 | period of `keyturn.sweep()` |
 //! | `KEYTURN_WORKERS` | 8 | provider calls in flight at most |
 //! | `KEYTURN_POLL_MS` | 1000 | lease poll period without notifications; 1..=1000 (at least one poll a second: retries and lapsed leases send no notification) |
+//! | `KEYTURN_LEASE_LINGER_MS` | 2 | while more than half the workers are busy, how long a wake-up waits for calls to end before leasing, so that one lease takes several jobs; 0..=100, 0 = never waits |
 //! | `KEYTURN_HTTP_TIMEOUT_SECONDS` | 10 | upper bound of one provider call (a webhook request or an SMTP transaction) |
 //! | `KEYTURN_SHUTDOWN_SECONDS` | 30 | how long SIGTERM waits for calls in flight; keep it ≥ the lease so every call can be recorded |
 //! | `KEYTURN_LISTEN_NOTIFY` | true | `false` = poll only, no `LISTEN` (for benchmarks) |
@@ -172,6 +173,11 @@ pub struct Config {
     #[arg(long, env = "KEYTURN_POLL_MS", default_value_t = 1000)]
     pub poll_ms: u64,
 
+    /// Milliseconds a wake-up waits for calls to end before leasing, while
+    /// more than half the workers are busy (0..=100; 0 = never).
+    #[arg(long, env = "KEYTURN_LEASE_LINGER_MS", default_value_t = 2)]
+    pub lease_linger_ms: u64,
+
     /// Upper bound of one provider call, in seconds.
     #[arg(long, env = "KEYTURN_HTTP_TIMEOUT_SECONDS", default_value_t = 10)]
     pub http_timeout_seconds: u64,
@@ -244,6 +250,12 @@ impl Config {
             return bad(format!(
                 "KEYTURN_POLL_MS={} must be between 1 and 1000: keyturnd polls at least once a second (retries and lapsed leases send no notification)",
                 self.poll_ms
+            ));
+        }
+        if self.lease_linger_ms > 100 {
+            return bad(format!(
+                "KEYTURN_LEASE_LINGER_MS={} must be between 0 and 100: it delays leasing while the workers are busy, so it must stay short",
+                self.lease_linger_ms
             ));
         }
         if !(1..=1024).contains(&self.workers) {
@@ -515,6 +527,7 @@ mod tests {
         assert_eq!(c.sweep_seconds, 5);
         assert_eq!(c.workers, 8);
         assert_eq!(c.poll_ms, 1000);
+        assert_eq!(c.lease_linger_ms, 2);
         assert!(c.listen_notify);
         assert!(!c.rpc_enabled(), "/rpc is off by default");
         assert_eq!(c.frame_ancestors, "'none'");
@@ -665,11 +678,24 @@ mod tests {
     }
 
     #[test]
+    fn test_lease_linger_takes_0_to_100_ms() {
+        for (ms, ok) in [("0", true), ("100", true), ("101", false)] {
+            let c = parse(
+                &["--database-url", "postgres://x", "--lease-linger-ms", ms],
+                None,
+            )
+            .expect("parses");
+            assert_eq!(c.validate().is_ok(), ok, "KEYTURN_LEASE_LINGER_MS={ms}");
+        }
+    }
+
+    #[test]
     fn test_validate_refuses_inconsistent_settings() {
         let base = ["--database-url", "postgres://x"];
         let cases: &[(&[&str], &str)] = &[
             (&["--poll-ms", "1001"], "KEYTURN_POLL_MS"),
             (&["--poll-ms", "0"], "KEYTURN_POLL_MS"),
+            (&["--lease-linger-ms", "101"], "KEYTURN_LEASE_LINGER_MS"),
             (&["--workers", "0"], "KEYTURN_WORKERS"),
             (&["--lease-seconds", "11"], "KEYTURN_LEASE_SECONDS"),
             (&["--lease-seconds", "12"], "KEYTURN_LEASE_SECONDS"),

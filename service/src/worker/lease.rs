@@ -22,6 +22,14 @@
 //! **No journal, no lease.** While the outcome journal cannot be written
 //! (its failure is logged by [`crate::journal`]), nothing is leased.
 //!
+//! **Linger.** A step costs the database a price of its own (three calls
+//! and their checks) besides each job's: leasing, beginning and completing
+//! one job at a time costs about twice per job what eight at a time do
+//! (tests/bench/BENCHMARKS.md). Under load the slots free one by one, so
+//! while more than half of them are busy a wake-up waits up to
+//! `KEYTURN_LEASE_LINGER_MS` for more to free ([`linger`]). With most slots
+//! free (an idle dispatcher, a single approval) it leases at once.
+//!
 //! **Hand-backs never spin.** A job handed back for a short lease asks for a
 //! delay (`retry_after`) that doubles with every step that did nothing but
 //! hand back, so the same job is not leased again at once; after such a
@@ -34,7 +42,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -185,6 +193,45 @@ pub(super) fn handback(
     }
 }
 
+/// Whether a wake-up should wait for slots before it leases: more than half
+/// of the `workers` are busy.
+fn wants_more_slots(free: usize, workers: usize) -> bool {
+    free < workers.div_ceil(2)
+}
+
+/// Waits, before a step, up to the linger while more than half the slots are
+/// busy (see the module's docs). False: shutdown began.
+pub(super) async fn linger(ctx: &Ctx, shutdown: &CancellationToken) -> bool {
+    wait_for_slots(
+        &ctx.slots,
+        ctx.settings.workers,
+        &ctx.wake,
+        ctx.settings.linger,
+        shutdown,
+    )
+    .await
+}
+
+/// [`linger`] over its parts: `wake` is notified whenever a slot frees.
+async fn wait_for_slots(
+    slots: &Semaphore,
+    workers: usize,
+    wake: &Notify,
+    longest: Duration,
+    shutdown: &CancellationToken,
+) -> bool {
+    let until = Instant::now() + longest;
+    while !longest.is_zero() && wants_more_slots(slots.available_permits(), workers) {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return false,
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep_until(until) => break,
+        }
+    }
+    !shutdown.is_cancelled()
+}
+
 /// One step: lease as many jobs as there are free slots, hand back what must
 /// go back, and pass the rest to [`begin_and_commit`]. `Err`: nothing was
 /// dispatched.
@@ -302,6 +349,81 @@ mod tests {
     use super::*;
 
     const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn test_lingers_only_while_more_than_half_the_slots_are_busy() {
+        assert!(wants_more_slots(0, 8));
+        assert!(wants_more_slots(3, 8));
+        assert!(!wants_more_slots(4, 8));
+        assert!(!wants_more_slots(8, 8));
+        assert!(wants_more_slots(1, 3));
+        assert!(!wants_more_slots(2, 3));
+        // One worker: only when its slot is busy, when there is nothing to
+        // lease anyway.
+        assert!(wants_more_slots(0, 1));
+        assert!(!wants_more_slots(1, 1));
+    }
+
+    /// Frees `n` of `slots`' permits, waking the loop as a [`Slot`] does.
+    fn free(slots: &Semaphore, wake: &Notify, n: usize) {
+        slots.add_permits(n);
+        wake.notify_one();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn test_linger_waits_at_most_its_length_for_busy_slots() {
+        let (slots, wake, shutdown) = (Semaphore::new(1), Notify::new(), CancellationToken::new());
+        let t0 = Instant::now();
+        assert!(wait_for_slots(&slots, 8, &wake, Duration::from_millis(2), &shutdown).await);
+        assert_eq!(
+            t0.elapsed(),
+            Duration::from_millis(2),
+            "7 of 8 busy: the whole linger"
+        );
+
+        let t0 = Instant::now();
+        assert!(wait_for_slots(&slots, 8, &wake, Duration::ZERO, &shutdown).await);
+        assert_eq!(t0.elapsed(), Duration::ZERO, "0 ms: no wait");
+
+        slots.add_permits(3);
+        let t0 = Instant::now();
+        assert!(wait_for_slots(&slots, 8, &wake, Duration::from_millis(2), &shutdown).await);
+        assert_eq!(t0.elapsed(), Duration::ZERO, "half free: leases at once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn test_linger_ends_as_soon_as_half_the_slots_are_free() {
+        let (slots, wake, shutdown) = (Semaphore::new(0), Notify::new(), CancellationToken::new());
+        let t0 = Instant::now();
+        let waiting = wait_for_slots(&slots, 8, &wake, Duration::from_millis(10), &shutdown);
+        let freeing = async {
+            for ms in [1, 2, 3, 4] {
+                tokio::time::sleep_until(t0 + Duration::from_millis(ms)).await;
+                free(&slots, &wake, 1);
+            }
+        };
+        let (lingered, ()) = tokio::join!(waiting, freeing);
+        assert!(lingered);
+        assert_eq!(
+            t0.elapsed(),
+            Duration::from_millis(4),
+            "the fourth free slot ends it"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn test_linger_stops_at_shutdown() {
+        let (slots, wake, shutdown) = (Semaphore::new(0), Notify::new(), CancellationToken::new());
+        let t0 = Instant::now();
+        let waiting = wait_for_slots(&slots, 8, &wake, Duration::from_millis(50), &shutdown);
+        let stopping = async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            shutdown.cancel();
+        };
+        let (lingered, ()) = tokio::join!(waiting, stopping);
+        assert!(!lingered, "shutdown ends the wait and the loop");
+        assert_eq!(t0.elapsed(), Duration::from_millis(1));
+    }
 
     #[test]
     fn test_checks_in_order() {

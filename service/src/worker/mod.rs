@@ -6,6 +6,7 @@
 //!
 //! ```text
 //!  wake (NOTIFY keyturn_dispatch | poll every KEYTURN_POLL_MS | a slot freed)
+//!    linger         while more than half the slots are busy: up to KEYTURN_LEASE_LINGER_MS for more to free
 //!    lease.rs       BEGIN; keyturn.lease(free slots); hand-backs as complete 'retry'
 //!    begin.rs       keyturn.begin_dispatch_many; COMMIT; only then, per job answered dispatch:
 //!    call.rs        the provider call, bounded by the lease left
@@ -43,7 +44,7 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use self::completion::{flush_loop, journal_loop};
-use self::lease::{lease_step, HandBacks, Step};
+use self::lease::{lease_step, linger, HandBacks, Step};
 use self::listen::listen_loop;
 use self::sweeper::sweep_loop;
 use crate::config::{Config, Secret};
@@ -76,6 +77,8 @@ pub struct Settings {
     pub call_timeout: Duration,
     /// Poll period.
     pub poll: Duration,
+    /// Longest wait for busy slots to free before a lease.
+    pub linger: Duration,
     /// Sweep period.
     pub sweep_every: Duration,
     /// Calls in flight at most.
@@ -99,6 +102,7 @@ impl Settings {
             lease: config.lease(),
             call_timeout: config.call_timeout(),
             poll: Duration::from_millis(config.poll_ms),
+            linger: Duration::from_millis(config.lease_linger_ms),
             sweep_every: Duration::from_secs(config.sweep_seconds),
             workers: config.workers,
             listen_notify: config.listen_notify,
@@ -270,6 +274,9 @@ impl Dispatcher {
                     _ = ctx.wake.notified() => {}
                     _ = tokio::time::sleep(ctx.settings.poll) => {}
                 },
+            }
+            if !linger(&ctx, &shutdown).await {
+                break;
             }
             // The step runs in a tracked task of its own, so a shutdown
             // never drops its transaction between COMMIT and the provider

@@ -106,6 +106,7 @@ async fn test_a_lease_that_must_hand_back_never_spins() {
         lease: Duration::from_secs(3),
         call_timeout: Duration::from_secs(3),
         poll: Duration::from_millis(50),
+        linger: Duration::from_millis(2),
         sweep_every: Duration::from_secs(1),
         workers: 4,
         listen_notify: true,
