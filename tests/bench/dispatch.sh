@@ -148,6 +148,52 @@ item_drain() {
   stop_pid "$RECV_PID"
 }
 
+# Item 3b, the price of a dispatch step by its size: one lease, begin and
+# complete of n jobs in one transaction, rolled back (so every run sees the
+# same queue), by the dispatcher's role, one client. The baseline is the step
+# of eight (keyturnd's default workers) in the same run.
+item_step() {
+  clear_queue
+  queue_actions 2000 approve
+  local n lat script rounds=${STEP_ROUNDS:-$(( ROUNDS < 3 ? ROUNDS : 3 ))} r queued
+  queued=$(kt_psql -Atc "SELECT count(*) FROM keyturn.open_action WHERE status = 'queued'")
+  if [ "$queued" -lt 32 ]; then
+    echo "only $queued actions queued: the steps would lease fewer jobs than they say" | tee "$OUT/step.txt"
+    return 1
+  fi
+  : > "$OUT/step.txt"
+  for r in $(seq 1 "$rounds"); do
+    for n in 1 4 8 16 32; do
+      script="$(kt_scratch)/step-$n.sql"
+      cat > "$script" <<SQL
+BEGIN;
+SELECT array_agg(action_id) AS ids, array_agg(lease_id) AS ls FROM keyturn.lease('bench-step', $n, '30 s', '{webhook}') \\gset
+SELECT count(*) FROM keyturn.begin_dispatch_many(':ids'::uuid[], ':ls'::uuid[]);
+SELECT count(*) FROM keyturn.complete_many(':ids'::uuid[], ':ls'::uuid[], array_fill('succeeded'::text, ARRAY[$n]),
+                                           array_fill('{}'::jsonb, ARRAY[$n]), array_fill(NULL::interval, ARRAY[$n]));
+ROLLBACK;
+SQL
+      lat=$("$PGBENCH" -h 127.0.0.1 -p "$KT_PGPORT" -U app_dispatcher -n -c 1 -T "$(( DUR < 10 ? DUR : 10 ))" -f "$script" keyturn 2>&1 |
+              sed -n 's/^latency average = \([0-9.]*\) ms/\1/p')
+      [ -n "$lat" ] || { echo "round $r, $n jobs: pgbench failed" | tee -a "$OUT/step.txt"; return 1; }
+      printf 'round %s, %2s jobs a step: %7.3f ms a step, %6.3f ms a job\n' "$r" "$n" "$lat" \
+        "$(python3 -c "print($lat / $n)")" | tee -a "$OUT/step.txt"
+    done
+  done
+  python3 - "$OUT/step.txt" <<'PY' | tee -a "$OUT/step.txt"
+import re, statistics, sys
+per = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"round \d+, +(\d+) jobs a step: +[0-9.]+ ms a step, +([0-9.]+) ms a job", line)
+    if m:
+        per.setdefault(int(m.group(1)), []).append(float(m.group(2)))
+base = statistics.median(per[8])
+for n in sorted(per):
+    print(f"median, {n:2d} jobs a step: {statistics.median(per[n]):.3f} ms a job = {statistics.median(per[n]) / base:.2f} x a step of 8")
+PY
+  clear_queue
+}
+
 item_wakeup() {
   [ -x "$BENCH_BIN/examples/bench_wakeup" ] || build_service || {
     echo "PENDING: keyturnd or the examples do not build; see service-build.log" > "$OUT/wakeup.txt"; return 0; }

@@ -125,6 +125,7 @@ if sweeps:
     print()
 
 for name, title in [("drain.txt", "3/6. Dispatch drain and keyturnd peak RSS"),
+                    ("step.txt", "3b. A dispatch step's price by its size"),
                     ("wakeup.txt", "4. Wake-up latency"),
                     ("flow-outcomes.txt", "Gate flow outcomes (sanity)")]:
     path = os.path.join(out, name)
