@@ -155,13 +155,14 @@ item_drain() {
 item_step() {
   clear_queue
   queue_actions 2000 approve
-  local n lat script rounds=${STEP_ROUNDS:-$(( ROUNDS < 3 ? ROUNDS : 3 ))} r queued
+  local n lat script rounds=${STEP_ROUNDS:-$(( ROUNDS < 3 ? ROUNDS : 3 ))} r queued raw
   queued=$(kt_psql -Atc "SELECT count(*) FROM keyturn.open_action WHERE status = 'queued'")
   if [ "$queued" -lt 32 ]; then
     echo "only $queued actions queued: the steps would lease fewer jobs than they say" | tee "$OUT/step.txt"
     return 1
   fi
-  : > "$OUT/step.txt"
+  raw="$(kt_scratch)/step.raw"
+  : > "$raw"
   for r in $(seq 1 "$rounds"); do
     for n in 1 4 8 16 32; do
       script="$(kt_scratch)/step-$n.sql"
@@ -175,18 +176,18 @@ ROLLBACK;
 SQL
       lat=$("$PGBENCH" -h 127.0.0.1 -p "$KT_PGPORT" -U app_dispatcher -n -c 1 -T "$(( DUR < 10 ? DUR : 10 ))" -f "$script" keyturn 2>&1 |
               sed -n 's/^latency average = \([0-9.]*\) ms/\1/p')
-      [ -n "$lat" ] || { echo "round $r, $n jobs: pgbench failed" | tee -a "$OUT/step.txt"; return 1; }
-      printf 'round %s, %2s jobs a step: %7.3f ms a step, %6.3f ms a job\n' "$r" "$n" "$lat" \
-        "$(python3 -c "print($lat / $n)")" | tee -a "$OUT/step.txt"
+      [ -n "$lat" ] || { echo "round $r, $n jobs: pgbench failed" | tee "$OUT/step.txt"; return 1; }
+      echo "$r $n $lat" >> "$raw"
     done
   done
-  python3 - "$OUT/step.txt" <<'PY' | tee -a "$OUT/step.txt"
-import re, statistics, sys
+  # Rounds, then the medians against the step of eight.
+  python3 - "$raw" <<'PY' | tee "$OUT/step.txt"
+import statistics, sys
 per = {}
-for line in open(sys.argv[1]):
-    m = re.match(r"round \d+, +(\d+) jobs a step: +[0-9.]+ ms a step, +([0-9.]+) ms a job", line)
-    if m:
-        per.setdefault(int(m.group(1)), []).append(float(m.group(2)))
+for r, n, lat in (line.split() for line in open(sys.argv[1])):
+    n, lat = int(n), float(lat)
+    print(f"round {r}, {n:2d} jobs a step: {lat:7.3f} ms a step, {lat / n:6.3f} ms a job")
+    per.setdefault(n, []).append(lat / n)
 base = statistics.median(per[8])
 for n in sorted(per):
     print(f"median, {n:2d} jobs a step: {statistics.median(per[n]):.3f} ms a job = {statistics.median(per[n]) / base:.2f} x a step of 8")
