@@ -104,9 +104,22 @@ pub fn params_schema() -> BoxedStrategy<Value> {
 /// billions, and fitting it then is best effort.
 const MOST: usize = 24;
 
+/// Most values [`fitting`] puts in one params document. Arrays nest: a
+/// stored schema of twenty arrays, each up to four items, would otherwise
+/// ask for 4^20 values (a fuzz run was killed for memory at 24 GB).
+pub const BUDGET: usize = 256;
+
 /// Params that pass `schema` (a subschema [`subschema`] or [`params_schema`]
 /// made), built by walking it.
 pub fn fitting(schema: &Value) -> BoxedStrategy<Value> {
+    fitting_within(schema, BUDGET)
+}
+
+/// [`fitting`] with at most about `budget` values below this one: an array
+/// shares it among its items, an object among its properties. Required
+/// properties are drawn even with nothing left (the schema's depth, which
+/// keyturn bounds, bounds them), arrays are then empty.
+fn fitting_within(schema: &Value, budget: usize) -> BoxedStrategy<Value> {
     if let Some(values) = schema.get("enum").and_then(Value::as_array) {
         return prop::sample::select(values.clone()).boxed();
     }
@@ -145,8 +158,10 @@ pub fn fitting(schema: &Value) -> BoxedStrategy<Value> {
         Some("array") => {
             let max = schema["maxItems"]
                 .as_u64()
-                .map_or(4, |m| m.min(MOST as u64) as usize);
-            prop::collection::vec(fitting(&schema["items"]), 0..=max)
+                .map_or(4, |m| m.min(MOST as u64) as usize)
+                .min(budget);
+            let each = budget.saturating_sub(max) / max.max(1);
+            prop::collection::vec(fitting_within(&schema["items"], each), 0..=max)
                 .prop_map(Value::Array)
                 .boxed()
         }
@@ -165,11 +180,12 @@ pub fn fitting(schema: &Value) -> BoxedStrategy<Value> {
                         .collect()
                 })
                 .unwrap_or_default();
+            let each = budget.saturating_sub(props.len()) / props.len().max(1);
             let entries: Vec<_> = props
                 .into_iter()
                 .map(|(name, sub)| {
                     let must = required.contains(&name);
-                    (fitting(&sub), any::<bool>())
+                    (fitting_within(&sub, each), any::<bool>())
                         .prop_map(move |(v, keep)| (must || keep).then(|| (name.clone(), v)))
                 })
                 .collect();
