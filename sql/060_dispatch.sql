@@ -172,11 +172,13 @@ BEGIN
 END
 $$;
 
--- begin_dispatch on a row already locked FOR UPDATE and found 'leased' under
--- the caller's live lease. Shared by begin_dispatch and begin_dispatch_many,
--- so a batch element is exactly the single call.
-CREATE FUNCTION keyturn._begin_locked(a keyturn.action)
-RETURNS boolean
+-- Why an action leased to the caller must not be dispatched, or NULL: no
+-- approval produced it, or something approve checked no longer holds
+-- (keyturn._invalid_reason), or its attachments are gone, or (a task
+-- action, approved by a request rather than by a person looking at it) its
+-- params no longer pass the tool's schema, checked right before they leave.
+CREATE FUNCTION keyturn._begin_problem(a keyturn.action)
+RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -186,37 +188,75 @@ DECLARE
 BEGIN
     IF NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
                                    a.approved_at, a.approved_via, a.approval_mac) THEN
-        v_reason := 'no approval produced this action; it is never dispatched';
-    ELSE
-        v_reason := keyturn._invalid_reason(a);
+        RETURN 'no approval produced this action; it is never dispatched';
     END IF;
-    IF v_reason IS NULL THEN
-        SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
-        v_params := coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s WHERE s.action_id = a.id));
-        v_reason := keyturn._attachment_problem(a, v_ver, v_params);
-        -- A task action was approved by a request, not by a person looking
-        -- at it: its params pass the schema again right before they leave.
-        IF v_reason IS NULL AND a.approval = 'task'
-           AND keyturn._params_errors(v_ver.params_schema, v_params) IS NOT NULL THEN
-            v_reason := 'params no longer pass the tool''s schema';
-        END IF;
-    END IF;
+    v_reason := keyturn._invalid_reason(a);
     IF v_reason IS NOT NULL THEN
-        PERFORM keyturn._set_event_detail(jsonb_build_object('reason', v_reason));
-        UPDATE keyturn.action x
-           SET updated_at = clock_timestamp(), status = 'invalidated', result = jsonb_build_object('reason', v_reason),
-               lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
-         WHERE x.id = a.id;
-        RETURN false;
+        RETURN v_reason;
     END IF;
+    SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
+    v_params := coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s WHERE s.action_id = a.id));
+    v_reason := keyturn._attachment_problem(a, v_ver, v_params);
+    IF v_reason IS NULL AND a.approval = 'task'
+       AND keyturn._params_errors(v_ver.params_schema, v_params) IS NOT NULL THEN
+        v_reason := 'params no longer pass the tool''s schema';
+    END IF;
+    RETURN v_reason;
+END
+$$;
 
-    PERFORM keyturn._set_event_detail(jsonb_build_object('attempt', a.attempts + 1, 'worker', a.leased_by));
-    UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = 'executing', attempts = a.attempts + 1, dispatched_at = clock_timestamp()
-     WHERE x.id = a.id;
+-- begin_dispatch of distinct actions, each under its lease, as one statement
+-- of each kind for all of them: the row locks, the checks, the status
+-- UPDATE (executing, or invalidated with the reason) and the attempt INSERT.
+-- The one implementation of begin_dispatch: the single call is a set of
+-- one, keyturn.begin_dispatch_many runs sets (sql/061_dispatch_batch.sql).
+-- Answers each element (p_ords: its place in the caller's batch) with
+-- dispatch, or with the lease problem that left it unchanged.
+CREATE FUNCTION keyturn._begin_set(p_ords int[], p_ids uuid[], p_leases uuid[])
+RETURNS TABLE (ord int, dispatch boolean, problem text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_ords     int[];
+    v_ids      uuid[];
+    v_problems text[];
+    v_reasons  text[];
+    v_details  text[];
+BEGIN
+    -- In id order: two batches never wait for each other in a cycle.
+    PERFORM 1 FROM keyturn.action x WHERE x.id = ANY (p_ids) ORDER BY x.id FOR UPDATE;
+    SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.problem), array_agg(v.reason),
+           array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
+                          WHEN v.reason IS NULL
+                          THEN jsonb_build_object('attempt', v.attempts + 1, 'worker', v.leased_by)::text
+                          ELSE jsonb_build_object('reason', v.reason)::text END)
+      INTO v_ords, v_ids, v_problems, v_reasons, v_details
+      FROM (SELECT e.ord, e.id, p.problem, x.attempts, x.leased_by,
+                   CASE WHEN p.problem IS NULL THEN keyturn._begin_problem(x) END AS reason
+              FROM unnest(p_ords, p_ids, p_leases) AS e (ord, id, lease)
+              LEFT JOIN keyturn.action x ON x.id = e.id
+             CROSS JOIN LATERAL (SELECT keyturn._lease_problem(x, e.id, e.lease, '{leased}', true) AS problem) p) v;
+    PERFORM keyturn._set_event_details(v_ids, v_details);
+    WITH done AS (
+        UPDATE keyturn.action x
+           SET updated_at = clock_timestamp(),
+               status = CASE WHEN u.reason IS NULL THEN 'executing' ELSE 'invalidated' END::keyturn.status,
+               attempts = x.attempts + CASE WHEN u.reason IS NULL THEN 1 ELSE 0 END,
+               dispatched_at = CASE WHEN u.reason IS NULL THEN clock_timestamp() ELSE x.dispatched_at END,
+               result = CASE WHEN u.reason IS NULL THEN x.result ELSE jsonb_build_object('reason', u.reason) END,
+               lease_id = CASE WHEN u.reason IS NULL THEN x.lease_id END,
+               leased_by = CASE WHEN u.reason IS NULL THEN x.leased_by END,
+               lease_expires_at = CASE WHEN u.reason IS NULL THEN x.lease_expires_at END
+          FROM unnest(v_ids, v_problems, v_reasons) AS u (id, problem, reason)
+         WHERE x.id = u.id AND u.problem IS NULL
+     RETURNING x.id, x.attempts, x.tenant, x.principal, x.lease_id, x.leased_by, x.status)
     INSERT INTO keyturn.attempt (action_id, attempt, tenant, principal, lease_id, worker, started_at)
-    VALUES (a.id, a.attempts + 1, a.tenant, a.principal, a.lease_id, a.leased_by, clock_timestamp());
-    RETURN true;
+    SELECT d.id, d.attempts, d.tenant, d.principal, d.lease_id, d.leased_by, clock_timestamp()
+      FROM done d WHERE d.status = 'executing';
+    RETURN QUERY
+    SELECT v.ord, v.problem IS NULL AND v.reason IS NULL, v.problem
+      FROM unnest(v_ords, v_problems, v_reasons) AS v (ord, problem, reason)
+     ORDER BY v.ord;
 END
 $$;
 
@@ -226,19 +266,16 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    a keyturn.action;
+    r record;
 BEGIN
     PERFORM keyturn._refuse_nested('begin_dispatch');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = begin_dispatch.action_id FOR UPDATE;
-    PERFORM keyturn._raise_lease_problem(
-        keyturn._lease_problem(a, begin_dispatch.action_id, begin_dispatch.lease_id, '{leased}', true));
-    RETURN keyturn._begin_locked(a);
+    SELECT * INTO r FROM keyturn._begin_set('{1}', ARRAY[begin_dispatch.action_id], ARRAY[begin_dispatch.lease_id]);
+    PERFORM keyturn._raise_lease_problem(r.problem);
+    RETURN r.dispatch;
 END
 $$;
 
--- What is wrong with complete's arguments (a 22023 message), or NULL; checked
--- before anything is read or locked. complete raises it, complete_many reports it.
 CREATE FUNCTION keyturn._complete_args_error(p_outcome text, p_retry_after interval)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE
@@ -255,61 +292,97 @@ BEGIN
 END
 $$;
 
--- complete on a row already locked FOR UPDATE that passed
--- keyturn._complete_problem, with checked arguments. Shared by complete and complete_many, so a batch element is
--- exactly the single call.
-CREATE FUNCTION keyturn._complete_locked(a keyturn.action, p_outcome text, p_receipt jsonb,
-                                         p_retry_after interval)
-RETURNS text
+-- complete of distinct actions, as one statement of each kind for all of
+-- them: the row locks, the checks, the attempt UPDATE and the status UPDATE.
+-- The one implementation of complete: the single call is a set of one,
+-- keyturn.complete_many runs sets (sql/061_dispatch_batch.sql). Answers each
+-- element (p_ords: its place in the caller's batch) with its new status, or
+-- with the problem that left it unchanged: '22023 ...' for its arguments
+-- (keyturn._complete_args_error), '55000 ...' for its lease or status.
+--
+-- A job handed back before any provider call ('retry' while 'leased') is
+-- queued again without counting an attempt, due after retry_after (else at
+-- once); any other outcome closes the attempt. retry_after is capped at a
+-- day on both paths: a provider cannot park an approved action for a year.
+CREATE FUNCTION keyturn._complete_set(p_ords int[], p_ids uuid[], p_leases uuid[], p_outcomes text[],
+                                      p_receipts jsonb[], p_retry_after interval[])
+RETURNS TABLE (ord int, status text, problem text)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_receipt jsonb := keyturn._redact(coalesce(p_receipt, '{}'));
-    v_status  keyturn.status;
-    v_delay   interval;
+    v_ords     int[];
+    v_ids      uuid[];
+    v_problems text[];
+    v_statuses keyturn.status[];
+    v_back     boolean[];
+    v_outcomes text[];
+    v_receipts jsonb[];
+    v_delays   interval[];
+    v_attempts int[];
+    v_details  text[];
 BEGIN
-    -- Capped at a day: a provider cannot park an approved action for a year.
-    v_delay := least(coalesce(p_retry_after, keyturn._retry_backoff(a.attempts)), interval '1 day');
-
-    IF a.status = 'leased' THEN
-        -- Handed back before any provider call: no attempt was made or counted.
-        PERFORM keyturn._set_event_detail(jsonb_build_object('handed_back', true));
-        UPDATE keyturn.action x
-           SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp() + coalesce(p_retry_after, interval '0'),
-               lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
-         WHERE x.id = a.id;
-        RETURN 'queued';
-    END IF;
-
-    v_status := CASE p_outcome
-                    WHEN 'succeeded' THEN 'succeeded'
-                    WHEN 'failed' THEN 'failed'
-                    WHEN 'unknown' THEN 'uncertain'
-                    ELSE CASE WHEN a.attempts < 3 THEN 'queued' ELSE 'failed' END
-                END::keyturn.status;
+    -- In id order (two batches never wait for each other in a cycle), and
+    -- only the elements whose arguments are right: the others change nothing.
+    PERFORM 1 FROM keyturn.action x
+     WHERE x.id = ANY (ARRAY(SELECT e.id FROM unnest(p_ids, p_outcomes, p_retry_after) AS e (id, outcome, delay)
+                              WHERE keyturn._complete_args_error(e.outcome, e.delay) IS NULL))
+     ORDER BY x.id FOR UPDATE;
+    SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.problem), array_agg(v.status),
+           array_agg(v.back), array_agg(v.outcome), array_agg(v.receipt), array_agg(v.delay),
+           array_agg(v.attempts),
+           array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
+                          WHEN v.back THEN jsonb_build_object('handed_back', true)::text
+                          ELSE jsonb_strip_nulls(jsonb_build_object(
+                                   'outcome', v.outcome, 'attempt', v.attempts,
+                                   'retry_in', CASE WHEN v.status = 'queued' THEN v.delay::text END))::text END)
+      INTO v_ords, v_ids, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays, v_attempts, v_details
+      FROM (SELECT e.ord, e.id, p.problem, e.outcome, x.attempts,
+                   x.status = 'leased' AS back,
+                   keyturn._redact(coalesce(e.receipt, '{}')) AS receipt,
+                   least(CASE WHEN x.status = 'leased' THEN coalesce(e.delay, interval '0')
+                              ELSE coalesce(e.delay, keyturn._retry_backoff(x.attempts)) END,
+                         interval '1 day') AS delay,
+                   CASE WHEN x.status = 'leased' THEN 'queued'
+                        WHEN e.outcome = 'succeeded' THEN 'succeeded'
+                        WHEN e.outcome = 'failed' THEN 'failed'
+                        WHEN e.outcome = 'unknown' THEN 'uncertain'
+                        WHEN x.attempts < 3 THEN 'queued'
+                        ELSE 'failed'
+                   END::keyturn.status AS status
+              FROM unnest(p_ords, p_ids, p_leases, p_outcomes, p_receipts, p_retry_after)
+                   AS e (ord, id, lease, outcome, receipt, delay)
+              LEFT JOIN keyturn.action x ON x.id = e.id
+             CROSS JOIN LATERAL (
+                   SELECT coalesce('22023 ' || keyturn._complete_args_error(e.outcome, e.delay),
+                                   '55000 ' || keyturn._complete_problem(x, e.id, e.lease, e.outcome)) AS problem) p) v;
     UPDATE keyturn.attempt t
-       SET finished_at = clock_timestamp(), outcome = p_outcome, receipt = v_receipt
-     WHERE t.action_id = a.id AND t.attempt = a.attempts;
-    PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
-        'outcome', p_outcome, 'attempt', a.attempts,
-        'retry_in', CASE WHEN v_status = 'queued' THEN v_delay::text END)));
+       SET finished_at = clock_timestamp(), outcome = u.outcome, receipt = u.receipt
+      FROM unnest(v_ids, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
+           AS u (id, problem, back, attempt, outcome, receipt)
+     WHERE t.action_id = u.id AND t.attempt = u.attempt AND u.problem IS NULL AND NOT u.back;
+    PERFORM keyturn._set_event_details(v_ids, v_details);
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = v_status,
-           receipt = v_receipt,
+       SET updated_at = clock_timestamp(), status = u.status,
+           receipt = CASE WHEN u.back THEN x.receipt ELSE u.receipt END,
            result = CASE
-                        WHEN v_status = 'failed' AND p_outcome = 'retry'
+                        WHEN u.status = 'queued' THEN x.result
+                        WHEN u.status = 'failed' AND u.outcome = 'retry'
                             THEN jsonb_build_object('reason', 'the provider asked to retry after the third attempt')
-                        WHEN v_status = 'uncertain'
+                        WHEN u.status = 'uncertain'
                             THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
-                        WHEN v_status = 'queued' THEN x.result
-                        ELSE jsonb_build_object('outcome', p_outcome)
+                        ELSE jsonb_build_object('outcome', u.outcome)
                     END,
-           next_attempt_at = CASE WHEN v_status = 'queued' THEN clock_timestamp() + v_delay END,
-           lease_id = CASE WHEN v_status = 'queued' THEN NULL ELSE x.lease_id END,
-           leased_by = CASE WHEN v_status = 'queued' THEN NULL ELSE x.leased_by END,
-           lease_expires_at = CASE WHEN v_status = 'queued' THEN NULL ELSE x.lease_expires_at END
-     WHERE x.id = a.id;
-    RETURN v_status::text;
+           next_attempt_at = CASE WHEN u.status = 'queued' THEN clock_timestamp() + u.delay END,
+           lease_id = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_id END,
+           leased_by = CASE WHEN u.status = 'queued' THEN NULL ELSE x.leased_by END,
+           lease_expires_at = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_expires_at END
+      FROM unnest(v_ids, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays)
+           AS u (id, problem, status, back, outcome, receipt, delay)
+     WHERE x.id = u.id AND u.problem IS NULL;
+    RETURN QUERY
+    SELECT v.ord, CASE WHEN v.problem IS NULL THEN v.status::text END, v.problem
+      FROM unnest(v_ords, v_problems, v_statuses) AS v (ord, problem, status)
+     ORDER BY v.ord;
 END
 $$;
 
@@ -321,17 +394,19 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_error text := keyturn._complete_args_error(complete.outcome, complete.retry_after);
-    a       keyturn.action;
+    r       record;
 BEGIN
     IF v_error IS NOT NULL THEN
         RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
     END IF;
     PERFORM keyturn._refuse_nested('complete');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = complete.action_id FOR UPDATE;
-    PERFORM keyturn._raise_lease_problem(
-        keyturn._complete_problem(a, complete.action_id, complete.lease_id, complete.outcome));
-    RETURN keyturn._complete_locked(a, complete.outcome, complete.receipt, complete.retry_after);
+    SELECT * INTO r FROM keyturn._complete_set('{1}', ARRAY[complete.action_id], ARRAY[complete.lease_id],
+                                               ARRAY[complete.outcome], ARRAY[complete.receipt],
+                                               ARRAY[complete.retry_after]);
+    -- Only a lease problem is left: the arguments were checked above.
+    PERFORM keyturn._raise_lease_problem(substr(r.problem, 7));
+    RETURN r.status;
 END
 $$;
 

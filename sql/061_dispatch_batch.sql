@@ -2,15 +2,14 @@
 -- docs/sql-api.md, "Dispatcher").
 --
 -- keyturn.begin_dispatch_many and keyturn.complete_many do, per element,
--- exactly what keyturn.begin_dispatch and keyturn.complete do -- the same
--- checks (keyturn._lease_problem, keyturn._complete_problem,
--- keyturn._complete_args_error) and the same
--- shared code on the locked row (keyturn._begin_locked,
--- keyturn._complete_locked) -- but for a whole batch in one statement, so one
--- durable commit covers the batch instead of one commit per action.
--- begin_dispatch_many is still committed before any provider call: keyturnd
--- calls a provider only for the elements it answered dispatch = true, after
--- the COMMIT.
+-- exactly what keyturn.begin_dispatch and keyturn.complete do, because they
+-- run the same code: keyturn._begin_set and keyturn._complete_set
+-- (sql/060_dispatch.sql), which the single calls run on a set of one. A
+-- batch is one statement of each kind (the row locks, the checks, the
+-- UPDATEs, the INSERT) instead of one per element, and one durable commit
+-- covers it instead of one commit per action. begin_dispatch_many is still
+-- committed before any provider call: keyturnd calls a provider only for the
+-- elements it answered dispatch = true, after the COMMIT.
 --
 -- One bad element never fails the batch: every condition under which the
 -- single call raises for one action (55000: unknown action, wrong or lapsed
@@ -23,8 +22,11 @@
 -- timeout, a serialization failure, a deadlock) raises as usual and rolls the
 -- whole batch back; the caller may retry the same batch.
 --
--- Rows are answered in input order, one per element (duplicates included: the
--- second occurrence of an action sees the first one's effect).
+-- Rows are answered in input order, one per element. A batch that names an
+-- action more than once runs in rounds (keyturn._batch_rounds), every
+-- action's first occurrence in the first, its second in the next, so the
+-- second occurrence sees the first one's effect, as calls one after another
+-- would.
 
 CREATE FUNCTION keyturn._batch_check_arrays(p_n1 int, p_n2 int, p_what text)
 RETURNS int
@@ -43,6 +45,36 @@ BEGIN
 END
 $$;
 
+-- Each element's round: 1 for an action's first occurrence in the batch, 2
+-- for its second, and so on (NULL ids count as one action).
+CREATE FUNCTION keyturn._batch_rounds(p_ids uuid[])
+RETURNS int[]
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF (SELECT count(DISTINCT e.id) FROM unnest(p_ids) AS e (id)) = cardinality(p_ids) THEN
+        RETURN array_fill(1, ARRAY[cardinality(p_ids)]);
+    END IF;
+    RETURN (SELECT array_agg(r.round ORDER BY r.ord)
+              FROM (SELECT e.ord, row_number() OVER (PARTITION BY e.id ORDER BY e.ord)::int AS round
+                      FROM unnest(p_ids) WITH ORDINALITY AS e (id, ord)) r);
+END
+$$;
+
+-- The elements of p_arr at the positions p_idx (ascending, distinct): a
+-- round's share of a batch; the batch itself when the round is all of it.
+CREATE FUNCTION keyturn._batch_pick(p_arr anyarray, p_idx int[])
+RETURNS anyarray
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF cardinality(p_idx) = cardinality(p_arr) THEN
+        RETURN p_arr;
+    END IF;
+    RETURN ARRAY(SELECT p_arr[u.i] FROM unnest(p_idx) WITH ORDINALITY AS u (i, o) ORDER BY u.o);
+END
+$$;
+
 -- keyturn.begin_dispatch_many(action_ids, lease_ids): per pair, exactly
 -- keyturn.begin_dispatch. dispatch = true: now 'executing', call the provider.
 -- dispatch = false, error NULL: invalidated (never call the provider).
@@ -54,29 +86,30 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    n       int;
-    v_id    uuid;
-    v_lease uuid;
-    a       keyturn.action;
-    v_err   text;
+    v_rounds int[];
+    v_idx    int[];
+    v_ords   int[] := '{}';
+    v_disp   boolean[] := '{}';
+    v_errors text[] := '{}';
 BEGIN
     PERFORM keyturn._refuse_nested('begin_dispatch_many');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    n := keyturn._batch_check_arrays(cardinality(begin_dispatch_many.action_ids),
-                                     cardinality(begin_dispatch_many.lease_ids),
-                                     'action_ids and lease_ids');
-    FOR i IN 1 .. n LOOP
-        v_id := begin_dispatch_many.action_ids[i];
-        v_lease := begin_dispatch_many.lease_ids[i];
-        a := NULL;
-        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = v_id FOR UPDATE;
-        v_err := keyturn._lease_problem(a, v_id, v_lease, '{leased}', true);
-        IF v_err IS NOT NULL THEN
-            RETURN QUERY SELECT v_id, false, '55000 ' || v_err;
-        ELSE
-            RETURN QUERY SELECT v_id, keyturn._begin_locked(a), NULL::text;
-        END IF;
+    PERFORM keyturn._batch_check_arrays(cardinality(begin_dispatch_many.action_ids),
+                                        cardinality(begin_dispatch_many.lease_ids),
+                                        'action_ids and lease_ids');
+    v_rounds := keyturn._batch_rounds(begin_dispatch_many.action_ids);
+    FOR r IN 1 .. coalesce((SELECT max(x) FROM unnest(v_rounds) x), 0) LOOP
+        v_idx := ARRAY(SELECT i FROM generate_subscripts(v_rounds, 1) i WHERE v_rounds[i] = r ORDER BY i);
+        SELECT v_ords || array_agg(b.ord), v_disp || array_agg(b.dispatch),
+               v_errors || array_agg('55000 ' || b.problem)
+          INTO v_ords, v_disp, v_errors
+          FROM keyturn._begin_set(v_idx, keyturn._batch_pick(begin_dispatch_many.action_ids, v_idx),
+                                  keyturn._batch_pick(begin_dispatch_many.lease_ids, v_idx)) b;
     END LOOP;
+    RETURN QUERY
+    SELECT begin_dispatch_many.action_ids[b.ord], b.dispatch, b.error
+      FROM unnest(v_ords, v_disp, v_errors) AS b (ord, dispatch, error)
+     ORDER BY b.ord;
 END
 $$;
 
@@ -93,13 +126,12 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    n         int;
-    v_id      uuid;
-    v_lease   uuid;
-    v_outcome text;
-    v_delay   interval;
-    a         keyturn.action;
-    v_err     text;
+    n          int;
+    v_rounds   int[];
+    v_idx      int[];
+    v_ords     int[] := '{}';
+    v_statuses text[] := '{}';
+    v_errors   text[] := '{}';
 BEGIN
     PERFORM keyturn._refuse_nested('complete_many');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
@@ -109,24 +141,20 @@ BEGIN
     PERFORM keyturn._batch_check_arrays(n, cardinality(complete_many.outcomes), 'action_ids and outcomes');
     PERFORM keyturn._batch_check_arrays(n, cardinality(complete_many.receipts), 'action_ids and receipts');
     PERFORM keyturn._batch_check_arrays(n, cardinality(complete_many.retry_after), 'action_ids and retry_after');
-    FOR i IN 1 .. n LOOP
-        v_id := complete_many.action_ids[i];
-        v_lease := complete_many.lease_ids[i];
-        v_outcome := complete_many.outcomes[i];
-        v_delay := complete_many.retry_after[i];
-        v_err := keyturn._complete_args_error(v_outcome, v_delay);
-        IF v_err IS NOT NULL THEN
-            RETURN QUERY SELECT v_id, NULL::text, '22023 ' || v_err;
-            CONTINUE;
-        END IF;
-        a := NULL;
-        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = v_id FOR UPDATE;
-        v_err := keyturn._complete_problem(a, v_id, v_lease, v_outcome);
-        IF v_err IS NOT NULL THEN
-            RETURN QUERY SELECT v_id, NULL::text, '55000 ' || v_err;
-        ELSE
-            RETURN QUERY SELECT v_id, keyturn._complete_locked(a, v_outcome, complete_many.receipts[i], v_delay), NULL::text;
-        END IF;
+    v_rounds := keyturn._batch_rounds(complete_many.action_ids);
+    FOR r IN 1 .. coalesce((SELECT max(x) FROM unnest(v_rounds) x), 0) LOOP
+        v_idx := ARRAY(SELECT i FROM generate_subscripts(v_rounds, 1) i WHERE v_rounds[i] = r ORDER BY i);
+        SELECT v_ords || array_agg(c.ord), v_statuses || array_agg(c.status), v_errors || array_agg(c.problem)
+          INTO v_ords, v_statuses, v_errors
+          FROM keyturn._complete_set(v_idx, keyturn._batch_pick(complete_many.action_ids, v_idx),
+                                     keyturn._batch_pick(complete_many.lease_ids, v_idx),
+                                     keyturn._batch_pick(complete_many.outcomes, v_idx),
+                                     keyturn._batch_pick(complete_many.receipts, v_idx),
+                                     keyturn._batch_pick(complete_many.retry_after, v_idx)) c;
     END LOOP;
+    RETURN QUERY
+    SELECT complete_many.action_ids[c.ord], c.status, c.error
+      FROM unnest(v_ords, v_statuses, v_errors) AS c (ord, status, error)
+     ORDER BY c.ord;
 END
 $$;

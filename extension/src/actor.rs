@@ -12,6 +12,7 @@
 //! write.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 
 use pgrx::prelude::*;
 
@@ -22,6 +23,10 @@ struct Actor {
     role: Option<String>,
     principal: Option<String>,
     detail: Option<String>,
+    /// Details for the next event of particular actions, taken before
+    /// `detail`: a batch changes many actions in one statement, each with
+    /// its own detail (its attempt, its outcome). Each is used once.
+    details: HashMap<[u8; 16], String>,
     /// Merged into every event detail until the transaction ends: what a
     /// whole call is part of (a batch, a standing approval, a task request).
     context: Option<serde_json::Map<String, serde_json::Value>>,
@@ -47,6 +52,7 @@ fn set_actor(p_role: Option<&str>, p_principal: Option<&str>) -> String {
             role: p_role.filter(|r| !r.is_empty()).map(str::to_owned),
             principal: p_principal.filter(|p| !p.is_empty()).map(str::to_owned),
             detail: None,
+            details: HashMap::new(),
             context,
         })
     });
@@ -79,6 +85,29 @@ fn set_event_detail(p_detail: Option<JsonbText>) -> String {
     String::new()
 }
 
+/// Sets the detail of the next event row of each action in `p_ids` (jsonb
+/// text, never param values; a NULL id or detail is skipped). Returns ''.
+#[pg_extern(name = "_set_event_details", volatile, parallel_unsafe)]
+fn set_event_details(
+    p_ids: Option<Vec<Option<pgrx::Uuid>>>,
+    p_details: Option<Vec<Option<String>>>,
+) -> String {
+    let pairs = p_ids
+        .unwrap_or_default()
+        .into_iter()
+        .zip(p_details.unwrap_or_default());
+    ACTOR.with(|a| {
+        let mut a = a.borrow_mut();
+        let actor = a.get_or_insert_with(Actor::default);
+        for (id, detail) in pairs {
+            if let (Some(id), Some(detail)) = (id, detail) {
+                actor.details.insert(*id.as_bytes(), detail);
+            }
+        }
+    });
+    String::new()
+}
+
 /// The role keyturn noted for this transaction, or NULL for a status change
 /// keyturn's functions did not make.
 #[pg_extern(name = "_actor_role", volatile, parallel_unsafe)]
@@ -95,13 +124,21 @@ pub fn actor_principal() -> Option<String> {
 /// as jsonb text, or NULL.
 #[pg_extern(name = "_event_detail", volatile, parallel_unsafe)]
 pub fn event_detail() -> Option<String> {
+    event_detail_of(None)
+}
+
+/// The detail for the next event row of action `id`: its own detail if one
+/// was set (which it forgets), else the one for every action.
+pub fn event_detail_of(id: Option<pgrx::Uuid>) -> Option<String> {
     ACTOR.with(|a| {
-        let a = a.borrow();
-        let a = a.as_ref()?;
-        match (&a.detail, &a.context) {
-            (detail, None) => detail.clone(),
+        let mut a = a.borrow_mut();
+        let a = a.as_mut()?;
+        let own = id.and_then(|id| a.details.remove(id.as_bytes()));
+        let detail = own.as_ref().or(a.detail.as_ref());
+        match (detail, &a.context) {
+            (detail, None) => detail.cloned(),
             (detail, Some(context)) => {
-                let mut merged = match detail.as_deref().map(serde_json::from_str) {
+                let mut merged = match detail.map(|d| serde_json::from_str(d)) {
                     Some(Ok(serde_json::Value::Object(m))) => m,
                     _ => serde_json::Map::new(),
                 };

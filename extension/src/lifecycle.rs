@@ -362,7 +362,9 @@ fn _action_lifecycle<'a>(
         return Ok(None);
     }
 
-    let mut detail = actor::event_detail().unwrap_or_else(|| "{}".to_owned());
+    // SAFETY: a uuid datum of this row, valid for this call.
+    let id = new.datums[ID].and_then(|d| unsafe { pgrx::Uuid::from_datum(d, false) });
+    let mut detail = actor::event_detail_of(id).unwrap_or_else(|| "{}".to_owned());
     if !acting {
         detail = match serde_json::from_str::<serde_json::Value>(&detail) {
             Ok(serde_json::Value::Object(mut m)) => {
