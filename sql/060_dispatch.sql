@@ -212,9 +212,16 @@ $$;
 -- one, keyturn.begin_dispatch_many runs sets (sql/061_dispatch_batch.sql).
 -- Answers each element (p_ords: its place in the caller's batch) with
 -- dispatch, or with the lease problem that left it unchanged.
+--
+-- Planned once per backend (force_generic_plan), as keyturn._complete_set:
+-- with the arrays known, a custom plan's estimate is always lower than the
+-- generic one's, so plpgsql planned every statement again on every call,
+-- which cost a one-job step more than running them (tests/bench/BENCHMARKS.md).
+-- Every plan is index lookups by id, whatever the arrays hold.
 CREATE FUNCTION keyturn._begin_set(p_ords int[], p_ids uuid[], p_leases uuid[])
 RETURNS TABLE (ord int, dispatch boolean, problem text)
 LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_ords     int[];
@@ -308,6 +315,7 @@ CREATE FUNCTION keyturn._complete_set(p_ords int[], p_ids uuid[], p_leases uuid[
                                       p_receipts jsonb[], p_retry_after interval[])
 RETURNS TABLE (ord int, status text, problem text)
 LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_ords     int[];

@@ -45,15 +45,16 @@ BEGIN
 END
 $$;
 
--- Each element's round: 1 for an action's first occurrence in the batch, 2
--- for its second, and so on (NULL ids count as one action).
+-- Each element's round, 1 for an action's first occurrence in the batch, 2
+-- for its second, and so on (NULL ids count as one action); NULL when every
+-- action occurs once, the common case: one round, the batch as it is.
 CREATE FUNCTION keyturn._batch_rounds(p_ids uuid[])
 RETURNS int[]
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
     IF (SELECT count(DISTINCT e.id) FROM unnest(p_ids) AS e (id)) = cardinality(p_ids) THEN
-        RETURN array_fill(1, ARRAY[cardinality(p_ids)]);
+        RETURN NULL;
     END IF;
     RETURN (SELECT array_agg(r.round ORDER BY r.ord)
               FROM (SELECT e.ord, row_number() OVER (PARTITION BY e.id ORDER BY e.ord)::int AS round
@@ -61,16 +62,13 @@ BEGIN
 END
 $$;
 
--- The elements of p_arr at the positions p_idx (ascending, distinct): a
--- round's share of a batch; the batch itself when the round is all of it.
+-- The elements of p_arr at the positions p_idx, in that order: a round's
+-- share of a batch.
 CREATE FUNCTION keyturn._batch_pick(p_arr anyarray, p_idx int[])
 RETURNS anyarray
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
-    IF cardinality(p_idx) = cardinality(p_arr) THEN
-        RETURN p_arr;
-    END IF;
     RETURN ARRAY(SELECT p_arr[u.i] FROM unnest(p_idx) WITH ORDINALITY AS u (i, o) ORDER BY u.o);
 END
 $$;
@@ -86,6 +84,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    n        int;
     v_rounds int[];
     v_idx    int[];
     v_ords   int[] := '{}';
@@ -94,11 +93,19 @@ DECLARE
 BEGIN
     PERFORM keyturn._refuse_nested('begin_dispatch_many');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    PERFORM keyturn._batch_check_arrays(cardinality(begin_dispatch_many.action_ids),
-                                        cardinality(begin_dispatch_many.lease_ids),
-                                        'action_ids and lease_ids');
+    n := keyturn._batch_check_arrays(cardinality(begin_dispatch_many.action_ids),
+                                     cardinality(begin_dispatch_many.lease_ids),
+                                     'action_ids and lease_ids');
     v_rounds := keyturn._batch_rounds(begin_dispatch_many.action_ids);
-    FOR r IN 1 .. coalesce((SELECT max(x) FROM unnest(v_rounds) x), 0) LOOP
+    IF v_rounds IS NULL THEN
+        RETURN QUERY
+        SELECT begin_dispatch_many.action_ids[b.ord], b.dispatch, '55000 ' || b.problem
+          FROM keyturn._begin_set(ARRAY(SELECT generate_series(1, n)), begin_dispatch_many.action_ids,
+                                  begin_dispatch_many.lease_ids) b
+         ORDER BY b.ord;
+        RETURN;
+    END IF;
+    FOR r IN 1 .. (SELECT max(x) FROM unnest(v_rounds) x) LOOP
         v_idx := ARRAY(SELECT i FROM generate_subscripts(v_rounds, 1) i WHERE v_rounds[i] = r ORDER BY i);
         SELECT v_ords || array_agg(b.ord), v_disp || array_agg(b.dispatch),
                v_errors || array_agg('55000 ' || b.problem)
@@ -142,7 +149,16 @@ BEGIN
     PERFORM keyturn._batch_check_arrays(n, cardinality(complete_many.receipts), 'action_ids and receipts');
     PERFORM keyturn._batch_check_arrays(n, cardinality(complete_many.retry_after), 'action_ids and retry_after');
     v_rounds := keyturn._batch_rounds(complete_many.action_ids);
-    FOR r IN 1 .. coalesce((SELECT max(x) FROM unnest(v_rounds) x), 0) LOOP
+    IF v_rounds IS NULL THEN
+        RETURN QUERY
+        SELECT complete_many.action_ids[c.ord], c.status, c.problem
+          FROM keyturn._complete_set(ARRAY(SELECT generate_series(1, n)), complete_many.action_ids,
+                                     complete_many.lease_ids, complete_many.outcomes,
+                                     complete_many.receipts, complete_many.retry_after) c
+         ORDER BY c.ord;
+        RETURN;
+    END IF;
+    FOR r IN 1 .. (SELECT max(x) FROM unnest(v_rounds) x) LOOP
         v_idx := ARRAY(SELECT i FROM generate_subscripts(v_rounds, 1) i WHERE v_rounds[i] = r ORDER BY i);
         SELECT v_ords || array_agg(c.ord), v_statuses || array_agg(c.status), v_errors || array_agg(c.problem)
           INTO v_ords, v_statuses, v_errors
