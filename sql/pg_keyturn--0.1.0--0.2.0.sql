@@ -3894,19 +3894,20 @@ DECLARE
     v_reasons  text[];
     v_details  text[];
 BEGIN
-    -- In id order: two batches never wait for each other in a cycle.
-    PERFORM 1 FROM keyturn.action x WHERE x.id = ANY (p_ids) ORDER BY x.id FOR UPDATE;
     SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.problem), array_agg(v.reason),
            array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
                           WHEN v.reason IS NULL
                           THEN jsonb_build_object('attempt', v.attempts + 1, 'worker', v.leased_by)::text
                           ELSE jsonb_build_object('reason', v.reason)::text END)
       INTO v_ords, v_ids, v_problems, v_reasons, v_details
-      FROM (SELECT e.ord, e.id, p.problem, x.attempts, x.leased_by,
-                   CASE WHEN p.problem IS NULL THEN keyturn._begin_problem(x) END AS reason
+      FROM (SELECT e.ord, e.id, p.problem, (l.a).attempts, (l.a).leased_by,
+                   CASE WHEN p.problem IS NULL THEN keyturn._begin_problem(l.a) END AS reason
               FROM unnest(p_ords, p_ids, p_leases) AS e (ord, id, lease)
-              LEFT JOIN keyturn.action x ON x.id = e.id
-             CROSS JOIN LATERAL (SELECT keyturn._lease_problem(x, e.id, e.lease, '{leased}', true) AS problem) p) v;
+              -- Each row locked as it is read (in the batch's order, as the
+              -- single calls one after another would), so the checks see it
+              -- as it is locked.
+              LEFT JOIN LATERAL (SELECT x AS a FROM keyturn.action x WHERE x.id = e.id FOR UPDATE) l ON true
+             CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p) v;
     PERFORM keyturn._set_event_details(v_ids, v_details);
     WITH done AS (
         UPDATE keyturn.action x
@@ -3993,12 +3994,6 @@ DECLARE
     v_attempts int[];
     v_details  text[];
 BEGIN
-    -- In id order (two batches never wait for each other in a cycle), and
-    -- only the elements whose arguments are right: the others change nothing.
-    PERFORM 1 FROM keyturn.action x
-     WHERE x.id = ANY (ARRAY(SELECT e.id FROM unnest(p_ids, p_outcomes, p_retry_after) AS e (id, outcome, delay)
-                              WHERE keyturn._complete_args_error(e.outcome, e.delay) IS NULL))
-     ORDER BY x.id FOR UPDATE;
     SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.problem), array_agg(v.status),
            array_agg(v.back), array_agg(v.outcome), array_agg(v.receipt), array_agg(v.delay),
            array_agg(v.attempts),
@@ -4008,25 +4003,30 @@ BEGIN
                                    'outcome', v.outcome, 'attempt', v.attempts,
                                    'retry_in', CASE WHEN v.status = 'queued' THEN v.delay::text END))::text END)
       INTO v_ords, v_ids, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays, v_attempts, v_details
-      FROM (SELECT e.ord, e.id, p.problem, e.outcome, x.attempts,
-                   x.status = 'leased' AS back,
+      FROM (SELECT e.ord, e.id, p.problem, e.outcome, (l.a).attempts,
+                   (l.a).status = 'leased' AS back,
                    keyturn._redact(coalesce(e.receipt, '{}')) AS receipt,
-                   least(CASE WHEN x.status = 'leased' THEN coalesce(e.delay, interval '0')
-                              ELSE coalesce(e.delay, keyturn._retry_backoff(x.attempts)) END,
+                   least(CASE WHEN (l.a).status = 'leased' THEN coalesce(e.delay, interval '0')
+                              ELSE coalesce(e.delay, keyturn._retry_backoff((l.a).attempts)) END,
                          interval '1 day') AS delay,
-                   CASE WHEN x.status = 'leased' THEN 'queued'
+                   CASE WHEN (l.a).status = 'leased' THEN 'queued'
                         WHEN e.outcome = 'succeeded' THEN 'succeeded'
                         WHEN e.outcome = 'failed' THEN 'failed'
                         WHEN e.outcome = 'unknown' THEN 'uncertain'
-                        WHEN x.attempts < 3 THEN 'queued'
+                        WHEN (l.a).attempts < 3 THEN 'queued'
                         ELSE 'failed'
                    END::keyturn.status AS status
               FROM unnest(p_ords, p_ids, p_leases, p_outcomes, p_receipts, p_retry_after)
                    AS e (ord, id, lease, outcome, receipt, delay)
-              LEFT JOIN keyturn.action x ON x.id = e.id
+             CROSS JOIN LATERAL (SELECT keyturn._complete_args_error(e.outcome, e.delay) AS arg_error) g
+              -- Each row locked as it is read, in the batch's order, and only
+              -- for an element whose arguments are right: the others change
+              -- nothing.
+              LEFT JOIN LATERAL (SELECT x AS a FROM keyturn.action x
+                                  WHERE x.id = e.id AND g.arg_error IS NULL FOR UPDATE) l ON true
              CROSS JOIN LATERAL (
-                   SELECT coalesce('22023 ' || keyturn._complete_args_error(e.outcome, e.delay),
-                                   '55000 ' || keyturn._complete_problem(x, e.id, e.lease, e.outcome)) AS problem) p) v;
+                   SELECT coalesce('22023 ' || g.arg_error,
+                                   '55000 ' || keyturn._complete_problem(l.a, e.id, e.lease, e.outcome)) AS problem) p) v;
     UPDATE keyturn.attempt t
        SET finished_at = clock_timestamp(), outcome = u.outcome, receipt = u.receipt
       FROM unnest(v_ids, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
