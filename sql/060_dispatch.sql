@@ -284,7 +284,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION keyturn._complete_args_error(p_outcome text, p_retry_after interval)
+CREATE FUNCTION keyturn._complete_args_error(p_outcome text, p_retry_after interval, p_receipt jsonb)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE
 AS $$
@@ -296,7 +296,7 @@ BEGIN
     IF p_retry_after IS NOT NULL AND p_retry_after < interval '0' THEN
         RETURN 'keyturn: retry_after must not be negative';
     END IF;
-    RETURN NULL;
+    RETURN keyturn._receipt_problem(p_receipt);
 END
 $$;
 
@@ -306,7 +306,8 @@ $$;
 -- keyturn.complete_many runs sets (sql/061_dispatch_batch.sql). Answers each
 -- element (p_ords: its place in the caller's batch) with its new status, or
 -- with the problem that left it unchanged: '22023 ...' for its arguments
--- (keyturn._complete_args_error), '55000 ...' for its lease or status.
+-- (keyturn._complete_args_error: the outcome word, the delay, a receipt
+-- keyturn cannot store), '55000 ...' for its lease or status.
 --
 -- A job handed back before any provider call ('retry' while 'leased') is
 -- queued again without counting an attempt, due after retry_after (else at
@@ -341,7 +342,7 @@ BEGIN
       INTO v_ords, v_ids, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays, v_attempts, v_details
       FROM (SELECT e.ord, e.id, p.problem, e.outcome, (l.a).attempts,
                    (l.a).status = 'leased' AS back,
-                   keyturn._redact(coalesce(e.receipt, '{}')) AS receipt,
+                   CASE WHEN p.problem IS NULL THEN keyturn._redact(coalesce(e.receipt, '{}')) END AS receipt,
                    least(CASE WHEN (l.a).status = 'leased' THEN coalesce(e.delay, interval '0')
                               ELSE coalesce(e.delay, keyturn._retry_backoff((l.a).attempts)) END,
                          interval '1 day') AS delay,
@@ -354,7 +355,7 @@ BEGIN
                    END::keyturn.status AS status
               FROM unnest(p_ords, p_ids, p_leases, p_outcomes, p_receipts, p_retry_after)
                    AS e (ord, id, lease, outcome, receipt, delay)
-             CROSS JOIN LATERAL (SELECT keyturn._complete_args_error(e.outcome, e.delay) AS arg_error) g
+             CROSS JOIN LATERAL (SELECT keyturn._complete_args_error(e.outcome, e.delay, e.receipt) AS arg_error) g
               -- Each row locked as it is read, in the batch's order, and only
               -- for an element whose arguments are right: the others change
               -- nothing.
@@ -401,7 +402,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_error text := keyturn._complete_args_error(complete.outcome, complete.retry_after);
+    v_error text := keyturn._complete_args_error(complete.outcome, complete.retry_after, complete.receipt);
     r       record;
 BEGIN
     IF v_error IS NOT NULL THEN

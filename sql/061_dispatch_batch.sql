@@ -13,7 +13,8 @@
 --
 -- One bad element never fails the batch: every condition under which the
 -- single call raises for one action (55000: unknown action, wrong or lapsed
--- lease, wrong status; 22023: unknown outcome word, negative retry_after) is
+-- lease, wrong status; 22023: unknown outcome word, negative retry_after, a
+-- receipt keyturn cannot store) is
 -- checked first, on the row locked FOR UPDATE, and answered in the element's
 -- `error` column as '<SQLSTATE> <message>', with nothing changed for it.
 --
@@ -124,8 +125,9 @@ $$;
 -- per element, exactly keyturn.complete (a NULL receipt is '{}', a NULL
 -- retry_after the database's backoff, as there). status = the new status and
 -- error NULL; or status NULL and error '<SQLSTATE> ...' (55000 wrong/lapsed
--- lease or status, e.g. already swept to uncertain; 22023 bad outcome word or
--- negative retry_after) with nothing changed for that element.
+-- lease or status, e.g. already swept to uncertain; 22023 bad outcome word,
+-- negative retry_after, or a receipt keyturn cannot store) with nothing
+-- changed for that element.
 CREATE FUNCTION keyturn.complete_many(action_ids uuid[], lease_ids uuid[], outcomes text[],
                                       receipts jsonb[], retry_after interval[])
 RETURNS TABLE (action_id uuid, status text, error text)

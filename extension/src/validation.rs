@@ -32,6 +32,15 @@ fn redact(receipt: JsonbText) -> JsonB {
     JsonB(credentials::redact(&parse(&receipt)))
 }
 
+/// Why keyturn cannot store `receipt` (what `_redact` would raise), or NULL:
+/// asked first, so that a batch answers it for its element alone.
+#[pg_extern(name = "_receipt_problem", immutable, strict, parallel_safe)]
+fn receipt_problem(receipt: JsonbText) -> Option<String> {
+    keyturn_core::canonical::parse_bounded(&receipt.0)
+        .err()
+        .map(|e| format!("keyturn: the receipt cannot be stored: {e}"))
+}
+
 /// Raises 22023 unless `template` is a valid summary template.
 #[pg_extern(name = "_check_template", immutable, strict, parallel_safe)]
 fn check_template(template: &str) {

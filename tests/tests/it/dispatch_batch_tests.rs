@@ -520,3 +520,60 @@ async fn test_a_hand_back_is_capped_at_a_day_too() {
         assert_eq!(attempts(&w, id).await, 0, "a hand-back counts no attempt");
     }
 }
+
+/// A receipt keyturn cannot read (nested past its limit of 64 levels) is that
+/// element's problem, as the single call's 22023 is, and never the batch's:
+/// the other elements complete (it once failed the whole call).
+#[tokio::test]
+async fn test_an_unreadable_receipt_fails_its_element_not_the_batch() {
+    let _g = DISPATCH_LOCK.lock().await;
+    let d = connect("app_dispatcher").await;
+    let (w, _t, ids) = queued(2).await;
+    let leases = lease_mine(&d, &ids, "30 seconds").await;
+    let l = |id: Uuid| leases.iter().find(|l| l.action_id == id).unwrap().clone();
+    let pairs: Vec<(Uuid, Uuid)> = ids.iter().map(|&id| (id, l(id).lease_id)).collect();
+    assert!(begin_many(&d, &pairs).await.unwrap().iter().all(|r| r.1));
+    let mut deep = json!({"status": 200});
+    for _ in 0..70 {
+        deep = json!({ "a": deep });
+    }
+    let single = d
+        .query(
+            "SELECT keyturn.complete($1, $2, 'succeeded', $3)",
+            &[&ids[0], &l(ids[0]).lease_id, &deep],
+        )
+        .await;
+    assert_eq!(sqlstate(single), "22023", "the single call refuses it");
+    let rows = complete_many(
+        &d,
+        &[
+            Done {
+                id: ids[0],
+                lease: l(ids[0]).lease_id,
+                outcome: "succeeded",
+                receipt: deep,
+                retry: None,
+            },
+            Done {
+                id: ids[1],
+                lease: l(ids[1]).lease_id,
+                outcome: "succeeded",
+                receipt: json!({"status": 200}),
+                retry: None,
+            },
+        ],
+    )
+    .await
+    .expect("one element's receipt never fails the batch");
+    assert!(
+        rows[0].1.is_none() && starts(&rows[0].2, "22023"),
+        "{rows:?}"
+    );
+    assert_eq!(rows[1].1.as_deref(), Some("succeeded"), "{rows:?}");
+    assert_eq!(
+        w.status(ids[0]).await,
+        "executing",
+        "nothing changed for it"
+    );
+    assert_eq!(w.status(ids[1]).await, "succeeded");
+}
