@@ -1,8 +1,8 @@
 //! keyturn-fuzz: SQL-level fuzzing of keyturn on a live cluster
 //! (docs/testing.md, "The fuzz layer").
 //!
-//! Cases of five kinds (sql forms, external params and origins, tool specs,
-//! scopes, identity claims and settings) draw their inputs from
+//! Cases of six kinds (sql forms, external params and origins, tool specs,
+//! scopes, identity claims and settings, hostile dispatcher batches) draw their inputs from
 //! keyturn-core's proptest generators (extension/core/tests/generators/,
 //! included below), valid and hostile, and send them through the SQL API as
 //! the roles that would. A finding fails the run: an answer outside

@@ -3,6 +3,7 @@
 //! (judge.rs) and checked against the case kind's oracle. A case returns
 //! its findings; none is a pass.
 
+mod batch;
 mod claims;
 mod forms;
 mod params;
@@ -27,6 +28,7 @@ pub enum Kind {
     Spec,
     Scope,
     Claims,
+    Batch,
 }
 
 pub struct Ctx<'a> {
@@ -143,11 +145,12 @@ impl Ctx<'_> {
 
 pub fn pick(runner: &mut TestRunner) -> Kind {
     match runner.rng().random_range(0..100) {
-        0..35 => Kind::Form,
-        35..55 => Kind::Params,
-        55..70 => Kind::Spec,
-        70..85 => Kind::Scope,
-        _ => Kind::Claims,
+        0..32 => Kind::Form,
+        32..50 => Kind::Params,
+        50..64 => Kind::Spec,
+        64..78 => Kind::Scope,
+        78..92 => Kind::Claims,
+        _ => Kind::Batch,
     }
 }
 
@@ -158,5 +161,6 @@ pub async fn run(kind: Kind, ctx: &mut Ctx<'_>) {
         Kind::Spec => specs::case(ctx).await,
         Kind::Scope => scopes::case(ctx).await,
         Kind::Claims => claims::case(ctx).await,
+        Kind::Batch => batch::case(ctx).await,
     }
 }
