@@ -3956,6 +3956,10 @@ BEGIN
 END
 $$;
 
+-- What is wrong with complete's arguments (a 22023 message), or NULL: the
+-- outcome word, a negative delay, a receipt keyturn cannot store. Checked
+-- before anything is read or locked; complete raises it, complete_many
+-- answers it for its element.
 CREATE OR REPLACE FUNCTION keyturn._complete_args_error(p_outcome text, p_retry_after interval, p_receipt jsonb)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE
