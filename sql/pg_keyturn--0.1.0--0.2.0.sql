@@ -4234,11 +4234,11 @@ $$;
 -- elements it answered dispatch = true, after the COMMIT.
 --
 -- One bad element never fails the batch: every condition under which the
--- single call raises for one action (55000: unknown action, wrong or lapsed
--- lease, wrong status; 22023: unknown outcome word, negative retry_after, a
--- receipt keyturn cannot store) is
--- checked first, on the row locked FOR UPDATE, and answered in the element's
--- `error` column as '<SQLSTATE> <message>', with nothing changed for it.
+-- single call raises for one action (22023: unknown outcome word, negative
+-- retry_after, a receipt keyturn cannot store, checked before any lock;
+-- 55000: unknown action, wrong or lapsed lease, wrong status, checked on the
+-- row locked FOR UPDATE) is answered in the element's `error` column as
+-- '<SQLSTATE> <message>', with nothing changed for it.
 --
 -- Errors about the batch as a whole (NULL or unequal arrays, more than 1000
 -- elements) raise 22023, changing nothing. Anything unexpected (a statement
