@@ -654,6 +654,11 @@ impl Receiver {
         format!("http://{}/hook", self.addr)
     }
 
+    /// How many requests for other tenants' actions (foreign ones) it saw.
+    pub fn foreign(&self) -> usize {
+        self.seen.lock().unwrap().foreign
+    }
+
     /// The requests this receiver saw for `id`.
     pub fn requests(&self, id: Uuid) -> Vec<Received> {
         self.seen
