@@ -63,6 +63,27 @@ fn starts(e: &Option<String>, code: &str) -> bool {
     e.as_deref().is_some_and(|e| e.starts_with(code))
 }
 
+/// `n` queued jobs of one world and one of another, all leased for 30 s, the
+/// other world's grant then revoked (so begin invalidates its job).
+async fn leased_with_one_revoked(
+    d: &Client,
+    n: usize,
+) -> (World, Vec<Uuid>, World, Uuid, Vec<Lease>) {
+    let (w, _t, ids) = queued(n).await;
+    let (wi, ti, inv_ids) = queued(1).await;
+    let mut all = ids.clone();
+    all.extend(&inv_ids);
+    let leases = lease_mine(d, &all, "30 seconds").await;
+    wi.admin
+        .execute(
+            "SELECT keyturn.revoke_tool($1, $2, $3)",
+            &[&wi.tenant, &wi.principal, &ti],
+        )
+        .await
+        .unwrap();
+    (w, ids, wi, inv_ids[0], leases)
+}
+
 #[tokio::test]
 async fn test_begin_dispatch_many_mixed_batch() {
     let _g = DISPATCH_LOCK.lock().await;
@@ -72,19 +93,9 @@ async fn test_begin_dispatch_many_mixed_batch() {
     let lapsed = lease_mine(&d, &lapsed_ids, "1 second").await.remove(0);
     tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
 
-    let (w, _t, ids) = queued(3).await;
-    let (wi, ti, inv_ids) = queued(1).await;
-    let mut all = ids.clone();
-    all.extend(&inv_ids);
-    let leases = lease_mine(&d, &all, "30 seconds").await;
+    let (w, ids, wi, inv_id, leases) = leased_with_one_revoked(&d, 3).await;
+    let inv_ids = [inv_id];
     let lease_of = |id: Uuid| leases.iter().find(|l| l.action_id == id).unwrap().clone();
-    wi.admin
-        .execute(
-            "SELECT keyturn.revoke_tool($1, $2, $3)",
-            &[&wi.tenant, &wi.principal, &ti],
-        )
-        .await
-        .unwrap();
     let good = lease_of(ids[0]);
     let good2 = lease_of(ids[1]);
     let wrong = lease_of(ids[2]);
@@ -393,19 +404,9 @@ async fn details_between(c: &Client, id: Uuid, from: &str, to: &str) -> Vec<Valu
 async fn test_batch_events_carry_each_elements_own_detail() {
     let _g = DISPATCH_LOCK.lock().await;
     let d = connect("app_dispatcher").await;
-    let (w, _t, ids) = queued(4).await;
-    let (wi, ti, inv_ids) = queued(1).await;
-    let mut all = ids.clone();
-    all.extend(&inv_ids);
-    let leases = lease_mine(&d, &all, "30 seconds").await;
+    let (w, ids, wi, inv_id, leases) = leased_with_one_revoked(&d, 4).await;
+    let inv_ids = [inv_id];
     let l = |id: Uuid| leases.iter().find(|l| l.action_id == id).unwrap().clone();
-    wi.admin
-        .execute(
-            "SELECT keyturn.revoke_tool($1, $2, $3)",
-            &[&wi.tenant, &wi.principal, &ti],
-        )
-        .await
-        .unwrap();
     let pairs: Vec<(Uuid, Uuid)> = [ids[0], ids[1], ids[2], inv_ids[0]]
         .iter()
         .map(|&id| (id, l(id).lease_id))
