@@ -3,6 +3,15 @@
 -- Nobody but a superuser writes these tables directly: every state change goes
 -- through the functions in the later files, which run as the extension owner.
 -- Tables that hold tenant rows are under FORCEd row-level security (030_access.sql).
+--
+-- Every primary, unique and foreign key of a table of one action's (or one
+-- person's) rows holds the tenant: Citus distributes a table by tenant only
+-- when each of its unique keys contains the tenant, and joins two such tables
+-- by foreign key only on it (docs/scale-out.md, layout B). The id comes first,
+-- so a lookup by id alone still finds its row through the key's index, and a
+-- v7 id still lands on the right edge of it (extension/src/ids.rs). An id
+-- names one row across tenants all the same: ids are minted only by keyturn's
+-- own functions (keyturn._uuid_v7()), and no role but the owner inserts.
 
 -- Tools are global; what a tenant may do with them is decided by grants.
 CREATE TABLE keyturn.tool (
@@ -121,7 +130,7 @@ CREATE INDEX request_turn_idx ON keyturn.request (tenant, principal, conversatio
 -- An immutable proposal plus its lifecycle. The columns above `status` are fixed
 -- at propose time (020_guards.sql refuses any change to them).
 CREATE TABLE keyturn.action (
-    id               uuid        PRIMARY KEY,
+    id               uuid        NOT NULL,
     tenant           text        NOT NULL,
     principal        text        NOT NULL,
     session          text        NOT NULL,
@@ -162,7 +171,8 @@ CREATE TABLE keyturn.action (
     lease_expires_at timestamptz,
     dispatched_at    timestamptz,
     receipt          jsonb,
-    updated_at       timestamptz NOT NULL
+    updated_at       timestamptz NOT NULL,
+    PRIMARY KEY (id, tenant)
 ) WITH (fillfactor = 70);
 -- Only immutable columns are indexed here, so every status change is a HOT update
 -- (fillfactor leaves the room): it writes no index entry, and its WAL record
@@ -178,7 +188,7 @@ CREATE INDEX action_rate_idx ON keyturn.action (tenant, principal, tool, created
 -- keyturn.action stays the truth: readers lock the action row and recheck its
 -- status before acting.
 CREATE TABLE keyturn.open_action (
-    action_id        uuid        PRIMARY KEY,
+    action_id        uuid        NOT NULL,
     tenant           text        NOT NULL,
     principal        text        NOT NULL,
     session          text        NOT NULL,
@@ -187,7 +197,8 @@ CREATE TABLE keyturn.open_action (
     expires_at       timestamptz NOT NULL,
     next_attempt_at  timestamptz,
     lease_expires_at timestamptz,
-    dispatched_at    timestamptz
+    dispatched_at    timestamptz,
+    PRIMARY KEY (action_id, tenant)
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
         autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = 1000);
 -- A queue: every row is inserted, updated a few times and deleted, so it is
@@ -215,18 +226,20 @@ CREATE TABLE keyturn.action_target (
     principal  text NOT NULL,
     key        text NOT NULL,
     version    text NOT NULL,
-    PRIMARY KEY (action_id, ord)
+    PRIMARY KEY (action_id, tenant, ord)
 );
 
 -- digest-retained external actions: the approved payload, from approve until a
 -- final status (docs/concepts.md, "Digest retention"). Deleted by the lifecycle
 -- trigger.
 CREATE TABLE keyturn.staged_payload (
-    action_id  uuid        PRIMARY KEY REFERENCES keyturn.action (id),
+    action_id  uuid        NOT NULL,
     tenant     text        NOT NULL,
     principal  text        NOT NULL,
     params     jsonb       NOT NULL,
-    staged_at  timestamptz NOT NULL DEFAULT now()
+    staged_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (action_id, tenant),
+    FOREIGN KEY (action_id, tenant) REFERENCES keyturn.action (id, tenant)
 );
 
 -- Quorum votes: one per principal and action (sql/053_ceremony.sql). Each is
@@ -239,13 +252,13 @@ CREATE TABLE keyturn.vote (
     epoch             bigint      NOT NULL,       -- the voter's, re-checked when votes are counted
     db_role           text        NOT NULL,
     voted_at          timestamptz NOT NULL DEFAULT clock_timestamp(),
-    PRIMARY KEY (action_id, principal)
+    PRIMARY KEY (action_id, tenant, principal)
 );
 
 -- Standing approvals (sql/054_delegation.sql): a person's "approve these for
 -- me", within a scope, a number of uses and a time. propose spends the uses.
 CREATE TABLE keyturn.delegation (
-    id          uuid        PRIMARY KEY,
+    id          uuid        NOT NULL,
     tenant      text        NOT NULL,
     principal   text        NOT NULL,
     tool        text        NOT NULL REFERENCES keyturn.tool (name),
@@ -256,7 +269,8 @@ CREATE TABLE keyturn.delegation (
     db_role     text        NOT NULL,             -- the role the covered writes run as
     created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     expires_at  timestamptz NOT NULL,
-    revoked_at  timestamptz
+    revoked_at  timestamptz,
+    PRIMARY KEY (id, tenant)
 );
 CREATE INDEX delegation_live_idx ON keyturn.delegation (tenant, principal, tool, expires_at)
     WHERE revoked_at IS NULL;
@@ -269,7 +283,7 @@ CREATE INDEX delegation_live_idx ON keyturn.delegation (tenant, principal, tool,
 -- there is exactly one copy. EXTERNAL storage: files arrive compressed
 -- already, so TOAST should not spend time compressing them again.
 CREATE TABLE keyturn.staged_file (
-    id            uuid        PRIMARY KEY,
+    id            uuid        NOT NULL,
     tenant        text        NOT NULL,
     principal     text        NOT NULL,
     filename      text        NOT NULL,
@@ -278,10 +292,11 @@ CREATE TABLE keyturn.staged_file (
     sha256        text        NOT NULL,
     content       bytea       NOT NULL,
     staged_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
-    action_id     uuid
+    action_id     uuid,
+    PRIMARY KEY (id, tenant)
 );
 ALTER TABLE keyturn.staged_file ALTER COLUMN content SET STORAGE EXTERNAL;
-CREATE INDEX staged_file_action_idx ON keyturn.staged_file (action_id) WHERE action_id IS NOT NULL;
+CREATE INDEX staged_file_action_idx ON keyturn.staged_file (action_id, tenant) WHERE action_id IS NOT NULL;
 CREATE INDEX staged_file_unbound_idx ON keyturn.staged_file (staged_at) WHERE action_id IS NULL;
 
 -- Read-side projections (sql/057_fence.sql): which fields of a provider's
@@ -314,12 +329,12 @@ CREATE TABLE keyturn.attempt (
     finished_at  timestamptz,
     outcome      text,
     receipt      jsonb,
-    PRIMARY KEY (action_id, attempt)
+    PRIMARY KEY (action_id, tenant, attempt)
 ) WITH (fillfactor = 70);
 
 -- Append-only: one row per status change, the creation included. Keyed by
--- (action_id, id): every reader asks for one action's events in order, and one
--- index per row is half the cost of a surrogate key plus an action index.
+-- (action_id, tenant, id): every reader asks for one action's events in order,
+-- and one index per row is half the cost of a surrogate key plus an action index.
 CREATE TABLE keyturn.event (
     id                bigint      GENERATED ALWAYS AS IDENTITY,
     action_id         uuid        NOT NULL,
@@ -331,19 +346,20 @@ CREATE TABLE keyturn.event (
     from_status       keyturn.status,
     to_status         keyturn.status NOT NULL,
     detail            jsonb       NOT NULL DEFAULT '{}',
-    PRIMARY KEY (action_id, id)
+    PRIMARY KEY (action_id, tenant, id)
 );
 
 -- Metering: exactly one row per action that reached 'succeeded', written in the
 -- same transaction as that status.
 CREATE TABLE keyturn.usage (
-    action_id  uuid        NOT NULL UNIQUE,
+    action_id  uuid        NOT NULL,
     tenant     text        NOT NULL,
     principal  text        NOT NULL,
     tool       text        NOT NULL,
     executor   text        NOT NULL,
     attempts   int         NOT NULL,
-    at         timestamptz NOT NULL DEFAULT clock_timestamp()
+    at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    UNIQUE (action_id, tenant)
 );
 CREATE INDEX usage_tenant_idx ON keyturn.usage (tenant, at);
 

@@ -425,7 +425,7 @@ BEGIN
     -- about to look at it).
     IF v_ver.approval = 'task' THEN
         PERFORM keyturn._set_event_context(jsonb_build_object('request', v_request.message_id));
-        v_claimed := keyturn._claim(v_id, v_token, p_principal, v_request.recorded_role,
+        v_claimed := keyturn._claim(p_tenant, v_id, v_token, p_principal, v_request.recorded_role,
                                     'task:' || v_request.message_id);
         SELECT * INTO v_result
           FROM keyturn._after_claim(to_regrole(v_request.recorded_role)::oid, v_claimed, v_token, p_params, NULL);
@@ -436,11 +436,11 @@ BEGIN
         RETURN;
     END IF;
     IF p_revised_from IS NULL THEN
-        v_deleg := keyturn._spend_delegation(v_id, v_ver, p_params, v_count);
+        v_deleg := keyturn._spend_delegation(p_tenant, v_id, v_ver, p_params, v_count);
         IF v_deleg.id IS NOT NULL THEN
             PERFORM keyturn._set_event_context(jsonb_build_object(
                 'delegation', v_deleg.id, 'delegated_by', v_deleg.principal));
-            v_claimed := keyturn._claim(v_id, v_token, v_deleg.principal, v_deleg.db_role,
+            v_claimed := keyturn._claim(p_tenant, v_id, v_token, v_deleg.principal, v_deleg.db_role,
                                         'delegation:' || v_deleg.id);
             SELECT * INTO v_result
               FROM keyturn._after_claim(to_regrole(v_deleg.db_role)::oid, v_claimed, v_token, p_params, NULL);

@@ -29,7 +29,7 @@ DECLARE
 BEGIN
     v_role := keyturn._require_member(v_tenant, v_principal, v_session);
 
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id;
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = v_tenant;
     IF NOT FOUND OR a.tenant IS DISTINCT FROM v_tenant
        OR (v_role = 'member' AND a.principal IS DISTINCT FROM v_principal) THEN
         RAISE EXCEPTION 'keyturn: no usable proposal %', coalesce(p_id::text, 'NULL')
@@ -122,7 +122,7 @@ BEGIN
        SET updated_at = clock_timestamp(), status = p_status, result = p_result,
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
-     WHERE x.id = a.id;
+     WHERE x.id = a.id AND x.tenant = a.tenant;
     RETURN QUERY SELECT a.id, p_status::text, p_result;
 END
 $$;
@@ -156,7 +156,7 @@ DECLARE
 BEGIN
     v_arg := keyturn._form_arg(a.params, p_ver.sql_types) || jsonb_build_object(
         'targets', (SELECT jsonb_agg(jsonb_build_object('k', t.key, 'v', t.version) ORDER BY t.ord)
-                      FROM keyturn.action_target t WHERE t.action_id = a.id));
+                      FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant));
 
     SELECT string_agg(format('%I = %s', s.key, keyturn._form_value(p_ver, 'set', s.key)), ', ' ORDER BY s.key),
            string_agg(format('(u.%I IS NOT DISTINCT FROM %s)', s.key, keyturn._form_value(p_ver, 'set', s.key)), ' AND ' ORDER BY s.key),
@@ -232,7 +232,7 @@ $$;
 -- row no longer pending, and get NULL (all columns). NULL also for a wrong
 -- token (the caller checked it already; a race with a revise or a reject
 -- lands here too).
-CREATE FUNCTION keyturn._claim(p_id uuid, p_token text, p_by text, p_role text, p_via text)
+CREATE FUNCTION keyturn._claim(p_tenant text, p_id uuid, p_token text, p_by text, p_role text, p_via text)
 RETURNS keyturn.action
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -241,7 +241,7 @@ DECLARE
     a    keyturn.action;
 BEGIN
     SELECT x.* INTO a FROM keyturn.action x
-     WHERE x.id = p_id AND x.status = 'pending'
+     WHERE x.id = p_id AND x.tenant = p_tenant AND x.status = 'pending'
        AND keyturn._ct_eq(x.token_digest, keyturn._token_digest(p_token))
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
@@ -339,7 +339,7 @@ BEGIN
        SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp(),
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
-     WHERE x.id = a.id;
+     WHERE x.id = a.id AND x.tenant = a.tenant;
     RETURN QUERY SELECT a.id, 'queued'::text, NULL::jsonb;
 END
 $$;
@@ -383,9 +383,9 @@ BEGIN
         RETURN;
     END IF;
 
-    v_claimed := keyturn._claim(p_id, p_token, v_principal, p_caller::regrole::text, 'approve');
+    v_claimed := keyturn._claim(a.tenant, p_id, p_token, v_principal, p_caller::regrole::text, 'approve');
     IF v_claimed.id IS NULL THEN
-        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id;
+        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = a.tenant;
         RETURN QUERY SELECT a.id, a.status::text, a.result;
         RETURN;
     END IF;
@@ -421,14 +421,14 @@ BEGIN
                FROM jsonb_object_keys(a.params -> 'set') s (key)),
             keyturn._tool_table(v_ver), v_ver.sql_key, v_ver.sql_types ->> v_ver.sql_key);
         v_rows := keyturn._exec_as(p_caller, v_sql, jsonb_build_object('keys',
-            (SELECT jsonb_agg(t.key) FROM keyturn.action_target t WHERE t.action_id = a.id)));
+            (SELECT jsonb_agg(t.key) FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant)));
         v_after := keyturn._form_arg(a.params, v_ver.sql_types) -> 'set';
         SELECT jsonb_agg(jsonb_build_object(
                    'key', t.key,
                    'before', (SELECT r -> 'before' FROM jsonb_array_elements(v_rows) r WHERE r ->> 'key' = t.key LIMIT 1),
                    'after', v_after) ORDER BY t.ord)
           INTO v_targets
-          FROM keyturn.action_target t WHERE t.action_id = a.id;
+          FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant;
     END IF;
 
     RETURN jsonb_strip_nulls(jsonb_build_object(
@@ -469,10 +469,10 @@ BEGIN
     UPDATE keyturn.action x
        SET updated_at = clock_timestamp(), status = 'rejected',
            result = jsonb_strip_nulls(jsonb_build_object('reason', coalesce(p_reason, 'rejected by the approver')))
-     WHERE x.id = p_id AND x.status = 'pending'
+     WHERE x.id = p_id AND x.tenant = a.tenant AND x.status = 'pending'
     RETURNING x.status INTO v_status;
     IF NOT FOUND THEN
-        SELECT x.status INTO v_status FROM keyturn.action x WHERE x.id = p_id;
+        SELECT x.status INTO v_status FROM keyturn.action x WHERE x.id = p_id AND x.tenant = a.tenant;
     END IF;
     RETURN v_status::text;
 END

@@ -152,7 +152,7 @@ BEGIN
     RETURN QUERY
         SELECT e.at, e.db_role, e.principal, e.from_status::text, e.to_status::text, e.detail
           FROM keyturn.event e
-         WHERE e.action_id = audit.action_id
+         WHERE e.action_id = audit.action_id  -- by id alone: operators audit across tenants
            AND (v_all OR keyturn._sees(e.tenant, e.action_principal))
          ORDER BY e.id;
 END

@@ -28,7 +28,7 @@ BEGIN
         SELECT a.id, a.tool, coalesce(a.summary, a.tool), v.effect, a.approval, a.principal,
                a.created_at, a.expires_at, keyturn._votes(a), v.quorum
           FROM keyturn.open_action o
-          JOIN keyturn.action a ON a.id = o.action_id
+          JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
           JOIN keyturn.tool_version v ON v.tool = a.tool AND v.version = a.tool_version
          WHERE o.status = 'pending' AND o.tenant = v_tenant
            AND (v_role IN ('approver', 'admin') OR o.principal = v_principal)
@@ -48,7 +48,7 @@ AS $$
     SELECT count(*)::int
       FROM keyturn.vote x
       JOIN keyturn.member m ON m.tenant = a.tenant AND m.principal = x.principal
-     WHERE x.action_id = a.id AND m.role IN ('approver', 'admin')
+     WHERE x.action_id = a.id AND x.tenant = a.tenant AND m.role IN ('approver', 'admin')
        AND keyturn._has_grant(a.tenant, x.principal, a.tool)
        AND keyturn._epoch(a.tenant, x.principal) = x.epoch
 $$;
@@ -71,7 +71,7 @@ DECLARE
     v_new       boolean;
     v_votes     int;
 BEGIN
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = a.id FOR NO KEY UPDATE;
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = a.id AND x.tenant = a.tenant FOR NO KEY UPDATE;
     IF a.status <> 'pending' THEN
         RETURN QUERY SELECT a.id, a.status::text, a.result;
         RETURN;
@@ -96,7 +96,7 @@ BEGIN
         END IF;
     END IF;
     PERFORM keyturn._set_event_context(jsonb_build_object('quorum', p_quorum));
-    v_claimed := keyturn._claim(a.id, p_token, v_principal, p_caller::regrole::text, 'quorum');
+    v_claimed := keyturn._claim(a.tenant, a.id, p_token, v_principal, p_caller::regrole::text, 'quorum');
     RETURN QUERY SELECT * FROM keyturn._after_claim(p_caller, v_claimed, p_token, p_params, p_given_hash);
 END
 $$;
@@ -191,7 +191,7 @@ DECLARE
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     a := keyturn._usable_action(p_id, p_token, 'revise');
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id FOR NO KEY UPDATE;
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = a.tenant FOR NO KEY UPDATE;
     IF a.status <> 'pending' THEN
         RAISE EXCEPTION 'keyturn: only a pending proposal can be revised; % is %', p_id, a.status
             USING ERRCODE = '55000';
@@ -204,7 +204,7 @@ BEGIN
     UPDATE keyturn.action x
        SET updated_at = clock_timestamp(), status = 'superseded',
            result = jsonb_build_object('superseded_by', v_new.o_action_id)
-     WHERE x.id = a.id;
+     WHERE x.id = a.id AND x.tenant = a.tenant;
     RETURN QUERY SELECT v_new.o_action_id, v_new.o_token, v_new.o_summary, v_new.o_params_hash,
                         v_new.o_expires_at;
 END

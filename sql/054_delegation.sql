@@ -105,7 +105,7 @@ BEGIN
         RAISE EXCEPTION 'keyturn: only its principal or an admin of tenant % may revoke standing approval %', v_tenant, p_id
             USING ERRCODE = '42501';
     END IF;
-    UPDATE keyturn.delegation x SET revoked_at = clock_timestamp() WHERE x.id = p_id;
+    UPDATE keyturn.delegation x SET revoked_at = clock_timestamp() WHERE x.id = p_id AND x.tenant = v_tenant;
     RETURN true;
 END
 $$;
@@ -137,7 +137,7 @@ $$;
 -- standing approval may approve. The use is spent by one conditional UPDATE:
 -- concurrent proposals wait on the row, and the one that finds the uses gone
 -- is simply not covered.
-CREATE FUNCTION keyturn._spend_delegation(p_action uuid, p_ver keyturn.tool_version, p_params jsonb,
+CREATE FUNCTION keyturn._spend_delegation(p_tenant text, p_action uuid, p_ver keyturn.tool_version, p_params jsonb,
                                           p_count int)
 RETURNS keyturn.delegation
 LANGUAGE plpgsql VOLATILE
@@ -150,7 +150,7 @@ BEGIN
     IF keyturn._not_delegable(p_ver) IS NOT NULL THEN
         RETURN NULL;
     END IF;
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_action;
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_action AND x.tenant = p_tenant;
     FOR c IN
         SELECT x.* FROM keyturn.delegation x
          WHERE x.tenant = a.tenant AND x.principal = a.principal AND x.tool = a.tool
@@ -160,7 +160,7 @@ BEGIN
     LOOP
         CONTINUE WHEN keyturn._scope_violation(c.scope, p_params, p_count) IS NOT NULL;
         UPDATE keyturn.delegation x SET uses = x.uses + 1
-         WHERE x.id = c.id AND x.uses < x.max_uses AND x.revoked_at IS NULL
+         WHERE x.id = c.id AND x.tenant = c.tenant AND x.uses < x.max_uses AND x.revoked_at IS NULL
            AND x.expires_at > clock_timestamp()
         RETURNING x.* INTO d;
         IF FOUND THEN

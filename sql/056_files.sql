@@ -99,7 +99,7 @@ BEGIN
         RAISE EXCEPTION 'keyturn: params.% names a file twice', p_ver.attachments_param USING ERRCODE = '22023';
     END IF;
     FOR x IN SELECT * FROM keyturn._attachments(p_ver, p_params) LOOP
-        SELECT s.* INTO f FROM keyturn.staged_file s WHERE s.id = x.file_id;
+        SELECT s.* INTO f FROM keyturn.staged_file s WHERE s.id = x.file_id AND s.tenant = p_tenant;
         IF NOT FOUND OR f.tenant <> p_tenant OR f.principal <> p_principal THEN
             RAISE EXCEPTION 'keyturn: attachment % was not staged by this principal', x.file_id
                 USING ERRCODE = '22023',
@@ -167,7 +167,7 @@ BEGIN
     END IF;
     SELECT t.file_id INTO v_bad
       FROM keyturn._attachments(p_ver, p_params) t
-      LEFT JOIN keyturn.staged_file s ON s.id = t.file_id AND s.action_id = a.id
+      LEFT JOIN keyturn.staged_file s ON s.id = t.file_id AND s.tenant = a.tenant AND s.action_id = a.id
      WHERE s.id IS NULL OR encode(sha256(s.content), 'hex') <> t.meta ->> 'sha256'
      LIMIT 1;
     IF FOUND THEN
@@ -191,6 +191,7 @@ DECLARE
     v keyturn.tool_version;
 BEGIN
     PERFORM keyturn._refuse_nested('attachments');
+    -- By id alone: the dispatcher's call names no tenant.
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = attachments.action_id;
     PERFORM keyturn._raise_lease_problem(
         keyturn._lease_problem(a, attachments.action_id, attachments.lease_id, '{leased,executing}', false));
@@ -202,7 +203,7 @@ BEGIN
     SELECT v.attachments_param, t.ord::int, t.file_id, t.meta ->> 'sha256', t.meta ->> 'filename',
            t.meta ->> 'content_type', (t.meta ->> 'size')::bigint
       FROM keyturn._attachments(v, coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
-                                                         WHERE s.action_id = a.id))) t
+                                                         WHERE s.action_id = a.id AND s.tenant = a.tenant))) t
      ORDER BY t.ord;
 END
 $$;
@@ -220,11 +221,12 @@ DECLARE
     v bytea;
 BEGIN
     PERFORM keyturn._refuse_nested('file_content');
+    -- By id alone: the dispatcher's call names no tenant.
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = file_content.action_id;
     PERFORM keyturn._raise_lease_problem(
         keyturn._lease_problem(a, file_content.action_id, file_content.lease_id, '{executing}', false));
     SELECT s.content INTO v FROM keyturn.staged_file s
-     WHERE s.id = file_content.file_id AND s.action_id = file_content.action_id;
+     WHERE s.id = file_content.file_id AND s.tenant = a.tenant AND s.action_id = file_content.action_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'keyturn: file % is not an attachment of action %', file_content.file_id, file_content.action_id
             USING ERRCODE = '55000',

@@ -42,7 +42,7 @@ AS $$
 BEGIN
     RETURN QUERY
     SELECT a.id FROM keyturn.open_action o
-      JOIN keyturn.action a ON a.id = o.action_id
+      JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
      WHERE o.status = 'queued' AND o.next_attempt_at <= p_now
        -- The work list finds the rows; the status on the locked action row
        -- (rechecked after a wait) is what decides.
@@ -94,7 +94,7 @@ BEGIN
         UPDATE keyturn.action a
            SET updated_at = clock_timestamp(), status = 'invalidated',
                result = jsonb_build_object('reason', 'no approval produced this queued action; it is never dispatched')
-         WHERE a.id = ANY (v_ids)
+         WHERE a.id = ANY (v_ids)  -- by id alone: a lease spans tenants
            AND NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
                                            a.approved_at, a.approved_via, a.approval_mac)
         RETURNING a.id
@@ -106,14 +106,14 @@ BEGIN
         UPDATE keyturn.action a
            SET updated_at = clock_timestamp(), status = 'leased', lease_id = gen_random_uuid(),
                leased_by = lease.worker, lease_expires_at = v_now + lease.lease_for
-         WHERE a.id = ANY (v_ids) AND NOT a.id = ANY (v_forged)
+         WHERE a.id = ANY (v_ids) AND NOT a.id = ANY (v_forged)  -- by id alone: a lease spans tenants
         RETURNING a.*
     )
     SELECT l.id, l.lease_id, l.tenant, l.tool, v.provider, coalesce(l.params, s.params),
            l.idempotency_key, l.attempts + 1
       FROM leased l
       JOIN keyturn.tool_version v ON v.tool = l.tool AND v.version = l.tool_version
-      LEFT JOIN keyturn.staged_payload s ON s.action_id = l.id
+      LEFT JOIN keyturn.staged_payload s ON s.action_id = l.id AND s.tenant = l.tenant
      ORDER BY l.next_attempt_at, l.id;
 END
 $$;
@@ -195,7 +195,8 @@ BEGIN
         RETURN v_reason;
     END IF;
     SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
-    v_params := coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s WHERE s.action_id = a.id));
+    v_params := coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
+                                     WHERE s.action_id = a.id AND s.tenant = a.tenant));
     v_reason := keyturn._attachment_problem(a, v_ver, v_params);
     IF v_reason IS NULL AND a.approval = 'task'
        AND keyturn._params_errors(v_ver.params_schema, v_params) IS NOT NULL THEN
@@ -226,22 +227,25 @@ AS $$
 DECLARE
     v_ords     int[];
     v_ids      uuid[];
+    v_tenants  text[];
     v_problems text[];
     v_reasons  text[];
     v_details  text[];
 BEGIN
-    SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.problem), array_agg(v.reason),
+    SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.reason),
            array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
                           WHEN v.reason IS NULL
                           THEN jsonb_build_object('attempt', v.attempts + 1, 'worker', v.leased_by)::text
                           ELSE jsonb_build_object('reason', v.reason)::text END)
-      INTO v_ords, v_ids, v_problems, v_reasons, v_details
-      FROM (SELECT e.ord, e.id, p.problem, (l.a).attempts, (l.a).leased_by,
+      INTO v_ords, v_ids, v_tenants, v_problems, v_reasons, v_details
+      FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, (l.a).attempts, (l.a).leased_by,
                    CASE WHEN p.problem IS NULL THEN keyturn._begin_problem(l.a) END AS reason
               FROM unnest(p_ords, p_ids, p_leases) AS e (ord, id, lease)
               -- Each row locked as it is read (in the batch's order, as the
               -- single calls one after another would), so the checks see it
               -- as it is locked.
+              -- By id alone: the dispatcher's calls name no tenant, and the
+              -- row found names it for every statement after this one.
               LEFT JOIN LATERAL (SELECT x AS a FROM keyturn.action x WHERE x.id = e.id FOR UPDATE) l ON true
              CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p) v;
     PERFORM keyturn._set_event_details(v_ids, v_details);
@@ -255,8 +259,8 @@ BEGIN
                lease_id = CASE WHEN u.reason IS NULL THEN x.lease_id END,
                leased_by = CASE WHEN u.reason IS NULL THEN x.leased_by END,
                lease_expires_at = CASE WHEN u.reason IS NULL THEN x.lease_expires_at END
-          FROM unnest(v_ids, v_problems, v_reasons) AS u (id, problem, reason)
-         WHERE x.id = u.id AND u.problem IS NULL
+          FROM unnest(v_ids, v_tenants, v_problems, v_reasons) AS u (id, tenant, problem, reason)
+         WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL
      RETURNING x.id, x.attempts, x.tenant, x.principal, x.lease_id, x.leased_by, x.status)
     INSERT INTO keyturn.attempt (action_id, attempt, tenant, principal, lease_id, worker, started_at)
     SELECT d.id, d.attempts, d.tenant, d.principal, d.lease_id, d.leased_by, clock_timestamp()
@@ -326,6 +330,7 @@ AS $$
 DECLARE
     v_ords     int[];
     v_ids      uuid[];
+    v_tenants  text[];
     v_problems text[];
     v_statuses keyturn.status[];
     v_back     boolean[];
@@ -335,7 +340,7 @@ DECLARE
     v_attempts int[];
     v_details  text[];
 BEGIN
-    SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.problem), array_agg(v.status),
+    SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.status),
            array_agg(v.back), array_agg(v.outcome), array_agg(v.receipt), array_agg(v.delay),
            array_agg(v.attempts),
            array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
@@ -343,8 +348,9 @@ BEGIN
                           ELSE jsonb_strip_nulls(jsonb_build_object(
                                    'outcome', v.outcome, 'attempt', v.attempts,
                                    'retry_in', CASE WHEN v.status = 'queued' THEN v.delay::text END))::text END)
-      INTO v_ords, v_ids, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays, v_attempts, v_details
-      FROM (SELECT e.ord, e.id, p.problem, e.outcome, (l.a).attempts,
+      INTO v_ords, v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays,
+           v_attempts, v_details
+      FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, e.outcome, (l.a).attempts,
                    (l.a).status = 'leased' AS back,
                    CASE WHEN p.problem IS NULL THEN keyturn._redact(coalesce(e.receipt, '{}')) END AS receipt,
                    least(CASE WHEN (l.a).status = 'leased' THEN coalesce(e.delay, interval '0')
@@ -362,7 +368,7 @@ BEGIN
              CROSS JOIN LATERAL (SELECT keyturn._complete_args_error(e.outcome, e.delay, e.receipt) AS arg_error) g
               -- Each row locked as it is read, in the batch's order, and only
               -- for an element whose arguments are right: the others change
-              -- nothing.
+              -- nothing. By id alone, as in keyturn._begin_set.
               LEFT JOIN LATERAL (SELECT x AS a FROM keyturn.action x
                                   WHERE x.id = e.id AND g.arg_error IS NULL FOR UPDATE) l ON true
              CROSS JOIN LATERAL (
@@ -370,9 +376,10 @@ BEGIN
                                    '55000 ' || keyturn._complete_problem(l.a, e.id, e.lease, e.outcome)) AS problem) p) v;
     UPDATE keyturn.attempt t
        SET finished_at = clock_timestamp(), outcome = u.outcome, receipt = u.receipt
-      FROM unnest(v_ids, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
-           AS u (id, problem, back, attempt, outcome, receipt)
-     WHERE t.action_id = u.id AND t.attempt = u.attempt AND u.problem IS NULL AND NOT u.back;
+      FROM unnest(v_ids, v_tenants, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
+           AS u (id, tenant, problem, back, attempt, outcome, receipt)
+     WHERE t.action_id = u.id AND t.tenant = u.tenant AND t.attempt = u.attempt
+       AND u.problem IS NULL AND NOT u.back;
     PERFORM keyturn._set_event_details(v_ids, v_details);
     UPDATE keyturn.action x
        SET updated_at = clock_timestamp(), status = u.status,
@@ -389,9 +396,9 @@ BEGIN
            lease_id = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_id END,
            leased_by = CASE WHEN u.status = 'queued' THEN NULL ELSE x.leased_by END,
            lease_expires_at = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_expires_at END
-      FROM unnest(v_ids, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays)
-           AS u (id, problem, status, back, outcome, receipt, delay)
-     WHERE x.id = u.id AND u.problem IS NULL;
+      FROM unnest(v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays)
+           AS u (id, tenant, problem, status, back, outcome, receipt, delay)
+     WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL;
     RETURN QUERY
     SELECT v.ord, CASE WHEN v.problem IS NULL THEN v.status::text END, v.problem
       FROM unnest(v_ords, v_problems, v_statuses) AS v (ord, problem, status)
@@ -441,20 +448,22 @@ BEGIN
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'expired before approval'));
     UPDATE keyturn.action a
        SET updated_at = clock_timestamp(), status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
-     WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
-                     WHERE o.status = 'pending' AND o.expires_at < v_now
-                       AND x.status = 'pending'
-                       FOR UPDATE OF x SKIP LOCKED);
+     WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
+                                JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
+                                WHERE o.status = 'pending' AND o.expires_at < v_now
+                                  AND x.status = 'pending'
+                                FOR UPDATE OF x SKIP LOCKED);
     GET DIAGNOSTICS v_expired = ROW_COUNT;
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed before dispatch'));
     UPDATE keyturn.action a
        SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp(),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
-     WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
-                     WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
-                       AND x.status = 'leased' AND x.lease_expires_at < v_now
-                       FOR UPDATE OF x SKIP LOCKED);
+     WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
+                                JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
+                                WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
+                                  AND x.status = 'leased' AND x.lease_expires_at < v_now
+                                FOR UPDATE OF x SKIP LOCKED);
     GET DIAGNOSTICS v_requeued = ROW_COUNT;
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed while executing'));
@@ -462,23 +471,26 @@ BEGIN
         UPDATE keyturn.action a
            SET updated_at = clock_timestamp(), status = 'uncertain',
                result = jsonb_build_object('reason', 'the dispatcher''s lease lapsed during the provider call; the outcome is unknown and is never retried automatically')
-         WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
-                         WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
-                           AND x.status = 'executing' AND x.lease_expires_at < v_now
-                           FOR UPDATE OF x SKIP LOCKED)
-        RETURNING a.id, a.attempts
+         WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
+                                    JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
+                                    WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
+                                      AND x.status = 'executing' AND x.lease_expires_at < v_now
+                                    FOR UPDATE OF x SKIP LOCKED)
+        RETURNING a.id, a.tenant, a.attempts
     ), closed AS (
         UPDATE keyturn.attempt t SET finished_at = clock_timestamp(), outcome = 'lapsed'
-          FROM lapsed WHERE t.action_id = lapsed.id AND t.attempt = lapsed.attempts AND t.outcome IS NULL
+          FROM lapsed
+         WHERE t.action_id = lapsed.id AND t.tenant = lapsed.tenant AND t.attempt = lapsed.attempts
+           AND t.outcome IS NULL
         RETURNING 1
     )
     SELECT count(*) INTO v_uncertain FROM lapsed;
 
     -- Staged files no proposal ever bound: gone a day after staging.
     DELETE FROM keyturn.staged_file s
-     WHERE s.id IN (SELECT f.id FROM keyturn.staged_file f
-                     WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours'
-                       FOR UPDATE SKIP LOCKED);
+     WHERE (s.id, s.tenant) IN (SELECT f.id, f.tenant FROM keyturn.staged_file f
+                                WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours'
+                                FOR UPDATE SKIP LOCKED);
     GET DIAGNOSTICS v_files = ROW_COUNT;
     RETURN QUERY SELECT v_expired, v_requeued, v_uncertain, v_files;
 END
@@ -499,6 +511,7 @@ BEGIN
     END IF;
     PERFORM keyturn._refuse_nested('reconcile');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    -- By id alone: operators reconcile across tenants.
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = reconcile.action_id FOR UPDATE;
     IF NOT FOUND OR a.status <> 'uncertain' THEN
         RAISE EXCEPTION 'keyturn: only an uncertain action can be reconciled; % is %',
@@ -512,7 +525,7 @@ BEGIN
            result = coalesce(x.result, '{}') || jsonb_strip_nulls(jsonb_build_object(
                         'reconciled', reconcile.outcome, 'note', reconcile.note,
                         'by', keyturn._calling_role()))
-     WHERE x.id = a.id;
+     WHERE x.id = a.id AND x.tenant = a.tenant;
     RETURN reconcile.outcome;
 END
 $$;
@@ -525,7 +538,7 @@ AS $$
     SELECT keyturn._refuse_nested('uncertain_actions');
     SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt
       FROM keyturn.open_action o
-      JOIN keyturn.action a ON a.id = o.action_id
+      JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
      WHERE o.status = 'uncertain' AND a.status = 'uncertain'
      ORDER BY o.dispatched_at, o.action_id
 $$;
@@ -541,6 +554,6 @@ AS $$
     SELECT keyturn._refuse_nested('attempts');
     SELECT t.attempt, t.worker, t.started_at, t.finished_at, t.outcome, t.receipt
       FROM keyturn.attempt t
-     WHERE t.action_id = attempts.action_id
+     WHERE t.action_id = attempts.action_id  -- by id alone: operators reconcile across tenants
      ORDER BY t.attempt
 $$;

@@ -115,6 +115,20 @@ ALTER TABLE keyturn.action
     ADD COLUMN approved_via text,
     ADD COLUMN approval_mac bytea;
 
+-- The tenant in every key of 0.1.0's tables of one action's rows (why:
+-- sql/010_tables.sql). Each key is rebuilt under its old name; the foreign key
+-- that hangs on action's goes first and comes back with the tenant.
+ALTER TABLE keyturn.staged_payload DROP CONSTRAINT staged_payload_action_id_fkey,
+    DROP CONSTRAINT staged_payload_pkey, ADD PRIMARY KEY (action_id, tenant);
+ALTER TABLE keyturn.action DROP CONSTRAINT action_pkey, ADD PRIMARY KEY (id, tenant);
+ALTER TABLE keyturn.staged_payload ADD CONSTRAINT staged_payload_action_id_tenant_fkey
+    FOREIGN KEY (action_id, tenant) REFERENCES keyturn.action (id, tenant);
+ALTER TABLE keyturn.open_action DROP CONSTRAINT open_action_pkey, ADD PRIMARY KEY (action_id, tenant);
+ALTER TABLE keyturn.action_target DROP CONSTRAINT action_target_pkey, ADD PRIMARY KEY (action_id, tenant, ord);
+ALTER TABLE keyturn.attempt DROP CONSTRAINT attempt_pkey, ADD PRIMARY KEY (action_id, tenant, attempt);
+ALTER TABLE keyturn.event DROP CONSTRAINT event_pkey, ADD PRIMARY KEY (action_id, tenant, id);
+ALTER TABLE keyturn.usage DROP CONSTRAINT usage_action_id_key, ADD UNIQUE (action_id, tenant);
+
 -- The tables v1 adds (sql/010_tables.sql).
 CREATE TABLE keyturn.request (
     tenant           text        NOT NULL,
@@ -138,10 +152,10 @@ CREATE TABLE keyturn.vote (
     epoch             bigint      NOT NULL,
     db_role           text        NOT NULL,
     voted_at          timestamptz NOT NULL DEFAULT clock_timestamp(),
-    PRIMARY KEY (action_id, principal)
+    PRIMARY KEY (action_id, tenant, principal)
 );
 CREATE TABLE keyturn.delegation (
-    id          uuid        PRIMARY KEY,
+    id          uuid        NOT NULL,
     tenant      text        NOT NULL,
     principal   text        NOT NULL,
     tool        text        NOT NULL REFERENCES keyturn.tool (name),
@@ -152,12 +166,13 @@ CREATE TABLE keyturn.delegation (
     db_role     text        NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     expires_at  timestamptz NOT NULL,
-    revoked_at  timestamptz
+    revoked_at  timestamptz,
+    PRIMARY KEY (id, tenant)
 );
 CREATE INDEX delegation_live_idx ON keyturn.delegation (tenant, principal, tool, expires_at)
     WHERE revoked_at IS NULL;
 CREATE TABLE keyturn.staged_file (
-    id            uuid        PRIMARY KEY,
+    id            uuid        NOT NULL,
     tenant        text        NOT NULL,
     principal     text        NOT NULL,
     filename      text        NOT NULL,
@@ -166,10 +181,11 @@ CREATE TABLE keyturn.staged_file (
     sha256        text        NOT NULL,
     content       bytea       NOT NULL,
     staged_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
-    action_id     uuid
+    action_id     uuid,
+    PRIMARY KEY (id, tenant)
 );
 ALTER TABLE keyturn.staged_file ALTER COLUMN content SET STORAGE EXTERNAL;
-CREATE INDEX staged_file_action_idx ON keyturn.staged_file (action_id) WHERE action_id IS NOT NULL;
+CREATE INDEX staged_file_action_idx ON keyturn.staged_file (action_id, tenant) WHERE action_id IS NOT NULL;
 CREATE INDEX staged_file_unbound_idx ON keyturn.staged_file (staged_at) WHERE action_id IS NULL;
 CREATE TABLE keyturn.projection (
     provider    text        PRIMARY KEY,
@@ -2136,7 +2152,7 @@ BEGIN
     -- about to look at it).
     IF v_ver.approval = 'task' THEN
         PERFORM keyturn._set_event_context(jsonb_build_object('request', v_request.message_id));
-        v_claimed := keyturn._claim(v_id, v_token, p_principal, v_request.recorded_role,
+        v_claimed := keyturn._claim(p_tenant, v_id, v_token, p_principal, v_request.recorded_role,
                                     'task:' || v_request.message_id);
         SELECT * INTO v_result
           FROM keyturn._after_claim(to_regrole(v_request.recorded_role)::oid, v_claimed, v_token, p_params, NULL);
@@ -2147,11 +2163,11 @@ BEGIN
         RETURN;
     END IF;
     IF p_revised_from IS NULL THEN
-        v_deleg := keyturn._spend_delegation(v_id, v_ver, p_params, v_count);
+        v_deleg := keyturn._spend_delegation(p_tenant, v_id, v_ver, p_params, v_count);
         IF v_deleg.id IS NOT NULL THEN
             PERFORM keyturn._set_event_context(jsonb_build_object(
                 'delegation', v_deleg.id, 'delegated_by', v_deleg.principal));
-            v_claimed := keyturn._claim(v_id, v_token, v_deleg.principal, v_deleg.db_role,
+            v_claimed := keyturn._claim(p_tenant, v_id, v_token, v_deleg.principal, v_deleg.db_role,
                                         'delegation:' || v_deleg.id);
             SELECT * INTO v_result
               FROM keyturn._after_claim(to_regrole(v_deleg.db_role)::oid, v_claimed, v_token, p_params, NULL);
@@ -2215,7 +2231,7 @@ DECLARE
 BEGIN
     v_role := keyturn._require_member(v_tenant, v_principal, v_session);
 
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id;
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = v_tenant;
     IF NOT FOUND OR a.tenant IS DISTINCT FROM v_tenant
        OR (v_role = 'member' AND a.principal IS DISTINCT FROM v_principal) THEN
         RAISE EXCEPTION 'keyturn: no usable proposal %', coalesce(p_id::text, 'NULL')
@@ -2308,7 +2324,7 @@ BEGIN
        SET updated_at = clock_timestamp(), status = p_status, result = p_result,
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
-     WHERE x.id = a.id;
+     WHERE x.id = a.id AND x.tenant = a.tenant;
     RETURN QUERY SELECT a.id, p_status::text, p_result;
 END
 $$;
@@ -2342,7 +2358,7 @@ DECLARE
 BEGIN
     v_arg := keyturn._form_arg(a.params, p_ver.sql_types) || jsonb_build_object(
         'targets', (SELECT jsonb_agg(jsonb_build_object('k', t.key, 'v', t.version) ORDER BY t.ord)
-                      FROM keyturn.action_target t WHERE t.action_id = a.id));
+                      FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant));
 
     SELECT string_agg(format('%I = %s', s.key, keyturn._form_value(p_ver, 'set', s.key)), ', ' ORDER BY s.key),
            string_agg(format('(u.%I IS NOT DISTINCT FROM %s)', s.key, keyturn._form_value(p_ver, 'set', s.key)), ' AND ' ORDER BY s.key),
@@ -2418,7 +2434,7 @@ $$;
 -- row no longer pending, and get NULL (all columns). NULL also for a wrong
 -- token (the caller checked it already; a race with a revise or a reject
 -- lands here too).
-CREATE OR REPLACE FUNCTION keyturn._claim(p_id uuid, p_token text, p_by text, p_role text, p_via text)
+CREATE OR REPLACE FUNCTION keyturn._claim(p_tenant text, p_id uuid, p_token text, p_by text, p_role text, p_via text)
 RETURNS keyturn.action
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -2427,7 +2443,7 @@ DECLARE
     a    keyturn.action;
 BEGIN
     SELECT x.* INTO a FROM keyturn.action x
-     WHERE x.id = p_id AND x.status = 'pending'
+     WHERE x.id = p_id AND x.tenant = p_tenant AND x.status = 'pending'
        AND keyturn._ct_eq(x.token_digest, keyturn._token_digest(p_token))
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
@@ -2525,7 +2541,7 @@ BEGIN
        SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp(),
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
-     WHERE x.id = a.id;
+     WHERE x.id = a.id AND x.tenant = a.tenant;
     RETURN QUERY SELECT a.id, 'queued'::text, NULL::jsonb;
 END
 $$;
@@ -2569,9 +2585,9 @@ BEGIN
         RETURN;
     END IF;
 
-    v_claimed := keyturn._claim(p_id, p_token, v_principal, p_caller::regrole::text, 'approve');
+    v_claimed := keyturn._claim(a.tenant, p_id, p_token, v_principal, p_caller::regrole::text, 'approve');
     IF v_claimed.id IS NULL THEN
-        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id;
+        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = a.tenant;
         RETURN QUERY SELECT a.id, a.status::text, a.result;
         RETURN;
     END IF;
@@ -2607,14 +2623,14 @@ BEGIN
                FROM jsonb_object_keys(a.params -> 'set') s (key)),
             keyturn._tool_table(v_ver), v_ver.sql_key, v_ver.sql_types ->> v_ver.sql_key);
         v_rows := keyturn._exec_as(p_caller, v_sql, jsonb_build_object('keys',
-            (SELECT jsonb_agg(t.key) FROM keyturn.action_target t WHERE t.action_id = a.id)));
+            (SELECT jsonb_agg(t.key) FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant)));
         v_after := keyturn._form_arg(a.params, v_ver.sql_types) -> 'set';
         SELECT jsonb_agg(jsonb_build_object(
                    'key', t.key,
                    'before', (SELECT r -> 'before' FROM jsonb_array_elements(v_rows) r WHERE r ->> 'key' = t.key LIMIT 1),
                    'after', v_after) ORDER BY t.ord)
           INTO v_targets
-          FROM keyturn.action_target t WHERE t.action_id = a.id;
+          FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant;
     END IF;
 
     RETURN jsonb_strip_nulls(jsonb_build_object(
@@ -2655,10 +2671,10 @@ BEGIN
     UPDATE keyturn.action x
        SET updated_at = clock_timestamp(), status = 'rejected',
            result = jsonb_strip_nulls(jsonb_build_object('reason', coalesce(p_reason, 'rejected by the approver')))
-     WHERE x.id = p_id AND x.status = 'pending'
+     WHERE x.id = p_id AND x.tenant = a.tenant AND x.status = 'pending'
     RETURNING x.status INTO v_status;
     IF NOT FOUND THEN
-        SELECT x.status INTO v_status FROM keyturn.action x WHERE x.id = p_id;
+        SELECT x.status INTO v_status FROM keyturn.action x WHERE x.id = p_id AND x.tenant = a.tenant;
     END IF;
     RETURN v_status::text;
 END
@@ -2821,7 +2837,7 @@ BEGIN
     RETURN QUERY
         SELECT e.at, e.db_role, e.principal, e.from_status::text, e.to_status::text, e.detail
           FROM keyturn.event e
-         WHERE e.action_id = audit.action_id
+         WHERE e.action_id = audit.action_id  -- by id alone: operators audit across tenants
            AND (v_all OR keyturn._sees(e.tenant, e.action_principal))
          ORDER BY e.id;
 END
@@ -2860,7 +2876,7 @@ BEGIN
         SELECT a.id, a.tool, coalesce(a.summary, a.tool), v.effect, a.approval, a.principal,
                a.created_at, a.expires_at, keyturn._votes(a), v.quorum
           FROM keyturn.open_action o
-          JOIN keyturn.action a ON a.id = o.action_id
+          JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
           JOIN keyturn.tool_version v ON v.tool = a.tool AND v.version = a.tool_version
          WHERE o.status = 'pending' AND o.tenant = v_tenant
            AND (v_role IN ('approver', 'admin') OR o.principal = v_principal)
@@ -2880,7 +2896,7 @@ AS $$
     SELECT count(*)::int
       FROM keyturn.vote x
       JOIN keyturn.member m ON m.tenant = a.tenant AND m.principal = x.principal
-     WHERE x.action_id = a.id AND m.role IN ('approver', 'admin')
+     WHERE x.action_id = a.id AND x.tenant = a.tenant AND m.role IN ('approver', 'admin')
        AND keyturn._has_grant(a.tenant, x.principal, a.tool)
        AND keyturn._epoch(a.tenant, x.principal) = x.epoch
 $$;
@@ -2903,7 +2919,7 @@ DECLARE
     v_new       boolean;
     v_votes     int;
 BEGIN
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = a.id FOR NO KEY UPDATE;
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = a.id AND x.tenant = a.tenant FOR NO KEY UPDATE;
     IF a.status <> 'pending' THEN
         RETURN QUERY SELECT a.id, a.status::text, a.result;
         RETURN;
@@ -2928,7 +2944,7 @@ BEGIN
         END IF;
     END IF;
     PERFORM keyturn._set_event_context(jsonb_build_object('quorum', p_quorum));
-    v_claimed := keyturn._claim(a.id, p_token, v_principal, p_caller::regrole::text, 'quorum');
+    v_claimed := keyturn._claim(a.tenant, a.id, p_token, v_principal, p_caller::regrole::text, 'quorum');
     RETURN QUERY SELECT * FROM keyturn._after_claim(p_caller, v_claimed, p_token, p_params, p_given_hash);
 END
 $$;
@@ -3023,7 +3039,7 @@ DECLARE
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     a := keyturn._usable_action(p_id, p_token, 'revise');
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id FOR NO KEY UPDATE;
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = a.tenant FOR NO KEY UPDATE;
     IF a.status <> 'pending' THEN
         RAISE EXCEPTION 'keyturn: only a pending proposal can be revised; % is %', p_id, a.status
             USING ERRCODE = '55000';
@@ -3036,7 +3052,7 @@ BEGIN
     UPDATE keyturn.action x
        SET updated_at = clock_timestamp(), status = 'superseded',
            result = jsonb_build_object('superseded_by', v_new.o_action_id)
-     WHERE x.id = a.id;
+     WHERE x.id = a.id AND x.tenant = a.tenant;
     RETURN QUERY SELECT v_new.o_action_id, v_new.o_token, v_new.o_summary, v_new.o_params_hash,
                         v_new.o_expires_at;
 END
@@ -3152,7 +3168,7 @@ BEGIN
         RAISE EXCEPTION 'keyturn: only its principal or an admin of tenant % may revoke standing approval %', v_tenant, p_id
             USING ERRCODE = '42501';
     END IF;
-    UPDATE keyturn.delegation x SET revoked_at = clock_timestamp() WHERE x.id = p_id;
+    UPDATE keyturn.delegation x SET revoked_at = clock_timestamp() WHERE x.id = p_id AND x.tenant = v_tenant;
     RETURN true;
 END
 $$;
@@ -3184,7 +3200,7 @@ $$;
 -- standing approval may approve. The use is spent by one conditional UPDATE:
 -- concurrent proposals wait on the row, and the one that finds the uses gone
 -- is simply not covered.
-CREATE OR REPLACE FUNCTION keyturn._spend_delegation(p_action uuid, p_ver keyturn.tool_version, p_params jsonb,
+CREATE OR REPLACE FUNCTION keyturn._spend_delegation(p_tenant text, p_action uuid, p_ver keyturn.tool_version, p_params jsonb,
                                           p_count int)
 RETURNS keyturn.delegation
 LANGUAGE plpgsql VOLATILE
@@ -3197,7 +3213,7 @@ BEGIN
     IF keyturn._not_delegable(p_ver) IS NOT NULL THEN
         RETURN NULL;
     END IF;
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_action;
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_action AND x.tenant = p_tenant;
     FOR c IN
         SELECT x.* FROM keyturn.delegation x
          WHERE x.tenant = a.tenant AND x.principal = a.principal AND x.tool = a.tool
@@ -3207,7 +3223,7 @@ BEGIN
     LOOP
         CONTINUE WHEN keyturn._scope_violation(c.scope, p_params, p_count) IS NOT NULL;
         UPDATE keyturn.delegation x SET uses = x.uses + 1
-         WHERE x.id = c.id AND x.uses < x.max_uses AND x.revoked_at IS NULL
+         WHERE x.id = c.id AND x.tenant = c.tenant AND x.uses < x.max_uses AND x.revoked_at IS NULL
            AND x.expires_at > clock_timestamp()
         RETURNING x.* INTO d;
         IF FOUND THEN
@@ -3464,7 +3480,7 @@ BEGIN
         RAISE EXCEPTION 'keyturn: params.% names a file twice', p_ver.attachments_param USING ERRCODE = '22023';
     END IF;
     FOR x IN SELECT * FROM keyturn._attachments(p_ver, p_params) LOOP
-        SELECT s.* INTO f FROM keyturn.staged_file s WHERE s.id = x.file_id;
+        SELECT s.* INTO f FROM keyturn.staged_file s WHERE s.id = x.file_id AND s.tenant = p_tenant;
         IF NOT FOUND OR f.tenant <> p_tenant OR f.principal <> p_principal THEN
             RAISE EXCEPTION 'keyturn: attachment % was not staged by this principal', x.file_id
                 USING ERRCODE = '22023',
@@ -3532,7 +3548,7 @@ BEGIN
     END IF;
     SELECT t.file_id INTO v_bad
       FROM keyturn._attachments(p_ver, p_params) t
-      LEFT JOIN keyturn.staged_file s ON s.id = t.file_id AND s.action_id = a.id
+      LEFT JOIN keyturn.staged_file s ON s.id = t.file_id AND s.tenant = a.tenant AND s.action_id = a.id
      WHERE s.id IS NULL OR encode(sha256(s.content), 'hex') <> t.meta ->> 'sha256'
      LIMIT 1;
     IF FOUND THEN
@@ -3556,6 +3572,7 @@ DECLARE
     v keyturn.tool_version;
 BEGIN
     PERFORM keyturn._refuse_nested('attachments');
+    -- By id alone: the dispatcher's call names no tenant.
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = attachments.action_id;
     PERFORM keyturn._raise_lease_problem(
         keyturn._lease_problem(a, attachments.action_id, attachments.lease_id, '{leased,executing}', false));
@@ -3567,7 +3584,7 @@ BEGIN
     SELECT v.attachments_param, t.ord::int, t.file_id, t.meta ->> 'sha256', t.meta ->> 'filename',
            t.meta ->> 'content_type', (t.meta ->> 'size')::bigint
       FROM keyturn._attachments(v, coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
-                                                         WHERE s.action_id = a.id))) t
+                                                         WHERE s.action_id = a.id AND s.tenant = a.tenant))) t
      ORDER BY t.ord;
 END
 $$;
@@ -3585,11 +3602,12 @@ DECLARE
     v bytea;
 BEGIN
     PERFORM keyturn._refuse_nested('file_content');
+    -- By id alone: the dispatcher's call names no tenant.
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = file_content.action_id;
     PERFORM keyturn._raise_lease_problem(
         keyturn._lease_problem(a, file_content.action_id, file_content.lease_id, '{executing}', false));
     SELECT s.content INTO v FROM keyturn.staged_file s
-     WHERE s.id = file_content.file_id AND s.action_id = file_content.action_id;
+     WHERE s.id = file_content.file_id AND s.tenant = a.tenant AND s.action_id = file_content.action_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'keyturn: file % is not an attachment of action %', file_content.file_id, file_content.action_id
             USING ERRCODE = '55000',
@@ -3714,7 +3732,7 @@ AS $$
 BEGIN
     RETURN QUERY
     SELECT a.id FROM keyturn.open_action o
-      JOIN keyturn.action a ON a.id = o.action_id
+      JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
      WHERE o.status = 'queued' AND o.next_attempt_at <= p_now
        -- The work list finds the rows; the status on the locked action row
        -- (rechecked after a wait) is what decides.
@@ -3766,7 +3784,7 @@ BEGIN
         UPDATE keyturn.action a
            SET updated_at = clock_timestamp(), status = 'invalidated',
                result = jsonb_build_object('reason', 'no approval produced this queued action; it is never dispatched')
-         WHERE a.id = ANY (v_ids)
+         WHERE a.id = ANY (v_ids)  -- by id alone: a lease spans tenants
            AND NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
                                            a.approved_at, a.approved_via, a.approval_mac)
         RETURNING a.id
@@ -3778,14 +3796,14 @@ BEGIN
         UPDATE keyturn.action a
            SET updated_at = clock_timestamp(), status = 'leased', lease_id = gen_random_uuid(),
                leased_by = lease.worker, lease_expires_at = v_now + lease.lease_for
-         WHERE a.id = ANY (v_ids) AND NOT a.id = ANY (v_forged)
+         WHERE a.id = ANY (v_ids) AND NOT a.id = ANY (v_forged)  -- by id alone: a lease spans tenants
         RETURNING a.*
     )
     SELECT l.id, l.lease_id, l.tenant, l.tool, v.provider, coalesce(l.params, s.params),
            l.idempotency_key, l.attempts + 1
       FROM leased l
       JOIN keyturn.tool_version v ON v.tool = l.tool AND v.version = l.tool_version
-      LEFT JOIN keyturn.staged_payload s ON s.action_id = l.id
+      LEFT JOIN keyturn.staged_payload s ON s.action_id = l.id AND s.tenant = l.tenant
      ORDER BY l.next_attempt_at, l.id;
 END
 $$;
@@ -3867,7 +3885,8 @@ BEGIN
         RETURN v_reason;
     END IF;
     SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
-    v_params := coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s WHERE s.action_id = a.id));
+    v_params := coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
+                                     WHERE s.action_id = a.id AND s.tenant = a.tenant));
     v_reason := keyturn._attachment_problem(a, v_ver, v_params);
     IF v_reason IS NULL AND a.approval = 'task'
        AND keyturn._params_errors(v_ver.params_schema, v_params) IS NOT NULL THEN
@@ -3898,22 +3917,25 @@ AS $$
 DECLARE
     v_ords     int[];
     v_ids      uuid[];
+    v_tenants  text[];
     v_problems text[];
     v_reasons  text[];
     v_details  text[];
 BEGIN
-    SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.problem), array_agg(v.reason),
+    SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.reason),
            array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
                           WHEN v.reason IS NULL
                           THEN jsonb_build_object('attempt', v.attempts + 1, 'worker', v.leased_by)::text
                           ELSE jsonb_build_object('reason', v.reason)::text END)
-      INTO v_ords, v_ids, v_problems, v_reasons, v_details
-      FROM (SELECT e.ord, e.id, p.problem, (l.a).attempts, (l.a).leased_by,
+      INTO v_ords, v_ids, v_tenants, v_problems, v_reasons, v_details
+      FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, (l.a).attempts, (l.a).leased_by,
                    CASE WHEN p.problem IS NULL THEN keyturn._begin_problem(l.a) END AS reason
               FROM unnest(p_ords, p_ids, p_leases) AS e (ord, id, lease)
               -- Each row locked as it is read (in the batch's order, as the
               -- single calls one after another would), so the checks see it
               -- as it is locked.
+              -- By id alone: the dispatcher's calls name no tenant, and the
+              -- row found names it for every statement after this one.
               LEFT JOIN LATERAL (SELECT x AS a FROM keyturn.action x WHERE x.id = e.id FOR UPDATE) l ON true
              CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p) v;
     PERFORM keyturn._set_event_details(v_ids, v_details);
@@ -3927,8 +3949,8 @@ BEGIN
                lease_id = CASE WHEN u.reason IS NULL THEN x.lease_id END,
                leased_by = CASE WHEN u.reason IS NULL THEN x.leased_by END,
                lease_expires_at = CASE WHEN u.reason IS NULL THEN x.lease_expires_at END
-          FROM unnest(v_ids, v_problems, v_reasons) AS u (id, problem, reason)
-         WHERE x.id = u.id AND u.problem IS NULL
+          FROM unnest(v_ids, v_tenants, v_problems, v_reasons) AS u (id, tenant, problem, reason)
+         WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL
      RETURNING x.id, x.attempts, x.tenant, x.principal, x.lease_id, x.leased_by, x.status)
     INSERT INTO keyturn.attempt (action_id, attempt, tenant, principal, lease_id, worker, started_at)
     SELECT d.id, d.attempts, d.tenant, d.principal, d.lease_id, d.leased_by, clock_timestamp()
@@ -3998,6 +4020,7 @@ AS $$
 DECLARE
     v_ords     int[];
     v_ids      uuid[];
+    v_tenants  text[];
     v_problems text[];
     v_statuses keyturn.status[];
     v_back     boolean[];
@@ -4007,7 +4030,7 @@ DECLARE
     v_attempts int[];
     v_details  text[];
 BEGIN
-    SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.problem), array_agg(v.status),
+    SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.status),
            array_agg(v.back), array_agg(v.outcome), array_agg(v.receipt), array_agg(v.delay),
            array_agg(v.attempts),
            array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
@@ -4015,8 +4038,9 @@ BEGIN
                           ELSE jsonb_strip_nulls(jsonb_build_object(
                                    'outcome', v.outcome, 'attempt', v.attempts,
                                    'retry_in', CASE WHEN v.status = 'queued' THEN v.delay::text END))::text END)
-      INTO v_ords, v_ids, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays, v_attempts, v_details
-      FROM (SELECT e.ord, e.id, p.problem, e.outcome, (l.a).attempts,
+      INTO v_ords, v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays,
+           v_attempts, v_details
+      FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, e.outcome, (l.a).attempts,
                    (l.a).status = 'leased' AS back,
                    CASE WHEN p.problem IS NULL THEN keyturn._redact(coalesce(e.receipt, '{}')) END AS receipt,
                    least(CASE WHEN (l.a).status = 'leased' THEN coalesce(e.delay, interval '0')
@@ -4034,7 +4058,7 @@ BEGIN
              CROSS JOIN LATERAL (SELECT keyturn._complete_args_error(e.outcome, e.delay, e.receipt) AS arg_error) g
               -- Each row locked as it is read, in the batch's order, and only
               -- for an element whose arguments are right: the others change
-              -- nothing.
+              -- nothing. By id alone, as in keyturn._begin_set.
               LEFT JOIN LATERAL (SELECT x AS a FROM keyturn.action x
                                   WHERE x.id = e.id AND g.arg_error IS NULL FOR UPDATE) l ON true
              CROSS JOIN LATERAL (
@@ -4042,9 +4066,10 @@ BEGIN
                                    '55000 ' || keyturn._complete_problem(l.a, e.id, e.lease, e.outcome)) AS problem) p) v;
     UPDATE keyturn.attempt t
        SET finished_at = clock_timestamp(), outcome = u.outcome, receipt = u.receipt
-      FROM unnest(v_ids, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
-           AS u (id, problem, back, attempt, outcome, receipt)
-     WHERE t.action_id = u.id AND t.attempt = u.attempt AND u.problem IS NULL AND NOT u.back;
+      FROM unnest(v_ids, v_tenants, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
+           AS u (id, tenant, problem, back, attempt, outcome, receipt)
+     WHERE t.action_id = u.id AND t.tenant = u.tenant AND t.attempt = u.attempt
+       AND u.problem IS NULL AND NOT u.back;
     PERFORM keyturn._set_event_details(v_ids, v_details);
     UPDATE keyturn.action x
        SET updated_at = clock_timestamp(), status = u.status,
@@ -4061,9 +4086,9 @@ BEGIN
            lease_id = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_id END,
            leased_by = CASE WHEN u.status = 'queued' THEN NULL ELSE x.leased_by END,
            lease_expires_at = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_expires_at END
-      FROM unnest(v_ids, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays)
-           AS u (id, problem, status, back, outcome, receipt, delay)
-     WHERE x.id = u.id AND u.problem IS NULL;
+      FROM unnest(v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays)
+           AS u (id, tenant, problem, status, back, outcome, receipt, delay)
+     WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL;
     RETURN QUERY
     SELECT v.ord, CASE WHEN v.problem IS NULL THEN v.status::text END, v.problem
       FROM unnest(v_ords, v_problems, v_statuses) AS v (ord, problem, status)
@@ -4113,20 +4138,22 @@ BEGIN
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'expired before approval'));
     UPDATE keyturn.action a
        SET updated_at = clock_timestamp(), status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
-     WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
-                     WHERE o.status = 'pending' AND o.expires_at < v_now
-                       AND x.status = 'pending'
-                       FOR UPDATE OF x SKIP LOCKED);
+     WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
+                                JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
+                                WHERE o.status = 'pending' AND o.expires_at < v_now
+                                  AND x.status = 'pending'
+                                FOR UPDATE OF x SKIP LOCKED);
     GET DIAGNOSTICS v_expired = ROW_COUNT;
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed before dispatch'));
     UPDATE keyturn.action a
        SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp(),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
-     WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
-                     WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
-                       AND x.status = 'leased' AND x.lease_expires_at < v_now
-                       FOR UPDATE OF x SKIP LOCKED);
+     WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
+                                JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
+                                WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
+                                  AND x.status = 'leased' AND x.lease_expires_at < v_now
+                                FOR UPDATE OF x SKIP LOCKED);
     GET DIAGNOSTICS v_requeued = ROW_COUNT;
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed while executing'));
@@ -4134,23 +4161,26 @@ BEGIN
         UPDATE keyturn.action a
            SET updated_at = clock_timestamp(), status = 'uncertain',
                result = jsonb_build_object('reason', 'the dispatcher''s lease lapsed during the provider call; the outcome is unknown and is never retried automatically')
-         WHERE a.id IN (SELECT x.id FROM keyturn.open_action o JOIN keyturn.action x ON x.id = o.action_id
-                         WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
-                           AND x.status = 'executing' AND x.lease_expires_at < v_now
-                           FOR UPDATE OF x SKIP LOCKED)
-        RETURNING a.id, a.attempts
+         WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
+                                    JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
+                                    WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
+                                      AND x.status = 'executing' AND x.lease_expires_at < v_now
+                                    FOR UPDATE OF x SKIP LOCKED)
+        RETURNING a.id, a.tenant, a.attempts
     ), closed AS (
         UPDATE keyturn.attempt t SET finished_at = clock_timestamp(), outcome = 'lapsed'
-          FROM lapsed WHERE t.action_id = lapsed.id AND t.attempt = lapsed.attempts AND t.outcome IS NULL
+          FROM lapsed
+         WHERE t.action_id = lapsed.id AND t.tenant = lapsed.tenant AND t.attempt = lapsed.attempts
+           AND t.outcome IS NULL
         RETURNING 1
     )
     SELECT count(*) INTO v_uncertain FROM lapsed;
 
     -- Staged files no proposal ever bound: gone a day after staging.
     DELETE FROM keyturn.staged_file s
-     WHERE s.id IN (SELECT f.id FROM keyturn.staged_file f
-                     WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours'
-                       FOR UPDATE SKIP LOCKED);
+     WHERE (s.id, s.tenant) IN (SELECT f.id, f.tenant FROM keyturn.staged_file f
+                                WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours'
+                                FOR UPDATE SKIP LOCKED);
     GET DIAGNOSTICS v_files = ROW_COUNT;
     RETURN QUERY SELECT v_expired, v_requeued, v_uncertain, v_files;
 END
@@ -4171,6 +4201,7 @@ BEGIN
     END IF;
     PERFORM keyturn._refuse_nested('reconcile');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    -- By id alone: operators reconcile across tenants.
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = reconcile.action_id FOR UPDATE;
     IF NOT FOUND OR a.status <> 'uncertain' THEN
         RAISE EXCEPTION 'keyturn: only an uncertain action can be reconciled; % is %',
@@ -4184,7 +4215,7 @@ BEGIN
            result = coalesce(x.result, '{}') || jsonb_strip_nulls(jsonb_build_object(
                         'reconciled', reconcile.outcome, 'note', reconcile.note,
                         'by', keyturn._calling_role()))
-     WHERE x.id = a.id;
+     WHERE x.id = a.id AND x.tenant = a.tenant;
     RETURN reconcile.outcome;
 END
 $$;
@@ -4197,7 +4228,7 @@ AS $$
     SELECT keyturn._refuse_nested('uncertain_actions');
     SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt
       FROM keyturn.open_action o
-      JOIN keyturn.action a ON a.id = o.action_id
+      JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
      WHERE o.status = 'uncertain' AND a.status = 'uncertain'
      ORDER BY o.dispatched_at, o.action_id
 $$;
@@ -4213,7 +4244,7 @@ AS $$
     SELECT keyturn._refuse_nested('attempts');
     SELECT t.attempt, t.worker, t.started_at, t.finished_at, t.outcome, t.receipt
       FROM keyturn.attempt t
-     WHERE t.action_id = attempts.action_id
+     WHERE t.action_id = attempts.action_id  -- by id alone: operators reconcile across tenants
      ORDER BY t.attempt
 $$;
 

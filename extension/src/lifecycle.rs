@@ -307,15 +307,18 @@ VALUES ($1, $2, $3, $11, $12, NULL, $6, $13::pg_catalog.jsonb)";
 const OPEN_UPDATE: &str = "\
 WITH o AS (UPDATE keyturn.open_action o SET status = $6, next_attempt_at = $8, lease_expires_at = $9, \
                                            dispatched_at = $10 \
-            WHERE o.action_id OPERATOR(pg_catalog.=) $1) \
+            WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2) \
 INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status, detail) \
 SELECT $1, $2, $3, $11, $12, $14, $6, $13::pg_catalog.jsonb WHERE $15";
 const FINAL: &str = "\
-WITH o AS (DELETE FROM keyturn.open_action o WHERE o.action_id OPERATOR(pg_catalog.=) $1), \
+WITH o AS (DELETE FROM keyturn.open_action o \
+            WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2), \
      u AS (INSERT INTO keyturn.usage (action_id, tenant, principal, tool, executor, attempts) \
            SELECT $1, $2, $3, $7, $8, $9 WHERE $10), \
-     p AS (DELETE FROM keyturn.staged_payload s WHERE $11 AND s.action_id OPERATOR(pg_catalog.=) $1), \
-     f AS (DELETE FROM keyturn.staged_file s WHERE $12 AND s.action_id OPERATOR(pg_catalog.=) $1) \
+     p AS (DELETE FROM keyturn.staged_payload s \
+            WHERE $11 AND s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2), \
+     f AS (DELETE FROM keyturn.staged_file s \
+            WHERE $12 AND s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2) \
 INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status, detail) \
 VALUES ($1, $2, $3, $4, $5, $13, $6, $14::pg_catalog.jsonb)";
 const NOTIFY: &str = "SELECT pg_catalog.pg_notify('keyturn_dispatch', '')";

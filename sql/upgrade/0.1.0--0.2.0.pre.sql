@@ -110,6 +110,20 @@ ALTER TABLE keyturn.action
     ADD COLUMN approved_via text,
     ADD COLUMN approval_mac bytea;
 
+-- The tenant in every key of 0.1.0's tables of one action's rows (why:
+-- sql/010_tables.sql). Each key is rebuilt under its old name; the foreign key
+-- that hangs on action's goes first and comes back with the tenant.
+ALTER TABLE keyturn.staged_payload DROP CONSTRAINT staged_payload_action_id_fkey,
+    DROP CONSTRAINT staged_payload_pkey, ADD PRIMARY KEY (action_id, tenant);
+ALTER TABLE keyturn.action DROP CONSTRAINT action_pkey, ADD PRIMARY KEY (id, tenant);
+ALTER TABLE keyturn.staged_payload ADD CONSTRAINT staged_payload_action_id_tenant_fkey
+    FOREIGN KEY (action_id, tenant) REFERENCES keyturn.action (id, tenant);
+ALTER TABLE keyturn.open_action DROP CONSTRAINT open_action_pkey, ADD PRIMARY KEY (action_id, tenant);
+ALTER TABLE keyturn.action_target DROP CONSTRAINT action_target_pkey, ADD PRIMARY KEY (action_id, tenant, ord);
+ALTER TABLE keyturn.attempt DROP CONSTRAINT attempt_pkey, ADD PRIMARY KEY (action_id, tenant, attempt);
+ALTER TABLE keyturn.event DROP CONSTRAINT event_pkey, ADD PRIMARY KEY (action_id, tenant, id);
+ALTER TABLE keyturn.usage DROP CONSTRAINT usage_action_id_key, ADD UNIQUE (action_id, tenant);
+
 -- The tables v1 adds (sql/010_tables.sql).
 CREATE TABLE keyturn.request (
     tenant           text        NOT NULL,
@@ -133,10 +147,10 @@ CREATE TABLE keyturn.vote (
     epoch             bigint      NOT NULL,
     db_role           text        NOT NULL,
     voted_at          timestamptz NOT NULL DEFAULT clock_timestamp(),
-    PRIMARY KEY (action_id, principal)
+    PRIMARY KEY (action_id, tenant, principal)
 );
 CREATE TABLE keyturn.delegation (
-    id          uuid        PRIMARY KEY,
+    id          uuid        NOT NULL,
     tenant      text        NOT NULL,
     principal   text        NOT NULL,
     tool        text        NOT NULL REFERENCES keyturn.tool (name),
@@ -147,12 +161,13 @@ CREATE TABLE keyturn.delegation (
     db_role     text        NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     expires_at  timestamptz NOT NULL,
-    revoked_at  timestamptz
+    revoked_at  timestamptz,
+    PRIMARY KEY (id, tenant)
 );
 CREATE INDEX delegation_live_idx ON keyturn.delegation (tenant, principal, tool, expires_at)
     WHERE revoked_at IS NULL;
 CREATE TABLE keyturn.staged_file (
-    id            uuid        PRIMARY KEY,
+    id            uuid        NOT NULL,
     tenant        text        NOT NULL,
     principal     text        NOT NULL,
     filename      text        NOT NULL,
@@ -161,10 +176,11 @@ CREATE TABLE keyturn.staged_file (
     sha256        text        NOT NULL,
     content       bytea       NOT NULL,
     staged_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
-    action_id     uuid
+    action_id     uuid,
+    PRIMARY KEY (id, tenant)
 );
 ALTER TABLE keyturn.staged_file ALTER COLUMN content SET STORAGE EXTERNAL;
-CREATE INDEX staged_file_action_idx ON keyturn.staged_file (action_id) WHERE action_id IS NOT NULL;
+CREATE INDEX staged_file_action_idx ON keyturn.staged_file (action_id, tenant) WHERE action_id IS NOT NULL;
 CREATE INDEX staged_file_unbound_idx ON keyturn.staged_file (staged_at) WHERE action_id IS NULL;
 CREATE TABLE keyturn.projection (
     provider    text        PRIMARY KEY,

@@ -2,7 +2,7 @@
 -- Run in a fresh database with pgtap and pg_keyturn installed; every check
 -- prints the offending objects when it fails.
 BEGIN;
-SELECT plan(19);
+SELECT plan(21);
 
 SELECT is_empty($$
     SELECT c.oid::regclass FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
@@ -95,6 +95,68 @@ SELECT is_empty($$
        AND c.relkind IN ('r', 'S') AND c.relname <> 'transition'
        AND NOT c.oid = ANY ((SELECT extconfig FROM pg_extension WHERE extname = 'pg_keyturn')::oid[])$$,
     'every table but the install''s own transition graph is dumped with the data');
+
+-- Shard-ready keys (docs/scale-out.md, layout B): Citus distributes a table
+-- by tenant only if each of its unique keys holds the tenant, and takes a
+-- foreign key between two such tables only on it.
+SELECT is_empty($$
+    SELECT c.conrelid::regclass, c.conname
+      FROM pg_constraint c
+      JOIN pg_attribute t ON t.attrelid = c.conrelid AND t.attname = 'tenant' AND NOT t.attisdropped
+     WHERE c.connamespace = 'keyturn'::regnamespace AND c.contype IN ('p', 'u', 'f')
+       AND ((c.contype IN ('p', 'u') AND NOT t.attnum = ANY (c.conkey))
+            -- a foreign key to a global table (a reference table on Citus) needs none
+            OR (c.contype = 'f' AND EXISTS (
+                    SELECT 1 FROM pg_attribute r
+                     WHERE r.attrelid = c.confrelid AND r.attname = 'tenant' AND NOT r.attisdropped
+                       AND NOT (t.attnum = ANY (c.conkey)
+                                AND c.confkey[array_position(c.conkey, t.attnum)] = r.attnum))))
+    UNION ALL
+    SELECT i.indrelid::regclass, i.indexrelid::regclass::name
+      FROM pg_index i
+      JOIN pg_class k ON k.oid = i.indrelid AND k.relnamespace = 'keyturn'::regnamespace
+      JOIN pg_attribute t ON t.attrelid = i.indrelid AND t.attname = 'tenant' AND NOT t.attisdropped
+     WHERE i.indisunique AND NOT t.attnum = ANY (i.indkey::int2[])$$,
+    'every primary, unique and foreign key of a table with tenant rows holds the tenant');
+
+-- Every statement of keyturn's SQL that finds rows of a table with tenant
+-- rows by id names the tenant too (docs/scale-out.md, layout B, step 4), or
+-- says why it cannot: "by id alone" in the statement (the dispatcher's and
+-- the operators' calls, which name no tenant). A statement is what lies
+-- between two semicolons (so a comment that says why comes before the
+-- statement's own, and holds none); a table's alias is the word after its
+-- name.
+CREATE FUNCTION pg_temp.by_id_without_tenant() RETURNS SETOF text LANGUAGE plpgsql AS $f$
+DECLARE
+    p      record;
+    stmt   text;
+    alias  text;
+    tables text := (SELECT string_agg(c.relname, '|') FROM pg_class c
+                     JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'tenant'
+                     WHERE c.relnamespace = 'keyturn'::regnamespace AND c.relkind = 'r');
+BEGIN
+    FOR p IN SELECT f.oid::regprocedure::text AS name, f.prosrc FROM pg_proc f
+              JOIN pg_language l ON l.oid = f.prolang
+             WHERE f.pronamespace = 'keyturn'::regnamespace AND l.lanname IN ('sql', 'plpgsql') LOOP
+        FOREACH stmt IN ARRAY regexp_split_to_array(p.prosrc, ';') LOOP
+            CONTINUE WHEN stmt ~* 'by id alone';
+            FOR alias IN SELECT DISTINCT m[2] FROM regexp_matches(stmt,
+                    '\mkeyturn\.(' || tables || ')\M\s+(?:AS\s+)?([a-z_][a-z0-9_]*)', 'g') m LOOP
+                CONTINUE WHEN alias IN ('on', 'where', 'set', 'join', 'left', 'using', 'as');
+                IF stmt ~ ('\m' || alias || '\.(id|action_id)\M\s*(=|IN\M|OPERATOR)')
+                   OR stmt ~ ('(=|OPERATOR\(pg_catalog\.=\))\s*' || alias || '\.(id|action_id)\M')
+                   OR stmt ~ ('\(\s*' || alias || '\.(id|action_id)\s*,') THEN
+                    IF stmt !~ ('\m' || alias || '\.tenant\M') THEN
+                        RETURN NEXT p.name || ': ' || alias || ' in ' || regexp_replace(btrim(stmt), '\s+', ' ', 'g');
+                    END IF;
+                END IF;
+            END LOOP;
+        END LOOP;
+    END LOOP;
+END
+$f$;
+SELECT is_empty('SELECT * FROM pg_temp.by_id_without_tenant()',
+    'every statement that finds tenant rows by id names the tenant, or says why it cannot');
 
 -- A scalar SQL function PostgreSQL cannot inline is parsed and planned again
 -- in every transaction that calls it (its cache lives in the calling
