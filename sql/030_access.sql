@@ -67,14 +67,19 @@ BEGIN
 END
 $$;
 
+-- plpgsql, and the time taken from EXCLUDED: Citus refuses a function in DO
+-- UPDATE SET, and crashed on this statement as a LANGUAGE sql function with
+-- now() there (docs/scale-out.md, layout B).
 CREATE FUNCTION keyturn._bump_epoch(p_tenant text, p_principal text)
 RETURNS void
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 AS $$
+BEGIN
     INSERT INTO keyturn.auth_epoch AS e (tenant, principal, epoch)
     VALUES (p_tenant, p_principal, 1)
     ON CONFLICT (tenant, principal)
-    DO UPDATE SET epoch = e.epoch + 1, changed_at = now();
+    DO UPDATE SET epoch = e.epoch + 1, changed_at = EXCLUDED.changed_at;
+END
 $$;
 
 -- Row visibility for the calling identity: its own tenant only; a 'member' sees

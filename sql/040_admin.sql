@@ -88,7 +88,7 @@ BEGIN
     INSERT INTO keyturn.member AS m (tenant, principal, role)
     VALUES (add_member.tenant, add_member.principal, add_member.role)
     ON CONFLICT ON CONSTRAINT member_pkey
-    DO UPDATE SET role = EXCLUDED.role, updated_at = now()
+    DO UPDATE SET role = EXCLUDED.role, updated_at = EXCLUDED.updated_at
        WHERE m.role IS DISTINCT FROM EXCLUDED.role;
     v_changed := FOUND;
 
@@ -154,7 +154,7 @@ BEGIN
             grant_tool.max_uses)
     ON CONFLICT ON CONSTRAINT tool_grant_pkey
     DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
-                  uses = 0, granted_at = now()
+                  uses = 0, granted_at = EXCLUDED.granted_at
        WHERE (g.scope, g.valid_until, g.max_uses)
              IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
     v_changed := FOUND;

@@ -374,6 +374,9 @@ DECLARE
     v_delegable boolean := false;
     v_version   int;
     v_normal    jsonb;
+    v_set       text[];
+    v_where     text[];
+    v_att_types text[];
 BEGIN
     PERFORM keyturn._refuse_nested('register_tool');
     IF v_name IS NULL OR v_name !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$' OR length(v_name) > 63 THEN
@@ -470,6 +473,14 @@ BEGIN
         UPDATE keyturn.tool t SET version = v_version, updated_at = now() WHERE t.name = v_name;
     END IF;
 
+    -- The arrays first: Citus takes no subquery in INSERT ... VALUES (docs/scale-out.md, layout B, step 5).
+    IF v_sql IS NOT NULL THEN
+        v_set := ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'set'));
+        v_where := ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'where'));
+    END IF;
+    IF v_ext ->> 'attachments_param' IS NOT NULL THEN
+        v_att_types := ARRAY(SELECT jsonb_array_elements_text(v_ext -> 'attachment_types'));
+    END IF;
     INSERT INTO keyturn.tool_version (tool, version, spec, kind, executor, provider, params_schema,
                                       summary, effect, expires_in, retain, approval, quorum, delegable,
                                       max_targets, targets_param, sql_schema, sql_table, sql_key, sql_version,
@@ -478,14 +489,9 @@ BEGIN
     VALUES (v_name, v_version, v_normal, v_kind, v_exec, v_ext ->> 'provider', v_ext -> 'params_schema',
             v_summary, v_effect, v_expires, v_retain, v_approval, v_quorum, v_delegable, v_max,
             v_ext ->> 'targets_param', v_sql ->> 'schema', v_sql ->> 'table', v_sql ->> 'key',
-            v_sql ->> 'version',
-            CASE WHEN v_sql IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'set')) END,
-            CASE WHEN v_sql IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'where')) END,
+            v_sql ->> 'version', v_set, v_where,
             v_sql -> 'types', (v_rate ->> 'max')::int, (v_rate ->> 'per')::interval,
-            v_ext ->> 'attachments_param',
-            CASE WHEN v_ext ->> 'attachments_param' IS NOT NULL
-                 THEN ARRAY(SELECT jsonb_array_elements_text(v_ext -> 'attachment_types')) END,
-            (v_ext ->> 'max_attachment_bytes')::bigint);
+            v_ext ->> 'attachments_param', v_att_types, (v_ext ->> 'max_attachment_bytes')::bigint);
     RETURN v_version;
 END
 $$;

@@ -278,6 +278,11 @@ DECLARE
     v_recent    bigint;
     v_id        uuid := keyturn._uuid_v7();  -- time-ordered: see extension/src/ids.rs
     v_token     text := keyturn._token_new();
+    v_now       timestamptz;
+    v_keys      text[];
+    v_epoch     bigint;
+    v_digest    bytea;
+    v_binding   bytea;
     v_expires   timestamptz;
     v_summary   text;
     v_request   keyturn.request;
@@ -392,9 +397,17 @@ BEGIN
          WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = v_tool.name;
     END IF;
 
-    v_expires := clock_timestamp() + v_ver.expires_in;
+    v_now := clock_timestamp();
+    v_expires := v_now + v_ver.expires_in;
     v_summary := keyturn._render_summary(v_ver.summary, p_params, v_count);
 
+    -- Every value computed before the INSERT, none in it: Citus refuses a
+    -- subquery in an INSERT and evaluates nothing volatile on a shard
+    -- (docs/scale-out.md, layout B, step 5).
+    v_keys := ARRAY(SELECT k FROM jsonb_object_keys(p_params) k ORDER BY k COLLATE "C");
+    v_epoch := keyturn._epoch(p_tenant, p_principal);
+    v_digest := keyturn._token_digest(v_token);
+    v_binding := keyturn._token_binding(v_token, v_id, v_hash, v_expires);
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
         'revised_from', p_revised_from, 'revised_by', p_revised_by)));
     INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor, approval,
@@ -405,13 +418,11 @@ BEGIN
     VALUES (v_id, p_tenant, p_principal, p_session, v_tool.name, v_ver.version, v_ver.executor,
             v_ver.approval, v_ver.retain,
             CASE WHEN v_ver.retain = 'full' THEN p_params END,
-            ARRAY(SELECT k FROM jsonb_object_keys(p_params) k ORDER BY k COLLATE "C"),
-            v_hash,
+            v_keys, v_hash,
             CASE WHEN v_ver.retain = 'full' THEN v_summary END,
-            v_origin, v_conv, keyturn._epoch(p_tenant, p_principal), v_count,
-            keyturn._token_digest(v_token), keyturn._token_binding(v_token, v_id, v_hash, v_expires),
-            'keyturn-' || v_id::text, p_revised_from, p_revised_by, clock_timestamp(), v_expires,
-            'pending', clock_timestamp());
+            v_origin, v_conv, v_epoch, v_count, v_digest, v_binding,
+            'keyturn-' || v_id::text, p_revised_from, p_revised_by, v_now, v_expires,
+            'pending', v_now);
 
     INSERT INTO keyturn.action_target (action_id, ord, tenant, principal, key, version)
     SELECT v_id, t.ord, p_tenant, p_principal, t.value ->> 'k', t.value ->> 'v'

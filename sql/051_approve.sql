@@ -116,10 +116,12 @@ CREATE FUNCTION keyturn._settle(a keyturn.action, p_status keyturn.status, p_res
 RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
 LANGUAGE plpgsql VOLATILE
 AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
 BEGIN
     PERFORM keyturn._set_event_detail(p_detail);
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = p_status, result = p_result,
+       SET updated_at = v_now, status = p_status, result = p_result,
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
      WHERE x.id = a.id AND x.tenant = a.tenant;
@@ -270,6 +272,7 @@ DECLARE
     v_params jsonb;
     v_reason text;
     v_err    text;
+    v_now    timestamptz;
 BEGIN
     IF clock_timestamp() > a.expires_at THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a, 'expired',
@@ -335,8 +338,9 @@ BEGIN
         VALUES (a.id, a.tenant, a.principal, v_params);
     END IF;
     PERFORM keyturn._set_event_detail('{}');
+    v_now := clock_timestamp();
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp(),
+       SET updated_at = v_now, status = 'queued', next_attempt_at = v_now,
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
      WHERE x.id = a.id AND x.tenant = a.tenant;
@@ -462,12 +466,13 @@ AS $$
 DECLARE
     a        keyturn.action;
     v_status keyturn.status;
+    v_now    timestamptz := clock_timestamp();
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
     a := keyturn._usable_action(p_id, p_token, 'reject');
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object('reason', p_reason)));
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = 'rejected',
+       SET updated_at = v_now, status = 'rejected',
            result = jsonb_strip_nulls(jsonb_build_object('reason', coalesce(p_reason, 'rejected by the approver')))
      WHERE x.id = p_id AND x.tenant = a.tenant AND x.status = 'pending'
     RETURNING x.status INTO v_status;

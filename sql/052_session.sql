@@ -11,6 +11,7 @@ DECLARE
     v_session   text := keyturn.current_session();
     v_target    text;
     v_n         int;
+    v_now       timestamptz := clock_timestamp();
 BEGIN
     PERFORM keyturn._refuse_nested('end_session');
     PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
@@ -18,7 +19,7 @@ BEGIN
     v_target := coalesce(end_session.session, v_session);
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'session ended'));
     UPDATE keyturn.action a
-       SET updated_at = clock_timestamp(), status = 'cancelled', result = jsonb_build_object('reason', 'the session ended'),
+       SET updated_at = v_now, status = 'cancelled', result = jsonb_build_object('reason', 'the session ended'),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
      WHERE a.id IN (SELECT o.action_id FROM keyturn.open_action o
                      WHERE o.tenant = v_tenant AND o.principal = v_principal AND o.session = v_target)
@@ -41,6 +42,7 @@ DECLARE
     v_tenant    text := keyturn.current_tenant();
     v_principal text := keyturn.current_principal();
     v_n         int;
+    v_now       timestamptz := clock_timestamp();
 BEGIN
     PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
@@ -53,7 +55,7 @@ BEGIN
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'conversation ' || p_how));
     UPDATE keyturn.action a
-       SET updated_at = clock_timestamp(), status = 'cancelled',
+       SET updated_at = v_now, status = 'cancelled',
            result = jsonb_build_object('reason', 'the conversation was ' || p_how),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
      WHERE a.id IN (SELECT o.action_id FROM keyturn.open_action o

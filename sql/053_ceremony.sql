@@ -188,6 +188,7 @@ DECLARE
     v_principal text := keyturn.current_principal();
     a           keyturn.action;
     v_new       record;
+    v_now       timestamptz;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     a := keyturn._usable_action(p_id, p_token, 'revise');
@@ -201,8 +202,9 @@ BEGIN
                                 a.origin, a.id, v_principal);
     PERFORM keyturn._set_event_detail(jsonb_build_object('superseded_by', v_new.o_action_id,
                                                          'revised_by', v_principal));
+    v_now := clock_timestamp();
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = 'superseded',
+       SET updated_at = v_now, status = 'superseded',
            result = jsonb_build_object('superseded_by', v_new.o_action_id)
      WHERE x.id = a.id AND x.tenant = a.tenant;
     RETURN QUERY SELECT v_new.o_action_id, v_new.o_token, v_new.o_summary, v_new.o_params_hash,

@@ -39,6 +39,8 @@ DECLARE
     v_why       text;
     v_scope     jsonb;
     v_id        uuid := keyturn._uuid_v7();
+    v_now       timestamptz;
+    v_epoch     bigint;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
@@ -71,10 +73,12 @@ BEGIN
         -- Its writes will run as this role, under its RLS.
         PERFORM keyturn._refuse_rls_bypass(p_caller);
     END IF;
-    INSERT INTO keyturn.delegation (id, tenant, principal, tool, scope, max_uses, epoch, db_role, expires_at)
-    VALUES (v_id, v_tenant, v_principal, p_tool, v_scope, p_max_uses,
-            keyturn._epoch(v_tenant, v_principal), p_caller::regrole::text,
-            clock_timestamp() + p_valid_for);
+    v_now := clock_timestamp();
+    v_epoch := keyturn._epoch(v_tenant, v_principal);
+    INSERT INTO keyturn.delegation (id, tenant, principal, tool, scope, max_uses, epoch, db_role, created_at,
+                                    expires_at)
+    VALUES (v_id, v_tenant, v_principal, p_tool, v_scope, p_max_uses, v_epoch, p_caller::regrole::text, v_now,
+            v_now + p_valid_for);
     RETURN v_id;
 END
 $$;
@@ -91,6 +95,7 @@ DECLARE
     v_principal text := keyturn.current_principal();
     v_role      text;
     d           keyturn.delegation;
+    v_now       timestamptz := clock_timestamp();
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
@@ -105,7 +110,7 @@ BEGIN
         RAISE EXCEPTION 'keyturn: only its principal or an admin of tenant % may revoke standing approval %', v_tenant, p_id
             USING ERRCODE = '42501';
     END IF;
-    UPDATE keyturn.delegation x SET revoked_at = clock_timestamp() WHERE x.id = p_id AND x.tenant = v_tenant;
+    UPDATE keyturn.delegation x SET revoked_at = v_now WHERE x.id = p_id AND x.tenant = v_tenant;
     RETURN true;
 END
 $$;
@@ -143,9 +148,10 @@ RETURNS keyturn.delegation
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    a keyturn.action;
-    c keyturn.delegation;
-    d keyturn.delegation;
+    a     keyturn.action;
+    c     keyturn.delegation;
+    d     keyturn.delegation;
+    v_now timestamptz;
 BEGIN
     IF keyturn._not_delegable(p_ver) IS NOT NULL THEN
         RETURN NULL;
@@ -159,9 +165,10 @@ BEGIN
          ORDER BY x.expires_at, x.id
     LOOP
         CONTINUE WHEN keyturn._scope_violation(c.scope, p_params, p_count) IS NOT NULL;
+        v_now := clock_timestamp();
         UPDATE keyturn.delegation x SET uses = x.uses + 1
          WHERE x.id = c.id AND x.tenant = c.tenant AND x.uses < x.max_uses AND x.revoked_at IS NULL
-           AND x.expires_at > clock_timestamp()
+           AND x.expires_at > v_now
         RETURNING x.* INTO d;
         IF FOUND THEN
             RETURN d;

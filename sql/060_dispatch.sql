@@ -70,6 +70,7 @@ DECLARE
     v_now    timestamptz := clock_timestamp();
     v_ids    uuid[];
     v_forged uuid[];
+    v_leases uuid[];
 BEGIN
     PERFORM keyturn._require_text(lease.worker, 'worker');
     IF lease.max_jobs IS NULL OR lease.max_jobs NOT BETWEEN 1 AND 1000 THEN
@@ -88,25 +89,31 @@ BEGIN
         RETURN;
     END IF;
     -- A queued row that no approval produced (a table write, a tampered
-    -- restore) is never leased: it is invalidated, visibly, instead.
-    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'no valid approval', 'worker', lease.worker));
-    WITH forged AS (
+    -- restore) is never leased: it is invalidated, visibly, instead. The rows
+    -- are locked (keyturn._due), so what is read here is what is updated; the
+    -- check is read first because the UPDATEs, like every UPDATE of keyturn's
+    -- tables, call no volatile function (docs/scale-out.md, layout B, step 5).
+    v_forged := ARRAY(SELECT a.id FROM keyturn.action a
+                       WHERE a.id = ANY (v_ids)  -- by id alone: a lease spans tenants
+                         AND NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
+                                                         a.approved_at, a.approved_via, a.approval_mac));
+    IF cardinality(v_forged) > 0 THEN
+        PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'no valid approval', 'worker', lease.worker));
+        -- By id alone, as above.
         UPDATE keyturn.action a
-           SET updated_at = clock_timestamp(), status = 'invalidated',
+           SET updated_at = v_now, status = 'invalidated',
                result = jsonb_build_object('reason', 'no approval produced this queued action; it is never dispatched')
-         WHERE a.id = ANY (v_ids)  -- by id alone: a lease spans tenants
-           AND NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
-                                           a.approved_at, a.approved_via, a.approval_mac)
-        RETURNING a.id
-    )
-    SELECT coalesce(array_agg(f.id), '{}') INTO v_forged FROM forged f;
+         WHERE a.id = ANY (v_forged);
+    END IF;
+    v_leases := ARRAY(SELECT gen_random_uuid() FROM unnest(v_ids));
     PERFORM keyturn._set_event_detail(jsonb_build_object('worker', lease.worker));
     RETURN QUERY
     WITH leased AS (
         UPDATE keyturn.action a
-           SET updated_at = clock_timestamp(), status = 'leased', lease_id = gen_random_uuid(),
+           SET updated_at = v_now, status = 'leased', lease_id = u.lease,
                leased_by = lease.worker, lease_expires_at = v_now + lease.lease_for
-         WHERE a.id = ANY (v_ids) AND NOT a.id = ANY (v_forged)  -- by id alone: a lease spans tenants
+          FROM unnest(v_ids, v_leases) AS u (id, lease)
+         WHERE a.id = u.id AND NOT a.id = ANY (v_forged)  -- by id alone: a lease spans tenants
         RETURNING a.*
     )
     SELECT l.id, l.lease_id, l.tenant, l.tool, v.provider, coalesce(l.params, s.params),
@@ -231,6 +238,7 @@ DECLARE
     v_problems text[];
     v_reasons  text[];
     v_details  text[];
+    v_now      timestamptz;
 BEGIN
     SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.reason),
            array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
@@ -249,12 +257,13 @@ BEGIN
               LEFT JOIN LATERAL (SELECT x AS a FROM keyturn.action x WHERE x.id = e.id FOR UPDATE) l ON true
              CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p) v;
     PERFORM keyturn._set_event_details(v_ids, v_details);
+    v_now := clock_timestamp();
     WITH done AS (
         UPDATE keyturn.action x
-           SET updated_at = clock_timestamp(),
+           SET updated_at = v_now,
                status = CASE WHEN u.reason IS NULL THEN 'executing' ELSE 'invalidated' END::keyturn.status,
                attempts = x.attempts + CASE WHEN u.reason IS NULL THEN 1 ELSE 0 END,
-               dispatched_at = CASE WHEN u.reason IS NULL THEN clock_timestamp() ELSE x.dispatched_at END,
+               dispatched_at = CASE WHEN u.reason IS NULL THEN v_now ELSE x.dispatched_at END,
                result = CASE WHEN u.reason IS NULL THEN x.result ELSE jsonb_build_object('reason', u.reason) END,
                lease_id = CASE WHEN u.reason IS NULL THEN x.lease_id END,
                leased_by = CASE WHEN u.reason IS NULL THEN x.leased_by END,
@@ -263,7 +272,7 @@ BEGIN
          WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL
      RETURNING x.id, x.attempts, x.tenant, x.principal, x.lease_id, x.leased_by, x.status)
     INSERT INTO keyturn.attempt (action_id, attempt, tenant, principal, lease_id, worker, started_at)
-    SELECT d.id, d.attempts, d.tenant, d.principal, d.lease_id, d.leased_by, clock_timestamp()
+    SELECT d.id, d.attempts, d.tenant, d.principal, d.lease_id, d.leased_by, v_now
       FROM done d WHERE d.status = 'executing';
     RETURN QUERY
     SELECT v.ord, v.problem IS NULL AND v.reason IS NULL, v.problem
@@ -339,6 +348,7 @@ DECLARE
     v_delays   interval[];
     v_attempts int[];
     v_details  text[];
+    v_now      timestamptz;
 BEGIN
     SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.status),
            array_agg(v.back), array_agg(v.outcome), array_agg(v.receipt), array_agg(v.delay),
@@ -374,15 +384,16 @@ BEGIN
              CROSS JOIN LATERAL (
                    SELECT coalesce('22023 ' || g.arg_error,
                                    '55000 ' || keyturn._complete_problem(l.a, e.id, e.lease, e.outcome)) AS problem) p) v;
+    v_now := clock_timestamp();
     UPDATE keyturn.attempt t
-       SET finished_at = clock_timestamp(), outcome = u.outcome, receipt = u.receipt
+       SET finished_at = v_now, outcome = u.outcome, receipt = u.receipt
       FROM unnest(v_ids, v_tenants, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
            AS u (id, tenant, problem, back, attempt, outcome, receipt)
      WHERE t.action_id = u.id AND t.tenant = u.tenant AND t.attempt = u.attempt
        AND u.problem IS NULL AND NOT u.back;
     PERFORM keyturn._set_event_details(v_ids, v_details);
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = u.status,
+       SET updated_at = v_now, status = u.status,
            receipt = CASE WHEN u.back THEN x.receipt ELSE u.receipt END,
            result = CASE
                         WHEN u.status = 'queued' THEN x.result
@@ -392,7 +403,7 @@ BEGIN
                             THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
                         ELSE jsonb_build_object('outcome', u.outcome)
                     END,
-           next_attempt_at = CASE WHEN u.status = 'queued' THEN clock_timestamp() + u.delay END,
+           next_attempt_at = CASE WHEN u.status = 'queued' THEN v_now + u.delay END,
            lease_id = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_id END,
            leased_by = CASE WHEN u.status = 'queued' THEN NULL ELSE x.leased_by END,
            lease_expires_at = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_expires_at END
@@ -447,7 +458,7 @@ BEGIN
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'expired before approval'));
     UPDATE keyturn.action a
-       SET updated_at = clock_timestamp(), status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
+       SET updated_at = v_now, status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
      WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
                                 JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
                                 WHERE o.status = 'pending' AND o.expires_at < v_now
@@ -457,7 +468,7 @@ BEGIN
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed before dispatch'));
     UPDATE keyturn.action a
-       SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp(),
+       SET updated_at = v_now, status = 'queued', next_attempt_at = v_now,
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
      WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
                                 JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
@@ -469,7 +480,7 @@ BEGIN
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed while executing'));
     WITH lapsed AS (
         UPDATE keyturn.action a
-           SET updated_at = clock_timestamp(), status = 'uncertain',
+           SET updated_at = v_now, status = 'uncertain',
                result = jsonb_build_object('reason', 'the dispatcher''s lease lapsed during the provider call; the outcome is unknown and is never retried automatically')
          WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
                                     JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
@@ -478,7 +489,7 @@ BEGIN
                                     FOR UPDATE OF x SKIP LOCKED)
         RETURNING a.id, a.tenant, a.attempts
     ), closed AS (
-        UPDATE keyturn.attempt t SET finished_at = clock_timestamp(), outcome = 'lapsed'
+        UPDATE keyturn.attempt t SET finished_at = v_now, outcome = 'lapsed'
           FROM lapsed
          WHERE t.action_id = lapsed.id AND t.tenant = lapsed.tenant AND t.attempt = lapsed.attempts
            AND t.outcome IS NULL
@@ -502,7 +513,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    a keyturn.action;
+    a     keyturn.action;
+    v_now timestamptz := clock_timestamp();
 BEGIN
     IF reconcile.outcome IS NULL OR reconcile.outcome NOT IN ('succeeded', 'failed') THEN
         RAISE EXCEPTION 'keyturn: reconcile outcome must be succeeded or failed, not %',
@@ -521,7 +533,7 @@ BEGIN
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
         'reconciled', reconcile.outcome, 'note', reconcile.note)));
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = reconcile.outcome::keyturn.status,
+       SET updated_at = v_now, status = reconcile.outcome::keyturn.status,
            result = coalesce(x.result, '{}') || jsonb_strip_nulls(jsonb_build_object(
                         'reconciled', reconcile.outcome, 'note', reconcile.note,
                         'by', keyturn._calling_role()))

@@ -924,14 +924,19 @@ BEGIN
 END
 $$;
 
+-- plpgsql, and the time taken from EXCLUDED: Citus refuses a function in DO
+-- UPDATE SET, and crashed on this statement as a LANGUAGE sql function with
+-- now() there (docs/scale-out.md, layout B).
 CREATE OR REPLACE FUNCTION keyturn._bump_epoch(p_tenant text, p_principal text)
 RETURNS void
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 AS $$
+BEGIN
     INSERT INTO keyturn.auth_epoch AS e (tenant, principal, epoch)
     VALUES (p_tenant, p_principal, 1)
     ON CONFLICT (tenant, principal)
-    DO UPDATE SET epoch = e.epoch + 1, changed_at = now();
+    DO UPDATE SET epoch = e.epoch + 1, changed_at = EXCLUDED.changed_at;
+END
 $$;
 
 -- Row visibility for the calling identity: its own tenant only; a 'member' sees
@@ -1094,7 +1099,7 @@ BEGIN
     INSERT INTO keyturn.member AS m (tenant, principal, role)
     VALUES (add_member.tenant, add_member.principal, add_member.role)
     ON CONFLICT ON CONSTRAINT member_pkey
-    DO UPDATE SET role = EXCLUDED.role, updated_at = now()
+    DO UPDATE SET role = EXCLUDED.role, updated_at = EXCLUDED.updated_at
        WHERE m.role IS DISTINCT FROM EXCLUDED.role;
     v_changed := FOUND;
 
@@ -1160,7 +1165,7 @@ BEGIN
             grant_tool.max_uses)
     ON CONFLICT ON CONSTRAINT tool_grant_pkey
     DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
-                  uses = 0, granted_at = now()
+                  uses = 0, granted_at = EXCLUDED.granted_at
        WHERE (g.scope, g.valid_until, g.max_uses)
              IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
     v_changed := FOUND;
@@ -1606,6 +1611,9 @@ DECLARE
     v_delegable boolean := false;
     v_version   int;
     v_normal    jsonb;
+    v_set       text[];
+    v_where     text[];
+    v_att_types text[];
 BEGIN
     PERFORM keyturn._refuse_nested('register_tool');
     IF v_name IS NULL OR v_name !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$' OR length(v_name) > 63 THEN
@@ -1702,6 +1710,14 @@ BEGIN
         UPDATE keyturn.tool t SET version = v_version, updated_at = now() WHERE t.name = v_name;
     END IF;
 
+    -- The arrays first: Citus takes no subquery in INSERT ... VALUES (docs/scale-out.md, layout B, step 5).
+    IF v_sql IS NOT NULL THEN
+        v_set := ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'set'));
+        v_where := ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'where'));
+    END IF;
+    IF v_ext ->> 'attachments_param' IS NOT NULL THEN
+        v_att_types := ARRAY(SELECT jsonb_array_elements_text(v_ext -> 'attachment_types'));
+    END IF;
     INSERT INTO keyturn.tool_version (tool, version, spec, kind, executor, provider, params_schema,
                                       summary, effect, expires_in, retain, approval, quorum, delegable,
                                       max_targets, targets_param, sql_schema, sql_table, sql_key, sql_version,
@@ -1710,14 +1726,9 @@ BEGIN
     VALUES (v_name, v_version, v_normal, v_kind, v_exec, v_ext ->> 'provider', v_ext -> 'params_schema',
             v_summary, v_effect, v_expires, v_retain, v_approval, v_quorum, v_delegable, v_max,
             v_ext ->> 'targets_param', v_sql ->> 'schema', v_sql ->> 'table', v_sql ->> 'key',
-            v_sql ->> 'version',
-            CASE WHEN v_sql IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'set')) END,
-            CASE WHEN v_sql IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'where')) END,
+            v_sql ->> 'version', v_set, v_where,
             v_sql -> 'types', (v_rate ->> 'max')::int, (v_rate ->> 'per')::interval,
-            v_ext ->> 'attachments_param',
-            CASE WHEN v_ext ->> 'attachments_param' IS NOT NULL
-                 THEN ARRAY(SELECT jsonb_array_elements_text(v_ext -> 'attachment_types')) END,
-            (v_ext ->> 'max_attachment_bytes')::bigint);
+            v_ext ->> 'attachments_param', v_att_types, (v_ext ->> 'max_attachment_bytes')::bigint);
     RETURN v_version;
 END
 $$;
@@ -2005,6 +2016,11 @@ DECLARE
     v_recent    bigint;
     v_id        uuid := keyturn._uuid_v7();  -- time-ordered: see extension/src/ids.rs
     v_token     text := keyturn._token_new();
+    v_now       timestamptz;
+    v_keys      text[];
+    v_epoch     bigint;
+    v_digest    bytea;
+    v_binding   bytea;
     v_expires   timestamptz;
     v_summary   text;
     v_request   keyturn.request;
@@ -2119,9 +2135,17 @@ BEGIN
          WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = v_tool.name;
     END IF;
 
-    v_expires := clock_timestamp() + v_ver.expires_in;
+    v_now := clock_timestamp();
+    v_expires := v_now + v_ver.expires_in;
     v_summary := keyturn._render_summary(v_ver.summary, p_params, v_count);
 
+    -- Every value computed before the INSERT, none in it: Citus refuses a
+    -- subquery in an INSERT and evaluates nothing volatile on a shard
+    -- (docs/scale-out.md, layout B, step 5).
+    v_keys := ARRAY(SELECT k FROM jsonb_object_keys(p_params) k ORDER BY k COLLATE "C");
+    v_epoch := keyturn._epoch(p_tenant, p_principal);
+    v_digest := keyturn._token_digest(v_token);
+    v_binding := keyturn._token_binding(v_token, v_id, v_hash, v_expires);
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
         'revised_from', p_revised_from, 'revised_by', p_revised_by)));
     INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor, approval,
@@ -2132,13 +2156,11 @@ BEGIN
     VALUES (v_id, p_tenant, p_principal, p_session, v_tool.name, v_ver.version, v_ver.executor,
             v_ver.approval, v_ver.retain,
             CASE WHEN v_ver.retain = 'full' THEN p_params END,
-            ARRAY(SELECT k FROM jsonb_object_keys(p_params) k ORDER BY k COLLATE "C"),
-            v_hash,
+            v_keys, v_hash,
             CASE WHEN v_ver.retain = 'full' THEN v_summary END,
-            v_origin, v_conv, keyturn._epoch(p_tenant, p_principal), v_count,
-            keyturn._token_digest(v_token), keyturn._token_binding(v_token, v_id, v_hash, v_expires),
-            'keyturn-' || v_id::text, p_revised_from, p_revised_by, clock_timestamp(), v_expires,
-            'pending', clock_timestamp());
+            v_origin, v_conv, v_epoch, v_count, v_digest, v_binding,
+            'keyturn-' || v_id::text, p_revised_from, p_revised_by, v_now, v_expires,
+            'pending', v_now);
 
     INSERT INTO keyturn.action_target (action_id, ord, tenant, principal, key, version)
     SELECT v_id, t.ord, p_tenant, p_principal, t.value ->> 'k', t.value ->> 'v'
@@ -2318,10 +2340,12 @@ CREATE OR REPLACE FUNCTION keyturn._settle(a keyturn.action, p_status keyturn.st
 RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
 LANGUAGE plpgsql VOLATILE
 AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
 BEGIN
     PERFORM keyturn._set_event_detail(p_detail);
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = p_status, result = p_result,
+       SET updated_at = v_now, status = p_status, result = p_result,
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
      WHERE x.id = a.id AND x.tenant = a.tenant;
@@ -2472,6 +2496,7 @@ DECLARE
     v_params jsonb;
     v_reason text;
     v_err    text;
+    v_now    timestamptz;
 BEGIN
     IF clock_timestamp() > a.expires_at THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a, 'expired',
@@ -2537,8 +2562,9 @@ BEGIN
         VALUES (a.id, a.tenant, a.principal, v_params);
     END IF;
     PERFORM keyturn._set_event_detail('{}');
+    v_now := clock_timestamp();
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp(),
+       SET updated_at = v_now, status = 'queued', next_attempt_at = v_now,
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
      WHERE x.id = a.id AND x.tenant = a.tenant;
@@ -2664,12 +2690,13 @@ AS $$
 DECLARE
     a        keyturn.action;
     v_status keyturn.status;
+    v_now    timestamptz := clock_timestamp();
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
     a := keyturn._usable_action(p_id, p_token, 'reject');
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object('reason', p_reason)));
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = 'rejected',
+       SET updated_at = v_now, status = 'rejected',
            result = jsonb_strip_nulls(jsonb_build_object('reason', coalesce(p_reason, 'rejected by the approver')))
      WHERE x.id = p_id AND x.tenant = a.tenant AND x.status = 'pending'
     RETURNING x.status INTO v_status;
@@ -2696,6 +2723,7 @@ DECLARE
     v_session   text := keyturn.current_session();
     v_target    text;
     v_n         int;
+    v_now       timestamptz := clock_timestamp();
 BEGIN
     PERFORM keyturn._refuse_nested('end_session');
     PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
@@ -2703,7 +2731,7 @@ BEGIN
     v_target := coalesce(end_session.session, v_session);
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'session ended'));
     UPDATE keyturn.action a
-       SET updated_at = clock_timestamp(), status = 'cancelled', result = jsonb_build_object('reason', 'the session ended'),
+       SET updated_at = v_now, status = 'cancelled', result = jsonb_build_object('reason', 'the session ended'),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
      WHERE a.id IN (SELECT o.action_id FROM keyturn.open_action o
                      WHERE o.tenant = v_tenant AND o.principal = v_principal AND o.session = v_target)
@@ -2726,6 +2754,7 @@ DECLARE
     v_tenant    text := keyturn.current_tenant();
     v_principal text := keyturn.current_principal();
     v_n         int;
+    v_now       timestamptz := clock_timestamp();
 BEGIN
     PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
@@ -2738,7 +2767,7 @@ BEGIN
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'conversation ' || p_how));
     UPDATE keyturn.action a
-       SET updated_at = clock_timestamp(), status = 'cancelled',
+       SET updated_at = v_now, status = 'cancelled',
            result = jsonb_build_object('reason', 'the conversation was ' || p_how),
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
      WHERE a.id IN (SELECT o.action_id FROM keyturn.open_action o
@@ -3036,6 +3065,7 @@ DECLARE
     v_principal text := keyturn.current_principal();
     a           keyturn.action;
     v_new       record;
+    v_now       timestamptz;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     a := keyturn._usable_action(p_id, p_token, 'revise');
@@ -3049,8 +3079,9 @@ BEGIN
                                 a.origin, a.id, v_principal);
     PERFORM keyturn._set_event_detail(jsonb_build_object('superseded_by', v_new.o_action_id,
                                                          'revised_by', v_principal));
+    v_now := clock_timestamp();
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = 'superseded',
+       SET updated_at = v_now, status = 'superseded',
            result = jsonb_build_object('superseded_by', v_new.o_action_id)
      WHERE x.id = a.id AND x.tenant = a.tenant;
     RETURN QUERY SELECT v_new.o_action_id, v_new.o_token, v_new.o_summary, v_new.o_params_hash,
@@ -3102,6 +3133,8 @@ DECLARE
     v_why       text;
     v_scope     jsonb;
     v_id        uuid := keyturn._uuid_v7();
+    v_now       timestamptz;
+    v_epoch     bigint;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
@@ -3134,10 +3167,12 @@ BEGIN
         -- Its writes will run as this role, under its RLS.
         PERFORM keyturn._refuse_rls_bypass(p_caller);
     END IF;
-    INSERT INTO keyturn.delegation (id, tenant, principal, tool, scope, max_uses, epoch, db_role, expires_at)
-    VALUES (v_id, v_tenant, v_principal, p_tool, v_scope, p_max_uses,
-            keyturn._epoch(v_tenant, v_principal), p_caller::regrole::text,
-            clock_timestamp() + p_valid_for);
+    v_now := clock_timestamp();
+    v_epoch := keyturn._epoch(v_tenant, v_principal);
+    INSERT INTO keyturn.delegation (id, tenant, principal, tool, scope, max_uses, epoch, db_role, created_at,
+                                    expires_at)
+    VALUES (v_id, v_tenant, v_principal, p_tool, v_scope, p_max_uses, v_epoch, p_caller::regrole::text, v_now,
+            v_now + p_valid_for);
     RETURN v_id;
 END
 $$;
@@ -3154,6 +3189,7 @@ DECLARE
     v_principal text := keyturn.current_principal();
     v_role      text;
     d           keyturn.delegation;
+    v_now       timestamptz := clock_timestamp();
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
@@ -3168,7 +3204,7 @@ BEGIN
         RAISE EXCEPTION 'keyturn: only its principal or an admin of tenant % may revoke standing approval %', v_tenant, p_id
             USING ERRCODE = '42501';
     END IF;
-    UPDATE keyturn.delegation x SET revoked_at = clock_timestamp() WHERE x.id = p_id AND x.tenant = v_tenant;
+    UPDATE keyturn.delegation x SET revoked_at = v_now WHERE x.id = p_id AND x.tenant = v_tenant;
     RETURN true;
 END
 $$;
@@ -3206,9 +3242,10 @@ RETURNS keyturn.delegation
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    a keyturn.action;
-    c keyturn.delegation;
-    d keyturn.delegation;
+    a     keyturn.action;
+    c     keyturn.delegation;
+    d     keyturn.delegation;
+    v_now timestamptz;
 BEGIN
     IF keyturn._not_delegable(p_ver) IS NOT NULL THEN
         RETURN NULL;
@@ -3222,9 +3259,10 @@ BEGIN
          ORDER BY x.expires_at, x.id
     LOOP
         CONTINUE WHEN keyturn._scope_violation(c.scope, p_params, p_count) IS NOT NULL;
+        v_now := clock_timestamp();
         UPDATE keyturn.delegation x SET uses = x.uses + 1
          WHERE x.id = c.id AND x.tenant = c.tenant AND x.uses < x.max_uses AND x.revoked_at IS NULL
-           AND x.expires_at > clock_timestamp()
+           AND x.expires_at > v_now
         RETURNING x.* INTO d;
         IF FOUND THEN
             RETURN d;
@@ -3760,6 +3798,7 @@ DECLARE
     v_now    timestamptz := clock_timestamp();
     v_ids    uuid[];
     v_forged uuid[];
+    v_leases uuid[];
 BEGIN
     PERFORM keyturn._require_text(lease.worker, 'worker');
     IF lease.max_jobs IS NULL OR lease.max_jobs NOT BETWEEN 1 AND 1000 THEN
@@ -3778,25 +3817,31 @@ BEGIN
         RETURN;
     END IF;
     -- A queued row that no approval produced (a table write, a tampered
-    -- restore) is never leased: it is invalidated, visibly, instead.
-    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'no valid approval', 'worker', lease.worker));
-    WITH forged AS (
+    -- restore) is never leased: it is invalidated, visibly, instead. The rows
+    -- are locked (keyturn._due), so what is read here is what is updated; the
+    -- check is read first because the UPDATEs, like every UPDATE of keyturn's
+    -- tables, call no volatile function (docs/scale-out.md, layout B, step 5).
+    v_forged := ARRAY(SELECT a.id FROM keyturn.action a
+                       WHERE a.id = ANY (v_ids)  -- by id alone: a lease spans tenants
+                         AND NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
+                                                         a.approved_at, a.approved_via, a.approval_mac));
+    IF cardinality(v_forged) > 0 THEN
+        PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'no valid approval', 'worker', lease.worker));
+        -- By id alone, as above.
         UPDATE keyturn.action a
-           SET updated_at = clock_timestamp(), status = 'invalidated',
+           SET updated_at = v_now, status = 'invalidated',
                result = jsonb_build_object('reason', 'no approval produced this queued action; it is never dispatched')
-         WHERE a.id = ANY (v_ids)  -- by id alone: a lease spans tenants
-           AND NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
-                                           a.approved_at, a.approved_via, a.approval_mac)
-        RETURNING a.id
-    )
-    SELECT coalesce(array_agg(f.id), '{}') INTO v_forged FROM forged f;
+         WHERE a.id = ANY (v_forged);
+    END IF;
+    v_leases := ARRAY(SELECT gen_random_uuid() FROM unnest(v_ids));
     PERFORM keyturn._set_event_detail(jsonb_build_object('worker', lease.worker));
     RETURN QUERY
     WITH leased AS (
         UPDATE keyturn.action a
-           SET updated_at = clock_timestamp(), status = 'leased', lease_id = gen_random_uuid(),
+           SET updated_at = v_now, status = 'leased', lease_id = u.lease,
                leased_by = lease.worker, lease_expires_at = v_now + lease.lease_for
-         WHERE a.id = ANY (v_ids) AND NOT a.id = ANY (v_forged)  -- by id alone: a lease spans tenants
+          FROM unnest(v_ids, v_leases) AS u (id, lease)
+         WHERE a.id = u.id AND NOT a.id = ANY (v_forged)  -- by id alone: a lease spans tenants
         RETURNING a.*
     )
     SELECT l.id, l.lease_id, l.tenant, l.tool, v.provider, coalesce(l.params, s.params),
@@ -3921,6 +3966,7 @@ DECLARE
     v_problems text[];
     v_reasons  text[];
     v_details  text[];
+    v_now      timestamptz;
 BEGIN
     SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.reason),
            array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
@@ -3939,12 +3985,13 @@ BEGIN
               LEFT JOIN LATERAL (SELECT x AS a FROM keyturn.action x WHERE x.id = e.id FOR UPDATE) l ON true
              CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p) v;
     PERFORM keyturn._set_event_details(v_ids, v_details);
+    v_now := clock_timestamp();
     WITH done AS (
         UPDATE keyturn.action x
-           SET updated_at = clock_timestamp(),
+           SET updated_at = v_now,
                status = CASE WHEN u.reason IS NULL THEN 'executing' ELSE 'invalidated' END::keyturn.status,
                attempts = x.attempts + CASE WHEN u.reason IS NULL THEN 1 ELSE 0 END,
-               dispatched_at = CASE WHEN u.reason IS NULL THEN clock_timestamp() ELSE x.dispatched_at END,
+               dispatched_at = CASE WHEN u.reason IS NULL THEN v_now ELSE x.dispatched_at END,
                result = CASE WHEN u.reason IS NULL THEN x.result ELSE jsonb_build_object('reason', u.reason) END,
                lease_id = CASE WHEN u.reason IS NULL THEN x.lease_id END,
                leased_by = CASE WHEN u.reason IS NULL THEN x.leased_by END,
@@ -3953,7 +4000,7 @@ BEGIN
          WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL
      RETURNING x.id, x.attempts, x.tenant, x.principal, x.lease_id, x.leased_by, x.status)
     INSERT INTO keyturn.attempt (action_id, attempt, tenant, principal, lease_id, worker, started_at)
-    SELECT d.id, d.attempts, d.tenant, d.principal, d.lease_id, d.leased_by, clock_timestamp()
+    SELECT d.id, d.attempts, d.tenant, d.principal, d.lease_id, d.leased_by, v_now
       FROM done d WHERE d.status = 'executing';
     RETURN QUERY
     SELECT v.ord, v.problem IS NULL AND v.reason IS NULL, v.problem
@@ -4029,6 +4076,7 @@ DECLARE
     v_delays   interval[];
     v_attempts int[];
     v_details  text[];
+    v_now      timestamptz;
 BEGIN
     SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.status),
            array_agg(v.back), array_agg(v.outcome), array_agg(v.receipt), array_agg(v.delay),
@@ -4064,15 +4112,16 @@ BEGIN
              CROSS JOIN LATERAL (
                    SELECT coalesce('22023 ' || g.arg_error,
                                    '55000 ' || keyturn._complete_problem(l.a, e.id, e.lease, e.outcome)) AS problem) p) v;
+    v_now := clock_timestamp();
     UPDATE keyturn.attempt t
-       SET finished_at = clock_timestamp(), outcome = u.outcome, receipt = u.receipt
+       SET finished_at = v_now, outcome = u.outcome, receipt = u.receipt
       FROM unnest(v_ids, v_tenants, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
            AS u (id, tenant, problem, back, attempt, outcome, receipt)
      WHERE t.action_id = u.id AND t.tenant = u.tenant AND t.attempt = u.attempt
        AND u.problem IS NULL AND NOT u.back;
     PERFORM keyturn._set_event_details(v_ids, v_details);
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = u.status,
+       SET updated_at = v_now, status = u.status,
            receipt = CASE WHEN u.back THEN x.receipt ELSE u.receipt END,
            result = CASE
                         WHEN u.status = 'queued' THEN x.result
@@ -4082,7 +4131,7 @@ BEGIN
                             THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
                         ELSE jsonb_build_object('outcome', u.outcome)
                     END,
-           next_attempt_at = CASE WHEN u.status = 'queued' THEN clock_timestamp() + u.delay END,
+           next_attempt_at = CASE WHEN u.status = 'queued' THEN v_now + u.delay END,
            lease_id = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_id END,
            leased_by = CASE WHEN u.status = 'queued' THEN NULL ELSE x.leased_by END,
            lease_expires_at = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_expires_at END
@@ -4137,7 +4186,7 @@ BEGIN
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'expired before approval'));
     UPDATE keyturn.action a
-       SET updated_at = clock_timestamp(), status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
+       SET updated_at = v_now, status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
      WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
                                 JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
                                 WHERE o.status = 'pending' AND o.expires_at < v_now
@@ -4147,7 +4196,7 @@ BEGIN
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed before dispatch'));
     UPDATE keyturn.action a
-       SET updated_at = clock_timestamp(), status = 'queued', next_attempt_at = clock_timestamp(),
+       SET updated_at = v_now, status = 'queued', next_attempt_at = v_now,
            lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
      WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
                                 JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
@@ -4159,7 +4208,7 @@ BEGIN
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed while executing'));
     WITH lapsed AS (
         UPDATE keyturn.action a
-           SET updated_at = clock_timestamp(), status = 'uncertain',
+           SET updated_at = v_now, status = 'uncertain',
                result = jsonb_build_object('reason', 'the dispatcher''s lease lapsed during the provider call; the outcome is unknown and is never retried automatically')
          WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
                                     JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
@@ -4168,7 +4217,7 @@ BEGIN
                                     FOR UPDATE OF x SKIP LOCKED)
         RETURNING a.id, a.tenant, a.attempts
     ), closed AS (
-        UPDATE keyturn.attempt t SET finished_at = clock_timestamp(), outcome = 'lapsed'
+        UPDATE keyturn.attempt t SET finished_at = v_now, outcome = 'lapsed'
           FROM lapsed
          WHERE t.action_id = lapsed.id AND t.tenant = lapsed.tenant AND t.attempt = lapsed.attempts
            AND t.outcome IS NULL
@@ -4192,7 +4241,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    a keyturn.action;
+    a     keyturn.action;
+    v_now timestamptz := clock_timestamp();
 BEGIN
     IF reconcile.outcome IS NULL OR reconcile.outcome NOT IN ('succeeded', 'failed') THEN
         RAISE EXCEPTION 'keyturn: reconcile outcome must be succeeded or failed, not %',
@@ -4211,7 +4261,7 @@ BEGIN
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
         'reconciled', reconcile.outcome, 'note', reconcile.note)));
     UPDATE keyturn.action x
-       SET updated_at = clock_timestamp(), status = reconcile.outcome::keyturn.status,
+       SET updated_at = v_now, status = reconcile.outcome::keyturn.status,
            result = coalesce(x.result, '{}') || jsonb_strip_nulls(jsonb_build_object(
                         'reconciled', reconcile.outcome, 'note', reconcile.note,
                         'by', keyturn._calling_role()))

@@ -2,7 +2,7 @@
 -- Run in a fresh database with pgtap and pg_keyturn installed; every check
 -- prints the offending objects when it fails.
 BEGIN;
-SELECT plan(21);
+SELECT plan(22);
 
 SELECT is_empty($$
     SELECT c.oid::regclass FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
@@ -158,14 +158,60 @@ $f$;
 SELECT is_empty('SELECT * FROM pg_temp.by_id_without_tenant()',
     'every statement that finds tenant rows by id names the tenant, or says why it cannot');
 
+-- No statement of keyturn's SQL that writes keyturn's tables with UPDATE,
+-- DELETE or an upsert calls a volatile function, no upsert's DO UPDATE calls
+-- one that is not immutable, and no INSERT holds a subquery in VALUES: Citus
+-- refuses each on distributed tables, so every such value is computed first
+-- (docs/scale-out.md, layout B, step 5).
+CREATE FUNCTION pg_temp.volatile_in_dml() RETURNS SETOF text LANGUAGE plpgsql AS $f$
+DECLARE
+    p    record;
+    stmt text;
+    fn   text;
+BEGIN
+    FOR p IN SELECT f.oid::regprocedure::text AS name, f.prosrc FROM pg_proc f
+              JOIN pg_language l ON l.oid = f.prolang
+             WHERE f.pronamespace = 'keyturn'::regnamespace AND l.lanname IN ('sql', 'plpgsql') LOOP
+        FOREACH stmt IN ARRAY regexp_split_to_array(p.prosrc, ';') LOOP
+            stmt := regexp_replace(stmt, '--[^\n]*', '', 'g');
+            IF stmt ~* '\m(UPDATE|DELETE\s+FROM)\s+keyturn\.' OR stmt ~* '\mINSERT\s+INTO\s+keyturn\..*\mDO\s+UPDATE' THEN
+                FOR fn IN SELECT DISTINCT lower(m[1]) FROM regexp_matches(stmt, '([a-z_][a-z0-9_.]*)\s*\(', 'gi') m LOOP
+                    IF EXISTS (SELECT 1 FROM pg_proc v
+                                WHERE v.provolatile = 'v'
+                                  AND v.pronamespace IN ('pg_catalog'::regnamespace, 'keyturn'::regnamespace)
+                                  AND (v.proname = fn OR v.pronamespace::regnamespace::text || '.' || v.proname = fn)) THEN
+                        RETURN NEXT p.name || ': ' || fn || ' in ' || regexp_replace(btrim(stmt), '\s+', ' ', 'g');
+                    END IF;
+                END LOOP;
+            END IF;
+            -- In DO UPDATE SET, Citus takes only IMMUTABLE functions (now() included).
+            FOR fn IN SELECT DISTINCT lower(m[1])
+                        FROM regexp_matches(substring(stmt FROM '(?i)\mDO\s+UPDATE\M.*$'), '([a-z_][a-z0-9_.]*)\s*\(', 'gi') m LOOP
+                IF EXISTS (SELECT 1 FROM pg_proc v
+                            WHERE v.provolatile <> 'i'
+                              AND v.pronamespace IN ('pg_catalog'::regnamespace, 'keyturn'::regnamespace)
+                              AND (v.proname = fn OR v.pronamespace::regnamespace::text || '.' || v.proname = fn)) THEN
+                    RETURN NEXT p.name || ': ' || fn || ' in DO UPDATE: ' || regexp_replace(btrim(stmt), '\s+', ' ', 'g');
+                END IF;
+            END LOOP;
+            IF stmt ~* '\mINSERT\s+INTO\s+keyturn\.[^;]*\mVALUES\s*\(.*\mSELECT\M' THEN
+                RETURN NEXT p.name || ': a subquery in INSERT ... VALUES: ' || regexp_replace(btrim(stmt), '\s+', ' ', 'g');
+            END IF;
+        END LOOP;
+    END LOOP;
+END
+$f$;
+SELECT is_empty('SELECT * FROM pg_temp.volatile_in_dml()',
+    'no UPDATE, DELETE or upsert of keyturn''s tables calls a volatile function (an upsert''s DO UPDATE none but immutable ones), and no INSERT holds a subquery in VALUES');
+
 -- A scalar SQL function PostgreSQL cannot inline is parsed and planned again
 -- in every transaction that calls it (its cache lives in the calling
 -- expression); one declared IMMUTABLE over a STABLE body such as format() is
 -- not inlined. Each is called with column references, never constants,
 -- which the planner would fold instead. The ones listed cannot be inlined,
--- and none is on a hot path: _bump_epoch writes, _votes aggregates (quorum
--- tools only), _legal_transition and _citus_present are sub-selects (a DBA's
--- helper, and Citus's checks at register and deployment time).
+-- and none is on a hot path: _votes aggregates (quorum tools only),
+-- _legal_transition and _citus_present are sub-selects (a DBA's helper, and
+-- Citus's checks at register and deployment time).
 CREATE FUNCTION pg_temp.not_inlined() RETURNS SETOF text LANGUAGE plpgsql AS $f$
 DECLARE
     p    record;
@@ -191,9 +237,9 @@ BEGIN
 END
 $f$;
 SELECT set_eq('SELECT * FROM pg_temp.not_inlined()',
-    ARRAY['keyturn._bump_epoch(text,text)', 'keyturn._votes(keyturn.action)',
+    ARRAY['keyturn._votes(keyturn.action)',
           'keyturn._legal_transition(keyturn.status,keyturn.status)', 'keyturn._citus_present()'],
-    'every scalar SQL function is inlined but the four that cannot be');
+    'every scalar SQL function is inlined but the three that cannot be');
 
 SELECT is_empty($$SELECT object, problem FROM keyturn.check_deployment() WHERE severity = 'error'$$,
     'a fresh install passes keyturn.check_deployment()');
