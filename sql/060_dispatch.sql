@@ -67,10 +67,11 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now    timestamptz := clock_timestamp();
-    v_ids    uuid[];
-    v_forged uuid[];
-    v_leases uuid[];
+    v_now     timestamptz := clock_timestamp();
+    v_ids     uuid[];
+    v_forged  uuid[];
+    v_tenants text[];
+    v_leases  uuid[];
 BEGIN
     PERFORM keyturn._require_text(lease.worker, 'worker');
     IF lease.max_jobs IS NULL OR lease.max_jobs NOT BETWEEN 1 AND 1000 THEN
@@ -90,13 +91,19 @@ BEGIN
     END IF;
     -- A queued row that no approval produced (a table write, a tampered
     -- restore) is never leased: it is invalidated, visibly, instead. The rows
-    -- are locked (keyturn._due), so what is read here is what is updated; the
-    -- check is read first because the UPDATEs, like every UPDATE of keyturn's
-    -- tables, call no volatile function (docs/scale-out.md, layout B, step 5).
-    v_forged := ARRAY(SELECT a.id FROM keyturn.action a
-                       WHERE a.id = ANY (v_ids)  -- by id alone: a lease spans tenants
-                         AND NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
-                                                         a.approved_at, a.approved_via, a.approval_mac));
+    -- are locked (keyturn._due), so what is read here is what is updated: the
+    -- check, and the new lease ids, are read first because the UPDATEs, like
+    -- every UPDATE of keyturn's tables, call no volatile function
+    -- (docs/scale-out.md, layout B, step 5).
+    SELECT coalesce(array_agg(a.id) FILTER (WHERE NOT c.valid), '{}'),
+           coalesce(array_agg(a.id) FILTER (WHERE c.valid), '{}'),
+           coalesce(array_agg(a.tenant) FILTER (WHERE c.valid), '{}'),
+           coalesce(array_agg(gen_random_uuid()) FILTER (WHERE c.valid), '{}')
+      INTO v_forged, v_ids, v_tenants, v_leases
+      FROM keyturn.action a
+     CROSS JOIN LATERAL (SELECT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
+                                                        a.approved_at, a.approved_via, a.approval_mac) AS valid) c
+     WHERE a.id = ANY (v_ids);  -- by id alone: a lease spans tenants
     IF cardinality(v_forged) > 0 THEN
         PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'no valid approval', 'worker', lease.worker));
         -- By id alone, as above.
@@ -105,15 +112,14 @@ BEGIN
                result = jsonb_build_object('reason', 'no approval produced this queued action; it is never dispatched')
          WHERE a.id = ANY (v_forged);
     END IF;
-    v_leases := ARRAY(SELECT gen_random_uuid() FROM unnest(v_ids));
     PERFORM keyturn._set_event_detail(jsonb_build_object('worker', lease.worker));
     RETURN QUERY
     WITH leased AS (
         UPDATE keyturn.action a
            SET updated_at = v_now, status = 'leased', lease_id = u.lease,
                leased_by = lease.worker, lease_expires_at = v_now + lease.lease_for
-          FROM unnest(v_ids, v_leases) AS u (id, lease)
-         WHERE a.id = u.id AND NOT a.id = ANY (v_forged)  -- by id alone: a lease spans tenants
+          FROM unnest(v_ids, v_tenants, v_leases) AS u (id, tenant, lease)
+         WHERE a.id = u.id AND a.tenant = u.tenant
         RETURNING a.*
     )
     SELECT l.id, l.lease_id, l.tenant, l.tool, v.provider, coalesce(l.params, s.params),
