@@ -1,0 +1,73 @@
+-- Layout B, as far as keyturn's schema goes today (docs/scale-out.md,
+-- "Layout B: keyturn's own tables distributed"): every table of keyturn
+-- distributed by tenant, colocated with crm.deal, or a reference table, and
+-- what the current entry points then do. Runs last in the layer: it leaves
+-- keyturn's tables distributed for good, and the cluster is thrown away
+-- after it. If Citus or keyturn changes what happens, this test says so and
+-- the plan needs another look.
+
+\connect - postgres
+\set ON_ERROR_STOP on
+SET citus.enable_unsafe_triggers = on;
+
+-- The foreign keys to the global tables go first: with them, Citus would
+-- convert the whole graph and fail on the extension's own tables (b_probe).
+-- They cannot come back: each worker's copy of the extension still holds
+-- them, so Citus's ADD CONSTRAINT fails there ("already exists").
+ALTER TABLE keyturn.tool_version DROP CONSTRAINT tool_version_tool_fkey;
+ALTER TABLE keyturn.tool_grant DROP CONSTRAINT tool_grant_tool_fkey;
+ALTER TABLE keyturn.delegation DROP CONSTRAINT delegation_tool_fkey;
+ALTER TABLE keyturn.projection_version DROP CONSTRAINT projection_version_provider_fkey;
+SELECT count(create_reference_table(t)) AS referenced FROM unnest(ARRAY[
+    'keyturn.tool', 'keyturn.tool_version', 'keyturn.projection', 'keyturn.projection_version',
+    'keyturn.transition', 'keyturn_secret.approval_key']::regclass[]) t \gset
+SELECT count(create_distributed_table(t, 'tenant', colocate_with => 'crm.deal')) AS distributed FROM unnest(ARRAY[
+    'keyturn.member', 'keyturn.auth_epoch', 'keyturn.tool_grant', 'keyturn.cancelled_origin', 'keyturn.request',
+    'keyturn.action', 'keyturn.open_action', 'keyturn.action_target', 'keyturn.staged_payload', 'keyturn.vote',
+    'keyturn.delegation', 'keyturn.staged_file', 'keyturn.attempt', 'keyturn.event', 'keyturn.usage']::regclass[]) t \gset
+SELECT citus_check.expect('every global table is a reference table', :'referenced', '6');
+SELECT citus_check.expect('every tenant table is distributed by tenant, colocated with crm.deal', :'distributed', '15');
+SELECT citus_check.expect('all of keyturn is in Citus''s catalog',
+    (SELECT count(*)::text FROM pg_dist_partition WHERE logicalrelid::text ~ '^keyturn(_secret)?\.'), '21');
+
+-- propose, called as today (not delegated), writes its action on the
+-- tenant's shard; the lifecycle trigger fires there too, in the worker's
+-- backend, which never ran keyturn's propose: keyturn's actor state is the
+-- coordinator backend's, so the trigger takes the row for a restore and
+-- writes no event and no work-list row. Step 3 (delegated entry points)
+-- runs the whole call on the worker, where the trigger sees it.
+\connect - app_agent
+BEGIN;
+SET LOCAL citus.propagate_set_commands = 'local';
+SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+SELECT action_id, token, status FROM keyturn.propose('deal_stage',
+  '{"where": {"id": 102}, "set": {"stage": "won"}}', '{"conversation_id": "c-b", "turn_id": "t-b"}') \gset
+COMMIT;
+\connect - postgres
+SELECT citus_check.expect('propose stored the action on a worker', :'status', 'pending');
+SELECT citus_check.expect('on the shard: the action',
+    (SELECT count(*)::text FROM keyturn.action WHERE tenant = 'acme' AND id = :'action_id'), '1');
+SELECT citus_check.expect('not there: its event and work-list row (the trigger ran without keyturn''s actor)',
+    (SELECT count(*)::text FROM keyturn.event WHERE tenant = 'acme' AND action_id = :'action_id')
+    || ' ' || (SELECT count(*)::text FROM keyturn.open_action WHERE tenant = 'acme' AND action_id = :'action_id'), '0 0');
+
+-- approve switches between the extension owner (keyturn's writes) and the
+-- approving role (the business write) in one transaction; Citus ties a
+-- placement one user modified to that user's connection, and refuses.
+SELECT revision AS revision_before FROM crm.deal WHERE tenant = 'acme' AND id = 102 \gset
+\connect - app_human
+\set ON_ERROR_STOP off
+\set LAST_ERROR_MESSAGE ''
+BEGIN;
+SET LOCAL citus.propagate_set_commands = 'local';
+SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+SELECT status FROM keyturn.approve(:'action_id', :'token');
+ROLLBACK;
+\set ON_ERROR_STOP on
+SELECT citus_check.expect('approve across users on one placement is refused', :'LAST_ERROR_MESSAGE',
+    'cannot perform query on placements that were modified in this transaction by a different user');
+\connect - postgres
+SELECT citus_check.expect('the deal was not written',
+    (SELECT revision::text FROM crm.deal WHERE tenant = 'acme' AND id = 102), :'revision_before');
+SELECT citus_check.expect('the action is still pending',
+    (SELECT status::text FROM keyturn.action WHERE tenant = 'acme' AND id = :'action_id'), 'pending');
