@@ -297,30 +297,56 @@ fn _guard_status<'a>(
 }
 
 // The statements, one per kind of change, each a single statement (one
-// executor start) for all the rows it writes.
+// executor start) for all the rows it writes. Every row is inserted with
+// VALUES, never INSERT ... SELECT: Citus plans an INSERT ... SELECT as a
+// distributed query even when it selects only parameters, and refuses one in
+// a call it delegated to a worker (docs/scale-out.md, layout B), so a row that
+// is written only sometimes is a variant of the statement instead of a WHERE.
 const OPEN_INSERT: &str = "\
 WITH o AS (INSERT INTO keyturn.open_action (action_id, tenant, principal, session, conversation_id, status, \
                                             expires_at, next_attempt_at, lease_expires_at, dispatched_at) \
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)) \
 INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status, detail) \
 VALUES ($1, $2, $3, $11, $12, NULL, $6, $13::pg_catalog.jsonb)";
-const OPEN_UPDATE: &str = "\
-WITH o AS (UPDATE keyturn.open_action o SET status = $6, next_attempt_at = $8, lease_expires_at = $9, \
-                                           dispatched_at = $10 \
-            WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2) \
+/// The work-list row moved: a lease's expiry, a next attempt.
+macro_rules! open_move {
+    () => {
+        "UPDATE keyturn.open_action o SET status = $6, next_attempt_at = $8, lease_expires_at = $9, \
+                                         dispatched_at = $10 \
+          WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2"
+    };
+}
+const OPEN_MOVE: &str = open_move!();
+/// The status changed too: the move and the event.
+const OPEN_UPDATE: &str = concat!(
+    "WITH o AS (",
+    open_move!(),
+    ") \
 INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status, detail) \
-SELECT $1, $2, $3, $11, $12, $14, $6, $13::pg_catalog.jsonb WHERE $15";
-const FINAL: &str = "\
-WITH o AS (DELETE FROM keyturn.open_action o \
-            WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2), \
-     u AS (INSERT INTO keyturn.usage (action_id, tenant, principal, tool, executor, attempts) \
-           SELECT $1, $2, $3, $7, $8, $9 WHERE $10), \
-     p AS (DELETE FROM keyturn.staged_payload s \
-            WHERE $11 AND s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2), \
-     f AS (DELETE FROM keyturn.staged_file s \
-            WHERE $12 AND s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2) \
+VALUES ($1, $2, $3, $11, $12, $14, $6, $13::pg_catalog.jsonb)"
+);
+/// A final status: the work-list row, the staged payload and files go, the
+/// event is written, and (`$usage`) the usage row of a success.
+macro_rules! final_statement {
+    ($usage:literal) => {
+        concat!(
+            "WITH o AS (DELETE FROM keyturn.open_action o \
+                         WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2), ",
+            $usage,
+            "p AS (DELETE FROM keyturn.staged_payload s \
+                    WHERE $10 AND s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2), \
+             f AS (DELETE FROM keyturn.staged_file s \
+                    WHERE $11 AND s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2) \
 INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status, detail) \
-VALUES ($1, $2, $3, $4, $5, $13, $6, $14::pg_catalog.jsonb)";
+VALUES ($1, $2, $3, $4, $5, $12, $6, $13::pg_catalog.jsonb)"
+        )
+    };
+}
+const FINAL: &str = final_statement!("");
+const FINAL_SUCCEEDED: &str = final_statement!(
+    "u AS (INSERT INTO keyturn.usage (action_id, tenant, principal, tool, executor, attempts) \
+           VALUES ($1, $2, $3, $7, $8, $9)), "
+);
 const NOTIFY: &str = "SELECT pg_catalog.pg_notify('keyturn_dispatch', '')";
 
 /// The work list's columns, $1 … $10 of OPEN_INSERT and OPEN_UPDATE.
@@ -395,7 +421,11 @@ fn _action_lifecycle<'a>(
         // final status change gets (with no work-list row to delete).
         let digest = external && new.text(RETAIN) == Some("digest");
         (
-            FINAL,
+            if status == "succeeded" {
+                FINAL_SUCCEEDED
+            } else {
+                FINAL
+            },
             final_types(&shape),
             final_args(
                 &new,
@@ -421,9 +451,9 @@ fn _action_lifecycle<'a>(
         if old.is_none() {
             (OPEN_INSERT, types, args)
         } else {
-            types.extend([shape.types[STATUS], pg_sys::BOOLOID]);
-            args.extend([from_status, DatumWithOid::from(changed)]);
-            (OPEN_UPDATE, types, args)
+            types.push(shape.types[STATUS]);
+            args.push(from_status);
+            (if changed { OPEN_UPDATE } else { OPEN_MOVE }, types, args)
         }
     };
 
@@ -452,7 +482,6 @@ fn final_types(shape: &Shape) -> Vec<pg_sys::Oid> {
         shape.types[ATTEMPTS],
         pg_sys::BOOLOID,
         pg_sys::BOOLOID,
-        pg_sys::BOOLOID,
         shape.types[STATUS],
         pg_sys::TEXTOID,
     ]
@@ -469,7 +498,6 @@ fn final_args<'a>(
     digest: bool,
     external: bool,
 ) -> Vec<DatumWithOid<'a>> {
-    let succeeded = new.status(shape).0 == "succeeded";
     vec![
         new.param(shape, ID),
         new.param(shape, TENANT),
@@ -480,7 +508,6 @@ fn final_args<'a>(
         new.param(shape, TOOL),
         new.param(shape, EXECUTOR),
         new.param(shape, ATTEMPTS),
-        DatumWithOid::from(succeeded),
         DatumWithOid::from(digest),
         DatumWithOid::from(external),
         from_status,

@@ -71,3 +71,60 @@ SELECT citus_check.expect('the deal was not written',
     (SELECT revision::text FROM crm.deal WHERE tenant = 'acme' AND id = 102), :'revision_before');
 SELECT citus_check.expect('the action is still pending',
     (SELECT status::text FROM keyturn.action WHERE tenant = 'acme' AND id = :'action_id'), 'pending');
+
+-- Delegated to the tenant's worker (step 3 of the plan; here two SQL
+-- wrappers, not yet keyturn's own entry points), each call runs whole in one
+-- backend there: propose writes its event and work-list row, and approve
+-- writes the deal as the approving role, with its events and usage row, in
+-- that worker's one-phase commit. The form names the tenant, so that the
+-- business statements stay on that worker too.
+\connect - postgres
+CREATE SCHEMA b_delegated;
+GRANT USAGE ON SCHEMA b_delegated TO PUBLIC;
+CREATE FUNCTION b_delegated.propose_for(p_tenant text, p_tool text, p_params jsonb, p_origin jsonb)
+RETURNS TABLE (action_id uuid, token text, status text)
+LANGUAGE sql AS $$ SELECT p.action_id, p.token, p.status FROM keyturn.propose(p_tool, p_params, p_origin) p $$;
+CREATE FUNCTION b_delegated.approve_for(p_tenant text, p_id uuid, p_token text)
+RETURNS TABLE (status text, result jsonb)
+LANGUAGE sql AS $$ SELECT a.status, a.result FROM keyturn.approve(p_id, p_token) a $$;
+SELECT create_distributed_function('b_delegated.propose_for(text,text,jsonb,jsonb)', 'p_tenant',
+                                   colocate_with => 'keyturn.action', force_delegation => true) IS NULL AS d1 \gset
+SELECT create_distributed_function('b_delegated.approve_for(text,uuid,text)', 'p_tenant',
+                                   colocate_with => 'keyturn.action', force_delegation => true) IS NULL AS d2 \gset
+SELECT revision AS d_revision_before FROM crm.deal WHERE tenant = 'acme' AND id = 103 \gset
+SELECT count(*) AS d_2pc_before FROM pg_dist_transaction \gset
+
+\connect - app_agent
+BEGIN;
+SET LOCAL citus.propagate_set_commands = 'local';
+SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+SELECT action_id AS d_action, token AS d_token, status AS d_status FROM b_delegated.propose_for('acme', 'deal_stage_routed',
+  '{"where": {"tenant": "acme", "id": 103}, "set": {"stage": "won"}}', '{"conversation_id": "c-b", "turn_id": "t-d"}') \gset
+COMMIT;
+\connect - postgres
+SELECT citus_check.expect('delegated propose: pending', :'d_status', 'pending');
+SELECT citus_check.expect('delegated propose: its event and its work-list row',
+    (SELECT count(*)::text FROM keyturn.event WHERE tenant = 'acme' AND action_id = :'d_action')
+    || ' ' || (SELECT count(*)::text FROM keyturn.open_action WHERE tenant = 'acme' AND action_id = :'d_action'), '1 1');
+
+\connect - app_human
+BEGIN;
+SET LOCAL citus.propagate_set_commands = 'local';
+SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+SELECT status AS d_approved, result::text AS d_result FROM b_delegated.approve_for('acme', :'d_action', :'d_token') \gset
+COMMIT;
+\connect - postgres
+SELECT citus_check.expect('delegated approve: succeeded', :'d_approved' || ' ' || :'d_result',
+    'succeeded {"keys": ["103"], "rows": 1}');
+SELECT revision - :'d_revision_before' AS d_writes, last_by AS d_by, last_port AS d_port
+  FROM crm.deal WHERE tenant = 'acme' AND id = 103 \gset
+SELECT citus_check.expect('the deal written once, as the approving role, on a worker',
+    :'d_writes' || ' ' || :'d_by' || ' ' || (:'d_port' IN (:'w1', :'w2'))::text, '1 app_human true');
+SELECT citus_check.expect('its events, and the usage row',
+    (SELECT string_agg(to_status::text, ' ' ORDER BY id) FROM keyturn.event WHERE tenant = 'acme' AND action_id = :'d_action')
+    || ' ' || (SELECT count(*)::text FROM keyturn.usage WHERE tenant = 'acme' AND action_id = :'d_action'),
+    'pending succeeded 1');
+SELECT citus_check.expect('no work-list row left', (SELECT count(*)::text FROM keyturn.open_action
+    WHERE tenant = 'acme' AND action_id = :'d_action'), '0');
+SELECT citus_check.expect('one worker, one phase: no two-phase commit',
+    (SELECT count(*)::text FROM pg_dist_transaction), :'d_2pc_before');
