@@ -34,7 +34,7 @@ GRANT EXECUTE ON FUNCTION keyturn.classify(text)
 TO keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
 
 -- Agent.
-GRANT EXECUTE ON FUNCTION keyturn.propose(text, jsonb, jsonb)
+GRANT EXECUTE ON FUNCTION keyturn.propose(text, jsonb, jsonb), keyturn.propose_for(text, text, jsonb, jsonb)
 TO keyturn_agent;
 
 -- Agent and human.
@@ -46,7 +46,8 @@ TO keyturn_agent, keyturn_approver;
 
 -- Human. (Tenant admins administer their own tenant through this role.)
 GRANT EXECUTE ON FUNCTION
-    keyturn.approve(uuid, text, jsonb), keyturn.preview(uuid, text), keyturn.reject(uuid, text, text),
+    keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
+    keyturn.preview(uuid, text), keyturn.reject(uuid, text, text),
     keyturn.approve_many(jsonb), keyturn.revise(uuid, text, jsonb), keyturn.pending(int),
     keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
     keyturn.delegations(), keyturn.record_request(text, text, text, text),

@@ -529,6 +529,22 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'approve_wrapper';
 
+-- pg_keyturn::gate::human::approve_for
+CREATE OR REPLACE FUNCTION "approve_for"(
+	"tenant" TEXT, /* Option < String > */
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT, /* Option < String > */
+	"params" jsonb DEFAULT NULL /* Option < JsonbText > */
+) RETURNS TABLE (
+	"action_id" uuid,  /* pgrx :: Uuid */
+	"status" TEXT,  /* String */
+	"result" jsonb  /* Option < RawJsonb > */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'approve_for_wrapper';
+
 -- pg_keyturn::gate::human::approve_many
 CREATE OR REPLACE FUNCTION "approve_many"(
 	"items" jsonb /* Option < JsonbText > */
@@ -653,6 +669,26 @@ VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'propose_wrapper';
+
+-- pg_keyturn::gate::agent::propose_for
+CREATE OR REPLACE FUNCTION "propose_for"(
+	"tenant" TEXT, /* Option < String > */
+	"tool" TEXT, /* Option < String > */
+	"params" jsonb, /* Option < JsonbText > */
+	"origin" jsonb DEFAULT '{}' /* Option < JsonbText > */
+) RETURNS TABLE (
+	"action_id" uuid,  /* pgrx :: Uuid */
+	"token" TEXT,  /* Option < String > */
+	"summary" TEXT,  /* String */
+	"params_hash" TEXT,  /* String */
+	"expires_at" timestamp with time zone,  /* TimestampWithTimeZone */
+	"status" TEXT,  /* String */
+	"delegation_id" uuid  /* Option < pgrx :: Uuid > */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'propose_for_wrapper';
 
 -- pg_keyturn::gate::human::record_request
 CREATE OR REPLACE FUNCTION "record_request"(
@@ -4902,6 +4938,8 @@ COMMENT ON FUNCTION keyturn.grant_tool(text, text, text, jsonb, timestamptz, int
 COMMENT ON FUNCTION keyturn.revoke_tool(text, text, text) IS 'Admin: revokes a grant; returns whether it changed.';
 COMMENT ON FUNCTION keyturn.propose(text, jsonb, jsonb) IS 'Agent: stores an immutable proposal; returns its one-time token (and status, when a standing approval or task request approved it).';
 COMMENT ON FUNCTION keyturn.approve(uuid, text, jsonb) IS 'Human: approves exactly what was proposed, once; a replay returns the stored outcome.';
+COMMENT ON FUNCTION keyturn.propose_for(text, text, jsonb, jsonb) IS 'Agent: propose, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.approve_for(text, uuid, text, jsonb) IS 'Human: approve, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_many(jsonb) IS 'Human: one card for several proposals; each element exactly approve.';
 COMMENT ON FUNCTION keyturn.preview(uuid, text) IS 'Human: the approval card''s data, read-only.';
 COMMENT ON FUNCTION keyturn.reject(uuid, text, text) IS 'Human: declines a pending proposal (a veto for quorum tools).';
@@ -4978,7 +5016,7 @@ GRANT EXECUTE ON FUNCTION keyturn.classify(text)
 TO keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
 
 -- Agent.
-GRANT EXECUTE ON FUNCTION keyturn.propose(text, jsonb, jsonb)
+GRANT EXECUTE ON FUNCTION keyturn.propose(text, jsonb, jsonb), keyturn.propose_for(text, text, jsonb, jsonb)
 TO keyturn_agent;
 
 -- Agent and human.
@@ -4990,7 +5028,8 @@ TO keyturn_agent, keyturn_approver;
 
 -- Human. (Tenant admins administer their own tenant through this role.)
 GRANT EXECUTE ON FUNCTION
-    keyturn.approve(uuid, text, jsonb), keyturn.preview(uuid, text), keyturn.reject(uuid, text, text),
+    keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
+    keyturn.preview(uuid, text), keyturn.reject(uuid, text, text),
     keyturn.approve_many(jsonb), keyturn.revise(uuid, text, jsonb), keyturn.pending(int),
     keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
     keyturn.delegations(), keyturn.record_request(text, text, text, text),

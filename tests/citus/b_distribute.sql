@@ -72,24 +72,16 @@ SELECT citus_check.expect('the deal was not written',
 SELECT citus_check.expect('the action is still pending',
     (SELECT status::text FROM keyturn.action WHERE tenant = 'acme' AND id = :'action_id'), 'pending');
 
--- Delegated to the tenant's worker (step 3 of the plan; here two SQL
--- wrappers, not yet keyturn's own entry points), each call runs whole in one
--- backend there: propose writes its event and work-list row, and approve
--- writes the deal as the approving role, with its events and usage row, in
--- that worker's one-phase commit. The form names the tenant, so that the
--- business statements stay on that worker too.
+-- Delegated to the tenant's worker (step 3 of the plan: keyturn.propose_for
+-- and keyturn.approve_for, the plain calls with the tenant named), each call
+-- runs whole in one backend there: propose writes its event and work-list
+-- row, and approve writes the deal as the approving role, with its events
+-- and usage row, in that worker's one-phase commit. The form names the
+-- tenant, so that the business statements stay on that worker too.
 \connect - postgres
-CREATE SCHEMA b_delegated;
-GRANT USAGE ON SCHEMA b_delegated TO PUBLIC;
-CREATE FUNCTION b_delegated.propose_for(p_tenant text, p_tool text, p_params jsonb, p_origin jsonb)
-RETURNS TABLE (action_id uuid, token text, status text)
-LANGUAGE sql AS $$ SELECT p.action_id, p.token, p.status FROM keyturn.propose(p_tool, p_params, p_origin) p $$;
-CREATE FUNCTION b_delegated.approve_for(p_tenant text, p_id uuid, p_token text)
-RETURNS TABLE (status text, result jsonb)
-LANGUAGE sql AS $$ SELECT a.status, a.result FROM keyturn.approve(p_id, p_token) a $$;
-SELECT create_distributed_function('b_delegated.propose_for(text,text,jsonb,jsonb)', 'p_tenant',
+SELECT create_distributed_function('keyturn.propose_for(text,text,jsonb,jsonb)', 'tenant',
                                    colocate_with => 'keyturn.action', force_delegation => true) IS NULL AS d1 \gset
-SELECT create_distributed_function('b_delegated.approve_for(text,uuid,text)', 'p_tenant',
+SELECT create_distributed_function('keyturn.approve_for(text,uuid,text,jsonb)', 'tenant',
                                    colocate_with => 'keyturn.action', force_delegation => true) IS NULL AS d2 \gset
 SELECT revision AS d_revision_before FROM crm.deal WHERE tenant = 'acme' AND id = 103 \gset
 SELECT count(*) AS d_2pc_before FROM pg_dist_transaction \gset
@@ -98,7 +90,7 @@ SELECT count(*) AS d_2pc_before FROM pg_dist_transaction \gset
 BEGIN;
 SET LOCAL citus.propagate_set_commands = 'local';
 SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
-SELECT action_id AS d_action, token AS d_token, status AS d_status FROM b_delegated.propose_for('acme', 'deal_stage_routed',
+SELECT action_id AS d_action, token AS d_token, status AS d_status FROM keyturn.propose_for('acme', 'deal_stage_routed',
   '{"where": {"tenant": "acme", "id": 103}, "set": {"stage": "won"}}', '{"conversation_id": "c-b", "turn_id": "t-d"}') \gset
 COMMIT;
 \connect - postgres
@@ -111,7 +103,7 @@ SELECT citus_check.expect('delegated propose: its event and its work-list row',
 BEGIN;
 SET LOCAL citus.propagate_set_commands = 'local';
 SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
-SELECT status AS d_approved, result::text AS d_result FROM b_delegated.approve_for('acme', :'d_action', :'d_token') \gset
+SELECT status AS d_approved, result::text AS d_result FROM keyturn.approve_for('acme', :'d_action', :'d_token') \gset
 COMMIT;
 \connect - postgres
 SELECT citus_check.expect('delegated approve: succeeded', :'d_approved' || ' ' || :'d_result',
@@ -128,3 +120,18 @@ SELECT citus_check.expect('no work-list row left', (SELECT count(*)::text FROM k
     WHERE tenant = 'acme' AND action_id = :'d_action'), '0');
 SELECT citus_check.expect('one worker, one phase: no two-phase commit',
     (SELECT count(*)::text FROM pg_dist_transaction), :'d_2pc_before');
+
+-- Routed by the tenant it names, the call still runs as the identity the
+-- transaction asserted: naming another tenant is refused on its worker.
+\connect - app_agent
+\set ON_ERROR_STOP off
+\set LAST_ERROR_SQLSTATE ''
+BEGIN;
+SET LOCAL citus.propagate_set_commands = 'local';
+SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+SELECT action_id FROM keyturn.propose_for('globex', 'deal_stage_routed',
+  '{"where": {"tenant": "globex", "id": 101}, "set": {"stage": "won"}}', '{}');
+ROLLBACK;
+\set ON_ERROR_STOP on
+\connect - postgres
+SELECT citus_check.expect('delegated propose_for naming another tenant: 42501', :'LAST_ERROR_SQLSTATE', '42501');

@@ -1,8 +1,9 @@
-//! The agent's one entry point: propose.
+//! The agent's entry point: propose, and `propose_for`, the same call with
+//! the tenant named so that Citus can route it.
 
 use pgrx::prelude::*;
 
-use super::{as_owner, required};
+use super::{as_owner, refuse_other_tenant, required};
 use crate::jsonb_text::JsonbText;
 use crate::privilege::refuse_inside_business_statement;
 
@@ -50,4 +51,30 @@ fn propose(
             ))
         },
     ))
+}
+
+/// Agent: `propose` for the tenant named, which must be the caller's own
+/// (42501): the form Citus can delegate, whole, to the worker that holds the
+/// tenant's rows (docs/scale-out.md, layout B).
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn propose_for(
+    tenant: Option<String>,
+    tool: Option<String>,
+    params: Option<JsonbText>,
+    origin: default!(Option<JsonbText>, "'{}'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(token, Option<String>),
+        name!(summary, String),
+        name!(params_hash, String),
+        name!(expires_at, TimestampWithTimeZone),
+        name!(status, String),
+        name!(delegation_id, Option<pgrx::Uuid>),
+    ),
+> {
+    refuse_other_tenant("propose_for", tenant.as_deref());
+    propose(tool, params, origin)
 }

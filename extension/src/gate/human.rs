@@ -6,7 +6,7 @@
 
 use pgrx::prelude::*;
 
-use super::{as_owner, required};
+use super::{as_owner, refuse_other_tenant, required};
 use crate::jsonb_text::{JsonbText, RawJsonb};
 use crate::privilege::refuse_agents;
 
@@ -52,6 +52,29 @@ fn approve(
         &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
         vec![action_id.into(), token.into(), params.map(|p| p.0).into()],
     )
+}
+
+/// Human: `approve` for the tenant named, which must be the caller's own
+/// (42501): the form Citus can delegate, whole, to the worker that holds the
+/// tenant's rows (docs/scale-out.md, layout B).
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn approve_for(
+    tenant: Option<String>,
+    action_id: Option<pgrx::Uuid>,
+    token: Option<String>,
+    params: default!(Option<JsonbText>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(status, String),
+        name!(result, Option<RawJsonb>),
+    ),
+> {
+    refuse_agents("approve_for");
+    refuse_other_tenant("approve_for", tenant.as_deref());
+    approve(action_id, token, params)
 }
 
 /// Human: one card for several proposals, each element exactly `approve`.

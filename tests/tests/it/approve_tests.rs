@@ -378,3 +378,92 @@ async fn test_updated_at_moves_with_each_change_and_not_on_replay() {
     let (_, replayed) = status_times(&w, p.id).await;
     assert_eq!(replayed, settled, "a replay changes nothing");
 }
+
+/// propose_for / approve_for (docs/sql-api.md): the plain calls with the
+/// caller's tenant named, for Citus to route by; on one node, exactly them.
+#[tokio::test]
+async fn test_propose_for_and_approve_for_naming_the_callers_tenant_are_propose_and_approve() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 1).await;
+    let row = w
+        .agent
+        .query_one(
+            "SELECT action_id, token, status FROM keyturn.propose_for($1, $2, $3)",
+            &[&w.tenant, &t, &form(&deals, "won")],
+        )
+        .await
+        .unwrap();
+    let (id, token, status): (uuid::Uuid, String, String) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(status, "pending");
+    let row = w
+        .human
+        .query_one(
+            "SELECT status, result FROM keyturn.approve_for($1, $2, $3)",
+            &[&w.tenant, &id, &token],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "succeeded");
+    assert_eq!(row.get::<_, Option<Value>>(1).unwrap()["rows"], 1);
+    assert_eq!(w.stage_of(deals[0]).await, "won");
+    assert_eq!(w.usage_rows(id).await, 1);
+}
+
+#[tokio::test]
+async fn test_propose_for_and_approve_for_naming_another_tenant_are_refused_before_anything() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 1).await;
+    let other = unique("other_tenant");
+    let before = count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
+        &[&w.tenant],
+    )
+    .await;
+    for tenant in [Some(other.as_str()), None] {
+        let refused = w
+            .agent
+            .query_one(
+                "SELECT action_id FROM keyturn.propose_for($1, $2, $3)",
+                &[&tenant, &t, &form(&deals, "won")],
+            )
+            .await;
+        assert_eq!(sqlstate(refused), "42501", "propose_for naming {tenant:?}");
+    }
+    let after = count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
+        &[&w.tenant],
+    )
+    .await;
+    assert_eq!(after, before, "nothing proposed");
+
+    let p = w.propose(&t, form(&deals, "won")).await.unwrap();
+    let sql = "SELECT status FROM keyturn.approve_for($1, $2, $3)";
+    let refused = w.human.query_one(sql, &[&other, &p.id, &p.token]).await;
+    assert_eq!(sqlstate(refused), "42501");
+    let refused = w.human.query_one(sql, &[&other, &p.id, &p.token]).await;
+    assert!(message(refused).contains("which is not the caller's"));
+    // The agent may not approve in any form, whatever tenant it names.
+    let refused = w
+        .agent
+        .query_one(
+            "SELECT status FROM keyturn.approve_for($1, $2, $3)",
+            &[&w.tenant, &p.id, &p.token],
+        )
+        .await;
+    assert_eq!(sqlstate(refused), "42501");
+    let status: String = w
+        .superuser
+        .query_one(
+            "SELECT status::text FROM keyturn.action WHERE id = $1",
+            &[&p.id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "pending", "neither refusal claimed it");
+    assert_eq!(w.writes(deals[0]).await, 0);
+}
