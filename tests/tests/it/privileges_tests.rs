@@ -57,6 +57,7 @@ async fn test_each_role_executes_exactly_its_functions() {
     ];
     let human = [
         "approve",
+        "approve_for",
         "approve_many",
         "preview",
         "reject",
@@ -76,7 +77,10 @@ async fn test_each_role_executes_exactly_its_functions() {
         ("app_nobody", set(PUBLIC_FNS, &[])),
         (
             "app_agent",
-            set(PUBLIC_FNS, &[&["propose"][..], &both].concat()),
+            set(
+                PUBLIC_FNS,
+                &[&["propose", "propose_for"][..], &both].concat(),
+            ),
         ),
         ("app_human", set(PUBLIC_FNS, &[&human[..], &both].concat())),
         ("app_bypass", set(PUBLIC_FNS, &[&human[..], &both].concat())),
