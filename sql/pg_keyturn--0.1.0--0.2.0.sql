@@ -713,6 +713,18 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'reject_wrapper';
 
+-- pg_keyturn::gate::human::reject_for
+CREATE OR REPLACE FUNCTION "reject_for"(
+	"tenant" TEXT, /* Option < String > */
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT, /* Option < String > */
+	"reason" TEXT DEFAULT NULL /* Option < String > */
+) RETURNS TEXT /* String */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reject_for_wrapper';
+
 -- pg_keyturn::gate::human::revise
 CREATE OR REPLACE FUNCTION "revise"(
 	"action_id" uuid, /* Option < pgrx :: Uuid > */
@@ -4939,6 +4951,7 @@ COMMENT ON FUNCTION keyturn.revoke_tool(text, text, text) IS 'Admin: revokes a g
 COMMENT ON FUNCTION keyturn.propose(text, jsonb, jsonb) IS 'Agent: stores an immutable proposal; returns its one-time token (and status, when a standing approval or task request approved it).';
 COMMENT ON FUNCTION keyturn.approve(uuid, text, jsonb) IS 'Human: approves exactly what was proposed, once; a replay returns the stored outcome.';
 COMMENT ON FUNCTION keyturn.propose_for(text, text, jsonb, jsonb) IS 'Agent: propose, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.reject_for(text, uuid, text, text) IS 'Human: reject, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_for(text, uuid, text, jsonb) IS 'Human: approve, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_many(jsonb) IS 'Human: one card for several proposals; each element exactly approve.';
 COMMENT ON FUNCTION keyturn.preview(uuid, text) IS 'Human: the approval card''s data, read-only.';
@@ -5029,7 +5042,7 @@ TO keyturn_agent, keyturn_approver;
 -- Human. (Tenant admins administer their own tenant through this role.)
 GRANT EXECUTE ON FUNCTION
     keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
-    keyturn.preview(uuid, text), keyturn.reject(uuid, text, text),
+    keyturn.preview(uuid, text), keyturn.reject(uuid, text, text), keyturn.reject_for(text, uuid, text, text),
     keyturn.approve_many(jsonb), keyturn.revise(uuid, text, jsonb), keyturn.pending(int),
     keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
     keyturn.delegations(), keyturn.record_request(text, text, text, text),

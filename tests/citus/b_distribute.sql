@@ -83,6 +83,8 @@ SELECT create_distributed_function('keyturn.propose_for(text,text,jsonb,jsonb)',
                                    colocate_with => 'keyturn.action', force_delegation => true) IS NULL AS d1 \gset
 SELECT create_distributed_function('keyturn.approve_for(text,uuid,text,jsonb)', 'tenant',
                                    colocate_with => 'keyturn.action', force_delegation => true) IS NULL AS d2 \gset
+SELECT create_distributed_function('keyturn.reject_for(text,uuid,text,text)', 'tenant',
+                                   colocate_with => 'keyturn.action', force_delegation => true) IS NULL AS d4 \gset
 SELECT revision AS d_revision_before FROM crm.deal WHERE tenant = 'acme' AND id = 103 \gset
 SELECT count(*) AS d_2pc_before FROM pg_dist_transaction \gset
 
@@ -135,3 +137,27 @@ ROLLBACK;
 \set ON_ERROR_STOP on
 \connect - postgres
 SELECT citus_check.expect('delegated propose_for naming another tenant: 42501', :'LAST_ERROR_SQLSTATE', '42501');
+
+-- reject_for, delegated the same way: the rejection's event is keyturn's own
+-- there (the approving role, no direct_write mark). (preview has no
+-- tenant-explicit form: its read of the business rows is by key alone, so
+-- it runs on every shard, which a delegated call refuses.)
+\connect - app_agent
+BEGIN;
+SET LOCAL citus.propagate_set_commands = 'local';
+SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+SELECT action_id AS r_action, token AS r_token FROM keyturn.propose_for('acme', 'deal_stage_routed',
+  '{"where": {"tenant": "acme", "id": 104}, "set": {"stage": "won"}}', '{"conversation_id": "c-b", "turn_id": "t-r"}') \gset
+COMMIT;
+\connect - app_human
+BEGIN;
+SET LOCAL citus.propagate_set_commands = 'local';
+SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+SELECT keyturn.reject_for('acme', :'r_action', :'r_token', 'not now') AS r_status \gset
+COMMIT;
+\connect - postgres
+SELECT citus_check.expect('delegated reject: rejected', :'r_status', 'rejected');
+SELECT citus_check.expect('its events, keyturn''s own',
+    (SELECT string_agg(to_status::text || ':' || db_role || ':' || (detail ? 'direct_write')::text, ' ' ORDER BY id)
+       FROM keyturn.event WHERE tenant = 'acme' AND action_id = :'r_action'),
+    'pending:app_agent:false rejected:app_human:false');

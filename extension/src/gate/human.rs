@@ -135,6 +135,21 @@ fn reject(
     .unwrap_or_default()
 }
 
+/// Human: `reject` for the tenant named, which must be the caller's own
+/// (42501); the form Citus can delegate (docs/scale-out.md, layout B).
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn reject_for(
+    tenant: Option<String>,
+    action_id: Option<pgrx::Uuid>,
+    token: Option<String>,
+    reason: default!(Option<String>, "NULL"),
+) -> String {
+    refuse_agents("reject_for");
+    refuse_other_tenant("reject_for", tenant.as_deref());
+    reject(action_id, token, reason)
+}
+
 /// Human: edit before approve. The proposal becomes `superseded`; the new
 /// one, with the edited params, is returned with its own token.
 #[pg_extern(volatile, parallel_unsafe)]

@@ -455,15 +455,47 @@ async fn test_propose_for_and_approve_for_naming_another_tenant_are_refused_befo
         )
         .await;
     assert_eq!(sqlstate(refused), "42501");
+    assert_eq!(
+        w.status(p.id).await,
+        "pending",
+        "neither refusal claimed it"
+    );
+    assert_eq!(w.writes(deals[0]).await, 0);
+}
+
+#[tokio::test]
+async fn test_reject_for_is_reject_for_the_callers_tenant_only() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 1).await;
+    let p = w.propose(&t, form(&deals, "won")).await.unwrap();
+    let other = unique("other_tenant");
+
+    for tenant in [Some(other.as_str()), None] {
+        let refused = w
+            .human
+            .query_one(
+                "SELECT keyturn.reject_for($1, $2, $3)",
+                &[&tenant, &p.id, &p.token],
+            )
+            .await;
+        assert_eq!(sqlstate(refused), "42501", "reject_for naming {tenant:?}");
+    }
+    assert_eq!(
+        w.status(p.id).await,
+        "pending",
+        "a refused reject_for changes nothing"
+    );
+
     let status: String = w
-        .superuser
+        .human
         .query_one(
-            "SELECT status::text FROM keyturn.action WHERE id = $1",
-            &[&p.id],
+            "SELECT keyturn.reject_for($1, $2, $3, 'not now')",
+            &[&w.tenant, &p.id, &p.token],
         )
         .await
         .unwrap()
         .get(0);
-    assert_eq!(status, "pending", "neither refusal claimed it");
+    assert_eq!(status, "rejected");
     assert_eq!(w.writes(deals[0]).await, 0);
 }

@@ -61,6 +61,7 @@ async fn test_each_role_executes_exactly_its_functions() {
         "approve_many",
         "preview",
         "reject",
+        "reject_for",
         "revise",
         "pending",
         "delegate",
