@@ -47,6 +47,16 @@ fn approve(
     ),
 > {
     refuse_agents("approve");
+    approved(action_id, token, params)
+}
+
+/// approve's state machine, for `approve` and `approve_for` once each has
+/// refused what it refuses.
+fn approved(
+    action_id: Option<pgrx::Uuid>,
+    token: Option<String>,
+    params: Option<JsonbText>,
+) -> Outcomes {
     outcomes(
         "SELECT * FROM keyturn._approve($1, $2, $3, $4::pg_catalog.jsonb)",
         &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
@@ -74,7 +84,7 @@ fn approve_for(
 > {
     refuse_agents("approve_for");
     refuse_other_tenant("approve_for", tenant.as_deref());
-    approve(action_id, token, params)
+    approved(action_id, token, params)
 }
 
 /// Human: one card for several proposals, each element exactly `approve`.
@@ -124,6 +134,16 @@ fn reject(
     reason: default!(Option<String>, "NULL"),
 ) -> String {
     refuse_agents("reject");
+    rejected(action_id, token, reason)
+}
+
+/// reject's state machine, for `reject` and `reject_for` once each has
+/// refused what it refuses.
+fn rejected(
+    action_id: Option<pgrx::Uuid>,
+    token: Option<String>,
+    reason: Option<String>,
+) -> String {
     as_owner(
         "SELECT keyturn._reject($1, $2, $3, $4)",
         &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
@@ -147,7 +167,7 @@ fn reject_for(
 ) -> String {
     refuse_agents("reject_for");
     refuse_other_tenant("reject_for", tenant.as_deref());
-    reject(action_id, token, reason)
+    rejected(action_id, token, reason)
 }
 
 /// Human: edit before approve. The proposal becomes `superseded`; the new
