@@ -8,6 +8,9 @@
 
 \connect - postgres
 \set ON_ERROR_STOP on
+-- alice's identity in acme, asserted in each transaction as a pooled
+-- application would, and propagated to the workers (docs/scale-out.md).
+\set as_alice 'SET LOCAL citus.propagate_set_commands = ''local''; SET LOCAL keyturn.tenant = ''acme''; SET LOCAL keyturn.principal = ''alice''; SET LOCAL keyturn.session = ''s1'';'
 SET citus.enable_unsafe_triggers = on;
 
 -- The foreign keys to the global tables go first: with them, Citus would
@@ -38,8 +41,7 @@ SELECT citus_check.expect('all of keyturn is in Citus''s catalog',
 -- runs the whole call on the worker, where the trigger sees it.
 \connect - app_agent
 BEGIN;
-SET LOCAL citus.propagate_set_commands = 'local';
-SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+:as_alice
 SELECT action_id, token, status FROM keyturn.propose('deal_stage',
   '{"where": {"id": 102}, "set": {"stage": "won"}}', '{"conversation_id": "c-b", "turn_id": "t-b"}') \gset
 COMMIT;
@@ -59,8 +61,7 @@ SELECT revision AS revision_before FROM crm.deal WHERE tenant = 'acme' AND id = 
 \set ON_ERROR_STOP off
 \set LAST_ERROR_MESSAGE ''
 BEGIN;
-SET LOCAL citus.propagate_set_commands = 'local';
-SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+:as_alice
 SELECT status FROM keyturn.approve(:'action_id', :'token');
 ROLLBACK;
 \set ON_ERROR_STOP on
@@ -90,8 +91,7 @@ SELECT count(*) AS d_2pc_before FROM pg_dist_transaction \gset
 
 \connect - app_agent
 BEGIN;
-SET LOCAL citus.propagate_set_commands = 'local';
-SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+:as_alice
 SELECT action_id AS d_action, token AS d_token, status AS d_status FROM keyturn.propose_for('acme', 'deal_stage_routed',
   '{"where": {"tenant": "acme", "id": 103}, "set": {"stage": "won"}}', '{"conversation_id": "c-b", "turn_id": "t-d"}') \gset
 COMMIT;
@@ -103,8 +103,7 @@ SELECT citus_check.expect('delegated propose: its event and its work-list row',
 
 \connect - app_human
 BEGIN;
-SET LOCAL citus.propagate_set_commands = 'local';
-SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+:as_alice
 SELECT status AS d_approved, result::text AS d_result FROM keyturn.approve_for('acme', :'d_action', :'d_token') \gset
 COMMIT;
 \connect - postgres
@@ -129,8 +128,7 @@ SELECT citus_check.expect('one worker, one phase: no two-phase commit',
 \set ON_ERROR_STOP off
 \set LAST_ERROR_SQLSTATE ''
 BEGIN;
-SET LOCAL citus.propagate_set_commands = 'local';
-SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+:as_alice
 SELECT action_id FROM keyturn.propose_for('globex', 'deal_stage_routed',
   '{"where": {"tenant": "globex", "id": 101}, "set": {"stage": "won"}}', '{}');
 ROLLBACK;
@@ -144,15 +142,13 @@ SELECT citus_check.expect('delegated propose_for naming another tenant: 42501', 
 -- it runs on every shard, which a delegated call refuses.)
 \connect - app_agent
 BEGIN;
-SET LOCAL citus.propagate_set_commands = 'local';
-SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+:as_alice
 SELECT action_id AS r_action, token AS r_token FROM keyturn.propose_for('acme', 'deal_stage_routed',
   '{"where": {"tenant": "acme", "id": 104}, "set": {"stage": "won"}}', '{"conversation_id": "c-b", "turn_id": "t-r"}') \gset
 COMMIT;
 \connect - app_human
 BEGIN;
-SET LOCAL citus.propagate_set_commands = 'local';
-SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's1';
+:as_alice
 SELECT keyturn.reject_for('acme', :'r_action', :'r_token', 'not now') AS r_status \gset
 COMMIT;
 \connect - postgres

@@ -119,38 +119,49 @@ SELECT is_empty($$
      WHERE i.indisunique AND NOT t.attnum = ANY (i.indkey::int2[])$$,
     'every primary, unique and foreign key of a table with tenant rows holds the tenant');
 
+-- The two checks below read keyturn's SQL statement by statement: a
+-- statement is what lies between two semicolons of a function's source (so
+-- a comment that explains one comes before its semicolon, and holds none).
+CREATE FUNCTION pg_temp.statements() RETURNS TABLE (fn text, stmt text) LANGUAGE sql AS $f$
+    SELECT f.oid::regprocedure::text, s
+      FROM pg_proc f
+      JOIN pg_language l ON l.oid = f.prolang
+     CROSS JOIN regexp_split_to_table(f.prosrc, ';') s
+     WHERE f.pronamespace = 'keyturn'::regnamespace AND l.lanname IN ('sql', 'plpgsql')
+$f$;
+-- The functions of pg_catalog and keyturn a piece of SQL calls whose
+-- volatility is not in p_allowed.
+CREATE FUNCTION pg_temp.calls_beyond(p_sql text, p_allowed "char"[]) RETURNS SETOF text LANGUAGE sql AS $f$
+    SELECT DISTINCT lower(m[1]) FROM regexp_matches(p_sql, '([a-z_][a-z0-9_.]*)\s*\(', 'gi') m
+     WHERE EXISTS (SELECT 1 FROM pg_proc v
+                    WHERE NOT v.provolatile = ANY (p_allowed)
+                      AND v.pronamespace IN ('pg_catalog'::regnamespace, 'keyturn'::regnamespace)
+                      AND (v.proname = lower(m[1]) OR v.pronamespace::regnamespace::text || '.' || v.proname = lower(m[1])))
+$f$;
+
 -- Every statement of keyturn's SQL that finds rows of a table with tenant
 -- rows by id names the tenant too (docs/scale-out.md, layout B, step 4), or
 -- says why it cannot: "by id alone" in the statement (the dispatcher's and
--- the operators' calls, which name no tenant). A statement is what lies
--- between two semicolons (so a comment that says why comes before the
--- statement's own, and holds none); a table's alias is the word after its
--- name.
+-- the operators' calls, which name no tenant). A table's alias is the word
+-- after its name.
 CREATE FUNCTION pg_temp.by_id_without_tenant() RETURNS SETOF text LANGUAGE plpgsql AS $f$
 DECLARE
     p      record;
-    stmt   text;
     alias  text;
     tables text := (SELECT string_agg(c.relname, '|') FROM pg_class c
                      JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'tenant'
                      WHERE c.relnamespace = 'keyturn'::regnamespace AND c.relkind = 'r');
 BEGIN
-    FOR p IN SELECT f.oid::regprocedure::text AS name, f.prosrc FROM pg_proc f
-              JOIN pg_language l ON l.oid = f.prolang
-             WHERE f.pronamespace = 'keyturn'::regnamespace AND l.lanname IN ('sql', 'plpgsql') LOOP
-        FOREACH stmt IN ARRAY regexp_split_to_array(p.prosrc, ';') LOOP
-            CONTINUE WHEN stmt ~* 'by id alone';
-            FOR alias IN SELECT DISTINCT m[2] FROM regexp_matches(stmt,
-                    '\mkeyturn\.(' || tables || ')\M\s+(?:AS\s+)?([a-z_][a-z0-9_]*)', 'g') m LOOP
-                CONTINUE WHEN alias IN ('on', 'where', 'set', 'join', 'left', 'using', 'as');
-                IF stmt ~ ('\m' || alias || '\.(id|action_id)\M\s*(=|IN\M|OPERATOR)')
-                   OR stmt ~ ('(=|OPERATOR\(pg_catalog\.=\))\s*' || alias || '\.(id|action_id)\M')
-                   OR stmt ~ ('\(\s*' || alias || '\.(id|action_id)\s*,') THEN
-                    IF stmt !~ ('\m' || alias || '\.tenant\M') THEN
-                        RETURN NEXT p.name || ': ' || alias || ' in ' || regexp_replace(btrim(stmt), '\s+', ' ', 'g');
-                    END IF;
-                END IF;
-            END LOOP;
+    FOR p IN SELECT * FROM pg_temp.statements() s WHERE s.stmt !~* 'by id alone' LOOP
+        FOR alias IN SELECT DISTINCT m[2] FROM regexp_matches(p.stmt,
+                '\mkeyturn\.(' || tables || ')\M\s+(?:AS\s+)?([a-z_][a-z0-9_]*)', 'g') m LOOP
+            CONTINUE WHEN alias IN ('on', 'where', 'set', 'join', 'left', 'using', 'as');
+            IF (p.stmt ~ ('\m' || alias || '\.(id|action_id)\M\s*(=|IN\M|OPERATOR)')
+                OR p.stmt ~ ('(=|OPERATOR\(pg_catalog\.=\))\s*' || alias || '\.(id|action_id)\M')
+                OR p.stmt ~ ('\(\s*' || alias || '\.(id|action_id)\s*,'))
+               AND p.stmt !~ ('\m' || alias || '\.tenant\M') THEN
+                RETURN NEXT p.fn || ': ' || alias || ' in ' || regexp_replace(btrim(p.stmt), '\s+', ' ', 'g');
+            END IF;
         END LOOP;
     END LOOP;
 END
@@ -163,45 +174,16 @@ SELECT is_empty('SELECT * FROM pg_temp.by_id_without_tenant()',
 -- one that is not immutable, and no INSERT holds a subquery in VALUES: Citus
 -- refuses each on distributed tables, so every such value is computed first
 -- (docs/scale-out.md, layout B, step 5).
-CREATE FUNCTION pg_temp.volatile_in_dml() RETURNS SETOF text LANGUAGE plpgsql AS $f$
-DECLARE
-    p    record;
-    stmt text;
-    fn   text;
-BEGIN
-    FOR p IN SELECT f.oid::regprocedure::text AS name, f.prosrc FROM pg_proc f
-              JOIN pg_language l ON l.oid = f.prolang
-             WHERE f.pronamespace = 'keyturn'::regnamespace AND l.lanname IN ('sql', 'plpgsql') LOOP
-        FOREACH stmt IN ARRAY regexp_split_to_array(p.prosrc, ';') LOOP
-            stmt := regexp_replace(stmt, '--[^\n]*', '', 'g');
-            IF stmt ~* '\m(UPDATE|DELETE\s+FROM)\s+keyturn\.' OR stmt ~* '\mINSERT\s+INTO\s+keyturn\..*\mDO\s+UPDATE' THEN
-                FOR fn IN SELECT DISTINCT lower(m[1]) FROM regexp_matches(stmt, '([a-z_][a-z0-9_.]*)\s*\(', 'gi') m LOOP
-                    IF EXISTS (SELECT 1 FROM pg_proc v
-                                WHERE v.provolatile = 'v'
-                                  AND v.pronamespace IN ('pg_catalog'::regnamespace, 'keyturn'::regnamespace)
-                                  AND (v.proname = fn OR v.pronamespace::regnamespace::text || '.' || v.proname = fn)) THEN
-                        RETURN NEXT p.name || ': ' || fn || ' in ' || regexp_replace(btrim(stmt), '\s+', ' ', 'g');
-                    END IF;
-                END LOOP;
-            END IF;
-            -- In DO UPDATE SET, Citus takes only IMMUTABLE functions (now() included).
-            FOR fn IN SELECT DISTINCT lower(m[1])
-                        FROM regexp_matches(substring(stmt FROM '(?i)\mDO\s+UPDATE\M.*$'), '([a-z_][a-z0-9_.]*)\s*\(', 'gi') m LOOP
-                IF EXISTS (SELECT 1 FROM pg_proc v
-                            WHERE v.provolatile <> 'i'
-                              AND v.pronamespace IN ('pg_catalog'::regnamespace, 'keyturn'::regnamespace)
-                              AND (v.proname = fn OR v.pronamespace::regnamespace::text || '.' || v.proname = fn)) THEN
-                    RETURN NEXT p.name || ': ' || fn || ' in DO UPDATE: ' || regexp_replace(btrim(stmt), '\s+', ' ', 'g');
-                END IF;
-            END LOOP;
-            IF stmt ~* '\mINSERT\s+INTO\s+keyturn\.[^;]*\mVALUES\s*\(.*\mSELECT\M' THEN
-                RETURN NEXT p.name || ': a subquery in INSERT ... VALUES: ' || regexp_replace(btrim(stmt), '\s+', ' ', 'g');
-            END IF;
-        END LOOP;
-    END LOOP;
-END
-$f$;
-SELECT is_empty('SELECT * FROM pg_temp.volatile_in_dml()',
+SELECT is_empty($$
+    WITH s AS (SELECT fn, regexp_replace(stmt, '--[^\n]*', '', 'g') AS stmt FROM pg_temp.statements())
+    SELECT s.fn, c, s.stmt FROM s, pg_temp.calls_beyond(s.stmt, '{i,s}') c
+     WHERE s.stmt ~* '\m(UPDATE|DELETE\s+FROM)\s+keyturn\.' OR s.stmt ~* '\mINSERT\s+INTO\s+keyturn\..*\mDO\s+UPDATE'
+    UNION ALL
+    SELECT s.fn, c || ' in DO UPDATE', s.stmt
+      FROM s, pg_temp.calls_beyond(substring(s.stmt FROM '(?i)\mDO\s+UPDATE\M.*$'), '{i}') c
+    UNION ALL
+    SELECT s.fn, 'a subquery in INSERT ... VALUES', s.stmt FROM s
+     WHERE s.stmt ~* '\mINSERT\s+INTO\s+keyturn\.[^;]*\mVALUES\s*\(.*\mSELECT\M'$$,
     'no UPDATE, DELETE or upsert of keyturn''s tables calls a volatile function (an upsert''s DO UPDATE none but immutable ones), and no INSERT holds a subquery in VALUES');
 
 -- A scalar SQL function PostgreSQL cannot inline is parsed and planned again
