@@ -467,13 +467,15 @@ DECLARE
     a        keyturn.action;
     v_status keyturn.status;
     v_now    timestamptz := clock_timestamp();
+    -- Computed first: Citus refuses a COALESCE beside a function that is
+    -- not immutable in a distributed UPDATE.
+    v_result jsonb := jsonb_strip_nulls(jsonb_build_object('reason', coalesce(p_reason, 'rejected by the approver')));
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
     a := keyturn._usable_action(p_id, p_token, 'reject');
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object('reason', p_reason)));
     UPDATE keyturn.action x
-       SET updated_at = v_now, status = 'rejected',
-           result = jsonb_strip_nulls(jsonb_build_object('reason', coalesce(p_reason, 'rejected by the approver')))
+       SET updated_at = v_now, status = 'rejected', result = v_result
      WHERE x.id = p_id AND x.tenant = a.tenant AND x.status = 'pending'
     RETURNING x.status INTO v_status;
     IF NOT FOUND THEN

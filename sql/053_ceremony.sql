@@ -41,16 +41,20 @@ $$;
 -- The votes that count for a quorum action: one per principal, from voters
 -- who are still approvers or admins of its tenant, still hold the tool's
 -- grant, and whose authorization has not changed since they voted.
+-- plpgsql, not sql: Citus cannot plan an SQL function's parameter in a
+-- statement on distributed tables (layout B, docs/scale-out.md).
 CREATE FUNCTION keyturn._votes(a keyturn.action)
 RETURNS int
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT count(*)::int
-      FROM keyturn.vote x
-      JOIN keyturn.member m ON m.tenant = a.tenant AND m.principal = x.principal
-     WHERE x.action_id = a.id AND x.tenant = a.tenant AND m.role IN ('approver', 'admin')
-       AND keyturn._has_grant(a.tenant, x.principal, a.tool)
-       AND keyturn._epoch(a.tenant, x.principal) = x.epoch
+BEGIN
+    RETURN (SELECT count(*)::int
+              FROM keyturn.vote x
+              JOIN keyturn.member m ON m.tenant = a.tenant AND m.principal = x.principal
+             WHERE x.action_id = a.id AND x.tenant = a.tenant AND m.role IN ('approver', 'admin')
+               AND keyturn._has_grant(a.tenant, x.principal, a.tool)
+               AND keyturn._epoch(a.tenant, x.principal) = x.epoch);
+END
 $$;
 
 -- approve for a tool with quorum > 1: the caller's vote (already past

@@ -180,21 +180,21 @@ $$;
 -- Which files the dispatcher must send with an action, from the approved
 -- params: the one place that knows a tool's attachments_param, so keyturnd
 -- never guesses from the params' shape. Leased or executing under that lease
--- (else 55000); no rows when the tool takes no attachments.
-CREATE FUNCTION keyturn.attachments(action_id uuid, lease_id uuid)
+-- (else 55000); no rows when the tool takes no attachments. For attachments
+-- and attachments_for (p_what names the call); p_tenant as in
+-- keyturn._lease_rows.
+CREATE FUNCTION keyturn._attachments_of(p_what text, p_tenant text, p_id uuid, p_lease uuid)
 RETURNS TABLE (param text, ord int, file_id uuid, sha256 text, filename text, content_type text, size bigint)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     a keyturn.action;
     v keyturn.tool_version;
 BEGIN
-    PERFORM keyturn._refuse_nested('attachments');
-    -- By id alone: the dispatcher's call names no tenant.
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = attachments.action_id;
-    PERFORM keyturn._raise_lease_problem(
-        keyturn._lease_problem(a, attachments.action_id, attachments.lease_id, '{leased,executing}', false));
+    PERFORM keyturn._refuse_nested(p_what);
+    -- The plain call names no tenant: the row found names it.
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant);
+    PERFORM keyturn._raise_lease_problem(keyturn._lease_problem(a, p_id, p_lease, '{leased,executing}', false));
     SELECT t.* INTO v FROM keyturn.tool_version t WHERE t.tool = a.tool AND t.version = a.tool_version;
     IF v.attachments_param IS NULL THEN
         RETURN;
@@ -208,30 +208,46 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION keyturn.attachments(action_id uuid, lease_id uuid)
+RETURNS TABLE (param text, ord int, file_id uuid, sha256 text, filename text, content_type text, size bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM keyturn._attachments_of('attachments', NULL, attachments.action_id, attachments.lease_id)
+$$;
+
 -- The bytes of one attachment, for the dispatcher building the provider's
 -- request in memory: only while the action is executing under that lease
--- (else 55000), and only a file bound to it.
-CREATE FUNCTION keyturn.file_content(action_id uuid, lease_id uuid, file_id uuid)
+-- (else 55000), and only a file bound to it. For file_content and
+-- file_content_for, as keyturn._attachments_of.
+CREATE FUNCTION keyturn._file_content_of(p_what text, p_tenant text, p_id uuid, p_lease uuid, p_file uuid)
 RETURNS bytea
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     a keyturn.action;
     v bytea;
 BEGIN
-    PERFORM keyturn._refuse_nested('file_content');
-    -- By id alone: the dispatcher's call names no tenant.
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = file_content.action_id;
-    PERFORM keyturn._raise_lease_problem(
-        keyturn._lease_problem(a, file_content.action_id, file_content.lease_id, '{executing}', false));
+    PERFORM keyturn._refuse_nested(p_what);
+    -- The plain call names no tenant: the row found names it.
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant);
+    PERFORM keyturn._raise_lease_problem(keyturn._lease_problem(a, p_id, p_lease, '{executing}', false));
     SELECT s.content INTO v FROM keyturn.staged_file s
-     WHERE s.id = file_content.file_id AND s.tenant = a.tenant AND s.action_id = file_content.action_id;
+     WHERE s.id = p_file AND s.tenant = a.tenant AND s.action_id = p_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'keyturn: file % is not an attachment of action %', file_content.file_id, file_content.action_id
+        RAISE EXCEPTION 'keyturn: file % is not an attachment of action %', p_file, p_id
             USING ERRCODE = '55000',
                   HINT = 'keyturn.attachments(action_id, lease_id) lists the files of an action.';
     END IF;
     RETURN v;
 END
+$$;
+
+CREATE FUNCTION keyturn.file_content(action_id uuid, lease_id uuid, file_id uuid)
+RETURNS bytea
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._file_content_of('file_content', NULL, file_content.action_id, file_content.lease_id,
+                                    file_content.file_id)
 $$;

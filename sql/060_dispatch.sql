@@ -57,6 +57,160 @@ BEGIN
 END
 $$;
 
+-- keyturn._due for one tenant: its due actions, locked FOR UPDATE SKIP
+-- LOCKED, in lease's order. The ordered scan of open_action_due_idx reads
+-- past other tenants' due rows; on Citus those are only the few tenants
+-- that share the shard. The tool versions of the providers asked for are
+-- read first, by a statement of their own: Citus refuses a statement of a
+-- delegated call that joins a reference table (tool_version) to the
+-- tenant's shards.
+CREATE FUNCTION keyturn._due_for(p_tenant text, p_now timestamptz, p_max int, p_providers text[])
+RETURNS SETOF uuid
+LANGUAGE plpgsql VOLATILE
+ROWS 16
+SET enable_sort = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    v_versions text[];
+BEGIN
+    IF p_providers IS NOT NULL THEN
+        v_versions := ARRAY(SELECT v.tool || ':' || v.version FROM keyturn.tool_version v
+                             WHERE v.provider = ANY (p_providers));
+    END IF;
+    RETURN QUERY
+    SELECT a.id FROM keyturn.open_action o
+      JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
+     WHERE o.tenant = p_tenant AND a.tenant = p_tenant
+       AND o.status = 'queued' AND o.next_attempt_at <= p_now
+       AND a.status = 'queued' AND a.next_attempt_at <= p_now
+       AND (v_versions IS NULL OR a.tool || ':' || a.tool_version = ANY (v_versions))
+     ORDER BY o.next_attempt_at, o.action_id
+     LIMIT p_max
+       FOR UPDATE OF a SKIP LOCKED;
+END
+$$;
+
+-- lease's and lease_for's arguments, checked before anything is read.
+CREATE FUNCTION keyturn._check_lease_args(p_worker text, p_max_jobs int, p_lease_for interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    PERFORM keyturn._require_text(p_worker, 'worker');
+    IF p_max_jobs IS NULL OR p_max_jobs NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'keyturn: max_jobs must be from 1 to 1000, not %', p_max_jobs
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_lease_for IS NULL OR p_lease_for < interval '1 second' OR p_lease_for > interval '1 hour' THEN
+        RAISE EXCEPTION 'keyturn: lease_for must be from 1 second to 1 hour, not %', p_lease_for
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- Leases the due actions p_ids, which the caller found and locked
+-- (keyturn._due, keyturn._due_for), and returns them as lease does.
+--
+-- p_tenant: NULL for lease, whose batch spans tenants, so each statement
+-- finds its rows by id alone; the tenant for lease_for
+-- (sql/062_dispatch_for.sql). Written "p_tenant IS NULL OR x.tenant =
+-- p_tenant" so that one statement serves both: planned for a tenant, the
+-- condition folds to "x.tenant = <the tenant>", which is what Citus needs
+-- to pin the statement to that tenant's shard. So no caller on the
+-- tenant's path may force a generic plan, in which it would not fold.
+CREATE FUNCTION keyturn._lease_rows(p_tenant text, p_worker text, p_now timestamptz, p_lease_for interval,
+                                    p_ids uuid[])
+RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
+               idempotency_key text, attempt int)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_ids       uuid[];
+    v_forged    uuid[];
+    v_tenants   text[];
+    v_leases    uuid[];
+    v_tools     text[];
+    v_versions  int[];
+    v_providers text[];
+BEGIN
+    -- A queued row that no approval produced (a table write, a tampered
+    -- restore) is never leased: it is invalidated, visibly, instead. The rows
+    -- are locked, so what is read here is what is updated: the check, and the
+    -- new lease ids, are read first because the UPDATEs, like every UPDATE of
+    -- keyturn's tables, call no volatile function (docs/scale-out.md, layout
+    -- B, step 5).
+    SELECT coalesce(array_agg(a.id) FILTER (WHERE NOT c.valid), '{}'),
+           coalesce(array_agg(a.id) FILTER (WHERE c.valid), '{}'),
+           coalesce(array_agg(a.tenant) FILTER (WHERE c.valid), '{}'),
+           coalesce(array_agg(gen_random_uuid()) FILTER (WHERE c.valid), '{}'),
+           coalesce(array_agg(DISTINCT a.tool) FILTER (WHERE c.valid), '{}')
+      INTO v_forged, v_ids, v_tenants, v_leases, v_tools
+      FROM keyturn.action a
+     CROSS JOIN LATERAL (SELECT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
+                                                        a.approved_at, a.approved_via, a.approval_mac) AS valid) c
+     WHERE a.id = ANY (p_ids) AND (p_tenant IS NULL OR a.tenant = p_tenant);
+    -- Each job's provider, read by a statement of its own: Citus refuses a
+    -- statement of a delegated call that joins a reference table
+    -- (tool_version) to the tenant's shards.
+    SELECT array_agg(v.tool), array_agg(v.version), array_agg(v.provider)
+      INTO v_tools, v_versions, v_providers
+      FROM keyturn.tool_version v WHERE v.tool = ANY (v_tools);
+    IF cardinality(v_forged) > 0 THEN
+        PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'no valid approval', 'worker', p_worker));
+        UPDATE keyturn.action a
+           SET updated_at = p_now, status = 'invalidated',
+               result = jsonb_build_object('reason', 'no approval produced this queued action; it is never dispatched')
+         WHERE a.id = ANY (v_forged) AND (p_tenant IS NULL OR a.tenant = p_tenant);
+    END IF;
+    PERFORM keyturn._set_event_detail(jsonb_build_object('worker', p_worker));
+    RETURN QUERY
+    WITH leased AS (
+        UPDATE keyturn.action a
+           SET updated_at = p_now, status = 'leased', lease_id = u.lease,
+               leased_by = p_worker, lease_expires_at = p_now + p_lease_for
+          FROM unnest(v_ids, v_tenants, v_leases) AS u (id, tenant, lease)
+         WHERE a.id = u.id AND a.tenant = u.tenant AND (p_tenant IS NULL OR a.tenant = p_tenant)
+        RETURNING a.*
+    )
+    SELECT l.id, l.lease_id, l.tenant, l.tool, v.provider, coalesce(l.params, s.params),
+           l.idempotency_key, l.attempts + 1
+      FROM leased l
+      JOIN unnest(v_tools, v_versions, v_providers) AS v (tool, version, provider)
+        ON v.tool = l.tool AND v.version = l.tool_version
+      LEFT JOIN keyturn.staged_payload s ON s.action_id = l.id AND s.tenant = l.tenant
+                                        AND (p_tenant IS NULL OR s.tenant = p_tenant)
+     ORDER BY l.next_attempt_at, l.id;
+END
+$$;
+
+-- lease and lease_for (p_what names the call): the due actions of every
+-- tenant (keyturn._due) or of p_tenant (keyturn._due_for), leased.
+CREATE FUNCTION keyturn._lease(p_what text, p_tenant text, p_worker text, p_max_jobs int, p_lease_for interval,
+                               p_providers text[])
+RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
+               idempotency_key text, attempt int)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_ids uuid[];
+BEGIN
+    PERFORM keyturn._check_lease_args(p_worker, p_max_jobs, p_lease_for);
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    IF p_tenant IS NULL THEN
+        v_ids := ARRAY(SELECT keyturn._due(v_now, p_max_jobs, p_providers));
+    ELSE
+        v_ids := ARRAY(SELECT keyturn._due_for(p_tenant, v_now, p_max_jobs, p_providers));
+    END IF;
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM keyturn._lease_rows(p_tenant, p_worker, v_now, p_lease_for, v_ids);
+END
+$$;
+
 -- providers (keyturn's addition to the dispatcher protocol): only actions whose tool's provider is
 -- in the list, so a worker never leases what it has no adapter for; NULL = all.
 CREATE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds',
@@ -66,68 +220,9 @@ RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider t
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_now     timestamptz := clock_timestamp();
-    v_ids     uuid[];
-    v_forged  uuid[];
-    v_tenants text[];
-    v_leases  uuid[];
 BEGIN
-    PERFORM keyturn._require_text(lease.worker, 'worker');
-    IF lease.max_jobs IS NULL OR lease.max_jobs NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'keyturn: max_jobs must be from 1 to 1000, not %', lease.max_jobs
-            USING ERRCODE = '22023';
-    END IF;
-    IF lease.lease_for IS NULL OR lease.lease_for < interval '1 second' OR lease.lease_for > interval '1 hour' THEN
-        RAISE EXCEPTION 'keyturn: lease_for must be from 1 second to 1 hour, not %', lease.lease_for
-            USING ERRCODE = '22023';
-    END IF;
-    PERFORM keyturn._refuse_nested('lease');
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-
-    v_ids := ARRAY(SELECT keyturn._due(v_now, lease.max_jobs, lease.providers));
-    IF cardinality(v_ids) = 0 THEN
-        RETURN;
-    END IF;
-    -- A queued row that no approval produced (a table write, a tampered
-    -- restore) is never leased: it is invalidated, visibly, instead. The rows
-    -- are locked (keyturn._due), so what is read here is what is updated: the
-    -- check, and the new lease ids, are read first because the UPDATEs, like
-    -- every UPDATE of keyturn's tables, call no volatile function
-    -- (docs/scale-out.md, layout B, step 5).
-    SELECT coalesce(array_agg(a.id) FILTER (WHERE NOT c.valid), '{}'),
-           coalesce(array_agg(a.id) FILTER (WHERE c.valid), '{}'),
-           coalesce(array_agg(a.tenant) FILTER (WHERE c.valid), '{}'),
-           coalesce(array_agg(gen_random_uuid()) FILTER (WHERE c.valid), '{}')
-      INTO v_forged, v_ids, v_tenants, v_leases
-      FROM keyturn.action a
-     CROSS JOIN LATERAL (SELECT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
-                                                        a.approved_at, a.approved_via, a.approval_mac) AS valid) c
-     WHERE a.id = ANY (v_ids);  -- by id alone: a lease spans tenants
-    IF cardinality(v_forged) > 0 THEN
-        PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'no valid approval', 'worker', lease.worker));
-        -- By id alone, as above.
-        UPDATE keyturn.action a
-           SET updated_at = v_now, status = 'invalidated',
-               result = jsonb_build_object('reason', 'no approval produced this queued action; it is never dispatched')
-         WHERE a.id = ANY (v_forged);
-    END IF;
-    PERFORM keyturn._set_event_detail(jsonb_build_object('worker', lease.worker));
-    RETURN QUERY
-    WITH leased AS (
-        UPDATE keyturn.action a
-           SET updated_at = v_now, status = 'leased', lease_id = u.lease,
-               leased_by = lease.worker, lease_expires_at = v_now + lease.lease_for
-          FROM unnest(v_ids, v_tenants, v_leases) AS u (id, tenant, lease)
-         WHERE a.id = u.id AND a.tenant = u.tenant
-        RETURNING a.*
-    )
-    SELECT l.id, l.lease_id, l.tenant, l.tool, v.provider, coalesce(l.params, s.params),
-           l.idempotency_key, l.attempts + 1
-      FROM leased l
-      JOIN keyturn.tool_version v ON v.tool = l.tool AND v.version = l.tool_version
-      LEFT JOIN keyturn.staged_payload s ON s.action_id = l.id AND s.tenant = l.tenant
-     ORDER BY l.next_attempt_at, l.id;
+    RETURN QUERY SELECT * FROM keyturn._lease('lease', NULL, lease.worker, lease.max_jobs, lease.lease_for,
+                                              lease.providers);
 END
 $$;
 
@@ -227,15 +322,17 @@ $$;
 -- Answers each element (p_ords: its place in the caller's batch) with
 -- dispatch, or with the lease problem that left it unchanged.
 --
--- Planned once per backend (force_generic_plan), as keyturn._complete_set:
--- with the arrays known, a custom plan's estimate is always lower than the
--- generic one's, so plpgsql planned every statement again on every call,
--- which cost a one-job step more than running them (tests/bench/BENCHMARKS.md).
--- Every plan is index lookups by id, whatever the arrays hold.
-CREATE FUNCTION keyturn._begin_set(p_ords int[], p_ids uuid[], p_leases uuid[])
+-- p_tenant: NULL for begin_dispatch and begin_dispatch_many (by id alone,
+-- the dispatcher's calls name no tenant); the tenant for their _for forms,
+-- as keyturn._lease_rows explains. The plain calls plan it once per backend
+-- (their force_generic_plan): with the arrays known, a custom plan's
+-- estimate is always lower than the generic one's, so plpgsql planned every
+-- statement again on every call, which cost a one-job step more than
+-- running them (tests/bench/BENCHMARKS.md). Every plan is index lookups by
+-- id, whatever the arrays hold.
+CREATE FUNCTION keyturn._begin_set(p_tenant text, p_ords int[], p_ids uuid[], p_leases uuid[])
 RETURNS TABLE (ord int, dispatch boolean, problem text)
 LANGUAGE plpgsql VOLATILE
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_ords     int[];
@@ -244,38 +341,48 @@ DECLARE
     v_problems text[];
     v_reasons  text[];
     v_details  text[];
+    v_statuses keyturn.status[];
+    v_results  jsonb[];
     v_now      timestamptz;
 BEGIN
+    -- What the UPDATE writes is computed here too: Citus refuses a function
+    -- that is not immutable (a cast to keyturn.status, jsonb_build_object)
+    -- inside a CASE of an UPDATE.
     SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.reason),
            array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
                           WHEN v.reason IS NULL
                           THEN jsonb_build_object('attempt', v.attempts + 1, 'worker', v.leased_by)::text
-                          ELSE jsonb_build_object('reason', v.reason)::text END)
-      INTO v_ords, v_ids, v_tenants, v_problems, v_reasons, v_details
+                          ELSE jsonb_build_object('reason', v.reason)::text END),
+           array_agg(CASE WHEN v.reason IS NULL THEN 'executing' ELSE 'invalidated' END::keyturn.status),
+           array_agg(CASE WHEN v.reason IS NOT NULL THEN jsonb_build_object('reason', v.reason) END)
+      INTO v_ords, v_ids, v_tenants, v_problems, v_reasons, v_details, v_statuses, v_results
       FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, (l.a).attempts, (l.a).leased_by,
                    CASE WHEN p.problem IS NULL THEN keyturn._begin_problem(l.a) END AS reason
               FROM unnest(p_ords, p_ids, p_leases) AS e (ord, id, lease)
               -- Each row locked as it is read (in the batch's order, as the
               -- single calls one after another would), so the checks see it
               -- as it is locked.
-              -- By id alone: the dispatcher's calls name no tenant, and the
-              -- row found names it for every statement after this one.
-              LEFT JOIN LATERAL (SELECT x AS a FROM keyturn.action x WHERE x.id = e.id FOR UPDATE) l ON true
+              -- The row found names the tenant for every statement after
+              -- this one. ROW(x.*): on a Citus shard x is of the shard's
+              -- row type, which keyturn's functions do not take.
+              LEFT JOIN LATERAL (SELECT ROW(x.*)::keyturn.action AS a FROM keyturn.action x
+                                  WHERE x.id = e.id AND (p_tenant IS NULL OR x.tenant = p_tenant) FOR UPDATE) l ON true
              CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p) v;
     PERFORM keyturn._set_event_details(v_ids, v_details);
     v_now := clock_timestamp();
     WITH done AS (
         UPDATE keyturn.action x
            SET updated_at = v_now,
-               status = CASE WHEN u.reason IS NULL THEN 'executing' ELSE 'invalidated' END::keyturn.status,
+               status = u.status,
                attempts = x.attempts + CASE WHEN u.reason IS NULL THEN 1 ELSE 0 END,
                dispatched_at = CASE WHEN u.reason IS NULL THEN v_now ELSE x.dispatched_at END,
-               result = CASE WHEN u.reason IS NULL THEN x.result ELSE jsonb_build_object('reason', u.reason) END,
+               result = CASE WHEN u.reason IS NULL THEN x.result ELSE u.result END,
                lease_id = CASE WHEN u.reason IS NULL THEN x.lease_id END,
                leased_by = CASE WHEN u.reason IS NULL THEN x.leased_by END,
                lease_expires_at = CASE WHEN u.reason IS NULL THEN x.lease_expires_at END
-          FROM unnest(v_ids, v_tenants, v_problems, v_reasons) AS u (id, tenant, problem, reason)
-         WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL
+          FROM unnest(v_ids, v_tenants, v_problems, v_reasons, v_statuses, v_results)
+               AS u (id, tenant, problem, reason, status, result)
+         WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL AND (p_tenant IS NULL OR x.tenant = p_tenant)
      RETURNING x.id, x.attempts, x.tenant, x.principal, x.lease_id, x.leased_by, x.status)
     INSERT INTO keyturn.attempt (action_id, attempt, tenant, principal, lease_id, worker, started_at)
     SELECT d.id, d.attempts, d.tenant, d.principal, d.lease_id, d.leased_by, v_now
@@ -291,13 +398,15 @@ CREATE FUNCTION keyturn.begin_dispatch(action_id uuid, lease_id uuid)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     r record;
 BEGIN
     PERFORM keyturn._refuse_nested('begin_dispatch');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    SELECT * INTO r FROM keyturn._begin_set('{1}', ARRAY[begin_dispatch.action_id], ARRAY[begin_dispatch.lease_id]);
+    SELECT * INTO r FROM keyturn._begin_set(NULL, '{1}', ARRAY[begin_dispatch.action_id],
+                                            ARRAY[begin_dispatch.lease_id]);
     PERFORM keyturn._raise_lease_problem(r.problem);
     RETURN r.dispatch;
 END
@@ -336,11 +445,12 @@ $$;
 -- queued again without counting an attempt, due after retry_after (else at
 -- once); any other outcome closes the attempt. retry_after is capped at a
 -- day on both paths: a provider cannot park an approved action for a year.
-CREATE FUNCTION keyturn._complete_set(p_ords int[], p_ids uuid[], p_leases uuid[], p_outcomes text[],
+--
+-- p_tenant, and the plans, as in keyturn._begin_set.
+CREATE FUNCTION keyturn._complete_set(p_tenant text, p_ords int[], p_ids uuid[], p_leases uuid[], p_outcomes text[],
                                       p_receipts jsonb[], p_retry_after interval[])
 RETURNS TABLE (ord int, status text, problem text)
 LANGUAGE plpgsql VOLATILE
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_ords     int[];
@@ -354,8 +464,13 @@ DECLARE
     v_delays   interval[];
     v_attempts int[];
     v_details  text[];
+    v_results  jsonb[];
+    v_next     timestamptz[];
     v_now      timestamptz;
 BEGIN
+    -- What the UPDATEs write is computed before them, as in
+    -- keyturn._begin_set: Citus refuses a function that is not immutable
+    -- inside a CASE of an UPDATE.
     SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.status),
            array_agg(v.back), array_agg(v.outcome), array_agg(v.receipt), array_agg(v.delay),
            array_agg(v.attempts),
@@ -363,9 +478,16 @@ BEGIN
                           WHEN v.back THEN jsonb_build_object('handed_back', true)::text
                           ELSE jsonb_strip_nulls(jsonb_build_object(
                                    'outcome', v.outcome, 'attempt', v.attempts,
-                                   'retry_in', CASE WHEN v.status = 'queued' THEN v.delay::text END))::text END)
+                                   'retry_in', CASE WHEN v.status = 'queued' THEN v.delay::text END))::text END),
+           array_agg(CASE
+                         WHEN v.status = 'failed' AND v.outcome = 'retry'
+                             THEN jsonb_build_object('reason', 'the provider asked to retry after the third attempt')
+                         WHEN v.status = 'uncertain'
+                             THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
+                         ELSE jsonb_build_object('outcome', v.outcome)
+                     END)
       INTO v_ords, v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays,
-           v_attempts, v_details
+           v_attempts, v_details, v_results
       FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, e.outcome, (l.a).attempts,
                    (l.a).status = 'leased' AS back,
                    CASE WHEN p.problem IS NULL THEN keyturn._redact(coalesce(e.receipt, '{}')) END AS receipt,
@@ -384,38 +506,33 @@ BEGIN
              CROSS JOIN LATERAL (SELECT keyturn._complete_args_error(e.outcome, e.delay, e.receipt) AS arg_error) g
               -- Each row locked as it is read, in the batch's order, and only
               -- for an element whose arguments are right: the others change
-              -- nothing. By id alone, as in keyturn._begin_set.
-              LEFT JOIN LATERAL (SELECT x AS a FROM keyturn.action x
-                                  WHERE x.id = e.id AND g.arg_error IS NULL FOR UPDATE) l ON true
+              -- nothing. ROW(x.*), as in keyturn._begin_set.
+              LEFT JOIN LATERAL (SELECT ROW(x.*)::keyturn.action AS a FROM keyturn.action x
+                                  WHERE x.id = e.id AND (p_tenant IS NULL OR x.tenant = p_tenant)
+                                    AND g.arg_error IS NULL FOR UPDATE) l ON true
              CROSS JOIN LATERAL (
                    SELECT coalesce('22023 ' || g.arg_error,
                                    '55000 ' || keyturn._complete_problem(l.a, e.id, e.lease, e.outcome)) AS problem) p) v;
     v_now := clock_timestamp();
+    v_next := ARRAY(SELECT v_now + u.delay FROM unnest(v_delays) WITH ORDINALITY AS u (delay, o) ORDER BY u.o);
     UPDATE keyturn.attempt t
        SET finished_at = v_now, outcome = u.outcome, receipt = u.receipt
       FROM unnest(v_ids, v_tenants, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
            AS u (id, tenant, problem, back, attempt, outcome, receipt)
      WHERE t.action_id = u.id AND t.tenant = u.tenant AND t.attempt = u.attempt
-       AND u.problem IS NULL AND NOT u.back;
+       AND u.problem IS NULL AND NOT u.back AND (p_tenant IS NULL OR t.tenant = p_tenant);
     PERFORM keyturn._set_event_details(v_ids, v_details);
     UPDATE keyturn.action x
        SET updated_at = v_now, status = u.status,
            receipt = CASE WHEN u.back THEN x.receipt ELSE u.receipt END,
-           result = CASE
-                        WHEN u.status = 'queued' THEN x.result
-                        WHEN u.status = 'failed' AND u.outcome = 'retry'
-                            THEN jsonb_build_object('reason', 'the provider asked to retry after the third attempt')
-                        WHEN u.status = 'uncertain'
-                            THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
-                        ELSE jsonb_build_object('outcome', u.outcome)
-                    END,
-           next_attempt_at = CASE WHEN u.status = 'queued' THEN v_now + u.delay END,
+           result = CASE WHEN u.status = 'queued' THEN x.result ELSE u.result END,
+           next_attempt_at = CASE WHEN u.status = 'queued' THEN u.next END,
            lease_id = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_id END,
            leased_by = CASE WHEN u.status = 'queued' THEN NULL ELSE x.leased_by END,
            lease_expires_at = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_expires_at END
-      FROM unnest(v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays)
-           AS u (id, tenant, problem, status, back, outcome, receipt, delay)
-     WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL;
+      FROM unnest(v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_next, v_results)
+           AS u (id, tenant, problem, status, back, outcome, receipt, next, result)
+     WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL AND (p_tenant IS NULL OR x.tenant = p_tenant);
     RETURN QUERY
     SELECT v.ord, CASE WHEN v.problem IS NULL THEN v.status::text END, v.problem
       FROM unnest(v_ords, v_problems, v_statuses) AS v (ord, problem, status)
@@ -428,6 +545,7 @@ CREATE FUNCTION keyturn.complete(action_id uuid, lease_id uuid, outcome text, re
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_error text := keyturn._complete_args_error(complete.outcome, complete.retry_after, complete.receipt);
@@ -438,7 +556,7 @@ BEGIN
     END IF;
     PERFORM keyturn._refuse_nested('complete');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    SELECT * INTO r FROM keyturn._complete_set('{1}', ARRAY[complete.action_id], ARRAY[complete.lease_id],
+    SELECT * INTO r FROM keyturn._complete_set(NULL, '{1}', ARRAY[complete.action_id], ARRAY[complete.lease_id],
                                                ARRAY[complete.outcome], ARRAY[complete.receipt],
                                                ARRAY[complete.retry_after]);
     -- Only a lease problem is left: the arguments were checked above.
@@ -447,10 +565,13 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION keyturn.sweep()
+-- The sweep: pending past expiry -> expired, leased with a lapsed lease ->
+-- queued, executing with a lapsed lease -> uncertain, and staged files no
+-- proposal bound a day after staging deleted. p_tenant: NULL for sweep
+-- (every tenant), the tenant for sweep_for, as keyturn._lease_rows explains.
+CREATE FUNCTION keyturn._sweep(p_tenant text)
 RETURNS TABLE (expired int, requeued int, uncertain int, files int)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_expired   int;
@@ -459,9 +580,6 @@ DECLARE
     v_files     int;
     v_now       timestamptz := clock_timestamp();  -- an index condition, unlike clock_timestamp()
 BEGIN
-    PERFORM keyturn._refuse_nested('sweep');
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'expired before approval'));
     UPDATE keyturn.action a
        SET updated_at = v_now, status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
@@ -469,7 +587,9 @@ BEGIN
                                 JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
                                 WHERE o.status = 'pending' AND o.expires_at < v_now
                                   AND x.status = 'pending'
-                                FOR UPDATE OF x SKIP LOCKED);
+                                  AND (p_tenant IS NULL OR (o.tenant = p_tenant AND x.tenant = p_tenant))
+                                FOR UPDATE OF x SKIP LOCKED)
+       AND (p_tenant IS NULL OR a.tenant = p_tenant);
     GET DIAGNOSTICS v_expired = ROW_COUNT;
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed before dispatch'));
@@ -480,7 +600,9 @@ BEGIN
                                 JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
                                 WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
                                   AND x.status = 'leased' AND x.lease_expires_at < v_now
-                                FOR UPDATE OF x SKIP LOCKED);
+                                  AND (p_tenant IS NULL OR (o.tenant = p_tenant AND x.tenant = p_tenant))
+                                FOR UPDATE OF x SKIP LOCKED)
+       AND (p_tenant IS NULL OR a.tenant = p_tenant);
     GET DIAGNOSTICS v_requeued = ROW_COUNT;
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed while executing'));
@@ -492,24 +614,80 @@ BEGIN
                                     JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
                                     WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
                                       AND x.status = 'executing' AND x.lease_expires_at < v_now
+                                      AND (p_tenant IS NULL OR (o.tenant = p_tenant AND x.tenant = p_tenant))
                                     FOR UPDATE OF x SKIP LOCKED)
+           AND (p_tenant IS NULL OR a.tenant = p_tenant)
         RETURNING a.id, a.tenant, a.attempts
     ), closed AS (
         UPDATE keyturn.attempt t SET finished_at = v_now, outcome = 'lapsed'
           FROM lapsed
          WHERE t.action_id = lapsed.id AND t.tenant = lapsed.tenant AND t.attempt = lapsed.attempts
-           AND t.outcome IS NULL
+           AND t.outcome IS NULL AND (p_tenant IS NULL OR t.tenant = p_tenant)
         RETURNING 1
     )
     SELECT count(*) INTO v_uncertain FROM lapsed;
 
-    -- Staged files no proposal ever bound: gone a day after staging.
     DELETE FROM keyturn.staged_file s
      WHERE (s.id, s.tenant) IN (SELECT f.id, f.tenant FROM keyturn.staged_file f
                                 WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours'
-                                FOR UPDATE SKIP LOCKED);
+                                  AND (p_tenant IS NULL OR f.tenant = p_tenant)
+                                FOR UPDATE SKIP LOCKED)
+       AND (p_tenant IS NULL OR s.tenant = p_tenant);
     GET DIAGNOSTICS v_files = ROW_COUNT;
     RETURN QUERY SELECT v_expired, v_requeued, v_uncertain, v_files;
+END
+$$;
+
+CREATE FUNCTION keyturn.sweep()
+RETURNS TABLE (expired int, requeued int, uncertain int, files int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('sweep');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._sweep(NULL);
+END
+$$;
+
+-- reconcile, and reconcile_for (p_what names the call): p_tenant as in
+-- keyturn._lease_rows.
+CREATE FUNCTION keyturn._reconcile(p_what text, p_tenant text, p_id uuid, p_outcome text, p_note text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    a        keyturn.action;
+    v_now    timestamptz := clock_timestamp();
+    v_status keyturn.status;
+    v_added  jsonb;
+BEGIN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed') THEN
+        RAISE EXCEPTION 'keyturn: reconcile outcome must be succeeded or failed, not %',
+                coalesce(quote_literal(p_outcome), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    -- Operators reconcile across tenants: the plain call names none.
+    SELECT x.* INTO a FROM keyturn.action x
+     WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant) FOR UPDATE;
+    IF NOT FOUND OR a.status <> 'uncertain' THEN
+        RAISE EXCEPTION 'keyturn: only an uncertain action can be reconciled; % is %',
+                p_id, coalesce(a.status::text, 'unknown')
+            USING ERRCODE = '55000';
+    END IF;
+    PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
+        'reconciled', p_outcome, 'note', p_note)));
+    -- Computed first: Citus refuses a function that is not immutable in an
+    -- UPDATE's expression that holds a COALESCE.
+    v_status := p_outcome::keyturn.status;
+    v_added := jsonb_strip_nulls(jsonb_build_object('reconciled', p_outcome, 'note', p_note,
+                                                    'by', keyturn._calling_role()));
+    UPDATE keyturn.action x
+       SET updated_at = v_now, status = v_status, result = coalesce(x.result, '{}') || v_added
+     WHERE x.id = a.id AND x.tenant = a.tenant;
+    RETURN p_outcome;
 END
 $$;
 
@@ -518,33 +696,8 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    a     keyturn.action;
-    v_now timestamptz := clock_timestamp();
 BEGIN
-    IF reconcile.outcome IS NULL OR reconcile.outcome NOT IN ('succeeded', 'failed') THEN
-        RAISE EXCEPTION 'keyturn: reconcile outcome must be succeeded or failed, not %',
-                coalesce(quote_literal(reconcile.outcome), 'NULL')
-            USING ERRCODE = '22023';
-    END IF;
-    PERFORM keyturn._refuse_nested('reconcile');
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    -- By id alone: operators reconcile across tenants.
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = reconcile.action_id FOR UPDATE;
-    IF NOT FOUND OR a.status <> 'uncertain' THEN
-        RAISE EXCEPTION 'keyturn: only an uncertain action can be reconciled; % is %',
-                reconcile.action_id, coalesce(a.status::text, 'unknown')
-            USING ERRCODE = '55000';
-    END IF;
-    PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
-        'reconciled', reconcile.outcome, 'note', reconcile.note)));
-    UPDATE keyturn.action x
-       SET updated_at = v_now, status = reconcile.outcome::keyturn.status,
-           result = coalesce(x.result, '{}') || jsonb_strip_nulls(jsonb_build_object(
-                        'reconciled', reconcile.outcome, 'note', reconcile.note,
-                        'by', keyturn._calling_role()))
-     WHERE x.id = a.id AND x.tenant = a.tenant;
-    RETURN reconcile.outcome;
+    RETURN keyturn._reconcile('reconcile', NULL, reconcile.action_id, reconcile.outcome, reconcile.note);
 END
 $$;
 
@@ -562,16 +715,21 @@ AS $$
 $$;
 
 -- An action's attempts, for the operator deciding an uncertain outcome:
--- who tried when, what came back (receipts are stored redacted).
+-- who tried when, what came back (receipts are stored redacted). plpgsql,
+-- not sql: Citus cannot plan a parameter of an SQL function's statement on
+-- distributed tables.
 CREATE FUNCTION keyturn.attempts(action_id uuid)
 RETURNS TABLE (attempt int, worker text, started_at timestamptz, finished_at timestamptz, outcome text,
                receipt jsonb)
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT keyturn._refuse_nested('attempts');
+BEGIN
+    PERFORM keyturn._refuse_nested('attempts');
+    RETURN QUERY
     SELECT t.attempt, t.worker, t.started_at, t.finished_at, t.outcome, t.receipt
       FROM keyturn.attempt t
      WHERE t.action_id = attempts.action_id  -- by id alone: operators reconcile across tenants
-     ORDER BY t.attempt
+     ORDER BY t.attempt;
+END
 $$;

@@ -74,15 +74,11 @@ BEGIN
 END
 $$;
 
--- keyturn.begin_dispatch_many(action_ids, lease_ids): per pair, exactly
--- keyturn.begin_dispatch. dispatch = true: now 'executing', call the provider.
--- dispatch = false, error NULL: invalidated (never call the provider).
--- dispatch = false, error '55000 ...': refused, nothing changed (never call
--- the provider; the lease lapses or has lapsed and the sweep requeues it).
-CREATE FUNCTION keyturn.begin_dispatch_many(action_ids uuid[], lease_ids uuid[])
+-- A batch of begin_dispatch, in rounds when it names an action twice:
+-- begin_dispatch_many's answers. p_tenant as in keyturn._begin_set.
+CREATE FUNCTION keyturn._begin_many(p_tenant text, p_ids uuid[], p_leases uuid[])
 RETURNS TABLE (action_id uuid, dispatch boolean, error text)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     n        int;
@@ -92,17 +88,12 @@ DECLARE
     v_disp   boolean[] := '{}';
     v_errors text[] := '{}';
 BEGIN
-    PERFORM keyturn._refuse_nested('begin_dispatch_many');
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    n := keyturn._batch_check_arrays(cardinality(begin_dispatch_many.action_ids),
-                                     cardinality(begin_dispatch_many.lease_ids),
-                                     'action_ids and lease_ids');
-    v_rounds := keyturn._batch_rounds(begin_dispatch_many.action_ids);
+    n := keyturn._batch_check_arrays(cardinality(p_ids), cardinality(p_leases), 'action_ids and lease_ids');
+    v_rounds := keyturn._batch_rounds(p_ids);
     IF v_rounds IS NULL THEN
         RETURN QUERY
-        SELECT begin_dispatch_many.action_ids[b.ord], b.dispatch, '55000 ' || b.problem
-          FROM keyturn._begin_set(ARRAY(SELECT generate_series(1, n)), begin_dispatch_many.action_ids,
-                                  begin_dispatch_many.lease_ids) b
+        SELECT p_ids[b.ord], b.dispatch, '55000 ' || b.problem
+          FROM keyturn._begin_set(p_tenant, ARRAY(SELECT generate_series(1, n)), p_ids, p_leases) b
          ORDER BY b.ord;
         RETURN;
     END IF;
@@ -111,28 +102,42 @@ BEGIN
         SELECT v_ords || array_agg(b.ord), v_disp || array_agg(b.dispatch),
                v_errors || array_agg('55000 ' || b.problem)
           INTO v_ords, v_disp, v_errors
-          FROM keyturn._begin_set(v_idx, keyturn._batch_pick(begin_dispatch_many.action_ids, v_idx),
-                                  keyturn._batch_pick(begin_dispatch_many.lease_ids, v_idx)) b;
+          FROM keyturn._begin_set(p_tenant, v_idx, keyturn._batch_pick(p_ids, v_idx),
+                                  keyturn._batch_pick(p_leases, v_idx)) b;
     END LOOP;
     RETURN QUERY
-    SELECT begin_dispatch_many.action_ids[b.ord], b.dispatch, b.error
+    SELECT p_ids[b.ord], b.dispatch, b.error
       FROM unnest(v_ords, v_disp, v_errors) AS b (ord, dispatch, error)
      ORDER BY b.ord;
 END
 $$;
 
--- keyturn.complete_many(action_ids, lease_ids, outcomes, receipts, retry_after):
--- per element, exactly keyturn.complete (a NULL receipt is '{}', a NULL
--- retry_after the database's backoff, as there). status = the new status and
--- error NULL; or status NULL and error '<SQLSTATE> ...' (55000 wrong/lapsed
--- lease or status, e.g. already swept to uncertain; 22023 bad outcome word,
--- negative retry_after, or a receipt keyturn cannot store) with nothing
--- changed for that element.
-CREATE FUNCTION keyturn.complete_many(action_ids uuid[], lease_ids uuid[], outcomes text[],
-                                      receipts jsonb[], retry_after interval[])
-RETURNS TABLE (action_id uuid, status text, error text)
+-- keyturn.begin_dispatch_many(action_ids, lease_ids): per pair, exactly
+-- keyturn.begin_dispatch. dispatch = true: now 'executing', call the provider.
+-- dispatch = false, error NULL: invalidated (never call the provider).
+-- dispatch = false, error '55000 ...': refused, nothing changed (never call
+-- the provider; the lease lapses or has lapsed and the sweep requeues it).
+-- Planned once per backend, as begin_dispatch.
+CREATE FUNCTION keyturn.begin_dispatch_many(action_ids uuid[], lease_ids uuid[])
+RETURNS TABLE (action_id uuid, dispatch boolean, error text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('begin_dispatch_many');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._begin_many(NULL, begin_dispatch_many.action_ids,
+                                                   begin_dispatch_many.lease_ids);
+END
+$$;
+
+-- A batch of complete, in rounds when it names an action twice:
+-- complete_many's answers. p_tenant as in keyturn._begin_set.
+CREATE FUNCTION keyturn._complete_many(p_tenant text, p_ids uuid[], p_leases uuid[], p_outcomes text[],
+                                       p_receipts jsonb[], p_retry_after interval[])
+RETURNS TABLE (action_id uuid, status text, error text)
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     n          int;
@@ -142,21 +147,16 @@ DECLARE
     v_statuses text[] := '{}';
     v_errors   text[] := '{}';
 BEGIN
-    PERFORM keyturn._refuse_nested('complete_many');
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    n := keyturn._batch_check_arrays(cardinality(complete_many.action_ids),
-                                     cardinality(complete_many.lease_ids),
-                                     'action_ids and lease_ids');
-    PERFORM keyturn._batch_check_arrays(n, cardinality(complete_many.outcomes), 'action_ids and outcomes');
-    PERFORM keyturn._batch_check_arrays(n, cardinality(complete_many.receipts), 'action_ids and receipts');
-    PERFORM keyturn._batch_check_arrays(n, cardinality(complete_many.retry_after), 'action_ids and retry_after');
-    v_rounds := keyturn._batch_rounds(complete_many.action_ids);
+    n := keyturn._batch_check_arrays(cardinality(p_ids), cardinality(p_leases), 'action_ids and lease_ids');
+    PERFORM keyturn._batch_check_arrays(n, cardinality(p_outcomes), 'action_ids and outcomes');
+    PERFORM keyturn._batch_check_arrays(n, cardinality(p_receipts), 'action_ids and receipts');
+    PERFORM keyturn._batch_check_arrays(n, cardinality(p_retry_after), 'action_ids and retry_after');
+    v_rounds := keyturn._batch_rounds(p_ids);
     IF v_rounds IS NULL THEN
         RETURN QUERY
-        SELECT complete_many.action_ids[c.ord], c.status, c.problem
-          FROM keyturn._complete_set(ARRAY(SELECT generate_series(1, n)), complete_many.action_ids,
-                                     complete_many.lease_ids, complete_many.outcomes,
-                                     complete_many.receipts, complete_many.retry_after) c
+        SELECT p_ids[c.ord], c.status, c.problem
+          FROM keyturn._complete_set(p_tenant, ARRAY(SELECT generate_series(1, n)), p_ids, p_leases,
+                                     p_outcomes, p_receipts, p_retry_after) c
          ORDER BY c.ord;
         RETURN;
     END IF;
@@ -164,15 +164,38 @@ BEGIN
         v_idx := ARRAY(SELECT i FROM generate_subscripts(v_rounds, 1) i WHERE v_rounds[i] = r ORDER BY i);
         SELECT v_ords || array_agg(c.ord), v_statuses || array_agg(c.status), v_errors || array_agg(c.problem)
           INTO v_ords, v_statuses, v_errors
-          FROM keyturn._complete_set(v_idx, keyturn._batch_pick(complete_many.action_ids, v_idx),
-                                     keyturn._batch_pick(complete_many.lease_ids, v_idx),
-                                     keyturn._batch_pick(complete_many.outcomes, v_idx),
-                                     keyturn._batch_pick(complete_many.receipts, v_idx),
-                                     keyturn._batch_pick(complete_many.retry_after, v_idx)) c;
+          FROM keyturn._complete_set(p_tenant, v_idx, keyturn._batch_pick(p_ids, v_idx),
+                                     keyturn._batch_pick(p_leases, v_idx),
+                                     keyturn._batch_pick(p_outcomes, v_idx),
+                                     keyturn._batch_pick(p_receipts, v_idx),
+                                     keyturn._batch_pick(p_retry_after, v_idx)) c;
     END LOOP;
     RETURN QUERY
-    SELECT complete_many.action_ids[c.ord], c.status, c.error
+    SELECT p_ids[c.ord], c.status, c.error
       FROM unnest(v_ords, v_statuses, v_errors) AS c (ord, status, error)
      ORDER BY c.ord;
+END
+$$;
+
+-- keyturn.complete_many(action_ids, lease_ids, outcomes, receipts, retry_after):
+-- per element, exactly keyturn.complete (a NULL receipt is '{}', a NULL
+-- retry_after the database's backoff, as there). status = the new status and
+-- error NULL; or status NULL and error '<SQLSTATE> ...' (55000 wrong/lapsed
+-- lease or status, e.g. already swept to uncertain; 22023 bad outcome word,
+-- negative retry_after, or a receipt keyturn cannot store) with nothing
+-- changed for that element. Planned once per backend, as complete.
+CREATE FUNCTION keyturn.complete_many(action_ids uuid[], lease_ids uuid[], outcomes text[],
+                                      receipts jsonb[], retry_after interval[])
+RETURNS TABLE (action_id uuid, status text, error text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('complete_many');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._complete_many(NULL, complete_many.action_ids, complete_many.lease_ids,
+                                                      complete_many.outcomes, complete_many.receipts,
+                                                      complete_many.retry_after);
 END
 $$;

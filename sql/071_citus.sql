@@ -187,3 +187,129 @@ BEGIN
     END;
 END
 $$;
+
+-- Whether keyturn's own tables are distributed by tenant (layout B): the
+-- dispatcher must then call the tenant-explicit forms, tenant by tenant
+-- (sql/062_dispatch_for.sql). keyturnd asks this at start and whenever a
+-- lease fails.
+CREATE FUNCTION keyturn.dispatch_by_tenant()
+RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM keyturn._citus_table('keyturn.action'::regclass) c WHERE c.dist_column = 'tenant');
+END
+$$;
+
+-- The nodes besides this one whose notifications keyturnd must hear: in
+-- layout B an approval's wake-up (NOTIFY keyturn_dispatch) is sent on the
+-- worker that holds the tenant's shards, where the delegated call commits,
+-- and a notification is heard only on the node that sent it. Empty
+-- otherwise. The names are those this node reaches the workers by.
+CREATE FUNCTION keyturn.dispatch_nodes()
+RETURNS TABLE (host text, port int)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT keyturn.dispatch_by_tenant() THEN
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE
+        'SELECT n.nodename::text, n.nodeport::int FROM pg_catalog.pg_dist_node n
+          WHERE n.isactive AND n.noderole = ''primary''
+            AND n.groupid <> (SELECT l.groupid FROM pg_catalog.pg_dist_local_group l)
+          ORDER BY n.nodeid';
+END
+$$;
+
+-- Layout B in one call (docs/scale-out.md): keyturn's tables that hold no
+-- tenant become reference tables, its tenant tables are distributed by
+-- tenant, colocated with colocate_with (a business table distributed by its
+-- text tenant column), and every tenant-explicit call (propose_for, …,
+-- lease_for, …) is registered so that Citus sends it whole to the tenant's
+-- worker. For the coordinator's superuser, once, with keyturnd stopped;
+-- what is done already is skipped, so it may run again. Returns what it did.
+--
+-- The foreign keys from keyturn's tables to its tables without a tenant go:
+-- with them Citus converts every table they join and fails on the
+-- extension's own objects, and they cannot be added back, since every
+-- worker's copy of the extension still holds them. keyturn's functions,
+-- the only writers of these tables, keep what they kept.
+CREATE FUNCTION keyturn.citus_distribute(colocate_with regclass)
+RETURNS TABLE (object text, done text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c         record;
+    r         record;
+    delegated boolean;
+BEGIN
+    IF NOT keyturn._citus_present() THEN
+        RAISE EXCEPTION 'keyturn: Citus is not installed in this database'
+            USING ERRCODE = '55000',
+                  HINT = 'CREATE EXTENSION citus on every node and add the workers first (docs/scale-out.md).';
+    END IF;
+    SELECT * INTO c FROM keyturn._citus_table(citus_distribute.colocate_with);
+    IF NOT FOUND OR c.method <> 'h'
+       OR (SELECT a.atttypid FROM pg_attribute a
+            WHERE a.attrelid = citus_distribute.colocate_with AND a.attname = c.dist_column) <> 'text'::regtype THEN
+        RAISE EXCEPTION 'keyturn: % is not a table Citus distributes by a text column', citus_distribute.colocate_with
+            USING ERRCODE = '22023',
+                  HINT = 'Name the business table distributed by its tenant: create_distributed_table(''…'', ''tenant'').';
+    END IF;
+    -- Distributing a table that has triggers (the lifecycle and the
+    -- append-only guards) needs it; they run on every shard.
+    PERFORM set_config('citus.enable_unsafe_triggers', 'on', true);
+    -- Made on first use otherwise, by the first approval: on a worker, in a
+    -- delegated call, which cannot write a reference table.
+    PERFORM keyturn._ensure_approval_key();
+
+    FOR r IN SELECT k.conrelid::regclass AS tbl, k.conname
+               FROM pg_constraint k
+              WHERE k.contype = 'f' AND k.connamespace = 'keyturn'::regnamespace
+                AND NOT EXISTS (SELECT 1 FROM pg_attribute a
+                                 WHERE a.attrelid = k.confrelid AND a.attname = 'tenant' AND NOT a.attisdropped)
+              ORDER BY 1, 2 LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', r.tbl, r.conname);
+        RETURN QUERY SELECT format('%s.%s', r.tbl, r.conname), 'foreign key dropped';
+    END LOOP;
+
+    FOR r IN SELECT k.oid::regclass AS tbl,
+                    EXISTS (SELECT 1 FROM pg_attribute a
+                             WHERE a.attrelid = k.oid AND a.attname = 'tenant' AND NOT a.attisdropped) AS tenant
+               FROM pg_class k
+              WHERE k.relnamespace IN ('keyturn'::regnamespace, 'keyturn_secret'::regnamespace) AND k.relkind = 'r'
+                AND NOT EXISTS (SELECT 1 FROM keyturn._citus_table(k.oid))
+              -- The tables without a tenant first, then action, which
+              -- staged_payload's foreign key names.
+              ORDER BY 2, k.relname <> 'action', 1 LOOP
+        IF r.tenant THEN
+            EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''tenant'', colocate_with => $2)'
+                USING r.tbl, citus_distribute.colocate_with::text;
+            RETURN QUERY SELECT r.tbl::text, format('distributed by tenant, colocated with %s', citus_distribute.colocate_with);
+        ELSE
+            EXECUTE 'SELECT pg_catalog.create_reference_table($1)' USING r.tbl;
+            RETURN QUERY SELECT r.tbl::text, 'reference table';
+        END IF;
+    END LOOP;
+
+    FOR r IN SELECT f.oid::regprocedure AS fn
+               FROM pg_proc f
+              WHERE f.pronamespace = 'keyturn'::regnamespace AND f.proname ~ '^[a-z].*_for$'
+                AND f.proargtypes[0] = 'text'::regtype
+              ORDER BY 1 LOOP
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object o
+                                  WHERE o.classid = ''pg_proc''::regclass AND o.objid = $1
+                                    AND o.distribution_argument_index IS NOT NULL)'
+            INTO delegated USING r.fn;
+        CONTINUE WHEN delegated;
+        EXECUTE 'SELECT pg_catalog.create_distributed_function($1, ''$1'', colocate_with => ''keyturn.action'',
+                                                               force_delegation => true)'
+            USING r.fn;
+        RETURN QUERY SELECT r.fn::text, 'sent whole to the tenant''s worker (force_delegation)';
+    END LOOP;
+END
+$$;

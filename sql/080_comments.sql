@@ -76,6 +76,19 @@ COMMENT ON FUNCTION keyturn.sweep() IS 'Expires pending actions, requeues lapsed
 COMMENT ON FUNCTION keyturn.reconcile(uuid, text, text) IS 'Operator: settles an uncertain action as succeeded or failed, with a note.';
 COMMENT ON FUNCTION keyturn.uncertain_actions() IS 'Operator: the actions waiting for a person to decide what happened.';
 COMMENT ON FUNCTION keyturn.attempts(uuid) IS 'Operator: an action''s provider attempts, with their receipts.';
+COMMENT ON FUNCTION keyturn.dispatch_by_tenant() IS 'Dispatcher: whether keyturn''s tables are distributed by tenant (Citus), so that the dispatcher must use the _for calls, tenant by tenant.';
+COMMENT ON FUNCTION keyturn.dispatch_nodes() IS 'Dispatcher: the other nodes whose wake-ups keyturnd must LISTEN to when it dispatches by tenant; empty otherwise.';
+COMMENT ON FUNCTION keyturn.tenants_due(text[], int) IS 'Dispatcher: the tenants with queued actions due (to_lease) or sweep work (to_sweep), oldest first; a hint, read without locks.';
+COMMENT ON FUNCTION keyturn.lease_for(text, text, int, interval, text[]) IS 'Dispatcher: lease, limited to the tenant named, so that Citus can run it on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.begin_dispatch_for(text, uuid, uuid) IS 'Dispatcher: begin_dispatch in the tenant named.';
+COMMENT ON FUNCTION keyturn.begin_dispatch_many_for(text, uuid[], uuid[]) IS 'Dispatcher: begin_dispatch_many in the tenant named; an element of another tenant is refused (55000).';
+COMMENT ON FUNCTION keyturn.complete_for(text, uuid, uuid, text, jsonb, interval) IS 'Dispatcher: complete in the tenant named.';
+COMMENT ON FUNCTION keyturn.complete_many_for(text, uuid[], uuid[], text[], jsonb[], interval[]) IS 'Dispatcher: complete_many in the tenant named; an element of another tenant is refused (55000).';
+COMMENT ON FUNCTION keyturn.sweep_for(text) IS 'The sweep, of the tenant named only.';
+COMMENT ON FUNCTION keyturn.attachments_for(text, uuid, uuid) IS 'Dispatcher: attachments in the tenant named.';
+COMMENT ON FUNCTION keyturn.file_content_for(text, uuid, uuid, uuid) IS 'Dispatcher: file_content in the tenant named.';
+COMMENT ON FUNCTION keyturn.reconcile_for(text, uuid, text, text) IS 'Operator: reconcile in the tenant named.';
+COMMENT ON FUNCTION keyturn.citus_distribute(regclass) IS 'Superuser, on Citus: distributes keyturn''s tables by tenant, colocated with the business table named, and registers the _for calls for delegation (layout B).';
 COMMENT ON FUNCTION keyturn.check_deployment() IS 'Superuser or admin: what a live database gets wrong for keyturn''s guarantees, one row per problem.';
 
 -- Roles are cluster-wide; they may predate this install.

@@ -65,10 +65,22 @@ GRANT EXECUTE ON FUNCTION
     keyturn.attachments(uuid, uuid)
 TO keyturn_dispatcher;
 
+-- Dispatcher, tenant by tenant (sql/062_dispatch_for.sql).
+GRANT EXECUTE ON FUNCTION
+    keyturn.dispatch_by_tenant(), keyturn.dispatch_nodes(), keyturn.tenants_due(text[], int),
+    keyturn.lease_for(text, text, int, interval, text[]), keyturn.begin_dispatch_for(text, uuid, uuid),
+    keyturn.begin_dispatch_many_for(text, uuid[], uuid[]),
+    keyturn.complete_for(text, uuid, uuid, text, jsonb, interval),
+    keyturn.complete_many_for(text, uuid[], uuid[], text[], jsonb[], interval[]),
+    keyturn.sweep_for(text), keyturn.attachments_for(text, uuid, uuid),
+    keyturn.file_content_for(text, uuid, uuid, uuid)
+TO keyturn_dispatcher;
+
 -- Operator.
 GRANT EXECUTE ON FUNCTION
     keyturn.reconcile(uuid, text, text), keyturn.uncertain_actions(), keyturn.sweep(), keyturn.audit(uuid),
-    keyturn.attempts(uuid)
+    keyturn.attempts(uuid), keyturn.reconcile_for(text, uuid, text, text), keyturn.sweep_for(text),
+    keyturn.dispatch_by_tenant()
 TO keyturn_operator;
 
 -- Platform administrator.

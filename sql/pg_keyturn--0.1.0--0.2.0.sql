@@ -316,6 +316,12 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'ct_eq_wrapper';
 
+-- pg_keyturn::approval::_ensure_approval_key
+CREATE OR REPLACE FUNCTION "_ensure_approval_key"() RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'ensure_approval_key_wrapper';
+
 -- pg_keyturn::actor::_event_detail
 CREATE OR REPLACE FUNCTION "_event_detail"() RETURNS TEXT /* Option < String > */
 STRICT VOLATILE PARALLEL UNSAFE 
@@ -2739,13 +2745,15 @@ DECLARE
     a        keyturn.action;
     v_status keyturn.status;
     v_now    timestamptz := clock_timestamp();
+    -- Computed first: Citus refuses a COALESCE beside a function that is
+    -- not immutable in a distributed UPDATE.
+    v_result jsonb := jsonb_strip_nulls(jsonb_build_object('reason', coalesce(p_reason, 'rejected by the approver')));
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
     a := keyturn._usable_action(p_id, p_token, 'reject');
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object('reason', p_reason)));
     UPDATE keyturn.action x
-       SET updated_at = v_now, status = 'rejected',
-           result = jsonb_strip_nulls(jsonb_build_object('reason', coalesce(p_reason, 'rejected by the approver')))
+       SET updated_at = v_now, status = 'rejected', result = v_result
      WHERE x.id = p_id AND x.tenant = a.tenant AND x.status = 'pending'
     RETURNING x.status INTO v_status;
     IF NOT FOUND THEN
@@ -2966,16 +2974,20 @@ $$;
 -- The votes that count for a quorum action: one per principal, from voters
 -- who are still approvers or admins of its tenant, still hold the tool's
 -- grant, and whose authorization has not changed since they voted.
+-- plpgsql, not sql: Citus cannot plan an SQL function's parameter in a
+-- statement on distributed tables (layout B, docs/scale-out.md).
 CREATE OR REPLACE FUNCTION keyturn._votes(a keyturn.action)
 RETURNS int
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT count(*)::int
-      FROM keyturn.vote x
-      JOIN keyturn.member m ON m.tenant = a.tenant AND m.principal = x.principal
-     WHERE x.action_id = a.id AND x.tenant = a.tenant AND m.role IN ('approver', 'admin')
-       AND keyturn._has_grant(a.tenant, x.principal, a.tool)
-       AND keyturn._epoch(a.tenant, x.principal) = x.epoch
+BEGIN
+    RETURN (SELECT count(*)::int
+              FROM keyturn.vote x
+              JOIN keyturn.member m ON m.tenant = a.tenant AND m.principal = x.principal
+             WHERE x.action_id = a.id AND x.tenant = a.tenant AND m.role IN ('approver', 'admin')
+               AND keyturn._has_grant(a.tenant, x.principal, a.tool)
+               AND keyturn._epoch(a.tenant, x.principal) = x.epoch);
+END
 $$;
 
 -- approve for a tool with quorum > 1: the caller's vote (already past
@@ -3647,21 +3659,21 @@ $$;
 -- Which files the dispatcher must send with an action, from the approved
 -- params: the one place that knows a tool's attachments_param, so keyturnd
 -- never guesses from the params' shape. Leased or executing under that lease
--- (else 55000); no rows when the tool takes no attachments.
-CREATE OR REPLACE FUNCTION keyturn.attachments(action_id uuid, lease_id uuid)
+-- (else 55000); no rows when the tool takes no attachments. For attachments
+-- and attachments_for (p_what names the call); p_tenant as in
+-- keyturn._lease_rows.
+CREATE OR REPLACE FUNCTION keyturn._attachments_of(p_what text, p_tenant text, p_id uuid, p_lease uuid)
 RETURNS TABLE (param text, ord int, file_id uuid, sha256 text, filename text, content_type text, size bigint)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     a keyturn.action;
     v keyturn.tool_version;
 BEGIN
-    PERFORM keyturn._refuse_nested('attachments');
-    -- By id alone: the dispatcher's call names no tenant.
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = attachments.action_id;
-    PERFORM keyturn._raise_lease_problem(
-        keyturn._lease_problem(a, attachments.action_id, attachments.lease_id, '{leased,executing}', false));
+    PERFORM keyturn._refuse_nested(p_what);
+    -- The plain call names no tenant: the row found names it.
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant);
+    PERFORM keyturn._raise_lease_problem(keyturn._lease_problem(a, p_id, p_lease, '{leased,executing}', false));
     SELECT t.* INTO v FROM keyturn.tool_version t WHERE t.tool = a.tool AND t.version = a.tool_version;
     IF v.attachments_param IS NULL THEN
         RETURN;
@@ -3675,32 +3687,48 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION keyturn.attachments(action_id uuid, lease_id uuid)
+RETURNS TABLE (param text, ord int, file_id uuid, sha256 text, filename text, content_type text, size bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM keyturn._attachments_of('attachments', NULL, attachments.action_id, attachments.lease_id)
+$$;
+
 -- The bytes of one attachment, for the dispatcher building the provider's
 -- request in memory: only while the action is executing under that lease
--- (else 55000), and only a file bound to it.
-CREATE OR REPLACE FUNCTION keyturn.file_content(action_id uuid, lease_id uuid, file_id uuid)
+-- (else 55000), and only a file bound to it. For file_content and
+-- file_content_for, as keyturn._attachments_of.
+CREATE OR REPLACE FUNCTION keyturn._file_content_of(p_what text, p_tenant text, p_id uuid, p_lease uuid, p_file uuid)
 RETURNS bytea
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     a keyturn.action;
     v bytea;
 BEGIN
-    PERFORM keyturn._refuse_nested('file_content');
-    -- By id alone: the dispatcher's call names no tenant.
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = file_content.action_id;
-    PERFORM keyturn._raise_lease_problem(
-        keyturn._lease_problem(a, file_content.action_id, file_content.lease_id, '{executing}', false));
+    PERFORM keyturn._refuse_nested(p_what);
+    -- The plain call names no tenant: the row found names it.
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant);
+    PERFORM keyturn._raise_lease_problem(keyturn._lease_problem(a, p_id, p_lease, '{executing}', false));
     SELECT s.content INTO v FROM keyturn.staged_file s
-     WHERE s.id = file_content.file_id AND s.tenant = a.tenant AND s.action_id = file_content.action_id;
+     WHERE s.id = p_file AND s.tenant = a.tenant AND s.action_id = p_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'keyturn: file % is not an attachment of action %', file_content.file_id, file_content.action_id
+        RAISE EXCEPTION 'keyturn: file % is not an attachment of action %', p_file, p_id
             USING ERRCODE = '55000',
                   HINT = 'keyturn.attachments(action_id, lease_id) lists the files of an action.';
     END IF;
     RETURN v;
 END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.file_content(action_id uuid, lease_id uuid, file_id uuid)
+RETURNS bytea
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._file_content_of('file_content', NULL, file_content.action_id, file_content.lease_id,
+                                    file_content.file_id)
 $$;
 
 
@@ -3833,6 +3861,160 @@ BEGIN
 END
 $$;
 
+-- keyturn._due for one tenant: its due actions, locked FOR UPDATE SKIP
+-- LOCKED, in lease's order. The ordered scan of open_action_due_idx reads
+-- past other tenants' due rows; on Citus those are only the few tenants
+-- that share the shard. The tool versions of the providers asked for are
+-- read first, by a statement of their own: Citus refuses a statement of a
+-- delegated call that joins a reference table (tool_version) to the
+-- tenant's shards.
+CREATE OR REPLACE FUNCTION keyturn._due_for(p_tenant text, p_now timestamptz, p_max int, p_providers text[])
+RETURNS SETOF uuid
+LANGUAGE plpgsql VOLATILE
+ROWS 16
+SET enable_sort = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    v_versions text[];
+BEGIN
+    IF p_providers IS NOT NULL THEN
+        v_versions := ARRAY(SELECT v.tool || ':' || v.version FROM keyturn.tool_version v
+                             WHERE v.provider = ANY (p_providers));
+    END IF;
+    RETURN QUERY
+    SELECT a.id FROM keyturn.open_action o
+      JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
+     WHERE o.tenant = p_tenant AND a.tenant = p_tenant
+       AND o.status = 'queued' AND o.next_attempt_at <= p_now
+       AND a.status = 'queued' AND a.next_attempt_at <= p_now
+       AND (v_versions IS NULL OR a.tool || ':' || a.tool_version = ANY (v_versions))
+     ORDER BY o.next_attempt_at, o.action_id
+     LIMIT p_max
+       FOR UPDATE OF a SKIP LOCKED;
+END
+$$;
+
+-- lease's and lease_for's arguments, checked before anything is read.
+CREATE OR REPLACE FUNCTION keyturn._check_lease_args(p_worker text, p_max_jobs int, p_lease_for interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    PERFORM keyturn._require_text(p_worker, 'worker');
+    IF p_max_jobs IS NULL OR p_max_jobs NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'keyturn: max_jobs must be from 1 to 1000, not %', p_max_jobs
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_lease_for IS NULL OR p_lease_for < interval '1 second' OR p_lease_for > interval '1 hour' THEN
+        RAISE EXCEPTION 'keyturn: lease_for must be from 1 second to 1 hour, not %', p_lease_for
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- Leases the due actions p_ids, which the caller found and locked
+-- (keyturn._due, keyturn._due_for), and returns them as lease does.
+--
+-- p_tenant: NULL for lease, whose batch spans tenants, so each statement
+-- finds its rows by id alone; the tenant for lease_for
+-- (sql/062_dispatch_for.sql). Written "p_tenant IS NULL OR x.tenant =
+-- p_tenant" so that one statement serves both: planned for a tenant, the
+-- condition folds to "x.tenant = <the tenant>", which is what Citus needs
+-- to pin the statement to that tenant's shard. So no caller on the
+-- tenant's path may force a generic plan, in which it would not fold.
+CREATE OR REPLACE FUNCTION keyturn._lease_rows(p_tenant text, p_worker text, p_now timestamptz, p_lease_for interval,
+                                    p_ids uuid[])
+RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
+               idempotency_key text, attempt int)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_ids       uuid[];
+    v_forged    uuid[];
+    v_tenants   text[];
+    v_leases    uuid[];
+    v_tools     text[];
+    v_versions  int[];
+    v_providers text[];
+BEGIN
+    -- A queued row that no approval produced (a table write, a tampered
+    -- restore) is never leased: it is invalidated, visibly, instead. The rows
+    -- are locked, so what is read here is what is updated: the check, and the
+    -- new lease ids, are read first because the UPDATEs, like every UPDATE of
+    -- keyturn's tables, call no volatile function (docs/scale-out.md, layout
+    -- B, step 5).
+    SELECT coalesce(array_agg(a.id) FILTER (WHERE NOT c.valid), '{}'),
+           coalesce(array_agg(a.id) FILTER (WHERE c.valid), '{}'),
+           coalesce(array_agg(a.tenant) FILTER (WHERE c.valid), '{}'),
+           coalesce(array_agg(gen_random_uuid()) FILTER (WHERE c.valid), '{}'),
+           coalesce(array_agg(DISTINCT a.tool) FILTER (WHERE c.valid), '{}')
+      INTO v_forged, v_ids, v_tenants, v_leases, v_tools
+      FROM keyturn.action a
+     CROSS JOIN LATERAL (SELECT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
+                                                        a.approved_at, a.approved_via, a.approval_mac) AS valid) c
+     WHERE a.id = ANY (p_ids) AND (p_tenant IS NULL OR a.tenant = p_tenant);
+    -- Each job's provider, read by a statement of its own: Citus refuses a
+    -- statement of a delegated call that joins a reference table
+    -- (tool_version) to the tenant's shards.
+    SELECT array_agg(v.tool), array_agg(v.version), array_agg(v.provider)
+      INTO v_tools, v_versions, v_providers
+      FROM keyturn.tool_version v WHERE v.tool = ANY (v_tools);
+    IF cardinality(v_forged) > 0 THEN
+        PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'no valid approval', 'worker', p_worker));
+        UPDATE keyturn.action a
+           SET updated_at = p_now, status = 'invalidated',
+               result = jsonb_build_object('reason', 'no approval produced this queued action; it is never dispatched')
+         WHERE a.id = ANY (v_forged) AND (p_tenant IS NULL OR a.tenant = p_tenant);
+    END IF;
+    PERFORM keyturn._set_event_detail(jsonb_build_object('worker', p_worker));
+    RETURN QUERY
+    WITH leased AS (
+        UPDATE keyturn.action a
+           SET updated_at = p_now, status = 'leased', lease_id = u.lease,
+               leased_by = p_worker, lease_expires_at = p_now + p_lease_for
+          FROM unnest(v_ids, v_tenants, v_leases) AS u (id, tenant, lease)
+         WHERE a.id = u.id AND a.tenant = u.tenant AND (p_tenant IS NULL OR a.tenant = p_tenant)
+        RETURNING a.*
+    )
+    SELECT l.id, l.lease_id, l.tenant, l.tool, v.provider, coalesce(l.params, s.params),
+           l.idempotency_key, l.attempts + 1
+      FROM leased l
+      JOIN unnest(v_tools, v_versions, v_providers) AS v (tool, version, provider)
+        ON v.tool = l.tool AND v.version = l.tool_version
+      LEFT JOIN keyturn.staged_payload s ON s.action_id = l.id AND s.tenant = l.tenant
+                                        AND (p_tenant IS NULL OR s.tenant = p_tenant)
+     ORDER BY l.next_attempt_at, l.id;
+END
+$$;
+
+-- lease and lease_for (p_what names the call): the due actions of every
+-- tenant (keyturn._due) or of p_tenant (keyturn._due_for), leased.
+CREATE OR REPLACE FUNCTION keyturn._lease(p_what text, p_tenant text, p_worker text, p_max_jobs int, p_lease_for interval,
+                               p_providers text[])
+RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
+               idempotency_key text, attempt int)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_ids uuid[];
+BEGIN
+    PERFORM keyturn._check_lease_args(p_worker, p_max_jobs, p_lease_for);
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    IF p_tenant IS NULL THEN
+        v_ids := ARRAY(SELECT keyturn._due(v_now, p_max_jobs, p_providers));
+    ELSE
+        v_ids := ARRAY(SELECT keyturn._due_for(p_tenant, v_now, p_max_jobs, p_providers));
+    END IF;
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM keyturn._lease_rows(p_tenant, p_worker, v_now, p_lease_for, v_ids);
+END
+$$;
+
 -- providers (keyturn's addition to the dispatcher protocol): only actions whose tool's provider is
 -- in the list, so a worker never leases what it has no adapter for; NULL = all.
 CREATE OR REPLACE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds',
@@ -3842,68 +4024,9 @@ RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider t
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_now     timestamptz := clock_timestamp();
-    v_ids     uuid[];
-    v_forged  uuid[];
-    v_tenants text[];
-    v_leases  uuid[];
 BEGIN
-    PERFORM keyturn._require_text(lease.worker, 'worker');
-    IF lease.max_jobs IS NULL OR lease.max_jobs NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'keyturn: max_jobs must be from 1 to 1000, not %', lease.max_jobs
-            USING ERRCODE = '22023';
-    END IF;
-    IF lease.lease_for IS NULL OR lease.lease_for < interval '1 second' OR lease.lease_for > interval '1 hour' THEN
-        RAISE EXCEPTION 'keyturn: lease_for must be from 1 second to 1 hour, not %', lease.lease_for
-            USING ERRCODE = '22023';
-    END IF;
-    PERFORM keyturn._refuse_nested('lease');
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-
-    v_ids := ARRAY(SELECT keyturn._due(v_now, lease.max_jobs, lease.providers));
-    IF cardinality(v_ids) = 0 THEN
-        RETURN;
-    END IF;
-    -- A queued row that no approval produced (a table write, a tampered
-    -- restore) is never leased: it is invalidated, visibly, instead. The rows
-    -- are locked (keyturn._due), so what is read here is what is updated: the
-    -- check, and the new lease ids, are read first because the UPDATEs, like
-    -- every UPDATE of keyturn's tables, call no volatile function
-    -- (docs/scale-out.md, layout B, step 5).
-    SELECT coalesce(array_agg(a.id) FILTER (WHERE NOT c.valid), '{}'),
-           coalesce(array_agg(a.id) FILTER (WHERE c.valid), '{}'),
-           coalesce(array_agg(a.tenant) FILTER (WHERE c.valid), '{}'),
-           coalesce(array_agg(gen_random_uuid()) FILTER (WHERE c.valid), '{}')
-      INTO v_forged, v_ids, v_tenants, v_leases
-      FROM keyturn.action a
-     CROSS JOIN LATERAL (SELECT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
-                                                        a.approved_at, a.approved_via, a.approval_mac) AS valid) c
-     WHERE a.id = ANY (v_ids);  -- by id alone: a lease spans tenants
-    IF cardinality(v_forged) > 0 THEN
-        PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'no valid approval', 'worker', lease.worker));
-        -- By id alone, as above.
-        UPDATE keyturn.action a
-           SET updated_at = v_now, status = 'invalidated',
-               result = jsonb_build_object('reason', 'no approval produced this queued action; it is never dispatched')
-         WHERE a.id = ANY (v_forged);
-    END IF;
-    PERFORM keyturn._set_event_detail(jsonb_build_object('worker', lease.worker));
-    RETURN QUERY
-    WITH leased AS (
-        UPDATE keyturn.action a
-           SET updated_at = v_now, status = 'leased', lease_id = u.lease,
-               leased_by = lease.worker, lease_expires_at = v_now + lease.lease_for
-          FROM unnest(v_ids, v_tenants, v_leases) AS u (id, tenant, lease)
-         WHERE a.id = u.id AND a.tenant = u.tenant
-        RETURNING a.*
-    )
-    SELECT l.id, l.lease_id, l.tenant, l.tool, v.provider, coalesce(l.params, s.params),
-           l.idempotency_key, l.attempts + 1
-      FROM leased l
-      JOIN keyturn.tool_version v ON v.tool = l.tool AND v.version = l.tool_version
-      LEFT JOIN keyturn.staged_payload s ON s.action_id = l.id AND s.tenant = l.tenant
-     ORDER BY l.next_attempt_at, l.id;
+    RETURN QUERY SELECT * FROM keyturn._lease('lease', NULL, lease.worker, lease.max_jobs, lease.lease_for,
+                                              lease.providers);
 END
 $$;
 
@@ -4003,15 +4126,17 @@ $$;
 -- Answers each element (p_ords: its place in the caller's batch) with
 -- dispatch, or with the lease problem that left it unchanged.
 --
--- Planned once per backend (force_generic_plan), as keyturn._complete_set:
--- with the arrays known, a custom plan's estimate is always lower than the
--- generic one's, so plpgsql planned every statement again on every call,
--- which cost a one-job step more than running them (tests/bench/BENCHMARKS.md).
--- Every plan is index lookups by id, whatever the arrays hold.
-CREATE OR REPLACE FUNCTION keyturn._begin_set(p_ords int[], p_ids uuid[], p_leases uuid[])
+-- p_tenant: NULL for begin_dispatch and begin_dispatch_many (by id alone,
+-- the dispatcher's calls name no tenant); the tenant for their _for forms,
+-- as keyturn._lease_rows explains. The plain calls plan it once per backend
+-- (their force_generic_plan): with the arrays known, a custom plan's
+-- estimate is always lower than the generic one's, so plpgsql planned every
+-- statement again on every call, which cost a one-job step more than
+-- running them (tests/bench/BENCHMARKS.md). Every plan is index lookups by
+-- id, whatever the arrays hold.
+CREATE OR REPLACE FUNCTION keyturn._begin_set(p_tenant text, p_ords int[], p_ids uuid[], p_leases uuid[])
 RETURNS TABLE (ord int, dispatch boolean, problem text)
 LANGUAGE plpgsql VOLATILE
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_ords     int[];
@@ -4020,38 +4145,48 @@ DECLARE
     v_problems text[];
     v_reasons  text[];
     v_details  text[];
+    v_statuses keyturn.status[];
+    v_results  jsonb[];
     v_now      timestamptz;
 BEGIN
+    -- What the UPDATE writes is computed here too: Citus refuses a function
+    -- that is not immutable (a cast to keyturn.status, jsonb_build_object)
+    -- inside a CASE of an UPDATE.
     SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.reason),
            array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
                           WHEN v.reason IS NULL
                           THEN jsonb_build_object('attempt', v.attempts + 1, 'worker', v.leased_by)::text
-                          ELSE jsonb_build_object('reason', v.reason)::text END)
-      INTO v_ords, v_ids, v_tenants, v_problems, v_reasons, v_details
+                          ELSE jsonb_build_object('reason', v.reason)::text END),
+           array_agg(CASE WHEN v.reason IS NULL THEN 'executing' ELSE 'invalidated' END::keyturn.status),
+           array_agg(CASE WHEN v.reason IS NOT NULL THEN jsonb_build_object('reason', v.reason) END)
+      INTO v_ords, v_ids, v_tenants, v_problems, v_reasons, v_details, v_statuses, v_results
       FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, (l.a).attempts, (l.a).leased_by,
                    CASE WHEN p.problem IS NULL THEN keyturn._begin_problem(l.a) END AS reason
               FROM unnest(p_ords, p_ids, p_leases) AS e (ord, id, lease)
               -- Each row locked as it is read (in the batch's order, as the
               -- single calls one after another would), so the checks see it
               -- as it is locked.
-              -- By id alone: the dispatcher's calls name no tenant, and the
-              -- row found names it for every statement after this one.
-              LEFT JOIN LATERAL (SELECT x AS a FROM keyturn.action x WHERE x.id = e.id FOR UPDATE) l ON true
+              -- The row found names the tenant for every statement after
+              -- this one. ROW(x.*): on a Citus shard x is of the shard's
+              -- row type, which keyturn's functions do not take.
+              LEFT JOIN LATERAL (SELECT ROW(x.*)::keyturn.action AS a FROM keyturn.action x
+                                  WHERE x.id = e.id AND (p_tenant IS NULL OR x.tenant = p_tenant) FOR UPDATE) l ON true
              CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p) v;
     PERFORM keyturn._set_event_details(v_ids, v_details);
     v_now := clock_timestamp();
     WITH done AS (
         UPDATE keyturn.action x
            SET updated_at = v_now,
-               status = CASE WHEN u.reason IS NULL THEN 'executing' ELSE 'invalidated' END::keyturn.status,
+               status = u.status,
                attempts = x.attempts + CASE WHEN u.reason IS NULL THEN 1 ELSE 0 END,
                dispatched_at = CASE WHEN u.reason IS NULL THEN v_now ELSE x.dispatched_at END,
-               result = CASE WHEN u.reason IS NULL THEN x.result ELSE jsonb_build_object('reason', u.reason) END,
+               result = CASE WHEN u.reason IS NULL THEN x.result ELSE u.result END,
                lease_id = CASE WHEN u.reason IS NULL THEN x.lease_id END,
                leased_by = CASE WHEN u.reason IS NULL THEN x.leased_by END,
                lease_expires_at = CASE WHEN u.reason IS NULL THEN x.lease_expires_at END
-          FROM unnest(v_ids, v_tenants, v_problems, v_reasons) AS u (id, tenant, problem, reason)
-         WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL
+          FROM unnest(v_ids, v_tenants, v_problems, v_reasons, v_statuses, v_results)
+               AS u (id, tenant, problem, reason, status, result)
+         WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL AND (p_tenant IS NULL OR x.tenant = p_tenant)
      RETURNING x.id, x.attempts, x.tenant, x.principal, x.lease_id, x.leased_by, x.status)
     INSERT INTO keyturn.attempt (action_id, attempt, tenant, principal, lease_id, worker, started_at)
     SELECT d.id, d.attempts, d.tenant, d.principal, d.lease_id, d.leased_by, v_now
@@ -4067,13 +4202,15 @@ CREATE OR REPLACE FUNCTION keyturn.begin_dispatch(action_id uuid, lease_id uuid)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     r record;
 BEGIN
     PERFORM keyturn._refuse_nested('begin_dispatch');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    SELECT * INTO r FROM keyturn._begin_set('{1}', ARRAY[begin_dispatch.action_id], ARRAY[begin_dispatch.lease_id]);
+    SELECT * INTO r FROM keyturn._begin_set(NULL, '{1}', ARRAY[begin_dispatch.action_id],
+                                            ARRAY[begin_dispatch.lease_id]);
     PERFORM keyturn._raise_lease_problem(r.problem);
     RETURN r.dispatch;
 END
@@ -4112,11 +4249,12 @@ $$;
 -- queued again without counting an attempt, due after retry_after (else at
 -- once); any other outcome closes the attempt. retry_after is capped at a
 -- day on both paths: a provider cannot park an approved action for a year.
-CREATE OR REPLACE FUNCTION keyturn._complete_set(p_ords int[], p_ids uuid[], p_leases uuid[], p_outcomes text[],
+--
+-- p_tenant, and the plans, as in keyturn._begin_set.
+CREATE OR REPLACE FUNCTION keyturn._complete_set(p_tenant text, p_ords int[], p_ids uuid[], p_leases uuid[], p_outcomes text[],
                                       p_receipts jsonb[], p_retry_after interval[])
 RETURNS TABLE (ord int, status text, problem text)
 LANGUAGE plpgsql VOLATILE
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_ords     int[];
@@ -4130,8 +4268,13 @@ DECLARE
     v_delays   interval[];
     v_attempts int[];
     v_details  text[];
+    v_results  jsonb[];
+    v_next     timestamptz[];
     v_now      timestamptz;
 BEGIN
+    -- What the UPDATEs write is computed before them, as in
+    -- keyturn._begin_set: Citus refuses a function that is not immutable
+    -- inside a CASE of an UPDATE.
     SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.status),
            array_agg(v.back), array_agg(v.outcome), array_agg(v.receipt), array_agg(v.delay),
            array_agg(v.attempts),
@@ -4139,9 +4282,16 @@ BEGIN
                           WHEN v.back THEN jsonb_build_object('handed_back', true)::text
                           ELSE jsonb_strip_nulls(jsonb_build_object(
                                    'outcome', v.outcome, 'attempt', v.attempts,
-                                   'retry_in', CASE WHEN v.status = 'queued' THEN v.delay::text END))::text END)
+                                   'retry_in', CASE WHEN v.status = 'queued' THEN v.delay::text END))::text END),
+           array_agg(CASE
+                         WHEN v.status = 'failed' AND v.outcome = 'retry'
+                             THEN jsonb_build_object('reason', 'the provider asked to retry after the third attempt')
+                         WHEN v.status = 'uncertain'
+                             THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
+                         ELSE jsonb_build_object('outcome', v.outcome)
+                     END)
       INTO v_ords, v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays,
-           v_attempts, v_details
+           v_attempts, v_details, v_results
       FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, e.outcome, (l.a).attempts,
                    (l.a).status = 'leased' AS back,
                    CASE WHEN p.problem IS NULL THEN keyturn._redact(coalesce(e.receipt, '{}')) END AS receipt,
@@ -4160,38 +4310,33 @@ BEGIN
              CROSS JOIN LATERAL (SELECT keyturn._complete_args_error(e.outcome, e.delay, e.receipt) AS arg_error) g
               -- Each row locked as it is read, in the batch's order, and only
               -- for an element whose arguments are right: the others change
-              -- nothing. By id alone, as in keyturn._begin_set.
-              LEFT JOIN LATERAL (SELECT x AS a FROM keyturn.action x
-                                  WHERE x.id = e.id AND g.arg_error IS NULL FOR UPDATE) l ON true
+              -- nothing. ROW(x.*), as in keyturn._begin_set.
+              LEFT JOIN LATERAL (SELECT ROW(x.*)::keyturn.action AS a FROM keyturn.action x
+                                  WHERE x.id = e.id AND (p_tenant IS NULL OR x.tenant = p_tenant)
+                                    AND g.arg_error IS NULL FOR UPDATE) l ON true
              CROSS JOIN LATERAL (
                    SELECT coalesce('22023 ' || g.arg_error,
                                    '55000 ' || keyturn._complete_problem(l.a, e.id, e.lease, e.outcome)) AS problem) p) v;
     v_now := clock_timestamp();
+    v_next := ARRAY(SELECT v_now + u.delay FROM unnest(v_delays) WITH ORDINALITY AS u (delay, o) ORDER BY u.o);
     UPDATE keyturn.attempt t
        SET finished_at = v_now, outcome = u.outcome, receipt = u.receipt
       FROM unnest(v_ids, v_tenants, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
            AS u (id, tenant, problem, back, attempt, outcome, receipt)
      WHERE t.action_id = u.id AND t.tenant = u.tenant AND t.attempt = u.attempt
-       AND u.problem IS NULL AND NOT u.back;
+       AND u.problem IS NULL AND NOT u.back AND (p_tenant IS NULL OR t.tenant = p_tenant);
     PERFORM keyturn._set_event_details(v_ids, v_details);
     UPDATE keyturn.action x
        SET updated_at = v_now, status = u.status,
            receipt = CASE WHEN u.back THEN x.receipt ELSE u.receipt END,
-           result = CASE
-                        WHEN u.status = 'queued' THEN x.result
-                        WHEN u.status = 'failed' AND u.outcome = 'retry'
-                            THEN jsonb_build_object('reason', 'the provider asked to retry after the third attempt')
-                        WHEN u.status = 'uncertain'
-                            THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
-                        ELSE jsonb_build_object('outcome', u.outcome)
-                    END,
-           next_attempt_at = CASE WHEN u.status = 'queued' THEN v_now + u.delay END,
+           result = CASE WHEN u.status = 'queued' THEN x.result ELSE u.result END,
+           next_attempt_at = CASE WHEN u.status = 'queued' THEN u.next END,
            lease_id = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_id END,
            leased_by = CASE WHEN u.status = 'queued' THEN NULL ELSE x.leased_by END,
            lease_expires_at = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_expires_at END
-      FROM unnest(v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays)
-           AS u (id, tenant, problem, status, back, outcome, receipt, delay)
-     WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL;
+      FROM unnest(v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_next, v_results)
+           AS u (id, tenant, problem, status, back, outcome, receipt, next, result)
+     WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL AND (p_tenant IS NULL OR x.tenant = p_tenant);
     RETURN QUERY
     SELECT v.ord, CASE WHEN v.problem IS NULL THEN v.status::text END, v.problem
       FROM unnest(v_ords, v_problems, v_statuses) AS v (ord, problem, status)
@@ -4204,6 +4349,7 @@ CREATE OR REPLACE FUNCTION keyturn.complete(action_id uuid, lease_id uuid, outco
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_error text := keyturn._complete_args_error(complete.outcome, complete.retry_after, complete.receipt);
@@ -4214,7 +4360,7 @@ BEGIN
     END IF;
     PERFORM keyturn._refuse_nested('complete');
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    SELECT * INTO r FROM keyturn._complete_set('{1}', ARRAY[complete.action_id], ARRAY[complete.lease_id],
+    SELECT * INTO r FROM keyturn._complete_set(NULL, '{1}', ARRAY[complete.action_id], ARRAY[complete.lease_id],
                                                ARRAY[complete.outcome], ARRAY[complete.receipt],
                                                ARRAY[complete.retry_after]);
     -- Only a lease problem is left: the arguments were checked above.
@@ -4223,10 +4369,13 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION keyturn.sweep()
+-- The sweep: pending past expiry -> expired, leased with a lapsed lease ->
+-- queued, executing with a lapsed lease -> uncertain, and staged files no
+-- proposal bound a day after staging deleted. p_tenant: NULL for sweep
+-- (every tenant), the tenant for sweep_for, as keyturn._lease_rows explains.
+CREATE OR REPLACE FUNCTION keyturn._sweep(p_tenant text)
 RETURNS TABLE (expired int, requeued int, uncertain int, files int)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_expired   int;
@@ -4235,9 +4384,6 @@ DECLARE
     v_files     int;
     v_now       timestamptz := clock_timestamp();  -- an index condition, unlike clock_timestamp()
 BEGIN
-    PERFORM keyturn._refuse_nested('sweep');
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'expired before approval'));
     UPDATE keyturn.action a
        SET updated_at = v_now, status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
@@ -4245,7 +4391,9 @@ BEGIN
                                 JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
                                 WHERE o.status = 'pending' AND o.expires_at < v_now
                                   AND x.status = 'pending'
-                                FOR UPDATE OF x SKIP LOCKED);
+                                  AND (p_tenant IS NULL OR (o.tenant = p_tenant AND x.tenant = p_tenant))
+                                FOR UPDATE OF x SKIP LOCKED)
+       AND (p_tenant IS NULL OR a.tenant = p_tenant);
     GET DIAGNOSTICS v_expired = ROW_COUNT;
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed before dispatch'));
@@ -4256,7 +4404,9 @@ BEGIN
                                 JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
                                 WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
                                   AND x.status = 'leased' AND x.lease_expires_at < v_now
-                                FOR UPDATE OF x SKIP LOCKED);
+                                  AND (p_tenant IS NULL OR (o.tenant = p_tenant AND x.tenant = p_tenant))
+                                FOR UPDATE OF x SKIP LOCKED)
+       AND (p_tenant IS NULL OR a.tenant = p_tenant);
     GET DIAGNOSTICS v_requeued = ROW_COUNT;
 
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed while executing'));
@@ -4268,24 +4418,80 @@ BEGIN
                                     JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
                                     WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
                                       AND x.status = 'executing' AND x.lease_expires_at < v_now
+                                      AND (p_tenant IS NULL OR (o.tenant = p_tenant AND x.tenant = p_tenant))
                                     FOR UPDATE OF x SKIP LOCKED)
+           AND (p_tenant IS NULL OR a.tenant = p_tenant)
         RETURNING a.id, a.tenant, a.attempts
     ), closed AS (
         UPDATE keyturn.attempt t SET finished_at = v_now, outcome = 'lapsed'
           FROM lapsed
          WHERE t.action_id = lapsed.id AND t.tenant = lapsed.tenant AND t.attempt = lapsed.attempts
-           AND t.outcome IS NULL
+           AND t.outcome IS NULL AND (p_tenant IS NULL OR t.tenant = p_tenant)
         RETURNING 1
     )
     SELECT count(*) INTO v_uncertain FROM lapsed;
 
-    -- Staged files no proposal ever bound: gone a day after staging.
     DELETE FROM keyturn.staged_file s
      WHERE (s.id, s.tenant) IN (SELECT f.id, f.tenant FROM keyturn.staged_file f
                                 WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours'
-                                FOR UPDATE SKIP LOCKED);
+                                  AND (p_tenant IS NULL OR f.tenant = p_tenant)
+                                FOR UPDATE SKIP LOCKED)
+       AND (p_tenant IS NULL OR s.tenant = p_tenant);
     GET DIAGNOSTICS v_files = ROW_COUNT;
     RETURN QUERY SELECT v_expired, v_requeued, v_uncertain, v_files;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.sweep()
+RETURNS TABLE (expired int, requeued int, uncertain int, files int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('sweep');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._sweep(NULL);
+END
+$$;
+
+-- reconcile, and reconcile_for (p_what names the call): p_tenant as in
+-- keyturn._lease_rows.
+CREATE OR REPLACE FUNCTION keyturn._reconcile(p_what text, p_tenant text, p_id uuid, p_outcome text, p_note text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    a        keyturn.action;
+    v_now    timestamptz := clock_timestamp();
+    v_status keyturn.status;
+    v_added  jsonb;
+BEGIN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed') THEN
+        RAISE EXCEPTION 'keyturn: reconcile outcome must be succeeded or failed, not %',
+                coalesce(quote_literal(p_outcome), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    -- Operators reconcile across tenants: the plain call names none.
+    SELECT x.* INTO a FROM keyturn.action x
+     WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant) FOR UPDATE;
+    IF NOT FOUND OR a.status <> 'uncertain' THEN
+        RAISE EXCEPTION 'keyturn: only an uncertain action can be reconciled; % is %',
+                p_id, coalesce(a.status::text, 'unknown')
+            USING ERRCODE = '55000';
+    END IF;
+    PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
+        'reconciled', p_outcome, 'note', p_note)));
+    -- Computed first: Citus refuses a function that is not immutable in an
+    -- UPDATE's expression that holds a COALESCE.
+    v_status := p_outcome::keyturn.status;
+    v_added := jsonb_strip_nulls(jsonb_build_object('reconciled', p_outcome, 'note', p_note,
+                                                    'by', keyturn._calling_role()));
+    UPDATE keyturn.action x
+       SET updated_at = v_now, status = v_status, result = coalesce(x.result, '{}') || v_added
+     WHERE x.id = a.id AND x.tenant = a.tenant;
+    RETURN p_outcome;
 END
 $$;
 
@@ -4294,33 +4500,8 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    a     keyturn.action;
-    v_now timestamptz := clock_timestamp();
 BEGIN
-    IF reconcile.outcome IS NULL OR reconcile.outcome NOT IN ('succeeded', 'failed') THEN
-        RAISE EXCEPTION 'keyturn: reconcile outcome must be succeeded or failed, not %',
-                coalesce(quote_literal(reconcile.outcome), 'NULL')
-            USING ERRCODE = '22023';
-    END IF;
-    PERFORM keyturn._refuse_nested('reconcile');
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    -- By id alone: operators reconcile across tenants.
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = reconcile.action_id FOR UPDATE;
-    IF NOT FOUND OR a.status <> 'uncertain' THEN
-        RAISE EXCEPTION 'keyturn: only an uncertain action can be reconciled; % is %',
-                reconcile.action_id, coalesce(a.status::text, 'unknown')
-            USING ERRCODE = '55000';
-    END IF;
-    PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
-        'reconciled', reconcile.outcome, 'note', reconcile.note)));
-    UPDATE keyturn.action x
-       SET updated_at = v_now, status = reconcile.outcome::keyturn.status,
-           result = coalesce(x.result, '{}') || jsonb_strip_nulls(jsonb_build_object(
-                        'reconciled', reconcile.outcome, 'note', reconcile.note,
-                        'by', keyturn._calling_role()))
-     WHERE x.id = a.id AND x.tenant = a.tenant;
-    RETURN reconcile.outcome;
+    RETURN keyturn._reconcile('reconcile', NULL, reconcile.action_id, reconcile.outcome, reconcile.note);
 END
 $$;
 
@@ -4338,18 +4519,23 @@ AS $$
 $$;
 
 -- An action's attempts, for the operator deciding an uncertain outcome:
--- who tried when, what came back (receipts are stored redacted).
+-- who tried when, what came back (receipts are stored redacted). plpgsql,
+-- not sql: Citus cannot plan a parameter of an SQL function's statement on
+-- distributed tables.
 CREATE OR REPLACE FUNCTION keyturn.attempts(action_id uuid)
 RETURNS TABLE (attempt int, worker text, started_at timestamptz, finished_at timestamptz, outcome text,
                receipt jsonb)
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT keyturn._refuse_nested('attempts');
+BEGIN
+    PERFORM keyturn._refuse_nested('attempts');
+    RETURN QUERY
     SELECT t.attempt, t.worker, t.started_at, t.finished_at, t.outcome, t.receipt
       FROM keyturn.attempt t
      WHERE t.action_id = attempts.action_id  -- by id alone: operators reconcile across tenants
-     ORDER BY t.attempt
+     ORDER BY t.attempt;
+END
 $$;
 
 
@@ -4431,15 +4617,11 @@ BEGIN
 END
 $$;
 
--- keyturn.begin_dispatch_many(action_ids, lease_ids): per pair, exactly
--- keyturn.begin_dispatch. dispatch = true: now 'executing', call the provider.
--- dispatch = false, error NULL: invalidated (never call the provider).
--- dispatch = false, error '55000 ...': refused, nothing changed (never call
--- the provider; the lease lapses or has lapsed and the sweep requeues it).
-CREATE OR REPLACE FUNCTION keyturn.begin_dispatch_many(action_ids uuid[], lease_ids uuid[])
+-- A batch of begin_dispatch, in rounds when it names an action twice:
+-- begin_dispatch_many's answers. p_tenant as in keyturn._begin_set.
+CREATE OR REPLACE FUNCTION keyturn._begin_many(p_tenant text, p_ids uuid[], p_leases uuid[])
 RETURNS TABLE (action_id uuid, dispatch boolean, error text)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     n        int;
@@ -4449,17 +4631,12 @@ DECLARE
     v_disp   boolean[] := '{}';
     v_errors text[] := '{}';
 BEGIN
-    PERFORM keyturn._refuse_nested('begin_dispatch_many');
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    n := keyturn._batch_check_arrays(cardinality(begin_dispatch_many.action_ids),
-                                     cardinality(begin_dispatch_many.lease_ids),
-                                     'action_ids and lease_ids');
-    v_rounds := keyturn._batch_rounds(begin_dispatch_many.action_ids);
+    n := keyturn._batch_check_arrays(cardinality(p_ids), cardinality(p_leases), 'action_ids and lease_ids');
+    v_rounds := keyturn._batch_rounds(p_ids);
     IF v_rounds IS NULL THEN
         RETURN QUERY
-        SELECT begin_dispatch_many.action_ids[b.ord], b.dispatch, '55000 ' || b.problem
-          FROM keyturn._begin_set(ARRAY(SELECT generate_series(1, n)), begin_dispatch_many.action_ids,
-                                  begin_dispatch_many.lease_ids) b
+        SELECT p_ids[b.ord], b.dispatch, '55000 ' || b.problem
+          FROM keyturn._begin_set(p_tenant, ARRAY(SELECT generate_series(1, n)), p_ids, p_leases) b
          ORDER BY b.ord;
         RETURN;
     END IF;
@@ -4468,28 +4645,42 @@ BEGIN
         SELECT v_ords || array_agg(b.ord), v_disp || array_agg(b.dispatch),
                v_errors || array_agg('55000 ' || b.problem)
           INTO v_ords, v_disp, v_errors
-          FROM keyturn._begin_set(v_idx, keyturn._batch_pick(begin_dispatch_many.action_ids, v_idx),
-                                  keyturn._batch_pick(begin_dispatch_many.lease_ids, v_idx)) b;
+          FROM keyturn._begin_set(p_tenant, v_idx, keyturn._batch_pick(p_ids, v_idx),
+                                  keyturn._batch_pick(p_leases, v_idx)) b;
     END LOOP;
     RETURN QUERY
-    SELECT begin_dispatch_many.action_ids[b.ord], b.dispatch, b.error
+    SELECT p_ids[b.ord], b.dispatch, b.error
       FROM unnest(v_ords, v_disp, v_errors) AS b (ord, dispatch, error)
      ORDER BY b.ord;
 END
 $$;
 
--- keyturn.complete_many(action_ids, lease_ids, outcomes, receipts, retry_after):
--- per element, exactly keyturn.complete (a NULL receipt is '{}', a NULL
--- retry_after the database's backoff, as there). status = the new status and
--- error NULL; or status NULL and error '<SQLSTATE> ...' (55000 wrong/lapsed
--- lease or status, e.g. already swept to uncertain; 22023 bad outcome word,
--- negative retry_after, or a receipt keyturn cannot store) with nothing
--- changed for that element.
-CREATE OR REPLACE FUNCTION keyturn.complete_many(action_ids uuid[], lease_ids uuid[], outcomes text[],
-                                      receipts jsonb[], retry_after interval[])
-RETURNS TABLE (action_id uuid, status text, error text)
+-- keyturn.begin_dispatch_many(action_ids, lease_ids): per pair, exactly
+-- keyturn.begin_dispatch. dispatch = true: now 'executing', call the provider.
+-- dispatch = false, error NULL: invalidated (never call the provider).
+-- dispatch = false, error '55000 ...': refused, nothing changed (never call
+-- the provider; the lease lapses or has lapsed and the sweep requeues it).
+-- Planned once per backend, as begin_dispatch.
+CREATE OR REPLACE FUNCTION keyturn.begin_dispatch_many(action_ids uuid[], lease_ids uuid[])
+RETURNS TABLE (action_id uuid, dispatch boolean, error text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('begin_dispatch_many');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._begin_many(NULL, begin_dispatch_many.action_ids,
+                                                   begin_dispatch_many.lease_ids);
+END
+$$;
+
+-- A batch of complete, in rounds when it names an action twice:
+-- complete_many's answers. p_tenant as in keyturn._begin_set.
+CREATE OR REPLACE FUNCTION keyturn._complete_many(p_tenant text, p_ids uuid[], p_leases uuid[], p_outcomes text[],
+                                       p_receipts jsonb[], p_retry_after interval[])
+RETURNS TABLE (action_id uuid, status text, error text)
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     n          int;
@@ -4499,21 +4690,16 @@ DECLARE
     v_statuses text[] := '{}';
     v_errors   text[] := '{}';
 BEGIN
-    PERFORM keyturn._refuse_nested('complete_many');
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    n := keyturn._batch_check_arrays(cardinality(complete_many.action_ids),
-                                     cardinality(complete_many.lease_ids),
-                                     'action_ids and lease_ids');
-    PERFORM keyturn._batch_check_arrays(n, cardinality(complete_many.outcomes), 'action_ids and outcomes');
-    PERFORM keyturn._batch_check_arrays(n, cardinality(complete_many.receipts), 'action_ids and receipts');
-    PERFORM keyturn._batch_check_arrays(n, cardinality(complete_many.retry_after), 'action_ids and retry_after');
-    v_rounds := keyturn._batch_rounds(complete_many.action_ids);
+    n := keyturn._batch_check_arrays(cardinality(p_ids), cardinality(p_leases), 'action_ids and lease_ids');
+    PERFORM keyturn._batch_check_arrays(n, cardinality(p_outcomes), 'action_ids and outcomes');
+    PERFORM keyturn._batch_check_arrays(n, cardinality(p_receipts), 'action_ids and receipts');
+    PERFORM keyturn._batch_check_arrays(n, cardinality(p_retry_after), 'action_ids and retry_after');
+    v_rounds := keyturn._batch_rounds(p_ids);
     IF v_rounds IS NULL THEN
         RETURN QUERY
-        SELECT complete_many.action_ids[c.ord], c.status, c.problem
-          FROM keyturn._complete_set(ARRAY(SELECT generate_series(1, n)), complete_many.action_ids,
-                                     complete_many.lease_ids, complete_many.outcomes,
-                                     complete_many.receipts, complete_many.retry_after) c
+        SELECT p_ids[c.ord], c.status, c.problem
+          FROM keyturn._complete_set(p_tenant, ARRAY(SELECT generate_series(1, n)), p_ids, p_leases,
+                                     p_outcomes, p_receipts, p_retry_after) c
          ORDER BY c.ord;
         RETURN;
     END IF;
@@ -4521,16 +4707,264 @@ BEGIN
         v_idx := ARRAY(SELECT i FROM generate_subscripts(v_rounds, 1) i WHERE v_rounds[i] = r ORDER BY i);
         SELECT v_ords || array_agg(c.ord), v_statuses || array_agg(c.status), v_errors || array_agg(c.problem)
           INTO v_ords, v_statuses, v_errors
-          FROM keyturn._complete_set(v_idx, keyturn._batch_pick(complete_many.action_ids, v_idx),
-                                     keyturn._batch_pick(complete_many.lease_ids, v_idx),
-                                     keyturn._batch_pick(complete_many.outcomes, v_idx),
-                                     keyturn._batch_pick(complete_many.receipts, v_idx),
-                                     keyturn._batch_pick(complete_many.retry_after, v_idx)) c;
+          FROM keyturn._complete_set(p_tenant, v_idx, keyturn._batch_pick(p_ids, v_idx),
+                                     keyturn._batch_pick(p_leases, v_idx),
+                                     keyturn._batch_pick(p_outcomes, v_idx),
+                                     keyturn._batch_pick(p_receipts, v_idx),
+                                     keyturn._batch_pick(p_retry_after, v_idx)) c;
     END LOOP;
     RETURN QUERY
-    SELECT complete_many.action_ids[c.ord], c.status, c.error
+    SELECT p_ids[c.ord], c.status, c.error
       FROM unnest(v_ords, v_statuses, v_errors) AS c (ord, status, error)
      ORDER BY c.ord;
+END
+$$;
+
+-- keyturn.complete_many(action_ids, lease_ids, outcomes, receipts, retry_after):
+-- per element, exactly keyturn.complete (a NULL receipt is '{}', a NULL
+-- retry_after the database's backoff, as there). status = the new status and
+-- error NULL; or status NULL and error '<SQLSTATE> ...' (55000 wrong/lapsed
+-- lease or status, e.g. already swept to uncertain; 22023 bad outcome word,
+-- negative retry_after, or a receipt keyturn cannot store) with nothing
+-- changed for that element. Planned once per backend, as complete.
+CREATE OR REPLACE FUNCTION keyturn.complete_many(action_ids uuid[], lease_ids uuid[], outcomes text[],
+                                      receipts jsonb[], retry_after interval[])
+RETURNS TABLE (action_id uuid, status text, error text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('complete_many');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._complete_many(NULL, complete_many.action_ids, complete_many.lease_ids,
+                                                      complete_many.outcomes, complete_many.receipts,
+                                                      complete_many.retry_after);
+END
+$$;
+
+
+-- ==== sql/062_dispatch_for.sql ====
+
+-- The dispatcher's and the operator's calls with the tenant named (an
+-- addition to the dispatcher protocol, docs/sql-api.md, "Dispatching tenant
+-- by tenant").
+--
+-- Once keyturn's own tables are distributed by tenant (Citus, layout B,
+-- docs/scale-out.md), every call that changes an action must run whole on
+-- the worker that holds its tenant's shards: the lifecycle trigger fires
+-- there, and it writes the event only in the backend that ran keyturn's
+-- call. keyturn.citus_distribute() registers each call below with Citus so
+-- that it is sent there (force_delegation), and Citus then pins every
+-- statement of the call to that tenant. So each takes the tenant first, and
+-- keyturnd, which asks keyturn.dispatch_by_tenant() at start, finds the
+-- tenants with work due (tenants_due) and calls them tenant by tenant.
+--
+-- Each is its plain form with every statement limited to the tenant named:
+-- the plain and the tenant-explicit forms run the same code
+-- (keyturn._lease_rows, _begin_many, _complete_many, _sweep, _reconcile,
+-- _attachments_of, _file_content_of), whose statements say "p_tenant IS
+-- NULL OR x.tenant = p_tenant". Only the due scan is a query of its own
+-- (keyturn._due_for, sql/060_dispatch.sql). An element of another tenant is answered as an
+-- unknown action (55000); nothing of another tenant is read or changed.
+--
+-- Authorized by role alone, as the plain calls: the dispatcher's and the
+-- operator's calls act for every tenant, and the tenant only routes.
+
+-- Refuses a tenant-explicit call without its tenant (22023): a NULL would
+-- mean every tenant to the statements it shares with the plain call.
+CREATE OR REPLACE FUNCTION keyturn._require_tenant(p_tenant text, p_what text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_tenant IS NULL OR btrim(p_tenant) = '' THEN
+        RAISE EXCEPTION 'keyturn: % needs the tenant it acts in', p_what
+            USING ERRCODE = '22023',
+                  HINT = 'tenants_due lists the tenants with work due; lease_for returns each job''s tenant.';
+    END IF;
+    RETURN p_tenant;
+END
+$$;
+
+-- The tenants with dispatcher work due, oldest work first: to_lease counts
+-- the queued actions due now whose tool's provider is in providers (NULL =
+-- any), to_sweep what the sweep would move on or delete (pending past
+-- expiry, a lease lapsed, an unbound file a day old). A plain read of every
+-- shard without locks: a hint of where to call lease_for and sweep_for,
+-- which decide on the locked rows.
+CREATE OR REPLACE FUNCTION keyturn.tenants_due(providers text[] DEFAULT NULL, max_tenants int DEFAULT 100)
+RETURNS TABLE (tenant text, to_lease bigint, to_sweep bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF tenants_due.max_tenants IS NULL OR tenants_due.max_tenants NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'keyturn: max_tenants must be from 1 to 10000, not %', tenants_due.max_tenants
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._refuse_nested('tenants_due');
+    RETURN QUERY
+    SELECT d.tenant, sum(d.lease)::bigint, sum(d.sweep)::bigint
+      FROM (SELECT o.tenant, 1 AS lease, 0 AS sweep, o.next_attempt_at AS due
+              FROM keyturn.open_action o
+              JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
+             WHERE o.status = 'queued' AND o.next_attempt_at <= v_now AND a.status = 'queued'
+               AND (tenants_due.providers IS NULL OR EXISTS (
+                        SELECT 1 FROM keyturn.tool_version v
+                         WHERE v.tool = a.tool AND v.version = a.tool_version
+                           AND v.provider = ANY (tenants_due.providers)))
+            UNION ALL
+            SELECT o.tenant, 0, 1, o.expires_at FROM keyturn.open_action o
+             WHERE o.status = 'pending' AND o.expires_at < v_now
+            UNION ALL
+            SELECT o.tenant, 0, 1, o.lease_expires_at FROM keyturn.open_action o
+             WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
+            UNION ALL
+            SELECT f.tenant, 0, 1, f.staged_at FROM keyturn.staged_file f
+             WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours') d
+     GROUP BY d.tenant
+     ORDER BY min(d.due), d.tenant
+     LIMIT tenants_due.max_tenants;
+END
+$$;
+
+-- in_tenant, since "tenant" names a column it returns.
+CREATE OR REPLACE FUNCTION keyturn.lease_for(in_tenant text, worker text, max_jobs int DEFAULT 16,
+                                  lease_for interval DEFAULT '30 seconds', providers text[] DEFAULT NULL)
+RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
+               idempotency_key text, attempt int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(lease_for.in_tenant, 'lease_for');
+    RETURN QUERY SELECT * FROM keyturn._lease('lease_for', lease_for.in_tenant, lease_for.worker, lease_for.max_jobs,
+                                              lease_for.lease_for, lease_for.providers);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.begin_dispatch_for(tenant text, action_id uuid, lease_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r record;
+BEGIN
+    PERFORM keyturn._require_tenant(begin_dispatch_for.tenant, 'begin_dispatch_for');
+    PERFORM keyturn._refuse_nested('begin_dispatch_for');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    SELECT * INTO r FROM keyturn._begin_set(begin_dispatch_for.tenant, '{1}', ARRAY[begin_dispatch_for.action_id],
+                                            ARRAY[begin_dispatch_for.lease_id]);
+    PERFORM keyturn._raise_lease_problem(r.problem);
+    RETURN r.dispatch;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.begin_dispatch_many_for(tenant text, action_ids uuid[], lease_ids uuid[])
+RETURNS TABLE (action_id uuid, dispatch boolean, error text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(begin_dispatch_many_for.tenant, 'begin_dispatch_many_for');
+    PERFORM keyturn._refuse_nested('begin_dispatch_many_for');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._begin_many(begin_dispatch_many_for.tenant, begin_dispatch_many_for.action_ids,
+                                                   begin_dispatch_many_for.lease_ids);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.complete_for(tenant text, action_id uuid, lease_id uuid, outcome text,
+                                     receipt jsonb DEFAULT '{}', retry_after interval DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_error text := keyturn._complete_args_error(complete_for.outcome, complete_for.retry_after, complete_for.receipt);
+    r       record;
+BEGIN
+    PERFORM keyturn._require_tenant(complete_for.tenant, 'complete_for');
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._refuse_nested('complete_for');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    SELECT * INTO r FROM keyturn._complete_set(complete_for.tenant, '{1}', ARRAY[complete_for.action_id],
+                                               ARRAY[complete_for.lease_id], ARRAY[complete_for.outcome],
+                                               ARRAY[complete_for.receipt], ARRAY[complete_for.retry_after]);
+    -- Only a lease problem is left: the arguments were checked above.
+    PERFORM keyturn._raise_lease_problem(substr(r.problem, 7));
+    RETURN r.status;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.complete_many_for(tenant text, action_ids uuid[], lease_ids uuid[], outcomes text[],
+                                          receipts jsonb[], retry_after interval[])
+RETURNS TABLE (action_id uuid, status text, error text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(complete_many_for.tenant, 'complete_many_for');
+    PERFORM keyturn._refuse_nested('complete_many_for');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._complete_many(complete_many_for.tenant, complete_many_for.action_ids,
+                                                      complete_many_for.lease_ids, complete_many_for.outcomes,
+                                                      complete_many_for.receipts, complete_many_for.retry_after);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.sweep_for(tenant text)
+RETURNS TABLE (expired int, requeued int, uncertain int, files int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(sweep_for.tenant, 'sweep_for');
+    PERFORM keyturn._refuse_nested('sweep_for');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._sweep(sweep_for.tenant);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.attachments_for(tenant text, action_id uuid, lease_id uuid)
+RETURNS TABLE (param text, ord int, file_id uuid, sha256 text, filename text, content_type text, size bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(attachments_for.tenant, 'attachments_for');
+    RETURN QUERY SELECT * FROM keyturn._attachments_of('attachments_for', attachments_for.tenant,
+                                                       attachments_for.action_id, attachments_for.lease_id);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.file_content_for(tenant text, action_id uuid, lease_id uuid, file_id uuid)
+RETURNS bytea
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(file_content_for.tenant, 'file_content_for');
+    RETURN keyturn._file_content_of('file_content_for', file_content_for.tenant, file_content_for.action_id,
+                                    file_content_for.lease_id, file_content_for.file_id);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.reconcile_for(tenant text, action_id uuid, outcome text, note text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(reconcile_for.tenant, 'reconcile_for');
+    RETURN keyturn._reconcile('reconcile_for', reconcile_for.tenant, reconcile_for.action_id,
+                              reconcile_for.outcome, reconcile_for.note);
 END
 $$;
 
@@ -4900,6 +5334,132 @@ BEGIN
 END
 $$;
 
+-- Whether keyturn's own tables are distributed by tenant (layout B): the
+-- dispatcher must then call the tenant-explicit forms, tenant by tenant
+-- (sql/062_dispatch_for.sql). keyturnd asks this at start and whenever a
+-- lease fails.
+CREATE OR REPLACE FUNCTION keyturn.dispatch_by_tenant()
+RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM keyturn._citus_table('keyturn.action'::regclass) c WHERE c.dist_column = 'tenant');
+END
+$$;
+
+-- The nodes besides this one whose notifications keyturnd must hear: in
+-- layout B an approval's wake-up (NOTIFY keyturn_dispatch) is sent on the
+-- worker that holds the tenant's shards, where the delegated call commits,
+-- and a notification is heard only on the node that sent it. Empty
+-- otherwise. The names are those this node reaches the workers by.
+CREATE OR REPLACE FUNCTION keyturn.dispatch_nodes()
+RETURNS TABLE (host text, port int)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT keyturn.dispatch_by_tenant() THEN
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE
+        'SELECT n.nodename::text, n.nodeport::int FROM pg_catalog.pg_dist_node n
+          WHERE n.isactive AND n.noderole = ''primary''
+            AND n.groupid <> (SELECT l.groupid FROM pg_catalog.pg_dist_local_group l)
+          ORDER BY n.nodeid';
+END
+$$;
+
+-- Layout B in one call (docs/scale-out.md): keyturn's tables that hold no
+-- tenant become reference tables, its tenant tables are distributed by
+-- tenant, colocated with colocate_with (a business table distributed by its
+-- text tenant column), and every tenant-explicit call (propose_for, …,
+-- lease_for, …) is registered so that Citus sends it whole to the tenant's
+-- worker. For the coordinator's superuser, once, with keyturnd stopped;
+-- what is done already is skipped, so it may run again. Returns what it did.
+--
+-- The foreign keys from keyturn's tables to its tables without a tenant go:
+-- with them Citus converts every table they join and fails on the
+-- extension's own objects, and they cannot be added back, since every
+-- worker's copy of the extension still holds them. keyturn's functions,
+-- the only writers of these tables, keep what they kept.
+CREATE OR REPLACE FUNCTION keyturn.citus_distribute(colocate_with regclass)
+RETURNS TABLE (object text, done text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c         record;
+    r         record;
+    delegated boolean;
+BEGIN
+    IF NOT keyturn._citus_present() THEN
+        RAISE EXCEPTION 'keyturn: Citus is not installed in this database'
+            USING ERRCODE = '55000',
+                  HINT = 'CREATE EXTENSION citus on every node and add the workers first (docs/scale-out.md).';
+    END IF;
+    SELECT * INTO c FROM keyturn._citus_table(citus_distribute.colocate_with);
+    IF NOT FOUND OR c.method <> 'h'
+       OR (SELECT a.atttypid FROM pg_attribute a
+            WHERE a.attrelid = citus_distribute.colocate_with AND a.attname = c.dist_column) <> 'text'::regtype THEN
+        RAISE EXCEPTION 'keyturn: % is not a table Citus distributes by a text column', citus_distribute.colocate_with
+            USING ERRCODE = '22023',
+                  HINT = 'Name the business table distributed by its tenant: create_distributed_table(''…'', ''tenant'').';
+    END IF;
+    -- Distributing a table that has triggers (the lifecycle and the
+    -- append-only guards) needs it; they run on every shard.
+    PERFORM set_config('citus.enable_unsafe_triggers', 'on', true);
+    -- Made on first use otherwise, by the first approval: on a worker, in a
+    -- delegated call, which cannot write a reference table.
+    PERFORM keyturn._ensure_approval_key();
+
+    FOR r IN SELECT k.conrelid::regclass AS tbl, k.conname
+               FROM pg_constraint k
+              WHERE k.contype = 'f' AND k.connamespace = 'keyturn'::regnamespace
+                AND NOT EXISTS (SELECT 1 FROM pg_attribute a
+                                 WHERE a.attrelid = k.confrelid AND a.attname = 'tenant' AND NOT a.attisdropped)
+              ORDER BY 1, 2 LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', r.tbl, r.conname);
+        RETURN QUERY SELECT format('%s.%s', r.tbl, r.conname), 'foreign key dropped';
+    END LOOP;
+
+    FOR r IN SELECT k.oid::regclass AS tbl,
+                    EXISTS (SELECT 1 FROM pg_attribute a
+                             WHERE a.attrelid = k.oid AND a.attname = 'tenant' AND NOT a.attisdropped) AS tenant
+               FROM pg_class k
+              WHERE k.relnamespace IN ('keyturn'::regnamespace, 'keyturn_secret'::regnamespace) AND k.relkind = 'r'
+                AND NOT EXISTS (SELECT 1 FROM keyturn._citus_table(k.oid))
+              -- The tables without a tenant first, then action, which
+              -- staged_payload's foreign key names.
+              ORDER BY 2, k.relname <> 'action', 1 LOOP
+        IF r.tenant THEN
+            EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''tenant'', colocate_with => $2)'
+                USING r.tbl, citus_distribute.colocate_with::text;
+            RETURN QUERY SELECT r.tbl::text, format('distributed by tenant, colocated with %s', citus_distribute.colocate_with);
+        ELSE
+            EXECUTE 'SELECT pg_catalog.create_reference_table($1)' USING r.tbl;
+            RETURN QUERY SELECT r.tbl::text, 'reference table';
+        END IF;
+    END LOOP;
+
+    FOR r IN SELECT f.oid::regprocedure AS fn
+               FROM pg_proc f
+              WHERE f.pronamespace = 'keyturn'::regnamespace AND f.proname ~ '^[a-z].*_for$'
+                AND f.proargtypes[0] = 'text'::regtype
+              ORDER BY 1 LOOP
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object o
+                                  WHERE o.classid = ''pg_proc''::regclass AND o.objid = $1
+                                    AND o.distribution_argument_index IS NOT NULL)'
+            INTO delegated USING r.fn;
+        CONTINUE WHEN delegated;
+        EXECUTE 'SELECT pg_catalog.create_distributed_function($1, ''$1'', colocate_with => ''keyturn.action'',
+                                                               force_delegation => true)'
+            USING r.fn;
+        RETURN QUERY SELECT r.fn::text, 'sent whole to the tenant''s worker (force_delegation)';
+    END LOOP;
+END
+$$;
+
 
 -- ==== sql/080_comments.sql ====
 
@@ -4981,6 +5541,19 @@ COMMENT ON FUNCTION keyturn.sweep() IS 'Expires pending actions, requeues lapsed
 COMMENT ON FUNCTION keyturn.reconcile(uuid, text, text) IS 'Operator: settles an uncertain action as succeeded or failed, with a note.';
 COMMENT ON FUNCTION keyturn.uncertain_actions() IS 'Operator: the actions waiting for a person to decide what happened.';
 COMMENT ON FUNCTION keyturn.attempts(uuid) IS 'Operator: an action''s provider attempts, with their receipts.';
+COMMENT ON FUNCTION keyturn.dispatch_by_tenant() IS 'Dispatcher: whether keyturn''s tables are distributed by tenant (Citus), so that the dispatcher must use the _for calls, tenant by tenant.';
+COMMENT ON FUNCTION keyturn.dispatch_nodes() IS 'Dispatcher: the other nodes whose wake-ups keyturnd must LISTEN to when it dispatches by tenant; empty otherwise.';
+COMMENT ON FUNCTION keyturn.tenants_due(text[], int) IS 'Dispatcher: the tenants with queued actions due (to_lease) or sweep work (to_sweep), oldest first; a hint, read without locks.';
+COMMENT ON FUNCTION keyturn.lease_for(text, text, int, interval, text[]) IS 'Dispatcher: lease, limited to the tenant named, so that Citus can run it on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.begin_dispatch_for(text, uuid, uuid) IS 'Dispatcher: begin_dispatch in the tenant named.';
+COMMENT ON FUNCTION keyturn.begin_dispatch_many_for(text, uuid[], uuid[]) IS 'Dispatcher: begin_dispatch_many in the tenant named; an element of another tenant is refused (55000).';
+COMMENT ON FUNCTION keyturn.complete_for(text, uuid, uuid, text, jsonb, interval) IS 'Dispatcher: complete in the tenant named.';
+COMMENT ON FUNCTION keyturn.complete_many_for(text, uuid[], uuid[], text[], jsonb[], interval[]) IS 'Dispatcher: complete_many in the tenant named; an element of another tenant is refused (55000).';
+COMMENT ON FUNCTION keyturn.sweep_for(text) IS 'The sweep, of the tenant named only.';
+COMMENT ON FUNCTION keyturn.attachments_for(text, uuid, uuid) IS 'Dispatcher: attachments in the tenant named.';
+COMMENT ON FUNCTION keyturn.file_content_for(text, uuid, uuid, uuid) IS 'Dispatcher: file_content in the tenant named.';
+COMMENT ON FUNCTION keyturn.reconcile_for(text, uuid, text, text) IS 'Operator: reconcile in the tenant named.';
+COMMENT ON FUNCTION keyturn.citus_distribute(regclass) IS 'Superuser, on Citus: distributes keyturn''s tables by tenant, colocated with the business table named, and registers the _for calls for delegation (layout B).';
 COMMENT ON FUNCTION keyturn.check_deployment() IS 'Superuser or admin: what a live database gets wrong for keyturn''s guarantees, one row per problem.';
 
 -- Roles are cluster-wide; they may predate this install.
@@ -5060,10 +5633,22 @@ GRANT EXECUTE ON FUNCTION
     keyturn.attachments(uuid, uuid)
 TO keyturn_dispatcher;
 
+-- Dispatcher, tenant by tenant (sql/062_dispatch_for.sql).
+GRANT EXECUTE ON FUNCTION
+    keyturn.dispatch_by_tenant(), keyturn.dispatch_nodes(), keyturn.tenants_due(text[], int),
+    keyturn.lease_for(text, text, int, interval, text[]), keyturn.begin_dispatch_for(text, uuid, uuid),
+    keyturn.begin_dispatch_many_for(text, uuid[], uuid[]),
+    keyturn.complete_for(text, uuid, uuid, text, jsonb, interval),
+    keyturn.complete_many_for(text, uuid[], uuid[], text[], jsonb[], interval[]),
+    keyturn.sweep_for(text), keyturn.attachments_for(text, uuid, uuid),
+    keyturn.file_content_for(text, uuid, uuid, uuid)
+TO keyturn_dispatcher;
+
 -- Operator.
 GRANT EXECUTE ON FUNCTION
     keyturn.reconcile(uuid, text, text), keyturn.uncertain_actions(), keyturn.sweep(), keyturn.audit(uuid),
-    keyturn.attempts(uuid)
+    keyturn.attempts(uuid), keyturn.reconcile_for(text, uuid, text, text), keyturn.sweep_for(text),
+    keyturn.dispatch_by_tenant()
 TO keyturn_operator;
 
 -- Platform administrator.

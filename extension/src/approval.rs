@@ -63,6 +63,15 @@ fn key_for_binding() -> Vec<u8> {
     })
 }
 
+/// Makes the approval key now if there is none yet. For
+/// `keyturn.citus_distribute()`: on Citus the key lives in a reference
+/// table, which a call delegated to a worker cannot write, so the first
+/// approval there could not make it. Returns true.
+#[pg_extern(name = "_ensure_approval_key", volatile, parallel_unsafe)]
+pub fn ensure_approval_key() -> bool {
+    !key_for_binding().is_empty()
+}
+
 /// The MAC binding an approval to the action and its params hash.
 #[pg_extern(name = "_approval_mac", volatile, strict, parallel_unsafe)]
 fn approval_mac(

@@ -135,14 +135,19 @@ mod tests;
     requires = ["dispatch"]
 );
 ::pgrx::extension_sql_file!(
+    "../../sql/062_dispatch_for.sql",
+    name = "dispatch_for",
+    requires = ["dispatch_batch"]
+);
+::pgrx::extension_sql_file!(
     "../../sql/070_deployment.sql",
     name = "deployment",
-    requires = ["dispatch_batch"]
+    requires = ["dispatch_for"]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/071_citus.sql",
     name = "citus",
-    requires = ["deployment"]
+    requires = ["deployment", approval::ensure_approval_key]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/080_comments.sql",

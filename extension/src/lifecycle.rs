@@ -240,6 +240,56 @@ fn trigger_rows<'a>(trigger: &'a PgTrigger<'a>) -> (std::rc::Rc<Shape>, Option<R
     }
 }
 
+/// Whether the trigger fires on a Citus shard of `keyturn.action` (named
+/// `action_<shard id>`) rather than on the table itself.
+fn on_a_shard(trigger: &PgTrigger<'_>) -> bool {
+    // SAFETY: a trigger's relation and its pg_class row are valid for this call.
+    let name = unsafe {
+        std::ffi::CStr::from_ptr(
+            (*(*trigger.trigger_data().tg_relation).rd_rel)
+                .relname
+                .data
+                .as_ptr(),
+        )
+    };
+    name.to_bytes() != b"action"
+}
+
+/// Whether this backend's statement is a COPY: how Citus brings rows into a
+/// shard when it distributes a table that holds some, or moves a shard. Such
+/// rows bring their events and work list with them, as a restore's do.
+fn copying_rows() -> bool {
+    // SAFETY: the backend's current statement text, or NULL; read only.
+    let text = unsafe { pg_sys::debug_query_string };
+    if text.is_null() {
+        return false;
+    }
+    // SAFETY: a NUL-terminated string PostgreSQL keeps for the statement.
+    let text = unsafe { std::ffi::CStr::from_ptr(text) }.to_bytes();
+    let start = text
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(text.len());
+    text[start..]
+        .get(..4)
+        .is_some_and(|w| w.eq_ignore_ascii_case(b"copy"))
+}
+
+/// A change to an action's row that reached its shard from a call keyturn
+/// did not run in this backend: a plain call (propose, approve, lease, …)
+/// on a coordinator whose keyturn tables Citus distributes, or a direct
+/// write. Its events would be lost or name the wrong actor, so it is
+/// refused; the tenant-explicit calls run whole on the shard's worker, where
+/// keyturn knows who acts (docs/scale-out.md, layout B). Rows Citus copies
+/// into a shard ([`copying_rows`]) are let through, as a restore's are.
+fn refuse_remote_change() -> ! {
+    KeyturnError::WrongState {
+        message: "keyturn's tables are distributed by tenant (Citus): this change to an action reached its shard from a call that did not run on the tenant's worker, so its audit event would be lost".into(),
+        hint: "Call the tenant-explicit forms (propose_for, approve_for, reject_for, lease_for, begin_dispatch_many_for, complete_many_for, sweep_for, reconcile_for, …), which keyturn.citus_distribute() registers so that Citus runs them whole on the tenant's worker; keyturnd does so by itself (docs/scale-out.md).",
+    }
+    .raise()
+}
+
 /// The statuses only an approval gives a pending proposal.
 const APPROVAL_ONLY: [&str; 4] = ["queued", "succeeded", "conflict", "failed"];
 
@@ -371,6 +421,9 @@ fn _action_lifecycle<'a>(
 ) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, KeyturnError> {
     let acting = actor::acting();
     let (shape, old, new) = trigger_rows(trigger);
+    if !acting && on_a_shard(trigger) && !(old.is_none() && copying_rows()) {
+        refuse_remote_change();
+    }
     // A row inserted by anything but keyturn's propose (a restore from a
     // dump, which brings its own events and work list) implies nothing.
     if old.is_none() && !acting {

@@ -11,67 +11,61 @@
 -- alice's identity in acme, asserted in each transaction as a pooled
 -- application would, and propagated to the workers (docs/scale-out.md).
 \set as_alice 'SET LOCAL citus.propagate_set_commands = ''local''; SET LOCAL keyturn.tenant = ''acme''; SET LOCAL keyturn.principal = ''alice''; SET LOCAL keyturn.session = ''s1'';'
-SET citus.enable_unsafe_triggers = on;
-
--- The foreign keys to the global tables go first: with them, Citus would
--- convert the whole graph and fail on the extension's own tables (b_probe).
--- They cannot come back: each worker's copy of the extension still holds
--- them, so Citus's ADD CONSTRAINT fails there ("already exists").
-ALTER TABLE keyturn.tool_version DROP CONSTRAINT tool_version_tool_fkey;
-ALTER TABLE keyturn.tool_grant DROP CONSTRAINT tool_grant_tool_fkey;
-ALTER TABLE keyturn.delegation DROP CONSTRAINT delegation_tool_fkey;
-ALTER TABLE keyturn.projection_version DROP CONSTRAINT projection_version_provider_fkey;
-SELECT count(create_reference_table(t)) AS referenced FROM unnest(ARRAY[
-    'keyturn.tool', 'keyturn.tool_version', 'keyturn.projection', 'keyturn.projection_version',
-    'keyturn.transition', 'keyturn_secret.approval_key']::regclass[]) t \gset
-SELECT count(create_distributed_table(t, 'tenant', colocate_with => 'crm.deal')) AS distributed FROM unnest(ARRAY[
-    'keyturn.member', 'keyturn.auth_epoch', 'keyturn.tool_grant', 'keyturn.cancelled_origin', 'keyturn.request',
-    'keyturn.action', 'keyturn.open_action', 'keyturn.action_target', 'keyturn.staged_payload', 'keyturn.vote',
-    'keyturn.delegation', 'keyturn.staged_file', 'keyturn.attempt', 'keyturn.event', 'keyturn.usage']::regclass[]) t \gset
+-- keyturn.citus_distribute does it all (docs/scale-out.md, layout B): the
+-- foreign keys to the global tables go first (with them, Citus would
+-- convert the whole graph and fail on the extension's own tables, b_probe),
+-- the global tables become reference tables, the tenant tables are
+-- distributed colocated with crm.deal, and every tenant-explicit call is
+-- registered to run whole on the tenant's worker.
+SELECT count(*) FILTER (WHERE done = 'foreign key dropped') AS dropped,
+       count(*) FILTER (WHERE done = 'reference table') AS referenced,
+       count(*) FILTER (WHERE done LIKE 'distributed by tenant%') AS distributed,
+       count(*) FILTER (WHERE done LIKE 'sent whole%') AS delegated
+  FROM keyturn.citus_distribute('crm.deal') \gset
+SELECT citus_check.expect('the four foreign keys to global tables dropped', :'dropped', '4');
 SELECT citus_check.expect('every global table is a reference table', :'referenced', '6');
 SELECT citus_check.expect('every tenant table is distributed by tenant, colocated with crm.deal', :'distributed', '15');
+SELECT citus_check.expect('every tenant-explicit call is delegated', :'delegated',
+    (SELECT count(*)::text FROM pg_proc WHERE pronamespace = 'keyturn'::regnamespace AND proname ~ '^[a-z].*_for$'));
 SELECT citus_check.expect('all of keyturn is in Citus''s catalog',
     (SELECT count(*)::text FROM pg_dist_partition WHERE logicalrelid::text ~ '^keyturn(_secret)?\.'), '21');
-
--- propose, called as today (not delegated), writes its action on the
--- tenant's shard; the lifecycle trigger fires there too, in the worker's
--- backend, which never ran keyturn's propose: keyturn's actor state is the
--- coordinator backend's, so the trigger takes the row for a restore and
--- writes no event and no work-list row. Step 3 (delegated entry points)
--- runs the whole call on the worker, where the trigger sees it.
-\connect - app_agent
-BEGIN;
-:as_alice
-SELECT action_id, token, status FROM keyturn.propose('deal_stage',
-  '{"where": {"id": 102}, "set": {"stage": "won"}}', '{"conversation_id": "c-b", "turn_id": "t-b"}') \gset
-COMMIT;
-\connect - postgres
-SELECT citus_check.expect('propose stored the action on a worker', :'status', 'pending');
-SELECT citus_check.expect('on the shard: the action',
-    (SELECT count(*)::text FROM keyturn.action WHERE tenant = 'acme' AND id = :'action_id'), '1');
-SELECT citus_check.expect('not there: its event and work-list row (the trigger ran without keyturn''s actor)',
-    (SELECT count(*)::text FROM keyturn.event WHERE tenant = 'acme' AND action_id = :'action_id')
-    || ' ' || (SELECT count(*)::text FROM keyturn.open_action WHERE tenant = 'acme' AND action_id = :'action_id'), '0 0');
-
--- approve switches between the extension owner (keyturn's writes) and the
--- approving role (the business write) in one transaction; Citus ties a
--- placement one user modified to that user's connection, and refuses.
-SELECT revision AS revision_before FROM crm.deal WHERE tenant = 'acme' AND id = 102 \gset
-\connect - app_human
+SELECT citus_check.expect('colocated with crm.deal',
+    (SELECT count(DISTINCT colocationid)::text FROM pg_dist_partition
+      WHERE logicalrelid IN ('crm.deal'::regclass, 'keyturn.action'::regclass, 'keyturn.event'::regclass)), '1');
+SELECT citus_check.expect('citus_distribute again: nothing left to do',
+    (SELECT count(*)::text FROM keyturn.citus_distribute('crm.deal')), '0');
 \set ON_ERROR_STOP off
+\set LAST_ERROR_SQLSTATE ''
+SELECT * FROM keyturn.citus_distribute('keyturn.tool');
+\set ON_ERROR_STOP on
+SELECT citus_check.expect('citus_distribute with a table not distributed by a text column: 22023', :'LAST_ERROR_SQLSTATE', '22023');
+SELECT citus_check.expect('the dispatcher is told to dispatch by tenant',
+    (SELECT keyturn.dispatch_by_tenant()::text), 'true');
+SELECT citus_check.expect('and to listen on both workers',
+    (SELECT string_agg(port::text, ' ' ORDER BY port) FROM keyturn.dispatch_nodes()),
+    (SELECT string_agg(p, ' ' ORDER BY p) FROM unnest(ARRAY[:'w1', :'w2']) p));
+
+-- propose, called as today (not delegated), would write its action on the
+-- tenant's shard from the coordinator's backend; the lifecycle trigger
+-- fires there, in the worker's backend, which never ran keyturn's propose
+-- and does not know who acts, so the event and the work-list row would be
+-- lost. The trigger refuses such a change (55000), and nothing is stored.
+\connect - app_agent
+\set ON_ERROR_STOP off
+\set LAST_ERROR_SQLSTATE ''
 \set LAST_ERROR_MESSAGE ''
 BEGIN;
 :as_alice
-SELECT status FROM keyturn.approve(:'action_id', :'token');
+SELECT action_id FROM keyturn.propose('deal_stage_routed',
+  '{"where": {"tenant": "acme", "id": 102}, "set": {"stage": "won"}}', '{"conversation_id": "c-b", "turn_id": "t-b"}');
 ROLLBACK;
 \set ON_ERROR_STOP on
-SELECT citus_check.expect('approve across users on one placement is refused', :'LAST_ERROR_MESSAGE',
-    'cannot perform query on placements that were modified in this transaction by a different user');
+SELECT citus_check.expect('plain propose on distributed keyturn: refused', :'LAST_ERROR_SQLSTATE', '55000');
+SELECT citus_check.expect('and says what to call instead', (:'LAST_ERROR_MESSAGE' LIKE
+    'keyturn: keyturn''s tables are distributed by tenant (Citus): this change to an action reached its shard from a call that did not run on the tenant''s worker%')::text, 'true');
 \connect - postgres
-SELECT citus_check.expect('the deal was not written',
-    (SELECT revision::text FROM crm.deal WHERE tenant = 'acme' AND id = 102), :'revision_before');
-SELECT citus_check.expect('the action is still pending',
-    (SELECT status::text FROM keyturn.action WHERE tenant = 'acme' AND id = :'action_id'), 'pending');
+SELECT citus_check.expect('nothing stored',
+    (SELECT count(*)::text FROM keyturn.action WHERE tenant = 'acme' AND conversation_id = 'c-b'), '0');
 
 -- Delegated to the tenant's worker (step 3 of the plan: keyturn.propose_for
 -- and keyturn.approve_for, the plain calls with the tenant named), each call
@@ -80,12 +74,6 @@ SELECT citus_check.expect('the action is still pending',
 -- and usage row, in that worker's one-phase commit. The form names the
 -- tenant, so that the business statements stay on that worker too.
 \connect - postgres
-SELECT create_distributed_function('keyturn.propose_for(text,text,jsonb,jsonb)', 'tenant',
-                                   colocate_with => 'keyturn.action', force_delegation => true) IS NULL AS d1 \gset
-SELECT create_distributed_function('keyturn.approve_for(text,uuid,text,jsonb)', 'tenant',
-                                   colocate_with => 'keyturn.action', force_delegation => true) IS NULL AS d2 \gset
-SELECT create_distributed_function('keyturn.reject_for(text,uuid,text,text)', 'tenant',
-                                   colocate_with => 'keyturn.action', force_delegation => true) IS NULL AS d4 \gset
 SELECT revision AS d_revision_before FROM crm.deal WHERE tenant = 'acme' AND id = 103 \gset
 SELECT count(*) AS d_2pc_before FROM pg_dist_transaction \gset
 
@@ -100,6 +88,25 @@ SELECT citus_check.expect('delegated propose: pending', :'d_status', 'pending');
 SELECT citus_check.expect('delegated propose: its event and its work-list row',
     (SELECT count(*)::text FROM keyturn.event WHERE tenant = 'acme' AND action_id = :'d_action')
     || ' ' || (SELECT count(*)::text FROM keyturn.open_action WHERE tenant = 'acme' AND action_id = :'d_action'), '1 1');
+
+-- approve, called as today (not delegated), is refused too, and nothing is
+-- written: Citus ties a placement one user modified to that user's
+-- connection, and approve writes keyturn's rows as the extension owner and
+-- the business row as the approving role.
+\connect - app_human
+\set ON_ERROR_STOP off
+\set LAST_ERROR_SQLSTATE ''
+BEGIN;
+:as_alice
+SELECT status FROM keyturn.approve(:'d_action', :'d_token');
+ROLLBACK;
+\set ON_ERROR_STOP on
+SELECT citus_check.expect('plain approve on distributed keyturn: refused', (:'LAST_ERROR_SQLSTATE' <> '')::text, 'true');
+\echo 'plain approve refused with' :LAST_ERROR_SQLSTATE :LAST_ERROR_MESSAGE
+\connect - postgres
+SELECT citus_check.expect('the deal not written, the action still pending',
+    (SELECT revision::text FROM crm.deal WHERE tenant = 'acme' AND id = 103) || ' '
+    || (SELECT status::text FROM keyturn.action WHERE tenant = 'acme' AND id = :'d_action'), :'d_revision_before' || ' pending');
 
 \connect - app_human
 BEGIN;

@@ -2,7 +2,7 @@
 -- Run in a fresh database with pgtap and pg_keyturn installed; every check
 -- prints the offending objects when it fails.
 BEGIN;
-SELECT plan(22);
+SELECT plan(23);
 
 SELECT is_empty($$
     SELECT c.oid::regclass FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
@@ -186,14 +186,81 @@ SELECT is_empty($$
      WHERE s.stmt ~* '\mINSERT\s+INTO\s+keyturn\.[^;]*\mVALUES\s*\(.*\mSELECT\M'$$,
     'no UPDATE, DELETE or upsert of keyturn''s tables calls a volatile function (an upsert''s DO UPDATE none but immutable ones), and no INSERT holds a subquery in VALUES');
 
+-- What Citus refuses inside a call it runs on a tenant's worker (layout B,
+-- docs/scale-out.md, "What a delegated call may not do"), for every
+-- statement of the functions the tenant-explicit calls (the *_for
+-- functions citus_distribute delegates) reach, read off their sources: a
+-- function is reached when a reached function's source names it. The gate's
+-- _for calls are Rust, whose statements name the SQL function each runs:
+-- _propose, _approve and _reject.
+CREATE FUNCTION pg_temp.reached_by_for() RETURNS TABLE (fn oid) LANGUAGE sql AS $f$
+    WITH RECURSIVE r (fn) AS (
+        SELECT f.oid FROM pg_proc f
+         WHERE f.pronamespace = 'keyturn'::regnamespace
+           AND (f.proname ~ '^[a-z].*_for$' OR f.proname IN ('_propose', '_approve', '_reject'))
+        UNION
+        SELECT g.oid FROM r JOIN pg_proc f ON f.oid = r.fn
+          JOIN pg_proc g ON g.pronamespace = 'keyturn'::regnamespace
+                        AND f.prosrc ~ ('\mkeyturn\.' || g.proname || '\s*\(')
+    )
+    SELECT fn FROM r
+$f$;
+CREATE FUNCTION pg_temp.citus_refusals() RETURNS TABLE (fn text, problem text, stmt text) LANGUAGE sql AS $f$
+    WITH tenant_tables AS (
+        SELECT string_agg(c.relname, '|') AS re FROM pg_class c
+          JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'tenant' AND NOT a.attisdropped
+         WHERE c.relnamespace = 'keyturn'::regnamespace AND c.relkind = 'r'),
+    global_tables AS (
+        SELECT string_agg(c.relname, '|') AS re FROM pg_class c
+         WHERE c.relnamespace IN ('keyturn'::regnamespace, 'keyturn_secret'::regnamespace) AND c.relkind = 'r'
+           AND NOT EXISTS (SELECT 1 FROM pg_attribute a
+                            WHERE a.attrelid = c.oid AND a.attname = 'tenant' AND NOT a.attisdropped)),
+    s AS (
+        SELECT f.oid::regprocedure::text AS fn, f.proconfig, l.lanname,
+               regexp_replace(x, '--[^\n]*', '', 'g') AS stmt
+          FROM pg_temp.reached_by_for() r
+          JOIN pg_proc f ON f.oid = r.fn
+          JOIN pg_language l ON l.oid = f.prolang
+         CROSS JOIN regexp_split_to_table(f.prosrc, ';') x
+         WHERE l.lanname IN ('sql', 'plpgsql'))
+    -- A generic plan keeps "p_tenant IS NULL OR x.tenant = p_tenant" from
+    -- folding to the tenant Citus must see.
+    SELECT DISTINCT s.fn, 'forces a generic plan', '' FROM s
+     WHERE s.stmt ~ 'p_tenant IS NULL OR' AND 'plan_cache_mode=force_generic_plan' = ANY (s.proconfig)
+    UNION ALL
+    -- A tenant table and a table without a tenant (a reference table) in one
+    -- statement: Citus cannot pin it to the call's tenant.
+    SELECT s.fn, 'joins a table without a tenant', s.stmt FROM s, tenant_tables t, global_tables g
+     WHERE s.stmt ~* ('\mkeyturn(_secret)?\.(' || g.re || ')\M') AND s.stmt ~* ('\mkeyturn\.(' || t.re || ')\M')
+    UNION ALL
+    -- A CASE or COALESCE in an UPDATE whose statement calls a function that is
+    -- not immutable: refused on a distributed table.
+    SELECT s.fn, c || ' in an UPDATE with CASE or COALESCE', s.stmt FROM s, pg_temp.calls_beyond(
+               substring(s.stmt FROM '(?i)\mSET\M.*$'), '{i}') c
+     WHERE s.stmt ~* '\mUPDATE\s+keyturn\.' AND s.stmt ~* '\m(CASE|coalesce)\M'
+    UNION ALL
+    -- A whole row of a tenant table read in a query: on a shard it is of the
+    -- shard's row type, which keyturn's functions do not take.
+    SELECT s.fn, 'a whole row of a shard', s.stmt FROM s
+     WHERE s.stmt ~* '\mSELECT\s+([a-z_]+)\s+AS\s+[a-z_]+\s+FROM\s+keyturn\.[a-z_]+\s+\1\M'
+    UNION ALL
+    -- A parameter of an SQL function's statement on tenant tables, which
+    -- Citus cannot plan (a function PostgreSQL inlines has none left).
+    SELECT s.fn, 'an SQL function''s parameter', s.stmt FROM s, tenant_tables t
+     WHERE s.lanname = 'sql' AND s.stmt ~* ('\mkeyturn\.(' || t.re || ')\M')
+       AND s.fn <> ALL (ARRAY['keyturn._sees(text,text)'])
+$f$;
+SELECT is_empty('SELECT * FROM pg_temp.citus_refusals()',
+    'nothing a tenant-explicit call reaches does what Citus refuses on a tenant''s worker');
+
 -- A scalar SQL function PostgreSQL cannot inline is parsed and planned again
 -- in every transaction that calls it (its cache lives in the calling
 -- expression); one declared IMMUTABLE over a STABLE body such as format() is
 -- not inlined. Each is called with column references, never constants,
 -- which the planner would fold instead. The ones listed cannot be inlined,
--- and none is on a hot path: _votes aggregates (quorum tools only),
--- _legal_transition and _citus_present are sub-selects (a DBA's helper, and
--- Citus's checks at register and deployment time).
+-- and none is on a hot path: _legal_transition and _citus_present are
+-- sub-selects (a DBA's helper, and Citus's checks at register and
+-- deployment time).
 CREATE FUNCTION pg_temp.not_inlined() RETURNS SETOF text LANGUAGE plpgsql AS $f$
 DECLARE
     p    record;
@@ -219,9 +286,8 @@ BEGIN
 END
 $f$;
 SELECT set_eq('SELECT * FROM pg_temp.not_inlined()',
-    ARRAY['keyturn._votes(keyturn.action)',
-          'keyturn._legal_transition(keyturn.status,keyturn.status)', 'keyturn._citus_present()'],
-    'every scalar SQL function is inlined but the three that cannot be');
+    ARRAY['keyturn._legal_transition(keyturn.status,keyturn.status)', 'keyturn._citus_present()'],
+    'every scalar SQL function is inlined but the two that cannot be');
 
 SELECT is_empty($$SELECT object, problem FROM keyturn.check_deployment() WHERE severity = 'error'$$,
     'a fresh install passes keyturn.check_deployment()');

@@ -850,6 +850,22 @@ pub struct Lease {
     pub attempt: i32,
 }
 
+impl Lease {
+    /// A row of `lease` or `lease_for`, its columns in their order.
+    pub fn from_row(r: &tokio_postgres::Row) -> Lease {
+        Lease {
+            action_id: r.get(0),
+            lease_id: r.get(1),
+            tenant: r.get(2),
+            tool: r.get(3),
+            provider: r.get(4),
+            params: r.get(5),
+            idempotency_key: r.get(6),
+            attempt: r.get(7),
+        }
+    }
+}
+
 /// Leases every due job as `worker` and returns those among `mine`; any other
 /// due job (left queued by earlier tests) is handed back for a day, untouched.
 pub async fn lease_mine(dispatcher: &Client, mine: &[uuid::Uuid], lease_for: &str) -> Vec<Lease> {
@@ -869,16 +885,7 @@ pub async fn lease_mine(dispatcher: &Client, mine: &[uuid::Uuid], lease_for: &st
             break;
         }
         for r in rows {
-            let l = Lease {
-                action_id: r.get(0),
-                lease_id: r.get(1),
-                tenant: r.get(2),
-                tool: r.get(3),
-                provider: r.get(4),
-                params: r.get(5),
-                idempotency_key: r.get(6),
-                attempt: r.get(7),
-            };
+            let l = Lease::from_row(&r);
             if mine.contains(&l.action_id) {
                 out.push(l);
             } else {

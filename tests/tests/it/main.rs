@@ -16,6 +16,7 @@ mod audit_tests;
 mod ceremony_tests;
 mod delegation_tests;
 mod dispatch_batch_tests;
+mod dispatch_for_tests;
 mod dispatch_tests;
 mod fuzz_findings_tests;
 mod grant_scope_tests;
