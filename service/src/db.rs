@@ -15,6 +15,14 @@
 //! Intervals are sent as `float8` seconds and multiplied by
 //! `interval '1 second'` in SQL, so that a `NULL` delay stays `NULL` (the
 //! database then applies its own backoff).
+//!
+//! **Tenant by tenant.** The calls that act on actions take a `tenant`:
+//! `None` runs the plain call (`keyturn.lease`, …), `Some` its
+//! tenant-explicit form (`keyturn.lease_for`, …), which keyturnd uses once
+//! [`dispatch_by_tenant`] says keyturn's tables are distributed by tenant
+//! (Citus): Citus then sends each call whole to that tenant's worker. Those
+//! statements are `SELECT … FROM keyturn.<fn>(…)` with only parameters and
+//! immutable expressions of them as arguments, the form Citus delegates.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -244,7 +252,70 @@ pub async fn commit(tx: Transaction<'_>) -> Result<(), Error> {
     bounded(tx.commit()).await
 }
 
-/// `keyturn.lease(worker, max_jobs, lease_for, providers)`.
+/// `keyturn.dispatch_by_tenant()`: whether keyturn's tables are distributed
+/// by tenant, so that every call here must name its tenant.
+pub async fn dispatch_by_tenant(client: &Client) -> Result<bool, Error> {
+    let row = query_one(client, "SELECT keyturn.dispatch_by_tenant() AS b", &[]).await?;
+    get(&row, "b")
+}
+
+/// `keyturn.dispatch_nodes()`: the other nodes whose notifications keyturnd
+/// must hear when it dispatches by tenant, as (host, port).
+pub async fn dispatch_nodes(client: &Client) -> Result<Vec<(String, u16)>, Error> {
+    let rows = query(
+        client,
+        "SELECT host, port FROM keyturn.dispatch_nodes()",
+        &[],
+    )
+    .await?;
+    rows.iter()
+        .map(|r| {
+            let port: i32 = get(r, "port")?;
+            let port = u16::try_from(port).map_err(|_| {
+                Error::Config(format!("keyturn.dispatch_nodes() names port {port}"))
+            })?;
+            Ok((get(r, "host")?, port))
+        })
+        .collect()
+}
+
+/// One row of `keyturn.tenants_due`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantDue {
+    /// The tenant.
+    pub tenant: String,
+    /// Its queued actions due now, of the providers asked about.
+    pub to_lease: i64,
+    /// What its sweep would move on or delete.
+    pub to_sweep: i64,
+}
+
+/// `keyturn.tenants_due(providers, max_tenants)`: the tenants with work due,
+/// oldest first (a hint, read without locks).
+pub async fn tenants_due(
+    client: &Client,
+    providers: Option<&[&str]>,
+    max_tenants: i32,
+) -> Result<Vec<TenantDue>, Error> {
+    let rows = query(
+        client,
+        "SELECT tenant, to_lease, to_sweep FROM keyturn.tenants_due($1, $2)",
+        &[(&providers, Type::TEXT_ARRAY), (&max_tenants, Type::INT4)],
+    )
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(TenantDue {
+                tenant: get(r, "tenant")?,
+                to_lease: get(r, "to_lease")?,
+                to_sweep: get(r, "to_sweep")?,
+            })
+        })
+        .collect()
+}
+
+/// `keyturn.lease(worker, max_jobs, lease_for, providers)`, or with a tenant
+/// `keyturn.lease_for(tenant, …)`, which leases that tenant's jobs only.
 ///
 /// `providers` names the adapters this process has; the database leases only
 /// actions whose tool's provider is among them, so an action no running
@@ -252,24 +323,36 @@ pub async fn commit(tx: Transaction<'_>) -> Result<(), Error> {
 /// leased and handed back over and over. An empty list leases nothing.
 pub async fn lease(
     client: &Client,
+    tenant: Option<&str>,
     worker: &str,
     max_jobs: i32,
     lease_for: Duration,
     providers: &[&str],
 ) -> Result<Vec<LeasedJob>, Error> {
     let lease_secs = secs(lease_for);
-    let rows = query(
-        client,
-        "SELECT action_id, lease_id, tenant, tool, provider, params, idempotency_key, attempt \
-         FROM keyturn.lease($1, $2, $3 * interval '1 second', $4)",
-        &[
-            (&worker, Type::TEXT),
-            (&max_jobs, Type::INT4),
-            (&lease_secs, Type::FLOAT8),
-            (&providers, Type::TEXT_ARRAY),
-        ],
-    )
-    .await?;
+    let params: [(&(dyn ToSql + Sync), Type); 5] = [
+        (&worker, Type::TEXT),
+        (&max_jobs, Type::INT4),
+        (&lease_secs, Type::FLOAT8),
+        (&providers, Type::TEXT_ARRAY),
+        (&tenant, Type::TEXT),
+    ];
+    let rows = match tenant {
+        None => query(
+            client,
+            "SELECT action_id, lease_id, tenant, tool, provider, params, idempotency_key, attempt \
+                 FROM keyturn.lease($1, $2, $3 * interval '1 second', $4)",
+            &params[..4],
+        )
+        .await?,
+        Some(_) => query(
+            client,
+            "SELECT action_id, lease_id, tenant, tool, provider, params, idempotency_key, attempt \
+                 FROM keyturn.lease_for($5, $1, $2, $3 * interval '1 second', $4)",
+            &params,
+        )
+        .await?,
+    };
     rows.iter().map(LeasedJob::from_row).collect()
 }
 
@@ -295,16 +378,35 @@ pub struct ListedFile {
 /// attachments. `55000` unless it is leased or executing under this lease.
 pub async fn attachments(
     client: &Client,
+    tenant: Option<&str>,
     action_id: Uuid,
     lease_id: Uuid,
 ) -> Result<Vec<ListedFile>, Error> {
-    let rows = query(
-        client,
-        "SELECT param, file_id, sha256, filename, content_type, size \
-           FROM keyturn.attachments($1, $2) ORDER BY ord",
-        &[(&action_id, Type::UUID), (&lease_id, Type::UUID)],
-    )
-    .await?;
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&action_id, Type::UUID),
+        (&lease_id, Type::UUID),
+        (&tenant, Type::TEXT),
+    ];
+    let rows = match tenant {
+        None => {
+            query(
+                client,
+                "SELECT param, file_id, sha256, filename, content_type, size \
+                   FROM keyturn.attachments($1, $2) ORDER BY ord",
+                &params[..2],
+            )
+            .await?
+        }
+        Some(_) => {
+            query(
+                client,
+                "SELECT param, file_id, sha256, filename, content_type, size \
+                   FROM keyturn.attachments_for($3, $1, $2) ORDER BY ord",
+                &params,
+            )
+            .await?
+        }
+    };
     rows.iter()
         .map(|r| {
             Ok(ListedFile {
@@ -324,20 +426,35 @@ pub async fn attachments(
 /// Never log or store what it returns.
 pub async fn file_content(
     client: &Client,
+    tenant: Option<&str>,
     action_id: Uuid,
     lease_id: Uuid,
     file_id: Uuid,
 ) -> Result<Vec<u8>, Error> {
-    let row = query_one(
-        client,
-        "SELECT keyturn.file_content($1, $2, $3) AS content",
-        &[
-            (&action_id, Type::UUID),
-            (&lease_id, Type::UUID),
-            (&file_id, Type::UUID),
-        ],
-    )
-    .await?;
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
+        (&action_id, Type::UUID),
+        (&lease_id, Type::UUID),
+        (&file_id, Type::UUID),
+        (&tenant, Type::TEXT),
+    ];
+    let row = match tenant {
+        None => {
+            query_one(
+                client,
+                "SELECT keyturn.file_content($1, $2, $3) AS content",
+                &params[..3],
+            )
+            .await?
+        }
+        Some(_) => {
+            query_one(
+                client,
+                "SELECT keyturn.file_content_for($4, $1, $2, $3) AS content",
+                &params,
+            )
+            .await?
+        }
+    };
     get(&row, "content")
 }
 
@@ -353,10 +470,11 @@ pub fn is_missing_file(e: &Error) -> bool {
     }
 }
 
-/// `keyturn.complete(action_id, lease_id, outcome, receipt, retry_after)`;
-/// returns the new status.
+/// `keyturn.complete(action_id, lease_id, outcome, receipt, retry_after)`,
+/// or `keyturn.complete_for(tenant, …)`; returns the new status.
 pub async fn complete(
     client: &Client,
+    tenant: Option<&str>,
     action_id: Uuid,
     lease_id: Uuid,
     outcome: &str,
@@ -364,18 +482,30 @@ pub async fn complete(
     retry_after: Option<Duration>,
 ) -> Result<String, Error> {
     let retry_secs = retry_after.map(secs);
-    let row = query_one(
-        client,
-        "SELECT keyturn.complete($1, $2, $3, $4, $5 * interval '1 second') AS status",
-        &[
-            (&action_id, Type::UUID),
-            (&lease_id, Type::UUID),
-            (&outcome, Type::TEXT),
-            (receipt, Type::JSONB),
-            (&retry_secs, Type::FLOAT8),
-        ],
-    )
-    .await?;
+    let params: [(&(dyn ToSql + Sync), Type); 6] = [
+        (&action_id, Type::UUID),
+        (&lease_id, Type::UUID),
+        (&outcome, Type::TEXT),
+        (receipt, Type::JSONB),
+        (&retry_secs, Type::FLOAT8),
+        (&tenant, Type::TEXT),
+    ];
+    let row = match tenant {
+        None => {
+            query_one(
+                client,
+                "SELECT keyturn.complete($1, $2, $3, $4, $5 * interval '1 second') AS status",
+                &params[..5],
+            )
+            .await?
+        }
+        Some(_) => query_one(
+            client,
+            "SELECT keyturn.complete_for($6, $1, $2, $3, $4, $5 * interval '1 second') AS status",
+            &params,
+        )
+        .await?,
+    };
     get(&row, "status")
 }
 
@@ -477,22 +607,39 @@ fn error_sqlstate(e: &str) -> &str {
     e.split_once(' ').map_or(e, |(code, _)| code)
 }
 
-/// `keyturn.begin_dispatch_many(action_ids, lease_ids)`: one statement for
-/// the batch, committed before any provider call (the worker runs it inside
-/// the lease's transaction and calls providers only after [`commit`]). One
+/// `keyturn.begin_dispatch_many(action_ids, lease_ids)`, or
+/// `keyturn.begin_dispatch_many_for(tenant, …)`: one statement for the
+/// batch, committed before any provider call (the worker runs it inside the
+/// lease's transaction and calls providers only after [`commit`]). One
 /// answer per pair, in order.
 pub async fn begin_dispatch_many(
     client: &Client,
+    tenant: Option<&str>,
     jobs: &[(Uuid, Uuid)],
 ) -> Result<Vec<BeginAnswer>, Error> {
     let ids: Vec<Uuid> = jobs.iter().map(|j| j.0).collect();
     let leases: Vec<Uuid> = jobs.iter().map(|j| j.1).collect();
-    let rows = query(
-        client,
-        "SELECT action_id, dispatch, error FROM keyturn.begin_dispatch_many($1, $2)",
-        &[(&ids, Type::UUID_ARRAY), (&leases, Type::UUID_ARRAY)],
-    )
-    .await?;
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&ids, Type::UUID_ARRAY),
+        (&leases, Type::UUID_ARRAY),
+        (&tenant, Type::TEXT),
+    ];
+    let rows = match tenant {
+        None => {
+            query(
+                client,
+                "SELECT action_id, dispatch, error FROM keyturn.begin_dispatch_many($1, $2)",
+                &params[..2],
+            )
+            .await?
+        }
+        Some(_) => query(
+            client,
+            "SELECT action_id, dispatch, error FROM keyturn.begin_dispatch_many_for($3, $1, $2)",
+            &params,
+        )
+        .await?,
+    };
     rows.iter()
         .map(|row| {
             Ok(BeginAnswer {
@@ -504,31 +651,59 @@ pub async fn begin_dispatch_many(
         .collect()
 }
 
-/// `keyturn.complete_many(...)`: per element `keyturn.complete`, one
-/// statement and one commit for the batch. One answer per element, in order.
+/// `keyturn.complete_many(...)`, or `keyturn.complete_many_for(tenant, …)`:
+/// per element `keyturn.complete`, one statement and one commit for the
+/// batch. One answer per element, in order.
 pub async fn complete_many(
     client: &Client,
+    tenant: Option<&str>,
     items: &[Completion<'_>],
 ) -> Result<Vec<CompleteAnswer>, Error> {
     let ids: Vec<Uuid> = items.iter().map(|i| i.action_id).collect();
     let leases: Vec<Uuid> = items.iter().map(|i| i.lease_id).collect();
     let outcomes: Vec<&str> = items.iter().map(|i| i.outcome).collect();
     let receipts: Vec<&serde_json::Value> = items.iter().map(|i| i.receipt).collect();
-    let retry: Vec<Option<f64>> = items.iter().map(|i| i.retry_after.map(secs)).collect();
-    let rows = query(
-        client,
-        "SELECT action_id, status, error FROM keyturn.complete_many($1, $2, $3, $4, \
-           coalesce((SELECT array_agg(s * interval '1 second' ORDER BY o) \
-                       FROM unnest($5::float8[]) WITH ORDINALITY AS u(s, o)), '{}'))",
-        &[
-            (&ids, Type::UUID_ARRAY),
-            (&leases, Type::UUID_ARRAY),
-            (&outcomes, Type::TEXT_ARRAY),
-            (&receipts, Type::JSONB_ARRAY),
-            (&retry, Type::FLOAT8_ARRAY),
-        ],
-    )
-    .await?;
+    let rows = match tenant {
+        None => {
+            let retry: Vec<Option<f64>> = items.iter().map(|i| i.retry_after.map(secs)).collect();
+            query(
+                client,
+                "SELECT action_id, status, error FROM keyturn.complete_many($1, $2, $3, $4, \
+                   coalesce((SELECT array_agg(s * interval '1 second' ORDER BY o) \
+                               FROM unnest($5::float8[]) WITH ORDINALITY AS u(s, o)), '{}'))",
+                &[
+                    (&ids, Type::UUID_ARRAY),
+                    (&leases, Type::UUID_ARRAY),
+                    (&outcomes, Type::TEXT_ARRAY),
+                    (&receipts, Type::JSONB_ARRAY),
+                    (&retry, Type::FLOAT8_ARRAY),
+                ],
+            )
+            .await?
+        }
+        Some(_) => {
+            // No subquery in a delegated call's arguments: the delays go as
+            // text ("1.5 seconds"), cast in the call.
+            let retry: Vec<Option<String>> = items
+                .iter()
+                .map(|i| i.retry_after.map(|d| format!("{} seconds", secs(d))))
+                .collect();
+            query(
+                client,
+                "SELECT action_id, status, error \
+                   FROM keyturn.complete_many_for($6, $1, $2, $3, $4, $5::text[]::interval[])",
+                &[
+                    (&ids, Type::UUID_ARRAY),
+                    (&leases, Type::UUID_ARRAY),
+                    (&outcomes, Type::TEXT_ARRAY),
+                    (&receipts, Type::JSONB_ARRAY),
+                    (&retry, Type::TEXT_ARRAY),
+                    (&tenant, Type::TEXT),
+                ],
+            )
+            .await?
+        }
+    };
     rows.iter()
         .map(|row| {
             Ok(CompleteAnswer {
@@ -540,14 +715,26 @@ pub async fn complete_many(
         .collect()
 }
 
-/// `keyturn.sweep()`.
-pub async fn sweep(client: &Client) -> Result<SweepCounts, Error> {
-    let row = query_one(
-        client,
-        "SELECT expired, requeued, uncertain FROM keyturn.sweep()",
-        &[],
-    )
-    .await?;
+/// `keyturn.sweep()`, or `keyturn.sweep_for(tenant)`.
+pub async fn sweep(client: &Client, tenant: Option<&str>) -> Result<SweepCounts, Error> {
+    let row = match tenant {
+        None => {
+            query_one(
+                client,
+                "SELECT expired, requeued, uncertain FROM keyturn.sweep()",
+                &[],
+            )
+            .await?
+        }
+        Some(t) => {
+            query_one(
+                client,
+                "SELECT expired, requeued, uncertain FROM keyturn.sweep_for($1)",
+                &[(&t, Type::TEXT)],
+            )
+            .await?
+        }
+    };
     Ok(SweepCounts {
         expired: get(&row, "expired")?,
         requeued: get(&row, "requeued")?,
@@ -568,24 +755,40 @@ pub async fn notify(client: &Client, channel: &str, payload: &str) -> Result<(),
     Ok(())
 }
 
-/// `keyturn.reconcile(action_id, outcome, note)`; returns the new status.
+/// `keyturn.reconcile(action_id, outcome, note)`, or
+/// `keyturn.reconcile_for(tenant, …)`; returns the new status.
 pub async fn reconcile(
     client: &Client,
+    tenant: Option<&str>,
     action_id: Uuid,
     outcome: Reconciled,
     note: &str,
 ) -> Result<String, Error> {
     let word = outcome.word();
-    let row = query_one(
-        client,
-        "SELECT keyturn.reconcile($1, $2, $3) AS status",
-        &[
-            (&action_id, Type::UUID),
-            (&word, Type::TEXT),
-            (&note, Type::TEXT),
-        ],
-    )
-    .await?;
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
+        (&action_id, Type::UUID),
+        (&word, Type::TEXT),
+        (&note, Type::TEXT),
+        (&tenant, Type::TEXT),
+    ];
+    let row = match tenant {
+        None => {
+            query_one(
+                client,
+                "SELECT keyturn.reconcile($1, $2, $3) AS status",
+                &params[..3],
+            )
+            .await?
+        }
+        Some(_) => {
+            query_one(
+                client,
+                "SELECT keyturn.reconcile_for($4, $1, $2, $3) AS status",
+                &params,
+            )
+            .await?
+        }
+    };
     get(&row, "status")
 }
 

@@ -92,6 +92,12 @@ pub enum Error {
     #[error("not ready")]
     NotReady,
 
+    /// An operator command named an action it cannot act on, found out
+    /// before any change (by tenant, `reconcile` looks the action up among
+    /// the uncertain ones first, as the database would refuse it).
+    #[error("{0}")]
+    Operator(String),
+
     /// Something on our side failed while answering a request; the context
     /// goes to the log, the client sees only a 500.
     #[error("internal: {context}: {detail}")]

@@ -2,6 +2,9 @@
 //!
 //! They call `keyturn.reconcile` and `keyturn.uncertain_actions` (role
 //! `keyturn_operator`) on one short-lived connection and print the result.
+//! Where keyturn's tables are distributed by tenant (Citus), `reconcile`
+//! finds the action's tenant in `keyturn.uncertain_actions()` and calls
+//! `keyturn.reconcile_for`, which Citus runs on that tenant's worker.
 //! They never change anything else: resolving an `uncertain` action is a
 //! human's decision after checking with the provider.
 
@@ -30,7 +33,20 @@ pub async fn reconcile(
     note: &str,
 ) -> Result<String, Error> {
     let client = connect(database_url).await?;
-    let status = db::reconcile(&client, action_id, outcome, note).await?;
+    let tenant = if db::dispatch_by_tenant(&client).await? {
+        let listed = db::uncertain_actions(&client).await?;
+        match listed.into_iter().find(|u| u.action_id == action_id) {
+            Some(u) => Some(u.tenant),
+            None => {
+                return Err(Error::Operator(format!(
+                    "only an uncertain action can be reconciled; {action_id} is not one (keyturnd uncertain lists them)"
+                )))
+            }
+        }
+    } else {
+        None
+    };
+    let status = db::reconcile(&client, tenant.as_deref(), action_id, outcome, note).await?;
     Ok(format!("{action_id} {status}"))
 }
 

@@ -29,6 +29,11 @@ const FRAME: usize = 8;
 pub struct Entry {
     /// The action.
     pub action_id: Uuid,
+    /// Its tenant: the calls that record it name it where keyturn's tables
+    /// are distributed by tenant. Absent from entries an older keyturnd
+    /// wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     /// The lease the call ran under.
     pub lease_id: Uuid,
     /// `succeeded`, `failed`, `retry` or `unknown`.
@@ -169,6 +174,8 @@ mod tests {
     fn entry(n: u128, outcome: &str) -> Entry {
         Entry {
             action_id: Uuid::from_u128(n),
+            // Even entries as an older keyturnd wrote them: no tenant.
+            tenant: (n % 2 == 1).then(|| format!("tenant-{n}")),
             lease_id: Uuid::from_u128(1000 + n),
             outcome: outcome.into(),
             receipt: json!({"status": 200, "provider_message_id": format!("m-{n}")}),
@@ -200,6 +207,20 @@ mod tests {
         let got = decode(&file(&records)).expect("a journal");
         assert_eq!(got.records, records);
         assert_eq!(got.torn_bytes, 0);
+    }
+
+    #[test]
+    fn test_an_outcome_an_older_keyturnd_wrote_has_no_tenant() {
+        let older = br#"{"t":"outcome","action_id":"00000000-0000-0000-0000-000000000002","lease_id":"00000000-0000-0000-0000-0000000003ea","outcome":"retry","receipt":{},"retry_after_ms":1500}"#;
+        let Record::Outcome(e) = serde_json::from_slice(older).expect("an older record") else {
+            panic!("an outcome record");
+        };
+        assert_eq!(e.tenant, None);
+        assert_eq!(e.outcome, "retry");
+        let written = serde_json::to_string(&Record::Outcome(entry(2, "retry"))).expect("json");
+        assert!(!written.contains("tenant"), "no tenant, no key: {written}");
+        let written = serde_json::to_string(&Record::Outcome(entry(1, "retry"))).expect("json");
+        assert!(written.contains(r#""tenant":"tenant-1""#), "{written}");
     }
 
     #[test]

@@ -370,6 +370,7 @@ mod tests {
     fn entry(n: u128) -> Entry {
         Entry {
             action_id: Uuid::from_u128(n),
+            tenant: Some("acme".into()),
             lease_id: Uuid::from_u128(n + 7),
             outcome: "succeeded".into(),
             receipt: json!({"status": 200, "note": "x".repeat(200)}),

@@ -28,8 +28,8 @@ use crate::db::{self, LeasedJob};
 use crate::error::Error;
 use crate::providers::CallResult;
 
-/// Begins `jobs` in `tx`, commits, and starts a provider call for each job
-/// the database answered `dispatch`.
+/// Begins `jobs` in `tx` (all of `tenant`, when it names one), commits, and
+/// starts a provider call for each job the database answered `dispatch`.
 ///
 /// **A COMMIT whose outcome is unknown** (the connection broke, or the
 /// answer did not come in time) may have made every job `executing` or none
@@ -44,6 +44,7 @@ pub(super) async fn begin_and_commit(
     ctx: &Arc<Ctx>,
     tracker: &TaskTracker,
     tx: Transaction<'_>,
+    tenant: Option<&str>,
     jobs: Vec<(LeasedJob, Slot)>,
     deadline: Instant,
     done: &mpsc::UnboundedSender<Done>,
@@ -55,7 +56,7 @@ pub(super) async fn begin_and_commit(
             .iter()
             .map(|(j, _)| (j.action_id, j.lease_id))
             .collect();
-        db::begin_dispatch_many(tx.client(), &pairs).await?
+        db::begin_dispatch_many(tx.client(), tenant, &pairs).await?
     };
     if let Err(e) = db::commit(tx).await {
         tracing::warn!(error = %e, jobs = jobs.len(), "lease and begin COMMIT unconfirmed; no provider is called, recording retry");

@@ -84,7 +84,7 @@ async fn read_attachments(
     }
     let reads = async {
         let client = ctx.pool.get().await.map_err(|e| unread(&e.into()))?;
-        let listed = db::attachments(&client, job.action_id, job.lease_id)
+        let listed = db::attachments(&client, ctx.route(&job.tenant), job.action_id, job.lease_id)
             .await
             .map_err(|e| unread(&e))?;
         if listed.is_empty() {
@@ -109,9 +109,15 @@ async fn read_attachments(
                 content_type: f.content_type,
                 size: u64::try_from(f.size).unwrap_or(u64::MAX),
             };
-            let bytes = db::file_content(&client, job.action_id, job.lease_id, meta.file_id)
-                .await
-                .map_err(|e| unread(&e))?;
+            let bytes = db::file_content(
+                &client,
+                ctx.route(&job.tenant),
+                job.action_id,
+                job.lease_id,
+                meta.file_id,
+            )
+            .await
+            .map_err(|e| unread(&e))?;
             let file = Attachment::verified(f.param, meta, bytes).map_err(|m| {
                 tracing::error!(file_id = %m.file_id, "attachment bytes differ from their approved size or SHA-256; failed, provider not called");
                 not_sent(

@@ -86,6 +86,7 @@ async fn record(ctx: &Ctx, job: &LeasedJob, result: &CallResult, deadline: Insta
             let client = ctx.pool.get().await?;
             db::complete(
                 &client,
+                ctx.route(&job.tenant),
                 job.action_id,
                 job.lease_id,
                 outcome,
@@ -221,8 +222,24 @@ pub(super) async fn flush_loop(
 /// deadline, then logged at ERROR for the operator; a `55000` answer (already
 /// `uncertain`) is logged at WARN. A batch the database refuses as a whole
 /// for its content (not transient) is recorded one by one with [`record`].
-async fn flush(ctx: &Ctx, mut items: Vec<Done>) {
+/// By tenant, one `complete_many_for` per tenant of the batch.
+async fn flush(ctx: &Ctx, items: Vec<Done>) {
     let _recording = ctx.recording.lock().await;
+    if !ctx.by_tenant() {
+        flush_group(ctx, None, items).await;
+        return;
+    }
+    let mut by_tenant: std::collections::BTreeMap<String, Vec<Done>> = Default::default();
+    for d in items {
+        by_tenant.entry(d.job.tenant.clone()).or_default().push(d);
+    }
+    for (tenant, group) in by_tenant {
+        flush_group(ctx, Some(&tenant), group).await;
+    }
+}
+
+/// [`flush`] for outcomes of one tenant, or (`None`) of any.
+async fn flush_group(ctx: &Ctx, tenant: Option<&str>, mut items: Vec<Done>) {
     let mut backoff = BACKOFF_MIN;
     let mut tries: u32 = 0;
     while !items.is_empty() {
@@ -239,7 +256,7 @@ async fn flush(ctx: &Ctx, mut items: Vec<Done>) {
                     retry_after: d.result.outcome.retry_after(),
                 })
                 .collect();
-            db::complete_many(&client, &batch).await
+            db::complete_many(&client, tenant, &batch).await
         }
         .await;
         let err = match recorded {
@@ -345,6 +362,7 @@ async fn record_each(ctx: &Ctx, items: Vec<Done>) {
 fn entry(d: &Done) -> Entry {
     Entry {
         action_id: d.job.action_id,
+        tenant: Some(d.job.tenant.clone()),
         lease_id: d.job.lease_id,
         outcome: d.result.outcome.word().to_owned(),
         receipt: d.result.receipt.clone(),

@@ -22,6 +22,13 @@
 //! **No journal, no lease.** While the outcome journal cannot be written
 //! (its failure is logged by [`crate::journal`]), nothing is leased.
 //!
+//! **By tenant** (keyturn's tables distributed by tenant, see
+//! [`super`]): the step asks `keyturn.tenants_due` which tenants have jobs
+//! due, oldest first, and runs the lease, the hand-backs and the begin once
+//! per tenant, each in a transaction of its own (`lease_for`, …, which
+//! Citus runs whole on that tenant's worker), until the free slots are
+//! taken.
+//!
 //! **Linger.** A step costs the database a price of its own (three calls
 //! and their checks) besides each job's: leasing, beginning and completing
 //! one job at a time costs about twice per job what eight at a time do
@@ -42,7 +49,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -233,8 +240,9 @@ async fn wait_for_slots(
 }
 
 /// One step: lease as many jobs as there are free slots, hand back what must
-/// go back, and pass the rest to [`begin_and_commit`]. `Err`: nothing was
-/// dispatched.
+/// go back, and pass the rest to [`begin_and_commit`]; by tenant, that for
+/// each tenant with jobs due until the slots are taken. `Err`: nothing more
+/// was dispatched (what a tenant's step before it committed stands).
 pub(super) async fn lease_step(
     ctx: Arc<Ctx>,
     tracker: TaskTracker,
@@ -243,7 +251,7 @@ pub(super) async fn lease_step(
 ) -> Result<Step, Error> {
     let free = ctx.slots.available_permits();
     // `free` ≤ KEYTURN_WORKERS ≤ 1024 (validated), so both conversions hold.
-    let (Ok(n_permits), Ok(max_jobs)) = (u32::try_from(free), i32::try_from(free)) else {
+    let (Ok(n_permits), Ok(max_tenants)) = (u32::try_from(free), i32::try_from(free)) else {
         return Ok(Step::Done);
     };
     if free == 0 {
@@ -257,6 +265,56 @@ pub(super) async fn lease_step(
     let Ok(mut permits) = ctx.slots.clone().try_acquire_many_owned(n_permits) else {
         return Ok(Step::Done);
     };
+    let tenants: Vec<Option<String>> = if ctx.by_tenant() {
+        let client = ctx.pool.get().await?;
+        db::tenants_due(&client, Some(&ctx.provider_names), max_tenants)
+            .await?
+            .into_iter()
+            .filter(|t| t.to_lease > 0)
+            .map(|t| Some(t.tenant))
+            .collect()
+    } else {
+        vec![None]
+    };
+    let (mut passed, mut handed_back) = (0, 0);
+    for tenant in &tenants {
+        if permits.num_permits() == 0 {
+            break;
+        }
+        let (p, h) = lease_one(
+            &ctx,
+            &tracker,
+            &shutdown,
+            &done,
+            tenant.as_deref(),
+            &mut permits,
+        )
+        .await?;
+        passed += p;
+        handed_back += h;
+    }
+    let pause = lock(&ctx.handbacks).after_step(passed, handed_back);
+    Ok(match pause {
+        Some(pause) => Step::OnlyHandedBack { pause },
+        None => Step::Done,
+    })
+}
+
+/// The step's lease, hand-backs and begin in one transaction, for `tenant`
+/// (`None`: every tenant, the plain calls), with at most as many jobs as
+/// `permits` holds; each job takes one. Returns how many jobs went on to be
+/// begun and how many were handed back.
+async fn lease_one(
+    ctx: &Arc<Ctx>,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+    done: &mpsc::UnboundedSender<Done>,
+    tenant: Option<&str>,
+    permits: &mut OwnedSemaphorePermit,
+) -> Result<(usize, usize), Error> {
+    let Ok(max_jobs) = i32::try_from(permits.num_permits()) else {
+        return Ok((0, 0));
+    };
     let started = Instant::now();
     let mut client = ctx.pool.get().await?;
     // From here until COMMIT, any early return drops `tx`: rolled back, the
@@ -264,6 +322,7 @@ pub(super) async fn lease_step(
     let tx = db::transaction(&mut client).await?;
     let jobs = db::lease(
         tx.client(),
+        tenant,
         &ctx.settings.worker_name,
         max_jobs,
         ctx.settings.lease,
@@ -272,7 +331,7 @@ pub(super) async fn lease_step(
     .await?;
     if jobs.is_empty() {
         // Nothing was changed: dropping it queues a ROLLBACK, no wait.
-        return Ok(Step::Done);
+        return Ok((0, 0));
     }
     ctx.metrics.lease_batch_size.observe(jobs.len() as f64);
     let deadline = started + ctx.settings.lease;
@@ -280,7 +339,7 @@ pub(super) async fn lease_step(
     let mut handed_back: Vec<(LeasedJob, HandBack)> = Vec::new();
     let mut to_begin: Vec<(LeasedJob, Slot)> = Vec::with_capacity(jobs.len());
     for job in jobs {
-        // `free` permits were taken and at most `free` jobs came back.
+        // `max_jobs` permits were there and at most that many jobs came back.
         let Some(permit) = permits.split(1) else {
             tracing::error!(action_id = %job.action_id, "more jobs than slots; leaving it to lapse");
             continue;
@@ -295,7 +354,7 @@ pub(super) async fn lease_step(
             // Its slot is free again as soon as the permit drops here.
             Some(why) => handed_back.push((job, why)),
             None => {
-                let slot = Slot::new(&ctx, permit, job.action_id);
+                let slot = Slot::new(ctx, permit, job.action_id);
                 to_begin.push((job, slot));
             }
         }
@@ -310,7 +369,7 @@ pub(super) async fn lease_step(
         let delays: BTreeMap<HandBack, Option<Duration>> = {
             let mut hb = lock(&ctx.handbacks);
             for (why, n) in &by_reason {
-                hb.note(*why, *n, &ctx);
+                hb.note(*why, *n, ctx);
             }
             by_reason.keys().map(|w| (*w, hb.delay(*w))).collect()
         };
@@ -320,6 +379,7 @@ pub(super) async fn lease_step(
         for (job, why) in &handed_back {
             let status = db::complete(
                 tx.client(),
+                tenant,
                 job.action_id,
                 job.lease_id,
                 "retry",
@@ -333,15 +393,11 @@ pub(super) async fn lease_step(
     }
 
     let passed = to_begin.len();
-    if let Err(e) = begin_and_commit(&ctx, &tracker, tx, to_begin, deadline, &done).await {
+    if let Err(e) = begin_and_commit(ctx, tracker, tx, tenant, to_begin, deadline, done).await {
         discard(client);
         return Err(e);
     }
-    let pause = lock(&ctx.handbacks).after_step(passed, handed_back.len());
-    Ok(match pause {
-        Some(pause) => Step::OnlyHandedBack { pause },
-        None => Step::Done,
-    })
+    Ok((passed, handed_back.len()))
 }
 
 #[cfg(test)]

@@ -118,17 +118,7 @@ async fn listen_once(
         Some(beats) => format!("LISTEN {CHANNEL}; LISTEN {}", beats.channel()),
         None => format!("LISTEN {CHANNEL}"),
     };
-    match tokio::time::timeout(db::STATEMENT_TIMEOUT, client.batch_execute(&listen_sql)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            driver.abort();
-            return Err(e.into());
-        }
-        Err(_) => {
-            driver.abort();
-            return Err(Error::DbTimeout(db::STATEMENT_TIMEOUT));
-        }
-    }
+    start_listening(&client, &listen_sql, &driver).await?;
     if *connected_before {
         ctx.metrics.reconnect("listen");
         tracing::info!("LISTEN connection re-established");
@@ -165,5 +155,168 @@ async fn listen_once(
     match ended {
         Ok(Ok(())) | Err(_) => Err(closed()),
         Ok(Err(e)) => Err(e.into()),
+    }
+}
+
+/// Runs the `LISTEN` statements on a connection whose messages `driver`
+/// polls; on failure or timeout stops the driver (closing the connection).
+async fn start_listening<T>(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    driver: &tokio::task::JoinHandle<T>,
+) -> Result<(), Error> {
+    let failed = match tokio::time::timeout(db::STATEMENT_TIMEOUT, client.batch_execute(sql)).await
+    {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(e)) => e.into(),
+        Err(_) => Error::DbTimeout(db::STATEMENT_TIMEOUT),
+    };
+    driver.abort();
+    Err(failed)
+}
+
+/// When dispatching by tenant, one more `LISTEN keyturn_dispatch`
+/// connection per other node (`keyturn.dispatch_nodes()`): an approval that
+/// Citus ran on the tenant's worker notifies there, and a notification is
+/// heard only on the node that sent it. Wake-ups only: readiness and the
+/// heartbeat stay with the main `LISTEN` connection, and losing this one
+/// costs latency (the loop still polls), never an action. It connects as
+/// `KEYTURN_LISTEN_DATABASE_URL` does, to that node's host and port.
+pub(super) async fn node_listen_loop(
+    ctx: Arc<Ctx>,
+    host: String,
+    port: u16,
+    shutdown: CancellationToken,
+) {
+    let mut backoff = BACKOFF_MIN;
+    let mut connected_before = false;
+    let mut failing_logged = false;
+    loop {
+        let ended = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            ended = listen_node_once(&ctx, &host, port, &mut connected_before) => ended,
+        };
+        match ended {
+            Ok(()) => break,
+            Err(e) if !failing_logged => {
+                failing_logged = true;
+                tracing::warn!(error = %e, node = %format!("{host}:{port}"), "LISTEN connection to a worker lost or unavailable; its wake-ups wait for the poll; reconnecting");
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, node = %format!("{host}:{port}"), "LISTEN connection to a worker still unavailable")
+            }
+        }
+        if connected_before {
+            backoff = BACKOFF_MIN;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(RECONNECT_MAX);
+    }
+}
+
+/// The connection settings of the `LISTEN` connection, at another node.
+fn node_config(base: &tokio_postgres::Config, host: &str, port: u16) -> tokio_postgres::Config {
+    let mut pg = tokio_postgres::Config::new();
+    if let Some(user) = base.get_user() {
+        pg.user(user);
+    }
+    if let Some(password) = base.get_password() {
+        pg.password(password);
+    }
+    if let Some(dbname) = base.get_dbname() {
+        pg.dbname(dbname);
+    }
+    if let Some(options) = base.get_options() {
+        pg.options(options);
+    }
+    pg.application_name(base.get_application_name().unwrap_or("keyturnd"));
+    if let Some(timeout) = base.get_connect_timeout() {
+        pg.connect_timeout(*timeout);
+    }
+    pg.keepalives(true)
+        .keepalives_idle(base.get_keepalives_idle())
+        .host(host)
+        .port(port);
+    pg
+}
+
+/// One worker's `LISTEN` connection: connect, listen, wake the loop on each
+/// notification until the connection ends (an error).
+async fn listen_node_once(
+    ctx: &Arc<Ctx>,
+    host: &str,
+    port: u16,
+    connected_before: &mut bool,
+) -> Result<(), Error> {
+    let pg = node_config(
+        &db::pg_config(ctx.settings.listen_database_url.expose())?,
+        host,
+        port,
+    );
+    let (client, mut connection) =
+        tokio::time::timeout(db::STATEMENT_TIMEOUT, pg.connect(tokio_postgres::NoTls))
+            .await
+            .map_err(|_| Error::DbTimeout(db::STATEMENT_TIMEOUT))??;
+    let notify_ctx = ctx.clone();
+    let node = format!("{host}:{port}");
+    let driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            if let AsyncMessage::Notification(n) = message? {
+                if n.channel() == CHANNEL {
+                    tracing::debug!(%node, "woken by a worker's notification");
+                    notify_ctx.wake.notify_one();
+                }
+            }
+        }
+        Ok::<(), tokio_postgres::Error>(())
+    });
+    start_listening(&client, &format!("LISTEN {CHANNEL}"), &driver).await?;
+    if *connected_before {
+        ctx.metrics.reconnect("listen");
+        tracing::info!(node = %format!("{host}:{port}"), "LISTEN connection to a worker re-established");
+    } else {
+        tracing::info!(node = %format!("{host}:{port}"), channel = CHANNEL, "listening on a worker");
+    }
+    *connected_before = true;
+    // What was notified there while nobody listened.
+    ctx.wake.notify_one();
+    let ended = driver.await;
+    drop(client);
+    match ended {
+        Ok(Ok(())) | Err(_) => Err(Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "LISTEN connection to a worker closed",
+        ))),
+        Ok(Err(e)) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::node_config;
+
+    #[test]
+    fn test_a_node_is_reached_as_the_listen_connection_at_its_own_address() {
+        let base = tokio_postgres::Config::from_str(
+            "postgres://app_dispatcher:s3cret@coordinator.internal:6432/keyturn?application_name=kt&options=-c%20x%3D1",
+        )
+        .expect("a url");
+        let pg = node_config(&base, "10.0.0.7", 5433);
+        assert_eq!(pg.get_user(), Some("app_dispatcher"));
+        assert_eq!(pg.get_password(), Some(&b"s3cret"[..]));
+        assert_eq!(pg.get_dbname(), Some("keyturn"));
+        assert_eq!(pg.get_application_name(), Some("kt"));
+        assert_eq!(pg.get_options(), Some("-c x=1"));
+        assert_eq!(
+            pg.get_hosts(),
+            &[tokio_postgres::config::Host::Tcp("10.0.0.7".into())]
+        );
+        assert_eq!(pg.get_ports(), &[5433]);
     }
 }

@@ -8,16 +8,23 @@
 //!  wake (NOTIFY keyturn_dispatch | poll every KEYTURN_POLL_MS | a slot freed)
 //!    linger         while more than half the slots are busy: up to KEYTURN_LEASE_LINGER_MS for more to free
 //!    lease.rs       BEGIN; keyturn.lease(free slots); hand-backs as complete 'retry'
+//!                   (by tenant: keyturn.tenants_due, then this and the begin once per tenant)
 //!    begin.rs       keyturn.begin_dispatch_many; COMMIT; only then, per job answered dispatch:
 //!    call.rs        the provider call, bounded by the lease left
 //!    completion.rs  the outcome journaled (one sync per group), then recorded with keyturn.complete_many
 //! ```
 //!
 //! Beside the step: `listen.rs` (the `LISTEN` connection: wake-ups and
-//! readiness), `heartbeat.rs` (whether notifications still arrive on it),
-//! `sweeper.rs` (`keyturn.sweep()` on a timer) and `replay.rs` (at start,
-//! before anything else: the outcomes an earlier process left in the
-//! journal, recorded).
+//! readiness; by tenant, one more on every other node), `heartbeat.rs`
+//! (whether notifications still arrive on it), `sweeper.rs`
+//! (`keyturn.sweep()` on a timer) and `replay.rs` (at start, before anything
+//! else: the outcomes an earlier process left in the journal, recorded).
+//!
+//! **By tenant.** Once keyturn's tables are distributed by tenant (Citus),
+//! every call must name its tenant so that Citus runs it whole on the
+//! tenant's worker. keyturnd asks the database which way it is
+//! (`keyturn.dispatch_by_tenant()`, at start and after a lease step fails)
+//! and [`Ctx::route`] gives each call its tenant, or none.
 //!
 //! This file holds the public surface ([`Dispatcher`], [`Settings`]), what
 //! the stages share ([`Ctx`], [`Slot`], [`Done`]), and the loop with its
@@ -33,6 +40,7 @@ mod replay;
 mod sweeper;
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -45,10 +53,10 @@ use uuid::Uuid;
 
 use self::completion::{flush_loop, journal_loop};
 use self::lease::{lease_step, linger, HandBacks, Step};
-use self::listen::listen_loop;
+use self::listen::{listen_loop, node_listen_loop};
 use self::sweeper::sweep_loop;
 use crate::config::{Config, Secret};
-use crate::db::LeasedJob;
+use crate::db::{self, LeasedJob};
 use crate::error::Error;
 use crate::http::Health;
 use crate::journal::format::Entry;
@@ -132,6 +140,52 @@ struct Ctx {
     /// by the sweeper around `keyturn.sweep()`: this process never sweeps an
     /// action to `uncertain` whose observed outcome it is still recording.
     recording: tokio::sync::Mutex<()>,
+    /// What `keyturn.dispatch_by_tenant()` last said.
+    by_tenant: AtomicBool,
+}
+
+impl Ctx {
+    /// Whether every call names its tenant (see the module's docs).
+    fn by_tenant(&self) -> bool {
+        self.by_tenant.load(Ordering::Relaxed)
+    }
+
+    /// The tenant a call about a job of `tenant` names: `None`, the plain
+    /// call, unless dispatching by tenant.
+    fn route<'a>(&self, tenant: &'a str) -> Option<&'a str> {
+        self.by_tenant().then_some(tenant)
+    }
+
+    /// Asks the database whether to dispatch by tenant; keeps what it knew
+    /// when it cannot ask.
+    async fn refresh_routing(&self) {
+        let asked = async {
+            let client = self.pool.get().await?;
+            db::dispatch_by_tenant(&client).await
+        }
+        .await;
+        match asked {
+            Ok(by_tenant) => {
+                if self.by_tenant.swap(by_tenant, Ordering::Relaxed) != by_tenant {
+                    tracing::info!(
+                        by_tenant,
+                        "keyturn's tables are {}: dispatching {}",
+                        if by_tenant {
+                            "distributed by tenant (Citus)"
+                        } else {
+                            "not distributed"
+                        },
+                        if by_tenant {
+                            "tenant by tenant, with the _for calls"
+                        } else {
+                            "with the plain calls"
+                        }
+                    );
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "could not ask keyturn.dispatch_by_tenant()"),
+        }
+    }
 }
 
 /// A slot (one of KEYTURN_WORKERS) held by a job until its provider call has
@@ -213,6 +267,7 @@ impl Dispatcher {
                 handbacks: Mutex::new(HandBacks::default()),
                 journal,
                 recording: tokio::sync::Mutex::new(()),
+                by_tenant: AtomicBool::new(false),
             },
             replay: Vec::new(),
         }
@@ -238,6 +293,7 @@ impl Dispatcher {
         if !crate::compat::wait_for_compatible_extension(&ctx.pool, &shutdown).await? {
             return Ok(());
         }
+        ctx.refresh_routing().await;
         // Before the sweeper's first sweep, which would make the replayed
         // actions `uncertain` once their leases lapsed.
         if !replay::replay(&ctx, self.replay, &shutdown).await? {
@@ -248,6 +304,7 @@ impl Dispatcher {
             .settings
             .listen_notify
             .then(|| tokio::spawn(listen_loop(ctx.clone(), shutdown.clone())));
+        let node_listeners = node_listeners(&ctx, &shutdown).await;
         let sweeper = tokio::spawn(sweep_loop(ctx.clone(), shutdown.clone()));
         // It ends once every sender (the one here, and each job task's) is
         // gone and the queue is empty.
@@ -301,6 +358,9 @@ impl Dispatcher {
                 }
                 Ok(Err(e)) => {
                     log_lease_failure(&e, lease_failing);
+                    // Distributed (or not) since: the next step calls the
+                    // other form.
+                    ctx.refresh_routing().await;
                     false
                 }
                 Err(e) => {
@@ -347,12 +407,45 @@ impl Dispatcher {
                 "observed outcomes the database has not acknowledged stay in the journal; the next keyturnd started on KEYTURN_JOURNAL_DIR records them"
             );
         }
-        for task in [Some(sweeper), listener].into_iter().flatten() {
+        for task in [Some(sweeper), listener]
+            .into_iter()
+            .flatten()
+            .chain(node_listeners)
+        {
             // They stop on the same token; their errors were logged.
             let _ = task.await;
         }
         tracing::info!("dispatcher stopped");
         Ok(())
+    }
+}
+
+/// By tenant, with notifications on: a `LISTEN` connection to each other
+/// node (`keyturn.dispatch_nodes()`), asked once at start; a node added
+/// later is heard after keyturnd restarts, and polled until then.
+async fn node_listeners(
+    ctx: &Arc<Ctx>,
+    shutdown: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    if !ctx.settings.listen_notify || !ctx.by_tenant() {
+        return Vec::new();
+    }
+    let nodes = async {
+        let client = ctx.pool.get().await?;
+        db::dispatch_nodes(&client).await
+    }
+    .await;
+    match nodes {
+        Ok(nodes) => nodes
+            .into_iter()
+            .map(|(host, port)| {
+                tokio::spawn(node_listen_loop(ctx.clone(), host, port, shutdown.clone()))
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not ask keyturn.dispatch_nodes(); the workers' wake-ups wait for the poll");
+            Vec::new()
+        }
     }
 }
 

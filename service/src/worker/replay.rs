@@ -52,6 +52,49 @@ pub(super) async fn replay(
         outcomes = entries.len(),
         "the journal holds outcomes an earlier keyturnd observed; recording them before sweeping or leasing"
     );
+    for (tenant, entries) in by_route(ctx, entries) {
+        if !replay_group(ctx, tenant.as_deref(), &entries, shutdown).await? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The entries in the groups they are recorded in: all together, or by
+/// tenant when dispatching by tenant. An entry without a tenant (an older
+/// keyturnd wrote it) cannot be routed then: it is logged for the operator
+/// and stays in the journal.
+fn by_route(ctx: &Ctx, entries: Vec<Entry>) -> Vec<(Option<String>, Vec<Entry>)> {
+    if !ctx.by_tenant() {
+        return vec![(None, entries)];
+    }
+    let mut groups: std::collections::BTreeMap<String, Vec<Entry>> = Default::default();
+    for e in entries {
+        match e.tenant.clone() {
+            Some(t) => groups.entry(t).or_default().push(e),
+            None => {
+                ctx.metrics.unrecorded.inc();
+                tracing::error!(
+                    action_id = %e.action_id,
+                    lease_id = %e.lease_id,
+                    observed_outcome = %e.outcome,
+                    receipt = %e.receipt,
+                    "a journaled outcome without its tenant (an older keyturnd wrote it) cannot be recorded where keyturn's tables are distributed by tenant; it stays in the journal; operator: reconcile the action with this observed outcome"
+                );
+            }
+        }
+    }
+    groups.into_iter().map(|(t, g)| (Some(t), g)).collect()
+}
+
+/// Records one group's entries, `CHUNK` at a time. `Ok(false)`: shutdown
+/// came first.
+async fn replay_group(
+    ctx: &Ctx,
+    tenant: Option<&str>,
+    entries: &[Entry],
+    shutdown: &CancellationToken,
+) -> Result<bool, Error> {
     for chunk in entries.chunks(CHUNK) {
         let answers = retrying(shutdown, "replay journaled outcomes", || async {
             let client = ctx.pool.get().await?;
@@ -65,7 +108,7 @@ pub(super) async fn replay(
                     retry_after: e.retry_after_ms.map(Duration::from_millis),
                 })
                 .collect();
-            db::complete_many(&client, &batch).await
+            db::complete_many(&client, tenant, &batch).await
         })
         .await;
         let Some(answers) = answers else {

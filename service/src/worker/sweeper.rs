@@ -8,13 +8,39 @@
 //! included): an outcome this process observed is recorded before its own
 //! sweep can call the action `uncertain`, however long the database was
 //! away.
+//!
+//! By tenant, it sweeps each tenant `keyturn.tenants_due` names with work
+//! to sweep (`keyturn.sweep_for`, which Citus runs on the tenant's worker).
 
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
 use super::Ctx;
-use crate::db;
+use crate::db::{self, SweepCounts};
+use crate::error::Error;
+
+/// Tenants swept per period at most, by tenant; the rest wait for the next.
+const SWEEP_TENANTS: i32 = 1000;
+
+/// One sweep: `keyturn.sweep()`, or by tenant `keyturn.sweep_for` for each
+/// tenant with something to sweep, the counts added up.
+async fn sweep_once(ctx: &Ctx, client: &tokio_postgres::Client) -> Result<SweepCounts, Error> {
+    if !ctx.by_tenant() {
+        return db::sweep(client, None).await;
+    }
+    let mut all = SweepCounts::default();
+    for due in db::tenants_due(client, None, SWEEP_TENANTS).await? {
+        if due.to_sweep == 0 {
+            continue;
+        }
+        let c = db::sweep(client, Some(&due.tenant)).await?;
+        all.expired += c.expired;
+        all.requeued += c.requeued;
+        all.uncertain += c.uncertain;
+    }
+    Ok(all)
+}
 
 /// Runs `keyturn.sweep()` every sweep period and refreshes the uncertain
 /// gauge.
@@ -33,7 +59,7 @@ pub(super) async fn sweep_loop(ctx: Arc<Ctx>, shutdown: CancellationToken) {
             swept = async {
                 let _recording = ctx.recording.lock().await;
                 let client = ctx.pool.get().await?;
-                db::sweep(&client).await
+                sweep_once(&ctx, &client).await
             } => swept,
         };
         match swept {

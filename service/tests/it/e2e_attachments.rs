@@ -239,6 +239,19 @@ async fn test_smtp_carries_the_file_as_a_mime_part_and_leaves_no_copy() {
 async fn test_file_content_only_while_executing_under_the_lease() {
     let port = require_db!();
     let _serial = e2e::serial().await;
+    file_content_under_the_lease(port, false).await;
+}
+
+/// The same through the tenant-explicit calls keyturnd makes where keyturn's
+/// tables are distributed by tenant (`lease_for`, `attachments_for`, …).
+#[tokio::test]
+async fn test_file_content_only_while_executing_under_the_lease_by_tenant() {
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    file_content_under_the_lease(port, true).await;
+}
+
+async fn file_content_under_the_lease(port: u16, by_tenant: bool) {
     let w = World::new(port).await;
     let provider = e2e::unique("files");
     let tool = files_tool(&w, &provider, json!({}), json!(["files"])).await;
@@ -248,16 +261,27 @@ async fn test_file_content_only_while_executing_under_the_lease() {
     let a = w.queue(&tool, json!({"files": [meta]}), false).await;
 
     let d = e2e::connect(port, "app_dispatcher").await;
-    let jobs = db::lease(&d, "e2e-files", 1, Duration::from_secs(30), &[&provider])
-        .await
-        .expect("lease");
+    let route = by_tenant.then_some(w.tenant.as_str());
+    let jobs = db::lease(
+        &d,
+        route,
+        "e2e-files",
+        1,
+        Duration::from_secs(30),
+        &[&provider],
+    )
+    .await
+    .expect("lease");
     assert_eq!(jobs.len(), 1);
     let job = &jobs[0];
-    assert_eq!(job.action_id, a.id);
+    assert_eq!(
+        (job.action_id, job.tenant.as_str()),
+        (a.id, w.tenant.as_str())
+    );
     let refused = |e: &keyturnd::Error| e.is_object_not_in_state() && !db::is_missing_file(e);
 
     // Which files: the database says, leased or executing, under this lease.
-    let listed = db::attachments(&d, a.id, job.lease_id)
+    let listed = db::attachments(&d, route, a.id, job.lease_id)
         .await
         .expect("leased");
     assert_eq!(listed.len(), 1);
@@ -269,42 +293,42 @@ async fn test_file_content_only_while_executing_under_the_lease() {
         ),
         ("files", file_id, meta["sha256"].clone())
     );
-    let e = db::attachments(&d, a.id, Uuid::new_v4())
+    let e = db::attachments(&d, route, a.id, Uuid::new_v4())
         .await
         .expect_err("another lease");
     assert!(refused(&e), "{e}");
 
-    let e = db::file_content(&d, a.id, job.lease_id, file_id)
+    let e = db::file_content(&d, route, a.id, job.lease_id, file_id)
         .await
         .expect_err("leased, not executing");
     assert!(refused(&e), "{e}");
-    let begun = db::begin_dispatch_many(&d, &[(a.id, job.lease_id)])
+    let begun = db::begin_dispatch_many(&d, route, &[(a.id, job.lease_id)])
         .await
         .expect("begin");
     assert!(begun[0].dispatch, "{begun:?}");
 
-    let bytes = db::file_content(&d, a.id, job.lease_id, file_id)
+    let bytes = db::file_content(&d, route, a.id, job.lease_id, file_id)
         .await
         .expect("executing under this lease");
     assert_eq!(bytes, canary.bytes);
-    let e = db::file_content(&d, a.id, Uuid::new_v4(), file_id)
+    let e = db::file_content(&d, route, a.id, Uuid::new_v4(), file_id)
         .await
         .expect_err("another lease");
     assert!(refused(&e), "{e}");
-    let e = db::file_content(&d, a.id, job.lease_id, Uuid::new_v4())
+    let e = db::file_content(&d, route, a.id, job.lease_id, Uuid::new_v4())
         .await
         .expect_err("not this action's file");
     assert!(db::is_missing_file(&e), "{e}");
 
-    let status = db::complete(&d, a.id, job.lease_id, "succeeded", &json!({}), None)
+    let status = db::complete(&d, route, a.id, job.lease_id, "succeeded", &json!({}), None)
         .await
         .expect("complete");
     assert_eq!(status, "succeeded");
-    let e = db::file_content(&d, a.id, job.lease_id, file_id)
+    let e = db::file_content(&d, route, a.id, job.lease_id, file_id)
         .await
         .expect_err("final");
     assert!(refused(&e), "{e}");
-    let e = db::attachments(&d, a.id, job.lease_id)
+    let e = db::attachments(&d, route, a.id, job.lease_id)
         .await
         .expect_err("final");
     assert!(refused(&e), "{e}");
