@@ -409,23 +409,33 @@ DECLARE
     v_rows    jsonb := '[]';
     v_after   jsonb;
     v_targets jsonb;
+    v_route   text := '';
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
     a := keyturn._usable_action(p_id, p_token, 'preview');
     SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
 
     IF a.executor = 'sql' THEN
+        -- On a table Citus distributes, the form's value of its distribution
+        -- column too, when the form names one: the read then stays on the
+        -- shard that holds the targets, as the write does (on one node, and
+        -- for a form that names none, nothing is added).
+        SELECT format(' AND t.%I = %s', c.dist_column, keyturn._form_value(v_ver, 'where', c.dist_column))
+          INTO v_route
+          FROM keyturn._citus_table(keyturn._tool_table(v_ver)::regclass) c
+         WHERE c.dist_column IS NOT NULL AND jsonb_typeof(a.params -> 'where' -> c.dist_column) IN ('string', 'number');
         -- Current values of the columns to be set, read as the approver (RLS
         -- applies), beside the values the write would store.
         v_sql := format(
             'SELECT jsonb_build_object(''key'', t.%I::text, ''before'', jsonb_build_object(%s)) '
-            'FROM %s AS t WHERE t.%I = ANY (ARRAY(SELECT jsonb_array_elements_text($1->''keys''))::%s[])',
+            'FROM %s AS t WHERE t.%I = ANY (ARRAY(SELECT jsonb_array_elements_text($1->''keys''))::%s[])%s',
             v_ver.sql_key,
             (SELECT string_agg(format('%L, to_jsonb(t.%I)', s.key, s.key), ', ' ORDER BY s.key)
                FROM jsonb_object_keys(a.params -> 'set') s (key)),
-            keyturn._tool_table(v_ver), v_ver.sql_key, v_ver.sql_types ->> v_ver.sql_key);
+            keyturn._tool_table(v_ver), v_ver.sql_key, v_ver.sql_types ->> v_ver.sql_key, coalesce(v_route, ''));
         v_rows := keyturn._exec_as(p_caller, v_sql, jsonb_build_object('keys',
-            (SELECT jsonb_agg(t.key) FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant)));
+            (SELECT jsonb_agg(t.key) FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant),
+            'where', a.params -> 'where'));
         v_after := keyturn._form_arg(a.params, v_ver.sql_types) -> 'set';
         SELECT jsonb_agg(jsonb_build_object(
                    'key', t.key,

@@ -47,7 +47,8 @@ TO keyturn_agent, keyturn_approver;
 -- Human. (Tenant admins administer their own tenant through this role.)
 GRANT EXECUTE ON FUNCTION
     keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
-    keyturn.preview(uuid, text), keyturn.reject(uuid, text, text), keyturn.reject_for(text, uuid, text, text),
+    keyturn.preview(uuid, text), keyturn.preview_for(text, uuid, text), keyturn.reject(uuid, text, text),
+    keyturn.reject_for(text, uuid, text, text),
     keyturn.approve_many(jsonb), keyturn.revise(uuid, text, jsonb), keyturn.pending(int),
     keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
     keyturn.delegations(), keyturn.record_request(text, text, text, text),

@@ -657,6 +657,17 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'preview_wrapper';
 
+-- pg_keyturn::gate::human::preview_for
+CREATE OR REPLACE FUNCTION "preview_for"(
+	"tenant" TEXT, /* Option < String > */
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT /* Option < String > */
+) RETURNS jsonb /* RawJsonb */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'preview_for_wrapper';
+
 -- pg_keyturn::gate::agent::propose
 CREATE OR REPLACE FUNCTION "propose"(
 	"tool" TEXT, /* Option < String > */
@@ -2687,23 +2698,33 @@ DECLARE
     v_rows    jsonb := '[]';
     v_after   jsonb;
     v_targets jsonb;
+    v_route   text := '';
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
     a := keyturn._usable_action(p_id, p_token, 'preview');
     SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
 
     IF a.executor = 'sql' THEN
+        -- On a table Citus distributes, the form's value of its distribution
+        -- column too, when the form names one: the read then stays on the
+        -- shard that holds the targets, as the write does (on one node, and
+        -- for a form that names none, nothing is added).
+        SELECT format(' AND t.%I = %s', c.dist_column, keyturn._form_value(v_ver, 'where', c.dist_column))
+          INTO v_route
+          FROM keyturn._citus_table(keyturn._tool_table(v_ver)::regclass) c
+         WHERE c.dist_column IS NOT NULL AND jsonb_typeof(a.params -> 'where' -> c.dist_column) IN ('string', 'number');
         -- Current values of the columns to be set, read as the approver (RLS
         -- applies), beside the values the write would store.
         v_sql := format(
             'SELECT jsonb_build_object(''key'', t.%I::text, ''before'', jsonb_build_object(%s)) '
-            'FROM %s AS t WHERE t.%I = ANY (ARRAY(SELECT jsonb_array_elements_text($1->''keys''))::%s[])',
+            'FROM %s AS t WHERE t.%I = ANY (ARRAY(SELECT jsonb_array_elements_text($1->''keys''))::%s[])%s',
             v_ver.sql_key,
             (SELECT string_agg(format('%L, to_jsonb(t.%I)', s.key, s.key), ', ' ORDER BY s.key)
                FROM jsonb_object_keys(a.params -> 'set') s (key)),
-            keyturn._tool_table(v_ver), v_ver.sql_key, v_ver.sql_types ->> v_ver.sql_key);
+            keyturn._tool_table(v_ver), v_ver.sql_key, v_ver.sql_types ->> v_ver.sql_key, coalesce(v_route, ''));
         v_rows := keyturn._exec_as(p_caller, v_sql, jsonb_build_object('keys',
-            (SELECT jsonb_agg(t.key) FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant)));
+            (SELECT jsonb_agg(t.key) FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant),
+            'where', a.params -> 'where'));
         v_after := keyturn._form_arg(a.params, v_ver.sql_types) -> 'set';
         SELECT jsonb_agg(jsonb_build_object(
                    'key', t.key,
@@ -5513,6 +5534,7 @@ COMMENT ON FUNCTION keyturn.approve(uuid, text, jsonb) IS 'Human: approves exact
 COMMENT ON FUNCTION keyturn.propose_for(text, text, jsonb, jsonb) IS 'Agent: propose, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.reject_for(text, uuid, text, text) IS 'Human: reject, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_for(text, uuid, text, jsonb) IS 'Human: approve, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text) IS 'Human: preview, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_many(jsonb) IS 'Human: one card for several proposals; each element exactly approve.';
 COMMENT ON FUNCTION keyturn.preview(uuid, text) IS 'Human: the approval card''s data, read-only.';
 COMMENT ON FUNCTION keyturn.reject(uuid, text, text) IS 'Human: declines a pending proposal (a veto for quorum tools).';
@@ -5615,7 +5637,8 @@ TO keyturn_agent, keyturn_approver;
 -- Human. (Tenant admins administer their own tenant through this role.)
 GRANT EXECUTE ON FUNCTION
     keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
-    keyturn.preview(uuid, text), keyturn.reject(uuid, text, text), keyturn.reject_for(text, uuid, text, text),
+    keyturn.preview(uuid, text), keyturn.preview_for(text, uuid, text), keyturn.reject(uuid, text, text),
+    keyturn.reject_for(text, uuid, text, text),
     keyturn.approve_many(jsonb), keyturn.revise(uuid, text, jsonb), keyturn.pending(int),
     keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
     keyturn.delegations(), keyturn.record_request(text, text, text, text),

@@ -143,17 +143,26 @@ ROLLBACK;
 \connect - postgres
 SELECT citus_check.expect('delegated propose_for naming another tenant: 42501', :'LAST_ERROR_SQLSTATE', '42501');
 
--- reject_for, delegated the same way: the rejection's event is keyturn's own
--- there (the approving role, no direct_write mark). (preview has no
--- tenant-explicit form: its read of the business rows is by key alone, so
--- it runs on every shard, which a delegated call refuses.)
+-- preview_for, delegated the same way: its read of the deal, as the person
+-- under row-level security, carries the form's tenant and stays on the
+-- worker. Then reject_for: the rejection's event is keyturn's own there
+-- (the approving role, no direct_write mark).
+\connect - postgres
+SELECT stage AS r_before FROM crm.deal WHERE tenant = 'acme' AND id = 104 \gset
 \connect - app_agent
 BEGIN;
 :as_alice
 SELECT action_id AS r_action, token AS r_token FROM keyturn.propose_for('acme', 'deal_stage_routed',
-  '{"where": {"tenant": "acme", "id": 104}, "set": {"stage": "won"}}', '{"conversation_id": "c-b", "turn_id": "t-r"}') \gset
+  '{"where": {"tenant": "acme", "id": 104}, "set": {"stage": "lost"}}', '{"conversation_id": "c-b", "turn_id": "t-r"}') \gset
 COMMIT;
 \connect - app_human
+BEGIN;
+:as_alice
+SELECT keyturn.preview_for('acme', :'r_action', :'r_token') AS r_preview \gset
+COMMIT;
+SELECT citus_check.expect('delegated preview: the target''s before and after, read on its worker',
+    (:'r_preview'::jsonb -> 'targets')::text,
+    format('[{"key": "104", "after": {"stage": "lost"}, "before": {"stage": "%s"}}]', :'r_before'));
 BEGIN;
 :as_alice
 SELECT keyturn.reject_for('acme', :'r_action', :'r_token', 'not now') AS r_status \gset

@@ -113,6 +113,25 @@ fn approve_many(
 #[search_path(pg_catalog, pg_temp)]
 fn preview(action_id: Option<pgrx::Uuid>, token: Option<String>) -> RawJsonb {
     refuse_agents("preview");
+    previewed(action_id, token)
+}
+
+/// Human: `preview` for the tenant named, which must be the caller's own
+/// (42501), as `approve_for`.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn preview_for(
+    tenant: Option<String>,
+    action_id: Option<pgrx::Uuid>,
+    token: Option<String>,
+) -> RawJsonb {
+    refuse_agents("preview_for");
+    refuse_other_tenant("preview_for", tenant.as_deref());
+    previewed(action_id, token)
+}
+
+/// preview's read, for `preview` and `preview_for`.
+fn previewed(action_id: Option<pgrx::Uuid>, token: Option<String>) -> RawJsonb {
     as_owner(
         "SELECT keyturn._preview($1, $2, $3)",
         &[pg_sys::UUIDOID, pg_sys::TEXTOID],

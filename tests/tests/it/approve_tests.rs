@@ -410,6 +410,46 @@ async fn test_propose_for_and_approve_for_naming_the_callers_tenant_are_propose_
     assert_eq!(w.usage_rows(id).await, 1);
 }
 
+/// preview_for: preview with the caller's tenant named, the same card; another
+/// tenant, none, or an agent: 42501.
+#[tokio::test]
+async fn test_preview_for_is_preview_for_the_callers_own_tenant_only() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 2).await;
+    let p = w.propose(&t, form(&deals, "won")).await.unwrap();
+    let plain: Value = w
+        .human
+        .query_one("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token])
+        .await
+        .unwrap()
+        .get(0);
+    let named: Value = w
+        .human
+        .query_one(
+            "SELECT keyturn.preview_for($1, $2, $3)",
+            &[&w.tenant, &p.id, &p.token],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(named, plain);
+    assert_eq!(named["targets"].as_array().map(Vec::len), Some(2));
+    let sql = "SELECT keyturn.preview_for($1, $2, $3)";
+    let other = unique("other_tenant");
+    for tenant in [Some(other.as_str()), None] {
+        let refused = w.human.query_one(sql, &[&tenant, &p.id, &p.token]).await;
+        assert_eq!(sqlstate(refused), "42501", "preview_for naming {tenant:?}");
+    }
+    let refused = w.agent.query_one(sql, &[&w.tenant, &p.id, &p.token]).await;
+    assert_eq!(
+        sqlstate(refused),
+        "42501",
+        "an agent never previews as a person"
+    );
+    assert_eq!(w.status(p.id).await, "pending");
+}
+
 #[tokio::test]
 async fn test_propose_for_and_approve_for_naming_another_tenant_are_refused_before_anything() {
     let w = World::new("member").await;

@@ -60,6 +60,7 @@ async fn test_each_role_executes_exactly_its_functions() {
         "approve_for",
         "approve_many",
         "preview",
+        "preview_for",
         "reject",
         "reject_for",
         "revise",
