@@ -247,7 +247,7 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'A form without filters would address the whole table.';
     END IF;
-    -- A table Citus distributes (sql/071_citus.sql); nothing without Citus.
+    -- A table Citus distributes (sql/012_citus_catalog.sql); nothing without Citus.
     v_bad := (SELECT string_agg(p, '; ') FROM keyturn._citus_table_problems(v_relid, v_key, v_verc, v_set, v_types) p);
     IF v_bad IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: % cannot be gated this way on Citus: %', v_relid::regclass, v_bad

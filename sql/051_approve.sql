@@ -72,7 +72,8 @@ $$;
 -- Why a claimed proposal may no longer run, or NULL. Locks the tool row and the
 -- proposer's epoch row FOR SHARE, so a concurrent revoke, remove_member,
 -- register_tool or set_tool_enabled either commits first (and is seen here) or
--- waits until this transaction has finished.
+-- waits until this transaction has finished (on Citus, the tool row of this
+-- node's placement: keyturn._local_placement).
 CREATE FUNCTION keyturn._invalid_reason(a keyturn.action)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -81,9 +82,16 @@ DECLARE
     v_tool  keyturn.tool;
     v_epoch bigint;
     v_how   text;
+    v_local regclass := keyturn._local_placement('keyturn.tool');
 BEGIN
-    SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = a.tool FOR SHARE;
-    IF NOT FOUND OR NOT v_tool.enabled THEN
+    IF v_local IS NULL THEN
+        SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = a.tool FOR SHARE;
+    ELSE
+        -- Citus: the lock on this node's placement, which register_tool and
+        -- set_tool_enabled change with every other (keyturn._local_placement).
+        EXECUTE format('SELECT t.* FROM %s t WHERE t.name = $1 FOR SHARE', v_local) INTO v_tool USING a.tool;
+    END IF;
+    IF v_tool.name IS NULL OR NOT v_tool.enabled THEN  -- (EXECUTE sets no FOUND)
         RETURN format('tool %s is disabled', a.tool);
     END IF;
     IF v_tool.version <> a.tool_version THEN

@@ -55,10 +55,15 @@ mod tests;
     requires = ["tables"]
 );
 ::pgrx::extension_sql_file!(
+    "../../sql/012_citus_catalog.sql",
+    name = "citus_catalog",
+    requires = ["status_rules"]
+);
+::pgrx::extension_sql_file!(
     "../../sql/020_guards.sql",
     name = "guards",
     requires = [
-        "status_rules",
+        "citus_catalog",
         lifecycle::_guard_status,
         lifecycle::_action_lifecycle
     ]
