@@ -85,16 +85,20 @@ $$;
 -- Row visibility for the calling identity: its own tenant only; a 'member' sees
 -- its own rows, an approver or admin the whole tenant's. SECURITY DEFINER so the
 -- policies below can consult keyturn.member without granting it more widely.
+-- plpgsql, not sql: Citus cannot plan an SQL function's parameter in a
+-- statement on a distributed table (layout B, docs/scale-out.md).
 CREATE FUNCTION keyturn._sees(p_tenant text, p_principal text)
 RETURNS boolean
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT p_tenant = keyturn.current_tenant()
+BEGIN
+    RETURN p_tenant = keyturn.current_tenant()
        AND EXISTS (SELECT 1 FROM keyturn.member m
                     WHERE m.tenant = p_tenant
                       AND m.principal = keyturn.current_principal()
-                      AND (m.role IN ('approver', 'admin') OR p_principal = m.principal))
+                      AND (m.role IN ('approver', 'admin') OR p_principal = m.principal));
+END
 $$;
 
 -- FORCE: the table owner is bound too. Superusers and the extension's own

@@ -471,7 +471,7 @@ BEGIN
         'result', a.result,
         'revised_from', a.revised_from,
         'quorum', CASE WHEN v_ver.quorum > 1 THEN v_ver.quorum END,
-        'votes', CASE WHEN v_ver.quorum > 1 THEN keyturn._votes(a) END,
+        'votes', CASE WHEN v_ver.quorum > 1 THEN keyturn._votes(a.id, a.tenant, a.tool) END,
         'targets', v_targets));
 END
 $$;

@@ -1,9 +1,11 @@
 -- Logout, conversation cancellation, status and audit (docs/sql-api.md).
 
-CREATE FUNCTION keyturn.end_session(session text DEFAULT NULL)
+-- Logout: cancels the caller's pending, queued and leased actions of a
+-- session (its own, or p_session). For end_session and end_session_for
+-- (p_what names the call).
+CREATE FUNCTION keyturn._end_session(p_what text, p_session text)
 RETURNS int
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_tenant    text := keyturn.current_tenant();
@@ -13,10 +15,10 @@ DECLARE
     v_n         int;
     v_now       timestamptz := clock_timestamp();
 BEGIN
-    PERFORM keyturn._refuse_nested('end_session');
+    PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
     PERFORM keyturn._require_member(v_tenant, v_principal, v_session);
-    v_target := coalesce(end_session.session, v_session);
+    v_target := coalesce(p_session, v_session);
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'session ended'));
     UPDATE keyturn.action a
        SET updated_at = v_now, status = 'cancelled', result = jsonb_build_object('reason', 'the session ended'),
@@ -28,6 +30,14 @@ BEGIN
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
+$$;
+
+CREATE FUNCTION keyturn.end_session(session text DEFAULT NULL)
+RETURNS int
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._end_session('end_session', end_session.session)
 $$;
 
 -- Ends a conversation for the caller's principal: cancelled (it was stopped)
@@ -147,15 +157,61 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_all boolean;
+    v_all       boolean;
+    v_tenant    text;
+    v_principal text;
 BEGIN
     PERFORM keyturn._refuse_nested('audit');
     v_all := pg_has_role(keyturn._calling_role(), 'keyturn_operator', 'USAGE');
+    -- Whether the caller may see it is decided once, here, not per event: on
+    -- Citus the events are read on the tenant's shard, where a function may
+    -- not query distributed tables again.
+    SELECT a.tenant, a.principal INTO v_tenant, v_principal
+      FROM keyturn.action a WHERE a.id = audit.action_id;  -- by id alone: operators audit across tenants
+    IF NOT FOUND OR NOT (v_all OR keyturn._sees(v_tenant, v_principal)) THEN
+        RETURN;
+    END IF;
     RETURN QUERY
         SELECT e.at, e.db_role, e.principal, e.from_status::text, e.to_status::text, e.detail
           FROM keyturn.event e
-         WHERE e.action_id = audit.action_id  -- by id alone: operators audit across tenants
-           AND (v_all OR keyturn._sees(e.tenant, e.action_principal))
+         WHERE e.action_id = audit.action_id AND e.tenant = v_tenant
          ORDER BY e.id;
+END
+$$;
+
+-- The session and conversation calls with the caller's tenant named (another
+-- tenant, or none: 42501), the forms Citus can send whole to the tenant's
+-- worker (docs/scale-out.md, layout B), as propose_for and approve_for.
+CREATE FUNCTION keyturn.end_session_for(tenant text, session text DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_other_tenant('end_session_for', end_session_for.tenant);
+    RETURN keyturn._end_session('end_session_for', end_session_for.session);
+END
+$$;
+
+CREATE FUNCTION keyturn.cancel_origin_for(tenant text, conversation_id text)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_other_tenant('cancel_origin_for', cancel_origin_for.tenant);
+    RETURN keyturn._end_conversation(cancel_origin_for.conversation_id, 'cancelled', 'cancel_origin_for');
+END
+$$;
+
+CREATE FUNCTION keyturn.archive_conversation_for(tenant text, conversation_id text)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_other_tenant('archive_conversation_for', archive_conversation_for.tenant);
+    RETURN keyturn._end_conversation(archive_conversation_for.conversation_id, 'archived',
+                                     'archive_conversation_for');
 END
 $$;

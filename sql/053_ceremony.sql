@@ -6,7 +6,10 @@
 -- functions below as the extension owner, like approve.
 
 -- The caller's queue: the visible pending actions (a member its own, an
--- approver or admin the tenant's), soonest expiry first. Never a token.
+-- approver or admin the tenant's), soonest expiry first. Never a token. A
+-- quorum action's votes are counted for each row by a statement of its own:
+-- on Citus the query runs on the tenant's shards, where a function may not
+-- query distributed tables again.
 CREATE FUNCTION keyturn._pending(p_caller oid, p_max_rows int)
 RETURNS TABLE (o_action_id uuid, o_tool text, o_summary text, o_effect text, o_approval text,
                o_principal text, o_created_at timestamptz, o_expires_at timestamptz,
@@ -18,23 +21,28 @@ DECLARE
     v_tenant    text := keyturn.current_tenant();
     v_principal text := keyturn.current_principal();
     v_role      text;
+    v_now       timestamptz := clock_timestamp();
 BEGIN
     v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     IF p_max_rows IS NULL OR p_max_rows NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'keyturn: max_rows must be from 1 to 1000, not %', p_max_rows
             USING ERRCODE = '22023';
     END IF;
-    RETURN QUERY
+    FOR o_action_id, o_tool, o_summary, o_effect, o_approval, o_principal, o_created_at, o_expires_at, o_quorum IN
         SELECT a.id, a.tool, coalesce(a.summary, a.tool), v.effect, a.approval, a.principal,
-               a.created_at, a.expires_at, keyturn._votes(a), v.quorum
+               a.created_at, a.expires_at, v.quorum
           FROM keyturn.open_action o
           JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
           JOIN keyturn.tool_version v ON v.tool = a.tool AND v.version = a.tool_version
          WHERE o.status = 'pending' AND o.tenant = v_tenant
            AND (v_role IN ('approver', 'admin') OR o.principal = v_principal)
-           AND a.status = 'pending' AND o.expires_at > clock_timestamp()
+           AND a.status = 'pending' AND o.expires_at > v_now
          ORDER BY o.expires_at, o.action_id
-         LIMIT p_max_rows;
+         LIMIT p_max_rows
+    LOOP
+        o_votes := CASE WHEN o_quorum > 1 THEN keyturn._votes(o_action_id, v_tenant, o_tool) ELSE 0 END;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 
@@ -43,17 +51,17 @@ $$;
 -- grant, and whose authorization has not changed since they voted.
 -- plpgsql, not sql: Citus cannot plan an SQL function's parameter in a
 -- statement on distributed tables (layout B, docs/scale-out.md).
-CREATE FUNCTION keyturn._votes(a keyturn.action)
+CREATE FUNCTION keyturn._votes(p_id uuid, p_tenant text, p_tool text)
 RETURNS int
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
     RETURN (SELECT count(*)::int
               FROM keyturn.vote x
-              JOIN keyturn.member m ON m.tenant = a.tenant AND m.principal = x.principal
-             WHERE x.action_id = a.id AND x.tenant = a.tenant AND m.role IN ('approver', 'admin')
-               AND keyturn._has_grant(a.tenant, x.principal, a.tool)
-               AND keyturn._epoch(a.tenant, x.principal) = x.epoch);
+              JOIN keyturn.member m ON m.tenant = p_tenant AND m.principal = x.principal
+             WHERE x.action_id = p_id AND x.tenant = p_tenant AND m.role IN ('approver', 'admin')
+               AND keyturn._has_grant(p_tenant, x.principal, p_tool)
+               AND keyturn._epoch(p_tenant, x.principal) = x.epoch);
 END
 $$;
 
@@ -86,7 +94,7 @@ BEGIN
                 p_caller::regrole::text)
         ON CONFLICT ON CONSTRAINT vote_pkey DO NOTHING;
         v_new := FOUND;
-        v_votes := keyturn._votes(a);
+        v_votes := keyturn._votes(a.id, a.tenant, a.tool);
         IF v_new THEN
             INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal,
                                        from_status, to_status, detail)

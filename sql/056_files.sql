@@ -182,7 +182,7 @@ $$;
 -- never guesses from the params' shape. Leased or executing under that lease
 -- (else 55000); no rows when the tool takes no attachments. For attachments
 -- and attachments_for (p_what names the call); p_tenant as in
--- keyturn._lease_rows.
+-- keyturn._lease.
 CREATE FUNCTION keyturn._attachments_of(p_what text, p_tenant text, p_id uuid, p_lease uuid)
 RETURNS TABLE (param text, ord int, file_id uuid, sha256 text, filename text, content_type text, size bigint)
 LANGUAGE plpgsql STABLE

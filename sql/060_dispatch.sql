@@ -109,8 +109,9 @@ BEGIN
 END
 $$;
 
--- Leases the due actions p_ids, which the caller found and locked
--- (keyturn._due, keyturn._due_for), and returns them as lease does.
+-- lease and lease_for (p_what names the call): the due actions of every
+-- tenant (keyturn._due) or of p_tenant (keyturn._due_for), locked, leased,
+-- and returned as lease returns them.
 --
 -- p_tenant: NULL for lease, whose batch spans tenants, so each statement
 -- finds its rows by id alone; the tenant for lease_for
@@ -119,13 +120,14 @@ $$;
 -- condition folds to "x.tenant = <the tenant>", which is what Citus needs
 -- to pin the statement to that tenant's shard. So no caller on the
 -- tenant's path may force a generic plan, in which it would not fold.
-CREATE FUNCTION keyturn._lease_rows(p_tenant text, p_worker text, p_now timestamptz, p_lease_for interval,
-                                    p_ids uuid[])
+CREATE FUNCTION keyturn._lease(p_what text, p_tenant text, p_worker text, p_max_jobs int, p_lease_for interval,
+                               p_providers text[])
 RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
                idempotency_key text, attempt int)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
+    v_now       timestamptz := clock_timestamp();
     v_ids       uuid[];
     v_forged    uuid[];
     v_tenants   text[];
@@ -134,6 +136,17 @@ DECLARE
     v_versions  int[];
     v_providers text[];
 BEGIN
+    PERFORM keyturn._check_lease_args(p_worker, p_max_jobs, p_lease_for);
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    IF p_tenant IS NULL THEN
+        v_ids := ARRAY(SELECT keyturn._due(v_now, p_max_jobs, p_providers));
+    ELSE
+        v_ids := ARRAY(SELECT keyturn._due_for(p_tenant, v_now, p_max_jobs, p_providers));
+    END IF;
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
     -- A queued row that no approval produced (a table write, a tampered
     -- restore) is never leased: it is invalidated, visibly, instead. The rows
     -- are locked, so what is read here is what is updated: the check, and the
@@ -149,7 +162,7 @@ BEGIN
       FROM keyturn.action a
      CROSS JOIN LATERAL (SELECT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
                                                         a.approved_at, a.approved_via, a.approval_mac) AS valid) c
-     WHERE a.id = ANY (p_ids) AND (p_tenant IS NULL OR a.tenant = p_tenant);
+     WHERE a.id = ANY (v_ids) AND (p_tenant IS NULL OR a.tenant = p_tenant);
     -- Each job's provider, read by a statement of its own: Citus refuses a
     -- statement of a delegated call that joins a reference table
     -- (tool_version) to the tenant's shards.
@@ -159,7 +172,7 @@ BEGIN
     IF cardinality(v_forged) > 0 THEN
         PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'no valid approval', 'worker', p_worker));
         UPDATE keyturn.action a
-           SET updated_at = p_now, status = 'invalidated',
+           SET updated_at = v_now, status = 'invalidated',
                result = jsonb_build_object('reason', 'no approval produced this queued action; it is never dispatched')
          WHERE a.id = ANY (v_forged) AND (p_tenant IS NULL OR a.tenant = p_tenant);
     END IF;
@@ -167,8 +180,8 @@ BEGIN
     RETURN QUERY
     WITH leased AS (
         UPDATE keyturn.action a
-           SET updated_at = p_now, status = 'leased', lease_id = u.lease,
-               leased_by = p_worker, lease_expires_at = p_now + p_lease_for
+           SET updated_at = v_now, status = 'leased', lease_id = u.lease,
+               leased_by = p_worker, lease_expires_at = v_now + p_lease_for
           FROM unnest(v_ids, v_tenants, v_leases) AS u (id, tenant, lease)
          WHERE a.id = u.id AND a.tenant = u.tenant AND (p_tenant IS NULL OR a.tenant = p_tenant)
         RETURNING a.*
@@ -181,33 +194,6 @@ BEGIN
       LEFT JOIN keyturn.staged_payload s ON s.action_id = l.id AND s.tenant = l.tenant
                                         AND (p_tenant IS NULL OR s.tenant = p_tenant)
      ORDER BY l.next_attempt_at, l.id;
-END
-$$;
-
--- lease and lease_for (p_what names the call): the due actions of every
--- tenant (keyturn._due) or of p_tenant (keyturn._due_for), leased.
-CREATE FUNCTION keyturn._lease(p_what text, p_tenant text, p_worker text, p_max_jobs int, p_lease_for interval,
-                               p_providers text[])
-RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
-               idempotency_key text, attempt int)
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    v_now timestamptz := clock_timestamp();
-    v_ids uuid[];
-BEGIN
-    PERFORM keyturn._check_lease_args(p_worker, p_max_jobs, p_lease_for);
-    PERFORM keyturn._refuse_nested(p_what);
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    IF p_tenant IS NULL THEN
-        v_ids := ARRAY(SELECT keyturn._due(v_now, p_max_jobs, p_providers));
-    ELSE
-        v_ids := ARRAY(SELECT keyturn._due_for(p_tenant, v_now, p_max_jobs, p_providers));
-    END IF;
-    IF cardinality(v_ids) = 0 THEN
-        RETURN;
-    END IF;
-    RETURN QUERY SELECT * FROM keyturn._lease_rows(p_tenant, p_worker, v_now, p_lease_for, v_ids);
 END
 $$;
 
@@ -324,7 +310,7 @@ $$;
 --
 -- p_tenant: NULL for begin_dispatch and begin_dispatch_many (by id alone,
 -- the dispatcher's calls name no tenant); the tenant for their _for forms,
--- as keyturn._lease_rows explains. The plain calls plan it once per backend
+-- as keyturn._lease explains. The plain calls plan it once per backend
 -- (their force_generic_plan): with the arrays known, a custom plan's
 -- estimate is always lower than the generic one's, so plpgsql planned every
 -- statement again on every call, which cost a one-job step more than
@@ -568,7 +554,7 @@ $$;
 -- The sweep: pending past expiry -> expired, leased with a lapsed lease ->
 -- queued, executing with a lapsed lease -> uncertain, and staged files no
 -- proposal bound a day after staging deleted. p_tenant: NULL for sweep
--- (every tenant), the tenant for sweep_for, as keyturn._lease_rows explains.
+-- (every tenant), the tenant for sweep_for, as keyturn._lease explains.
 CREATE FUNCTION keyturn._sweep(p_tenant text)
 RETURNS TABLE (expired int, requeued int, uncertain int, files int)
 LANGUAGE plpgsql VOLATILE
@@ -651,7 +637,7 @@ END
 $$;
 
 -- reconcile, and reconcile_for (p_what names the call): p_tenant as in
--- keyturn._lease_rows.
+-- keyturn._lease.
 CREATE FUNCTION keyturn._reconcile(p_what text, p_tenant text, p_id uuid, p_outcome text, p_note text)
 RETURNS text
 LANGUAGE plpgsql VOLATILE

@@ -14,7 +14,7 @@
 --
 -- Each is its plain form with every statement limited to the tenant named:
 -- the plain and the tenant-explicit forms run the same code
--- (keyturn._lease_rows, _begin_many, _complete_many, _sweep, _reconcile,
+-- (keyturn._lease, _begin_many, _complete_many, _sweep, _reconcile,
 -- _attachments_of, _file_content_of), whose statements say "p_tenant IS
 -- NULL OR x.tenant = p_tenant". Only the due scan is a query of its own
 -- (keyturn._due_for, sql/060_dispatch.sql). An element of another tenant is answered as an

@@ -41,6 +41,8 @@ TO keyturn_agent;
 GRANT EXECUTE ON FUNCTION
     keyturn.action_status(uuid), keyturn.audit(uuid), keyturn.end_session(text),
     keyturn.cancel_origin(text), keyturn.archive_conversation(text),
+    keyturn.end_session_for(text, text), keyturn.cancel_origin_for(text, text),
+    keyturn.archive_conversation_for(text, text),
     keyturn.stage_file(bytea, text, text), keyturn.fence(text, jsonb)
 TO keyturn_agent, keyturn_approver;
 
@@ -49,7 +51,8 @@ GRANT EXECUTE ON FUNCTION
     keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
     keyturn.preview(uuid, text), keyturn.preview_for(text, uuid, text), keyturn.reject(uuid, text, text),
     keyturn.reject_for(text, uuid, text, text),
-    keyturn.approve_many(jsonb), keyturn.revise(uuid, text, jsonb), keyturn.pending(int),
+    keyturn.approve_many(jsonb), keyturn.approve_many_for(text, jsonb), keyturn.revise(uuid, text, jsonb),
+    keyturn.revise_for(text, uuid, text, jsonb), keyturn.pending(int),
     keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
     keyturn.delegations(), keyturn.record_request(text, text, text, text),
     keyturn.add_member(text, text, text), keyturn.remove_member(text, text),

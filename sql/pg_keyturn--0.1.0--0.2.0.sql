@@ -415,6 +415,15 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'refuse_nested_wrapper';
 
+-- pg_keyturn::gate::_refuse_other_tenant
+CREATE OR REPLACE FUNCTION "_refuse_other_tenant"(
+	"what" TEXT, /* & str */
+	"tenant" TEXT /* Option < & str > */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'refuse_other_tenant_sql_wrapper';
+
 -- pg_keyturn::privilege::_refuse_rls_bypass
 CREATE OR REPLACE FUNCTION "_refuse_rls_bypass"(
 	"role" oid /* pg_sys :: Oid */
@@ -563,6 +572,20 @@ VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'approve_many_wrapper';
+
+-- pg_keyturn::gate::human::approve_many_for
+CREATE OR REPLACE FUNCTION "approve_many_for"(
+	"tenant" TEXT, /* Option < String > */
+	"items" jsonb /* Option < JsonbText > */
+) RETURNS TABLE (
+	"action_id" uuid,  /* pgrx :: Uuid */
+	"status" TEXT,  /* String */
+	"result" jsonb  /* Option < RawJsonb > */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'approve_many_for_wrapper';
 
 -- pg_keyturn::canonical::canonical_json
 CREATE OR REPLACE FUNCTION "canonical_json"(
@@ -758,6 +781,24 @@ VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'revise_wrapper';
+
+-- pg_keyturn::gate::human::revise_for
+CREATE OR REPLACE FUNCTION "revise_for"(
+	"tenant" TEXT, /* Option < String > */
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT, /* Option < String > */
+	"params" jsonb /* Option < JsonbText > */
+) RETURNS TABLE (
+	"action_id" uuid,  /* pgrx :: Uuid */
+	"token" TEXT,  /* String */
+	"summary" TEXT,  /* String */
+	"params_hash" TEXT,  /* String */
+	"expires_at" timestamp with time zone  /* TimestampWithTimeZone */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'revise_for_wrapper';
 
 -- pg_keyturn::gate::human::revoke_delegation
 CREATE OR REPLACE FUNCTION "revoke_delegation"(
@@ -1120,16 +1161,20 @@ $$;
 -- Row visibility for the calling identity: its own tenant only; a 'member' sees
 -- its own rows, an approver or admin the whole tenant's. SECURITY DEFINER so the
 -- policies below can consult keyturn.member without granting it more widely.
+-- plpgsql, not sql: Citus cannot plan an SQL function's parameter in a
+-- statement on a distributed table (layout B, docs/scale-out.md).
 CREATE OR REPLACE FUNCTION keyturn._sees(p_tenant text, p_principal text)
 RETURNS boolean
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT p_tenant = keyturn.current_tenant()
+BEGIN
+    RETURN p_tenant = keyturn.current_tenant()
        AND EXISTS (SELECT 1 FROM keyturn.member m
                     WHERE m.tenant = p_tenant
                       AND m.principal = keyturn.current_principal()
-                      AND (m.role IN ('approver', 'admin') OR p_principal = m.principal))
+                      AND (m.role IN ('approver', 'admin') OR p_principal = m.principal));
+END
 $$;
 
 -- FORCE: the table owner is bound too. Superusers and the extension's own
@@ -2873,7 +2918,7 @@ BEGIN
         'result', a.result,
         'revised_from', a.revised_from,
         'quorum', CASE WHEN v_ver.quorum > 1 THEN v_ver.quorum END,
-        'votes', CASE WHEN v_ver.quorum > 1 THEN keyturn._votes(a) END,
+        'votes', CASE WHEN v_ver.quorum > 1 THEN keyturn._votes(a.id, a.tenant, a.tool) END,
         'targets', v_targets));
 END
 $$;
@@ -2910,10 +2955,12 @@ $$;
 
 -- Logout, conversation cancellation, status and audit (docs/sql-api.md).
 
-CREATE OR REPLACE FUNCTION keyturn.end_session(session text DEFAULT NULL)
+-- Logout: cancels the caller's pending, queued and leased actions of a
+-- session (its own, or p_session). For end_session and end_session_for
+-- (p_what names the call).
+CREATE OR REPLACE FUNCTION keyturn._end_session(p_what text, p_session text)
 RETURNS int
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_tenant    text := keyturn.current_tenant();
@@ -2923,10 +2970,10 @@ DECLARE
     v_n         int;
     v_now       timestamptz := clock_timestamp();
 BEGIN
-    PERFORM keyturn._refuse_nested('end_session');
+    PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
     PERFORM keyturn._require_member(v_tenant, v_principal, v_session);
-    v_target := coalesce(end_session.session, v_session);
+    v_target := coalesce(p_session, v_session);
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'session ended'));
     UPDATE keyturn.action a
        SET updated_at = v_now, status = 'cancelled', result = jsonb_build_object('reason', 'the session ended'),
@@ -2938,6 +2985,14 @@ BEGIN
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.end_session(session text DEFAULT NULL)
+RETURNS int
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._end_session('end_session', end_session.session)
 $$;
 
 -- Ends a conversation for the caller's principal: cancelled (it was stopped)
@@ -3057,16 +3112,62 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_all boolean;
+    v_all       boolean;
+    v_tenant    text;
+    v_principal text;
 BEGIN
     PERFORM keyturn._refuse_nested('audit');
     v_all := pg_has_role(keyturn._calling_role(), 'keyturn_operator', 'USAGE');
+    -- Whether the caller may see it is decided once, here, not per event: on
+    -- Citus the events are read on the tenant's shard, where a function may
+    -- not query distributed tables again.
+    SELECT a.tenant, a.principal INTO v_tenant, v_principal
+      FROM keyturn.action a WHERE a.id = audit.action_id;  -- by id alone: operators audit across tenants
+    IF NOT FOUND OR NOT (v_all OR keyturn._sees(v_tenant, v_principal)) THEN
+        RETURN;
+    END IF;
     RETURN QUERY
         SELECT e.at, e.db_role, e.principal, e.from_status::text, e.to_status::text, e.detail
           FROM keyturn.event e
-         WHERE e.action_id = audit.action_id  -- by id alone: operators audit across tenants
-           AND (v_all OR keyturn._sees(e.tenant, e.action_principal))
+         WHERE e.action_id = audit.action_id AND e.tenant = v_tenant
          ORDER BY e.id;
+END
+$$;
+
+-- The session and conversation calls with the caller's tenant named (another
+-- tenant, or none: 42501), the forms Citus can send whole to the tenant's
+-- worker (docs/scale-out.md, layout B), as propose_for and approve_for.
+CREATE OR REPLACE FUNCTION keyturn.end_session_for(tenant text, session text DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_other_tenant('end_session_for', end_session_for.tenant);
+    RETURN keyturn._end_session('end_session_for', end_session_for.session);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.cancel_origin_for(tenant text, conversation_id text)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_other_tenant('cancel_origin_for', cancel_origin_for.tenant);
+    RETURN keyturn._end_conversation(cancel_origin_for.conversation_id, 'cancelled', 'cancel_origin_for');
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.archive_conversation_for(tenant text, conversation_id text)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_other_tenant('archive_conversation_for', archive_conversation_for.tenant);
+    RETURN keyturn._end_conversation(archive_conversation_for.conversation_id, 'archived',
+                                     'archive_conversation_for');
 END
 $$;
 
@@ -3081,7 +3182,10 @@ $$;
 -- functions below as the extension owner, like approve.
 
 -- The caller's queue: the visible pending actions (a member its own, an
--- approver or admin the tenant's), soonest expiry first. Never a token.
+-- approver or admin the tenant's), soonest expiry first. Never a token. A
+-- quorum action's votes are counted for each row by a statement of its own:
+-- on Citus the query runs on the tenant's shards, where a function may not
+-- query distributed tables again.
 CREATE OR REPLACE FUNCTION keyturn._pending(p_caller oid, p_max_rows int)
 RETURNS TABLE (o_action_id uuid, o_tool text, o_summary text, o_effect text, o_approval text,
                o_principal text, o_created_at timestamptz, o_expires_at timestamptz,
@@ -3093,23 +3197,28 @@ DECLARE
     v_tenant    text := keyturn.current_tenant();
     v_principal text := keyturn.current_principal();
     v_role      text;
+    v_now       timestamptz := clock_timestamp();
 BEGIN
     v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     IF p_max_rows IS NULL OR p_max_rows NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'keyturn: max_rows must be from 1 to 1000, not %', p_max_rows
             USING ERRCODE = '22023';
     END IF;
-    RETURN QUERY
+    FOR o_action_id, o_tool, o_summary, o_effect, o_approval, o_principal, o_created_at, o_expires_at, o_quorum IN
         SELECT a.id, a.tool, coalesce(a.summary, a.tool), v.effect, a.approval, a.principal,
-               a.created_at, a.expires_at, keyturn._votes(a), v.quorum
+               a.created_at, a.expires_at, v.quorum
           FROM keyturn.open_action o
           JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
           JOIN keyturn.tool_version v ON v.tool = a.tool AND v.version = a.tool_version
          WHERE o.status = 'pending' AND o.tenant = v_tenant
            AND (v_role IN ('approver', 'admin') OR o.principal = v_principal)
-           AND a.status = 'pending' AND o.expires_at > clock_timestamp()
+           AND a.status = 'pending' AND o.expires_at > v_now
          ORDER BY o.expires_at, o.action_id
-         LIMIT p_max_rows;
+         LIMIT p_max_rows
+    LOOP
+        o_votes := CASE WHEN o_quorum > 1 THEN keyturn._votes(o_action_id, v_tenant, o_tool) ELSE 0 END;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 
@@ -3118,17 +3227,17 @@ $$;
 -- grant, and whose authorization has not changed since they voted.
 -- plpgsql, not sql: Citus cannot plan an SQL function's parameter in a
 -- statement on distributed tables (layout B, docs/scale-out.md).
-CREATE OR REPLACE FUNCTION keyturn._votes(a keyturn.action)
+CREATE OR REPLACE FUNCTION keyturn._votes(p_id uuid, p_tenant text, p_tool text)
 RETURNS int
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
     RETURN (SELECT count(*)::int
               FROM keyturn.vote x
-              JOIN keyturn.member m ON m.tenant = a.tenant AND m.principal = x.principal
-             WHERE x.action_id = a.id AND x.tenant = a.tenant AND m.role IN ('approver', 'admin')
-               AND keyturn._has_grant(a.tenant, x.principal, a.tool)
-               AND keyturn._epoch(a.tenant, x.principal) = x.epoch);
+              JOIN keyturn.member m ON m.tenant = p_tenant AND m.principal = x.principal
+             WHERE x.action_id = p_id AND x.tenant = p_tenant AND m.role IN ('approver', 'admin')
+               AND keyturn._has_grant(p_tenant, x.principal, p_tool)
+               AND keyturn._epoch(p_tenant, x.principal) = x.epoch);
 END
 $$;
 
@@ -3161,7 +3270,7 @@ BEGIN
                 p_caller::regrole::text)
         ON CONFLICT ON CONSTRAINT vote_pkey DO NOTHING;
         v_new := FOUND;
-        v_votes := keyturn._votes(a);
+        v_votes := keyturn._votes(a.id, a.tenant, a.tool);
         IF v_new THEN
             INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal,
                                        from_status, to_status, detail)
@@ -3803,7 +3912,7 @@ $$;
 -- never guesses from the params' shape. Leased or executing under that lease
 -- (else 55000); no rows when the tool takes no attachments. For attachments
 -- and attachments_for (p_what names the call); p_tenant as in
--- keyturn._lease_rows.
+-- keyturn._lease.
 CREATE OR REPLACE FUNCTION keyturn._attachments_of(p_what text, p_tenant text, p_id uuid, p_lease uuid)
 RETURNS TABLE (param text, ord int, file_id uuid, sha256 text, filename text, content_type text, size bigint)
 LANGUAGE plpgsql STABLE
@@ -4055,8 +4164,9 @@ BEGIN
 END
 $$;
 
--- Leases the due actions p_ids, which the caller found and locked
--- (keyturn._due, keyturn._due_for), and returns them as lease does.
+-- lease and lease_for (p_what names the call): the due actions of every
+-- tenant (keyturn._due) or of p_tenant (keyturn._due_for), locked, leased,
+-- and returned as lease returns them.
 --
 -- p_tenant: NULL for lease, whose batch spans tenants, so each statement
 -- finds its rows by id alone; the tenant for lease_for
@@ -4065,13 +4175,14 @@ $$;
 -- condition folds to "x.tenant = <the tenant>", which is what Citus needs
 -- to pin the statement to that tenant's shard. So no caller on the
 -- tenant's path may force a generic plan, in which it would not fold.
-CREATE OR REPLACE FUNCTION keyturn._lease_rows(p_tenant text, p_worker text, p_now timestamptz, p_lease_for interval,
-                                    p_ids uuid[])
+CREATE OR REPLACE FUNCTION keyturn._lease(p_what text, p_tenant text, p_worker text, p_max_jobs int, p_lease_for interval,
+                               p_providers text[])
 RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
                idempotency_key text, attempt int)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
+    v_now       timestamptz := clock_timestamp();
     v_ids       uuid[];
     v_forged    uuid[];
     v_tenants   text[];
@@ -4080,6 +4191,17 @@ DECLARE
     v_versions  int[];
     v_providers text[];
 BEGIN
+    PERFORM keyturn._check_lease_args(p_worker, p_max_jobs, p_lease_for);
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    IF p_tenant IS NULL THEN
+        v_ids := ARRAY(SELECT keyturn._due(v_now, p_max_jobs, p_providers));
+    ELSE
+        v_ids := ARRAY(SELECT keyturn._due_for(p_tenant, v_now, p_max_jobs, p_providers));
+    END IF;
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
     -- A queued row that no approval produced (a table write, a tampered
     -- restore) is never leased: it is invalidated, visibly, instead. The rows
     -- are locked, so what is read here is what is updated: the check, and the
@@ -4095,7 +4217,7 @@ BEGIN
       FROM keyturn.action a
      CROSS JOIN LATERAL (SELECT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
                                                         a.approved_at, a.approved_via, a.approval_mac) AS valid) c
-     WHERE a.id = ANY (p_ids) AND (p_tenant IS NULL OR a.tenant = p_tenant);
+     WHERE a.id = ANY (v_ids) AND (p_tenant IS NULL OR a.tenant = p_tenant);
     -- Each job's provider, read by a statement of its own: Citus refuses a
     -- statement of a delegated call that joins a reference table
     -- (tool_version) to the tenant's shards.
@@ -4105,7 +4227,7 @@ BEGIN
     IF cardinality(v_forged) > 0 THEN
         PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'no valid approval', 'worker', p_worker));
         UPDATE keyturn.action a
-           SET updated_at = p_now, status = 'invalidated',
+           SET updated_at = v_now, status = 'invalidated',
                result = jsonb_build_object('reason', 'no approval produced this queued action; it is never dispatched')
          WHERE a.id = ANY (v_forged) AND (p_tenant IS NULL OR a.tenant = p_tenant);
     END IF;
@@ -4113,8 +4235,8 @@ BEGIN
     RETURN QUERY
     WITH leased AS (
         UPDATE keyturn.action a
-           SET updated_at = p_now, status = 'leased', lease_id = u.lease,
-               leased_by = p_worker, lease_expires_at = p_now + p_lease_for
+           SET updated_at = v_now, status = 'leased', lease_id = u.lease,
+               leased_by = p_worker, lease_expires_at = v_now + p_lease_for
           FROM unnest(v_ids, v_tenants, v_leases) AS u (id, tenant, lease)
          WHERE a.id = u.id AND a.tenant = u.tenant AND (p_tenant IS NULL OR a.tenant = p_tenant)
         RETURNING a.*
@@ -4127,33 +4249,6 @@ BEGIN
       LEFT JOIN keyturn.staged_payload s ON s.action_id = l.id AND s.tenant = l.tenant
                                         AND (p_tenant IS NULL OR s.tenant = p_tenant)
      ORDER BY l.next_attempt_at, l.id;
-END
-$$;
-
--- lease and lease_for (p_what names the call): the due actions of every
--- tenant (keyturn._due) or of p_tenant (keyturn._due_for), leased.
-CREATE OR REPLACE FUNCTION keyturn._lease(p_what text, p_tenant text, p_worker text, p_max_jobs int, p_lease_for interval,
-                               p_providers text[])
-RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
-               idempotency_key text, attempt int)
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    v_now timestamptz := clock_timestamp();
-    v_ids uuid[];
-BEGIN
-    PERFORM keyturn._check_lease_args(p_worker, p_max_jobs, p_lease_for);
-    PERFORM keyturn._refuse_nested(p_what);
-    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    IF p_tenant IS NULL THEN
-        v_ids := ARRAY(SELECT keyturn._due(v_now, p_max_jobs, p_providers));
-    ELSE
-        v_ids := ARRAY(SELECT keyturn._due_for(p_tenant, v_now, p_max_jobs, p_providers));
-    END IF;
-    IF cardinality(v_ids) = 0 THEN
-        RETURN;
-    END IF;
-    RETURN QUERY SELECT * FROM keyturn._lease_rows(p_tenant, p_worker, v_now, p_lease_for, v_ids);
 END
 $$;
 
@@ -4270,7 +4365,7 @@ $$;
 --
 -- p_tenant: NULL for begin_dispatch and begin_dispatch_many (by id alone,
 -- the dispatcher's calls name no tenant); the tenant for their _for forms,
--- as keyturn._lease_rows explains. The plain calls plan it once per backend
+-- as keyturn._lease explains. The plain calls plan it once per backend
 -- (their force_generic_plan): with the arrays known, a custom plan's
 -- estimate is always lower than the generic one's, so plpgsql planned every
 -- statement again on every call, which cost a one-job step more than
@@ -4514,7 +4609,7 @@ $$;
 -- The sweep: pending past expiry -> expired, leased with a lapsed lease ->
 -- queued, executing with a lapsed lease -> uncertain, and staged files no
 -- proposal bound a day after staging deleted. p_tenant: NULL for sweep
--- (every tenant), the tenant for sweep_for, as keyturn._lease_rows explains.
+-- (every tenant), the tenant for sweep_for, as keyturn._lease explains.
 CREATE OR REPLACE FUNCTION keyturn._sweep(p_tenant text)
 RETURNS TABLE (expired int, requeued int, uncertain int, files int)
 LANGUAGE plpgsql VOLATILE
@@ -4597,7 +4692,7 @@ END
 $$;
 
 -- reconcile, and reconcile_for (p_what names the call): p_tenant as in
--- keyturn._lease_rows.
+-- keyturn._lease.
 CREATE OR REPLACE FUNCTION keyturn._reconcile(p_what text, p_tenant text, p_id uuid, p_outcome text, p_note text)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -4904,7 +4999,7 @@ $$;
 --
 -- Each is its plain form with every statement limited to the tenant named:
 -- the plain and the tenant-explicit forms run the same code
--- (keyturn._lease_rows, _begin_many, _complete_many, _sweep, _reconcile,
+-- (keyturn._lease, _begin_many, _complete_many, _sweep, _reconcile,
 -- _attachments_of, _file_content_of), whose statements say "p_tenant IS
 -- NULL OR x.tenant = p_tenant". Only the due scan is a query of its own
 -- (keyturn._due_for, sql/060_dispatch.sql). An element of another tenant is answered as an
@@ -5592,6 +5687,11 @@ COMMENT ON FUNCTION keyturn.revoke_delegation(uuid) IS 'Human: ends a standing a
 COMMENT ON FUNCTION keyturn.delegations() IS 'Human: the visible standing approvals, with their uses.';
 COMMENT ON FUNCTION keyturn.record_request(text, text, text, text) IS 'Human side: records the person''s message of a turn, the approval of the task tool calls it asks for.';
 COMMENT ON FUNCTION keyturn.end_session(text) IS 'Logout: cancels the caller''s pending, queued and leased actions of a session.';
+COMMENT ON FUNCTION keyturn.end_session_for(text, text) IS 'end_session, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.cancel_origin_for(text, text) IS 'cancel_origin, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.archive_conversation_for(text, text) IS 'archive_conversation, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.approve_many_for(text, jsonb) IS 'Human: approve_many, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.revise_for(text, uuid, text, jsonb) IS 'Human: revise, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.cancel_origin(text) IS 'Stops a conversation: cancels its actions and refuses later ones.';
 COMMENT ON FUNCTION keyturn.archive_conversation(text) IS 'Ends a conversation normally: cancels its actions not yet executing and refuses later ones.';
 COMMENT ON FUNCTION keyturn.action_status(uuid) IS 'An action''s status and result, if visible to the caller.';
@@ -5678,6 +5778,8 @@ TO keyturn_agent;
 GRANT EXECUTE ON FUNCTION
     keyturn.action_status(uuid), keyturn.audit(uuid), keyturn.end_session(text),
     keyturn.cancel_origin(text), keyturn.archive_conversation(text),
+    keyturn.end_session_for(text, text), keyturn.cancel_origin_for(text, text),
+    keyturn.archive_conversation_for(text, text),
     keyturn.stage_file(bytea, text, text), keyturn.fence(text, jsonb)
 TO keyturn_agent, keyturn_approver;
 
@@ -5686,7 +5788,8 @@ GRANT EXECUTE ON FUNCTION
     keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
     keyturn.preview(uuid, text), keyturn.preview_for(text, uuid, text), keyturn.reject(uuid, text, text),
     keyturn.reject_for(text, uuid, text, text),
-    keyturn.approve_many(jsonb), keyturn.revise(uuid, text, jsonb), keyturn.pending(int),
+    keyturn.approve_many(jsonb), keyturn.approve_many_for(text, jsonb), keyturn.revise(uuid, text, jsonb),
+    keyturn.revise_for(text, uuid, text, jsonb), keyturn.pending(int),
     keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
     keyturn.delegations(), keyturn.record_request(text, text, text, text),
     keyturn.add_member(text, text, text), keyturn.remove_member(text, text),

@@ -101,6 +101,31 @@ fn approve_many(
     ),
 > {
     refuse_agents("approve_many");
+    approved_many(items)
+}
+
+/// Human: `approve_many` for the tenant named, which must be the caller's
+/// own (42501), as `approve_for`.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn approve_many_for(
+    tenant: Option<String>,
+    items: Option<JsonbText>,
+) -> TableIterator<
+    'static,
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(status, String),
+        name!(result, Option<RawJsonb>),
+    ),
+> {
+    refuse_agents("approve_many_for");
+    refuse_other_tenant("approve_many_for", tenant.as_deref());
+    approved_many(items)
+}
+
+/// approve_many's batch, for `approve_many` and `approve_many_for`.
+fn approved_many(items: Option<JsonbText>) -> Outcomes {
     outcomes(
         "SELECT * FROM keyturn._approve_many($1, $2::pg_catalog.jsonb)",
         &[pg_sys::TEXTOID],
@@ -208,6 +233,48 @@ fn revise(
     ),
 > {
     refuse_agents("revise");
+    revised(action_id, token, params)
+}
+
+/// Human: `revise` for the tenant named, which must be the caller's own
+/// (42501), as `approve_for`.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn revise_for(
+    tenant: Option<String>,
+    action_id: Option<pgrx::Uuid>,
+    token: Option<String>,
+    params: Option<JsonbText>,
+) -> TableIterator<
+    'static,
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(token, String),
+        name!(summary, String),
+        name!(params_hash, String),
+        name!(expires_at, TimestampWithTimeZone),
+    ),
+> {
+    refuse_agents("revise_for");
+    refuse_other_tenant("revise_for", tenant.as_deref());
+    revised(action_id, token, params)
+}
+
+/// revise's state machine, for `revise` and `revise_for`.
+fn revised(
+    action_id: Option<pgrx::Uuid>,
+    token: Option<String>,
+    params: Option<JsonbText>,
+) -> TableIterator<
+    'static,
+    (
+        name!(action_id, pgrx::Uuid),
+        name!(token, String),
+        name!(summary, String),
+        name!(params_hash, String),
+        name!(expires_at, TimestampWithTimeZone),
+    ),
+> {
     TableIterator::new(as_owner(
         "SELECT * FROM keyturn._revise($1, $2, $3, $4::pg_catalog.jsonb)",
         &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],

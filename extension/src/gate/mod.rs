@@ -45,6 +45,14 @@ fn refuse_other_tenant(what: &str, tenant: Option<&str>) {
     }
 }
 
+/// [`refuse_other_tenant`] for the tenant-explicit calls written in SQL
+/// (`end_session_for`, `cancel_origin_for`, `archive_conversation_for`):
+/// one rule, one place. Raises 42501; returns nothing.
+#[pg_extern(name = "_refuse_other_tenant", stable, parallel_safe)]
+fn refuse_other_tenant_sql(what: &str, tenant: Option<&str>) {
+    refuse_other_tenant(what, tenant);
+}
+
 /// Runs one of the state machine's statements as the extension owner, with
 /// the caller's role as `$1`, and reads every row it returns. `types` and
 /// `args` are the statement's other parameters (`$2`…); jsonb arguments

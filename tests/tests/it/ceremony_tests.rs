@@ -574,3 +574,130 @@ async fn test_a_reviser_does_not_approve_its_own_revision_of_an_independent_tool
         "queued"
     );
 }
+
+/// approve_many_for, revise_for, end_session_for, cancel_origin_for,
+/// archive_conversation_for (docs/sql-api.md): the plain calls with the
+/// caller's tenant named, for Citus to route by; another tenant, or none,
+/// 42501 before anything changes.
+#[tokio::test]
+async fn test_the_ceremony_and_session_calls_for_the_callers_own_tenant_only() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 3).await;
+    let form = |d: i64, stage: &str| json!({"where": {"id": d}, "set": {"stage": stage}});
+    let other = unique("other_tenant");
+    let none: Option<&str> = None;
+
+    // revise_for: named the caller's tenant, exactly revise.
+    let old = w.propose(&t, form(deals[0], "won")).await.unwrap();
+    for tenant in [Some(other.as_str()), none] {
+        let refused = w
+            .human
+            .query_one(
+                "SELECT action_id FROM keyturn.revise_for($1, $2, $3, $4)",
+                &[&tenant, &old.id, &old.token, &form(deals[0], "lost")],
+            )
+            .await;
+        assert_eq!(sqlstate(refused), "42501", "revise_for naming {tenant:?}");
+    }
+    assert_eq!(w.status(old.id).await, "pending", "nothing revised");
+    let r = w
+        .human
+        .query_one(
+            "SELECT action_id, token FROM keyturn.revise_for($1, $2, $3, $4)",
+            &[&w.tenant, &old.id, &old.token, &form(deals[0], "lost")],
+        )
+        .await
+        .unwrap();
+    let (new_id, new_token): (uuid::Uuid, String) = (r.get(0), r.get(1));
+    assert_eq!(w.status(old.id).await, "superseded");
+
+    // approve_many_for: the same batch answers as approve_many.
+    let second = w.propose(&t, form(deals[1], "won")).await.unwrap();
+    let items = json!([{"action_id": new_id, "token": new_token}, item(&second)]);
+    let refused = w
+        .human
+        .query(
+            "SELECT status FROM keyturn.approve_many_for($1, $2)",
+            &[&other, &items],
+        )
+        .await;
+    assert_eq!(sqlstate(refused), "42501");
+    let refused = w
+        .agent
+        .query(
+            "SELECT status FROM keyturn.approve_many_for($1, $2)",
+            &[&w.tenant, &items],
+        )
+        .await;
+    assert_eq!(sqlstate(refused), "42501", "an agent approves in no form");
+    assert_eq!(w.status(new_id).await, "pending");
+    let statuses: Vec<String> = w
+        .human
+        .query(
+            "SELECT status FROM keyturn.approve_many_for($1, $2)",
+            &[&w.tenant, &items],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(statuses, ["succeeded", "succeeded"]);
+    assert_eq!(w.stage_of(deals[0]).await, "lost");
+
+    // end_session_for, cancel_origin_for, archive_conversation_for: the
+    // session's and the conversations' pending actions cancelled, once
+    // named the caller's tenant.
+    let in_session = w.propose(&t, form(deals[2], "won")).await.unwrap();
+    for sql in [
+        "SELECT keyturn.end_session_for($1)",
+        "SELECT keyturn.cancel_origin_for($1, 'conv-for')",
+        "SELECT keyturn.archive_conversation_for($1, 'conv-for-2')",
+    ] {
+        for tenant in [Some(other.as_str()), none] {
+            let refused = w.agent.query_one(sql, &[&tenant]).await;
+            assert_eq!(sqlstate(refused), "42501", "{sql} naming {tenant:?}");
+        }
+    }
+    assert_eq!(
+        w.status(in_session.id).await,
+        "pending",
+        "nothing cancelled"
+    );
+    let ended: i32 = w
+        .agent
+        .query_one("SELECT keyturn.end_session_for($1)", &[&w.tenant])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ended, 1);
+    assert_eq!(w.status(in_session.id).await, "cancelled");
+    for (sql, conv) in [
+        ("SELECT keyturn.cancel_origin_for($1, $2)", "conv-for"),
+        (
+            "SELECT keyturn.archive_conversation_for($1, $2)",
+            "conv-for-2",
+        ),
+    ] {
+        let n: i32 = w
+            .human
+            .query_one(sql, &[&w.tenant, &conv])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 0, "{sql}: nothing of that conversation was open");
+        let refused = propose_on(
+            &w.agent,
+            &t,
+            form(deals[2], "won"),
+            json!({"conversation_id": conv}),
+        )
+        .await;
+        assert_eq!(
+            sqlstate(refused),
+            "55000",
+            "{conv} ended: it starts no new action"
+        );
+    }
+}
