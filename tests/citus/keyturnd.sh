@@ -38,6 +38,16 @@ keyturnd_by_tenant() {
     return 1
   }
 
+  # Ready means the coordinator's LISTEN works; the workers' follow. Wait for
+  # both, or a slow machine's poll could deliver before any worker listened
+  # and the wake-up check below would test nothing.
+  log_has() { grep -c -- "$1" "$dir/keyturnd.log" || true; }
+  listening_on_both() { [ "$(log_has 'listening on a worker')" -ge 2 ]; }
+  until_state "keyturnd listening on both workers" listening_on_both || {
+    tail -n 20 "$dir/keyturnd.log"
+    return 1
+  }
+
   cpsql -f "$HERE/b_keyturnd.sql" | tee "$dir/sql.log" || return 1
   local uncertain
   uncertain=$(sed -n 's/^UNCERTAIN //p' "$dir/sql.log")
@@ -50,7 +60,6 @@ keyturnd_by_tenant() {
       status=1
     fi
   }
-  log_has() { grep -c -- "$1" "$dir/keyturnd.log" || true; }
   check "keyturnd chose to dispatch tenant by tenant" "$(log_has 'dispatching tenant by tenant')" 1
   check "keyturnd listens on both workers" "$(log_has 'listening on a worker')" 2
   check "and was woken by a worker's notification" "$([ "$(log_has "woken by a worker's notification")" -ge 1 ] && echo yes)" yes
