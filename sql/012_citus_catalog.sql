@@ -5,14 +5,8 @@
 --
 -- The extension never depends on Citus: without it in this database every
 -- function here answers nothing, and Citus's catalog is only reached through
--- EXECUTE, once its presence is known.
-
-CREATE FUNCTION keyturn._citus_present()
-RETURNS boolean
-LANGUAGE sql STABLE
-AS $$
-    SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')
-$$;
+-- EXECUTE, once its presence is known (keyturn._citus_present, in Rust:
+-- extension/src/citus.rs).
 
 -- How Citus holds a table: method 'h' (hash-distributed), 'n' (reference,
 -- single-shard or Citus-local: no distribution column), 'a'/'r' (append,

@@ -82,8 +82,13 @@ DECLARE
     v_tool  keyturn.tool;
     v_epoch bigint;
     v_how   text;
-    v_local regclass := keyturn._local_placement('keyturn.tool');
+    v_local regclass;
 BEGIN
+    -- Asked first, in Rust: without Citus, approve and begin_dispatch pay
+    -- for no call of the plpgsql function per action.
+    IF keyturn._citus_present() THEN
+        v_local := keyturn._local_placement('keyturn.tool');
+    END IF;
     IF v_local IS NULL THEN
         SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = a.tool FOR SHARE;
     ELSE

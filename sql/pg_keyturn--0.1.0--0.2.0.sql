@@ -299,6 +299,12 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'check_template_wrapper';
 
+-- pg_keyturn::citus::_citus_present
+CREATE OR REPLACE FUNCTION "_citus_present"() RETURNS bool /* bool */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'citus_present_wrapper';
+
 -- pg_keyturn::validation::_credential_path
 CREATE OR REPLACE FUNCTION "_credential_path"(
 	"params" jsonb /* JsonbText */
@@ -862,14 +868,8 @@ $do$;
 --
 -- The extension never depends on Citus: without it in this database every
 -- function here answers nothing, and Citus's catalog is only reached through
--- EXECUTE, once its presence is known.
-
-CREATE OR REPLACE FUNCTION keyturn._citus_present()
-RETURNS boolean
-LANGUAGE sql STABLE
-AS $$
-    SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')
-$$;
+-- EXECUTE, once its presence is known (keyturn._citus_present, in Rust:
+-- extension/src/citus.rs).
 
 -- How Citus holds a table: method 'h' (hash-distributed), 'n' (reference,
 -- single-shard or Citus-local: no distribution column), 'a'/'r' (append,
@@ -2529,8 +2529,13 @@ DECLARE
     v_tool  keyturn.tool;
     v_epoch bigint;
     v_how   text;
-    v_local regclass := keyturn._local_placement('keyturn.tool');
+    v_local regclass;
 BEGIN
+    -- Asked first, in Rust: without Citus, approve and begin_dispatch pay
+    -- for no call of the plpgsql function per action.
+    IF keyturn._citus_present() THEN
+        v_local := keyturn._local_placement('keyturn.tool');
+    END IF;
     IF v_local IS NULL THEN
         SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = a.tool FOR SHARE;
     ELSE

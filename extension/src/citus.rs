@@ -1,5 +1,5 @@
-//! Identity that reaches Citus workers (docs/scale-out.md, "Identity on the
-//! workers").
+//! Whether Citus is here, and identity that reaches Citus workers
+//! (docs/scale-out.md, "Identity on the workers").
 //!
 //! On a distributed table, the business statement keyturn runs as the caller
 //! executes on the workers, in Citus's own connections, where row-level
@@ -34,6 +34,17 @@ pub struct Asserted {
     propagate: Option<String>,
 }
 
+/// Whether the Citus extension exists in this database: the test in front
+/// of every read of Citus's catalog (sql/012_citus_catalog.sql). In Rust
+/// because approve and begin_dispatch ask it once per action: as an SQL
+/// function it was planned on every call, 20 µs each
+/// (tests/bench/BENCHMARKS.md).
+#[pg_extern(name = "_citus_present", stable, strict, parallel_safe)]
+fn citus_present() -> bool {
+    // SAFETY: a catalog lookup that returns InvalidOid when missing.
+    unsafe { pg_sys::get_extension_oid(c"citus".as_ptr(), true) != pg_sys::Oid::INVALID }
+}
+
 /// Whether the Citus library is loaded in this backend (its settings are
 /// real, not placeholders) and the extension exists in this database.
 fn active() -> bool {
@@ -44,8 +55,7 @@ fn active() -> bool {
                 & pg_sys::GUC_CUSTOM_PLACEHOLDER as i32)
                 == 0
     };
-    // SAFETY: a catalog lookup that returns InvalidOid when missing.
-    loaded && unsafe { pg_sys::get_extension_oid(c"citus".as_ptr(), true) } != pg_sys::Oid::INVALID
+    loaded && citus_present()
 }
 
 fn literal(value: &str) -> String {

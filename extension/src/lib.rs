@@ -19,7 +19,7 @@ mod jsonb_text;
 mod actor; // who is acting, for the audit log: backend state, never a setting
 mod approval; // the approval binding: MAC under a key only the owner reads
 mod canonical; // canonical_json, params_hash (RFC 8785 + SHA-256), written values
-mod citus; // identity re-asserted for Citus workers before a business statement
+mod citus; // whether Citus is here; identity re-asserted for its workers before a business statement
 mod exec_as; // _exec_as: run a statement as the caller, under RLS
 mod fence; // fence: projected, neutralized, marked reference blocks
 mod gate; // propose and the person's calls: separation of duties + owner elevation
@@ -57,7 +57,7 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/012_citus_catalog.sql",
     name = "citus_catalog",
-    requires = ["status_rules"]
+    requires = ["status_rules", citus::citus_present]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/020_guards.sql",

@@ -257,10 +257,10 @@ SELECT is_empty('SELECT * FROM pg_temp.citus_refusals()',
 -- in every transaction that calls it (its cache lives in the calling
 -- expression); one declared IMMUTABLE over a STABLE body such as format() is
 -- not inlined. Each is called with column references, never constants,
--- which the planner would fold instead. The ones listed cannot be inlined,
--- and none is on a hot path: _legal_transition and _citus_present are
--- sub-selects (a DBA's helper, and Citus's checks at register and
--- deployment time).
+-- which the planner would fold instead. The one listed cannot be inlined,
+-- and is on no hot path: _legal_transition is a sub-select (a DBA's
+-- helper). (_citus_present was the other, until approve and begin_dispatch
+-- asked it once per action: it is Rust now.)
 CREATE FUNCTION pg_temp.not_inlined() RETURNS SETOF text LANGUAGE plpgsql AS $f$
 DECLARE
     p    record;
@@ -286,8 +286,8 @@ BEGIN
 END
 $f$;
 SELECT set_eq('SELECT * FROM pg_temp.not_inlined()',
-    ARRAY['keyturn._legal_transition(keyturn.status,keyturn.status)', 'keyturn._citus_present()'],
-    'every scalar SQL function is inlined but the two that cannot be');
+    ARRAY['keyturn._legal_transition(keyturn.status,keyturn.status)'],
+    'every scalar SQL function is inlined but the one that cannot be');
 
 SELECT is_empty($$SELECT object, problem FROM keyturn.check_deployment() WHERE severity = 'error'$$,
     'a fresh install passes keyturn.check_deployment()');
