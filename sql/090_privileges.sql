@@ -23,9 +23,11 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA keyturn FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA keyturn FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA keyturn_secret FROM PUBLIC;
 
+-- dispatch_by_tenant() too: whether keyturn's tables are distributed decides
+-- which form of a person's call keyturnd's /rpc runs, for any role it serves.
 GRANT EXECUTE ON FUNCTION
     keyturn.current_tenant(), keyturn.current_principal(), keyturn.current_session(),
-    keyturn.canonical_json(jsonb), keyturn.params_hash(text, jsonb)
+    keyturn.canonical_json(jsonb), keyturn.params_hash(text, jsonb), keyturn.dispatch_by_tenant()
 TO PUBLIC;
 
 GRANT SELECT ON ALL TABLES IN SCHEMA keyturn TO keyturn_agent, keyturn_approver;
@@ -71,7 +73,7 @@ TO keyturn_dispatcher;
 
 -- Dispatcher, tenant by tenant (sql/062_dispatch_for.sql).
 GRANT EXECUTE ON FUNCTION
-    keyturn.dispatch_by_tenant(), keyturn.dispatch_nodes(), keyturn.tenants_due(text[], int),
+    keyturn.dispatch_nodes(), keyturn.tenants_due(text[], int),
     keyturn.lease_for(text, text, int, interval, text[]), keyturn.begin_dispatch_for(text, uuid, uuid),
     keyturn.begin_dispatch_many_for(text, uuid[], uuid[]),
     keyturn.complete_for(text, uuid, uuid, text, jsonb, interval),
@@ -83,8 +85,7 @@ TO keyturn_dispatcher;
 -- Operator.
 GRANT EXECUTE ON FUNCTION
     keyturn.reconcile(uuid, text, text), keyturn.uncertain_actions(), keyturn.sweep(), keyturn.audit(uuid),
-    keyturn.attempts(uuid), keyturn.reconcile_for(text, uuid, text, text), keyturn.sweep_for(text),
-    keyturn.dispatch_by_tenant()
+    keyturn.attempts(uuid), keyturn.reconcile_for(text, uuid, text, text), keyturn.sweep_for(text)
 TO keyturn_operator;
 
 -- Platform administrator.

@@ -36,6 +36,13 @@ pub const EXPOSED: &[&str] = &[
     "attempts",
 ];
 
+/// The exposed calls that change an action, whose tenant-explicit form
+/// (`<name>_for(tenant, …)`, docs/sql-api.md) runs in their stead where
+/// keyturn's tables are distributed by tenant (Citus, layout B): Citus sends
+/// that form whole to the tenant's worker, where the action's row lives.
+/// The forms are read with the catalog but never exposed themselves.
+pub const BY_TENANT: &[&str] = &["preview", "approve", "approve_many", "reject", "revise"];
+
 /// One input argument.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Arg {
@@ -101,7 +108,11 @@ impl Catalog {
     /// Reads the [`EXPOSED`] functions the database has. One not there yet
     /// (an older extension) answers 404 like any unknown function.
     pub async fn load(client: &tokio_postgres::Client) -> Result<Catalog, Error> {
-        let names: Vec<&str> = EXPOSED.to_vec();
+        let names: Vec<String> = EXPOSED
+            .iter()
+            .map(|n| (*n).to_owned())
+            .chain(BY_TENANT.iter().map(|n| format!("{n}_for")))
+            .collect();
         let rows = client
             .query_typed(LOAD, &[(&names, tokio_postgres::types::Type::TEXT_ARRAY)])
             .await?;
@@ -156,9 +167,14 @@ impl Catalog {
         Ok(catalog)
     }
 
-    /// The names of the functions present.
+    /// The names of the exposed functions present.
     pub fn names(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self.functions.keys().map(String::as_str).collect();
+        let mut names: Vec<&str> = self
+            .functions
+            .keys()
+            .map(String::as_str)
+            .filter(|n| EXPOSED.contains(n))
+            .collect();
         names.sort_unstable();
         names
     }
@@ -171,6 +187,43 @@ impl Catalog {
         name: &str,
         body: &Map<String, Value>,
     ) -> Result<(Returns, String), Error> {
+        let function = self.function(name, body)?;
+        Ok((function.returns, select(function, body, None)))
+    }
+
+    /// For a [`BY_TENANT`] call with its tenant-explicit form present: that
+    /// form's statement, the tenant its parameter `$2` (text), `$1` the body
+    /// as in [`statement`](Self::statement), which decides what is found.
+    /// Written `SELECT … FROM keyturn.<name>_for(…) AS r`, with nothing but
+    /// parameters in the arguments: the form Citus delegates. `Ok(None)`:
+    /// no such form; the plain statement serves.
+    pub fn statement_by_tenant(
+        &self,
+        name: &str,
+        body: &Map<String, Value>,
+    ) -> Result<Option<String>, Error> {
+        let plain = self.function(name, body)?;
+        if !BY_TENANT.contains(&name) {
+            return Ok(None);
+        }
+        let Some(by_tenant) = self
+            .functions
+            .get(&format!("{name}_for"))
+            .and_then(|forms| {
+                forms.iter().find(|f| {
+                    f.args.first().is_some_and(|a| a.name == "tenant")
+                        && f.args[1..] == plain.args[..]
+                        && f.returns == plain.returns
+                })
+            })
+        else {
+            return Ok(None);
+        };
+        Ok(Some(select(by_tenant, body, Some("$2"))))
+    }
+
+    /// The exposed function `name` callable with exactly the keys of `body`.
+    fn function(&self, name: &str, body: &Map<String, Value>) -> Result<&Function, Error> {
         let candidates = self
             .functions
             .get(name)
@@ -193,22 +246,46 @@ impl Catalog {
                 });
                 not_found(name, body, hint)
             })?;
-        let args: Vec<String> = function
-            .args
-            .iter()
-            .filter(|a| body.contains_key(&a.name))
-            .map(|a| format!("{} => {}", ident(&a.name), value_of(a)))
-            .collect();
-        let call = format!("keyturn.{}({})", ident(&function.name), args.join(", "));
-        let sql = match function.returns {
-            Returns::Set => format!(
-                "SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r.*)), '[]'::pg_catalog.jsonb) FROM {call} AS r"
-            ),
-            Returns::Scalar => format!("SELECT pg_catalog.to_jsonb({call})"),
-            Returns::Void => format!("SELECT NULL::pg_catalog.jsonb FROM (SELECT {call}) AS r"),
-        };
-        Ok((function.returns, sql))
+        Ok(function)
     }
+}
+
+/// The statement that calls `function` with the keys of `body` (and first
+/// `tenant => <tenant>` when given) and answers its result as one `jsonb`.
+/// Always `SELECT <one expression> FROM keyturn.<function>(…) AS r`, the form
+/// in which Citus sends a call whole to a worker, provided the expression is
+/// not itself a function call (Citus reads `SELECT f(…) FROM g(…)` as two
+/// calls and delegates neither): so a scalar's value is the first element
+/// of the aggregate of its one row, the operator `->` on top. A scalar or
+/// void function in FROM yields its one row.
+fn select(function: &Function, body: &Map<String, Value>, tenant: Option<&str>) -> String {
+    let call = call(function, body, tenant);
+    match function.returns {
+        Returns::Set => format!(
+            "SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r.*)), '[]'::pg_catalog.jsonb) FROM {call} AS r"
+        ),
+        Returns::Scalar => {
+            format!("SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)) -> 0 FROM {call} AS r")
+        }
+        Returns::Void => format!("SELECT NULL::pg_catalog.jsonb FROM {call} AS r"),
+    }
+}
+
+/// `keyturn.<function>(<arg> => …)` for the keys of `body`, and first
+/// `tenant => <tenant>` when given.
+fn call(function: &Function, body: &Map<String, Value>, tenant: Option<&str>) -> String {
+    let args: Vec<String> = tenant
+        .map(|t| format!("\"tenant\" => {t}::pg_catalog.text"))
+        .into_iter()
+        .chain(
+            function
+                .args
+                .iter()
+                .filter(|a| body.contains_key(&a.name))
+                .map(|a| format!("{} => {}", ident(&a.name), value_of(a))),
+        )
+        .collect();
+    format!("keyturn.{}({})", ident(&function.name), args.join(", "))
 }
 
 /// The input arguments' names: all of `proargnames` when there are no
@@ -378,11 +455,80 @@ mod tests {
             },
         ]);
         let (_, sql) = c.statement("preview", &Map::new()).expect("found");
-        assert_eq!(sql, r#"SELECT pg_catalog.to_jsonb(keyturn."preview"())"#);
+        assert_eq!(
+            sql,
+            r#"SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)) -> 0 FROM keyturn."preview"() AS r"#
+        );
         let (_, sql) = c
             .statement("delegations", &body(json!({"tools": ["a"]})))
             .expect("found");
-        assert!(sql.starts_with("SELECT NULL::pg_catalog.jsonb FROM (SELECT keyturn.\"delegations\"(\"tools\" => CASE"), "{sql}");
+        assert!(
+            sql.starts_with(
+                "SELECT NULL::pg_catalog.jsonb FROM keyturn.\"delegations\"(\"tools\" => CASE"
+            ),
+            "{sql}"
+        );
+        assert!(sql.ends_with(") AS r"), "{sql}");
+    }
+
+    #[test]
+    fn test_the_tenant_explicit_form_takes_the_tenant_and_the_plain_call_s_arguments() {
+        let tenant = Arg {
+            name: "tenant".into(),
+            ty: "text".into(),
+            has_default: false,
+        };
+        let mut approve_for = approve();
+        approve_for.name = "approve_for".into();
+        approve_for.args.insert(0, tenant.clone());
+        let c = Catalog::from_functions([
+            approve(),
+            approve_for,
+            Function {
+                name: "pending".into(),
+                args: vec![],
+                returns: Returns::Set,
+            },
+        ]);
+        let sql = c
+            .statement_by_tenant("approve", &body(json!({"action_id": "x", "token": "t"})))
+            .expect("found")
+            .expect("a tenant-explicit form");
+        assert_eq!(
+            sql,
+            "SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r.*)), '[]'::pg_catalog.jsonb) \
+             FROM keyturn.\"approve_for\"(\"tenant\" => $2::pg_catalog.text, \"action_id\" => ($1 ->> 'action_id')::uuid, \
+             \"token\" => ($1 ->> 'token')::text) AS r"
+        );
+        // The body names the plain call's arguments only: a tenant of the
+        // caller's choosing is not one of them.
+        assert!(matches!(
+            c.statement_by_tenant(
+                "approve",
+                &body(json!({"action_id": "x", "token": "t", "tenant": "globex"}))
+            ),
+            Err(Error::NoSuchFunction { .. })
+        ));
+        // Neither exposed itself nor listed.
+        assert!(matches!(
+            c.statement(
+                "approve_for",
+                &body(json!({"tenant": "acme", "action_id": "x", "token": "t"}))
+            ),
+            Err(Error::NoSuchFunction { .. })
+        ));
+        assert_eq!(c.names(), ["approve", "pending"]);
+        // A call without such a form: the plain statement serves.
+        assert!(c
+            .statement_by_tenant("pending", &Map::new())
+            .expect("found")
+            .is_none());
+        // An older extension without the form: likewise.
+        let plain_only = Catalog::from_functions([approve()]);
+        assert!(plain_only
+            .statement_by_tenant("approve", &body(json!({"action_id": "x", "token": "t"})))
+            .expect("found")
+            .is_none());
     }
 
     #[test]

@@ -125,6 +125,7 @@ impl Rpc {
         let verified = self.verifier.verify(authorization)?;
         let args = parse_body(body)?;
         let (_, sql) = self.catalog.statement(function, &args)?;
+        let sql_by_tenant = self.catalog.statement_by_tenant(function, &args)?;
         let args = Value::Object(args);
         let result = async {
             let mut client = self.pool.get().await?;
@@ -135,12 +136,31 @@ impl Rpc {
                 ident(&verified.role)
             )))
             .await?;
-            db::bounded(tx.query_typed(
-                "SELECT pg_catalog.set_config('request.jwt.claims', $1, true)",
-                &[(&verified.claims, Type::TEXT)],
-            ))
-            .await?;
-            let row = db::bounded(tx.query_typed_one(&sql, &[(&args, Type::JSONB)])).await?;
+            let row = match &sql_by_tenant {
+                None => {
+                    db::bounded(tx.query_typed(
+                        "SELECT pg_catalog.set_config('request.jwt.claims', $1, true)",
+                        &[(&verified.claims, Type::TEXT)],
+                    ))
+                    .await?;
+                    db::bounded(tx.query_typed_one(&sql, &[(&args, Type::JSONB)])).await?
+                }
+                Some(sql_by_tenant) => {
+                    let by_tenant = claims_by_tenant(&tx, &verified.claims).await?;
+                    match by_tenant {
+                        None => {
+                            db::bounded(tx.query_typed_one(&sql, &[(&args, Type::JSONB)])).await?
+                        }
+                        Some(tenant) => {
+                            db::bounded(tx.query_typed_one(
+                                sql_by_tenant,
+                                &[(&args, Type::JSONB), (&tenant, Type::TEXT)],
+                            ))
+                            .await?
+                        }
+                    }
+                }
+            };
             let value: Option<Value> = row.try_get(0).map_err(Error::Decode)?;
             db::commit(tx).await?;
             Ok::<_, Error>(value.unwrap_or(Value::Null))
@@ -151,6 +171,40 @@ impl Rpc {
         }
         result
     }
+}
+
+/// Asserts `claims` in the request's transaction for a call that has a
+/// tenant-explicit form, and asks the database which form to run: `None`
+/// when keyturn's tables are not distributed by tenant (the plain call),
+/// else the tenant the claims name (NULL when they name none, which the
+/// call refuses). Distributed, the claims are also asserted as a `SET LOCAL`
+/// that Citus propagates, so that the call it runs on the tenant's worker
+/// resolves the same identity (docs/scale-out.md, "Identity on the workers");
+/// the statement is the database's, quoted there.
+async fn claims_by_tenant(
+    tx: &tokio_postgres::Transaction<'_>,
+    claims: &str,
+) -> Result<Option<Option<String>>, Error> {
+    let row = db::bounded(tx.query_typed_one(
+        "SELECT pg_catalog.set_config('request.jwt.claims', $1, true) IS NOT NULL AS set, \
+                keyturn.dispatch_by_tenant() AS by_tenant",
+        &[(&claims, Type::TEXT)],
+    ))
+    .await?;
+    if !row.try_get::<_, bool>("by_tenant").map_err(Error::Decode)? {
+        return Ok(None);
+    }
+    let row = db::bounded(tx.query_typed_one(
+        "SELECT keyturn.current_tenant() AS tenant, \
+                pg_catalog.format('SET LOCAL citus.propagate_set_commands = local; \
+                                   SET LOCAL request.jwt.claims = %L', $1::pg_catalog.text) AS assert",
+        &[(&claims, Type::TEXT)],
+    ))
+    .await?;
+    let tenant: Option<String> = row.try_get("tenant").map_err(Error::Decode)?;
+    let assert: String = row.try_get("assert").map_err(Error::Decode)?;
+    db::bounded(tx.batch_execute(&assert)).await?;
+    Ok(Some(tenant))
 }
 
 /// The request body as an object of named arguments; empty = none.

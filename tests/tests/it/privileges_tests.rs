@@ -20,6 +20,7 @@ const PUBLIC_FNS: &[&str] = &[
     "current_principal",
     "current_session",
     "current_tenant",
+    "dispatch_by_tenant",
     "params_hash",
 ];
 
@@ -106,7 +107,6 @@ async fn test_each_role_executes_exactly_its_functions() {
                     "sweep",
                     "classify",
                     // tenant by tenant (sql/062_dispatch_for.sql)
-                    "dispatch_by_tenant",
                     "dispatch_nodes",
                     "tenants_due",
                     "lease_for",
@@ -133,7 +133,6 @@ async fn test_each_role_executes_exactly_its_functions() {
                     "classify",
                     "reconcile_for",
                     "sweep_for",
-                    "dispatch_by_tenant",
                 ],
             ),
         ),
@@ -193,14 +192,16 @@ async fn test_public_calls_identity_and_hash_functions_only() {
     let row = nobody
         .query_one(
             "SELECT keyturn.current_tenant(), keyturn.current_principal(), keyturn.current_session(), \
-             keyturn.canonical_json('{\"b\":1,\"a\":2}'), keyturn.params_hash('x', '{}')",
+             keyturn.canonical_json('{\"b\":1,\"a\":2}'), keyturn.params_hash('x', '{}'), \
+             keyturn.dispatch_by_tenant()",
             &[],
         )
         .await
-        .expect("PUBLIC may call the identity functions, canonical_json and params_hash");
+        .expect("PUBLIC may call the identity functions, canonical_json, params_hash and dispatch_by_tenant");
     assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("t"));
     assert_eq!(row.get::<_, String>(3), r#"{"a":2,"b":1}"#);
     assert_eq!(row.get::<_, String>(4).len(), 64);
+    assert!(!row.get::<_, bool>(5), "one node: not distributed");
 
     let id = uuid::Uuid::new_v4();
     let refused = [

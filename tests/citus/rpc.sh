@@ -1,0 +1,105 @@
+# shellcheck shell=bash
+# keyturnd's /rpc on layout B (sourced by tests/citus/run, which defines
+# cpsql, C, OUT and until_state): a person's JWT, the card's calls over
+# HTTP. keyturnd asks the database whether keyturn's tables are distributed,
+# runs preview, approve and reject in their tenant-explicit forms, which
+# Citus delegates to the tenant's worker, with the claims asserted by a
+# propagated SET LOCAL; a call without such a form (pending) runs as it is.
+# A JWT of another tenant is refused there, and changes nothing.
+
+KT_CITUS_JWT_SECRET=citus-layer-jwt-secret-of-32-bytes-or-more
+
+rpc_by_tenant() {
+  local dir="$OUT/rpc" target port pid status=0
+  mkdir -p "$dir"
+  (cd "$KT_ROOT" && cargo build -q -p keyturnd --bin keyturnd --example jwt) || return 1
+  target=$(cd "$KT_ROOT" && cargo metadata --format-version 1 --no-deps \
+             | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  # The /rpc login: NOINHERIT, the person's role per request (Citus creates
+  # it on the workers too).
+  cpsql -q -c "CREATE ROLE citus_rpc LOGIN NOINHERIT IN ROLE app_human" || return 1
+
+  # Three of alice's proposals, made as the agent, delegated; statement by
+  # statement, as a pooled application sends them.
+  propose() {
+    cpsql -qAt -F ' ' <<SQL
+\\connect - app_agent
+BEGIN;
+SET LOCAL citus.propagate_set_commands = 'local';
+SET LOCAL keyturn.tenant = 'acme';
+SET LOCAL keyturn.principal = 'alice';
+SET LOCAL keyturn.session = 's-rpc';
+SELECT action_id, token FROM keyturn.propose_for('acme', 'deal_stage_routed',
+  '{"where": {"tenant": "acme", "id": $1}, "set": {"stage": "$2"}}');
+COMMIT;
+SQL
+  }
+  local p1 t1 p2 t2 p3 t3
+  read -r p1 t1 < <(propose 103 negotiation) && read -r p2 t2 < <(propose 104 negotiation) \
+    && read -r p3 t3 < <(propose 101 lost) || return 1
+  [ -n "$t3" ] || { echo "could not propose"; return 1; }
+
+  port=$(kt_free_port)
+  DATABASE_URL="postgres://app_dispatcher@127.0.0.1:$C/keyturn" \
+  KEYTURN_LISTEN="127.0.0.1:$port" KEYTURN_JOURNAL=false \
+  KEYTURN_JWT_SECRET=$KT_CITUS_JWT_SECRET KEYTURN_JWT_ROLES=app_human \
+  KEYTURN_RPC_DATABASE_URL="postgres://citus_rpc@127.0.0.1:$C/keyturn" \
+    "$target/debug/keyturnd" >"$dir/keyturnd.log" 2>&1 &
+  pid=$!
+  # shellcheck disable=SC2064 # the pid is known now
+  trap "kill $pid 2>/dev/null || true" RETURN
+  until_state "keyturnd ready" curl -fs "http://127.0.0.1:$port/readyz" -o /dev/null || {
+    tail -n 20 "$dir/keyturnd.log"
+    return 1
+  }
+
+  jwt() {
+    "$target/debug/examples/jwt" --secret "$KT_CITUS_JWT_SECRET" \
+      "{\"role\": \"app_human\", \"tenant_id\": \"$1\", \"sub\": \"$2\", \"session_id\": \"s-rpc\"}"
+  }
+  local alice gina
+  alice=$(jwt acme alice) && gina=$(jwt globex gina) || return 1
+  # rpc <jwt> <function> <body>: the HTTP status, a space, the answer.
+  rpc() {
+    curl -s -o "$dir/answer" -w '%{http_code}' -X POST "http://127.0.0.1:$port/rpc/$2" \
+      -H "Authorization: Bearer $1" -H 'Content-Type: application/json' -d "$3"
+    printf ' '
+    cat "$dir/answer"
+  }
+  field() { python3 -c 'import json, sys; v = json.loads(sys.stdin.read().split(" ", 1)[1]); print(eval(sys.argv[1]))' "$1"; }
+  check() {
+    if [ "$2" = "$3" ]; then
+      echo "NOTICE:  ok - $1"
+    else
+      echo "FAILED: $1: got $2, want $3"
+      status=1
+    fi
+  }
+
+  local said
+  said=$(rpc "$alice" preview "{\"action_id\": \"$p1\", \"token\": \"$t1\"}")
+  check "preview over /rpc, on acme's worker" "${said%% *} $(field 'v["tool"] + " " + str(v["params"]["set"])' <<<"$said")" \
+    "200 deal_stage_routed {'stage': 'negotiation'}"
+  said=$(rpc "$alice" approve "{\"action_id\": \"$p1\", \"token\": \"$t1\"}")
+  check "approve over /rpc, delegated" "${said%% *} $(field 'v[0]["status"]' <<<"$said")" "200 succeeded"
+  said=$(rpc "$alice" reject "{\"action_id\": \"$p2\", \"token\": \"$t2\"}")
+  check "reject over /rpc, delegated" "$said" '200 "rejected"'
+  said=$(rpc "$alice" pending '{}')
+  check "pending over /rpc, as it is: of the three, the one left" \
+    "${said%% *} $(field '" ".join(a["action_id"] for a in v if a["action_id"] in "'"$p1 $p2 $p3"'".split())' <<<"$said")" \
+    "200 $p3"
+  said=$(rpc "$gina" approve "{\"action_id\": \"$p3\", \"token\": \"$t3\"}")
+  check "another tenant's JWT is refused on its own worker" "${said%% *} $(field 'v["code"]' <<<"$said")" "409 55000"
+
+  check "what the database holds: alice's approval written, her rejection, the third still pending" \
+    "$(cpsql -Atc "SELECT string_agg(a.status::text, ' ' ORDER BY a.id) || ' ' || (SELECT stage FROM crm.deal WHERE tenant = 'acme' AND id = 103)
+                     FROM keyturn.action a WHERE a.tenant = 'acme' AND a.id IN ('$p1', '$p2', '$p3')")" \
+    "succeeded rejected pending negotiation"
+  check "its events, each by its role" \
+    "$(cpsql -Atc "SELECT string_agg(to_status::text || ':' || db_role, ' ' ORDER BY id) FROM keyturn.event
+                    WHERE tenant = 'acme' AND action_id IN ('$p1', '$p2')")" \
+    "pending:app_agent pending:app_agent succeeded:app_human rejected:app_human"
+  check "nothing logged at ERROR" "$(grep -c ' ERROR ' "$dir/keyturnd.log" || true)" 0
+  [ $status -eq 0 ] || tail -n 30 "$dir/keyturnd.log"
+  return $status
+}
