@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Concurrent approvals on layout B (sourced by tests/citus/run, which defines
-# cpsql, C, OUT and HERE): four pgbench clients propose and approve, delegated,
-# acme's and globex's deals at random, on both workers at once. Every
+# cpsql, C, OUT, HERE and check): four pgbench clients propose and approve,
+# delegated, acme's and globex's deals at random, on both workers at once. Every
 # transaction must commit: a delegated call that took a lock on another node
 # (a row lock on a reference table does, unless keyturn takes it on the local
 # placement, keyturn._local_placement) deadlocks against another such call,
@@ -16,9 +16,6 @@ concurrent_approvals() {
   failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$log")
   flows=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$log")
   local status=0
-  check() {
-    if [ "$2" = "$3" ]; then echo "NOTICE:  ok - $1"; else echo "FAILED: $1: got $2, want $3"; status=1; fi
-  }
   check "100 flows, four clients at once, on both workers" "${flows:-none}" 100
   check "no transaction failed (no deadlock across nodes)" "${failed:-none}" 0
   check "every proposal approved: succeeded, or conflict where a concurrent approval changed its deal" \
@@ -63,9 +60,6 @@ tool_change_waits() {
     [ "$(wpsql "$w" -Atc "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted")" -ge 1 ]
   }
   until_state "set_tool_enabled's write waits on the approval's worker" tool_write_waits || status=1
-  check() {
-    if [ "$2" = "$3" ]; then echo "NOTICE:  ok - $1"; else echo "FAILED: $1: got $2, want $3"; status=1; fi
-  }
   check "set_tool_enabled has not returned while the approval is open" "$(kill -0 "$admin" 2>/dev/null && echo waiting)" waiting
   kill "$holder" 2>/dev/null
   cpsql -qAtc "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'kt_tool_gate'" >/dev/null

@@ -1,8 +1,8 @@
 # shellcheck shell=bash
 # keyturnd on layout B (sourced by tests/citus/run, which defines cpsql, C,
-# W1, W2, OUT and until_state): keyturnd against the coordinator, with a
-# webhook receiver, once keyturn's tables are distributed by tenant
-# (b_distribute). The SQL half is b_keyturnd.sql; this half starts and
+# W1, W2, OUT, until_state, check, keyturnd_build and keyturnd_ready):
+# keyturnd against the coordinator, with a webhook receiver, once keyturn's
+# tables are distributed by tenant (b_distribute). The SQL half is b_keyturnd.sql; this half starts and
 # stops the processes and checks what only they can tell: that keyturnd
 # chose to dispatch by tenant, listened on both workers and was woken by a
 # worker's notification, that the receiver got each delivery once, and that
@@ -13,9 +13,7 @@ KT_CITUS_WEBHOOK_SECRET=citus-layer-webhook-secret
 keyturnd_by_tenant() {
   local dir="$OUT/keyturnd" target receiver_port keyturnd_port receiver_pid keyturnd_pid status=0
   mkdir -p "$dir"
-  (cd "$KT_ROOT" && cargo build -q -p keyturnd --bin keyturnd --example receiver) || return 1
-  target=$(cd "$KT_ROOT" && cargo metadata --format-version 1 --no-deps \
-             | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  target=$(keyturnd_build receiver) || return 1
   receiver_port=$(kt_free_port)
   "$target/debug/examples/receiver" --listen "127.0.0.1:$receiver_port" --secret "$KT_CITUS_WEBHOOK_SECRET" \
     --status 200 >"$dir/receiver.log" 2>&1 &
@@ -33,10 +31,7 @@ keyturnd_by_tenant() {
   keyturnd_pid=$!
   # shellcheck disable=SC2064 # the pids are known now
   trap "kill $keyturnd_pid $receiver_pid 2>/dev/null || true" RETURN
-  until_state "keyturnd ready" curl -fs "http://127.0.0.1:$keyturnd_port/readyz" -o /dev/null || {
-    tail -n 20 "$dir/keyturnd.log"
-    return 1
-  }
+  keyturnd_ready "$keyturnd_port" "$dir/keyturnd.log" || return 1
 
   # Ready means the coordinator's LISTEN works; the workers' follow. Wait for
   # both, or a slow machine's poll could deliver before any worker listened
@@ -52,14 +47,6 @@ keyturnd_by_tenant() {
   local uncertain
   uncertain=$(sed -n 's/^UNCERTAIN //p' "$dir/sql.log")
 
-  check() {
-    if [ "$2" = "$3" ]; then
-      echo "NOTICE:  ok - $1"
-    else
-      echo "FAILED: $1: got $2, want $3"
-      status=1
-    fi
-  }
   check "keyturnd chose to dispatch tenant by tenant" "$(log_has 'dispatching tenant by tenant')" 1
   check "keyturnd listens on both workers" "$(log_has 'listening on a worker')" 2
   check "and was woken by a worker's notification" "$([ "$(log_has "woken by a worker's notification")" -ge 1 ] && echo yes)" yes

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # keyturnd's /rpc on layout B (sourced by tests/citus/run, which defines
-# cpsql, C, OUT and until_state): a person's JWT, the card's calls over
+# cpsql, C, OUT, until_state, check, keyturnd_build and keyturnd_ready): a person's JWT, the card's calls over
 # HTTP. keyturnd asks the database whether keyturn's tables are distributed,
 # runs preview, approve and reject in their tenant-explicit forms, which
 # Citus delegates to the tenant's worker, with the claims asserted by a
@@ -12,9 +12,7 @@ KT_CITUS_JWT_SECRET=citus-layer-jwt-secret-of-32-bytes-or-more
 rpc_by_tenant() {
   local dir="$OUT/rpc" target port pid status=0
   mkdir -p "$dir"
-  (cd "$KT_ROOT" && cargo build -q -p keyturnd --bin keyturnd --example jwt) || return 1
-  target=$(cd "$KT_ROOT" && cargo metadata --format-version 1 --no-deps \
-             | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  target=$(keyturnd_build jwt) || return 1
   # The /rpc login: NOINHERIT, the person's role per request (Citus creates
   # it on the workers too).
   cpsql -q -c "CREATE ROLE citus_rpc LOGIN NOINHERIT IN ROLE app_human" || return 1
@@ -48,10 +46,7 @@ SQL
   pid=$!
   # shellcheck disable=SC2064 # the pid is known now
   trap "kill $pid 2>/dev/null || true" RETURN
-  until_state "keyturnd ready" curl -fs "http://127.0.0.1:$port/readyz" -o /dev/null || {
-    tail -n 20 "$dir/keyturnd.log"
-    return 1
-  }
+  keyturnd_ready "$port" "$dir/keyturnd.log" || return 1
 
   jwt() {
     "$target/debug/examples/jwt" --secret "$KT_CITUS_JWT_SECRET" \
@@ -67,15 +62,6 @@ SQL
     cat "$dir/answer"
   }
   field() { python3 -c 'import json, sys; v = json.loads(sys.stdin.read().split(" ", 1)[1]); print(eval(sys.argv[1]))' "$1"; }
-  check() {
-    if [ "$2" = "$3" ]; then
-      echo "NOTICE:  ok - $1"
-    else
-      echo "FAILED: $1: got $2, want $3"
-      status=1
-    fi
-  }
-
   local said
   said=$(rpc "$alice" preview "{\"action_id\": \"$p1\", \"token\": \"$t1\"}")
   check "preview over /rpc, on acme's worker" "${said%% *} $(field 'v["tool"] + " " + str(v["params"]["set"])' <<<"$said")" \
