@@ -1,11 +1,12 @@
 # shellcheck shell=bash
 # keyturnd's /rpc on layout B (sourced by tests/citus/run, which defines
-# cpsql, C, OUT, until_state, check, keyturnd_build and keyturnd_ready): a person's JWT, the card's calls over
-# HTTP. keyturnd asks the database whether keyturn's tables are distributed,
-# runs preview, approve and reject in their tenant-explicit forms, which
-# Citus delegates to the tenant's worker, with the claims asserted by a
-# propagated SET LOCAL; a call without such a form (pending) runs as it is.
-# A JWT of another tenant is refused there, and changes nothing.
+# cpsql, C, OUT, until_state, check, keyturnd_build and keyturnd_ready): a
+# person's JWT, the card's calls over HTTP. keyturnd asks the database
+# whether keyturn's tables are distributed, and runs preview, approve,
+# reject, revise and approve_many in their tenant-explicit forms, which Citus
+# delegates to the tenant's worker, with the claims asserted by a propagated
+# SET LOCAL; a call without such a form (pending) runs as it is. A JWT of
+# another tenant is refused there, and changes nothing.
 
 KT_CITUS_JWT_SECRET=citus-layer-jwt-secret-of-32-bytes-or-more
 
@@ -76,11 +77,23 @@ SQL
     "200 $p3"
   said=$(rpc "$gina" approve "{\"action_id\": \"$p3\", \"token\": \"$t3\"}")
   check "another tenant's JWT is refused on its own worker" "${said%% *} $(field 'v["code"]' <<<"$said")" "409 55000"
+  check "and changes nothing: the third is still pending" \
+    "$(cpsql -Atc "SELECT status FROM keyturn.action WHERE tenant = 'acme' AND id = '$p3'")" pending
 
-  check "what the database holds: alice's approval written, her rejection, the third still pending" \
-    "$(cpsql -Atc "SELECT string_agg(a.status::text, ' ' ORDER BY a.id) || ' ' || (SELECT stage FROM crm.deal WHERE tenant = 'acme' AND id = 103)
-                     FROM keyturn.action a WHERE a.tenant = 'acme' AND a.id IN ('$p1', '$p2', '$p3')")" \
-    "succeeded rejected pending negotiation"
+  # The third edited on the card, then approved as a batch of one.
+  local p3b t3b
+  said=$(rpc "$alice" revise "{\"action_id\": \"$p3\", \"token\": \"$t3\",
+                               \"params\": {\"where\": {\"tenant\": \"acme\", \"id\": 101}, \"set\": {\"stage\": \"won\"}}}")
+  read -r p3b t3b < <(field 'v[0]["action_id"] + " " + v[0]["token"]' <<<"$said")
+  check "revise over /rpc, delegated: a new proposal" "${said%% *} $([ -n "$t3b" ] && echo "a token")" "200 a token"
+  said=$(rpc "$alice" approve_many "{\"items\": [{\"action_id\": \"$p3b\", \"token\": \"$t3b\"}]}")
+  check "approve_many over /rpc, delegated" "${said%% *} $(field 'v[0]["status"]' <<<"$said")" "200 succeeded"
+
+  check "what the database holds: the approvals written, the rejection, the edit superseding" \
+    "$(cpsql -Atc "SELECT string_agg(a.status::text, ' ' ORDER BY a.id) || ' ' ||
+                          (SELECT string_agg(stage, ' ' ORDER BY id) FROM crm.deal WHERE tenant = 'acme' AND id IN (101, 103))
+                     FROM keyturn.action a WHERE a.tenant = 'acme' AND a.id IN ('$p1', '$p2', '$p3', '$p3b')")" \
+    "succeeded rejected superseded succeeded won negotiation"
   check "its events, each by its role" \
     "$(cpsql -Atc "SELECT string_agg(to_status::text || ':' || db_role, ' ' ORDER BY id) FROM keyturn.event
                     WHERE tenant = 'acme' AND action_id IN ('$p1', '$p2')")" \
