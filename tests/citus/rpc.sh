@@ -77,6 +77,8 @@ SQL
     "200 $p3"
   said=$(rpc "$gina" approve "{\"action_id\": \"$p3\", \"token\": \"$t3\"}")
   check "another tenant's JWT is refused on its own worker" "${said%% *} $(field 'v["code"]' <<<"$said")" "409 55000"
+  said=$(rpc "$(jwt "" alice)" approve "{\"action_id\": \"$p3\", \"token\": \"$t3\"}")
+  check "a JWT that names no tenant is refused" "${said%% *} $(field 'v["code"]' <<<"$said")" "403 42501"
   check "and changes nothing: the third is still pending" \
     "$(cpsql -Atc "SELECT status FROM keyturn.action WHERE tenant = 'acme' AND id = '$p3'")" pending
 
