@@ -21,23 +21,10 @@
 -- unknown action (55000); nothing of another tenant is read or changed.
 --
 -- Authorized by role alone, as the plain calls: the dispatcher's and the
--- operator's calls act for every tenant, and the tenant only routes.
-
--- Refuses a tenant-explicit call without its tenant (22023): a NULL would
+-- operator's calls act for every tenant, and the tenant only routes. A call
+-- without its tenant is refused (22023, keyturn._require_tenant, in Rust:
+-- extension/src/route_guard.rs, one rule for every _for call): a NULL would
 -- mean every tenant to the statements it shares with the plain call.
-CREATE FUNCTION keyturn._require_tenant(p_tenant text, p_what text)
-RETURNS text
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-BEGIN
-    IF p_tenant IS NULL OR btrim(p_tenant) = '' THEN
-        RAISE EXCEPTION 'keyturn: % needs the tenant it acts in', p_what
-            USING ERRCODE = '22023',
-                  HINT = 'tenants_due lists the tenants with work due; lease_for returns each job''s tenant.';
-    END IF;
-    RETURN p_tenant;
-END
-$$;
 
 -- The tenants with dispatcher work due, oldest work first: to_lease counts
 -- the queued actions due now whose tool's provider is in providers (NULL =

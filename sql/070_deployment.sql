@@ -6,17 +6,23 @@
 -- one row each: 'error' breaks a guarantee keyturn states, 'warning' weakens
 -- one or needs a person to confirm it is intended.
 
--- The tables the current version of some sql tool writes.
+-- The tables the current version of some sql tool writes. plpgsql, not sql:
+-- an SQL function would be inlined into check_deployment's query, and Citus
+-- refuses a query whose distributed tables (keyturn's, on layout B) appear
+-- only once the planner has inlined it.
 CREATE FUNCTION keyturn._gated_tables()
 RETURNS TABLE (relid oid, tools text)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT to_regclass(format('%I.%I', v.sql_schema, v.sql_table))::oid,
            string_agg(v.tool, ', ' ORDER BY v.tool)
       FROM keyturn.tool t
       JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
      WHERE v.executor = 'sql' AND to_regclass(format('%I.%I', v.sql_schema, v.sql_table)) IS NOT NULL
-     GROUP BY 1
+     GROUP BY 1;
+END
 $$;
 
 CREATE FUNCTION keyturn.check_deployment()

@@ -7,6 +7,21 @@
 -- function here answers nothing, and Citus's catalog and functions are only
 -- reached through EXECUTE, once its presence is known.
 
+-- Whether every backend of this node loads pg_keyturn when it starts
+-- (shared_preload_libraries, or session_preload_libraries), so that its
+-- planner hook runs before Citus plans any statement: the hook refuses a
+-- tenant-explicit call whose tenant is NULL, which Citus would otherwise
+-- hash as text and crash on (extension/src/route_guard.rs). A backend that
+-- loads pg_keyturn later is protected only from then on.
+CREATE FUNCTION keyturn._preloaded()
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT concat_ws(',', current_setting('shared_preload_libraries', true),
+                     current_setting('session_preload_libraries', true))
+           ~ '(^|,)\s*(\$libdir/)?pg_keyturn(\.so)?\s*(,|$)'
+$$;
+
 -- What every node must agree on for identity to resolve alike everywhere:
 -- pg_keyturn's version and the settings that read identity. Calling
 -- current_tenant() first loads pg_keyturn in this backend, so its settings
@@ -17,10 +32,10 @@ LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
     PERFORM keyturn.current_tenant();
-    RETURN format('%s|%s|%s|%s|%s|%s', (SELECT extversion FROM pg_extension WHERE extname = 'pg_keyturn'),
+    RETURN format('%s|%s|%s|%s|%s|%s|%s', (SELECT extversion FROM pg_extension WHERE extname = 'pg_keyturn'),
                   current_setting('keyturn.claim_tenant', true), current_setting('keyturn.claim_principal', true),
                   current_setting('keyturn.claim_session', true), current_setting('keyturn.claim_numbers', true),
-                  current_setting('keyturn.allow_session_identity', true));
+                  current_setting('keyturn.allow_session_identity', true), keyturn._preloaded());
 END
 $$;
 
@@ -88,6 +103,13 @@ BEGIN
             'is not ''local'' for this login: the application''s own statements on distributed tables see no identity on the workers (row-level security there finds no tenant); set it to local and assert identity with SET LOCAL (docs/scale-out.md)';
     END IF;
 
+    -- Distributed, every _for call is routed by Citus, which crashes on a NULL
+    -- tenant unless pg_keyturn's planner hook refused it first.
+    IF keyturn.dispatch_by_tenant() AND NOT keyturn._preloaded() THEN
+        RETURN QUERY SELECT 'error', 'setting shared_preload_libraries',
+            'does not load pg_keyturn: a tenant-explicit call with a NULL tenant, which any role that may make one can send, crashes the backend in Citus''s routing and restarts every connection of the node; set shared_preload_libraries = ''citus,pg_keyturn'' on every node and restart them (docs/scale-out.md)';
+    END IF;
+
     -- Every worker resolves identity itself (RLS calls keyturn.current_tenant()
     -- there), from the settings keyturn propagates: it needs pg_keyturn at the
     -- coordinator's version and the same claim settings.
@@ -103,7 +125,7 @@ BEGIN
                            w.result);
             ELSIF w.result IS DISTINCT FROM v_coord THEN
                 RETURN QUERY SELECT 'error', format('worker %s:%s', w.nodename, w.nodeport),
-                    format('pg_keyturn version or identity settings (version|claim_tenant|claim_principal|claim_session|claim_numbers|allow_session_identity) are %s there, %s here: row-level security on that worker would resolve another identity; set them alike on every node',
+                    format('pg_keyturn version, identity settings or preloading (version|claim_tenant|claim_principal|claim_session|claim_numbers|allow_session_identity|preloaded) are %s there, %s here: row-level security on that worker would resolve another identity, or a call with a NULL tenant crash a backend there; set them alike on every node',
                            w.result, v_coord);
             END IF;
         END LOOP;
@@ -177,6 +199,11 @@ BEGIN
         RAISE EXCEPTION 'keyturn: Citus is not installed in this database'
             USING ERRCODE = '55000',
                   HINT = 'CREATE EXTENSION citus on every node and add the workers first (docs/scale-out.md).';
+    END IF;
+    IF NOT keyturn._preloaded() THEN
+        RAISE EXCEPTION 'keyturn: pg_keyturn is not in shared_preload_libraries'
+            USING ERRCODE = '55000',
+                  HINT = 'Distributed, every _for call is routed by Citus, which crashes a backend on a NULL tenant unless pg_keyturn refused it first (docs/scale-out.md): set shared_preload_libraries = ''citus,pg_keyturn'' on every node and restart them.';
     END IF;
     SELECT * INTO c FROM keyturn._citus_table(citus_distribute.colocate_with);
     IF NOT FOUND OR c.method <> 'h'

@@ -448,6 +448,15 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'render_summary_wrapper';
 
+-- pg_keyturn::route_guard::_require_tenant
+CREATE OR REPLACE FUNCTION "_require_tenant"(
+	"p_tenant" TEXT, /* Option < & str > */
+	"p_what" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'require_tenant_sql_wrapper';
+
 -- pg_keyturn::validation::_scope_violation
 CREATE OR REPLACE FUNCTION "_scope_violation"(
 	"scope" jsonb, /* Option < JsonbText > */
@@ -5011,23 +5020,10 @@ $$;
 -- unknown action (55000); nothing of another tenant is read or changed.
 --
 -- Authorized by role alone, as the plain calls: the dispatcher's and the
--- operator's calls act for every tenant, and the tenant only routes.
-
--- Refuses a tenant-explicit call without its tenant (22023): a NULL would
+-- operator's calls act for every tenant, and the tenant only routes. A call
+-- without its tenant is refused (22023, keyturn._require_tenant, in Rust:
+-- extension/src/route_guard.rs, one rule for every _for call): a NULL would
 -- mean every tenant to the statements it shares with the plain call.
-CREATE OR REPLACE FUNCTION keyturn._require_tenant(p_tenant text, p_what text)
-RETURNS text
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-BEGIN
-    IF p_tenant IS NULL OR btrim(p_tenant) = '' THEN
-        RAISE EXCEPTION 'keyturn: % needs the tenant it acts in', p_what
-            USING ERRCODE = '22023',
-                  HINT = 'tenants_due lists the tenants with work due; lease_for returns each job''s tenant.';
-    END IF;
-    RETURN p_tenant;
-END
-$$;
 
 -- The tenants with dispatcher work due, oldest work first: to_lease counts
 -- the queued actions due now whose tool's provider is in providers (NULL =
@@ -5221,17 +5217,23 @@ $$;
 -- one row each: 'error' breaks a guarantee keyturn states, 'warning' weakens
 -- one or needs a person to confirm it is intended.
 
--- The tables the current version of some sql tool writes.
+-- The tables the current version of some sql tool writes. plpgsql, not sql:
+-- an SQL function would be inlined into check_deployment's query, and Citus
+-- refuses a query whose distributed tables (keyturn's, on layout B) appear
+-- only once the planner has inlined it.
 CREATE OR REPLACE FUNCTION keyturn._gated_tables()
 RETURNS TABLE (relid oid, tools text)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT to_regclass(format('%I.%I', v.sql_schema, v.sql_table))::oid,
            string_agg(v.tool, ', ' ORDER BY v.tool)
       FROM keyturn.tool t
       JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
      WHERE v.executor = 'sql' AND to_regclass(format('%I.%I', v.sql_schema, v.sql_table)) IS NOT NULL
-     GROUP BY 1
+     GROUP BY 1;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION keyturn.check_deployment()
@@ -5395,6 +5397,21 @@ $$;
 -- function here answers nothing, and Citus's catalog and functions are only
 -- reached through EXECUTE, once its presence is known.
 
+-- Whether every backend of this node loads pg_keyturn when it starts
+-- (shared_preload_libraries, or session_preload_libraries), so that its
+-- planner hook runs before Citus plans any statement: the hook refuses a
+-- tenant-explicit call whose tenant is NULL, which Citus would otherwise
+-- hash as text and crash on (extension/src/route_guard.rs). A backend that
+-- loads pg_keyturn later is protected only from then on.
+CREATE OR REPLACE FUNCTION keyturn._preloaded()
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT concat_ws(',', current_setting('shared_preload_libraries', true),
+                     current_setting('session_preload_libraries', true))
+           ~ '(^|,)\s*(\$libdir/)?pg_keyturn(\.so)?\s*(,|$)'
+$$;
+
 -- What every node must agree on for identity to resolve alike everywhere:
 -- pg_keyturn's version and the settings that read identity. Calling
 -- current_tenant() first loads pg_keyturn in this backend, so its settings
@@ -5405,10 +5422,10 @@ LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
     PERFORM keyturn.current_tenant();
-    RETURN format('%s|%s|%s|%s|%s|%s', (SELECT extversion FROM pg_extension WHERE extname = 'pg_keyturn'),
+    RETURN format('%s|%s|%s|%s|%s|%s|%s', (SELECT extversion FROM pg_extension WHERE extname = 'pg_keyturn'),
                   current_setting('keyturn.claim_tenant', true), current_setting('keyturn.claim_principal', true),
                   current_setting('keyturn.claim_session', true), current_setting('keyturn.claim_numbers', true),
-                  current_setting('keyturn.allow_session_identity', true));
+                  current_setting('keyturn.allow_session_identity', true), keyturn._preloaded());
 END
 $$;
 
@@ -5476,6 +5493,13 @@ BEGIN
             'is not ''local'' for this login: the application''s own statements on distributed tables see no identity on the workers (row-level security there finds no tenant); set it to local and assert identity with SET LOCAL (docs/scale-out.md)';
     END IF;
 
+    -- Distributed, every _for call is routed by Citus, which crashes on a NULL
+    -- tenant unless pg_keyturn's planner hook refused it first.
+    IF keyturn.dispatch_by_tenant() AND NOT keyturn._preloaded() THEN
+        RETURN QUERY SELECT 'error', 'setting shared_preload_libraries',
+            'does not load pg_keyturn: a tenant-explicit call with a NULL tenant, which any role that may make one can send, crashes the backend in Citus''s routing and restarts every connection of the node; set shared_preload_libraries = ''citus,pg_keyturn'' on every node and restart them (docs/scale-out.md)';
+    END IF;
+
     -- Every worker resolves identity itself (RLS calls keyturn.current_tenant()
     -- there), from the settings keyturn propagates: it needs pg_keyturn at the
     -- coordinator's version and the same claim settings.
@@ -5491,7 +5515,7 @@ BEGIN
                            w.result);
             ELSIF w.result IS DISTINCT FROM v_coord THEN
                 RETURN QUERY SELECT 'error', format('worker %s:%s', w.nodename, w.nodeport),
-                    format('pg_keyturn version or identity settings (version|claim_tenant|claim_principal|claim_session|claim_numbers|allow_session_identity) are %s there, %s here: row-level security on that worker would resolve another identity; set them alike on every node',
+                    format('pg_keyturn version, identity settings or preloading (version|claim_tenant|claim_principal|claim_session|claim_numbers|allow_session_identity|preloaded) are %s there, %s here: row-level security on that worker would resolve another identity, or a call with a NULL tenant crash a backend there; set them alike on every node',
                            w.result, v_coord);
             END IF;
         END LOOP;
@@ -5565,6 +5589,11 @@ BEGIN
         RAISE EXCEPTION 'keyturn: Citus is not installed in this database'
             USING ERRCODE = '55000',
                   HINT = 'CREATE EXTENSION citus on every node and add the workers first (docs/scale-out.md).';
+    END IF;
+    IF NOT keyturn._preloaded() THEN
+        RAISE EXCEPTION 'keyturn: pg_keyturn is not in shared_preload_libraries'
+            USING ERRCODE = '55000',
+                  HINT = 'Distributed, every _for call is routed by Citus, which crashes a backend on a NULL tenant unless pg_keyturn refused it first (docs/scale-out.md): set shared_preload_libraries = ''citus,pg_keyturn'' on every node and restart them.';
     END IF;
     SELECT * INTO c FROM keyturn._citus_table(citus_distribute.colocate_with);
     IF NOT FOUND OR c.method <> 'h'

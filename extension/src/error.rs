@@ -10,6 +10,10 @@ pub enum KeyturnError {
     /// Input that keyturn cannot accept as given (22023).
     #[error("keyturn: {0}")]
     Invalid(#[from] CoreError),
+    /// An argument keyturn cannot act on, beyond what keyturn-core checks
+    /// (22023), e.g. a tenant-explicit call that names no tenant.
+    #[error("keyturn: {message}")]
+    InvalidArgument { message: String, hint: &'static str },
     /// The caller may not do this (42501).
     #[error("keyturn: {message}")]
     Forbidden { message: String, hint: &'static str },
@@ -28,7 +32,9 @@ pub enum KeyturnError {
 impl KeyturnError {
     fn sqlstate(&self) -> PgSqlErrorCode {
         match self {
-            KeyturnError::Invalid(_) => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            KeyturnError::Invalid(_) | KeyturnError::InvalidArgument { .. } => {
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE
+            }
             KeyturnError::Forbidden { .. } => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             KeyturnError::NotReady(_) | KeyturnError::WrongState { .. } => {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
@@ -41,9 +47,9 @@ impl KeyturnError {
     pub fn raise(self) -> ! {
         let code = self.sqlstate();
         let hint = match &self {
-            KeyturnError::Forbidden { hint, .. } | KeyturnError::WrongState { hint, .. } => {
-                Some(*hint)
-            }
+            KeyturnError::Forbidden { hint, .. }
+            | KeyturnError::WrongState { hint, .. }
+            | KeyturnError::InvalidArgument { hint, .. } => Some(*hint),
             _ => None,
         };
         let mut report = ErrorReport::new(code, self.to_string(), "pg_keyturn");

@@ -11,6 +11,7 @@
 pub extern "C-unwind" fn _PG_init() {
     guc::register();
     xact::register();
+    route_guard::register();
 }
 
 mod error;
@@ -29,6 +30,7 @@ mod ids; // time-ordered action ids
 mod lifecycle; // the action row triggers: the status guard, the lifecycle side effects
 mod plans; // SPI plans kept per backend
 mod privilege; // switching between the caller and the extension owner
+mod route_guard; // a tenant-explicit call's tenant: required, and never NULL where Citus routes it
 mod token; // one-time tokens: mint, digest, binding, constant-time compare
 mod validation; // credentials, receipts, summaries, params schemas
 mod xact; // what is forgotten at the end of every transaction
@@ -142,7 +144,7 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/062_dispatch_for.sql",
     name = "dispatch_for",
-    requires = ["dispatch_batch"]
+    requires = ["dispatch_batch", route_guard::require_tenant_sql]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/070_deployment.sql",

@@ -37,10 +37,12 @@ kt_citus_node_start() {
   kt_as_pg mkdir -p "$dir"
   kt_as_pg "$PG_BIN/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 --no-sync \
     >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; return 1; }
+  # pg_keyturn after citus: its planner hook refuses a tenant-explicit call
+  # with a NULL tenant before Citus routes it (b_null_tenant).
   # max_prepared_transactions: Citus's two-phase commits. wal_level=logical is
   # what Citus wants for shard moves; the layer never moves shards.
   local opts="-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200"
-  opts="$opts -c shared_preload_libraries=citus -c max_prepared_transactions=200"
+  opts="$opts -c shared_preload_libraries=citus,pg_keyturn -c max_prepared_transactions=200"
   # synchronous_commit stays on: the crash tests stop the coordinator at once,
   # and a commit must not be lost from its WAL buffers with it.
   opts="$opts -c fsync=off -c citus.recover_2pc_interval=-1"

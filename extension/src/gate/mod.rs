@@ -24,19 +24,21 @@ use crate::error::KeyturnError;
 use crate::identity::current_tenant;
 use crate::plans;
 use crate::privilege::{current_user, extension_owner, RoleSwitch};
+use crate::route_guard::require_tenant;
 
 /// The tenant-explicit entry points (`propose_for`, `approve_for`) name the
 /// tenant so that Citus can send the whole call to the worker that holds it
 /// (docs/scale-out.md, layout B); the name must be the caller's own tenant,
-/// or the call is refused (42501) before anything is read. It routes, it
-/// never decides: identity stays what the transaction asserted.
+/// or the call is refused (42501; none at all: 22023, [`require_tenant`])
+/// before anything is read. It routes, it never decides: identity stays
+/// what the transaction asserted.
 fn refuse_other_tenant(what: &str, tenant: Option<&str>) {
+    let tenant = require_tenant(what, tenant);
     let own = current_tenant();
-    if tenant.is_none() || own.as_deref() != tenant {
+    if own.as_deref() != Some(tenant) {
         KeyturnError::Forbidden {
             message: format!(
-                "{what} names tenant {}, which is not the caller's ({})",
-                tenant.unwrap_or("NULL"),
+                "{what} names tenant {tenant}, which is not the caller's ({})",
                 own.as_deref().unwrap_or("no tenant")
             ),
             hint: "Pass the tenant of the identity the transaction asserted. On Citus, assert it with SET LOCAL and citus.propagate_set_commands = 'local', so that it reaches the worker (docs/scale-out.md).",

@@ -145,21 +145,16 @@ impl Rpc {
                     .await?;
                     db::bounded(tx.query_typed_one(&sql, &[(&args, Type::JSONB)])).await?
                 }
-                Some(sql_by_tenant) => {
-                    let by_tenant = claims_by_tenant(&tx, &verified.claims).await?;
-                    match by_tenant {
-                        None => {
-                            db::bounded(tx.query_typed_one(&sql, &[(&args, Type::JSONB)])).await?
-                        }
-                        Some(tenant) => {
-                            db::bounded(tx.query_typed_one(
-                                sql_by_tenant,
-                                &[(&args, Type::JSONB), (&tenant, Type::TEXT)],
-                            ))
-                            .await?
-                        }
+                Some(sql_by_tenant) => match claims_by_tenant(&tx, &verified.claims).await? {
+                    None => db::bounded(tx.query_typed_one(&sql, &[(&args, Type::JSONB)])).await?,
+                    Some(tenant) => {
+                        db::bounded(tx.query_typed_one(
+                            sql_by_tenant,
+                            &[(&args, Type::JSONB), (&tenant, Type::TEXT)],
+                        ))
+                        .await?
                     }
-                }
+                },
             };
             let value: Option<Value> = row.try_get(0).map_err(Error::Decode)?;
             db::commit(tx).await?;
@@ -174,17 +169,18 @@ impl Rpc {
 }
 
 /// Asserts `claims` in the request's transaction for a call that has a
-/// tenant-explicit form, and asks the database which form to run: `None`
-/// when keyturn's tables are not distributed by tenant (the plain call),
-/// else the tenant the claims name (NULL when they name none, which the
-/// call refuses). Distributed, the claims are also asserted as a `SET LOCAL`
-/// that Citus propagates, so that the call it runs on the tenant's worker
-/// resolves the same identity (docs/scale-out.md, "Identity on the workers");
-/// the statement is the database's, quoted there.
+/// tenant-explicit form, and asks the database which form to run: the
+/// tenant the claims name where keyturn's tables are distributed by tenant;
+/// `None` for the plain call, on one node or for claims that name no tenant
+/// (the plain call refuses the missing identity itself, and a NULL tenant
+/// never reaches Citus's routing). Distributed, the claims are also asserted
+/// as a `SET LOCAL` that Citus propagates, so that the call it runs on the
+/// tenant's worker resolves the same identity (docs/scale-out.md, "Identity
+/// on the workers"); the statement is the database's, quoted there.
 async fn claims_by_tenant(
     tx: &tokio_postgres::Transaction<'_>,
     claims: &str,
-) -> Result<Option<Option<String>>, Error> {
+) -> Result<Option<String>, Error> {
     let row = db::bounded(tx.query_typed_one(
         "SELECT pg_catalog.set_config('request.jwt.claims', $1, true) IS NOT NULL AS set, \
                 keyturn.dispatch_by_tenant() AS by_tenant",
@@ -203,8 +199,10 @@ async fn claims_by_tenant(
     .await?;
     let tenant: Option<String> = row.try_get("tenant").map_err(Error::Decode)?;
     let assert: String = row.try_get("assert").map_err(Error::Decode)?;
-    db::bounded(tx.batch_execute(&assert)).await?;
-    Ok(Some(tenant))
+    if tenant.is_some() {
+        db::bounded(tx.batch_execute(&assert)).await?;
+    }
+    Ok(tenant)
 }
 
 /// The request body as an object of named arguments; empty = none.

@@ -590,7 +590,7 @@ async fn test_the_ceremony_and_session_calls_for_the_callers_own_tenant_only() {
 
     // revise_for: named the caller's tenant, exactly revise.
     let old = w.propose(&t, form(deals[0], "won")).await.unwrap();
-    for tenant in [Some(other.as_str()), none] {
+    for (tenant, code) in [(Some(other.as_str()), "42501"), (none, "22023")] {
         let refused = w
             .human
             .query_one(
@@ -598,7 +598,7 @@ async fn test_the_ceremony_and_session_calls_for_the_callers_own_tenant_only() {
                 &[&tenant, &old.id, &old.token, &form(deals[0], "lost")],
             )
             .await;
-        assert_eq!(sqlstate(refused), "42501", "revise_for naming {tenant:?}");
+        assert_eq!(sqlstate(refused), code, "revise_for naming {tenant:?}");
     }
     assert_eq!(w.status(old.id).await, "pending", "nothing revised");
     let r = w
@@ -655,9 +655,9 @@ async fn test_the_ceremony_and_session_calls_for_the_callers_own_tenant_only() {
         "SELECT keyturn.cancel_origin_for($1, 'conv-for')",
         "SELECT keyturn.archive_conversation_for($1, 'conv-for-2')",
     ] {
-        for tenant in [Some(other.as_str()), none] {
+        for (tenant, code) in [(Some(other.as_str()), "42501"), (none, "22023")] {
             let refused = w.agent.query_one(sql, &[&tenant]).await;
-            assert_eq!(sqlstate(refused), "42501", "{sql} naming {tenant:?}");
+            assert_eq!(sqlstate(refused), code, "{sql} naming {tenant:?}");
         }
     }
     assert_eq!(

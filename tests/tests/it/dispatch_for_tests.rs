@@ -395,3 +395,47 @@ async fn test_dispatch_by_tenant_is_false_without_citus() {
         .await;
     assert_eq!(sqlstate(refused), "42501", "the superuser's alone");
 }
+
+/// A NULL tenant is refused when the call is planned, by pg_keyturn's
+/// planner hook (extension/src/route_guard.rs), before Citus could route
+/// it: Citus hashes the tenant to pick a worker and crashes on a NULL
+/// (tests/citus/b_null_tenant.sql). EXPLAIN plans without running, so here
+/// only the hook can refuse.
+#[tokio::test]
+async fn test_a_null_tenant_is_refused_when_the_call_is_planned() {
+    let d = connect("app_dispatcher").await;
+    // pg_keyturn is loaded in a backend by its first call of a keyturn
+    // function written in Rust; the hook guards it from then on.
+    d.query_one("SELECT keyturn.current_tenant()", &[])
+        .await
+        .unwrap();
+    for sql in [
+        "EXPLAIN SELECT * FROM keyturn.lease_for(NULL, 'w', 8)",
+        "EXPLAIN SELECT * FROM keyturn.lease_for(worker => 'w', in_tenant => NULL)",
+        "EXPLAIN SELECT keyturn.sweep_for(NULL)",
+        "EXPLAIN SELECT keyturn.begin_dispatch_for(NULL::text, gen_random_uuid(), gen_random_uuid())",
+    ] {
+        let refused = d.query(sql, &[]).await;
+        assert_eq!(sqlstate(refused), "22023", "{sql}");
+    }
+    // Bound to NULL, as a driver sends it.
+    let none: Option<&str> = None;
+    let refused = d
+        .query(
+            "EXPLAIN SELECT * FROM keyturn.lease_for($1, 'w', 8)",
+            &[&none],
+        )
+        .await;
+    assert!(message(refused).contains("lease_for needs the tenant it acts in"));
+    // The hook looks at the tenant of keyturn's _for calls only.
+    for sql in [
+        "EXPLAIN SELECT * FROM keyturn.lease_for('acme', 'w', 8)",
+        "EXPLAIN SELECT * FROM keyturn.lease_for('acme', NULL, 8)",
+        "EXPLAIN SELECT * FROM keyturn.tenants_due(NULL)",
+        "EXPLAIN SELECT pg_catalog.lower(NULL)",
+    ] {
+        d.query(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
