@@ -77,8 +77,8 @@ unsafe extern "C-unwind" fn plan(
 /// Raises [`require_tenant`]'s error for a statement of the shapes Citus
 /// sends whole to a worker (`SELECT f(…)`, `SELECT … FROM f(…)`) whose
 /// function is one of keyturn's `_for` calls and whose tenant, the first
-/// argument, is a NULL constant or a NULL bound parameter. Any other
-/// statement passes untouched, at the cost of a look at its top level.
+/// argument, folds to NULL ([`folds_to_null`]). Any other statement passes
+/// untouched, at the cost of a look at its top level.
 ///
 /// # Safety
 /// `parse` is the query being planned, `params` its bound parameters or NULL.
@@ -135,7 +135,7 @@ unsafe fn check_call(node: *mut pg_sys::Node, params: pg_sys::ParamListInfo) {
         let Some(tenant) = first_argument(call) else {
             return;
         };
-        if !is_null(pg_sys::strip_implicit_coercions(tenant), params) {
+        if !folds_to_null(tenant, params) {
             return;
         }
         let keyturn = pg_sys::get_namespace_oid(c"keyturn".as_ptr(), true);
@@ -177,36 +177,32 @@ unsafe fn first_argument(call: &pg_sys::FuncExpr) -> Option<*mut pg_sys::Node> {
     }
 }
 
-/// Whether `node` is a NULL constant, or an external parameter bound to NULL.
+/// Whether `node` is NULL once the planner has folded it, as Citus then
+/// sees it: a NULL constant, a parameter bound to NULL, or any expression of
+/// them the planner evaluates (`lower(NULL)`, `NULLIF('a', 'a')`). Folded
+/// here the way the planner folds it, with the statement's bound parameters
+/// (those it may treat as constants); what does not fold to a constant,
+/// Citus does not route, and the call itself refuses a NULL when it runs.
 ///
 /// # Safety
 /// `node` is an expression of the query being planned; `params` its bound
 /// parameters or NULL.
-unsafe fn is_null(node: *mut pg_sys::Node, params: pg_sys::ParamListInfo) -> bool {
-    // SAFETY: as the caller's; a parameter is fetched the way the executor
-    // would fetch it (through paramFetch when the list has one).
+unsafe fn folds_to_null(node: *mut pg_sys::Node, params: pg_sys::ParamListInfo) -> bool {
+    // SAFETY: a copy of the expression is folded, in the planner's memory
+    // context; the planner state holds only what folding reads (the bound
+    // parameters) and the lists it appends its dependencies to.
     unsafe {
-        if pgrx::is_a(node, pg_sys::NodeTag::T_Const) {
-            return (*node.cast::<pg_sys::Const>()).constisnull;
-        }
-        if !pgrx::is_a(node, pg_sys::NodeTag::T_Param) || params.is_null() {
-            return false;
-        }
-        let param = &*node.cast::<pg_sys::Param>();
-        if param.paramkind != pg_sys::ParamKind::PARAM_EXTERN
-            || param.paramid < 1
-            || param.paramid > (*params).numParams
-        {
-            return false;
-        }
-        let mut workspace = pg_sys::ParamExternData::default();
-        let fetched = match (*params).paramFetch {
-            Some(fetch) => fetch(params, param.paramid, true, &mut workspace),
-            None => (*params)
-                .params
-                .as_mut_ptr()
-                .add((param.paramid - 1) as usize),
-        };
-        !fetched.is_null() && (*fetched).isnull && (*fetched).ptype != pg_sys::Oid::INVALID
+        let glob = pg_sys::palloc0(std::mem::size_of::<pg_sys::PlannerGlobal>())
+            .cast::<pg_sys::PlannerGlobal>();
+        (*glob).type_ = pg_sys::NodeTag::T_PlannerGlobal;
+        (*glob).boundParams = params;
+        let root = pg_sys::palloc0(std::mem::size_of::<pg_sys::PlannerInfo>())
+            .cast::<pg_sys::PlannerInfo>();
+        (*root).type_ = pg_sys::NodeTag::T_PlannerInfo;
+        (*root).glob = glob;
+        let copy = pg_sys::copyObjectImpl(node.cast()).cast::<pg_sys::Node>();
+        let folded = pg_sys::strip_implicit_coercions(pg_sys::eval_const_expressions(root, copy));
+        pgrx::is_a(folded, pg_sys::NodeTag::T_Const)
+            && (*folded.cast::<pg_sys::Const>()).constisnull
     }
 }

@@ -4,8 +4,10 @@
 -- backend dies with signal 11: the postmaster then restarts every
 -- connection of the node. Any role that may make one _for call could take
 -- the coordinator down with one statement. pg_keyturn, preloaded after
--- citus, refuses such a call in its planner hook first, with the error the
--- call itself gives a missing tenant (22023), and nothing restarts
+-- citus, refuses such a call in its planner hook first (a NULL constant, a
+-- parameter bound to NULL, any expression of them the planner folds to
+-- NULL), with the error the call itself gives a missing tenant (22023), and
+-- nothing restarts
 -- (extension/src/route_guard.rs). Seen crashing before the hook: the
 -- prepared approve_for below, with the tenant bound to NULL, as keyturnd's
 -- /rpc once sent it for a JWT without a tenant claim.
@@ -38,6 +40,16 @@ ROLLBACK;
 \connect - postgres
 SELECT citus_check.expect('approve_for with a NULL tenant: 22023', :'LAST_ERROR_SQLSTATE', '22023');
 
+-- An expression the planner folds to NULL, which is what Citus then hashes.
+\connect - app_human
+BEGIN;
+:as_alice
+\set LAST_ERROR_SQLSTATE ''
+SELECT * FROM keyturn.approve_for(NULLIF('acme', 'acme'), '01a23592-d356-76c7-b1c1-a1f1b7da6f8e', 'x');
+ROLLBACK;
+\connect - postgres
+SELECT citus_check.expect('approve_for with a tenant that folds to NULL: 22023', :'LAST_ERROR_SQLSTATE', '22023');
+
 \connect - app_human
 BEGIN;
 :as_alice
@@ -60,6 +72,18 @@ EXECUTE by_tenant('{"action_id": "01a23592-d356-76c7-b1c1-a1f1b7da6f8e", "token"
 ROLLBACK;
 \connect - postgres
 SELECT citus_check.expect('approve_for with the tenant bound to NULL: 22023', :'LAST_ERROR_SQLSTATE', '22023');
+
+\connect - app_human
+BEGIN;
+:as_alice
+PREPARE by_lower(text) AS
+  SELECT * FROM keyturn.approve_for(lower($1), '01a23592-d356-76c7-b1c1-a1f1b7da6f8e', 'x');
+\set LAST_ERROR_SQLSTATE ''
+EXECUTE by_lower(NULL);
+ROLLBACK;
+\connect - postgres
+SELECT citus_check.expect('approve_for with the tenant an expression of a parameter bound to NULL: 22023',
+    :'LAST_ERROR_SQLSTATE', '22023');
 
 \connect - app_dispatcher
 BEGIN;

@@ -414,6 +414,9 @@ async fn test_a_null_tenant_is_refused_when_the_call_is_planned() {
         "EXPLAIN SELECT * FROM keyturn.lease_for(worker => 'w', in_tenant => NULL)",
         "EXPLAIN SELECT keyturn.sweep_for(NULL)",
         "EXPLAIN SELECT keyturn.begin_dispatch_for(NULL::text, gen_random_uuid(), gen_random_uuid())",
+        // What the planner folds to NULL is what Citus would hash.
+        "EXPLAIN SELECT * FROM keyturn.lease_for(NULLIF('acme', 'acme'), 'w', 8)",
+        "EXPLAIN SELECT * FROM keyturn.lease_for(lower(NULL), 'w', 8)",
     ] {
         let refused = d.query(sql, &[]).await;
         assert_eq!(sqlstate(refused), "22023", "{sql}");
@@ -427,11 +430,23 @@ async fn test_a_null_tenant_is_refused_when_the_call_is_planned() {
         )
         .await;
     assert!(message(refused).contains("lease_for needs the tenant it acts in"));
+    let refused = d
+        .query(
+            "EXPLAIN SELECT * FROM keyturn.lease_for(lower($1::text), 'w', 8)",
+            &[&none],
+        )
+        .await;
+    assert_eq!(
+        sqlstate(refused),
+        "22023",
+        "an expression of a parameter bound to NULL"
+    );
     // The hook looks at the tenant of keyturn's _for calls only.
     for sql in [
         "EXPLAIN SELECT * FROM keyturn.lease_for('acme', 'w', 8)",
         "EXPLAIN SELECT * FROM keyturn.lease_for('acme', NULL, 8)",
         "EXPLAIN SELECT * FROM keyturn.tenants_due(NULL)",
+        "EXPLAIN SELECT * FROM keyturn.lease_for(lower('ACME'), 'w', 8)",
         "EXPLAIN SELECT pg_catalog.lower(NULL)",
     ] {
         d.query(sql, &[])
