@@ -132,12 +132,8 @@ unsafe fn check_call(node: *mut pg_sys::Node, params: pg_sys::ParamListInfo) {
             return;
         }
         let call = &*node.cast::<pg_sys::FuncExpr>();
-        let Some(tenant) = first_argument(call) else {
-            return;
-        };
-        if !folds_to_null(tenant, params) {
-            return;
-        }
+        // Two catalog-cache lookups decide whether the call is keyturn's;
+        // only then is its tenant folded.
         let keyturn = pg_sys::get_namespace_oid(c"keyturn".as_ptr(), true);
         if keyturn == pg_sys::Oid::INVALID || pg_sys::get_func_namespace(call.funcid) != keyturn {
             return;
@@ -147,7 +143,10 @@ unsafe fn check_call(node: *mut pg_sys::Node, params: pg_sys::ParamListInfo) {
             return;
         }
         let name = CStr::from_ptr(name).to_string_lossy().into_owned();
-        if name.ends_with("_for") && !name.starts_with('_') {
+        if !name.ends_with("_for") || name.starts_with('_') {
+            return;
+        }
+        if first_argument(call).is_some_and(|tenant| folds_to_null(tenant, params)) {
             require_tenant(&name, None);
         }
     }
