@@ -647,6 +647,7 @@ DECLARE
     v_now    timestamptz := clock_timestamp();
     v_status keyturn.status;
     v_added  jsonb;
+    v_tenant text := p_tenant;
 BEGIN
     IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed') THEN
         RAISE EXCEPTION 'keyturn: reconcile outcome must be succeeded or failed, not %',
@@ -655,9 +656,19 @@ BEGIN
     END IF;
     PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    -- Operators reconcile across tenants: the plain call names none.
+    -- Operators reconcile across tenants: the plain call names none, so it
+    -- reads the tenant first, without a lock, then locks the row in its
+    -- tenant. On Citus a lock by id alone would reach every shard, which
+    -- Citus refuses (0A000): this way the plain call answers an action that
+    -- is not uncertain as on one node (55000), and an uncertain one is
+    -- refused by the lifecycle trigger, naming reconcile_for. Planned only
+    -- when run: never in reconcile_for, which names its tenant.
+    IF v_tenant IS NULL THEN
+        SELECT x.tenant INTO v_tenant FROM keyturn.action x
+         WHERE x.id = p_id;  -- by id alone: the plain call names no tenant
+    END IF;
     SELECT x.* INTO a FROM keyturn.action x
-     WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant) FOR UPDATE;
+     WHERE x.id = p_id AND x.tenant = v_tenant FOR UPDATE;
     IF NOT FOUND OR a.status <> 'uncertain' THEN
         RAISE EXCEPTION 'keyturn: only an uncertain action can be reconciled; % is %',
                 p_id, coalesce(a.status::text, 'unknown')

@@ -41,7 +41,25 @@ pub const EXPOSED: &[&str] = &[
 /// keyturn's tables are distributed by tenant (Citus, layout B): Citus sends
 /// that form whole to the tenant's worker, where the action's row lives.
 /// The forms are read with the catalog but never exposed themselves.
-pub const BY_TENANT: &[&str] = &["preview", "approve", "approve_many", "reject", "revise"];
+pub const BY_TENANT: &[(&str, TenantOf)] = &[
+    ("preview", TenantOf::Caller),
+    ("approve", TenantOf::Caller),
+    ("approve_many", TenantOf::Caller),
+    ("reject", TenantOf::Caller),
+    ("revise", TenantOf::Caller),
+    ("reconcile", TenantOf::UncertainAction),
+];
+
+/// Where the tenant of a [`BY_TENANT`] call comes from; the database says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TenantOf {
+    /// The caller's: `keyturn.current_tenant()` under the request's claims.
+    Caller,
+    /// The uncertain action's that the body's `action_id` names, as
+    /// `keyturn.uncertain_actions()` lists it: an operator acts across
+    /// tenants.
+    UncertainAction,
+}
 
 /// One input argument.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,7 +129,7 @@ impl Catalog {
         let names: Vec<String> = EXPOSED
             .iter()
             .map(|n| (*n).to_owned())
-            .chain(BY_TENANT.iter().map(|n| format!("{n}_for")))
+            .chain(BY_TENANT.iter().map(|(n, _)| format!("{n}_for")))
             .collect();
         let rows = client
             .query_typed(LOAD, &[(&names, tokio_postgres::types::Type::TEXT_ARRAY)])
@@ -195,17 +213,18 @@ impl Catalog {
     /// form's statement, the tenant its parameter `$2` (text), `$1` the body
     /// as in [`statement`](Self::statement), which decides what is found.
     /// Written `SELECT … FROM keyturn.<name>_for(…) AS r`, with nothing but
-    /// parameters in the arguments: the form Citus delegates. `Ok(None)`:
-    /// no such form; the plain statement serves.
+    /// parameters in the arguments: the form Citus delegates; with it,
+    /// where its tenant comes from. `Ok(None)`: no such form; the plain
+    /// statement serves.
     pub fn statement_by_tenant(
         &self,
         name: &str,
         body: &Map<String, Value>,
-    ) -> Result<Option<String>, Error> {
+    ) -> Result<Option<(TenantOf, String)>, Error> {
         let plain = self.function(name, body)?;
-        if !BY_TENANT.contains(&name) {
+        let Some(&(_, tenant_of)) = BY_TENANT.iter().find(|(n, _)| *n == name) else {
             return Ok(None);
-        }
+        };
         let Some(by_tenant) = self
             .functions
             .get(&format!("{name}_for"))
@@ -219,7 +238,7 @@ impl Catalog {
         else {
             return Ok(None);
         };
-        Ok(Some(select(by_tenant, body, Some("$2"))))
+        Ok(Some((tenant_of, select(by_tenant, body, Some("$2")))))
     }
 
     /// The exposed function `name` callable with exactly the keys of `body`.
@@ -490,10 +509,11 @@ mod tests {
                 returns: Returns::Set,
             },
         ]);
-        let sql = c
+        let (tenant_of, sql) = c
             .statement_by_tenant("approve", &body(json!({"action_id": "x", "token": "t"})))
             .expect("found")
             .expect("a tenant-explicit form");
+        assert_eq!(tenant_of, TenantOf::Caller);
         assert_eq!(
             sql,
             "SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r.*)), '[]'::pg_catalog.jsonb) \

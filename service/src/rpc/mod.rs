@@ -34,7 +34,7 @@ use crate::db;
 use crate::error::Error;
 use crate::jwt::Verifier;
 use crate::metrics::Metrics;
-use catalog::{ident, Catalog};
+use catalog::{ident, Catalog, TenantOf};
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -145,16 +145,20 @@ impl Rpc {
                     .await?;
                     db::bounded(tx.query_typed_one(&sql, &[(&args, Type::JSONB)])).await?
                 }
-                Some(sql_by_tenant) => match claims_by_tenant(&tx, &verified.claims).await? {
-                    None => db::bounded(tx.query_typed_one(&sql, &[(&args, Type::JSONB)])).await?,
-                    Some(tenant) => {
-                        db::bounded(tx.query_typed_one(
-                            sql_by_tenant,
-                            &[(&args, Type::JSONB), (&tenant, Type::TEXT)],
-                        ))
-                        .await?
+                Some((tenant_of, sql_by_tenant)) => {
+                    match tenant_by(&tx, *tenant_of, &verified.claims, &args).await? {
+                        None => {
+                            db::bounded(tx.query_typed_one(&sql, &[(&args, Type::JSONB)])).await?
+                        }
+                        Some(tenant) => {
+                            db::bounded(tx.query_typed_one(
+                                sql_by_tenant,
+                                &[(&args, Type::JSONB), (&tenant, Type::TEXT)],
+                            ))
+                            .await?
+                        }
                     }
-                },
+                }
             };
             let value: Option<Value> = row.try_get(0).map_err(Error::Decode)?;
             db::commit(tx).await?;
@@ -170,16 +174,16 @@ impl Rpc {
 
 /// Asserts `claims` in the request's transaction for a call that has a
 /// tenant-explicit form, and asks the database which form to run: the
-/// tenant the claims name where keyturn's tables are distributed by tenant;
-/// `None` for the plain call, on one node or for claims that name no tenant
-/// (the plain call refuses the missing identity itself, and a NULL tenant
-/// never reaches Citus's routing). Distributed, the claims are also asserted
-/// as a `SET LOCAL` that Citus propagates, so that the call it runs on the
-/// tenant's worker resolves the same identity (docs/scale-out.md, "Identity
-/// on the workers"); the statement is the database's, quoted there.
-async fn claims_by_tenant(
+/// tenant ([`TenantOf`]) where keyturn's tables are distributed by tenant;
+/// `None` for the plain call, on one node, or when the database names no
+/// tenant (claims without one, an action that is not uncertain): the plain
+/// call then refuses it itself, and a NULL tenant never reaches Citus's
+/// routing.
+async fn tenant_by(
     tx: &tokio_postgres::Transaction<'_>,
+    tenant_of: TenantOf,
     claims: &str,
+    args: &Value,
 ) -> Result<Option<String>, Error> {
     let row = db::bounded(tx.query_typed_one(
         "SELECT pg_catalog.set_config('request.jwt.claims', $1, true) IS NOT NULL AS set, \
@@ -190,6 +194,29 @@ async fn claims_by_tenant(
     if !row.try_get::<_, bool>("by_tenant").map_err(Error::Decode)? {
         return Ok(None);
     }
+    match tenant_of {
+        TenantOf::Caller => callers_tenant(tx, claims).await,
+        TenantOf::UncertainAction => {
+            let row = db::bounded(tx.query_typed_opt(
+                "SELECT u.tenant FROM keyturn.uncertain_actions() u \
+                  WHERE u.action_id = ($1 ->> 'action_id')::uuid",
+                &[(args, Type::JSONB)],
+            ))
+            .await?;
+            row.map(|r| r.try_get("tenant").map_err(Error::Decode))
+                .transpose()
+        }
+    }
+}
+
+/// The tenant the request's claims name, with the claims also asserted as
+/// a `SET LOCAL` that Citus propagates, so that the call it runs on the
+/// tenant's worker resolves the same identity (docs/scale-out.md, "Identity
+/// on the workers"); the statement is the database's, quoted there.
+async fn callers_tenant(
+    tx: &tokio_postgres::Transaction<'_>,
+    claims: &str,
+) -> Result<Option<String>, Error> {
     let row = db::bounded(tx.query_typed_one(
         "SELECT keyturn.current_tenant() AS tenant, \
                 pg_catalog.format('SET LOCAL citus.propagate_set_commands = local; \
