@@ -10,8 +10,10 @@
 \set as_bert 'SET LOCAL citus.propagate_set_commands = ''local''; SET LOCAL keyturn.tenant = ''acme''; SET LOCAL keyturn.principal = ''bert''; SET LOCAL keyturn.session = ''s-q'';'
 
 \connect - app_admin
+-- A provider no keyturnd of the layer has: the queued action stays queued,
+-- out of the way of b_keyturnd's deliveries and b_rpc's hand lease.
 SELECT keyturn.register_tool('notify_quorum', '{
-  "executor": "external", "provider": "webhook", "effect": "irreversible",
+  "executor": "external", "provider": "ledger", "effect": "irreversible",
   "approval": "independent", "quorum": 2,
   "params_schema": {"type": "object", "required": ["channel", "text"],
                     "properties": {"channel": {"type": "string"}, "text": {"type": "string"}}}}') IS NOT NULL AS registered \gset
