@@ -5526,7 +5526,7 @@ BEGIN
                            w.result);
             ELSIF w.result IS DISTINCT FROM v_coord THEN
                 RETURN QUERY SELECT 'error', format('worker %s:%s', w.nodename, w.nodeport),
-                    format('pg_keyturn version, identity settings or preloading (version|claim_tenant|claim_principal|claim_session|claim_numbers|allow_session_identity|preloaded) are %s there, %s here: row-level security on that worker would resolve another identity, or a call with a NULL tenant crash a backend there; set them alike on every node',
+                    format('pg_keyturn version, identity settings or preloading (version|claim_tenant|claim_principal|claim_session|claim_numbers|allow_session_identity|preloaded) are %s there, %s here: row-level security on that worker would resolve another identity, or a call with a NULL tenant could crash a backend there; set them alike on every node',
                            w.result, v_coord);
             END IF;
         END LOOP;
