@@ -180,8 +180,9 @@ END
 $$;
 
 -- The session and conversation calls with the caller's tenant named (another
--- tenant, or none: 42501), the forms Citus can send whole to the tenant's
--- worker (docs/scale-out.md, layout B), as propose_for and approve_for.
+-- tenant: 42501; none: 22023), the forms Citus can send whole to the
+-- tenant's worker (docs/scale-out.md, layout B), as propose_for and
+-- approve_for.
 CREATE FUNCTION keyturn.end_session_for(tenant text, session text DEFAULT NULL)
 RETURNS int
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

@@ -3149,8 +3149,9 @@ END
 $$;
 
 -- The session and conversation calls with the caller's tenant named (another
--- tenant, or none: 42501), the forms Citus can send whole to the tenant's
--- worker (docs/scale-out.md, layout B), as propose_for and approve_for.
+-- tenant: 42501; none: 22023), the forms Citus can send whole to the
+-- tenant's worker (docs/scale-out.md, layout B), as propose_for and
+-- approve_for.
 CREATE OR REPLACE FUNCTION keyturn.end_session_for(tenant text, session text DEFAULT NULL)
 RETURNS int
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -5718,10 +5719,10 @@ COMMENT ON FUNCTION keyturn.grant_tool(text, text, text, jsonb, timestamptz, int
 COMMENT ON FUNCTION keyturn.revoke_tool(text, text, text) IS 'Admin: revokes a grant; returns whether it changed.';
 COMMENT ON FUNCTION keyturn.propose(text, jsonb, jsonb) IS 'Agent: stores an immutable proposal; returns its one-time token (and status, when a standing approval or task request approved it).';
 COMMENT ON FUNCTION keyturn.approve(uuid, text, jsonb) IS 'Human: approves exactly what was proposed, once; a replay returns the stored outcome.';
-COMMENT ON FUNCTION keyturn.propose_for(text, text, jsonb, jsonb) IS 'Agent: propose, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
-COMMENT ON FUNCTION keyturn.reject_for(text, uuid, text, text) IS 'Human: reject, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
-COMMENT ON FUNCTION keyturn.approve_for(text, uuid, text, jsonb) IS 'Human: approve, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
-COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text) IS 'Human: preview, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.propose_for(text, text, jsonb, jsonb) IS 'Agent: propose, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.reject_for(text, uuid, text, text) IS 'Human: reject, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.approve_for(text, uuid, text, jsonb) IS 'Human: approve, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text) IS 'Human: preview, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_many(jsonb) IS 'Human: one card for several proposals; each element exactly approve.';
 COMMENT ON FUNCTION keyturn.preview(uuid, text) IS 'Human: the approval card''s data, read-only.';
 COMMENT ON FUNCTION keyturn.reject(uuid, text, text) IS 'Human: declines a pending proposal (a veto for quorum tools).';
@@ -5732,11 +5733,11 @@ COMMENT ON FUNCTION keyturn.revoke_delegation(uuid) IS 'Human: ends a standing a
 COMMENT ON FUNCTION keyturn.delegations() IS 'Human: the visible standing approvals, with their uses.';
 COMMENT ON FUNCTION keyturn.record_request(text, text, text, text) IS 'Human side: records the person''s message of a turn, the approval of the task tool calls it asks for.';
 COMMENT ON FUNCTION keyturn.end_session(text) IS 'Logout: cancels the caller''s pending, queued and leased actions of a session.';
-COMMENT ON FUNCTION keyturn.end_session_for(text, text) IS 'end_session, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
-COMMENT ON FUNCTION keyturn.cancel_origin_for(text, text) IS 'cancel_origin, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
-COMMENT ON FUNCTION keyturn.archive_conversation_for(text, text) IS 'archive_conversation, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
-COMMENT ON FUNCTION keyturn.approve_many_for(text, jsonb) IS 'Human: approve_many, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
-COMMENT ON FUNCTION keyturn.revise_for(text, uuid, text, jsonb) IS 'Human: revise, naming the caller''s own tenant (else 42501), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.end_session_for(text, text) IS 'end_session, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.cancel_origin_for(text, text) IS 'cancel_origin, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.archive_conversation_for(text, text) IS 'archive_conversation, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.approve_many_for(text, jsonb) IS 'Human: approve_many, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.revise_for(text, uuid, text, jsonb) IS 'Human: revise, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.cancel_origin(text) IS 'Stops a conversation: cancels its actions and refuses later ones.';
 COMMENT ON FUNCTION keyturn.archive_conversation(text) IS 'Ends a conversation normally: cancels its actions not yet executing and refuses later ones.';
 COMMENT ON FUNCTION keyturn.action_status(uuid) IS 'An action''s status and result, if visible to the caller.';
