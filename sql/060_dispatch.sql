@@ -91,24 +91,6 @@ BEGIN
 END
 $$;
 
--- lease's and lease_for's arguments, checked before anything is read.
-CREATE FUNCTION keyturn._check_lease_args(p_worker text, p_max_jobs int, p_lease_for interval)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-BEGIN
-    PERFORM keyturn._require_text(p_worker, 'worker');
-    IF p_max_jobs IS NULL OR p_max_jobs NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'keyturn: max_jobs must be from 1 to 1000, not %', p_max_jobs
-            USING ERRCODE = '22023';
-    END IF;
-    IF p_lease_for IS NULL OR p_lease_for < interval '1 second' OR p_lease_for > interval '1 hour' THEN
-        RAISE EXCEPTION 'keyturn: lease_for must be from 1 second to 1 hour, not %', p_lease_for
-            USING ERRCODE = '22023';
-    END IF;
-END
-$$;
-
 -- lease and lease_for (p_what names the call): the due actions of every
 -- tenant (keyturn._due) or of p_tenant (keyturn._due_for), locked, leased,
 -- and returned as lease returns them.

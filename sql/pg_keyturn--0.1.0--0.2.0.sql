@@ -267,6 +267,34 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'approval_valid_wrapper';
 
+-- pg_keyturn::batch::_batch_check_arrays
+CREATE OR REPLACE FUNCTION "_batch_check_arrays"(
+	"p_n1" INT, /* Option < i32 > */
+	"p_n2" INT, /* Option < i32 > */
+	"p_what" TEXT /* & str */
+) RETURNS INT /* i32 */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'batch_check_arrays_wrapper';
+
+-- pg_keyturn::batch::_batch_rounds
+CREATE OR REPLACE FUNCTION "_batch_rounds"(
+	"p_ids" uuid[] /* Vec < Option < pgrx :: Uuid > > */
+) RETURNS INT[] /* :: std :: option :: Option < Vec < i32 > > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'batch_rounds_wrapper';
+
+-- pg_keyturn::batch::_check_lease_args
+CREATE OR REPLACE FUNCTION "_check_lease_args"(
+	"p_worker" TEXT, /* Option < & str > */
+	"p_max_jobs" INT, /* Option < i32 > */
+	"p_lease_for" interval /* Option < Interval > */
+) RETURNS void
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_lease_args_wrapper';
+
 -- pg_keyturn::validation::_check_params_schema
 CREATE OR REPLACE FUNCTION "_check_params_schema"(
 	"params_schema" jsonb /* JsonbText */
@@ -4161,24 +4189,6 @@ BEGIN
 END
 $$;
 
--- lease's and lease_for's arguments, checked before anything is read.
-CREATE OR REPLACE FUNCTION keyturn._check_lease_args(p_worker text, p_max_jobs int, p_lease_for interval)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-BEGIN
-    PERFORM keyturn._require_text(p_worker, 'worker');
-    IF p_max_jobs IS NULL OR p_max_jobs NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'keyturn: max_jobs must be from 1 to 1000, not %', p_max_jobs
-            USING ERRCODE = '22023';
-    END IF;
-    IF p_lease_for IS NULL OR p_lease_for < interval '1 second' OR p_lease_for > interval '1 hour' THEN
-        RAISE EXCEPTION 'keyturn: lease_for must be from 1 second to 1 hour, not %', p_lease_for
-            USING ERRCODE = '22023';
-    END IF;
-END
-$$;
-
 -- lease and lease_for (p_what names the call): the due actions of every
 -- tenant (keyturn._due) or of p_tenant (keyturn._due_for), locked, leased,
 -- and returned as lease returns them.
@@ -4830,44 +4840,11 @@ $$;
 -- whole batch back; the caller may retry the same batch.
 --
 -- Rows are answered in input order, one per element. A batch that names an
--- action more than once runs in rounds (keyturn._batch_rounds), every
+-- action more than once runs in rounds (keyturn._batch_rounds, in
+-- extension/src/batch.rs with the checks of the arrays), every
 -- action's first occurrence in the first, its second in the next, so the
 -- second occurrence sees the first one's effect, as calls one after another
 -- would.
-
-CREATE OR REPLACE FUNCTION keyturn._batch_check_arrays(p_n1 int, p_n2 int, p_what text)
-RETURNS int
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-BEGIN
-    IF p_n1 IS NULL OR p_n2 IS NULL OR p_n1 <> p_n2 THEN
-        RAISE EXCEPTION 'keyturn: % must be arrays of equal length', p_what
-            USING ERRCODE = '22023';
-    END IF;
-    IF p_n1 > 1000 THEN
-        RAISE EXCEPTION 'keyturn: at most 1000 elements per batch, not %', p_n1
-            USING ERRCODE = '22023';
-    END IF;
-    RETURN p_n1;
-END
-$$;
-
--- Each element's round, 1 for an action's first occurrence in the batch, 2
--- for its second, and so on (NULL ids count as one action); NULL when every
--- action occurs once, the common case: one round, the batch as it is.
-CREATE OR REPLACE FUNCTION keyturn._batch_rounds(p_ids uuid[])
-RETURNS int[]
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-BEGIN
-    IF (SELECT count(DISTINCT e.id) FROM unnest(p_ids) AS e (id)) = cardinality(p_ids) THEN
-        RETURN NULL;
-    END IF;
-    RETURN (SELECT array_agg(r.round ORDER BY r.ord)
-              FROM (SELECT e.ord, row_number() OVER (PARTITION BY e.id ORDER BY e.ord)::int AS round
-                      FROM unnest(p_ids) WITH ORDINALITY AS e (id, ord)) r);
-END
-$$;
 
 -- The elements of p_arr at the positions p_idx, in that order: a round's
 -- share of a batch.

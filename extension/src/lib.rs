@@ -19,6 +19,7 @@ mod jsonb_text;
 
 mod actor; // who is acting, for the audit log: backend state, never a setting
 mod approval; // the approval binding: MAC under a key only the owner reads
+mod batch; // the dispatcher's arguments checked, a batch's rounds
 mod canonical; // canonical_json, params_hash (RFC 8785 + SHA-256), written values
 mod citus; // whether Citus is here; identity re-asserted for its workers before a business statement
 mod exec_as; // _exec_as: run a statement as the caller, under RLS
@@ -134,12 +135,12 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/060_dispatch.sql",
     name = "dispatch",
-    requires = ["fence"]
+    requires = ["fence", batch::check_lease_args]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/061_dispatch_batch.sql",
     name = "dispatch_batch",
-    requires = ["dispatch"]
+    requires = ["dispatch", batch::batch_check_arrays, batch::batch_rounds]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/062_dispatch_for.sql",
