@@ -38,6 +38,7 @@ ROWS 16
 SET enable_sort = off
 SET enable_bitmapscan = off
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 BEGIN
     RETURN QUERY
@@ -351,6 +352,7 @@ BEGIN
           FROM unnest(v_ids, v_tenants, v_problems, v_reasons, v_statuses, v_results)
                AS u (id, tenant, problem, reason, status, result)
          WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL AND (p_tenant IS NULL OR x.tenant = p_tenant)
+           AND x.id = ANY (v_ids)
      RETURNING x.id, x.attempts, x.tenant, x.principal, x.lease_id, x.leased_by, x.status)
     INSERT INTO keyturn.attempt (action_id, attempt, tenant, principal, lease_id, worker, started_at)
     SELECT d.id, d.attempts, d.tenant, d.principal, d.lease_id, d.leased_by, v_now
@@ -362,11 +364,23 @@ BEGIN
 END
 $$;
 
+-- The dispatcher's calls (begin and complete, single and batched, and
+-- keyturn._due) are planned once per backend (force_generic_plan): a
+-- keyturnd connection runs them thousands of times with the same shape. A
+-- generic plan is made from the statistics of the moment and kept: made
+-- while a table was empty (a new installation's keyturn.attempt), it read
+-- that table whole in every later call, and the first drain of 20,000
+-- actions ran at a third of the speed of the next (tests/bench/BENCHMARKS.md).
+-- Every statement they run finds its rows by key, so sequential scans are
+-- off for them, and each UPDATE joined to the batch's arrays also names the
+-- ids as an index condition (x.id = ANY (v_ids)), so that the plan kept
+-- reads only the batch's rows in either join order.
 CREATE FUNCTION keyturn.begin_dispatch(action_id uuid, lease_id uuid)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 DECLARE
     r record;
@@ -488,7 +502,8 @@ BEGIN
       FROM unnest(v_ids, v_tenants, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
            AS u (id, tenant, problem, back, attempt, outcome, receipt)
      WHERE t.action_id = u.id AND t.tenant = u.tenant AND t.attempt = u.attempt
-       AND u.problem IS NULL AND NOT u.back AND (p_tenant IS NULL OR t.tenant = p_tenant);
+       AND u.problem IS NULL AND NOT u.back AND (p_tenant IS NULL OR t.tenant = p_tenant)
+       AND t.action_id = ANY (v_ids);  -- see the note before keyturn.begin_dispatch
     PERFORM keyturn._set_event_details(v_ids, v_details);
     UPDATE keyturn.action x
        SET updated_at = v_now, status = u.status,
@@ -500,7 +515,8 @@ BEGIN
            lease_expires_at = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_expires_at END
       FROM unnest(v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_next, v_results)
            AS u (id, tenant, problem, status, back, outcome, receipt, next, result)
-     WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL AND (p_tenant IS NULL OR x.tenant = p_tenant);
+     WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL AND (p_tenant IS NULL OR x.tenant = p_tenant)
+       AND x.id = ANY (v_ids);
     RETURN QUERY
     SELECT v.ord, CASE WHEN v.problem IS NULL THEN v.status::text END, v.problem
       FROM unnest(v_ords, v_problems, v_statuses) AS v (ord, problem, status)
@@ -514,6 +530,7 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_error text := keyturn._complete_args_error(complete.outcome, complete.retry_after, complete.receipt);

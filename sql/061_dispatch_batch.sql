@@ -90,6 +90,7 @@ RETURNS TABLE (action_id uuid, dispatch boolean, error text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('begin_dispatch_many');
@@ -157,6 +158,7 @@ RETURNS TABLE (action_id uuid, status text, error text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('complete_many');

@@ -2,7 +2,7 @@
 -- Run in a fresh database with pgtap and pg_keyturn installed; every check
 -- prints the offending objects when it fails.
 BEGIN;
-SELECT plan(23);
+SELECT plan(24);
 
 SELECT is_empty($$
     SELECT c.oid::regclass FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
@@ -39,6 +39,16 @@ SELECT is_empty($$
      WHERE p.pronamespace = 'keyturn'::regnamespace AND p.prosecdef
        AND NOT coalesce(array_to_string(p.proconfig, ',') LIKE '%search_path=%', false)$$,
     'every SECURITY DEFINER function pins search_path');
+
+-- A generic plan is kept for the backend's life, made from the statistics of
+-- the moment: one made while a table was empty would scan it whole ever after
+-- (sql/060_dispatch.sql, before keyturn.begin_dispatch).
+SELECT is_empty($$
+    SELECT p.oid::regprocedure FROM pg_proc p
+     WHERE p.pronamespace = 'keyturn'::regnamespace
+       AND 'plan_cache_mode=force_generic_plan' = ANY (p.proconfig)
+       AND NOT 'enable_seqscan=off' = ANY (p.proconfig)$$,
+    'every function planned once per backend turns sequential scans off');
 
 -- (The two hot-path triggers are Rust, language c: they resolve no name
 -- through the search_path, since every name in their statements is
