@@ -144,8 +144,53 @@ item_drain() {
     printf 'drain\tB\t8\t%s\t%s\t%s\t%s\t0\t%s\n' "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$out" >> "$RESULTS"
     echo "round $r bare worker: $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") jobs/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/job ($out)" | tee -a "$OUT/drain.txt"
   done
+  drain_profile "$url" "$(( n / 4 ))"
   curl -s "http://127.0.0.1:$RECV_PORT/stats" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("receiver: total", d["total"], "bad signatures", d["bad_signatures"], "duplicates", d["duplicates"])' | tee -a "$OUT/drain.txt" || true
   stop_pid "$RECV_PID"
+}
+
+# Where a drained action's database time goes (profile-drain.txt; not a
+# measured round: the tracking has a price of its own): keyturnd's statements
+# (pg_stat_statements, track = top) and keyturn's functions (track_functions,
+# total and self time, the difference of two snapshots) over one more drain of
+# $2 actions, each divided by the actions drained.
+drain_profile() {
+  local url=$1 n=$2 secs hwm
+  log "drain profile: $n actions, the dispatcher's statements and functions tracked"
+  queue_actions "$n" approve
+  kt_psql -q <<'SQL' >/dev/null
+ALTER ROLE app_dispatcher SET pg_stat_statements.track = 'top';
+ALTER ROLE app_dispatcher SET track_functions = 'all';
+SELECT pg_stat_statements_reset();
+DROP TABLE IF EXISTS bare.functions_before;
+CREATE TABLE bare.functions_before AS SELECT funcid, calls, total_time, self_time FROM pg_stat_user_functions;
+SQL
+  start_keyturnd "$url"
+  read -r secs hwm < <(wait_drained "SELECT count(*) FROM keyturn.open_action WHERE status IN ('queued', 'leased', 'executing')" "$KTD_PID")
+  stop_pid "$KTD_PID"
+  sleep 1  # the exiting backends report their function counters
+  {
+    echo "$n actions drained in ${secs} s with the tracking on; times in ms per drained action"
+    kt_psql -q -P pager=off -v n="$n" <<'SQL'
+ALTER ROLE app_dispatcher RESET pg_stat_statements.track;
+ALTER ROLE app_dispatcher RESET track_functions;
+SELECT calls, round((calls::numeric / :n), 3) AS calls_per_action,
+       round((total_exec_time / calls)::numeric, 3) AS ms_per_call,
+       round((total_exec_time / :n)::numeric, 4) AS ms_per_action,
+       regexp_replace(left(query, 90), '\s+', ' ', 'g') AS statement
+  FROM pg_stat_statements
+ WHERE userid = 'app_dispatcher'::regrole AND calls > 0
+ ORDER BY total_exec_time DESC LIMIT 10;
+SELECT round(sum(total_exec_time)::numeric / :n, 4) AS database_ms_per_action
+  FROM pg_stat_statements WHERE userid = 'app_dispatcher'::regrole;
+SELECT f.funcname AS function, f.calls - coalesce(b.calls, 0) AS calls,
+       round(((f.total_time - coalesce(b.total_time, 0)) / :n)::numeric, 4) AS total_ms_per_action,
+       round(((f.self_time - coalesce(b.self_time, 0)) / :n)::numeric, 4) AS self_ms_per_action
+  FROM pg_stat_user_functions f LEFT JOIN bare.functions_before b USING (funcid)
+ WHERE f.calls > coalesce(b.calls, 0)
+ ORDER BY f.total_time - coalesce(b.total_time, 0) DESC LIMIT 20;
+SQL
+  } > "$OUT/profile-drain.txt" 2>&1
 }
 
 # Item 3b, the price of a dispatch step by its size: one lease, begin and
