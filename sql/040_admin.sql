@@ -8,19 +8,6 @@
 -- Every membership or grant change that changes something bumps the
 -- principal's authorization epoch.
 
-CREATE FUNCTION keyturn._require_text(p_value text, p_what text)
-RETURNS text
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-BEGIN
-    IF p_value IS NULL OR btrim(p_value) = '' THEN
-        RAISE EXCEPTION 'keyturn: % must be a non-empty string', p_what
-            USING ERRCODE = '22023';
-    END IF;
-    RETURN p_value;
-END
-$$;
-
 CREATE FUNCTION keyturn._require_tool(p_tool text)
 RETURNS keyturn.tool
 LANGUAGE plpgsql STABLE

@@ -25,7 +25,7 @@
 --
 -- Rows are answered in input order, one per element. A batch that names an
 -- action more than once runs in rounds (keyturn._batch_rounds, in
--- extension/src/batch.rs with the checks of the arrays), every
+-- extension/src/args.rs with the checks of the arrays), every
 -- action's first occurrence in the first, its second in the next, so the
 -- second occurrence sees the first one's effect, as calls one after another
 -- would.

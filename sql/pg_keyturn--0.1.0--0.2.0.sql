@@ -267,7 +267,7 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'approval_valid_wrapper';
 
--- pg_keyturn::batch::_batch_check_arrays
+-- pg_keyturn::args::_batch_check_arrays
 CREATE OR REPLACE FUNCTION "_batch_check_arrays"(
 	"p_n1" INT, /* Option < i32 > */
 	"p_n2" INT, /* Option < i32 > */
@@ -277,7 +277,7 @@ IMMUTABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'batch_check_arrays_wrapper';
 
--- pg_keyturn::batch::_batch_rounds
+-- pg_keyturn::args::_batch_rounds
 CREATE OR REPLACE FUNCTION "_batch_rounds"(
 	"p_ids" uuid[] /* Vec < Option < pgrx :: Uuid > > */
 ) RETURNS INT[] /* :: std :: option :: Option < Vec < i32 > > */
@@ -285,7 +285,7 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'batch_rounds_wrapper';
 
--- pg_keyturn::batch::_check_lease_args
+-- pg_keyturn::args::_check_lease_args
 CREATE OR REPLACE FUNCTION "_check_lease_args"(
 	"p_worker" TEXT, /* Option < & str > */
 	"p_max_jobs" INT, /* Option < i32 > */
@@ -484,6 +484,15 @@ CREATE OR REPLACE FUNCTION "_require_tenant"(
 IMMUTABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'require_tenant_sql_wrapper';
+
+-- pg_keyturn::args::_require_text
+CREATE OR REPLACE FUNCTION "_require_text"(
+	"p_value" TEXT, /* Option < & str > */
+	"p_what" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'require_text_sql_wrapper';
 
 -- pg_keyturn::validation::_scope_violation
 CREATE OR REPLACE FUNCTION "_scope_violation"(
@@ -1278,19 +1287,6 @@ ALTER TABLE keyturn_secret.approval_key FORCE ROW LEVEL SECURITY;
 -- identity, manages that one tenant's members and grants, and no other.
 -- Every membership or grant change that changes something bumps the
 -- principal's authorization epoch.
-
-CREATE OR REPLACE FUNCTION keyturn._require_text(p_value text, p_what text)
-RETURNS text
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-BEGIN
-    IF p_value IS NULL OR btrim(p_value) = '' THEN
-        RAISE EXCEPTION 'keyturn: % must be a non-empty string', p_what
-            USING ERRCODE = '22023';
-    END IF;
-    RETURN p_value;
-END
-$$;
 
 CREATE OR REPLACE FUNCTION keyturn._require_tool(p_tool text)
 RETURNS keyturn.tool
@@ -4858,7 +4854,7 @@ $$;
 --
 -- Rows are answered in input order, one per element. A batch that names an
 -- action more than once runs in rounds (keyturn._batch_rounds, in
--- extension/src/batch.rs with the checks of the arrays), every
+-- extension/src/args.rs with the checks of the arrays), every
 -- action's first occurrence in the first, its second in the next, so the
 -- second occurrence sees the first one's effect, as calls one after another
 -- would.

@@ -19,7 +19,7 @@ mod jsonb_text;
 
 mod actor; // who is acting, for the audit log: backend state, never a setting
 mod approval; // the approval binding: MAC under a key only the owner reads
-mod batch; // the dispatcher's arguments checked, a batch's rounds
+mod args; // arguments checked before anything is read: names, lease's, a batch's
 mod canonical; // canonical_json, params_hash (RFC 8785 + SHA-256), written values
 mod citus; // whether Citus is here; identity re-asserted for its workers before a business statement
 mod exec_as; // _exec_as: run a statement as the caller, under RLS
@@ -85,7 +85,7 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/040_admin.sql",
     name = "admin",
-    requires = ["access"]
+    requires = ["access", args::require_text_sql]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/041_register.sql",
@@ -135,12 +135,12 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/060_dispatch.sql",
     name = "dispatch",
-    requires = ["fence", batch::check_lease_args]
+    requires = ["fence", args::check_lease_args]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/061_dispatch_batch.sql",
     name = "dispatch_batch",
-    requires = ["dispatch", batch::batch_check_arrays, batch::batch_rounds]
+    requires = ["dispatch", args::batch_check_arrays, args::batch_rounds]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/062_dispatch_for.sql",

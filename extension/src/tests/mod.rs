@@ -1,7 +1,7 @@
 //! `#[pg_test]`s: single-transaction behaviour inside a real backend.
 //! One file per feature; tests are named after the behaviour they pin down.
 
-mod batch_tests;
+mod args_tests;
 mod canonical_tests;
 mod gate_tests;
 mod identity_tests;

@@ -47,6 +47,19 @@ mod tests {
     }
 
     #[pg_test]
+    fn test_require_text_returns_the_value() {
+        assert_eq!(
+            Spi::get_one::<String>("SELECT keyturn._require_text(' acme ', 'tenant')"),
+            Ok(Some(" acme ".to_owned()))
+        );
+    }
+
+    #[pg_test(error = "keyturn: tenant must be a non-empty string")]
+    fn test_require_text_refuses_null() {
+        let _ = Spi::run("SELECT keyturn._require_text(NULL, 'tenant')");
+    }
+
+    #[pg_test]
     fn test_lease_args_accept_the_bounds() {
         Spi::run("SELECT keyturn._check_lease_args('w', 1, '1 second'), keyturn._check_lease_args('w', 1000, '1 hour')")
             .unwrap();

@@ -1,10 +1,11 @@
-//! The dispatcher's arguments, checked before anything is read: lease's
-//! (`_check_lease_args`), a batch's arrays (`_batch_check_arrays`), and the
-//! rounds a batch that names an action twice runs in (`_batch_rounds`).
+//! Arguments checked before anything is read: a name that must not be blank
+//! (`_require_text`), lease's (`_check_lease_args`), a batch's arrays
+//! (`_batch_check_arrays`), and the rounds a batch that names an action twice
+//! runs in (`_batch_rounds`).
 //!
 //! In Rust because every lease, begin and complete asks them, from plpgsql:
-//! as plpgsql functions each call started an interpreter of its own, 14 to
-//! 19 µs apiece (tests/bench/BENCHMARKS.md), where these take one or two.
+//! as plpgsql functions each call started an interpreter of its own, 10 to
+//! 13 µs apiece (tests/bench/BENCHMARKS.md), where these take one or two.
 
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -25,6 +26,25 @@ fn invalid(message: String, hint: &'static str) -> ! {
     KeyturnError::InvalidArgument { message, hint }.raise()
 }
 
+/// `value`, which names `what`; raises 22023 when it is NULL or blank (only
+/// spaces, as `btrim` trims).
+pub fn require_text<'a>(what: &str, value: Option<&'a str>) -> &'a str {
+    match value {
+        Some(v) if !v.trim_matches(' ').is_empty() => v,
+        _ => invalid(
+            format!("{what} must be a non-empty string"),
+            "Pass a name with at least one character other than a space.",
+        ),
+    }
+}
+
+/// [`require_text`] for keyturn's functions written in SQL: one rule, one
+/// place.
+#[pg_extern(name = "_require_text", immutable, parallel_safe)]
+fn require_text_sql(p_value: Option<&str>, p_what: &str) -> String {
+    require_text(p_what, p_value).to_owned()
+}
+
 /// lease's and lease_for's arguments (22023 for each that is out of range).
 #[pg_extern(name = "_check_lease_args", immutable, parallel_safe)]
 fn check_lease_args(
@@ -32,12 +52,7 @@ fn check_lease_args(
     p_max_jobs: Option<i32>,
     p_lease_for: Option<Interval>,
 ) {
-    if p_worker.is_none_or(|w| w.trim_matches(' ').is_empty()) {
-        invalid(
-            "worker must be a non-empty string".into(),
-            "Name the worker that leases: it is recorded on each leased action.",
-        );
-    }
+    require_text("worker", p_worker);
     match p_max_jobs {
         Some(n) if (1..=BATCH_MAX).contains(&n) => {}
         n => invalid(
