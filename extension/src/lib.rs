@@ -41,6 +41,12 @@ mod tests;
 
 // The hand-written SQL, in the order it must run. Rust functions named in a
 // `requires` list are created before that file.
+//
+// Two kinds, and sql/make-upgrade reads the line between them: the data model
+// (roles, types, tables: an upgrade changes it by hand, in
+// sql/upgrade/<from>--<to>.pre.sql) and the code (functions, triggers,
+// policies, grants: every upgrade script recreates all of it from these files).
+// ---- the data model ----
 ::pgrx::extension_sql_file!("../../sql/000_roles.sql", name = "roles", bootstrap);
 ::pgrx::extension_sql_file!(
     "../../sql/005_status.sql",
@@ -52,6 +58,7 @@ mod tests;
     name = "tables",
     requires = ["status"]
 );
+// ---- the code ----
 ::pgrx::extension_sql_file!(
     "../../sql/011_status_rules.sql",
     name = "status_rules",

@@ -1,0 +1,5710 @@
+\echo Use "ALTER EXTENSION pg_keyturn UPDATE TO '0.3.0'" to load this file. \quit
+-- GENERATED FILE: do not edit. pg_keyturn 0.2.0 -> 0.3.0.
+-- Written by sql/make-upgrade from sql/upgrade/0.2.0--0.3.0.pre.sql, the
+-- functions of 0.3.0 and sql/upgrade/0.2.0--0.3.0.post.sql; edit those, never this
+-- (CONTRIBUTING.md, "How a change reaches an upgrade script").
+
+-- pg_keyturn 0.2.0 -> 0.3.0: the data model (hand-written; runs first).
+--
+-- sql/make-upgrade writes sql/pg_keyturn--0.2.0--0.3.0.sql from this file,
+-- every function of 0.3.0 (the code files of extension/src/lib.rs: they are
+-- recreated whole, after every 0.2.0 function is dropped), and
+-- 0.2.0--0.3.0.post.sql. The upgrade layer checks that the result leaves a
+-- database equal to a fresh 0.3.0 install and keeps its data in every status.
+
+-- keyturn's functions go first, with CASCADE: the triggers and policies of
+-- keyturn's tables that use them go too, and the code part recreates all of
+-- them (CREATE OR REPLACE). A function something outside the extension uses
+-- stays -- an application's RLS policy on keyturn.current_tenant(), say,
+-- would go with it -- and is replaced in place, which keeps its dependents.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN
+        WITH members AS (
+            SELECT d.classid, d.objid FROM pg_catalog.pg_depend d
+             WHERE d.refclassid = 'pg_catalog.pg_extension'::regclass AND d.deptype = 'e'
+               AND d.refobjid = (SELECT oid FROM pg_catalog.pg_extension WHERE extname = 'pg_keyturn')),
+        -- What belongs to keyturn: its members, and the triggers and policies
+        -- of its tables (which are not members themselves).
+        own AS (
+            SELECT classid, objid FROM members
+            UNION ALL
+            SELECT 'pg_catalog.pg_trigger'::regclass, t.oid FROM pg_catalog.pg_trigger t
+             WHERE (('pg_catalog.pg_class'::regclass)::oid, t.tgrelid) IN (SELECT classid, objid FROM members)
+            UNION ALL
+            SELECT 'pg_catalog.pg_policy'::regclass, p.oid FROM pg_catalog.pg_policy p
+             WHERE (('pg_catalog.pg_class'::regclass)::oid, p.polrelid) IN (SELECT classid, objid FROM members))
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+         WHERE p.pronamespace = 'keyturn'::regnamespace
+           AND NOT EXISTS (
+                 SELECT 1 FROM pg_catalog.pg_depend d
+                  WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.refobjid = p.oid
+                    AND d.deptype = 'n' AND (d.classid, d.objid) NOT IN (SELECT classid, objid FROM own))
+    LOOP
+        EXECUTE pg_catalog.format('DROP FUNCTION %s CASCADE', f);
+    END LOOP;
+END
+$$;
+
+
+-- ==== The functions of 0.3.0, from its install script ====
+
+-- pg_keyturn::actor::_acting
+CREATE OR REPLACE FUNCTION "_acting"() RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'acting_wrapper';
+
+-- pg_keyturn::actor::_actor_principal
+CREATE OR REPLACE FUNCTION "_actor_principal"() RETURNS TEXT /* Option < String > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'actor_principal_wrapper';
+
+-- pg_keyturn::actor::_actor_role
+CREATE OR REPLACE FUNCTION "_actor_role"() RETURNS TEXT /* Option < String > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'actor_role_wrapper';
+
+-- pg_keyturn::approval::_approval_mac
+CREATE OR REPLACE FUNCTION "_approval_mac"(
+	"action_id" uuid, /* pgrx :: Uuid */
+	"params_hash" TEXT, /* & str */
+	"approved_by" TEXT, /* & str */
+	"approved_role" TEXT, /* & str */
+	"approved_at" timestamp with time zone, /* TimestampWithTimeZone */
+	"via" TEXT /* & str */
+) RETURNS bytea /* Vec < u8 > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'approval_mac_wrapper';
+
+-- pg_keyturn::approval::_approval_valid
+CREATE OR REPLACE FUNCTION "_approval_valid"(
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"params_hash" TEXT, /* Option < & str > */
+	"approved_by" TEXT, /* Option < & str > */
+	"approved_role" TEXT, /* Option < & str > */
+	"approved_at" timestamp with time zone, /* Option < TimestampWithTimeZone > */
+	"via" TEXT, /* Option < & str > */
+	"mac" bytea /* Option < & [u8] > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'approval_valid_wrapper';
+
+-- pg_keyturn::args::_batch_check_arrays
+CREATE OR REPLACE FUNCTION "_batch_check_arrays"(
+	"p_n1" INT, /* Option < i32 > */
+	"p_n2" INT, /* Option < i32 > */
+	"p_what" TEXT /* & str */
+) RETURNS INT /* i32 */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'batch_check_arrays_wrapper';
+
+-- pg_keyturn::args::_batch_rounds
+CREATE OR REPLACE FUNCTION "_batch_rounds"(
+	"p_ids" uuid[] /* Vec < Option < pgrx :: Uuid > > */
+) RETURNS INT[] /* :: std :: option :: Option < Vec < i32 > > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'batch_rounds_wrapper';
+
+-- pg_keyturn::args::_check_lease_args
+CREATE OR REPLACE FUNCTION "_check_lease_args"(
+	"p_worker" TEXT, /* Option < & str > */
+	"p_max_jobs" INT, /* Option < i32 > */
+	"p_lease_for" interval /* Option < Interval > */
+) RETURNS void
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_lease_args_wrapper';
+
+-- pg_keyturn::validation::_check_params_schema
+CREATE OR REPLACE FUNCTION "_check_params_schema"(
+	"params_schema" jsonb /* JsonbText */
+) RETURNS jsonb /* JsonB */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_params_schema_wrapper';
+
+-- pg_keyturn::fence::_check_projection
+CREATE OR REPLACE FUNCTION "_check_projection"(
+	"spec" jsonb /* JsonbText */
+) RETURNS jsonb /* JsonB */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_projection_wrapper';
+
+-- pg_keyturn::validation::_check_scope
+CREATE OR REPLACE FUNCTION "_check_scope"(
+	"scope" jsonb /* JsonbText */
+) RETURNS jsonb /* JsonB */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_scope_wrapper';
+
+-- pg_keyturn::validation::_check_template
+CREATE OR REPLACE FUNCTION "_check_template"(
+	"template" TEXT /* & str */
+) RETURNS void
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_template_wrapper';
+
+-- pg_keyturn::citus::_citus_present
+CREATE OR REPLACE FUNCTION "_citus_present"() RETURNS bool /* bool */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'citus_present_wrapper';
+
+-- pg_keyturn::validation::_credential_path
+CREATE OR REPLACE FUNCTION "_credential_path"(
+	"params" jsonb /* JsonbText */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'credential_path_wrapper';
+
+-- pg_keyturn::token::_ct_eq
+CREATE OR REPLACE FUNCTION "_ct_eq"(
+	"a" bytea, /* & [u8] */
+	"b" bytea /* & [u8] */
+) RETURNS bool /* bool */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'ct_eq_wrapper';
+
+-- pg_keyturn::approval::_ensure_approval_key
+CREATE OR REPLACE FUNCTION "_ensure_approval_key"() RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'ensure_approval_key_wrapper';
+
+-- pg_keyturn::actor::_event_detail
+CREATE OR REPLACE FUNCTION "_event_detail"() RETURNS TEXT /* Option < String > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'event_detail_wrapper';
+
+-- pg_keyturn::exec_as::_exec_as
+CREATE OR REPLACE FUNCTION "_exec_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"query" TEXT, /* & str */
+	"arg" jsonb /* RawJsonb */
+) RETURNS jsonb /* RawJsonb */
+STRICT VOLATILE PARALLEL UNSAFE 
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'exec_as_wrapper';
+
+-- pg_keyturn::fence::_fence
+CREATE OR REPLACE FUNCTION "_fence"(
+	"provider" TEXT, /* & str */
+	"spec" jsonb, /* JsonbText */
+	"data" jsonb /* JsonbText */
+) RETURNS TABLE (
+	"guard" TEXT,  /* String */
+	"reference" TEXT,  /* String */
+	"marker" TEXT  /* String */
+)
+STRICT VOLATILE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'fence_data_wrapper';
+
+-- pg_keyturn::canonical::_form_arg
+CREATE OR REPLACE FUNCTION "_form_arg"(
+	"form" jsonb, /* JsonbText */
+	"types" jsonb /* JsonB */
+) RETURNS jsonb /* JsonB */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'form_arg_wrapper';
+
+-- pg_keyturn::identity::_identity_problem
+CREATE OR REPLACE FUNCTION "_identity_problem"() RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'problem_wrapper';
+
+-- pg_keyturn::validation::_inspect_params
+CREATE OR REPLACE FUNCTION "_inspect_params"(
+	"tool" TEXT, /* & str */
+	"params" jsonb, /* JsonbText */
+	"params_schema" jsonb /* JsonbText */
+) RETURNS TABLE (
+	"credential_path" TEXT,  /* Option < String > */
+	"params_hash" TEXT,  /* Option < String > */
+	"schema_errors" TEXT  /* Option < String > */
+)
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'inspect_params_wrapper';
+
+-- pg_keyturn::validation::_params_errors
+CREATE OR REPLACE FUNCTION "_params_errors"(
+	"params_schema" jsonb, /* JsonbText */
+	"params" jsonb /* JsonbText */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'params_errors_wrapper';
+
+-- pg_keyturn::validation::_receipt_problem
+CREATE OR REPLACE FUNCTION "_receipt_problem"(
+	"receipt" jsonb /* JsonbText */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'receipt_problem_wrapper';
+
+-- pg_keyturn::validation::_redact
+CREATE OR REPLACE FUNCTION "_redact"(
+	"receipt" jsonb /* JsonbText */
+) RETURNS jsonb /* JsonB */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'redact_wrapper';
+
+-- pg_keyturn::privilege::_refuse_nested
+CREATE OR REPLACE FUNCTION "_refuse_nested"(
+	"what" TEXT /* & str */
+) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'refuse_nested_wrapper';
+
+-- pg_keyturn::gate::_refuse_other_tenant
+CREATE OR REPLACE FUNCTION "_refuse_other_tenant"(
+	"what" TEXT, /* & str */
+	"tenant" TEXT /* Option < & str > */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'refuse_other_tenant_sql_wrapper';
+
+-- pg_keyturn::privilege::_refuse_rls_bypass
+CREATE OR REPLACE FUNCTION "_refuse_rls_bypass"(
+	"role" oid /* pg_sys :: Oid */
+) RETURNS void
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'refuse_rls_bypass_sql_wrapper';
+
+-- pg_keyturn::validation::_render_summary
+CREATE OR REPLACE FUNCTION "_render_summary"(
+	"template" TEXT, /* & str */
+	"params" jsonb, /* JsonbText */
+	"count" INT /* i32 */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'render_summary_wrapper';
+
+-- pg_keyturn::route_guard::_require_tenant
+CREATE OR REPLACE FUNCTION "_require_tenant"(
+	"p_tenant" TEXT, /* Option < & str > */
+	"p_what" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'require_tenant_sql_wrapper';
+
+-- pg_keyturn::args::_require_text
+CREATE OR REPLACE FUNCTION "_require_text"(
+	"p_value" TEXT, /* Option < & str > */
+	"p_what" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'require_text_sql_wrapper';
+
+-- pg_keyturn::validation::_scope_violation
+CREATE OR REPLACE FUNCTION "_scope_violation"(
+	"scope" jsonb, /* Option < JsonbText > */
+	"params" jsonb, /* Option < JsonbText > */
+	"target_count" INT /* Option < i32 > */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'scope_violation_wrapper';
+
+-- pg_keyturn::actor::_set_actor
+CREATE OR REPLACE FUNCTION "_set_actor"(
+	"p_role" TEXT, /* Option < & str > */
+	"p_principal" TEXT /* Option < & str > */
+) RETURNS TEXT /* String */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_actor_wrapper';
+
+-- pg_keyturn::actor::_set_event_context
+CREATE OR REPLACE FUNCTION "_set_event_context"(
+	"p_context" jsonb /* Option < pgrx :: JsonB > */
+) RETURNS TEXT /* String */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_event_context_wrapper';
+
+-- pg_keyturn::actor::_set_event_detail
+CREATE OR REPLACE FUNCTION "_set_event_detail"(
+	"p_detail" jsonb /* Option < JsonbText > */
+) RETURNS TEXT /* String */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_event_detail_wrapper';
+
+-- pg_keyturn::actor::_set_event_details
+CREATE OR REPLACE FUNCTION "_set_event_details"(
+	"p_ids" uuid[], /* :: std :: option :: Option < Vec < Option < pgrx :: Uuid > > > */
+	"p_details" TEXT[] /* :: std :: option :: Option < Vec < Option < String > > > */
+) RETURNS TEXT /* String */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_event_details_wrapper';
+
+-- pg_keyturn::token::_token_binding
+CREATE OR REPLACE FUNCTION "_token_binding"(
+	"token" TEXT, /* & str */
+	"action_id" uuid, /* pgrx :: Uuid */
+	"params_hash" TEXT, /* & str */
+	"expires_at" timestamp with time zone /* TimestampWithTimeZone */
+) RETURNS bytea /* Vec < u8 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'token_binding_wrapper';
+
+-- pg_keyturn::token::_token_binds
+CREATE OR REPLACE FUNCTION "_token_binds"(
+	"token" TEXT, /* & str */
+	"action_id" uuid, /* pgrx :: Uuid */
+	"params_hash" TEXT, /* & str */
+	"expires_at" timestamp with time zone, /* TimestampWithTimeZone */
+	"stored" bytea /* & [u8] */
+) RETURNS bool /* bool */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'token_binds_wrapper';
+
+-- pg_keyturn::token::_token_digest
+CREATE OR REPLACE FUNCTION "_token_digest"(
+	"token" TEXT /* & str */
+) RETURNS bytea /* Vec < u8 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'token_digest_wrapper';
+
+-- pg_keyturn::token::_token_new
+CREATE OR REPLACE FUNCTION "_token_new"() RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'token_new_wrapper';
+
+-- pg_keyturn::ids::_uuid_v7
+CREATE OR REPLACE FUNCTION "_uuid_v7"() RETURNS uuid /* pgrx :: Uuid */
+STRICT VOLATILE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'uuid_v7_wrapper';
+
+-- pg_keyturn::gate::human::approve
+CREATE OR REPLACE FUNCTION "approve"(
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT, /* Option < String > */
+	"params" jsonb DEFAULT NULL /* Option < JsonbText > */
+) RETURNS TABLE (
+	"action_id" uuid,  /* pgrx :: Uuid */
+	"status" TEXT,  /* String */
+	"result" jsonb  /* Option < RawJsonb > */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'approve_wrapper';
+
+-- pg_keyturn::gate::human::approve_for
+CREATE OR REPLACE FUNCTION "approve_for"(
+	"tenant" TEXT, /* Option < String > */
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT, /* Option < String > */
+	"params" jsonb DEFAULT NULL /* Option < JsonbText > */
+) RETURNS TABLE (
+	"action_id" uuid,  /* pgrx :: Uuid */
+	"status" TEXT,  /* String */
+	"result" jsonb  /* Option < RawJsonb > */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'approve_for_wrapper';
+
+-- pg_keyturn::gate::human::approve_many
+CREATE OR REPLACE FUNCTION "approve_many"(
+	"items" jsonb /* Option < JsonbText > */
+) RETURNS TABLE (
+	"action_id" uuid,  /* pgrx :: Uuid */
+	"status" TEXT,  /* String */
+	"result" jsonb  /* Option < RawJsonb > */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'approve_many_wrapper';
+
+-- pg_keyturn::gate::human::approve_many_for
+CREATE OR REPLACE FUNCTION "approve_many_for"(
+	"tenant" TEXT, /* Option < String > */
+	"items" jsonb /* Option < JsonbText > */
+) RETURNS TABLE (
+	"action_id" uuid,  /* pgrx :: Uuid */
+	"status" TEXT,  /* String */
+	"result" jsonb  /* Option < RawJsonb > */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'approve_many_for_wrapper';
+
+-- pg_keyturn::canonical::canonical_json
+CREATE OR REPLACE FUNCTION "canonical_json"(
+	"j" jsonb /* JsonbText */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'canonical_json_wrapper';
+
+-- pg_keyturn::identity::current_principal
+CREATE OR REPLACE FUNCTION "current_principal"() RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'current_principal_wrapper';
+
+-- pg_keyturn::identity::current_session
+CREATE OR REPLACE FUNCTION "current_session"() RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'current_session_wrapper';
+
+-- pg_keyturn::identity::current_tenant
+CREATE OR REPLACE FUNCTION "current_tenant"() RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'current_tenant_wrapper';
+
+-- pg_keyturn::gate::human::delegate
+CREATE OR REPLACE FUNCTION "delegate"(
+	"tool" TEXT, /* Option < String > */
+	"scope" jsonb, /* Option < JsonbText > */
+	"max_uses" INT, /* Option < i32 > */
+	"valid_for" interval /* Option < pgrx :: datum :: Interval > */
+) RETURNS uuid /* pgrx :: Uuid */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'delegate_wrapper';
+
+-- pg_keyturn::gate::human::delegations
+CREATE OR REPLACE FUNCTION "delegations"() RETURNS TABLE (
+	"delegation_id" uuid,  /* pgrx :: Uuid */
+	"principal" TEXT,  /* String */
+	"tool" TEXT,  /* String */
+	"scope" jsonb,  /* RawJsonb */
+	"max_uses" INT,  /* i32 */
+	"uses" INT,  /* i32 */
+	"expires_at" timestamp with time zone,  /* TimestampWithTimeZone */
+	"revoked" bool  /* bool */
+)
+STRICT VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'delegations_wrapper';
+
+-- pg_keyturn::canonical::params_hash
+CREATE OR REPLACE FUNCTION "params_hash"(
+	"tool" TEXT, /* & str */
+	"params" jsonb /* JsonbText */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'params_hash_wrapper';
+
+-- pg_keyturn::gate::human::pending
+CREATE OR REPLACE FUNCTION "pending"(
+	"max_rows" INT DEFAULT 50 /* Option < i32 > */
+) RETURNS TABLE (
+	"action_id" uuid,  /* pgrx :: Uuid */
+	"tool" TEXT,  /* String */
+	"summary" TEXT,  /* String */
+	"effect" TEXT,  /* String */
+	"approval" TEXT,  /* String */
+	"principal" TEXT,  /* String */
+	"created_at" timestamp with time zone,  /* TimestampWithTimeZone */
+	"expires_at" timestamp with time zone,  /* TimestampWithTimeZone */
+	"votes" INT,  /* i32 */
+	"quorum" INT  /* i32 */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'pending_wrapper';
+
+-- pg_keyturn::gate::human::preview
+CREATE OR REPLACE FUNCTION "preview"(
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT /* Option < String > */
+) RETURNS jsonb /* RawJsonb */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'preview_wrapper';
+
+-- pg_keyturn::gate::human::preview_for
+CREATE OR REPLACE FUNCTION "preview_for"(
+	"tenant" TEXT, /* Option < String > */
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT /* Option < String > */
+) RETURNS jsonb /* RawJsonb */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'preview_for_wrapper';
+
+-- pg_keyturn::gate::agent::propose
+CREATE OR REPLACE FUNCTION "propose"(
+	"tool" TEXT, /* Option < String > */
+	"params" jsonb, /* Option < JsonbText > */
+	"origin" jsonb DEFAULT '{}' /* Option < JsonbText > */
+) RETURNS TABLE (
+	"action_id" uuid,  /* pgrx :: Uuid */
+	"token" TEXT,  /* Option < String > */
+	"summary" TEXT,  /* String */
+	"params_hash" TEXT,  /* String */
+	"expires_at" timestamp with time zone,  /* TimestampWithTimeZone */
+	"status" TEXT,  /* String */
+	"delegation_id" uuid  /* Option < pgrx :: Uuid > */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'propose_wrapper';
+
+-- pg_keyturn::gate::agent::propose_for
+CREATE OR REPLACE FUNCTION "propose_for"(
+	"tenant" TEXT, /* Option < String > */
+	"tool" TEXT, /* Option < String > */
+	"params" jsonb, /* Option < JsonbText > */
+	"origin" jsonb DEFAULT '{}' /* Option < JsonbText > */
+) RETURNS TABLE (
+	"action_id" uuid,  /* pgrx :: Uuid */
+	"token" TEXT,  /* Option < String > */
+	"summary" TEXT,  /* String */
+	"params_hash" TEXT,  /* String */
+	"expires_at" timestamp with time zone,  /* TimestampWithTimeZone */
+	"status" TEXT,  /* String */
+	"delegation_id" uuid  /* Option < pgrx :: Uuid > */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'propose_for_wrapper';
+
+-- pg_keyturn::gate::human::record_request
+CREATE OR REPLACE FUNCTION "record_request"(
+	"conversation_id" TEXT, /* Option < String > */
+	"turn_id" TEXT, /* Option < String > */
+	"message_id" TEXT, /* Option < String > */
+	"text_sha256" TEXT /* Option < String > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'record_request_wrapper';
+
+-- pg_keyturn::gate::human::reject
+CREATE OR REPLACE FUNCTION "reject"(
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT, /* Option < String > */
+	"reason" TEXT DEFAULT NULL /* Option < String > */
+) RETURNS TEXT /* String */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reject_wrapper';
+
+-- pg_keyturn::gate::human::reject_for
+CREATE OR REPLACE FUNCTION "reject_for"(
+	"tenant" TEXT, /* Option < String > */
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT, /* Option < String > */
+	"reason" TEXT DEFAULT NULL /* Option < String > */
+) RETURNS TEXT /* String */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reject_for_wrapper';
+
+-- pg_keyturn::gate::human::revise
+CREATE OR REPLACE FUNCTION "revise"(
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT, /* Option < String > */
+	"params" jsonb /* Option < JsonbText > */
+) RETURNS TABLE (
+	"action_id" uuid,  /* pgrx :: Uuid */
+	"token" TEXT,  /* String */
+	"summary" TEXT,  /* String */
+	"params_hash" TEXT,  /* String */
+	"expires_at" timestamp with time zone  /* TimestampWithTimeZone */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'revise_wrapper';
+
+-- pg_keyturn::gate::human::revise_for
+CREATE OR REPLACE FUNCTION "revise_for"(
+	"tenant" TEXT, /* Option < String > */
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT, /* Option < String > */
+	"params" jsonb /* Option < JsonbText > */
+) RETURNS TABLE (
+	"action_id" uuid,  /* pgrx :: Uuid */
+	"token" TEXT,  /* String */
+	"summary" TEXT,  /* String */
+	"params_hash" TEXT,  /* String */
+	"expires_at" timestamp with time zone  /* TimestampWithTimeZone */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'revise_for_wrapper';
+
+-- pg_keyturn::gate::human::revoke_delegation
+CREATE OR REPLACE FUNCTION "revoke_delegation"(
+	"delegation_id" uuid /* Option < pgrx :: Uuid > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'revoke_delegation_wrapper';
+
+-- pg_keyturn::lifecycle::_action_lifecycle
+CREATE OR REPLACE FUNCTION "_action_lifecycle"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', '_action_lifecycle_wrapper';
+
+-- pg_keyturn::lifecycle::_guard_status
+CREATE OR REPLACE FUNCTION "_guard_status"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', '_guard_status_wrapper';
+
+
+-- ==== sql/011_status_rules.sql ====
+
+-- What the status graph (keyturn.transition, 005_status.sql) implies, as
+-- functions: whether a change is legal, and which statuses are final.
+
+-- Whether a status change is legal (for people and tests; the guard itself
+-- uses the generated condition).
+CREATE OR REPLACE FUNCTION keyturn._legal_transition(from_status keyturn.status, to_status keyturn.status)
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT EXISTS (SELECT 1 FROM keyturn.transition t
+                    WHERE t.from_status = _legal_transition.from_status
+                      AND t.to_status = _legal_transition.to_status)
+$$;
+
+-- Final: a status that no transition leaves. ('uncertain' is terminal for
+-- automation, but an operator may still reconcile it, so it is not final.)
+-- Generated as a constant list, so the planner inlines it wherever it is used.
+DO $do$
+BEGIN
+    EXECUTE pg_catalog.format(
+        $f$CREATE OR REPLACE FUNCTION keyturn._is_final(status keyturn.status)
+           RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
+           AS $b$SELECT status <> ALL (%L::keyturn.status[])$b$$f$,
+        (SELECT pg_catalog.array_agg(DISTINCT t.from_status ORDER BY t.from_status)::text
+           FROM keyturn.transition t));
+END
+$do$;
+
+
+-- ==== sql/012_citus_catalog.sql ====
+
+-- What Citus says about a table (docs/scale-out.md), for the files after
+-- this one: whether Citus is here, how it holds a table, what a gated table
+-- it distributes must be (register_tool refuses, check_deployment reports),
+-- and a reference table's placement on this node.
+--
+-- The extension never depends on Citus: without it in this database every
+-- function here answers nothing, and Citus's catalog is only reached through
+-- EXECUTE, once its presence is known (keyturn._citus_present, in Rust:
+-- extension/src/citus.rs).
+
+-- How Citus holds a table: method 'h' (hash-distributed), 'n' (reference,
+-- single-shard or Citus-local: no distribution column), 'a'/'r' (append,
+-- range); dist_column its distribution column. No row: not a Citus table,
+-- or no Citus.
+CREATE OR REPLACE FUNCTION keyturn._citus_table(p_relid oid)
+RETURNS TABLE (method text, dist_column text, reference boolean)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF NOT keyturn._citus_present() THEN
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE
+        'SELECT p.partmethod::text,
+                CASE WHEN p.partkey IS NOT NULL THEN pg_catalog.column_to_column_name(p.logicalrelid, p.partkey) END,
+                p.partmethod = ''n'' AND p.repmodel = ''t''
+           FROM pg_catalog.pg_dist_partition p WHERE p.logicalrelid = $1'
+        USING p_relid;
+END
+$$;
+
+-- Key and version columns whose text depends on session settings (DateStyle,
+-- TimeZone, IntervalStyle, extra_float_digits, bytea_output, lc_monetary).
+-- keyturn stores a target's key and version as text written under settings
+-- it pins for its own statements; on a distributed table that text is
+-- written and read back on the workers, under whatever settings their
+-- connections have (a SET LOCAL the application propagates included), so the
+-- same text could name another row.
+CREATE OR REPLACE FUNCTION keyturn._citus_setting_dependent(p_type text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT split_part(p_type, '(', 1) IN (
+        'date', 'timestamp without time zone', 'timestamp with time zone', 'time without time zone',
+        'time with time zone', 'interval', 'real', 'double precision', 'bytea', 'money')
+$$;
+
+-- Why an sql tool's part (as _spec_sql returns it: table, key, version, set,
+-- types) cannot work on a table Citus distributes, one line per problem, or
+-- nothing. register_tool refuses on any; check_deployment reports them for
+-- the registered tools of tables distributed since.
+CREATE OR REPLACE FUNCTION keyturn._citus_table_problems(p_relid oid, p_key text, p_version text, p_set text[],
+                                              p_types jsonb)
+RETURNS SETOF text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    c record;
+    k text;
+BEGIN
+    SELECT * INTO c FROM keyturn._citus_table(p_relid);
+    IF NOT FOUND OR c.reference THEN
+        RETURN;
+    END IF;
+    IF c.dist_column = ANY (p_set) THEN
+        RETURN NEXT format('spec.sql.set names %s, the distribution column of %s: Citus never changes a row''s distribution column, so every approval would fail',
+                           quote_ident(c.dist_column), p_relid::regclass);
+    END IF;
+    FOREACH k IN ARRAY ARRAY[p_key, p_version] LOOP
+        IF k <> 'xmin' AND keyturn._citus_setting_dependent(p_types ->> k) THEN
+            RETURN NEXT format('%s %s of distributed table %s is %s, whose text depends on the workers'' session settings: the stored target could name another row there',
+                               CASE WHEN k = p_key THEN 'key' ELSE 'version' END, quote_ident(k),
+                               p_relid::regclass, p_types ->> k);
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- This node's placement of a reference table (the shard Citus keeps on every
+-- node, keyturn.tool_<shard id>), or NULL: no Citus, not a reference table,
+-- or no placement here. A row lock taken on it is a plain PostgreSQL lock on
+-- this node, which a change of the reference table (made on every placement,
+-- this one included) waits for. Citus would turn a row lock on the
+-- reference table itself into a lock on another node too, which a call it
+-- runs on a worker cannot take without deadlocking against another such call.
+CREATE OR REPLACE FUNCTION keyturn._local_placement(p_rel regclass)
+RETURNS regclass
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_shard regclass;
+BEGIN
+    IF NOT keyturn._citus_present() THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE 'SELECT to_regclass(format(''%s_%s'', $1, s.shardid))
+               FROM pg_catalog.pg_dist_shard s
+               JOIN pg_catalog.pg_dist_partition p ON p.logicalrelid = s.logicalrelid
+              WHERE s.logicalrelid = $1 AND p.partmethod = ''n'' AND p.repmodel = ''t'''
+        INTO v_shard USING p_rel;
+    RETURN v_shard;
+END
+$$;
+
+
+-- ==== sql/020_guards.sql ====
+
+-- The guards the database keeps whoever writes.
+--
+-- Triggers refuse illegal status transitions, any change to proposal columns,
+-- and an approval-only status without an approval; keep the event log and
+-- usage append-only; and perform the lifecycle side effects (work list, event
+-- row, usage row, staged-payload deletion, NOTIFY) in the same transaction as
+-- the status change, so no code path can forget them.
+
+CREATE OR REPLACE FUNCTION keyturn._refuse_proposal_change()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'proposal columns of action % are immutable', OLD.id
+        USING ERRCODE = '55000',
+              HINT = 'Propose a new action instead of changing this one.';
+END
+$$;
+
+-- Proposal columns never change: a WHEN condition, parsed here with
+-- pg_catalog's operators (no caller's search_path is ever consulted), that
+-- runs the raising function only when they do. The column list comes first:
+-- an UPDATE that sets none of these columns (every keyturn function's) skips
+-- the trigger on a bitmap test, before the condition is even loaded; one that
+-- sets them to their own values passes.
+CREATE TRIGGER action_proposal_immutable
+    BEFORE UPDATE OF id, tenant, principal, session, tool, tool_version, executor, approval,
+                     retain, params, param_keys, params_hash, summary, origin, conversation_id,
+                     epoch, target_count, token_digest, token_binding, idempotency_key,
+                     revised_from, revised_by, created_at, expires_at
+    ON keyturn.action
+    FOR EACH ROW
+    WHEN ((NEW.id, NEW.tenant, NEW.principal, NEW.session, NEW.tool, NEW.tool_version,
+           NEW.executor, NEW.approval, NEW.retain, NEW.params, NEW.param_keys, NEW.params_hash,
+           NEW.summary, NEW.origin, NEW.conversation_id, NEW.epoch, NEW.target_count,
+           NEW.token_digest, NEW.token_binding, NEW.idempotency_key, NEW.revised_from,
+           NEW.revised_by, NEW.created_at, NEW.expires_at)
+          IS DISTINCT FROM
+          (OLD.id, OLD.tenant, OLD.principal, OLD.session, OLD.tool, OLD.tool_version,
+           OLD.executor, OLD.approval, OLD.retain, OLD.params, OLD.param_keys, OLD.params_hash,
+           OLD.summary, OLD.origin, OLD.conversation_id, OLD.epoch, OLD.target_count,
+           OLD.token_digest, OLD.token_binding, OLD.idempotency_key, OLD.revised_from,
+           OLD.revised_by, OLD.created_at, OLD.expires_at))
+    EXECUTE FUNCTION keyturn._refuse_proposal_change();
+
+-- The status graph (keyturn.transition), and a status only an approval can
+-- give: whoever writes the row (a role that was granted UPDATE, one with
+-- BYPASSRLS) cannot move an action along a step the graph does not have, nor
+-- a proposal to queued or an outcome without the approval MAC that only
+-- keyturn's approve, standing approvals and task admission can compute
+-- (lease and begin_dispatch check the MAC again, for rows that reached
+-- 'queued' with the triggers off). keyturn._guard_status() is Rust
+-- (extension/src/lifecycle.rs): it reads the graph once per backend, where
+-- a WHEN condition is parsed again by every statement, and verifies the
+-- binding with the key only the extension owner reads.
+CREATE TRIGGER action_status_guard
+    BEFORE UPDATE OF status ON keyturn.action
+    FOR EACH ROW EXECUTE FUNCTION keyturn._guard_status();
+
+-- Everything a status change implies, in the same transaction: the work list
+-- (keyturn.open_action), the event, the usage row, the staged payload, the
+-- NOTIFY. The acting role and principal come from keyturn's own backend state
+-- (extension/src/actor.rs), never from a setting a caller can write; a change
+-- keyturn's functions did not make is logged as the session's role, marked
+-- direct_write. A row inserted by anything but keyturn's propose (a restore
+-- from a dump, which brings its own events and work list) implies nothing.
+-- keyturn._action_lifecycle() is Rust (extension/src/lifecycle.rs), for
+-- speed: it fires for every status change. It runs its statements as the
+-- extension owner: the side effects are keyturn's to write whoever changed
+-- the row, so a direct write (by a role someone granted UPDATE) is logged,
+-- not failed for want of privileges on keyturn's internals.
+CREATE TRIGGER action_lifecycle
+    AFTER INSERT OR UPDATE OF status, next_attempt_at, lease_expires_at, dispatched_at ON keyturn.action
+    FOR EACH ROW EXECUTE FUNCTION keyturn._action_lifecycle();
+
+-- Append-only tables refuse UPDATE, DELETE and TRUNCATE even to their owner.
+CREATE OR REPLACE FUNCTION keyturn._append_only()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'keyturn.% does not allow %', TG_TABLE_NAME, TG_OP
+        USING ERRCODE = '42501',
+              HINT = 'Audit and metering rows are never changed. Archive with triggers disabled, as a superuser.';
+END
+$$;
+
+-- Statement-level, so even an UPDATE or DELETE that matches no row is refused.
+CREATE TRIGGER event_append_only
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON keyturn.event
+    FOR EACH STATEMENT EXECUTE FUNCTION keyturn._append_only();
+CREATE TRIGGER usage_append_only
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON keyturn.usage
+    FOR EACH STATEMENT EXECUTE FUNCTION keyturn._append_only();
+CREATE TRIGGER action_target_immutable
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON keyturn.action_target
+    FOR EACH STATEMENT EXECUTE FUNCTION keyturn._append_only();
+CREATE TRIGGER action_never_deleted
+    BEFORE DELETE OR TRUNCATE ON keyturn.action
+    FOR EACH STATEMENT EXECUTE FUNCTION keyturn._append_only();
+
+
+-- ==== sql/030_access.sql ====
+
+-- Identity checks, membership lookups and row-level security.
+--
+-- The identity functions themselves (current_tenant, current_principal,
+-- current_session) are written in Rust (extension/src/identity.rs): they parse
+-- request.jwt.claims without a subtransaction, which keeps them cheap enough to
+-- sit inside RLS policies.
+
+-- The role a SECURITY DEFINER function was called from: the SET ROLE role, else
+-- the login role (current_user inside such a function is its owner).
+CREATE OR REPLACE FUNCTION keyturn._calling_role()
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
+                ELSE current_setting('role') END
+$$;
+
+-- Raises 42501 unless the call carries a full identity whose principal is a
+-- member of its tenant; returns that member's role.
+CREATE OR REPLACE FUNCTION keyturn._require_member(p_tenant text, p_principal text, p_session text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_role text;
+BEGIN
+    IF p_tenant IS NULL OR p_principal IS NULL OR p_session IS NULL THEN
+        RAISE EXCEPTION 'keyturn: missing identity (tenant=%, principal=%, session=%)',
+                coalesce(p_tenant, '<missing>'), coalesce(p_principal, '<missing>'),
+                coalesce(p_session, '<missing>')
+            USING ERRCODE = '42501',
+                  DETAIL = coalesce(keyturn._identity_problem(), 'identity changed during the call'),
+                  HINT = 'Inside the transaction: BEGIN; SET LOCAL keyturn.tenant = ...; SET LOCAL keyturn.principal = ...; SET LOCAL keyturn.session = ...; or set_config(''request.jwt.claims'', ..., true).';
+    END IF;
+    SELECT m.role INTO v_role FROM keyturn.member m
+     WHERE m.tenant = p_tenant AND m.principal = p_principal;
+    IF v_role IS NULL THEN
+        RAISE EXCEPTION 'keyturn: principal % is not a member of tenant %', p_principal, p_tenant
+            USING ERRCODE = '42501',
+                  HINT = 'An admin adds members with keyturn.add_member(tenant, principal, role).';
+    END IF;
+    RETURN v_role;
+END
+$$;
+
+-- plpgsql, not sql: a sql function with a subquery is never inlined, and is
+-- parsed and planned again on every call; plpgsql keeps the plan.
+CREATE OR REPLACE FUNCTION keyturn._has_grant(p_tenant text, p_principal text, p_tool text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    -- A grant past its valid_until is no grant: it ends like a revoke.
+    RETURN EXISTS (SELECT 1 FROM keyturn.tool_grant g
+                    WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = p_tool
+                      AND (g.valid_until IS NULL OR g.valid_until > clock_timestamp()));
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._epoch(p_tenant text, p_principal text)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
+                      WHERE e.tenant = p_tenant AND e.principal = p_principal), 0);
+END
+$$;
+
+-- plpgsql, and the time taken from EXCLUDED: Citus refuses a function in DO
+-- UPDATE SET, and crashed on this statement as a LANGUAGE sql function with
+-- now() there (docs/scale-out.md, layout B).
+CREATE OR REPLACE FUNCTION keyturn._bump_epoch(p_tenant text, p_principal text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    INSERT INTO keyturn.auth_epoch AS e (tenant, principal, epoch)
+    VALUES (p_tenant, p_principal, 1)
+    ON CONFLICT (tenant, principal)
+    DO UPDATE SET epoch = e.epoch + 1, changed_at = EXCLUDED.changed_at;
+END
+$$;
+
+-- Row visibility for the calling identity: its own tenant only; a 'member' sees
+-- its own rows, an approver or admin the whole tenant's. SECURITY DEFINER so the
+-- policies below can consult keyturn.member without granting it more widely.
+-- plpgsql, not sql: Citus cannot plan an SQL function's parameter in a
+-- statement on a distributed table (layout B, docs/scale-out.md).
+CREATE OR REPLACE FUNCTION keyturn._sees(p_tenant text, p_principal text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN p_tenant = keyturn.current_tenant()
+       AND EXISTS (SELECT 1 FROM keyturn.member m
+                    WHERE m.tenant = p_tenant
+                      AND m.principal = keyturn.current_principal()
+                      AND (m.role IN ('approver', 'admin') OR p_principal = m.principal));
+END
+$$;
+
+-- FORCE: the table owner is bound too. Superusers and the extension's own
+-- SECURITY DEFINER functions (owned by a superuser) are not: those filter by
+-- tenant themselves.
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
+                             'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage',
+                             'request', 'vote', 'delegation', 'staged_file']
+    LOOP
+        EXECUTE format('ALTER TABLE keyturn.%I ENABLE ROW LEVEL SECURITY', t);
+        EXECUTE format('ALTER TABLE keyturn.%I FORCE ROW LEVEL SECURITY', t);
+    END LOOP;
+END
+$$;
+
+CREATE POLICY member_visible ON keyturn.member FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY tool_grant_visible ON keyturn.tool_grant FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY auth_epoch_visible ON keyturn.auth_epoch FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY cancelled_origin_visible ON keyturn.cancelled_origin FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY action_visible ON keyturn.action FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY open_action_visible ON keyturn.open_action FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY action_target_visible ON keyturn.action_target FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY staged_payload_visible ON keyturn.staged_payload FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY attempt_visible ON keyturn.attempt FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY event_visible ON keyturn.event FOR SELECT
+    USING (keyturn._sees(tenant, action_principal));
+CREATE POLICY usage_visible ON keyturn.usage FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY request_visible ON keyturn.request FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY vote_visible ON keyturn.vote FOR SELECT
+    USING (keyturn._sees(tenant, action_principal));
+CREATE POLICY delegation_visible ON keyturn.delegation FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY staged_file_visible ON keyturn.staged_file FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+-- keyturn_secret.approval_key: forced row-level security and no policy at all,
+-- on top of holding no grants.
+ALTER TABLE keyturn_secret.approval_key ENABLE ROW LEVEL SECURITY;
+ALTER TABLE keyturn_secret.approval_key FORCE ROW LEVEL SECURITY;
+
+
+-- ==== sql/040_admin.sql ====
+
+-- Administration: members, grants, tools (docs/sql-api.md, "Administration").
+--
+-- Two kinds of administrator. The keyturn_admin database role is the
+-- platform's: it registers tools (which are global) and manages every
+-- tenant, naming the tenant as an argument. A tenant's own `admin` member,
+-- calling through the human-facing connection (keyturn_approver) with its
+-- identity, manages that one tenant's members and grants, and no other.
+-- Every membership or grant change that changes something bumps the
+-- principal's authorization epoch.
+
+CREATE OR REPLACE FUNCTION keyturn._require_tool(p_tool text)
+RETURNS keyturn.tool
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v keyturn.tool;
+BEGIN
+    SELECT t.* INTO v FROM keyturn.tool t WHERE t.name = p_tool;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'keyturn: unknown tool %', coalesce(quote_literal(p_tool), 'NULL')
+            USING ERRCODE = '42704',
+                  HINT = 'Register it first with keyturn.register_tool(name, spec).';
+    END IF;
+    RETURN v;
+END
+$$;
+
+-- Raises 42501 unless the caller may administer p_tenant: the platform's
+-- keyturn_admin role, or an `admin` member of p_tenant acting with its own
+-- identity (never an agent: separation of duties holds for administration
+-- too, or an agent could grant itself tools).
+CREATE OR REPLACE FUNCTION keyturn._require_admin(p_tenant text, p_what text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_caller text := keyturn._calling_role();
+BEGIN
+    PERFORM keyturn._refuse_nested(p_what);
+    IF pg_catalog.pg_has_role(v_caller, 'keyturn_admin', 'USAGE') THEN
+        RETURN;
+    END IF;
+    IF pg_catalog.pg_has_role(v_caller, 'keyturn_agent', 'MEMBER')
+       OR pg_catalog.pg_has_role(session_user, 'keyturn_agent', 'USAGE') THEN
+        RAISE EXCEPTION 'keyturn: % may not be called by an agent role', p_what
+            USING ERRCODE = '42501';
+    END IF;
+    IF keyturn._require_member(keyturn.current_tenant(), keyturn.current_principal(),
+                               keyturn.current_session()) <> 'admin'
+       OR keyturn.current_tenant() IS DISTINCT FROM p_tenant THEN
+        RAISE EXCEPTION 'keyturn: % needs the keyturn_admin role, or an admin of tenant % acting as itself', p_what, coalesce(p_tenant, 'NULL')
+            USING ERRCODE = '42501',
+                  HINT = 'A tenant admin manages only its own tenant; the platform role keyturn_admin manages all.';
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.add_member(tenant text, principal text, role text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_changed boolean;
+BEGIN
+    PERFORM keyturn._require_admin(add_member.tenant, 'add_member');
+    PERFORM keyturn._require_text(add_member.tenant, 'tenant'),
+            keyturn._require_text(add_member.principal, 'principal');
+    IF add_member.role IS NULL OR add_member.role NOT IN ('member', 'approver', 'admin') THEN
+        RAISE EXCEPTION 'keyturn: role must be member, approver or admin, not %',
+                coalesce(quote_literal(add_member.role), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+
+    INSERT INTO keyturn.member AS m (tenant, principal, role)
+    VALUES (add_member.tenant, add_member.principal, add_member.role)
+    ON CONFLICT ON CONSTRAINT member_pkey
+    DO UPDATE SET role = EXCLUDED.role, updated_at = EXCLUDED.updated_at
+       WHERE m.role IS DISTINCT FROM EXCLUDED.role;
+    v_changed := FOUND;
+
+    IF v_changed THEN
+        PERFORM keyturn._bump_epoch(add_member.tenant, add_member.principal);
+    END IF;
+    RETURN v_changed;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.remove_member(tenant text, principal text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_members int;
+    v_grants  int;
+BEGIN
+    PERFORM keyturn._require_admin(remove_member.tenant, 'remove_member');
+    DELETE FROM keyturn.tool_grant g
+     WHERE g.tenant = remove_member.tenant AND g.principal = remove_member.principal;
+    GET DIAGNOSTICS v_grants = ROW_COUNT;
+    DELETE FROM keyturn.member m
+     WHERE m.tenant = remove_member.tenant AND m.principal = remove_member.principal;
+    GET DIAGNOSTICS v_members = ROW_COUNT;
+
+    IF v_members + v_grants > 0 THEN
+        PERFORM keyturn._bump_epoch(remove_member.tenant, remove_member.principal);
+    END IF;
+    RETURN v_members + v_grants > 0;
+END
+$$;
+
+-- Sets the (tenant, principal, tool) grant to exactly the given scope,
+-- valid_until and max_uses, with its use count at zero; the plain
+-- three-argument call is a grant without scope or limits. A call that changes
+-- none of them changes nothing (and keeps the count); any real change bumps
+-- the epoch, so proposals made under the old terms are invalidated.
+CREATE OR REPLACE FUNCTION keyturn.grant_tool(tenant text, principal text, tool text, scope jsonb DEFAULT NULL,
+                                   valid_until timestamptz DEFAULT NULL, max_uses int DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_scope   jsonb;
+    v_changed boolean;
+BEGIN
+    PERFORM keyturn._require_admin(grant_tool.tenant, 'grant_tool');
+    PERFORM keyturn._require_text(grant_tool.tenant, 'tenant'),
+            keyturn._require_text(grant_tool.principal, 'principal');
+    PERFORM keyturn._require_tool(grant_tool.tool);
+    IF grant_tool.scope IS NOT NULL THEN
+        v_scope := keyturn._check_scope(grant_tool.scope);
+    END IF;
+    IF grant_tool.max_uses IS NOT NULL AND grant_tool.max_uses < 1 THEN
+        RAISE EXCEPTION 'keyturn: max_uses must be at least 1, not %', grant_tool.max_uses USING ERRCODE = '22023';
+    END IF;
+
+    INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)
+    VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool, v_scope, grant_tool.valid_until,
+            grant_tool.max_uses)
+    ON CONFLICT ON CONSTRAINT tool_grant_pkey
+    DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
+                  uses = 0, granted_at = EXCLUDED.granted_at
+       WHERE (g.scope, g.valid_until, g.max_uses)
+             IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
+    v_changed := FOUND;
+
+    IF v_changed THEN
+        PERFORM keyturn._bump_epoch(grant_tool.tenant, grant_tool.principal);
+    END IF;
+    RETURN v_changed;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.revoke_tool(tenant text, principal text, tool text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_changed boolean;
+BEGIN
+    PERFORM keyturn._require_admin(revoke_tool.tenant, 'revoke_tool');
+    PERFORM keyturn._require_tool(revoke_tool.tool);
+
+    DELETE FROM keyturn.tool_grant g
+     WHERE g.tenant = revoke_tool.tenant AND g.principal = revoke_tool.principal
+       AND g.tool = revoke_tool.tool;
+    v_changed := FOUND;
+
+    IF v_changed THEN
+        PERFORM keyturn._bump_epoch(revoke_tool.tenant, revoke_tool.principal);
+    END IF;
+    RETURN v_changed;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.set_tool_enabled(name text, enabled boolean)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('set_tool_enabled');
+    PERFORM keyturn._require_tool(set_tool_enabled.name);
+    IF set_tool_enabled.enabled IS NULL THEN
+        RAISE EXCEPTION 'keyturn: enabled must be true or false' USING ERRCODE = '22023';
+    END IF;
+    UPDATE keyturn.tool t SET enabled = set_tool_enabled.enabled, updated_at = now()
+     WHERE t.name = set_tool_enabled.name AND t.enabled IS DISTINCT FROM set_tool_enabled.enabled;
+    RETURN FOUND;
+END
+$$;
+
+-- Never errors: anything unknown, disabled or ambiguous is 'unsupported'.
+CREATE OR REPLACE FUNCTION keyturn.classify(tool text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(
+        (SELECT CASE WHEN t.enabled AND v.kind IN ('read', 'write') THEN v.kind
+                     ELSE 'unsupported' END
+           FROM keyturn.tool t
+           JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+          WHERE t.name = classify.tool),
+        'unsupported')
+$$;
+
+
+-- ==== sql/041_register.sql ====
+
+-- Tool registration (docs/sql-api.md, "Tools").
+--
+-- A spec is validated whole before anything is written: unknown keys, wrong
+-- types and out-of-range values are 22023 with the key named. Each part of
+-- the spec has its own function below (scalars, rate_limit, the external
+-- part, the sql part); register_tool puts their answers together. sql tools
+-- are checked against the catalog here, once, and stored by name.
+
+CREATE OR REPLACE FUNCTION keyturn._spec_choice(p_spec jsonb, p_key text, p_default text, p_allowed text[])
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v jsonb := p_spec -> p_key;
+BEGIN
+    IF v IS NULL THEN
+        RETURN p_default;
+    END IF;
+    IF jsonb_typeof(v) <> 'string' OR NOT (v #>> '{}') = ANY (p_allowed) THEN
+        RAISE EXCEPTION 'keyturn: spec.% must be one of %, not %', p_key,
+                array_to_string(p_allowed, ', '), v
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN v #>> '{}';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._spec_string(p_spec jsonb, p_key text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v jsonb := p_spec -> p_key;
+BEGIN
+    IF v IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(v) <> 'string' OR v #>> '{}' = '' THEN
+        RAISE EXCEPTION 'keyturn: spec.% must be a non-empty string, not %', p_key, v
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN v #>> '{}';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._spec_positive_int(p_value jsonb, p_what text, p_max int)
+RETURNS int
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF jsonb_typeof(p_value) <> 'number' OR (p_value #>> '{}')::numeric <> trunc((p_value #>> '{}')::numeric)
+       OR (p_value #>> '{}')::numeric < 1 OR (p_value #>> '{}')::numeric > p_max THEN
+        RAISE EXCEPTION 'keyturn: % must be a whole number from 1 to %, not %', p_what, p_max, p_value
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN (p_value #>> '{}')::int;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._spec_interval(p_value jsonb, p_what text, p_max interval)
+RETURNS interval
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v interval;
+BEGIN
+    IF jsonb_typeof(p_value) <> 'string' THEN
+        RAISE EXCEPTION 'keyturn: % must be an interval string such as ''15 minutes'', not %', p_what, p_value
+            USING ERRCODE = '22023';
+    END IF;
+    BEGIN
+        v := (p_value #>> '{}')::interval;
+    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+        RAISE EXCEPTION 'keyturn: % is not a valid interval: %', p_what, p_value
+            USING ERRCODE = '22023';
+    END;
+    IF v <= interval '0' OR v > p_max THEN
+        RAISE EXCEPTION 'keyturn: % must be more than 0 and at most %, not %', p_what, p_max, v
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN v;
+END
+$$;
+
+-- Refuses keys outside p_known, naming them.
+CREATE OR REPLACE FUNCTION keyturn._spec_keys(p_obj jsonb, p_what text, p_known text[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    k text;
+BEGIN
+    FOR k IN SELECT jsonb_object_keys(p_obj) LOOP
+        IF NOT k = ANY (p_known) THEN
+            RAISE EXCEPTION 'keyturn: unknown % key %', p_what, quote_literal(k)
+                USING ERRCODE = '22023',
+                      HINT = format('Known keys: %s.', array_to_string(p_known, ', '));
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- The column's type as format_type prints it, or 22023 when it is not a plain
+-- column of the table (system columns, dropped columns and typos alike).
+CREATE OR REPLACE FUNCTION keyturn._spec_column(p_relid oid, p_column jsonb, p_what text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_type text;
+BEGIN
+    IF jsonb_typeof(p_column) IS DISTINCT FROM 'string' THEN
+        RAISE EXCEPTION 'keyturn: % must be a column name, not %', p_what, p_column
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT format_type(a.atttypid, a.atttypmod) INTO v_type
+      FROM pg_attribute a
+     WHERE a.attrelid = p_relid AND a.attname = p_column #>> '{}'
+       AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '';
+    IF v_type IS NULL THEN
+        RAISE EXCEPTION 'keyturn: % names %, which is not a writable column of %',
+                p_what, p_column, p_relid::regclass
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN v_type;
+END
+$$;
+
+-- What lets an agent change a table other than through an approved form, one
+-- line per problem, or nothing: an agent role (a non-superuser member of
+-- keyturn_agent) that owns it or can act as its owner (ALTER, CREATE
+-- TRIGGER on it, DROP), or holds a privilege that writes to it or attaches
+-- code to it. Such a role could put a trigger on the table that runs inside
+-- the approved write, as the approver. Used by register_tool (which refuses)
+-- and check_deployment (which reports).
+CREATE OR REPLACE FUNCTION keyturn._agent_table_problems(p_relid oid)
+RETURNS SETOF text
+LANGUAGE sql STABLE
+AS $$
+    SELECT format('agent role %s %s', quote_ident(r.rolname), p.problem)
+      FROM pg_roles r
+      JOIN pg_class c ON c.oid = p_relid
+     CROSS JOIN LATERAL (VALUES
+         (pg_has_role(r.oid, c.relowner, 'MEMBER'),
+          format('owns %s or is a member of its owner %s', p_relid::regclass, c.relowner::regrole)),
+         (has_table_privilege(r.oid, p_relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
+          OR has_any_column_privilege(r.oid, p_relid, 'INSERT, UPDATE'),
+          format('may write %s directly', p_relid::regclass)),
+         (has_table_privilege(r.oid, p_relid, 'TRIGGER'),
+          format('may create triggers on %s', p_relid::regclass))
+     ) AS p (bad, problem)
+     WHERE NOT r.rolsuper AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') AND p.bad
+     ORDER BY r.rolname, p.problem
+$$;
+
+-- The sql part of a spec: {"table", "key", "version", "set", "where"}, checked
+-- against the catalog. Returns the stored columns as one jsonb object.
+CREATE OR REPLACE FUNCTION keyturn._spec_sql(p_tool text, p_sql jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    c        jsonb;
+    v_relid  oid;
+    v_key    text;
+    v_verc   text := 'xmin';
+    v_set    text[] := '{}';
+    v_where  text[] := '{}';
+    v_types  jsonb;
+    v_bad    text;
+BEGIN
+    IF p_sql IS NULL OR jsonb_typeof(p_sql) <> 'object' THEN
+        RAISE EXCEPTION 'keyturn: sql tool % needs spec.sql = {"table", "key", "version", "set", "where"}', p_tool
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._spec_keys(p_sql, 'spec.sql', ARRAY['table', 'key', 'version', 'set', 'where']);
+    IF jsonb_typeof(p_sql -> 'table') IS DISTINCT FROM 'string' THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table must name a table, e.g. "crm.deal"' USING ERRCODE = '22023';
+    END IF;
+    -- to_regclass answers NULL for a table that does not exist, but raises
+    -- for text that is no table name at all ("..", "a.b.c.d", "db.s.t"):
+    -- both are the same invalid input here.
+    BEGIN
+        v_relid := to_regclass(p_sql ->> 'table');
+    EXCEPTION WHEN invalid_name OR syntax_error OR feature_not_supported THEN
+        v_relid := NULL;
+    END;
+    IF v_relid IS NULL OR NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = v_relid AND r.relkind IN ('r', 'p')) THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table % is not an existing table', p_sql -> 'table'
+            USING ERRCODE = '22023';
+    END IF;
+    IF (SELECT n.nspname LIKE 'pg\_temp\_%' OR n.nspname LIKE 'pg\_toast\_temp\_%'
+          FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = v_relid) THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table % is a temporary table', p_sql -> 'table'
+            USING ERRCODE = '22023';
+    END IF;
+    v_bad := (SELECT string_agg(p, '; ') FROM keyturn._agent_table_problems(v_relid) p);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: agents could change % outside the approved form: %', v_relid::regclass, v_bad
+            USING ERRCODE = '22023',
+                  HINT = 'Agent roles may only SELECT a gated table: revoke their write and TRIGGER privileges and make a non-agent role its owner, then register again.';
+    END IF;
+
+    v_key := p_sql ->> 'key';
+    v_types := jsonb_build_object(v_key, keyturn._spec_column(v_relid, p_sql -> 'key', 'spec.sql.key'));
+    IF p_sql ? 'version' AND p_sql -> 'version' IS DISTINCT FROM '"xmin"' THEN
+        v_verc := p_sql ->> 'version';
+        v_types := v_types || jsonb_build_object(v_verc, keyturn._spec_column(v_relid, p_sql -> 'version', 'spec.sql.version'));
+        -- A version column that nothing changes on every write cannot show a
+        -- conflicting edit: two proposals against the same before-state would
+        -- both pass. keyturn's own write never sets it (set may not name it),
+        -- so a trigger must.
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger t
+                        WHERE t.tgrelid = v_relid AND NOT t.tgisinternal
+                          AND (t.tgtype & 2) <> 0      -- BEFORE
+                          AND (t.tgtype & 16) <> 0     -- UPDATE
+                          AND (t.tgtype & 1) <> 0) THEN -- FOR EACH ROW
+            RAISE EXCEPTION 'keyturn: spec.sql.version % is a column that no BEFORE UPDATE trigger on % maintains', v_verc, v_relid::regclass
+                USING ERRCODE = '22023',
+                      HINT = 'Use "version": "xmin" (the default), or add a BEFORE UPDATE ... FOR EACH ROW trigger that changes the column on every update.';
+        END IF;
+    ELSE
+        v_types := v_types || jsonb_build_object('xmin', 'xid');
+    END IF;
+    IF jsonb_typeof(p_sql -> 'set') IS DISTINCT FROM 'array' OR jsonb_array_length(p_sql -> 'set') = 0 THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.set must be a non-empty array of column names' USING ERRCODE = '22023';
+    END IF;
+    FOR c IN SELECT jsonb_array_elements(p_sql -> 'set') LOOP
+        v_types := v_types || jsonb_build_object(c #>> '{}', keyturn._spec_column(v_relid, c, 'spec.sql.set'));
+        IF c #>> '{}' IN (v_key, v_verc) THEN
+            RAISE EXCEPTION 'keyturn: spec.sql.set may not include the key or version column %', c
+                USING ERRCODE = '22023';
+        END IF;
+        v_set := v_set || (c #>> '{}');
+    END LOOP;
+    IF p_sql ? 'where' THEN
+        IF jsonb_typeof(p_sql -> 'where') <> 'array' THEN
+            RAISE EXCEPTION 'keyturn: spec.sql.where must be an array of column names' USING ERRCODE = '22023';
+        END IF;
+        FOR c IN SELECT jsonb_array_elements(p_sql -> 'where') LOOP
+            v_types := v_types || jsonb_build_object(c #>> '{}', keyturn._spec_column(v_relid, c, 'spec.sql.where'));
+            v_where := v_where || (c #>> '{}');
+        END LOOP;
+    END IF;
+    IF cardinality(v_where) = 0 THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.where must name at least one column the form may filter on'
+            USING ERRCODE = '22023',
+                  HINT = 'A form without filters would address the whole table.';
+    END IF;
+    -- A table Citus distributes (sql/012_citus_catalog.sql); nothing without Citus.
+    v_bad := (SELECT string_agg(p, '; ') FROM keyturn._citus_table_problems(v_relid, v_key, v_verc, v_set, v_types) p);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: % cannot be gated this way on Citus: %', v_relid::regclass, v_bad
+            USING ERRCODE = '22023',
+                  HINT = 'Leave the distribution column out of spec.sql.set, and use key and version columns of a type whose text is the same under every setting (integers, text, uuid; "xmin"); docs/scale-out.md.';
+    END IF;
+
+    RETURN (SELECT jsonb_build_object(
+                'schema', n.nspname, 'table', r.relname, 'key', v_key, 'version', v_verc,
+                'set', to_jsonb(v_set), 'where', to_jsonb(v_where), 'types', v_types)
+              FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
+             WHERE r.oid = v_relid);
+END
+$$;
+
+-- The external part of a spec: provider, params_schema, targets_param and
+-- the attachment keys. Returns {"provider", "params_schema" (normalized),
+-- "targets_param", "attachments_param", "attachment_types",
+-- "max_attachment_bytes"}.
+CREATE OR REPLACE FUNCTION keyturn._spec_external(p_tool text, p_spec jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_provider text := keyturn._spec_string(p_spec, 'provider');
+    v_tparam   text := keyturn._spec_string(p_spec, 'targets_param');
+    v_aparam   text := keyturn._spec_string(p_spec, 'attachments_param');
+    v_types    jsonb := p_spec -> 'attachment_types';
+    v_max      bigint := 10 * 1024 * 1024;
+    v_schema   jsonb;
+BEGIN
+    IF v_provider IS NULL OR v_provider !~ '^[a-z][a-z0-9_]*$' THEN
+        RAISE EXCEPTION 'keyturn: external tool % needs spec.provider, a lowercase adapter name such as webhook or smtp', p_tool
+            USING ERRCODE = '22023';
+    END IF;
+    v_schema := keyturn._check_params_schema(coalesce(p_spec -> 'params_schema', '{}'));
+    IF v_tparam IS NOT NULL AND NOT (v_schema -> 'properties') ? v_tparam THEN
+        RAISE EXCEPTION 'keyturn: spec.targets_param % is not a property of params_schema', quote_literal(v_tparam)
+            USING ERRCODE = '22023';
+    END IF;
+    -- Every address the smtp adapter sends to is a bare addr-spec the card
+    -- showed as it is: "Ann" <ann@x> display names and quoted local parts
+    -- are refused by format: email, so these fields must use it.
+    IF v_provider = 'smtp' AND EXISTS (
+           SELECT 1 FROM jsonb_each(v_schema -> 'properties') p
+            WHERE p.key IN ('to', 'cc', 'bcc', 'reply_to')
+              AND NOT (p.value @> '{"type": "string", "format": "email"}'
+                       OR p.value @> '{"type": "array", "items": {"type": "string", "format": "email"}}')) THEN
+        RAISE EXCEPTION 'keyturn: smtp tool %: params_schema properties to, cc, bcc and reply_to must be {"type": "string", "format": "email"} or arrays of them', p_tool
+            USING ERRCODE = '22023',
+                  HINT = 'format: email accepts only a bare address (no display name), so what the person approves is where the mail goes.';
+    END IF;
+    IF v_aparam IS NULL THEN
+        IF p_spec ?| ARRAY['attachment_types', 'max_attachment_bytes'] THEN
+            RAISE EXCEPTION 'keyturn: spec.attachment_types and spec.max_attachment_bytes need spec.attachments_param'
+                USING ERRCODE = '22023';
+        END IF;
+    ELSE
+        IF (v_schema #>> ARRAY['properties', v_aparam, 'type']) IS DISTINCT FROM 'array' THEN
+            RAISE EXCEPTION 'keyturn: spec.attachments_param % must be an array property of params_schema', quote_literal(v_aparam)
+                USING ERRCODE = '22023';
+        END IF;
+        IF jsonb_typeof(v_types) IS DISTINCT FROM 'array' OR jsonb_array_length(v_types) = 0
+           OR EXISTS (SELECT 1 FROM jsonb_array_elements(v_types) t
+                       WHERE jsonb_typeof(t) <> 'string'
+                          OR (t #>> '{}') !~ '^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*$') THEN
+            RAISE EXCEPTION 'keyturn: spec.attachment_types must list the allowed content types, e.g. ["application/pdf"]'
+                USING ERRCODE = '22023';
+        END IF;
+        IF p_spec ? 'max_attachment_bytes' THEN
+            v_max := keyturn._spec_positive_int(p_spec -> 'max_attachment_bytes', 'spec.max_attachment_bytes',
+                                                keyturn._max_file_bytes()::int);
+        END IF;
+    END IF;
+    RETURN jsonb_build_object('provider', v_provider, 'params_schema', v_schema, 'targets_param', v_tparam,
+                              'attachments_param', v_aparam, 'attachment_types', v_types,
+                              'max_attachment_bytes', CASE WHEN v_aparam IS NOT NULL THEN v_max END);
+END
+$$;
+
+-- {"max": N, "per": "<interval>"} → {"max": N, "per": interval text}, or NULL.
+CREATE OR REPLACE FUNCTION keyturn._spec_rate_limit(p_rate jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF p_rate IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(p_rate) <> 'object' OR NOT (p_rate ?& ARRAY['max', 'per']) THEN
+        RAISE EXCEPTION 'keyturn: spec.rate_limit must be {"max": N, "per": "<interval>"}'
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._spec_keys(p_rate, 'spec.rate_limit', ARRAY['max', 'per']);
+    RETURN jsonb_build_object(
+        'max', keyturn._spec_positive_int(p_rate -> 'max', 'spec.rate_limit.max', 1000000),
+        'per', keyturn._spec_interval(p_rate -> 'per', 'spec.rate_limit.per', interval '366 days')::text);
+END
+$$;
+
+-- IntervalStyle is pinned so the stored spec reads the same whatever the
+-- caller's session settings.
+CREATE OR REPLACE FUNCTION keyturn.register_tool(name text, spec jsonb)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET IntervalStyle = 'postgres'
+AS $$
+DECLARE
+    v_name      text := register_tool.name;
+    k           text;
+    v_kind      text;
+    v_exec      text;
+    v_ext       jsonb;
+    v_sql       jsonb;
+    v_summary   text;
+    v_effect    text;
+    v_expires   interval := interval '15 minutes';
+    v_retain    text;
+    v_approval  text;
+    v_max       int := 100;
+    v_rate      jsonb;
+    v_quorum    int := 1;
+    v_delegable boolean := false;
+    v_version   int;
+    v_normal    jsonb;
+    v_set       text[];
+    v_where     text[];
+    v_att_types text[];
+BEGIN
+    PERFORM keyturn._refuse_nested('register_tool');
+    IF v_name IS NULL OR v_name !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$' OR length(v_name) > 63 THEN
+        RAISE EXCEPTION 'keyturn: tool name % is not allowed', coalesce(quote_literal(v_name), 'NULL')
+            USING ERRCODE = '22023',
+                  HINT = 'Use lowercase ASCII letters, digits and underscores, dot-separated, at most 63 characters.';
+    END IF;
+    IF spec IS NULL OR jsonb_typeof(spec) <> 'object' THEN
+        RAISE EXCEPTION 'keyturn: spec must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._spec_keys(spec, 'spec',
+        ARRAY['kind', 'executor', 'provider', 'params_schema', 'summary', 'effect', 'expires_in',
+              'retain', 'approval', 'max_targets', 'targets_param', 'sql', 'rate_limit', 'quorum',
+              'delegable', 'attachments_param', 'attachment_types', 'max_attachment_bytes']);
+
+    v_kind     := keyturn._spec_choice(spec, 'kind', 'write', ARRAY['read', 'write']);
+    v_exec     := keyturn._spec_choice(spec, 'executor', NULL, ARRAY['sql', 'external']);
+    v_effect   := keyturn._spec_choice(spec, 'effect', 'irreversible',
+                                       ARRAY['reversible', 'compensatable', 'irreversible']);
+    v_retain   := keyturn._spec_choice(spec, 'retain', 'full', ARRAY['full', 'digest']);
+    v_approval := keyturn._spec_choice(spec, 'approval', 'self', ARRAY['self', 'independent', 'task']);
+    IF spec ? 'quorum' THEN
+        v_quorum := keyturn._spec_positive_int(spec -> 'quorum', 'spec.quorum', 5);
+    END IF;
+    IF v_quorum > 1 AND v_approval <> 'independent' THEN
+        RAISE EXCEPTION 'keyturn: spec.quorum above 1 needs "approval": "independent"'
+            USING ERRCODE = '22023',
+                  HINT = 'Several people approve only what its proposer may not approve alone.';
+    END IF;
+    IF spec ? 'delegable' THEN
+        IF jsonb_typeof(spec -> 'delegable') <> 'boolean' THEN
+            RAISE EXCEPTION 'keyturn: spec.delegable must be true or false' USING ERRCODE = '22023';
+        END IF;
+        v_delegable := (spec ->> 'delegable')::boolean;
+    END IF;
+    v_summary  := coalesce(keyturn._spec_string(spec, 'summary'), v_name);
+    PERFORM keyturn._check_template(v_summary);
+    IF spec ? 'expires_in' THEN
+        v_expires := keyturn._spec_interval(spec -> 'expires_in', 'spec.expires_in', interval '7 days');
+    END IF;
+    IF spec ? 'max_targets' THEN
+        v_max := keyturn._spec_positive_int(spec -> 'max_targets', 'spec.max_targets', 10000);
+    END IF;
+    v_rate := keyturn._spec_rate_limit(spec -> 'rate_limit');
+
+    IF v_kind = 'read' AND (v_approval <> 'self' OR v_quorum > 1 OR v_delegable) THEN
+        RAISE EXCEPTION 'keyturn: a read tool takes no approval settings' USING ERRCODE = '22023';
+    END IF;
+    IF v_kind = 'write' AND v_exec IS NULL THEN
+        RAISE EXCEPTION 'keyturn: write tool % needs spec.executor (sql or external)', v_name
+            USING ERRCODE = '22023';
+    END IF;
+    IF v_exec IS DISTINCT FROM 'external' THEN
+        FOREACH k IN ARRAY ARRAY['provider', 'params_schema', 'targets_param', 'attachments_param',
+                                 'attachment_types', 'max_attachment_bytes'] LOOP
+            IF spec ? k THEN
+                RAISE EXCEPTION 'keyturn: spec.% is only for external tools', k USING ERRCODE = '22023';
+            END IF;
+        END LOOP;
+        IF v_retain = 'digest' THEN
+            RAISE EXCEPTION 'keyturn: retain = digest is only for external tools'
+                USING ERRCODE = '22023',
+                      HINT = 'sql tools keep their params: approve re-reads them to run the write.';
+        END IF;
+    END IF;
+    IF v_exec IS DISTINCT FROM 'sql' AND spec ? 'sql' THEN
+        RAISE EXCEPTION 'keyturn: spec.sql is only for sql tools' USING ERRCODE = '22023';
+    END IF;
+    IF v_exec = 'external' THEN
+        v_ext := keyturn._spec_external(v_name, spec);
+    ELSIF v_exec = 'sql' THEN
+        v_sql := keyturn._spec_sql(v_name, spec -> 'sql');
+    END IF;
+
+    v_normal := jsonb_strip_nulls(jsonb_build_object(
+        'kind', v_kind, 'executor', v_exec, 'provider', v_ext ->> 'provider',
+        'params_schema', v_ext -> 'params_schema',
+        'summary', v_summary, 'effect', v_effect, 'expires_in', v_expires::text,
+        'retain', v_retain, 'approval', v_approval, 'max_targets', v_max,
+        'targets_param', v_ext ->> 'targets_param', 'quorum', v_quorum, 'delegable', v_delegable,
+        'attachments_param', v_ext ->> 'attachments_param', 'attachment_types', v_ext -> 'attachment_types',
+        'max_attachment_bytes', v_ext -> 'max_attachment_bytes',
+        'sql', CASE WHEN v_sql IS NOT NULL THEN jsonb_build_object(
+                    'table', format('%I.%I', v_sql ->> 'schema', v_sql ->> 'table'),
+                    'key', v_sql -> 'key', 'version', v_sql -> 'version',
+                    'set', v_sql -> 'set', 'where', v_sql -> 'where') END,
+        'rate_limit', v_rate));
+
+    SELECT t.version + 1 INTO v_version FROM keyturn.tool t WHERE t.name = v_name FOR UPDATE;
+    IF v_version IS NULL THEN
+        v_version := 1;
+        INSERT INTO keyturn.tool (name, version) VALUES (v_name, v_version);
+    ELSE
+        UPDATE keyturn.tool t SET version = v_version, updated_at = now() WHERE t.name = v_name;
+    END IF;
+
+    -- The arrays first: Citus takes no subquery in INSERT ... VALUES (docs/scale-out.md, layout B, step 5).
+    IF v_sql IS NOT NULL THEN
+        v_set := ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'set'));
+        v_where := ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'where'));
+    END IF;
+    IF v_ext ->> 'attachments_param' IS NOT NULL THEN
+        v_att_types := ARRAY(SELECT jsonb_array_elements_text(v_ext -> 'attachment_types'));
+    END IF;
+    INSERT INTO keyturn.tool_version (tool, version, spec, kind, executor, provider, params_schema,
+                                      summary, effect, expires_in, retain, approval, quorum, delegable,
+                                      max_targets, targets_param, sql_schema, sql_table, sql_key, sql_version,
+                                      sql_set, sql_where, sql_types, rate_max, rate_per,
+                                      attachments_param, attachment_types, max_attachment_bytes)
+    VALUES (v_name, v_version, v_normal, v_kind, v_exec, v_ext ->> 'provider', v_ext -> 'params_schema',
+            v_summary, v_effect, v_expires, v_retain, v_approval, v_quorum, v_delegable, v_max,
+            v_ext ->> 'targets_param', v_sql ->> 'schema', v_sql ->> 'table', v_sql ->> 'key',
+            v_sql ->> 'version', v_set, v_where,
+            v_sql -> 'types', (v_rate ->> 'max')::int, (v_rate ->> 'per')::interval,
+            v_ext ->> 'attachments_param', v_att_types, (v_ext ->> 'max_attachment_bytes')::bigint);
+    RETURN v_version;
+END
+$$;
+
+
+-- ==== sql/050_propose.sql ====
+
+-- propose (docs/sql-api.md, "Agent").
+--
+-- keyturn.propose itself is a Rust function (extension/src/gate.rs): it notes the
+-- calling role, then runs keyturn._propose as the extension owner. Reads that
+-- must honour the caller's row-level security (resolving sql targets) go back
+-- through keyturn._exec_as(caller, ...), which switches to the caller's role.
+
+-- Every statement keyturn runs on a business table (resolving targets, the
+-- preview read, the approved write) goes through keyturn._exec_as, which
+-- switches to the caller's role. These settings change how values are read
+-- from and printed to text (a date key, a timestamptz version, a number), so
+-- they are pinned for those statements: no session setting can change what a
+-- proposal names or what an approval writes.
+ALTER FUNCTION keyturn._exec_as(oid, text, jsonb)
+    SET DateStyle = 'ISO, MDY'
+    SET TimeZone = 'UTC'
+    SET IntervalStyle = 'postgres'
+    SET extra_float_digits = 1
+    SET bytea_output = 'hex';
+
+-- origin: {"conversation_id", "turn_id", "message_id", "assistant_message_id",
+-- "evidence": [ids]}, all optional (task tools need the first four).
+-- Returns the conversation id (or NULL).
+CREATE OR REPLACE FUNCTION keyturn._check_origin(p_origin jsonb)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    k text;
+BEGIN
+    IF jsonb_typeof(p_origin) <> 'object' THEN
+        RAISE EXCEPTION 'keyturn: origin must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    FOR k IN SELECT jsonb_object_keys(p_origin) LOOP
+        IF k IN ('conversation_id', 'turn_id', 'message_id', 'assistant_message_id') THEN
+            IF jsonb_typeof(p_origin -> k) <> 'string' OR length(p_origin ->> k) NOT BETWEEN 1 AND 200 THEN
+                RAISE EXCEPTION 'keyturn: origin.% must be a string of 1 to 200 characters', k
+                    USING ERRCODE = '22023';
+            END IF;
+        ELSIF k = 'evidence' THEN
+            IF jsonb_typeof(p_origin -> k) <> 'array' OR jsonb_array_length(p_origin -> k) > 100
+               OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_origin -> k) e
+                           WHERE jsonb_typeof(e) <> 'string' OR length(e #>> '{}') NOT BETWEEN 1 AND 200) THEN
+                RAISE EXCEPTION 'keyturn: origin.evidence must be an array of at most 100 id strings'
+                    USING ERRCODE = '22023';
+            END IF;
+        ELSE
+            RAISE EXCEPTION 'keyturn: unknown origin key %', quote_literal(k)
+                USING ERRCODE = '22023',
+                      HINT = 'origin takes conversation_id, turn_id, message_id, assistant_message_id and evidence.';
+        END IF;
+    END LOOP;
+    RETURN p_origin ->> 'conversation_id';
+END
+$$;
+
+-- The text that names a tool's table in its statements: by name, looked up
+-- again at every use (a table's OID does not survive a dump and restore, and
+-- a stale one could name another table). 55000 when it is gone.
+CREATE OR REPLACE FUNCTION keyturn._tool_table(p_ver keyturn.tool_version)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_name text := format('%I.%I', p_ver.sql_schema, p_ver.sql_table);
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = to_regclass(v_name) AND r.relkind IN ('r', 'p')) THEN
+        RAISE EXCEPTION 'keyturn: the table % of tool % (version %) does not exist', v_name, p_ver.tool, p_ver.version
+            USING ERRCODE = '55000',
+                  HINT = 'Restore or recreate the table, or register the tool again for the table it should use.';
+    END IF;
+    RETURN v_name;
+END
+$$;
+
+-- A form value as the column's type, read from the jsonb parameter $1
+-- (never from the statement text), which keyturn._form_arg has made the
+-- canonical form of what was hashed.
+CREATE OR REPLACE FUNCTION keyturn._form_value(p_ver keyturn.tool_version, p_part text, p_column text)
+RETURNS text
+LANGUAGE sql STABLE  -- as format(): STABLE, and no SET clause, so it is inlined
+AS $$
+    SELECT CASE WHEN p_ver.sql_types ->> p_column IN ('json', 'jsonb')
+                THEN format('($1->%L->%L)::%s', p_part, p_column, p_ver.sql_types ->> p_column)
+                ELSE format('($1->%L->>%L)::%s', p_part, p_column, p_ver.sql_types ->> p_column) END
+$$;
+
+-- The WHERE clause of an sql tool's form, over the row alias t. Column names
+-- come only from the tool's registered lists, so nothing the agent sends is
+-- spliced in.
+CREATE OR REPLACE FUNCTION keyturn._form_where(p_ver keyturn.tool_version, p_form jsonb)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    k       text;
+    v       jsonb;
+    clauses text[] := '{}';
+BEGIN
+    FOR k, v IN SELECT e.key, e.value FROM jsonb_each(p_form -> 'where') e ORDER BY e.key COLLATE "C" LOOP
+        IF jsonb_typeof(v) = 'array' THEN
+            clauses := clauses || format('t.%I = ANY (ARRAY(SELECT jsonb_array_elements_text($1->''where''->%L))::%s[])',
+                                         k, k, p_ver.sql_types ->> k);
+        ELSE
+            clauses := clauses || format('t.%I = %s', k, keyturn._form_value(p_ver, 'where', k));
+        END IF;
+    END LOOP;
+    RETURN array_to_string(clauses, ' AND ');
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._version_expr(p_ver keyturn.tool_version)
+RETURNS text
+LANGUAGE sql STABLE  -- as format(): STABLE, and no SET clause, so it is inlined
+AS $$
+    SELECT CASE WHEN p_ver.sql_version = 'xmin' THEN 't.xmin' ELSE format('t.%I', p_ver.sql_version) END
+$$;
+
+-- What is wrong with the form {"where": {col: value | [values]}, "set": {col: value}},
+-- or NULL. Returned rather than raised, so approve's revalidation needs no
+-- subtransaction to catch it.
+CREATE OR REPLACE FUNCTION keyturn._form_error(p_ver keyturn.tool_version, p_form jsonb)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    k text;
+    v jsonb;
+BEGIN
+    IF jsonb_typeof(p_form) <> 'object' OR NOT (p_form ?& ARRAY['where', 'set'])
+       OR EXISTS (SELECT 1 FROM jsonb_object_keys(p_form) j WHERE j NOT IN ('where', 'set')) THEN
+        RETURN format('params of sql tool %s must be exactly {"where": {...}, "set": {...}}', p_ver.tool);
+    END IF;
+    IF jsonb_typeof(p_form -> 'where') <> 'object' OR p_form -> 'where' = '{}'
+       OR jsonb_typeof(p_form -> 'set') <> 'object' OR p_form -> 'set' = '{}' THEN
+        RETURN 'params.where and params.set must be non-empty objects';
+    END IF;
+    FOR k, v IN SELECT e.key, e.value FROM jsonb_each(p_form -> 'where') e LOOP
+        IF NOT k = ANY (p_ver.sql_where) THEN
+            RETURN format('tool %s may not filter on %s (filterable columns: %s)',
+                          p_ver.tool, quote_ident(k), array_to_string(p_ver.sql_where, ', '));
+        END IF;
+        IF jsonb_typeof(v) = 'array' THEN
+            IF jsonb_array_length(v) NOT BETWEEN 1 AND 1000
+               OR EXISTS (SELECT 1 FROM jsonb_array_elements(v) x
+                           WHERE jsonb_typeof(x) NOT IN ('string', 'number', 'boolean')) THEN
+                RETURN format('params.where.%s must list 1 to 1000 strings, numbers or booleans', k);
+            END IF;
+        ELSIF jsonb_typeof(v) NOT IN ('string', 'number', 'boolean') THEN
+            RETURN format('params.where.%s must be a string, number, boolean or a list of them', k);
+        END IF;
+    END LOOP;
+    FOR k, v IN SELECT e.key, e.value FROM jsonb_each(p_form -> 'set') e LOOP
+        IF NOT k = ANY (p_ver.sql_set) THEN
+            RETURN format('tool %s may not set %s (settable columns: %s)',
+                          p_ver.tool, quote_ident(k), array_to_string(p_ver.sql_set, ', '));
+        END IF;
+        IF jsonb_typeof(v) IN ('object', 'array') AND p_ver.sql_types ->> k NOT IN ('json', 'jsonb') THEN
+            RETURN format('params.set.%s must be a scalar for a %s column', k, p_ver.sql_types ->> k);
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+-- Raises 22023 with what is wrong with the form.
+CREATE OR REPLACE FUNCTION keyturn._check_form(p_ver keyturn.tool_version, p_form jsonb)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_error text := keyturn._form_error(p_ver, p_form);
+BEGIN
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: %', v_error USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- Resolves the targets of an sql form as the caller (RLS applies). Returns
+-- [{"k": key, "v": version}, ...], 1 to max_targets of them.
+CREATE OR REPLACE FUNCTION keyturn._resolve_targets(p_caller oid, p_ver keyturn.tool_version, p_form jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_sql  text;
+    v_rows jsonb;
+    v_n    int;
+BEGIN
+    PERFORM keyturn._check_form(p_ver, p_form);
+    -- Keys and versions are stored as text written under the settings
+    -- _exec_as pins (DateStyle, TimeZone, ...), and compared in the column's
+    -- own type at approve, so no session setting changes what they name.
+    v_sql := format('SELECT jsonb_build_object(''k'', t.%I::text, ''v'', %s::text) FROM %s AS t WHERE %s ORDER BY t.%I LIMIT %s',
+                    p_ver.sql_key, keyturn._version_expr(p_ver), keyturn._tool_table(p_ver),
+                    keyturn._form_where(p_ver, p_form), p_ver.sql_key, p_ver.max_targets + 1);
+    BEGIN
+        v_rows := keyturn._exec_as(p_caller, v_sql, keyturn._form_arg(p_form, p_ver.sql_types));
+    EXCEPTION WHEN data_exception THEN
+        RAISE EXCEPTION 'keyturn: params.where does not fit the columns of %: %', format('%I.%I', p_ver.sql_schema, p_ver.sql_table), SQLERRM
+            USING ERRCODE = '22023';
+    END;
+    v_n := jsonb_array_length(v_rows);
+    IF v_n = 0 THEN
+        RAISE EXCEPTION 'keyturn: no row of % that you can see matches params.where', format('%I.%I', p_ver.sql_schema, p_ver.sql_table)
+            USING ERRCODE = '22023',
+                  HINT = 'A write that changes nothing is refused, not approved.';
+    ELSIF v_n > p_ver.max_targets THEN
+        RAISE EXCEPTION 'keyturn: params.where matches more than % rows of % (max_targets)',
+                p_ver.max_targets, format('%I.%I', p_ver.sql_schema, p_ver.sql_table)
+            USING ERRCODE = '22023',
+                  HINT = 'Narrow the filter, or split the change into several proposals.';
+    END IF;
+    RETURN v_rows;
+END
+$$;
+
+-- The proposing principal's grant for a tool, locked so that its uses and
+-- the rate window cannot be raced past (a row lock only keyturn can take:
+-- row locks need UPDATE on keyturn.tool_grant, which no role holds, unlike an
+-- advisory lock, which any role may take with a guessable key and hold to
+-- stall the tenant). 42501 when there is none, it has ended, or its uses are
+-- spent.
+CREATE OR REPLACE FUNCTION keyturn._lock_grant(p_tenant text, p_principal text, p_tool text)
+RETURNS keyturn.tool_grant
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    g keyturn.tool_grant;
+BEGIN
+    SELECT x.* INTO g FROM keyturn.tool_grant x
+     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
+            USING ERRCODE = '42501',
+                  HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
+    END IF;
+    IF g.valid_until IS NOT NULL AND g.valid_until <= clock_timestamp() THEN
+        RAISE EXCEPTION 'keyturn: the grant of tool % to principal % ended at %', p_tool, p_principal, keyturn._utc(g.valid_until)
+            USING ERRCODE = '42501',
+                  HINT = 'An admin renews it with keyturn.grant_tool(tenant, principal, tool, scope, valid_until, max_uses).';
+    END IF;
+    IF g.max_uses IS NOT NULL AND g.uses >= g.max_uses THEN
+        RAISE EXCEPTION 'keyturn: the grant of tool % to principal % allows % proposals, all used', p_tool, p_principal, g.max_uses
+            USING ERRCODE = '42501',
+                  HINT = 'An admin renews it with keyturn.grant_tool(tenant, principal, tool, scope, valid_until, max_uses).';
+    END IF;
+    RETURN g;
+END
+$$;
+
+-- Everything propose does for (tenant, principal, session), whoever asks: the
+-- agent's propose, and a person's revise (which proposes in the agent's name,
+-- with the targets resolved under the reviser's RLS). p_caller is the role
+-- that resolves targets. A covering standing approval (or, for a task tool,
+-- the person's recorded request) approves the new action in the same
+-- transaction.
+CREATE OR REPLACE FUNCTION keyturn._propose_for(p_caller oid, p_tenant text, p_principal text, p_session text,
+                                     p_tool text, p_params jsonb, p_origin jsonb,
+                                     p_revised_from uuid, p_revised_by text)
+RETURNS TABLE (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
+               o_expires_at timestamptz, o_status text, o_delegation_id uuid)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_tool      keyturn.tool;
+    v_ver       keyturn.tool_version;
+    v_grant     keyturn.tool_grant;
+    v_origin    jsonb := coalesce(p_origin, '{}');
+    v_conv      text;
+    v_path      text;
+    v_err       text;
+    v_hash      text;
+    v_targets   jsonb := '[]';
+    v_count     int := 1;
+    v_recent    bigint;
+    v_id        uuid := keyturn._uuid_v7();  -- time-ordered: see extension/src/ids.rs
+    v_token     text := keyturn._token_new();
+    v_now       timestamptz;
+    v_keys      text[];
+    v_epoch     bigint;
+    v_digest    bytea;
+    v_binding   bytea;
+    v_expires   timestamptz;
+    v_summary   text;
+    v_request   keyturn.request;
+    v_existing  keyturn.action;
+    v_claimed   keyturn.action;
+    v_deleg     keyturn.delegation;
+    v_result    record;
+BEGIN
+    PERFORM keyturn._require_member(p_tenant, p_principal, p_session);
+
+    SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = p_tool;
+    IF NOT FOUND OR NOT v_tool.enabled THEN
+        RAISE EXCEPTION 'keyturn: tool % is unknown or disabled', coalesce(quote_literal(p_tool), 'NULL')
+            USING ERRCODE = '42704',
+                  HINT = 'keyturn.classify(tool) says what a tool is; only registered, enabled write tools take proposals.';
+    END IF;
+    SELECT v.* INTO v_ver FROM keyturn.tool_version v
+     WHERE v.tool = v_tool.name AND v.version = v_tool.version;
+    IF v_ver.kind = 'read' THEN
+        RAISE EXCEPTION 'keyturn: tool % is read-only and needs no proposal', p_tool
+            USING ERRCODE = '22023';
+    END IF;
+    -- Checked here without a lock (a clear error before any work); locked
+    -- and checked again below, where its uses are counted.
+    PERFORM 1 FROM keyturn.tool_grant g
+      WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = v_tool.name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
+            USING ERRCODE = '42501',
+                  HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
+    END IF;
+
+    v_conv := keyturn._check_origin(v_origin);
+    PERFORM keyturn._refuse_ended_conversation(p_tenant, p_principal, v_conv);
+
+    IF p_params IS NULL OR jsonb_typeof(p_params) <> 'object' THEN
+        RAISE EXCEPTION 'keyturn: params must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    -- One parse for the credential scan, the hash and the schema (in that order).
+    SELECT i.credential_path, i.params_hash, i.schema_errors INTO v_path, v_hash, v_err
+      FROM keyturn._inspect_params(v_tool.name, p_params,
+               coalesce(CASE WHEN v_ver.executor = 'external' THEN v_ver.params_schema END, 'null')) i;
+    IF v_path IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: params hold credential material at %', v_path
+            USING ERRCODE = '22023',
+                  HINT = 'Credentials never go through keyturn: the dispatcher holds them. Remove the field.';
+    END IF;
+
+    IF v_ver.approval = 'task' THEN
+        -- The person's request in the chat is the approval; the same request
+        -- for the same call again is the same action. A replay is answered
+        -- before the checks that admission spent (the grant's uses, the
+        -- attachments it bound): it creates nothing.
+        v_request := keyturn._task_request(p_tenant, p_principal, p_session, v_origin);
+        v_existing := keyturn._task_replay(p_tenant, p_principal, v_request, v_tool.name, v_hash);
+        IF v_existing.id IS NOT NULL THEN
+            RETURN QUERY SELECT v_existing.id, NULL::text, coalesce(v_existing.summary, v_existing.tool),
+                                v_existing.params_hash, v_existing.expires_at, v_existing.status::text, NULL::uuid;
+            RETURN;
+        END IF;
+    END IF;
+
+    IF v_ver.executor = 'external' THEN
+        IF v_err IS NOT NULL THEN
+            RAISE EXCEPTION 'keyturn: params do not match the schema of %: %', p_tool, v_err
+                USING ERRCODE = '22023';
+        END IF;
+        IF v_ver.targets_param IS NOT NULL THEN
+            v_count := CASE jsonb_typeof(p_params -> v_ver.targets_param)
+                           WHEN 'array' THEN jsonb_array_length(p_params -> v_ver.targets_param)
+                           WHEN 'string' THEN 1
+                           ELSE 0 END;
+            IF v_count = 0 OR v_count > v_ver.max_targets THEN
+                RAISE EXCEPTION 'keyturn: params.% must name 1 to % targets, not %',
+                        v_ver.targets_param, v_ver.max_targets, v_count
+                    USING ERRCODE = '22023',
+                          HINT = 'max_targets bounds the blast radius of one approval.';
+            END IF;
+        END IF;
+        IF v_ver.attachments_param IS NOT NULL THEN
+            PERFORM keyturn._check_attachments(p_tenant, p_principal, v_ver, p_params, p_revised_from);
+        END IF;
+    ELSE
+        v_targets := keyturn._resolve_targets(p_caller, v_ver, p_params);
+        v_count := jsonb_array_length(v_targets);
+    END IF;
+
+    v_grant := keyturn._lock_grant(p_tenant, p_principal, v_tool.name);
+    IF v_grant.scope IS NOT NULL THEN
+        v_err := keyturn._scope_violation(v_grant.scope, p_params, v_count);
+        IF v_err IS NOT NULL THEN
+            RAISE EXCEPTION 'keyturn: outside the scope of the grant of tool % to principal %: %', p_tool, p_principal, v_err
+                USING ERRCODE = '42501',
+                      HINT = 'Propose within the grant''s scope, or ask an admin to widen it.';
+        END IF;
+    END IF;
+
+    IF v_ver.rate_max IS NOT NULL THEN
+        -- The grant row is locked: concurrent proposals of one (tenant,
+        -- principal, tool) count the window one at a time.
+        SELECT count(*) INTO v_recent FROM keyturn.action a
+         WHERE a.tenant = p_tenant AND a.principal = p_principal AND a.tool = v_tool.name
+           AND a.created_at > clock_timestamp() - v_ver.rate_per;
+        IF v_recent >= v_ver.rate_max THEN
+            RAISE EXCEPTION 'keyturn: rate limit of tool % reached: % proposals per %', p_tool, v_ver.rate_max, v_ver.rate_per
+                USING ERRCODE = '54000',
+                      HINT = 'Wait for the window to pass, or ask an admin to raise spec.rate_limit.';
+        END IF;
+    END IF;
+    IF v_grant.max_uses IS NOT NULL THEN
+        UPDATE keyturn.tool_grant g SET uses = g.uses + 1
+         WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = v_tool.name;
+    END IF;
+
+    v_now := clock_timestamp();
+    v_expires := v_now + v_ver.expires_in;
+    v_summary := keyturn._render_summary(v_ver.summary, p_params, v_count);
+
+    -- Every value computed before the INSERT, none in it: Citus refuses a
+    -- subquery in an INSERT and evaluates nothing volatile on a shard
+    -- (docs/scale-out.md, layout B, step 5).
+    v_keys := ARRAY(SELECT k FROM jsonb_object_keys(p_params) k ORDER BY k COLLATE "C");
+    v_epoch := keyturn._epoch(p_tenant, p_principal);
+    v_digest := keyturn._token_digest(v_token);
+    v_binding := keyturn._token_binding(v_token, v_id, v_hash, v_expires);
+    PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
+        'revised_from', p_revised_from, 'revised_by', p_revised_by)));
+    INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor, approval,
+                                retain, params, param_keys, params_hash, summary, origin,
+                                conversation_id, epoch, target_count, token_digest, token_binding,
+                                idempotency_key, revised_from, revised_by, created_at, expires_at,
+                                status, updated_at)
+    VALUES (v_id, p_tenant, p_principal, p_session, v_tool.name, v_ver.version, v_ver.executor,
+            v_ver.approval, v_ver.retain,
+            CASE WHEN v_ver.retain = 'full' THEN p_params END,
+            v_keys, v_hash,
+            CASE WHEN v_ver.retain = 'full' THEN v_summary END,
+            v_origin, v_conv, v_epoch, v_count, v_digest, v_binding,
+            'keyturn-' || v_id::text, p_revised_from, p_revised_by, v_now, v_expires,
+            'pending', v_now);
+
+    INSERT INTO keyturn.action_target (action_id, ord, tenant, principal, key, version)
+    SELECT v_id, t.ord, p_tenant, p_principal, t.value ->> 'k', t.value ->> 'v'
+      FROM jsonb_array_elements(v_targets) WITH ORDINALITY AS t (value, ord);
+    IF v_ver.attachments_param IS NOT NULL THEN
+        PERFORM keyturn._bind_attachments(v_id, p_tenant, p_principal, v_ver, p_params, p_revised_from);
+    END IF;
+
+    -- Approved at once: by the person's request (task tools), or by a standing
+    -- approval that covers it (never for a revision: the person revising is
+    -- about to look at it).
+    IF v_ver.approval = 'task' THEN
+        PERFORM keyturn._set_event_context(jsonb_build_object('request', v_request.message_id));
+        v_claimed := keyturn._claim(p_tenant, v_id, v_token, p_principal, v_request.recorded_role,
+                                    'task:' || v_request.message_id);
+        SELECT * INTO v_result
+          FROM keyturn._after_claim(to_regrole(v_request.recorded_role)::oid, v_claimed, v_token, p_params, NULL);
+        -- The request's approval is this action's alone, not the rest of
+        -- the transaction's.
+        PERFORM keyturn._set_event_context(NULL);
+        RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, NULL::uuid;
+        RETURN;
+    END IF;
+    IF p_revised_from IS NULL THEN
+        v_deleg := keyturn._spend_delegation(p_tenant, v_id, v_ver, p_params, v_count);
+        IF v_deleg.id IS NOT NULL THEN
+            PERFORM keyturn._set_event_context(jsonb_build_object(
+                'delegation', v_deleg.id, 'delegated_by', v_deleg.principal));
+            v_claimed := keyturn._claim(p_tenant, v_id, v_token, v_deleg.principal, v_deleg.db_role,
+                                        'delegation:' || v_deleg.id);
+            SELECT * INTO v_result
+              FROM keyturn._after_claim(to_regrole(v_deleg.db_role)::oid, v_claimed, v_token, p_params, NULL);
+            PERFORM keyturn._set_event_context(NULL);
+            RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, v_deleg.id;
+            RETURN;
+        END IF;
+    END IF;
+
+    RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, 'pending'::text, NULL::uuid;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._propose(p_caller oid, p_tool text, p_params jsonb, p_origin jsonb)
+RETURNS TABLE (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
+               o_expires_at timestamptz, o_status text, o_delegation_id uuid)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_principal text := keyturn.current_principal();
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    RETURN QUERY SELECT * FROM keyturn._propose_for(
+        p_caller, keyturn.current_tenant(), v_principal, keyturn.current_session(),
+        p_tool, p_params, p_origin, NULL, NULL);
+END
+$$;
+
+
+-- ==== sql/051_approve.sql ====
+
+-- approve, preview and reject (docs/sql-api.md, "Human").
+--
+-- keyturn.approve / preview / reject are Rust functions (extension/src/gate.rs):
+-- they refuse callers that are keyturn_agent members (separation of duties),
+-- note the calling role, and run the functions below as the extension owner.
+--
+-- approve is three steps, each its own function so that standing approvals
+-- and task requests (which approve inside propose) share them exactly:
+-- the pre-claim checks (_usable_action), the claim (_claim: the row locked
+-- while pending, and the approval binding made), and everything after it
+-- (_after_claim: expiry, bindings, grants, hash, schema, then the write or the
+-- queue), where every failure is a persisted answer, not an error, written
+-- with the binding in one UPDATE.
+
+-- approve's pre-claim checks, shared by revise, preview and reject (p_for
+-- says which: the grant is needed to approve and to revise). Raises and
+-- changes nothing: 42501 for identity, membership, grant and bound context;
+-- 55000 when there is no usable proposal (unknown, invisible, wrong token).
+CREATE OR REPLACE FUNCTION keyturn._usable_action(p_id uuid, p_token text, p_for text)
+RETURNS keyturn.action
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_session   text := keyturn.current_session();
+    v_role      text;
+    a           keyturn.action;
+BEGIN
+    v_role := keyturn._require_member(v_tenant, v_principal, v_session);
+
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = v_tenant;
+    IF NOT FOUND OR a.tenant IS DISTINCT FROM v_tenant
+       OR (v_role = 'member' AND a.principal IS DISTINCT FROM v_principal) THEN
+        RAISE EXCEPTION 'keyturn: no usable proposal %', coalesce(p_id::text, 'NULL')
+            USING ERRCODE = '55000',
+                  DETAIL = 'It does not exist, or it is not visible to this identity.';
+    END IF;
+    IF p_for IN ('approve', 'revise') AND NOT keyturn._has_grant(v_tenant, v_principal, a.tool) THEN
+        RAISE EXCEPTION 'keyturn: principal % holds no grant for tool %', v_principal, a.tool
+            USING ERRCODE = '42501',
+                  HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
+    END IF;
+    IF a.approval = 'self' AND (a.principal IS DISTINCT FROM v_principal OR a.session IS DISTINCT FROM v_session) THEN
+        RAISE EXCEPTION 'keyturn: action % is approved by the principal it was proposed for, in the same session', p_id
+            USING ERRCODE = '42501';
+    END IF;
+    IF a.approval = 'independent' AND (a.principal = v_principal OR v_role NOT IN ('approver', 'admin')) THEN
+        RAISE EXCEPTION 'keyturn: action % needs an independent approver: a different principal with role approver or admin', p_id
+            USING ERRCODE = '42501';
+    END IF;
+    -- Whoever wrote a revision does not also approve it.
+    IF a.approval = 'independent' AND p_for = 'approve' AND a.revised_by = v_principal THEN
+        RAISE EXCEPTION 'keyturn: action % is %''s revision; an independent approver other than its reviser must approve it', p_id, v_principal
+            USING ERRCODE = '42501';
+    END IF;
+    -- Task actions are approved by the request that admitted them, never by a token.
+    IF a.approval = 'task' AND p_for IN ('approve', 'revise') THEN
+        RAISE EXCEPTION 'keyturn: action % is a task action, approved by the request that admitted it', p_id
+            USING ERRCODE = '42501';
+    END IF;
+    IF p_token IS NULL OR NOT keyturn._ct_eq(a.token_digest, keyturn._token_digest(p_token)) THEN
+        RAISE EXCEPTION 'keyturn: wrong token for this action'
+            USING ERRCODE = '55000',
+                  DETAIL = format('action %s', p_id),
+                  HINT = 'Use the token propose returned for this action. A wrong token does not use the proposal up.';
+    END IF;
+    RETURN a;
+END
+$$;
+
+-- Why a claimed proposal may no longer run, or NULL. Locks the tool row and the
+-- proposer's epoch row FOR SHARE, so a concurrent revoke, remove_member,
+-- register_tool or set_tool_enabled either commits first (and is seen here) or
+-- waits until this transaction has finished (on Citus, the tool row of this
+-- node's placement: keyturn._local_placement).
+CREATE OR REPLACE FUNCTION keyturn._invalid_reason(a keyturn.action)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_tool  keyturn.tool;
+    v_epoch bigint;
+    v_how   text;
+    v_local regclass;
+BEGIN
+    -- Asked first, in Rust: without Citus, approve and begin_dispatch pay
+    -- for no call of the plpgsql function per action.
+    IF keyturn._citus_present() THEN
+        v_local := keyturn._local_placement('keyturn.tool');
+    END IF;
+    IF v_local IS NULL THEN
+        SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = a.tool FOR SHARE;
+    ELSE
+        -- Citus: the lock on this node's placement, which register_tool and
+        -- set_tool_enabled change with every other (keyturn._local_placement).
+        EXECUTE format('SELECT t.* FROM %s t WHERE t.name = $1 FOR SHARE', v_local) INTO v_tool USING a.tool;
+    END IF;
+    IF v_tool.name IS NULL OR NOT v_tool.enabled THEN  -- (EXECUTE sets no FOUND)
+        RETURN format('tool %s is disabled', a.tool);
+    END IF;
+    IF v_tool.version <> a.tool_version THEN
+        RETURN format('tool %s changed from version %s to %s', a.tool, a.tool_version, v_tool.version);
+    END IF;
+    SELECT e.epoch INTO v_epoch FROM keyturn.auth_epoch e
+     WHERE e.tenant = a.tenant AND e.principal = a.principal FOR SHARE;
+    IF coalesce(v_epoch, 0) <> a.epoch THEN
+        RETURN format('the authorization of principal %s changed (epoch %s, now %s)', a.principal, a.epoch, coalesce(v_epoch, 0));
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal) THEN
+        RETURN format('principal %s is no longer a member of tenant %s', a.principal, a.tenant);
+    END IF;
+    IF NOT keyturn._has_grant(a.tenant, a.principal, a.tool) THEN
+        RETURN format('principal %s no longer holds a grant for tool %s', a.principal, a.tool);
+    END IF;
+    SELECT c.how INTO v_how FROM keyturn.cancelled_origin c
+     WHERE c.tenant = a.tenant AND c.principal = a.principal AND c.conversation_id = a.conversation_id;
+    IF FOUND THEN
+        RETURN format('conversation %s was %s', a.conversation_id, v_how);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Persists a terminal outcome and returns it: after the claim, failures are
+-- answers, not errors. The claim's approval binding (a, made by _claim) is
+-- written with the outcome: one row version per approve.
+CREATE OR REPLACE FUNCTION keyturn._settle(a keyturn.action, p_status keyturn.status, p_result jsonb, p_detail jsonb)
+RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    PERFORM keyturn._set_event_detail(p_detail);
+    UPDATE keyturn.action x
+       SET updated_at = v_now, status = p_status, result = p_result,
+           approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
+           approved_via = a.approved_via, approval_mac = a.approval_mac
+     WHERE x.id = a.id AND x.tenant = a.tenant;
+    RETURN QUERY SELECT a.id, p_status::text, p_result;
+END
+$$;
+
+-- A time as keyturn's own messages print it, whatever the session's
+-- DateStyle and TimeZone: ISO 8601 in UTC.
+CREATE OR REPLACE FUNCTION keyturn._utc(p_at timestamptz)
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE  -- as to_char() is: inlined
+AS $$
+    SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+$$;
+
+-- Runs the business UPDATE of an sql tool as p_runas (the approving role,
+-- under its RLS), on the stored targets at their stored versions, in a
+-- subtransaction. Keys and versions compare in the columns' own types, and
+-- every value written is the canonical text of what was hashed.
+CREATE OR REPLACE FUNCTION keyturn._execute_sql(p_runas oid, a keyturn.action, p_ver keyturn.tool_version)
+RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_arg     jsonb;
+    v_sets    text;
+    v_checks  text;
+    v_cols    text;
+    v_sql     text;
+    v_rows    jsonb;
+    v_n       int := -1;
+    v_bad     jsonb;
+BEGIN
+    v_arg := keyturn._form_arg(a.params, p_ver.sql_types) || jsonb_build_object(
+        'targets', (SELECT jsonb_agg(jsonb_build_object('k', t.key, 'v', t.version) ORDER BY t.ord)
+                      FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant));
+
+    SELECT string_agg(format('%I = %s', s.key, keyturn._form_value(p_ver, 'set', s.key)), ', ' ORDER BY s.key),
+           string_agg(format('(u.%I IS NOT DISTINCT FROM %s)', s.key, keyturn._form_value(p_ver, 'set', s.key)), ' AND ' ORDER BY s.key),
+           string_agg(format('t.%I', s.key), ', ' ORDER BY s.key)
+      INTO v_sets, v_checks, v_cols
+      FROM jsonb_object_keys(a.params -> 'set') AS s (key);
+
+    -- RETURNING names plain columns only, and the checks and the jsonb are
+    -- built over the CTE: Citus refuses any non-IMMUTABLE function in the
+    -- RETURNING clause of a write to a distributed table (docs/scale-out.md).
+    -- The key is never in set, so the column names cannot collide.
+    v_sql := format(
+        'WITH u AS (UPDATE %s AS t SET %s FROM jsonb_to_recordset($1->''targets'') AS x (k text, v text) '
+        'WHERE t.%I = x.k::%s AND %s = x.v::%s AND %s '
+        'RETURNING t.%I, %s) '
+        'SELECT jsonb_build_object(''key'', u.%I::text, ''ok'', %s) FROM u',
+        keyturn._tool_table(p_ver), v_sets,
+        p_ver.sql_key, p_ver.sql_types ->> p_ver.sql_key,
+        keyturn._version_expr(p_ver), p_ver.sql_types ->> p_ver.sql_version,
+        keyturn._form_where(p_ver, a.params), p_ver.sql_key, v_cols, p_ver.sql_key, v_checks);
+
+    BEGIN
+        v_rows := keyturn._exec_as(p_runas, v_sql, v_arg);
+        v_n := jsonb_array_length(v_rows);
+        IF v_n <> a.target_count THEN
+            RAISE EXCEPTION 'target count mismatch' USING ERRCODE = 'KT409';
+        END IF;
+        SELECT jsonb_agg(r -> 'key') INTO v_bad FROM jsonb_array_elements(v_rows) r
+         WHERE NOT (r ->> 'ok')::boolean;
+        IF v_bad IS NOT NULL THEN
+            RAISE EXCEPTION 'postcondition failed' USING ERRCODE = 'KT417';
+        END IF;
+    EXCEPTION
+        -- Transient failures are raised, never persisted: the claim rolls back
+        -- with them and the proposal stays pending for another try. Only a
+        -- definite failure of the write (a constraint, an RLS check, a
+        -- trigger's error) uses the approval up.
+        WHEN transaction_rollback OR lock_not_available OR query_canceled
+             OR insufficient_resources OR operator_intervention OR system_error
+             OR internal_error THEN
+            RAISE;
+        WHEN SQLSTATE 'KT409' THEN
+            RETURN QUERY SELECT * FROM keyturn._settle(a, 'conflict',
+                jsonb_build_object('reason', 'targets changed since the proposal; propose again to see the new state',
+                                   'expected', a.target_count, 'matched', v_n),
+                jsonb_build_object('expected', a.target_count, 'matched', v_n));
+            RETURN;
+        WHEN SQLSTATE 'KT417' THEN
+            RETURN QUERY SELECT * FROM keyturn._settle(a, 'failed',
+                jsonb_build_object('reason', 'postcondition failed: targets do not hold the approved values after the write (a trigger changed them?); rolled back',
+                                   'keys', v_bad),
+                jsonb_build_object('reason', 'postcondition failed'));
+            RETURN;
+        WHEN OTHERS THEN
+            RETURN QUERY SELECT * FROM keyturn._settle(a, 'failed',
+                jsonb_build_object('reason', 'the business write failed and was rolled back',
+                                   'sqlstate', SQLSTATE, 'message', SQLERRM),
+                jsonb_build_object('reason', 'business write failed', 'sqlstate', SQLSTATE));
+            RETURN;
+    END;
+
+    RETURN QUERY SELECT * FROM keyturn._settle(a, 'succeeded',
+        jsonb_build_object('rows', v_n, 'keys', (SELECT jsonb_agg(r -> 'key') FROM jsonb_array_elements(v_rows) r)),
+        jsonb_build_object('rows', v_n));
+END
+$$;
+
+-- The claim: the proposal row, locked on (id, pending, the token's digest),
+-- with the approval binding made in memory: who approved, as which role,
+-- when and how, under a MAC with the approval key. _settle writes it with
+-- the outcome, in the one UPDATE that moves the status. Of N concurrent
+-- claims one gets the row; the others wait for its transaction, find the
+-- row no longer pending, and get NULL (all columns). NULL also for a wrong
+-- token (the caller checked it already; a race with a revise or a reject
+-- lands here too).
+CREATE OR REPLACE FUNCTION keyturn._claim(p_tenant text, p_id uuid, p_token text, p_by text, p_role text, p_via text)
+RETURNS keyturn.action
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_at timestamptz := clock_timestamp();
+    a    keyturn.action;
+BEGIN
+    SELECT x.* INTO a FROM keyturn.action x
+     WHERE x.id = p_id AND x.tenant = p_tenant AND x.status = 'pending'
+       AND keyturn._ct_eq(x.token_digest, keyturn._token_digest(p_token))
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN a;
+    END IF;
+    a.approved_by := p_by;
+    a.approved_role := p_role;
+    a.approved_at := v_at;
+    a.approved_via := p_via;
+    a.approval_mac := keyturn._approval_mac(a.id, a.params_hash, p_by, p_role, v_at, p_via);
+    RETURN a;
+END
+$$;
+
+-- Everything after the claim, in order, each failure persisted and returned:
+-- expiry, the token binding, what invalidates (tool, membership, grant,
+-- epoch, origin), the params hash (of the stored params, and of resubmitted
+-- ones), the schema; then the sql write as p_runas, or the queue.
+CREATE OR REPLACE FUNCTION keyturn._after_claim(p_runas oid, a keyturn.action, p_token text, p_params jsonb,
+                                     p_given_hash text)
+RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_ver    keyturn.tool_version;
+    v_params jsonb;
+    v_reason text;
+    v_err    text;
+    v_now    timestamptz;
+BEGIN
+    IF clock_timestamp() > a.expires_at THEN
+        RETURN QUERY SELECT * FROM keyturn._settle(a, 'expired',
+            jsonb_build_object('reason', format('the proposal expired at %s', keyturn._utc(a.expires_at))),
+            jsonb_build_object('reason', 'expired'));
+        RETURN;
+    END IF;
+    IF NOT keyturn._token_binds(p_token, a.id, a.params_hash, a.expires_at, a.token_binding) THEN
+        RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
+            jsonb_build_object('reason', 'the stored proposal no longer matches what the token was issued for'),
+            jsonb_build_object('reason', 'token binding mismatch'));
+        RETURN;
+    END IF;
+    v_reason := keyturn._invalid_reason(a);
+    IF v_reason IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM keyturn._settle(a, 'invalidated',
+            jsonb_build_object('reason', v_reason), jsonb_build_object('reason', v_reason));
+        RETURN;
+    END IF;
+
+    IF a.retain = 'full' THEN
+        IF keyturn.params_hash(a.tool, a.params) <> a.params_hash THEN
+            RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
+                jsonb_build_object('reason', 'the stored params no longer match the proposal hash'),
+                jsonb_build_object('reason', 'stored params hash mismatch'));
+            RETURN;
+        END IF;
+        v_params := a.params;
+    ELSE
+        v_params := p_params;
+    END IF;
+    IF p_given_hash IS NOT NULL AND p_given_hash <> a.params_hash THEN
+        RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
+            jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
+            jsonb_build_object('reason', 'resubmitted params hash mismatch'));
+        RETURN;
+    END IF;
+
+    SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
+    IF a.executor = 'external' THEN
+        v_err := keyturn._params_errors(v_ver.params_schema, v_params);
+    ELSE
+        v_err := keyturn._form_error(v_ver, v_params);
+    END IF;
+    IF v_err IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM keyturn._settle(a, 'invalidated',
+            -- Validator messages quote the offending values: never store them for
+            -- digest actions (docs/concepts.md, "Digest retention").
+            jsonb_build_object('reason', 'params no longer pass the tool''s schema: '
+                               || CASE WHEN a.retain = 'digest' THEN '(details withheld: digest retention)'
+                                       ELSE v_err END),
+            jsonb_build_object('reason', 'schema revalidation failed'));
+        RETURN;
+    END IF;
+
+    IF a.executor = 'sql' THEN
+        RETURN QUERY SELECT * FROM keyturn._execute_sql(p_runas, a, v_ver);
+        RETURN;
+    END IF;
+
+    IF a.retain = 'digest' THEN
+        INSERT INTO keyturn.staged_payload (action_id, tenant, principal, params)
+        VALUES (a.id, a.tenant, a.principal, v_params);
+    END IF;
+    PERFORM keyturn._set_event_detail('{}');
+    v_now := clock_timestamp();
+    UPDATE keyturn.action x
+       SET updated_at = v_now, status = 'queued', next_attempt_at = v_now,
+           approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
+           approved_via = a.approved_via, approval_mac = a.approval_mac
+     WHERE x.id = a.id AND x.tenant = a.tenant;
+    RETURN QUERY SELECT a.id, 'queued'::text, NULL::jsonb;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._approve(p_caller oid, p_id uuid, p_token text, p_params jsonb)
+RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_principal text := keyturn.current_principal();
+    a           keyturn.action;
+    v_claimed   keyturn.action;
+    v_given     text;
+    v_quorum    int;
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    a := keyturn._usable_action(p_id, p_token, 'approve');
+
+    IF a.status <> 'pending' THEN
+        -- A replay: the stored outcome, nothing run or charged twice.
+        RETURN QUERY SELECT a.id, a.status::text, a.result;
+        RETURN;
+    END IF;
+    IF a.retain = 'digest' AND p_params IS NULL THEN
+        RAISE EXCEPTION 'keyturn: action % keeps only a digest; approve must resubmit the reviewed params', p_id
+            USING ERRCODE = '22023';
+    END IF;
+    IF a.executor = 'sql' THEN
+        PERFORM keyturn._refuse_rls_bypass(p_caller);
+    END IF;
+    IF p_params IS NOT NULL THEN
+        -- Hash before the claim: an unhashable payload raises and changes nothing.
+        v_given := keyturn.params_hash(a.tool, p_params);
+    END IF;
+
+    SELECT v.quorum INTO v_quorum FROM keyturn.tool_version v
+     WHERE v.tool = a.tool AND v.version = a.tool_version;
+    IF v_quorum > 1 THEN
+        RETURN QUERY SELECT * FROM keyturn._vote(p_caller, a, p_token, p_params, v_given, v_quorum);
+        RETURN;
+    END IF;
+
+    v_claimed := keyturn._claim(a.tenant, p_id, p_token, v_principal, p_caller::regrole::text, 'approve');
+    IF v_claimed.id IS NULL THEN
+        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = a.tenant;
+        RETURN QUERY SELECT a.id, a.status::text, a.result;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM keyturn._after_claim(p_caller, v_claimed, p_token, p_params, v_given);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._preview(p_caller oid, p_id uuid, p_token text)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    a         keyturn.action;
+    v_ver     keyturn.tool_version;
+    v_sql     text;
+    v_rows    jsonb := '[]';
+    v_after   jsonb;
+    v_targets jsonb;
+    v_route   text := '';
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
+    a := keyturn._usable_action(p_id, p_token, 'preview');
+    SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
+
+    IF a.executor = 'sql' THEN
+        -- On a table Citus distributes, the form's value of its distribution
+        -- column too, when the form names one: the read then stays on the
+        -- shard that holds the targets, as the write does (on one node, and
+        -- for a form that names none, nothing is added).
+        SELECT format(' AND t.%I = %s', c.dist_column, keyturn._form_value(v_ver, 'where', c.dist_column))
+          INTO v_route
+          FROM keyturn._citus_table(keyturn._tool_table(v_ver)::regclass) c
+         WHERE c.dist_column IS NOT NULL AND jsonb_typeof(a.params -> 'where' -> c.dist_column) IN ('string', 'number');
+        -- Current values of the columns to be set, read as the approver (RLS
+        -- applies), beside the values the write would store.
+        v_sql := format(
+            'SELECT jsonb_build_object(''key'', t.%I::text, ''before'', jsonb_build_object(%s)) '
+            'FROM %s AS t WHERE t.%I = ANY (ARRAY(SELECT jsonb_array_elements_text($1->''keys''))::%s[])%s',
+            v_ver.sql_key,
+            (SELECT string_agg(format('%L, to_jsonb(t.%I)', s.key, s.key), ', ' ORDER BY s.key)
+               FROM jsonb_object_keys(a.params -> 'set') s (key)),
+            keyturn._tool_table(v_ver), v_ver.sql_key, v_ver.sql_types ->> v_ver.sql_key, coalesce(v_route, ''));
+        v_rows := keyturn._exec_as(p_caller, v_sql, jsonb_build_object('keys',
+            (SELECT jsonb_agg(t.key) FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant),
+            'where', a.params -> 'where'));
+        v_after := keyturn._form_arg(a.params, v_ver.sql_types) -> 'set';
+        SELECT jsonb_agg(jsonb_build_object(
+                   'key', t.key,
+                   'before', (SELECT r -> 'before' FROM jsonb_array_elements(v_rows) r WHERE r ->> 'key' = t.key LIMIT 1),
+                   'after', v_after) ORDER BY t.ord)
+          INTO v_targets
+          FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant;
+    END IF;
+
+    RETURN jsonb_strip_nulls(jsonb_build_object(
+        'action_id', a.id,
+        'summary', coalesce(a.summary, a.tool),
+        'tool', a.tool,
+        'effect', v_ver.effect,
+        'executor', a.executor,
+        'approval', a.approval,
+        'status', a.status,
+        'expires_at', a.expires_at,
+        'retain', a.retain,
+        'target_count', a.target_count,
+        'param_keys', to_jsonb(a.param_keys),
+        'params', a.params,
+        'params_hash', a.params_hash,
+        'origin', a.origin,
+        'result', a.result,
+        'revised_from', a.revised_from,
+        'quorum', CASE WHEN v_ver.quorum > 1 THEN v_ver.quorum END,
+        'votes', CASE WHEN v_ver.quorum > 1 THEN keyturn._votes(a.id, a.tenant, a.tool) END,
+        'targets', v_targets));
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._reject(p_caller oid, p_id uuid, p_token text, p_reason text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    a        keyturn.action;
+    v_status keyturn.status;
+    v_now    timestamptz := clock_timestamp();
+    -- Computed first: Citus refuses a COALESCE beside a function that is
+    -- not immutable in a distributed UPDATE.
+    v_result jsonb := jsonb_strip_nulls(jsonb_build_object('reason', coalesce(p_reason, 'rejected by the approver')));
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
+    a := keyturn._usable_action(p_id, p_token, 'reject');
+    PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object('reason', p_reason)));
+    UPDATE keyturn.action x
+       SET updated_at = v_now, status = 'rejected', result = v_result
+     WHERE x.id = p_id AND x.tenant = a.tenant AND x.status = 'pending'
+    RETURNING x.status INTO v_status;
+    IF NOT FOUND THEN
+        SELECT x.status INTO v_status FROM keyturn.action x WHERE x.id = p_id AND x.tenant = a.tenant;
+    END IF;
+    RETURN v_status::text;
+END
+$$;
+
+
+-- ==== sql/052_session.sql ====
+
+-- Logout, conversation cancellation, status and audit (docs/sql-api.md).
+
+-- Logout: cancels the caller's pending, queued and leased actions of a
+-- session (its own, or p_session). For end_session and end_session_for
+-- (p_what names the call).
+CREATE OR REPLACE FUNCTION keyturn._end_session(p_what text, p_session text)
+RETURNS int
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_session   text := keyturn.current_session();
+    v_target    text;
+    v_n         int;
+    v_now       timestamptz := clock_timestamp();
+BEGIN
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, v_session);
+    v_target := coalesce(p_session, v_session);
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'session ended'));
+    UPDATE keyturn.action a
+       SET updated_at = v_now, status = 'cancelled', result = jsonb_build_object('reason', 'the session ended'),
+           lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
+     WHERE a.id IN (SELECT o.action_id FROM keyturn.open_action o
+                     WHERE o.tenant = v_tenant AND o.principal = v_principal AND o.session = v_target)
+       AND a.tenant = v_tenant AND a.principal = v_principal AND a.session = v_target
+       AND a.status IN ('pending', 'queued', 'leased');
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.end_session(session text DEFAULT NULL)
+RETURNS int
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._end_session('end_session', end_session.session)
+$$;
+
+-- Ends a conversation for the caller's principal: cancelled (it was stopped)
+-- or archived (it ended normally). Either way it starts no new actions, and
+-- its pending, queued and leased actions are cancelled; calls already
+-- executing finish. A conversation ends once: the first word stays.
+CREATE OR REPLACE FUNCTION keyturn._end_conversation(p_conversation text, p_how text, p_what text)
+RETURNS int
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_n         int;
+    v_now       timestamptz := clock_timestamp();
+BEGIN
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    PERFORM keyturn._require_text(p_conversation, 'conversation_id');
+
+    INSERT INTO keyturn.cancelled_origin (tenant, principal, conversation_id, how)
+    VALUES (v_tenant, v_principal, p_conversation, p_how)
+    ON CONFLICT ON CONSTRAINT cancelled_origin_pkey DO NOTHING;
+
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'conversation ' || p_how));
+    UPDATE keyturn.action a
+       SET updated_at = v_now, status = 'cancelled',
+           result = jsonb_build_object('reason', 'the conversation was ' || p_how),
+           lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
+     WHERE a.id IN (SELECT o.action_id FROM keyturn.open_action o
+                     WHERE o.tenant = v_tenant AND o.principal = v_principal
+                       AND o.conversation_id = p_conversation)
+       AND a.tenant = v_tenant AND a.principal = v_principal
+       AND a.conversation_id = p_conversation
+       AND a.status IN ('pending', 'queued', 'leased');
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.cancel_origin(conversation_id text)
+RETURNS int
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._end_conversation(cancel_origin.conversation_id, 'cancelled', 'cancel_origin')
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.archive_conversation(conversation_id text)
+RETURNS int
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._end_conversation(archive_conversation.conversation_id, 'archived', 'archive_conversation')
+$$;
+
+-- 55000 when the conversation a proposal comes from has ended for its principal.
+CREATE OR REPLACE FUNCTION keyturn._refuse_ended_conversation(p_tenant text, p_principal text, p_conversation text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_how text;
+BEGIN
+    IF p_conversation IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT c.how INTO v_how FROM keyturn.cancelled_origin c
+     WHERE c.tenant = p_tenant AND c.principal = p_principal AND c.conversation_id = p_conversation;
+    IF FOUND THEN
+        RAISE EXCEPTION 'keyturn: conversation % was %; it can start no new actions', p_conversation, v_how
+            USING ERRCODE = '55000';
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._action_status(p_id uuid)
+RETURNS TABLE (o_action_id uuid, o_tool text, o_status text, o_summary text, o_attempts int, o_result jsonb,
+               o_created_at timestamptz, o_expires_at timestamptz, o_updated_at timestamptz)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_role      text;
+BEGIN
+    v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    RETURN QUERY
+        SELECT a.id, a.tool, a.status::text, coalesce(a.summary, a.tool), a.attempts, a.result,
+               a.created_at, a.expires_at, a.updated_at
+          FROM keyturn.action a
+         WHERE a.id = p_id AND a.tenant = v_tenant
+           AND (v_role IN ('approver', 'admin') OR a.principal = v_principal);
+END
+$$;
+
+-- Visible rows only: the same rule as RLS (own tenant; a member its own actions).
+CREATE OR REPLACE FUNCTION keyturn.action_status(action_id uuid)
+RETURNS TABLE (action_id uuid, tool text, status text, summary text, attempts int, result jsonb,
+               created_at timestamptz, expires_at timestamptz, updated_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._refuse_nested('action_status');
+    SELECT * FROM keyturn._action_status($1)
+$$;
+
+-- What the caller may see of an action's history: superusers and operators
+-- (who reconcile across tenants by role; events hold no param values) see
+-- every event; anyone else what row-level security on keyturn.event would
+-- show its identity (nothing without identity).
+CREATE OR REPLACE FUNCTION keyturn.audit(action_id uuid)
+RETURNS TABLE (at timestamptz, db_role text, principal text, from_status text, to_status text, detail jsonb)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_all       boolean;
+    v_tenant    text;
+    v_principal text;
+BEGIN
+    PERFORM keyturn._refuse_nested('audit');
+    v_all := pg_has_role(keyturn._calling_role(), 'keyturn_operator', 'USAGE');
+    -- Whether the caller may see it is decided once, here, not per event: on
+    -- Citus the events are read on the tenant's shard, where a function may
+    -- not query distributed tables again.
+    SELECT a.tenant, a.principal INTO v_tenant, v_principal
+      FROM keyturn.action a WHERE a.id = audit.action_id;  -- by id alone: operators audit across tenants
+    IF NOT FOUND OR NOT (v_all OR keyturn._sees(v_tenant, v_principal)) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT e.at, e.db_role, e.principal, e.from_status::text, e.to_status::text, e.detail
+          FROM keyturn.event e
+         WHERE e.action_id = audit.action_id AND e.tenant = v_tenant
+         ORDER BY e.id;
+END
+$$;
+
+-- The session and conversation calls with the caller's tenant named (another
+-- tenant: 42501; none: 22023), the forms Citus can send whole to the
+-- tenant's worker (docs/scale-out.md, layout B), as propose_for and
+-- approve_for.
+CREATE OR REPLACE FUNCTION keyturn.end_session_for(tenant text, session text DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_other_tenant('end_session_for', end_session_for.tenant);
+    RETURN keyturn._end_session('end_session_for', end_session_for.session);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.cancel_origin_for(tenant text, conversation_id text)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_other_tenant('cancel_origin_for', cancel_origin_for.tenant);
+    RETURN keyturn._end_conversation(cancel_origin_for.conversation_id, 'cancelled', 'cancel_origin_for');
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.archive_conversation_for(tenant text, conversation_id text)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_other_tenant('archive_conversation_for', archive_conversation_for.tenant);
+    RETURN keyturn._end_conversation(archive_conversation_for.conversation_id, 'archived',
+                                     'archive_conversation_for');
+END
+$$;
+
+
+-- ==== sql/053_ceremony.sql ====
+
+-- The approval ceremony (docs/sql-api.md, "The approval ceremony"): the
+-- queue, batch approval, M-of-N quorum, edit before approve.
+--
+-- keyturn.pending, keyturn.approve_many and keyturn.revise are Rust entry
+-- points (extension/src/gate/human.rs) that refuse agents and run the
+-- functions below as the extension owner, like approve.
+
+-- The caller's queue: the visible pending actions (a member its own, an
+-- approver or admin the tenant's), soonest expiry first. Never a token. A
+-- quorum action's votes are counted for each row by a statement of its own:
+-- on Citus the query runs on the tenant's shards, where a function may not
+-- query distributed tables again.
+CREATE OR REPLACE FUNCTION keyturn._pending(p_caller oid, p_max_rows int)
+RETURNS TABLE (o_action_id uuid, o_tool text, o_summary text, o_effect text, o_approval text,
+               o_principal text, o_created_at timestamptz, o_expires_at timestamptz,
+               o_votes int, o_quorum int)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_role      text;
+    v_now       timestamptz := clock_timestamp();
+BEGIN
+    v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    IF p_max_rows IS NULL OR p_max_rows NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'keyturn: max_rows must be from 1 to 1000, not %', p_max_rows
+            USING ERRCODE = '22023';
+    END IF;
+    FOR o_action_id, o_tool, o_summary, o_effect, o_approval, o_principal, o_created_at, o_expires_at, o_quorum IN
+        SELECT a.id, a.tool, coalesce(a.summary, a.tool), v.effect, a.approval, a.principal,
+               a.created_at, a.expires_at, v.quorum
+          FROM keyturn.open_action o
+          JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
+          JOIN keyturn.tool_version v ON v.tool = a.tool AND v.version = a.tool_version
+         WHERE o.status = 'pending' AND o.tenant = v_tenant
+           AND (v_role IN ('approver', 'admin') OR o.principal = v_principal)
+           AND a.status = 'pending' AND o.expires_at > v_now
+         ORDER BY o.expires_at, o.action_id
+         LIMIT p_max_rows
+    LOOP
+        o_votes := CASE WHEN o_quorum > 1 THEN keyturn._votes(o_action_id, v_tenant, o_tool) ELSE 0 END;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- The votes that count for a quorum action: one per principal, from voters
+-- who are still approvers or admins of its tenant, still hold the tool's
+-- grant, and whose authorization has not changed since they voted.
+-- plpgsql, not sql: Citus cannot plan an SQL function's parameter in a
+-- statement on distributed tables (layout B, docs/scale-out.md).
+CREATE OR REPLACE FUNCTION keyturn._votes(p_id uuid, p_tenant text, p_tool text)
+RETURNS int
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (SELECT count(*)::int
+              FROM keyturn.vote x
+              JOIN keyturn.member m ON m.tenant = p_tenant AND m.principal = x.principal
+             WHERE x.action_id = p_id AND x.tenant = p_tenant AND m.role IN ('approver', 'admin')
+               AND keyturn._has_grant(p_tenant, x.principal, p_tool)
+               AND keyturn._epoch(p_tenant, x.principal) = x.epoch);
+END
+$$;
+
+-- approve for a tool with quorum > 1: the caller's vote (already past
+-- approve's pre-claim checks). The action row is locked first, so votes,
+-- vetoes and claims of one action happen one at a time: of two last votes
+-- at once, the second sees the first and performs the claim exactly once.
+-- A vote that cannot stand -- past the expiry, or for other params than
+-- were proposed -- performs the claim at once, and the claim's checks answer
+-- it (expired, rejected_tampered).
+CREATE OR REPLACE FUNCTION keyturn._vote(p_caller oid, a keyturn.action, p_token text, p_params jsonb,
+                              p_given_hash text, p_quorum int)
+RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_principal text := keyturn.current_principal();
+    v_claimed   keyturn.action;
+    v_new       boolean;
+    v_votes     int;
+BEGIN
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = a.id AND x.tenant = a.tenant FOR NO KEY UPDATE;
+    IF a.status <> 'pending' THEN
+        RETURN QUERY SELECT a.id, a.status::text, a.result;
+        RETURN;
+    END IF;
+    IF clock_timestamp() <= a.expires_at AND (p_given_hash IS NULL OR p_given_hash = a.params_hash) THEN
+        INSERT INTO keyturn.vote (action_id, principal, tenant, action_principal, epoch, db_role)
+        VALUES (a.id, v_principal, a.tenant, a.principal, keyturn._epoch(a.tenant, v_principal),
+                p_caller::regrole::text)
+        ON CONFLICT ON CONSTRAINT vote_pkey DO NOTHING;
+        v_new := FOUND;
+        v_votes := keyturn._votes(a.id, a.tenant, a.tool);
+        IF v_new THEN
+            INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal,
+                                       from_status, to_status, detail)
+            VALUES (a.id, a.tenant, a.principal, p_caller::regrole::text, v_principal,
+                    'pending', 'pending', jsonb_build_object('vote', v_votes, 'quorum', p_quorum)
+                                          || coalesce(keyturn._event_detail()::jsonb, '{}'));
+        END IF;
+        IF v_votes < p_quorum THEN
+            RETURN QUERY SELECT a.id, 'pending'::text, jsonb_build_object('votes', v_votes, 'quorum', p_quorum);
+            RETURN;
+        END IF;
+    END IF;
+    PERFORM keyturn._set_event_context(jsonb_build_object('quorum', p_quorum));
+    v_claimed := keyturn._claim(a.tenant, a.id, p_token, v_principal, p_caller::regrole::text, 'quorum');
+    RETURN QUERY SELECT * FROM keyturn._after_claim(p_caller, v_claimed, p_token, p_params, p_given_hash);
+END
+$$;
+
+-- items: a JSON array of 1 to 100 {"action_id", "token", "params"?}; 22023
+-- for anything else, before anything is done.
+CREATE OR REPLACE FUNCTION keyturn._check_batch_items(p_items jsonb)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    e jsonb;
+    i int := 0;
+BEGIN
+    IF p_items IS NULL OR jsonb_typeof(p_items) <> 'array'
+       OR jsonb_array_length(p_items) NOT BETWEEN 1 AND 100 THEN
+        RAISE EXCEPTION 'keyturn: items must be a JSON array of 1 to 100 {"action_id", "token", "params"?} objects'
+            USING ERRCODE = '22023';
+    END IF;
+    FOR e IN SELECT jsonb_array_elements(p_items) LOOP
+        IF jsonb_typeof(e) <> 'object' OR NOT (e ?& ARRAY['action_id', 'token'])
+           OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k WHERE k NOT IN ('action_id', 'token', 'params'))
+           OR jsonb_typeof(e -> 'action_id') <> 'string' OR jsonb_typeof(e -> 'token') <> 'string'
+           OR (e ? 'params' AND jsonb_typeof(e -> 'params') NOT IN ('object', 'null'))
+           OR (e ->> 'action_id') !~ '^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$' THEN
+            RAISE EXCEPTION 'keyturn: items[%] must be {"action_id": "<uuid>", "token": "<token>", "params"?: {...}}', i
+                USING ERRCODE = '22023';
+        END IF;
+        i := i + 1;
+    END LOOP;
+END
+$$;
+
+-- One card for several proposals: each element is exactly approve, with its
+-- own claim, in the order given, in its own subtransaction, so one element
+-- never changes another's outcome. A refusal before the claim is answered
+-- (status 'refused', result {"sqlstate", "message"}) and leaves that
+-- proposal pending; so is a transient failure of its write (it rolled back
+-- with the element). A cancel or statement timeout still ends the call.
+CREATE OR REPLACE FUNCTION keyturn._approve_many(p_caller oid, p_items jsonb)
+RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    e        jsonb;
+    v_id     uuid;
+    v_status text;
+    v_result jsonb;
+    v_state  text;
+    v_msg    text;
+BEGIN
+    PERFORM keyturn._check_batch_items(p_items);
+    PERFORM keyturn._require_member(keyturn.current_tenant(), keyturn.current_principal(),
+                                    keyturn.current_session());
+    PERFORM keyturn._set_event_context(jsonb_build_object('batch', gen_random_uuid()));
+    FOR e IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+        v_id := (e ->> 'action_id')::uuid;
+        BEGIN
+            SELECT r.o_status, r.o_result INTO v_status, v_result
+              FROM keyturn._approve(p_caller, v_id, e ->> 'token', nullif(e -> 'params', 'null')) r;
+        EXCEPTION
+            WHEN query_canceled OR internal_error THEN
+                RAISE;
+            WHEN OTHERS THEN
+                GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
+                v_status := 'refused';
+                v_result := jsonb_build_object('sqlstate', v_state, 'message', v_msg);
+        END;
+        RETURN QUERY SELECT v_id, v_status, v_result;
+    END LOOP;
+    PERFORM keyturn._set_event_context(NULL);
+END
+$$;
+
+-- Edit before approve: the pending proposal becomes 'superseded' and a new
+-- one, with the same tool, principal, session and origin and the edited
+-- params, takes its place -- validated exactly as propose validates, with
+-- its sql targets resolved as the reviser, under its RLS, and its own hash,
+-- token and expiry. What the person approves next is exactly what runs.
+-- Only from pending (else 55000); a racing approve or revise waits on the
+-- row lock and then finds it no longer pending.
+CREATE OR REPLACE FUNCTION keyturn._revise(p_caller oid, p_id uuid, p_token text, p_params jsonb)
+RETURNS TABLE (o_action_id uuid, o_token text, o_summary text, o_params_hash text, o_expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_principal text := keyturn.current_principal();
+    a           keyturn.action;
+    v_new       record;
+    v_now       timestamptz;
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    a := keyturn._usable_action(p_id, p_token, 'revise');
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = a.tenant FOR NO KEY UPDATE;
+    IF a.status <> 'pending' THEN
+        RAISE EXCEPTION 'keyturn: only a pending proposal can be revised; % is %', p_id, a.status
+            USING ERRCODE = '55000';
+    END IF;
+    SELECT * INTO v_new
+      FROM keyturn._propose_for(p_caller, a.tenant, a.principal, a.session, a.tool, p_params,
+                                a.origin, a.id, v_principal);
+    PERFORM keyturn._set_event_detail(jsonb_build_object('superseded_by', v_new.o_action_id,
+                                                         'revised_by', v_principal));
+    v_now := clock_timestamp();
+    UPDATE keyturn.action x
+       SET updated_at = v_now, status = 'superseded',
+           result = jsonb_build_object('superseded_by', v_new.o_action_id)
+     WHERE x.id = a.id AND x.tenant = a.tenant;
+    RETURN QUERY SELECT v_new.o_action_id, v_new.o_token, v_new.o_summary, v_new.o_params_hash,
+                        v_new.o_expires_at;
+END
+$$;
+
+
+-- ==== sql/054_delegation.sql ====
+
+-- Standing approvals (docs/sql-api.md, "Scoped grants and standing
+-- approvals"): a person says once "approve these for me" -- this tool,
+-- within this scope, this many times, for this long -- and propose approves
+-- what the standing approval covers in the same transaction. The database
+-- counts the uses: one conditional UPDATE spends each, so no concurrency,
+-- retry or second process ever approves more than max_uses.
+--
+-- keyturn.delegate, keyturn.revoke_delegation and keyturn.delegations are
+-- Rust entry points (extension/src/gate/human.rs): the separation of duties
+-- of approve applies, since a standing approval is an approval.
+
+-- Why a tool version may not be approved by a standing approval, or NULL.
+-- STABLE, as format() is, so that it is inlined: declared IMMUTABLE it was
+-- not, and every propose parsed and planned its body again (~0.07 ms, a tenth
+-- of a propose; tests/dba/catalog.sql holds every SQL function to this).
+CREATE OR REPLACE FUNCTION keyturn._not_delegable(p_ver keyturn.tool_version)
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE
+        WHEN p_ver.approval = 'independent' THEN 'it needs an independent approver'
+        WHEN p_ver.quorum > 1 THEN format('it needs %s approvers', p_ver.quorum)
+        WHEN p_ver.approval = 'task' THEN 'its approval is the request in the chat'
+        WHEN p_ver.effect = 'irreversible' AND NOT p_ver.delegable
+            THEN 'its effect is irreversible (a tool may allow it with "delegable": true)'
+    END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._delegate(p_caller oid, p_tool text, p_scope jsonb, p_max_uses int,
+                                  p_valid_for interval)
+RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_ver       keyturn.tool_version;
+    v_why       text;
+    v_scope     jsonb;
+    v_id        uuid := keyturn._uuid_v7();
+    v_now       timestamptz;
+    v_epoch     bigint;
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    PERFORM keyturn._require_tool(p_tool);
+    SELECT v.* INTO v_ver FROM keyturn.tool t
+      JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     WHERE t.name = p_tool;
+    IF NOT keyturn._has_grant(v_tenant, v_principal, p_tool) THEN
+        RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', v_principal, p_tool, v_tenant
+            USING ERRCODE = '42501',
+                  HINT = 'A standing approval covers only what its principal may itself approve.';
+    END IF;
+    IF p_max_uses IS NULL OR p_max_uses NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'keyturn: max_uses must be from 1 to 1000, not %', p_max_uses USING ERRCODE = '22023';
+    END IF;
+    IF p_valid_for IS NULL OR p_valid_for <= interval '0' OR p_valid_for > interval '7 days' THEN
+        RAISE EXCEPTION 'keyturn: valid_for must be more than 0 and at most 7 days, not %', p_valid_for
+            USING ERRCODE = '22023';
+    END IF;
+    v_why := keyturn._not_delegable(v_ver);
+    IF v_why IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: tool % cannot be approved by a standing approval: %', p_tool, v_why
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_scope IS NULL THEN
+        RAISE EXCEPTION 'keyturn: scope is required (''{}'' covers every call of the tool)' USING ERRCODE = '22023';
+    END IF;
+    v_scope := keyturn._check_scope(p_scope);
+    IF v_ver.executor = 'sql' THEN
+        -- Its writes will run as this role, under its RLS.
+        PERFORM keyturn._refuse_rls_bypass(p_caller);
+    END IF;
+    v_now := clock_timestamp();
+    v_epoch := keyturn._epoch(v_tenant, v_principal);
+    INSERT INTO keyturn.delegation (id, tenant, principal, tool, scope, max_uses, epoch, db_role, created_at,
+                                    expires_at)
+    VALUES (v_id, v_tenant, v_principal, p_tool, v_scope, p_max_uses, v_epoch, p_caller::regrole::text, v_now,
+            v_now + p_valid_for);
+    RETURN v_id;
+END
+$$;
+
+-- Ends a standing approval: its own principal, or an admin of its tenant.
+-- False when it is unknown, invisible, or already revoked.
+CREATE OR REPLACE FUNCTION keyturn._revoke_delegation(p_caller oid, p_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_role      text;
+    d           keyturn.delegation;
+    v_now       timestamptz := clock_timestamp();
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    SELECT x.* INTO d FROM keyturn.delegation x
+     WHERE x.id = p_id AND x.tenant = v_tenant
+       AND (v_role IN ('approver', 'admin') OR x.principal = v_principal)
+       FOR NO KEY UPDATE;
+    IF NOT FOUND OR d.revoked_at IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    IF d.principal <> v_principal AND v_role <> 'admin' THEN
+        RAISE EXCEPTION 'keyturn: only its principal or an admin of tenant % may revoke standing approval %', v_tenant, p_id
+            USING ERRCODE = '42501';
+    END IF;
+    UPDATE keyturn.delegation x SET revoked_at = v_now WHERE x.id = p_id AND x.tenant = v_tenant;
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._delegations()
+RETURNS TABLE (o_delegation_id uuid, o_principal text, o_tool text, o_scope jsonb, o_max_uses int,
+               o_uses int, o_expires_at timestamptz, o_revoked boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_role      text;
+BEGIN
+    v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    RETURN QUERY
+        SELECT d.id, d.principal, d.tool, d.scope, d.max_uses, d.uses, d.expires_at, d.revoked_at IS NOT NULL
+          FROM keyturn.delegation d
+         WHERE d.tenant = v_tenant AND (v_role IN ('approver', 'admin') OR d.principal = v_principal)
+         ORDER BY d.created_at, d.id;
+END
+$$;
+
+-- The live standing approval of the proposing principal that covers a new
+-- proposal, with one of its uses spent, or NULL. Live: not revoked, not
+-- past its end, uses left, the delegator's authorization unchanged since it
+-- was made, its role still there, and the tool's current version still one a
+-- standing approval may approve. The use is spent by one conditional UPDATE:
+-- concurrent proposals wait on the row, and the one that finds the uses gone
+-- is simply not covered.
+CREATE OR REPLACE FUNCTION keyturn._spend_delegation(p_tenant text, p_action uuid, p_ver keyturn.tool_version, p_params jsonb,
+                                          p_count int)
+RETURNS keyturn.delegation
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    a     keyturn.action;
+    c     keyturn.delegation;
+    d     keyturn.delegation;
+    v_now timestamptz;
+BEGIN
+    IF keyturn._not_delegable(p_ver) IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_action AND x.tenant = p_tenant;
+    FOR c IN
+        SELECT x.* FROM keyturn.delegation x
+         WHERE x.tenant = a.tenant AND x.principal = a.principal AND x.tool = a.tool
+           AND x.revoked_at IS NULL AND x.expires_at > clock_timestamp() AND x.uses < x.max_uses
+           AND x.epoch = a.epoch AND to_regrole(x.db_role) IS NOT NULL
+         ORDER BY x.expires_at, x.id
+    LOOP
+        CONTINUE WHEN keyturn._scope_violation(c.scope, p_params, p_count) IS NOT NULL;
+        v_now := clock_timestamp();
+        UPDATE keyturn.delegation x SET uses = x.uses + 1
+         WHERE x.id = c.id AND x.tenant = c.tenant AND x.uses < x.max_uses AND x.revoked_at IS NULL
+           AND x.expires_at > v_now
+        RETURNING x.* INTO d;
+        IF FOUND THEN
+            RETURN d;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+
+-- ==== sql/055_task.sql ====
+
+-- Task-only effects (docs/sql-api.md, "Task-only effects"): for a tool with
+-- approval = 'task', the owner's explicit request in the chat is the
+-- approval. The human side records the person's message
+-- (keyturn.record_request, a Rust entry point that refuses agents: an agent
+-- cannot record a human request); propose admits a task call only for the
+-- latest recorded turn of a live conversation of the same principal and
+-- session, and approves it at once. Before execution the origin, grants,
+-- tool version, epoch and schema are checked again.
+
+CREATE OR REPLACE FUNCTION keyturn._record_request(p_caller oid, p_conversation text, p_turn text, p_message text,
+                                        p_text_sha256 text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_session   text := keyturn.current_session();
+    r           keyturn.request;
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, v_session);
+    PERFORM keyturn._check_origin(jsonb_build_object('conversation_id', p_conversation,
+                                                     'turn_id', p_turn, 'message_id', p_message));
+    IF p_conversation IS NULL OR p_turn IS NULL OR p_message IS NULL THEN
+        RAISE EXCEPTION 'keyturn: conversation_id, turn_id and message_id are required' USING ERRCODE = '22023';
+    END IF;
+    IF p_text_sha256 IS NULL OR p_text_sha256 !~ '^[0-9a-f]{64}$' THEN
+        RAISE EXCEPTION 'keyturn: text_sha256 must be the lowercase hex SHA-256 of the message text'
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO keyturn.request (tenant, principal, message_id, session, conversation_id, turn_id,
+                                 text_sha256, recorded_role)
+    VALUES (v_tenant, v_principal, p_message, v_session, p_conversation, p_turn, p_text_sha256,
+            p_caller::regrole::text)
+    ON CONFLICT ON CONSTRAINT request_pkey DO NOTHING;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    SELECT x.* INTO r FROM keyturn.request x
+     WHERE x.tenant = v_tenant AND x.principal = v_principal AND x.message_id = p_message;
+    IF (r.session, r.conversation_id, r.turn_id, r.text_sha256)
+       IS DISTINCT FROM (v_session, p_conversation, p_turn, p_text_sha256) THEN
+        RAISE EXCEPTION 'keyturn: message % was already recorded with other values', p_message
+            USING ERRCODE = '22023',
+                  HINT = 'A message is recorded once; a new message needs a new message_id.';
+    END IF;
+    RETURN false;
+END
+$$;
+
+-- The recorded request a task proposal cites as its approval, with a new
+-- row version written (so the admissions of one request happen one at a
+-- time, under any isolation level). 42501 without a human
+-- source: no origin message, or one not recorded for this tenant, principal
+-- and session, in this conversation and turn; 55000 when the turn is not the
+-- conversation's latest (the person has moved on). The conversation being
+-- live was checked before, as for every proposal.
+CREATE OR REPLACE FUNCTION keyturn._task_request(p_tenant text, p_principal text, p_session text, p_origin jsonb)
+RETURNS keyturn.request
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    r        keyturn.request;
+    v_latest text;
+BEGIN
+    IF NOT (p_origin ?& ARRAY['conversation_id', 'turn_id', 'message_id']) THEN
+        RAISE EXCEPTION 'keyturn: no human source: a task tool needs origin conversation_id, turn_id and message_id of the person''s request'
+            USING ERRCODE = '42501';
+    END IF;
+    IF NOT p_origin ? 'assistant_message_id' THEN
+        RAISE EXCEPTION 'keyturn: a task tool needs origin assistant_message_id, the reply that carries the call'
+            USING ERRCODE = '22023';
+    END IF;
+    -- An UPDATE, not FOR NO KEY UPDATE: a REPEATABLE READ admission whose
+    -- snapshot predates a concurrent admission of the same request waits for
+    -- a mere lock and then goes on without seeing that admission's action
+    -- (a second action for the same call, an eleventh for the request). A
+    -- row version written after its snapshot makes it fail to serialize
+    -- (40001) instead; READ COMMITTED waits and reads the new state.
+    UPDATE keyturn.request x SET recorded_at = x.recorded_at
+     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.message_id = p_origin ->> 'message_id'
+    RETURNING x.* INTO r;
+    IF NOT FOUND OR r.session IS DISTINCT FROM p_session
+       OR r.conversation_id IS DISTINCT FROM p_origin ->> 'conversation_id'
+       OR r.turn_id IS DISTINCT FROM p_origin ->> 'turn_id' THEN
+        RAISE EXCEPTION 'keyturn: no human source: message % was not recorded for this principal and session in conversation %, turn %',
+                p_origin ->> 'message_id', p_origin ->> 'conversation_id', p_origin ->> 'turn_id'
+            USING ERRCODE = '42501',
+                  HINT = 'The human side records the person''s message with keyturn.record_request before the agent proposes.';
+    END IF;
+    IF to_regrole(r.recorded_role) IS NULL THEN
+        RAISE EXCEPTION 'keyturn: the role % that recorded message % no longer exists', r.recorded_role, r.message_id
+            USING ERRCODE = '42501';
+    END IF;
+    SELECT x.turn_id INTO v_latest FROM keyturn.request x
+     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.conversation_id = r.conversation_id
+     ORDER BY x.seq DESC LIMIT 1;
+    IF v_latest IS DISTINCT FROM r.turn_id THEN
+        RAISE EXCEPTION 'keyturn: turn % is no longer the latest of conversation % (now %)', r.turn_id, r.conversation_id, v_latest
+            USING ERRCODE = '55000',
+                  HINT = 'A request admits effects only while it is the conversation''s latest turn.';
+    END IF;
+    RETURN r;
+END
+$$;
+
+-- The action this request already admitted for the same call (tool and
+-- params hash), which propose returns instead of a second one; NULL when
+-- there is none. 54000 beyond 10 task actions for one request.
+CREATE OR REPLACE FUNCTION keyturn._task_replay(p_tenant text, p_principal text, r keyturn.request, p_tool text,
+                                     p_hash text)
+RETURNS keyturn.action
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    a   keyturn.action;
+    v_n int;
+BEGIN
+    SELECT x.* INTO a FROM keyturn.action x
+     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.approval = 'task'
+       AND x.origin ->> 'message_id' = r.message_id AND x.tool = p_tool AND x.params_hash = p_hash
+     ORDER BY x.created_at LIMIT 1;
+    IF FOUND THEN
+        RETURN a;
+    END IF;
+    SELECT count(*) INTO v_n FROM keyturn.action x
+     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.approval = 'task'
+       AND x.origin ->> 'message_id' = r.message_id;
+    IF v_n >= 10 THEN
+        RAISE EXCEPTION 'keyturn: request % has admitted % task actions, the most one request may', r.message_id, v_n
+            USING ERRCODE = '54000',
+                  HINT = 'A request in the chat starts at most 10 effects; the person can ask again.';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+
+-- ==== sql/056_files.sql ====
+
+-- Private attachments (docs/sql-api.md, "Private attachments"): the bytes are
+-- staged in keyturn.staged_file by the invoking principal, bound to the one
+-- action whose params name them (their metadata is part of the params, so of
+-- the hash), verified at propose and re-hashed at begin_dispatch, read by
+-- the dispatcher only while that action is executing under its lease, and
+-- deleted in the transaction that gives the action a final status (a
+-- reconciled uncertain one included), or by the sweep a day after staging
+-- when nothing ever bound them.
+
+-- Most a tool may allow per attachment.
+CREATE OR REPLACE FUNCTION keyturn._max_file_bytes()
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT 25 * 1024 * 1024::bigint
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.stage_file(content bytea, filename text, content_type text)
+RETURNS TABLE (file_id uuid, sha256 text, size bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_id        uuid := keyturn._uuid_v7();
+    v_hash      text;
+BEGIN
+    PERFORM keyturn._refuse_nested('stage_file');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    IF stage_file.filename IS NULL OR stage_file.filename = '' OR octet_length(stage_file.filename) > 255
+       OR stage_file.filename ~ '[/\\[:cntrl:]]' OR stage_file.filename IN ('.', '..') THEN
+        RAISE EXCEPTION 'keyturn: filename must be 1 to 255 bytes without a path separator (/ or \) or a control character'
+            USING ERRCODE = '22023';
+    END IF;
+    IF stage_file.content_type IS NULL
+       OR stage_file.content_type !~ '^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*$' THEN
+        RAISE EXCEPTION 'keyturn: content_type must be a lowercase type/subtype such as application/pdf, not %',
+                coalesce(quote_literal(stage_file.content_type), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF stage_file.content IS NULL OR length(stage_file.content) = 0
+       OR length(stage_file.content) > keyturn._max_file_bytes() THEN
+        RAISE EXCEPTION 'keyturn: a staged file holds 1 byte to % bytes, not %', keyturn._max_file_bytes(),
+                coalesce(length(stage_file.content), 0)
+            USING ERRCODE = '22023';
+    END IF;
+    v_hash := encode(sha256(stage_file.content), 'hex');
+    INSERT INTO keyturn.staged_file (id, tenant, principal, filename, content_type, size, sha256, content)
+    VALUES (v_id, v_tenant, v_principal, stage_file.filename, stage_file.content_type,
+            length(stage_file.content), v_hash, stage_file.content);
+    RETURN QUERY SELECT v_id, v_hash, length(stage_file.content)::bigint;
+END
+$$;
+
+-- The attachments a params object names, as (ord, file_id, metadata): 22023
+-- unless params.<attachments_param> is an array of
+-- {"file_id", "sha256", "filename", "content_type", "size"}.
+CREATE OR REPLACE FUNCTION keyturn._attachments(p_ver keyturn.tool_version, p_params jsonb)
+RETURNS TABLE (ord bigint, file_id uuid, meta jsonb)
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_list jsonb := coalesce(p_params -> p_ver.attachments_param, '[]');
+BEGIN
+    IF jsonb_typeof(v_list) <> 'array' OR EXISTS (
+           SELECT 1 FROM jsonb_array_elements(v_list) e
+            WHERE jsonb_typeof(e) <> 'object'
+               OR NOT (e ?& ARRAY['file_id', 'sha256', 'filename', 'content_type', 'size'])
+               OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k
+                           WHERE k NOT IN ('file_id', 'sha256', 'filename', 'content_type', 'size'))
+               OR jsonb_typeof(e -> 'file_id') <> 'string'
+               OR (e ->> 'file_id') !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+               OR jsonb_typeof(e -> 'size') <> 'number') THEN
+        RAISE EXCEPTION 'keyturn: params.% must be an array of {"file_id", "sha256", "filename", "content_type", "size"}',
+                p_ver.attachments_param
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY SELECT e.ord, (e.value ->> 'file_id')::uuid, e.value
+                   FROM jsonb_array_elements(v_list) WITH ORDINALITY AS e (value, ord);
+END
+$$;
+
+-- propose's checks of every attachment: staged by this (tenant, principal)
+-- and not bound to another action (55000; a revision takes over the files of
+-- the proposal it revises), metadata equal to the staged
+-- file's, an allowed type, within the size bound (else 22023).
+CREATE OR REPLACE FUNCTION keyturn._check_attachments(p_tenant text, p_principal text, p_ver keyturn.tool_version,
+                                           p_params jsonb, p_revised_from uuid)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    x record;
+    f keyturn.staged_file;
+BEGIN
+    IF (SELECT count(*) <> count(DISTINCT t.file_id) FROM keyturn._attachments(p_ver, p_params) t) THEN
+        RAISE EXCEPTION 'keyturn: params.% names a file twice', p_ver.attachments_param USING ERRCODE = '22023';
+    END IF;
+    FOR x IN SELECT * FROM keyturn._attachments(p_ver, p_params) LOOP
+        SELECT s.* INTO f FROM keyturn.staged_file s WHERE s.id = x.file_id AND s.tenant = p_tenant;
+        IF NOT FOUND OR f.tenant <> p_tenant OR f.principal <> p_principal THEN
+            RAISE EXCEPTION 'keyturn: attachment % was not staged by this principal', x.file_id
+                USING ERRCODE = '22023',
+                      HINT = 'Stage the bytes with keyturn.stage_file(content, filename, content_type) first.';
+        END IF;
+        IF f.action_id IS DISTINCT FROM NULL AND f.action_id IS DISTINCT FROM p_revised_from THEN
+            RAISE EXCEPTION 'keyturn: attachment % already belongs to action %', x.file_id, f.action_id
+                USING ERRCODE = '55000',
+                      HINT = 'A staged file goes with one action; stage it again for another.';
+        END IF;
+        IF (x.meta ->> 'sha256', x.meta ->> 'filename', x.meta ->> 'content_type', (x.meta ->> 'size')::numeric)
+           IS DISTINCT FROM (f.sha256, f.filename, f.content_type, f.size::numeric) THEN
+            RAISE EXCEPTION 'keyturn: the metadata of attachment % differ from the staged file (sha256, filename, content_type, size)', x.file_id
+                USING ERRCODE = '22023';
+        END IF;
+        IF NOT f.content_type = ANY (p_ver.attachment_types) THEN
+            RAISE EXCEPTION 'keyturn: attachment % is %, which tool % does not take (it takes %)', x.file_id,
+                    f.content_type, p_ver.tool, array_to_string(p_ver.attachment_types, ', ')
+                USING ERRCODE = '22023';
+        END IF;
+        IF f.size > p_ver.max_attachment_bytes THEN
+            RAISE EXCEPTION 'keyturn: attachment % has % bytes; tool % takes at most %', x.file_id, f.size,
+                    p_ver.tool, p_ver.max_attachment_bytes
+                USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Binds the checked attachments to the new action, all or none (55000 when
+-- a concurrent proposal bound one first). A revision moves the files it
+-- keeps from the proposal it supersedes, whose final status then deletes
+-- only the ones it dropped.
+CREATE OR REPLACE FUNCTION keyturn._bind_attachments(p_action uuid, p_tenant text, p_principal text,
+                                          p_ver keyturn.tool_version, p_params jsonb, p_revised_from uuid)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_ids uuid[] := ARRAY(SELECT t.file_id FROM keyturn._attachments(p_ver, p_params) t);
+    v_n   int;
+BEGIN
+    UPDATE keyturn.staged_file s SET action_id = p_action
+     WHERE s.id = ANY (v_ids) AND (s.action_id IS NULL OR s.action_id = p_revised_from)
+       AND s.tenant = p_tenant AND s.principal = p_principal;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n <> cardinality(v_ids) THEN
+        RAISE EXCEPTION 'keyturn: an attachment of this proposal was bound to another action meanwhile'
+            USING ERRCODE = '55000';
+    END IF;
+END
+$$;
+
+-- Why the bytes bound to an action can no longer be sent as approved, or
+-- NULL: a file changed in storage (its SHA-256 is recomputed), or is gone.
+CREATE OR REPLACE FUNCTION keyturn._attachment_problem(a keyturn.action, p_ver keyturn.tool_version, p_params jsonb)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_bad uuid;
+BEGIN
+    IF p_ver.attachments_param IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT t.file_id INTO v_bad
+      FROM keyturn._attachments(p_ver, p_params) t
+      LEFT JOIN keyturn.staged_file s ON s.id = t.file_id AND s.tenant = a.tenant AND s.action_id = a.id
+     WHERE s.id IS NULL OR encode(sha256(s.content), 'hex') <> t.meta ->> 'sha256'
+     LIMIT 1;
+    IF FOUND THEN
+        RETURN format('attachment %s is missing or changed in storage since it was approved', v_bad);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Which files the dispatcher must send with an action, from the approved
+-- params: the one place that knows a tool's attachments_param, so keyturnd
+-- never guesses from the params' shape. Leased or executing under that lease
+-- (else 55000); no rows when the tool takes no attachments. For attachments
+-- and attachments_for (p_what names the call); p_tenant as in
+-- keyturn._lease.
+CREATE OR REPLACE FUNCTION keyturn._attachments_of(p_what text, p_tenant text, p_id uuid, p_lease uuid)
+RETURNS TABLE (param text, ord int, file_id uuid, sha256 text, filename text, content_type text, size bigint)
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    a keyturn.action;
+    v keyturn.tool_version;
+BEGIN
+    PERFORM keyturn._refuse_nested(p_what);
+    -- The plain call names no tenant: the row found names it.
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant);
+    PERFORM keyturn._raise_lease_problem(keyturn._lease_problem(a, p_id, p_lease, '{leased,executing}', false));
+    SELECT t.* INTO v FROM keyturn.tool_version t WHERE t.tool = a.tool AND t.version = a.tool_version;
+    IF v.attachments_param IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT v.attachments_param, t.ord::int, t.file_id, t.meta ->> 'sha256', t.meta ->> 'filename',
+           t.meta ->> 'content_type', (t.meta ->> 'size')::bigint
+      FROM keyturn._attachments(v, coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
+                                                         WHERE s.action_id = a.id AND s.tenant = a.tenant))) t
+     ORDER BY t.ord;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.attachments(action_id uuid, lease_id uuid)
+RETURNS TABLE (param text, ord int, file_id uuid, sha256 text, filename text, content_type text, size bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM keyturn._attachments_of('attachments', NULL, attachments.action_id, attachments.lease_id)
+$$;
+
+-- The bytes of one attachment, for the dispatcher building the provider's
+-- request in memory: only while the action is executing under that lease
+-- (else 55000), and only a file bound to it. For file_content and
+-- file_content_for, as keyturn._attachments_of.
+CREATE OR REPLACE FUNCTION keyturn._file_content_of(p_what text, p_tenant text, p_id uuid, p_lease uuid, p_file uuid)
+RETURNS bytea
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    a keyturn.action;
+    v bytea;
+BEGIN
+    PERFORM keyturn._refuse_nested(p_what);
+    -- The plain call names no tenant: the row found names it.
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant);
+    PERFORM keyturn._raise_lease_problem(keyturn._lease_problem(a, p_id, p_lease, '{executing}', false));
+    SELECT s.content INTO v FROM keyturn.staged_file s
+     WHERE s.id = p_file AND s.tenant = a.tenant AND s.action_id = p_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'keyturn: file % is not an attachment of action %', p_file, p_id
+            USING ERRCODE = '55000',
+                  HINT = 'keyturn.attachments(action_id, lease_id) lists the files of an action.';
+    END IF;
+    RETURN v;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.file_content(action_id uuid, lease_id uuid, file_id uuid)
+RETURNS bytea
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._file_content_of('file_content', NULL, file_content.action_id, file_content.lease_id,
+                                    file_content.file_id)
+$$;
+
+
+-- ==== sql/057_fence.sql ====
+
+-- Read-side fencing (docs/fencing.md): data from a connected app reaches a
+-- prompt only as a fenced, projected block. An admin registers, per
+-- provider, the fields its data may contribute (keyturn.register_projection,
+-- versioned like tools); keyturn.fence keeps only those, cuts each string to
+-- its bound, redacts credential-shaped values, neutralizes control, bidi and
+-- marker characters, and wraps the result between fresh random markers that
+-- the guard text names. An unreviewed integration contributes nothing.
+
+CREATE OR REPLACE FUNCTION keyturn.register_projection(provider text, spec jsonb)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_spec    jsonb;
+    v_version int;
+BEGIN
+    PERFORM keyturn._refuse_nested('register_projection');
+    IF register_projection.provider IS NULL
+       OR register_projection.provider !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$'
+       OR length(register_projection.provider) > 63 THEN
+        RAISE EXCEPTION 'keyturn: provider name % is not allowed', coalesce(quote_literal(register_projection.provider), 'NULL')
+            USING ERRCODE = '22023',
+                  HINT = 'Use lowercase ASCII letters, digits and underscores, dot-separated, at most 63 characters.';
+    END IF;
+    v_spec := keyturn._check_projection(register_projection.spec);
+    SELECT p.version + 1 INTO v_version FROM keyturn.projection p
+     WHERE p.provider = register_projection.provider FOR UPDATE;
+    IF v_version IS NULL THEN
+        v_version := 1;
+        INSERT INTO keyturn.projection (provider, version) VALUES (register_projection.provider, 1);
+    ELSE
+        UPDATE keyturn.projection p SET version = v_version, updated_at = now()
+         WHERE p.provider = register_projection.provider;
+    END IF;
+    INSERT INTO keyturn.projection_version (provider, version, spec)
+    VALUES (register_projection.provider, v_version, v_spec);
+    RETURN v_version;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.fence(provider text, data jsonb)
+RETURNS TABLE (guard text, reference text, marker text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_spec jsonb;
+BEGIN
+    PERFORM keyturn._refuse_nested('fence');
+    SELECT v.spec INTO v_spec FROM keyturn.projection p
+      JOIN keyturn.projection_version v ON v.provider = p.provider AND v.version = p.version
+     WHERE p.provider = fence.provider;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'keyturn: no projection is registered for provider %', coalesce(quote_literal(fence.provider), 'NULL')
+            USING ERRCODE = '22023',
+                  HINT = 'An unreviewed integration contributes nothing: an admin registers the fields it may contribute with keyturn.register_projection(provider, spec).';
+    END IF;
+    IF fence.data IS NULL THEN
+        RAISE EXCEPTION 'keyturn: data must be a JSON value' USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY SELECT * FROM keyturn._fence(fence.provider, v_spec, fence.data);
+END
+$$;
+
+
+-- ==== sql/060_dispatch.sql ====
+
+-- The dispatcher and operator protocol (docs/sql-api.md, "Dispatcher").
+--
+-- keyturnd only moves rows the database has released (queued), and only calls a
+-- provider after begin_dispatch has committed 'executing'. Authorized by role
+-- alone (keyturn_dispatcher, keyturn_operator); no tenant identity, all tenants.
+
+CREATE OR REPLACE FUNCTION keyturn._retry_backoff(p_attempts int)
+RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    -- After attempt n (counted at begin_dispatch): 2 s, 4 s, 8 s, ... capped at
+    -- 5 minutes; at least 1 s, growing with attempts.
+    SELECT make_interval(secs => least(300, power(2, greatest(p_attempts, 1))))
+$$;
+
+-- The due actions lease takes, locked FOR UPDATE (SKIP LOCKED) until the
+-- caller's transaction ends: the first p_max in (next_attempt_at, id) order
+-- whose tool has one of p_providers (NULL = any).
+--
+-- The plan must be an ordered scan of open_action_due_idx that stops after
+-- p_max rows. A queue's statistics are always stale (20,000 rows arrive and
+-- leave between two autovacuum naps), and with a stale small estimate the
+-- planner prefers reading every due row and sorting them, which makes each
+-- lease cost O(queue length). Without sort and bitmap paths the ordered index
+-- scan is the only plan left. The settings live on this one function, so the
+-- statements lease runs afterwards (its UPDATE and the triggers it fires) are
+-- planned as usual.
+--
+-- That plan does not depend on the parameters, so it is planned once per
+-- backend (force_generic_plan). Planned per call with the actual p_now, the
+-- planner probed the end of open_action_due_idx for the column's true
+-- maximum, walking the index entries every drained row leaves dead: about a
+-- fifth of a lease call's time in the drain's profile (tests/bench/BENCHMARKS.md).
+CREATE OR REPLACE FUNCTION keyturn._due(p_now timestamptz, p_max int, p_providers text[])
+RETURNS SETOF uuid
+LANGUAGE plpgsql VOLATILE
+ROWS 16
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT a.id FROM keyturn.open_action o
+      JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
+     WHERE o.status = 'queued' AND o.next_attempt_at <= p_now
+       -- The work list finds the rows; the status on the locked action row
+       -- (rechecked after a wait) is what decides.
+       AND a.status = 'queued' AND a.next_attempt_at <= p_now
+       AND (p_providers IS NULL OR EXISTS (
+                SELECT 1 FROM keyturn.tool_version v
+                 WHERE v.tool = a.tool AND v.version = a.tool_version
+                   AND v.provider = ANY (p_providers)))
+     ORDER BY o.next_attempt_at, o.action_id
+     LIMIT p_max
+       FOR UPDATE OF a SKIP LOCKED;
+END
+$$;
+
+-- keyturn._due for one tenant: its due actions, locked FOR UPDATE SKIP
+-- LOCKED, in lease's order. The ordered scan of open_action_due_idx reads
+-- past other tenants' due rows; on Citus those are only the few tenants
+-- that share the shard. The tool versions of the providers asked for are
+-- read first, by a statement of their own: Citus refuses a statement of a
+-- delegated call that joins a reference table (tool_version) to the
+-- tenant's shards.
+CREATE OR REPLACE FUNCTION keyturn._due_for(p_tenant text, p_now timestamptz, p_max int, p_providers text[])
+RETURNS SETOF uuid
+LANGUAGE plpgsql VOLATILE
+ROWS 16
+SET enable_sort = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    v_versions text[];
+BEGIN
+    IF p_providers IS NOT NULL THEN
+        v_versions := ARRAY(SELECT v.tool || ':' || v.version FROM keyturn.tool_version v
+                             WHERE v.provider = ANY (p_providers));
+    END IF;
+    RETURN QUERY
+    SELECT a.id FROM keyturn.open_action o
+      JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
+     WHERE o.tenant = p_tenant AND a.tenant = p_tenant
+       AND o.status = 'queued' AND o.next_attempt_at <= p_now
+       AND a.status = 'queued' AND a.next_attempt_at <= p_now
+       AND (v_versions IS NULL OR a.tool || ':' || a.tool_version = ANY (v_versions))
+     ORDER BY o.next_attempt_at, o.action_id
+     LIMIT p_max
+       FOR UPDATE OF a SKIP LOCKED;
+END
+$$;
+
+-- lease and lease_for (p_what names the call): the due actions of every
+-- tenant (keyturn._due) or of p_tenant (keyturn._due_for), locked, leased,
+-- and returned as lease returns them.
+--
+-- p_tenant: NULL for lease, whose batch spans tenants, so each statement
+-- finds its rows by id alone; the tenant for lease_for
+-- (sql/062_dispatch_for.sql). Written "p_tenant IS NULL OR x.tenant =
+-- p_tenant" so that one statement serves both: planned for a tenant, the
+-- condition folds to "x.tenant = <the tenant>", which is what Citus needs
+-- to pin the statement to that tenant's shard. So no caller on the
+-- tenant's path may force a generic plan, in which it would not fold.
+CREATE OR REPLACE FUNCTION keyturn._lease(p_what text, p_tenant text, p_worker text, p_max_jobs int, p_lease_for interval,
+                               p_providers text[])
+RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
+               idempotency_key text, attempt int)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_now       timestamptz := clock_timestamp();
+    v_ids       uuid[];
+    v_forged    uuid[];
+    v_tenants   text[];
+    v_leases    uuid[];
+    v_tools     text[];
+    v_versions  int[];
+    v_providers text[];
+BEGIN
+    PERFORM keyturn._check_lease_args(p_worker, p_max_jobs, p_lease_for);
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    IF p_tenant IS NULL THEN
+        v_ids := ARRAY(SELECT keyturn._due(v_now, p_max_jobs, p_providers));
+    ELSE
+        v_ids := ARRAY(SELECT keyturn._due_for(p_tenant, v_now, p_max_jobs, p_providers));
+    END IF;
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
+    -- A queued row that no approval produced (a table write, a tampered
+    -- restore) is never leased: it is invalidated, visibly, instead. The rows
+    -- are locked, so what is read here is what is updated: the check, and the
+    -- new lease ids, are read first because the UPDATEs, like every UPDATE of
+    -- keyturn's tables, call no volatile function (docs/scale-out.md, layout
+    -- B, step 5).
+    SELECT coalesce(array_agg(a.id) FILTER (WHERE NOT c.valid), '{}'),
+           coalesce(array_agg(a.id) FILTER (WHERE c.valid), '{}'),
+           coalesce(array_agg(a.tenant) FILTER (WHERE c.valid), '{}'),
+           coalesce(array_agg(gen_random_uuid()) FILTER (WHERE c.valid), '{}'),
+           coalesce(array_agg(DISTINCT a.tool) FILTER (WHERE c.valid), '{}')
+      INTO v_forged, v_ids, v_tenants, v_leases, v_tools
+      FROM keyturn.action a
+     CROSS JOIN LATERAL (SELECT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
+                                                        a.approved_at, a.approved_via, a.approval_mac) AS valid) c
+     WHERE a.id = ANY (v_ids) AND (p_tenant IS NULL OR a.tenant = p_tenant);
+    -- Each job's provider, read by a statement of its own: Citus refuses a
+    -- statement of a delegated call that joins a reference table
+    -- (tool_version) to the tenant's shards.
+    SELECT array_agg(v.tool), array_agg(v.version), array_agg(v.provider)
+      INTO v_tools, v_versions, v_providers
+      FROM keyturn.tool_version v WHERE v.tool = ANY (v_tools);
+    IF cardinality(v_forged) > 0 THEN
+        PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'no valid approval', 'worker', p_worker));
+        UPDATE keyturn.action a
+           SET updated_at = v_now, status = 'invalidated',
+               result = jsonb_build_object('reason', 'no approval produced this queued action; it is never dispatched')
+         WHERE a.id = ANY (v_forged) AND (p_tenant IS NULL OR a.tenant = p_tenant);
+    END IF;
+    PERFORM keyturn._set_event_detail(jsonb_build_object('worker', p_worker));
+    RETURN QUERY
+    WITH leased AS (
+        UPDATE keyturn.action a
+           SET updated_at = v_now, status = 'leased', lease_id = u.lease,
+               leased_by = p_worker, lease_expires_at = v_now + p_lease_for
+          FROM unnest(v_ids, v_tenants, v_leases) AS u (id, tenant, lease)
+         WHERE a.id = u.id AND a.tenant = u.tenant AND (p_tenant IS NULL OR a.tenant = p_tenant)
+        RETURNING a.*
+    )
+    SELECT l.id, l.lease_id, l.tenant, l.tool, v.provider, coalesce(l.params, s.params),
+           l.idempotency_key, l.attempts + 1
+      FROM leased l
+      JOIN unnest(v_tools, v_versions, v_providers) AS v (tool, version, provider)
+        ON v.tool = l.tool AND v.version = l.tool_version
+      LEFT JOIN keyturn.staged_payload s ON s.action_id = l.id AND s.tenant = l.tenant
+                                        AND (p_tenant IS NULL OR s.tenant = p_tenant)
+     ORDER BY l.next_attempt_at, l.id;
+END
+$$;
+
+-- providers (keyturn's addition to the dispatcher protocol): only actions whose tool's provider is
+-- in the list, so a worker never leases what it has no adapter for; NULL = all.
+CREATE OR REPLACE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds',
+                              providers text[] DEFAULT NULL)
+RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
+               idempotency_key text, attempt int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM keyturn._lease('lease', NULL, lease.worker, lease.max_jobs, lease.lease_for,
+                                              lease.providers);
+END
+$$;
+
+-- Why a dispatcher call may not act on this row under this lease, or NULL:
+-- the one place for these rules, shared by the single calls (which raise it
+-- as 55000) and the batch calls (which answer it per element). a is the row
+-- locked FOR UPDATE (all NULL when there is none); p_live: the lease must
+-- not have lapsed.
+CREATE OR REPLACE FUNCTION keyturn._lease_problem(a keyturn.action, p_id uuid, p_lease uuid,
+                                       p_statuses keyturn.status[], p_live boolean)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF a.id IS NULL OR a.lease_id IS DISTINCT FROM p_lease OR NOT a.status = ANY (p_statuses) THEN
+        RETURN format('keyturn: action %s is not %s under lease %s (its status is %s)',
+                      coalesce(p_id::text, 'NULL'), array_to_string(p_statuses, ' or '),
+                      coalesce(p_lease::text, 'NULL'), coalesce(a.status::text, 'unknown'));
+    END IF;
+    IF p_live AND a.lease_expires_at <= clock_timestamp() THEN
+        RETURN format('keyturn: the lease on action %s lapsed at %s; do not call the provider, the sweep requeues it',
+                      p_id, keyturn._utc(a.lease_expires_at));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- complete's version: also only 'retry' may hand back a job never begun.
+CREATE OR REPLACE FUNCTION keyturn._complete_problem(a keyturn.action, p_id uuid, p_lease uuid, p_outcome text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    -- 'executing' under this lease is accepted even past the lease's expiry:
+    -- a known outcome beats an unknown one.
+    RETURN coalesce(
+        keyturn._lease_problem(a, p_id, p_lease, '{leased,executing}', a.status = 'leased'),
+        CASE WHEN a.status = 'leased' AND p_outcome <> 'retry' THEN
+            format('keyturn: action %s was never dispatched; only ''retry'' can hand it back (call begin_dispatch before the provider)', p_id)
+        END);
+END
+$$;
+
+-- Raises 55000 with a dispatcher call's problem, if there is one.
+CREATE OR REPLACE FUNCTION keyturn._raise_lease_problem(p_problem text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', p_problem
+            USING ERRCODE = '55000',
+                  HINT = 'Lease it again; never call the provider without a successful begin_dispatch.';
+    END IF;
+END
+$$;
+
+-- Why an action leased to the caller must not be dispatched, or NULL: no
+-- approval produced it, or something approve checked no longer holds
+-- (keyturn._invalid_reason), or its attachments are gone, or (a task
+-- action, approved by a request rather than by a person looking at it) its
+-- params no longer pass the tool's schema, checked right before they leave.
+CREATE OR REPLACE FUNCTION keyturn._begin_problem(a keyturn.action)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_reason text;
+    v_ver    keyturn.tool_version;
+    v_params jsonb;
+BEGIN
+    IF NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
+                                   a.approved_at, a.approved_via, a.approval_mac) THEN
+        RETURN 'no approval produced this action; it is never dispatched';
+    END IF;
+    v_reason := keyturn._invalid_reason(a);
+    IF v_reason IS NOT NULL THEN
+        RETURN v_reason;
+    END IF;
+    SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
+    v_params := coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
+                                     WHERE s.action_id = a.id AND s.tenant = a.tenant));
+    v_reason := keyturn._attachment_problem(a, v_ver, v_params);
+    IF v_reason IS NULL AND a.approval = 'task'
+       AND keyturn._params_errors(v_ver.params_schema, v_params) IS NOT NULL THEN
+        v_reason := 'params no longer pass the tool''s schema';
+    END IF;
+    RETURN v_reason;
+END
+$$;
+
+-- begin_dispatch of distinct actions, each under its lease, as one statement
+-- of each kind for all of them: the row locks, the checks, the status
+-- UPDATE (executing, or invalidated with the reason) and the attempt INSERT.
+-- The one implementation of begin_dispatch: the single call is a set of
+-- one, keyturn.begin_dispatch_many runs sets (sql/061_dispatch_batch.sql).
+-- Answers each element (p_ords: its place in the caller's batch) with
+-- dispatch, or with the lease problem that left it unchanged.
+--
+-- p_tenant: NULL for begin_dispatch and begin_dispatch_many (by id alone,
+-- the dispatcher's calls name no tenant); the tenant for their _for forms,
+-- as keyturn._lease explains. The plain calls plan it once per backend
+-- (their force_generic_plan): with the arrays known, a custom plan's
+-- estimate is always lower than the generic one's, so plpgsql planned every
+-- statement again on every call, which cost a one-job step more than
+-- running them (tests/bench/BENCHMARKS.md). Every plan is index lookups by
+-- id, whatever the arrays hold.
+CREATE OR REPLACE FUNCTION keyturn._begin_set(p_tenant text, p_ords int[], p_ids uuid[], p_leases uuid[])
+RETURNS TABLE (ord int, dispatch boolean, problem text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_ords     int[];
+    v_ids      uuid[];
+    v_tenants  text[];
+    v_problems text[];
+    v_reasons  text[];
+    v_details  text[];
+    v_statuses keyturn.status[];
+    v_results  jsonb[];
+    v_now      timestamptz;
+BEGIN
+    -- What the UPDATE writes is computed here too: Citus refuses a function
+    -- that is not immutable (a cast to keyturn.status, jsonb_build_object)
+    -- inside a CASE of an UPDATE.
+    SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.reason),
+           array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
+                          WHEN v.reason IS NULL
+                          THEN jsonb_build_object('attempt', v.attempts + 1, 'worker', v.leased_by)::text
+                          ELSE jsonb_build_object('reason', v.reason)::text END),
+           array_agg(CASE WHEN v.reason IS NULL THEN 'executing' ELSE 'invalidated' END::keyturn.status),
+           array_agg(CASE WHEN v.reason IS NOT NULL THEN jsonb_build_object('reason', v.reason) END)
+      INTO v_ords, v_ids, v_tenants, v_problems, v_reasons, v_details, v_statuses, v_results
+      FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, (l.a).attempts, (l.a).leased_by,
+                   CASE WHEN p.problem IS NULL THEN keyturn._begin_problem(l.a) END AS reason
+              FROM unnest(p_ords, p_ids, p_leases) AS e (ord, id, lease)
+              -- Each row locked as it is read (in the batch's order, as the
+              -- single calls one after another would), so the checks see it
+              -- as it is locked.
+              -- The row found names the tenant for every statement after
+              -- this one. ROW(x.*): on a Citus shard x is of the shard's
+              -- row type, which keyturn's functions do not take.
+              LEFT JOIN LATERAL (SELECT ROW(x.*)::keyturn.action AS a FROM keyturn.action x
+                                  WHERE x.id = e.id AND (p_tenant IS NULL OR x.tenant = p_tenant) FOR UPDATE) l ON true
+             CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p) v;
+    PERFORM keyturn._set_event_details(v_ids, v_details);
+    v_now := clock_timestamp();
+    WITH done AS (
+        UPDATE keyturn.action x
+           SET updated_at = v_now,
+               status = u.status,
+               attempts = x.attempts + CASE WHEN u.reason IS NULL THEN 1 ELSE 0 END,
+               dispatched_at = CASE WHEN u.reason IS NULL THEN v_now ELSE x.dispatched_at END,
+               result = CASE WHEN u.reason IS NULL THEN x.result ELSE u.result END,
+               lease_id = CASE WHEN u.reason IS NULL THEN x.lease_id END,
+               leased_by = CASE WHEN u.reason IS NULL THEN x.leased_by END,
+               lease_expires_at = CASE WHEN u.reason IS NULL THEN x.lease_expires_at END
+          FROM unnest(v_ids, v_tenants, v_problems, v_reasons, v_statuses, v_results)
+               AS u (id, tenant, problem, reason, status, result)
+         WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL AND (p_tenant IS NULL OR x.tenant = p_tenant)
+           AND x.id = ANY (v_ids)
+     RETURNING x.id, x.attempts, x.tenant, x.principal, x.lease_id, x.leased_by, x.status)
+    INSERT INTO keyturn.attempt (action_id, attempt, tenant, principal, lease_id, worker, started_at)
+    SELECT d.id, d.attempts, d.tenant, d.principal, d.lease_id, d.leased_by, v_now
+      FROM done d WHERE d.status = 'executing';
+    RETURN QUERY
+    SELECT v.ord, v.problem IS NULL AND v.reason IS NULL, v.problem
+      FROM unnest(v_ords, v_problems, v_reasons) AS v (ord, problem, reason)
+     ORDER BY v.ord;
+END
+$$;
+
+-- The dispatcher's calls (begin and complete, single and batched, and
+-- keyturn._due) are planned once per backend (force_generic_plan): a
+-- keyturnd connection runs them thousands of times with the same shape. A
+-- generic plan is made from the statistics of the moment and kept: made
+-- while a table was empty (a new installation's keyturn.attempt), it read
+-- that table whole in every later call, and the first drain of 20,000
+-- actions ran at a third of the speed of the next (tests/bench/BENCHMARKS.md).
+-- Every statement they run finds its rows by key, so sequential scans are
+-- off for them, and each UPDATE joined to the batch's arrays also names the
+-- ids as an index condition (x.id = ANY (v_ids)), so that the plan kept
+-- reads only the batch's rows in either join order.
+CREATE OR REPLACE FUNCTION keyturn.begin_dispatch(action_id uuid, lease_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
+DECLARE
+    r record;
+BEGIN
+    PERFORM keyturn._refuse_nested('begin_dispatch');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    SELECT * INTO r FROM keyturn._begin_set(NULL, '{1}', ARRAY[begin_dispatch.action_id],
+                                            ARRAY[begin_dispatch.lease_id]);
+    PERFORM keyturn._raise_lease_problem(r.problem);
+    RETURN r.dispatch;
+END
+$$;
+
+-- What is wrong with complete's arguments (a 22023 message), or NULL: the
+-- outcome word, a negative delay, a receipt keyturn cannot store. Checked
+-- before anything is read or locked; complete raises it, complete_many
+-- answers it for its element.
+CREATE OR REPLACE FUNCTION keyturn._complete_args_error(p_outcome text, p_retry_after interval, p_receipt jsonb)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed', 'retry', 'unknown') THEN
+        RETURN format('keyturn: outcome must be succeeded, failed, retry or unknown, not %s',
+                      coalesce(quote_literal(p_outcome), 'NULL'));
+    END IF;
+    IF p_retry_after IS NOT NULL AND p_retry_after < interval '0' THEN
+        RETURN 'keyturn: retry_after must not be negative';
+    END IF;
+    RETURN keyturn._receipt_problem(p_receipt);
+END
+$$;
+
+-- complete of distinct actions, as one statement of each kind for all of
+-- them: the row locks, the checks, the attempt UPDATE and the status UPDATE.
+-- The one implementation of complete: the single call is a set of one,
+-- keyturn.complete_many runs sets (sql/061_dispatch_batch.sql). Answers each
+-- element (p_ords: its place in the caller's batch) with its new status, or
+-- with the problem that left it unchanged: '22023 ...' for its arguments
+-- (keyturn._complete_args_error: the outcome word, the delay, a receipt
+-- keyturn cannot store), '55000 ...' for its lease or status.
+--
+-- A job handed back before any provider call ('retry' while 'leased') is
+-- queued again without counting an attempt, due after retry_after (else at
+-- once); any other outcome closes the attempt. retry_after is capped at a
+-- day on both paths: a provider cannot park an approved action for a year.
+--
+-- p_tenant, and the plans, as in keyturn._begin_set.
+CREATE OR REPLACE FUNCTION keyturn._complete_set(p_tenant text, p_ords int[], p_ids uuid[], p_leases uuid[], p_outcomes text[],
+                                      p_receipts jsonb[], p_retry_after interval[])
+RETURNS TABLE (ord int, status text, problem text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_ords     int[];
+    v_ids      uuid[];
+    v_tenants  text[];
+    v_problems text[];
+    v_statuses keyturn.status[];
+    v_back     boolean[];
+    v_outcomes text[];
+    v_receipts jsonb[];
+    v_delays   interval[];
+    v_attempts int[];
+    v_details  text[];
+    v_results  jsonb[];
+    v_next     timestamptz[];
+    v_now      timestamptz;
+BEGIN
+    -- What the UPDATEs write is computed before them, as in
+    -- keyturn._begin_set: Citus refuses a function that is not immutable
+    -- inside a CASE of an UPDATE.
+    SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.status),
+           array_agg(v.back), array_agg(v.outcome), array_agg(v.receipt), array_agg(v.delay),
+           array_agg(v.attempts),
+           array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
+                          WHEN v.back THEN jsonb_build_object('handed_back', true)::text
+                          ELSE jsonb_strip_nulls(jsonb_build_object(
+                                   'outcome', v.outcome, 'attempt', v.attempts,
+                                   'retry_in', CASE WHEN v.status = 'queued' THEN v.delay::text END))::text END),
+           array_agg(CASE
+                         WHEN v.status = 'failed' AND v.outcome = 'retry'
+                             THEN jsonb_build_object('reason', 'the provider asked to retry after the third attempt')
+                         WHEN v.status = 'uncertain'
+                             THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
+                         ELSE jsonb_build_object('outcome', v.outcome)
+                     END)
+      INTO v_ords, v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays,
+           v_attempts, v_details, v_results
+      FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, e.outcome, (l.a).attempts,
+                   (l.a).status = 'leased' AS back,
+                   CASE WHEN p.problem IS NULL THEN keyturn._redact(coalesce(e.receipt, '{}')) END AS receipt,
+                   least(CASE WHEN (l.a).status = 'leased' THEN coalesce(e.delay, interval '0')
+                              ELSE coalesce(e.delay, keyturn._retry_backoff((l.a).attempts)) END,
+                         interval '1 day') AS delay,
+                   CASE WHEN (l.a).status = 'leased' THEN 'queued'
+                        WHEN e.outcome = 'succeeded' THEN 'succeeded'
+                        WHEN e.outcome = 'failed' THEN 'failed'
+                        WHEN e.outcome = 'unknown' THEN 'uncertain'
+                        WHEN (l.a).attempts < 3 THEN 'queued'
+                        ELSE 'failed'
+                   END::keyturn.status AS status
+              FROM unnest(p_ords, p_ids, p_leases, p_outcomes, p_receipts, p_retry_after)
+                   AS e (ord, id, lease, outcome, receipt, delay)
+             CROSS JOIN LATERAL (SELECT keyturn._complete_args_error(e.outcome, e.delay, e.receipt) AS arg_error) g
+              -- Each row locked as it is read, in the batch's order, and only
+              -- for an element whose arguments are right: the others change
+              -- nothing. ROW(x.*), as in keyturn._begin_set.
+              LEFT JOIN LATERAL (SELECT ROW(x.*)::keyturn.action AS a FROM keyturn.action x
+                                  WHERE x.id = e.id AND (p_tenant IS NULL OR x.tenant = p_tenant)
+                                    AND g.arg_error IS NULL FOR UPDATE) l ON true
+             CROSS JOIN LATERAL (
+                   SELECT coalesce('22023 ' || g.arg_error,
+                                   '55000 ' || keyturn._complete_problem(l.a, e.id, e.lease, e.outcome)) AS problem) p) v;
+    v_now := clock_timestamp();
+    v_next := ARRAY(SELECT v_now + u.delay FROM unnest(v_delays) WITH ORDINALITY AS u (delay, o) ORDER BY u.o);
+    UPDATE keyturn.attempt t
+       SET finished_at = v_now, outcome = u.outcome, receipt = u.receipt
+      FROM unnest(v_ids, v_tenants, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
+           AS u (id, tenant, problem, back, attempt, outcome, receipt)
+     WHERE t.action_id = u.id AND t.tenant = u.tenant AND t.attempt = u.attempt
+       AND u.problem IS NULL AND NOT u.back AND (p_tenant IS NULL OR t.tenant = p_tenant)
+       AND t.action_id = ANY (v_ids);  -- see the note before keyturn.begin_dispatch
+    PERFORM keyturn._set_event_details(v_ids, v_details);
+    UPDATE keyturn.action x
+       SET updated_at = v_now, status = u.status,
+           receipt = CASE WHEN u.back THEN x.receipt ELSE u.receipt END,
+           result = CASE WHEN u.status = 'queued' THEN x.result ELSE u.result END,
+           next_attempt_at = CASE WHEN u.status = 'queued' THEN u.next END,
+           lease_id = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_id END,
+           leased_by = CASE WHEN u.status = 'queued' THEN NULL ELSE x.leased_by END,
+           lease_expires_at = CASE WHEN u.status = 'queued' THEN NULL ELSE x.lease_expires_at END
+      FROM unnest(v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_next, v_results)
+           AS u (id, tenant, problem, status, back, outcome, receipt, next, result)
+     WHERE x.id = u.id AND x.tenant = u.tenant AND u.problem IS NULL AND (p_tenant IS NULL OR x.tenant = p_tenant)
+       AND x.id = ANY (v_ids);
+    RETURN QUERY
+    SELECT v.ord, CASE WHEN v.problem IS NULL THEN v.status::text END, v.problem
+      FROM unnest(v_ords, v_problems, v_statuses) AS v (ord, problem, status)
+     ORDER BY v.ord;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.complete(action_id uuid, lease_id uuid, outcome text, receipt jsonb DEFAULT '{}',
+                                 retry_after interval DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_error text := keyturn._complete_args_error(complete.outcome, complete.retry_after, complete.receipt);
+    r       record;
+BEGIN
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._refuse_nested('complete');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    SELECT * INTO r FROM keyturn._complete_set(NULL, '{1}', ARRAY[complete.action_id], ARRAY[complete.lease_id],
+                                               ARRAY[complete.outcome], ARRAY[complete.receipt],
+                                               ARRAY[complete.retry_after]);
+    -- Only a lease problem is left: the arguments were checked above.
+    PERFORM keyturn._raise_lease_problem(substr(r.problem, 7));
+    RETURN r.status;
+END
+$$;
+
+-- The sweep: pending past expiry -> expired, leased with a lapsed lease ->
+-- queued, executing with a lapsed lease -> uncertain, and staged files no
+-- proposal bound a day after staging deleted. p_tenant: NULL for sweep
+-- (every tenant), the tenant for sweep_for, as keyturn._lease explains.
+CREATE OR REPLACE FUNCTION keyturn._sweep(p_tenant text)
+RETURNS TABLE (expired int, requeued int, uncertain int, files int)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_expired   int;
+    v_requeued  int;
+    v_uncertain int;
+    v_files     int;
+    v_now       timestamptz := clock_timestamp();  -- an index condition, unlike clock_timestamp()
+BEGIN
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'expired before approval'));
+    UPDATE keyturn.action a
+       SET updated_at = v_now, status = 'expired', result = jsonb_build_object('reason', 'the proposal expired before approval')
+     WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
+                                JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
+                                WHERE o.status = 'pending' AND o.expires_at < v_now
+                                  AND x.status = 'pending'
+                                  AND (p_tenant IS NULL OR (o.tenant = p_tenant AND x.tenant = p_tenant))
+                                FOR UPDATE OF x SKIP LOCKED)
+       AND (p_tenant IS NULL OR a.tenant = p_tenant);
+    GET DIAGNOSTICS v_expired = ROW_COUNT;
+
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed before dispatch'));
+    UPDATE keyturn.action a
+       SET updated_at = v_now, status = 'queued', next_attempt_at = v_now,
+           lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
+     WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
+                                JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
+                                WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
+                                  AND x.status = 'leased' AND x.lease_expires_at < v_now
+                                  AND (p_tenant IS NULL OR (o.tenant = p_tenant AND x.tenant = p_tenant))
+                                FOR UPDATE OF x SKIP LOCKED)
+       AND (p_tenant IS NULL OR a.tenant = p_tenant);
+    GET DIAGNOSTICS v_requeued = ROW_COUNT;
+
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'lease lapsed while executing'));
+    WITH lapsed AS (
+        UPDATE keyturn.action a
+           SET updated_at = v_now, status = 'uncertain',
+               result = jsonb_build_object('reason', 'the dispatcher''s lease lapsed during the provider call; the outcome is unknown and is never retried automatically')
+         WHERE (a.id, a.tenant) IN (SELECT x.id, x.tenant FROM keyturn.open_action o
+                                    JOIN keyturn.action x ON x.id = o.action_id AND x.tenant = o.tenant
+                                    WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
+                                      AND x.status = 'executing' AND x.lease_expires_at < v_now
+                                      AND (p_tenant IS NULL OR (o.tenant = p_tenant AND x.tenant = p_tenant))
+                                    FOR UPDATE OF x SKIP LOCKED)
+           AND (p_tenant IS NULL OR a.tenant = p_tenant)
+        RETURNING a.id, a.tenant, a.attempts
+    ), closed AS (
+        UPDATE keyturn.attempt t SET finished_at = v_now, outcome = 'lapsed'
+          FROM lapsed
+         WHERE t.action_id = lapsed.id AND t.tenant = lapsed.tenant AND t.attempt = lapsed.attempts
+           AND t.outcome IS NULL AND (p_tenant IS NULL OR t.tenant = p_tenant)
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_uncertain FROM lapsed;
+
+    DELETE FROM keyturn.staged_file s
+     WHERE (s.id, s.tenant) IN (SELECT f.id, f.tenant FROM keyturn.staged_file f
+                                WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours'
+                                  AND (p_tenant IS NULL OR f.tenant = p_tenant)
+                                FOR UPDATE SKIP LOCKED)
+       AND (p_tenant IS NULL OR s.tenant = p_tenant);
+    GET DIAGNOSTICS v_files = ROW_COUNT;
+    RETURN QUERY SELECT v_expired, v_requeued, v_uncertain, v_files;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.sweep()
+RETURNS TABLE (expired int, requeued int, uncertain int, files int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('sweep');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._sweep(NULL);
+END
+$$;
+
+-- reconcile, and reconcile_for (p_what names the call): p_tenant as in
+-- keyturn._lease.
+CREATE OR REPLACE FUNCTION keyturn._reconcile(p_what text, p_tenant text, p_id uuid, p_outcome text, p_note text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    a        keyturn.action;
+    v_now    timestamptz := clock_timestamp();
+    v_status keyturn.status;
+    v_added  jsonb;
+    v_tenant text := p_tenant;
+BEGIN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed') THEN
+        RAISE EXCEPTION 'keyturn: reconcile outcome must be succeeded or failed, not %',
+                coalesce(quote_literal(p_outcome), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    -- Operators reconcile across tenants: the plain call names none, so it
+    -- reads the tenant first, without a lock, then locks the row in its
+    -- tenant. On Citus a lock by id alone would reach every shard, which
+    -- Citus refuses (0A000): this way the plain call answers an action that
+    -- is not uncertain as on one node (55000), and an uncertain one is
+    -- refused by the lifecycle trigger, naming reconcile_for. Planned only
+    -- when run: never in reconcile_for, which names its tenant.
+    IF v_tenant IS NULL THEN
+        SELECT x.tenant INTO v_tenant FROM keyturn.action x
+         WHERE x.id = p_id;  -- by id alone: the plain call names no tenant
+    END IF;
+    SELECT x.* INTO a FROM keyturn.action x
+     WHERE x.id = p_id AND x.tenant = v_tenant FOR UPDATE;
+    IF NOT FOUND OR a.status <> 'uncertain' THEN
+        RAISE EXCEPTION 'keyturn: only an uncertain action can be reconciled; % is %',
+                p_id, coalesce(a.status::text, 'unknown')
+            USING ERRCODE = '55000';
+    END IF;
+    PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
+        'reconciled', p_outcome, 'note', p_note)));
+    -- Computed first: Citus refuses a function that is not immutable in an
+    -- UPDATE's expression that holds a COALESCE.
+    v_status := p_outcome::keyturn.status;
+    v_added := jsonb_strip_nulls(jsonb_build_object('reconciled', p_outcome, 'note', p_note,
+                                                    'by', keyturn._calling_role()));
+    UPDATE keyturn.action x
+       SET updated_at = v_now, status = v_status, result = coalesce(x.result, '{}') || v_added
+     WHERE x.id = a.id AND x.tenant = a.tenant;
+    RETURN p_outcome;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.reconcile(action_id uuid, outcome text, note text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN keyturn._reconcile('reconcile', NULL, reconcile.action_id, reconcile.outcome, reconcile.note);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.uncertain_actions()
+RETURNS TABLE (action_id uuid, tenant text, tool text, attempts int, dispatched_at timestamptz, receipt jsonb)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._refuse_nested('uncertain_actions');
+    SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt
+      FROM keyturn.open_action o
+      JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
+     WHERE o.status = 'uncertain' AND a.status = 'uncertain'
+     ORDER BY o.dispatched_at, o.action_id
+$$;
+
+-- An action's attempts, for the operator deciding an uncertain outcome:
+-- who tried when, what came back (receipts are stored redacted). plpgsql,
+-- not sql: Citus cannot plan a parameter of an SQL function's statement on
+-- distributed tables.
+CREATE OR REPLACE FUNCTION keyturn.attempts(action_id uuid)
+RETURNS TABLE (attempt int, worker text, started_at timestamptz, finished_at timestamptz, outcome text,
+               receipt jsonb)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('attempts');
+    RETURN QUERY
+    SELECT t.attempt, t.worker, t.started_at, t.finished_at, t.outcome, t.receipt
+      FROM keyturn.attempt t
+     WHERE t.action_id = attempts.action_id  -- by id alone: operators reconcile across tenants
+     ORDER BY t.attempt;
+END
+$$;
+
+
+-- ==== sql/061_dispatch_batch.sql ====
+
+-- Batched dispatcher calls (an addition to the dispatcher calls,
+-- docs/sql-api.md, "Dispatcher").
+--
+-- keyturn.begin_dispatch_many and keyturn.complete_many do, per element,
+-- exactly what keyturn.begin_dispatch and keyturn.complete do, because they
+-- run the same code: keyturn._begin_set and keyturn._complete_set
+-- (sql/060_dispatch.sql), which the single calls run on a set of one. A
+-- batch is one statement of each kind (the row locks, the checks, the
+-- UPDATEs, the INSERT) instead of one per element, and one durable commit
+-- covers it instead of one commit per action. begin_dispatch_many is still
+-- committed before any provider call: keyturnd calls a provider only for the
+-- elements it answered dispatch = true, after the COMMIT.
+--
+-- One bad element never fails the batch: every condition under which the
+-- single call raises for one action (22023: unknown outcome word, negative
+-- retry_after, a receipt keyturn cannot store, checked before any lock;
+-- 55000: unknown action, wrong or lapsed lease, wrong status, checked on the
+-- row locked FOR UPDATE) is answered in the element's `error` column as
+-- '<SQLSTATE> <message>', with nothing changed for it.
+--
+-- Errors about the batch as a whole (NULL or unequal arrays, more than 1000
+-- elements) raise 22023, changing nothing. Anything unexpected (a statement
+-- timeout, a serialization failure, a deadlock) raises as usual and rolls the
+-- whole batch back; the caller may retry the same batch.
+--
+-- Rows are answered in input order, one per element. A batch that names an
+-- action more than once runs in rounds (keyturn._batch_rounds, in
+-- extension/src/args.rs with the checks of the arrays), every
+-- action's first occurrence in the first, its second in the next, so the
+-- second occurrence sees the first one's effect, as calls one after another
+-- would.
+
+-- The elements of p_arr at the positions p_idx, in that order: a round's
+-- share of a batch.
+CREATE OR REPLACE FUNCTION keyturn._batch_pick(p_arr anyarray, p_idx int[])
+RETURNS anyarray
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    RETURN ARRAY(SELECT p_arr[u.i] FROM unnest(p_idx) WITH ORDINALITY AS u (i, o) ORDER BY u.o);
+END
+$$;
+
+-- A batch of begin_dispatch, in rounds when it names an action twice:
+-- begin_dispatch_many's answers. p_tenant as in keyturn._begin_set.
+CREATE OR REPLACE FUNCTION keyturn._begin_many(p_tenant text, p_ids uuid[], p_leases uuid[])
+RETURNS TABLE (action_id uuid, dispatch boolean, error text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    n        int;
+    v_rounds int[];
+    v_idx    int[];
+    v_ords   int[] := '{}';
+    v_disp   boolean[] := '{}';
+    v_errors text[] := '{}';
+BEGIN
+    n := keyturn._batch_check_arrays(cardinality(p_ids), cardinality(p_leases), 'action_ids and lease_ids');
+    v_rounds := keyturn._batch_rounds(p_ids);
+    IF v_rounds IS NULL THEN
+        RETURN QUERY
+        SELECT p_ids[b.ord], b.dispatch, '55000 ' || b.problem
+          FROM keyturn._begin_set(p_tenant, ARRAY(SELECT generate_series(1, n)), p_ids, p_leases) b
+         ORDER BY b.ord;
+        RETURN;
+    END IF;
+    FOR r IN 1 .. (SELECT max(x) FROM unnest(v_rounds) x) LOOP
+        v_idx := ARRAY(SELECT i FROM generate_subscripts(v_rounds, 1) i WHERE v_rounds[i] = r ORDER BY i);
+        SELECT v_ords || array_agg(b.ord), v_disp || array_agg(b.dispatch),
+               v_errors || array_agg('55000 ' || b.problem)
+          INTO v_ords, v_disp, v_errors
+          FROM keyturn._begin_set(p_tenant, v_idx, keyturn._batch_pick(p_ids, v_idx),
+                                  keyturn._batch_pick(p_leases, v_idx)) b;
+    END LOOP;
+    RETURN QUERY
+    SELECT p_ids[b.ord], b.dispatch, b.error
+      FROM unnest(v_ords, v_disp, v_errors) AS b (ord, dispatch, error)
+     ORDER BY b.ord;
+END
+$$;
+
+-- keyturn.begin_dispatch_many(action_ids, lease_ids): per pair, exactly
+-- keyturn.begin_dispatch. dispatch = true: now 'executing', call the provider.
+-- dispatch = false, error NULL: invalidated (never call the provider).
+-- dispatch = false, error '55000 ...': refused, nothing changed (never call
+-- the provider; the lease lapses or has lapsed and the sweep requeues it).
+-- Planned once per backend, as begin_dispatch.
+CREATE OR REPLACE FUNCTION keyturn.begin_dispatch_many(action_ids uuid[], lease_ids uuid[])
+RETURNS TABLE (action_id uuid, dispatch boolean, error text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('begin_dispatch_many');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._begin_many(NULL, begin_dispatch_many.action_ids,
+                                                   begin_dispatch_many.lease_ids);
+END
+$$;
+
+-- A batch of complete, in rounds when it names an action twice:
+-- complete_many's answers. p_tenant as in keyturn._begin_set.
+CREATE OR REPLACE FUNCTION keyturn._complete_many(p_tenant text, p_ids uuid[], p_leases uuid[], p_outcomes text[],
+                                       p_receipts jsonb[], p_retry_after interval[])
+RETURNS TABLE (action_id uuid, status text, error text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    n          int;
+    v_rounds   int[];
+    v_idx      int[];
+    v_ords     int[] := '{}';
+    v_statuses text[] := '{}';
+    v_errors   text[] := '{}';
+BEGIN
+    n := keyturn._batch_check_arrays(cardinality(p_ids), cardinality(p_leases), 'action_ids and lease_ids');
+    PERFORM keyturn._batch_check_arrays(n, cardinality(p_outcomes), 'action_ids and outcomes');
+    PERFORM keyturn._batch_check_arrays(n, cardinality(p_receipts), 'action_ids and receipts');
+    PERFORM keyturn._batch_check_arrays(n, cardinality(p_retry_after), 'action_ids and retry_after');
+    v_rounds := keyturn._batch_rounds(p_ids);
+    IF v_rounds IS NULL THEN
+        RETURN QUERY
+        SELECT p_ids[c.ord], c.status, c.problem
+          FROM keyturn._complete_set(p_tenant, ARRAY(SELECT generate_series(1, n)), p_ids, p_leases,
+                                     p_outcomes, p_receipts, p_retry_after) c
+         ORDER BY c.ord;
+        RETURN;
+    END IF;
+    FOR r IN 1 .. (SELECT max(x) FROM unnest(v_rounds) x) LOOP
+        v_idx := ARRAY(SELECT i FROM generate_subscripts(v_rounds, 1) i WHERE v_rounds[i] = r ORDER BY i);
+        SELECT v_ords || array_agg(c.ord), v_statuses || array_agg(c.status), v_errors || array_agg(c.problem)
+          INTO v_ords, v_statuses, v_errors
+          FROM keyturn._complete_set(p_tenant, v_idx, keyturn._batch_pick(p_ids, v_idx),
+                                     keyturn._batch_pick(p_leases, v_idx),
+                                     keyturn._batch_pick(p_outcomes, v_idx),
+                                     keyturn._batch_pick(p_receipts, v_idx),
+                                     keyturn._batch_pick(p_retry_after, v_idx)) c;
+    END LOOP;
+    RETURN QUERY
+    SELECT p_ids[c.ord], c.status, c.error
+      FROM unnest(v_ords, v_statuses, v_errors) AS c (ord, status, error)
+     ORDER BY c.ord;
+END
+$$;
+
+-- keyturn.complete_many(action_ids, lease_ids, outcomes, receipts, retry_after):
+-- per element, exactly keyturn.complete (a NULL receipt is '{}', a NULL
+-- retry_after the database's backoff, as there). status = the new status and
+-- error NULL; or status NULL and error '<SQLSTATE> ...' (55000 wrong/lapsed
+-- lease or status, e.g. already swept to uncertain; 22023 bad outcome word,
+-- negative retry_after, or a receipt keyturn cannot store) with nothing
+-- changed for that element. Planned once per backend, as complete.
+CREATE OR REPLACE FUNCTION keyturn.complete_many(action_ids uuid[], lease_ids uuid[], outcomes text[],
+                                      receipts jsonb[], retry_after interval[])
+RETURNS TABLE (action_id uuid, status text, error text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('complete_many');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._complete_many(NULL, complete_many.action_ids, complete_many.lease_ids,
+                                                      complete_many.outcomes, complete_many.receipts,
+                                                      complete_many.retry_after);
+END
+$$;
+
+
+-- ==== sql/062_dispatch_for.sql ====
+
+-- The dispatcher's and the operator's calls with the tenant named (an
+-- addition to the dispatcher protocol, docs/sql-api.md, "Dispatching tenant
+-- by tenant").
+--
+-- Once keyturn's own tables are distributed by tenant (Citus, layout B,
+-- docs/scale-out.md), every call that changes an action must run whole on
+-- the worker that holds its tenant's shards: the lifecycle trigger fires
+-- there, and it writes the event only in the backend that ran keyturn's
+-- call. keyturn.citus_distribute() registers each call below with Citus so
+-- that it is sent there (force_delegation), and Citus then pins every
+-- statement of the call to that tenant. So each takes the tenant first, and
+-- keyturnd, which asks keyturn.dispatch_by_tenant() at start, finds the
+-- tenants with work due (tenants_due) and calls them tenant by tenant.
+--
+-- Each is its plain form with every statement limited to the tenant named:
+-- the plain and the tenant-explicit forms run the same code
+-- (keyturn._lease, _begin_many, _complete_many, _sweep, _reconcile,
+-- _attachments_of, _file_content_of), whose statements say "p_tenant IS
+-- NULL OR x.tenant = p_tenant". Only the due scan is a query of its own
+-- (keyturn._due_for, sql/060_dispatch.sql). An element of another tenant is answered as an
+-- unknown action (55000); nothing of another tenant is read or changed.
+--
+-- Authorized by role alone, as the plain calls: the dispatcher's and the
+-- operator's calls act for every tenant, and the tenant only routes. A call
+-- without its tenant is refused (22023, keyturn._require_tenant, in Rust:
+-- extension/src/route_guard.rs, one rule for every _for call): a NULL would
+-- mean every tenant to the statements it shares with the plain call.
+
+-- The tenants with dispatcher work due, oldest work first: to_lease counts
+-- the queued actions due now whose tool's provider is in providers (NULL =
+-- any), to_sweep what the sweep would move on or delete (pending past
+-- expiry, a lease lapsed, an unbound file a day old). A plain read of every
+-- shard without locks: a hint of where to call lease_for and sweep_for,
+-- which decide on the locked rows.
+CREATE OR REPLACE FUNCTION keyturn.tenants_due(providers text[] DEFAULT NULL, max_tenants int DEFAULT 100)
+RETURNS TABLE (tenant text, to_lease bigint, to_sweep bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF tenants_due.max_tenants IS NULL OR tenants_due.max_tenants NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'keyturn: max_tenants must be from 1 to 10000, not %', tenants_due.max_tenants
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._refuse_nested('tenants_due');
+    RETURN QUERY
+    SELECT d.tenant, sum(d.lease)::bigint, sum(d.sweep)::bigint
+      FROM (SELECT o.tenant, 1 AS lease, 0 AS sweep, o.next_attempt_at AS due
+              FROM keyturn.open_action o
+              JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
+             WHERE o.status = 'queued' AND o.next_attempt_at <= v_now AND a.status = 'queued'
+               AND (tenants_due.providers IS NULL OR EXISTS (
+                        SELECT 1 FROM keyturn.tool_version v
+                         WHERE v.tool = a.tool AND v.version = a.tool_version
+                           AND v.provider = ANY (tenants_due.providers)))
+            UNION ALL
+            SELECT o.tenant, 0, 1, o.expires_at FROM keyturn.open_action o
+             WHERE o.status = 'pending' AND o.expires_at < v_now
+            UNION ALL
+            SELECT o.tenant, 0, 1, o.lease_expires_at FROM keyturn.open_action o
+             WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
+            UNION ALL
+            SELECT f.tenant, 0, 1, f.staged_at FROM keyturn.staged_file f
+             WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours') d
+     GROUP BY d.tenant
+     ORDER BY min(d.due), d.tenant
+     LIMIT tenants_due.max_tenants;
+END
+$$;
+
+-- in_tenant, since "tenant" names a column it returns.
+CREATE OR REPLACE FUNCTION keyturn.lease_for(in_tenant text, worker text, max_jobs int DEFAULT 16,
+                                  lease_for interval DEFAULT '30 seconds', providers text[] DEFAULT NULL)
+RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
+               idempotency_key text, attempt int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(lease_for.in_tenant, 'lease_for');
+    RETURN QUERY SELECT * FROM keyturn._lease('lease_for', lease_for.in_tenant, lease_for.worker, lease_for.max_jobs,
+                                              lease_for.lease_for, lease_for.providers);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.begin_dispatch_for(tenant text, action_id uuid, lease_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r record;
+BEGIN
+    PERFORM keyturn._require_tenant(begin_dispatch_for.tenant, 'begin_dispatch_for');
+    PERFORM keyturn._refuse_nested('begin_dispatch_for');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    SELECT * INTO r FROM keyturn._begin_set(begin_dispatch_for.tenant, '{1}', ARRAY[begin_dispatch_for.action_id],
+                                            ARRAY[begin_dispatch_for.lease_id]);
+    PERFORM keyturn._raise_lease_problem(r.problem);
+    RETURN r.dispatch;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.begin_dispatch_many_for(tenant text, action_ids uuid[], lease_ids uuid[])
+RETURNS TABLE (action_id uuid, dispatch boolean, error text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(begin_dispatch_many_for.tenant, 'begin_dispatch_many_for');
+    PERFORM keyturn._refuse_nested('begin_dispatch_many_for');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._begin_many(begin_dispatch_many_for.tenant, begin_dispatch_many_for.action_ids,
+                                                   begin_dispatch_many_for.lease_ids);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.complete_for(tenant text, action_id uuid, lease_id uuid, outcome text,
+                                     receipt jsonb DEFAULT '{}', retry_after interval DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_error text := keyturn._complete_args_error(complete_for.outcome, complete_for.retry_after, complete_for.receipt);
+    r       record;
+BEGIN
+    PERFORM keyturn._require_tenant(complete_for.tenant, 'complete_for');
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_error USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._refuse_nested('complete_for');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    SELECT * INTO r FROM keyturn._complete_set(complete_for.tenant, '{1}', ARRAY[complete_for.action_id],
+                                               ARRAY[complete_for.lease_id], ARRAY[complete_for.outcome],
+                                               ARRAY[complete_for.receipt], ARRAY[complete_for.retry_after]);
+    -- Only a lease problem is left: the arguments were checked above.
+    PERFORM keyturn._raise_lease_problem(substr(r.problem, 7));
+    RETURN r.status;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.complete_many_for(tenant text, action_ids uuid[], lease_ids uuid[], outcomes text[],
+                                          receipts jsonb[], retry_after interval[])
+RETURNS TABLE (action_id uuid, status text, error text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(complete_many_for.tenant, 'complete_many_for');
+    PERFORM keyturn._refuse_nested('complete_many_for');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._complete_many(complete_many_for.tenant, complete_many_for.action_ids,
+                                                      complete_many_for.lease_ids, complete_many_for.outcomes,
+                                                      complete_many_for.receipts, complete_many_for.retry_after);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.sweep_for(tenant text)
+RETURNS TABLE (expired int, requeued int, uncertain int, files int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(sweep_for.tenant, 'sweep_for');
+    PERFORM keyturn._refuse_nested('sweep_for');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    RETURN QUERY SELECT * FROM keyturn._sweep(sweep_for.tenant);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.attachments_for(tenant text, action_id uuid, lease_id uuid)
+RETURNS TABLE (param text, ord int, file_id uuid, sha256 text, filename text, content_type text, size bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(attachments_for.tenant, 'attachments_for');
+    RETURN QUERY SELECT * FROM keyturn._attachments_of('attachments_for', attachments_for.tenant,
+                                                       attachments_for.action_id, attachments_for.lease_id);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.file_content_for(tenant text, action_id uuid, lease_id uuid, file_id uuid)
+RETURNS bytea
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(file_content_for.tenant, 'file_content_for');
+    RETURN keyturn._file_content_of('file_content_for', file_content_for.tenant, file_content_for.action_id,
+                                    file_content_for.lease_id, file_content_for.file_id);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.reconcile_for(tenant text, action_id uuid, outcome text, note text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(reconcile_for.tenant, 'reconcile_for');
+    RETURN keyturn._reconcile('reconcile_for', reconcile_for.tenant, reconcile_for.action_id,
+                              reconcile_for.outcome, reconcile_for.note);
+END
+$$;
+
+
+-- ==== sql/070_deployment.sql ====
+
+-- keyturn.check_deployment(): what a live database gets wrong (docs/operations.md,
+-- "Checking a deployment").
+--
+-- keyturn's rules hold inside its functions; some depend on how the
+-- database around them is set up. This lists every such problem it can see,
+-- one row each: 'error' breaks a guarantee keyturn states, 'warning' weakens
+-- one or needs a person to confirm it is intended.
+
+-- The tables the current version of some sql tool writes. plpgsql, not sql:
+-- an SQL function would be inlined into check_deployment's query, and Citus
+-- refuses a query whose distributed tables (keyturn's, on layout B) appear
+-- only once the planner has inlined it.
+CREATE OR REPLACE FUNCTION keyturn._gated_tables()
+RETURNS TABLE (relid oid, tools text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT to_regclass(format('%I.%I', v.sql_schema, v.sql_table))::oid,
+           string_agg(v.tool, ', ' ORDER BY v.tool)
+      FROM keyturn.tool t
+      JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     WHERE v.executor = 'sql' AND to_regclass(format('%I.%I', v.sql_schema, v.sql_table)) IS NOT NULL
+     GROUP BY 1;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.check_deployment()
+RETURNS TABLE (severity text, object text, problem text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('check_deployment');
+    IF NOT pg_has_role(keyturn._calling_role(), 'keyturn_admin', 'USAGE') THEN
+        RAISE EXCEPTION 'keyturn: check_deployment needs a superuser or the keyturn_admin role'
+            USING ERRCODE = '42501';
+    END IF;
+    RETURN QUERY
+    WITH problems (severity, object, problem) AS (
+        -- Agents that can change a gated table other than through the form,
+        -- or attach code that runs inside an approved write.
+        SELECT 'error', g.relid::regclass::text,
+               p || ' (gated by ' || g.tools || '); an agent could run code as the approver inside an approved write'
+          FROM keyturn._gated_tables() g, keyturn._agent_table_problems(g.relid) p
+        UNION ALL
+        -- Code on gated tables.
+        SELECT CASE WHEN n.nspname LIKE 'pg\_temp\_%' OR pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
+                         AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner)
+                    THEN 'error' ELSE 'warning' END,
+               f.oid::regprocedure::text,
+               CASE WHEN n.nspname LIKE 'pg\_temp\_%'
+                        THEN format('trigger %s on %s calls a function in a temporary schema', tg.tgname, g.relid::regclass)
+                    WHEN pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
+                         AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner)
+                        THEN format('trigger %s on %s calls a function owned by agent role %s', tg.tgname, g.relid::regclass, f.proowner::regrole)
+                    ELSE format('trigger function of %s on %s is SECURITY DEFINER without a pinned search_path', tg.tgname, g.relid::regclass)
+               END
+          FROM keyturn._gated_tables() g
+          JOIN pg_trigger tg ON tg.tgrelid = g.relid AND NOT tg.tgisinternal
+          JOIN pg_proc f ON f.oid = tg.tgfoid
+          JOIN pg_namespace n ON n.oid = f.pronamespace
+         WHERE n.nspname LIKE 'pg\_temp\_%'
+            OR (pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
+                AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner))
+            OR (f.prosecdef AND NOT coalesce(array_to_string(f.proconfig, ',') LIKE '%search_path=%', false))
+        UNION ALL
+        -- Version columns nothing maintains.
+        SELECT 'warning', format('tool %s', v.tool),
+               format('version column %s of %I.%I is not changed by any BEFORE UPDATE trigger, so a conflicting edit may go unseen',
+                      v.sql_version, v.sql_schema, v.sql_table)
+          FROM keyturn.tool t
+          JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+         WHERE v.executor = 'sql' AND v.sql_version <> 'xmin'
+           AND NOT EXISTS (SELECT 1 FROM pg_trigger tg
+                            WHERE tg.tgrelid = to_regclass(format('%I.%I', v.sql_schema, v.sql_table))
+                              AND NOT tg.tgisinternal AND (tg.tgtype & 2) <> 0 AND (tg.tgtype & 16) <> 0
+                              AND (tg.tgtype & 1) <> 0)
+        UNION ALL
+        -- Logins that serve both sides.
+        SELECT 'error', r.rolname::text,
+               'login inherits both keyturn_agent and keyturn_approver: a process holding it proposes and approves; make it NOINHERIT or split it'
+          FROM pg_roles r
+         WHERE r.rolcanlogin AND NOT r.rolsuper
+           AND pg_has_role(r.oid, 'keyturn_agent', 'USAGE') AND pg_has_role(r.oid, 'keyturn_approver', 'USAGE')
+        UNION ALL
+        SELECT 'warning', r.rolname::text,
+               'login may SET ROLE to both an agent and an approver role (NOINHERIT, as a PostgREST authenticator): make sure the agent''s process can never choose the approver role'
+          FROM pg_roles r
+         WHERE r.rolcanlogin AND NOT r.rolsuper
+           AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') AND pg_has_role(r.oid, 'keyturn_approver', 'MEMBER')
+           AND NOT (pg_has_role(r.oid, 'keyturn_agent', 'USAGE') AND pg_has_role(r.oid, 'keyturn_approver', 'USAGE'))
+        UNION ALL
+        -- Roles that bypass row-level security on keyturn's side.
+        SELECT 'warning', r.rolname::text,
+               format('role bypasses row-level security and is a member of %s: it sees every tenant''s rows in keyturn''s tables it may read',
+                      CASE WHEN pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') THEN 'keyturn_agent' ELSE 'keyturn_approver' END)
+          FROM pg_roles r
+         WHERE r.rolbypassrls AND NOT r.rolsuper
+           AND (pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') OR pg_has_role(r.oid, 'keyturn_approver', 'MEMBER'))
+        UNION ALL
+        -- Identity that is not transaction-local by default.
+        SELECT 'error',
+               format('setting %s', split_part(cfg, '=', 1)),
+               format('set by ALTER %s ... SET: every connection of %s starts with this identity, and a pooler hands it to the next client',
+                      CASE WHEN s.setrole = 0 THEN 'DATABASE' ELSE 'ROLE' END,
+                      CASE WHEN s.setrole = 0 THEN coalesce((SELECT datname FROM pg_database WHERE oid = s.setdatabase)::text, 'every database')
+                           ELSE s.setrole::regrole::text END)
+          FROM pg_db_role_setting s, unnest(s.setconfig) cfg
+         WHERE split_part(cfg, '=', 1) IN ('keyturn.tenant', 'keyturn.principal', 'keyturn.session', 'request.jwt.claims')
+           AND (s.setdatabase = 0 OR s.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database()))
+        UNION ALL
+        SELECT 'error', format('setting %s', c.name),
+               format('set in %s: every connection starts with this identity', coalesce(c.sourcefile, c.source))
+          FROM pg_settings c
+         WHERE c.name IN ('keyturn.tenant', 'keyturn.principal', 'keyturn.session', 'request.jwt.claims')
+           AND c.source IN ('configuration file', 'command line', 'environment variable')
+           AND coalesce(c.reset_val, '') <> ''
+        UNION ALL
+        -- A claim path into what the signed-in user may edit (Supabase's
+        -- user_metadata) lets the caller choose its own identity.
+        SELECT 'error', format('setting %s', p.name),
+               format('points into %s, which the user may edit: a caller would choose this identity; use a claim only the issuer sets (app_metadata)',
+                      current_setting(p.name, true))
+          FROM (VALUES ('keyturn.claim_tenant'), ('keyturn.claim_principal'), ('keyturn.claim_session')) p (name)
+         WHERE coalesce(current_setting(p.name, true), '') ~ '^user_metadata(\.|$)'
+        UNION ALL
+        SELECT 'warning', 'setting keyturn.allow_session_identity',
+               'session-level identity is accepted: only safe while no connection is ever shared (no pooler, no reused connection)'
+         WHERE coalesce(current_setting('keyturn.allow_session_identity', true), 'off') = 'on'
+           OR EXISTS (SELECT 1 FROM pg_db_role_setting s, unnest(s.setconfig) cfg
+                       WHERE cfg = 'keyturn.allow_session_identity=on')
+        UNION ALL
+        -- Writes to keyturn's own tables, and reads of its secret.
+        SELECT 'error', format('%I.%I', t.table_schema, t.table_name),
+               format('role %s holds %s on it: only keyturn''s functions may change keyturn''s tables', t.grantee, t.privilege_type)
+          FROM information_schema.role_table_grants t
+         WHERE t.table_schema IN ('keyturn', 'keyturn_secret')
+           AND t.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'TRIGGER', 'REFERENCES')
+           AND NOT EXISTS (SELECT 1 FROM pg_roles o WHERE o.rolname = t.grantee AND o.rolsuper)
+        UNION ALL
+        SELECT 'error', r.rolname::text,
+               'role is a member of pg_write_all_data: it may change keyturn''s tables directly, around every rule'
+          FROM pg_roles r
+         WHERE NOT r.rolsuper AND r.oid >= 16384
+           AND pg_has_role(r.oid, 'pg_write_all_data', 'MEMBER')
+        UNION ALL
+        -- The predefined roles (oids below FirstNormalObjectId, 16384) are not
+        -- reported themselves: their members are.
+        SELECT 'error', 'keyturn_secret.approval_key',
+               format('role %s may read the approval key: it could forge approvals', r.rolname)
+          FROM pg_roles r
+         WHERE NOT r.rolsuper AND r.oid >= 16384
+           AND (has_table_privilege(r.oid, 'keyturn_secret.approval_key', 'SELECT')
+                OR has_schema_privilege(r.oid, 'keyturn_secret', 'USAGE, CREATE'))
+        UNION ALL
+        SELECT 'error', format('%I.%I', t.table_schema, t.table_name),
+               format('role %s (%s) may SELECT it: dispatchers, operators and admins reach keyturn only through its functions',
+                      t.grantee, string_agg(DISTINCT k.rolname, ', '))
+          FROM information_schema.role_table_grants t
+          JOIN pg_roles g ON g.rolname = t.grantee
+          JOIN pg_roles k ON k.rolname IN ('keyturn_dispatcher', 'keyturn_operator', 'keyturn_admin')
+                         AND pg_has_role(g.oid, k.oid, 'MEMBER')
+         WHERE t.table_schema = 'keyturn' AND t.privilege_type = 'SELECT' AND NOT g.rolsuper
+           AND NOT pg_has_role(g.oid, 'keyturn_agent', 'MEMBER')
+           AND NOT pg_has_role(g.oid, 'keyturn_approver', 'MEMBER')
+         GROUP BY t.table_schema, t.table_name, t.grantee
+        UNION ALL
+        -- Gated tables that Citus distributes, and the workers (sql/071_citus.sql).
+        SELECT c.severity, c.object, c.problem FROM keyturn._citus_problems() c
+    )
+    SELECT p.severity, p.object, p.problem FROM problems p
+     ORDER BY CASE p.severity WHEN 'error' THEN 0 ELSE 1 END, p.object, p.problem;
+END
+$$;
+
+
+-- ==== sql/071_citus.sql ====
+
+-- keyturn on Citus (docs/scale-out.md): check_deployment's part for Citus,
+-- the dispatcher's question whether to go tenant by tenant, and
+-- citus_distribute, which lays keyturn's own tables out by tenant (layout
+-- B). What Citus says about a table is sql/012_citus_catalog.sql.
+--
+-- The extension never depends on Citus: without it in this database every
+-- function here answers nothing, and Citus's catalog and functions are only
+-- reached through EXECUTE, once its presence is known.
+
+-- Whether every backend of this node loads pg_keyturn when it starts
+-- (shared_preload_libraries, or session_preload_libraries), so that its
+-- planner hook runs before Citus plans any statement: the hook refuses a
+-- tenant-explicit call whose tenant is NULL, which Citus would otherwise
+-- hash as text and crash on (extension/src/route_guard.rs). A backend that
+-- loads pg_keyturn later is protected only from then on.
+CREATE OR REPLACE FUNCTION keyturn._preloaded()
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT concat_ws(',', current_setting('shared_preload_libraries', true),
+                     current_setting('session_preload_libraries', true))
+           ~ '(^|,)\s*(\$libdir/)?pg_keyturn(\.so)?\s*(,|$)'
+$$;
+
+-- What every node must agree on for identity to resolve alike everywhere:
+-- pg_keyturn's version and the settings that read identity. Calling
+-- current_tenant() first loads pg_keyturn in this backend, so its settings
+-- are defined here even on a worker's fresh connection.
+CREATE OR REPLACE FUNCTION keyturn._citus_node_settings()
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    PERFORM keyturn.current_tenant();
+    RETURN format('%s|%s|%s|%s|%s|%s|%s', (SELECT extversion FROM pg_extension WHERE extname = 'pg_keyturn'),
+                  current_setting('keyturn.claim_tenant', true), current_setting('keyturn.claim_principal', true),
+                  current_setting('keyturn.claim_session', true), current_setting('keyturn.claim_numbers', true),
+                  current_setting('keyturn.allow_session_identity', true), keyturn._preloaded());
+END
+$$;
+
+-- check_deployment's part for Citus: the gated tables Citus distributes, and
+-- what the workers must share with the coordinator. Severity as there.
+-- VOLATILE: it asks the workers.
+CREATE OR REPLACE FUNCTION keyturn._citus_problems()
+RETURNS TABLE (severity text, object text, problem text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_coord text;
+    w       record;
+BEGIN
+    IF NOT keyturn._citus_present() THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    SELECT 'error', format('tool %s', v.tool), p
+      FROM keyturn.tool t
+      JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     CROSS JOIN LATERAL keyturn._citus_table_problems(
+               to_regclass(format('%I.%I', v.sql_schema, v.sql_table)), v.sql_key, v.sql_version,
+               v.sql_set, v.sql_types) p
+     WHERE v.executor = 'sql' AND to_regclass(format('%I.%I', v.sql_schema, v.sql_table)) IS NOT NULL;
+
+    -- Routing: without the distribution column in the form, Citus cannot
+    -- tell which shard the write touches and runs it on all of them, in a
+    -- two-phase commit over every worker (docs/scale-out.md, "Throughput").
+    RETURN QUERY
+    SELECT 'warning', format('tool %s', v.tool),
+           format('the form cannot name %s, the distribution column of %s: every approval runs on every shard, in a two-phase commit over all workers; add it to spec.sql.where and have the agent fill it in',
+                  quote_ident(c.dist_column), format('%I.%I', v.sql_schema, v.sql_table))
+      FROM keyturn.tool t
+      JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     CROSS JOIN LATERAL keyturn._citus_table(to_regclass(format('%I.%I', v.sql_schema, v.sql_table))) c
+     WHERE v.executor = 'sql' AND c.dist_column IS NOT NULL AND NOT c.dist_column = ANY (v.sql_where);
+
+    -- Code on a distributed gated table runs on the workers, per shard, as
+    -- the approver, inside the approved write.
+    RETURN QUERY
+    SELECT 'warning', g.relid::regclass::text,
+           format('trigger %s runs on the workers, in each shard, inside the approved write (citus.enable_unsafe_triggers): it must touch only rows of the same shard (colocated tables, the same tenant); a statement without the tenant fans out to every node from inside the write',
+                  tg.tgname)
+      FROM keyturn._gated_tables() g
+     CROSS JOIN LATERAL keyturn._citus_table(g.relid) c
+      JOIN pg_trigger tg ON tg.tgrelid = g.relid AND NOT tg.tgisinternal
+     WHERE c.method = 'h' AND NOT c.reference;
+
+    RETURN QUERY
+    SELECT 'warning', g.relid::regclass::text,
+           format('reference table gated by %s: every approval writes every node, in a two-phase commit', g.tools)
+      FROM keyturn._gated_tables() g
+     CROSS JOIN LATERAL keyturn._citus_table(g.relid) c
+     WHERE c.reference;
+
+    -- The application's own statements on distributed tables (an agent's
+    -- reads under RLS) reach the workers with its identity only as
+    -- propagated SET LOCALs; keyturn re-asserts identity for its own.
+    IF coalesce((SELECT s.reset_val FROM pg_settings s WHERE s.name = 'citus.propagate_set_commands'), 'none') <> 'local'
+       AND EXISTS (SELECT 1 FROM keyturn._gated_tables() g CROSS JOIN LATERAL keyturn._citus_table(g.relid) c
+                    WHERE NOT c.reference) THEN
+        RETURN QUERY SELECT 'warning', 'setting citus.propagate_set_commands',
+            'is not ''local'' for this login: the application''s own statements on distributed tables see no identity on the workers (row-level security there finds no tenant); set it to local and assert identity with SET LOCAL (docs/scale-out.md)';
+    END IF;
+
+    -- Distributed, every _for call is routed by Citus, which crashes on a NULL
+    -- tenant unless pg_keyturn's planner hook refused it first.
+    IF keyturn.dispatch_by_tenant() AND NOT keyturn._preloaded() THEN
+        RETURN QUERY SELECT 'error', 'setting shared_preload_libraries',
+            'does not load pg_keyturn: a tenant-explicit call with a NULL tenant, which any role that may make one can send, crashes the backend in Citus''s routing and restarts every connection of the node; set shared_preload_libraries = ''citus,pg_keyturn'' on every node and restart them (docs/scale-out.md)';
+    END IF;
+
+    -- Every worker resolves identity itself (RLS calls keyturn.current_tenant()
+    -- there), from the settings keyturn propagates: it needs pg_keyturn at the
+    -- coordinator's version and the same claim settings.
+    v_coord := keyturn._citus_node_settings();
+    BEGIN
+        FOR w IN EXECUTE
+            'SELECT nodename, nodeport, success, result
+               FROM pg_catalog.run_command_on_workers(''SELECT keyturn._citus_node_settings()'')'
+        LOOP
+            IF NOT w.success THEN
+                RETURN QUERY SELECT 'error', format('worker %s:%s', w.nodename, w.nodeport),
+                    format('pg_keyturn is missing or differs there (keyturn._citus_node_settings() failed: %s): row-level security on that worker cannot resolve identity as here',
+                           w.result);
+            ELSIF w.result IS DISTINCT FROM v_coord THEN
+                RETURN QUERY SELECT 'error', format('worker %s:%s', w.nodename, w.nodeport),
+                    format('pg_keyturn version, identity settings or preloading (version|claim_tenant|claim_principal|claim_session|claim_numbers|allow_session_identity|preloaded) are %s there, %s here: row-level security on that worker would resolve another identity, or a call with a NULL tenant could crash a backend there; set them alike on every node',
+                           w.result, v_coord);
+            END IF;
+        END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+        RETURN QUERY SELECT 'warning', 'citus workers',
+            format('could not compare keyturn''s version and identity settings with the workers: %s', SQLERRM);
+    END;
+END
+$$;
+
+-- Whether keyturn's own tables are distributed by tenant (layout B): the
+-- dispatcher must then call the tenant-explicit forms, tenant by tenant
+-- (sql/062_dispatch_for.sql). keyturnd asks this at start and whenever a
+-- lease fails.
+CREATE OR REPLACE FUNCTION keyturn.dispatch_by_tenant()
+RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM keyturn._citus_table('keyturn.action'::regclass) c WHERE c.dist_column = 'tenant');
+END
+$$;
+
+-- The nodes besides this one whose notifications keyturnd must hear: in
+-- layout B an approval's wake-up (NOTIFY keyturn_dispatch) is sent on the
+-- worker that holds the tenant's shards, where the delegated call commits,
+-- and a notification is heard only on the node that sent it. Empty
+-- otherwise. The names are those this node reaches the workers by.
+CREATE OR REPLACE FUNCTION keyturn.dispatch_nodes()
+RETURNS TABLE (host text, port int)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT keyturn.dispatch_by_tenant() THEN
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE
+        'SELECT n.nodename::text, n.nodeport::int FROM pg_catalog.pg_dist_node n
+          WHERE n.isactive AND n.noderole = ''primary''
+            AND n.groupid <> (SELECT l.groupid FROM pg_catalog.pg_dist_local_group l)
+          ORDER BY n.nodeid';
+END
+$$;
+
+-- Layout B in one call (docs/scale-out.md): keyturn's tables that hold no
+-- tenant become reference tables, its tenant tables are distributed by
+-- tenant, colocated with colocate_with (a business table distributed by its
+-- text tenant column), and every tenant-explicit call (propose_for, …,
+-- lease_for, …) is registered so that Citus sends it whole to the tenant's
+-- worker. For the coordinator's superuser, once, with keyturnd stopped;
+-- what is done already is skipped, so it may run again. Returns what it did.
+--
+-- The foreign keys from keyturn's tables to its tables without a tenant go:
+-- with them Citus converts every table they join and fails on the
+-- extension's own objects, and they cannot be added back, since every
+-- worker's copy of the extension still holds them. keyturn's functions,
+-- the only writers of these tables, keep what they kept.
+CREATE OR REPLACE FUNCTION keyturn.citus_distribute(colocate_with regclass)
+RETURNS TABLE (object text, done text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c         record;
+    r         record;
+    delegated boolean;
+BEGIN
+    IF NOT keyturn._citus_present() THEN
+        RAISE EXCEPTION 'keyturn: Citus is not installed in this database'
+            USING ERRCODE = '55000',
+                  HINT = 'CREATE EXTENSION citus on every node and add the workers first (docs/scale-out.md).';
+    END IF;
+    IF NOT keyturn._preloaded() THEN
+        RAISE EXCEPTION 'keyturn: pg_keyturn is not in shared_preload_libraries'
+            USING ERRCODE = '55000',
+                  HINT = 'Distributed, every _for call is routed by Citus, which crashes a backend on a NULL tenant unless pg_keyturn refused it first (docs/scale-out.md): set shared_preload_libraries = ''citus,pg_keyturn'' on every node and restart them.';
+    END IF;
+    SELECT * INTO c FROM keyturn._citus_table(citus_distribute.colocate_with);
+    IF NOT FOUND OR c.method <> 'h'
+       OR (SELECT a.atttypid FROM pg_attribute a
+            WHERE a.attrelid = citus_distribute.colocate_with AND a.attname = c.dist_column) <> 'text'::regtype THEN
+        RAISE EXCEPTION 'keyturn: % is not a table Citus distributes by a text column', citus_distribute.colocate_with
+            USING ERRCODE = '22023',
+                  HINT = 'Name the business table distributed by its tenant: create_distributed_table(''…'', ''tenant'').';
+    END IF;
+    -- Distributing a table that has triggers (the lifecycle and the
+    -- append-only guards) needs it; they run on every shard.
+    PERFORM set_config('citus.enable_unsafe_triggers', 'on', true);
+    -- Made on first use otherwise, by the first approval: on a worker, in a
+    -- delegated call, which cannot write a reference table.
+    PERFORM keyturn._ensure_approval_key();
+
+    FOR r IN SELECT k.conrelid::regclass AS tbl, k.conname
+               FROM pg_constraint k
+              WHERE k.contype = 'f' AND k.connamespace = 'keyturn'::regnamespace
+                AND NOT EXISTS (SELECT 1 FROM pg_attribute a
+                                 WHERE a.attrelid = k.confrelid AND a.attname = 'tenant' AND NOT a.attisdropped)
+              ORDER BY 1, 2 LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', r.tbl, r.conname);
+        RETURN QUERY SELECT format('%s.%s', r.tbl, r.conname), 'foreign key dropped';
+    END LOOP;
+
+    FOR r IN SELECT k.oid::regclass AS tbl,
+                    EXISTS (SELECT 1 FROM pg_attribute a
+                             WHERE a.attrelid = k.oid AND a.attname = 'tenant' AND NOT a.attisdropped) AS tenant
+               FROM pg_class k
+              WHERE k.relnamespace IN ('keyturn'::regnamespace, 'keyturn_secret'::regnamespace) AND k.relkind = 'r'
+                AND NOT EXISTS (SELECT 1 FROM keyturn._citus_table(k.oid))
+              -- The tables without a tenant first, then action, which
+              -- staged_payload's foreign key names.
+              ORDER BY 2, k.relname <> 'action', 1 LOOP
+        IF r.tenant THEN
+            EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''tenant'', colocate_with => $2)'
+                USING r.tbl, citus_distribute.colocate_with::text;
+            RETURN QUERY SELECT r.tbl::text, format('distributed by tenant, colocated with %s', citus_distribute.colocate_with);
+        ELSE
+            EXECUTE 'SELECT pg_catalog.create_reference_table($1)' USING r.tbl;
+            RETURN QUERY SELECT r.tbl::text, 'reference table';
+        END IF;
+    END LOOP;
+
+    FOR r IN SELECT f.oid::regprocedure AS fn
+               FROM pg_proc f
+              WHERE f.pronamespace = 'keyturn'::regnamespace AND f.proname ~ '^[a-z].*_for$'
+                AND f.proargtypes[0] = 'text'::regtype
+              ORDER BY 1 LOOP
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object o
+                                  WHERE o.classid = ''pg_proc''::regclass AND o.objid = $1
+                                    AND o.distribution_argument_index IS NOT NULL)'
+            INTO delegated USING r.fn;
+        CONTINUE WHEN delegated;
+        EXECUTE 'SELECT pg_catalog.create_distributed_function($1, ''$1'', colocate_with => ''keyturn.action'',
+                                                               force_delegation => true)'
+            USING r.fn;
+        RETURN QUERY SELECT r.fn::text, 'sent whole to the tenant''s worker (force_delegation)';
+    END LOOP;
+END
+$$;
+
+
+-- ==== sql/080_comments.sql ====
+
+-- What a DBA sees in \d+ and \df+: every schema, table, type, public
+-- function and role of keyturn says what it is for. The reference is
+-- docs/sql-api.md; these are the one-line reminders.
+
+COMMENT ON SCHEMA keyturn IS
+    'keyturn: a human-approval gate for AI-agent writes. Agents propose, people approve exactly what was proposed, once; state changes only through these functions (docs/sql-api.md).';
+COMMENT ON SCHEMA keyturn_secret IS
+    'keyturn''s approval key. No role but the extension owner may read it; keyturn.check_deployment() reports any grant.';
+COMMENT ON TYPE keyturn.status IS
+    'The status of an action. Legal changes: keyturn.transition. Final: keyturn._is_final().';
+
+COMMENT ON TABLE keyturn.transition IS 'Every legal status change of an action; the status guard refuses any other.';
+COMMENT ON TABLE keyturn.tool IS 'Registered tools (global): the current version and whether it is enabled.';
+COMMENT ON TABLE keyturn.tool_version IS 'Every registered version of every tool, immutable; proposals are bound to one.';
+COMMENT ON TABLE keyturn.member IS 'Who belongs to which tenant, as member, approver or admin.';
+COMMENT ON TABLE keyturn.tool_grant IS 'Which principal may propose (and approve) which tool, with an optional scope, end and number of uses.';
+COMMENT ON TABLE keyturn.auth_epoch IS 'Per principal, bumped on every real membership or grant change; a changed epoch invalidates proposals.';
+COMMENT ON TABLE keyturn.cancelled_origin IS 'Conversations that ended (cancelled or archived): they start no new actions.';
+COMMENT ON TABLE keyturn.request IS 'Human messages recorded by the human side: the approval of task tools'' calls.';
+COMMENT ON TABLE keyturn.action IS 'Immutable proposals and their lifecycle. Columns fixed at propose time never change.';
+COMMENT ON TABLE keyturn.open_action IS 'The work list: one narrow row per action that is not final, kept by the lifecycle trigger.';
+COMMENT ON TABLE keyturn.action_target IS 'sql tools: each target''s key and before-state version, fixed at propose time.';
+COMMENT ON TABLE keyturn.staged_payload IS 'Digest-retained external actions: the approved params, from approve until a final status.';
+COMMENT ON TABLE keyturn.vote IS 'Quorum votes, one per principal and action.';
+COMMENT ON TABLE keyturn.delegation IS 'Standing approvals: what a person approves in advance, within a scope, uses and time.';
+COMMENT ON TABLE keyturn.staged_file IS 'Private attachments: the bytes, bound to one action, deleted with its final status.';
+COMMENT ON TABLE keyturn.projection IS 'Read-side projections: the current version per provider.';
+COMMENT ON TABLE keyturn.projection_version IS 'Every registered projection spec: which fields of a provider''s data may reach a prompt.';
+COMMENT ON TABLE keyturn.attempt IS 'One row per provider attempt; kept after reconciliation.';
+COMMENT ON TABLE keyturn.event IS 'The audit log: one row per status change (and per quorum vote); append-only, even for the owner.';
+COMMENT ON TABLE keyturn.usage IS 'Metering: one row per action that reached succeeded; append-only.';
+COMMENT ON TABLE keyturn_secret.approval_key IS 'The key of the approval binding (an HMAC proving an approval, not a table write, moved an action on).';
+
+COMMENT ON FUNCTION keyturn.current_tenant() IS 'The calling tenant, from request.jwt.claims or keyturn.tenant (transaction-local only); NULL if missing.';
+COMMENT ON FUNCTION keyturn.current_principal() IS 'The calling principal, from request.jwt.claims or keyturn.principal (transaction-local only); NULL if missing.';
+COMMENT ON FUNCTION keyturn.current_session() IS 'The calling session, from request.jwt.claims or keyturn.session (transaction-local only); NULL if missing.';
+COMMENT ON FUNCTION keyturn.canonical_json(jsonb) IS 'The RFC 8785 canonical text keyturn hashes; 22023 for numbers a double cannot hold exactly.';
+COMMENT ON FUNCTION keyturn.params_hash(text, jsonb) IS 'Lowercase hex SHA-256 of the canonical form of {"params": params, "tool": tool}.';
+COMMENT ON FUNCTION keyturn.classify(text) IS 'read, write or unsupported; never errors.';
+COMMENT ON FUNCTION keyturn.register_tool(text, jsonb) IS 'Admin: creates or replaces a tool from its spec; returns the new version.';
+COMMENT ON FUNCTION keyturn.set_tool_enabled(text, boolean) IS 'Admin: enables or disables a tool; returns whether it changed.';
+COMMENT ON FUNCTION keyturn.add_member(text, text, text) IS 'Admin (platform, or the tenant''s own admin): adds or changes a member; returns whether it changed.';
+COMMENT ON FUNCTION keyturn.remove_member(text, text) IS 'Admin (platform, or the tenant''s own admin): removes a member and its grants.';
+COMMENT ON FUNCTION keyturn.grant_tool(text, text, text, jsonb, timestamptz, int) IS 'Admin: sets a grant to exactly this scope, end and number of uses; returns whether it changed.';
+COMMENT ON FUNCTION keyturn.revoke_tool(text, text, text) IS 'Admin: revokes a grant; returns whether it changed.';
+COMMENT ON FUNCTION keyturn.propose(text, jsonb, jsonb) IS 'Agent: stores an immutable proposal; returns its one-time token (and status, when a standing approval or task request approved it).';
+COMMENT ON FUNCTION keyturn.approve(uuid, text, jsonb) IS 'Human: approves exactly what was proposed, once; a replay returns the stored outcome.';
+COMMENT ON FUNCTION keyturn.propose_for(text, text, jsonb, jsonb) IS 'Agent: propose, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.reject_for(text, uuid, text, text) IS 'Human: reject, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.approve_for(text, uuid, text, jsonb) IS 'Human: approve, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text) IS 'Human: preview, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.approve_many(jsonb) IS 'Human: one card for several proposals; each element exactly approve.';
+COMMENT ON FUNCTION keyturn.preview(uuid, text) IS 'Human: the approval card''s data, read-only.';
+COMMENT ON FUNCTION keyturn.reject(uuid, text, text) IS 'Human: declines a pending proposal (a veto for quorum tools).';
+COMMENT ON FUNCTION keyturn.revise(uuid, text, jsonb) IS 'Human: edit before approve; the old proposal is superseded by a new one with its own hash and token.';
+COMMENT ON FUNCTION keyturn.pending(int) IS 'Human: the caller''s queue of pending actions, soonest expiry first. Never a token.';
+COMMENT ON FUNCTION keyturn.delegate(text, jsonb, int, interval) IS 'Human: a standing approval of the caller''s own proposals of a tool, within a scope, uses and time.';
+COMMENT ON FUNCTION keyturn.revoke_delegation(uuid) IS 'Human: ends a standing approval.';
+COMMENT ON FUNCTION keyturn.delegations() IS 'Human: the visible standing approvals, with their uses.';
+COMMENT ON FUNCTION keyturn.record_request(text, text, text, text) IS 'Human side: records the person''s message of a turn, the approval of the task tool calls it asks for.';
+COMMENT ON FUNCTION keyturn.end_session(text) IS 'Logout: cancels the caller''s pending, queued and leased actions of a session.';
+COMMENT ON FUNCTION keyturn.end_session_for(text, text) IS 'end_session, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.cancel_origin_for(text, text) IS 'cancel_origin, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.archive_conversation_for(text, text) IS 'archive_conversation, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.approve_many_for(text, jsonb) IS 'Human: approve_many, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.revise_for(text, uuid, text, jsonb) IS 'Human: revise, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.cancel_origin(text) IS 'Stops a conversation: cancels its actions and refuses later ones.';
+COMMENT ON FUNCTION keyturn.archive_conversation(text) IS 'Ends a conversation normally: cancels its actions not yet executing and refuses later ones.';
+COMMENT ON FUNCTION keyturn.action_status(uuid) IS 'An action''s status and result, if visible to the caller.';
+COMMENT ON FUNCTION keyturn.audit(uuid) IS 'An action''s events in order (operators: every action; others: what their identity may see).';
+COMMENT ON FUNCTION keyturn.stage_file(bytea, text, text) IS 'Stages an attachment''s bytes for the caller''s principal; returns its id, SHA-256 and size.';
+COMMENT ON FUNCTION keyturn.attachments(uuid, uuid) IS 'Dispatcher: the files an action sends (from its approved params, in their order), while it is leased or executing under that lease.';
+COMMENT ON FUNCTION keyturn.file_content(uuid, uuid, uuid) IS 'Dispatcher: an attachment''s bytes, only while its action is executing under that lease.';
+COMMENT ON FUNCTION keyturn.register_projection(text, jsonb) IS 'Admin: which fields of a provider''s data may reach a prompt; returns the new version.';
+COMMENT ON FUNCTION keyturn.fence(text, jsonb) IS 'A provider''s data as a fenced, projected reference block, with a fresh marker and the guard that names it.';
+COMMENT ON FUNCTION keyturn.lease(text, int, interval, text[]) IS 'Dispatcher: takes due queued actions (FOR UPDATE SKIP LOCKED) under a lease.';
+COMMENT ON FUNCTION keyturn.begin_dispatch(uuid, uuid) IS 'Dispatcher: rechecks everything and commits executing before any provider call; false: invalidated.';
+COMMENT ON FUNCTION keyturn.begin_dispatch_many(uuid[], uuid[]) IS 'Dispatcher: begin_dispatch for a batch, one answer per element.';
+COMMENT ON FUNCTION keyturn.complete(uuid, uuid, text, jsonb, interval) IS 'Dispatcher: records a provider call''s outcome (succeeded, failed, retry, unknown).';
+COMMENT ON FUNCTION keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[]) IS 'Dispatcher: complete for a batch, one answer per element.';
+COMMENT ON FUNCTION keyturn.sweep() IS 'Expires pending actions, requeues lapsed leases, marks lapsed calls uncertain, deletes unbound files.';
+COMMENT ON FUNCTION keyturn.reconcile(uuid, text, text) IS 'Operator: settles an uncertain action as succeeded or failed, with a note.';
+COMMENT ON FUNCTION keyturn.uncertain_actions() IS 'Operator: the actions waiting for a person to decide what happened.';
+COMMENT ON FUNCTION keyturn.attempts(uuid) IS 'Operator: an action''s provider attempts, with their receipts.';
+COMMENT ON FUNCTION keyturn.dispatch_by_tenant() IS 'Dispatcher: whether keyturn''s tables are distributed by tenant (Citus), so that the dispatcher must use the _for calls, tenant by tenant.';
+COMMENT ON FUNCTION keyturn.dispatch_nodes() IS 'Dispatcher: the other nodes whose wake-ups keyturnd must LISTEN to when it dispatches by tenant; empty otherwise.';
+COMMENT ON FUNCTION keyturn.tenants_due(text[], int) IS 'Dispatcher: the tenants with queued actions due (to_lease) or sweep work (to_sweep), oldest first; a hint, read without locks.';
+COMMENT ON FUNCTION keyturn.lease_for(text, text, int, interval, text[]) IS 'Dispatcher: lease, limited to the tenant named, so that Citus can run it on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.begin_dispatch_for(text, uuid, uuid) IS 'Dispatcher: begin_dispatch in the tenant named.';
+COMMENT ON FUNCTION keyturn.begin_dispatch_many_for(text, uuid[], uuid[]) IS 'Dispatcher: begin_dispatch_many in the tenant named; an element of another tenant is refused (55000).';
+COMMENT ON FUNCTION keyturn.complete_for(text, uuid, uuid, text, jsonb, interval) IS 'Dispatcher: complete in the tenant named.';
+COMMENT ON FUNCTION keyturn.complete_many_for(text, uuid[], uuid[], text[], jsonb[], interval[]) IS 'Dispatcher: complete_many in the tenant named; an element of another tenant is refused (55000).';
+COMMENT ON FUNCTION keyturn.sweep_for(text) IS 'The sweep, of the tenant named only.';
+COMMENT ON FUNCTION keyturn.attachments_for(text, uuid, uuid) IS 'Dispatcher: attachments in the tenant named.';
+COMMENT ON FUNCTION keyturn.file_content_for(text, uuid, uuid, uuid) IS 'Dispatcher: file_content in the tenant named.';
+COMMENT ON FUNCTION keyturn.reconcile_for(text, uuid, text, text) IS 'Operator: reconcile in the tenant named.';
+COMMENT ON FUNCTION keyturn.citus_distribute(regclass) IS 'Superuser, on Citus: distributes keyturn''s tables by tenant, colocated with the business table named, and registers the _for calls for delegation (layout B).';
+COMMENT ON FUNCTION keyturn.check_deployment() IS 'Superuser or admin: what a live database gets wrong for keyturn''s guarantees, one row per problem.';
+
+-- Roles are cluster-wide; they may predate this install.
+COMMENT ON ROLE keyturn_agent IS 'keyturn: the AI agent''s side. Proposes; never approves.';
+COMMENT ON ROLE keyturn_approver IS 'keyturn: the person''s side. Approves, rejects, revises; a tenant''s admin administers it through this role.';
+COMMENT ON ROLE keyturn_dispatcher IS 'keyturn: keyturnd. Dispatches approved external actions; reads nothing directly.';
+COMMENT ON ROLE keyturn_operator IS 'keyturn: reconciles uncertain outcomes; reads nothing directly.';
+COMMENT ON ROLE keyturn_admin IS 'keyturn: the platform administrator. Registers tools; manages every tenant.';
+
+
+-- ==== sql/090_privileges.sql ====
+
+-- Who may call what (docs/sql-api.md, "Roles"). Runs last, and is the one
+-- place where privileges are given.
+--
+-- PUBLIC: USAGE on the schema, EXECUTE on the three identity functions,
+-- canonical_json and params_hash; nothing else. Each group role gets exactly
+-- the calls of its part. Agents and approvers may also SELECT keyturn's
+-- tables, where row-level security shows them their own tenant's rows; the
+-- dispatcher, operator and admin roles read nothing directly: since identity
+-- is only asserted, a role that could set any tenant and SELECT would read
+-- every tenant's params. Nobody but a superuser writes a keyturn table.
+
+-- Revoked from every keyturn role first, so that running this file again (an
+-- upgrade does) leaves exactly the privileges below.
+REVOKE ALL ON ALL TABLES IN SCHEMA keyturn
+    FROM keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA keyturn
+    FROM keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
+REVOKE ALL ON SCHEMA keyturn FROM PUBLIC;
+GRANT USAGE ON SCHEMA keyturn TO PUBLIC;
+
+REVOKE ALL ON ALL TABLES IN SCHEMA keyturn FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA keyturn FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA keyturn FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA keyturn_secret FROM PUBLIC;
+
+-- dispatch_by_tenant() too: whether keyturn's tables are distributed decides
+-- which form of a person's call keyturnd's /rpc runs, for any role it serves.
+GRANT EXECUTE ON FUNCTION
+    keyturn.current_tenant(), keyturn.current_principal(), keyturn.current_session(),
+    keyturn.canonical_json(jsonb), keyturn.params_hash(text, jsonb), keyturn.dispatch_by_tenant()
+TO PUBLIC;
+
+GRANT SELECT ON ALL TABLES IN SCHEMA keyturn TO keyturn_agent, keyturn_approver;
+
+GRANT EXECUTE ON FUNCTION keyturn.classify(text)
+TO keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
+
+-- Agent.
+GRANT EXECUTE ON FUNCTION keyturn.propose(text, jsonb, jsonb), keyturn.propose_for(text, text, jsonb, jsonb)
+TO keyturn_agent;
+
+-- Agent and human.
+GRANT EXECUTE ON FUNCTION
+    keyturn.action_status(uuid), keyturn.audit(uuid), keyturn.end_session(text),
+    keyturn.cancel_origin(text), keyturn.archive_conversation(text),
+    keyturn.end_session_for(text, text), keyturn.cancel_origin_for(text, text),
+    keyturn.archive_conversation_for(text, text),
+    keyturn.stage_file(bytea, text, text), keyturn.fence(text, jsonb)
+TO keyturn_agent, keyturn_approver;
+
+-- Human. (Tenant admins administer their own tenant through this role.)
+GRANT EXECUTE ON FUNCTION
+    keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
+    keyturn.preview(uuid, text), keyturn.preview_for(text, uuid, text), keyturn.reject(uuid, text, text),
+    keyturn.reject_for(text, uuid, text, text),
+    keyturn.approve_many(jsonb), keyturn.approve_many_for(text, jsonb), keyturn.revise(uuid, text, jsonb),
+    keyturn.revise_for(text, uuid, text, jsonb), keyturn.pending(int),
+    keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
+    keyturn.delegations(), keyturn.record_request(text, text, text, text),
+    keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
+    keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text)
+TO keyturn_approver;
+
+-- Dispatcher.
+GRANT EXECUTE ON FUNCTION
+    keyturn.lease(text, int, interval, text[]), keyturn.begin_dispatch(uuid, uuid),
+    keyturn.complete(uuid, uuid, text, jsonb, interval), keyturn.sweep(),
+    keyturn.begin_dispatch_many(uuid[], uuid[]),
+    keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[]),
+    keyturn.file_content(uuid, uuid, uuid),
+    keyturn.attachments(uuid, uuid)
+TO keyturn_dispatcher;
+
+-- Dispatcher, tenant by tenant (sql/062_dispatch_for.sql).
+GRANT EXECUTE ON FUNCTION
+    keyturn.dispatch_nodes(), keyturn.tenants_due(text[], int),
+    keyturn.lease_for(text, text, int, interval, text[]), keyturn.begin_dispatch_for(text, uuid, uuid),
+    keyturn.begin_dispatch_many_for(text, uuid[], uuid[]),
+    keyturn.complete_for(text, uuid, uuid, text, jsonb, interval),
+    keyturn.complete_many_for(text, uuid[], uuid[], text[], jsonb[], interval[]),
+    keyturn.sweep_for(text), keyturn.attachments_for(text, uuid, uuid),
+    keyturn.file_content_for(text, uuid, uuid, uuid)
+TO keyturn_dispatcher;
+
+-- Operator.
+GRANT EXECUTE ON FUNCTION
+    keyturn.reconcile(uuid, text, text), keyturn.uncertain_actions(), keyturn.sweep(), keyturn.audit(uuid),
+    keyturn.attempts(uuid), keyturn.reconcile_for(text, uuid, text, text), keyturn.sweep_for(text)
+TO keyturn_operator;
+
+-- Platform administrator.
+GRANT EXECUTE ON FUNCTION
+    keyturn.register_tool(text, jsonb), keyturn.set_tool_enabled(text, boolean),
+    keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
+    keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text),
+    keyturn.check_deployment(), keyturn.register_projection(text, jsonb)
+TO keyturn_admin;
+
+-- The RLS helper runs inside policies as the querying role.
+GRANT EXECUTE ON FUNCTION keyturn._sees(text, text)
+TO keyturn_agent, keyturn_approver;
+
+
+-- ==== sql/upgrade/0.2.0--0.3.0.post.sql ====
+
+-- pg_keyturn 0.2.0 -> 0.3.0: after the code (hand-written; runs last).

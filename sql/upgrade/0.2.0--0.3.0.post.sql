@@ -1,0 +1,1 @@
+-- pg_keyturn 0.2.0 -> 0.3.0: after the code (hand-written; runs last).

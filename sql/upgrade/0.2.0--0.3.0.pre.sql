@@ -1,0 +1,43 @@
+-- pg_keyturn 0.2.0 -> 0.3.0: the data model (hand-written; runs first).
+--
+-- sql/make-upgrade writes sql/pg_keyturn--0.2.0--0.3.0.sql from this file,
+-- every function of 0.3.0 (the code files of extension/src/lib.rs: they are
+-- recreated whole, after every 0.2.0 function is dropped), and
+-- 0.2.0--0.3.0.post.sql. The upgrade layer checks that the result leaves a
+-- database equal to a fresh 0.3.0 install and keeps its data in every status.
+
+-- keyturn's functions go first, with CASCADE: the triggers and policies of
+-- keyturn's tables that use them go too, and the code part recreates all of
+-- them (CREATE OR REPLACE). A function something outside the extension uses
+-- stays -- an application's RLS policy on keyturn.current_tenant(), say,
+-- would go with it -- and is replaced in place, which keeps its dependents.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN
+        WITH members AS (
+            SELECT d.classid, d.objid FROM pg_catalog.pg_depend d
+             WHERE d.refclassid = 'pg_catalog.pg_extension'::regclass AND d.deptype = 'e'
+               AND d.refobjid = (SELECT oid FROM pg_catalog.pg_extension WHERE extname = 'pg_keyturn')),
+        -- What belongs to keyturn: its members, and the triggers and policies
+        -- of its tables (which are not members themselves).
+        own AS (
+            SELECT classid, objid FROM members
+            UNION ALL
+            SELECT 'pg_catalog.pg_trigger'::regclass, t.oid FROM pg_catalog.pg_trigger t
+             WHERE (('pg_catalog.pg_class'::regclass)::oid, t.tgrelid) IN (SELECT classid, objid FROM members)
+            UNION ALL
+            SELECT 'pg_catalog.pg_policy'::regclass, p.oid FROM pg_catalog.pg_policy p
+             WHERE (('pg_catalog.pg_class'::regclass)::oid, p.polrelid) IN (SELECT classid, objid FROM members))
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+         WHERE p.pronamespace = 'keyturn'::regnamespace
+           AND NOT EXISTS (
+                 SELECT 1 FROM pg_catalog.pg_depend d
+                  WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.refobjid = p.oid
+                    AND d.deptype = 'n' AND (d.classid, d.objid) NOT IN (SELECT classid, objid FROM own))
+    LOOP
+        EXECUTE pg_catalog.format('DROP FUNCTION %s CASCADE', f);
+    END LOOP;
+END
+$$;
