@@ -20,6 +20,7 @@ mod dispatch_for_tests;
 mod dispatch_tests;
 mod fuzz_findings_tests;
 mod grant_scope_tests;
+mod hardening_tests;
 mod identity_tests;
 mod membership_tests;
 mod preview_session_tests;

@@ -1,0 +1,908 @@
+//! The third security pass (docs/security.md, rows 18 on): what an adversary
+//! broke in 0.2.0 on the SQL surface, each written as the attack and run
+//! against 0.2.0 first, where it succeeded. A standing approval means what
+//! the person saw; admission decides on committed data under every
+//! isolation level; no agent transaction stalls the kill switch; nothing
+//! gets stuck after approval; staged bytes stay private.
+
+use keyturn_tests::*;
+use serde_json::{json, Value};
+
+const BOSS: &str = "boss@acme.example";
+const MALLORY: &str = "mallory@evil.example";
+
+/// A mail-like external tool: `to` and `cc` are lists of addresses.
+async fn mail_tool(w: &World) -> String {
+    w.tool(
+        "mail",
+        json!({
+            "executor": "external", "provider": "webhook", "effect": "reversible",
+            "summary": "Mail to {to}",
+            "params_schema": {"type": "object", "required": ["to"], "properties": {
+                "to": {"type": "array"},
+                "cc": {"type": "array"},
+                "subject": {"type": "string"}}}
+        }),
+    )
+    .await
+}
+
+async fn covered(w: &World, tool: &str, params: Value) -> Proposed {
+    propose_full(&w.agent, tool, params, json!({}))
+        .await
+        .unwrap()
+}
+
+fn form(deal: i64, set: Value) -> Value {
+    json!({"where": {"id": deal}, "set": set})
+}
+
+// --- 1. A scope covers only what it names -----------------------------------
+
+/// alice lets her agent mail the boss; the agent adds a cc. 0.2.0 queued it
+/// at once: the scope bounded `to` and said nothing of `cc`.
+#[tokio::test]
+async fn test_a_standing_approval_does_not_cover_a_path_its_scope_leaves_out() {
+    let w = World::new("member").await;
+    let t = mail_tool(&w).await;
+    w.delegate(&t, json!({"params": {"to": {"in": [BOSS]}}}), 5, "1 hour")
+        .await
+        .unwrap();
+    let p = covered(&w, &t, json!({"to": [BOSS], "cc": [MALLORY]})).await;
+    assert_eq!((p.status.as_str(), p.delegation_id), ("pending", None));
+    let p = covered(&w, &t, json!({"to": [BOSS], "subject": "hi"})).await;
+    assert_eq!(p.status, "pending", "subject is not named either");
+    // What the scope names in full is covered.
+    let p = covered(&w, &t, json!({"to": [BOSS]})).await;
+    assert_eq!(p.status, "queued");
+    assert!(p.delegation_id.is_some());
+}
+
+/// `{"any": true}` is how a person leaves a path free, and delegations()
+/// shows it as such.
+#[tokio::test]
+async fn test_any_marks_a_free_path_and_is_listed() {
+    let w = World::new("member").await;
+    let t = mail_tool(&w).await;
+    let scope =
+        json!({"params": {"to": {"in": [BOSS]}, "cc": {"any": true}, "subject": {"any": true}}});
+    let d = w.delegate(&t, scope.clone(), 5, "1 hour").await.unwrap();
+    let p = covered(
+        &w,
+        &t,
+        json!({"to": [BOSS], "cc": [MALLORY], "subject": "x"}),
+    )
+    .await;
+    assert_eq!((p.status.as_str(), p.delegation_id), ("queued", Some(d)));
+    let listed: Value = w
+        .human
+        .query_one(
+            "SELECT scope FROM keyturn.delegations() WHERE delegation_id = $1",
+            &[&d],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(listed, scope);
+    for bad in [
+        json!({"params": {"cc": {"any": false}}}),
+        json!({"params": {"cc": {"any": true, "eq": 1}}}),
+        json!({"params": {"cc": {"any": "yes"}}}),
+    ] {
+        assert_eq!(
+            sqlstate(w.delegate(&t, bad.clone(), 1, "1 hour").await),
+            "22023",
+            "{bad}"
+        );
+    }
+}
+
+/// An sql tool: a scope on `set.stage` let `set.amount = 0.01` run.
+#[tokio::test]
+async fn test_an_sql_scope_on_the_stage_does_not_cover_the_amount() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    w.delegate(
+        &t,
+        json!({"params": {"set.stage": {"eq": "won"}, "where.id": {"min": 0}}}),
+        5,
+        "1 hour",
+    )
+    .await
+    .unwrap();
+    let p = covered(&w, &t, form(deal, json!({"stage": "won", "amount": 0.01}))).await;
+    assert_eq!(p.status, "pending");
+    assert_eq!(w.writes(deal).await, 0);
+    let p = covered(&w, &t, form(deal, json!({"stage": "won"}))).await;
+    assert_eq!(p.status, "succeeded");
+}
+
+/// Arrays element by element: every element must pass, and an element that
+/// is not a listed scalar (an object smuggling an address) never does.
+#[tokio::test]
+async fn test_a_scope_checks_every_element_of_an_array() {
+    let w = World::new("member").await;
+    let t = mail_tool(&w).await;
+    w.delegate(&t, json!({"params": {"to": {"in": [BOSS]}}}), 5, "1 hour")
+        .await
+        .unwrap();
+    for to in [
+        json!([BOSS, MALLORY]),
+        json!([BOSS, {"address": MALLORY}]),
+        json!([[BOSS]]),
+    ] {
+        let p = covered(&w, &t, json!({"to": to})).await;
+        assert_eq!(p.status, "pending", "{to}");
+    }
+}
+
+/// The decision for scoped grants: a grant bounds what the agent may
+/// propose, and a person still approves the proposal, so a path the grant
+/// leaves out stays open (docs/sql-api.md says so); `{"any": true}` is
+/// accepted there too, to say it.
+#[tokio::test]
+async fn test_a_scoped_grant_bounds_what_it_names_and_a_person_approves_the_rest() {
+    let w = World::new("member").await;
+    let t = mail_tool(&w).await;
+    w.grant_with(
+        &w.principal,
+        &t,
+        Some(json!({"params": {"to": {"in": [BOSS]}, "cc": {"any": true}}})),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
+    let p = covered(
+        &w,
+        &t,
+        json!({"to": [BOSS], "cc": [MALLORY], "subject": "x"}),
+    )
+    .await;
+    assert_eq!(p.status, "pending", "proposed, for a person to approve");
+    assert_eq!(
+        sqlstate(propose_full(&w.agent, &t, json!({"to": [MALLORY]}), json!({})).await),
+        "42501"
+    );
+}
+
+// --- 2. A standing approval is bound to its tool version -----------------------
+
+#[tokio::test]
+async fn test_a_new_tool_version_ends_a_standing_approvals_cover() {
+    let w = World::new("member").await;
+    let t = w
+        .tool(
+            "deal_v",
+            json!({"executor": "sql", "effect": "reversible",
+               "sql": {"table": "crm.deal", "key": "id", "set": ["stage"], "where": ["id"]}}),
+        )
+        .await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    let d = w
+        .delegate(
+            &t,
+            json!({"params": {"where.id": {"min": 0}, "set.name": {"max_length": 100}}}),
+            5,
+            "1 hour",
+        )
+        .await
+        .unwrap();
+    // The tool may now also set name, which the scope names: the standing
+    // approval was given when no call could change a name.
+    w.admin
+        .execute(
+            "SELECT keyturn.register_tool($1, $2)",
+            &[&t, &json!({"executor": "sql", "effect": "reversible",
+               "sql": {"table": "crm.deal", "key": "id", "set": ["stage", "name"], "where": ["id"]}})],
+        )
+        .await
+        .unwrap();
+    let p = covered(&w, &t, form(deal, json!({"name": "renamed"}))).await;
+    assert_eq!((p.status.as_str(), p.delegation_id), ("pending", None));
+    let r = w
+        .human
+        .query_one(
+            "SELECT revoked, ended FROM keyturn.delegations() WHERE delegation_id = $1",
+            &[&d],
+        )
+        .await
+        .unwrap();
+    assert!(!r.get::<_, bool>(0));
+    let ended: Option<String> = r.get(1);
+    assert!(
+        ended.as_deref().unwrap_or("").contains("version"),
+        "delegations() says why it no longer covers: {ended:?}"
+    );
+}
+
+// --- 3. Every author of a revision chain is a proposer ------------------------
+
+async fn independent_tool(w: &World, quorum: i32) -> String {
+    w.webhook_tool(json!({"approval": "independent", "quorum": quorum}))
+        .await
+}
+
+async fn revise_on(
+    c: &Conn,
+    p: &Proposal,
+    params: Value,
+) -> Result<Proposal, tokio_postgres::Error> {
+    let r = c
+        .query_one(
+            "SELECT action_id, token, summary, params_hash FROM keyturn.revise($1, $2, $3)",
+            &[&p.id, &p.token, &params],
+        )
+        .await?;
+    Ok(Proposal {
+        id: r.get(0),
+        token: r.get(1),
+        summary: r.get(2),
+        params_hash: r.get(3),
+    })
+}
+
+/// carol re-revises bob's revision with identical params; bob then approves
+/// content he wrote. 0.2.0 let him: only the last reviser counted.
+#[tokio::test]
+async fn test_a_reviser_never_approves_a_later_revision_of_his_own_content() {
+    let w = World::new("member").await;
+    let t = independent_tool(&w, 1).await;
+    let (bob, bob_c) = w.other("approver", "app_human", "s-bob").await;
+    let (carol, carol_c) = w.other("approver", "app_human", "s-carol").await;
+    w.grant(&bob, &t).await;
+    w.grant(&carol, &t).await;
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "hello"}))
+        .await
+        .unwrap();
+    let bobs = revise_on(&bob_c, &p, json!({"channel": "ops", "text": "bob's words"}))
+        .await
+        .unwrap();
+    let carols = revise_on(
+        &carol_c,
+        &bobs,
+        json!({"channel": "ops", "text": "bob's words"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        sqlstate(approve_on(&bob_c, carols.id, &carols.token, None).await),
+        "42501"
+    );
+    assert_eq!(w.status(carols.id).await, "pending");
+    let (dave, dave_c) = w.other("approver", "app_human", "s-dave").await;
+    w.grant(&dave, &t).await;
+    assert_eq!(
+        approve_on(&dave_c, carols.id, &carols.token, None)
+            .await
+            .unwrap()
+            .0,
+        "queued"
+    );
+}
+
+/// The same for a quorum: a vote of an author does not count.
+#[tokio::test]
+async fn test_an_author_of_a_revision_chain_does_not_vote_on_it() {
+    let w = World::new("member").await;
+    let t = independent_tool(&w, 2).await;
+    let (bob, bob_c) = w.other("approver", "app_human", "s-bob").await;
+    let (carol, carol_c) = w.other("approver", "app_human", "s-carol").await;
+    w.grant(&bob, &t).await;
+    w.grant(&carol, &t).await;
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "hello"}))
+        .await
+        .unwrap();
+    let bobs = revise_on(&bob_c, &p, json!({"channel": "ops", "text": "bob's words"}))
+        .await
+        .unwrap();
+    let carols = revise_on(
+        &carol_c,
+        &bobs,
+        json!({"channel": "ops", "text": "bob's words"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        sqlstate(approve_on(&bob_c, carols.id, &carols.token, None).await),
+        "42501"
+    );
+    assert_eq!(
+        sqlstate(approve_on(&carol_c, carols.id, &carols.token, None).await),
+        "42501"
+    );
+    let votes = count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.vote WHERE action_id = $1",
+        &[&carols.id],
+    )
+    .await;
+    assert_eq!(votes, 0);
+}
+
+// --- 4. A role that became an agent records nothing that still covers ----------
+
+#[tokio::test]
+async fn test_a_standing_approval_of_a_role_that_became_an_agent_covers_nothing() {
+    let w = World::new("member").await;
+    let login = approver_login(&w.superuser).await;
+    let table = w.role_table(&[&login]).await;
+    let t = w.role_table_tool(&table, json!({})).await;
+    let row = w.role_table_row(&table, false).await;
+    let person = Conn::connect(&login, w.identity()).await;
+    let scope = json!({"params": {"where.id": {"min": 0}, "set.stage": {"max_length": 20}}});
+    let d = delegate_on(&person, &t, scope, 5, "1 hour").await.unwrap();
+    w.superuser
+        .batch_execute(&format!("GRANT keyturn_agent TO {login}"))
+        .await
+        .unwrap();
+    let p = covered(&w, &t, form(row, json!({"stage": "won"}))).await;
+    assert_eq!((p.status.as_str(), p.delegation_id), ("pending", None));
+    assert_eq!(
+        w.role_table_state(&table, row).await,
+        ("lead".to_owned(), None)
+    );
+    let ended: Option<String> = w
+        .human
+        .query_one(
+            "SELECT ended FROM keyturn.delegations() WHERE delegation_id = $1",
+            &[&d],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ended.is_some(), "listed as ended");
+}
+
+#[tokio::test]
+async fn test_a_task_request_of_a_role_that_became_an_agent_admits_nothing() {
+    let w = World::new("member").await;
+    let login = approver_login(&w.superuser).await;
+    let person = Conn::connect(&login, w.identity()).await;
+    let t = w
+        .webhook_tool(json!({"approval": "task", "effect": "reversible"}))
+        .await;
+    assert!(
+        record_request_on(&person, "conv", "turn-1", "msg-1", "please")
+            .await
+            .unwrap()
+    );
+    w.superuser
+        .batch_execute(&format!("GRANT keyturn_agent TO {login}"))
+        .await
+        .unwrap();
+    let r = propose_full(
+        &w.agent,
+        &t,
+        json!({"channel": "ops", "text": "x"}),
+        task_origin("conv", "turn-1", "msg-1"),
+    )
+    .await;
+    assert_eq!(sqlstate(r), "42501");
+}
+
+// --- 5. Admission on committed data under REPEATABLE READ ------------------------
+
+const RR: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ";
+
+/// A proposal in a REPEATABLE READ transaction whose snapshot was taken
+/// before `meanwhile` committed: refused, 40001 or the error the committed
+/// state gives (`refused`), never admitted on the old snapshot.
+async fn stale_propose(
+    w: &World,
+    tool: &str,
+    params: Value,
+    origin: Value,
+    refused: &[&str],
+    meanwhile: impl std::future::Future<Output = ()>,
+) -> String {
+    let tx = w.agent.transaction_with(RR).await.unwrap();
+    // The snapshot is taken here (set_config ran inside the transaction).
+    tx.query_one("SELECT 1", &[]).await.unwrap();
+    meanwhile.await;
+    let r = tx
+        .query_one(
+            "SELECT status FROM keyturn.propose($1, $2, $3)",
+            &[&tool, &params, &origin],
+        )
+        .await
+        .map(|r| r.get::<_, String>(0));
+    let answer = match r {
+        Ok(status) => {
+            tx.commit().await.unwrap();
+            status
+        }
+        Err(e) => {
+            let state = sqlstate::<()>(Err(e));
+            tx.rollback().await.ok();
+            state
+        }
+    };
+    assert!(
+        answer == "40001" || refused.contains(&answer.as_str()),
+        "admitted on a stale snapshot: {answer}"
+    );
+    answer
+}
+
+/// Three transactions that took their snapshots before each other's
+/// commits were all admitted by a 1-per-hour rate limit.
+#[tokio::test]
+async fn test_a_rate_limit_counts_proposals_committed_after_the_snapshot() {
+    let w = World::new("member").await;
+    let t = w
+        .webhook_tool(json!({"rate_limit": {"max": 1, "per": "1 hour"}}))
+        .await;
+    let tx = w.agent.transaction_with(RR).await.unwrap();
+    tx.query_one("SELECT 1", &[]).await.unwrap();
+    let second_agent = Conn::connect("app_agent", w.identity()).await;
+    propose_on(
+        &second_agent,
+        &t,
+        json!({"channel": "a", "text": "first"}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    let r = tx
+        .query_one(
+            "SELECT status FROM keyturn.propose($1, $2)",
+            &[&t, &json!({"channel": "a", "text": "second"})],
+        )
+        .await;
+    let state = sqlstate(r);
+    assert!(state == "40001" || state == "54000", "{state}");
+    tx.rollback().await.ok();
+    let n = count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.action WHERE tenant = $1 AND tool = $2",
+        &[&w.tenant, &t],
+    )
+    .await;
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn test_a_task_call_after_the_archive_is_refused_under_repeatable_read() {
+    let w = World::new("member").await;
+    let t = w
+        .webhook_tool(json!({"approval": "task", "effect": "reversible"}))
+        .await;
+    assert!(
+        record_request_on(&w.human, "conv", "turn-1", "msg-1", "please")
+            .await
+            .unwrap()
+    );
+    let human = &w.human;
+    stale_propose(
+        &w,
+        &t,
+        json!({"channel": "ops", "text": "x"}),
+        task_origin("conv", "turn-1", "msg-1"),
+        &["55000"],
+        async {
+            human
+                .query_one("SELECT keyturn.archive_conversation('conv')", &[])
+                .await
+                .unwrap();
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn test_a_task_call_on_a_turn_no_longer_the_latest_is_refused_under_repeatable_read() {
+    let w = World::new("member").await;
+    let t = w
+        .webhook_tool(json!({"approval": "task", "effect": "reversible"}))
+        .await;
+    assert!(
+        record_request_on(&w.human, "conv", "turn-1", "msg-1", "please")
+            .await
+            .unwrap()
+    );
+    let human = &w.human;
+    stale_propose(
+        &w,
+        &t,
+        json!({"channel": "ops", "text": "x"}),
+        task_origin("conv", "turn-1", "msg-1"),
+        &["55000"],
+        async {
+            assert!(
+                record_request_on(human, "conv", "turn-2", "msg-2", "no, stop")
+                    .await
+                    .unwrap()
+            );
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn test_a_proposal_in_a_cancelled_conversation_is_refused_under_repeatable_read() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let human = &w.human;
+    stale_propose(
+        &w,
+        &t,
+        json!({"channel": "ops", "text": "x"}),
+        json!({"conversation_id": "conv-c"}),
+        &["55000"],
+        async {
+            human
+                .query_one("SELECT keyturn.cancel_origin('conv-c')", &[])
+                .await
+                .unwrap();
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn test_a_revoked_grant_admits_nothing_under_repeatable_read() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let (admin, tenant, principal) = (&w.admin, w.tenant.clone(), w.principal.clone());
+    stale_propose(
+        &w,
+        &t,
+        json!({"channel": "ops", "text": "x"}),
+        json!({}),
+        &["42501"],
+        async {
+            admin
+                .execute(
+                    "SELECT keyturn.revoke_tool($1, $2, $3)",
+                    &[&tenant, &principal, &t],
+                )
+                .await
+                .unwrap();
+        },
+    )
+    .await;
+}
+
+/// A standing approval with one use, spent by a proposal committed after
+/// the snapshot: the stale one is not covered (or fails to serialize).
+#[tokio::test]
+async fn test_a_spent_use_is_not_spent_again_under_repeatable_read() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({"effect": "reversible"})).await;
+    let scope = json!({"params": {"channel": {"max_length": 100}, "text": {"max_length": 100}}});
+    w.delegate(&t, scope, 1, "1 hour").await.unwrap();
+    let tx = w.agent.transaction_with(RR).await.unwrap();
+    tx.query_one("SELECT 1", &[]).await.unwrap();
+    let second_agent = Conn::connect("app_agent", w.identity()).await;
+    let first = propose_full(
+        &second_agent,
+        &t,
+        json!({"channel": "a", "text": "1"}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.status, "queued");
+    let r = tx
+        .query_one(
+            "SELECT status FROM keyturn.propose($1, $2)",
+            &[&t, &json!({"channel": "a", "text": "2"})],
+        )
+        .await
+        .map(|r| r.get::<_, String>(0));
+    match r {
+        Ok(status) => {
+            assert_eq!(status, "pending");
+            tx.commit().await.unwrap();
+        }
+        Err(e) => assert_eq!(sqlstate::<()>(Err(e)), "40001"),
+    }
+    let approved = count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.action WHERE tenant = $1 AND tool = $2 AND approved_via LIKE 'delegation:%'",
+        &[&w.tenant, &t],
+    )
+    .await;
+    assert_eq!(approved, 1);
+}
+
+/// A standing approval revoked after the snapshot covers nothing.
+#[tokio::test]
+async fn test_a_revoked_standing_approval_covers_nothing_under_repeatable_read() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({"effect": "reversible"})).await;
+    let scope = json!({"params": {"channel": {"max_length": 100}, "text": {"max_length": 100}}});
+    let d = w.delegate(&t, scope, 5, "1 hour").await.unwrap();
+    let human = &w.human;
+    stale_propose(
+        &w,
+        &t,
+        json!({"channel": "a", "text": "1"}),
+        json!({}),
+        &["pending"],
+        async {
+            assert!(human
+                .query_one("SELECT keyturn.revoke_delegation($1)", &[&d])
+                .await
+                .unwrap()
+                .get::<_, bool>(0));
+        },
+    )
+    .await;
+}
+
+// --- 6. No agent transaction delays the kill switch --------------------------
+
+/// A covered proposal left open by its agent: 0.2.0 held FOR SHARE on the
+/// global tool row, and set_tool_enabled waited for it (here: ran into its
+/// lock_timeout). The switch takes effect now, and the open transaction's
+/// write does not commit after it.
+#[tokio::test]
+async fn test_an_open_covered_proposal_does_not_delay_the_kill_switch() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    let scope = json!({"params": {"where.id": {"min": 0}, "set.stage": {"max_length": 20}}});
+    w.delegate(&t, scope, 5, "1 hour").await.unwrap();
+    let tx = w.agent.transaction().await.unwrap();
+    let status: String = tx
+        .query_one(
+            "SELECT status FROM keyturn.propose($1, $2)",
+            &[&t, &form(deal, json!({"stage": "won"}))],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "succeeded");
+    // The platform admin, with a lock_timeout: a wait for the agent's lock
+    // fails the statement (55P03) rather than hanging the test.
+    w.admin
+        .batch_execute("SET lock_timeout = '5s'")
+        .await
+        .unwrap();
+    let switched = w
+        .admin
+        .query_one("SELECT keyturn.set_tool_enabled($1, false)", &[&t])
+        .await;
+    w.admin.batch_execute("RESET lock_timeout").await.unwrap();
+    assert!(
+        switched.unwrap().get::<_, bool>(0),
+        "the switch took effect"
+    );
+    // The agent's transaction, still open, cannot commit a write of a tool
+    // that was switched off while it was open.
+    assert_eq!(sqlstate(tx.commit().await), "40001");
+    assert_eq!(w.writes(deal).await, 0);
+    assert_eq!(w.stage_of(deal).await, "lead");
+}
+
+/// register_tool likewise.
+#[tokio::test]
+async fn test_an_open_task_proposal_does_not_delay_register_tool() {
+    let w = World::new("member").await;
+    let t = w
+        .webhook_tool(json!({"approval": "task", "effect": "reversible"}))
+        .await;
+    assert!(
+        record_request_on(&w.human, "conv", "turn-1", "msg-1", "please")
+            .await
+            .unwrap()
+    );
+    let tx = w.agent.transaction().await.unwrap();
+    tx.query_one(
+        "SELECT status FROM keyturn.propose($1, $2, $3)",
+        &[
+            &t,
+            &json!({"channel": "ops", "text": "x"}),
+            &task_origin("conv", "turn-1", "msg-1"),
+        ],
+    )
+    .await
+    .unwrap();
+    w.admin
+        .batch_execute("SET lock_timeout = '5s'")
+        .await
+        .unwrap();
+    let r = w
+        .admin
+        .query_one(
+            "SELECT keyturn.register_tool($1, $2)",
+            &[
+                &t,
+                &json!({"executor": "external", "provider": "webhook", "approval": "task",
+                          "effect": "reversible"}),
+            ],
+        )
+        .await;
+    w.admin.batch_execute("RESET lock_timeout").await.unwrap();
+    r.unwrap();
+    assert_eq!(sqlstate(tx.commit().await), "40001");
+}
+
+// --- 7. Attachment metadata typed at propose -----------------------------------
+
+async fn files_tool(w: &World) -> String {
+    w.tool(
+        "files",
+        json!({
+            "executor": "external", "provider": "webhook", "effect": "reversible",
+            "params_schema": {"type": "object", "required": ["files"], "properties": {
+                "files": {"type": "array", "items": {"type": "object", "properties": {
+                    "file_id": {"type": "string"}, "sha256": {"type": "string"},
+                    "filename": {"type": "string"}, "content_type": {"type": "string"},
+                    "size": {"type": "integer"}}}}}},
+            "attachments_param": "files", "attachment_types": ["application/pdf"]
+        }),
+    )
+    .await
+}
+
+/// `"size": 14.0` passed propose in 0.2.0, was approved, and then
+/// keyturn.attachments() raised 22P02 after begin_dispatch, leaving the
+/// action executing. Now propose types the metadata.
+#[tokio::test]
+async fn test_attachment_metadata_is_typed_at_propose() {
+    let w = World::new("member").await;
+    let t = files_tool(&w).await;
+    let f = stage_file_on(
+        &w.agent,
+        b"%PDF-1.7 fourteen byt",
+        "a.pdf",
+        "application/pdf",
+    )
+    .await
+    .unwrap();
+    let good = f.attachment();
+    let mut cases = Vec::new();
+    for (key, value) in [
+        ("size", json!(f.size as f64 + 0.0)),
+        ("size", json!(format!("{}", f.size))),
+        ("size", json!(-1)),
+        ("sha256", json!(f.sha256.to_uppercase())),
+        ("sha256", json!(format!("{}0", f.sha256))),
+        ("file_id", json!(42)),
+        ("filename", json!("a\u{202e}fdp.exe")),
+    ] {
+        let mut a = good.clone();
+        a[key] = value;
+        cases.push(a);
+    }
+    // 14.0 is written as a float: serde_json keeps the decimal point.
+    let mut float_size = good.clone();
+    float_size["size"] = serde_json::from_str(&format!("{}.0", f.size)).unwrap();
+    cases.push(float_size);
+    for a in cases {
+        let r = propose_full(&w.agent, &t, json!({"files": [a]}), json!({})).await;
+        assert_eq!(sqlstate(r), "22023", "{a}");
+    }
+    propose_full(&w.agent, &t, json!({"files": [good]}), json!({}))
+        .await
+        .unwrap();
+}
+
+// --- 8. Staged bytes are readable by the dispatcher alone ----------------------
+
+#[tokio::test]
+async fn test_no_agent_or_person_reads_staged_bytes() {
+    let w = World::new("member").await;
+    stage_file_on(&w.human, b"%PDF-1.7 private", "p.pdf", "application/pdf")
+        .await
+        .unwrap();
+    for c in [&w.agent, &w.human] {
+        let r = c
+            .query("SELECT content FROM keyturn.staged_file", &[])
+            .await;
+        assert_eq!(sqlstate(r), "42501");
+    }
+}
+
+#[tokio::test]
+async fn test_staging_is_bounded_per_principal() {
+    let w = World::new("member").await;
+    for i in 0..20 {
+        stage_file_on(
+            &w.agent,
+            format!("file {i}").as_bytes(),
+            "f.pdf",
+            "application/pdf",
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        sqlstate(stage_file_on(&w.agent, b"one more", "f.pdf", "application/pdf").await),
+        "54000"
+    );
+    // Another principal of the tenant has a quota of its own.
+    let (_, other) = w.other("member", "app_agent", "s-other").await;
+    stage_file_on(&other, b"mine", "f.pdf", "application/pdf")
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn test_staging_refuses_filenames_that_read_as_another() {
+    let w = World::new("member").await;
+    for name in [
+        "invoice\u{202e}fdp.exe",
+        "in\u{200b}voice.pdf",
+        "a\u{2066}b.pdf",
+        "x\u{feff}.pdf",
+        "\u{e0041}.pdf",
+        "a\u{00ad}b.pdf",
+    ] {
+        let r = stage_file_on(&w.agent, b"x", name, "application/pdf").await;
+        assert_eq!(sqlstate(r), "22023", "{name:?}");
+    }
+}
+
+// --- 10. Fenced numbers are bounded; more credential names ------------------------
+
+#[tokio::test]
+async fn test_a_fenced_number_is_bounded_like_a_string() {
+    let w = World::new("member").await;
+    let provider = format!("p{}", unique("fence").replace(['-', '_'], ""));
+    w.admin
+        .execute(
+            "SELECT keyturn.register_projection($1, $2)",
+            &[&provider, &json!({"fields": {"n": {"max_length": 10}}})],
+        )
+        .await
+        .unwrap();
+    let big: Value = serde_json::from_str(&"9".repeat(2010)).unwrap();
+    let reference: String = w
+        .agent
+        .query_one(
+            "SELECT reference FROM keyturn.fence($1, $2)",
+            &[&provider, &json!({"n": big})],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!reference.contains(&"9".repeat(11)), "{reference}");
+}
+
+#[tokio::test]
+async fn test_credential_names_cover_passcodes_pins_and_keys() {
+    let w = World::new("member").await;
+    let t = w
+        .tool(
+            "free",
+            json!({"executor": "external", "provider": "webhook", "effect": "reversible",
+                   "params_schema": {"type": "object", "additionalProperties": true}}),
+        )
+        .await;
+    for key in [
+        "passcode",
+        "passphrase",
+        "pin",
+        "pin_code",
+        "cardPin",
+        "otp",
+        "totp",
+        "otp_code",
+        "private_key",
+        "privateKey",
+        "mfa_code",
+    ] {
+        let r = propose_full(&w.agent, &t, json!({key: "4721"}), json!({})).await;
+        assert_eq!(sqlstate(r), "22023", "{key}");
+    }
+    // Words that merely contain those letters stay allowed.
+    for key in [
+        "spinner",
+        "option",
+        "shipping",
+        "opinion",
+        "pinned_at",
+        "keynote",
+    ] {
+        propose_full(&w.agent, &t, json!({key: "x"}), json!({}))
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {}", message::<()>(Err(e))));
+    }
+}
