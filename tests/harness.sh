@@ -82,9 +82,11 @@ kt_cluster_start() {
   local opts="-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off -c synchronous_commit=off"
   local extra
   for extra in "$@"; do opts="$opts -c $extra"; done
-  # RUST_BACKTRACE in the caller's environment would make pgrx attach a Rust
-  # backtrace to every error a keyturn function raises; keep errors readable.
-  kt_as_pg env RUST_BACKTRACE=0 RUST_LIB_BACKTRACE=0 \
+  # RUST_BACKTRACE=1, as on many developer machines and some images: pgrx
+  # would attach a Rust backtrace, with source paths, to the DETAIL of every
+  # error a keyturn function raises, and pg_keyturn must keep them out
+  # whatever the server's environment (security_tests' backtrace test).
+  kt_as_pg env RUST_BACKTRACE=1 \
     "$PG_BIN/pg_ctl" -D "$dir/data" -o "$opts" -l "$dir/postgres.log" -w -t 60 start >/dev/null || {
     cat "$dir/postgres.log" >&2
     return 1

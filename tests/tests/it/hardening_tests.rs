@@ -906,3 +906,68 @@ async fn test_credential_names_cover_passcodes_pins_and_keys() {
             .unwrap_or_else(|e| panic!("{key}: {}", message::<()>(Err(e))));
     }
 }
+
+// --- 9. No error carries a backtrace or a source path ----------------------------
+
+/// The private cluster runs with RUST_BACKTRACE=1 in the postmaster's
+/// environment (tests/harness.sh), as developer machines and some images
+/// do. 0.2.0 sent every keyturn error's DETAIL with a Rust backtrace and the
+/// build's source paths.
+#[tokio::test]
+async fn test_no_error_carries_a_backtrace_whatever_the_environment() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let mut errors = Vec::new();
+    // Raised from Rust (keyturn-core through the extension's error type),
+    // from a Rust entry point's own refusal, and from plpgsql.
+    errors.push(
+        w.superuser
+            .query_one("SELECT keyturn.canonical_json('1e400'::jsonb)", &[])
+            .await
+            .err(),
+    );
+    errors.push(
+        w.human
+            .query_one(
+                "SELECT keyturn.delegate($1, '{\"params\": 1}', 1, '1 hour')",
+                &[&t],
+            )
+            .await
+            .err(),
+    );
+    errors.push(
+        w.agent
+            .query_one("SELECT * FROM keyturn.pending(10)", &[])
+            .await
+            .err(),
+    );
+    errors.push(
+        propose_full(&w.agent, &t, json!({"channel": 1}), json!({}))
+            .await
+            .err(),
+    );
+    for e in errors {
+        let e = e.expect("each call is refused");
+        let db = e.as_db_error().expect("a database error");
+        let all = format!(
+            "{} | {} | {} | {}",
+            db.message(),
+            db.detail().unwrap_or(""),
+            db.hint().unwrap_or(""),
+            db.where_().unwrap_or("")
+        );
+        for leak in [
+            "backtrace",
+            ".rs:",
+            "/src/",
+            "rust_begin_unwind",
+            "/root/",
+            "/home/",
+        ] {
+            assert!(!all.contains(leak), "{leak:?} in {all}");
+        }
+        if let Some(file) = db.file() {
+            assert!(!file.contains('/'), "a source path: {file}");
+        }
+    }
+}
