@@ -152,6 +152,10 @@ CREATE TABLE keyturn.action (
     idempotency_key  text        NOT NULL,
     revised_from     uuid,                         -- the proposal this one revised
     revised_by       text,                         -- the principal who revised it
+    -- Everyone who wrote this content: the proposer and every reviser of the
+    -- chain; none of them approves it where the tool asks for an
+    -- independent approver (docs/concepts.md, approve's checks).
+    authors          text[]      NOT NULL,
     created_at       timestamptz NOT NULL,
     expires_at       timestamptz NOT NULL,
     -- lifecycle
@@ -262,6 +266,7 @@ CREATE TABLE keyturn.delegation (
     tenant      text        NOT NULL,
     principal   text        NOT NULL,
     tool        text        NOT NULL REFERENCES keyturn.tool (name),
+    tool_version int        NOT NULL,             -- the version it was given for; a new one ends it
     scope       jsonb       NOT NULL,
     max_uses    int         NOT NULL CHECK (max_uses BETWEEN 1 AND 1000),
     uses        int         NOT NULL DEFAULT 0 CHECK (uses <= max_uses),
@@ -298,6 +303,17 @@ CREATE TABLE keyturn.staged_file (
 ALTER TABLE keyturn.staged_file ALTER COLUMN content SET STORAGE EXTERNAL;
 CREATE INDEX staged_file_action_idx ON keyturn.staged_file (action_id, tenant) WHERE action_id IS NOT NULL;
 CREATE INDEX staged_file_unbound_idx ON keyturn.staged_file (staged_at) WHERE action_id IS NULL;
+
+-- One row per principal that has staged a file: stage_file locks it, so a
+-- principal's concurrent stagings count the quota one at a time, on a row
+-- nothing else locks (a lock on the member or epoch row would let an open
+-- staging stall the principal's own revocation).
+CREATE TABLE keyturn.stager (
+    tenant          text        NOT NULL,
+    principal       text        NOT NULL,
+    last_staged_at  timestamptz NOT NULL,
+    PRIMARY KEY (tenant, principal)
+);
 
 -- Read-side projections (sql/057_fence.sql): which fields of a provider's
 -- data may reach a prompt. Versioned like tools.
@@ -397,6 +413,7 @@ SELECT pg_catalog.pg_extension_config_dump('keyturn.request', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.vote', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.delegation', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.staged_file', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.stager', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.projection', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.projection_version', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.request_seq_seq', '');

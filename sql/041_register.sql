@@ -465,7 +465,10 @@ BEGIN
                     'set', v_sql -> 'set', 'where', v_sql -> 'where') END,
         'rate_limit', v_rate));
 
-    SELECT t.version + 1 INTO v_version FROM keyturn.tool t WHERE t.name = v_name FOR UPDATE;
+    -- FOR NO KEY UPDATE: the name never changes, so the lock an approval
+    -- decision holds (FOR KEY SHARE, keyturn._invalid_reason) never makes a
+    -- new version wait, however long that transaction stays open.
+    SELECT t.version + 1 INTO v_version FROM keyturn.tool t WHERE t.name = v_name FOR NO KEY UPDATE;
     IF v_version IS NULL THEN
         v_version := 1;
         INSERT INTO keyturn.tool (name, version) VALUES (v_name, v_version);

@@ -290,6 +290,7 @@ DECLARE
     v_claimed   keyturn.action;
     v_deleg     keyturn.delegation;
     v_result    record;
+    v_authors   text[] := ARRAY[p_principal];
 BEGIN
     PERFORM keyturn._require_member(p_tenant, p_principal, p_session);
 
@@ -382,10 +383,10 @@ BEGIN
 
     IF v_ver.rate_max IS NOT NULL THEN
         -- The grant row is locked: concurrent proposals of one (tenant,
-        -- principal, tool) count the window one at a time.
-        SELECT count(*) INTO v_recent FROM keyturn.action a
-         WHERE a.tenant = p_tenant AND a.principal = p_principal AND a.tool = v_tool.name
-           AND a.created_at > clock_timestamp() - v_ver.rate_per;
+        -- principal, tool) count the window one at a time, and each counts
+        -- what is committed (a REPEATABLE READ snapshot taken before the
+        -- others committed would count none of them).
+        v_recent := keyturn._recent_proposals(p_tenant, p_principal, v_tool.name, v_ver.rate_per::text);
         IF v_recent >= v_ver.rate_max THEN
             RAISE EXCEPTION 'keyturn: rate limit of tool % reached: % proposals per %', p_tool, v_ver.rate_max, v_ver.rate_per
                 USING ERRCODE = '54000',
@@ -405,6 +406,13 @@ BEGIN
     -- subquery in an INSERT and evaluates nothing volatile on a shard
     -- (docs/scale-out.md, layout B, step 5).
     v_keys := ARRAY(SELECT k FROM jsonb_object_keys(p_params) k ORDER BY k COLLATE "C");
+    IF p_revised_from IS NOT NULL THEN
+        SELECT x.authors INTO v_authors FROM keyturn.action x
+         WHERE x.id = p_revised_from AND x.tenant = p_tenant;
+        IF NOT p_revised_by = ANY (v_authors) THEN
+            v_authors := v_authors || p_revised_by;
+        END IF;
+    END IF;
     v_epoch := keyturn._epoch(p_tenant, p_principal);
     v_digest := keyturn._token_digest(v_token);
     v_binding := keyturn._token_binding(v_token, v_id, v_hash, v_expires);
@@ -413,7 +421,7 @@ BEGIN
     INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor, approval,
                                 retain, params, param_keys, params_hash, summary, origin,
                                 conversation_id, epoch, target_count, token_digest, token_binding,
-                                idempotency_key, revised_from, revised_by, created_at, expires_at,
+                                idempotency_key, revised_from, revised_by, authors, created_at, expires_at,
                                 status, updated_at)
     VALUES (v_id, p_tenant, p_principal, p_session, v_tool.name, v_ver.version, v_ver.executor,
             v_ver.approval, v_ver.retain,
@@ -421,7 +429,7 @@ BEGIN
             v_keys, v_hash,
             CASE WHEN v_ver.retain = 'full' THEN v_summary END,
             v_origin, v_conv, v_epoch, v_count, v_digest, v_binding,
-            'keyturn-' || v_id::text, p_revised_from, p_revised_by, v_now, v_expires,
+            'keyturn-' || v_id::text, p_revised_from, p_revised_by, v_authors, v_now, v_expires,
             'pending', v_now);
 
     INSERT INTO keyturn.action_target (action_id, ord, tenant, principal, key, version)

@@ -49,9 +49,10 @@ BEGIN
         RAISE EXCEPTION 'keyturn: action % needs an independent approver: a different principal with role approver or admin', p_id
             USING ERRCODE = '42501';
     END IF;
-    -- Whoever wrote a revision does not also approve it.
-    IF a.approval = 'independent' AND p_for = 'approve' AND a.revised_by = v_principal THEN
-        RAISE EXCEPTION 'keyturn: action % is %''s revision; an independent approver other than its reviser must approve it', p_id, v_principal
+    -- Whoever wrote any version of it does not also approve it: a revision
+    -- of a revision keeps every earlier author (keyturn.action.authors).
+    IF a.approval = 'independent' AND p_for = 'approve' AND v_principal = ANY (a.authors) THEN
+        RAISE EXCEPTION 'keyturn: % wrote a version of action %; an independent approver who wrote none of it must approve it', v_principal, p_id
             USING ERRCODE = '42501';
     END IF;
     -- Task actions are approved by the request that admitted them, never by a token.
@@ -69,11 +70,17 @@ BEGIN
 END
 $$;
 
--- Why a claimed proposal may no longer run, or NULL. Locks the tool row and the
--- proposer's epoch row FOR SHARE, so a concurrent revoke, remove_member,
--- register_tool or set_tool_enabled either commits first (and is seen here) or
--- waits until this transaction has finished (on Citus, the tool row of this
--- node's placement: keyturn._local_placement).
+-- Why a claimed proposal may no longer run, or NULL. Reads the tool row and
+-- the proposer's epoch row FOR KEY SHARE: the newest committed versions
+-- (READ COMMITTED follows a concurrent update; REPEATABLE READ fails to
+-- serialize, 40001, rather than decide on its snapshot), and a lock that no
+-- revoke, remove_member, register_tool or set_tool_enabled waits for, so no
+-- transaction left open (an agent's, with a covered write in it) can stall
+-- the kill switch. What such a change commits while this transaction is
+-- still open is caught at its commit: keyturn._recheck_at_commit notes the
+-- tool version and epoch this decision read, and the commit fails (40001)
+-- if either has moved since (on Citus, the tool row of this node's
+-- placement: keyturn._local_placement).
 CREATE FUNCTION keyturn._invalid_reason(a keyturn.action)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -90,11 +97,11 @@ BEGIN
         v_local := keyturn._local_placement('keyturn.tool');
     END IF;
     IF v_local IS NULL THEN
-        SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = a.tool FOR SHARE;
+        SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = a.tool FOR KEY SHARE;
     ELSE
         -- Citus: the lock on this node's placement, which register_tool and
         -- set_tool_enabled change with every other (keyturn._local_placement).
-        EXECUTE format('SELECT t.* FROM %s t WHERE t.name = $1 FOR SHARE', v_local) INTO v_tool USING a.tool;
+        EXECUTE format('SELECT t.* FROM %s t WHERE t.name = $1 FOR KEY SHARE', v_local) INTO v_tool USING a.tool;
     END IF;
     IF v_tool.name IS NULL OR NOT v_tool.enabled THEN  -- (EXECUTE sets no FOUND)
         RETURN format('tool %s is disabled', a.tool);
@@ -103,7 +110,7 @@ BEGIN
         RETURN format('tool %s changed from version %s to %s', a.tool, a.tool_version, v_tool.version);
     END IF;
     SELECT e.epoch INTO v_epoch FROM keyturn.auth_epoch e
-     WHERE e.tenant = a.tenant AND e.principal = a.principal FOR SHARE;
+     WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE;
     IF coalesce(v_epoch, 0) <> a.epoch THEN
         RETURN format('the authorization of principal %s changed (epoch %s, now %s)', a.principal, a.epoch, coalesce(v_epoch, 0));
     END IF;
@@ -113,10 +120,49 @@ BEGIN
     IF NOT keyturn._has_grant(a.tenant, a.principal, a.tool) THEN
         RETURN format('principal %s no longer holds a grant for tool %s', a.principal, a.tool);
     END IF;
-    SELECT c.how INTO v_how FROM keyturn.cancelled_origin c
-     WHERE c.tenant = a.tenant AND c.principal = a.principal AND c.conversation_id = a.conversation_id;
-    IF FOUND THEN
-        RETURN format('conversation %s was %s', a.conversation_id, v_how);
+    IF a.conversation_id IS NOT NULL THEN
+        v_how := keyturn._ended_how(a.tenant, a.principal, a.conversation_id);
+        IF v_how IS NOT NULL THEN
+            RETURN format('conversation %s was %s', a.conversation_id, v_how);
+        END IF;
+    END IF;
+    PERFORM keyturn._recheck_at_commit(a.tool, a.tool_version, a.tenant, a.principal, a.epoch);
+    RETURN NULL;
+END
+$$;
+
+-- What the commit of a transaction asks of each approval decision it made
+-- (keyturn._recheck_at_commit, extension/src/committed.rs), on the newest
+-- committed data: why the tool version or the proposer's authorization it
+-- was decided on no longer holds, or NULL. No lock: a commit never waits.
+CREATE FUNCTION keyturn._commit_problem(p_tool text, p_version int, p_tenant text, p_principal text,
+                                        p_epoch bigint)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_tool  keyturn.tool;
+    v_epoch bigint;
+    v_local regclass;
+BEGIN
+    IF keyturn._citus_present() THEN
+        v_local := keyturn._local_placement('keyturn.tool');
+    END IF;
+    IF v_local IS NULL THEN
+        SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = p_tool;
+    ELSE
+        EXECUTE format('SELECT t.* FROM %s t WHERE t.name = $1', v_local) INTO v_tool USING p_tool;
+    END IF;
+    IF v_tool.name IS NULL OR NOT v_tool.enabled THEN
+        RETURN format('tool %s was disabled', p_tool);
+    END IF;
+    IF v_tool.version <> p_version THEN
+        RETURN format('tool %s changed from version %s to %s', p_tool, p_version, v_tool.version);
+    END IF;
+    SELECT e.epoch INTO v_epoch FROM keyturn.auth_epoch e
+     WHERE e.tenant = p_tenant AND e.principal = p_principal;
+    IF coalesce(v_epoch, 0) <> p_epoch THEN
+        RETURN format('the authorization of principal %s changed', p_principal);
     END IF;
     RETURN NULL;
 END

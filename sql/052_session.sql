@@ -95,7 +95,9 @@ AS $$
     SELECT keyturn._end_conversation(archive_conversation.conversation_id, 'archived', 'archive_conversation')
 $$;
 
--- 55000 when the conversation a proposal comes from has ended for its principal.
+-- 55000 when the conversation a proposal comes from has ended for its
+-- principal, as committed (keyturn._ended_how reads past a REPEATABLE READ
+-- snapshot: an archive committed after it still ends the conversation).
 CREATE FUNCTION keyturn._refuse_ended_conversation(p_tenant text, p_principal text, p_conversation text)
 RETURNS void
 LANGUAGE plpgsql STABLE
@@ -106,9 +108,8 @@ BEGIN
     IF p_conversation IS NULL THEN
         RETURN;
     END IF;
-    SELECT c.how INTO v_how FROM keyturn.cancelled_origin c
-     WHERE c.tenant = p_tenant AND c.principal = p_principal AND c.conversation_id = p_conversation;
-    IF FOUND THEN
+    v_how := keyturn._ended_how(p_tenant, p_principal, p_conversation);
+    IF v_how IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: conversation % was %; it can start no new actions', p_conversation, v_how
             USING ERRCODE = '55000';
     END IF;

@@ -66,7 +66,8 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF p_scope IS NULL THEN
-        RAISE EXCEPTION 'keyturn: scope is required (''{}'' covers every call of the tool)' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'keyturn: scope is required' USING ERRCODE = '22023',
+            HINT = 'A standing approval covers a call only when its scope names every params path the call carries, e.g. {"params": {"set.stage": {"eq": "won"}, "where.id": {"any": true}}}.';
     END IF;
     v_scope := keyturn._check_scope(p_scope);
     IF v_ver.executor = 'sql' THEN
@@ -75,10 +76,10 @@ BEGIN
     END IF;
     v_now := clock_timestamp();
     v_epoch := keyturn._epoch(v_tenant, v_principal);
-    INSERT INTO keyturn.delegation (id, tenant, principal, tool, scope, max_uses, epoch, db_role, created_at,
-                                    expires_at)
-    VALUES (v_id, v_tenant, v_principal, p_tool, v_scope, p_max_uses, v_epoch, p_caller::regrole::text, v_now,
-            v_now + p_valid_for);
+    INSERT INTO keyturn.delegation (id, tenant, principal, tool, tool_version, scope, max_uses, epoch, db_role,
+                                    created_at, expires_at)
+    VALUES (v_id, v_tenant, v_principal, p_tool, v_ver.version, v_scope, p_max_uses, v_epoch,
+            p_caller::regrole::text, v_now, v_now + p_valid_for);
     RETURN v_id;
 END
 $$;
@@ -115,9 +116,35 @@ BEGIN
 END
 $$;
 
+-- Why a standing approval covers nothing any more, or NULL while it is
+-- live: the one statement of what "live" means, for _spend_delegation's
+-- choice and for delegations()' answer. p_tool_version is the tool's
+-- current version (read by the caller: on Citus keyturn.tool is a reference
+-- table, read in a statement of its own).
+CREATE FUNCTION keyturn._delegation_ended(d keyturn.delegation, p_tool_version int, p_epoch bigint,
+                                          p_at timestamptz)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN CASE
+        WHEN d.revoked_at IS NOT NULL THEN 'revoked'
+        WHEN d.expires_at <= p_at THEN 'expired'
+        WHEN d.uses >= d.max_uses THEN 'its uses are spent'
+        WHEN p_tool_version IS DISTINCT FROM d.tool_version
+            THEN format('the tool changed from version %s to %s; a new version needs a new standing approval',
+                        d.tool_version, coalesce(p_tool_version::text, 'none'))
+        WHEN p_epoch IS DISTINCT FROM d.epoch THEN 'the authorization of its principal changed'
+        WHEN to_regrole(d.db_role) IS NULL THEN format('its role %s no longer exists', d.db_role)
+        WHEN pg_has_role(d.db_role, 'keyturn_agent', 'MEMBER')
+            THEN format('its role %s is now a member of keyturn_agent', d.db_role)
+    END;
+END
+$$;
+
 CREATE FUNCTION keyturn._delegations()
 RETURNS TABLE (o_delegation_id uuid, o_principal text, o_tool text, o_scope jsonb, o_max_uses int,
-               o_uses int, o_expires_at timestamptz, o_revoked boolean)
+               o_uses int, o_expires_at timestamptz, o_revoked boolean, o_tool_version int, o_ended text)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -125,23 +152,33 @@ DECLARE
     v_tenant    text := keyturn.current_tenant();
     v_principal text := keyturn.current_principal();
     v_role      text;
+    v_now       timestamptz := clock_timestamp();
+    d           keyturn.delegation;
+    v_version   int;
 BEGIN
     v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
-    RETURN QUERY
-        SELECT d.id, d.principal, d.tool, d.scope, d.max_uses, d.uses, d.expires_at, d.revoked_at IS NOT NULL
-          FROM keyturn.delegation d
-         WHERE d.tenant = v_tenant AND (v_role IN ('approver', 'admin') OR d.principal = v_principal)
-         ORDER BY d.created_at, d.id;
+    FOR d IN
+        SELECT x.* FROM keyturn.delegation x
+         WHERE x.tenant = v_tenant AND (v_role IN ('approver', 'admin') OR x.principal = v_principal)
+         ORDER BY x.created_at, x.id
+    LOOP
+        SELECT t.version INTO v_version FROM keyturn.tool t WHERE t.name = d.tool;
+        RETURN QUERY SELECT d.id, d.principal, d.tool, d.scope, d.max_uses, d.uses, d.expires_at,
+                            d.revoked_at IS NOT NULL, d.tool_version,
+                            keyturn._delegation_ended(d, v_version, keyturn._epoch(d.tenant, d.principal), v_now);
+    END LOOP;
 END
 $$;
 
 -- The live standing approval of the proposing principal that covers a new
--- proposal, with one of its uses spent, or NULL. Live: not revoked, not
--- past its end, uses left, the delegator's authorization unchanged since it
--- was made, its role still there, and the tool's current version still one a
--- standing approval may approve. The use is spent by one conditional UPDATE:
+-- proposal, with one of its uses spent, or NULL. Live: as
+-- keyturn._delegation_ended says (not revoked, not past its end, uses left,
+-- given for this tool version, the delegator's authorization unchanged, its
+-- role still there and still no agent), and the tool version one a standing
+-- approval may approve. Covers: its scope names every path the params carry
+-- (keyturn._scope_uncovered). The use is spent by one conditional UPDATE:
 -- concurrent proposals wait on the row, and the one that finds the uses gone
--- is simply not covered.
+-- is simply not covered (under REPEATABLE READ: fails to serialize).
 CREATE FUNCTION keyturn._spend_delegation(p_tenant text, p_action uuid, p_ver keyturn.tool_version, p_params jsonb,
                                           p_count int)
 RETURNS keyturn.delegation
@@ -157,14 +194,16 @@ BEGIN
         RETURN NULL;
     END IF;
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_action AND x.tenant = p_tenant;
+    v_now := clock_timestamp();
     FOR c IN
         SELECT x.* FROM keyturn.delegation x
          WHERE x.tenant = a.tenant AND x.principal = a.principal AND x.tool = a.tool
-           AND x.revoked_at IS NULL AND x.expires_at > clock_timestamp() AND x.uses < x.max_uses
-           AND x.epoch = a.epoch AND to_regrole(x.db_role) IS NOT NULL
+           AND x.tool_version = p_ver.version AND x.revoked_at IS NULL AND x.expires_at > v_now
+           AND x.uses < x.max_uses AND x.epoch = a.epoch
          ORDER BY x.expires_at, x.id
     LOOP
-        CONTINUE WHEN keyturn._scope_violation(c.scope, p_params, p_count) IS NOT NULL;
+        CONTINUE WHEN keyturn._delegation_ended(c, p_ver.version, a.epoch, v_now) IS NOT NULL;
+        CONTINUE WHEN keyturn._scope_uncovered(c.scope, p_params, p_count) IS NOT NULL;
         v_now := clock_timestamp();
         UPDATE keyturn.delegation x SET uses = x.uses + 1
          WHERE x.id = c.id AND x.tenant = c.tenant AND x.uses < x.max_uses AND x.revoked_at IS NULL

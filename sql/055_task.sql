@@ -94,9 +94,16 @@ BEGIN
         RAISE EXCEPTION 'keyturn: the role % that recorded message % no longer exists', r.recorded_role, r.message_id
             USING ERRCODE = '42501';
     END IF;
-    SELECT x.turn_id INTO v_latest FROM keyturn.request x
-     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.conversation_id = r.conversation_id
-     ORDER BY x.seq DESC LIMIT 1;
+    -- Separation of duties when the request is used, not only when it was
+    -- recorded: a role that has since become an agent records nothing.
+    IF pg_has_role(r.recorded_role, 'keyturn_agent', 'MEMBER') THEN
+        RAISE EXCEPTION 'keyturn: the role % that recorded message % is now a member of keyturn_agent; its requests admit nothing', r.recorded_role, r.message_id
+            USING ERRCODE = '42501',
+                  HINT = 'The person records the request again through a role that is not an agent.';
+    END IF;
+    -- What is committed, whatever the snapshot: a turn recorded after a
+    -- REPEATABLE READ snapshot still makes this one stale.
+    v_latest := keyturn._latest_turn(p_tenant, p_principal, r.conversation_id);
     IF v_latest IS DISTINCT FROM r.turn_id THEN
         RAISE EXCEPTION 'keyturn: turn % is no longer the latest of conversation % (now %)', r.turn_id, r.conversation_id, v_latest
             USING ERRCODE = '55000',

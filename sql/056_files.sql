@@ -15,6 +15,32 @@ AS $$
     SELECT 25 * 1024 * 1024::bigint
 $$;
 
+-- What one principal may have staged and waiting (bound to no final action):
+-- 20 files, 100 MiB.
+CREATE FUNCTION keyturn._max_staged_files()
+RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 20 $$;
+
+CREATE FUNCTION keyturn._max_staged_bytes()
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 100::bigint * 1024 * 1024 $$;
+
+-- The files and bytes a principal has staged and waiting, as committed (and
+-- this transaction's own): files go with their action's final status, so
+-- every row still there counts.
+CREATE FUNCTION keyturn._staged_quota(p_tenant text, p_principal text)
+RETURNS TABLE (files bigint, bytes bigint)
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v text := keyturn._committed_staged(p_tenant, p_principal);
+BEGIN
+    RETURN QUERY SELECT split_part(v, ' ', 1)::bigint, split_part(v, ' ', 2)::bigint;
+END
+$$;
+
 CREATE FUNCTION keyturn.stage_file(content bytea, filename text, content_type text)
 RETURNS TABLE (file_id uuid, sha256 text, size bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -25,14 +51,19 @@ DECLARE
     v_principal text := keyturn.current_principal();
     v_id        uuid := keyturn._uuid_v7();
     v_hash      text;
+    v_problem   text;
+    v_now       timestamptz;
+    v_files     bigint;
+    v_bytes     bigint;
 BEGIN
     PERFORM keyturn._refuse_nested('stage_file');
     PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
-    IF stage_file.filename IS NULL OR stage_file.filename = '' OR octet_length(stage_file.filename) > 255
-       OR stage_file.filename ~ '[/\\[:cntrl:]]' OR stage_file.filename IN ('.', '..') THEN
-        RAISE EXCEPTION 'keyturn: filename must be 1 to 255 bytes without a path separator (/ or \) or a control character'
-            USING ERRCODE = '22023';
+    v_problem := keyturn._filename_problem(stage_file.filename);
+    IF stage_file.filename IS NULL OR v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: filename %', coalesce(v_problem, 'is required')
+            USING ERRCODE = '22023',
+                  HINT = 'A filename is 1 to 255 bytes without a path separator (/ or \), a control, bidi control or invisible character.';
     END IF;
     IF stage_file.content_type IS NULL
        OR stage_file.content_type !~ '^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*$' THEN
@@ -45,6 +76,21 @@ BEGIN
         RAISE EXCEPTION 'keyturn: a staged file holds 1 byte to % bytes, not %', keyturn._max_file_bytes(),
                 coalesce(length(stage_file.content), 0)
             USING ERRCODE = '22023';
+    END IF;
+    -- The quota: files and bytes of this principal not yet gone with a final
+    -- status, counted one staging at a time (the stager row is locked;
+    -- under REPEATABLE READ a staging committed after the snapshot makes
+    -- this fail to serialize) on what is committed.
+    v_now := clock_timestamp();
+    INSERT INTO keyturn.stager AS x (tenant, principal, last_staged_at) VALUES (v_tenant, v_principal, v_now)
+    ON CONFLICT ON CONSTRAINT stager_pkey DO UPDATE SET last_staged_at = EXCLUDED.last_staged_at;
+    SELECT q.files, q.bytes INTO v_files, v_bytes FROM keyturn._staged_quota(v_tenant, v_principal) q;
+    IF v_files + 1 > keyturn._max_staged_files()
+       OR v_bytes + length(stage_file.content) > keyturn._max_staged_bytes() THEN
+        RAISE EXCEPTION 'keyturn: principal % has % staged files of % bytes waiting; at most % files and % bytes may wait',
+                v_principal, v_files, v_bytes, keyturn._max_staged_files(), keyturn._max_staged_bytes()
+            USING ERRCODE = '54000',
+                  HINT = 'Files go when the action they are bound to ends, and unbound ones a day after staging.';
     END IF;
     v_hash := encode(sha256(stage_file.content), 'hex');
     INSERT INTO keyturn.staged_file (id, tenant, principal, filename, content_type, size, sha256, content)
@@ -72,10 +118,19 @@ BEGIN
                            WHERE k NOT IN ('file_id', 'sha256', 'filename', 'content_type', 'size'))
                OR jsonb_typeof(e -> 'file_id') <> 'string'
                OR (e ->> 'file_id') !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-               OR jsonb_typeof(e -> 'size') <> 'number') THEN
+               -- Typed here, at propose: an integer written as one (14,
+               -- never 14.0 or "14"), 64 lowercase hex digits, a name that
+               -- reads as itself. What passes can be cast later without
+               -- failing after the approval (docs/security.md, row 24).
+               OR jsonb_typeof(e -> 'size') <> 'number' OR (e ->> 'size') !~ '^[0-9]{1,15}$'
+               OR jsonb_typeof(e -> 'sha256') <> 'string' OR (e ->> 'sha256') !~ '^[0-9a-f]{64}$'
+               OR jsonb_typeof(e -> 'filename') <> 'string'
+               OR keyturn._filename_problem(e ->> 'filename') IS NOT NULL
+               OR jsonb_typeof(e -> 'content_type') <> 'string') THEN
         RAISE EXCEPTION 'keyturn: params.% must be an array of {"file_id", "sha256", "filename", "content_type", "size"}',
                 p_ver.attachments_param
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+                  HINT = 'Repeat what stage_file returned: file_id a uuid, sha256 64 lowercase hex digits, size an integer, filename and content_type as staged.';
     END IF;
     RETURN QUERY SELECT e.ord, (e.value ->> 'file_id')::uuid, e.value
                    FROM jsonb_array_elements(v_list) WITH ORDINALITY AS e (value, ord);

@@ -31,6 +31,13 @@ GRANT EXECUTE ON FUNCTION
 TO PUBLIC;
 
 GRANT SELECT ON ALL TABLES IN SCHEMA keyturn TO keyturn_agent, keyturn_approver;
+-- Except the bytes of staged files and the params of digest actions: only
+-- the dispatcher reads them, through a lease (keyturn.file_content, lease).
+-- The other columns stay readable, under row-level security.
+REVOKE SELECT ON keyturn.staged_file, keyturn.staged_payload FROM keyturn_agent, keyturn_approver;
+GRANT SELECT (id, tenant, principal, filename, content_type, size, sha256, staged_at, action_id)
+    ON keyturn.staged_file TO keyturn_agent, keyturn_approver;
+GRANT SELECT (action_id, tenant, principal, staged_at) ON keyturn.staged_payload TO keyturn_agent, keyturn_approver;
 
 GRANT EXECUTE ON FUNCTION keyturn.classify(text)
 TO keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;

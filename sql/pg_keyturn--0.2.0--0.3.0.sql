@@ -48,6 +48,41 @@ BEGIN
 END
 $$;
 
+-- Every author of a revision chain (the proposer and each reviser) is a
+-- proposer for independent and quorum approval: the authors of existing
+-- actions, from their chains. A chain is followed from its first proposal.
+ALTER TABLE keyturn.action ADD COLUMN authors text[];
+WITH RECURSIVE chain (id, tenant, authors) AS (
+    SELECT a.id, a.tenant, ARRAY[a.principal] FROM keyturn.action a WHERE a.revised_from IS NULL
+    UNION ALL
+    SELECT a.id, a.tenant,
+           CASE WHEN a.revised_by IS NULL OR a.revised_by = ANY (c.authors) THEN c.authors
+                ELSE c.authors || a.revised_by END
+      FROM keyturn.action a JOIN chain c ON a.revised_from = c.id AND a.tenant = c.tenant
+)
+UPDATE keyturn.action a SET authors = c.authors FROM chain c WHERE a.id = c.id AND a.tenant = c.tenant;
+-- A revision whose original is gone (none in practice): its own principal
+-- and reviser.
+UPDATE keyturn.action a SET authors = array_remove(ARRAY[a.principal, a.revised_by], NULL)
+ WHERE a.authors IS NULL;
+ALTER TABLE keyturn.action ALTER COLUMN authors SET NOT NULL;
+
+-- A standing approval is bound to the tool version it was given for. Those
+-- made under 0.2.0 are bound to the version their tool has now, the one
+-- they have been covering.
+ALTER TABLE keyturn.delegation ADD COLUMN tool_version int;
+UPDATE keyturn.delegation d SET tool_version = t.version FROM keyturn.tool t WHERE t.name = d.tool;
+ALTER TABLE keyturn.delegation ALTER COLUMN tool_version SET NOT NULL;
+
+-- The staging quota's lock row per principal (sql/056_files.sql).
+CREATE TABLE keyturn.stager (
+    tenant          text        NOT NULL,
+    principal       text        NOT NULL,
+    last_staged_at  timestamptz NOT NULL,
+    PRIMARY KEY (tenant, principal)
+);
+SELECT pg_catalog.pg_extension_config_dump('keyturn.stager', '');
+
 
 -- ==== The functions of 0.3.0, from its install script ====
 
@@ -162,6 +197,15 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'citus_present_wrapper';
 
+-- pg_keyturn::committed::_committed_staged
+CREATE OR REPLACE FUNCTION "_committed_staged"(
+	"tenant" TEXT, /* & str */
+	"principal" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT STABLE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'committed_staged_wrapper';
+
 -- pg_keyturn::validation::_credential_path
 CREATE OR REPLACE FUNCTION "_credential_path"(
 	"params" jsonb /* JsonbText */
@@ -178,6 +222,16 @@ CREATE OR REPLACE FUNCTION "_ct_eq"(
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'ct_eq_wrapper';
+
+-- pg_keyturn::committed::_ended_how
+CREATE OR REPLACE FUNCTION "_ended_how"(
+	"tenant" TEXT, /* & str */
+	"principal" TEXT, /* & str */
+	"conversation" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'ended_how_wrapper';
 
 -- pg_keyturn::approval::_ensure_approval_key
 CREATE OR REPLACE FUNCTION "_ensure_approval_key"() RETURNS bool /* bool */
@@ -216,6 +270,14 @@ STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'fence_data_wrapper';
 
+-- pg_keyturn::validation::_filename_problem
+CREATE OR REPLACE FUNCTION "_filename_problem"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'filename_problem_wrapper';
+
 -- pg_keyturn::canonical::_form_arg
 CREATE OR REPLACE FUNCTION "_form_arg"(
 	"form" jsonb, /* JsonbText */
@@ -245,6 +307,16 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'inspect_params_wrapper';
 
+-- pg_keyturn::committed::_latest_turn
+CREATE OR REPLACE FUNCTION "_latest_turn"(
+	"tenant" TEXT, /* & str */
+	"principal" TEXT, /* & str */
+	"conversation" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'latest_turn_wrapper';
+
 -- pg_keyturn::validation::_params_errors
 CREATE OR REPLACE FUNCTION "_params_errors"(
 	"params_schema" jsonb, /* JsonbText */
@@ -261,6 +333,29 @@ CREATE OR REPLACE FUNCTION "_receipt_problem"(
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'receipt_problem_wrapper';
+
+-- pg_keyturn::committed::_recent_proposals
+CREATE OR REPLACE FUNCTION "_recent_proposals"(
+	"tenant" TEXT, /* & str */
+	"principal" TEXT, /* & str */
+	"tool" TEXT, /* & str */
+	"per" TEXT /* & str */
+) RETURNS bigint /* i64 */
+STRICT STABLE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'recent_proposals_wrapper';
+
+-- pg_keyturn::committed::_recheck_at_commit
+CREATE OR REPLACE FUNCTION "_recheck_at_commit"(
+	"tool" TEXT, /* & str */
+	"version" INT, /* i32 */
+	"tenant" TEXT, /* & str */
+	"principal" TEXT, /* & str */
+	"epoch" bigint /* i64 */
+) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'recheck_at_commit_wrapper';
 
 -- pg_keyturn::validation::_redact
 CREATE OR REPLACE FUNCTION "_redact"(
@@ -322,6 +417,16 @@ CREATE OR REPLACE FUNCTION "_require_text"(
 IMMUTABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'require_text_sql_wrapper';
+
+-- pg_keyturn::validation::_scope_uncovered
+CREATE OR REPLACE FUNCTION "_scope_uncovered"(
+	"scope" jsonb, /* Option < JsonbText > */
+	"params" jsonb, /* Option < JsonbText > */
+	"target_count" INT /* Option < i32 > */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'scope_cover_violation_wrapper';
 
 -- pg_keyturn::validation::_scope_violation
 CREATE OR REPLACE FUNCTION "_scope_violation"(
@@ -515,7 +620,9 @@ CREATE OR REPLACE FUNCTION "delegations"() RETURNS TABLE (
 	"max_uses" INT,  /* i32 */
 	"uses" INT,  /* i32 */
 	"expires_at" timestamp with time zone,  /* TimestampWithTimeZone */
-	"revoked" bool  /* bool */
+	"revoked" bool,  /* bool */
+	"tool_version" INT,  /* i32 */
+	"ended" TEXT  /* Option < String > */
 )
 STRICT VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
@@ -873,20 +980,20 @@ CREATE TRIGGER action_proposal_immutable
     BEFORE UPDATE OF id, tenant, principal, session, tool, tool_version, executor, approval,
                      retain, params, param_keys, params_hash, summary, origin, conversation_id,
                      epoch, target_count, token_digest, token_binding, idempotency_key,
-                     revised_from, revised_by, created_at, expires_at
+                     revised_from, revised_by, authors, created_at, expires_at
     ON keyturn.action
     FOR EACH ROW
     WHEN ((NEW.id, NEW.tenant, NEW.principal, NEW.session, NEW.tool, NEW.tool_version,
            NEW.executor, NEW.approval, NEW.retain, NEW.params, NEW.param_keys, NEW.params_hash,
            NEW.summary, NEW.origin, NEW.conversation_id, NEW.epoch, NEW.target_count,
            NEW.token_digest, NEW.token_binding, NEW.idempotency_key, NEW.revised_from,
-           NEW.revised_by, NEW.created_at, NEW.expires_at)
+           NEW.revised_by, NEW.authors, NEW.created_at, NEW.expires_at)
           IS DISTINCT FROM
           (OLD.id, OLD.tenant, OLD.principal, OLD.session, OLD.tool, OLD.tool_version,
            OLD.executor, OLD.approval, OLD.retain, OLD.params, OLD.param_keys, OLD.params_hash,
            OLD.summary, OLD.origin, OLD.conversation_id, OLD.epoch, OLD.target_count,
            OLD.token_digest, OLD.token_binding, OLD.idempotency_key, OLD.revised_from,
-           OLD.revised_by, OLD.created_at, OLD.expires_at))
+           OLD.revised_by, OLD.authors, OLD.created_at, OLD.expires_at))
     EXECUTE FUNCTION keyturn._refuse_proposal_change();
 
 -- The status graph (keyturn.transition), and a status only an approval can
@@ -1061,7 +1168,7 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
                              'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage',
-                             'request', 'vote', 'delegation', 'staged_file']
+                             'request', 'vote', 'delegation', 'staged_file', 'stager']
     LOOP
         EXECUTE format('ALTER TABLE keyturn.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE keyturn.%I FORCE ROW LEVEL SECURITY', t);
@@ -1098,6 +1205,8 @@ CREATE POLICY vote_visible ON keyturn.vote FOR SELECT
 CREATE POLICY delegation_visible ON keyturn.delegation FOR SELECT
     USING (keyturn._sees(tenant, principal));
 CREATE POLICY staged_file_visible ON keyturn.staged_file FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY stager_visible ON keyturn.stager FOR SELECT
     USING (keyturn._sees(tenant, principal));
 -- keyturn_secret.approval_key: forced row-level security and no policy at all,
 -- on top of holding no grants.
@@ -1787,7 +1896,10 @@ BEGIN
                     'set', v_sql -> 'set', 'where', v_sql -> 'where') END,
         'rate_limit', v_rate));
 
-    SELECT t.version + 1 INTO v_version FROM keyturn.tool t WHERE t.name = v_name FOR UPDATE;
+    -- FOR NO KEY UPDATE: the name never changes, so the lock an approval
+    -- decision holds (FOR KEY SHARE, keyturn._invalid_reason) never makes a
+    -- new version wait, however long that transaction stays open.
+    SELECT t.version + 1 INTO v_version FROM keyturn.tool t WHERE t.name = v_name FOR NO KEY UPDATE;
     IF v_version IS NULL THEN
         v_version := 1;
         INSERT INTO keyturn.tool (name, version) VALUES (v_name, v_version);
@@ -2113,6 +2225,7 @@ DECLARE
     v_claimed   keyturn.action;
     v_deleg     keyturn.delegation;
     v_result    record;
+    v_authors   text[] := ARRAY[p_principal];
 BEGIN
     PERFORM keyturn._require_member(p_tenant, p_principal, p_session);
 
@@ -2205,10 +2318,10 @@ BEGIN
 
     IF v_ver.rate_max IS NOT NULL THEN
         -- The grant row is locked: concurrent proposals of one (tenant,
-        -- principal, tool) count the window one at a time.
-        SELECT count(*) INTO v_recent FROM keyturn.action a
-         WHERE a.tenant = p_tenant AND a.principal = p_principal AND a.tool = v_tool.name
-           AND a.created_at > clock_timestamp() - v_ver.rate_per;
+        -- principal, tool) count the window one at a time, and each counts
+        -- what is committed (a REPEATABLE READ snapshot taken before the
+        -- others committed would count none of them).
+        v_recent := keyturn._recent_proposals(p_tenant, p_principal, v_tool.name, v_ver.rate_per::text);
         IF v_recent >= v_ver.rate_max THEN
             RAISE EXCEPTION 'keyturn: rate limit of tool % reached: % proposals per %', p_tool, v_ver.rate_max, v_ver.rate_per
                 USING ERRCODE = '54000',
@@ -2228,6 +2341,13 @@ BEGIN
     -- subquery in an INSERT and evaluates nothing volatile on a shard
     -- (docs/scale-out.md, layout B, step 5).
     v_keys := ARRAY(SELECT k FROM jsonb_object_keys(p_params) k ORDER BY k COLLATE "C");
+    IF p_revised_from IS NOT NULL THEN
+        SELECT x.authors INTO v_authors FROM keyturn.action x
+         WHERE x.id = p_revised_from AND x.tenant = p_tenant;
+        IF NOT p_revised_by = ANY (v_authors) THEN
+            v_authors := v_authors || p_revised_by;
+        END IF;
+    END IF;
     v_epoch := keyturn._epoch(p_tenant, p_principal);
     v_digest := keyturn._token_digest(v_token);
     v_binding := keyturn._token_binding(v_token, v_id, v_hash, v_expires);
@@ -2236,7 +2356,7 @@ BEGIN
     INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor, approval,
                                 retain, params, param_keys, params_hash, summary, origin,
                                 conversation_id, epoch, target_count, token_digest, token_binding,
-                                idempotency_key, revised_from, revised_by, created_at, expires_at,
+                                idempotency_key, revised_from, revised_by, authors, created_at, expires_at,
                                 status, updated_at)
     VALUES (v_id, p_tenant, p_principal, p_session, v_tool.name, v_ver.version, v_ver.executor,
             v_ver.approval, v_ver.retain,
@@ -2244,7 +2364,7 @@ BEGIN
             v_keys, v_hash,
             CASE WHEN v_ver.retain = 'full' THEN v_summary END,
             v_origin, v_conv, v_epoch, v_count, v_digest, v_binding,
-            'keyturn-' || v_id::text, p_revised_from, p_revised_by, v_now, v_expires,
+            'keyturn-' || v_id::text, p_revised_from, p_revised_by, v_authors, v_now, v_expires,
             'pending', v_now);
 
     INSERT INTO keyturn.action_target (action_id, ord, tenant, principal, key, version)
@@ -2358,9 +2478,10 @@ BEGIN
         RAISE EXCEPTION 'keyturn: action % needs an independent approver: a different principal with role approver or admin', p_id
             USING ERRCODE = '42501';
     END IF;
-    -- Whoever wrote a revision does not also approve it.
-    IF a.approval = 'independent' AND p_for = 'approve' AND a.revised_by = v_principal THEN
-        RAISE EXCEPTION 'keyturn: action % is %''s revision; an independent approver other than its reviser must approve it', p_id, v_principal
+    -- Whoever wrote any version of it does not also approve it: a revision
+    -- of a revision keeps every earlier author (keyturn.action.authors).
+    IF a.approval = 'independent' AND p_for = 'approve' AND v_principal = ANY (a.authors) THEN
+        RAISE EXCEPTION 'keyturn: % wrote a version of action %; an independent approver who wrote none of it must approve it', v_principal, p_id
             USING ERRCODE = '42501';
     END IF;
     -- Task actions are approved by the request that admitted them, never by a token.
@@ -2378,11 +2499,17 @@ BEGIN
 END
 $$;
 
--- Why a claimed proposal may no longer run, or NULL. Locks the tool row and the
--- proposer's epoch row FOR SHARE, so a concurrent revoke, remove_member,
--- register_tool or set_tool_enabled either commits first (and is seen here) or
--- waits until this transaction has finished (on Citus, the tool row of this
--- node's placement: keyturn._local_placement).
+-- Why a claimed proposal may no longer run, or NULL. Reads the tool row and
+-- the proposer's epoch row FOR KEY SHARE: the newest committed versions
+-- (READ COMMITTED follows a concurrent update; REPEATABLE READ fails to
+-- serialize, 40001, rather than decide on its snapshot), and a lock that no
+-- revoke, remove_member, register_tool or set_tool_enabled waits for, so no
+-- transaction left open (an agent's, with a covered write in it) can stall
+-- the kill switch. What such a change commits while this transaction is
+-- still open is caught at its commit: keyturn._recheck_at_commit notes the
+-- tool version and epoch this decision read, and the commit fails (40001)
+-- if either has moved since (on Citus, the tool row of this node's
+-- placement: keyturn._local_placement).
 CREATE OR REPLACE FUNCTION keyturn._invalid_reason(a keyturn.action)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -2399,11 +2526,11 @@ BEGIN
         v_local := keyturn._local_placement('keyturn.tool');
     END IF;
     IF v_local IS NULL THEN
-        SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = a.tool FOR SHARE;
+        SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = a.tool FOR KEY SHARE;
     ELSE
         -- Citus: the lock on this node's placement, which register_tool and
         -- set_tool_enabled change with every other (keyturn._local_placement).
-        EXECUTE format('SELECT t.* FROM %s t WHERE t.name = $1 FOR SHARE', v_local) INTO v_tool USING a.tool;
+        EXECUTE format('SELECT t.* FROM %s t WHERE t.name = $1 FOR KEY SHARE', v_local) INTO v_tool USING a.tool;
     END IF;
     IF v_tool.name IS NULL OR NOT v_tool.enabled THEN  -- (EXECUTE sets no FOUND)
         RETURN format('tool %s is disabled', a.tool);
@@ -2412,7 +2539,7 @@ BEGIN
         RETURN format('tool %s changed from version %s to %s', a.tool, a.tool_version, v_tool.version);
     END IF;
     SELECT e.epoch INTO v_epoch FROM keyturn.auth_epoch e
-     WHERE e.tenant = a.tenant AND e.principal = a.principal FOR SHARE;
+     WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE;
     IF coalesce(v_epoch, 0) <> a.epoch THEN
         RETURN format('the authorization of principal %s changed (epoch %s, now %s)', a.principal, a.epoch, coalesce(v_epoch, 0));
     END IF;
@@ -2422,10 +2549,49 @@ BEGIN
     IF NOT keyturn._has_grant(a.tenant, a.principal, a.tool) THEN
         RETURN format('principal %s no longer holds a grant for tool %s', a.principal, a.tool);
     END IF;
-    SELECT c.how INTO v_how FROM keyturn.cancelled_origin c
-     WHERE c.tenant = a.tenant AND c.principal = a.principal AND c.conversation_id = a.conversation_id;
-    IF FOUND THEN
-        RETURN format('conversation %s was %s', a.conversation_id, v_how);
+    IF a.conversation_id IS NOT NULL THEN
+        v_how := keyturn._ended_how(a.tenant, a.principal, a.conversation_id);
+        IF v_how IS NOT NULL THEN
+            RETURN format('conversation %s was %s', a.conversation_id, v_how);
+        END IF;
+    END IF;
+    PERFORM keyturn._recheck_at_commit(a.tool, a.tool_version, a.tenant, a.principal, a.epoch);
+    RETURN NULL;
+END
+$$;
+
+-- What the commit of a transaction asks of each approval decision it made
+-- (keyturn._recheck_at_commit, extension/src/committed.rs), on the newest
+-- committed data: why the tool version or the proposer's authorization it
+-- was decided on no longer holds, or NULL. No lock: a commit never waits.
+CREATE OR REPLACE FUNCTION keyturn._commit_problem(p_tool text, p_version int, p_tenant text, p_principal text,
+                                        p_epoch bigint)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_tool  keyturn.tool;
+    v_epoch bigint;
+    v_local regclass;
+BEGIN
+    IF keyturn._citus_present() THEN
+        v_local := keyturn._local_placement('keyturn.tool');
+    END IF;
+    IF v_local IS NULL THEN
+        SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = p_tool;
+    ELSE
+        EXECUTE format('SELECT t.* FROM %s t WHERE t.name = $1', v_local) INTO v_tool USING p_tool;
+    END IF;
+    IF v_tool.name IS NULL OR NOT v_tool.enabled THEN
+        RETURN format('tool %s was disabled', p_tool);
+    END IF;
+    IF v_tool.version <> p_version THEN
+        RETURN format('tool %s changed from version %s to %s', p_tool, p_version, v_tool.version);
+    END IF;
+    SELECT e.epoch INTO v_epoch FROM keyturn.auth_epoch e
+     WHERE e.tenant = p_tenant AND e.principal = p_principal;
+    IF coalesce(v_epoch, 0) <> p_epoch THEN
+        RETURN format('the authorization of principal %s changed', p_principal);
     END IF;
     RETURN NULL;
 END
@@ -2917,7 +3083,9 @@ AS $$
     SELECT keyturn._end_conversation(archive_conversation.conversation_id, 'archived', 'archive_conversation')
 $$;
 
--- 55000 when the conversation a proposal comes from has ended for its principal.
+-- 55000 when the conversation a proposal comes from has ended for its
+-- principal, as committed (keyturn._ended_how reads past a REPEATABLE READ
+-- snapshot: an archive committed after it still ends the conversation).
 CREATE OR REPLACE FUNCTION keyturn._refuse_ended_conversation(p_tenant text, p_principal text, p_conversation text)
 RETURNS void
 LANGUAGE plpgsql STABLE
@@ -2928,9 +3096,8 @@ BEGIN
     IF p_conversation IS NULL THEN
         RETURN;
     END IF;
-    SELECT c.how INTO v_how FROM keyturn.cancelled_origin c
-     WHERE c.tenant = p_tenant AND c.principal = p_principal AND c.conversation_id = p_conversation;
-    IF FOUND THEN
+    v_how := keyturn._ended_how(p_tenant, p_principal, p_conversation);
+    IF v_how IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: conversation % was %; it can start no new actions', p_conversation, v_how
             USING ERRCODE = '55000';
     END IF;
@@ -3339,7 +3506,8 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF p_scope IS NULL THEN
-        RAISE EXCEPTION 'keyturn: scope is required (''{}'' covers every call of the tool)' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'keyturn: scope is required' USING ERRCODE = '22023',
+            HINT = 'A standing approval covers a call only when its scope names every params path the call carries, e.g. {"params": {"set.stage": {"eq": "won"}, "where.id": {"any": true}}}.';
     END IF;
     v_scope := keyturn._check_scope(p_scope);
     IF v_ver.executor = 'sql' THEN
@@ -3348,10 +3516,10 @@ BEGIN
     END IF;
     v_now := clock_timestamp();
     v_epoch := keyturn._epoch(v_tenant, v_principal);
-    INSERT INTO keyturn.delegation (id, tenant, principal, tool, scope, max_uses, epoch, db_role, created_at,
-                                    expires_at)
-    VALUES (v_id, v_tenant, v_principal, p_tool, v_scope, p_max_uses, v_epoch, p_caller::regrole::text, v_now,
-            v_now + p_valid_for);
+    INSERT INTO keyturn.delegation (id, tenant, principal, tool, tool_version, scope, max_uses, epoch, db_role,
+                                    created_at, expires_at)
+    VALUES (v_id, v_tenant, v_principal, p_tool, v_ver.version, v_scope, p_max_uses, v_epoch,
+            p_caller::regrole::text, v_now, v_now + p_valid_for);
     RETURN v_id;
 END
 $$;
@@ -3388,9 +3556,35 @@ BEGIN
 END
 $$;
 
+-- Why a standing approval covers nothing any more, or NULL while it is
+-- live: the one statement of what "live" means, for _spend_delegation's
+-- choice and for delegations()' answer. p_tool_version is the tool's
+-- current version (read by the caller: on Citus keyturn.tool is a reference
+-- table, read in a statement of its own).
+CREATE OR REPLACE FUNCTION keyturn._delegation_ended(d keyturn.delegation, p_tool_version int, p_epoch bigint,
+                                          p_at timestamptz)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN CASE
+        WHEN d.revoked_at IS NOT NULL THEN 'revoked'
+        WHEN d.expires_at <= p_at THEN 'expired'
+        WHEN d.uses >= d.max_uses THEN 'its uses are spent'
+        WHEN p_tool_version IS DISTINCT FROM d.tool_version
+            THEN format('the tool changed from version %s to %s; a new version needs a new standing approval',
+                        d.tool_version, coalesce(p_tool_version::text, 'none'))
+        WHEN p_epoch IS DISTINCT FROM d.epoch THEN 'the authorization of its principal changed'
+        WHEN to_regrole(d.db_role) IS NULL THEN format('its role %s no longer exists', d.db_role)
+        WHEN pg_has_role(d.db_role, 'keyturn_agent', 'MEMBER')
+            THEN format('its role %s is now a member of keyturn_agent', d.db_role)
+    END;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION keyturn._delegations()
 RETURNS TABLE (o_delegation_id uuid, o_principal text, o_tool text, o_scope jsonb, o_max_uses int,
-               o_uses int, o_expires_at timestamptz, o_revoked boolean)
+               o_uses int, o_expires_at timestamptz, o_revoked boolean, o_tool_version int, o_ended text)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -3398,23 +3592,33 @@ DECLARE
     v_tenant    text := keyturn.current_tenant();
     v_principal text := keyturn.current_principal();
     v_role      text;
+    v_now       timestamptz := clock_timestamp();
+    d           keyturn.delegation;
+    v_version   int;
 BEGIN
     v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
-    RETURN QUERY
-        SELECT d.id, d.principal, d.tool, d.scope, d.max_uses, d.uses, d.expires_at, d.revoked_at IS NOT NULL
-          FROM keyturn.delegation d
-         WHERE d.tenant = v_tenant AND (v_role IN ('approver', 'admin') OR d.principal = v_principal)
-         ORDER BY d.created_at, d.id;
+    FOR d IN
+        SELECT x.* FROM keyturn.delegation x
+         WHERE x.tenant = v_tenant AND (v_role IN ('approver', 'admin') OR x.principal = v_principal)
+         ORDER BY x.created_at, x.id
+    LOOP
+        SELECT t.version INTO v_version FROM keyturn.tool t WHERE t.name = d.tool;
+        RETURN QUERY SELECT d.id, d.principal, d.tool, d.scope, d.max_uses, d.uses, d.expires_at,
+                            d.revoked_at IS NOT NULL, d.tool_version,
+                            keyturn._delegation_ended(d, v_version, keyturn._epoch(d.tenant, d.principal), v_now);
+    END LOOP;
 END
 $$;
 
 -- The live standing approval of the proposing principal that covers a new
--- proposal, with one of its uses spent, or NULL. Live: not revoked, not
--- past its end, uses left, the delegator's authorization unchanged since it
--- was made, its role still there, and the tool's current version still one a
--- standing approval may approve. The use is spent by one conditional UPDATE:
+-- proposal, with one of its uses spent, or NULL. Live: as
+-- keyturn._delegation_ended says (not revoked, not past its end, uses left,
+-- given for this tool version, the delegator's authorization unchanged, its
+-- role still there and still no agent), and the tool version one a standing
+-- approval may approve. Covers: its scope names every path the params carry
+-- (keyturn._scope_uncovered). The use is spent by one conditional UPDATE:
 -- concurrent proposals wait on the row, and the one that finds the uses gone
--- is simply not covered.
+-- is simply not covered (under REPEATABLE READ: fails to serialize).
 CREATE OR REPLACE FUNCTION keyturn._spend_delegation(p_tenant text, p_action uuid, p_ver keyturn.tool_version, p_params jsonb,
                                           p_count int)
 RETURNS keyturn.delegation
@@ -3430,14 +3634,16 @@ BEGIN
         RETURN NULL;
     END IF;
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_action AND x.tenant = p_tenant;
+    v_now := clock_timestamp();
     FOR c IN
         SELECT x.* FROM keyturn.delegation x
          WHERE x.tenant = a.tenant AND x.principal = a.principal AND x.tool = a.tool
-           AND x.revoked_at IS NULL AND x.expires_at > clock_timestamp() AND x.uses < x.max_uses
-           AND x.epoch = a.epoch AND to_regrole(x.db_role) IS NOT NULL
+           AND x.tool_version = p_ver.version AND x.revoked_at IS NULL AND x.expires_at > v_now
+           AND x.uses < x.max_uses AND x.epoch = a.epoch
          ORDER BY x.expires_at, x.id
     LOOP
-        CONTINUE WHEN keyturn._scope_violation(c.scope, p_params, p_count) IS NOT NULL;
+        CONTINUE WHEN keyturn._delegation_ended(c, p_ver.version, a.epoch, v_now) IS NOT NULL;
+        CONTINUE WHEN keyturn._scope_uncovered(c.scope, p_params, p_count) IS NOT NULL;
         v_now := clock_timestamp();
         UPDATE keyturn.delegation x SET uses = x.uses + 1
          WHERE x.id = c.id AND x.tenant = c.tenant AND x.uses < x.max_uses AND x.revoked_at IS NULL
@@ -3550,9 +3756,16 @@ BEGIN
         RAISE EXCEPTION 'keyturn: the role % that recorded message % no longer exists', r.recorded_role, r.message_id
             USING ERRCODE = '42501';
     END IF;
-    SELECT x.turn_id INTO v_latest FROM keyturn.request x
-     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.conversation_id = r.conversation_id
-     ORDER BY x.seq DESC LIMIT 1;
+    -- Separation of duties when the request is used, not only when it was
+    -- recorded: a role that has since become an agent records nothing.
+    IF pg_has_role(r.recorded_role, 'keyturn_agent', 'MEMBER') THEN
+        RAISE EXCEPTION 'keyturn: the role % that recorded message % is now a member of keyturn_agent; its requests admit nothing', r.recorded_role, r.message_id
+            USING ERRCODE = '42501',
+                  HINT = 'The person records the request again through a role that is not an agent.';
+    END IF;
+    -- What is committed, whatever the snapshot: a turn recorded after a
+    -- REPEATABLE READ snapshot still makes this one stale.
+    v_latest := keyturn._latest_turn(p_tenant, p_principal, r.conversation_id);
     IF v_latest IS DISTINCT FROM r.turn_id THEN
         RAISE EXCEPTION 'keyturn: turn % is no longer the latest of conversation % (now %)', r.turn_id, r.conversation_id, v_latest
             USING ERRCODE = '55000',
@@ -3613,6 +3826,32 @@ AS $$
     SELECT 25 * 1024 * 1024::bigint
 $$;
 
+-- What one principal may have staged and waiting (bound to no final action):
+-- 20 files, 100 MiB.
+CREATE OR REPLACE FUNCTION keyturn._max_staged_files()
+RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 20 $$;
+
+CREATE OR REPLACE FUNCTION keyturn._max_staged_bytes()
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 100::bigint * 1024 * 1024 $$;
+
+-- The files and bytes a principal has staged and waiting, as committed (and
+-- this transaction's own): files go with their action's final status, so
+-- every row still there counts.
+CREATE OR REPLACE FUNCTION keyturn._staged_quota(p_tenant text, p_principal text)
+RETURNS TABLE (files bigint, bytes bigint)
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v text := keyturn._committed_staged(p_tenant, p_principal);
+BEGIN
+    RETURN QUERY SELECT split_part(v, ' ', 1)::bigint, split_part(v, ' ', 2)::bigint;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION keyturn.stage_file(content bytea, filename text, content_type text)
 RETURNS TABLE (file_id uuid, sha256 text, size bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -3623,14 +3862,19 @@ DECLARE
     v_principal text := keyturn.current_principal();
     v_id        uuid := keyturn._uuid_v7();
     v_hash      text;
+    v_problem   text;
+    v_now       timestamptz;
+    v_files     bigint;
+    v_bytes     bigint;
 BEGIN
     PERFORM keyturn._refuse_nested('stage_file');
     PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
-    IF stage_file.filename IS NULL OR stage_file.filename = '' OR octet_length(stage_file.filename) > 255
-       OR stage_file.filename ~ '[/\\[:cntrl:]]' OR stage_file.filename IN ('.', '..') THEN
-        RAISE EXCEPTION 'keyturn: filename must be 1 to 255 bytes without a path separator (/ or \) or a control character'
-            USING ERRCODE = '22023';
+    v_problem := keyturn._filename_problem(stage_file.filename);
+    IF stage_file.filename IS NULL OR v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: filename %', coalesce(v_problem, 'is required')
+            USING ERRCODE = '22023',
+                  HINT = 'A filename is 1 to 255 bytes without a path separator (/ or \), a control, bidi control or invisible character.';
     END IF;
     IF stage_file.content_type IS NULL
        OR stage_file.content_type !~ '^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*$' THEN
@@ -3643,6 +3887,21 @@ BEGIN
         RAISE EXCEPTION 'keyturn: a staged file holds 1 byte to % bytes, not %', keyturn._max_file_bytes(),
                 coalesce(length(stage_file.content), 0)
             USING ERRCODE = '22023';
+    END IF;
+    -- The quota: files and bytes of this principal not yet gone with a final
+    -- status, counted one staging at a time (the stager row is locked;
+    -- under REPEATABLE READ a staging committed after the snapshot makes
+    -- this fail to serialize) on what is committed.
+    v_now := clock_timestamp();
+    INSERT INTO keyturn.stager AS x (tenant, principal, last_staged_at) VALUES (v_tenant, v_principal, v_now)
+    ON CONFLICT ON CONSTRAINT stager_pkey DO UPDATE SET last_staged_at = EXCLUDED.last_staged_at;
+    SELECT q.files, q.bytes INTO v_files, v_bytes FROM keyturn._staged_quota(v_tenant, v_principal) q;
+    IF v_files + 1 > keyturn._max_staged_files()
+       OR v_bytes + length(stage_file.content) > keyturn._max_staged_bytes() THEN
+        RAISE EXCEPTION 'keyturn: principal % has % staged files of % bytes waiting; at most % files and % bytes may wait',
+                v_principal, v_files, v_bytes, keyturn._max_staged_files(), keyturn._max_staged_bytes()
+            USING ERRCODE = '54000',
+                  HINT = 'Files go when the action they are bound to ends, and unbound ones a day after staging.';
     END IF;
     v_hash := encode(sha256(stage_file.content), 'hex');
     INSERT INTO keyturn.staged_file (id, tenant, principal, filename, content_type, size, sha256, content)
@@ -3670,10 +3929,19 @@ BEGIN
                            WHERE k NOT IN ('file_id', 'sha256', 'filename', 'content_type', 'size'))
                OR jsonb_typeof(e -> 'file_id') <> 'string'
                OR (e ->> 'file_id') !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-               OR jsonb_typeof(e -> 'size') <> 'number') THEN
+               -- Typed here, at propose: an integer written as one (14,
+               -- never 14.0 or "14"), 64 lowercase hex digits, a name that
+               -- reads as itself. What passes can be cast later without
+               -- failing after the approval (docs/security.md, row 24).
+               OR jsonb_typeof(e -> 'size') <> 'number' OR (e ->> 'size') !~ '^[0-9]{1,15}$'
+               OR jsonb_typeof(e -> 'sha256') <> 'string' OR (e ->> 'sha256') !~ '^[0-9a-f]{64}$'
+               OR jsonb_typeof(e -> 'filename') <> 'string'
+               OR keyturn._filename_problem(e ->> 'filename') IS NOT NULL
+               OR jsonb_typeof(e -> 'content_type') <> 'string') THEN
         RAISE EXCEPTION 'keyturn: params.% must be an array of {"file_id", "sha256", "filename", "content_type", "size"}',
                 p_ver.attachments_param
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+                  HINT = 'Repeat what stage_file returned: file_id a uuid, sha256 64 lowercase hex digits, size an integer, filename and content_type as staged.';
     END IF;
     RETURN QUERY SELECT e.ord, (e.value ->> 'file_id')::uuid, e.value
                    FROM jsonb_array_elements(v_list) WITH ORDINALITY AS e (value, ord);
@@ -5519,6 +5787,7 @@ COMMENT ON TABLE keyturn.staged_payload IS 'Digest-retained external actions: th
 COMMENT ON TABLE keyturn.vote IS 'Quorum votes, one per principal and action.';
 COMMENT ON TABLE keyturn.delegation IS 'Standing approvals: what a person approves in advance, within a scope, uses and time.';
 COMMENT ON TABLE keyturn.staged_file IS 'Private attachments: the bytes, bound to one action, deleted with its final status.';
+COMMENT ON TABLE keyturn.stager IS 'One row per principal that staged a file: the lock its stagings take to count the quota.';
 COMMENT ON TABLE keyturn.projection IS 'Read-side projections: the current version per provider.';
 COMMENT ON TABLE keyturn.projection_version IS 'Every registered projection spec: which fields of a provider''s data may reach a prompt.';
 COMMENT ON TABLE keyturn.attempt IS 'One row per provider attempt; kept after reconciliation.';
@@ -5635,6 +5904,13 @@ GRANT EXECUTE ON FUNCTION
 TO PUBLIC;
 
 GRANT SELECT ON ALL TABLES IN SCHEMA keyturn TO keyturn_agent, keyturn_approver;
+-- Except the bytes of staged files and the params of digest actions: only
+-- the dispatcher reads them, through a lease (keyturn.file_content, lease).
+-- The other columns stay readable, under row-level security.
+REVOKE SELECT ON keyturn.staged_file, keyturn.staged_payload FROM keyturn_agent, keyturn_approver;
+GRANT SELECT (id, tenant, principal, filename, content_type, size, sha256, staged_at, action_id)
+    ON keyturn.staged_file TO keyturn_agent, keyturn_approver;
+GRANT SELECT (action_id, tenant, principal, staged_at) ON keyturn.staged_payload TO keyturn_agent, keyturn_approver;
 
 GRANT EXECUTE ON FUNCTION keyturn.classify(text)
 TO keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
@@ -5708,3 +5984,37 @@ TO keyturn_agent, keyturn_approver;
 -- ==== sql/upgrade/0.2.0--0.3.0.post.sql ====
 
 -- pg_keyturn 0.2.0 -> 0.3.0: after the code (hand-written; runs last).
+
+-- Attachment metadata 0.2.0 accepted and 0.3.0 refuses at propose (a size
+-- written 14.0, an uppercase sha256, a filename with a bidi control): such an
+-- action could never be sent, since reading its attachments failed after
+-- begin_dispatch and left it executing. Not yet started: invalidated, with
+-- the reason; executing: failed (keyturnd reads the attachments before it
+-- builds the request, so nothing was sent). Uncertain ones stay for an
+-- operator, who may now reconcile them failed.
+DO $$
+DECLARE
+    a keyturn.action;
+    v keyturn.tool_version;
+    v_reason text := 'its attachment metadata does not fit what 0.3.0 requires at propose (size an integer, '
+                     || 'sha256 64 lowercase hex digits, a filename that reads as itself); nothing was sent';
+BEGIN
+    FOR a IN
+        SELECT x.* FROM keyturn.action x JOIN keyturn.tool_version t ON t.tool = x.tool AND t.version = x.tool_version
+         WHERE t.attachments_param IS NOT NULL AND x.status IN ('pending', 'queued', 'leased', 'executing')
+    LOOP
+        SELECT t.* INTO v FROM keyturn.tool_version t WHERE t.tool = a.tool AND t.version = a.tool_version;
+        BEGIN
+            PERFORM keyturn._attachments(v, coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
+                                                                  WHERE s.action_id = a.id AND s.tenant = a.tenant)));
+        EXCEPTION WHEN invalid_parameter_value THEN
+            PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'upgrade to 0.3.0: attachment metadata'));
+            UPDATE keyturn.action x
+               SET status = CASE WHEN a.status = 'executing' THEN 'failed' ELSE 'invalidated' END::keyturn.status,
+                   result = jsonb_build_object('reason', v_reason), updated_at = clock_timestamp(),
+                   lease_id = NULL, leased_by = NULL, lease_expires_at = NULL
+             WHERE x.id = a.id AND x.tenant = a.tenant;
+        END;
+    END LOOP;
+END
+$$;

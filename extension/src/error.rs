@@ -74,3 +74,17 @@ impl<T, E: Into<KeyturnError>> OrRaise<T> for Result<T, E> {
         }
     }
 }
+
+/// Keeps Rust backtraces out of every error a client sees. pgrx's panic hook
+/// captures one (`Backtrace::capture`) whenever `RUST_BACKTRACE` or
+/// `RUST_LIB_BACKTRACE` asks for it, and sends it in the error's DETAIL, with
+/// the build's source paths: a postmaster started from a developer's shell,
+/// or an image that sets `RUST_BACKTRACE=1`, would hand them to every caller.
+/// std reads `RUST_LIB_BACKTRACE` before `RUST_BACKTRACE`, once per process,
+/// so `0` set before any error is raised decides it, whatever the
+/// environment said. Called from `_PG_init`.
+pub fn keep_backtraces_out() {
+    // The backend is single-threaded, and this runs before any error could
+    // have read the variable.
+    std::env::set_var("RUST_LIB_BACKTRACE", "0");
+}

@@ -9,6 +9,7 @@
 /// Runs once per backend, when the library is loaded.
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    error::keep_backtraces_out();
     guc::register();
     xact::register();
     route_guard::register();
@@ -22,6 +23,7 @@ mod approval; // the approval binding: MAC under a key only the owner reads
 mod args; // arguments checked before anything is read: names, lease's, a batch's
 mod canonical; // canonical_json, params_hash (RFC 8785 + SHA-256), written values
 mod citus; // whether Citus is here; identity re-asserted for its workers before a business statement
+mod committed; // admission on committed data under every isolation level; the commit's recheck
 mod exec_as; // _exec_as: run a statement as the caller, under RLS
 mod fence; // fence: projected, neutralized, marked reference blocks
 mod gate; // propose and the person's calls: separation of duties + owner elevation

@@ -19,6 +19,12 @@ fn parse(json: &JsonbText) -> Value {
     keyturn_core::canonical::parse_bounded(&json.0).or_raise()
 }
 
+/// Why `name` cannot name a staged file (keyturn-core `text`), or NULL.
+#[pg_extern(name = "_filename_problem", immutable, strict, parallel_safe)]
+fn filename_problem(name: &str) -> Option<String> {
+    keyturn_core::text::filename_problem(name)
+}
+
 /// The path of the first credential-shaped key or value, or NULL.
 #[pg_extern(name = "_credential_path", immutable, strict, parallel_safe)]
 fn credential_path(params: JsonbText) -> Option<String> {
@@ -145,5 +151,34 @@ fn scope_violation(
     let Some(params) = params else {
         return Some("params are missing".into());
     };
-    scope::scope_violation(&scope.0, &params.0, target_count.map(i64::from)).or_raise()
+    scope::scope_violation(
+        &scope.0,
+        &params.0,
+        target_count.map(i64::from),
+        scope::Reach::Bounds,
+    )
+    .or_raise()
+}
+
+/// As `_scope_violation`, for a standing approval: NULL only when the scope
+/// also names every path the params carry (keyturn-core `scope`, "covers").
+#[pg_extern(name = "_scope_uncovered", immutable, parallel_safe)]
+fn scope_cover_violation(
+    scope: Option<JsonbText>,
+    params: Option<JsonbText>,
+    target_count: Option<i32>,
+) -> Option<String> {
+    let Some(scope) = scope else {
+        return Some("there is no scope".into());
+    };
+    let Some(params) = params else {
+        return Some("params are missing".into());
+    };
+    scope::scope_violation(
+        &scope.0,
+        &params.0,
+        target_count.map(i64::from),
+        scope::Reach::Covers,
+    )
+    .or_raise()
 }

@@ -1,28 +1,53 @@
 //! Backend state that must not outlive a transaction (the acting role, a
-//! business statement under way) is forgotten when every transaction ends,
-//! committed or aborted, whatever path the code took.
+//! business statement under way, the approval decisions to check again at
+//! commit) is forgotten when every transaction ends, committed or aborted,
+//! whatever path the code took; and the commit itself checks those decisions
+//! again (crate::committed).
 
 use pgrx::pg_sys;
+use pgrx::prelude::*;
 
-use crate::{actor, privilege};
+use crate::{actor, committed, privilege};
 
-/// Registers the callback; once per backend, from `_PG_init`.
+/// Registers the callbacks; once per backend, from `_PG_init`.
 pub fn register() {
-    // SAFETY: registering a plain function pointer with no argument.
-    unsafe { pg_sys::RegisterXactCallback(Some(at_end), std::ptr::null_mut()) }
+    // SAFETY: registering plain function pointers with no argument.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(at_end), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(at_sub_end), std::ptr::null_mut());
+    }
 }
 
+/// pg_guard: the commit check may raise an ERROR, which must reach
+/// PostgreSQL as an ERROR (aborting the commit), never unwind into C.
+#[pg_guard]
 unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
-    if matches!(
-        event,
+    match event {
+        XACT_EVENT_PRE_COMMIT | XACT_EVENT_PRE_PREPARE => committed::check_noted(),
         XACT_EVENT_COMMIT
-            | XACT_EVENT_ABORT
-            | XACT_EVENT_PREPARE
-            | XACT_EVENT_PARALLEL_COMMIT
-            | XACT_EVENT_PARALLEL_ABORT
-    ) {
-        actor::clear();
-        privilege::reset_business();
+        | XACT_EVENT_ABORT
+        | XACT_EVENT_PREPARE
+        | XACT_EVENT_PARALLEL_COMMIT
+        | XACT_EVENT_PARALLEL_ABORT => {
+            actor::clear();
+            privilege::reset_business();
+            committed::forget_all();
+        }
+        _ => {}
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn at_sub_end(
+    event: pg_sys::SubXactEvent::Type,
+    _my_subid: pg_sys::SubTransactionId,
+    _parent_subid: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        // SAFETY: a plain read of the backend's transaction state; the
+        // aborting subtransaction is still the current level here.
+        committed::forget_from_level(unsafe { pg_sys::GetCurrentTransactionNestLevel() });
     }
 }

@@ -41,3 +41,38 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- Every author of a revision chain (the proposer and each reviser) is a
+-- proposer for independent and quorum approval: the authors of existing
+-- actions, from their chains. A chain is followed from its first proposal.
+ALTER TABLE keyturn.action ADD COLUMN authors text[];
+WITH RECURSIVE chain (id, tenant, authors) AS (
+    SELECT a.id, a.tenant, ARRAY[a.principal] FROM keyturn.action a WHERE a.revised_from IS NULL
+    UNION ALL
+    SELECT a.id, a.tenant,
+           CASE WHEN a.revised_by IS NULL OR a.revised_by = ANY (c.authors) THEN c.authors
+                ELSE c.authors || a.revised_by END
+      FROM keyturn.action a JOIN chain c ON a.revised_from = c.id AND a.tenant = c.tenant
+)
+UPDATE keyturn.action a SET authors = c.authors FROM chain c WHERE a.id = c.id AND a.tenant = c.tenant;
+-- A revision whose original is gone (none in practice): its own principal
+-- and reviser.
+UPDATE keyturn.action a SET authors = array_remove(ARRAY[a.principal, a.revised_by], NULL)
+ WHERE a.authors IS NULL;
+ALTER TABLE keyturn.action ALTER COLUMN authors SET NOT NULL;
+
+-- A standing approval is bound to the tool version it was given for. Those
+-- made under 0.2.0 are bound to the version their tool has now, the one
+-- they have been covering.
+ALTER TABLE keyturn.delegation ADD COLUMN tool_version int;
+UPDATE keyturn.delegation d SET tool_version = t.version FROM keyturn.tool t WHERE t.name = d.tool;
+ALTER TABLE keyturn.delegation ALTER COLUMN tool_version SET NOT NULL;
+
+-- The staging quota's lock row per principal (sql/056_files.sql).
+CREATE TABLE keyturn.stager (
+    tenant          text        NOT NULL,
+    principal       text        NOT NULL,
+    last_staged_at  timestamptz NOT NULL,
+    PRIMARY KEY (tenant, principal)
+);
+SELECT pg_catalog.pg_extension_config_dump('keyturn.stager', '');

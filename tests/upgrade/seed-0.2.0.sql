@@ -175,12 +175,21 @@ BEGIN;
 SELECT set_config('keyturn.tenant', 'up', true), set_config('keyturn.principal', 'alice', true), set_config('keyturn.session', 's1', true);
 INSERT INTO staged SELECT 'bound', f.file_id, f.sha256 FROM keyturn.stage_file('hello'::bytea, 'hello.txt', 'text/plain') f;
 INSERT INTO staged SELECT 'loose', f.file_id, f.sha256 FROM keyturn.stage_file('loose'::bytea, 'loose.txt', 'text/plain') f;
+INSERT INTO staged SELECT 'float', f.file_id, f.sha256 FROM keyturn.stage_file('float'::bytea, 'float.txt', 'text/plain') f;
 COMMIT;
 BEGIN;
 SELECT pg_temp.propose('pending_mail', 'up_mail', jsonb_build_object('to', 'ann@example.com', 'subject', 'hi', 'text', 'hello',
     'files', jsonb_build_array(jsonb_build_object('file_id', f.file_id, 'filename', 'hello.txt', 'content_type', 'text/plain',
                                                   'size', 5, 'sha256', f.sha256))))
   FROM staged f WHERE f.label = 'bound';
+COMMIT;
+-- Metadata 0.2.0 accepted and could never send: a size written 5.0. The
+-- upgrade invalidates it (0.3.0 types metadata at propose).
+BEGIN;
+SELECT pg_temp.propose('bad_metadata', 'up_mail', jsonb_build_object('to', 'ann@example.com', 'subject', 'hi', 'text', 'hello',
+    'files', jsonb_build_array(jsonb_build_object('file_id', f.file_id, 'filename', 'float.txt', 'content_type', 'text/plain',
+                                                  'size', 5.0, 'sha256', f.sha256))))
+  FROM staged f WHERE f.label = 'float';
 COMMIT;
 
 -- Invalidated last: the revoke bumps alice's epoch, which invalidates at
@@ -189,6 +198,9 @@ BEGIN; SELECT pg_temp.propose('invalidated', 'up_hook', '{"n": 12}'); COMMIT;
 SELECT keyturn.revoke_tool('up', 'alice', 'up_hook'), keyturn.grant_tool('up', 'alice', 'up_hook');
 BEGIN; SELECT pg_temp.approve('invalidated'); COMMIT;
 
--- What the upgrade must keep, as upgrade-check reads it back.
+-- What the upgrade must keep (status_after: what it must change), as
+-- upgrade-check reads it back.
 CREATE TABLE public.upgrade_seed AS
-SELECT s.label, s.action_id, s.lease_id, a.status::text AS status_before FROM seed s JOIN keyturn.action a ON a.id = s.action_id;
+SELECT s.label, s.action_id, s.lease_id, a.status::text AS status_before,
+       CASE s.label WHEN 'bad_metadata' THEN 'invalidated' ELSE a.status::text END AS status_after
+  FROM seed s JOIN keyturn.action a ON a.id = s.action_id;

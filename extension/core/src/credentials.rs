@@ -79,11 +79,28 @@ const KEY_FRAGMENTS: &[&str] = &[
     "sessionkey",
     "cookie",
     "clientsecret",
+    "passcode",
+    "pincode",
+    "seedphrase",
+    "mnemonic",
+    "securitycode",
+    "verificationcode",
+    "recoverycode",
+    "backupcode",
+    "otpcode",
+    "mfacode",
 ];
 
 /// Folded keys that mark a secret only when they are the whole key
 /// (`auth` is a secret; `author` and `oauth_provider` are not).
 const WHOLE_KEYS: &[&str] = &["auth", "pwd"];
+
+/// Words that mark a secret when they are a whole word of the key
+/// (`pin`, `card_pin`, `cardPin`, `otp_code`; never `spinner`, `shipping`,
+/// `opinion`, `footprint`): too short to match as fragments.
+const KEY_WORDS: &[&str] = &[
+    "pin", "otp", "totp", "hotp", "cvv", "cvc", "cvv2", "mfa", "2fa",
+];
 
 /// JSON-pointer path (RFC 6901) of the first credential in `v`, depth first with
 /// object members in key order, or `None` if there is none.
@@ -144,6 +161,34 @@ pub fn is_credential_key(key: &str) -> bool {
         || folded_fragments()
             .iter()
             .any(|f| folded.contains(f.as_str()))
+        || key_words(key).any(|w| folded_words().contains(&w))
+}
+
+/// The words of a key, folded as keys are: split at anything that is not a
+/// letter or digit and at a lower-to-upper case change (`cardPin`).
+fn key_words(key: &str) -> impl Iterator<Item = String> {
+    let normalized = for_matching(key);
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut prev_lower = false;
+    for c in normalized.chars() {
+        if (!c.is_alphanumeric() || (prev_lower && c.is_uppercase())) && !word.is_empty() {
+            words.push(fold_confusables(&std::mem::take(&mut word)));
+        }
+        if c.is_alphanumeric() {
+            word.push(c);
+        }
+        prev_lower = c.is_lowercase();
+    }
+    if !word.is_empty() {
+        words.push(fold_confusables(&word));
+    }
+    words.into_iter()
+}
+
+fn folded_words() -> &'static [String] {
+    static FOLDED: OnceLock<Vec<String>> = OnceLock::new();
+    FOLDED.get_or_init(|| KEY_WORDS.iter().map(|w| fold_confusables(w)).collect())
 }
 
 /// The key fragments folded the way keys are, so that whatever the skeleton
@@ -479,6 +524,15 @@ mod tests {
         test_passphrase_key: json!({"ssh_passphrase": "p"}) => Some("/ssh_passphrase"),
         test_private_key_key: json!({"private_key": "p"}) => Some("/private_key"),
         test_credentials_key: json!({"credentials": {}}) => Some("/credentials"),
+        test_passcode_key: json!({"passcode": "4721"}) => Some("/passcode"),
+        test_pin_key: json!({"pin": "4721"}) => Some("/pin"),
+        test_card_pin_camel_key: json!({"cardPin": "4721"}) => Some("/cardPin"),
+        test_pin_code_key: json!({"pin_code": "4721"}) => Some("/pin_code"),
+        test_otp_key: json!({"otp": "123456"}) => Some("/otp"),
+        test_totp_key: json!({"user": {"totp": "123456"}}) => Some("/user/totp"),
+        test_seed_phrase_key: json!({"seed_phrase": "x"}) => Some("/seed_phrase"),
+        test_cvv_key: json!({"cvv": "123"}) => Some("/cvv"),
+        test_words_that_hold_pin_are_not_secrets: json!({"spinner": 1, "shipping": 2, "opinion": 3, "pinned_at": 4, "footprint": 5, "option": 6}) => None,
         test_session_key_key: json!({"session-key": "x"}) => Some("/session-key"),
         test_passwd_key: json!({"PASSWD": "x"}) => Some("/PASSWD"),
         test_auth_whole_key: json!({"Auth": "x"}) => Some("/Auth"),

@@ -29,7 +29,10 @@
 //! * a string at a path: cut to `max_length` characters (the last being `…`
 //!   when cut), or `"[redacted]"` (cut the same way) if it is
 //!   credential-shaped;
-//! * a number, boolean or null at a path: as it is;
+//! * a number at a path: as it is, unless its digits are more than
+//!   `max_length` characters: then the string of its digits, cut as a string
+//!   is (a 2,000-digit number is as much text as 2,000 letters);
+//! * a boolean or null at a path: as it is;
 //! * an object or array at a path: dropped. A path names values, so a
 //!   container is kept only through paths into it (`from.email`,
 //!   `labels[]`), never wholesale;
@@ -303,7 +306,19 @@ fn project(node: &Node, v: &Value) -> Option<Value> {
             };
             Some(Value::String(cut(s, max)))
         }
-        Value::Number(_) | Value::Bool(_) | Value::Null => node.leaf.map(|_| v.clone()),
+        // A number is bounded like a string: its digits are text the model
+        // reads, and 2,000 of them are as much a channel as 2,000 letters.
+        // One longer than max_length becomes the string of its cut digits.
+        Value::Number(n) => {
+            let max = node.leaf?;
+            let digits = n.to_string();
+            Some(if digits.chars().count() > max {
+                Value::String(cut(&digits, max))
+            } else {
+                v.clone()
+            })
+        }
+        Value::Bool(_) | Value::Null => node.leaf.map(|_| v.clone()),
     }
 }
 
@@ -502,7 +517,7 @@ mod tests {
             "snippet": {"max_length": 200},
             "labels[]": {"max_length": 10},
             "messages[].snippet": {"max_length": 8},
-            "size": {"max_length": 1},
+            "size": {"max_length": 12},
             "unread": {"max_length": 1},
             "thread": {"max_length": 50},
             "rows[][]": {"max_length": 5},
@@ -622,14 +637,23 @@ mod tests {
         assert_eq!(subject.chars().count(), 20);
         assert_eq!(subject, format!("{}…", "é".repeat(19)));
         assert_eq!(out["labels"], json!(["inbox", "important…"]));
-        // A bound of one keeps only the ellipsis; "size" bounds numbers not at all.
+        // A bound of one keeps only the ellipsis.
         let one = compile(&json!({"fields": {"s": {"max_length": 1}}})).unwrap();
         assert_eq!(one.apply(&json!({"s": "abc"})), json!({"s": "…"}));
         assert_eq!(one.apply(&json!({"s": "a"})), json!({"s": "a"}));
+        // Numbers are bounded like strings: within the bound as they are,
+        // beyond it the string of their cut digits.
         assert_eq!(
             gmail().apply(&json!({"size": 123456789})),
             json!({"size": 123456789})
         );
+        let huge: Value = serde_json::from_str(&"9".repeat(2010)).unwrap();
+        assert_eq!(
+            gmail().apply(&json!({"size": huge})),
+            json!({"size": format!("{}…", "9".repeat(11))})
+        );
+        assert_eq!(one.apply(&json!({"s": 7})), json!({"s": 7}));
+        assert_eq!(one.apply(&json!({"s": -7})), json!({"s": "…"}));
     }
 
     #[test]

@@ -19,7 +19,9 @@
 //!   be named. Control characters are refused in paths, because PostgreSQL text
 //!   cannot carry all of them and no real params key holds one.
 //! * A **constraint** is an object with at least one of `eq`, `in`, `min`, `max`,
-//!   `max_length`. Several may be combined; every one must hold.
+//!   `max_length`. Several may be combined; every one must hold. Or it is
+//!   exactly `{"any": true}`: the path is free, any value passes, and the scope
+//!   says so in as many words.
 //!   * `{"eq": v}` — the value equals `v` (any JSON).
 //!   * `{"in": [v, …]}` — a non-empty list of scalars. A scalar value must be in
 //!     the list; for an array value *every element* must be (so an empty array
@@ -29,6 +31,14 @@
 //!     arrays count elements; other values fail.
 //! * A path absent from params fails its constraint: a scope never allows a call
 //!   by leaving something out.
+//! * What a scope leaves out, it does not bound. For a scoped grant that is
+//!   enough: a person still approves what the agent proposes. A standing
+//!   approval approves without anyone looking, so it **covers** a call only
+//!   when it also names every path the params carry ([`Scope::check_covering`]):
+//!   each leaf (a value that is not a non-empty object: a scalar, an array, an
+//!   empty object) must be named, or lie under a named path. Arrays are leaves,
+//!   checked element by element by `in`; a params key holding a dot can never
+//!   be named, so it is never covered.
 //! * `max_targets` bounds the number of targets the call resolves to (matched
 //!   rows of a sql tool, the length of an external tool's targets param). The
 //!   caller passes that count; with `None` this check is skipped, so the caller
@@ -86,6 +96,8 @@ struct PathConstraint {
     min: Option<Bound>,
     max: Option<Bound>,
     max_length: Option<u64>,
+    /// `{"any": true}`: a free path, named so that a standing approval covers it.
+    any: bool,
 }
 
 /// A constraint value held as its canonical text: equal canonical texts are
@@ -140,6 +152,15 @@ impl Violation {
     /// Whether the violation is the `max_targets` bound rather than a params path.
     pub fn is_max_targets(&self) -> bool {
         self.on_targets
+    }
+
+    fn unnamed(path: &str) -> Self {
+        Violation::param(
+            path,
+            "is not named by the scope: a standing approval covers only the paths it \
+             names ({\"any\": true} leaves one free)"
+                .to_owned(),
+        )
     }
 }
 
@@ -250,6 +271,21 @@ impl Scope {
         Ok(())
     }
 
+    /// As [`Scope::check`], and then every path the params carry must be
+    /// named by the scope (or lie under a named path): what a standing
+    /// approval approves with nobody looking is only what its scope names.
+    pub fn check_covering(
+        &self,
+        params: &Value,
+        target_count: Option<i64>,
+    ) -> Result<(), Violation> {
+        self.check(params, target_count)?;
+        let named: BTreeSet<&[String]> =
+            self.params.iter().map(|c| c.segments.as_slice()).collect();
+        let mut prefix = Vec::new();
+        uncovered(params, &named, &mut prefix).map_or(Ok(()), |path| Err(Violation::unnamed(&path)))
+    }
+
     fn to_value(&self) -> Result<Value, CoreError> {
         // Inserted in sorted order so the result is sorted even if serde_json's
         // `preserve_order` is switched on by another crate in the build.
@@ -268,6 +304,44 @@ impl Scope {
     }
 }
 
+/// The first path (in sorted key order, depth first) that `value` carries
+/// below `prefix` and that no named path covers, or `None`.
+fn uncovered(
+    value: &Value,
+    named: &BTreeSet<&[String]>,
+    prefix: &mut Vec<String>,
+) -> Option<String> {
+    if named.contains(prefix.as_slice()) {
+        return None;
+    }
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            for key in sorted_keys(map) {
+                prefix.push(key.clone());
+                let found = uncovered(&map[key], named, prefix);
+                prefix.pop();
+                if found.is_some() {
+                    return found;
+                }
+            }
+            None
+        }
+        // A leaf, or the params object itself when empty.
+        _ if prefix.is_empty() => None,
+        _ => Some(prefix.join(".")),
+    }
+}
+
+/// How much of the params a scope must account for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// A scoped grant: the paths it names are bounded, the rest is left to
+    /// the person who approves.
+    Bounds,
+    /// A standing approval: it must also name every path the params carry.
+    Covers,
+}
+
 /// Parses both texts (bounded as in [`canonical::parse_bounded`]), compiles the
 /// scope and checks the params: `Ok(None)` inside, `Ok(Some(message))` outside,
 /// `Err` for a malformed scope or unparsable text.
@@ -275,13 +349,15 @@ pub fn scope_violation(
     scope_text: &str,
     params_text: &str,
     target_count: Option<i64>,
+    reach: Reach,
 ) -> Result<Option<String>, CoreError> {
     let scope = compile(&canonical::parse_bounded(scope_text)?)?;
     let params = canonical::parse_bounded(params_text)?;
-    Ok(scope
-        .check(&params, target_count)
-        .err()
-        .map(|v| v.to_string()))
+    let checked = match reach {
+        Reach::Bounds => scope.check(&params, target_count),
+        Reach::Covers => scope.check_covering(&params, target_count),
+    };
+    Ok(checked.err().map(|v| v.to_string()))
 }
 
 impl PathConstraint {
@@ -302,8 +378,27 @@ impl PathConstraint {
             return Err(invalid(
                 &at,
                 "the constraint is empty; give at least one of eq, in, min, max, max_length, \
-                 or remove the path",
+                 or {\"any\": true} for a free path",
             ));
+        }
+        if let Some(any) = obj.get("any") {
+            if any != &Value::Bool(true) || obj.len() > 1 {
+                return Err(invalid(
+                    &at,
+                    "\"any\" marks a free path and stands alone: write exactly {\"any\": true}, \
+                     or constrain the path with eq, in, min, max or max_length",
+                ));
+            }
+            return Ok(PathConstraint {
+                path: path.to_owned(),
+                segments,
+                eq: None,
+                one_of: None,
+                min: None,
+                max: None,
+                max_length: None,
+                any: true,
+            });
         }
         let mut c = PathConstraint {
             path: path.to_owned(),
@@ -313,6 +408,7 @@ impl PathConstraint {
             min: None,
             max: None,
             max_length: None,
+            any: false,
         };
         for key in sorted_keys(obj) {
             let value = &obj[key];
@@ -336,7 +432,7 @@ impl PathConstraint {
                         &at,
                         &format!(
                             "unknown constraint {}; use eq, in, min, max or max_length \
-                             (several may be combined, and all must hold)",
+                             (several may be combined, and all must hold), or {{\"any\": true}}",
                             quote(key)
                         ),
                     ))
@@ -435,8 +531,11 @@ impl PathConstraint {
     }
 
     fn to_value(&self) -> Result<Value, CoreError> {
-        // Keys in sorted order: eq, in, max, max_length, min.
+        // Keys in sorted order: any; or eq, in, max, max_length, min.
         let mut out = Map::new();
+        if self.any {
+            out.insert("any".to_owned(), Value::Bool(true));
+        }
         if let Some(eq) = &self.eq {
             out.insert("eq".to_owned(), eq.to_value()?);
         }
@@ -995,34 +1094,134 @@ mod tests {
     fn test_scope_violation_helper() {
         let scope = r#"{"params": {"set.stage": {"in": ["won"]}}, "max_targets": 3}"#;
         assert_eq!(
-            scope_violation(scope, r#"{"set": {"stage": "won"}}"#, Some(3)),
+            scope_violation(
+                scope,
+                r#"{"set": {"stage": "won"}}"#,
+                Some(3),
+                Reach::Bounds
+            ),
             Ok(None)
         );
         assert_eq!(
-            scope_violation(scope, r#"{"set": {"stage": "lost"}}"#, Some(3)),
+            scope_violation(
+                scope,
+                r#"{"set": {"stage": "lost"}}"#,
+                Some(3),
+                Reach::Bounds
+            ),
             Ok(Some(
                 r#"params.set.stage: "lost" is not one of ["won"]"#.to_owned()
             ))
         );
         assert_eq!(
-            scope_violation(scope, r#"{"set": {"stage": "won"}}"#, Some(4)),
+            scope_violation(
+                scope,
+                r#"{"set": {"stage": "won"}}"#,
+                Some(4),
+                Reach::Bounds
+            ),
             Ok(Some(
                 "max_targets: the call would touch 4 targets; the scope allows at most 3"
                     .to_owned()
             ))
         );
         assert!(matches!(
-            scope_violation(scope, "{", None),
+            scope_violation(scope, "{", None, Reach::Bounds),
             Err(CoreError::InvalidJson(_))
         ));
         assert!(matches!(
-            scope_violation(r#"{"a": 1, "a": 2}"#, "{}", None),
+            scope_violation(r#"{"a": 1, "a": 2}"#, "{}", None, Reach::Bounds),
             Err(CoreError::InvalidJson(_))
         ));
         assert!(matches!(
-            scope_violation(r#"{"params": 1}"#, "{}", None),
+            scope_violation(r#"{"params": 1}"#, "{}", None, Reach::Bounds),
             Err(CoreError::InvalidScope(_))
         ));
+    }
+
+    /// A standing approval covers only what its scope names: the mail that
+    /// adds a cc, the sql form that adds an amount (the attacks of
+    /// docs/security.md row 18).
+    #[test]
+    fn test_covering_needs_every_path_named() {
+        let mail = compile(&json!({"params": {"to": {"in": ["boss@acme.example"]}}})).unwrap();
+        let to_boss = json!({"to": ["boss@acme.example"]});
+        assert_eq!(mail.check_covering(&to_boss, None), Ok(()));
+        let with_cc = json!({"to": ["boss@acme.example"], "cc": ["mallory@evil.example"]});
+        assert_eq!(
+            mail.check(&with_cc, None),
+            Ok(()),
+            "a grant bounds what it names"
+        );
+        let v = mail.check_covering(&with_cc, None).unwrap_err();
+        assert_eq!(v.path, "cc");
+        assert!(v.to_string().contains("not named by the scope"), "{v}");
+
+        let stage =
+            compile(&json!({"params": {"set.stage": {"eq": "won"}, "where.id": {"any": true}}}))
+                .unwrap();
+        let form = json!({"where": {"id": 7}, "set": {"stage": "won"}});
+        assert_eq!(stage.check_covering(&form, Some(1)), Ok(()));
+        let amount = json!({"where": {"id": 7}, "set": {"stage": "won", "amount": 0.01}});
+        assert_eq!(
+            stage.check_covering(&amount, Some(1)).unwrap_err().path,
+            "set.amount"
+        );
+        // A named path covers everything below it; an empty object is a leaf.
+        let whole =
+            compile(&json!({"params": {"set": {"any": true}, "where": {"any": true}}})).unwrap();
+        assert_eq!(whole.check_covering(&amount, None), Ok(()));
+        assert_eq!(
+            mail.check_covering(&json!({"to": [], "x": {}}), None)
+                .unwrap_err()
+                .path,
+            "x"
+        );
+        // A key with a dot can never be named.
+        assert_eq!(
+            whole
+                .check_covering(&json!({"set": {}, "where": {}, "a.b": 1}), None)
+                .unwrap_err()
+                .path,
+            "a.b"
+        );
+        // {} covers only params that carry nothing.
+        let empty = compile(&json!({})).unwrap();
+        assert_eq!(empty.check_covering(&json!({}), None), Ok(()));
+        assert_eq!(
+            empty
+                .check_covering(&json!({"n": 1}), None)
+                .unwrap_err()
+                .path,
+            "n"
+        );
+        assert_eq!(
+            scope_violation(r#"{"params": {"to": {"any": true}}}"#, r#"{"to": 1, "cc": 2}"#, None, Reach::Covers)
+                .unwrap()
+                .unwrap(),
+            "params.cc: is not named by the scope: a standing approval covers only the paths it names ({\"any\": true} leaves one free)"
+        );
+    }
+
+    #[test]
+    fn test_any_stands_alone_and_round_trips() {
+        let scope = json!({"params": {"cc": {"any": true}}});
+        assert_eq!(check_scope(&scope).unwrap(), scope);
+        for bad in [
+            json!({"params": {"cc": {"any": false}}}),
+            json!({"params": {"cc": {"any": 1}}}),
+            json!({"params": {"cc": {"any": true, "eq": 1}}}),
+        ] {
+            assert!(
+                matches!(check_scope(&bad), Err(CoreError::InvalidScope(_))),
+                "{bad}"
+            );
+        }
+        // Any value passes a free path, arrays and objects included.
+        let s = compile(&scope).unwrap();
+        for v in [json!(null), json!([1, {"a": 2}]), json!({"deep": {"x": 1}})] {
+            assert_eq!(s.check_covering(&json!({"cc": v}), None), Ok(()));
+        }
     }
 
     #[test]

@@ -81,6 +81,36 @@ pub fn is_break_or_control(c: char) -> bool {
     c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
 }
 
+/// Why `name` cannot be a staged file's name, or `None`: a name the person
+/// reads on the card and a mail client shows must be the bytes it is, so
+/// no path separator, control, bidi control or invisible character (which
+/// would let `invoice\u{202E}fdp.exe` read as `invoiceexe.pdf`), nothing
+/// empty, `.` or `..`, and at most 255 bytes.
+pub fn filename_problem(name: &str) -> Option<String> {
+    if name.is_empty() || name.len() > 255 || name == "." || name == ".." {
+        return Some("must be 1 to 255 bytes, and not . or ..".to_owned());
+    }
+    if let Some(c) = name.chars().find(|&c| c == '/' || c == '\\') {
+        return Some(format!("holds the path separator {c:?}"));
+    }
+    let bad = name
+        .chars()
+        .find(|&c| is_break_or_control(c) || is_invisible(c));
+    bad.map(|c| {
+        let what = if is_bidi_control(c) {
+            "a bidi control"
+        } else if is_break_or_control(c) {
+            "a control character"
+        } else {
+            "an invisible character"
+        };
+        format!(
+            "holds {what} (U+{:04X}), which would make it read as another name",
+            u32::from(c)
+        )
+    })
+}
+
 /// Characters read as opening or closing a quotation: the Unicode
 /// Quotation_Mark property (PropList.txt), plus look-alikes that are not in it
 /// but pass for quotes on a small screen (backtick, acute accent, primes,
@@ -199,6 +229,38 @@ mod tests {
             .map(|c| format!("U+{:04X}", u32::from(c)))
             .collect();
         assert!(mismatches.is_empty(), "{mismatches:?}");
+    }
+
+    #[test]
+    fn test_filenames_that_read_as_another_are_refused() {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "a\\b",
+            "a\u{0}b",
+            "a\nb",
+            "invoice\u{202E}fdp.exe",
+            "in\u{200B}voice.pdf",
+            "a\u{2066}b",
+            "x\u{FEFF}",
+            "\u{E0041}.pdf",
+            "a\u{00AD}b",
+            "a\u{17B4}b",
+            "a\u{E0100}b",
+        ] {
+            assert!(filename_problem(bad).is_some(), "{bad:?}");
+        }
+        assert!(filename_problem(&"x".repeat(256)).is_some());
+        for good in [
+            "report.pdf",
+            "Q3 résumé (final).pdf",
+            "報告.pdf",
+            "a-b_c.tar.gz",
+        ] {
+            assert_eq!(filename_problem(good), None, "{good:?}");
+        }
     }
 
     #[test]

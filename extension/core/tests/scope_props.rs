@@ -7,7 +7,7 @@ use generators::{
     set_at, string, SAFE_INTEGER,
 };
 use keyturn_core::canonical::canonicalize_value;
-use keyturn_core::scope::{check_scope, compile, scope_violation, Scope};
+use keyturn_core::scope::{check_scope, compile, scope_violation, Reach, Scope};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
@@ -132,7 +132,7 @@ proptest! {
         count in prop::option::of(0i64..8),
     ) {
         let direct = compiled(&s).check(&p, count).err().map(|v| v.to_string());
-        let via_text = scope_violation(&s.to_string(), &p.to_string(), count).unwrap();
+        let via_text = scope_violation(&s.to_string(), &p.to_string(), count, Reach::Bounds).unwrap();
         prop_assert_eq!(direct, via_text);
     }
 
@@ -174,7 +174,7 @@ proptest! {
 
     #[test]
     fn test_hostile_scope_text_never_panics(text in hostile_scope_text(), p in params()) {
-        if let Err(e) = scope_violation(&text, &p.to_string(), Some(1)) {
+        if let Err(e) = scope_violation(&text, &p.to_string(), Some(1), Reach::Bounds) {
             prop_assert_eq!(e.sqlstate(), "22023");
         }
     }

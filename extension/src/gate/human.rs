@@ -394,6 +394,8 @@ fn delegations() -> TableIterator<
         name!(uses, i32),
         name!(expires_at, TimestampWithTimeZone),
         name!(revoked, bool),
+        name!(tool_version, i32),
+        name!(ended, Option<String>),
     ),
 > {
     refuse_agents("delegations");
@@ -411,6 +413,8 @@ fn delegations() -> TableIterator<
                 required(row, 6)?,
                 required(row, 7)?,
                 required(row, 8)?,
+                required(row, 9)?,
+                row.get(10)?,
             ))
         },
     ))

@@ -12,8 +12,16 @@ fn form(deal: i64, stage: &str) -> Value {
     json!({"where": {"id": deal}, "set": {"stage": stage}})
 }
 
+/// Any of the deals, moved to won: the scope names both paths the form
+/// carries, as a standing approval must (a path it left out would be
+/// unbounded with nobody looking).
 fn won_only() -> Value {
-    json!({"params": {"set.stage": {"eq": "won"}}})
+    json!({"params": {"set.stage": {"eq": "won"}, "where.id": {"any": true}}})
+}
+
+/// Every call of an sql stage tool: both paths named, both free.
+fn any_stage() -> Value {
+    json!({"params": {"set.stage": {"any": true}, "where.id": {"any": true}}})
 }
 
 async fn covered(w: &World, tool: &str, params: Value) -> Proposed {
@@ -237,7 +245,10 @@ async fn test_tools_that_need_a_closer_look_are_not_delegable() {
             with(json!({"effect": "irreversible", "delegable": true})),
         )
         .await;
-    let d = w.delegate(&t, json!({}), 1, "1 hour").await.unwrap();
+    let d = w
+        .delegate(&t, json!({"params": {"channel": {"any": true}}}), 1, "1 hour")
+        .await
+        .unwrap();
     let p = covered(&w, &t, json!({"channel": "c"})).await;
     assert_eq!((p.status.as_str(), p.delegation_id), ("queued", Some(d)));
 }
@@ -347,7 +358,7 @@ async fn test_covered_write_runs_as_the_delegating_role_under_its_rls() {
     let seen = w.role_table_row(&table, false).await;
     let hidden = w.role_table_row(&table, true).await;
     let person = Conn::connect(&login, w.identity()).await;
-    let d = delegate_on(&person, &t, json!({}), 5, "1 hour")
+    let d = delegate_on(&person, &t, any_stage(), 5, "1 hour")
         .await
         .unwrap();
 
@@ -474,7 +485,7 @@ async fn test_covered_external_proposal_is_queued_and_dispatched() {
     let d = w
         .delegate(
             &t,
-            json!({"params": {"channel": {"eq": "ops"}}}),
+            json!({"params": {"channel": {"eq": "ops"}, "text": {"any": true}}}),
             1,
             "1 hour",
         )

@@ -17,6 +17,7 @@ const TENANT_TABLES: &[&str] = &[
     "vote",
     "delegation",
     "staged_file",
+    "stager",
     "attempt",
     "event",
     "usage",

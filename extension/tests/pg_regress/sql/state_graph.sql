@@ -23,10 +23,10 @@ BEGIN
         v_id := md5(f::text)::uuid;
         INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor,
                                     approval, retain, param_keys, params_hash, origin, epoch,
-                                    target_count, token_digest, token_binding, idempotency_key,
+                                    target_count, token_digest, token_binding, idempotency_key, authors,
                                     created_at, expires_at, status, updated_at)
         VALUES (v_id, 'graph', 'p', 's', 'graph.tool', 1, 'external', 'self', 'full', '{}', 'h', '{}',
-                0, 1, '\x00', '\x00', 'k', now(), now() + interval '1 hour', f, now());
+                0, 1, '\x00', '\x00', 'k', '{p}', now(), now() + interval '1 hour', f, now());
         FOREACH t IN ARRAY enum_range(NULL::keyturn.status) LOOP
             CONTINUE WHEN t = f;
             BEGIN

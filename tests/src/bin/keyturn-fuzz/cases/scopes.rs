@@ -6,7 +6,7 @@
 //! must agree.
 
 use keyturn_core::canonical::parse_bounded;
-use keyturn_core::scope::{check_scope, scope_violation};
+use keyturn_core::scope::{check_scope, scope_violation, Reach};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -85,7 +85,9 @@ async fn on_grant(ctx: &mut Ctx<'_>, text: &str, core: Option<Value>, p_text: &s
             "the grant stored {stored}, which reads as {reread:?}, not {normalized}"
         ));
     }
-    let want = scope_violation(&stored, p_pg, Some(1)).ok().flatten();
+    let want = scope_violation(&stored, p_pg, Some(1), Reach::Bounds)
+        .ok()
+        .flatten();
     let alice = ctx.alice();
     let sql = "SELECT action_id FROM keyturn.propose($1, $2::text::jsonb)";
     let r = ctx
@@ -156,7 +158,7 @@ async fn on_delegation(
         .await
         .expect("the delegation")
         .get(0);
-    let covers = scope_violation(&stored, p_pg, Some(1))
+    let covers = scope_violation(&stored, p_pg, Some(1), Reach::Covers)
         .ok()
         .flatten()
         .is_none();

@@ -1,0 +1,265 @@
+//! Admission decisions on committed data, under every isolation level.
+//!
+//! Under READ COMMITTED each statement sees what is committed when it starts.
+//! Under REPEATABLE READ a transaction sees its first snapshot to the end: an
+//! agent that takes a snapshot, waits, and then proposes would be judged on
+//! the state before a person archived the conversation, recorded a newer
+//! turn, or before other proposals filled a rate window. The reads that admit
+//! (or refuse) a proposal therefore look at the latest committed state, as
+//! PostgreSQL's own foreign-key checks do (`SPI_execute_snapshot` with
+//! `GetLatestSnapshot()`); rows locked on the way (grants, delegations,
+//! requests) fail to serialize (40001) by themselves.
+//!
+//! And the tool and authorization an approval was decided on are read again
+//! when the transaction commits ([`recheck_at_commit`]): the decision takes
+//! no lock a kill switch would wait for (FOR KEY SHARE), so an agent that
+//! leaves a transaction open with a covered write in it cannot stall
+//! `set_tool_enabled` or `register_tool`; instead that transaction cannot
+//! commit once the tool is off (40001).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::CString;
+
+use pgrx::prelude::*;
+
+use crate::error::KeyturnError;
+use crate::privilege::{self, RoleSwitch};
+
+/// One statement's plan, kept for the backend's life (SPI_keepplan).
+struct Kept(pg_sys::SPIPlanPtr);
+
+thread_local! {
+    static PLANS: RefCell<HashMap<&'static str, Kept>> = RefCell::new(HashMap::new());
+    /// What approval decisions in this transaction read: (nest level, tool,
+    /// version, tenant, principal, epoch).
+    static NOTED: RefCell<Vec<Noted>> = const { RefCell::new(Vec::new()) };
+}
+
+#[derive(Clone)]
+struct Noted {
+    level: i32,
+    /// The role the decision ran as (the extension owner): the commit runs
+    /// its check as that role, whoever the session is.
+    owner: pg_sys::Oid,
+    tool: String,
+    version: i32,
+    tenant: String,
+    principal: String,
+    epoch: i64,
+}
+
+/// Runs `sql` (one text result column, at most one row) on the latest
+/// committed snapshot, whatever the transaction's isolation level.
+fn latest_text(
+    sql: &'static str,
+    args: &[Option<String>],
+    types: &[pg_sys::Oid],
+) -> Option<String> {
+    Spi::connect(|_| {
+        // SAFETY: inside Spi::connect, so SPI is connected; the plan is kept
+        // (SPI_keepplan) before it is stored; values are built from owned
+        // strings that outlive the call; the tuple table is read before
+        // Spi::connect ends (SPI_finish frees it).
+        unsafe {
+            let plan = PLANS.with(|plans| {
+                let mut plans = plans.borrow_mut();
+                if let Some(kept) = plans.get(sql) {
+                    return kept.0;
+                }
+                let text = CString::new(sql).expect("no NUL in keyturn's own SQL");
+                let mut oids = types.to_vec();
+                let plan = pg_sys::SPI_prepare(
+                    text.as_ptr(),
+                    i32::try_from(oids.len()).unwrap_or(i32::MAX),
+                    oids.as_mut_ptr(),
+                );
+                if plan.is_null() || pg_sys::SPI_keepplan(plan) != 0 {
+                    KeyturnError::NotReady(format!("could not plan {sql}")).raise();
+                }
+                plans.insert(sql, Kept(plan));
+                plan
+            });
+            let mut values: Vec<pg_sys::Datum> = Vec::with_capacity(args.len());
+            let mut nulls: Vec<std::ffi::c_char> = Vec::with_capacity(args.len());
+            for arg in args {
+                match arg {
+                    Some(s) => {
+                        values.push(s.as_str().into_datum().unwrap_or(pg_sys::Datum::from(0)));
+                        nulls.push(b' ' as std::ffi::c_char);
+                    }
+                    None => {
+                        values.push(pg_sys::Datum::from(0));
+                        nulls.push(b'n' as std::ffi::c_char);
+                    }
+                }
+            }
+            let rc = pg_sys::SPI_execute_snapshot(
+                plan,
+                values.as_mut_ptr(),
+                nulls.as_ptr(),
+                pg_sys::GetLatestSnapshot(),
+                std::ptr::null_mut(),
+                true,
+                false,
+                1,
+            );
+            if rc != pg_sys::SPI_OK_SELECT as i32 {
+                KeyturnError::NotReady(format!("reading committed state failed ({rc})")).raise();
+            }
+            if pg_sys::SPI_processed == 0 || pg_sys::SPI_tuptable.is_null() {
+                return None;
+            }
+            let table = &*pg_sys::SPI_tuptable;
+            let mut is_null = false;
+            let datum = pg_sys::SPI_getbinval(*table.vals, table.tupdesc, 1, &mut is_null);
+            String::from_polymorphic_datum(datum, is_null, pg_sys::TEXTOID)
+        }
+    })
+}
+
+/// How the conversation ended for its principal ('cancelled', 'archived'),
+/// as committed, or NULL while it is live.
+#[pg_extern(name = "_ended_how", stable, parallel_unsafe)]
+fn ended_how(tenant: &str, principal: &str, conversation: &str) -> Option<String> {
+    latest_text(
+        "SELECT c.how FROM keyturn.cancelled_origin c \
+          WHERE c.tenant = $1 AND c.principal = $2 AND c.conversation_id = $3",
+        &[
+            Some(tenant.into()),
+            Some(principal.into()),
+            Some(conversation.into()),
+        ],
+        &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+    )
+}
+
+/// The conversation's latest recorded turn, as committed.
+#[pg_extern(name = "_latest_turn", stable, parallel_unsafe)]
+fn latest_turn(tenant: &str, principal: &str, conversation: &str) -> Option<String> {
+    latest_text(
+        "SELECT x.turn_id FROM keyturn.request x \
+          WHERE x.tenant = $1 AND x.principal = $2 AND x.conversation_id = $3 \
+          ORDER BY x.seq DESC LIMIT 1",
+        &[
+            Some(tenant.into()),
+            Some(principal.into()),
+            Some(conversation.into()),
+        ],
+        &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+    )
+}
+
+/// Proposals of (tenant, principal, tool) in the last `per` (an interval's
+/// text), as committed, and the caller's own earlier ones (the latest
+/// snapshot sees this transaction's earlier commands).
+#[pg_extern(name = "_recent_proposals", stable, parallel_unsafe)]
+fn recent_proposals(tenant: &str, principal: &str, tool: &str, per: &str) -> i64 {
+    latest_text(
+        "SELECT count(*)::text FROM keyturn.action a \
+          WHERE a.tenant = $1 AND a.principal = $2 AND a.tool = $3 \
+            AND a.created_at > clock_timestamp() - $4::interval",
+        &[
+            Some(tenant.into()),
+            Some(principal.into()),
+            Some(tool.into()),
+            Some(per.into()),
+        ],
+        &[
+            pg_sys::TEXTOID,
+            pg_sys::TEXTOID,
+            pg_sys::TEXTOID,
+            pg_sys::TEXTOID,
+        ],
+    )
+    .and_then(|n| n.parse().ok())
+    .unwrap_or(0)
+}
+
+/// "<files> <bytes>" a principal has staged and waiting, as committed (and
+/// this transaction's own).
+#[pg_extern(name = "_committed_staged", stable, parallel_unsafe)]
+fn committed_staged(tenant: &str, principal: &str) -> String {
+    latest_text(
+        "SELECT count(*) || ' ' || coalesce(sum(s.size), 0) FROM keyturn.staged_file s \
+          WHERE s.tenant = $1 AND s.principal = $2",
+        &[Some(tenant.into()), Some(principal.into())],
+        &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+    )
+    .unwrap_or_else(|| "0 0".into())
+}
+
+/// Notes that an approval decision of this transaction read `tool` at
+/// `version` and the principal's authorization at `epoch`; the commit
+/// checks them again. Called by keyturn._invalid_reason when it passes.
+#[pg_extern(name = "_recheck_at_commit", volatile, parallel_unsafe)]
+fn recheck_at_commit(tool: &str, version: i32, tenant: &str, principal: &str, epoch: i64) {
+    // SAFETY: a plain read of the backend's transaction state.
+    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
+    NOTED.with(|noted| {
+        noted.borrow_mut().push(Noted {
+            level,
+            owner: privilege::current_user(),
+            tool: tool.into(),
+            version,
+            tenant: tenant.into(),
+            principal: principal.into(),
+            epoch,
+        })
+    });
+}
+
+/// At PRE_COMMIT (and PRE_PREPARE, a Citus worker's two-phase commit): each
+/// noted decision against the latest committed tool row and epoch; the
+/// first that no longer holds fails the commit with 40001.
+pub fn check_noted() {
+    let noted = NOTED.with(|noted| std::mem::take(&mut *noted.borrow_mut()));
+    let mut seen = std::collections::HashSet::new();
+    for n in noted {
+        if !seen.insert((
+            n.tool.clone(),
+            n.version,
+            n.tenant.clone(),
+            n.principal.clone(),
+            n.epoch,
+        )) {
+            continue;
+        }
+        let _as_owner = RoleSwitch::to(n.owner);
+        let problem = latest_text(
+            "SELECT keyturn._commit_problem($1, $2::int, $3, $4, $5::bigint)",
+            &[
+                Some(n.tool),
+                Some(n.version.to_string()),
+                Some(n.tenant),
+                Some(n.principal),
+                Some(n.epoch.to_string()),
+            ],
+            &[
+                pg_sys::TEXTOID,
+                pg_sys::TEXTOID,
+                pg_sys::TEXTOID,
+                pg_sys::TEXTOID,
+                pg_sys::TEXTOID,
+            ],
+        );
+        if let Some(problem) = problem {
+            KeyturnError::Busy(format!(
+                "{problem} while this transaction was open; what it approved does not commit \
+                 (the same call again answers with the current state)"
+            ))
+            .raise();
+        }
+    }
+}
+
+/// Forgets what an aborted subtransaction noted (an approve_many element
+/// that rolled back decided nothing).
+pub fn forget_from_level(level: i32) {
+    NOTED.with(|noted| noted.borrow_mut().retain(|n| n.level < level));
+}
+
+/// Forgets everything at the end of the transaction.
+pub fn forget_all() {
+    NOTED.with(|noted| noted.borrow_mut().clear());
+}
