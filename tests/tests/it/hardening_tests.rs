@@ -971,3 +971,83 @@ async fn test_no_error_carries_a_backtrace_whatever_the_environment() {
         }
     }
 }
+
+// --- Issue 35: a digest action keeps nothing that confirms a guess -------------
+
+/// `{"to": "ceo@acme.example", "text": "PIN 4721"}` through a digest tool:
+/// on 0.2.0 the stored params_hash, a plain SHA-256 of the canonical
+/// params, gave the PIN back in at most 10,000 offline guesses, read by
+/// another principal of the tenant under RLS and through preview. Now what
+/// anyone reads is a MAC under a key no role can read: no guess checks out.
+#[tokio::test]
+async fn test_a_digest_actions_hash_confirms_no_guess() {
+    let w = World::new("member").await;
+    let t = w
+        .webhook_tool(json!({"retain": "digest", "effect": "reversible",
+            "params_schema": {"type": "object", "properties": {
+                "to": {"type": "string"}, "text": {"type": "string"}, "amount": {"type": "number"}}}}))
+        .await;
+    let params = json!({"to": "ceo@acme.example", "text": "PIN 4721", "amount": 1.50});
+    let p = w.propose(&t, params.clone()).await.unwrap();
+    // The proposing call gets the plain hash (docs/sql-api.md, propose).
+    assert_eq!(
+        p.params_hash,
+        keyturn_core::canonical::params_hash(&t, &params).unwrap()
+    );
+    // What others can read: the row under RLS, as another approver of the
+    // tenant; preview, as the person with the token.
+    let (_, other) = w.other("approver", "app_human", "s-other").await;
+    let mut seen: Vec<String> = Vec::new();
+    let stored: String = other
+        .query_one(
+            "SELECT params_hash FROM keyturn.action WHERE id = $1",
+            &[&p.id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    seen.push(stored);
+    let preview: Value = w
+        .human
+        .query_one("SELECT keyturn.preview($1, $2)", &[&p.id, &p.token])
+        .await
+        .unwrap()
+        .get(0);
+    if let Some(h) = preview["params_hash"].as_str() {
+        seen.push(h.to_owned());
+    }
+    let guesses: Vec<String> = (0..10_000)
+        .map(|pin| {
+            let guess =
+                json!({"to": "ceo@acme.example", "text": format!("PIN {pin:04}"), "amount": 1.50});
+            keyturn_core::canonical::params_hash(&t, &guess).unwrap()
+        })
+        .collect();
+    for h in &seen {
+        assert!(
+            !guesses.contains(h),
+            "a stored or shown hash confirms a guess of the PIN: {h}"
+        );
+    }
+    // The person resubmits what they reviewed, spelled differently (1.5 for
+    // 1.50, another key order): approved. Tampered params: rejected_tampered.
+    let same: Value =
+        serde_json::from_str(r#"{"text": "PIN 4721", "amount": 1.5, "to": "ceo@acme.example"}"#)
+            .unwrap();
+    assert_eq!(
+        approve_on(&w.human, p.id, &p.token, Some(same))
+            .await
+            .unwrap()
+            .0,
+        "queued"
+    );
+    let q = w.propose(&t, params.clone()).await.unwrap();
+    let tampered = json!({"to": "ceo@acme.example", "text": "PIN 4722", "amount": 1.50});
+    assert_eq!(
+        approve_on(&w.human, q.id, &q.token, Some(tampered))
+            .await
+            .unwrap()
+            .0,
+        "rejected_tampered"
+    );
+}
