@@ -315,6 +315,28 @@ CREATE TABLE keyturn.stager (
     PRIMARY KEY (tenant, principal)
 );
 
+-- Card links (sql/058_links.sql): the one-time code a link to the approval
+-- card carries instead of any credential, redeemed once (by keyturnd) for
+-- a card session of at most 15 minutes, scoped to the link's actions. Only
+-- SHA-256 digests of the code and of the session's bearer are stored.
+CREATE TABLE keyturn.card_link (
+    code_digest         bytea       NOT NULL,
+    tenant              text        NOT NULL,
+    principal           text        NOT NULL,
+    session             text        NOT NULL,     -- the identity's session the card acts in
+    db_role             text,                     -- what the card's calls run as; NULL: keyturnd's card role
+    action_ids          uuid[]      NOT NULL,
+    created_at          timestamptz NOT NULL,
+    expires_at          timestamptz NOT NULL,     -- the code's: its ttl, or the first action's expiry
+    redeemed_at         timestamptz,
+    session_digest      bytea,
+    session_expires_at  timestamptz,
+    PRIMARY KEY (code_digest, tenant)
+);
+CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, tenant)
+    WHERE session_digest IS NOT NULL;
+CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
+
 -- Read-side projections (sql/057_fence.sql): which fields of a provider's
 -- data may reach a prompt. Versioned like tools.
 CREATE TABLE keyturn.projection (
@@ -414,6 +436,7 @@ SELECT pg_catalog.pg_extension_config_dump('keyturn.vote', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.delegation', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.staged_file', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.stager', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.projection', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.projection_version', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.request_seq_seq', '');

@@ -18,7 +18,10 @@ BEGIN
 END
 $$;
 
--- Proposal columns never change: a WHEN condition, parsed here with
+-- Proposal columns never change (the token excepted: keyturn.issue_token and
+-- a redeemed card link give a pending proposal a fresh one, and the binding,
+-- an HMAC keyed by the token over the proposal, is what approve trusts): a
+-- WHEN condition, parsed here with
 -- pg_catalog's operators (no caller's search_path is ever consulted), that
 -- runs the raising function only when they do. The column list comes first:
 -- an UPDATE that sets none of these columns (every keyturn function's) skips
@@ -27,20 +30,20 @@ $$;
 CREATE TRIGGER action_proposal_immutable
     BEFORE UPDATE OF id, tenant, principal, session, tool, tool_version, executor, approval,
                      retain, params, param_keys, params_hash, summary, origin, conversation_id,
-                     epoch, target_count, token_digest, token_binding, idempotency_key,
+                     epoch, target_count, idempotency_key,
                      revised_from, revised_by, authors, created_at, expires_at
     ON keyturn.action
     FOR EACH ROW
     WHEN ((NEW.id, NEW.tenant, NEW.principal, NEW.session, NEW.tool, NEW.tool_version,
            NEW.executor, NEW.approval, NEW.retain, NEW.params, NEW.param_keys, NEW.params_hash,
            NEW.summary, NEW.origin, NEW.conversation_id, NEW.epoch, NEW.target_count,
-           NEW.token_digest, NEW.token_binding, NEW.idempotency_key, NEW.revised_from,
+           NEW.idempotency_key, NEW.revised_from,
            NEW.revised_by, NEW.authors, NEW.created_at, NEW.expires_at)
           IS DISTINCT FROM
           (OLD.id, OLD.tenant, OLD.principal, OLD.session, OLD.tool, OLD.tool_version,
            OLD.executor, OLD.approval, OLD.retain, OLD.params, OLD.param_keys, OLD.params_hash,
            OLD.summary, OLD.origin, OLD.conversation_id, OLD.epoch, OLD.target_count,
-           OLD.token_digest, OLD.token_binding, OLD.idempotency_key, OLD.revised_from,
+           OLD.idempotency_key, OLD.revised_from,
            OLD.revised_by, OLD.authors, OLD.created_at, OLD.expires_at))
     EXECUTE FUNCTION keyturn._refuse_proposal_change();
 

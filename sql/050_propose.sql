@@ -291,6 +291,7 @@ DECLARE
     v_deleg     keyturn.delegation;
     v_result    record;
     v_authors   text[] := ARRAY[p_principal];
+    v_stored    text;
 BEGIN
     PERFORM keyturn._require_member(p_tenant, p_principal, p_session);
 
@@ -341,7 +342,7 @@ BEGIN
         v_existing := keyturn._task_replay(p_tenant, p_principal, v_request, v_tool.name, v_hash);
         IF v_existing.id IS NOT NULL THEN
             RETURN QUERY SELECT v_existing.id, NULL::text, coalesce(v_existing.summary, v_existing.tool),
-                                v_existing.params_hash, v_existing.expires_at, v_existing.status::text, NULL::uuid;
+                                v_hash, v_existing.expires_at, v_existing.status::text, NULL::uuid;
             RETURN;
         END IF;
     END IF;
@@ -415,7 +416,13 @@ BEGIN
     END IF;
     v_epoch := keyturn._epoch(p_tenant, p_principal);
     v_digest := keyturn._token_digest(v_token);
-    v_binding := keyturn._token_binding(v_token, v_id, v_hash, v_expires);
+    -- A digest action keeps nothing that confirms a guess of its params: it
+    -- stores (and shows everyone but this call) a MAC of the hash under the
+    -- key no role reads, and approve verifies the resubmitted params
+    -- against it. The token is bound to what is stored, as issue_token
+    -- binds the fresh ones it gives.
+    v_stored := CASE WHEN v_ver.retain = 'digest' THEN keyturn._digest_mac(v_hash) ELSE v_hash END;
+    v_binding := keyturn._token_binding(v_token, v_id, v_stored, v_expires);
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
         'revised_from', p_revised_from, 'revised_by', p_revised_by)));
     INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor, approval,
@@ -426,7 +433,7 @@ BEGIN
     VALUES (v_id, p_tenant, p_principal, p_session, v_tool.name, v_ver.version, v_ver.executor,
             v_ver.approval, v_ver.retain,
             CASE WHEN v_ver.retain = 'full' THEN p_params END,
-            v_keys, v_hash,
+            v_keys, v_stored,
             CASE WHEN v_ver.retain = 'full' THEN v_summary END,
             v_origin, v_conv, v_epoch, v_count, v_digest, v_binding,
             'keyturn-' || v_id::text, p_revised_from, p_revised_by, v_authors, v_now, v_expires,

@@ -16,6 +16,40 @@
 -- says which: the grant is needed to approve and to revise). Raises and
 -- changes nothing: 42501 for identity, membership, grant and bound context;
 -- 55000 when there is no usable proposal (unknown, invisible, wrong token).
+-- Why this identity (principal, session, member role) may not act on
+-- action a (p_for: approve, revise, reject, preview), or NULL: the approval
+-- rule of the tool, in one place for approve and the calls around it, and
+-- for issue_token and link_code (which ask as 'approve'). All 42501.
+CREATE FUNCTION keyturn._decide_problem(a keyturn.action, p_principal text, p_session text, p_role text,
+                                        p_for text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF p_for IN ('approve', 'revise') AND NOT keyturn._has_grant(a.tenant, p_principal, a.tool) THEN
+        RETURN format('principal %s holds no grant for tool %s (an admin grants tools with keyturn.grant_tool)',
+                      p_principal, a.tool);
+    END IF;
+    IF a.approval = 'self' AND (a.principal IS DISTINCT FROM p_principal OR a.session IS DISTINCT FROM p_session) THEN
+        RETURN format('action %s is approved by the principal it was proposed for, in the same session', a.id);
+    END IF;
+    IF a.approval = 'independent' AND (a.principal = p_principal OR p_role NOT IN ('approver', 'admin')) THEN
+        RETURN format('action %s needs an independent approver: a different principal with role approver or admin', a.id);
+    END IF;
+    -- Whoever wrote any version of it does not also approve it: a revision
+    -- of a revision keeps every earlier author (keyturn.action.authors).
+    IF a.approval = 'independent' AND p_for = 'approve' AND p_principal = ANY (a.authors) THEN
+        RETURN format('%s wrote a version of action %s; an independent approver who wrote none of it must approve it',
+                      p_principal, a.id);
+    END IF;
+    -- Task actions are approved by the request that admitted them, never by a token.
+    IF a.approval = 'task' AND p_for IN ('approve', 'revise') THEN
+        RETURN format('action %s is a task action, approved by the request that admitted it', a.id);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION keyturn._usable_action(p_id uuid, p_token text, p_for text)
 RETURNS keyturn.action
 LANGUAGE plpgsql STABLE
@@ -25,6 +59,7 @@ DECLARE
     v_principal text := keyturn.current_principal();
     v_session   text := keyturn.current_session();
     v_role      text;
+    v_problem   text;
     a           keyturn.action;
 BEGIN
     v_role := keyturn._require_member(v_tenant, v_principal, v_session);
@@ -36,29 +71,11 @@ BEGIN
             USING ERRCODE = '55000',
                   DETAIL = 'It does not exist, or it is not visible to this identity.';
     END IF;
-    IF p_for IN ('approve', 'revise') AND NOT keyturn._has_grant(v_tenant, v_principal, a.tool) THEN
-        RAISE EXCEPTION 'keyturn: principal % holds no grant for tool %', v_principal, a.tool
+    v_problem := keyturn._decide_problem(a, v_principal, v_session, v_role, p_for);
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: %', v_problem
             USING ERRCODE = '42501',
-                  HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
-    END IF;
-    IF a.approval = 'self' AND (a.principal IS DISTINCT FROM v_principal OR a.session IS DISTINCT FROM v_session) THEN
-        RAISE EXCEPTION 'keyturn: action % is approved by the principal it was proposed for, in the same session', p_id
-            USING ERRCODE = '42501';
-    END IF;
-    IF a.approval = 'independent' AND (a.principal = v_principal OR v_role NOT IN ('approver', 'admin')) THEN
-        RAISE EXCEPTION 'keyturn: action % needs an independent approver: a different principal with role approver or admin', p_id
-            USING ERRCODE = '42501';
-    END IF;
-    -- Whoever wrote any version of it does not also approve it: a revision
-    -- of a revision keeps every earlier author (keyturn.action.authors).
-    IF a.approval = 'independent' AND p_for = 'approve' AND v_principal = ANY (a.authors) THEN
-        RAISE EXCEPTION 'keyturn: % wrote a version of action %; an independent approver who wrote none of it must approve it', v_principal, p_id
-            USING ERRCODE = '42501';
-    END IF;
-    -- Task actions are approved by the request that admitted them, never by a token.
-    IF a.approval = 'task' AND p_for IN ('approve', 'revise') THEN
-        RAISE EXCEPTION 'keyturn: action % is a task action, approved by the request that admitted it', p_id
-            USING ERRCODE = '42501';
+                  HINT = 'approve, reject, revise and preview follow the tool''s approval rule: the proposer in its session (self), or an approver or admin who wrote none of it (independent).';
     END IF;
     IF p_token IS NULL OR NOT keyturn._ct_eq(a.token_digest, keyturn._token_digest(p_token)) THEN
         RAISE EXCEPTION 'keyturn: wrong token for this action'
@@ -332,6 +349,7 @@ DECLARE
     v_reason text;
     v_err    text;
     v_now    timestamptz;
+    v_plain  text;
 BEGIN
     IF clock_timestamp() > a.expires_at THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a, 'expired',
@@ -339,7 +357,23 @@ BEGIN
             jsonb_build_object('reason', 'expired'));
         RETURN;
     END IF;
-    IF NOT keyturn._token_binds(p_token, a.id, a.params_hash, a.expires_at, a.token_binding) THEN
+    -- A digest action stores only a MAC of its params hash: the params
+    -- resubmitted now (or proposed in this call: a task request, a standing
+    -- approval) must be the ones it was made of.
+    IF a.retain = 'digest' THEN
+        v_plain := coalesce(p_given_hash, keyturn.params_hash(a.tool, p_params));
+        IF NOT keyturn._params_hash_matches(a.retain, a.params_hash, v_plain) THEN
+            RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
+                jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
+                jsonb_build_object('reason', 'resubmitted params hash mismatch'));
+            RETURN;
+        END IF;
+    END IF;
+    -- The token is bound to the stored params hash; a digest proposal made
+    -- by 0.2.0 bound it to the plain hash, which v_plain now is.
+    IF NOT keyturn._token_binds(p_token, a.id, a.params_hash, a.expires_at, a.token_binding)
+       AND NOT (a.retain = 'digest'
+                AND keyturn._token_binds(p_token, a.id, v_plain, a.expires_at, a.token_binding)) THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
             jsonb_build_object('reason', 'the stored proposal no longer matches what the token was issued for'),
             jsonb_build_object('reason', 'token binding mismatch'));
@@ -363,7 +397,7 @@ BEGIN
     ELSE
         v_params := p_params;
     END IF;
-    IF p_given_hash IS NOT NULL AND p_given_hash <> a.params_hash THEN
+    IF p_given_hash IS NOT NULL AND NOT keyturn._params_hash_matches(a.retain, a.params_hash, p_given_hash) THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
             jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
             jsonb_build_object('reason', 'resubmitted params hash mismatch'));

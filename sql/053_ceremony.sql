@@ -88,7 +88,8 @@ BEGIN
         RETURN QUERY SELECT a.id, a.status::text, a.result;
         RETURN;
     END IF;
-    IF clock_timestamp() <= a.expires_at AND (p_given_hash IS NULL OR p_given_hash = a.params_hash) THEN
+    IF clock_timestamp() <= a.expires_at
+       AND (p_given_hash IS NULL OR keyturn._params_hash_matches(a.retain, a.params_hash, p_given_hash)) THEN
         INSERT INTO keyturn.vote (action_id, principal, tenant, action_principal, epoch, db_role)
         VALUES (a.id, v_principal, a.tenant, a.principal, keyturn._epoch(a.tenant, v_principal),
                 p_caller::regrole::text)

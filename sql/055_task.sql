@@ -127,7 +127,8 @@ DECLARE
 BEGIN
     SELECT x.* INTO a FROM keyturn.action x
      WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.approval = 'task'
-       AND x.origin ->> 'message_id' = r.message_id AND x.tool = p_tool AND x.params_hash = p_hash
+       AND x.origin ->> 'message_id' = r.message_id AND x.tool = p_tool
+       AND keyturn._params_hash_matches(x.retain, x.params_hash, p_hash)
      ORDER BY x.created_at LIMIT 1;
     IF FOUND THEN
         RETURN a;

@@ -25,6 +25,7 @@ COMMENT ON TABLE keyturn.vote IS 'Quorum votes, one per principal and action.';
 COMMENT ON TABLE keyturn.delegation IS 'Standing approvals: what a person approves in advance, within a scope, uses and time.';
 COMMENT ON TABLE keyturn.staged_file IS 'Private attachments: the bytes, bound to one action, deleted with its final status.';
 COMMENT ON TABLE keyturn.stager IS 'One row per principal that staged a file: the lock its stagings take to count the quota.';
+COMMENT ON TABLE keyturn.card_link IS 'One-time codes of card links (digests only) and the card sessions they were redeemed for.';
 COMMENT ON TABLE keyturn.projection IS 'Read-side projections: the current version per provider.';
 COMMENT ON TABLE keyturn.projection_version IS 'Every registered projection spec: which fields of a provider''s data may reach a prompt.';
 COMMENT ON TABLE keyturn.attempt IS 'One row per provider attempt; kept after reconciliation.';
@@ -38,6 +39,10 @@ COMMENT ON FUNCTION keyturn.current_session() IS 'The calling session, from requ
 COMMENT ON FUNCTION keyturn.canonical_json(jsonb) IS 'The RFC 8785 canonical text keyturn hashes; 22023 for numbers a double cannot hold exactly.';
 COMMENT ON FUNCTION keyturn.params_hash(text, jsonb) IS 'Lowercase hex SHA-256 of the canonical form of {"params": params, "tool": tool}.';
 COMMENT ON FUNCTION keyturn.classify(text) IS 'read, write or unsupported; never errors.';
+COMMENT ON FUNCTION keyturn.issue_token(uuid) IS 'Human: a fresh token for a pending action the caller may decide (from the queue); the previous token stops working.';
+COMMENT ON FUNCTION keyturn.link_code(uuid[], interval) IS 'Human and dispatcher: a one-time code for a card link to these actions, for a person who may decide them all; no credential in any URL.';
+COMMENT ON FUNCTION keyturn.redeem_link_code(text, uuid[]) IS 'Dispatcher (keyturnd): redeems a link code once for a 15-minute card session with fresh tokens; no rows for a used, expired or unknown code.';
+COMMENT ON FUNCTION keyturn.card_session(text) IS 'Dispatcher (keyturnd): the role, claims and actions of a live card session''s bearer; no rows otherwise.';
 COMMENT ON FUNCTION keyturn.register_tool(text, jsonb) IS 'Admin: creates or replaces a tool from its spec; returns the new version.';
 COMMENT ON FUNCTION keyturn.set_tool_enabled(text, boolean) IS 'Admin: enables or disables a tool; returns whether it changed.';
 COMMENT ON FUNCTION keyturn.add_member(text, text, text) IS 'Admin (platform, or the tenant''s own admin): adds or changes a member; returns whether it changed.';
@@ -57,7 +62,7 @@ COMMENT ON FUNCTION keyturn.revise(uuid, text, jsonb) IS 'Human: edit before app
 COMMENT ON FUNCTION keyturn.pending(int) IS 'Human: the caller''s queue of pending actions, soonest expiry first. Never a token.';
 COMMENT ON FUNCTION keyturn.delegate(text, jsonb, int, interval) IS 'Human: a standing approval of the caller''s own proposals of a tool, within a scope, uses and time.';
 COMMENT ON FUNCTION keyturn.revoke_delegation(uuid) IS 'Human: ends a standing approval.';
-COMMENT ON FUNCTION keyturn.delegations() IS 'Human: the visible standing approvals, with their uses.';
+COMMENT ON FUNCTION keyturn.delegations() IS 'Human: the visible standing approvals, with their uses, the tool version each was given for, and why one no longer covers (ended).';
 COMMENT ON FUNCTION keyturn.record_request(text, text, text, text) IS 'Human side: records the person''s message of a turn, the approval of the task tool calls it asks for.';
 COMMENT ON FUNCTION keyturn.end_session(text) IS 'Logout: cancels the caller''s pending, queued and leased actions of a session.';
 COMMENT ON FUNCTION keyturn.end_session_for(text, text) IS 'end_session, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';

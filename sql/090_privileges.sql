@@ -64,9 +64,14 @@ GRANT EXECUTE ON FUNCTION
     keyturn.revise_for(text, uuid, text, jsonb), keyturn.pending(int),
     keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
     keyturn.delegations(), keyturn.record_request(text, text, text, text),
+    keyturn.issue_token(uuid),
     keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
     keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text)
 TO keyturn_approver;
+
+-- Human and dispatcher: a card link's one-time code (for notifications, the
+-- dispatcher asserts the person it writes to).
+GRANT EXECUTE ON FUNCTION keyturn.link_code(uuid[], interval) TO keyturn_approver, keyturn_dispatcher;
 
 -- Dispatcher.
 GRANT EXECUTE ON FUNCTION
@@ -75,7 +80,8 @@ GRANT EXECUTE ON FUNCTION
     keyturn.begin_dispatch_many(uuid[], uuid[]),
     keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[]),
     keyturn.file_content(uuid, uuid, uuid),
-    keyturn.attachments(uuid, uuid)
+    keyturn.attachments(uuid, uuid),
+    keyturn.redeem_link_code(text, uuid[]), keyturn.card_session(text)
 TO keyturn_dispatcher;
 
 -- Dispatcher, tenant by tenant (sql/062_dispatch_for.sql).

@@ -83,6 +83,26 @@ CREATE TABLE keyturn.stager (
 );
 SELECT pg_catalog.pg_extension_config_dump('keyturn.stager', '');
 
+-- Card links and their sessions (sql/058_links.sql).
+CREATE TABLE keyturn.card_link (
+    code_digest         bytea       NOT NULL,
+    tenant              text        NOT NULL,
+    principal           text        NOT NULL,
+    session             text        NOT NULL,     -- the identity's session the card acts in
+    db_role             text,                     -- what the card's calls run as; NULL: keyturnd's card role
+    action_ids          uuid[]      NOT NULL,
+    created_at          timestamptz NOT NULL,
+    expires_at          timestamptz NOT NULL,     -- the code's: its ttl, or the first action's expiry
+    redeemed_at         timestamptz,
+    session_digest      bytea,
+    session_expires_at  timestamptz,
+    PRIMARY KEY (code_digest, tenant)
+);
+CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, tenant)
+    WHERE session_digest IS NOT NULL;
+CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
+SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');
+
 
 -- ==== The functions of 0.3.0, from its install script ====
 
@@ -197,6 +217,17 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'citus_present_wrapper';
 
+-- pg_keyturn::identity::_claims_for
+CREATE OR REPLACE FUNCTION "_claims_for"(
+	"role" TEXT, /* Option < & str > */
+	"tenant" TEXT, /* & str */
+	"principal" TEXT, /* & str */
+	"session" TEXT /* & str */
+) RETURNS jsonb /* pgrx :: JsonB */
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'claims_for_wrapper';
+
 -- pg_keyturn::committed::_committed_staged
 CREATE OR REPLACE FUNCTION "_committed_staged"(
 	"tenant" TEXT, /* & str */
@@ -222,6 +253,14 @@ CREATE OR REPLACE FUNCTION "_ct_eq"(
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'ct_eq_wrapper';
+
+-- pg_keyturn::approval::_digest_mac
+CREATE OR REPLACE FUNCTION "_digest_mac"(
+	"params_hash" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'digest_mac_wrapper';
 
 -- pg_keyturn::committed::_ended_how
 CREATE OR REPLACE FUNCTION "_ended_how"(
@@ -325,6 +364,16 @@ CREATE OR REPLACE FUNCTION "_params_errors"(
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'params_errors_wrapper';
+
+-- pg_keyturn::approval::_params_hash_matches
+CREATE OR REPLACE FUNCTION "_params_hash_matches"(
+	"retain" TEXT, /* Option < & str > */
+	"stored" TEXT, /* Option < & str > */
+	"plain" TEXT /* Option < & str > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'params_hash_matches_wrapper';
 
 -- pg_keyturn::validation::_receipt_problem
 CREATE OR REPLACE FUNCTION "_receipt_problem"(
@@ -628,6 +677,25 @@ STRICT VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'delegations_wrapper';
+
+-- pg_keyturn::gate::human::issue_token
+CREATE OR REPLACE FUNCTION "issue_token"(
+	"action_id" uuid /* Option < pgrx :: Uuid > */
+) RETURNS TEXT /* Option < String > */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'issue_token_wrapper';
+
+-- pg_keyturn::gate::human::link_code
+CREATE OR REPLACE FUNCTION "link_code"(
+	"action_ids" uuid[], /* :: std :: option :: Option < Vec < Option < pgrx :: Uuid > > > */
+	"ttl" interval DEFAULT '15 minutes' /* Option < pgrx :: datum :: Interval > */
+) RETURNS TEXT /* String */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'link_code_wrapper';
 
 -- pg_keyturn::canonical::params_hash
 CREATE OR REPLACE FUNCTION "params_hash"(
@@ -970,7 +1038,10 @@ BEGIN
 END
 $$;
 
--- Proposal columns never change: a WHEN condition, parsed here with
+-- Proposal columns never change (the token excepted: keyturn.issue_token and
+-- a redeemed card link give a pending proposal a fresh one, and the binding,
+-- an HMAC keyed by the token over the proposal, is what approve trusts): a
+-- WHEN condition, parsed here with
 -- pg_catalog's operators (no caller's search_path is ever consulted), that
 -- runs the raising function only when they do. The column list comes first:
 -- an UPDATE that sets none of these columns (every keyturn function's) skips
@@ -979,20 +1050,20 @@ $$;
 CREATE TRIGGER action_proposal_immutable
     BEFORE UPDATE OF id, tenant, principal, session, tool, tool_version, executor, approval,
                      retain, params, param_keys, params_hash, summary, origin, conversation_id,
-                     epoch, target_count, token_digest, token_binding, idempotency_key,
+                     epoch, target_count, idempotency_key,
                      revised_from, revised_by, authors, created_at, expires_at
     ON keyturn.action
     FOR EACH ROW
     WHEN ((NEW.id, NEW.tenant, NEW.principal, NEW.session, NEW.tool, NEW.tool_version,
            NEW.executor, NEW.approval, NEW.retain, NEW.params, NEW.param_keys, NEW.params_hash,
            NEW.summary, NEW.origin, NEW.conversation_id, NEW.epoch, NEW.target_count,
-           NEW.token_digest, NEW.token_binding, NEW.idempotency_key, NEW.revised_from,
+           NEW.idempotency_key, NEW.revised_from,
            NEW.revised_by, NEW.authors, NEW.created_at, NEW.expires_at)
           IS DISTINCT FROM
           (OLD.id, OLD.tenant, OLD.principal, OLD.session, OLD.tool, OLD.tool_version,
            OLD.executor, OLD.approval, OLD.retain, OLD.params, OLD.param_keys, OLD.params_hash,
            OLD.summary, OLD.origin, OLD.conversation_id, OLD.epoch, OLD.target_count,
-           OLD.token_digest, OLD.token_binding, OLD.idempotency_key, OLD.revised_from,
+           OLD.idempotency_key, OLD.revised_from,
            OLD.revised_by, OLD.authors, OLD.created_at, OLD.expires_at))
     EXECUTE FUNCTION keyturn._refuse_proposal_change();
 
@@ -1168,7 +1239,7 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
                              'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage',
-                             'request', 'vote', 'delegation', 'staged_file', 'stager']
+                             'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link']
     LOOP
         EXECUTE format('ALTER TABLE keyturn.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE keyturn.%I FORCE ROW LEVEL SECURITY', t);
@@ -1208,6 +1279,8 @@ CREATE POLICY staged_file_visible ON keyturn.staged_file FOR SELECT
     USING (keyturn._sees(tenant, principal));
 CREATE POLICY stager_visible ON keyturn.stager FOR SELECT
     USING (keyturn._sees(tenant, principal));
+-- card_link: forced row-level security and no policy: nobody but keyturn's
+-- own functions reads the digests of codes and sessions.
 -- keyturn_secret.approval_key: forced row-level security and no policy at all,
 -- on top of holding no grants.
 ALTER TABLE keyturn_secret.approval_key ENABLE ROW LEVEL SECURITY;
@@ -2226,6 +2299,7 @@ DECLARE
     v_deleg     keyturn.delegation;
     v_result    record;
     v_authors   text[] := ARRAY[p_principal];
+    v_stored    text;
 BEGIN
     PERFORM keyturn._require_member(p_tenant, p_principal, p_session);
 
@@ -2276,7 +2350,7 @@ BEGIN
         v_existing := keyturn._task_replay(p_tenant, p_principal, v_request, v_tool.name, v_hash);
         IF v_existing.id IS NOT NULL THEN
             RETURN QUERY SELECT v_existing.id, NULL::text, coalesce(v_existing.summary, v_existing.tool),
-                                v_existing.params_hash, v_existing.expires_at, v_existing.status::text, NULL::uuid;
+                                v_hash, v_existing.expires_at, v_existing.status::text, NULL::uuid;
             RETURN;
         END IF;
     END IF;
@@ -2350,7 +2424,13 @@ BEGIN
     END IF;
     v_epoch := keyturn._epoch(p_tenant, p_principal);
     v_digest := keyturn._token_digest(v_token);
-    v_binding := keyturn._token_binding(v_token, v_id, v_hash, v_expires);
+    -- A digest action keeps nothing that confirms a guess of its params: it
+    -- stores (and shows everyone but this call) a MAC of the hash under the
+    -- key no role reads, and approve verifies the resubmitted params
+    -- against it. The token is bound to what is stored, as issue_token
+    -- binds the fresh ones it gives.
+    v_stored := CASE WHEN v_ver.retain = 'digest' THEN keyturn._digest_mac(v_hash) ELSE v_hash END;
+    v_binding := keyturn._token_binding(v_token, v_id, v_stored, v_expires);
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
         'revised_from', p_revised_from, 'revised_by', p_revised_by)));
     INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor, approval,
@@ -2361,7 +2441,7 @@ BEGIN
     VALUES (v_id, p_tenant, p_principal, p_session, v_tool.name, v_ver.version, v_ver.executor,
             v_ver.approval, v_ver.retain,
             CASE WHEN v_ver.retain = 'full' THEN p_params END,
-            v_keys, v_hash,
+            v_keys, v_stored,
             CASE WHEN v_ver.retain = 'full' THEN v_summary END,
             v_origin, v_conv, v_epoch, v_count, v_digest, v_binding,
             'keyturn-' || v_id::text, p_revised_from, p_revised_by, v_authors, v_now, v_expires,
@@ -2445,6 +2525,40 @@ $$;
 -- says which: the grant is needed to approve and to revise). Raises and
 -- changes nothing: 42501 for identity, membership, grant and bound context;
 -- 55000 when there is no usable proposal (unknown, invisible, wrong token).
+-- Why this identity (principal, session, member role) may not act on
+-- action a (p_for: approve, revise, reject, preview), or NULL: the approval
+-- rule of the tool, in one place for approve and the calls around it, and
+-- for issue_token and link_code (which ask as 'approve'). All 42501.
+CREATE OR REPLACE FUNCTION keyturn._decide_problem(a keyturn.action, p_principal text, p_session text, p_role text,
+                                        p_for text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF p_for IN ('approve', 'revise') AND NOT keyturn._has_grant(a.tenant, p_principal, a.tool) THEN
+        RETURN format('principal %s holds no grant for tool %s (an admin grants tools with keyturn.grant_tool)',
+                      p_principal, a.tool);
+    END IF;
+    IF a.approval = 'self' AND (a.principal IS DISTINCT FROM p_principal OR a.session IS DISTINCT FROM p_session) THEN
+        RETURN format('action %s is approved by the principal it was proposed for, in the same session', a.id);
+    END IF;
+    IF a.approval = 'independent' AND (a.principal = p_principal OR p_role NOT IN ('approver', 'admin')) THEN
+        RETURN format('action %s needs an independent approver: a different principal with role approver or admin', a.id);
+    END IF;
+    -- Whoever wrote any version of it does not also approve it: a revision
+    -- of a revision keeps every earlier author (keyturn.action.authors).
+    IF a.approval = 'independent' AND p_for = 'approve' AND p_principal = ANY (a.authors) THEN
+        RETURN format('%s wrote a version of action %s; an independent approver who wrote none of it must approve it',
+                      p_principal, a.id);
+    END IF;
+    -- Task actions are approved by the request that admitted them, never by a token.
+    IF a.approval = 'task' AND p_for IN ('approve', 'revise') THEN
+        RETURN format('action %s is a task action, approved by the request that admitted it', a.id);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION keyturn._usable_action(p_id uuid, p_token text, p_for text)
 RETURNS keyturn.action
 LANGUAGE plpgsql STABLE
@@ -2454,6 +2568,7 @@ DECLARE
     v_principal text := keyturn.current_principal();
     v_session   text := keyturn.current_session();
     v_role      text;
+    v_problem   text;
     a           keyturn.action;
 BEGIN
     v_role := keyturn._require_member(v_tenant, v_principal, v_session);
@@ -2465,29 +2580,11 @@ BEGIN
             USING ERRCODE = '55000',
                   DETAIL = 'It does not exist, or it is not visible to this identity.';
     END IF;
-    IF p_for IN ('approve', 'revise') AND NOT keyturn._has_grant(v_tenant, v_principal, a.tool) THEN
-        RAISE EXCEPTION 'keyturn: principal % holds no grant for tool %', v_principal, a.tool
+    v_problem := keyturn._decide_problem(a, v_principal, v_session, v_role, p_for);
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: %', v_problem
             USING ERRCODE = '42501',
-                  HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
-    END IF;
-    IF a.approval = 'self' AND (a.principal IS DISTINCT FROM v_principal OR a.session IS DISTINCT FROM v_session) THEN
-        RAISE EXCEPTION 'keyturn: action % is approved by the principal it was proposed for, in the same session', p_id
-            USING ERRCODE = '42501';
-    END IF;
-    IF a.approval = 'independent' AND (a.principal = v_principal OR v_role NOT IN ('approver', 'admin')) THEN
-        RAISE EXCEPTION 'keyturn: action % needs an independent approver: a different principal with role approver or admin', p_id
-            USING ERRCODE = '42501';
-    END IF;
-    -- Whoever wrote any version of it does not also approve it: a revision
-    -- of a revision keeps every earlier author (keyturn.action.authors).
-    IF a.approval = 'independent' AND p_for = 'approve' AND v_principal = ANY (a.authors) THEN
-        RAISE EXCEPTION 'keyturn: % wrote a version of action %; an independent approver who wrote none of it must approve it', v_principal, p_id
-            USING ERRCODE = '42501';
-    END IF;
-    -- Task actions are approved by the request that admitted them, never by a token.
-    IF a.approval = 'task' AND p_for IN ('approve', 'revise') THEN
-        RAISE EXCEPTION 'keyturn: action % is a task action, approved by the request that admitted it', p_id
-            USING ERRCODE = '42501';
+                  HINT = 'approve, reject, revise and preview follow the tool''s approval rule: the proposer in its session (self), or an approver or admin who wrote none of it (independent).';
     END IF;
     IF p_token IS NULL OR NOT keyturn._ct_eq(a.token_digest, keyturn._token_digest(p_token)) THEN
         RAISE EXCEPTION 'keyturn: wrong token for this action'
@@ -2761,6 +2858,7 @@ DECLARE
     v_reason text;
     v_err    text;
     v_now    timestamptz;
+    v_plain  text;
 BEGIN
     IF clock_timestamp() > a.expires_at THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a, 'expired',
@@ -2768,7 +2866,23 @@ BEGIN
             jsonb_build_object('reason', 'expired'));
         RETURN;
     END IF;
-    IF NOT keyturn._token_binds(p_token, a.id, a.params_hash, a.expires_at, a.token_binding) THEN
+    -- A digest action stores only a MAC of its params hash: the params
+    -- resubmitted now (or proposed in this call: a task request, a standing
+    -- approval) must be the ones it was made of.
+    IF a.retain = 'digest' THEN
+        v_plain := coalesce(p_given_hash, keyturn.params_hash(a.tool, p_params));
+        IF NOT keyturn._params_hash_matches(a.retain, a.params_hash, v_plain) THEN
+            RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
+                jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
+                jsonb_build_object('reason', 'resubmitted params hash mismatch'));
+            RETURN;
+        END IF;
+    END IF;
+    -- The token is bound to the stored params hash; a digest proposal made
+    -- by 0.2.0 bound it to the plain hash, which v_plain now is.
+    IF NOT keyturn._token_binds(p_token, a.id, a.params_hash, a.expires_at, a.token_binding)
+       AND NOT (a.retain = 'digest'
+                AND keyturn._token_binds(p_token, a.id, v_plain, a.expires_at, a.token_binding)) THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
             jsonb_build_object('reason', 'the stored proposal no longer matches what the token was issued for'),
             jsonb_build_object('reason', 'token binding mismatch'));
@@ -2792,7 +2906,7 @@ BEGIN
     ELSE
         v_params := p_params;
     END IF;
-    IF p_given_hash IS NOT NULL AND p_given_hash <> a.params_hash THEN
+    IF p_given_hash IS NOT NULL AND NOT keyturn._params_hash_matches(a.retain, a.params_hash, p_given_hash) THEN
         RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
             jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
             jsonb_build_object('reason', 'resubmitted params hash mismatch'));
@@ -3299,7 +3413,8 @@ BEGIN
         RETURN QUERY SELECT a.id, a.status::text, a.result;
         RETURN;
     END IF;
-    IF clock_timestamp() <= a.expires_at AND (p_given_hash IS NULL OR p_given_hash = a.params_hash) THEN
+    IF clock_timestamp() <= a.expires_at
+       AND (p_given_hash IS NULL OR keyturn._params_hash_matches(a.retain, a.params_hash, p_given_hash)) THEN
         INSERT INTO keyturn.vote (action_id, principal, tenant, action_principal, epoch, db_role)
         VALUES (a.id, v_principal, a.tenant, a.principal, keyturn._epoch(a.tenant, v_principal),
                 p_caller::regrole::text)
@@ -3789,7 +3904,8 @@ DECLARE
 BEGIN
     SELECT x.* INTO a FROM keyturn.action x
      WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.approval = 'task'
-       AND x.origin ->> 'message_id' = r.message_id AND x.tool = p_tool AND x.params_hash = p_hash
+       AND x.origin ->> 'message_id' = r.message_id AND x.tool = p_tool
+       AND keyturn._params_hash_matches(x.retain, x.params_hash, p_hash)
      ORDER BY x.created_at LIMIT 1;
     IF FOUND THEN
         RETURN a;
@@ -4183,6 +4299,230 @@ BEGIN
         RAISE EXCEPTION 'keyturn: data must be a JSON value' USING ERRCODE = '22023';
     END IF;
     RETURN QUERY SELECT * FROM keyturn._fence(fence.provider, v_spec, fence.data);
+END
+$$;
+
+
+-- ==== sql/058_links.sql ====
+
+-- Links that carry no credential (docs/http.md, "Card links"), and fresh
+-- tokens for the person's queue.
+--
+-- A link to the approval card used to carry the token, and keyturnd's card
+-- took the person's JWT from it too: browsers keep every URL they open in
+-- their history database, its sync and the address bar's suggestions, so
+-- anyone who read those could act as the person until the JWT expired. A
+-- link now carries a one-time code instead: keyturn.link_code makes it for a
+-- person who may decide every action it names, keyturnd redeems it once
+-- (keyturn.redeem_link_code) for a card session of at most 15 minutes scoped
+-- to those actions, with a fresh token for each, and after that the URL
+-- holds nothing that works. keyturn.issue_token gives a person a fresh
+-- token for a pending action from the queue (pending) or the console,
+-- without any link. Only SHA-256 digests of codes and sessions are stored.
+--
+-- keyturn.link_code and keyturn.issue_token are Rust entry points
+-- (extension/src/gate/human.rs) that refuse agents, like approve.
+
+-- A fresh token for a pending proposal, bound like the first (to the
+-- stored params hash); the previous token stops working. NULL when the
+-- proposal is no longer pending.
+CREATE OR REPLACE FUNCTION keyturn._fresh_token(a keyturn.action)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_token   text := keyturn._token_new();
+    v_digest  bytea;
+    v_binding bytea;
+BEGIN
+    v_digest := keyturn._token_digest(v_token);
+    v_binding := keyturn._token_binding(v_token, a.id, a.params_hash, a.expires_at);
+    UPDATE keyturn.action x SET token_digest = v_digest, token_binding = v_binding
+     WHERE x.id = a.id AND x.tenant = a.tenant AND x.status = 'pending';
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    RETURN v_token;
+END
+$$;
+
+-- The pending action p_id of the caller's tenant, locked, for an identity
+-- that may decide it (the approval rule of keyturn._decide_problem). Unknown,
+-- invisible or not to be decided by this identity: 42501, the same answer
+-- for each (a link or a token reveals nothing of an action the caller may
+-- not decide); decided already: 55000.
+CREATE OR REPLACE FUNCTION keyturn._decidable(p_tenant text, p_principal text, p_session text, p_role text, p_id uuid,
+                                   p_what text)
+RETURNS keyturn.action
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    a         keyturn.action;
+    v_problem text;
+BEGIN
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = p_tenant FOR NO KEY UPDATE;
+    IF FOUND AND NOT (p_role = 'member' AND a.principal IS DISTINCT FROM p_principal) THEN
+        v_problem := keyturn._decide_problem(a, p_principal, p_session, p_role, 'approve');
+    END IF;
+    IF NOT FOUND OR (p_role = 'member' AND a.principal IS DISTINCT FROM p_principal) OR v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: % may not decide action %', p_principal, coalesce(p_id::text, 'NULL')
+            USING ERRCODE = '42501',
+                  DETAIL = coalesce(v_problem, 'It does not exist, or it is not visible to this identity.'),
+                  HINT = format('%s is for a person who may approve the action: the proposer in its session (self), or an approver or admin who wrote none of it (independent).', p_what);
+    END IF;
+    IF a.status <> 'pending' THEN
+        RAISE EXCEPTION 'keyturn: action % is %, not pending; there is nothing left to decide', p_id, a.status
+            USING ERRCODE = '55000';
+    END IF;
+    RETURN a;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._issue_token(p_caller oid, p_id uuid)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_session   text := keyturn.current_session();
+    v_role      text;
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    v_role := keyturn._require_member(v_tenant, v_principal, v_session);
+    RETURN keyturn._fresh_token(keyturn._decidable(v_tenant, v_principal, v_session, v_role, p_id, 'issue_token'));
+END
+$$;
+
+-- A one-time code for a link to these actions, for the calling identity
+-- (the human side for its own principal; the dispatcher, for notifications,
+-- asserting the person it writes to). It expires at the earliest of its ttl
+-- and the actions' expiry. The card session it is redeemed for runs as the
+-- caller's role; a code the dispatcher made, as keyturnd's card role.
+CREATE OR REPLACE FUNCTION keyturn._link_code(p_caller oid, p_ids uuid[], p_ttl interval)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_session   text := keyturn.current_session();
+    v_role      text;
+    v_id        uuid;
+    a           keyturn.action;
+    v_now       timestamptz := clock_timestamp();
+    v_expires   timestamptz;
+    v_code      text := keyturn._token_new();
+    v_digest    bytea;
+    v_db_role   text;
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    v_role := keyturn._require_member(v_tenant, v_principal, v_session);
+    IF p_ids IS NULL OR cardinality(p_ids) NOT BETWEEN 1 AND 100 OR array_position(p_ids, NULL) IS NOT NULL
+       OR (SELECT count(DISTINCT x) FROM unnest(p_ids) x) <> cardinality(p_ids) THEN
+        RAISE EXCEPTION 'keyturn: action_ids must list 1 to 100 distinct action ids'
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_ttl IS NULL OR p_ttl <= interval '0' OR p_ttl > interval '1 day' THEN
+        RAISE EXCEPTION 'keyturn: ttl must be more than 0 and at most 1 day, not %', p_ttl
+            USING ERRCODE = '22023',
+                  HINT = 'A link is opened soon or not at all; the person can ask for a new one from the queue.';
+    END IF;
+    v_expires := v_now + p_ttl;
+    FOREACH v_id IN ARRAY p_ids LOOP
+        a := keyturn._decidable(v_tenant, v_principal, v_session, v_role, v_id, 'link_code');
+        v_expires := least(v_expires, a.expires_at);
+    END LOOP;
+    IF NOT pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER') THEN
+        v_db_role := p_caller::regrole::text;
+    END IF;
+    v_digest := keyturn._token_digest(v_code);
+    INSERT INTO keyturn.card_link (code_digest, tenant, principal, session, db_role, action_ids, created_at,
+                                   expires_at)
+    VALUES (v_digest, v_tenant, v_principal, v_session, v_db_role, p_ids, v_now, v_expires);
+    RETURN v_code;
+END
+$$;
+
+-- keyturnd's POST /card/session: the code's card session, once. No rows for
+-- a code that is unknown, used or expired, or for action ids other than the
+-- code's (in any order): nothing changes then. Otherwise the code is used
+-- up, and the answer is the session's bearer (stored only as a digest), its
+-- end (15 minutes at most), a fresh token for each action that is still
+-- pending and the person may still decide, the role the session's calls run
+-- as (NULL: keyturnd's card role), and the claims that assert the person.
+CREATE OR REPLACE FUNCTION keyturn.redeem_link_code(code text, action_ids uuid[])
+RETURNS TABLE (session text, expires_at timestamptz, tokens jsonb, db_role text, claims jsonb)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    l         keyturn.card_link;
+    a         keyturn.action;
+    v_role    text;
+    v_now     timestamptz := clock_timestamp();
+    v_bearer  text := 'kts_' || keyturn._token_new();
+    v_digest  bytea;
+    v_until   timestamptz;
+    v_tokens  jsonb := '{}';
+    v_token   text;
+    v_id      uuid;
+BEGIN
+    PERFORM keyturn._refuse_nested('redeem_link_code');
+    IF redeem_link_code.code IS NULL OR redeem_link_code.action_ids IS NULL THEN
+        RETURN;
+    END IF;
+    v_digest := keyturn._token_digest(redeem_link_code.code);
+    SELECT x.* INTO l FROM keyturn.card_link x
+     WHERE x.code_digest = v_digest  -- by code alone: the code is the one thing the link holds
+       FOR UPDATE;
+    IF NOT FOUND OR l.redeemed_at IS NOT NULL OR l.expires_at <= v_now
+       OR ARRAY(SELECT DISTINCT x FROM unnest(redeem_link_code.action_ids) x ORDER BY 1)
+          IS DISTINCT FROM ARRAY(SELECT x FROM unnest(l.action_ids) x ORDER BY 1) THEN
+        RETURN;
+    END IF;
+    SELECT m.role INTO v_role FROM keyturn.member m WHERE m.tenant = l.tenant AND m.principal = l.principal;
+    FOREACH v_id IN ARRAY l.action_ids LOOP
+        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = v_id AND x.tenant = l.tenant FOR NO KEY UPDATE;
+        CONTINUE WHEN NOT FOUND OR a.status <> 'pending' OR v_role IS NULL
+                      OR keyturn._decide_problem(a, l.principal, l.session, v_role, 'approve') IS NOT NULL;
+        v_token := keyturn._fresh_token(a);
+        v_tokens := v_tokens || jsonb_build_object(v_id::text, v_token);
+    END LOOP;
+    v_until := v_now + interval '15 minutes';
+    v_digest := keyturn._token_digest(v_bearer);
+    UPDATE keyturn.card_link x
+       SET redeemed_at = v_now, session_digest = v_digest, session_expires_at = v_until
+     WHERE x.code_digest = l.code_digest AND x.tenant = l.tenant;
+    RETURN QUERY SELECT v_bearer, v_until, v_tokens, l.db_role,
+                        keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb;
+END
+$$;
+
+-- keyturnd's check of a card session's bearer, on every /rpc call that
+-- carries one: the role its calls run as (NULL: keyturnd's card role), the
+-- claims that assert the person, and the actions it is for; no rows once
+-- it has ended or for any other bearer.
+CREATE OR REPLACE FUNCTION keyturn.card_session(bearer text)
+RETURNS TABLE (db_role text, claims jsonb, action_ids uuid[], expires_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_digest bytea;
+BEGIN
+    IF card_session.bearer IS NULL OR left(card_session.bearer, 4) <> 'kts_' THEN
+        RETURN;
+    END IF;
+    v_digest := keyturn._token_digest(card_session.bearer);
+    RETURN QUERY
+        SELECT l.db_role, keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb, l.action_ids,
+               l.session_expires_at
+          FROM keyturn.card_link l
+         WHERE l.session_digest = v_digest  -- by digest alone: the bearer is all keyturnd has
+           AND l.session_expires_at > clock_timestamp();
 END
 $$;
 
@@ -5788,6 +6128,7 @@ COMMENT ON TABLE keyturn.vote IS 'Quorum votes, one per principal and action.';
 COMMENT ON TABLE keyturn.delegation IS 'Standing approvals: what a person approves in advance, within a scope, uses and time.';
 COMMENT ON TABLE keyturn.staged_file IS 'Private attachments: the bytes, bound to one action, deleted with its final status.';
 COMMENT ON TABLE keyturn.stager IS 'One row per principal that staged a file: the lock its stagings take to count the quota.';
+COMMENT ON TABLE keyturn.card_link IS 'One-time codes of card links (digests only) and the card sessions they were redeemed for.';
 COMMENT ON TABLE keyturn.projection IS 'Read-side projections: the current version per provider.';
 COMMENT ON TABLE keyturn.projection_version IS 'Every registered projection spec: which fields of a provider''s data may reach a prompt.';
 COMMENT ON TABLE keyturn.attempt IS 'One row per provider attempt; kept after reconciliation.';
@@ -5801,6 +6142,10 @@ COMMENT ON FUNCTION keyturn.current_session() IS 'The calling session, from requ
 COMMENT ON FUNCTION keyturn.canonical_json(jsonb) IS 'The RFC 8785 canonical text keyturn hashes; 22023 for numbers a double cannot hold exactly.';
 COMMENT ON FUNCTION keyturn.params_hash(text, jsonb) IS 'Lowercase hex SHA-256 of the canonical form of {"params": params, "tool": tool}.';
 COMMENT ON FUNCTION keyturn.classify(text) IS 'read, write or unsupported; never errors.';
+COMMENT ON FUNCTION keyturn.issue_token(uuid) IS 'Human: a fresh token for a pending action the caller may decide (from the queue); the previous token stops working.';
+COMMENT ON FUNCTION keyturn.link_code(uuid[], interval) IS 'Human and dispatcher: a one-time code for a card link to these actions, for a person who may decide them all; no credential in any URL.';
+COMMENT ON FUNCTION keyturn.redeem_link_code(text, uuid[]) IS 'Dispatcher (keyturnd): redeems a link code once for a 15-minute card session with fresh tokens; no rows for a used, expired or unknown code.';
+COMMENT ON FUNCTION keyturn.card_session(text) IS 'Dispatcher (keyturnd): the role, claims and actions of a live card session''s bearer; no rows otherwise.';
 COMMENT ON FUNCTION keyturn.register_tool(text, jsonb) IS 'Admin: creates or replaces a tool from its spec; returns the new version.';
 COMMENT ON FUNCTION keyturn.set_tool_enabled(text, boolean) IS 'Admin: enables or disables a tool; returns whether it changed.';
 COMMENT ON FUNCTION keyturn.add_member(text, text, text) IS 'Admin (platform, or the tenant''s own admin): adds or changes a member; returns whether it changed.';
@@ -5820,7 +6165,7 @@ COMMENT ON FUNCTION keyturn.revise(uuid, text, jsonb) IS 'Human: edit before app
 COMMENT ON FUNCTION keyturn.pending(int) IS 'Human: the caller''s queue of pending actions, soonest expiry first. Never a token.';
 COMMENT ON FUNCTION keyturn.delegate(text, jsonb, int, interval) IS 'Human: a standing approval of the caller''s own proposals of a tool, within a scope, uses and time.';
 COMMENT ON FUNCTION keyturn.revoke_delegation(uuid) IS 'Human: ends a standing approval.';
-COMMENT ON FUNCTION keyturn.delegations() IS 'Human: the visible standing approvals, with their uses.';
+COMMENT ON FUNCTION keyturn.delegations() IS 'Human: the visible standing approvals, with their uses, the tool version each was given for, and why one no longer covers (ended).';
 COMMENT ON FUNCTION keyturn.record_request(text, text, text, text) IS 'Human side: records the person''s message of a turn, the approval of the task tool calls it asks for.';
 COMMENT ON FUNCTION keyturn.end_session(text) IS 'Logout: cancels the caller''s pending, queued and leased actions of a session.';
 COMMENT ON FUNCTION keyturn.end_session_for(text, text) IS 'end_session, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
@@ -5937,9 +6282,14 @@ GRANT EXECUTE ON FUNCTION
     keyturn.revise_for(text, uuid, text, jsonb), keyturn.pending(int),
     keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
     keyturn.delegations(), keyturn.record_request(text, text, text, text),
+    keyturn.issue_token(uuid),
     keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
     keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text)
 TO keyturn_approver;
+
+-- Human and dispatcher: a card link's one-time code (for notifications, the
+-- dispatcher asserts the person it writes to).
+GRANT EXECUTE ON FUNCTION keyturn.link_code(uuid[], interval) TO keyturn_approver, keyturn_dispatcher;
 
 -- Dispatcher.
 GRANT EXECUTE ON FUNCTION
@@ -5948,7 +6298,8 @@ GRANT EXECUTE ON FUNCTION
     keyturn.begin_dispatch_many(uuid[], uuid[]),
     keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[]),
     keyturn.file_content(uuid, uuid, uuid),
-    keyturn.attachments(uuid, uuid)
+    keyturn.attachments(uuid, uuid),
+    keyturn.redeem_link_code(text, uuid[]), keyturn.card_session(text)
 TO keyturn_dispatcher;
 
 -- Dispatcher, tenant by tenant (sql/062_dispatch_for.sql).
@@ -6018,3 +6369,34 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- Digest actions keep nothing that confirms a guess: their stored params
+-- hash becomes the digest MAC of it (keyturn._digest_mac), as 0.3.0's
+-- propose stores it. Their tokens stay bound to the plain hash, which
+-- approve recomputes from the resubmitted params. An approval binds the
+-- stored hash, so the approvals the old hash verifies are bound again to
+-- the new one (those that do not verify stay unbound, and are never
+-- dispatched, as before). The proposal columns are immutable to every
+-- statement but this one.
+ALTER TABLE keyturn.action DISABLE TRIGGER action_proposal_immutable;
+DO $$
+DECLARE
+    a     keyturn.action;
+    v_mac text;
+    v_ok  boolean;
+BEGIN
+    FOR a IN SELECT x.* FROM keyturn.action x WHERE x.retain = 'digest' LOOP
+        v_mac := keyturn._digest_mac(a.params_hash);
+        v_ok := a.approved_at IS NOT NULL
+                AND keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role, a.approved_at,
+                                            a.approved_via, a.approval_mac);
+        UPDATE keyturn.action x
+           SET params_hash = v_mac,
+               approval_mac = CASE WHEN v_ok THEN keyturn._approval_mac(a.id, v_mac, a.approved_by, a.approved_role,
+                                                                        a.approved_at, a.approved_via)
+                                   ELSE x.approval_mac END
+         WHERE x.id = a.id AND x.tenant = a.tenant;
+    END LOOP;
+END
+$$;
+ALTER TABLE keyturn.action ENABLE TRIGGER action_proposal_immutable;

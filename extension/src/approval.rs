@@ -96,6 +96,29 @@ fn approval_mac(
     .to_vec()
 }
 
+/// What a `retain = digest` action stores for its params hash: a MAC under
+/// the key no role can read (keyturn-core `approval::digest_mac`).
+#[pg_extern(name = "_digest_mac", volatile, strict, parallel_unsafe)]
+fn digest_mac(params_hash: &str) -> String {
+    approval::digest_mac(&key_for_binding(), params_hash)
+}
+
+/// Whether `plain`, the params hash of what is being approved, is what the
+/// action stored: equal for `retain = full`, the digest MAC of it for
+/// `retain = digest`; in constant time either way. The one comparison of a
+/// resubmitted or replayed params hash with a stored one.
+#[pg_extern(name = "_params_hash_matches", volatile, parallel_unsafe)]
+fn params_hash_matches(retain: Option<&str>, stored: Option<&str>, plain: Option<&str>) -> bool {
+    let (Some(retain), Some(stored), Some(plain)) = (retain, stored, plain) else {
+        return false;
+    };
+    if retain == "digest" {
+        approval::digest_matches(&key_for_binding(), plain, stored)
+    } else {
+        keyturn_core::token::ct_eq(stored.as_bytes(), plain.as_bytes())
+    }
+}
+
 /// Whether an approval produced this row's state: false when any field or
 /// the MAC is missing or does not verify.
 #[pg_extern(name = "_approval_valid", volatile, parallel_unsafe)]

@@ -214,3 +214,35 @@ fn problem() -> Option<String> {
     }
     (!other.is_empty()).then(|| other.join("; "))
 }
+
+/// The claims that assert (tenant, principal, session) the way this database
+/// reads them (`keyturn.claim_*` paths; `a.b` nests), plus `role`: what
+/// keyturnd sets as `request.jwt.claims` for a card session, which no JWT
+/// carries.
+#[pg_extern(name = "_claims_for", stable, parallel_safe)]
+fn claims_for(role: Option<&str>, tenant: &str, principal: &str, session: &str) -> pgrx::JsonB {
+    let mut claims = serde_json::Map::new();
+    if let Some(role) = role {
+        claims.insert("role".to_owned(), Value::from(role));
+    }
+    for (part, value) in [(TENANT, tenant), (PRINCIPAL, principal), (SESSION, session)] {
+        let path = claim_path(part);
+        let mut keys: Vec<&str> = path.split('.').collect();
+        let last = keys.pop().unwrap_or_default();
+        let mut node = &mut claims;
+        for key in keys {
+            let child = node
+                .entry(key.to_owned())
+                .or_insert_with(|| Value::Object(serde_json::Map::new()));
+            if !child.is_object() {
+                *child = Value::Object(serde_json::Map::new());
+            }
+            let Value::Object(map) = child else {
+                unreachable!("made an object above")
+            };
+            node = map;
+        }
+        node.insert(last.to_owned(), Value::from(value));
+    }
+    pgrx::JsonB(Value::Object(claims))
+}

@@ -142,9 +142,14 @@ mod tests;
     requires = ["files"]
 );
 ::pgrx::extension_sql_file!(
+    "../../sql/058_links.sql",
+    name = "links",
+    requires = ["fence", identity::claims_for]
+);
+::pgrx::extension_sql_file!(
     "../../sql/060_dispatch.sql",
     name = "dispatch",
-    requires = ["fence", args::check_lease_args]
+    requires = ["links", args::check_lease_args]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/061_dispatch_batch.sql",
@@ -186,7 +191,9 @@ mod tests;
         gate::human::delegate,
         gate::human::revoke_delegation,
         gate::human::delegations,
-        gate::human::record_request
+        gate::human::record_request,
+        gate::human::issue_token,
+        gate::human::link_code
     ]
 );
 ::pgrx::extension_sql_file!(

@@ -33,3 +33,34 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- Digest actions keep nothing that confirms a guess: their stored params
+-- hash becomes the digest MAC of it (keyturn._digest_mac), as 0.3.0's
+-- propose stores it. Their tokens stay bound to the plain hash, which
+-- approve recomputes from the resubmitted params. An approval binds the
+-- stored hash, so the approvals the old hash verifies are bound again to
+-- the new one (those that do not verify stay unbound, and are never
+-- dispatched, as before). The proposal columns are immutable to every
+-- statement but this one.
+ALTER TABLE keyturn.action DISABLE TRIGGER action_proposal_immutable;
+DO $$
+DECLARE
+    a     keyturn.action;
+    v_mac text;
+    v_ok  boolean;
+BEGIN
+    FOR a IN SELECT x.* FROM keyturn.action x WHERE x.retain = 'digest' LOOP
+        v_mac := keyturn._digest_mac(a.params_hash);
+        v_ok := a.approved_at IS NOT NULL
+                AND keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role, a.approved_at,
+                                            a.approved_via, a.approval_mac);
+        UPDATE keyturn.action x
+           SET params_hash = v_mac,
+               approval_mac = CASE WHEN v_ok THEN keyturn._approval_mac(a.id, v_mac, a.approved_by, a.approved_role,
+                                                                        a.approved_at, a.approved_via)
+                                   ELSE x.approval_mac END
+         WHERE x.id = a.id AND x.tenant = a.tenant;
+    END LOOP;
+END
+$$;
+ALTER TABLE keyturn.action ENABLE TRIGGER action_proposal_immutable;

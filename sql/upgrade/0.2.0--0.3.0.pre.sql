@@ -76,3 +76,23 @@ CREATE TABLE keyturn.stager (
     PRIMARY KEY (tenant, principal)
 );
 SELECT pg_catalog.pg_extension_config_dump('keyturn.stager', '');
+
+-- Card links and their sessions (sql/058_links.sql).
+CREATE TABLE keyturn.card_link (
+    code_digest         bytea       NOT NULL,
+    tenant              text        NOT NULL,
+    principal           text        NOT NULL,
+    session             text        NOT NULL,     -- the identity's session the card acts in
+    db_role             text,                     -- what the card's calls run as; NULL: keyturnd's card role
+    action_ids          uuid[]      NOT NULL,
+    created_at          timestamptz NOT NULL,
+    expires_at          timestamptz NOT NULL,     -- the code's: its ttl, or the first action's expiry
+    redeemed_at         timestamptz,
+    session_digest      bytea,
+    session_expires_at  timestamptz,
+    PRIMARY KEY (code_digest, tenant)
+);
+CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, tenant)
+    WHERE session_digest IS NOT NULL;
+CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
+SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');

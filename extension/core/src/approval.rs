@@ -74,6 +74,39 @@ fn message(key: &[u8], a: &Approval<'_>) -> Hmac<Sha256> {
     mac
 }
 
+/// Domain tag of the digest MAC, so it is never confused with an approval's.
+const DIGEST_TAG: &[u8] = b"keyturn/v1/digest";
+
+/// What a `retain = digest` action stores and shows in place of its params
+/// hash: HMAC-SHA256 under the database's key over the hash, as lowercase
+/// hex. A plain SHA-256 of short params (a PIN, an amount, a yes/no) is
+/// reversed by guessing; this one cannot be checked without the key, which
+/// no role can read. Only the proposing call sees the plain hash.
+pub fn digest_mac(key: &[u8], params_hash: &str) -> String {
+    hex::encode(digest_message(key, params_hash).finalize().into_bytes())
+}
+
+/// Whether `stored` (lowercase hex) is the digest MAC of `params_hash`, in
+/// constant time.
+pub fn digest_matches(key: &[u8], params_hash: &str, stored: &str) -> bool {
+    hex::decode(stored)
+        .map(|bytes| {
+            digest_message(key, params_hash)
+                .verify_slice(&bytes)
+                .is_ok()
+        })
+        .unwrap_or(false)
+}
+
+fn digest_message(key: &[u8], params_hash: &str) -> Hmac<Sha256> {
+    let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(key) else {
+        unreachable!("HMAC-SHA256 accepts keys of any length")
+    };
+    mac.update(DIGEST_TAG);
+    mac.update(params_hash.as_bytes());
+    mac
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +122,21 @@ mod tests {
             approved_at_micros: 1_000_000,
             via: "approve",
         }
+    }
+
+    #[test]
+    fn test_digest_mac_needs_the_key_and_matches_only_its_hash() {
+        let key = new_key();
+        let h = "0f".repeat(32);
+        let stored = digest_mac(&key, &h);
+        assert_eq!(stored.len(), 64);
+        assert_ne!(stored, h);
+        assert!(digest_matches(&key, &h, &stored));
+        assert!(!digest_matches(&key, &"1f".repeat(32), &stored));
+        assert!(!digest_matches(&new_key(), &h, &stored), "another key");
+        assert!(!digest_matches(&key, &h, "not hex"));
+        // Never the approval MAC of anything: its own domain.
+        assert_ne!(stored, hex::encode(mac(&key, &base())));
     }
 
     #[test]

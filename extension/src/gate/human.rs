@@ -451,3 +451,42 @@ fn record_request(
     .next()
     .unwrap_or(false)
 }
+
+/// Human side: a fresh token for a pending action the caller may decide,
+/// to approve it from the queue or the console without the original link;
+/// the previous token stops working.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn issue_token(action_id: Option<pgrx::Uuid>) -> Option<String> {
+    refuse_agents("issue_token");
+    as_owner(
+        "SELECT keyturn._issue_token($1, $2)",
+        &[pg_sys::UUIDOID],
+        vec![action_id.into()],
+        |row| row.get::<String>(1),
+    )
+    .into_iter()
+    .next()
+    .flatten()
+}
+
+/// Human side and dispatcher: a one-time code for a card link to these
+/// actions, for a person who may decide every one of them (the caller's own
+/// principal). An agent never gets one.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn link_code(
+    action_ids: Option<Vec<Option<pgrx::Uuid>>>,
+    ttl: default!(Option<pgrx::datum::Interval>, "'15 minutes'"),
+) -> String {
+    refuse_agents("link_code");
+    as_owner(
+        "SELECT keyturn._link_code($1, $2, $3)",
+        &[pg_sys::UUIDARRAYOID, pg_sys::INTERVALOID],
+        vec![action_ids.into(), ttl.into()],
+        |row| required::<String>(row, 1),
+    )
+    .into_iter()
+    .next()
+    .unwrap_or_else(|| error!("keyturn: link_code returned nothing"))
+}

@@ -246,7 +246,12 @@ async fn test_tools_that_need_a_closer_look_are_not_delegable() {
         )
         .await;
     let d = w
-        .delegate(&t, json!({"params": {"channel": {"any": true}}}), 1, "1 hour")
+        .delegate(
+            &t,
+            json!({"params": {"channel": {"any": true}}}),
+            1,
+            "1 hour",
+        )
         .await
         .unwrap();
     let p = covered(&w, &t, json!({"channel": "c"})).await;

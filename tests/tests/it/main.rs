@@ -22,6 +22,7 @@ mod fuzz_findings_tests;
 mod grant_scope_tests;
 mod hardening_tests;
 mod identity_tests;
+mod links_tests;
 mod membership_tests;
 mod preview_session_tests;
 mod privileges_tests;

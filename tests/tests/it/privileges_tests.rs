@@ -75,6 +75,8 @@ async fn test_each_role_executes_exactly_its_functions() {
         "revoke_delegation",
         "delegations",
         "record_request",
+        "issue_token",
+        "link_code",
         // a tenant's own admin manages its tenant through this role
         "add_member",
         "remove_member",
@@ -106,6 +108,10 @@ async fn test_each_role_executes_exactly_its_functions() {
                     "attachments",
                     "sweep",
                     "classify",
+                    // card links and sessions (sql/058_links.sql)
+                    "link_code",
+                    "redeem_link_code",
+                    "card_session",
                     // tenant by tenant (sql/062_dispatch_for.sql)
                     "dispatch_nodes",
                     "tenants_due",

@@ -18,6 +18,7 @@ const TENANT_TABLES: &[&str] = &[
     "delegation",
     "staged_file",
     "stager",
+    "card_link",
     "attempt",
     "event",
     "usage",
@@ -89,7 +90,11 @@ async fn populated() -> World {
     b.delegate(&sql, json!({}), 1, "1 hour").await.unwrap(); // delegation
     stage_file_on(&b.agent, b"tenant b", "b.pdf", "application/pdf")
         .await
-        .unwrap(); // staged_file
+        .unwrap(); // staged_file, stager
+    voter_human
+        .query_one("SELECT keyturn.link_code($1)", &[&vec![q.id]])
+        .await
+        .unwrap(); // card_link
     for t in TENANT_TABLES {
         let n = count(
             &b.superuser,

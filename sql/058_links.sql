@@ -1,0 +1,220 @@
+-- Links that carry no credential (docs/http.md, "Card links"), and fresh
+-- tokens for the person's queue.
+--
+-- A link to the approval card used to carry the token, and keyturnd's card
+-- took the person's JWT from it too: browsers keep every URL they open in
+-- their history database, its sync and the address bar's suggestions, so
+-- anyone who read those could act as the person until the JWT expired. A
+-- link now carries a one-time code instead: keyturn.link_code makes it for a
+-- person who may decide every action it names, keyturnd redeems it once
+-- (keyturn.redeem_link_code) for a card session of at most 15 minutes scoped
+-- to those actions, with a fresh token for each, and after that the URL
+-- holds nothing that works. keyturn.issue_token gives a person a fresh
+-- token for a pending action from the queue (pending) or the console,
+-- without any link. Only SHA-256 digests of codes and sessions are stored.
+--
+-- keyturn.link_code and keyturn.issue_token are Rust entry points
+-- (extension/src/gate/human.rs) that refuse agents, like approve.
+
+-- A fresh token for a pending proposal, bound like the first (to the
+-- stored params hash); the previous token stops working. NULL when the
+-- proposal is no longer pending.
+CREATE FUNCTION keyturn._fresh_token(a keyturn.action)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_token   text := keyturn._token_new();
+    v_digest  bytea;
+    v_binding bytea;
+BEGIN
+    v_digest := keyturn._token_digest(v_token);
+    v_binding := keyturn._token_binding(v_token, a.id, a.params_hash, a.expires_at);
+    UPDATE keyturn.action x SET token_digest = v_digest, token_binding = v_binding
+     WHERE x.id = a.id AND x.tenant = a.tenant AND x.status = 'pending';
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    RETURN v_token;
+END
+$$;
+
+-- The pending action p_id of the caller's tenant, locked, for an identity
+-- that may decide it (the approval rule of keyturn._decide_problem). Unknown,
+-- invisible or not to be decided by this identity: 42501, the same answer
+-- for each (a link or a token reveals nothing of an action the caller may
+-- not decide); decided already: 55000.
+CREATE FUNCTION keyturn._decidable(p_tenant text, p_principal text, p_session text, p_role text, p_id uuid,
+                                   p_what text)
+RETURNS keyturn.action
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    a         keyturn.action;
+    v_problem text;
+BEGIN
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = p_tenant FOR NO KEY UPDATE;
+    IF FOUND AND NOT (p_role = 'member' AND a.principal IS DISTINCT FROM p_principal) THEN
+        v_problem := keyturn._decide_problem(a, p_principal, p_session, p_role, 'approve');
+    END IF;
+    IF NOT FOUND OR (p_role = 'member' AND a.principal IS DISTINCT FROM p_principal) OR v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: % may not decide action %', p_principal, coalesce(p_id::text, 'NULL')
+            USING ERRCODE = '42501',
+                  DETAIL = coalesce(v_problem, 'It does not exist, or it is not visible to this identity.'),
+                  HINT = format('%s is for a person who may approve the action: the proposer in its session (self), or an approver or admin who wrote none of it (independent).', p_what);
+    END IF;
+    IF a.status <> 'pending' THEN
+        RAISE EXCEPTION 'keyturn: action % is %, not pending; there is nothing left to decide', p_id, a.status
+            USING ERRCODE = '55000';
+    END IF;
+    RETURN a;
+END
+$$;
+
+CREATE FUNCTION keyturn._issue_token(p_caller oid, p_id uuid)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_session   text := keyturn.current_session();
+    v_role      text;
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    v_role := keyturn._require_member(v_tenant, v_principal, v_session);
+    RETURN keyturn._fresh_token(keyturn._decidable(v_tenant, v_principal, v_session, v_role, p_id, 'issue_token'));
+END
+$$;
+
+-- A one-time code for a link to these actions, for the calling identity
+-- (the human side for its own principal; the dispatcher, for notifications,
+-- asserting the person it writes to). It expires at the earliest of its ttl
+-- and the actions' expiry. The card session it is redeemed for runs as the
+-- caller's role; a code the dispatcher made, as keyturnd's card role.
+CREATE FUNCTION keyturn._link_code(p_caller oid, p_ids uuid[], p_ttl interval)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_session   text := keyturn.current_session();
+    v_role      text;
+    v_id        uuid;
+    a           keyturn.action;
+    v_now       timestamptz := clock_timestamp();
+    v_expires   timestamptz;
+    v_code      text := keyturn._token_new();
+    v_digest    bytea;
+    v_db_role   text;
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    v_role := keyturn._require_member(v_tenant, v_principal, v_session);
+    IF p_ids IS NULL OR cardinality(p_ids) NOT BETWEEN 1 AND 100 OR array_position(p_ids, NULL) IS NOT NULL
+       OR (SELECT count(DISTINCT x) FROM unnest(p_ids) x) <> cardinality(p_ids) THEN
+        RAISE EXCEPTION 'keyturn: action_ids must list 1 to 100 distinct action ids'
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_ttl IS NULL OR p_ttl <= interval '0' OR p_ttl > interval '1 day' THEN
+        RAISE EXCEPTION 'keyturn: ttl must be more than 0 and at most 1 day, not %', p_ttl
+            USING ERRCODE = '22023',
+                  HINT = 'A link is opened soon or not at all; the person can ask for a new one from the queue.';
+    END IF;
+    v_expires := v_now + p_ttl;
+    FOREACH v_id IN ARRAY p_ids LOOP
+        a := keyturn._decidable(v_tenant, v_principal, v_session, v_role, v_id, 'link_code');
+        v_expires := least(v_expires, a.expires_at);
+    END LOOP;
+    IF NOT pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER') THEN
+        v_db_role := p_caller::regrole::text;
+    END IF;
+    v_digest := keyturn._token_digest(v_code);
+    INSERT INTO keyturn.card_link (code_digest, tenant, principal, session, db_role, action_ids, created_at,
+                                   expires_at)
+    VALUES (v_digest, v_tenant, v_principal, v_session, v_db_role, p_ids, v_now, v_expires);
+    RETURN v_code;
+END
+$$;
+
+-- keyturnd's POST /card/session: the code's card session, once. No rows for
+-- a code that is unknown, used or expired, or for action ids other than the
+-- code's (in any order): nothing changes then. Otherwise the code is used
+-- up, and the answer is the session's bearer (stored only as a digest), its
+-- end (15 minutes at most), a fresh token for each action that is still
+-- pending and the person may still decide, the role the session's calls run
+-- as (NULL: keyturnd's card role), and the claims that assert the person.
+CREATE FUNCTION keyturn.redeem_link_code(code text, action_ids uuid[])
+RETURNS TABLE (session text, expires_at timestamptz, tokens jsonb, db_role text, claims jsonb)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    l         keyturn.card_link;
+    a         keyturn.action;
+    v_role    text;
+    v_now     timestamptz := clock_timestamp();
+    v_bearer  text := 'kts_' || keyturn._token_new();
+    v_digest  bytea;
+    v_until   timestamptz;
+    v_tokens  jsonb := '{}';
+    v_token   text;
+    v_id      uuid;
+BEGIN
+    PERFORM keyturn._refuse_nested('redeem_link_code');
+    IF redeem_link_code.code IS NULL OR redeem_link_code.action_ids IS NULL THEN
+        RETURN;
+    END IF;
+    v_digest := keyturn._token_digest(redeem_link_code.code);
+    SELECT x.* INTO l FROM keyturn.card_link x
+     WHERE x.code_digest = v_digest  -- by code alone: the code is the one thing the link holds
+       FOR UPDATE;
+    IF NOT FOUND OR l.redeemed_at IS NOT NULL OR l.expires_at <= v_now
+       OR ARRAY(SELECT DISTINCT x FROM unnest(redeem_link_code.action_ids) x ORDER BY 1)
+          IS DISTINCT FROM ARRAY(SELECT x FROM unnest(l.action_ids) x ORDER BY 1) THEN
+        RETURN;
+    END IF;
+    SELECT m.role INTO v_role FROM keyturn.member m WHERE m.tenant = l.tenant AND m.principal = l.principal;
+    FOREACH v_id IN ARRAY l.action_ids LOOP
+        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = v_id AND x.tenant = l.tenant FOR NO KEY UPDATE;
+        CONTINUE WHEN NOT FOUND OR a.status <> 'pending' OR v_role IS NULL
+                      OR keyturn._decide_problem(a, l.principal, l.session, v_role, 'approve') IS NOT NULL;
+        v_token := keyturn._fresh_token(a);
+        v_tokens := v_tokens || jsonb_build_object(v_id::text, v_token);
+    END LOOP;
+    v_until := v_now + interval '15 minutes';
+    v_digest := keyturn._token_digest(v_bearer);
+    UPDATE keyturn.card_link x
+       SET redeemed_at = v_now, session_digest = v_digest, session_expires_at = v_until
+     WHERE x.code_digest = l.code_digest AND x.tenant = l.tenant;
+    RETURN QUERY SELECT v_bearer, v_until, v_tokens, l.db_role,
+                        keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb;
+END
+$$;
+
+-- keyturnd's check of a card session's bearer, on every /rpc call that
+-- carries one: the role its calls run as (NULL: keyturnd's card role), the
+-- claims that assert the person, and the actions it is for; no rows once
+-- it has ended or for any other bearer.
+CREATE FUNCTION keyturn.card_session(bearer text)
+RETURNS TABLE (db_role text, claims jsonb, action_ids uuid[], expires_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_digest bytea;
+BEGIN
+    IF card_session.bearer IS NULL OR left(card_session.bearer, 4) <> 'kts_' THEN
+        RETURN;
+    END IF;
+    v_digest := keyturn._token_digest(card_session.bearer);
+    RETURN QUERY
+        SELECT l.db_role, keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb, l.action_ids,
+               l.session_expires_at
+          FROM keyturn.card_link l
+         WHERE l.session_digest = v_digest  -- by digest alone: the bearer is all keyturnd has
+           AND l.session_expires_at > clock_timestamp();
+END
+$$;

@@ -1,0 +1,244 @@
+//! docs/http.md, "Card links": no URL carries a credential. A link holds a
+//! one-time code, made by keyturn.link_code for a person who may decide
+//! every action it names, redeemed once by keyturnd
+//! (keyturn.redeem_link_code) for a short card session with fresh tokens;
+//! keyturn.issue_token gives a person a fresh token from the queue.
+
+use keyturn_tests::*;
+use serde_json::{json, Value};
+
+async fn issue(c: &Conn, id: uuid::Uuid) -> Result<String, tokio_postgres::Error> {
+    c.query_one("SELECT keyturn.issue_token($1)", &[&id])
+        .await
+        .map(|r| r.get(0))
+}
+
+async fn link_code(c: &impl Sql, ids: &[uuid::Uuid]) -> Result<String, tokio_postgres::Error> {
+    c.query_one("SELECT keyturn.link_code($1)", &[&ids.to_vec()])
+        .await
+        .map(|r| r.get(0))
+}
+
+/// (session bearer, tokens by action id, db_role, claims), or None.
+async fn redeem(
+    d: &tokio_postgres::Client,
+    code: &str,
+    ids: &[uuid::Uuid],
+) -> Option<(String, Value, Option<String>, Value)> {
+    d.query_opt(
+        "SELECT session, tokens, db_role, claims FROM keyturn.redeem_link_code($1, $2)",
+        &[&code, &ids.to_vec()],
+    )
+    .await
+    .unwrap()
+    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+}
+
+#[tokio::test]
+async fn test_issue_token_gives_a_fresh_token_and_ends_the_old_one() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "hi"}))
+        .await
+        .unwrap();
+    let fresh = issue(&w.human, p.id).await.unwrap();
+    assert_ne!(fresh, p.token);
+    assert_eq!(
+        sqlstate(approve_on(&w.human, p.id, &p.token, None).await),
+        "55000",
+        "the token propose gave no longer works"
+    );
+    assert_eq!(w.status(p.id).await, "pending");
+    assert_eq!(
+        approve_on(&w.human, p.id, &fresh, None).await.unwrap().0,
+        "queued"
+    );
+    // Decided: nothing left to issue a token for.
+    assert_eq!(sqlstate(issue(&w.human, p.id).await), "55000");
+}
+
+#[tokio::test]
+async fn test_issue_token_is_for_a_person_who_may_decide() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "hi"}))
+        .await
+        .unwrap();
+    // The agent holds no EXECUTE; another member sees nothing; an approver
+    // of the tenant may not decide a self proposal; another session of the
+    // same person neither.
+    assert_eq!(sqlstate(issue(&w.agent, p.id).await), "42501");
+    let (_, member) = w.other("member", "app_human", "s-m").await;
+    assert_eq!(sqlstate(issue(&member, p.id).await), "42501");
+    let (_, approver) = w.other("approver", "app_human", "s-a").await;
+    assert_eq!(sqlstate(issue(&approver, p.id).await), "42501");
+    let elsewhere = Conn::connect(
+        "app_human",
+        Identity::gucs(&w.tenant, &w.principal, "another-session"),
+    )
+    .await;
+    assert_eq!(sqlstate(issue(&elsewhere, p.id).await), "42501");
+    assert_eq!(
+        sqlstate(issue(&w.human, uuid::Uuid::new_v4()).await),
+        "42501",
+        "an unknown action answers as an invisible one"
+    );
+    // The original token still works: nothing was changed.
+    assert_eq!(
+        approve_on(&w.human, p.id, &p.token, None).await.unwrap().0,
+        "queued"
+    );
+}
+
+#[tokio::test]
+async fn test_a_link_code_is_redeemed_once_for_a_session_and_fresh_tokens() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let a = w
+        .propose(&t, json!({"channel": "a", "text": "1"}))
+        .await
+        .unwrap();
+    let b = w
+        .propose(&t, json!({"channel": "b", "text": "2"}))
+        .await
+        .unwrap();
+    let code = link_code(&w.human, &[a.id, b.id]).await.unwrap();
+    let d = connect("app_dispatcher").await;
+    // Other action ids than the code's: nothing, and the code still works.
+    assert!(redeem(&d, &code, &[a.id]).await.is_none());
+    assert!(redeem(&d, "not-a-code", &[a.id, b.id]).await.is_none());
+    let (session, tokens, role, claims) = redeem(&d, &code, &[b.id, a.id]).await.unwrap();
+    assert!(session.starts_with("kts_"), "{session}");
+    assert_eq!(role.as_deref(), Some("app_human"), "the caller's role");
+    assert_eq!(
+        claims,
+        json!({"tenant_id": w.tenant, "sub": w.principal, "session_id": w.session})
+    );
+    // Used: a second redemption gives nothing.
+    assert!(redeem(&d, &code, &[a.id, b.id]).await.is_none());
+    // The session resolves while it lives; the fresh tokens approve, the
+    // ones propose gave do not any more.
+    let r = d
+        .query_one(
+            "SELECT db_role, claims, action_ids FROM keyturn.card_session($1)",
+            &[&session],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, Vec<uuid::Uuid>>(2), vec![a.id, b.id]);
+    assert!(d
+        .query_opt("SELECT 1 FROM keyturn.card_session($1)", &[&"kts_nope"])
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        sqlstate(approve_on(&w.human, a.id, &a.token, None).await),
+        "55000"
+    );
+    let ta = tokens[a.id.to_string()].as_str().unwrap().to_owned();
+    assert_eq!(
+        approve_on(&w.human, a.id, &ta, None).await.unwrap().0,
+        "queued"
+    );
+    // Nothing of the code or the session is stored as itself.
+    let stored = count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.card_link WHERE position(convert_to($1, 'UTF8') in code_digest) > 0 \
+           OR position(convert_to($2, 'UTF8') in coalesce(session_digest, '')) > 0",
+        &[&code, &session],
+    )
+    .await;
+    assert_eq!(stored, 0);
+}
+
+#[tokio::test]
+async fn test_an_expired_link_code_redeems_nothing() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "a", "text": "1"}))
+        .await
+        .unwrap();
+    let code = link_code(&w.human, &[p.id]).await.unwrap();
+    w.superuser
+        .execute(
+            "UPDATE keyturn.card_link SET expires_at = now() - interval '1 second' WHERE tenant = $1",
+            &[&w.tenant],
+        )
+        .await
+        .unwrap();
+    let d = connect("app_dispatcher").await;
+    assert!(redeem(&d, &code, &[p.id]).await.is_none());
+    // The proposal's own token is untouched.
+    assert_eq!(
+        approve_on(&w.human, p.id, &p.token, None).await.unwrap().0,
+        "queued"
+    );
+}
+
+#[tokio::test]
+async fn test_a_link_code_is_for_a_person_who_may_decide_every_action() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let mine = w
+        .propose(&t, json!({"channel": "a", "text": "1"}))
+        .await
+        .unwrap();
+    let (other, other_agent) = w.other("member", "app_agent", "s-o").await;
+    w.grant(&other, &t).await;
+    let theirs = propose_on(
+        &other_agent,
+        &t,
+        json!({"channel": "b", "text": "2"}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(sqlstate(link_code(&w.agent, &[mine.id]).await), "42501");
+    assert_eq!(
+        sqlstate(link_code(&w.human, &[mine.id, theirs.id]).await),
+        "42501"
+    );
+    for bad in [vec![], vec![mine.id, mine.id]] {
+        assert_eq!(sqlstate(link_code(&w.human, &bad).await), "22023");
+    }
+    assert_eq!(
+        sqlstate(
+            w.human
+                .query_one("SELECT keyturn.link_code($1, '2 days')", &[&vec![mine.id]])
+                .await
+        ),
+        "22023"
+    );
+    // An independent tool: an approver who did not write it may; the
+    // proposer may not.
+    let ind = w.webhook_tool(json!({"approval": "independent"})).await;
+    let (approver, approver_c) = w.other("approver", "app_human", "s-appr").await;
+    w.grant(&approver, &ind).await;
+    let q = w
+        .propose(&ind, json!({"channel": "c", "text": "3"}))
+        .await
+        .unwrap();
+    assert_eq!(sqlstate(link_code(&w.human, &[q.id]).await), "42501");
+    link_code(&approver_c, &[q.id]).await.unwrap();
+}
+
+/// The dispatcher makes codes for notifications, asserting the person it
+/// writes to; their sessions run as keyturnd's card role (db_role NULL).
+#[tokio::test]
+async fn test_the_dispatcher_makes_a_code_for_the_person_it_writes_to() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "a", "text": "1"}))
+        .await
+        .unwrap();
+    let disp = Conn::connect("app_dispatcher", w.identity()).await;
+    let code = link_code(&disp, &[p.id]).await.unwrap();
+    let d = connect("app_dispatcher").await;
+    let (_, tokens, role, _) = redeem(&d, &code, &[p.id]).await.unwrap();
+    assert_eq!(role, None);
+    assert!(tokens[p.id.to_string()].is_string());
+}
