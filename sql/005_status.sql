@@ -40,3 +40,22 @@ INSERT INTO keyturn.transition (from_status, to_status) VALUES
     ('executing', 'queued'),
     -- the operator's reconciliation
     ('uncertain', 'succeeded'), ('uncertain', 'failed');
+
+-- The words of a tool's spec, each list said once: the columns of
+-- keyturn.tool_version are of these types, and register_tool offers exactly
+-- their labels (enum_range), so a word added here is accepted there and
+-- nowhere else needs to learn it.
+CREATE TYPE keyturn.tool_kind AS ENUM ('read', 'write');
+CREATE TYPE keyturn.tool_executor AS ENUM ('sql', 'external');
+CREATE TYPE keyturn.tool_effect AS ENUM ('reversible', 'compensatable', 'irreversible');
+CREATE TYPE keyturn.tool_retain AS ENUM ('full', 'digest');
+CREATE TYPE keyturn.tool_approval AS ENUM ('self', 'independent', 'task');
+
+-- What a provider attempt came to: complete's four outcomes, and lapsed (the
+-- sweep found its lease over). keyturnd's outcome type says the first four
+-- again, and a test of keyturnd's compares them with this list.
+CREATE TYPE keyturn.attempt_outcome AS ENUM ('succeeded', 'failed', 'retry', 'unknown', 'lapsed');
+
+-- What the dispatcher may say of an attempt it never finished: that it sent
+-- nothing (keyturn.record_not_sent).
+CREATE TYPE keyturn.dispatcher_account AS ENUM ('not_sent');

@@ -31,15 +31,15 @@ CREATE TABLE keyturn.tool_version (
     tool           text        NOT NULL REFERENCES keyturn.tool (name),
     version        int         NOT NULL,
     spec           jsonb       NOT NULL,           -- the normalized spec, as registered
-    kind           text        NOT NULL CHECK (kind IN ('read', 'write')),
-    executor       text        CHECK (executor IN ('sql', 'external')),
+    kind           keyturn.tool_kind NOT NULL,
+    executor       keyturn.tool_executor,
     provider       text,
     params_schema  jsonb,                          -- normalized; external tools only
     summary        text        NOT NULL,
-    effect         text        NOT NULL CHECK (effect IN ('reversible', 'compensatable', 'irreversible')),
+    effect         keyturn.tool_effect NOT NULL,
     expires_in     interval    NOT NULL,
-    retain         text        NOT NULL CHECK (retain IN ('full', 'digest')),
-    approval       text        NOT NULL CHECK (approval IN ('self', 'independent', 'task')),
+    retain         keyturn.tool_retain NOT NULL,
+    approval       keyturn.tool_approval NOT NULL,
     quorum         int         NOT NULL DEFAULT 1 CHECK (quorum BETWEEN 1 AND 5),
     delegable      boolean     NOT NULL DEFAULT false,
     max_targets    int         NOT NULL CHECK (max_targets > 0),
@@ -365,8 +365,13 @@ CREATE TABLE keyturn.attempt (
     worker       text,
     started_at   timestamptz NOT NULL,
     finished_at  timestamptz,
-    outcome      text,
+    outcome      keyturn.attempt_outcome,
     receipt      jsonb,
+    -- The dispatcher's own account of an attempt the sweep ended before it
+    -- could record one (keyturn.record_not_sent): decides nothing, informs
+    -- the operator who does.
+    dispatcher_account  keyturn.dispatcher_account,
+    dispatcher_receipt  jsonb,
     PRIMARY KEY (action_id, tenant, attempt)
 ) WITH (fillfactor = 70);
 

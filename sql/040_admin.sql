@@ -200,8 +200,7 @@ LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce(
-        (SELECT CASE WHEN t.enabled AND v.kind IN ('read', 'write') THEN v.kind
-                     ELSE 'unsupported' END
+        (SELECT CASE WHEN t.enabled THEN v.kind::text ELSE 'unsupported' END
            FROM keyturn.tool t
            JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
           WHERE t.name = classify.tool),

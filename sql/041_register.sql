@@ -359,15 +359,15 @@ AS $$
 DECLARE
     v_name      text := register_tool.name;
     k           text;
-    v_kind      text;
-    v_exec      text;
+    v_kind      keyturn.tool_kind;
+    v_exec      keyturn.tool_executor;
     v_ext       jsonb;
     v_sql       jsonb;
     v_summary   text;
-    v_effect    text;
+    v_effect    keyturn.tool_effect;
     v_expires   interval := interval '15 minutes';
-    v_retain    text;
-    v_approval  text;
+    v_retain    keyturn.tool_retain;
+    v_approval  keyturn.tool_approval;
     v_max       int := 100;
     v_rate      jsonb;
     v_quorum    int := 1;
@@ -392,12 +392,12 @@ BEGIN
               'retain', 'approval', 'max_targets', 'targets_param', 'sql', 'rate_limit', 'quorum',
               'delegable', 'attachments_param', 'attachment_types', 'max_attachment_bytes']);
 
-    v_kind     := keyturn._spec_choice(spec, 'kind', 'write', ARRAY['read', 'write']);
-    v_exec     := keyturn._spec_choice(spec, 'executor', NULL, ARRAY['sql', 'external']);
-    v_effect   := keyturn._spec_choice(spec, 'effect', 'irreversible',
-                                       ARRAY['reversible', 'compensatable', 'irreversible']);
-    v_retain   := keyturn._spec_choice(spec, 'retain', 'full', ARRAY['full', 'digest']);
-    v_approval := keyturn._spec_choice(spec, 'approval', 'self', ARRAY['self', 'independent', 'task']);
+    -- The words each key takes are the labels of its column's type.
+    v_kind     := keyturn._spec_choice(spec, 'kind', 'write', enum_range(NULL::keyturn.tool_kind)::text[]);
+    v_exec     := keyturn._spec_choice(spec, 'executor', NULL, enum_range(NULL::keyturn.tool_executor)::text[]);
+    v_effect   := keyturn._spec_choice(spec, 'effect', 'irreversible', enum_range(NULL::keyturn.tool_effect)::text[]);
+    v_retain   := keyturn._spec_choice(spec, 'retain', 'full', enum_range(NULL::keyturn.tool_retain)::text[]);
+    v_approval := keyturn._spec_choice(spec, 'approval', 'self', enum_range(NULL::keyturn.tool_approval)::text[]);
     IF spec ? 'quorum' THEN
         v_quorum := keyturn._spec_positive_int(spec -> 'quorum', 'spec.quorum', 5);
     END IF;

@@ -4,6 +4,13 @@
 -- provider after begin_dispatch has committed 'executing'. Authorized by role
 -- alone (keyturn_dispatcher, keyturn_operator); no tenant identity, all tenants.
 
+-- How many provider attempts an action gets: a retry reported for the last
+-- one fails the action. Said once, here.
+CREATE FUNCTION keyturn._max_attempts()
+RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 3 $$;
+
 CREATE FUNCTION keyturn._retry_backoff(p_attempts int)
 RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -403,7 +410,10 @@ RETURNS text
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
-    IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed', 'retry', 'unknown') THEN
+    -- complete's outcomes: every attempt outcome but lapsed, which only the
+    -- sweep records.
+    IF p_outcome IS NULL OR p_outcome = 'lapsed'
+       OR NOT p_outcome = ANY (enum_range(NULL::keyturn.attempt_outcome)::text[]) THEN
         RETURN format('keyturn: outcome must be succeeded, failed, retry or unknown, not %s',
                       coalesce(quote_literal(p_outcome), 'NULL'));
     END IF;
@@ -480,7 +490,7 @@ BEGIN
                         WHEN e.outcome = 'succeeded' THEN 'succeeded'
                         WHEN e.outcome = 'failed' THEN 'failed'
                         WHEN e.outcome = 'unknown' THEN 'uncertain'
-                        WHEN (l.a).attempts < 3 THEN 'queued'
+                        WHEN (l.a).attempts < keyturn._max_attempts() THEN 'queued'
                         ELSE 'failed'
                    END::keyturn.status AS status
               FROM unnest(p_ords, p_ids, p_leases, p_outcomes, p_receipts, p_retry_after)
@@ -498,7 +508,7 @@ BEGIN
     v_now := clock_timestamp();
     v_next := ARRAY(SELECT v_now + u.delay FROM unnest(v_delays) WITH ORDINALITY AS u (delay, o) ORDER BY u.o);
     UPDATE keyturn.attempt t
-       SET finished_at = v_now, outcome = u.outcome, receipt = u.receipt
+       SET finished_at = v_now, outcome = u.outcome::keyturn.attempt_outcome, receipt = u.receipt
       FROM unnest(v_ids, v_tenants, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
            AS u (id, tenant, problem, back, attempt, outcome, receipt)
      WHERE t.action_id = u.id AND t.tenant = u.tenant AND t.attempt = u.attempt
@@ -697,17 +707,88 @@ BEGIN
 END
 $$;
 
+-- The operator's queue of what keyturn cannot decide. safe_to_decide_after:
+-- the end of the last attempt's lease, after which no keyturnd starts or
+-- continues that provider call (it starts none past its lease's deadline
+-- and bounds each by it), so an operator who asks the provider then sees
+-- all there will be; not_sent_by_dispatcher: keyturnd's own account that
+-- the last attempt sent nothing (keyturn.record_not_sent), which makes
+-- failed the likely answer.
 CREATE FUNCTION keyturn.uncertain_actions()
-RETURNS TABLE (action_id uuid, tenant text, tool text, attempts int, dispatched_at timestamptz, receipt jsonb)
-LANGUAGE sql STABLE SECURITY DEFINER
+RETURNS TABLE (action_id uuid, tenant text, tool text, attempts int, dispatched_at timestamptz, receipt jsonb,
+               safe_to_decide_after timestamptz, not_sent_by_dispatcher boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT keyturn._refuse_nested('uncertain_actions');
-    SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt
+BEGIN
+    PERFORM keyturn._refuse_nested('uncertain_actions');
+    RETURN QUERY
+    SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt, a.lease_expires_at,
+           coalesce(t.dispatcher_account = 'not_sent', false)
       FROM keyturn.open_action o
       JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
+      LEFT JOIN keyturn.attempt t ON t.action_id = a.id AND t.tenant = a.tenant AND t.attempt = a.attempts
      WHERE o.status = 'uncertain' AND a.status = 'uncertain'
-     ORDER BY o.dispatched_at, o.action_id
+     ORDER BY o.dispatched_at, o.action_id;
+END
+$$;
+
+-- record_not_sent, and record_not_sent_for (p_what names the call): p_tenant
+-- as in keyturn._lease. keyturnd's account that the attempt under p_lease
+-- sent nothing (its provider call never started), for an action the sweep
+-- made uncertain before keyturnd's complete(…, 'retry') arrived. It decides
+-- nothing: the action stays uncertain, for an operator. Taken (true) only
+-- for the uncertain action's last attempt under that lease, once: the same
+-- account again is true and writes nothing; anything else is false and
+-- changes nothing.
+CREATE FUNCTION keyturn._record_not_sent(p_what text, p_tenant text, p_id uuid, p_lease uuid, p_receipt jsonb)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    a         keyturn.action;
+    t         keyturn.attempt;
+    v_receipt jsonb;
+BEGIN
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    IF p_receipt IS NULL OR jsonb_typeof(p_receipt) <> 'object' THEN
+        RAISE EXCEPTION 'keyturn: receipt must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    SELECT x.* INTO a FROM keyturn.action x
+     WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant)  -- the plain call: by id alone
+       FOR UPDATE;
+    IF NOT FOUND OR a.status <> 'uncertain' THEN
+        RETURN false;
+    END IF;
+    SELECT x.* INTO t FROM keyturn.attempt x
+     WHERE x.action_id = a.id AND x.tenant = a.tenant AND x.attempt = a.attempts FOR UPDATE;
+    IF NOT FOUND OR t.lease_id IS DISTINCT FROM p_lease THEN
+        RETURN false;
+    END IF;
+    IF t.dispatcher_account IS NOT NULL THEN
+        RETURN true;
+    END IF;
+    v_receipt := keyturn._redact(p_receipt);
+    UPDATE keyturn.attempt x SET dispatcher_account = 'not_sent', dispatcher_receipt = v_receipt
+     WHERE x.action_id = t.action_id AND x.tenant = t.tenant AND x.attempt = t.attempt;
+    INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status,
+                               detail)
+    VALUES (a.id, a.tenant, a.principal, keyturn._calling_role(), NULL, 'uncertain', 'uncertain',
+            jsonb_build_object('dispatcher_account', 'not_sent', 'attempt', t.attempt, 'lease_id', p_lease));
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION keyturn.record_not_sent(action_id uuid, lease_id uuid, receipt jsonb)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN keyturn._record_not_sent('record_not_sent', NULL, record_not_sent.action_id, record_not_sent.lease_id,
+                                    record_not_sent.receipt);
+END
 $$;
 
 -- An action's attempts, for the operator deciding an uncertain outcome:
@@ -723,7 +804,7 @@ AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('attempts');
     RETURN QUERY
-    SELECT t.attempt, t.worker, t.started_at, t.finished_at, t.outcome, t.receipt
+    SELECT t.attempt, t.worker, t.started_at, t.finished_at, t.outcome::text, t.receipt
       FROM keyturn.attempt t
      WHERE t.action_id = attempts.action_id  -- by id alone: operators reconcile across tenants
      ORDER BY t.attempt;

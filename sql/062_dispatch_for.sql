@@ -206,3 +206,15 @@ BEGIN
                               reconcile_for.outcome, reconcile_for.note);
 END
 $$;
+
+CREATE FUNCTION keyturn.record_not_sent_for(tenant text, action_id uuid, lease_id uuid, receipt jsonb)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(record_not_sent_for.tenant, 'record_not_sent_for');
+    RETURN keyturn._record_not_sent('record_not_sent_for', record_not_sent_for.tenant, record_not_sent_for.action_id,
+                                    record_not_sent_for.lease_id, record_not_sent_for.receipt);
+END
+$$;

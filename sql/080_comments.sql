@@ -86,7 +86,9 @@ COMMENT ON FUNCTION keyturn.complete(uuid, uuid, text, jsonb, interval) IS 'Disp
 COMMENT ON FUNCTION keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[]) IS 'Dispatcher: complete for a batch, one answer per element.';
 COMMENT ON FUNCTION keyturn.sweep() IS 'Expires pending actions, requeues lapsed leases, marks lapsed calls uncertain, deletes unbound files.';
 COMMENT ON FUNCTION keyturn.reconcile(uuid, text, text) IS 'Operator: settles an uncertain action as succeeded or failed, with a note.';
-COMMENT ON FUNCTION keyturn.uncertain_actions() IS 'Operator: the actions waiting for a person to decide what happened.';
+COMMENT ON FUNCTION keyturn.uncertain_actions() IS 'Operator: the actions waiting for a person to decide what happened, when it is safe to decide, and whether keyturnd says it sent nothing.';
+COMMENT ON FUNCTION keyturn.record_not_sent(uuid, uuid, jsonb) IS 'Dispatcher: keyturnd''s account that the attempt under this lease sent nothing, for an action the sweep made uncertain first; decides nothing.';
+COMMENT ON FUNCTION keyturn.record_not_sent_for(text, uuid, uuid, jsonb) IS 'Dispatcher: record_not_sent for the tenant named.';
 COMMENT ON FUNCTION keyturn.attempts(uuid) IS 'Operator: an action''s provider attempts, with their receipts.';
 COMMENT ON FUNCTION keyturn.dispatch_by_tenant() IS 'Dispatcher: whether keyturn''s tables are distributed by tenant (Citus), so that the dispatcher must use the _for calls, tenant by tenant.';
 COMMENT ON FUNCTION keyturn.dispatch_nodes() IS 'Dispatcher: the other nodes whose wake-ups keyturnd must LISTEN to when it dispatches by tenant; empty otherwise.';

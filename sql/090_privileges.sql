@@ -81,7 +81,8 @@ GRANT EXECUTE ON FUNCTION
     keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[]),
     keyturn.file_content(uuid, uuid, uuid),
     keyturn.attachments(uuid, uuid),
-    keyturn.redeem_link_code(text, uuid[]), keyturn.card_session(text)
+    keyturn.redeem_link_code(text, uuid[]), keyturn.card_session(text),
+    keyturn.record_not_sent(uuid, uuid, jsonb)
 TO keyturn_dispatcher;
 
 -- Dispatcher, tenant by tenant (sql/062_dispatch_for.sql).
@@ -92,7 +93,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.complete_for(text, uuid, uuid, text, jsonb, interval),
     keyturn.complete_many_for(text, uuid[], uuid[], text[], jsonb[], interval[]),
     keyturn.sweep_for(text), keyturn.attachments_for(text, uuid, uuid),
-    keyturn.file_content_for(text, uuid, uuid, uuid)
+    keyturn.file_content_for(text, uuid, uuid, uuid), keyturn.record_not_sent_for(text, uuid, uuid, jsonb)
 TO keyturn_dispatcher;
 
 -- Operator.

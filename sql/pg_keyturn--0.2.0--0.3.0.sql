@@ -103,6 +103,29 @@ CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, 
 CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
 SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');
 
+-- Value lists as types, each said once (sql/005_status.sql).
+CREATE TYPE keyturn.tool_kind AS ENUM ('read', 'write');
+CREATE TYPE keyturn.tool_executor AS ENUM ('sql', 'external');
+CREATE TYPE keyturn.tool_effect AS ENUM ('reversible', 'compensatable', 'irreversible');
+CREATE TYPE keyturn.tool_retain AS ENUM ('full', 'digest');
+CREATE TYPE keyturn.tool_approval AS ENUM ('self', 'independent', 'task');
+CREATE TYPE keyturn.attempt_outcome AS ENUM ('succeeded', 'failed', 'retry', 'unknown', 'lapsed');
+CREATE TYPE keyturn.dispatcher_account AS ENUM ('not_sent');
+ALTER TABLE keyturn.tool_version
+    DROP CONSTRAINT tool_version_kind_check, DROP CONSTRAINT tool_version_executor_check,
+    DROP CONSTRAINT tool_version_effect_check, DROP CONSTRAINT tool_version_retain_check,
+    DROP CONSTRAINT tool_version_approval_check;
+ALTER TABLE keyturn.tool_version
+    ALTER COLUMN kind TYPE keyturn.tool_kind USING kind::keyturn.tool_kind,
+    ALTER COLUMN executor TYPE keyturn.tool_executor USING executor::keyturn.tool_executor,
+    ALTER COLUMN effect TYPE keyturn.tool_effect USING effect::keyturn.tool_effect,
+    ALTER COLUMN retain TYPE keyturn.tool_retain USING retain::keyturn.tool_retain,
+    ALTER COLUMN approval TYPE keyturn.tool_approval USING approval::keyturn.tool_approval;
+ALTER TABLE keyturn.attempt
+    ALTER COLUMN outcome TYPE keyturn.attempt_outcome USING outcome::keyturn.attempt_outcome,
+    ADD COLUMN dispatcher_account keyturn.dispatcher_account,
+    ADD COLUMN dispatcher_receipt jsonb;
+
 
 -- ==== The functions of 0.3.0, from its install script ====
 
@@ -1491,8 +1514,7 @@ LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce(
-        (SELECT CASE WHEN t.enabled AND v.kind IN ('read', 'write') THEN v.kind
-                     ELSE 'unsupported' END
+        (SELECT CASE WHEN t.enabled THEN v.kind::text ELSE 'unsupported' END
            FROM keyturn.tool t
            JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
           WHERE t.name = classify.tool),
@@ -1863,15 +1885,15 @@ AS $$
 DECLARE
     v_name      text := register_tool.name;
     k           text;
-    v_kind      text;
-    v_exec      text;
+    v_kind      keyturn.tool_kind;
+    v_exec      keyturn.tool_executor;
     v_ext       jsonb;
     v_sql       jsonb;
     v_summary   text;
-    v_effect    text;
+    v_effect    keyturn.tool_effect;
     v_expires   interval := interval '15 minutes';
-    v_retain    text;
-    v_approval  text;
+    v_retain    keyturn.tool_retain;
+    v_approval  keyturn.tool_approval;
     v_max       int := 100;
     v_rate      jsonb;
     v_quorum    int := 1;
@@ -1896,12 +1918,12 @@ BEGIN
               'retain', 'approval', 'max_targets', 'targets_param', 'sql', 'rate_limit', 'quorum',
               'delegable', 'attachments_param', 'attachment_types', 'max_attachment_bytes']);
 
-    v_kind     := keyturn._spec_choice(spec, 'kind', 'write', ARRAY['read', 'write']);
-    v_exec     := keyturn._spec_choice(spec, 'executor', NULL, ARRAY['sql', 'external']);
-    v_effect   := keyturn._spec_choice(spec, 'effect', 'irreversible',
-                                       ARRAY['reversible', 'compensatable', 'irreversible']);
-    v_retain   := keyturn._spec_choice(spec, 'retain', 'full', ARRAY['full', 'digest']);
-    v_approval := keyturn._spec_choice(spec, 'approval', 'self', ARRAY['self', 'independent', 'task']);
+    -- The words each key takes are the labels of its column's type.
+    v_kind     := keyturn._spec_choice(spec, 'kind', 'write', enum_range(NULL::keyturn.tool_kind)::text[]);
+    v_exec     := keyturn._spec_choice(spec, 'executor', NULL, enum_range(NULL::keyturn.tool_executor)::text[]);
+    v_effect   := keyturn._spec_choice(spec, 'effect', 'irreversible', enum_range(NULL::keyturn.tool_effect)::text[]);
+    v_retain   := keyturn._spec_choice(spec, 'retain', 'full', enum_range(NULL::keyturn.tool_retain)::text[]);
+    v_approval := keyturn._spec_choice(spec, 'approval', 'self', enum_range(NULL::keyturn.tool_approval)::text[]);
     IF spec ? 'quorum' THEN
         v_quorum := keyturn._spec_positive_int(spec -> 'quorum', 'spec.quorum', 5);
     END IF;
@@ -4535,6 +4557,13 @@ $$;
 -- provider after begin_dispatch has committed 'executing'. Authorized by role
 -- alone (keyturn_dispatcher, keyturn_operator); no tenant identity, all tenants.
 
+-- How many provider attempts an action gets: a retry reported for the last
+-- one fails the action. Said once, here.
+CREATE OR REPLACE FUNCTION keyturn._max_attempts()
+RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 3 $$;
+
 CREATE OR REPLACE FUNCTION keyturn._retry_backoff(p_attempts int)
 RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -4934,7 +4963,10 @@ RETURNS text
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
-    IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed', 'retry', 'unknown') THEN
+    -- complete's outcomes: every attempt outcome but lapsed, which only the
+    -- sweep records.
+    IF p_outcome IS NULL OR p_outcome = 'lapsed'
+       OR NOT p_outcome = ANY (enum_range(NULL::keyturn.attempt_outcome)::text[]) THEN
         RETURN format('keyturn: outcome must be succeeded, failed, retry or unknown, not %s',
                       coalesce(quote_literal(p_outcome), 'NULL'));
     END IF;
@@ -5011,7 +5043,7 @@ BEGIN
                         WHEN e.outcome = 'succeeded' THEN 'succeeded'
                         WHEN e.outcome = 'failed' THEN 'failed'
                         WHEN e.outcome = 'unknown' THEN 'uncertain'
-                        WHEN (l.a).attempts < 3 THEN 'queued'
+                        WHEN (l.a).attempts < keyturn._max_attempts() THEN 'queued'
                         ELSE 'failed'
                    END::keyturn.status AS status
               FROM unnest(p_ords, p_ids, p_leases, p_outcomes, p_receipts, p_retry_after)
@@ -5029,7 +5061,7 @@ BEGIN
     v_now := clock_timestamp();
     v_next := ARRAY(SELECT v_now + u.delay FROM unnest(v_delays) WITH ORDINALITY AS u (delay, o) ORDER BY u.o);
     UPDATE keyturn.attempt t
-       SET finished_at = v_now, outcome = u.outcome, receipt = u.receipt
+       SET finished_at = v_now, outcome = u.outcome::keyturn.attempt_outcome, receipt = u.receipt
       FROM unnest(v_ids, v_tenants, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
            AS u (id, tenant, problem, back, attempt, outcome, receipt)
      WHERE t.action_id = u.id AND t.tenant = u.tenant AND t.attempt = u.attempt
@@ -5228,17 +5260,88 @@ BEGIN
 END
 $$;
 
+-- The operator's queue of what keyturn cannot decide. safe_to_decide_after:
+-- the end of the last attempt's lease, after which no keyturnd starts or
+-- continues that provider call (it starts none past its lease's deadline
+-- and bounds each by it), so an operator who asks the provider then sees
+-- all there will be; not_sent_by_dispatcher: keyturnd's own account that
+-- the last attempt sent nothing (keyturn.record_not_sent), which makes
+-- failed the likely answer.
 CREATE OR REPLACE FUNCTION keyturn.uncertain_actions()
-RETURNS TABLE (action_id uuid, tenant text, tool text, attempts int, dispatched_at timestamptz, receipt jsonb)
-LANGUAGE sql STABLE SECURITY DEFINER
+RETURNS TABLE (action_id uuid, tenant text, tool text, attempts int, dispatched_at timestamptz, receipt jsonb,
+               safe_to_decide_after timestamptz, not_sent_by_dispatcher boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT keyturn._refuse_nested('uncertain_actions');
-    SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt
+BEGIN
+    PERFORM keyturn._refuse_nested('uncertain_actions');
+    RETURN QUERY
+    SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt, a.lease_expires_at,
+           coalesce(t.dispatcher_account = 'not_sent', false)
       FROM keyturn.open_action o
       JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
+      LEFT JOIN keyturn.attempt t ON t.action_id = a.id AND t.tenant = a.tenant AND t.attempt = a.attempts
      WHERE o.status = 'uncertain' AND a.status = 'uncertain'
-     ORDER BY o.dispatched_at, o.action_id
+     ORDER BY o.dispatched_at, o.action_id;
+END
+$$;
+
+-- record_not_sent, and record_not_sent_for (p_what names the call): p_tenant
+-- as in keyturn._lease. keyturnd's account that the attempt under p_lease
+-- sent nothing (its provider call never started), for an action the sweep
+-- made uncertain before keyturnd's complete(…, 'retry') arrived. It decides
+-- nothing: the action stays uncertain, for an operator. Taken (true) only
+-- for the uncertain action's last attempt under that lease, once: the same
+-- account again is true and writes nothing; anything else is false and
+-- changes nothing.
+CREATE OR REPLACE FUNCTION keyturn._record_not_sent(p_what text, p_tenant text, p_id uuid, p_lease uuid, p_receipt jsonb)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    a         keyturn.action;
+    t         keyturn.attempt;
+    v_receipt jsonb;
+BEGIN
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    IF p_receipt IS NULL OR jsonb_typeof(p_receipt) <> 'object' THEN
+        RAISE EXCEPTION 'keyturn: receipt must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    SELECT x.* INTO a FROM keyturn.action x
+     WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant)  -- the plain call: by id alone
+       FOR UPDATE;
+    IF NOT FOUND OR a.status <> 'uncertain' THEN
+        RETURN false;
+    END IF;
+    SELECT x.* INTO t FROM keyturn.attempt x
+     WHERE x.action_id = a.id AND x.tenant = a.tenant AND x.attempt = a.attempts FOR UPDATE;
+    IF NOT FOUND OR t.lease_id IS DISTINCT FROM p_lease THEN
+        RETURN false;
+    END IF;
+    IF t.dispatcher_account IS NOT NULL THEN
+        RETURN true;
+    END IF;
+    v_receipt := keyturn._redact(p_receipt);
+    UPDATE keyturn.attempt x SET dispatcher_account = 'not_sent', dispatcher_receipt = v_receipt
+     WHERE x.action_id = t.action_id AND x.tenant = t.tenant AND x.attempt = t.attempt;
+    INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status,
+                               detail)
+    VALUES (a.id, a.tenant, a.principal, keyturn._calling_role(), NULL, 'uncertain', 'uncertain',
+            jsonb_build_object('dispatcher_account', 'not_sent', 'attempt', t.attempt, 'lease_id', p_lease));
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.record_not_sent(action_id uuid, lease_id uuid, receipt jsonb)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN keyturn._record_not_sent('record_not_sent', NULL, record_not_sent.action_id, record_not_sent.lease_id,
+                                    record_not_sent.receipt);
+END
 $$;
 
 -- An action's attempts, for the operator deciding an uncertain outcome:
@@ -5254,7 +5357,7 @@ AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('attempts');
     RETURN QUERY
-    SELECT t.attempt, t.worker, t.started_at, t.finished_at, t.outcome, t.receipt
+    SELECT t.attempt, t.worker, t.started_at, t.finished_at, t.outcome::text, t.receipt
       FROM keyturn.attempt t
      WHERE t.action_id = attempts.action_id  -- by id alone: operators reconcile across tenants
      ORDER BY t.attempt;
@@ -5644,6 +5747,18 @@ BEGIN
     PERFORM keyturn._require_tenant(reconcile_for.tenant, 'reconcile_for');
     RETURN keyturn._reconcile('reconcile_for', reconcile_for.tenant, reconcile_for.action_id,
                               reconcile_for.outcome, reconcile_for.note);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.record_not_sent_for(tenant text, action_id uuid, lease_id uuid, receipt jsonb)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(record_not_sent_for.tenant, 'record_not_sent_for');
+    RETURN keyturn._record_not_sent('record_not_sent_for', record_not_sent_for.tenant, record_not_sent_for.action_id,
+                                    record_not_sent_for.lease_id, record_not_sent_for.receipt);
 END
 $$;
 
@@ -6189,7 +6304,9 @@ COMMENT ON FUNCTION keyturn.complete(uuid, uuid, text, jsonb, interval) IS 'Disp
 COMMENT ON FUNCTION keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[]) IS 'Dispatcher: complete for a batch, one answer per element.';
 COMMENT ON FUNCTION keyturn.sweep() IS 'Expires pending actions, requeues lapsed leases, marks lapsed calls uncertain, deletes unbound files.';
 COMMENT ON FUNCTION keyturn.reconcile(uuid, text, text) IS 'Operator: settles an uncertain action as succeeded or failed, with a note.';
-COMMENT ON FUNCTION keyturn.uncertain_actions() IS 'Operator: the actions waiting for a person to decide what happened.';
+COMMENT ON FUNCTION keyturn.uncertain_actions() IS 'Operator: the actions waiting for a person to decide what happened, when it is safe to decide, and whether keyturnd says it sent nothing.';
+COMMENT ON FUNCTION keyturn.record_not_sent(uuid, uuid, jsonb) IS 'Dispatcher: keyturnd''s account that the attempt under this lease sent nothing, for an action the sweep made uncertain first; decides nothing.';
+COMMENT ON FUNCTION keyturn.record_not_sent_for(text, uuid, uuid, jsonb) IS 'Dispatcher: record_not_sent for the tenant named.';
 COMMENT ON FUNCTION keyturn.attempts(uuid) IS 'Operator: an action''s provider attempts, with their receipts.';
 COMMENT ON FUNCTION keyturn.dispatch_by_tenant() IS 'Dispatcher: whether keyturn''s tables are distributed by tenant (Citus), so that the dispatcher must use the _for calls, tenant by tenant.';
 COMMENT ON FUNCTION keyturn.dispatch_nodes() IS 'Dispatcher: the other nodes whose wake-ups keyturnd must LISTEN to when it dispatches by tenant; empty otherwise.';
@@ -6299,7 +6416,8 @@ GRANT EXECUTE ON FUNCTION
     keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[]),
     keyturn.file_content(uuid, uuid, uuid),
     keyturn.attachments(uuid, uuid),
-    keyturn.redeem_link_code(text, uuid[]), keyturn.card_session(text)
+    keyturn.redeem_link_code(text, uuid[]), keyturn.card_session(text),
+    keyturn.record_not_sent(uuid, uuid, jsonb)
 TO keyturn_dispatcher;
 
 -- Dispatcher, tenant by tenant (sql/062_dispatch_for.sql).
@@ -6310,7 +6428,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.complete_for(text, uuid, uuid, text, jsonb, interval),
     keyturn.complete_many_for(text, uuid[], uuid[], text[], jsonb[], interval[]),
     keyturn.sweep_for(text), keyturn.attachments_for(text, uuid, uuid),
-    keyturn.file_content_for(text, uuid, uuid, uuid)
+    keyturn.file_content_for(text, uuid, uuid, uuid), keyturn.record_not_sent_for(text, uuid, uuid, jsonb)
 TO keyturn_dispatcher;
 
 -- Operator.

@@ -96,3 +96,26 @@ CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, 
     WHERE session_digest IS NOT NULL;
 CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
 SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');
+
+-- Value lists as types, each said once (sql/005_status.sql).
+CREATE TYPE keyturn.tool_kind AS ENUM ('read', 'write');
+CREATE TYPE keyturn.tool_executor AS ENUM ('sql', 'external');
+CREATE TYPE keyturn.tool_effect AS ENUM ('reversible', 'compensatable', 'irreversible');
+CREATE TYPE keyturn.tool_retain AS ENUM ('full', 'digest');
+CREATE TYPE keyturn.tool_approval AS ENUM ('self', 'independent', 'task');
+CREATE TYPE keyturn.attempt_outcome AS ENUM ('succeeded', 'failed', 'retry', 'unknown', 'lapsed');
+CREATE TYPE keyturn.dispatcher_account AS ENUM ('not_sent');
+ALTER TABLE keyturn.tool_version
+    DROP CONSTRAINT tool_version_kind_check, DROP CONSTRAINT tool_version_executor_check,
+    DROP CONSTRAINT tool_version_effect_check, DROP CONSTRAINT tool_version_retain_check,
+    DROP CONSTRAINT tool_version_approval_check;
+ALTER TABLE keyturn.tool_version
+    ALTER COLUMN kind TYPE keyturn.tool_kind USING kind::keyturn.tool_kind,
+    ALTER COLUMN executor TYPE keyturn.tool_executor USING executor::keyturn.tool_executor,
+    ALTER COLUMN effect TYPE keyturn.tool_effect USING effect::keyturn.tool_effect,
+    ALTER COLUMN retain TYPE keyturn.tool_retain USING retain::keyturn.tool_retain,
+    ALTER COLUMN approval TYPE keyturn.tool_approval USING approval::keyturn.tool_approval;
+ALTER TABLE keyturn.attempt
+    ALTER COLUMN outcome TYPE keyturn.attempt_outcome USING outcome::keyturn.attempt_outcome,
+    ADD COLUMN dispatcher_account keyturn.dispatcher_account,
+    ADD COLUMN dispatcher_receipt jsonb;

@@ -595,7 +595,7 @@ impl Facts {
         let mut attempts: HashMap<Uuid, Vec<AttemptFacts>> = HashMap::new();
         for r in db
             .query(
-                "SELECT action_id, attempt, coalesce(worker, ''), outcome, lease_id FROM keyturn.attempt \
+                "SELECT action_id, attempt, coalesce(worker, ''), outcome::text, lease_id FROM keyturn.attempt \
                   WHERE action_id = ANY($1) ORDER BY action_id, attempt",
                 &[&ids],
             )

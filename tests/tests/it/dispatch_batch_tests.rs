@@ -351,7 +351,7 @@ async fn test_complete_many_each_outcome_and_bad_elements() {
     let outcome: Option<String> = w
         .superuser
         .query_one(
-            "SELECT outcome FROM keyturn.attempt WHERE action_id = $1 AND attempt = 1",
+            "SELECT outcome::text FROM keyturn.attempt WHERE action_id = $1 AND attempt = 1",
             &[&ids[1]],
         )
         .await

@@ -386,3 +386,91 @@ async fn test_digest_payload_same_on_retry_and_gone_when_invalidated() {
     );
     assert_work_list_in_step(&w.superuser).await;
 }
+
+/// keyturnd's account that an attempt sent nothing, for an action the sweep
+/// made uncertain before keyturnd could record `retry`: kept on the attempt
+/// (once), shown in uncertain_actions(), deciding nothing.
+#[tokio::test]
+async fn test_the_dispatchers_account_of_an_attempt_it_never_sent() {
+    let _g = DISPATCH_LOCK.lock().await;
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let id = queued_in(&w, &t, json!({"channel": "c", "text": "never sent"})).await;
+    let d = connect("app_dispatcher").await;
+    let l = lease_mine(&d, &[id], "1 second").await.remove(0);
+    assert!(begin(&d, &l).await.unwrap());
+    let account = json!({"sent": false, "error": "the lease had lapsed before the call started", "password": "x"});
+    let record = |lease: uuid::Uuid| {
+        let (d, account) = (&d, account.clone());
+        async move {
+            d.query_one(
+                "SELECT keyturn.record_not_sent($1, $2, $3)",
+                &[&id, &lease, &account],
+            )
+            .await
+            .map(|r| r.get::<_, bool>(0))
+        }
+    };
+    assert!(
+        !record(l.lease_id).await.unwrap(),
+        "not uncertain yet: not taken"
+    );
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    sweep(&d).await;
+    assert_eq!(w.status(id).await, "uncertain");
+    assert!(
+        !record(uuid::Uuid::new_v4()).await.unwrap(),
+        "another lease: not taken"
+    );
+    assert!(record(l.lease_id).await.unwrap());
+    assert!(record(l.lease_id).await.unwrap(), "the same account again");
+    let events = count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.event WHERE action_id = $1 AND detail ? 'dispatcher_account'",
+        &[&id],
+    )
+    .await;
+    assert_eq!(events, 1, "one event, however often it is said");
+    assert_eq!(w.status(id).await, "uncertain", "it decides nothing");
+    let stored: Value = w
+        .superuser
+        .query_one(
+            "SELECT dispatcher_receipt FROM keyturn.attempt WHERE action_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored["password"], json!("[redacted]"));
+    let op = connect("app_operator").await;
+    let r = op
+        .query_one(
+            "SELECT not_sent_by_dispatcher, safe_to_decide_after >= dispatched_at \
+               FROM keyturn.uncertain_actions() WHERE action_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert!(r.get::<_, bool>(0));
+    assert!(r.get::<_, bool>(1));
+    for role in ["app_human", "app_agent", "app_operator"] {
+        let c = connect(role).await;
+        let r = c
+            .query_one(
+                "SELECT keyturn.record_not_sent($1, $2, '{}')",
+                &[&id, &l.lease_id],
+            )
+            .await;
+        assert_eq!(sqlstate(r), "42501", "{role}");
+    }
+    assert_eq!(
+        sqlstate(
+            d.query_one(
+                "SELECT keyturn.record_not_sent($1, $2, '[]')",
+                &[&id, &l.lease_id]
+            )
+            .await
+        ),
+        "22023"
+    );
+}

@@ -348,7 +348,7 @@ impl World {
     pub async fn attempts(&self, id: Uuid) -> Vec<(i32, Option<String>)> {
         self.superuser
             .query(
-                "SELECT attempt, outcome FROM keyturn.attempt WHERE action_id = $1 ORDER BY attempt",
+                "SELECT attempt, outcome::text FROM keyturn.attempt WHERE action_id = $1 ORDER BY attempt",
                 &[&id],
             )
             .await
