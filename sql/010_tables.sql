@@ -389,7 +389,20 @@ CREATE TABLE keyturn.event (
     from_status       keyturn.status,
     to_status         keyturn.status NOT NULL,
     detail            jsonb       NOT NULL DEFAULT '{}',
+    -- The tenant's hash chain (sql/059_audit.sql): the previous event's
+    -- hash (64 zeros for the first) and this one's.
+    prev_hash         text        NOT NULL,
+    hash              text        NOT NULL,
     PRIMARY KEY (action_id, tenant, id)
+);
+
+-- Each tenant's chain head: how many events it holds and the last hash.
+-- Locked by the commit that appends to it (sql/059_audit.sql).
+CREATE TABLE keyturn.audit_chain (
+    tenant      text        NOT NULL,
+    events      bigint      NOT NULL,
+    head        text        NOT NULL,
+    PRIMARY KEY (tenant)
 );
 
 -- Metering: exactly one row per action that reached 'succeeded', written in the
@@ -442,6 +455,7 @@ SELECT pg_catalog.pg_extension_config_dump('keyturn.delegation', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.staged_file', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.stager', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.audit_chain', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.projection', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.projection_version', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.request_seq_seq', '');

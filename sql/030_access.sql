@@ -110,7 +110,7 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
                              'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage',
-                             'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link']
+                             'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link', 'audit_chain']
     LOOP
         EXECUTE format('ALTER TABLE keyturn.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE keyturn.%I FORCE ROW LEVEL SECURITY', t);
@@ -151,7 +151,8 @@ CREATE POLICY staged_file_visible ON keyturn.staged_file FOR SELECT
 CREATE POLICY stager_visible ON keyturn.stager FOR SELECT
     USING (keyturn._sees(tenant, principal));
 -- card_link: forced row-level security and no policy: nobody but keyturn's
--- own functions reads the digests of codes and sessions.
+-- own functions reads the digests of codes and sessions. audit_chain: none
+-- either; operators read a tenant's head through keyturn.audit_head.
 -- keyturn_secret.approval_key: forced row-level security and no policy at all,
 -- on top of holding no grants.
 ALTER TABLE keyturn_secret.approval_key ENABLE ROW LEVEL SECURITY;

@@ -97,11 +97,9 @@ BEGIN
         v_new := FOUND;
         v_votes := keyturn._votes(a.id, a.tenant, a.tool);
         IF v_new THEN
-            INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal,
-                                       from_status, to_status, detail)
-            VALUES (a.id, a.tenant, a.principal, p_caller::regrole::text, v_principal,
-                    'pending', 'pending', jsonb_build_object('vote', v_votes, 'quorum', p_quorum)
-                                          || coalesce(keyturn._event_detail()::jsonb, '{}'));
+            PERFORM keyturn._append_event(a.id, a.tenant, a.principal, p_caller::regrole::text, v_principal,
+                                          'pending', 'pending', jsonb_build_object('vote', v_votes, 'quorum', p_quorum)
+                                                                || coalesce(keyturn._event_detail()::jsonb, '{}'));
         END IF;
         IF v_votes < p_quorum THEN
             RETURN QUERY SELECT a.id, 'pending'::text, jsonb_build_object('votes', v_votes, 'quorum', p_quorum);

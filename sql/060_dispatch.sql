@@ -772,10 +772,9 @@ BEGIN
     v_receipt := keyturn._redact(p_receipt);
     UPDATE keyturn.attempt x SET dispatcher_account = 'not_sent', dispatcher_receipt = v_receipt
      WHERE x.action_id = t.action_id AND x.tenant = t.tenant AND x.attempt = t.attempt;
-    INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status,
-                               detail)
-    VALUES (a.id, a.tenant, a.principal, keyturn._calling_role(), NULL, 'uncertain', 'uncertain',
-            jsonb_build_object('dispatcher_account', 'not_sent', 'attempt', t.attempt, 'lease_id', p_lease));
+    PERFORM keyturn._append_event(a.id, a.tenant, a.principal, keyturn._calling_role(), NULL, 'uncertain',
+                                  'uncertain', jsonb_build_object('dispatcher_account', 'not_sent',
+                                                                  'attempt', t.attempt, 'lease_id', p_lease));
     RETURN true;
 END
 $$;

@@ -110,6 +110,11 @@ GRANT EXECUTE ON FUNCTION
     keyturn.check_deployment(), keyturn.register_projection(text, jsonb)
 TO keyturn_admin;
 
+-- Operator and platform administrator: the audit's chain.
+GRANT EXECUTE ON FUNCTION
+    keyturn.verify_audit(text), keyturn.audit_export(text, timestamptz), keyturn.audit_head(text)
+TO keyturn_operator, keyturn_admin;
+
 -- The RLS helper runs inside policies as the querying role.
 GRANT EXECUTE ON FUNCTION keyturn._sees(text, text)
 TO keyturn_agent, keyturn_approver;

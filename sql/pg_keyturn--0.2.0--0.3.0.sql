@@ -126,6 +126,17 @@ ALTER TABLE keyturn.attempt
     ADD COLUMN dispatcher_account keyturn.dispatcher_account,
     ADD COLUMN dispatcher_receipt jsonb;
 
+-- The audit's hash chain (sql/059_audit.sql): the columns here, the chain
+-- over the existing events in the post part, once the hash functions exist.
+ALTER TABLE keyturn.event ADD COLUMN prev_hash text, ADD COLUMN hash text;
+CREATE TABLE keyturn.audit_chain (
+    tenant      text        NOT NULL,
+    events      bigint      NOT NULL,
+    head        text        NOT NULL,
+    PRIMARY KEY (tenant)
+);
+SELECT pg_catalog.pg_extension_config_dump('keyturn.audit_chain', '');
+
 
 -- ==== The functions of 0.3.0, from its install script ====
 
@@ -146,6 +157,21 @@ CREATE OR REPLACE FUNCTION "_actor_role"() RETURNS TEXT /* Option < String > */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'actor_role_wrapper';
+
+-- pg_keyturn::audit::_append_event
+CREATE OR REPLACE FUNCTION "_append_event"(
+	"action_id" uuid, /* pgrx :: Uuid */
+	"tenant" TEXT, /* & str */
+	"action_principal" TEXT, /* & str */
+	"db_role" TEXT, /* & str */
+	"principal" TEXT, /* Option < & str > */
+	"from_status" TEXT, /* Option < & str > */
+	"to_status" TEXT, /* & str */
+	"detail" jsonb /* JsonbText */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'append_event_wrapper';
 
 -- pg_keyturn::approval::_approval_mac
 CREATE OR REPLACE FUNCTION "_approval_mac"(
@@ -1262,7 +1288,7 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
                              'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage',
-                             'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link']
+                             'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link', 'audit_chain']
     LOOP
         EXECUTE format('ALTER TABLE keyturn.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE keyturn.%I FORCE ROW LEVEL SECURITY', t);
@@ -1303,7 +1329,8 @@ CREATE POLICY staged_file_visible ON keyturn.staged_file FOR SELECT
 CREATE POLICY stager_visible ON keyturn.stager FOR SELECT
     USING (keyturn._sees(tenant, principal));
 -- card_link: forced row-level security and no policy: nobody but keyturn's
--- own functions reads the digests of codes and sessions.
+-- own functions reads the digests of codes and sessions. audit_chain: none
+-- either; operators read a tenant's head through keyturn.audit_head.
 -- keyturn_secret.approval_key: forced row-level security and no policy at all,
 -- on top of holding no grants.
 ALTER TABLE keyturn_secret.approval_key ENABLE ROW LEVEL SECURITY;
@@ -3444,11 +3471,9 @@ BEGIN
         v_new := FOUND;
         v_votes := keyturn._votes(a.id, a.tenant, a.tool);
         IF v_new THEN
-            INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal,
-                                       from_status, to_status, detail)
-            VALUES (a.id, a.tenant, a.principal, p_caller::regrole::text, v_principal,
-                    'pending', 'pending', jsonb_build_object('vote', v_votes, 'quorum', p_quorum)
-                                          || coalesce(keyturn._event_detail()::jsonb, '{}'));
+            PERFORM keyturn._append_event(a.id, a.tenant, a.principal, p_caller::regrole::text, v_principal,
+                                          'pending', 'pending', jsonb_build_object('vote', v_votes, 'quorum', p_quorum)
+                                                                || coalesce(keyturn._event_detail()::jsonb, '{}'));
         END IF;
         IF v_votes < p_quorum THEN
             RETURN QUERY SELECT a.id, 'pending'::text, jsonb_build_object('votes', v_votes, 'quorum', p_quorum);
@@ -4549,6 +4574,116 @@ END
 $$;
 
 
+-- ==== sql/059_audit.sql ====
+
+-- The audit log's hash chain (docs/audit.md). Each tenant's events form one
+-- chain: an event stores prev_hash (the previous event's hash; 64 zeros for
+-- the first) and hash, the lowercase hex SHA-256 of the RFC 8785 form of the
+-- event: the JSON object of all its columns but hash, prev_hash included, as
+-- to_jsonb prints them with TimeZone = UTC (exactly what audit_export
+-- gives). keyturn.audit_chain holds each tenant's head: its event count and
+-- last hash.
+--
+-- Events are written when their transaction commits, under a lock of
+-- keyturn's own on the tenant's chain held for the commit alone
+-- (extension/src/audit.rs says why and how).
+
+-- The hash of an event given as the JSON object of its columns (hash left
+-- out, whether or not it is there).
+CREATE OR REPLACE FUNCTION keyturn._event_hash(p_event jsonb)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT encode(sha256(convert_to(keyturn.canonical_json(p_event - 'hash'), 'UTF8')), 'hex')
+$$;
+
+-- The 64 zeros the first event of a chain names as its predecessor.
+CREATE OR REPLACE FUNCTION keyturn._chain_start()
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT repeat('0', 64) $$;
+
+-- Recomputes a tenant's chain. ok is false at the first event that no longer
+-- verifies (first_bad: its id): changed (its hash is not of its columns),
+-- reordered, inserted, or after a deleted one (its prev_hash names no event
+-- before it); or when the events stop before the head says (a deleted tail,
+-- first_bad NULL) or go on past it (first_bad: the first event past the
+-- head). events: how many verified. Triggers off or not, any role: the chain
+-- is arithmetic over the rows. What it cannot see is a chain rewritten from
+-- some point on together with the head: compare the head with one anchored
+-- elsewhere (keyturn.audit_head, docs/audit.md).
+CREATE OR REPLACE FUNCTION keyturn.verify_audit(tenant text)
+RETURNS TABLE (ok boolean, events bigint, first_bad bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET TimeZone = 'UTC'
+AS $$
+DECLARE
+    e       record;
+    v_prev  text := keyturn._chain_start();
+    v_n     bigint := 0;
+    v_head  keyturn.audit_chain;
+BEGIN
+    PERFORM keyturn._refuse_nested('verify_audit');
+    PERFORM keyturn._require_text(verify_audit.tenant, 'tenant');
+    SELECT c.* INTO v_head FROM keyturn.audit_chain c WHERE c.tenant = verify_audit.tenant;
+    FOR e IN
+        SELECT x.id, x.prev_hash, x.hash, to_jsonb(x) AS j
+          FROM keyturn.event x WHERE x.tenant = verify_audit.tenant ORDER BY x.id
+    LOOP
+        IF e.prev_hash IS DISTINCT FROM v_prev OR e.hash IS DISTINCT FROM keyturn._event_hash(e.j)
+           OR v_n >= coalesce(v_head.events, 0) THEN
+            RETURN QUERY SELECT false, v_n, e.id;
+            RETURN;
+        END IF;
+        v_prev := e.hash;
+        v_n := v_n + 1;
+    END LOOP;
+    IF v_n <> coalesce(v_head.events, 0) OR v_prev IS DISTINCT FROM coalesce(v_head.head, keyturn._chain_start()) THEN
+        RETURN QUERY SELECT false, v_n, NULL::bigint;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT true, v_n, NULL::bigint;
+END
+$$;
+
+-- A tenant's events since a time, each as one JSON object of all its
+-- columns, prev_hash and hash included, oldest first: what keyturnd
+-- audit-verify checks offline, one object a line.
+CREATE OR REPLACE FUNCTION keyturn.audit_export(tenant text, since timestamptz DEFAULT '-infinity')
+RETURNS SETOF jsonb
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET TimeZone = 'UTC'
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('audit_export');
+    PERFORM keyturn._require_text(audit_export.tenant, 'tenant');
+    RETURN QUERY
+        SELECT to_jsonb(x) FROM keyturn.event x
+         WHERE x.tenant = audit_export.tenant AND x.at >= coalesce(audit_export.since, '-infinity')
+         ORDER BY x.id;
+END
+$$;
+
+-- A tenant's head: how many events its chain holds and the last one's hash,
+-- to publish or store elsewhere (docs/audit.md, "Anchoring"). A tenant with
+-- no event yet: 0 and the 64 zeros.
+CREATE OR REPLACE FUNCTION keyturn.audit_head(tenant text)
+RETURNS TABLE (events bigint, hash text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('audit_head');
+    PERFORM keyturn._require_text(audit_head.tenant, 'tenant');
+    RETURN QUERY
+        SELECT coalesce(max(c.events), 0), coalesce(max(c.head), keyturn._chain_start())
+          FROM keyturn.audit_chain c WHERE c.tenant = audit_head.tenant;
+END
+$$;
+
+
 -- ==== sql/060_dispatch.sql ====
 
 -- The dispatcher and operator protocol (docs/sql-api.md, "Dispatcher").
@@ -5325,10 +5460,9 @@ BEGIN
     v_receipt := keyturn._redact(p_receipt);
     UPDATE keyturn.attempt x SET dispatcher_account = 'not_sent', dispatcher_receipt = v_receipt
      WHERE x.action_id = t.action_id AND x.tenant = t.tenant AND x.attempt = t.attempt;
-    INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status,
-                               detail)
-    VALUES (a.id, a.tenant, a.principal, keyturn._calling_role(), NULL, 'uncertain', 'uncertain',
-            jsonb_build_object('dispatcher_account', 'not_sent', 'attempt', t.attempt, 'lease_id', p_lease));
+    PERFORM keyturn._append_event(a.id, a.tenant, a.principal, keyturn._calling_role(), NULL, 'uncertain',
+                                  'uncertain', jsonb_build_object('dispatcher_account', 'not_sent',
+                                                                  'attempt', t.attempt, 'lease_id', p_lease));
     RETURN true;
 END
 $$;
@@ -6244,10 +6378,11 @@ COMMENT ON TABLE keyturn.delegation IS 'Standing approvals: what a person approv
 COMMENT ON TABLE keyturn.staged_file IS 'Private attachments: the bytes, bound to one action, deleted with its final status.';
 COMMENT ON TABLE keyturn.stager IS 'One row per principal that staged a file: the lock its stagings take to count the quota.';
 COMMENT ON TABLE keyturn.card_link IS 'One-time codes of card links (digests only) and the card sessions they were redeemed for.';
+COMMENT ON TABLE keyturn.audit_chain IS 'Each tenant''s audit chain head: its event count and last hash (sql/059_audit.sql).';
 COMMENT ON TABLE keyturn.projection IS 'Read-side projections: the current version per provider.';
 COMMENT ON TABLE keyturn.projection_version IS 'Every registered projection spec: which fields of a provider''s data may reach a prompt.';
 COMMENT ON TABLE keyturn.attempt IS 'One row per provider attempt; kept after reconciliation.';
-COMMENT ON TABLE keyturn.event IS 'The audit log: one row per status change (and per quorum vote); append-only, even for the owner.';
+COMMENT ON TABLE keyturn.event IS 'The audit log: one row per status change (and per quorum vote), hash-chained per tenant; append-only, even for the owner.';
 COMMENT ON TABLE keyturn.usage IS 'Metering: one row per action that reached succeeded; append-only.';
 COMMENT ON TABLE keyturn_secret.approval_key IS 'The key of the approval binding (an HMAC proving an approval, not a table write, moved an action on).';
 
@@ -6261,6 +6396,9 @@ COMMENT ON FUNCTION keyturn.issue_token(uuid) IS 'Human: a fresh token for a pen
 COMMENT ON FUNCTION keyturn.link_code(uuid[], interval) IS 'Human and dispatcher: a one-time code for a card link to these actions, for a person who may decide them all; no credential in any URL.';
 COMMENT ON FUNCTION keyturn.redeem_link_code(text, uuid[]) IS 'Dispatcher (keyturnd): redeems a link code once for a 15-minute card session with fresh tokens; no rows for a used, expired or unknown code.';
 COMMENT ON FUNCTION keyturn.card_session(text) IS 'Dispatcher (keyturnd): the role, claims and actions of a live card session''s bearer; no rows otherwise.';
+COMMENT ON FUNCTION keyturn.verify_audit(text) IS 'Operator, admin: recomputes a tenant''s hash chain; false and the first event that no longer verifies when any was changed, deleted, reordered or inserted.';
+COMMENT ON FUNCTION keyturn.audit_export(text, timestamptz) IS 'Operator, admin: a tenant''s events since a time, each one JSON object of all its columns, for keyturnd audit-verify.';
+COMMENT ON FUNCTION keyturn.audit_head(text) IS 'Operator, admin: a tenant''s chain head (events, last hash), to anchor elsewhere.';
 COMMENT ON FUNCTION keyturn.register_tool(text, jsonb) IS 'Admin: creates or replaces a tool from its spec; returns the new version.';
 COMMENT ON FUNCTION keyturn.set_tool_enabled(text, boolean) IS 'Admin: enables or disables a tool; returns whether it changed.';
 COMMENT ON FUNCTION keyturn.add_member(text, text, text) IS 'Admin (platform, or the tenant''s own admin): adds or changes a member; returns whether it changed.';
@@ -6445,6 +6583,11 @@ GRANT EXECUTE ON FUNCTION
     keyturn.check_deployment(), keyturn.register_projection(text, jsonb)
 TO keyturn_admin;
 
+-- Operator and platform administrator: the audit's chain.
+GRANT EXECUTE ON FUNCTION
+    keyturn.verify_audit(text), keyturn.audit_export(text, timestamptz), keyturn.audit_head(text)
+TO keyturn_operator, keyturn_admin;
+
 -- The RLS helper runs inside policies as the querying role.
 GRANT EXECUTE ON FUNCTION keyturn._sees(text, text)
 TO keyturn_agent, keyturn_approver;
@@ -6518,3 +6661,35 @@ BEGIN
 END
 $$;
 ALTER TABLE keyturn.action ENABLE TRIGGER action_proposal_immutable;
+
+-- The existing events, chained tenant by tenant in id order, as 0.3.0
+-- chains new ones (keyturn._chain_events); then the columns are required.
+-- The event log is append-only even for its owner: its trigger is off for
+-- this one statement's work.
+ALTER TABLE keyturn.event DISABLE TRIGGER event_append_only;
+DO $$
+DECLARE
+    e       record;
+    v_tenant text;
+    v_prev  text;
+    v_n     bigint;
+    v_hash  text;
+BEGIN
+    PERFORM set_config('TimeZone', 'UTC', true);
+    FOR v_tenant IN SELECT DISTINCT x.tenant FROM keyturn.event x ORDER BY 1 LOOP
+        v_prev := keyturn._chain_start();
+        v_n := 0;
+        FOR e IN SELECT x.id, x.action_id, to_jsonb(x) AS j FROM keyturn.event x
+                  WHERE x.tenant = v_tenant ORDER BY x.id LOOP
+            v_hash := keyturn._event_hash(e.j - 'hash' || jsonb_build_object('prev_hash', v_prev));
+            UPDATE keyturn.event x SET prev_hash = v_prev, hash = v_hash
+             WHERE x.action_id = e.action_id AND x.tenant = v_tenant AND x.id = e.id;
+            v_prev := v_hash;
+            v_n := v_n + 1;
+        END LOOP;
+        INSERT INTO keyturn.audit_chain (tenant, events, head) VALUES (v_tenant, v_n, v_prev);
+    END LOOP;
+END
+$$;
+ALTER TABLE keyturn.event ENABLE TRIGGER event_append_only;
+ALTER TABLE keyturn.event ALTER COLUMN prev_hash SET NOT NULL, ALTER COLUMN hash SET NOT NULL;

@@ -56,6 +56,22 @@ fn latest_text(
     args: &[Option<String>],
     types: &[pg_sys::Oid],
 ) -> Option<String> {
+    on_latest(sql, args, types, true)
+}
+
+/// Runs `sql` on the latest committed snapshot (and this transaction's own
+/// changes), reading or (`read_only` false) writing, and returns the first
+/// column of its first row as text. What it writes it finds by that
+/// snapshot too, so under REPEATABLE READ a row another transaction updated
+/// since this one began is updated in its newest version rather than
+/// failing to serialize: for writers that hold a lock of keyturn's own that
+/// makes them the row's only writer (crate::audit).
+pub fn on_latest(
+    sql: &'static str,
+    args: &[Option<String>],
+    types: &[pg_sys::Oid],
+    read_only: bool,
+) -> Option<String> {
     Spi::connect(|_| {
         // SAFETY: inside Spi::connect, so SPI is connected; the plan is kept
         // (SPI_keepplan) before it is stored; values are built from owned
@@ -100,12 +116,13 @@ fn latest_text(
                 nulls.as_ptr(),
                 pg_sys::GetLatestSnapshot(),
                 std::ptr::null_mut(),
-                true,
+                read_only,
                 false,
                 1,
             );
-            if rc != pg_sys::SPI_OK_SELECT as i32 {
-                KeyturnError::NotReady(format!("reading committed state failed ({rc})")).raise();
+            if rc < 0 {
+                KeyturnError::NotReady(format!("a statement on committed state failed ({rc})"))
+                    .raise();
             }
             if pg_sys::SPI_processed == 0 || pg_sys::SPI_tuptable.is_null() {
                 return None;

@@ -21,6 +21,7 @@ mod jsonb_text;
 mod actor; // who is acting, for the audit log: backend state, never a setting
 mod approval; // the approval binding: MAC under a key only the owner reads
 mod args; // arguments checked before anything is read: names, lease's, a batch's
+mod audit; // the audit events of a transaction, written into their tenant's hash chain at commit
 mod canonical; // canonical_json, params_hash (RFC 8785 + SHA-256), written values
 mod citus; // whether Citus is here; identity re-asserted for its workers before a business statement
 mod committed; // admission on committed data under every isolation level; the commit's recheck
@@ -147,9 +148,14 @@ mod tests;
     requires = ["fence", identity::claims_for]
 );
 ::pgrx::extension_sql_file!(
+    "../../sql/059_audit.sql",
+    name = "audit",
+    requires = ["links", canonical::canonical_json]
+);
+::pgrx::extension_sql_file!(
     "../../sql/060_dispatch.sql",
     name = "dispatch",
-    requires = ["links", args::check_lease_args]
+    requires = ["audit", args::check_lease_args]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/061_dispatch_batch.sql",

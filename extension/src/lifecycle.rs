@@ -4,8 +4,10 @@
 //! - `_guard_status`, BEFORE UPDATE OF status: only a step of the status
 //!   graph (`keyturn.transition`), and an approval-only status only with a
 //!   valid approval binding;
-//! - `_action_lifecycle`, AFTER: the work list, the event, the usage row, the
-//!   staged payload and files, the NOTIFY, in the status change's transaction.
+//! - `_action_lifecycle`, AFTER: the work list, the usage row, the staged
+//!   payload and files, the NOTIFY, in the status change's statement, and the
+//!   event, noted for the commit to write into the tenant's chain
+//!   (crate::audit).
 //!
 //! Why Rust: they fire on every status change, three times for each
 //! dispatched action, and as plpgsql each firing converted both rows to
@@ -32,7 +34,7 @@ use pgrx::prelude::*;
 use crate::approval;
 use crate::error::KeyturnError;
 use crate::privilege::{extension_owner, RoleSwitch};
-use crate::{actor, plans};
+use crate::{actor, audit, plans};
 
 /// The columns the triggers read, in this order.
 const COLUMNS: [&str; 20] = [
@@ -352,31 +354,18 @@ fn _guard_status<'a>(
 // distributed query even when it selects only parameters, and refuses one in
 // a call it delegated to a worker (docs/scale-out.md, layout B), so a row that
 // is written only sometimes is a variant of the statement instead of a WHERE.
+// The event is not among them: it is written at commit, chained
+// (crate::audit).
 const OPEN_INSERT: &str = "\
-WITH o AS (INSERT INTO keyturn.open_action (action_id, tenant, principal, session, conversation_id, status, \
-                                            expires_at, next_attempt_at, lease_expires_at, dispatched_at) \
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)) \
-INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status, detail) \
-VALUES ($1, $2, $3, $11, $12, NULL, $6, $13::pg_catalog.jsonb)";
-/// The work-list row moved: a lease's expiry, a next attempt.
-macro_rules! open_move {
-    () => {
-        "UPDATE keyturn.open_action o SET status = $6, next_attempt_at = $8, lease_expires_at = $9, \
-                                         dispatched_at = $10 \
-          WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2"
-    };
-}
-const OPEN_MOVE: &str = open_move!();
-/// The status changed too: the move and the event.
-const OPEN_UPDATE: &str = concat!(
-    "WITH o AS (",
-    open_move!(),
-    ") \
-INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status, detail) \
-VALUES ($1, $2, $3, $11, $12, $14, $6, $13::pg_catalog.jsonb)"
-);
-/// A final status: the work-list row, the staged payload and files go, the
-/// event is written, and (`$usage`) the usage row of a success.
+INSERT INTO keyturn.open_action (action_id, tenant, principal, session, conversation_id, status, \
+                                 expires_at, next_attempt_at, lease_expires_at, dispatched_at) \
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+/// The work-list row moved: a new status, a lease's expiry, a next attempt.
+const OPEN_MOVE: &str = "\
+UPDATE keyturn.open_action o SET status = $6, next_attempt_at = $8, lease_expires_at = $9, dispatched_at = $10 \
+ WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2";
+/// A final status: the work-list row, the staged payload ($3) and files
+/// ($4) go, and (`$usage`) the usage row of a success is written.
 macro_rules! final_statement {
     ($usage:literal) => {
         concat!(
@@ -384,22 +373,20 @@ macro_rules! final_statement {
                          WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2), ",
             $usage,
             "p AS (DELETE FROM keyturn.staged_payload s \
-                    WHERE $10 AND s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2), \
-             f AS (DELETE FROM keyturn.staged_file s \
-                    WHERE $11 AND s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2) \
-INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, from_status, to_status, detail) \
-VALUES ($1, $2, $3, $4, $5, $12, $6, $13::pg_catalog.jsonb)"
+                    WHERE $3 AND s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2) \
+DELETE FROM keyturn.staged_file s \
+ WHERE $4 AND s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2"
         )
     };
 }
 const FINAL: &str = final_statement!("");
 const FINAL_SUCCEEDED: &str = final_statement!(
     "u AS (INSERT INTO keyturn.usage (action_id, tenant, principal, tool, executor, attempts) \
-           VALUES ($1, $2, $3, $7, $8, $9)), "
+           VALUES ($1, $2, $5, $6, $7, $8)), "
 );
 const NOTIFY: &str = "SELECT pg_catalog.pg_notify('keyturn_dispatch', '')";
 
-/// The work list's columns, $1 … $10 of OPEN_INSERT and OPEN_UPDATE.
+/// The work list's columns, $1 … $10 of OPEN_INSERT and OPEN_MOVE.
 const WORK_LIST: [usize; 10] = [
     ID,
     TENANT,
@@ -458,8 +445,6 @@ fn _action_lifecycle<'a>(
     }
     let db_role = actor::actor_role().unwrap_or_else(outer_role_name);
     let principal = actor::actor_principal();
-    let from_status = old.as_ref().map(|o| o.param(&shape, STATUS));
-    let from_status = from_status.unwrap_or_else(|| DatumWithOid::null_oid(shape.types[STATUS]));
     let external = new.text(EXECUTOR) == Some("external");
     let notify = status == "queued"
         && new
@@ -473,42 +458,51 @@ fn _action_lifecycle<'a>(
         // Nothing inserts a final action; should something, it gets what a
         // final status change gets (with no work-list row to delete).
         let digest = external && new.text(RETAIN) == Some("digest");
+        let mut types = vec![
+            shape.types[ID],
+            shape.types[TENANT],
+            pg_sys::BOOLOID,
+            pg_sys::BOOLOID,
+        ];
+        let mut args = vec![p(ID), p(TENANT), digest.into(), external.into()];
+        if status == "succeeded" {
+            types.extend([PRINCIPAL, TOOL, EXECUTOR, ATTEMPTS].map(|c| shape.types[c]));
+            args.extend([PRINCIPAL, TOOL, EXECUTOR, ATTEMPTS].map(p));
+            (FINAL_SUCCEEDED, types, args)
+        } else {
+            (FINAL, types, args)
+        }
+    } else {
+        let types: Vec<pg_sys::Oid> = WORK_LIST.iter().map(|&c| shape.types[c]).collect();
+        let args: Vec<DatumWithOid<'_>> = WORK_LIST.iter().map(|&c| p(c)).collect();
         (
-            if status == "succeeded" {
-                FINAL_SUCCEEDED
+            if old.is_none() {
+                OPEN_INSERT
             } else {
-                FINAL
+                OPEN_MOVE
             },
-            final_types(&shape),
-            final_args(
-                &new,
-                &shape,
+            types,
+            args,
+        )
+    };
+
+    if changed {
+        if let (Some(id), Some(tenant), Some(action_principal)) =
+            (id, new.text(TENANT), new.text(PRINCIPAL))
+        {
+            let from_status = old.as_ref().map(|o| o.status(&shape).0);
+            audit::append(
+                id,
+                tenant,
+                action_principal,
                 &db_role,
                 principal.as_deref(),
                 from_status,
+                status,
                 &detail,
-                digest,
-                external,
-            ),
-        )
-    } else {
-        // The work-list row and the event, both statements' first parameters.
-        let mut types: Vec<pg_sys::Oid> = WORK_LIST.iter().map(|&c| shape.types[c]).collect();
-        types.extend([pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID]);
-        let mut args: Vec<DatumWithOid<'_>> = WORK_LIST.iter().map(|&c| p(c)).collect();
-        args.extend([
-            DatumWithOid::from(db_role.as_str()),
-            DatumWithOid::from(principal.as_deref()),
-            DatumWithOid::from(detail.as_str()),
-        ]);
-        if old.is_none() {
-            (OPEN_INSERT, types, args)
-        } else {
-            types.push(shape.types[STATUS]);
-            args.push(from_status);
-            (if changed { OPEN_UPDATE } else { OPEN_MOVE }, types, args)
+            );
         }
-    };
+    }
 
     let _as_owner = RoleSwitch::to(extension_owner());
     Spi::connect_mut(|client| -> pgrx::spi::SpiResult<()> {
@@ -520,52 +514,6 @@ fn _action_lifecycle<'a>(
     })
     .unwrap_or_else(|e| error!("keyturn: the lifecycle of an action failed: {e}"));
     Ok(None)
-}
-
-fn final_types(shape: &Shape) -> Vec<pg_sys::Oid> {
-    vec![
-        shape.types[ID],
-        shape.types[TENANT],
-        shape.types[PRINCIPAL],
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        shape.types[STATUS],
-        shape.types[TOOL],
-        shape.types[EXECUTOR],
-        shape.types[ATTEMPTS],
-        pg_sys::BOOLOID,
-        pg_sys::BOOLOID,
-        shape.types[STATUS],
-        pg_sys::TEXTOID,
-    ]
-}
-
-#[allow(clippy::too_many_arguments)]
-fn final_args<'a>(
-    new: &Row,
-    shape: &Shape,
-    db_role: &'a str,
-    principal: Option<&'a str>,
-    from_status: DatumWithOid<'a>,
-    detail: &'a str,
-    digest: bool,
-    external: bool,
-) -> Vec<DatumWithOid<'a>> {
-    vec![
-        new.param(shape, ID),
-        new.param(shape, TENANT),
-        new.param(shape, PRINCIPAL),
-        DatumWithOid::from(db_role),
-        DatumWithOid::from(principal),
-        new.param(shape, STATUS),
-        new.param(shape, TOOL),
-        new.param(shape, EXECUTOR),
-        new.param(shape, ATTEMPTS),
-        DatumWithOid::from(digest),
-        DatumWithOid::from(external),
-        from_status,
-        DatumWithOid::from(detail),
-    ]
 }
 
 /// The session's role as the audit log names a change keyturn did not make:

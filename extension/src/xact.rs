@@ -1,13 +1,14 @@
 //! Backend state that must not outlive a transaction (the acting role, a
 //! business statement under way, the approval decisions to check again at
-//! commit) is forgotten when every transaction ends, committed or aborted,
-//! whatever path the code took; and the commit itself checks those decisions
-//! again (crate::committed).
+//! commit, the audit events to write) is forgotten when every transaction
+//! ends, committed or aborted, whatever path the code took; and the commit
+//! itself checks those decisions again (crate::committed) and writes the
+//! events into their tenants' chains (crate::audit).
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::{actor, committed, privilege};
+use crate::{actor, audit, committed, privilege};
 
 /// Registers the callbacks; once per backend, from `_PG_init`.
 pub fn register() {
@@ -24,7 +25,10 @@ pub fn register() {
 unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
     match event {
-        XACT_EVENT_PRE_COMMIT | XACT_EVENT_PRE_PREPARE => committed::check_noted(),
+        XACT_EVENT_PRE_COMMIT | XACT_EVENT_PRE_PREPARE => {
+            committed::check_noted();
+            audit::write_pending();
+        }
         XACT_EVENT_COMMIT
         | XACT_EVENT_ABORT
         | XACT_EVENT_PREPARE
@@ -33,6 +37,7 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
             actor::clear();
             privilege::reset_business();
             committed::forget_all();
+            audit::forget_all();
         }
         _ => {}
     }
@@ -48,6 +53,8 @@ unsafe extern "C-unwind" fn at_sub_end(
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
         // SAFETY: a plain read of the backend's transaction state; the
         // aborting subtransaction is still the current level here.
-        committed::forget_from_level(unsafe { pg_sys::GetCurrentTransactionNestLevel() });
+        let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
+        committed::forget_from_level(level);
+        audit::forget_from_level(level);
     }
 }

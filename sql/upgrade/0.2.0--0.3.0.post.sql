@@ -64,3 +64,35 @@ BEGIN
 END
 $$;
 ALTER TABLE keyturn.action ENABLE TRIGGER action_proposal_immutable;
+
+-- The existing events, chained tenant by tenant in id order, as 0.3.0
+-- chains new ones (keyturn._chain_events); then the columns are required.
+-- The event log is append-only even for its owner: its trigger is off for
+-- this one statement's work.
+ALTER TABLE keyturn.event DISABLE TRIGGER event_append_only;
+DO $$
+DECLARE
+    e       record;
+    v_tenant text;
+    v_prev  text;
+    v_n     bigint;
+    v_hash  text;
+BEGIN
+    PERFORM set_config('TimeZone', 'UTC', true);
+    FOR v_tenant IN SELECT DISTINCT x.tenant FROM keyturn.event x ORDER BY 1 LOOP
+        v_prev := keyturn._chain_start();
+        v_n := 0;
+        FOR e IN SELECT x.id, x.action_id, to_jsonb(x) AS j FROM keyturn.event x
+                  WHERE x.tenant = v_tenant ORDER BY x.id LOOP
+            v_hash := keyturn._event_hash(e.j - 'hash' || jsonb_build_object('prev_hash', v_prev));
+            UPDATE keyturn.event x SET prev_hash = v_prev, hash = v_hash
+             WHERE x.action_id = e.action_id AND x.tenant = v_tenant AND x.id = e.id;
+            v_prev := v_hash;
+            v_n := v_n + 1;
+        END LOOP;
+        INSERT INTO keyturn.audit_chain (tenant, events, head) VALUES (v_tenant, v_n, v_prev);
+    END LOOP;
+END
+$$;
+ALTER TABLE keyturn.event ENABLE TRIGGER event_append_only;
+ALTER TABLE keyturn.event ALTER COLUMN prev_hash SET NOT NULL, ALTER COLUMN hash SET NOT NULL;

@@ -119,3 +119,14 @@ ALTER TABLE keyturn.attempt
     ALTER COLUMN outcome TYPE keyturn.attempt_outcome USING outcome::keyturn.attempt_outcome,
     ADD COLUMN dispatcher_account keyturn.dispatcher_account,
     ADD COLUMN dispatcher_receipt jsonb;
+
+-- The audit's hash chain (sql/059_audit.sql): the columns here, the chain
+-- over the existing events in the post part, once the hash functions exist.
+ALTER TABLE keyturn.event ADD COLUMN prev_hash text, ADD COLUMN hash text;
+CREATE TABLE keyturn.audit_chain (
+    tenant      text        NOT NULL,
+    events      bigint      NOT NULL,
+    head        text        NOT NULL,
+    PRIMARY KEY (tenant)
+);
+SELECT pg_catalog.pg_extension_config_dump('keyturn.audit_chain', '');

@@ -12,6 +12,7 @@
 mod approve_outcomes_tests;
 mod approve_tests;
 mod attachment_tests;
+mod audit_chain_tests;
 mod audit_tests;
 mod ceremony_tests;
 mod delegation_tests;

@@ -19,6 +19,7 @@ const TENANT_TABLES: &[&str] = &[
     "staged_file",
     "stager",
     "card_link",
+    "audit_chain",
     "attempt",
     "event",
     "usage",

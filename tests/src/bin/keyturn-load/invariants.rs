@@ -168,6 +168,14 @@ pub async fn check(world: &World, db: &Client, swept_at: std::time::SystemTime) 
         note: String::new(),
     });
 
+    // The audit's hash chain: every tenant's verifies, every event in it.
+    let sql = "SELECT count(*) FROM unnest($1::text[]) t, keyturn.verify_audit(t) v WHERE NOT v.ok";
+    out.push(Check {
+        name: "every tenant's audit chain verifies",
+        offending: count(db, sql, &[t]).await,
+        note: String::new(),
+    });
+
     out.push(acked(world, db).await);
     out
 }

@@ -1,0 +1,283 @@
+//! The audit log's hash chain (docs/audit.md): each tenant's events form one
+//! chain, each event storing the previous event's hash and its own.
+//!
+//! An event depends on the tenant's head when it is written, so two
+//! transactions writing events of one tenant must write them one after the
+//! other, and the second must see the first commit (a chain that named an
+//! event of a transaction that then rolled back would be broken). Holding
+//! the tenant's head from the first status change to the commit would
+//! serialize every approval of the tenant end to end. So the events a
+//! transaction produces are kept here, in backend memory, in the order they
+//! happen, and written at PRE_COMMIT (PRE_PREPARE on a Citus worker): the
+//! head row is locked there, the events get their ids and hashes in order
+//! (keyturn._chain_events), and the lock lasts only for the commit itself.
+//! A transaction thus sees its own events after it commits, not before.
+
+use std::cell::RefCell;
+
+use pgrx::prelude::*;
+
+use crate::committed::on_latest;
+use crate::jsonb_text::JsonbText;
+use crate::privilege::{extension_owner, RoleSwitch};
+
+/// One event, as the lifecycle trigger (or a SQL path) produced it.
+struct Pending {
+    level: i32,
+    action_id: pgrx::Uuid,
+    tenant: String,
+    action_principal: String,
+    at: i64,
+    db_role: String,
+    principal: Option<String>,
+    from_status: Option<String>,
+    to_status: String,
+    detail: String,
+}
+
+thread_local! {
+    static PENDING: RefCell<Vec<Pending>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Notes an event of this transaction, written at its commit.
+#[allow(clippy::too_many_arguments)]
+pub fn append(
+    action_id: pgrx::Uuid,
+    tenant: &str,
+    action_principal: &str,
+    db_role: &str,
+    principal: Option<&str>,
+    from_status: Option<&str>,
+    to_status: &str,
+    detail: &str,
+) {
+    if chain_table() == pg_sys::Oid::INVALID {
+        return write_unchained(
+            action_id,
+            tenant,
+            action_principal,
+            db_role,
+            principal,
+            from_status,
+            to_status,
+            detail,
+        );
+    }
+    // SAFETY: plain reads of backend state.
+    let (level, at) = unsafe {
+        (
+            pg_sys::GetCurrentTransactionNestLevel(),
+            pg_sys::GetCurrentTimestamp(),
+        )
+    };
+    PENDING.with(|p| {
+        p.borrow_mut().push(Pending {
+            level,
+            action_id,
+            tenant: tenant.to_owned(),
+            action_principal: action_principal.to_owned(),
+            at,
+            db_role: db_role.to_owned(),
+            principal: principal.map(str::to_owned),
+            from_status: from_status.map(str::to_owned),
+            to_status: to_status.to_owned(),
+            detail: detail.to_owned(),
+        })
+    });
+}
+
+/// A database whose extension is still at 0.2.0 (this library installed,
+/// `ALTER EXTENSION pg_keyturn UPDATE` not yet run) has no chain: its
+/// events are written at once, unchained, as 0.2.0 wrote them, and the
+/// upgrade chains them with the rest.
+#[allow(clippy::too_many_arguments)]
+fn write_unchained(
+    action_id: pgrx::Uuid,
+    tenant: &str,
+    action_principal: &str,
+    db_role: &str,
+    principal: Option<&str>,
+    from_status: Option<&str>,
+    to_status: &str,
+    detail: &str,
+) {
+    const UNCHAINED: &str = "INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, \
+                                                        from_status, to_status, detail) \
+                             VALUES ($1, $2, $3, $4, $5, $6::keyturn.status, $7::keyturn.status, $8::jsonb)";
+    let text = pg_sys::TEXTOID;
+    let types = [pg_sys::UUIDOID, text, text, text, text, text, text, text];
+    let args: Vec<pgrx::datum::DatumWithOid<'_>> = vec![
+        action_id.into(),
+        tenant.into(),
+        action_principal.into(),
+        db_role.into(),
+        principal.into(),
+        from_status.into(),
+        to_status.into(),
+        detail.into(),
+    ];
+    let _as_owner = RoleSwitch::to(extension_owner());
+    Spi::connect_mut(|client| crate::plans::execute(client, UNCHAINED, &types, &args).map(|_| ()))
+        .unwrap_or_else(|e| error!("keyturn: writing an audit event failed: {e}"));
+}
+
+/// `append` for the SQL paths that write an event without a status change
+/// (a quorum vote, keyturnd's account of an attempt).
+#[pg_extern(name = "_append_event", volatile, parallel_unsafe)]
+#[allow(clippy::too_many_arguments)]
+fn append_event(
+    action_id: pgrx::Uuid,
+    tenant: &str,
+    action_principal: &str,
+    db_role: &str,
+    principal: Option<&str>,
+    from_status: Option<&str>,
+    to_status: &str,
+    detail: JsonbText,
+) {
+    append(
+        action_id,
+        tenant,
+        action_principal,
+        db_role,
+        principal,
+        from_status,
+        to_status,
+        &detail.0,
+    );
+}
+
+const HEAD_MADE: &str = "INSERT INTO keyturn.audit_chain (tenant, events, head) \
+     VALUES ($1, 0, keyturn._chain_start()) ON CONFLICT ON CONSTRAINT audit_chain_pkey DO NOTHING";
+const HEAD: &str =
+    "SELECT c.events || ' ' || c.head FROM keyturn.audit_chain c WHERE c.tenant = $1";
+const NEXT_ID: &str = "SELECT pg_catalog.nextval('keyturn.event_id_seq')::text";
+/// The event and its hash, of the very values written (the hash is of the
+/// row as to_jsonb prints it with TimeZone UTC, which this session is set to
+/// for the commit). `at`: PostgreSQL's microseconds since 2000-01-01.
+const WRITE: &str = "\
+INSERT INTO keyturn.event (id, action_id, tenant, action_principal, at, db_role, principal, from_status, to_status, \
+                           detail, prev_hash, hash) OVERRIDING SYSTEM VALUE \
+VALUES ($1::bigint, $2::uuid, $3, $4, timestamptz '2000-01-01 00:00:00+00' + ($5 || ' microseconds')::interval, \
+        $6, $7, $8::keyturn.status, $9::keyturn.status, $10::jsonb, $11, \
+        keyturn._event_hash(jsonb_build_object( \
+            'id', $1::bigint, 'action_id', $2::uuid, 'tenant', $3, 'action_principal', $4, \
+            'at', timestamptz '2000-01-01 00:00:00+00' + ($5 || ' microseconds')::interval, \
+            'db_role', $6, 'principal', $7, 'from_status', $8::keyturn.status, 'to_status', $9::keyturn.status, \
+            'detail', $10::jsonb, 'prev_hash', $11))) \
+RETURNING hash";
+const HEAD_MOVED: &str =
+    "UPDATE keyturn.audit_chain c SET events = $2::bigint, head = $3 WHERE c.tenant = $1";
+
+/// Writes this transaction's events at its commit, tenant by tenant in name
+/// order, each tenant's in the order they happened. A tenant's chain is
+/// written under a lock of keyturn's own on that tenant (a lock on an object
+/// no statement of anyone else's can name, unlike an advisory lock), held
+/// until the commit ends; the head is read, and written, in its newest
+/// version (committed::on_latest), so a REPEATABLE READ transaction chains
+/// to what committed after its snapshot instead of failing to serialize.
+pub fn write_pending() {
+    let mut pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if pending.is_empty() {
+        return;
+    }
+    // Stable: within a tenant the order is the order of the changes.
+    pending.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+    let _as_owner = RoleSwitch::to(extension_owner());
+    let text = pg_sys::TEXTOID;
+    on_latest(
+        "SELECT pg_catalog.set_config('TimeZone', 'UTC', true)",
+        &[],
+        &[],
+        false,
+    );
+    let chain_lock_class = chain_table();
+    let mut start = 0;
+    while start < pending.len() {
+        let tenant = pending[start].tenant.clone();
+        let end = pending[start..]
+            .iter()
+            .position(|e| e.tenant != tenant)
+            .map_or(pending.len(), |n| start + n);
+        lock_chain(chain_lock_class, &tenant);
+        let t = Some(tenant.clone());
+        on_latest(HEAD_MADE, &[t.clone()], &[text], false);
+        let head = on_latest(HEAD, &[t.clone()], &[text], true).unwrap_or_default();
+        let (count, mut hash) = head.split_once(' ').unwrap_or(("0", ""));
+        let mut count: i64 = count.parse().unwrap_or(0);
+        let mut prev = hash.to_owned();
+        for e in &pending[start..end] {
+            let id = on_latest(NEXT_ID, &[], &[], false);
+            let written = on_latest(
+                WRITE,
+                &[
+                    id,
+                    Some(e.action_id.to_string()),
+                    t.clone(),
+                    Some(e.action_principal.clone()),
+                    Some(e.at.to_string()),
+                    Some(e.db_role.clone()),
+                    e.principal.clone(),
+                    e.from_status.clone(),
+                    Some(e.to_status.clone()),
+                    Some(e.detail.clone()),
+                    Some(prev.clone()),
+                ],
+                &[text; 11],
+                false,
+            );
+            prev = written.unwrap_or_else(|| error!("keyturn: an audit event was not written"));
+            count += 1;
+        }
+        hash = &prev;
+        on_latest(
+            HEAD_MOVED,
+            &[t, Some(count.to_string()), Some(hash.to_owned())],
+            &[text; 3],
+            false,
+        );
+        start = end;
+    }
+}
+
+/// The OID of keyturn.audit_chain (the class of keyturn's per-tenant chain
+/// locks), or InvalidOid where the extension predates the chain.
+fn chain_table() -> pg_sys::Oid {
+    // SAFETY: catalog cache lookups; both names are keyturn's own.
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"keyturn".as_ptr(), true);
+        if schema == pg_sys::Oid::INVALID {
+            return pg_sys::Oid::INVALID;
+        }
+        pg_sys::get_relname_relid(c"audit_chain".as_ptr(), schema)
+    }
+}
+
+/// Takes keyturn's lock on a tenant's chain until the transaction ends:
+/// LOCKTAG_OBJECT with keyturn.audit_chain's OID as its class, which is no
+/// catalog, so nothing but this can ever take it. Two tenants whose names
+/// hash alike share a lock, which only makes them wait for each other.
+fn lock_chain(class: pg_sys::Oid, tenant: &str) {
+    let digest = keyturn_core::token::token_digest(tenant);
+    let objid = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
+    // SAFETY: a heavyweight lock on a made-up object, released at the end of
+    // the transaction like every such lock.
+    unsafe {
+        pg_sys::LockDatabaseObject(
+            class,
+            pg_sys::Oid::from(objid),
+            0,
+            pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
+        )
+    }
+}
+
+/// Forgets what an aborted subtransaction produced.
+pub fn forget_from_level(level: i32) {
+    PENDING.with(|p| p.borrow_mut().retain(|e| e.level < level));
+}
+
+/// Forgets everything at the end of the transaction.
+pub fn forget_all() {
+    PENDING.with(|p| p.borrow_mut().clear());
+}

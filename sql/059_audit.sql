@@ -1,0 +1,106 @@
+-- The audit log's hash chain (docs/audit.md). Each tenant's events form one
+-- chain: an event stores prev_hash (the previous event's hash; 64 zeros for
+-- the first) and hash, the lowercase hex SHA-256 of the RFC 8785 form of the
+-- event: the JSON object of all its columns but hash, prev_hash included, as
+-- to_jsonb prints them with TimeZone = UTC (exactly what audit_export
+-- gives). keyturn.audit_chain holds each tenant's head: its event count and
+-- last hash.
+--
+-- Events are written when their transaction commits, under a lock of
+-- keyturn's own on the tenant's chain held for the commit alone
+-- (extension/src/audit.rs says why and how).
+
+-- The hash of an event given as the JSON object of its columns (hash left
+-- out, whether or not it is there).
+CREATE FUNCTION keyturn._event_hash(p_event jsonb)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT encode(sha256(convert_to(keyturn.canonical_json(p_event - 'hash'), 'UTF8')), 'hex')
+$$;
+
+-- The 64 zeros the first event of a chain names as its predecessor.
+CREATE FUNCTION keyturn._chain_start()
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT repeat('0', 64) $$;
+
+-- Recomputes a tenant's chain. ok is false at the first event that no longer
+-- verifies (first_bad: its id): changed (its hash is not of its columns),
+-- reordered, inserted, or after a deleted one (its prev_hash names no event
+-- before it); or when the events stop before the head says (a deleted tail,
+-- first_bad NULL) or go on past it (first_bad: the first event past the
+-- head). events: how many verified. Triggers off or not, any role: the chain
+-- is arithmetic over the rows. What it cannot see is a chain rewritten from
+-- some point on together with the head: compare the head with one anchored
+-- elsewhere (keyturn.audit_head, docs/audit.md).
+CREATE FUNCTION keyturn.verify_audit(tenant text)
+RETURNS TABLE (ok boolean, events bigint, first_bad bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET TimeZone = 'UTC'
+AS $$
+DECLARE
+    e       record;
+    v_prev  text := keyturn._chain_start();
+    v_n     bigint := 0;
+    v_head  keyturn.audit_chain;
+BEGIN
+    PERFORM keyturn._refuse_nested('verify_audit');
+    PERFORM keyturn._require_text(verify_audit.tenant, 'tenant');
+    SELECT c.* INTO v_head FROM keyturn.audit_chain c WHERE c.tenant = verify_audit.tenant;
+    FOR e IN
+        SELECT x.id, x.prev_hash, x.hash, to_jsonb(x) AS j
+          FROM keyturn.event x WHERE x.tenant = verify_audit.tenant ORDER BY x.id
+    LOOP
+        IF e.prev_hash IS DISTINCT FROM v_prev OR e.hash IS DISTINCT FROM keyturn._event_hash(e.j)
+           OR v_n >= coalesce(v_head.events, 0) THEN
+            RETURN QUERY SELECT false, v_n, e.id;
+            RETURN;
+        END IF;
+        v_prev := e.hash;
+        v_n := v_n + 1;
+    END LOOP;
+    IF v_n <> coalesce(v_head.events, 0) OR v_prev IS DISTINCT FROM coalesce(v_head.head, keyturn._chain_start()) THEN
+        RETURN QUERY SELECT false, v_n, NULL::bigint;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT true, v_n, NULL::bigint;
+END
+$$;
+
+-- A tenant's events since a time, each as one JSON object of all its
+-- columns, prev_hash and hash included, oldest first: what keyturnd
+-- audit-verify checks offline, one object a line.
+CREATE FUNCTION keyturn.audit_export(tenant text, since timestamptz DEFAULT '-infinity')
+RETURNS SETOF jsonb
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET TimeZone = 'UTC'
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('audit_export');
+    PERFORM keyturn._require_text(audit_export.tenant, 'tenant');
+    RETURN QUERY
+        SELECT to_jsonb(x) FROM keyturn.event x
+         WHERE x.tenant = audit_export.tenant AND x.at >= coalesce(audit_export.since, '-infinity')
+         ORDER BY x.id;
+END
+$$;
+
+-- A tenant's head: how many events its chain holds and the last one's hash,
+-- to publish or store elsewhere (docs/audit.md, "Anchoring"). A tenant with
+-- no event yet: 0 and the 64 zeros.
+CREATE FUNCTION keyturn.audit_head(tenant text)
+RETURNS TABLE (events bigint, hash text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('audit_head');
+    PERFORM keyturn._require_text(audit_head.tenant, 'tenant');
+    RETURN QUERY
+        SELECT coalesce(max(c.events), 0), coalesce(max(c.head), keyturn._chain_start())
+          FROM keyturn.audit_chain c WHERE c.tenant = audit_head.tenant;
+END
+$$;

@@ -1,0 +1,322 @@
+//! docs/audit.md: each tenant's events form a hash chain. Any change,
+//! deletion, reordering or insertion of an event, by any role and with
+//! triggers off, makes keyturn.verify_audit false at the first event that no
+//! longer verifies; an independent recomputation (RFC 8785 + SHA-256, here
+//! in the test) agrees with the database's hashes.
+
+use keyturn_tests::*;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+/// (ok, events, first_bad) of a tenant's chain, as the operator reads it.
+async fn verify(tenant: &str) -> (bool, i64, Option<i64>) {
+    let op = connect("app_operator").await;
+    let r = op
+        .query_one(
+            "SELECT ok, events, first_bad FROM keyturn.verify_audit($1)",
+            &[&tenant],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
+async fn export(tenant: &str) -> Vec<Value> {
+    let op = connect("app_operator").await;
+    op.query("SELECT e FROM keyturn.audit_export($1) e", &[&tenant])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// A tenant with a few events: proposals approved, rejected, revised.
+async fn busy() -> World {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    for i in 0..3 {
+        let p = w
+            .propose(&t, json!({"channel": "c", "text": format!("n{i}")}))
+            .await
+            .unwrap();
+        if i == 1 {
+            w.human
+                .query_one("SELECT keyturn.reject($1, $2, 'no')", &[&p.id, &p.token])
+                .await
+                .unwrap();
+        } else {
+            w.approve(&p).await.unwrap();
+        }
+    }
+    w
+}
+
+/// The hash of one exported event, computed here from the RFC 8785 form.
+fn hash_of(event: &Value) -> String {
+    let mut e = event.clone();
+    e.as_object_mut().unwrap().remove("hash");
+    let canonical = keyturn_core::canonical::canonicalize_value(&e).unwrap();
+    hex::encode(Sha256::digest(canonical.as_bytes()))
+}
+
+#[tokio::test]
+async fn test_a_tenants_events_form_a_chain_an_outsider_can_recompute() {
+    let w = busy().await;
+    let (ok, n, bad) = verify(&w.tenant).await;
+    assert!(ok && bad.is_none(), "{ok} {n} {bad:?}");
+    let events = export(&w.tenant).await;
+    assert_eq!(events.len() as i64, n);
+    assert_eq!(n, 6, "three proposals, two approvals, a rejection");
+    let mut prev = "0".repeat(64);
+    for e in &events {
+        assert_eq!(e["prev_hash"], json!(prev), "{e}");
+        assert_eq!(e["hash"], json!(hash_of(e)), "{e}");
+        // Times as to_jsonb prints them in UTC.
+        assert!(e["at"].as_str().unwrap().ends_with("+00:00"), "{e}");
+        prev = e["hash"].as_str().unwrap().to_owned();
+    }
+    let op = connect("app_operator").await;
+    let head = op
+        .query_one(
+            "SELECT events, hash FROM keyturn.audit_head($1)",
+            &[&w.tenant],
+        )
+        .await
+        .unwrap();
+    assert_eq!((head.get::<_, i64>(0), head.get::<_, String>(1)), (n, prev));
+    // A tenant with no events: an empty chain, which verifies.
+    assert_eq!(verify("no-such-tenant").await, (true, 0, None));
+}
+
+async fn event_ids(w: &World) -> Vec<i64> {
+    w.superuser
+        .query(
+            "SELECT id FROM keyturn.event WHERE tenant = $1 ORDER BY id",
+            &[&w.tenant],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+#[tokio::test]
+async fn test_a_changed_event_is_found() {
+    let (w, other) = (busy().await, busy().await);
+    let ids = event_ids(&w).await;
+    tamper(
+        &w.superuser,
+        "UPDATE keyturn.event SET detail = detail || '{\"reason\": \"forged\"}' WHERE id = $1",
+        &[&ids[3]],
+    )
+    .await;
+    assert_eq!(verify(&w.tenant).await, (false, 3, Some(ids[3])));
+    assert!(
+        verify(&other.tenant).await.0,
+        "another tenant's chain still verifies"
+    );
+}
+
+#[tokio::test]
+async fn test_each_column_of_an_event_is_covered() {
+    for (column, value) in [
+        ("db_role", "'app_admin'"),
+        ("principal", "'mallory'"),
+        ("to_status", "'rejected'"),
+        ("at", "at + interval '1 second'"),
+        ("action_principal", "'mallory'"),
+    ] {
+        let w = busy().await;
+        let ids = event_ids(&w).await;
+        tamper(
+            &w.superuser,
+            &format!("UPDATE keyturn.event SET {column} = {value} WHERE id = $1"),
+            &[&ids[1]],
+        )
+        .await;
+        assert_eq!(verify(&w.tenant).await.2, Some(ids[1]), "{column}");
+    }
+}
+
+#[tokio::test]
+async fn test_a_deleted_event_is_found_at_the_event_after_the_gap() {
+    let w = busy().await;
+    let ids = event_ids(&w).await;
+    tamper(
+        &w.superuser,
+        "DELETE FROM keyturn.event WHERE id = $1",
+        &[&ids[2]],
+    )
+    .await;
+    assert_eq!(verify(&w.tenant).await, (false, 2, Some(ids[3])));
+    // A deleted tail has no event after it: the head says the chain is short.
+    let w = busy().await;
+    let ids = event_ids(&w).await;
+    tamper(
+        &w.superuser,
+        "DELETE FROM keyturn.event WHERE id = $1",
+        &[ids.last().unwrap()],
+    )
+    .await;
+    let (ok, n, bad) = verify(&w.tenant).await;
+    assert_eq!((ok, n as usize, bad), (false, ids.len() - 1, None));
+}
+
+#[tokio::test]
+async fn test_an_inserted_event_is_found() {
+    // In the middle: it breaks the link of the event after it.
+    let w = busy().await;
+    let ids = event_ids(&w).await;
+    let forged: i64 = w
+        .superuser
+        .query_one("SELECT nextval('keyturn.event_id_seq')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    tamper(
+        &w.superuser,
+        "INSERT INTO keyturn.event (id, action_id, tenant, action_principal, at, db_role, principal, \
+                                    from_status, to_status, detail, prev_hash, hash) OVERRIDING SYSTEM VALUE \
+         SELECT $1, action_id, tenant, action_principal, at, db_role, principal, 'pending', 'succeeded', '{}', \
+                hash, repeat('f', 64) \
+           FROM keyturn.event WHERE id = $2",
+        &[&forged, ids.last().unwrap()],
+    )
+    .await;
+    assert_eq!(verify(&w.tenant).await.2, Some(forged));
+    // At the end, linked and hashed as keyturn would: the head does not name it.
+    let w = busy().await;
+    let ids = event_ids(&w).await;
+    let forged: i64 = w
+        .superuser
+        .query_one("SELECT nextval('keyturn.event_id_seq')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    tamper(
+        &w.superuser,
+        "INSERT INTO keyturn.event (id, action_id, tenant, action_principal, at, db_role, principal, \
+                                    from_status, to_status, detail, prev_hash, hash) OVERRIDING SYSTEM VALUE \
+         SELECT $1, action_id, tenant, action_principal, at, db_role, principal, 'pending', 'succeeded', '{}', \
+                hash, keyturn._event_hash(jsonb_build_object('id', $1::bigint, 'action_id', action_id, \
+                    'tenant', tenant, 'action_principal', action_principal, 'at', at, 'db_role', db_role, \
+                    'principal', principal, 'from_status', 'pending', 'to_status', 'succeeded', \
+                    'detail', '{}'::jsonb, 'prev_hash', hash)) \
+           FROM keyturn.event WHERE id = $2",
+        &[&forged, ids.last().unwrap()],
+    )
+    .await;
+    assert_eq!(
+        verify(&w.tenant).await,
+        (false, ids.len() as i64, Some(forged))
+    );
+}
+
+#[tokio::test]
+async fn test_two_swapped_events_are_found() {
+    let w = busy().await;
+    let ids = event_ids(&w).await;
+    // Swap the contents of two events, their ids and links left in place.
+    tamper(
+        &w.superuser,
+        "UPDATE keyturn.event e SET from_status = o.from_status, to_status = o.to_status, detail = o.detail, \
+                                    at = o.at, action_id = o.action_id \
+           FROM keyturn.event o \
+          WHERE (e.id, o.id) IN (($1, $2), ($2, $1))",
+        &[&ids[1], &ids[4]],
+    )
+    .await;
+    assert_eq!(verify(&w.tenant).await.2, Some(ids[1]));
+}
+
+/// 16 clients proposing at once in one tenant: one unbroken chain, every
+/// event in it once.
+#[tokio::test]
+async fn test_concurrent_writers_of_one_tenant_make_one_chain() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let mut agents = Vec::new();
+    for i in 0..16 {
+        agents.push(
+            Conn::connect(
+                "app_agent",
+                Identity::gucs(&w.tenant, &w.principal, &format!("s{i}")),
+            )
+            .await,
+        );
+    }
+    let runs = agents.iter().enumerate().map(|(i, a)| {
+        let t = t.clone();
+        async move {
+            for j in 0..5 {
+                propose_on(
+                    a,
+                    &t,
+                    json!({"channel": "c", "text": format!("{i}-{j}")}),
+                    json!({}),
+                )
+                .await
+                .unwrap();
+            }
+        }
+    });
+    futures_util::future::join_all(runs).await;
+    assert_eq!(verify(&w.tenant).await, (true, 80, None));
+}
+
+/// A REPEATABLE READ transaction whose snapshot predates other commits of
+/// its tenant chains to them at its commit, instead of failing.
+#[tokio::test]
+async fn test_a_repeatable_read_writer_chains_to_what_committed_after_its_snapshot() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let tx = w
+        .agent
+        .transaction_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .unwrap();
+    tx.query_one("SELECT 1", &[]).await.unwrap();
+    let other = Conn::connect("app_agent", w.identity()).await;
+    propose_on(
+        &other,
+        &t,
+        json!({"channel": "c", "text": "first"}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    tx.query_one(
+        "SELECT action_id FROM keyturn.propose($1, $2)",
+        &[&t, &json!({"channel": "c", "text": "second"})],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(verify(&w.tenant).await, (true, 2, None));
+}
+
+#[tokio::test]
+async fn test_only_operators_and_admins_read_the_chain() {
+    let w = busy().await;
+    for role in ["app_agent", "app_human", "app_dispatcher"] {
+        let c = connect(role).await;
+        for sql in [
+            "SELECT * FROM keyturn.verify_audit($1)",
+            "SELECT * FROM keyturn.audit_export($1)",
+            "SELECT * FROM keyturn.audit_head($1)",
+        ] {
+            assert_eq!(
+                sqlstate(c.query(sql, &[&w.tenant]).await),
+                "42501",
+                "{role}: {sql}"
+            );
+        }
+    }
+    let admin = connect("app_admin").await;
+    admin
+        .query_one("SELECT ok FROM keyturn.verify_audit($1)", &[&w.tenant])
+        .await
+        .unwrap();
+}
