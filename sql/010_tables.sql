@@ -337,6 +337,23 @@ CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, 
     WHERE session_digest IS NOT NULL;
 CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
 
+-- Evidence recorded by the trusted side (sql/057_fence.sql): what a person
+-- showed, or what keyturn.fence handed an agent, by kind, reference and
+-- SHA-256, never the content. A proposal may cite it (origin key evidence);
+-- revoking it invalidates the pending proposals that do.
+CREATE TABLE keyturn.evidence (
+    id             uuid        NOT NULL,
+    tenant         text        NOT NULL,
+    principal      text        NOT NULL,
+    kind           text        NOT NULL,
+    ref            text        NOT NULL,
+    sha256         text        NOT NULL CHECK (sha256 ~ '^[0-9a-f]{64}$'),
+    recorded_role  text        NOT NULL,
+    recorded_at    timestamptz NOT NULL,
+    revoked_at     timestamptz,
+    PRIMARY KEY (id, tenant)
+);
+
 -- Read-side projections (sql/057_fence.sql): which fields of a provider's
 -- data may reach a prompt. Versioned like tools.
 CREATE TABLE keyturn.projection (
@@ -456,6 +473,7 @@ SELECT pg_catalog.pg_extension_config_dump('keyturn.staged_file', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.stager', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.audit_chain', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.evidence', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.projection', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.projection_version', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.request_seq_seq', '');

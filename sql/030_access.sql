@@ -110,7 +110,7 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
                              'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage',
-                             'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link', 'audit_chain']
+                             'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link', 'audit_chain', 'evidence']
     LOOP
         EXECUTE format('ALTER TABLE keyturn.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE keyturn.%I FORCE ROW LEVEL SECURITY', t);
@@ -149,6 +149,8 @@ CREATE POLICY delegation_visible ON keyturn.delegation FOR SELECT
 CREATE POLICY staged_file_visible ON keyturn.staged_file FOR SELECT
     USING (keyturn._sees(tenant, principal));
 CREATE POLICY stager_visible ON keyturn.stager FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY evidence_visible ON keyturn.evidence FOR SELECT
     USING (keyturn._sees(tenant, principal));
 -- card_link: forced row-level security and no policy: nobody but keyturn's
 -- own functions reads the digests of codes and sessions. audit_chain: none

@@ -319,6 +319,7 @@ BEGIN
 
     v_conv := keyturn._check_origin(v_origin);
     PERFORM keyturn._refuse_ended_conversation(p_tenant, p_principal, v_conv);
+    PERFORM keyturn._check_evidence(p_tenant, p_principal, v_origin);
 
     IF p_params IS NULL OR jsonb_typeof(p_params) <> 'object' THEN
         RAISE EXCEPTION 'keyturn: params must be a JSON object' USING ERRCODE = '22023';

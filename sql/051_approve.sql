@@ -553,6 +553,7 @@ BEGIN
         'params', a.params,
         'params_hash', a.params_hash,
         'origin', a.origin,
+        'evidence', CASE WHEN a.origin ? 'evidence' THEN keyturn._cited_evidence(a.tenant, a.origin) END,
         'result', a.result,
         'revised_from', a.revised_from,
         'quorum', CASE WHEN v_ver.quorum > 1 THEN v_ver.quorum END,

@@ -39,16 +39,143 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION keyturn.fence(provider text, data jsonb)
-RETURNS TABLE (guard text, reference text, marker text)
+-- Records evidence for the calling identity, by the trusted side: a person's
+-- record_evidence, or fence recording what it handed an agent. 22023 for a
+-- kind, reference or hash outside their shapes.
+CREATE FUNCTION keyturn._record_evidence(p_caller oid, p_tenant text, p_principal text, p_kind text, p_ref text,
+                                         p_sha256 text)
+RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_id uuid := keyturn._uuid_v7();
+BEGIN
+    IF p_kind IS NULL OR p_kind !~ '^[a-z][a-z0-9_.-]{0,63}$' THEN
+        RAISE EXCEPTION 'keyturn: evidence kind must be 1 to 64 lowercase letters, digits, _ . or -, starting with a letter'
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_ref IS NULL OR length(p_ref) NOT BETWEEN 1 AND 2000 OR p_ref ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'keyturn: evidence ref must be 1 to 2000 characters without control characters'
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_sha256 IS NULL OR p_sha256 !~ '^[0-9a-f]{64}$' THEN
+        RAISE EXCEPTION 'keyturn: evidence sha256 must be 64 lowercase hex digits' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO keyturn.evidence (id, tenant, principal, kind, ref, sha256, recorded_role, recorded_at)
+    VALUES (v_id, p_tenant, p_principal, p_kind, p_ref, p_sha256, p_caller::regrole::text, clock_timestamp());
+    RETURN v_id;
+END
+$$;
+
+-- Human side: evidence the person saw (a document, a message, a record),
+-- which a proposal may cite.
+CREATE FUNCTION keyturn._record_evidence_for_caller(p_caller oid, p_kind text, p_ref text, p_sha256 text)
+RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    RETURN keyturn._record_evidence(p_caller, v_tenant, v_principal, p_kind, p_ref, p_sha256);
+END
+$$;
+
+-- Ends a piece of evidence, by the principal that recorded it: it can be
+-- cited no more, and the pending proposals of that principal that cite it
+-- are invalidated. False when it is unknown, another's, or ended already.
+CREATE FUNCTION keyturn.revoke_evidence(id uuid)
+RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_spec jsonb;
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_now       timestamptz := clock_timestamp();
+    v_id        text := revoke_evidence.id::text;
+BEGIN
+    PERFORM keyturn._refuse_nested('revoke_evidence');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    UPDATE keyturn.evidence e SET revoked_at = v_now
+     WHERE e.id = revoke_evidence.id AND e.tenant = v_tenant AND e.principal = v_principal
+       AND e.revoked_at IS NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'evidence ' || v_id || ' was revoked'));
+    UPDATE keyturn.action a
+       SET updated_at = v_now, status = 'invalidated',
+           result = jsonb_build_object('reason', 'evidence ' || v_id || ' it cited was revoked')
+     WHERE a.id IN (SELECT o.action_id FROM keyturn.open_action o
+                     WHERE o.tenant = v_tenant AND o.principal = v_principal AND o.status = 'pending')
+       AND a.tenant = v_tenant AND a.principal = v_principal AND a.status = 'pending'
+       AND a.origin -> 'evidence' ? v_id;
+    RETURN true;
+END
+$$;
+
+-- 22023 unless every evidence id of a proposal's origin names live evidence
+-- recorded for this tenant and principal: an agent cannot cite what nobody
+-- recorded, what another principal recorded, or what was revoked.
+CREATE FUNCTION keyturn._check_evidence(p_tenant text, p_principal text, p_origin jsonb)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_id  text;
+    v_ok  boolean;
+BEGIN
+    FOR v_id IN SELECT jsonb_array_elements_text(coalesce(p_origin -> 'evidence', '[]')) LOOP
+        v_ok := v_id ~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$';
+        IF v_ok THEN
+            SELECT true INTO v_ok FROM keyturn.evidence e
+             WHERE e.id = v_id::uuid AND e.tenant = p_tenant AND e.principal = p_principal AND e.revoked_at IS NULL;
+        END IF;
+        IF v_ok IS NOT TRUE THEN
+            RAISE EXCEPTION 'keyturn: origin.evidence names %, which is no evidence recorded for this principal (unknown, another''s, or revoked)',
+                    quote_literal(v_id)
+                USING ERRCODE = '22023',
+                      HINT = 'Cite the evidence_id keyturn.fence returned, or one the person recorded with keyturn.record_evidence.';
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- What a proposal cites, for the card: each piece's kind, reference and
+-- hash, and whether it was revoked since.
+CREATE FUNCTION keyturn._cited_evidence(p_tenant text, p_origin jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN coalesce((
+        SELECT jsonb_agg(jsonb_build_object('evidence_id', e.id, 'kind', e.kind, 'ref', e.ref, 'sha256', e.sha256,
+                                            'revoked', e.revoked_at IS NOT NULL) ORDER BY c.ord)
+          FROM jsonb_array_elements_text(coalesce(p_origin -> 'evidence', '[]')) WITH ORDINALITY AS c (id, ord)
+          JOIN keyturn.evidence e ON e.id::text = lower(c.id) AND e.tenant = p_tenant), '[]');
+END
+$$;
+
+CREATE FUNCTION keyturn.fence(provider text, data jsonb)
+RETURNS TABLE (guard text, reference text, marker text, evidence_id uuid)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_spec      jsonb;
+    v_version   int;
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    f           record;
+    v_evidence  uuid;
 BEGIN
     PERFORM keyturn._refuse_nested('fence');
-    SELECT v.spec INTO v_spec FROM keyturn.projection p
+    SELECT v.spec, v.version INTO v_spec, v_version FROM keyturn.projection p
       JOIN keyturn.projection_version v ON v.provider = p.provider AND v.version = p.version
      WHERE p.provider = fence.provider;
     IF NOT FOUND THEN
@@ -59,6 +186,17 @@ BEGIN
     IF fence.data IS NULL THEN
         RAISE EXCEPTION 'keyturn: data must be a JSON value' USING ERRCODE = '22023';
     END IF;
-    RETURN QUERY SELECT * FROM keyturn._fence(fence.provider, v_spec, fence.data);
+    SELECT * INTO f FROM keyturn._fence(fence.provider, v_spec, fence.data);
+    -- What was fenced, as evidence the agent may cite: recorded by keyturn
+    -- (the trusted side), for the calling identity when there is one: the
+    -- provider and projection version, and the SHA-256 of the fenced JSON
+    -- line the model reads (the reference without its per-call markers).
+    IF v_tenant IS NOT NULL AND v_principal IS NOT NULL
+       AND EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = v_tenant AND m.principal = v_principal) THEN
+        v_evidence := keyturn._record_evidence(keyturn._calling_role()::regrole::oid, v_tenant, v_principal, 'fence',
+                          format('%s@%s', fence.provider, v_version),
+                          encode(sha256(convert_to(split_part(f.reference, E'\n', 2), 'UTF8')), 'hex'));
+    END IF;
+    RETURN QUERY SELECT f.guard, f.reference, f.marker, v_evidence;
 END
 $$;

@@ -11,10 +11,11 @@
 -- (extension/src/audit.rs says why and how).
 
 -- The hash of an event given as the JSON object of its columns (hash left
--- out, whether or not it is there).
+-- out, whether or not it is there). STABLE, as convert_to() is, so that it
+-- is inlined (tests/dba/catalog.sql holds every SQL function to this).
 CREATE FUNCTION keyturn._event_hash(p_event jsonb)
 RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT encode(sha256(convert_to(keyturn.canonical_json(p_event - 'hash'), 'UTF8')), 'hex')
 $$;

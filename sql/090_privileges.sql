@@ -52,7 +52,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.cancel_origin(text), keyturn.archive_conversation(text),
     keyturn.end_session_for(text, text), keyturn.cancel_origin_for(text, text),
     keyturn.archive_conversation_for(text, text),
-    keyturn.stage_file(bytea, text, text), keyturn.fence(text, jsonb)
+    keyturn.stage_file(bytea, text, text), keyturn.fence(text, jsonb), keyturn.revoke_evidence(uuid)
 TO keyturn_agent, keyturn_approver;
 
 -- Human. (Tenant admins administer their own tenant through this role.)
@@ -64,7 +64,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.revise_for(text, uuid, text, jsonb), keyturn.pending(int),
     keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
     keyturn.delegations(), keyturn.record_request(text, text, text, text),
-    keyturn.issue_token(uuid),
+    keyturn.issue_token(uuid), keyturn.record_evidence(text, text, text),
     keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
     keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text)
 TO keyturn_approver;

@@ -137,6 +137,24 @@ CREATE TABLE keyturn.audit_chain (
 );
 SELECT pg_catalog.pg_extension_config_dump('keyturn.audit_chain', '');
 
+-- Evidence recorded by the trusted side (sql/057_fence.sql): what a person
+-- showed, or what keyturn.fence handed an agent, by kind, reference and
+-- SHA-256, never the content. A proposal may cite it (origin key evidence);
+-- revoking it invalidates the pending proposals that do.
+CREATE TABLE keyturn.evidence (
+    id             uuid        NOT NULL,
+    tenant         text        NOT NULL,
+    principal      text        NOT NULL,
+    kind           text        NOT NULL,
+    ref            text        NOT NULL,
+    sha256         text        NOT NULL CHECK (sha256 ~ '^[0-9a-f]{64}$'),
+    recorded_role  text        NOT NULL,
+    recorded_at    timestamptz NOT NULL,
+    revoked_at     timestamptz,
+    PRIMARY KEY (id, tenant)
+);
+SELECT pg_catalog.pg_extension_config_dump('keyturn.evidence', '');
+
 
 -- ==== The functions of 0.3.0, from its install script ====
 
@@ -835,6 +853,17 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'propose_for_wrapper';
 
+-- pg_keyturn::gate::human::record_evidence
+CREATE OR REPLACE FUNCTION "record_evidence"(
+	"kind" TEXT, /* Option < String > */
+	"r#ref" TEXT, /* Option < String > */
+	"sha256" TEXT /* Option < String > */
+) RETURNS uuid /* pgrx :: Uuid */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'record_evidence_wrapper';
+
 -- pg_keyturn::gate::human::record_request
 CREATE OR REPLACE FUNCTION "record_request"(
 	"conversation_id" TEXT, /* Option < String > */
@@ -1288,7 +1317,7 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
                              'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage',
-                             'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link', 'audit_chain']
+                             'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link', 'audit_chain', 'evidence']
     LOOP
         EXECUTE format('ALTER TABLE keyturn.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE keyturn.%I FORCE ROW LEVEL SECURITY', t);
@@ -1327,6 +1356,8 @@ CREATE POLICY delegation_visible ON keyturn.delegation FOR SELECT
 CREATE POLICY staged_file_visible ON keyturn.staged_file FOR SELECT
     USING (keyturn._sees(tenant, principal));
 CREATE POLICY stager_visible ON keyturn.stager FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY evidence_visible ON keyturn.evidence FOR SELECT
     USING (keyturn._sees(tenant, principal));
 -- card_link: forced row-level security and no policy: nobody but keyturn's
 -- own functions reads the digests of codes and sessions. audit_chain: none
@@ -2376,6 +2407,7 @@ BEGIN
 
     v_conv := keyturn._check_origin(v_origin);
     PERFORM keyturn._refuse_ended_conversation(p_tenant, p_principal, v_conv);
+    PERFORM keyturn._check_evidence(p_tenant, p_principal, v_origin);
 
     IF p_params IS NULL OR jsonb_typeof(p_params) <> 'object' THEN
         RAISE EXCEPTION 'keyturn: params must be a JSON object' USING ERRCODE = '22023';
@@ -3111,6 +3143,7 @@ BEGIN
         'params', a.params,
         'params_hash', a.params_hash,
         'origin', a.origin,
+        'evidence', CASE WHEN a.origin ? 'evidence' THEN keyturn._cited_evidence(a.tenant, a.origin) END,
         'result', a.result,
         'revised_from', a.revised_from,
         'quorum', CASE WHEN v_ver.quorum > 1 THEN v_ver.quorum END,
@@ -4325,16 +4358,143 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION keyturn.fence(provider text, data jsonb)
-RETURNS TABLE (guard text, reference text, marker text)
+-- Records evidence for the calling identity, by the trusted side: a person's
+-- record_evidence, or fence recording what it handed an agent. 22023 for a
+-- kind, reference or hash outside their shapes.
+CREATE OR REPLACE FUNCTION keyturn._record_evidence(p_caller oid, p_tenant text, p_principal text, p_kind text, p_ref text,
+                                         p_sha256 text)
+RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_id uuid := keyturn._uuid_v7();
+BEGIN
+    IF p_kind IS NULL OR p_kind !~ '^[a-z][a-z0-9_.-]{0,63}$' THEN
+        RAISE EXCEPTION 'keyturn: evidence kind must be 1 to 64 lowercase letters, digits, _ . or -, starting with a letter'
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_ref IS NULL OR length(p_ref) NOT BETWEEN 1 AND 2000 OR p_ref ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'keyturn: evidence ref must be 1 to 2000 characters without control characters'
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_sha256 IS NULL OR p_sha256 !~ '^[0-9a-f]{64}$' THEN
+        RAISE EXCEPTION 'keyturn: evidence sha256 must be 64 lowercase hex digits' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO keyturn.evidence (id, tenant, principal, kind, ref, sha256, recorded_role, recorded_at)
+    VALUES (v_id, p_tenant, p_principal, p_kind, p_ref, p_sha256, p_caller::regrole::text, clock_timestamp());
+    RETURN v_id;
+END
+$$;
+
+-- Human side: evidence the person saw (a document, a message, a record),
+-- which a proposal may cite.
+CREATE OR REPLACE FUNCTION keyturn._record_evidence_for_caller(p_caller oid, p_kind text, p_ref text, p_sha256 text)
+RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    RETURN keyturn._record_evidence(p_caller, v_tenant, v_principal, p_kind, p_ref, p_sha256);
+END
+$$;
+
+-- Ends a piece of evidence, by the principal that recorded it: it can be
+-- cited no more, and the pending proposals of that principal that cite it
+-- are invalidated. False when it is unknown, another's, or ended already.
+CREATE OR REPLACE FUNCTION keyturn.revoke_evidence(id uuid)
+RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_spec jsonb;
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_now       timestamptz := clock_timestamp();
+    v_id        text := revoke_evidence.id::text;
+BEGIN
+    PERFORM keyturn._refuse_nested('revoke_evidence');
+    PERFORM keyturn._set_actor(keyturn._calling_role(), v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    UPDATE keyturn.evidence e SET revoked_at = v_now
+     WHERE e.id = revoke_evidence.id AND e.tenant = v_tenant AND e.principal = v_principal
+       AND e.revoked_at IS NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'evidence ' || v_id || ' was revoked'));
+    UPDATE keyturn.action a
+       SET updated_at = v_now, status = 'invalidated',
+           result = jsonb_build_object('reason', 'evidence ' || v_id || ' it cited was revoked')
+     WHERE a.id IN (SELECT o.action_id FROM keyturn.open_action o
+                     WHERE o.tenant = v_tenant AND o.principal = v_principal AND o.status = 'pending')
+       AND a.tenant = v_tenant AND a.principal = v_principal AND a.status = 'pending'
+       AND a.origin -> 'evidence' ? v_id;
+    RETURN true;
+END
+$$;
+
+-- 22023 unless every evidence id of a proposal's origin names live evidence
+-- recorded for this tenant and principal: an agent cannot cite what nobody
+-- recorded, what another principal recorded, or what was revoked.
+CREATE OR REPLACE FUNCTION keyturn._check_evidence(p_tenant text, p_principal text, p_origin jsonb)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_id  text;
+    v_ok  boolean;
+BEGIN
+    FOR v_id IN SELECT jsonb_array_elements_text(coalesce(p_origin -> 'evidence', '[]')) LOOP
+        v_ok := v_id ~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$';
+        IF v_ok THEN
+            SELECT true INTO v_ok FROM keyturn.evidence e
+             WHERE e.id = v_id::uuid AND e.tenant = p_tenant AND e.principal = p_principal AND e.revoked_at IS NULL;
+        END IF;
+        IF v_ok IS NOT TRUE THEN
+            RAISE EXCEPTION 'keyturn: origin.evidence names %, which is no evidence recorded for this principal (unknown, another''s, or revoked)',
+                    quote_literal(v_id)
+                USING ERRCODE = '22023',
+                      HINT = 'Cite the evidence_id keyturn.fence returned, or one the person recorded with keyturn.record_evidence.';
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- What a proposal cites, for the card: each piece's kind, reference and
+-- hash, and whether it was revoked since.
+CREATE OR REPLACE FUNCTION keyturn._cited_evidence(p_tenant text, p_origin jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN coalesce((
+        SELECT jsonb_agg(jsonb_build_object('evidence_id', e.id, 'kind', e.kind, 'ref', e.ref, 'sha256', e.sha256,
+                                            'revoked', e.revoked_at IS NOT NULL) ORDER BY c.ord)
+          FROM jsonb_array_elements_text(coalesce(p_origin -> 'evidence', '[]')) WITH ORDINALITY AS c (id, ord)
+          JOIN keyturn.evidence e ON e.id::text = lower(c.id) AND e.tenant = p_tenant), '[]');
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.fence(provider text, data jsonb)
+RETURNS TABLE (guard text, reference text, marker text, evidence_id uuid)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_spec      jsonb;
+    v_version   int;
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    f           record;
+    v_evidence  uuid;
 BEGIN
     PERFORM keyturn._refuse_nested('fence');
-    SELECT v.spec INTO v_spec FROM keyturn.projection p
+    SELECT v.spec, v.version INTO v_spec, v_version FROM keyturn.projection p
       JOIN keyturn.projection_version v ON v.provider = p.provider AND v.version = p.version
      WHERE p.provider = fence.provider;
     IF NOT FOUND THEN
@@ -4345,7 +4505,18 @@ BEGIN
     IF fence.data IS NULL THEN
         RAISE EXCEPTION 'keyturn: data must be a JSON value' USING ERRCODE = '22023';
     END IF;
-    RETURN QUERY SELECT * FROM keyturn._fence(fence.provider, v_spec, fence.data);
+    SELECT * INTO f FROM keyturn._fence(fence.provider, v_spec, fence.data);
+    -- What was fenced, as evidence the agent may cite: recorded by keyturn
+    -- (the trusted side), for the calling identity when there is one: the
+    -- provider and projection version, and the SHA-256 of the fenced JSON
+    -- line the model reads (the reference without its per-call markers).
+    IF v_tenant IS NOT NULL AND v_principal IS NOT NULL
+       AND EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = v_tenant AND m.principal = v_principal) THEN
+        v_evidence := keyturn._record_evidence(keyturn._calling_role()::regrole::oid, v_tenant, v_principal, 'fence',
+                          format('%s@%s', fence.provider, v_version),
+                          encode(sha256(convert_to(split_part(f.reference, E'\n', 2), 'UTF8')), 'hex'));
+    END IF;
+    RETURN QUERY SELECT f.guard, f.reference, f.marker, v_evidence;
 END
 $$;
 
@@ -4589,10 +4760,11 @@ $$;
 -- (extension/src/audit.rs says why and how).
 
 -- The hash of an event given as the JSON object of its columns (hash left
--- out, whether or not it is there).
+-- out, whether or not it is there). STABLE, as convert_to() is, so that it
+-- is inlined (tests/dba/catalog.sql holds every SQL function to this).
 CREATE OR REPLACE FUNCTION keyturn._event_hash(p_event jsonb)
 RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT encode(sha256(convert_to(keyturn.canonical_json(p_event - 'hash'), 'UTF8')), 'hex')
 $$;
@@ -6379,6 +6551,7 @@ COMMENT ON TABLE keyturn.staged_file IS 'Private attachments: the bytes, bound t
 COMMENT ON TABLE keyturn.stager IS 'One row per principal that staged a file: the lock its stagings take to count the quota.';
 COMMENT ON TABLE keyturn.card_link IS 'One-time codes of card links (digests only) and the card sessions they were redeemed for.';
 COMMENT ON TABLE keyturn.audit_chain IS 'Each tenant''s audit chain head: its event count and last hash (sql/059_audit.sql).';
+COMMENT ON TABLE keyturn.evidence IS 'Evidence recorded by the trusted side (a person, or keyturn.fence): kind, reference and SHA-256, which proposals cite.';
 COMMENT ON TABLE keyturn.projection IS 'Read-side projections: the current version per provider.';
 COMMENT ON TABLE keyturn.projection_version IS 'Every registered projection spec: which fields of a provider''s data may reach a prompt.';
 COMMENT ON TABLE keyturn.attempt IS 'One row per provider attempt; kept after reconciliation.';
@@ -6399,6 +6572,8 @@ COMMENT ON FUNCTION keyturn.card_session(text) IS 'Dispatcher (keyturnd): the ro
 COMMENT ON FUNCTION keyturn.verify_audit(text) IS 'Operator, admin: recomputes a tenant''s hash chain; false and the first event that no longer verifies when any was changed, deleted, reordered or inserted.';
 COMMENT ON FUNCTION keyturn.audit_export(text, timestamptz) IS 'Operator, admin: a tenant''s events since a time, each one JSON object of all its columns, for keyturnd audit-verify.';
 COMMENT ON FUNCTION keyturn.audit_head(text) IS 'Operator, admin: a tenant''s chain head (events, last hash), to anchor elsewhere.';
+COMMENT ON FUNCTION keyturn.record_evidence(text, text, text) IS 'Human: records evidence the person saw (kind, reference, SHA-256) for proposals to cite; an agent never records evidence.';
+COMMENT ON FUNCTION keyturn.revoke_evidence(uuid) IS 'The principal that recorded it: ends a piece of evidence and invalidates the pending proposals that cite it.';
 COMMENT ON FUNCTION keyturn.register_tool(text, jsonb) IS 'Admin: creates or replaces a tool from its spec; returns the new version.';
 COMMENT ON FUNCTION keyturn.set_tool_enabled(text, boolean) IS 'Admin: enables or disables a tool; returns whether it changed.';
 COMMENT ON FUNCTION keyturn.add_member(text, text, text) IS 'Admin (platform, or the tenant''s own admin): adds or changes a member; returns whether it changed.';
@@ -6434,7 +6609,7 @@ COMMENT ON FUNCTION keyturn.stage_file(bytea, text, text) IS 'Stages an attachme
 COMMENT ON FUNCTION keyturn.attachments(uuid, uuid) IS 'Dispatcher: the files an action sends (from its approved params, in their order), while it is leased or executing under that lease.';
 COMMENT ON FUNCTION keyturn.file_content(uuid, uuid, uuid) IS 'Dispatcher: an attachment''s bytes, only while its action is executing under that lease.';
 COMMENT ON FUNCTION keyturn.register_projection(text, jsonb) IS 'Admin: which fields of a provider''s data may reach a prompt; returns the new version.';
-COMMENT ON FUNCTION keyturn.fence(text, jsonb) IS 'A provider''s data as a fenced, projected reference block, with a fresh marker and the guard that names it.';
+COMMENT ON FUNCTION keyturn.fence(text, jsonb) IS 'A provider''s data as a fenced, projected reference block, with a fresh marker, the guard that names it, and the evidence id of what was fenced.';
 COMMENT ON FUNCTION keyturn.lease(text, int, interval, text[]) IS 'Dispatcher: takes due queued actions (FOR UPDATE SKIP LOCKED) under a lease.';
 COMMENT ON FUNCTION keyturn.begin_dispatch(uuid, uuid) IS 'Dispatcher: rechecks everything and commits executing before any provider call; false: invalidated.';
 COMMENT ON FUNCTION keyturn.begin_dispatch_many(uuid[], uuid[]) IS 'Dispatcher: begin_dispatch for a batch, one answer per element.';
@@ -6525,7 +6700,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.cancel_origin(text), keyturn.archive_conversation(text),
     keyturn.end_session_for(text, text), keyturn.cancel_origin_for(text, text),
     keyturn.archive_conversation_for(text, text),
-    keyturn.stage_file(bytea, text, text), keyturn.fence(text, jsonb)
+    keyturn.stage_file(bytea, text, text), keyturn.fence(text, jsonb), keyturn.revoke_evidence(uuid)
 TO keyturn_agent, keyturn_approver;
 
 -- Human. (Tenant admins administer their own tenant through this role.)
@@ -6537,7 +6712,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.revise_for(text, uuid, text, jsonb), keyturn.pending(int),
     keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
     keyturn.delegations(), keyturn.record_request(text, text, text, text),
-    keyturn.issue_token(uuid),
+    keyturn.issue_token(uuid), keyturn.record_evidence(text, text, text),
     keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
     keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text)
 TO keyturn_approver;

@@ -199,7 +199,8 @@ mod tests;
         gate::human::delegations,
         gate::human::record_request,
         gate::human::issue_token,
-        gate::human::link_code
+        gate::human::link_code,
+        gate::human::record_evidence
     ]
 );
 ::pgrx::extension_sql_file!(

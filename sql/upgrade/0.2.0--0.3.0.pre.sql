@@ -130,3 +130,21 @@ CREATE TABLE keyturn.audit_chain (
     PRIMARY KEY (tenant)
 );
 SELECT pg_catalog.pg_extension_config_dump('keyturn.audit_chain', '');
+
+-- Evidence recorded by the trusted side (sql/057_fence.sql): what a person
+-- showed, or what keyturn.fence handed an agent, by kind, reference and
+-- SHA-256, never the content. A proposal may cite it (origin key evidence);
+-- revoking it invalidates the pending proposals that do.
+CREATE TABLE keyturn.evidence (
+    id             uuid        NOT NULL,
+    tenant         text        NOT NULL,
+    principal      text        NOT NULL,
+    kind           text        NOT NULL,
+    ref            text        NOT NULL,
+    sha256         text        NOT NULL CHECK (sha256 ~ '^[0-9a-f]{64}$'),
+    recorded_role  text        NOT NULL,
+    recorded_at    timestamptz NOT NULL,
+    revoked_at     timestamptz,
+    PRIMARY KEY (id, tenant)
+);
+SELECT pg_catalog.pg_extension_config_dump('keyturn.evidence', '');

@@ -490,3 +490,25 @@ fn link_code(
     .next()
     .unwrap_or_else(|| error!("keyturn: link_code returned nothing"))
 }
+
+/// Human side: records evidence the person saw (its kind, a reference, the
+/// SHA-256 of its content) for the caller's principal, which its proposals
+/// may cite. An agent never records evidence: fence records what it fenced.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn record_evidence(
+    kind: Option<String>,
+    r#ref: Option<String>,
+    sha256: Option<String>,
+) -> pgrx::Uuid {
+    refuse_agents("record_evidence");
+    as_owner(
+        "SELECT keyturn._record_evidence_for_caller($1, $2, $3, $4)",
+        &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+        vec![kind.into(), r#ref.into(), sha256.into()],
+        |row| required::<pgrx::Uuid>(row, 1),
+    )
+    .into_iter()
+    .next()
+    .unwrap_or_else(|| error!("keyturn: record_evidence returned nothing"))
+}

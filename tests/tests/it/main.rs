@@ -19,6 +19,7 @@ mod delegation_tests;
 mod dispatch_batch_tests;
 mod dispatch_for_tests;
 mod dispatch_tests;
+mod evidence_tests;
 mod fuzz_findings_tests;
 mod grant_scope_tests;
 mod hardening_tests;

@@ -57,6 +57,7 @@ async fn test_each_role_executes_exactly_its_functions() {
         "audit",
         "stage_file",
         "fence",
+        "revoke_evidence",
         "classify",
     ];
     let human = [
@@ -77,6 +78,7 @@ async fn test_each_role_executes_exactly_its_functions() {
         "record_request",
         "issue_token",
         "link_code",
+        "record_evidence",
         // a tenant's own admin manages its tenant through this role
         "add_member",
         "remove_member",

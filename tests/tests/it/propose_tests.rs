@@ -251,7 +251,18 @@ async fn test_origin_is_checked_and_cancelled_origin_refused() {
         );
     }
     let conv = unique("conv");
-    let origin = json!({"conversation_id": conv, "turn_id": "t1", "message_id": "m1", "evidence": ["doc1", "doc2"]});
+    // Evidence ids name evidence recorded for the principal
+    // (evidence_tests); one the person recorded:
+    let doc: uuid::Uuid = w
+        .human
+        .query_one(
+            "SELECT keyturn.record_evidence('document', 'q3.pdf', repeat('0', 64))",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let origin = json!({"conversation_id": conv, "turn_id": "t1", "message_id": "m1", "evidence": [doc]});
     let p = propose_on(&w.agent, &t, msg("c"), origin.clone())
         .await
         .unwrap();

@@ -20,6 +20,7 @@ const TENANT_TABLES: &[&str] = &[
     "stager",
     "card_link",
     "audit_chain",
+    "evidence",
     "attempt",
     "event",
     "usage",
@@ -96,6 +97,13 @@ async fn populated() -> World {
         .query_one("SELECT keyturn.link_code($1)", &[&vec![q.id]])
         .await
         .unwrap(); // card_link
+    b.human
+        .query_one(
+            "SELECT keyturn.record_evidence('document', 'b.pdf', repeat('a', 64))",
+            &[],
+        )
+        .await
+        .unwrap(); // evidence
     for t in TENANT_TABLES {
         let n = count(
             &b.superuser,
