@@ -159,8 +159,8 @@ fn init_logging(format: LogFormat) {
 }
 
 async fn serve(config: Config) -> Result<(), Error> {
-    config.validate()?;
-    let mut state = AppState::new().with_frame_ancestors(&config.frame_ancestors)?;
+    let checked = config.validate()?;
+    let mut state = AppState::new().with_csp(checked.csp.clone());
     let shutdown = CancellationToken::new();
     Signals::install()?.spawn(shutdown.clone(), state.health.clone());
 
@@ -188,7 +188,7 @@ async fn serve(config: Config) -> Result<(), Error> {
         None => {}
     }
 
-    let providers = Providers::from_config(&config)?;
+    let providers = Providers::from_config(&config, &checked)?;
     if providers.names().is_empty() {
         tracing::warn!(
             "no provider is configured (set KEYTURN_WEBHOOK_URL or KEYTURN_SMTP_URL): nothing will be leased; approved external actions stay queued"

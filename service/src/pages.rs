@@ -13,11 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::error::Error;
-use crate::http::AppState;
-
-/// `KEYTURN_FRAME_ANCESTORS`' default: no other page may frame the card.
-pub const DEFAULT_FRAME_ANCESTORS: &str = "'none'";
+use crate::state::AppState;
 
 const HTML: &str = "text/html; charset=utf-8";
 const JS: &str = "text/javascript; charset=utf-8";
@@ -76,76 +72,8 @@ async fn asset(Path(name): Path<String>) -> Response {
     }
 }
 
-/// The Content-Security-Policy of every answer, with `frame_ancestors` (a
-/// `KEYTURN_FRAME_ANCESTORS` value: `'none'`, `'self'`, or
-/// space-separated sources such as `https://app.example.com`).
-///
-/// Only `'self'` may load anything: no inline script or style, no other
-/// origin, no plugin, no `<base>`, no form posted anywhere. The sources
-/// are checked character by character so a setting can never add a
-/// directive of its own.
-pub fn frame_ancestors_header(frame_ancestors: &str) -> Result<HeaderValue, Error> {
-    let sources: Vec<&str> = frame_ancestors.split_ascii_whitespace().collect();
-    let keyword = |s: &str| matches!(s, "'self'" | "'none'");
-    let source = |s: &str| {
-        !s.is_empty()
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-._~:/*".contains(c))
-    };
-    let ok = !sources.is_empty()
-        && sources.iter().all(|s| keyword(s) || source(s))
-        && (!sources.contains(&"'none'") || sources.len() == 1);
-    if !ok {
-        return Err(Error::Config(format!(
-            "KEYTURN_FRAME_ANCESTORS={frame_ancestors:?} must be 'none', 'self', or space-separated \
-             sources such as https://app.example.com"
-        )));
-    }
-    let policy = format!(
-        "default-src 'self'; base-uri 'none'; form-action 'none'; object-src 'none'; frame-ancestors {}",
-        sources.join(" ")
-    );
-    HeaderValue::from_str(&policy)
-        .map_err(|e| Error::Config(format!("KEYTURN_FRAME_ANCESTORS: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    #[test]
-    fn test_frame_ancestors_accepts_sources_and_refuses_directives() {
-        for ok in [
-            "'none'",
-            "'self'",
-            "https://app.example.com 'self'",
-            "https://*.example.com:8443",
-        ] {
-            let csp = frame_ancestors_header(ok).expect(ok);
-            assert!(csp.to_str().unwrap().starts_with("default-src 'self';"));
-            assert!(csp
-                .to_str()
-                .unwrap()
-                .ends_with(&format!("frame-ancestors {ok}")));
-        }
-        for bad in [
-            "",
-            "https://a; script-src *",
-            "'none' 'self'",
-            "'unsafe-inline'",
-            "a,b",
-            "x\u{0}y",
-        ] {
-            assert!(frame_ancestors_header(bad).is_err(), "{bad:?}");
-        }
-        let folded =
-            frame_ancestors_header("https://a.example\r\nhttps://b.example").expect("valid");
-        assert!(folded
-            .to_str()
-            .unwrap()
-            .ends_with("frame-ancestors https://a.example https://b.example"));
-    }
-
     #[test]
     fn test_pages_load_only_same_origin_modules() {
         for html in [

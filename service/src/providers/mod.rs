@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use self::attachments::Attachment;
 use crate::classify::Outcome;
-use crate::config::Config;
+use crate::config::{Checked, Config};
 use crate::db::LeasedJob;
 use crate::error::Error;
 
@@ -98,16 +98,22 @@ pub struct Providers {
 }
 
 impl Providers {
-    /// Builds every provider the configuration enables.
-    pub fn from_config(config: &Config) -> Result<Self, Error> {
+    /// Builds every provider the configuration enables, with what
+    /// [`Config::validate`] made of it.
+    pub fn from_config(config: &Config, checked: &Checked) -> Result<Self, Error> {
         let mut providers = Providers::default();
-        if let (Some(url), Some(secret)) = (&config.webhook_url, &config.webhook_secret) {
+        if let (Some(url), Some(secret), Some(key)) = (
+            &config.webhook_url,
+            &config.webhook_secret,
+            &checked.webhook_key,
+        ) {
             // Half the call bound (at most 5 s): a connect that is slow to
             // fail is reported as a connect failure (a safe `retry`), never
             // as a timeout once sending may have begun (`unknown`).
-            providers.insert(Arc::new(webhook::WebhookProvider::with_connect_timeout(
+            providers.insert(Arc::new(webhook::WebhookProvider::with_key(
                 url.clone(),
                 secret.clone(),
+                key.clone(),
                 config.call_timeout() / 2,
             )?));
         }

@@ -58,11 +58,11 @@ use self::sweeper::sweep_loop;
 use crate::config::{Config, Secret};
 use crate::db::{self, LeasedJob};
 use crate::error::Error;
-use crate::http::Health;
 use crate::journal::format::Entry;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::providers::{CallResult, Providers};
+use crate::state::Health;
 
 /// The channel keyturn's `approve` notifies.
 pub const CHANNEL: &str = "keyturn_dispatch";

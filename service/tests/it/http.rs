@@ -631,16 +631,13 @@ mod rpc {
         );
         assert_eq!(get(&s, "/card/nope.js").await.0, StatusCode::NOT_FOUND);
         let framed = AppState::new()
-            .with_frame_ancestors("https://app.example.com")
-            .expect("valid");
+            .with_csp(keyturnd::config::csp_header("https://app.example.com").expect("valid"));
         let (_, headers, html) = get(&framed, "/card").await;
         assert!(headers["content-security-policy"]
             .to_str()
             .unwrap()
             .ends_with("frame-ancestors https://app.example.com"));
         assert!(html.contains("<keyturn-card>"));
-        assert!(AppState::new()
-            .with_frame_ancestors("*; script-src 'unsafe-inline'")
-            .is_err());
+        assert!(keyturnd::config::csp_header("*; script-src 'unsafe-inline'").is_err());
     }
 }

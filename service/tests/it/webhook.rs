@@ -107,9 +107,10 @@ async fn receiver() -> (SocketAddr, Receiver) {
 }
 
 fn provider(url: String) -> WebhookProvider {
-    WebhookProvider::with_connect_timeout(
+    WebhookProvider::with_key(
         url.parse().expect("url"),
         Secret::from(SECRET.to_owned()),
+        SECRET.as_bytes().to_vec(),
         Duration::from_millis(500),
     )
     .expect("client")
