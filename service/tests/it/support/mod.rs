@@ -7,6 +7,7 @@ pub mod browser;
 pub mod e2e;
 pub mod fake_smtp;
 pub mod files;
+pub mod pg_proxy;
 pub mod web;
 
 use keyturnd::db::LeasedJob;
