@@ -317,7 +317,8 @@ impl Config {
             return bad(format!(
                 "KEYTURN_LEASE_SECONDS={} must be at least KEYTURN_HTTP_TIMEOUT_SECONDS={} plus {} s: \
                  every provider call has to end {} s before its lease does, and the lease round trip \
-                 may take {} s of it",
+                 may take {} s of it; raise KEYTURN_LEASE_SECONDS or lower KEYTURN_HTTP_TIMEOUT_SECONDS \
+                 (keyturnd fits its own database waits inside the lease)",
                 self.lease_seconds,
                 self.http_timeout_seconds,
                 (LEASE_SAFETY_MARGIN + LEASE_ROUND_TRIP_SLACK).as_secs(),

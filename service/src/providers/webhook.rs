@@ -76,7 +76,7 @@ use serde_json::json;
 use sha2::Sha256;
 
 use super::attachments::{self, Attachment};
-use super::{clean_message_id, BoxFuture, CallResult, Provider};
+use super::{clean_message_id, lapsed, BoxFuture, CallResult, Provider};
 use crate::classify::{self, Outcome};
 use crate::config::{webhook_key, Secret};
 use crate::db::LeasedJob;
@@ -233,7 +233,7 @@ impl WebhookProvider {
         &self,
         job: &LeasedJob,
         attachments: &[Attachment],
-        timeout: Duration,
+        deadline: Instant,
     ) -> CallResult {
         let refused = |why: &str| CallResult {
             outcome: Outcome::Failed,
@@ -261,8 +261,14 @@ impl WebhookProvider {
         ) else {
             return refused("signature is not a valid header value");
         };
-        let deadline = Instant::now() + timeout;
-
+        // The last check before the first byte: past `deadline` the lease
+        // has no margin left, and nothing may reach the provider.
+        let Some(timeout) = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())
+        else {
+            return lapsed();
+        };
         let sent = self
             .client
             .post(self.url.clone())
@@ -318,21 +324,17 @@ impl Provider for WebhookProvider {
         NAME
     }
 
-    fn call<'a>(&'a self, job: &'a LeasedJob, timeout: Duration) -> BoxFuture<'a, CallResult> {
-        Box::pin(self.attempt(job, &[], timeout))
-    }
-
     fn takes_attachments(&self) -> bool {
         true
     }
 
-    fn call_with_attachments<'a>(
+    fn call<'a>(
         &'a self,
         job: &'a LeasedJob,
         attachments: &'a [Attachment],
-        timeout: Duration,
+        by: tokio::time::Instant,
     ) -> BoxFuture<'a, CallResult> {
-        Box::pin(self.attempt(job, attachments, timeout))
+        Box::pin(self.attempt(job, attachments, by.into_std()))
     }
 }
 

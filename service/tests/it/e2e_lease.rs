@@ -74,6 +74,19 @@ async fn test_a_worker_paused_past_its_lease_sends_nothing() {
     );
     assert_eq!(w.status(a.id).await, "uncertain");
     k.stop().await;
+    // The operator's queue says so where the database keeps keyturnd's
+    // account (keyturn.record_not_sent; an older pg_keyturn has only the log).
+    let (code, out, err) = e2e::run_cli(port, "app_operator", &["uncertain", "--json"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).expect("JSON");
+    let row = rows
+        .iter()
+        .find(|r| r["action_id"] == a.id.to_string())
+        .expect("listed");
+    if !row["not_sent_by_dispatcher"].is_null() {
+        assert_eq!(row["not_sent_by_dispatcher"], true, "{row}");
+        assert!(!row["safe_to_decide_after"].is_null(), "{row}");
+    }
 }
 
 #[tokio::test]
