@@ -31,5 +31,6 @@ mod e2e_soak;
 mod e2e_standard_webhooks;
 mod e2e_webhook;
 mod http;
+mod server;
 mod smtp;
 mod webhook;
