@@ -302,6 +302,23 @@ pub struct Config {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub rpc_connections: usize,
 
+    /// Seconds a client has to send a whole request head (an idle keep-alive
+    /// connection: its next one) before keyturnd closes the connection.
+    #[arg(long, env = "KEYTURN_SERVER_HEADER_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub server_header_seconds: u64,
+
+    /// Seconds one HTTP request may take, its body included, before it is
+    /// answered 408.
+    #[arg(long, env = "KEYTURN_SERVER_REQUEST_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub server_request_seconds: u64,
+
+    /// HTTP connections open at most; past it a new one is closed at once.
+    #[arg(long, env = "KEYTURN_SERVER_CONNECTIONS", default_value_t = 256,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
+    pub server_connections: usize,
+
     /// `frame-ancestors` sources of the pages (e.g. `https://app.example.com`).
     #[arg(long, env = "KEYTURN_FRAME_ANCESTORS", default_value = DEFAULT_FRAME_ANCESTORS)]
     pub frame_ancestors: String,

@@ -13,6 +13,7 @@
 //! | [`providers`] | the adapters: [`providers::webhook`], [`providers::smtp`] |
 //! | [`classify`] | provider results → `succeeded` / `failed` / `retry` / `unknown` |
 //! | [`http`] | the router: `/healthz`, `/readyz`, `/metrics`, `/rpc`, the pages; the security headers |
+//! | [`server`] | the HTTP server: header-read and request timeouts, a connection cap, a shutdown with a deadline |
 //! | [`state`] | what the routes read ([`AppState`]) and the readiness inputs ([`state::Health`]) |
 //! | [`jwt`] | verifying the people's JWTs (HS256, or RS256 / ES256 from a JWKS) |
 //! | [`rpc`] | `POST /rpc/<function>`: a person's keyturn call, run the way PostgREST runs it; the start-up checks of its login and roles |
@@ -36,6 +37,7 @@ pub mod operator;
 pub mod pages;
 pub mod providers;
 pub mod rpc;
+pub mod server;
 pub mod shutdown;
 pub mod state;
 pub mod worker;
