@@ -204,3 +204,48 @@ async fn test_a_second_keyturnd_on_one_journal_dir_is_refused() {
         "{log}"
     );
 }
+
+#[tokio::test]
+async fn test_a_jwks_with_a_weak_rsa_key_stops_keyturnd_at_start_naming_its_kid() {
+    let dir = tempfile::tempdir().expect("dir");
+    let jwks = dir.path().join("jwks.json");
+    let key = crate::http::rpc::rsa_jwk(1024, "legacy-1024");
+    std::fs::write(&jwks, serde_json::json!({ "keys": [key] }).to_string()).expect("write jwks");
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_keyturnd"))
+        .env_clear()
+        .env(
+            "DATABASE_URL",
+            format!(
+                "postgres://keyturnd@127.0.0.1:{}/keyturn",
+                support::closed_port()
+            ),
+        )
+        .env(
+            "KEYTURN_LISTEN",
+            format!("127.0.0.1:{}", support::closed_port()),
+        )
+        .env("KEYTURN_JOURNAL_DIR", dir.path().join("journal"))
+        .env("KEYTURN_JWT_JWKS", &jwks)
+        .env("KEYTURN_JWT_ROLES", "web_human")
+        .env(
+            "KEYTURN_RPC_DATABASE_URL",
+            format!(
+                "postgres://auth@127.0.0.1:{}/keyturn",
+                support::closed_port()
+            ),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run keyturnd");
+    // A keyturnd that took the key waits for its /rpc database forever.
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("keyturnd took the 1024-bit key and kept running")
+        .expect("wait");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started with a 1024-bit key:\n{log}");
+    assert!(log.contains("legacy-1024") && log.contains("2048"), "{log}");
+}
