@@ -8,7 +8,7 @@
 //! |---|---|
 //! | [`config`] | every setting, from flags, the environment and a TOML file, each said once on its field; the start-up checks, which return what they parsed; depends only on [`error`] |
 //! | [`compat`] | the `pg_keyturn` version this build serves against |
-//! | [`db`] | the SQL keyturnd runs, one function per keyturn call, and the pool |
+//! | [`db`] | every statement keyturnd runs, one function per keyturn call ([`db::rpc`]: `/rpc`'s), and the pool |
 //! | [`worker`] | the dispatch loop: lease → begin → call → completion, the `LISTEN` connection and its heartbeat, the sweeper |
 //! | [`providers`] | the adapters: [`providers::webhook`], [`providers::smtp`] |
 //! | [`classify`] | provider results → `succeeded` / `failed` / `retry` / `unknown` |

@@ -38,6 +38,8 @@ use uuid::Uuid;
 use crate::error::Error;
 use crate::metrics::Metrics;
 
+pub mod rpc;
+
 /// Longest any single keyturn call may take before it counts as lost. The
 /// calls are small; a database that needs longer is in trouble, and the
 /// worker's own deadlines matter more than waiting it out.
@@ -761,6 +763,15 @@ pub async fn notify(client: &Client, channel: &str, payload: &str) -> Result<(),
     )
     .await?;
     Ok(())
+}
+
+/// `LISTEN` on each of `channels`, on the connection that keeps them.
+pub async fn listen(client: &Client, channels: &[&str]) -> Result<(), Error> {
+    let sql: Vec<String> = channels
+        .iter()
+        .map(|c| format!("LISTEN {}", rpc::ident(c)))
+        .collect();
+    bounded(client.batch_execute(&sql.join("; "))).await
 }
 
 /// `keyturn.reconcile(action_id, outcome, note)`, or
