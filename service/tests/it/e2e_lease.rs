@@ -15,28 +15,36 @@ use crate::support::pg_proxy::PgProxy;
 
 const WITHIN: Duration = Duration::from_secs(30);
 
-/// keyturnd, as app_dispatcher through `proxy`, with a 4 s lease.
-fn env_through(proxy: &PgProxy, rx: &Receiver) -> Vec<(&'static str, String)> {
+/// A webhook action approved while keyturnd (as app_dispatcher through a
+/// [`PgProxy`], with a 4 s lease) waits, the answer to the COMMIT that
+/// begins it held by the proxy.
+struct Held {
+    w: World,
+    rx: Receiver,
+    proxy: PgProxy,
+    k: Keyturnd,
+    a: e2e::Queued,
+}
+
+async fn held(port: u16, text: &str) -> Held {
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let rx = Receiver::start(&w.tenant, vec![]).await;
+    let proxy = PgProxy::start(port).await;
     let mut env = rx.env();
     env.push(("DATABASE_URL", e2e::url(proxy.port, "app_dispatcher")));
-    env
+    let k = Keyturnd::start(port, env).await;
+    proxy.arm();
+    let a = w.queue(&tool, json!({ "text": text }), false).await;
+    proxy.held().await;
+    Held { w, rx, proxy, k, a }
 }
 
 #[tokio::test]
 async fn test_a_worker_paused_past_its_lease_sends_nothing() {
     let port = require_db!();
     let _serial = e2e::serial().await;
-    let w = World::new(port).await;
-    let tool = w.webhook_tool(json!({})).await;
-    let rx = Receiver::start(&w.tenant, vec![]).await;
-    let proxy = PgProxy::start(port).await;
-    let k = Keyturnd::start(port, env_through(&proxy, &rx)).await;
-
-    proxy.arm();
-    let a = w
-        .queue(&tool, json!({"text": "paused past its lease"}), false)
-        .await;
-    proxy.held().await;
+    let Held { w, rx, proxy, k, a } = held(port, "paused past its lease").await;
     // Paused with the COMMIT answer on its way: it reads it on SIGCONT.
     k.signal("-STOP");
     proxy.release();
@@ -93,17 +101,7 @@ async fn test_a_worker_paused_past_its_lease_sends_nothing() {
 async fn test_a_late_commit_answer_never_leaves_a_never_sent_action_uncertain() {
     let port = require_db!();
     let _serial = e2e::serial().await;
-    let w = World::new(port).await;
-    let tool = w.webhook_tool(json!({})).await;
-    let rx = Receiver::start(&w.tenant, vec![]).await;
-    let proxy = PgProxy::start(port).await;
-    let k = Keyturnd::start(port, env_through(&proxy, &rx)).await;
-
-    proxy.arm();
-    let a = w
-        .queue(&tool, json!({"text": "late commit answer"}), false)
-        .await;
-    proxy.held().await;
+    let Held { w, rx, proxy, k, a } = held(port, "late commit answer").await;
     // Held until the action leaves executing: keyturnd's own sweep (every
     // second) gets to it once the lease lapses, unless keyturnd records
     // first what it knows, that it called nothing.

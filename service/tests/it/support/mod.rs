@@ -55,26 +55,11 @@ pub fn skipped(test: &str, why: &str) {
     note_skip(test, why);
 }
 
-/// Tells `tests/run-all` that `test` could not run, and why: a line
-/// `<test>: <why>` appended to the file `KT_SKIPS` names (the layer's), which
-/// the run's summary counts as skipped, never as passed. Every skip of this
-/// binary goes through here.
-pub fn note_skip(test: &str, why: &str) {
-    use std::io::Write;
-    let Some(path) = std::env::var_os("KT_SKIPS") else {
-        return;
-    };
-    let why = why.replace('\n', " ");
-    let appended = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        // One write of the whole line: tests skip from parallel threads.
-        .and_then(|mut f| f.write_all(format!("{test}: {why}\n").as_bytes()));
-    if let Err(e) = appended {
-        panic!("cannot tell tests/run-all that {test} skipped ({e}); failing rather than passing silently");
-    }
-}
+// keyturn-tests' own file, compiled here too: one definition of the
+// protocol with tests/run-all (KT_SKIPS) for both test crates.
+#[path = "../../../../tests/src/skips.rs"]
+mod skips;
+pub use skips::note_skip;
 
 /// A leased job as `keyturn.lease` would return it.
 pub fn job(provider: &str, params: serde_json::Value) -> LeasedJob {
