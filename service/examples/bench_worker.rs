@@ -101,7 +101,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let (pool, provider, wake, tx) =
                     (pool.clone(), provider.clone(), wake.clone(), tx.clone());
                 tokio::spawn(async move {
-                    let result = provider.call(&job, Duration::from_secs(10)).await;
+                    let result = provider
+                        .call(
+                            &job,
+                            &[],
+                            tokio::time::Instant::now() + Duration::from_secs(10),
+                        )
+                        .await;
                     let status = match result.outcome.word() {
                         "succeeded" => "succeeded",
                         "retry" => "queued",

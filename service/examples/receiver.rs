@@ -234,7 +234,7 @@ async fn main() -> std::io::Result<()> {
     let status = StatusCode::from_u16(args.status)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     // keyturnd's own rule for the key, so both ends read a secret alike.
-    let standard_key = keyturnd::providers::webhook::standard_key(&args.secret)
+    let standard_key = keyturnd::config::webhook_key(&args.secret)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
     let shared = Shared {
         secret: Arc::new(args.secret.into_bytes()),

@@ -175,6 +175,9 @@ pub enum SmtpFailure {
     Timeout,
     /// We refused before sending anything (params, server capabilities).
     Refused,
+    /// We stopped before `DATA`: the call's time (a margin inside the
+    /// lease) had passed, so nothing of the message may be sent.
+    Lapsed,
 }
 
 /// Classifies a failed SMTP transaction.
@@ -182,6 +185,7 @@ pub fn smtp_failure(stage: SmtpStage, failure: SmtpFailure) -> Outcome {
     match (stage, failure) {
         (_, SmtpFailure::Reply(code)) if (500..600).contains(&code) => Outcome::Failed,
         (_, SmtpFailure::Refused) => Outcome::Failed,
+        (_, SmtpFailure::Lapsed) => Outcome::Retry { after: None },
         (SmtpStage::Message, _) => Outcome::Unknown,
         (SmtpStage::Connect | SmtpStage::Envelope, SmtpFailure::Reply(code))
             if (400..500).contains(&code) =>

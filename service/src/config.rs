@@ -6,36 +6,13 @@
 //! `workers = 8`, …); an unknown key is an error, so a typo never silently
 //! falls back to a default.
 //!
-//! | variable | default | meaning |
-//! |---|---|---|
-//! | `DATABASE_URL` | required | PostgreSQL connection string; the role needs `keyturn_dispatcher` (and `keyturn_operator` for `reconcile`, `uncertain` and the `keyturn_uncertain` gauge) |
-//! | `KEYTURN_LISTEN_DATABASE_URL` | `DATABASE_URL` | the connection that `LISTEN`s, and only that one: a direct connection to PostgreSQL when `DATABASE_URL` goes through a transaction-mode pooler, which cannot keep a `LISTEN` |
-//! | `KEYTURN_LISTEN` | `127.0.0.1:8787` | address of `/healthz`, `/readyz`, `/metrics` |
-//! | `KEYTURN_WEBHOOK_URL` | unset | `webhook` adapter endpoint; unset = adapter off, and `webhook` actions are not leased by this process |
-//! | `KEYTURN_WEBHOOK_SECRET` | unset | signs every webhook; required with the URL. `whsec_<base64>` (the Standard Webhooks format): `webhook-signature` is keyed by the decoded bytes, and a rest that does not decode is refused; anything else: by its UTF-8 bytes. The deprecated `X-Keyturn-Signature` is always keyed by the UTF-8 bytes of the whole value |
-//! | `KEYTURN_SMTP_URL` | unset | unset = adapter off (`smtp` actions are not leased); `smtp` adapter: `smtp://host:port` (plain), `?tls=required` / `?tls=opportunistic` (STARTTLS), `smtps://` (implicit TLS); `user:pass@` for AUTH |
-//! | `KEYTURN_SMTP_FROM` | unset | envelope and `From:` mailbox; required with the SMTP URL |
-//! | `KEYTURN_LEASE_SECONDS` | 30 | lease asked of `keyturn.lease`; at least the call timeout + 3 s (see [`min_lease`]) |
-//! | `KEYTURN_SWEEP_SECONDS` | 5 | period of `keyturn.sweep()` |
-//! | `KEYTURN_WORKERS` | 8 | provider calls in flight at most |
-//! | `KEYTURN_POLL_MS` | 1000 | lease poll period without notifications; 1..=1000 (at least one poll a second: retries and lapsed leases send no notification) |
-//! | `KEYTURN_LEASE_LINGER_MS` | 2 | while more than half the workers are busy, how long a wake-up waits for calls to end before leasing, so that one lease takes several jobs; 0..=100, 0 = never waits |
-//! | `KEYTURN_HTTP_TIMEOUT_SECONDS` | 10 | upper bound of one provider call (a webhook request or an SMTP transaction) |
-//! | `KEYTURN_SHUTDOWN_SECONDS` | 30 | how long SIGTERM waits for calls in flight; keep it ≥ the lease so every call can be recorded |
-//! | `KEYTURN_LISTEN_NOTIFY` | true | `false` = poll only, no `LISTEN` (for benchmarks) |
-//! | `KEYTURN_NOTIFY_HEARTBEAT_SECONDS` | 10 | period of the heartbeat `NOTIFY` sent through the pool, which must reach the `LISTEN` connection before the next one is due, or notifications count as stalled; 0 = off |
-//! | `KEYTURN_WORKER_NAME` | `keyturnd-<host>-<pid>` | the `worker` argument of `keyturn.lease` |
-//! | `KEYTURN_JOURNAL_DIR` | `/var/lib/keyturnd/journal` | the outcome journal ([`crate::journal`]); created (0700) if missing; one keyturnd per directory; not writable = keyturnd refuses to start |
-//! | `KEYTURN_JOURNAL` | true | `false` = no journal: outcomes observed but not yet recorded are lost with the process (their actions end `uncertain`) |
-//! | `KEYTURN_LOG_FORMAT` | `text` | `json` for one JSON object per line |
-//! | `KEYTURN_JWT_SECRET` | unset | HS256 key of the people's JWTs (at least 32 bytes); set it or `KEYTURN_JWT_JWKS` to serve `/rpc` (docs/http.md) |
-//! | `KEYTURN_JWT_JWKS` | unset | path of a JWKS file whose RS256 / ES256 keys sign the people's JWTs |
-//! | `KEYTURN_JWT_AUD` | unset | the `aud` a JWT must carry; unset = `aud` is not checked |
-//! | `KEYTURN_JWT_ROLES` | required with a JWT key | comma-separated database roles a JWT's `role` claim may select; none may be a member of `keyturn_agent` |
-//! | `KEYTURN_RPC_DATABASE_URL` | required with a JWT key | connection of `/rpc`: a NOINHERIT login that is a member of every role in `KEYTURN_JWT_ROLES`, never the dispatcher's login |
-//! | `KEYTURN_RPC_CONNECTIONS` | 8 | size of the `/rpc` pool |
-//! | `KEYTURN_FRAME_ANCESTORS` | `'none'` | the `frame-ancestors` sources of `/card` and `/console`, for apps that frame the card |
-//! | `KEYTURN_CONFIG` | unset | path of an optional TOML file with any of the above |
+//! Each setting is said once: its doc comment and its range are on its
+//! field below; docs/keyturnd.md and docs/http.md carry the settings tables
+//! for readers, and a test (`test_the_docs_tables_say_what_clap_does`)
+//! checks every row against these fields (names, defaults, ranges).
+//! [`Config::validate`] checks what no single field can (settings that
+//! only make sense together) and returns the values it parsed on the way
+//! ([`Checked`]), so nothing parses a setting twice.
 //!
 //! Secrets (`DATABASE_URL`, which may hold a password, the webhook secret,
 //! the SMTP URL, which may hold credentials, the JWT key and the RPC URL)
@@ -49,6 +26,11 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use axum::http::HeaderValue;
+use base64::alphabet;
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use base64::engine::DecodePaddingMode;
+use base64::Engine;
 use clap::{ArgAction, Parser, ValueEnum};
 
 use crate::error::Error;
@@ -81,10 +63,82 @@ pub fn min_lease(call_timeout: Duration) -> Duration {
 
 /// The longest heartbeat period accepted: past an hour, a stall would go
 /// unnoticed for longer than anyone would wait for a wake-up.
-pub const MAX_HEARTBEAT: Duration = Duration::from_secs(3600);
+pub const MAX_HEARTBEAT_SECONDS: u64 = 3600;
 /// Where the outcome journal lives unless `KEYTURN_JOURNAL_DIR` says
 /// otherwise (systemd: `StateDirectory=keyturnd`).
 pub const DEFAULT_JOURNAL_DIR: &str = "/var/lib/keyturnd/journal";
+
+/// The prefix of a Standard Webhooks secret.
+pub const STANDARD_SECRET_PREFIX: &str = "whsec_";
+
+/// Standard Webhooks libraries decode secrets with or without padding.
+const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// The Standard Webhooks signing key of `KEYTURN_WEBHOOK_SECRET`: the
+/// decoded rest of `whsec_<base64>`, otherwise the secret's UTF-8 bytes.
+pub fn webhook_key(secret: &str) -> Result<Vec<u8>, Error> {
+    let Some(encoded) = secret.strip_prefix(STANDARD_SECRET_PREFIX) else {
+        return Ok(secret.as_bytes().to_vec());
+    };
+    match SECRET_BASE64.decode(encoded) {
+        Ok(key) if !key.is_empty() => Ok(key),
+        // The error text could quote the secret; say only what is wrong.
+        _ => Err(Error::Config(
+            "KEYTURN_WEBHOOK_SECRET starts with whsec_ but the rest is not a non-empty base64 \
+             key (the Standard Webhooks secret format); fix it, or use a secret without the prefix"
+                .into(),
+        )),
+    }
+}
+
+/// `KEYTURN_FRAME_ANCESTORS`' default: no other page may frame the card.
+pub const DEFAULT_FRAME_ANCESTORS: &str = "'none'";
+
+/// What [`Config::validate`] parsed on its way, so nothing parses a setting
+/// twice.
+#[derive(Clone, Debug)]
+pub struct Checked {
+    /// The Content-Security-Policy of every answer ([`csp_header`]).
+    pub csp: HeaderValue,
+    /// The Standard Webhooks key ([`webhook_key`]), with the webhook adapter on.
+    pub webhook_key: Option<Vec<u8>>,
+}
+
+/// The Content-Security-Policy of every answer, with `frame_ancestors` (a
+/// `KEYTURN_FRAME_ANCESTORS` value: `'none'`, `'self'`, or
+/// space-separated sources such as `https://app.example.com`).
+///
+/// Only `'self'` may load anything: no inline script or style, no other
+/// origin, no plugin, no `<base>`, no form posted anywhere. The sources
+/// are checked character by character so a setting can never add a
+/// directive of its own.
+pub fn csp_header(frame_ancestors: &str) -> Result<HeaderValue, Error> {
+    let sources: Vec<&str> = frame_ancestors.split_ascii_whitespace().collect();
+    let keyword = |s: &str| matches!(s, "'self'" | "'none'");
+    let source = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-._~:/*".contains(c))
+    };
+    let ok = !sources.is_empty()
+        && sources.iter().all(|s| keyword(s) || source(s))
+        && (!sources.contains(&"'none'") || sources.len() == 1);
+    if !ok {
+        return Err(Error::Config(format!(
+            "KEYTURN_FRAME_ANCESTORS={frame_ancestors:?} must be 'none', 'self', or space-separated \
+             sources such as https://app.example.com"
+        )));
+    }
+    let policy = format!(
+        "default-src 'self'; base-uri 'none'; form-action 'none'; object-src 'none'; frame-ancestors {}",
+        sources.join(" ")
+    );
+    HeaderValue::from_str(&policy)
+        .map_err(|e| Error::Config(format!("KEYTURN_FRAME_ANCESTORS: {e}")))
+}
 
 /// A string that must never reach a log line or a `Debug` dump.
 #[derive(Clone, PartialEq, Eq)]
@@ -157,29 +211,39 @@ pub struct Config {
     #[arg(long, env = "KEYTURN_SMTP_FROM")]
     pub smtp_from: Option<String>,
 
-    /// Lease length asked of `keyturn.lease`, in seconds.
+    /// Lease length asked of `keyturn.lease`, in seconds; at least the call
+    /// timeout + 3 s ([`min_lease`]), which [`Config::validate`] checks.
     #[arg(long, env = "KEYTURN_LEASE_SECONDS", default_value_t = 30)]
     pub lease_seconds: u64,
 
     /// Period of `keyturn.sweep()`, in seconds.
-    #[arg(long, env = "KEYTURN_SWEEP_SECONDS", default_value_t = 5)]
+    #[arg(long, env = "KEYTURN_SWEEP_SECONDS", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub sweep_seconds: u64,
 
-    /// Provider calls in flight at most.
-    #[arg(long, env = "KEYTURN_WORKERS", default_value_t = 8)]
+    /// Provider calls in flight at most; the lease step's `u32` and `i32`
+    /// counts rely on the bound.
+    #[arg(long, env = "KEYTURN_WORKERS", default_value_t = 8,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub workers: usize,
 
-    /// Lease poll period in milliseconds (1..=1000).
-    #[arg(long, env = "KEYTURN_POLL_MS", default_value_t = 1000)]
+    /// Lease poll period in milliseconds: at least one poll a second, since
+    /// retries and lapsed leases send no notification.
+    #[arg(long, env = "KEYTURN_POLL_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub poll_ms: u64,
 
     /// Milliseconds a wake-up waits for calls to end before leasing, while
-    /// more than half the workers are busy (0..=100; 0 = never).
-    #[arg(long, env = "KEYTURN_LEASE_LINGER_MS", default_value_t = 2)]
+    /// more than half the workers are busy (0 = never); it delays leasing,
+    /// so it stays short.
+    #[arg(long, env = "KEYTURN_LEASE_LINGER_MS", default_value_t = 2,
+          value_parser = clap::value_parser!(u64).range(0..=100))]
     pub lease_linger_ms: u64,
 
-    /// Upper bound of one provider call, in seconds.
-    #[arg(long, env = "KEYTURN_HTTP_TIMEOUT_SECONDS", default_value_t = 10)]
+    /// Upper bound of one provider call (a webhook request or an SMTP
+    /// transaction), in seconds.
+    #[arg(long, env = "KEYTURN_HTTP_TIMEOUT_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub http_timeout_seconds: u64,
 
     /// Seconds SIGTERM waits for calls in flight before exiting.
@@ -191,8 +255,10 @@ pub struct Config {
     pub listen_notify: bool,
 
     /// Seconds between heartbeat NOTIFYs through the pool, each expected on the
-    /// LISTEN connection before the next; 0 turns stall detection off.
-    #[arg(long, env = "KEYTURN_NOTIFY_HEARTBEAT_SECONDS", default_value_t = 10)]
+    /// LISTEN connection before the next; 0 turns stall detection off; past
+    /// an hour a stall would go unnoticed for too long.
+    #[arg(long, env = "KEYTURN_NOTIFY_HEARTBEAT_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=MAX_HEARTBEAT_SECONDS))]
     pub notify_heartbeat_seconds: u64,
 
     /// Name passed to `keyturn.lease` (default `keyturnd-<host>-<pid>`).
@@ -232,49 +298,44 @@ pub struct Config {
     pub rpc_database_url: Option<Secret>,
 
     /// Size of the `/rpc` connection pool.
-    #[arg(long, env = "KEYTURN_RPC_CONNECTIONS", default_value_t = 8)]
+    #[arg(long, env = "KEYTURN_RPC_CONNECTIONS", default_value_t = 8,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub rpc_connections: usize,
 
+    /// Seconds a client has to send a whole request head (an idle keep-alive
+    /// connection: its next one) before keyturnd closes the connection.
+    #[arg(long, env = "KEYTURN_SERVER_HEADER_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub server_header_seconds: u64,
+
+    /// Seconds one HTTP request may take, its body included, before it is
+    /// answered 408.
+    #[arg(long, env = "KEYTURN_SERVER_REQUEST_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub server_request_seconds: u64,
+
+    /// HTTP connections open at most; past it a new one is closed at once.
+    #[arg(long, env = "KEYTURN_SERVER_CONNECTIONS", default_value_t = 256,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
+    pub server_connections: usize,
+
     /// `frame-ancestors` sources of the pages (e.g. `https://app.example.com`).
-    #[arg(long, env = "KEYTURN_FRAME_ANCESTORS", default_value = "'none'")]
+    #[arg(long, env = "KEYTURN_FRAME_ANCESTORS", default_value = DEFAULT_FRAME_ANCESTORS)]
     pub frame_ancestors: String,
 }
 
 impl Config {
-    /// Checks what clap cannot: ranges and settings that only make sense
-    /// together. Called once at start-up so a bad deployment fails loudly
-    /// instead of dispatching with surprising bounds.
-    pub fn validate(&self) -> Result<(), Error> {
+    /// Checks what clap cannot (settings that only make sense together) and
+    /// returns what it parsed. Called once at start-up so a bad deployment
+    /// fails loudly instead of dispatching with surprising bounds.
+    pub fn validate(&self) -> Result<Checked, Error> {
         let bad = |msg: String| Err(Error::Config(msg));
-        if !(1..=1000).contains(&self.poll_ms) {
-            return bad(format!(
-                "KEYTURN_POLL_MS={} must be between 1 and 1000: keyturnd polls at least once a second (retries and lapsed leases send no notification)",
-                self.poll_ms
-            ));
-        }
-        if self.lease_linger_ms > 100 {
-            return bad(format!(
-                "KEYTURN_LEASE_LINGER_MS={} must be between 0 and 100: it delays leasing while the workers are busy, so it must stay short",
-                self.lease_linger_ms
-            ));
-        }
-        if !(1..=1024).contains(&self.workers) {
-            return bad(format!(
-                "KEYTURN_WORKERS={} must be between 1 and 1024",
-                self.workers
-            ));
-        }
-        if self.sweep_seconds == 0 {
-            return bad("KEYTURN_SWEEP_SECONDS must be at least 1".into());
-        }
-        if self.http_timeout_seconds == 0 {
-            return bad("KEYTURN_HTTP_TIMEOUT_SECONDS must be at least 1".into());
-        }
         if self.lease() < min_lease(self.call_timeout()) {
             return bad(format!(
                 "KEYTURN_LEASE_SECONDS={} must be at least KEYTURN_HTTP_TIMEOUT_SECONDS={} plus {} s: \
                  every provider call has to end {} s before its lease does, and the lease round trip \
-                 may take {} s of it",
+                 may take {} s of it; raise KEYTURN_LEASE_SECONDS or lower KEYTURN_HTTP_TIMEOUT_SECONDS \
+                 (keyturnd fits its own database waits inside the lease)",
                 self.lease_seconds,
                 self.http_timeout_seconds,
                 (LEASE_SAFETY_MARGIN + LEASE_ROUND_TRIP_SLACK).as_secs(),
@@ -282,18 +343,12 @@ impl Config {
                 LEASE_ROUND_TRIP_SLACK.as_secs(),
             ));
         }
-        if self.notify_heartbeat_seconds > MAX_HEARTBEAT.as_secs() {
-            return bad(format!(
-                "KEYTURN_NOTIFY_HEARTBEAT_SECONDS={} must be between 0 (off) and {}",
-                self.notify_heartbeat_seconds,
-                MAX_HEARTBEAT.as_secs()
-            ));
-        }
         if let Some(url) = &self.listen_database_url {
             if let Err(e) = tokio_postgres::Config::from_str(url.expose()) {
                 return bad(format!("KEYTURN_LISTEN_DATABASE_URL does not parse: {e}"));
             }
         }
+        let mut webhook = None;
         match (&self.webhook_url, &self.webhook_secret) {
             (Some(url), Some(secret)) => {
                 if !matches!(url.scheme(), "http" | "https") {
@@ -302,7 +357,7 @@ impl Config {
                 if secret.expose().is_empty() {
                     return bad("KEYTURN_WEBHOOK_SECRET must not be empty".into());
                 }
-                crate::providers::webhook::standard_key(secret.expose())?;
+                webhook = Some(webhook_key(secret.expose())?);
             }
             (Some(_), None) => {
                 return bad(
@@ -323,8 +378,10 @@ impl Config {
             );
         }
         self.validate_rpc()?;
-        crate::pages::frame_ancestors_header(&self.frame_ancestors)?;
-        Ok(())
+        Ok(Checked {
+            csp: csp_header(&self.frame_ancestors)?,
+            webhook_key: webhook,
+        })
     }
 
     /// Whether `/rpc` is on: a JWT key is configured.
@@ -368,9 +425,6 @@ impl Config {
                 "KEYTURN_JWT_ROLES must name the database roles a JWT's role claim may select, \
                  comma-separated, none empty",
             );
-        }
-        if self.rpc_connections == 0 || self.rpc_connections > 1024 {
-            return bad("KEYTURN_RPC_CONNECTIONS must be between 1 and 1024");
         }
         if self.jwt_aud.as_deref() == Some("") {
             return bad("KEYTURN_JWT_AUD must not be empty; unset it to accept any audience");
@@ -517,6 +571,220 @@ mod tests {
         let mut f = tempfile::NamedTempFile::new().expect("temp file");
         f.write_all(text.as_bytes()).expect("write temp file");
         f
+    }
+
+    #[test]
+    fn test_standard_key_of_each_secret_form() {
+        assert_eq!(
+            webhook_key("s3cret-🔑").expect("any text"),
+            "s3cret-🔑".as_bytes(),
+            "no prefix: the UTF-8 bytes"
+        );
+        let padded = format!(
+            "whsec_{}",
+            base64::engine::general_purpose::STANDARD.encode(b"0123456789")
+        );
+        let unpadded = padded.trim_end_matches('=').to_owned();
+        assert_ne!(padded, unpadded);
+        for s in [padded, unpadded] {
+            assert_eq!(webhook_key(&s).expect("decodes"), b"0123456789");
+        }
+        for rest in ["", "not base64!", "@@@@"] {
+            let err = webhook_key(&format!("whsec_{rest}"))
+                .expect_err("refused")
+                .to_string();
+            assert!(err.contains("KEYTURN_WEBHOOK_SECRET"), "{err}");
+            assert!(rest.is_empty() || !err.contains(rest), "quoted: {err}");
+        }
+    }
+
+    #[test]
+    fn test_frame_ancestors_accepts_sources_and_refuses_directives() {
+        for ok in [
+            "'none'",
+            "'self'",
+            "https://app.example.com 'self'",
+            "https://*.example.com:8443",
+        ] {
+            let csp = csp_header(ok).expect(ok);
+            assert!(csp.to_str().unwrap().starts_with("default-src 'self';"));
+            assert!(csp
+                .to_str()
+                .unwrap()
+                .ends_with(&format!("frame-ancestors {ok}")));
+        }
+        for bad in [
+            "",
+            "https://a; script-src *",
+            "'none' 'self'",
+            "'unsafe-inline'",
+            "a,b",
+            "x\u{0}y",
+        ] {
+            assert!(csp_header(bad).is_err(), "{bad:?}");
+        }
+        let folded = csp_header("https://a.example\r\nhttps://b.example").expect("valid");
+        assert!(folded
+            .to_str()
+            .unwrap()
+            .ends_with("frame-ancestors https://a.example https://b.example"));
+    }
+
+    /// One settings row of a docs table: its names, its default cell and
+    /// its meaning cell.
+    struct DocRow {
+        file: &'static str,
+        names: Vec<String>,
+        default: String,
+        meaning: String,
+    }
+
+    fn doc_rows() -> Vec<DocRow> {
+        let mut rows = Vec::new();
+        for file in ["keyturnd.md", "http.md"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../docs")
+                .join(file);
+            let text = std::fs::read_to_string(&path).expect("the docs are beside the crate");
+            for line in text.lines() {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                // `| name | default | meaning |` splits into 5 cells.
+                if cells.len() < 5 {
+                    continue;
+                }
+                let names: Vec<String> = cells[1]
+                    .split(", ")
+                    .map(|n| n.trim_matches('`').to_owned())
+                    .collect();
+                let is_setting = |n: &String| {
+                    (n.starts_with("KEYTURN_") || n == "DATABASE_URL")
+                        && n.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+                };
+                if names.iter().all(is_setting) {
+                    rows.push(DocRow {
+                        file,
+                        names,
+                        default: cells[2].trim_matches('`').to_owned(),
+                        meaning: cells[3].to_owned(),
+                    });
+                }
+            }
+        }
+        rows
+    }
+
+    /// The range a docs row states: `(lo–hi` or `(at least lo`.
+    fn stated_range(meaning: &str) -> Option<(u64, Option<u64>)> {
+        let number = |s: &str| -> Option<u64> {
+            let digits: String = s.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        };
+        for (i, _) in meaning.match_indices('(') {
+            let rest = &meaning[i + 1..];
+            if let Some(at_least) = rest.strip_prefix("at least ") {
+                if let Some(lo) = number(at_least) {
+                    return Some((lo, None));
+                }
+            }
+            if let Some(lo) = number(rest) {
+                let after = &rest[lo.to_string().len()..];
+                if let Some(hi) = after.strip_prefix('–').and_then(number) {
+                    return Some((lo, Some(hi)));
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether clap takes `value` for the option of `id`.
+    fn takes(id: &str, value: &str) -> bool {
+        let flag = format!("--{}", id.replace('_', "-"));
+        let mut args = vec!["--database-url", "postgres://x"];
+        if id != "database_url" {
+            args.extend_from_slice(&[flag.as_str(), value]);
+        }
+        parse(&args, None).is_ok()
+    }
+
+    #[test]
+    fn test_the_docs_tables_say_what_clap_does() {
+        let rows = doc_rows();
+        let cmd = Config::command();
+        let mut documented: Vec<String> = Vec::new();
+        for arg in cmd.get_arguments() {
+            let Some(env) = arg.get_env().and_then(|e| e.to_str()) else {
+                continue;
+            };
+            let found: Vec<&DocRow> = rows
+                .iter()
+                .filter(|r| r.names.iter().any(|n| n == env))
+                .collect();
+            assert_eq!(
+                found.len(),
+                1,
+                "{env} must have exactly one row in docs/keyturnd.md or docs/http.md"
+            );
+            let row = found[0];
+            documented.push(env.to_owned());
+            let id = arg.get_id().as_str();
+            let defaults: Vec<String> = arg
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            match defaults.as_slice() {
+                [default] => assert_eq!(
+                    &row.default, default,
+                    "{env}'s default in docs/{}",
+                    row.file
+                ),
+                _ if arg.is_required_set() => assert!(
+                    row.default.starts_with("required"),
+                    "{env} is required; docs/{} says {:?}",
+                    row.file,
+                    row.default
+                ),
+                _ => assert!(
+                    row.default.parse::<f64>().is_err() && row.default != "true",
+                    "{env} has no default in clap; docs/{} gives one",
+                    row.file
+                ),
+            }
+            // A number setting: its stated range is exactly what clap takes.
+            let numeric = defaults.len() == 1 && defaults[0].parse::<u64>().is_ok();
+            if !numeric {
+                continue;
+            }
+            match stated_range(&row.meaning) {
+                Some((lo, hi)) => {
+                    assert!(takes(id, &lo.to_string()), "{env} takes {lo}");
+                    if lo > 0 {
+                        assert!(!takes(id, &(lo - 1).to_string()), "{env} refuses {}", lo - 1);
+                    }
+                    match hi {
+                        Some(hi) => {
+                            assert!(takes(id, &hi.to_string()), "{env} takes {hi}");
+                            assert!(!takes(id, &(hi + 1).to_string()), "{env} refuses {}", hi + 1);
+                        }
+                        None => assert!(takes(id, "1000000"), "{env} has no upper bound"),
+                    }
+                }
+                None => assert!(
+                    takes(id, "0") && takes(id, "1000000"),
+                    "{env} has a range in clap that docs/{} does not state as (lo–hi) or (at least lo)",
+                    row.file
+                ),
+            }
+        }
+        for row in &rows {
+            for name in &row.names {
+                assert!(
+                    documented.contains(name) || name == "KEYTURN_CONFIG",
+                    "docs/{} documents {name}, which keyturnd does not read",
+                    row.file
+                );
+            }
+        }
     }
 
     #[test]
@@ -678,14 +946,25 @@ mod tests {
     }
 
     #[test]
-    fn test_lease_linger_takes_0_to_100_ms() {
-        for (ms, ok) in [("0", true), ("100", true), ("101", false)] {
-            let c = parse(
-                &["--database-url", "postgres://x", "--lease-linger-ms", ms],
-                None,
-            )
-            .expect("parses");
-            assert_eq!(c.validate().is_ok(), ok, "KEYTURN_LEASE_LINGER_MS={ms}");
+    fn test_ranges_are_refused_as_they_are_read() {
+        let cases: &[(&str, &str, bool)] = &[
+            ("--lease-linger-ms", "0", true),
+            ("--lease-linger-ms", "100", true),
+            ("--lease-linger-ms", "101", false),
+            ("--poll-ms", "1001", false),
+            ("--poll-ms", "0", false),
+            ("--workers", "0", false),
+            ("--workers", "1024", true),
+            ("--workers", "1025", false),
+            ("--notify-heartbeat-seconds", "3601", false),
+            ("--rpc-connections", "0", false),
+        ];
+        for (flag, value, ok) in cases {
+            let parsed = parse(&["--database-url", "postgres://x", flag, value], None);
+            assert_eq!(parsed.is_ok(), *ok, "{flag} {value}: {parsed:?}");
+            if let Err(e) = parsed {
+                assert!(e.contains(flag), "{e}");
+            }
         }
     }
 
@@ -693,10 +972,6 @@ mod tests {
     fn test_validate_refuses_inconsistent_settings() {
         let base = ["--database-url", "postgres://x"];
         let cases: &[(&[&str], &str)] = &[
-            (&["--poll-ms", "1001"], "KEYTURN_POLL_MS"),
-            (&["--poll-ms", "0"], "KEYTURN_POLL_MS"),
-            (&["--lease-linger-ms", "101"], "KEYTURN_LEASE_LINGER_MS"),
-            (&["--workers", "0"], "KEYTURN_WORKERS"),
             (&["--lease-seconds", "11"], "KEYTURN_LEASE_SECONDS"),
             (&["--lease-seconds", "12"], "KEYTURN_LEASE_SECONDS"),
             (
@@ -708,10 +983,6 @@ mod tests {
                 "KEYTURN_WEBHOOK_SECRET",
             ),
             (&["--smtp-url", "smtp://127.0.0.1:25"], "KEYTURN_SMTP_FROM"),
-            (
-                &["--notify-heartbeat-seconds", "3601"],
-                "KEYTURN_NOTIFY_HEARTBEAT_SECONDS",
-            ),
             (
                 &["--listen-database-url", "host=h port=notaport"],
                 "KEYTURN_LISTEN_DATABASE_URL",

@@ -13,9 +13,6 @@
 //! `Referrer-Policy: no-referrer` and the pages' Content-Security-Policy;
 //! `/rpc` answers also `Cache-Control: no-store`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
@@ -26,99 +23,11 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use crate::error::Error;
-use crate::metrics::Metrics;
-use crate::rpc::Rpc;
+use crate::state::AppState;
 
 /// The largest `/rpc` body accepted; `approve_many`'s 100 items with their
 /// params fit many times over.
 pub const BODY_LIMIT: usize = 1 << 20;
-
-/// Readiness inputs, written by the dispatcher and the signal handler.
-#[derive(Debug, Default)]
-pub struct Health {
-    db_ready: AtomicBool,
-    notify_stalled: AtomicBool,
-    shutting_down: AtomicBool,
-}
-
-impl Health {
-    /// Marks the database connection (and its `LISTEN`) as working or not.
-    pub fn set_db_ready(&self, ready: bool) {
-        self.db_ready.store(ready, Ordering::Release);
-    }
-
-    /// Whether the database connection works.
-    pub fn db_ready(&self) -> bool {
-        self.db_ready.load(Ordering::Acquire)
-    }
-
-    /// Marks notifications as stalled (a heartbeat sent through the pool
-    /// did not reach the `LISTEN` connection in time) or flowing.
-    pub fn set_notify_stalled(&self, stalled: bool) {
-        self.notify_stalled.store(stalled, Ordering::Release);
-    }
-
-    /// Whether notifications are stalled.
-    pub fn notify_stalled(&self) -> bool {
-        self.notify_stalled.load(Ordering::Acquire)
-    }
-
-    /// Marks the process as draining: `/readyz` answers 503 from now on.
-    pub fn set_shutting_down(&self) {
-        self.shutting_down.store(true, Ordering::Release);
-    }
-
-    /// Whether shutdown has begun.
-    pub fn shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::Acquire)
-    }
-}
-
-/// What the routes read.
-#[derive(Clone)]
-pub struct AppState {
-    /// Readiness inputs.
-    pub health: Arc<Health>,
-    /// The metrics registry.
-    pub metrics: Arc<Metrics>,
-    /// `/rpc`, when a JWT key is configured.
-    pub rpc: Option<Arc<Rpc>>,
-    /// The Content-Security-Policy of every answer.
-    pub csp: HeaderValue,
-}
-
-impl AppState {
-    /// A fresh state: not ready, not shutting down, empty metrics, no
-    /// `/rpc`, pages that no other site may frame.
-    pub fn new() -> Self {
-        AppState {
-            health: Arc::new(Health::default()),
-            metrics: Arc::new(Metrics::new()),
-            rpc: None,
-            csp: crate::pages::frame_ancestors_header(crate::pages::DEFAULT_FRAME_ANCESTORS)
-                .expect("the default frame-ancestors is valid"),
-        }
-    }
-
-    /// This state serving `/rpc` with `rpc`.
-    pub fn with_rpc(mut self, rpc: Rpc) -> Self {
-        self.rpc = Some(Arc::new(rpc));
-        self
-    }
-
-    /// This state letting `frame_ancestors` (a `KEYTURN_FRAME_ANCESTORS`
-    /// value) frame the pages.
-    pub fn with_frame_ancestors(mut self, frame_ancestors: &str) -> Result<Self, Error> {
-        self.csp = crate::pages::frame_ancestors_header(frame_ancestors)?;
-        Ok(self)
-    }
-}
-
-impl Default for AppState {
-    fn default() -> Self {
-        Self::new()
-    }
-}
 
 /// The router, without a server, so tests can drive it with `oneshot`.
 pub fn app(state: AppState) -> Router {

@@ -10,7 +10,9 @@
 //! required (and `aud`, when `KEYTURN_JWT_AUD` is set); `exp` and `nbf` are checked with 60 s of leeway; `aud` is checked
 //! when `KEYTURN_JWT_AUD` is set. `alg: none` and any algorithm other than
 //! the configured ones are refused, so a JWKS public key can never be used
-//! as an HMAC secret.
+//! as an HMAC secret. A JWKS key that could not or should not verify
+//! anything (a type that does not match its `alg`, an RSA modulus under
+//! 2048 bits) stops keyturnd at start, naming its `kid`.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -24,6 +26,70 @@ use crate::error::Error;
 
 /// The clock skew tolerated on `exp` and `nbf`.
 pub const LEEWAY_SECONDS: u64 = 60;
+
+/// The smallest RSA modulus accepted (RFC 7518 3.3: "A key of size 2048
+/// bits or larger MUST be used").
+pub const MIN_RSA_BITS: usize = 2048;
+
+/// The algorithm a JWKS signing key verifies, from its type and its `alg`
+/// together: a key whose type does not fit its label (an `oct` secret
+/// labelled RS256), a curve other than P-256, or an RSA modulus under
+/// [`MIN_RSA_BITS`] is an error, so keyturnd refuses it at start instead of
+/// refusing every token it signs.
+fn key_algorithm(jwk: &jsonwebtoken::jwk::Jwk) -> Result<Algorithm, String> {
+    use jsonwebtoken::jwk::{AlgorithmParameters as P, EllipticCurve};
+    let label = jwk.common.key_algorithm;
+    match (&jwk.algorithm, label) {
+        (P::RSA(rsa), None | Some(KeyAlgorithm::RS256)) => {
+            let bits = rsa_bits(&rsa.n).ok_or("its RSA modulus `n` is not base64url")?;
+            if bits < MIN_RSA_BITS {
+                return Err(format!(
+                    "an RSA key of {bits} bits; keyturnd accepts {MIN_RSA_BITS} bits or more"
+                ));
+            }
+            Ok(Algorithm::RS256)
+        }
+        (P::EllipticCurve(ec), None | Some(KeyAlgorithm::ES256))
+            if ec.curve == EllipticCurve::P256 =>
+        {
+            Ok(Algorithm::ES256)
+        }
+        (params, Some(label @ (KeyAlgorithm::RS256 | KeyAlgorithm::ES256))) => Err(format!(
+            "a {} key labelled {label:?}; RS256 needs an RSA key, ES256 a P-256 key",
+            key_type(params)
+        )),
+        (params, label) => Err(format!(
+            "only RS256 (RSA) and ES256 (P-256) keys are accepted, not a {} key{}",
+            key_type(params),
+            label
+                .map(|l| format!(" labelled {l:?}"))
+                .unwrap_or_default()
+        )),
+    }
+}
+
+/// A JWK's `kty` (and curve), for messages.
+fn key_type(params: &jsonwebtoken::jwk::AlgorithmParameters) -> String {
+    use jsonwebtoken::jwk::AlgorithmParameters as P;
+    match params {
+        P::RSA(_) => "RSA".into(),
+        P::EllipticCurve(ec) => format!("EC {:?}", ec.curve),
+        P::OctetKey(_) => "oct".into(),
+        P::OctetKeyPair(okp) => format!("OKP {:?}", okp.curve),
+        _ => "unknown".into(),
+    }
+}
+
+/// The bit length of an RSA modulus given as base64url (RFC 7518 6.3.1.1).
+fn rsa_bits(n: &str) -> Option<usize> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(n.trim_end_matches('='))
+        .ok()?;
+    let first = bytes.iter().position(|&b| b != 0)?;
+    let top = bytes[first];
+    Some((bytes.len() - first - 1) * 8 + (8 - top.leading_zeros() as usize))
+}
 
 /// A verified request: the role to `SET LOCAL ROLE` to, and the claims to
 /// hand to the database.
@@ -128,21 +194,7 @@ impl Verifier {
                 continue;
             }
             let name = jwk.common.key_id.clone().unwrap_or_else(|| format!("#{i}"));
-            let alg = match (jwk.common.key_algorithm, &jwk.algorithm) {
-                (Some(KeyAlgorithm::RS256), _) => Algorithm::RS256,
-                (Some(KeyAlgorithm::ES256), _) => Algorithm::ES256,
-                (None, jsonwebtoken::jwk::AlgorithmParameters::RSA(_)) => Algorithm::RS256,
-                (None, jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(ec))
-                    if ec.curve == jsonwebtoken::jwk::EllipticCurve::P256 =>
-                {
-                    Algorithm::ES256
-                }
-                (other, _) => {
-                    return Err(format!(
-                        "key {name}: only RS256 and ES256 keys are accepted, not {other:?}"
-                    ))
-                }
-            };
+            let alg = key_algorithm(jwk).map_err(|why| format!("key {name}: {why}"))?;
             let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {name}: {e}"))?;
             keys.push(Key {
                 kid: jwk.common.key_id.clone(),

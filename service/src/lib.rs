@@ -6,13 +6,15 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`config`] | every setting, from flags, the environment and a TOML file; the start-up checks |
+//! | [`config`] | every setting, from flags, the environment and a TOML file, each said once on its field; the start-up checks, which return what they parsed; depends only on [`error`] |
 //! | [`compat`] | the `pg_keyturn` version this build serves against |
-//! | [`db`] | the SQL keyturnd runs, one function per keyturn call, and the pool |
+//! | [`db`] | every statement keyturnd runs, one function per keyturn call ([`db::rpc`]: `/rpc`'s), and the pool |
 //! | [`worker`] | the dispatch loop: lease → begin → call → completion, the `LISTEN` connection and its heartbeat, the sweeper |
 //! | [`providers`] | the adapters: [`providers::webhook`], [`providers::smtp`] |
 //! | [`classify`] | provider results → `succeeded` / `failed` / `retry` / `unknown` |
 //! | [`http`] | the router: `/healthz`, `/readyz`, `/metrics`, `/rpc`, the pages; the security headers |
+//! | [`server`] | the HTTP server: header-read and request timeouts, a connection cap, a shutdown with a deadline |
+//! | [`state`] | what the routes read ([`AppState`]) and the readiness inputs ([`state::Health`]) |
 //! | [`jwt`] | verifying the people's JWTs (HS256, or RS256 / ES256 from a JWKS) |
 //! | [`rpc`] | `POST /rpc/<function>`: a person's keyturn call, run the way PostgREST runs it; the start-up checks of its login and roles |
 //! | [`pages`] | the approval card and the operator console, compiled in (`service/web/`) |
@@ -35,8 +37,11 @@ pub mod operator;
 pub mod pages;
 pub mod providers;
 pub mod rpc;
+pub mod server;
 pub mod shutdown;
+pub mod state;
 pub mod worker;
 
 pub use error::Error;
-pub use http::{app, AppState};
+pub use http::app;
+pub use state::AppState;

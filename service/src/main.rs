@@ -1,6 +1,5 @@
 //! `keyturnd`: wiring only. See the library docs for what each part does.
 
-use std::future::IntoFuture;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,9 +11,12 @@ use keyturnd::db::{self, Reconciled};
 use keyturnd::journal::Journal;
 use keyturnd::providers::Providers;
 use keyturnd::rpc::Rpc;
+use keyturnd::server::{self, Limits};
 use keyturnd::shutdown::Signals;
 use keyturnd::worker::{Dispatcher, Settings};
 use keyturnd::{app, operator, AppState, Error};
+use std::time::Duration;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -159,8 +161,8 @@ fn init_logging(format: LogFormat) {
 }
 
 async fn serve(config: Config) -> Result<(), Error> {
-    config.validate()?;
-    let mut state = AppState::new().with_frame_ancestors(&config.frame_ancestors)?;
+    let checked = config.validate()?;
+    let mut state = AppState::new().with_csp(checked.csp.clone());
     let shutdown = CancellationToken::new();
     Signals::install()?.spawn(shutdown.clone(), state.health.clone());
 
@@ -188,7 +190,7 @@ async fn serve(config: Config) -> Result<(), Error> {
         None => {}
     }
 
-    let providers = Providers::from_config(&config)?;
+    let providers = Providers::from_config(&config, &checked)?;
     if providers.names().is_empty() {
         tracing::warn!(
             "no provider is configured (set KEYTURN_WEBHOOK_URL or KEYTURN_SMTP_URL): nothing will be leased; approved external actions stay queued"
@@ -213,13 +215,23 @@ async fn serve(config: Config) -> Result<(), Error> {
     );
 
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
-    // The HTTP server outlives the drain, so /readyz can say 503 meanwhile.
-    let http_stop = CancellationToken::new();
-    let server = tokio::spawn(
-        axum::serve(listener, app(state.clone()))
-            .with_graceful_shutdown(http_stop.clone().cancelled_owned())
-            .into_future(),
-    );
+    // The HTTP server outlives the drain, so /readyz can say 503 meanwhile;
+    // it is told to stop with the deadline by which every connection is
+    // closed: the SIGTERM plus KEYTURN_SHUTDOWN_SECONDS.
+    let (http_stop, http_deadline) = tokio::sync::oneshot::channel::<Instant>();
+    let server = tokio::spawn(server::serve(
+        listener,
+        app(state.clone()),
+        Limits::from_config(&config),
+        async move { http_deadline.await.unwrap_or_else(|_| Instant::now()) },
+    ));
+    let signalled = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            Instant::now()
+        })
+    };
 
     let dispatched = Dispatcher::new(
         pool,
@@ -229,13 +241,18 @@ async fn serve(config: Config) -> Result<(), Error> {
         settings,
     )
     .with_journal(Arc::new(journal), replay)
-    .run(shutdown)
+    .run(shutdown.clone())
     .await;
 
-    http_stop.cancel();
-    match server.await {
-        Ok(result) => result?,
-        Err(e) => tracing::error!(error = %e, "HTTP server task failed"),
+    let since = if shutdown.is_cancelled() {
+        signalled.await.unwrap_or_else(|_| Instant::now())
+    } else {
+        signalled.abort();
+        Instant::now()
+    };
+    let _ = http_stop.send(since + Duration::from_secs(config.shutdown_seconds));
+    if let Err(e) = server.await {
+        tracing::error!(error = %e, "HTTP server task failed");
     }
     dispatched?;
     tracing::info!("keyturnd stopped");

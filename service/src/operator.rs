@@ -61,6 +61,10 @@ pub async fn uncertain(database_url: &str, json: bool) -> Result<String, Error> 
     }
 }
 
+/// What the table says of an action whose last attempt keyturnd knows it
+/// never sent.
+pub const NOT_SENT: &str = "not sent, by keyturnd's own account";
+
 /// A plain aligned table; the receipt as compact JSON. Control characters
 /// are dropped so a hostile tool name cannot rewrite the terminal.
 pub fn render_table(rows: &[UncertainAction]) -> String {
@@ -74,6 +78,8 @@ pub fn render_table(rows: &[UncertainAction]) -> String {
         "TOOL",
         "ATTEMPTS",
         "DISPATCHED_AT",
+        "SAFE_TO_DECIDE_AFTER",
+        "KEYTURND_SAYS",
         "RECEIPT",
     ]
     .map(String::from);
@@ -87,13 +93,20 @@ pub fn render_table(rows: &[UncertainAction]) -> String {
             r.dispatched_at
                 .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
                 .unwrap_or_else(|| "-".into()),
+            r.safe_to_decide_after
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                .unwrap_or_else(|| "-".into()),
+            match r.not_sent_by_dispatcher {
+                Some(true) => NOT_SENT.to_owned(),
+                _ => "-".to_owned(),
+            },
             r.receipt
                 .as_ref()
                 .map(|v| clean(&v.to_string()))
                 .unwrap_or_else(|| "-".into()),
         ]);
     }
-    let mut widths = [0usize; 6];
+    let mut widths = [0usize; 8];
     for row in &table {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -127,6 +140,8 @@ mod tests {
                 attempts: 1,
                 dispatched_at: chrono::Utc.timestamp_opt(1_700_000_000, 0).single(),
                 receipt: Some(serde_json::json!({"status": 504})),
+                not_sent_by_dispatcher: Some(false),
+                safe_to_decide_after: chrono::Utc.timestamp_opt(1_700_000_030, 0).single(),
             },
             UncertainAction {
                 action_id: Uuid::from_u128(2),
@@ -135,6 +150,8 @@ mod tests {
                 attempts: 3,
                 dispatched_at: None,
                 receipt: None,
+                not_sent_by_dispatcher: Some(true),
+                safe_to_decide_after: None,
             },
         ];
         let text = render_table(&rows);
@@ -144,6 +161,8 @@ mod tests {
         assert!(
             lines[1].contains("2023-11-14T22:13:20Z") && lines[1].contains(r#"{"status":504}"#)
         );
+        assert!(lines[1].contains("2023-11-14T22:13:50Z") && !lines[1].contains(NOT_SENT));
+        assert!(lines[2].contains(NOT_SENT), "{text}");
         assert!(!text.contains('\u{1b}'), "control characters dropped");
         let col = lines[0].find("TENANT").expect("header");
         assert_eq!(lines[2].find("globex"), Some(col), "columns align");

@@ -12,12 +12,9 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use std::sync::OnceLock;
 
-use crate::error::Error;
-use crate::http::AppState;
-
-/// `KEYTURN_FRAME_ANCESTORS`' default: no other page may frame the card.
-pub const DEFAULT_FRAME_ANCESTORS: &str = "'none'";
+use crate::state::AppState;
 
 const HTML: &str = "text/html; charset=utf-8";
 const JS: &str = "text/javascript; charset=utf-8";
@@ -36,6 +33,43 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("show.js", JS, include_str!("../web/show.js")),
     ("keyturn.css", CSS, include_str!("../web/keyturn.css")),
 ];
+
+/// The module that tells the card which characters are invisible.
+pub const INVISIBLE_JS: &str = "invisible.js";
+
+/// `/card/invisible.js`: keyturn-core's definition of an invisible character
+/// ([`keyturn_core::text::is_invisible`], the one the server applies to
+/// summaries, credentials and fences) as the ranges of a regular-expression
+/// class, made from it by walking every code point once. So the card marks
+/// exactly what the server calls invisible, and no list is kept twice.
+pub fn invisible_js() -> &'static str {
+    static JS: OnceLock<String> = OnceLock::new();
+    JS.get_or_init(|| {
+        let mut ranges: Vec<(u32, u32)> = Vec::new();
+        for c in ('\0'..=char::MAX).filter(|&c| keyturn_core::text::is_invisible(c)) {
+            let cp = u32::from(c);
+            match ranges.last_mut() {
+                Some((_, end)) if *end + 1 == cp => *end = cp,
+                _ => ranges.push((cp, cp)),
+            }
+        }
+        let class: String = ranges
+            .iter()
+            .map(|&(a, b)| {
+                if a == b {
+                    format!("\\\\u{{{a:X}}}")
+                } else {
+                    format!("\\\\u{{{a:X}}}-\\\\u{{{b:X}}}")
+                }
+            })
+            .collect();
+        format!(
+            "// Made by keyturnd from keyturn-core (keyturn_core::text::is_invisible):\n\
+             // the characters that may render as nothing, as a RegExp class.\n\
+             export const INVISIBLE = \"{class}\";\n"
+        )
+    })
+}
 
 /// The pages' routes.
 pub fn routes() -> Router<AppState> {
@@ -63,6 +97,16 @@ fn page(html: &'static str) -> Response {
 }
 
 async fn asset(Path(name): Path<String>) -> Response {
+    if name == INVISIBLE_JS {
+        return (
+            [
+                (header::CONTENT_TYPE, HeaderValue::from_static(JS)),
+                (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            ],
+            invisible_js(),
+        )
+            .into_response();
+    }
     match ASSETS.iter().find(|(n, _, _)| *n == name) {
         Some((_, content_type, body)) => (
             [
@@ -76,76 +120,45 @@ async fn asset(Path(name): Path<String>) -> Response {
     }
 }
 
-/// The Content-Security-Policy of every answer, with `frame_ancestors` (a
-/// `KEYTURN_FRAME_ANCESTORS` value: `'none'`, `'self'`, or
-/// space-separated sources such as `https://app.example.com`).
-///
-/// Only `'self'` may load anything: no inline script or style, no other
-/// origin, no plugin, no `<base>`, no form posted anywhere. The sources
-/// are checked character by character so a setting can never add a
-/// directive of its own.
-pub fn frame_ancestors_header(frame_ancestors: &str) -> Result<HeaderValue, Error> {
-    let sources: Vec<&str> = frame_ancestors.split_ascii_whitespace().collect();
-    let keyword = |s: &str| matches!(s, "'self'" | "'none'");
-    let source = |s: &str| {
-        !s.is_empty()
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-._~:/*".contains(c))
-    };
-    let ok = !sources.is_empty()
-        && sources.iter().all(|s| keyword(s) || source(s))
-        && (!sources.contains(&"'none'") || sources.len() == 1);
-    if !ok {
-        return Err(Error::Config(format!(
-            "KEYTURN_FRAME_ANCESTORS={frame_ancestors:?} must be 'none', 'self', or space-separated \
-             sources such as https://app.example.com"
-        )));
-    }
-    let policy = format!(
-        "default-src 'self'; base-uri 'none'; form-action 'none'; object-src 'none'; frame-ancestors {}",
-        sources.join(" ")
-    );
-    HeaderValue::from_str(&policy)
-        .map_err(|e| Error::Config(format!("KEYTURN_FRAME_ANCESTORS: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::invisible_js;
 
-    #[test]
-    fn test_frame_ancestors_accepts_sources_and_refuses_directives() {
-        for ok in [
-            "'none'",
-            "'self'",
-            "https://app.example.com 'self'",
-            "https://*.example.com:8443",
-        ] {
-            let csp = frame_ancestors_header(ok).expect(ok);
-            assert!(csp.to_str().unwrap().starts_with("default-src 'self';"));
-            assert!(csp
-                .to_str()
-                .unwrap()
-                .ends_with(&format!("frame-ancestors {ok}")));
-        }
-        for bad in [
-            "",
-            "https://a; script-src *",
-            "'none' 'self'",
-            "'unsafe-inline'",
-            "a,b",
-            "x\u{0}y",
-        ] {
-            assert!(frame_ancestors_header(bad).is_err(), "{bad:?}");
-        }
-        let folded =
-            frame_ancestors_header("https://a.example\r\nhttps://b.example").expect("valid");
-        assert!(folded
-            .to_str()
-            .unwrap()
-            .ends_with("frame-ancestors https://a.example https://b.example"));
+    /// The ranges of `/card/invisible.js`, read back.
+    fn ranges() -> Vec<(u32, u32)> {
+        let js = invisible_js();
+        let class = js
+            .split_once("INVISIBLE = \"")
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map(|(class, _)| class)
+            .expect("the export");
+        let cp = |s: &str| {
+            u32::from_str_radix(s.trim_start_matches("\\\\u{").trim_end_matches('}'), 16)
+                .expect("hex")
+        };
+        class
+            .split_inclusive('}')
+            .fold(Vec::new(), |mut out: Vec<(u32, u32)>, piece| {
+                match piece.strip_prefix('-') {
+                    Some(end) => out.last_mut().expect("a start").1 = cp(end),
+                    None => {
+                        let c = cp(piece);
+                        out.push((c, c));
+                    }
+                }
+                out
+            })
     }
 
+    #[test]
+    fn test_invisible_js_is_keyturn_core_code_point_by_code_point() {
+        let ranges = ranges();
+        for c in '\0'..=char::MAX {
+            let cp = u32::from(c);
+            let listed = ranges.iter().any(|&(a, b)| (a..=b).contains(&cp));
+            assert_eq!(listed, keyturn_core::text::is_invisible(c), "U+{cp:04X}");
+        }
+    }
     #[test]
     fn test_pages_load_only_same_origin_modules() {
         for html in [

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::http::Health;
+use crate::state::Health;
 
 /// Installed signal handlers.
 pub struct Signals {

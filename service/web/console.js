@@ -123,7 +123,10 @@ function uncertainRow(u) {
     "article",
     { class: "kt-item", kt: "uncertain-row" },
     el("h3", {}, el("code", { text: id })),
-    el("p", { class: "kt-meta" }, el("span", { text: `Tenant ${u.tenant}` }), el("span", {}, "Tool ", el("code", { text: u.tool })), el("span", { text: `${u.attempts} attempt(s)` }), el("span", { text: `Last dispatched ${when(u.dispatched_at)}` })),
+    el("p", { class: "kt-meta" }, el("span", { text: `Tenant ${u.tenant}` }), el("span", {}, "Tool ", el("code", { text: u.tool })), el("span", { text: `${u.attempts} attempt(s)` }), el("span", { text: `Last dispatched ${when(u.dispatched_at)}` }), u.safe_to_decide_after ? el("span", { kt: "safe-after", text: `Safe to decide after ${when(u.safe_to_decide_after)}` }) : null),
+    // keyturnd's own account (docs/operations.md): it knew the call never
+    // started, but the sweep made the action uncertain before its retry.
+    u.not_sent_by_dispatcher === true ? el("p", { class: "kt-notice", kt: "not-sent", text: "Not sent, by keyturnd's own account: the call never started, so nothing of this attempt reached the provider." }) : null,
     u.receipt ? el("div", {}, el("h4", { text: "Last receipt" }), el("pre", { class: "kt-value", text: valueText(u.receipt) })) : null,
     attempts,
     form,

@@ -2,12 +2,18 @@
 // markup: every node is made with createElement and filled with
 // textContent, so a param value such as <img onerror=…> stays text.
 
-// Characters that print as nothing or as something else: controls (but tab
-// and newline), format characters (zero-width, bidi overrides, tags),
+import { INVISIBLE } from "./invisible.js";
+
+// Characters that print as nothing or as something else: every character
+// the server calls invisible (format characters, Default_Ignorable code
+// points: INVISIBLE, made by keyturnd from keyturn-core's one definition),
+// and on top of those, for the reader: controls (but tab and newline),
 // separators, unassigned and private-use code points, lone surrogates, and
-// the spaces and fillers that look like a plain space or like nothing.
-const HIDDEN =
-  /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Co}\p{Cn}\p{Cs}\u00A0\u034F\u115F\u1160\u1680\u180B-\u180F\u2000-\u200A\u202F\u205F\u3000\u3164\uFE00-\uFE0F\uFFA0]/gu;
+// the spaces that look like a plain space.
+const HIDDEN = new RegExp(
+  `[${INVISIBLE}\\p{Cc}\\p{Zl}\\p{Zp}\\p{Co}\\p{Cn}\\p{Cs}\\u00A0\\u1680\\u2000-\\u200A\\u202F\\u205F\\u3000]`,
+  "gu"
+);
 
 /** `s` with every hidden character shown as ⟨U+XXXX⟩. */
 export function visible(s) {

@@ -15,7 +15,9 @@ pub fn mark() -> Option<u64> {
 /// panicked. Without a readable log it prints that it skipped the check.
 pub fn crashes_since(mark: Option<u64>) -> Vec<String> {
     let (Some(mark), Ok(path)) = (mark, std::env::var("KT_PGLOG")) else {
-        println!("SKIPPED the server log check: KT_PGLOG does not name a readable server log");
+        let why = "KT_PGLOG does not name a readable server log";
+        println!("SKIPPED the server log check: {why}");
+        crate::note_skip("the server log check", why);
         return Vec::new();
     };
     let mut bytes = Vec::new();
@@ -24,6 +26,7 @@ pub fn crashes_since(mark: Option<u64>) -> Vec<String> {
         f.read_to_end(&mut bytes)
     }) {
         println!("SKIPPED the server log check: {path}: {e}");
+        crate::note_skip("the server log check", &format!("{path}: {e}"));
         return Vec::new();
     }
     String::from_utf8_lossy(&bytes)

@@ -657,10 +657,32 @@ mod tests {
     #[test]
     fn test_many_separators_and_schemes_stay_linear() {
         // Each would take hours if a rule rescanned the rest of the string at
-        // every separator or scheme word.
-        for unit in ["a=", "a: ", "x://", "Bearer ", "://a:", "=\"", "basic b"] {
-            let s = unit.repeat(50_000);
-            let _ = is_credential_value(&s);
+        // every separator or scheme word. The scan runs on a thread of its
+        // own so that a quadratic rule fails this test (the bound is minutes
+        // of slack over milliseconds of work) instead of hanging the suite;
+        // each answer is checked too, so a rule that gave up early on long
+        // input would fail as well.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for (unit, want) in [
+                ("a=", false),
+                ("a: ", false),
+                ("x://", false),
+                ("Bearer ", false),
+                ("://a:", false),
+                ("=\"", false),
+                ("basic b", false),
+                ("password=", true),
+            ] {
+                let s = unit.repeat(50_000);
+                let _ = tx.send((unit, is_credential_value(&s), want));
+            }
+        });
+        for _ in 0..8 {
+            let (unit, got, want) = rx
+                .recv_timeout(std::time::Duration::from_secs(120))
+                .expect("each long input is judged in linear time, not hours");
+            assert_eq!(got, want, "{unit:?} × 50,000");
         }
     }
 

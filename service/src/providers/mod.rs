@@ -14,9 +14,15 @@
 //! plug in their own.
 //!
 //! Attachments ([`attachments`]) reach an adapter already read from the
-//! database and checked against their approved metadata; an adapter that
-//! does not send them refuses a job that has any, so no file the person
-//! approved is ever silently left out.
+//! database and checked against their approved metadata; the worker refuses
+//! a job that has any for an adapter that does not send them, so no file the
+//! person approved is ever silently left out.
+//!
+//! **Never past the lease.** An adapter is given the instant its call must
+//! have ended, which the worker keeps a margin inside the lease; it checks
+//! that instant immediately before its first byte goes out (and before
+//! SMTP's `DATA`), and past it sends nothing ([`lapsed`]). What remains is a
+//! process paused between that check and the write (docs/operations.md).
 
 pub mod attachments;
 pub mod smtp;
@@ -26,11 +32,12 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+
+use tokio::time::Instant;
 
 use self::attachments::Attachment;
 use crate::classify::Outcome;
-use crate::config::Config;
+use crate::config::{Checked, Config};
 use crate::db::LeasedJob;
 use crate::error::Error;
 
@@ -54,41 +61,62 @@ pub trait Provider: Send + Sync {
     /// The name tools use in their `provider` spec key.
     fn name(&self) -> &'static str;
 
-    /// Makes one attempt, finishing within `timeout`.
-    fn call<'a>(&'a self, job: &'a LeasedJob, timeout: Duration) -> BoxFuture<'a, CallResult>;
-
     /// Whether this adapter sends attachments. The worker reads a job's
-    /// files only for one that does.
-    fn takes_attachments(&self) -> bool {
-        false
-    }
+    /// files only for one that does, and refuses (`failed`, nothing sent) a
+    /// job with files for one that does not.
+    fn takes_attachments(&self) -> bool;
 
-    /// Makes one attempt carrying `attachments`: exactly the files the
-    /// job's params name, verified. Adapters that send files override it;
-    /// the default refuses any, before sending anything.
-    fn call_with_attachments<'a>(
+    /// Makes one attempt carrying `attachments` (exactly the files the job's
+    /// params name, verified; none for an adapter that sends none), ended by
+    /// `by`. `by` is also the last moment the first byte may leave: an
+    /// adapter checks it immediately before it sends (and before SMTP's
+    /// `DATA`), and once it has passed sends nothing and answers
+    /// [`lapsed`].
+    fn call<'a>(
         &'a self,
         job: &'a LeasedJob,
         attachments: &'a [Attachment],
-        timeout: Duration,
-    ) -> BoxFuture<'a, CallResult> {
-        if attachments.is_empty() {
-            return self.call(job, timeout);
-        }
-        Box::pin(std::future::ready(not_sent(
-            Outcome::Failed,
-            "this provider does not send attachments",
-        )))
-    }
+        by: Instant,
+    ) -> BoxFuture<'a, CallResult>;
 }
+
+/// What the receipt of an attempt that sent nothing says, so that keyturnd
+/// can tell the operator so when the database no longer takes `retry`
+/// (see [`CallResult::not_sent`]).
+pub const NOT_SENT: &str = "sent";
 
 /// The result of an attempt that ended before anything reached the
 /// provider.
 pub(crate) fn not_sent(outcome: Outcome, why: &str) -> CallResult {
     CallResult {
         outcome,
-        receipt: serde_json::json!({ "error": why }),
+        receipt: serde_json::json!({ "error": why, NOT_SENT: false }),
     }
+}
+
+/// The answer of an adapter whose `by` passed before its first byte: the
+/// lease it holds has no margin left, so nothing is sent and `retry` is
+/// recorded.
+pub(crate) fn lapsed() -> CallResult {
+    tracing::warn!("the lease had too little left when the call was to start (was keyturnd paused?); provider not called, recording retry");
+    not_sent(
+        Outcome::Retry { after: None },
+        "the lease had lapsed before the call started; provider not called",
+    )
+}
+
+impl CallResult {
+    /// Whether keyturnd knows that nothing of this attempt reached the
+    /// provider (its receipt says `"sent": false`).
+    pub fn not_sent(&self) -> bool {
+        receipt_says_not_sent(&self.receipt)
+    }
+}
+
+/// Whether a receipt says that nothing reached the provider; also read from
+/// the outcomes the journal replays.
+pub fn receipt_says_not_sent(receipt: &serde_json::Value) -> bool {
+    receipt.get(NOT_SENT) == Some(&serde_json::Value::Bool(false))
 }
 
 /// The configured providers, by name.
@@ -98,16 +126,22 @@ pub struct Providers {
 }
 
 impl Providers {
-    /// Builds every provider the configuration enables.
-    pub fn from_config(config: &Config) -> Result<Self, Error> {
+    /// Builds every provider the configuration enables, with what
+    /// [`Config::validate`] made of it.
+    pub fn from_config(config: &Config, checked: &Checked) -> Result<Self, Error> {
         let mut providers = Providers::default();
-        if let (Some(url), Some(secret)) = (&config.webhook_url, &config.webhook_secret) {
+        if let (Some(url), Some(secret), Some(key)) = (
+            &config.webhook_url,
+            &config.webhook_secret,
+            &checked.webhook_key,
+        ) {
             // Half the call bound (at most 5 s): a connect that is slow to
             // fail is reported as a connect failure (a safe `retry`), never
             // as a timeout once sending may have begun (`unknown`).
-            providers.insert(Arc::new(webhook::WebhookProvider::with_connect_timeout(
+            providers.insert(Arc::new(webhook::WebhookProvider::with_key(
                 url.clone(),
                 secret.clone(),
+                key.clone(),
                 config.call_timeout() / 2,
             )?));
         }

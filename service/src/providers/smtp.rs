@@ -65,7 +65,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::attachments::{self, Attachment};
-use super::{BoxFuture, CallResult, Provider};
+use super::{lapsed, BoxFuture, CallResult, Provider};
 use crate::classify::{self, Outcome, SmtpFailure, SmtpStage};
 use crate::config::Secret;
 use crate::db::LeasedJob;
@@ -337,9 +337,13 @@ impl SmtpProvider {
         &self,
         job: &LeasedJob,
         attachments: &[Attachment],
-        timeout: Duration,
+        deadline: Instant,
     ) -> CallResult {
-        let deadline = Instant::now() + timeout;
+        // Before the connection: past `deadline` the lease has no margin
+        // left (checked again before DATA).
+        if Instant::now() >= deadline {
+            return lapsed();
+        }
         let (envelope, bytes, id) = match self.build(job, attachments) {
             Ok(built) => built,
             Err(why) => {
@@ -350,6 +354,10 @@ impl SmtpProvider {
             }
         };
         match self.transaction(&envelope, &bytes, deadline).await {
+            Err(StageError {
+                failure: SmtpFailure::Lapsed,
+                ..
+            }) => lapsed(),
             Ok(code) => {
                 tracing::info!(smtp_code = code, "smtp accepted the message");
                 CallResult {
@@ -458,6 +466,15 @@ impl SmtpProvider {
             )
             .await?;
         }
+        // The last check before the message may reach the server: a
+        // transaction abandoned here sent nothing of it.
+        if Instant::now() >= deadline {
+            let _ = tokio::time::timeout(QUIT_TIMEOUT, conn.quit()).await;
+            return Err(StageError {
+                stage: Envelope,
+                failure: SmtpFailure::Lapsed,
+            });
+        }
         within(Envelope, deadline, conn.command(Data)).await?;
 
         // From here the server may have the message: failures are unknown.
@@ -502,21 +519,17 @@ impl Provider for SmtpProvider {
         NAME
     }
 
-    fn call<'a>(&'a self, job: &'a LeasedJob, timeout: Duration) -> BoxFuture<'a, CallResult> {
-        Box::pin(self.attempt(job, &[], timeout))
-    }
-
     fn takes_attachments(&self) -> bool {
         true
     }
 
-    fn call_with_attachments<'a>(
+    fn call<'a>(
         &'a self,
         job: &'a LeasedJob,
         attachments: &'a [Attachment],
-        timeout: Duration,
+        by: Instant,
     ) -> BoxFuture<'a, CallResult> {
-        Box::pin(self.attempt(job, attachments, timeout))
+        Box::pin(self.attempt(job, attachments, by))
     }
 }
 

@@ -43,7 +43,7 @@
 //! | `X-Keyturn-Signature` | deprecated: `sha256=<lowercase hex HMAC-SHA256(key = UTF-8 bytes of KEYTURN_WEBHOOK_SECRET, message = exact body bytes)>` |
 //! | `X-Keyturn-Timestamp` | deprecated: the same seconds as `webhook-timestamp`, not signed |
 //!
-//! The Standard Webhooks key ([`standard_key`]): a `KEYTURN_WEBHOOK_SECRET`
+//! The Standard Webhooks key ([`webhook_key`]): a `KEYTURN_WEBHOOK_SECRET`
 //! of the form `whsec_<base64>` (that project's secret format) signs with the
 //! decoded bytes, and one that does not decode is refused at start; any
 //! other secret signs with its UTF-8 bytes, and receivers give their library
@@ -67,9 +67,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use base64::alphabet;
-use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
-use base64::engine::DecodePaddingMode;
+use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
@@ -78,9 +76,9 @@ use serde_json::json;
 use sha2::Sha256;
 
 use super::attachments::{self, Attachment};
-use super::{clean_message_id, BoxFuture, CallResult, Provider};
+use super::{clean_message_id, lapsed, BoxFuture, CallResult, Provider};
 use crate::classify::{self, Outcome};
-use crate::config::Secret;
+use crate::config::{webhook_key, Secret};
 use crate::db::LeasedJob;
 use crate::error::Error;
 
@@ -162,15 +160,6 @@ pub fn body(job: &LeasedJob, attachments: &[Attachment]) -> Result<Vec<u8>, &'st
     Ok(out)
 }
 
-/// The prefix of a Standard Webhooks secret.
-pub const STANDARD_SECRET_PREFIX: &str = "whsec_";
-
-/// Standard Webhooks libraries decode secrets with or without padding.
-const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
-    &alphabet::STANDARD,
-    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
-);
-
 fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     // HMAC accepts keys of any length; the error arm cannot happen.
     let mut mac = match Hmac::<Sha256>::new_from_slice(key) {
@@ -189,23 +178,6 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
     format!("sha256={}", hex::encode(hmac_sha256(secret, &[body])))
 }
 
-/// The Standard Webhooks signing key of `KEYTURN_WEBHOOK_SECRET`: the
-/// decoded rest of `whsec_<base64>`, otherwise the secret's UTF-8 bytes.
-pub fn standard_key(secret: &str) -> Result<Vec<u8>, Error> {
-    let Some(encoded) = secret.strip_prefix(STANDARD_SECRET_PREFIX) else {
-        return Ok(secret.as_bytes().to_vec());
-    };
-    match SECRET_BASE64.decode(encoded) {
-        Ok(key) if !key.is_empty() => Ok(key),
-        // The error text could quote the secret; say only what is wrong.
-        _ => Err(Error::Config(
-            "KEYTURN_WEBHOOK_SECRET starts with whsec_ but the rest is not a non-empty base64 \
-             key (the Standard Webhooks secret format); fix it, or use a secret without the prefix"
-                .into(),
-        )),
-    }
-}
-
 /// `webhook-signature`: `v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>`.
 pub fn standard_signature(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
     let timestamp = timestamp.to_string();
@@ -221,23 +193,26 @@ pub struct WebhookProvider {
     client: reqwest::Client,
     url: url::Url,
     secret: Secret,
-    /// [`standard_key`] of `secret`. Never printed.
+    /// The Standard Webhooks key ([`webhook_key`]) of `secret`. Never printed.
     standard_key: Vec<u8>,
 }
 
 impl WebhookProvider {
     /// Builds the adapter. The connect timeout is fixed per client; the total
     /// timeout is set per call from the lease left.
+    /// Refuses a `whsec_` secret that does not decode.
     pub fn new(url: url::Url, secret: Secret) -> Result<Self, Error> {
-        Self::with_connect_timeout(url, secret, MAX_CONNECT_TIMEOUT)
+        let key = webhook_key(secret.expose())?;
+        Self::with_key(url, secret, key, MAX_CONNECT_TIMEOUT)
     }
 
-    /// As [`new`](Self::new), with an explicit connect timeout (it must stay
-    /// below every call timeout). Refuses a `whsec_` secret that does not
-    /// decode.
-    pub fn with_connect_timeout(
+    /// As [`new`](Self::new), with the key [`Config::validate`](crate::config::Config::validate)
+    /// already decoded and an explicit connect timeout (it must stay below
+    /// every call timeout).
+    pub fn with_key(
         url: url::Url,
         secret: Secret,
+        standard_key: Vec<u8>,
         connect_timeout: Duration,
     ) -> Result<Self, Error> {
         let client = reqwest::Client::builder()
@@ -246,7 +221,6 @@ impl WebhookProvider {
             .connect_timeout(connect_timeout.min(MAX_CONNECT_TIMEOUT))
             .user_agent(concat!("keyturnd/", env!("CARGO_PKG_VERSION")))
             .build()?;
-        let standard_key = standard_key(secret.expose())?;
         Ok(WebhookProvider {
             client,
             url,
@@ -259,7 +233,7 @@ impl WebhookProvider {
         &self,
         job: &LeasedJob,
         attachments: &[Attachment],
-        timeout: Duration,
+        deadline: Instant,
     ) -> CallResult {
         let refused = |why: &str| CallResult {
             outcome: Outcome::Failed,
@@ -287,8 +261,14 @@ impl WebhookProvider {
         ) else {
             return refused("signature is not a valid header value");
         };
-        let deadline = Instant::now() + timeout;
-
+        // The last check before the first byte: past `deadline` the lease
+        // has no margin left, and nothing may reach the provider.
+        let Some(timeout) = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())
+        else {
+            return lapsed();
+        };
         let sent = self
             .client
             .post(self.url.clone())
@@ -344,21 +324,17 @@ impl Provider for WebhookProvider {
         NAME
     }
 
-    fn call<'a>(&'a self, job: &'a LeasedJob, timeout: Duration) -> BoxFuture<'a, CallResult> {
-        Box::pin(self.attempt(job, &[], timeout))
-    }
-
     fn takes_attachments(&self) -> bool {
         true
     }
 
-    fn call_with_attachments<'a>(
+    fn call<'a>(
         &'a self,
         job: &'a LeasedJob,
         attachments: &'a [Attachment],
-        timeout: Duration,
+        by: tokio::time::Instant,
     ) -> BoxFuture<'a, CallResult> {
-        Box::pin(self.attempt(job, attachments, timeout))
+        Box::pin(self.attempt(job, attachments, by.into_std()))
     }
 }
 
@@ -420,7 +396,7 @@ mod tests {
     #[test]
     fn test_standard_signature_matches_the_published_example() {
         // The example of the Standard Webhooks libraries' own tests.
-        let key = standard_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("decodes");
+        let key = webhook_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("decodes");
         assert_eq!(
             standard_signature(
                 &key,
@@ -430,28 +406,6 @@ mod tests {
             ),
             "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
-    }
-
-    #[test]
-    fn test_standard_key_of_each_secret_form() {
-        assert_eq!(
-            standard_key("s3cret-🔑").expect("any text"),
-            "s3cret-🔑".as_bytes(),
-            "no prefix: the UTF-8 bytes"
-        );
-        let padded = format!("whsec_{}", STANDARD.encode(b"0123456789"));
-        let unpadded = padded.trim_end_matches('=').to_owned();
-        assert_ne!(padded, unpadded);
-        for s in [padded, unpadded] {
-            assert_eq!(standard_key(&s).expect("decodes"), b"0123456789");
-        }
-        for rest in ["", "not base64!", "@@@@"] {
-            let err = standard_key(&format!("whsec_{rest}"))
-                .expect_err("refused")
-                .to_string();
-            assert!(err.contains("KEYTURN_WEBHOOK_SECRET"), "{err}");
-            assert!(rest.is_empty() || !err.contains(rest), "quoted: {err}");
-        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
+pub use crate::db::rpc::ident;
 use crate::error::Error;
 
 /// What `/rpc` exposes, and nothing else: the human's, the operator's and
@@ -100,19 +101,6 @@ pub struct Catalog {
     functions: HashMap<String, Vec<Function>>,
 }
 
-const LOAD: &str = "\
-SELECT p.proname::text AS name, p.proretset AS returns_set,
-       p.prorettype = 'pg_catalog.void'::pg_catalog.regtype AS returns_void,
-       p.pronargdefaults::int AS defaults,
-       p.proargnames AS arg_names, p.proargmodes::text[] AS arg_modes,
-       ARRAY(SELECT pg_catalog.format_type(t.oid, NULL)
-               FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS t(oid, ord)
-              ORDER BY t.ord) AS input_types
-  FROM pg_catalog.pg_proc p
-  JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
- WHERE n.nspname = 'keyturn' AND p.proname = ANY ($1) AND p.prokind = 'f'
- ORDER BY p.proname, p.oid";
-
 impl Catalog {
     /// A catalog of the given functions (tests build one without a database).
     pub fn from_functions(functions: impl IntoIterator<Item = Function>) -> Catalog {
@@ -131,19 +119,18 @@ impl Catalog {
             .map(|n| (*n).to_owned())
             .chain(BY_TENANT.iter().map(|(n, _)| format!("{n}_for")))
             .collect();
-        let rows = client
-            .query_typed(LOAD, &[(&names, tokio_postgres::types::Type::TEXT_ARRAY)])
-            .await?;
+        let rows = crate::db::rpc::functions(client, &names).await?;
         let mut functions = Vec::with_capacity(rows.len());
         for row in rows {
-            let get = |e| Error::Decode(e);
-            let name: String = row.try_get("name").map_err(get)?;
-            let set: bool = row.try_get("returns_set").map_err(get)?;
-            let void: bool = row.try_get("returns_void").map_err(get)?;
-            let defaults: i32 = row.try_get("defaults").map_err(get)?;
-            let names: Option<Vec<String>> = row.try_get("arg_names").map_err(get)?;
-            let modes: Option<Vec<String>> = row.try_get("arg_modes").map_err(get)?;
-            let types: Vec<String> = row.try_get("input_types").map_err(get)?;
+            let crate::db::rpc::ProcRow {
+                name,
+                returns_set: set,
+                returns_void: void,
+                defaults,
+                arg_names: names,
+                arg_modes: modes,
+                input_types: types,
+            } = row;
             let input_names = input_names(names, modes.as_deref(), types.len());
             let Some(input_names) = input_names else {
                 // PostgREST cannot call an unnamed argument by name either.
@@ -361,11 +348,6 @@ fn value_of(arg: &Arg) -> String {
         ),
         ty => format!("($1 ->> {key})::{ty}"),
     }
-}
-
-/// A quoted identifier.
-pub fn ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 fn literal(s: &str) -> String {

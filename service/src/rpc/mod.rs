@@ -26,7 +26,6 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use serde_json::{Map, Value};
-use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -34,7 +33,7 @@ use crate::db;
 use crate::error::Error;
 use crate::jwt::Verifier;
 use crate::metrics::Metrics;
-use catalog::{ident, Catalog, TenantOf};
+use catalog::{Catalog, TenantOf};
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -130,37 +129,21 @@ impl Rpc {
         let result = async {
             let mut client = self.pool.get().await?;
             let tx = db::transaction(&mut client).await?;
-            db::bounded(tx.batch_execute(&format!(
-                "SET LOCAL statement_timeout = {}; SET LOCAL ROLE {}",
-                db::STATEMENT_TIMEOUT.as_millis(),
-                ident(&verified.role)
-            )))
-            .await?;
-            let row = match &sql_by_tenant {
+            db::rpc::run_as(&tx, &verified.role).await?;
+            let value = match &sql_by_tenant {
                 None => {
-                    db::bounded(tx.query_typed(
-                        "SELECT pg_catalog.set_config('request.jwt.claims', $1, true)",
-                        &[(&verified.claims, Type::TEXT)],
-                    ))
-                    .await?;
-                    db::bounded(tx.query_typed_one(&sql, &[(&args, Type::JSONB)])).await?
+                    db::rpc::assert_claims(&tx, &verified.claims).await?;
+                    db::rpc::call(&tx, &sql, &args, None).await?
                 }
                 Some((tenant_of, sql_by_tenant)) => {
                     match tenant_by(&tx, *tenant_of, &verified.claims, &args).await? {
-                        None => {
-                            db::bounded(tx.query_typed_one(&sql, &[(&args, Type::JSONB)])).await?
-                        }
+                        None => db::rpc::call(&tx, &sql, &args, None).await?,
                         Some(tenant) => {
-                            db::bounded(tx.query_typed_one(
-                                sql_by_tenant,
-                                &[(&args, Type::JSONB), (&tenant, Type::TEXT)],
-                            ))
-                            .await?
+                            db::rpc::call(&tx, sql_by_tenant, &args, Some(&tenant)).await?
                         }
                     }
                 }
             };
-            let value: Option<Value> = row.try_get(0).map_err(Error::Decode)?;
             db::commit(tx).await?;
             Ok::<_, Error>(value.unwrap_or(Value::Null))
         }
@@ -185,51 +168,13 @@ async fn tenant_by(
     claims: &str,
     args: &Value,
 ) -> Result<Option<String>, Error> {
-    let row = db::bounded(tx.query_typed_one(
-        "SELECT pg_catalog.set_config('request.jwt.claims', $1, true) IS NOT NULL AS set, \
-                keyturn.dispatch_by_tenant() AS by_tenant",
-        &[(&claims, Type::TEXT)],
-    ))
-    .await?;
-    if !row.try_get::<_, bool>("by_tenant").map_err(Error::Decode)? {
+    if !db::rpc::assert_claims_by_tenant(tx, claims).await? {
         return Ok(None);
     }
     match tenant_of {
-        TenantOf::Caller => callers_tenant(tx, claims).await,
-        TenantOf::UncertainAction => {
-            let row = db::bounded(tx.query_typed_opt(
-                "SELECT u.tenant FROM keyturn.uncertain_actions() u \
-                  WHERE u.action_id = ($1 ->> 'action_id')::uuid",
-                &[(args, Type::JSONB)],
-            ))
-            .await?;
-            row.map(|r| r.try_get("tenant").map_err(Error::Decode))
-                .transpose()
-        }
+        TenantOf::Caller => db::rpc::callers_tenant(tx, claims).await,
+        TenantOf::UncertainAction => db::rpc::uncertain_action_tenant(tx, args).await,
     }
-}
-
-/// The tenant the request's claims name, with the claims also asserted as
-/// a `SET LOCAL` that Citus propagates, so that the call it runs on the
-/// tenant's worker resolves the same identity (docs/scale-out.md, "Identity
-/// on the workers"); the statement is the database's, quoted there.
-async fn callers_tenant(
-    tx: &tokio_postgres::Transaction<'_>,
-    claims: &str,
-) -> Result<Option<String>, Error> {
-    let row = db::bounded(tx.query_typed_one(
-        "SELECT keyturn.current_tenant() AS tenant, \
-                pg_catalog.format('SET LOCAL citus.propagate_set_commands = local; \
-                                   SET LOCAL request.jwt.claims = %L', $1::pg_catalog.text) AS assert",
-        &[(&claims, Type::TEXT)],
-    ))
-    .await?;
-    let tenant: Option<String> = row.try_get("tenant").map_err(Error::Decode)?;
-    let assert: String = row.try_get("assert").map_err(Error::Decode)?;
-    if tenant.is_some() {
-        db::bounded(tx.batch_execute(&assert)).await?;
-    }
-    Ok(tenant)
 }
 
 /// The request body as an object of named arguments; empty = none.
@@ -298,38 +243,25 @@ fn strings(v: &Value) -> Vec<String> {
 /// inherit `keyturn_agent` (the database would refuse every approval made
 /// through it), and the login can `SET ROLE` to each, which is tried.
 pub async fn check_roles(client: &tokio_postgres::Client, roles: &[String]) -> Result<(), Error> {
-    let rows = db::bounded(client.query_typed(
-        "SELECT w.name, r.oid IS NOT NULL AS present, \
-                coalesce(pg_catalog.pg_has_role(r.oid, 'keyturn_agent', 'MEMBER'), false) AS agent, \
-                coalesce(pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER'), false) AS can_set, \
-                pg_catalog.pg_has_role(session_user, 'keyturn_agent', 'USAGE') AS login_inherits_agent, \
-                session_user::text AS login \
-           FROM unnest($1::text[]) WITH ORDINALITY AS w(name, ord) \
-           LEFT JOIN pg_catalog.pg_roles r ON r.rolname = w.name ORDER BY w.ord",
-        &[(&roles, Type::TEXT_ARRAY)],
-    ))
-    .await?;
     let refuse = |why: String| Err(Error::Config(why));
-    for row in &rows {
-        let get = |col: &str| row.try_get::<_, bool>(col).map_err(Error::Decode);
-        let name: String = row.try_get("name").map_err(Error::Decode)?;
-        let login: String = row.try_get("login").map_err(Error::Decode)?;
-        if get("login_inherits_agent")? {
+    for c in db::rpc::role_checks(client, roles).await? {
+        let (name, login) = (&c.name, &c.login);
+        if c.login_inherits_agent {
             return refuse(format!(
                 "KEYTURN_RPC_DATABASE_URL logs in as {login}, which has keyturn_agent's privileges: \
                  the database refuses every approval through it. Use a NOINHERIT login (as PostgREST's authenticator)"
             ));
         }
-        if !get("present")? {
+        if !c.present {
             return refuse(format!("KEYTURN_JWT_ROLES: role {name} does not exist"));
         }
-        if get("agent")? {
+        if c.agent {
             return refuse(format!(
                 "KEYTURN_JWT_ROLES: role {name} is a member of keyturn_agent; a JWT must never select \
                  a role that proposes (separation of duties)"
             ));
         }
-        if !get("can_set")? {
+        if !c.can_set {
             return refuse(format!(
                 "KEYTURN_JWT_ROLES: the RPC login {login} is not a member of role {name}, so it cannot SET ROLE to it: \
                  GRANT {name} TO {login}"
@@ -338,12 +270,7 @@ pub async fn check_roles(client: &tokio_postgres::Client, roles: &[String]) -> R
     }
     for role in roles {
         // Membership said yes; SET ROLE itself is the proof.
-        let tried = db::bounded(
-            client.batch_execute(&format!("BEGIN; SET LOCAL ROLE {}; ROLLBACK", ident(role))),
-        )
-        .await;
-        if let Err(e) = tried {
-            let _ = client.batch_execute("ROLLBACK").await;
+        if let Err(e) = db::rpc::try_set_role(client, role).await {
             if e.is_transient() {
                 return Err(e);
             }

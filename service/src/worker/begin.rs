@@ -13,7 +13,6 @@
 
 use std::sync::Arc;
 
-use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_postgres::Transaction;
@@ -24,15 +23,17 @@ use super::call::call_job;
 use super::completion::enqueue;
 use super::{job_span, Ctx, Done, Slot};
 use crate::classify::Outcome;
+use crate::config::LEASE_SAFETY_MARGIN;
 use crate::db::{self, LeasedJob};
 use crate::error::Error;
-use crate::providers::CallResult;
+use crate::providers::{not_sent, CallResult};
 
 /// Begins `jobs` in `tx` (all of `tenant`, when it names one), commits, and
 /// starts a provider call for each job the database answered `dispatch`.
 ///
 /// **A COMMIT whose outcome is unknown** (the connection broke, or the
-/// answer did not come in time) may have made every job `executing` or none
+/// answer did not come while the lease still had its margin left: keyturnd
+/// fits this wait inside the lease rather than asking for a longer one) may have made every job `executing` or none
 /// of them. Nothing is called, and `retry` is recorded for each job: if the
 /// commit happened, that requeues the row (the attempt counted, having done
 /// nothing); if it did not, the row is `queued` under no lease and the
@@ -58,7 +59,20 @@ pub(super) async fn begin_and_commit(
             .collect();
         db::begin_dispatch_many(tx.client(), tenant, &pairs).await?
     };
-    if let Err(e) = db::commit(tx).await {
+    // An answer later than this could no longer be followed by a `retry`
+    // the database still takes: the sweep may get there first. So keyturnd
+    // stops waiting for it while the lease has its margin left, and records
+    // that it called nothing (issue 34).
+    let commit_by = deadline
+        .checked_sub(LEASE_SAFETY_MARGIN)
+        .unwrap_or_else(Instant::now);
+    let committed = match tokio::time::timeout_at(commit_by, db::commit(tx)).await {
+        Ok(committed) => committed,
+        Err(_) => Err(Error::DbTimeout(
+            ctx.settings.lease.saturating_sub(LEASE_SAFETY_MARGIN),
+        )),
+    };
+    if let Err(e) = committed {
         tracing::warn!(error = %e, jobs = jobs.len(), "lease and begin COMMIT unconfirmed; no provider is called, recording retry");
         for (job, slot) in jobs {
             enqueue(done, job, not_called(), deadline, slot);
@@ -90,8 +104,8 @@ pub(super) async fn begin_and_commit(
 }
 
 fn not_called() -> CallResult {
-    CallResult {
-        outcome: Outcome::Retry { after: None },
-        receipt: json!({ "error": "begin_dispatch unconfirmed; provider not called" }),
-    }
+    not_sent(
+        Outcome::Retry { after: None },
+        "begin_dispatch unconfirmed; provider not called",
+    )
 }

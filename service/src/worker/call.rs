@@ -28,7 +28,7 @@ use crate::config::LEASE_SAFETY_MARGIN;
 use crate::db::{self, LeasedJob};
 use crate::error::Error;
 use crate::providers::attachments::{self, Attachment, AttachmentMeta};
-use crate::providers::{not_sent, CallResult, Provider};
+use crate::providers::{not_sent, CallResult, Provider, NOT_SENT};
 
 /// Extra time a provider gets past its own bound before the worker stops
 /// waiting and records `unknown` (a provider that ignores its timeout).
@@ -62,13 +62,21 @@ pub(super) async fn call_job(
     enqueue(&done, job, result, deadline, slot);
 }
 
-/// The provider's time: the lease left less the margin, at most the
-/// configured call timeout.
-fn budget(ctx: &Ctx, deadline: Instant) -> Duration {
+/// When the provider's call must have ended (and after which it may not
+/// start): the lease deadline less the margin, at most the configured call
+/// timeout from now. Monotonic, so a process paused meanwhile (SIGSTOP, a
+/// stalled VM) finds it passed when it resumes.
+fn call_by(ctx: &Ctx, deadline: Instant) -> Instant {
+    let now = Instant::now();
     deadline
-        .saturating_duration_since(Instant::now())
-        .saturating_sub(LEASE_SAFETY_MARGIN)
-        .min(ctx.settings.call_timeout)
+        .checked_sub(LEASE_SAFETY_MARGIN)
+        .unwrap_or(now)
+        .min(now + ctx.settings.call_timeout)
+}
+
+/// The provider's time left before [`call_by`].
+fn budget(ctx: &Ctx, deadline: Instant) -> Duration {
+    call_by(ctx, deadline).saturating_duration_since(Instant::now())
 }
 
 /// The files the job's params name, read and verified; `Err` is the outcome
@@ -177,6 +185,7 @@ fn unread(e: &Error) -> CallResult {
         receipt: json!({
             "error": "attachments could not be read; provider not called",
             "sqlstate": e.sqlstate().map(|c| c.code()),
+            NOT_SENT: false,
         }),
     }
 }
@@ -188,14 +197,16 @@ async fn call_provider(
     files: &[Attachment],
     deadline: Instant,
 ) -> CallResult {
-    let budget = budget(ctx, deadline);
+    let by = call_by(ctx, deadline);
     let t0 = Instant::now();
-    let call = provider.call_with_attachments(job, files, budget);
-    let result = match tokio::time::timeout(budget + PROVIDER_GRACE, call).await {
+    let _in_flight = ctx.calls_in_flight.enter();
+    // The adapter checks `by` again immediately before its first byte.
+    let call = provider.call(job, files, by);
+    let result = match tokio::time::timeout_at(by + PROVIDER_GRACE, call).await {
         Ok(result) => result,
         Err(_) => {
             tracing::error!(
-                ?budget,
+                budget = ?by.saturating_duration_since(t0),
                 "provider overran its time bound; recording unknown"
             );
             CallResult {

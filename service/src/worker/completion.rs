@@ -112,6 +112,16 @@ async fn record(ctx: &Ctx, job: &LeasedJob, result: &CallResult, deadline: Insta
                 error = %err,
                 "complete refused: the action already left executing (likely swept to uncertain); operator: reconcile it with this observed outcome"
             );
+            if result.not_sent() {
+                account_not_sent(
+                    ctx,
+                    Some(&job.tenant),
+                    job.action_id,
+                    job.lease_id,
+                    &result.receipt,
+                )
+                .await;
+            }
             acknowledge(ctx, &[(job.action_id, job.lease_id)]).await;
             return;
         }
@@ -263,15 +273,29 @@ async fn flush_group(ctx: &Ctx, tenant: Option<&str>, mut items: Vec<Done>) {
             Ok(answers) => {
                 let mut unanswered = Vec::new();
                 let mut answered = Vec::with_capacity(items.len());
+                let mut not_sent = Vec::new();
                 for (i, d) in items.into_iter().enumerate() {
                     match answers.get(i).filter(|a| a.action_id == d.job.action_id) {
                         Some(a) => {
                             log_recorded(ctx, &d, a, tries);
                             answered.push((d.job.action_id, d.job.lease_id));
                             lock(&ctx.inflight).remove(&d.job.action_id);
+                            if a.sqlstate() == Some("55000") && d.result.not_sent() {
+                                not_sent.push(d);
+                            }
                         }
                         None => unanswered.push(d),
                     }
+                }
+                for d in &not_sent {
+                    account_not_sent(
+                        ctx,
+                        Some(&d.job.tenant),
+                        d.job.action_id,
+                        d.job.lease_id,
+                        &d.result.receipt,
+                    )
+                    .await;
                 }
                 acknowledge(ctx, &answered).await;
                 if !unanswered.is_empty() {
@@ -341,6 +365,46 @@ fn log_recorded(ctx: &Ctx, d: &Done, a: &db::CompleteAnswer, tries: u32) {
                 tries,
                 "COULD NOT RECORD the provider outcome; the sweep will mark the action uncertain; operator: reconcile it with this observed outcome"
             );
+        }
+    }
+}
+
+/// keyturnd knows the attempt under `lease_id` sent nothing (its receipt
+/// says so: the call never started), but the database no longer takes its
+/// `retry`: the sweep made the action `uncertain` first. Says so for the
+/// operator, in the log and, where the database keeps it, in the action's
+/// record (`keyturn.record_not_sent`), which `keyturnd uncertain` and the
+/// console show. The status stays `uncertain`: the operator decides.
+pub(super) async fn account_not_sent(
+    ctx: &Ctx,
+    tenant: Option<&str>,
+    action_id: uuid::Uuid,
+    lease_id: uuid::Uuid,
+    receipt: &serde_json::Value,
+) {
+    tracing::warn!(
+        %action_id,
+        %lease_id,
+        %receipt,
+        "{}: the sweep made the action uncertain before keyturnd could record retry; operator: nothing of this attempt reached the provider",
+        crate::operator::NOT_SENT
+    );
+    let route = tenant.and_then(|t| ctx.route(t));
+    let taken = async {
+        let client = ctx.pool.get().await?;
+        db::record_not_sent(&client, route, action_id, lease_id, receipt).await
+    }
+    .await;
+    match taken {
+        Ok(true) => tracing::info!(%action_id, "keyturnd's account recorded on the action"),
+        Ok(false) => {
+            tracing::info!(%action_id, "the database did not take keyturnd's account (the action is no longer uncertain under that lease)")
+        }
+        Err(e) if e.sqlstate() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) => {
+            tracing::warn!(%action_id, "this pg_keyturn keeps no dispatcher account (keyturn.record_not_sent); the line above is the only record");
+        }
+        Err(e) => {
+            tracing::warn!(%action_id, error = %e, "could not record keyturnd's account on the action; the line above is the only record")
         }
     }
 }

@@ -114,11 +114,11 @@ async fn listen_once(
         }
         Ok::<(), tokio_postgres::Error>(())
     });
-    let listen_sql = match heartbeat {
-        Some(beats) => format!("LISTEN {CHANNEL}; LISTEN {}", beats.channel()),
-        None => format!("LISTEN {CHANNEL}"),
-    };
-    start_listening(&client, &listen_sql, &driver).await?;
+    let heartbeat_channel = heartbeat.as_ref().map(|beats| beats.channel().to_owned());
+    let channels: Vec<&str> = std::iter::once(CHANNEL)
+        .chain(heartbeat_channel.as_deref())
+        .collect();
+    start_listening(&client, &channels, &driver).await?;
     if *connected_before {
         ctx.metrics.reconnect("listen");
         tracing::info!("LISTEN connection re-established");
@@ -158,21 +158,18 @@ async fn listen_once(
     }
 }
 
-/// Runs the `LISTEN` statements on a connection whose messages `driver`
-/// polls; on failure or timeout stops the driver (closing the connection).
+/// `LISTEN`s on `channels` on a connection whose messages `driver` polls;
+/// on failure or timeout stops the driver (closing the connection).
 async fn start_listening<T>(
     client: &tokio_postgres::Client,
-    sql: &str,
+    channels: &[&str],
     driver: &tokio::task::JoinHandle<T>,
 ) -> Result<(), Error> {
-    let failed = match tokio::time::timeout(db::STATEMENT_TIMEOUT, client.batch_execute(sql)).await
-    {
-        Ok(Ok(())) => return Ok(()),
-        Ok(Err(e)) => e.into(),
-        Err(_) => Error::DbTimeout(db::STATEMENT_TIMEOUT),
-    };
-    driver.abort();
-    Err(failed)
+    let listened = db::listen(client, channels).await;
+    if listened.is_err() {
+        driver.abort();
+    }
+    listened
 }
 
 /// When dispatching by tenant, one more `LISTEN keyturn_dispatch`
@@ -274,7 +271,7 @@ async fn listen_node_once(
         }
         Ok::<(), tokio_postgres::Error>(())
     });
-    start_listening(&client, &format!("LISTEN {CHANNEL}"), &driver).await?;
+    start_listening(&client, &[CHANNEL], &driver).await?;
     if *connected_before {
         ctx.metrics.reconnect("listen");
         tracing::info!(node = %format!("{host}:{port}"), "LISTEN connection to a worker re-established");

@@ -40,7 +40,7 @@ mod replay;
 mod sweeper;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -58,11 +58,11 @@ use self::sweeper::sweep_loop;
 use crate::config::{Config, Secret};
 use crate::db::{self, LeasedJob};
 use crate::error::Error;
-use crate::http::Health;
 use crate::journal::format::Entry;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::providers::{CallResult, Providers};
+use crate::state::Health;
 
 /// The channel keyturn's `approve` notifies.
 pub const CHANNEL: &str = "keyturn_dispatch";
@@ -142,6 +142,33 @@ struct Ctx {
     recording: tokio::sync::Mutex<()>,
     /// What `keyturn.dispatch_by_tenant()` last said.
     by_tenant: AtomicBool,
+    /// Provider calls under way: what the shutdown log calls in flight (a
+    /// slot is also held by a lease step that is still asking).
+    calls_in_flight: InFlight,
+}
+
+/// A count of provider calls under way.
+#[derive(Default)]
+struct InFlight(AtomicUsize);
+
+impl InFlight {
+    /// Counts a call until the guard drops.
+    fn enter(&self) -> InFlightGuard<'_> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        InFlightGuard(&self.0)
+    }
+
+    fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+struct InFlightGuard<'a>(&'a AtomicUsize);
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Ctx {
@@ -268,6 +295,7 @@ impl Dispatcher {
                 journal,
                 recording: tokio::sync::Mutex::new(()),
                 by_tenant: AtomicBool::new(false),
+                calls_in_flight: InFlight::default(),
             },
             replay: Vec::new(),
         }
@@ -378,7 +406,8 @@ impl Dispatcher {
         }
 
         tracing::info!(
-            in_flight = ctx.settings.workers - ctx.slots.available_permits(),
+            in_flight = ctx.calls_in_flight.get(),
+            to_record = lock(&ctx.inflight).len(),
             "stopped leasing; waiting for calls in flight"
         );
         tracker.close();

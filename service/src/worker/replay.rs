@@ -18,10 +18,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::completion::account_not_sent;
 use super::{Ctx, BACKOFF_MAX, BACKOFF_MIN};
 use crate::db::{self, CompleteAnswer};
 use crate::error::Error;
 use crate::journal::format::Entry;
+use crate::providers::receipt_says_not_sent;
 
 /// Outcomes per `complete_many` of the replay.
 const CHUNK: usize = 64;
@@ -119,6 +121,16 @@ async fn replay_group(
             match answers.get(i).filter(|a| a.action_id == e.action_id) {
                 Some(a) => {
                     log_answer(ctx, e, a);
+                    if a.sqlstate() == Some("55000") && receipt_says_not_sent(&e.receipt) {
+                        account_not_sent(
+                            ctx,
+                            e.tenant.as_deref(),
+                            e.action_id,
+                            e.lease_id,
+                            &e.receipt,
+                        )
+                        .await;
+                    }
                     answered.push(e.key());
                 }
                 None => tracing::error!(

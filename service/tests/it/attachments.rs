@@ -65,7 +65,11 @@ async fn test_webhook_body_with_attachments_is_identical_across_attempts_and_sig
     )
     .expect("provider");
     let first = p
-        .call_with_attachments(&job, &attachments, Duration::from_secs(5))
+        .call(
+            &job,
+            &attachments,
+            tokio::time::Instant::now() + Duration::from_secs(5),
+        )
         .await;
     assert_eq!(first.outcome, Outcome::Succeeded, "{:?}", first.receipt);
     // The bytes must not depend on the attempt, the lease, nor the order
@@ -74,7 +78,11 @@ async fn test_webhook_body_with_attachments_is_identical_across_attempts_and_sig
     job.lease_id = Uuid::new_v4();
     let reversed: Vec<Attachment> = attachments.iter().rev().cloned().collect();
     let second = p
-        .call_with_attachments(&job, &reversed, Duration::from_secs(5))
+        .call(
+            &job,
+            &reversed,
+            tokio::time::Instant::now() + Duration::from_secs(5),
+        )
         .await;
     assert_eq!(second.outcome, Outcome::Succeeded);
 
@@ -161,7 +169,11 @@ async fn test_webhook_sends_nothing_when_the_files_are_not_the_approved_ones() {
         vec![attachments[0].clone(), attachments[1].clone(), stray],
     ] {
         let result = p
-            .call_with_attachments(&job, &given, Duration::from_secs(2))
+            .call(
+                &job,
+                &given,
+                tokio::time::Instant::now() + Duration::from_secs(2),
+            )
             .await;
         assert_eq!(result.outcome, Outcome::Failed, "{} given", given.len());
     }
@@ -196,7 +208,11 @@ async fn test_smtp_attachments_arrive_as_mime_parts_byte_for_byte() {
     let job = support::job("smtp", email_with(params["files"].clone()));
     let (addr, log) = fake_smtp::start(Script::default()).await;
     let result = smtp(addr.port())
-        .call_with_attachments(&job, &attachments, Duration::from_secs(5))
+        .call(
+            &job,
+            &attachments,
+            tokio::time::Instant::now() + Duration::from_secs(5),
+        )
         .await;
     assert_eq!(result.outcome, Outcome::Succeeded, "{:?}", result.receipt);
     let message_id = format!("<{}@keyturn>", job.idempotency_key);
@@ -251,7 +267,13 @@ async fn test_smtp_without_files_is_the_plain_message_it_was() {
         json!({"to": "alice@example.com", "subject": "s", "body": "b", "files": []}),
     );
     let (addr, log) = fake_smtp::start(Script::default()).await;
-    let result = smtp(addr.port()).call(&job, Duration::from_secs(5)).await;
+    let result = smtp(addr.port())
+        .call(
+            &job,
+            &[],
+            tokio::time::Instant::now() + Duration::from_secs(5),
+        )
+        .await;
     assert_eq!(result.outcome, Outcome::Succeeded, "{:?}", result.receipt);
     let data = &log.delivered()[0].data;
     assert!(!data.contains("multipart"), "{data}");
@@ -266,13 +288,23 @@ async fn test_smtp_sends_nothing_when_the_files_are_not_the_approved_ones() {
     let p = smtp(addr.port());
     for given in [vec![], attachments[..1].to_vec()] {
         let result = p
-            .call_with_attachments(&job, &given, Duration::from_secs(2))
+            .call(
+                &job,
+                &given,
+                tokio::time::Instant::now() + Duration::from_secs(2),
+            )
             .await;
         assert_eq!(result.outcome, Outcome::Failed);
         assert_eq!(result.receipt["stage"], json!("params"));
     }
     assert_eq!(
-        p.call(&job, Duration::from_secs(2)).await.outcome,
+        p.call(
+            &job,
+            &[],
+            tokio::time::Instant::now() + Duration::from_secs(2)
+        )
+        .await
+        .outcome,
         Outcome::Failed
     );
     assert_eq!(log.connections(), 0, "nothing was sent");
@@ -322,7 +354,11 @@ async fn test_smtp_refuses_anything_but_a_bare_addr_spec_before_connecting() {
             let mut params = json!({"to": "ok@example.com", "subject": "s", "body": "b"});
             params[key] = json!(bad);
             let result = p
-                .call(&support::job("smtp", params), Duration::from_secs(2))
+                .call(
+                    &support::job("smtp", params),
+                    &[],
+                    tokio::time::Instant::now() + Duration::from_secs(2),
+                )
                 .await;
             assert_eq!(result.outcome, Outcome::Failed, "{key}: {bad}");
             assert_eq!(result.receipt["stage"], json!("params"));

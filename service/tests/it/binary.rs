@@ -2,6 +2,7 @@
 //! alive but not ready, and exits 0 on SIGTERM.
 
 use crate::support;
+use crate::support::e2e::Keyturnd;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -203,4 +204,42 @@ async fn test_a_second_keyturnd_on_one_journal_dir_is_refused() {
         log.contains("in use by another keyturnd") && log.contains(&format!("pid {}", first.id())),
         "{log}"
     );
+}
+
+#[tokio::test]
+async fn test_a_jwks_with_a_weak_rsa_key_stops_keyturnd_at_start_naming_its_kid() {
+    let dir = tempfile::tempdir().expect("dir");
+    let jwks = dir.path().join("jwks.json");
+    let key = crate::http::rpc::rsa_jwk(1024, "legacy-1024");
+    std::fs::write(&jwks, serde_json::json!({ "keys": [key] }).to_string()).expect("write jwks");
+    let mut k = Keyturnd::spawn(
+        support::closed_port(),
+        vec![
+            ("KEYTURN_JWT_JWKS", jwks.display().to_string()),
+            ("KEYTURN_JWT_ROLES", "web_human".into()),
+            (
+                "KEYTURN_RPC_DATABASE_URL",
+                format!(
+                    "postgres://auth@127.0.0.1:{}/keyturn",
+                    support::closed_port()
+                ),
+            ),
+        ],
+    );
+    // A keyturnd that took the key waits for its /rpc database forever.
+    let status = k.wait_exit(Duration::from_secs(30)).await;
+    assert!(
+        !status.success(),
+        "started with a 1024-bit key:\n{}",
+        k.log()
+    );
+    // The log is read from the pipe by a task of its own: wait for the line.
+    let line = crate::support::e2e::eventually(Duration::from_secs(30), "the refusal", || async {
+        k.log()
+            .lines()
+            .find(|l| l.contains("legacy-1024"))
+            .map(str::to_owned)
+    })
+    .await;
+    assert!(line.contains("2048"), "{line}");
 }

@@ -759,3 +759,53 @@ async fn test_card_revises_a_proposal_and_shows_the_new_one_as_such() {
     let log = k.stop().await;
     assert_no_secret(&log, &[&jwt, &p.token]);
 }
+
+/// Every character keyturn-core calls invisible (the server's one
+/// definition, `keyturn_core::text::is_invisible`), code point by code point
+/// across the whole Unicode range, is marked ⟨U+XXXX⟩ by the card's own
+/// `visible()`, as Chromium runs it. Issue 28 item 13: the card kept a list
+/// of its own that missed U+17B4, U+17B5 and U+E0100–E01EF.
+#[tokio::test]
+async fn test_the_card_marks_every_character_the_server_calls_invisible() {
+    let webdriver = require_browser!();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, keyturnd::app(keyturnd::AppState::new())).await;
+    });
+    let invisible: Vec<u32> = ('\0'..=char::MAX)
+        .filter(|&c| keyturn_core::text::is_invisible(c))
+        .map(u32::from)
+        .collect();
+    assert!(invisible.len() > 4000, "the whole range was walked");
+    let c = browser::open(&webdriver, false).await;
+    c.goto(&format!("{base}/card")).await.expect("open /card");
+    let unmarked = c
+        .execute_async(
+            "const [cps, done] = arguments; \
+             import('/card/show.js').then(m => done(cps.filter(cp => \
+               m.visible(String.fromCodePoint(cp)) !== \
+               `⟨U+${cp.toString(16).toUpperCase().padStart(4, '0')}⟩`)), \
+               e => done(['import failed: ' + e]));",
+            vec![json!(invisible)],
+        )
+        .await
+        .expect("script");
+    c.close().await.expect("close");
+    let unmarked: Vec<Value> = serde_json::from_value(unmarked).expect("a list");
+    let shown: Vec<String> = unmarked
+        .iter()
+        .map(|v| match v.as_u64() {
+            Some(cp) => format!("U+{cp:04X}"),
+            None => v.to_string(),
+        })
+        .collect();
+    assert!(
+        shown.is_empty(),
+        "{} invisible characters the card shows unmarked: {:?}",
+        shown.len(),
+        shown
+    );
+}

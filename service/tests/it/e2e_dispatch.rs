@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keyturnd::config::Secret;
-use keyturnd::http::Health;
 use keyturnd::metrics::Metrics;
 use keyturnd::providers::webhook::WebhookProvider;
 use keyturnd::providers::Providers;
+use keyturnd::state::Health;
 use keyturnd::worker::{Dispatcher, Settings};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;

@@ -44,6 +44,7 @@ fn skipped(test: &str) {
          a cluster and PgBouncer of your own (CONTRIBUTING.md) with `KT_PGPORT=<port> \
          KT_PGBOUNCER_PORT=<port> cargo test -p keyturnd --test it {test}`. ***\n"
     );
+    crate::support::note_skip(test, "KT_PGBOUNCER_PORT is not set");
 }
 
 /// `GET /readyz`: status and body.

@@ -139,7 +139,7 @@ async fn test_unknown_route_is_404() {
 // before it asks one, and the headers of every answer.
 // ---------------------------------------------------------------------------
 
-mod rpc {
+pub(crate) mod rpc {
     use std::sync::Arc;
 
     use axum::body::Body;
@@ -491,7 +491,7 @@ mod rpc {
         .expect("sign")
     }
 
-    fn with_kid(mut jwk: Jwk, kid: &str) -> Jwk {
+    pub(crate) fn with_kid(mut jwk: Jwk, kid: &str) -> Jwk {
         jwk.common.key_id = Some(kid.to_owned());
         jwk
     }
@@ -579,6 +579,58 @@ mod rpc {
         assert!(Verifier::jwks("{\"keys\": 1}", None, ["web_human".to_owned()]).is_err());
     }
 
+    /// The JWK of a freshly generated RSA key of `bits`, labelled RS256.
+    pub(crate) fn rsa_jwk(bits: usize, kid: &str) -> Jwk {
+        use rsa::pkcs1::EncodeRsaPrivateKey;
+        let key = rsa::PrivateKey::new(&mut getrandom::SysRng, bits).expect("generate");
+        let enc = EncodingKey::from_rsa_der(key.to_pkcs1_der().expect("pkcs1").as_bytes());
+        with_kid(
+            Jwk::from_encoding_key(&enc, Algorithm::RS256).expect("jwk"),
+            kid,
+        )
+    }
+
+    /// Issue 35 item 3: a key that could never verify a token, or should not,
+    /// stops keyturnd at start, and the message names its `kid`.
+    #[test]
+    fn test_jwks_refuses_weak_and_mismatched_keys_naming_the_kid() {
+        use p256::pkcs8::EncodePrivateKey;
+        use rsa::Generate;
+        let refused = |keys: Vec<Value>, kid: &str, why: &str| {
+            let set = json!({ "keys": keys }).to_string();
+            let err =
+                Verifier::jwks(&set, None, ["web_human".to_owned()]).expect_err("refused at start");
+            assert!(err.contains(kid) && err.contains(why), "{kid}: {err}");
+        };
+        let good = serde_json::to_value(rsa_jwk(2048, "good")).expect("json");
+        let weak = serde_json::to_value(rsa_jwk(1024, "weak")).expect("json");
+        refused(vec![good.clone(), weak], "weak", "2048");
+        let mut secret = [0u8; 32];
+        getrandom::fill(&mut secret).expect("random");
+        use base64::Engine;
+        let k = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret);
+        refused(
+            vec![json!({"kty": "oct", "k": k, "alg": "RS256", "kid": "octo"})],
+            "octo",
+            "RS256",
+        );
+        let ec = p256::SecretKey::generate();
+        let ec = EncodingKey::from_ec_der(ec.to_pkcs8_der().expect("pkcs8").as_bytes());
+        let mut ec_as_rs = serde_json::to_value(with_kid(
+            Jwk::from_encoding_key(&ec, Algorithm::ES256).expect("jwk"),
+            "ec-as-rs",
+        ))
+        .expect("json");
+        ec_as_rs["alg"] = json!("RS256");
+        refused(vec![ec_as_rs], "ec-as-rs", "RS256");
+        let mut rs_as_es = good.clone();
+        rs_as_es["alg"] = json!("ES256");
+        rs_as_es["kid"] = json!("rs-as-es");
+        refused(vec![rs_as_es], "rs-as-es", "ES256");
+        let set = json!({ "keys": [good] }).to_string();
+        Verifier::jwks(&set, None, ["web_human".to_owned()]).expect("a 2048-bit RS256 key");
+    }
+
     async fn get(state: &AppState, path: &str) -> (StatusCode, axum::http::HeaderMap, String) {
         let response = app(state.clone())
             .oneshot(Request::get(path).body(Body::empty()).expect("request"))
@@ -631,16 +683,13 @@ mod rpc {
         );
         assert_eq!(get(&s, "/card/nope.js").await.0, StatusCode::NOT_FOUND);
         let framed = AppState::new()
-            .with_frame_ancestors("https://app.example.com")
-            .expect("valid");
+            .with_csp(keyturnd::config::csp_header("https://app.example.com").expect("valid"));
         let (_, headers, html) = get(&framed, "/card").await;
         assert!(headers["content-security-policy"]
             .to_str()
             .unwrap()
             .ends_with("frame-ancestors https://app.example.com"));
         assert!(html.contains("<keyturn-card>"));
-        assert!(AppState::new()
-            .with_frame_ancestors("*; script-src 'unsafe-inline'")
-            .is_err());
+        assert!(keyturnd::config::csp_header("*; script-src 'unsafe-inline'").is_err());
     }
 }

@@ -36,7 +36,9 @@ async fn send(
 ) -> (CallResult, keyturnd::db::LeasedJob, fake_smtp::Log) {
     let (addr, log) = fake_smtp::start(script).await;
     let job = support::job("smtp", email());
-    let result = provider(addr.port()).call(&job, timeout).await;
+    let result = provider(addr.port())
+        .call(&job, &[], tokio::time::Instant::now() + timeout)
+        .await;
     (result, job, log)
 }
 
@@ -80,9 +82,19 @@ async fn test_every_attempt_uses_the_same_message_id() {
     let (addr, log) = fake_smtp::start(Script::default()).await;
     let p = provider(addr.port());
     let mut job = support::job("smtp", email());
-    p.call(&job, Duration::from_secs(5)).await;
+    p.call(
+        &job,
+        &[],
+        tokio::time::Instant::now() + Duration::from_secs(5),
+    )
+    .await;
     job.attempt = 2;
-    p.call(&job, Duration::from_secs(5)).await;
+    p.call(
+        &job,
+        &[],
+        tokio::time::Instant::now() + Duration::from_secs(5),
+    )
+    .await;
     let ids: Vec<String> = log
         .delivered()
         .iter()
@@ -176,7 +188,11 @@ async fn test_no_reply_after_data_is_unknown() {
 async fn test_connect_refused_is_retry() {
     let job = support::job("smtp", email());
     let result = provider(support::closed_port())
-        .call(&job, Duration::from_secs(2))
+        .call(
+            &job,
+            &[],
+            tokio::time::Instant::now() + Duration::from_secs(2),
+        )
         .await;
     assert_eq!(result.outcome, Outcome::Retry { after: None });
     assert_eq!(result.receipt["stage"], json!("connect"));
@@ -190,7 +206,11 @@ async fn test_bad_params_fail_without_connecting() {
         json!({"to": "a@example.com", "subject": "s", "body": "b", "attachments": ["x"]}),
     );
     let result = provider(addr.port())
-        .call(&job, Duration::from_secs(2))
+        .call(
+            &job,
+            &[],
+            tokio::time::Instant::now() + Duration::from_secs(2),
+        )
         .await;
     assert_eq!(result.outcome, Outcome::Failed);
     assert_eq!(log.connections(), 0, "nothing was sent");
@@ -198,4 +218,17 @@ async fn test_bad_params_fail_without_connecting() {
         !result.receipt.to_string().contains("a@example.com"),
         "no param values in receipts"
     );
+}
+
+#[tokio::test]
+async fn test_a_call_whose_time_has_passed_sends_nothing() {
+    let (addr, log) = fake_smtp::start(Script::default()).await;
+    let job = support::job("smtp", email());
+    let result = provider(addr.port())
+        .call(&job, &[], tokio::time::Instant::now())
+        .await;
+    assert_eq!(result.outcome, Outcome::Retry { after: None });
+    assert!(result.not_sent(), "{}", result.receipt);
+    assert_eq!(log.connections(), 0, "not even a connection");
+    assert!(log.delivered().is_empty());
 }

@@ -107,9 +107,10 @@ async fn receiver() -> (SocketAddr, Receiver) {
 }
 
 fn provider(url: String) -> WebhookProvider {
-    WebhookProvider::with_connect_timeout(
+    WebhookProvider::with_key(
         url.parse().expect("url"),
         Secret::from(SECRET.to_owned()),
+        SECRET.as_bytes().to_vec(),
         Duration::from_millis(500),
     )
     .expect("client")
@@ -118,7 +119,11 @@ fn provider(url: String) -> WebhookProvider {
 async fn call(addr: SocketAddr, path: &str) -> (CallResult, keyturnd::db::LeasedJob) {
     let job = support::job("webhook", json!({"to": "a@example.com", "amount": "10.00"}));
     let result = provider(format!("http://{addr}{path}"))
-        .call(&job, Duration::from_secs(1))
+        .call(
+            &job,
+            &[],
+            tokio::time::Instant::now() + Duration::from_secs(1),
+        )
         .await;
     (result, job)
 }
@@ -175,10 +180,20 @@ async fn test_body_is_byte_identical_across_attempts() {
         "webhook",
         json!({"b": [1, 2.5, "x"], "a": {"z": null, "y": true}}),
     );
-    p.call(&job, Duration::from_secs(1)).await;
+    p.call(
+        &job,
+        &[],
+        tokio::time::Instant::now() + Duration::from_secs(1),
+    )
+    .await;
     job.attempt = 2;
     job.lease_id = uuid::Uuid::new_v4();
-    p.call(&job, Duration::from_secs(1)).await;
+    p.call(
+        &job,
+        &[],
+        tokio::time::Instant::now() + Duration::from_secs(1),
+    )
+    .await;
     let requests = rx.requests();
     assert_eq!(requests.len(), 2);
     assert_eq!(
@@ -253,7 +268,11 @@ async fn test_connect_refused_is_retry() {
     let port = support::closed_port();
     let job = support::job("webhook", json!({}));
     let result = provider(format!("http://127.0.0.1:{port}/ok"))
-        .call(&job, Duration::from_secs(1))
+        .call(
+            &job,
+            &[],
+            tokio::time::Instant::now() + Duration::from_secs(1),
+        )
         .await;
     assert_eq!(result.outcome, Outcome::Retry { after: None });
     assert_eq!(result.receipt, json!({"error": "connect"}));
@@ -284,5 +303,21 @@ async fn test_302_is_not_followed_and_is_unknown() {
         paths,
         vec!["/redirect"],
         "the redirect target was never requested"
+    );
+}
+
+#[tokio::test]
+async fn test_a_call_whose_time_has_passed_sends_nothing() {
+    let (addr, rx) = receiver().await;
+    let job = support::job("webhook", json!({"to": "a@example.com"}));
+    let result = provider(format!("http://{addr}/ok"))
+        .call(&job, &[], tokio::time::Instant::now())
+        .await;
+    assert_eq!(result.outcome, Outcome::Retry { after: None });
+    assert!(result.not_sent(), "{}", result.receipt);
+    assert_eq!(
+        rx.requests().len(),
+        0,
+        "no request once the lease has no margin"
     );
 }

@@ -44,6 +44,7 @@ pub fn skipped(test: &str) {
         "\n*** SKIPPED {test}: KT_PGBOUNCER_PORT is not set, and this test needs PgBouncer in \
          front of the private cluster. Run it with `KT_ONLY=pgbouncer tests/run-all`. ***\n"
     );
+    keyturn_tests::note_skip(test, "KT_PGBOUNCER_PORT is not set");
 }
 
 /// A client connection to PgBouncer as `role`, for database `db`

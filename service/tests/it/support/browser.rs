@@ -43,6 +43,7 @@ pub fn skipped(test: &str, why: &str) {
         "\n*** SKIPPED {test}: {why}. Run it with `KT_ONLY=browser tests/run-all` (installs \
          Debian's chromium and chromium-driver and starts chromedriver). ***\n"
     );
+    super::note_skip(test, why);
 }
 
 /// The width of the phone the mobile card is shown on.

@@ -7,6 +7,7 @@ pub mod browser;
 pub mod e2e;
 pub mod fake_smtp;
 pub mod files;
+pub mod pg_proxy;
 pub mod web;
 
 use keyturnd::db::LeasedJob;
@@ -51,7 +52,14 @@ pub fn skipped(test: &str, why: &str) {
          cluster of your own with `KT_PGPORT=<port> KT_PGDATA=<dir> KT_PGSOCK=<dir> \
          cargo test -p keyturnd --test it {test}`. ***\n"
     );
+    note_skip(test, why);
 }
+
+// keyturn-tests' own file, compiled here too: one definition of the
+// protocol with tests/run-all (KT_SKIPS) for both test crates.
+#[path = "../../../../tests/src/skips.rs"]
+mod skips;
+pub use skips::note_skip;
 
 /// A leased job as `keyturn.lease` would return it.
 pub fn job(provider: &str, params: serde_json::Value) -> LeasedJob {

@@ -38,6 +38,8 @@ use uuid::Uuid;
 use crate::error::Error;
 use crate::metrics::Metrics;
 
+pub mod rpc;
+
 /// Longest any single keyturn call may take before it counts as lost. The
 /// calls are small; a database that needs longer is in trouble, and the
 /// worker's own deadlines matter more than waiting it out.
@@ -124,6 +126,14 @@ pub struct UncertainAction {
     /// The last receipt recorded (credential-shaped keys redacted by the
     /// database).
     pub receipt: Option<serde_json::Value>,
+    /// `Some(true)`: keyturnd's own account of the last attempt is that
+    /// nothing was sent (it knew, but the sweep had made the action
+    /// uncertain before its `retry` arrived; see [`record_not_sent`]).
+    /// `None` from a `pg_keyturn` that keeps no such account.
+    pub not_sent_by_dispatcher: Option<bool>,
+    /// When the last attempt's lease ended: no keyturnd starts a call after
+    /// it (docs/operations.md says what an operator may conclude, and when).
+    pub safe_to_decide_after: Option<DateTime<Utc>>,
 }
 
 /// The `outcome` argument of `keyturn.reconcile`.
@@ -755,6 +765,15 @@ pub async fn notify(client: &Client, channel: &str, payload: &str) -> Result<(),
     Ok(())
 }
 
+/// `LISTEN` on each of `channels`, on the connection that keeps them.
+pub async fn listen(client: &Client, channels: &[&str]) -> Result<(), Error> {
+    let sql: Vec<String> = channels
+        .iter()
+        .map(|c| format!("LISTEN {}", rpc::ident(c)))
+        .collect();
+    bounded(client.batch_execute(&sql.join("; "))).await
+}
+
 /// `keyturn.reconcile(action_id, outcome, note)`, or
 /// `keyturn.reconcile_for(tenant, …)`; returns the new status.
 pub async fn reconcile(
@@ -792,15 +811,17 @@ pub async fn reconcile(
     get(&row, "status")
 }
 
-/// `keyturn.uncertain_actions()`, oldest dispatch first.
+/// `keyturn.uncertain_actions()`, oldest dispatch first. Its columns
+/// `not_sent_by_dispatcher` and `safe_to_decide_after` are read where the
+/// installed `pg_keyturn` has them.
 pub async fn uncertain_actions(client: &Client) -> Result<Vec<UncertainAction>, Error> {
     let rows = query(
         client,
-        "SELECT action_id, tenant, tool, attempts, dispatched_at, receipt \
-         FROM keyturn.uncertain_actions() ORDER BY dispatched_at NULLS FIRST, action_id",
+        "SELECT * FROM keyturn.uncertain_actions() ORDER BY dispatched_at NULLS FIRST, action_id",
         &[],
     )
     .await?;
+    let optional = |row: &Row, col: &str| row.columns().iter().any(|c| c.name() == col);
     rows.iter()
         .map(|row| {
             Ok(UncertainAction {
@@ -810,9 +831,59 @@ pub async fn uncertain_actions(client: &Client) -> Result<Vec<UncertainAction>, 
                 attempts: get(row, "attempts")?,
                 dispatched_at: get(row, "dispatched_at")?,
                 receipt: get(row, "receipt")?,
+                not_sent_by_dispatcher: if optional(row, "not_sent_by_dispatcher") {
+                    get(row, "not_sent_by_dispatcher")?
+                } else {
+                    None
+                },
+                safe_to_decide_after: if optional(row, "safe_to_decide_after") {
+                    get(row, "safe_to_decide_after")?
+                } else {
+                    None
+                },
             })
         })
         .collect()
+}
+
+/// `keyturn.record_not_sent(action_id, lease_id, receipt)`, or
+/// `keyturn.record_not_sent_for(tenant, …)`: keyturnd's own account that
+/// the attempt under `lease_id` sent nothing, kept on an action the sweep
+/// made `uncertain` before its `retry` could be recorded. It changes no
+/// status: the operator still decides. `Ok(false)`: the database did not
+/// take it (the action is not uncertain under that lease).
+pub async fn record_not_sent(
+    client: &Client,
+    tenant: Option<&str>,
+    action_id: Uuid,
+    lease_id: Uuid,
+    receipt: &serde_json::Value,
+) -> Result<bool, Error> {
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
+        (&action_id, Type::UUID),
+        (&lease_id, Type::UUID),
+        (receipt, Type::JSONB),
+        (&tenant, Type::TEXT),
+    ];
+    let row = match tenant {
+        None => {
+            query_one(
+                client,
+                "SELECT keyturn.record_not_sent($1, $2, $3) AS taken",
+                &params[..3],
+            )
+            .await?
+        }
+        Some(_) => {
+            query_one(
+                client,
+                "SELECT keyturn.record_not_sent_for($4, $1, $2, $3) AS taken",
+                &params,
+            )
+            .await?
+        }
+    };
+    get(&row, "taken")
 }
 
 /// How many rows `keyturn.uncertain_actions()` holds (the gauge).

@@ -1,0 +1,125 @@
+//! keyturnd's HTTP server: [`crate::http::app`] on hyper's HTTP/1, with the
+//! bounds `axum::serve` does not set, so that no client can hold keyturnd:
+//!
+//! - a **header-read timeout** (`KEYTURN_SERVER_HEADER_SECONDS`, hyper's own
+//!   timer): a connection that has not sent a whole request head in time,
+//!   whether it dribbles bytes or sends none (an idle keep-alive one
+//!   included), is closed;
+//! - a **request timeout** (`KEYTURN_SERVER_REQUEST_SECONDS`, tower-http's
+//!   `TimeoutLayer`): a request whose handler, body read included, takes
+//!   longer is answered `408`;
+//! - a **connection cap** (`KEYTURN_SERVER_CONNECTIONS`): past it, a new
+//!   connection is closed as soon as it is accepted, so a client learns at
+//!   once instead of waiting behind stalled ones, and the descriptors left
+//!   keep `/healthz` and the database connections working;
+//! - a **shutdown with a deadline**: once told to stop, keyturnd accepts no
+//!   more connections, closes idle ones, lets requests under way finish, and
+//!   at the deadline (the SIGTERM plus `KEYTURN_SHUTDOWN_SECONDS`) closes
+//!   whatever is still open, a half-sent request included.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tower_http::timeout::TimeoutLayer;
+
+use crate::config::Config;
+
+/// A pause after a failed `accept` (out of descriptors, say), so the loop
+/// does not spin while the condition lasts.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// What one client may hold of the server.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Time to send a whole request head.
+    pub header_read: Duration,
+    /// Time for a whole request, its body included.
+    pub request: Duration,
+    /// Connections open at most.
+    pub connections: usize,
+}
+
+impl Limits {
+    /// The limits a [`Config`] sets.
+    pub fn from_config(config: &Config) -> Self {
+        Limits {
+            header_read: Duration::from_secs(config.server_header_seconds),
+            request: Duration::from_secs(config.server_request_seconds),
+            connections: config.server_connections,
+        }
+    }
+}
+
+/// Serves `router` on `listener` within `limits` until `stop` resolves; its
+/// value is the deadline by which every connection is closed (see the
+/// module's docs).
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    stop: impl Future<Output = Instant>,
+) {
+    let router = router.layer(TimeoutLayer::with_status_code(
+        StatusCode::REQUEST_TIMEOUT,
+        limits.request,
+    ));
+    let service = TowerToHyperService::new(router);
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read);
+    let slots = Arc::new(Semaphore::new(limits.connections));
+    let graceful = GracefulShutdown::new();
+    let mut conns = JoinSet::new();
+    tokio::pin!(stop);
+    let deadline = loop {
+        tokio::select! {
+            deadline = &mut stop => break deadline,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting a connection failed");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::debug!(cap = limits.connections, "at the connection cap; closing a new connection");
+                    drop(stream);
+                    continue;
+                };
+                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
+                conns.spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended");
+                    }
+                    drop(slot);
+                });
+            }
+        }
+    };
+    drop(listener);
+    let closing = async {
+        graceful.shutdown().await;
+        while conns.join_next().await.is_some() {}
+    };
+    if tokio::time::timeout_at(deadline, closing).await.is_err() {
+        tracing::warn!(
+            connections = conns.len(),
+            "closing the connections still open at the shutdown deadline"
+        );
+        conns.shutdown().await;
+    }
+}

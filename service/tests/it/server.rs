@@ -1,0 +1,192 @@
+//! keyturnd's HTTP server against stalled clients (issue 28, item 12), with
+//! real sockets: connections that dribble header bytes are closed, a
+//! connection past the cap is refused at once while `/healthz` still
+//! answers once a slot frees, a request whose body stalls is answered 408,
+//! and a client holding a half-sent request does not keep keyturnd from
+//! exiting after SIGTERM. The real binary runs without a database (these
+//! are the HTTP side alone).
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support;
+use crate::support::e2e::{eventually, Keyturnd};
+
+/// Bounds each wait for a state, so a regression fails instead of hanging.
+const WITHIN: Duration = Duration::from_secs(60);
+
+/// keyturnd without a database (alive, never ready) with `env`.
+async fn alive(env: Vec<(&'static str, String)>) -> Keyturnd {
+    let k = Keyturnd::spawn(support::closed_port(), env);
+    eventually(WITHIN, "/healthz", || async {
+        (k.get_status("/healthz").await == Some(200)).then_some(())
+    })
+    .await;
+    k
+}
+
+fn addr(k: &Keyturnd) -> String {
+    k.base.trim_start_matches("http://").to_owned()
+}
+
+/// A connection that has had one `/healthz` answered and stays open
+/// (keep-alive): one the server has certainly accepted.
+async fn served(addr: &str) -> Option<TcpStream> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: k\r\n\r\n")
+        .await
+        .ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.ends_with(b"ok\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    Some(s)
+}
+
+/// Waits until the server ends the connection (or answers on it): a read
+/// that returns anything.
+async fn ended(s: &mut TcpStream) {
+    let mut buf = [0u8; 256];
+    let _ = s.read(&mut buf).await;
+}
+
+#[tokio::test]
+async fn test_connections_dribbling_header_bytes_are_closed() {
+    let k = alive(vec![("KEYTURN_SERVER_HEADER_SECONDS", "2".into())]).await;
+    let addr = addr(&k);
+    let mut tasks = Vec::new();
+    for _ in 0..40 {
+        let mut s = TcpStream::connect(&addr).await.expect("connect");
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: k\r\nX-Slow: ")
+            .await
+            .expect("write");
+        tasks.push(tokio::spawn(async move {
+            let mut buf = [0u8; 256];
+            loop {
+                tokio::select! {
+                    _ = s.read(&mut buf) => return,
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                        if s.write_all(b"a").await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    let all = futures_util::future::join_all(tasks);
+    tokio::time::timeout(WITHIN, all)
+        .await
+        .expect("every connection that never finishes its headers is closed");
+    assert_eq!(k.get_status("/healthz").await, Some(200));
+}
+
+#[tokio::test]
+async fn test_a_connection_past_the_cap_is_refused_and_healthz_answers_once_one_frees() {
+    // Probed with raw connections only: a pooling HTTP client would keep
+    // one of the four slots.
+    let k = Keyturnd::spawn(
+        support::closed_port(),
+        vec![
+            ("KEYTURN_SERVER_CONNECTIONS", "4".into()),
+            ("KEYTURN_SERVER_HEADER_SECONDS", "300".into()),
+        ],
+    );
+    let addr = addr(&k);
+    let mut held = Vec::new();
+    // A connection closed just before may hold its slot a moment longer:
+    // each of the four is retried until served.
+    for _ in 0..4 {
+        held.push(eventually(WITHIN, "a connection within the cap", || served(&addr)).await);
+    }
+    let mut fifth = TcpStream::connect(&addr).await.expect("the kernel accepts");
+    let _ = fifth
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: k\r\n\r\n")
+        .await;
+    let mut buf = [0u8; 256];
+    let answer = tokio::time::timeout(WITHIN, fifth.read(&mut buf))
+        .await
+        .expect("refused at once, not left waiting");
+    assert!(
+        !matches!(answer, Ok(n) if n > 0),
+        "a fifth connection was served: {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    drop(held.pop());
+    eventually(WITHIN, "/healthz once a slot is free", || async {
+        served(&addr).await.map(|_| ())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn test_sigterm_exits_despite_clients_holding_half_sent_requests() {
+    let mut k = alive(vec![
+        ("KEYTURN_SHUTDOWN_SECONDS", "2".into()),
+        ("KEYTURN_SERVER_HEADER_SECONDS", "300".into()),
+        ("KEYTURN_SERVER_REQUEST_SECONDS", "300".into()),
+    ])
+    .await;
+    let addr = addr(&k);
+    let mut half_headers = TcpStream::connect(&addr).await.expect("connect");
+    half_headers
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: k\r\n")
+        .await
+        .expect("write");
+    let mut half_body = TcpStream::connect(&addr).await.expect("connect");
+    half_body
+        .write_all(b"POST /rpc/preview HTTP/1.1\r\nHost: k\r\nContent-Length: 100\r\n\r\n{\"a\":")
+        .await
+        .expect("write");
+    let idle = served(&addr).await.expect("served");
+    k.signal("-TERM");
+    let status = k.wait_exit(WITHIN).await;
+    assert_eq!(status.code(), Some(0), "log:\n{}", k.log());
+    ended(&mut half_headers).await;
+    ended(&mut half_body).await;
+    drop(idle);
+}
+
+#[tokio::test]
+async fn test_a_request_whose_body_stalls_is_answered_408() {
+    use axum::body::Bytes;
+    use keyturnd::server::{serve, Limits};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let router = axum::Router::new().route(
+        "/echo",
+        axum::routing::post(|body: Bytes| async move { body }),
+    );
+    let limits = Limits {
+        header_read: Duration::from_secs(300),
+        request: Duration::from_secs(1),
+        connections: 8,
+    };
+    tokio::spawn(serve(listener, router, limits, std::future::pending()));
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: k\r\nContent-Length: 100\r\n\r\nhalf")
+        .await
+        .expect("write");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(WITHIN, async {
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .expect("answered, not left waiting for the body");
+    let head = String::from_utf8_lossy(&got);
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+}

@@ -1,0 +1,141 @@
+//! A TCP proxy between keyturnd and PostgreSQL that can hold back the
+//! answer to one lease step's `COMMIT`: the fault of issue 34 (a `COMMIT`
+//! answer that arrives late, or a keyturnd paused just as it arrives).
+//!
+//! It reads the protocol only as far as it must: on each connection it
+//! notes when `keyturn.begin_dispatch_many` was sent, and when `COMMIT`
+//! follows while the proxy is armed, the next bytes the server sends on
+//! that connection (the `COMMIT` answer: nothing else is outstanding, as
+//! keyturnd waits for each statement) are held until [`PgProxy::release`].
+//! Everything else passes through unchanged.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify};
+
+struct Shared {
+    armed: AtomicBool,
+    /// Set once an answer is being held.
+    held: watch::Sender<bool>,
+    release: Notify,
+    released: AtomicBool,
+}
+
+/// The proxy; it runs until the test ends.
+pub struct PgProxy {
+    pub port: u16,
+    shared: Arc<Shared>,
+}
+
+impl PgProxy {
+    /// Listens on a free loopback port, forwarding to PostgreSQL on `pg_port`.
+    pub async fn start(pg_port: u16) -> PgProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let shared = Arc::new(Shared {
+            armed: AtomicBool::new(false),
+            held: watch::channel(false).0,
+            release: Notify::new(),
+            released: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(("127.0.0.1", pg_port)).await {
+                        relay(client, server, s).await;
+                    }
+                });
+            }
+        });
+        PgProxy { port, shared }
+    }
+
+    /// Holds the answer to the next `COMMIT` that follows a
+    /// `begin_dispatch_many` on its connection.
+    pub fn arm(&self) {
+        self.shared.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits until an answer is held.
+    pub async fn held(&self) {
+        let mut rx = self.shared.held.subscribe();
+        rx.wait_for(|held| *held).await.expect("proxy alive");
+    }
+
+    /// Lets the held answer through.
+    pub fn release(&self) {
+        self.shared.released.store(true, Ordering::SeqCst);
+        self.shared.release.notify_waiters();
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let hold_next = Arc::new(AtomicBool::new(false));
+    let hold = hold_next.clone();
+    let s = shared.clone();
+    let up = async move {
+        let mut begun = false;
+        // The tail of the previous read, so a name split across two reads
+        // is still seen.
+        let mut tail: Vec<u8> = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match cr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let mut seen = std::mem::take(&mut tail);
+            seen.extend_from_slice(&buf[..n]);
+            if contains(&seen, b"begin_dispatch_many") {
+                begun = true;
+            }
+            if begun && contains(&buf[..n], b"COMMIT") {
+                begun = false;
+                // Before the COMMIT reaches the server, so its answer cannot
+                // slip through first.
+                if s.armed.swap(false, Ordering::SeqCst) {
+                    hold.store(true, Ordering::SeqCst);
+                }
+            }
+            tail = seen[seen.len().saturating_sub(32)..].to_vec();
+            if sw.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = sw.shutdown().await;
+    };
+    let down = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match sr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if hold_next.swap(false, Ordering::SeqCst) {
+                let released = shared.release.notified();
+                tokio::pin!(released);
+                released.as_mut().enable();
+                shared.held.send_replace(true);
+                if !shared.released.load(Ordering::SeqCst) {
+                    released.await;
+                }
+            }
+            if cw.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = cw.shutdown().await;
+    };
+    tokio::join!(up, down);
+}
