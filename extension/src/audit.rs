@@ -201,8 +201,8 @@ pub fn write_pending() {
             .map_or(pending.len(), |n| start + n);
         lock_chain(chain_lock_class, &tenant);
         let t = Some(tenant.clone());
-        on_latest(HEAD_MADE, &[t.clone()], &[text], false);
-        let head = on_latest(HEAD, &[t.clone()], &[text], true).unwrap_or_default();
+        on_latest(HEAD_MADE, std::slice::from_ref(&t), &[text], false);
+        let head = on_latest(HEAD, std::slice::from_ref(&t), &[text], true).unwrap_or_default();
         let (count, mut hash) = head.split_once(' ').unwrap_or(("0", ""));
         let mut count: i64 = count.parse().unwrap_or(0);
         let mut prev = hash.to_owned();

@@ -178,3 +178,38 @@ async fn test_a_database_without_pg_keyturn_is_refused_at_start() {
         "{log}"
     );
 }
+
+/// The outcome words keyturnd reports are the database's: every word of
+/// keyturnd's `Outcome` is a label of `keyturn.attempt_outcome`, and the
+/// type's labels are exactly those four and the sweep's `lapsed`. One list,
+/// checked against the other, so neither can grow alone.
+#[tokio::test]
+async fn test_keyturnds_outcome_words_are_the_databases() {
+    use keyturnd::classify::Outcome;
+    let port = require_db!();
+    let db = e2e::connect(port, "postgres").await;
+    let labels: Vec<String> = db
+        .query_one(
+            "SELECT enum_range(NULL::keyturn.attempt_outcome)::text[]",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // Exhaustive: a new variant of Outcome fails to compile here until it
+    // is listed below.
+    let _every = |o: &Outcome| match o {
+        Outcome::Succeeded | Outcome::Failed | Outcome::Retry { .. } | Outcome::Unknown => (),
+    };
+    let mut ours: Vec<&str> = [
+        Outcome::Succeeded,
+        Outcome::Failed,
+        Outcome::Retry { after: None },
+        Outcome::Unknown,
+    ]
+    .iter()
+    .map(Outcome::word)
+    .collect();
+    ours.push("lapsed");
+    assert_eq!(labels, ours);
+}

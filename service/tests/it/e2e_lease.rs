@@ -81,6 +81,14 @@ async fn test_a_worker_paused_past_its_lease_sends_nothing() {
         k.log()
     );
     assert_eq!(w.status(a.id).await, "uncertain");
+    // The account reaches the database after the refused complete: wait for
+    // it before stopping keyturnd.
+    e2e::eventually(WITHIN, "keyturnd to record its account", || async {
+        let log = k.log();
+        (log.contains("keyturnd's account recorded") || log.contains("keeps no dispatcher account"))
+            .then_some(())
+    })
+    .await;
     k.stop().await;
     // The operator's queue says so where the database keeps keyturnd's
     // account (keyturn.record_not_sent; an older pg_keyturn has only the log).

@@ -262,7 +262,8 @@ async fn test_origin_is_checked_and_cancelled_origin_refused() {
         .await
         .unwrap()
         .get(0);
-    let origin = json!({"conversation_id": conv, "turn_id": "t1", "message_id": "m1", "evidence": [doc]});
+    let origin =
+        json!({"conversation_id": conv, "turn_id": "t1", "message_id": "m1", "evidence": [doc]});
     let p = propose_on(&w.agent, &t, msg("c"), origin.clone())
         .await
         .unwrap();
