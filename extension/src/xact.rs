@@ -26,8 +26,27 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
     use pg_sys::XactEvent::*;
     match event {
         XACT_EVENT_PRE_COMMIT | XACT_EVENT_PRE_PREPARE => {
+            // An implicit commit (a single statement outside BEGIN, over the
+            // extended protocol) runs after the statement's portal closed,
+            // with no active snapshot: the SQL run here (planning a
+            // statement, a function it calls) needs one, as deferred
+            // triggers do at the same point (AfterTriggerFireDeferred).
+            // SAFETY: the push is popped below on the normal path; an ERROR
+            // aborts the transaction, whose cleanup resets the stack.
+            let pushed = unsafe {
+                if pg_sys::ActiveSnapshotSet() {
+                    false
+                } else {
+                    pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+                    true
+                }
+            };
             committed::check_noted();
             audit::write_pending();
+            if pushed {
+                // SAFETY: pops the snapshot pushed above.
+                unsafe { pg_sys::PopActiveSnapshot() };
+            }
         }
         XACT_EVENT_COMMIT
         | XACT_EVENT_ABORT

@@ -474,3 +474,42 @@ async fn test_the_dispatchers_account_of_an_attempt_it_never_sent() {
         "22023"
     );
 }
+
+/// keyturnd records its account on a pooled connection whose first keyturn
+/// call it may be, with the extended protocol's unnamed statement, outside
+/// any transaction block: the event is written at that implicit commit,
+/// after the statement's portal has closed. (0.3.0's first audit chain
+/// failed exactly there, "cannot execute SQL without an outer snapshot or
+/// portal", and keyturnd's account was lost.)
+#[tokio::test]
+async fn test_the_dispatchers_account_is_recorded_by_a_fresh_connection() {
+    let _g = DISPATCH_LOCK.lock().await;
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let id = queued_in(&w, &t, json!({"channel": "c", "text": "fresh"})).await;
+    let d = connect("app_dispatcher").await;
+    let l = lease_mine(&d, &[id], "1 second").await.remove(0);
+    assert!(begin(&d, &l).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    sweep(&d).await;
+    assert_eq!(w.status(id).await, "uncertain");
+    for first in [
+        "SELECT 1",
+        "SELECT count(*) FROM keyturn.uncertain_actions()",
+    ] {
+        let fresh = connect("app_dispatcher").await;
+        let _ = fresh.simple_query(first).await;
+        let taken = fresh
+            .query_typed_one(
+                "SELECT keyturn.record_not_sent($1, $2, $3) AS taken",
+                &[
+                    (&id, tokio_postgres::types::Type::UUID),
+                    (&l.lease_id, tokio_postgres::types::Type::UUID),
+                    (&json!({"sent": false}), tokio_postgres::types::Type::JSONB),
+                ],
+            )
+            .await
+            .map(|r| r.get::<_, bool>(0));
+        assert!(taken.unwrap(), "after {first}");
+    }
+}
