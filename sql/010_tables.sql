@@ -183,6 +183,9 @@ CREATE TABLE keyturn.action (
 -- carries only the changed tail of the row. The status predicates are indexed on
 -- keyturn.open_action instead.
 CREATE INDEX action_rate_idx ON keyturn.action (tenant, principal, tool, created_at);
+-- A revision's chain, followed forward (a card session covers the revisions
+-- its person makes): few actions are revisions, so the index is small.
+CREATE INDEX action_revised_from_idx ON keyturn.action (revised_from, tenant) WHERE revised_from IS NOT NULL;
 
 -- The work list: one narrow row per action that is not final, kept in step with
 -- keyturn.action by the lifecycle trigger (020_guards.sql) and deleted when the

@@ -490,7 +490,12 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION keyturn._preview(p_caller oid, p_id uuid, p_token text)
+-- With p_params (a digest action's reviewed fields, which the link brings
+-- and the card cannot hash against a stored MAC), also whether they are the
+-- proposed ones; fields that are not end a pending proposal
+-- rejected_tampered, as approving with them would: the token's holder gets
+-- one guess, as from approve, never an oracle.
+CREATE FUNCTION keyturn._preview(p_caller oid, p_id uuid, p_token text, p_params jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -503,9 +508,24 @@ DECLARE
     v_after   jsonb;
     v_targets jsonb;
     v_route   text := '';
+    v_match   boolean;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
     a := keyturn._usable_action(p_id, p_token, 'preview');
+    IF p_params IS NOT NULL THEN
+        v_match := keyturn._params_hash_matches(a.retain, a.params_hash, keyturn.params_hash(a.tool, p_params));
+        IF NOT v_match AND a.status = 'pending' THEN
+            PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'previewed params hash mismatch'));
+            UPDATE keyturn.action x
+               SET updated_at = clock_timestamp(), status = 'rejected_tampered',
+                   result = jsonb_build_object('reason', 'the params shown for review differ from what was proposed')
+             WHERE x.id = a.id AND x.tenant = a.tenant AND x.status = 'pending'
+            RETURNING x.* INTO a;
+            IF NOT FOUND THEN
+                SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = a.tenant;
+            END IF;
+        END IF;
+    END IF;
     SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
 
     IF a.executor = 'sql' THEN
@@ -552,6 +572,7 @@ BEGIN
         'param_keys', to_jsonb(a.param_keys),
         'params', a.params,
         'params_hash', a.params_hash,
+        'params_match', v_match,
         'origin', a.origin,
         'evidence', CASE WHEN a.origin ? 'evidence' THEN keyturn._cited_evidence(a.tenant, a.origin) END,
         'result', a.result,

@@ -210,8 +210,16 @@ BEGIN
         RETURN;
     END IF;
     v_digest := keyturn._token_digest(card_session.bearer);
+    -- The link's actions and the revisions the person made of them in the
+    -- card (revise answers a new action, which the card goes on with).
     RETURN QUERY
-        SELECT l.db_role, keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb, l.action_ids,
+        SELECT l.db_role, keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb,
+               ARRAY(WITH RECURSIVE chain (id) AS (
+                         SELECT unnest(l.action_ids)
+                         UNION
+                         SELECT a.id FROM keyturn.action a JOIN chain c ON a.revised_from = c.id
+                          WHERE a.tenant = l.tenant AND a.revised_by = l.principal)
+                     SELECT id FROM chain),
                l.session_expires_at
           FROM keyturn.card_link l
          WHERE l.session_digest = v_digest  -- by digest alone: the bearer is all keyturnd has

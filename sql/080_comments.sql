@@ -45,6 +45,10 @@ COMMENT ON FUNCTION keyturn.issue_token(uuid) IS 'Human: a fresh token for a pen
 COMMENT ON FUNCTION keyturn.link_code(uuid[], interval) IS 'Human and dispatcher: a one-time code for a card link to these actions, for a person who may decide them all; no credential in any URL.';
 COMMENT ON FUNCTION keyturn.redeem_link_code(text, uuid[]) IS 'Dispatcher (keyturnd): redeems a link code once for a 15-minute card session with fresh tokens; no rows for a used, expired or unknown code.';
 COMMENT ON FUNCTION keyturn.card_session(text) IS 'Dispatcher (keyturnd): the role, claims and actions of a live card session''s bearer; no rows otherwise.';
+COMMENT ON FUNCTION keyturn.action_counts(text, text, timestamptz, timestamptz) IS 'Operator, admin: how many actions are in each status (every status, zeros included), by tenant, tool and creation time.';
+COMMENT ON FUNCTION keyturn.find_actions(text, text, text, timestamptz, timestamptz, uuid, int) IS 'Operator, admin: the actions that match (status, tenant, tool, creation time, or one id), newest first; never a param value or a summary.';
+COMMENT ON FUNCTION keyturn.tools() IS 'Operator, admin: every tool with its current version''s class and whether it is enabled.';
+COMMENT ON FUNCTION keyturn.standing_approvals(text) IS 'Operator, admin: every standing approval (of one tenant), with why it ended.';
 COMMENT ON FUNCTION keyturn.verify_audit(text) IS 'Operator, admin: recomputes a tenant''s hash chain; false and the first event that no longer verifies when any was changed, deleted, reordered or inserted.';
 COMMENT ON FUNCTION keyturn.audit_export(text, timestamptz) IS 'Operator, admin: a tenant''s events since a time, each one JSON object of all its columns, for keyturnd audit-verify.';
 COMMENT ON FUNCTION keyturn.audit_head(text) IS 'Operator, admin: a tenant''s chain head (events, last hash), to anchor elsewhere.';
@@ -61,9 +65,9 @@ COMMENT ON FUNCTION keyturn.approve(uuid, text, jsonb) IS 'Human: approves exact
 COMMENT ON FUNCTION keyturn.propose_for(text, text, jsonb, jsonb) IS 'Agent: propose, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.reject_for(text, uuid, text, text) IS 'Human: reject, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_for(text, uuid, text, jsonb) IS 'Human: approve, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
-COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text) IS 'Human: preview, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text, jsonb) IS 'Human: preview, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_many(jsonb) IS 'Human: one card for several proposals; each element exactly approve.';
-COMMENT ON FUNCTION keyturn.preview(uuid, text) IS 'Human: the approval card''s data, read-only.';
+COMMENT ON FUNCTION keyturn.preview(uuid, text, jsonb) IS 'Human: the approval card''s data; with params (a digest action''s reviewed fields) also whether they are the proposed ones, ending the proposal rejected_tampered when they are not.';
 COMMENT ON FUNCTION keyturn.reject(uuid, text, text) IS 'Human: declines a pending proposal (a veto for quorum tools).';
 COMMENT ON FUNCTION keyturn.revise(uuid, text, jsonb) IS 'Human: edit before approve; the old proposal is superseded by a new one with its own hash and token.';
 COMMENT ON FUNCTION keyturn.pending(int) IS 'Human: the caller''s queue of pending actions, soonest expiry first. Never a token.';

@@ -58,7 +58,7 @@ TO keyturn_agent, keyturn_approver;
 -- Human. (Tenant admins administer their own tenant through this role.)
 GRANT EXECUTE ON FUNCTION
     keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
-    keyturn.preview(uuid, text), keyturn.preview_for(text, uuid, text), keyturn.reject(uuid, text, text),
+    keyturn.preview(uuid, text, jsonb), keyturn.preview_for(text, uuid, text, jsonb), keyturn.reject(uuid, text, text),
     keyturn.reject_for(text, uuid, text, text),
     keyturn.approve_many(jsonb), keyturn.approve_many_for(text, jsonb), keyturn.revise(uuid, text, jsonb),
     keyturn.revise_for(text, uuid, text, jsonb), keyturn.pending(int),
@@ -110,9 +110,13 @@ GRANT EXECUTE ON FUNCTION
     keyturn.check_deployment(), keyturn.register_projection(text, jsonb)
 TO keyturn_admin;
 
--- Operator and platform administrator: the audit's chain.
+-- Operator and platform administrator: the audit's chain, and what the
+-- operator console reads (sql/068_console.sql).
 GRANT EXECUTE ON FUNCTION
-    keyturn.verify_audit(text), keyturn.audit_export(text, timestamptz), keyturn.audit_head(text)
+    keyturn.verify_audit(text), keyturn.audit_export(text, timestamptz), keyturn.audit_head(text),
+    keyturn.action_counts(text, text, timestamptz, timestamptz),
+    keyturn.find_actions(text, text, text, timestamptz, timestamptz, uuid, int),
+    keyturn.tools(), keyturn.standing_approvals(text)
 TO keyturn_operator, keyturn_admin;
 
 -- The RLS helper runs inside policies as the querying role.

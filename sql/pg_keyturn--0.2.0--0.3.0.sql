@@ -101,6 +101,7 @@ CREATE TABLE keyturn.card_link (
 CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, tenant)
     WHERE session_digest IS NOT NULL;
 CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
+CREATE INDEX action_revised_from_idx ON keyturn.action (revised_from, tenant) WHERE revised_from IS NOT NULL;
 SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');
 
 -- Value lists as types, each said once (sql/005_status.sql).
@@ -796,7 +797,8 @@ AS 'MODULE_PATHNAME', 'pending_wrapper';
 -- pg_keyturn::gate::human::preview
 CREATE OR REPLACE FUNCTION "preview"(
 	"action_id" uuid, /* Option < pgrx :: Uuid > */
-	"token" TEXT /* Option < String > */
+	"token" TEXT, /* Option < String > */
+	"params" jsonb DEFAULT NULL /* Option < JsonbText > */
 ) RETURNS jsonb /* RawJsonb */
 VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
@@ -807,7 +809,8 @@ AS 'MODULE_PATHNAME', 'preview_wrapper';
 CREATE OR REPLACE FUNCTION "preview_for"(
 	"tenant" TEXT, /* Option < String > */
 	"action_id" uuid, /* Option < pgrx :: Uuid > */
-	"token" TEXT /* Option < String > */
+	"token" TEXT, /* Option < String > */
+	"params" jsonb DEFAULT NULL /* Option < JsonbText > */
 ) RETURNS jsonb /* RawJsonb */
 VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
@@ -3080,7 +3083,12 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION keyturn._preview(p_caller oid, p_id uuid, p_token text)
+-- With p_params (a digest action's reviewed fields, which the link brings
+-- and the card cannot hash against a stored MAC), also whether they are the
+-- proposed ones; fields that are not end a pending proposal
+-- rejected_tampered, as approving with them would: the token's holder gets
+-- one guess, as from approve, never an oracle.
+CREATE OR REPLACE FUNCTION keyturn._preview(p_caller oid, p_id uuid, p_token text, p_params jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -3093,9 +3101,24 @@ DECLARE
     v_after   jsonb;
     v_targets jsonb;
     v_route   text := '';
+    v_match   boolean;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
     a := keyturn._usable_action(p_id, p_token, 'preview');
+    IF p_params IS NOT NULL THEN
+        v_match := keyturn._params_hash_matches(a.retain, a.params_hash, keyturn.params_hash(a.tool, p_params));
+        IF NOT v_match AND a.status = 'pending' THEN
+            PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'previewed params hash mismatch'));
+            UPDATE keyturn.action x
+               SET updated_at = clock_timestamp(), status = 'rejected_tampered',
+                   result = jsonb_build_object('reason', 'the params shown for review differ from what was proposed')
+             WHERE x.id = a.id AND x.tenant = a.tenant AND x.status = 'pending'
+            RETURNING x.* INTO a;
+            IF NOT FOUND THEN
+                SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = a.tenant;
+            END IF;
+        END IF;
+    END IF;
     SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
 
     IF a.executor = 'sql' THEN
@@ -3142,6 +3165,7 @@ BEGIN
         'param_keys', to_jsonb(a.param_keys),
         'params', a.params,
         'params_hash', a.params_hash,
+        'params_match', v_match,
         'origin', a.origin,
         'evidence', CASE WHEN a.origin ? 'evidence' THEN keyturn._cited_evidence(a.tenant, a.origin) END,
         'result', a.result,
@@ -4735,8 +4759,16 @@ BEGIN
         RETURN;
     END IF;
     v_digest := keyturn._token_digest(card_session.bearer);
+    -- The link's actions and the revisions the person made of them in the
+    -- card (revise answers a new action, which the card goes on with).
     RETURN QUERY
-        SELECT l.db_role, keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb, l.action_ids,
+        SELECT l.db_role, keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb,
+               ARRAY(WITH RECURSIVE chain (id) AS (
+                         SELECT unnest(l.action_ids)
+                         UNION
+                         SELECT a.id FROM keyturn.action a JOIN chain c ON a.revised_from = c.id
+                          WHERE a.tenant = l.tenant AND a.revised_by = l.principal)
+                     SELECT id FROM chain),
                l.session_expires_at
           FROM keyturn.card_link l
          WHERE l.session_digest = v_digest  -- by digest alone: the bearer is all keyturnd has
@@ -6069,6 +6101,148 @@ END
 $$;
 
 
+-- ==== sql/068_console.sql ====
+
+-- What the operator console reads (docs/card.md, "The operator console"):
+-- actions by status with counts, a filtered list of actions, the tools with
+-- their versions and enabled state, and the standing approvals, for the
+-- operator and the platform administrator, across tenants as
+-- uncertain_actions is.
+--
+-- None returns a param value or a summary: a summary is written from the
+-- params, and an operator reconciles by role across tenants without seeing
+-- what the people of a tenant proposed (the events, attempts and receipts
+-- they already read hold no values either). A person's own queue is
+-- keyturn.pending, with the card.
+--
+-- The filters are plain arguments, each NULL for "any"; the time range is on
+-- created_at, half-open [since, until).
+
+-- The checks every console read makes first: not nested in another keyturn
+-- call, the operator or the platform administrator (others: 42501), and
+-- filters that make sense (22023). The reads are SQL functions, whose
+-- arguments may share the names of the columns they return; each makes
+-- this call as its first statement, before its query runs.
+CREATE OR REPLACE FUNCTION keyturn._console(p_what text, p_status text, p_since timestamptz, p_until timestamptz,
+                                 p_max_rows int)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_role text := keyturn._calling_role();
+BEGIN
+    PERFORM keyturn._refuse_nested(p_what);
+    IF NOT (pg_has_role(v_role, 'keyturn_operator', 'USAGE') OR pg_has_role(v_role, 'keyturn_admin', 'USAGE')) THEN
+        RAISE EXCEPTION 'keyturn: % is for the operator console', p_what
+            USING ERRCODE = '42501',
+                  HINT = 'Call it as a role in keyturn_operator or keyturn_admin.';
+    END IF;
+    IF p_since IS NOT NULL AND p_until IS NOT NULL AND p_since >= p_until THEN
+        RAISE EXCEPTION 'keyturn: since (%) must be before until (%)', p_since, p_until
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_max_rows IS NULL OR p_max_rows NOT BETWEEN 1 AND 500 THEN
+        RAISE EXCEPTION 'keyturn: max_rows must be 1 to 500, not %', coalesce(p_max_rows::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_status IS NOT NULL AND NOT p_status = ANY (enum_range(NULL::keyturn.status)::text[]) THEN
+        RAISE EXCEPTION 'keyturn: % is not a status', p_status
+            USING ERRCODE = '22023',
+                  HINT = format('One of %s.', array_to_string(enum_range(NULL::keyturn.status)::text[], ', '));
+    END IF;
+END
+$$;
+
+-- How many actions are in each status (every status, zeros included), of
+-- the actions that match the filters.
+CREATE OR REPLACE FUNCTION keyturn.action_counts(tenant text DEFAULT NULL, tool text DEFAULT NULL,
+                                      since timestamptz DEFAULT NULL, until timestamptz DEFAULT NULL)
+RETURNS TABLE (status text, actions bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._console('action_counts', NULL, action_counts.since, action_counts.until, 1);
+    WITH counted AS (
+        SELECT a.status, count(*) AS n
+          FROM keyturn.action a
+         WHERE (action_counts.tenant IS NULL OR a.tenant = action_counts.tenant)
+           AND (action_counts.tool IS NULL OR a.tool = action_counts.tool)
+           AND (action_counts.since IS NULL OR a.created_at >= action_counts.since)
+           AND (action_counts.until IS NULL OR a.created_at < action_counts.until)
+         GROUP BY a.status)
+    SELECT s::text, coalesce(c.n, 0)
+      FROM unnest(enum_range(NULL::keyturn.status)) WITH ORDINALITY AS e (s, ord)
+      LEFT JOIN counted c ON c.status = e.s
+     ORDER BY e.ord
+$$;
+
+-- The actions that match, newest first, at most max_rows (1 to 500); one
+-- action by its id with id.
+CREATE OR REPLACE FUNCTION keyturn.find_actions(status text DEFAULT NULL, tenant text DEFAULT NULL, tool text DEFAULT NULL,
+                                     since timestamptz DEFAULT NULL, until timestamptz DEFAULT NULL,
+                                     id uuid DEFAULT NULL, max_rows int DEFAULT 50)
+RETURNS TABLE (action_id uuid, tenant text, tool text, tool_version int, status text, principal text,
+               session text, approval text, retain text, attempts int, created_at timestamptz,
+               updated_at timestamptz, expires_at timestamptz, approved_by text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._console('find_actions', find_actions.status, find_actions.since, find_actions.until,
+                            find_actions.max_rows);
+    SELECT a.id, a.tenant, a.tool, a.tool_version, a.status::text, a.principal, a.session,
+           a.approval::text, a.retain::text, a.attempts, a.created_at, a.updated_at, a.expires_at,
+           a.approved_by
+      FROM keyturn.action a
+     WHERE (find_actions.id IS NULL OR a.id = find_actions.id)
+       AND (find_actions.status IS NULL OR a.status = find_actions.status::keyturn.status)
+       AND (find_actions.tenant IS NULL OR a.tenant = find_actions.tenant)
+       AND (find_actions.tool IS NULL OR a.tool = find_actions.tool)
+       AND (find_actions.since IS NULL OR a.created_at >= find_actions.since)
+       AND (find_actions.until IS NULL OR a.created_at < find_actions.until)
+     ORDER BY a.created_at DESC, a.id
+     LIMIT find_actions.max_rows
+$$;
+
+-- Every tool with its current version's class, whether it is enabled, and
+-- whether the caller may throw the kill switch (keyturn.set_tool_enabled,
+-- the platform administrator's), so the console offers it only then.
+CREATE OR REPLACE FUNCTION keyturn.tools()
+RETURNS TABLE (tool text, version int, enabled boolean, kind text, executor text, effect text,
+               approval text, quorum int, retain text, delegable boolean, expires_in interval,
+               updated_at timestamptz, may_switch boolean)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._console('tools', NULL, NULL, NULL, 1);
+    SELECT t.name, t.version, t.enabled, v.kind::text, v.executor::text, v.effect::text,
+           v.approval::text, v.quorum, v.retain::text, v.delegable, v.expires_in, t.updated_at,
+           has_function_privilege(keyturn._calling_role(), 'keyturn.set_tool_enabled(text, boolean)', 'EXECUTE')
+      FROM keyturn.tool t
+      JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     ORDER BY t.name
+$$;
+
+-- Every standing approval (of one tenant with tenant), newest first, with
+-- why it no longer covers anything (ended, NULL while it is live). Scopes
+-- are shown: they are what a person allowed, not what an agent proposed.
+CREATE OR REPLACE FUNCTION keyturn.standing_approvals(tenant text DEFAULT NULL)
+RETURNS TABLE (delegation_id uuid, tenant text, principal text, tool text, tool_version int, scope jsonb,
+               uses int, max_uses int, created_at timestamptz, expires_at timestamptz,
+               revoked_at timestamptz, ended text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT keyturn._console('standing_approvals', NULL, NULL, NULL, 1);
+    SELECT d.id, d.tenant, d.principal, d.tool, d.tool_version, d.scope, d.uses, d.max_uses,
+           d.created_at, d.expires_at, d.revoked_at,
+           keyturn._delegation_ended(d, t.version, keyturn._epoch(d.tenant, d.principal), clock_timestamp())
+      FROM keyturn.delegation d
+      LEFT JOIN keyturn.tool t ON t.name = d.tool
+     WHERE standing_approvals.tenant IS NULL OR d.tenant = standing_approvals.tenant
+     ORDER BY d.created_at DESC, d.id
+$$;
+
+
 -- ==== sql/070_deployment.sql ====
 
 -- keyturn.check_deployment(): what a live database gets wrong (docs/operations.md,
@@ -6569,6 +6743,10 @@ COMMENT ON FUNCTION keyturn.issue_token(uuid) IS 'Human: a fresh token for a pen
 COMMENT ON FUNCTION keyturn.link_code(uuid[], interval) IS 'Human and dispatcher: a one-time code for a card link to these actions, for a person who may decide them all; no credential in any URL.';
 COMMENT ON FUNCTION keyturn.redeem_link_code(text, uuid[]) IS 'Dispatcher (keyturnd): redeems a link code once for a 15-minute card session with fresh tokens; no rows for a used, expired or unknown code.';
 COMMENT ON FUNCTION keyturn.card_session(text) IS 'Dispatcher (keyturnd): the role, claims and actions of a live card session''s bearer; no rows otherwise.';
+COMMENT ON FUNCTION keyturn.action_counts(text, text, timestamptz, timestamptz) IS 'Operator, admin: how many actions are in each status (every status, zeros included), by tenant, tool and creation time.';
+COMMENT ON FUNCTION keyturn.find_actions(text, text, text, timestamptz, timestamptz, uuid, int) IS 'Operator, admin: the actions that match (status, tenant, tool, creation time, or one id), newest first; never a param value or a summary.';
+COMMENT ON FUNCTION keyturn.tools() IS 'Operator, admin: every tool with its current version''s class and whether it is enabled.';
+COMMENT ON FUNCTION keyturn.standing_approvals(text) IS 'Operator, admin: every standing approval (of one tenant), with why it ended.';
 COMMENT ON FUNCTION keyturn.verify_audit(text) IS 'Operator, admin: recomputes a tenant''s hash chain; false and the first event that no longer verifies when any was changed, deleted, reordered or inserted.';
 COMMENT ON FUNCTION keyturn.audit_export(text, timestamptz) IS 'Operator, admin: a tenant''s events since a time, each one JSON object of all its columns, for keyturnd audit-verify.';
 COMMENT ON FUNCTION keyturn.audit_head(text) IS 'Operator, admin: a tenant''s chain head (events, last hash), to anchor elsewhere.';
@@ -6585,9 +6763,9 @@ COMMENT ON FUNCTION keyturn.approve(uuid, text, jsonb) IS 'Human: approves exact
 COMMENT ON FUNCTION keyturn.propose_for(text, text, jsonb, jsonb) IS 'Agent: propose, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.reject_for(text, uuid, text, text) IS 'Human: reject, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_for(text, uuid, text, jsonb) IS 'Human: approve, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
-COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text) IS 'Human: preview, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text, jsonb) IS 'Human: preview, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_many(jsonb) IS 'Human: one card for several proposals; each element exactly approve.';
-COMMENT ON FUNCTION keyturn.preview(uuid, text) IS 'Human: the approval card''s data, read-only.';
+COMMENT ON FUNCTION keyturn.preview(uuid, text, jsonb) IS 'Human: the approval card''s data; with params (a digest action''s reviewed fields) also whether they are the proposed ones, ending the proposal rejected_tampered when they are not.';
 COMMENT ON FUNCTION keyturn.reject(uuid, text, text) IS 'Human: declines a pending proposal (a veto for quorum tools).';
 COMMENT ON FUNCTION keyturn.revise(uuid, text, jsonb) IS 'Human: edit before approve; the old proposal is superseded by a new one with its own hash and token.';
 COMMENT ON FUNCTION keyturn.pending(int) IS 'Human: the caller''s queue of pending actions, soonest expiry first. Never a token.';
@@ -6706,7 +6884,7 @@ TO keyturn_agent, keyturn_approver;
 -- Human. (Tenant admins administer their own tenant through this role.)
 GRANT EXECUTE ON FUNCTION
     keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
-    keyturn.preview(uuid, text), keyturn.preview_for(text, uuid, text), keyturn.reject(uuid, text, text),
+    keyturn.preview(uuid, text, jsonb), keyturn.preview_for(text, uuid, text, jsonb), keyturn.reject(uuid, text, text),
     keyturn.reject_for(text, uuid, text, text),
     keyturn.approve_many(jsonb), keyturn.approve_many_for(text, jsonb), keyturn.revise(uuid, text, jsonb),
     keyturn.revise_for(text, uuid, text, jsonb), keyturn.pending(int),
@@ -6758,9 +6936,13 @@ GRANT EXECUTE ON FUNCTION
     keyturn.check_deployment(), keyturn.register_projection(text, jsonb)
 TO keyturn_admin;
 
--- Operator and platform administrator: the audit's chain.
+-- Operator and platform administrator: the audit's chain, and what the
+-- operator console reads (sql/068_console.sql).
 GRANT EXECUTE ON FUNCTION
-    keyturn.verify_audit(text), keyturn.audit_export(text, timestamptz), keyturn.audit_head(text)
+    keyturn.verify_audit(text), keyturn.audit_export(text, timestamptz), keyturn.audit_head(text),
+    keyturn.action_counts(text, text, timestamptz, timestamptz),
+    keyturn.find_actions(text, text, text, timestamptz, timestamptz, uuid, int),
+    keyturn.tools(), keyturn.standing_approvals(text)
 TO keyturn_operator, keyturn_admin;
 
 -- The RLS helper runs inside policies as the querying role.

@@ -168,9 +168,14 @@ mod tests;
     requires = ["dispatch_batch", route_guard::require_tenant_sql]
 );
 ::pgrx::extension_sql_file!(
+    "../../sql/068_console.sql",
+    name = "console",
+    requires = ["dispatch_for"]
+);
+::pgrx::extension_sql_file!(
     "../../sql/070_deployment.sql",
     name = "deployment",
-    requires = ["dispatch_for"]
+    requires = ["console"]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/071_citus.sql",

@@ -297,6 +297,11 @@ pub struct Config {
     #[arg(long, env = "KEYTURN_RPC_DATABASE_URL", hide_env_values = true)]
     pub rpc_database_url: Option<Secret>,
 
+    /// The database role a card session's calls run as when its link code
+    /// was made by the dispatcher (a notification); one of KEYTURN_JWT_ROLES.
+    #[arg(long, env = "KEYTURN_CARD_ROLE")]
+    pub card_role: Option<String>,
+
     /// Size of the `/rpc` connection pool.
     #[arg(long, env = "KEYTURN_RPC_CONNECTIONS", default_value_t = 8,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
@@ -395,10 +400,11 @@ impl Config {
             if self.rpc_database_url.is_some()
                 || !self.jwt_roles.is_empty()
                 || self.jwt_aud.is_some()
+                || self.card_role.is_some()
             {
                 return bad(
-                    "KEYTURN_RPC_DATABASE_URL, KEYTURN_JWT_ROLES and KEYTURN_JWT_AUD only take effect \
-                     with KEYTURN_JWT_SECRET or KEYTURN_JWT_JWKS: set one, or remove them",
+                    "KEYTURN_RPC_DATABASE_URL, KEYTURN_JWT_ROLES, KEYTURN_JWT_AUD and KEYTURN_CARD_ROLE \
+                     only take effect with KEYTURN_JWT_SECRET or KEYTURN_JWT_JWKS: set one, or remove them",
                 );
             }
             return Ok(());
@@ -428,6 +434,14 @@ impl Config {
         }
         if self.jwt_aud.as_deref() == Some("") {
             return bad("KEYTURN_JWT_AUD must not be empty; unset it to accept any audience");
+        }
+        if let Some(role) = &self.card_role {
+            if !self.jwt_roles.iter().any(|r| r == role) {
+                return bad(
+                    "KEYTURN_CARD_ROLE must be one of KEYTURN_JWT_ROLES: the role the card sessions of \
+                     notification links run as, which keyturnd checks at start like the others",
+                );
+            }
         }
         Ok(())
     }

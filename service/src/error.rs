@@ -70,6 +70,11 @@ pub enum Error {
     #[error("the JWT's role claim is not one keyturnd may select")]
     RoleNotAllowed,
 
+    /// A card session's call outside what it is for: another function, or
+    /// an action its link did not name.
+    #[error("forbidden: {0}")]
+    CardForbidden(&'static str),
+
     /// `/rpc/<name>` for a function keyturnd does not expose, or with
     /// arguments it does not take (PostgREST's `PGRST202`).
     #[error("{message}")]
@@ -240,6 +245,7 @@ impl IntoResponse for Error {
                 None,
                 Some("keyturnd lets a JWT select only the roles in KEYTURN_JWT_ROLES"),
             ),
+            Error::CardForbidden(why) => body(StatusCode::FORBIDDEN, "KT403", why, None, None),
             Error::NoSuchFunction { message, hint } => body(
                 StatusCode::NOT_FOUND,
                 "PGRST202",

@@ -7,11 +7,12 @@
 //! | `GET /readyz` | 200 once the database connection and its `LISTEN` work (with `KEYTURN_LISTEN_NOTIFY=false`: once a lease call succeeded); 503 before, while the connection is lost, while notifications are stalled (the heartbeat sent through the pool does not arrive), and from SIGTERM on |
 //! | `GET /metrics` | Prometheus / OpenMetrics text, see [`crate::metrics`] |
 //! | `POST /rpc/<function>` | with a JWT key configured: the keyturn call, see [`crate::rpc`] and docs/http.md |
+//! | `POST /card/session` | with `/rpc`: a link's one-time code for a card session, see [`crate::rpc::card`] |
 //! | `GET /card`, `GET /console`, `GET /card/<asset>` | the approval card and the operator console, see [`crate::pages`] |
 //!
 //! Every answer carries `X-Content-Type-Options: nosniff`,
 //! `Referrer-Policy: no-referrer` and the pages' Content-Security-Policy;
-//! `/rpc` answers also `Cache-Control: no-store`.
+//! `/rpc` and `/card/session` answers also `Cache-Control: no-store`.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -29,6 +30,9 @@ use crate::state::AppState;
 /// params fit many times over.
 pub const BODY_LIMIT: usize = 1 << 20;
 
+/// The largest `/card/session` body: a code and a hundred action ids.
+pub const CARD_SESSION_LIMIT: usize = 16 << 10;
+
 /// The router, without a server, so tests can drive it with `oneshot`.
 pub fn app(state: AppState) -> Router {
     let mut router = Router::new()
@@ -37,10 +41,15 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .merge(crate::pages::routes());
     if state.rpc.is_some() {
-        router = router.route(
-            "/rpc/{function}",
-            post(rpc).layer(DefaultBodyLimit::max(BODY_LIMIT)),
-        );
+        router = router
+            .route(
+                "/rpc/{function}",
+                post(rpc).layer(DefaultBodyLimit::max(BODY_LIMIT)),
+            )
+            .route(
+                "/card/session",
+                post(card_session).layer(DefaultBodyLimit::max(CARD_SESSION_LIMIT)),
+            );
     }
     router
         .layer(middleware::from_fn_with_state(
@@ -51,7 +60,7 @@ pub fn app(state: AppState) -> Router {
 }
 
 async fn security_headers(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let rpc = request.uri().path().starts_with("/rpc/");
+    let rpc = request.uri().path().starts_with("/rpc/") || request.uri().path() == "/card/session";
     // The path only: a query string is never logged, in case someone put a
     // token into one (the card and the console never do).
     tracing::debug!(
@@ -84,13 +93,7 @@ async fn rpc(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Error> {
     let rpc = state.rpc.as_ref().ok_or(Error::NotReady)?;
-    let body = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Error::BodyTooLarge
-        } else {
-            Error::BadBody(rejection.body_text())
-        }
-    })?;
+    let body = body_of(body)?;
     let authorization = headers
         .get(header::AUTHORIZATION)
         .map(|v| {
@@ -98,15 +101,39 @@ async fn rpc(
                 .map_err(|_| Error::Unauthorized("the Authorization header is not text"))
         })
         .transpose()?;
-    let value = rpc.call(&function, authorization, &body).await?;
-    Ok((
+    Ok(json(rpc.call(&function, authorization, &body).await?))
+}
+
+/// `POST /card/session`: a link's one-time code for a card session
+/// ([`crate::rpc::card`]).
+async fn card_session(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Error> {
+    let rpc = state.rpc.as_ref().ok_or(Error::NotReady)?;
+    Ok(json(rpc.redeem(&body_of(body)?).await?))
+}
+
+/// The request's body, or why there is none: too large (413) or unreadable.
+fn body_of(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Error> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Error::BodyTooLarge
+        } else {
+            Error::BadBody(rejection.body_text())
+        }
+    })
+}
+
+fn json(value: serde_json::Value) -> Response {
+    (
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json; charset=utf-8"),
         )],
         value.to_string(),
     )
-        .into_response())
+        .into_response()
 }
 
 async fn healthz() -> &'static str {

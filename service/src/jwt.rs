@@ -217,6 +217,11 @@ impl Verifier {
         self.roles.iter().map(String::as_str)
     }
 
+    /// Whether `role` is one of `KEYTURN_JWT_ROLES`.
+    pub fn allows(&self, role: &str) -> bool {
+        self.roles.iter().any(|r| r == role)
+    }
+
     /// Verifies the `Authorization` header's bearer token: 401 for anything
     /// wrong with the token, 403 for a role outside the list.
     pub fn verify(&self, authorization: Option<&str>) -> Result<Verified, Error> {
@@ -306,7 +311,7 @@ pub fn mint_hs256(
         .map_err(|e| Error::internal("signing a JWT", e))
 }
 
-fn bearer(authorization: Option<&str>) -> Result<&str, Error> {
+pub fn bearer(authorization: Option<&str>) -> Result<&str, Error> {
     let value = authorization.ok_or(Error::Unauthorized(
         "no JWT: send Authorization: Bearer <token>",
     ))?;

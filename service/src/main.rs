@@ -182,9 +182,17 @@ async fn serve(config: Config) -> Result<(), Error> {
         (Journal::disabled(state.metrics.clone()), Vec::new())
     };
 
+    // Every call slot may need a connection at once, plus lease and sweep,
+    // plus one for the card sessions /rpc redeems and resolves.
+    let pool = db::pool(
+        config.database_url.expose(),
+        config.workers + 3,
+        state.metrics.clone(),
+    )?;
+
     // Before the listener: a role allowlist the database refuses stops
     // keyturnd here, before it answers anything.
-    match Rpc::start(&config, Arc::clone(&state.metrics), &shutdown).await? {
+    match Rpc::start(&config, Arc::clone(&state.metrics), pool.clone(), &shutdown).await? {
         Some(rpc) => state = state.with_rpc(rpc),
         None if config.rpc_enabled() => return Ok(()),
         None => {}
@@ -196,12 +204,6 @@ async fn serve(config: Config) -> Result<(), Error> {
             "no provider is configured (set KEYTURN_WEBHOOK_URL or KEYTURN_SMTP_URL): nothing will be leased; approved external actions stay queued"
         );
     }
-    // Every call slot may need a connection at once, plus lease and sweep.
-    let pool = db::pool(
-        config.database_url.expose(),
-        config.workers + 2,
-        state.metrics.clone(),
-    )?;
     let settings = Settings::from_config(&config);
     tracing::info!(
         listen = %config.listen,

@@ -1,20 +1,42 @@
-// The operator console: the uncertain queue with each attempt's receipt,
-// reconciliation with a required note, an action's audit timeline, the
-// tenant's pending queue (view only, when the JWT's role may read it) and
-// the dispatch counters. Like the card it decides nothing: the database
-// answers every call, and a role that may not make one is told so.
+// The console: for a person, what waits for their decision, opened in the
+// same card as a link opens (a fresh token from issue_token, no link
+// needed); for the operator and the platform admin, the actions by status
+// with counts and filters, an action's whole timeline (its events and
+// attempts), the uncertain queue with reconciliation, the tools with the
+// kill switch (admins only) and the standing approvals; for everyone, the
+// dispatch counters. Like the card it decides nothing: each section is shown
+// when the database answers its call for this sign-in, and every change is
+// one call the database may refuse.
+//
+// Sign-in: a JWT pasted into the form, kept in this tab's sessionStorage
+// (never in a URL); the application may also leave it there.
 
-import { rpc, takeJwt, explain, isMissingFunction, RpcError } from "./rpc.js";
+import { rpc, takeJwt, keepJwt, forgetJwt, explain, isMissingFunction, RpcError } from "./rpc.js";
 import { el, valueText, when } from "./show.js";
+import "./keyturn-card.js";
 
 const auth = { jwt: takeJwt(), base: "" };
 const $ = (kt) => document.querySelector(`[data-kt="${kt}"]`);
+const STATUSES = [];
 
 function fail(err) {
   const [headline, said] = explain(err);
   const box = $("error");
   box.replaceChildren(headline, said ? el("span", { class: "kt-said", text: said }) : "");
   box.hidden = false;
+}
+
+/** Runs a section's first call; a refusal hides it (not this sign-in's). */
+async function offered(section, load) {
+  try {
+    await load();
+    $(section).hidden = false;
+    return true;
+  } catch (e) {
+    if (!(e instanceof RpcError) || e.status === 401 || e.status >= 500 || e.status === 0) throw e;
+    $(section).hidden = true;
+    return false;
+  }
 }
 
 // ---- counters --------------------------------------------------------------
@@ -55,6 +77,56 @@ async function loadMetrics() {
     );
   } catch (e) {
     body.replaceChildren(el("tr", {}, el("td", { text: `The counters cannot be read: ${e.message}` })));
+  }
+}
+
+// ---- waiting for me ----------------------------------------------------------
+
+async function loadMine() {
+  const rows = await rpc("pending", {}, auth);
+  $("mine").querySelector("tbody").replaceChildren(
+    ...rows.map((p) => {
+      const open = el("button", { type: "button", kt: "review", text: "Review" });
+      open.addEventListener("click", () => review(p.action_id, open));
+      const row = el(
+        "tr",
+        { kt: "pending-row" },
+        el("td", { text: p.summary }),
+        el("td", {}, el("code", { text: p.tool })),
+        el("td", { class: `kt-effect-${p.effect}`, text: p.effect }),
+        el("td", { text: p.principal }),
+        el("td", { text: when(p.expires_at) }),
+        el("td", { text: `${p.votes ?? 0} / ${p.quorum ?? 1}` }),
+        el("td", {}, open)
+      );
+      row.dataset.actionId = p.action_id;
+      return row;
+    })
+  );
+  $("mine-empty").hidden = rows.length > 0;
+}
+
+/** Opens a pending action in the card: a fresh token from the database
+ *  (the link's, if there was one, stops working), kept in memory only. */
+async function review(actionId, button) {
+  button.disabled = true;
+  const box = $("mine-card");
+  try {
+    const token = await rpc("issue_token", { action_id: actionId }, auth);
+    const card = document.createElement("keyturn-card");
+    card.jwt = auth.jwt;
+    card.setAttribute("link", new URLSearchParams([["a", actionId], ["t", token]]).toString());
+    const back = el("button", { type: "button", class: "kt-secondary", kt: "back", text: "Back to the queue" });
+    back.addEventListener("click", async () => {
+      box.replaceChildren();
+      await loadMine().catch(fail);
+    });
+    box.replaceChildren(card, back);
+    box.scrollIntoView({ block: "start" });
+  } catch (e) {
+    box.replaceChildren(el("p", { class: "kt-error", role: "alert", text: explain(e).join(" ") }));
+  } finally {
+    button.disabled = false;
   }
 }
 
@@ -111,14 +183,14 @@ function uncertainRow(u) {
       status.dataset.status = result;
       status.textContent = `Recorded: ${result}.`;
       form.remove();
-      await showAudit(id);
+      await showTimeline(id);
     } catch (e) {
       button.disabled = false;
       status.textContent = explain(e).join(" ");
     }
   });
-  const auditButton = el("button", { type: "button", class: "kt-secondary", text: "Show audit" });
-  auditButton.addEventListener("click", () => showAudit(id));
+  const auditButton = el("button", { type: "button", class: "kt-secondary", text: "Show timeline" });
+  auditButton.addEventListener("click", () => showTimeline(id));
   const row = el(
     "article",
     { class: "kt-item", kt: "uncertain-row" },
@@ -139,36 +211,128 @@ function uncertainRow(u) {
 }
 
 async function loadUncertain() {
+  const rows = await rpc("uncertain_actions", {}, auth);
+  $("uncertain").replaceChildren(...rows.map(uncertainRow));
+  $("uncertain-empty").hidden = rows.length > 0;
+}
+
+// ---- actions -----------------------------------------------------------------
+
+/** The filter form as find_actions' and action_counts' arguments. */
+function filters() {
+  const form = $("filters");
+  const value = (name) => form.elements[name].value.trim();
+  const time = (name) => (value(name) ? new Date(value(name)).toISOString() : undefined);
+  const args = {};
+  if (value("tenant")) args.tenant = value("tenant");
+  if (value("tool")) args.tool = value("tool");
+  if (time("since")) args.since = time("since");
+  if (time("until")) args.until = time("until");
+  return { args, status: value("status"), id: value("id") };
+}
+
+async function loadCounts() {
+  const { args } = filters();
+  const rows = await rpc("action_counts", args, auth);
+  if (!STATUSES.length) {
+    STATUSES.push(...rows.map((r) => r.status));
+    $("filter-status").append(...STATUSES.map((s) => el("option", { value: s, text: s })));
+  }
+  $("counts").replaceChildren(
+    ...rows.map((r) => {
+      const b = el("button", { type: "button", class: "kt-count kt-secondary", kt: "count", "aria-pressed": String($("filter-status").value === r.status) }, el("span", { text: r.status }), " ", el("strong", { text: String(r.actions) }));
+      b.dataset.status = r.status;
+      b.dataset.count = String(r.actions);
+      b.addEventListener("click", () => {
+        $("filter-status").value = $("filter-status").value === r.status ? "" : r.status;
+        loadActions().catch(fail);
+      });
+      return b;
+    })
+  );
+}
+
+async function loadList() {
+  const { args, status, id } = filters();
+  const body = $("actions").querySelector("tbody");
+  const query = id ? { id } : { ...args, ...(status ? { status } : {}), max_rows: 100 };
   try {
-    const rows = await rpc("uncertain_actions", {}, auth);
-    $("uncertain").replaceChildren(...rows.map(uncertainRow));
-    $("uncertain-empty").hidden = rows.length > 0;
+    const rows = await rpc("find_actions", query, auth);
+    body.replaceChildren(
+      ...rows.map((a) => {
+        const link = el("button", { type: "button", class: "kt-link", kt: "action-open" }, el("code", { text: a.action_id }));
+        link.addEventListener("click", () => showTimeline(a.action_id));
+        const row = el(
+          "tr",
+          { kt: "action-row" },
+          el("td", { text: when(a.created_at) }),
+          el("td", {}, link),
+          el("td", { text: a.tenant }),
+          el("td", {}, el("code", { text: `${a.tool} v${a.tool_version}` })),
+          el("td", { class: "kt-status-word", text: a.status }),
+          el("td", { text: a.principal }),
+          el("td", { text: String(a.attempts) }),
+          el("td", { text: when(a.expires_at) })
+        );
+        row.dataset.actionId = a.action_id;
+        row.dataset.status = a.status;
+        return row;
+      })
+    );
+    $("actions-caption").textContent = rows.length ? `${rows.length} action(s), newest first` : "No action matches.";
   } catch (e) {
-    $("uncertain").replaceChildren(el("p", { class: "kt-error", role: "alert", text: explain(e).join(" ") }));
+    body.replaceChildren();
+    $("actions-caption").textContent = explain(e).join(" ");
   }
 }
 
-// ---- audit -------------------------------------------------------------------
+async function loadActions() {
+  await loadCounts();
+  await loadList();
+}
 
-async function showAudit(actionId) {
+// ---- timeline ----------------------------------------------------------------
+
+/** An action's events and attempts, in time order. */
+async function showTimeline(actionId) {
   $("audit-id").value = actionId;
+  $("timeline-section").hidden = false;
   const table = $("audit");
   try {
-    const events = await rpc("audit", { action_id: actionId }, auth);
-    table.querySelector("tbody").replaceChildren(
-      ...events.map((e) =>
-        el(
+    const [events, attempts] = await Promise.all([
+      rpc("audit", { action_id: actionId }, auth),
+      rpc("attempts", { action_id: actionId }, auth).catch(() => []),
+    ]);
+    const lines = [
+      ...events.map((e) => ({
+        at: e.at,
+        row: el(
           "tr",
           { kt: "audit-row" },
           el("td", { text: when(e.at) }),
+          el("td", { text: "event" }),
           el("td", { text: e.db_role || "" }),
           el("td", { text: e.principal || "—" }),
           el("td", { text: `${e.from_status || "—"} → ${e.to_status}` }),
           el("td", {}, e.detail && Object.keys(e.detail).length ? el("pre", { class: "kt-value", text: valueText(e.detail) }) : "")
-        )
-      )
-    );
-    $("audit-caption").textContent = `${events.length} event(s) of ${actionId}`;
+        ),
+      })),
+      ...attempts.map((a) => ({
+        at: a.started_at,
+        row: el(
+          "tr",
+          { kt: "timeline-attempt" },
+          el("td", { text: when(a.started_at) }),
+          el("td", { text: `attempt ${a.attempt}` }),
+          el("td", { text: a.worker || "" }),
+          el("td", { text: "—" }),
+          el("td", { text: a.outcome || "no outcome recorded" }),
+          el("td", {}, a.receipt ? el("pre", { class: "kt-value", text: valueText(a.receipt) }) : "")
+        ),
+      })),
+    ].sort((x, y) => Date.parse(x.at) - Date.parse(y.at));
+    table.querySelector("tbody").replaceChildren(...lines.map((l) => l.row));
+    $("audit-caption").textContent = `${events.length} event(s) and ${attempts.length} attempt(s) of ${actionId}`;
     table.hidden = false;
   } catch (e) {
     $("audit-caption").textContent = explain(e).join(" ");
@@ -177,32 +341,69 @@ async function showAudit(actionId) {
   }
 }
 
-// ---- pending -----------------------------------------------------------------
+// ---- tools -------------------------------------------------------------------
 
-async function loadPending() {
-  try {
-    const rows = await rpc("pending", {}, auth);
-    $("pending").querySelector("tbody").replaceChildren(
-      ...rows.map((p) => {
-        const row = el(
-          "tr",
-          { kt: "pending-row" },
-          el("td", { text: p.summary }),
-          el("td", {}, el("code", { text: p.tool })),
-          el("td", { class: `kt-effect-${p.effect}`, text: p.effect }),
-          el("td", { text: p.principal }),
-          el("td", { text: when(p.expires_at) }),
-          el("td", { text: `${p.votes ?? 0} / ${p.quorum ?? 1}` })
-        );
-        row.dataset.actionId = p.action_id;
-        return row;
-      })
-    );
-    $("pending-section").hidden = false;
-  } catch (e) {
-    // Not this role's to see (or not offered here): the section stays hidden.
-    if (!(e instanceof RpcError)) throw e;
-  }
+async function loadTools() {
+  const rows = await rpc("tools", {}, auth);
+  $("kill-note").hidden = !rows.some((t) => t.may_switch);
+  $("tools").querySelector("tbody").replaceChildren(
+    ...rows.map((t) => {
+      const state = el("td", { kt: "tool-state", text: t.enabled ? "enabled" : "disabled" });
+      if (t.may_switch) {
+        const button = el("button", { type: "button", kt: "kill-switch", class: t.enabled ? "kt-danger" : "", text: t.enabled ? "Disable" : "Enable" });
+        button.addEventListener("click", async () => {
+          if (t.enabled && !window.confirm(`Disable ${t.tool}? Its pending proposals can no longer be approved and nothing of it is dispatched until it is enabled again.`)) return;
+          button.disabled = true;
+          try {
+            await rpc("set_tool_enabled", { name: t.tool, enabled: !t.enabled }, auth);
+            await loadTools();
+          } catch (e) {
+            button.disabled = false;
+            fail(e);
+          }
+        });
+        state.append(" ", button);
+      }
+      const row = el(
+        "tr",
+        { kt: "tool-row" },
+        el("td", {}, el("code", { text: t.tool })),
+        el("td", { text: String(t.version) }),
+        el("td", { text: t.executor || t.kind }),
+        el("td", { class: `kt-effect-${t.effect}`, text: t.effect }),
+        el("td", { text: t.quorum > 1 ? `${t.approval}, ${t.quorum} votes` : t.approval }),
+        el("td", { text: t.retain }),
+        state
+      );
+      row.dataset.tool = t.tool;
+      row.dataset.enabled = String(t.enabled);
+      return row;
+    })
+  );
+}
+
+// ---- standing approvals ------------------------------------------------------
+
+async function loadStanding() {
+  const rows = await rpc("standing_approvals", {}, auth);
+  $("standing").querySelector("tbody").replaceChildren(
+    ...rows.map((d) => {
+      const row = el(
+        "tr",
+        { kt: "standing-row" },
+        el("td", { text: d.tenant }),
+        el("td", { text: d.principal }),
+        el("td", {}, el("code", { text: `${d.tool} v${d.tool_version}` })),
+        el("td", {}, el("pre", { class: "kt-value", text: valueText(d.scope) })),
+        el("td", { text: `${d.uses} / ${d.max_uses}` }),
+        el("td", { text: when(d.expires_at) }),
+        el("td", { kt: "standing-state", text: d.ended ? `ended: ${d.ended}` : "live" })
+      );
+      row.dataset.delegationId = d.delegation_id;
+      return row;
+    })
+  );
+  $("standing-empty").hidden = rows.length > 0;
 }
 
 // ---- start ---------------------------------------------------------------------
@@ -210,30 +411,59 @@ async function loadPending() {
 $("audit-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   const id = $("audit-id").value.trim();
-  if (id) showAudit(id);
+  if (id) showTimeline(id);
 });
+$("filters").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  loadActions().catch(fail);
+});
+$("filters").addEventListener("reset", () => setTimeout(() => loadActions().catch(fail)));
+$("signin").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const jwt = $("jwt").value.trim();
+  $("jwt").value = "";
+  if (!jwt) return;
+  keepJwt(jwt);
+  location.reload();
+});
+$("sign-out").addEventListener("click", () => {
+  forgetJwt();
+  location.reload();
+});
+
+function signIn(err) {
+  document.querySelectorAll("section[data-kt]").forEach((s) => (s.hidden = true));
+  $("signin-section").hidden = false;
+  $("sign-out").hidden = true;
+  if (err) fail(err);
+}
 
 async function start() {
   loadMetrics();
   setInterval(loadMetrics, 10000);
   if (!auth.jwt) {
-    fail(new RpcError(401, { message: "no JWT in this tab" }));
-    document.querySelectorAll("section").forEach((s) => (s.hidden = true));
+    signIn(null);
     document.body.dataset.loaded = "true";
     return;
   }
+  $("sign-out").hidden = false;
   try {
-    // One call first: a refused JWT shows one message and nothing else.
-    await rpc("uncertain_actions", {}, auth);
+    const shown = await Promise.all([
+      offered("mine-section", loadMine),
+      offered("uncertain-section", loadUncertain),
+      offered("actions-section", loadActions),
+      offered("tools-section", loadTools),
+      offered("standing-section", loadStanding),
+    ]);
+    if (!shown.some(Boolean)) {
+      fail(new RpcError(403, { message: "this sign-in may not use any part of the console" }));
+    }
   } catch (e) {
-    fail(e);
-    document.querySelectorAll("section").forEach((s) => (s.hidden = true));
-    document.body.dataset.loaded = "true";
-    return;
+    if (e instanceof RpcError && e.status === 401) signIn(e);
+    else fail(e);
   }
-  await Promise.all([loadUncertain(), loadPending()]);
   const fromLink = new URLSearchParams(location.hash.slice(1)).get("a");
-  if (fromLink) showAudit(fromLink);
+  if (fromLink && $("signin-section").hidden) showTimeline(fromLink);
   document.body.dataset.loaded = "true";
 }
 

@@ -7,14 +7,18 @@
 // click. It decides nothing: every rule is the database's, and the card
 // only reports what the database answered (docs/card.md).
 //
-// Input, from the element's `link` attribute or else the page's fragment:
-//   a=<action_id>&t=<token>[&p=<base64url params JSON>]   one action
-//   … repeated                                             a batch card
-//   j=<JWT>                                                 the person's JWT
-// `p` belongs to the `a` before it: a digest action's reviewed params.
+// Input: the page's fragment, `a=<action_id>[&a=…]&c=<code>`, a link that
+// carries no credential: the one-time code is redeemed for a short card
+// session with a fresh token per action (POST /card/session), after which
+// the URL holds nothing that works; a digest action's reviewed params may
+// follow its `a` as `p=<base64url params JSON>`. An application that embeds
+// the element passes `link="a=…&t=<token>…"` as an attribute (never a URL)
+// and its person's JWT as the `jwt` property, or leaves the JWT in this
+// tab's sessionStorage. A JWT or a token in the page's fragment is never
+// read.
 
-import { rpc, takeJwt, explain, isMissingFunction, RpcError } from "./rpc.js";
-import { paramsHash, decodeLinkParams } from "./jcs.js";
+import { rpc, takeJwt, redeemLink, keepCardSession, takeCardSession, explain, isMissingFunction, RpcError } from "./rpc.js";
+import { decodeLinkParams } from "./jcs.js";
 import { el, valueText, visible, duration } from "./show.js";
 
 const IN_FLIGHT = new Set(["queued", "leased", "executing"]);
@@ -24,17 +28,30 @@ const EFFECTS = {
   irreversible: ["Irreversible", "It cannot be undone."],
 };
 
-/** The items and JWT of a link fragment (without the leading #). */
-export function parseLink(fragment) {
+/** The items and the one-time code of a link (without the leading #).
+ *  Tokens (`t`) count only where `withTokens` (the embedding application's
+ *  `link` attribute, which no browser history keeps); `j` never does. */
+export function parseLink(fragment, { withTokens = false } = {}) {
   const items = [];
-  let jwt = null;
+  let code = null;
   for (const [key, value] of new URLSearchParams(fragment)) {
     if (key === "a") items.push({ action_id: value, token: null, p: null });
-    else if (key === "t" && items.length) items[items.length - 1].token = value;
+    else if (key === "t" && withTokens && items.length) items[items.length - 1].token = value;
     else if (key === "p" && items.length) items[items.length - 1].p = value;
-    else if (key === "j") jwt = value;
+    else if (key === "c") code = value;
   }
-  return { items, jwt };
+  return { items, code };
+}
+
+/** The page's fragment without its one-time code, which is spent once
+ *  redeemed: what stays in the address bar is the action ids (and a
+ *  digest's reviewed params), nothing that works. */
+function dropCode() {
+  if (location.hash.includes("c=")) {
+    const params = new URLSearchParams(location.hash.slice(1));
+    params.delete("c");
+    history.replaceState(history.state, "", location.pathname + "#" + params.toString());
+  }
 }
 
 /** What an outcome means, in words. */
@@ -138,7 +155,7 @@ class Item {
   async load() {
     this.root.replaceChildren(el("p", { class: "kt-loading", text: "Loading the proposal…" }));
     if (!this.token) {
-      this.renderError(["This link lacks the action's token.", ""]);
+      this.renderError(["This action can no longer be decided from this link: it was decided already, or you may not decide it.", ""]);
       return;
     }
     try {
@@ -156,6 +173,10 @@ class Item {
     this.card.refresh();
   }
 
+  /** A digest action's fields from the link, checked by the database:
+   *  it keeps only a keyed digest of them, which no browser can recompute.
+   *  Fields that are not the proposed ones end the proposal there and then
+   *  (rejected_tampered), as approving with them would. */
   async checkHash() {
     const hashLine = this.root.querySelector('[data-kt="hash"]');
     if (this.linkParams === undefined) {
@@ -163,14 +184,15 @@ class Item {
       hashLine.textContent = this.linkParamsError || "This link does not carry the fields to review, so it cannot be approved here. Ask for a new link.";
     } else {
       try {
-        const got = await paramsHash(this.preview.tool, this.linkParams);
-        this.hashOk = got === this.preview.params_hash;
+        const checked = await rpc("preview", { action_id: this.actionId, token: this.token, params: this.linkParams }, this.card.auth);
+        this.hashOk = checked.params_match === true;
+        if (!this.hashOk) this.showStatus(checked.status, checked.result);
       } catch (e) {
         this.hashOk = false;
       }
       hashLine.textContent = this.hashOk
-        ? "✓ These fields are exactly the ones proposed (their hash matches)."
-        : "✗ These fields are not the ones proposed (their hash does not match). Do not approve; ask again.";
+        ? "✓ These fields are exactly the ones proposed (keyturn checked them)."
+        : "✗ These fields are not the ones proposed, so keyturn ended the proposal. Do not act on this link; ask again.";
     }
     hashLine.dataset.match = String(this.hashOk);
     hashLine.className = `kt-hash ${this.hashOk ? "kt-good" : "kt-bad"}`;
@@ -412,7 +434,9 @@ class Item {
     }
   }
 
-  /** Polls action_status until the action is no longer on its way. */
+  /** Polls the action's status until it is no longer on its way: with
+   *  action_status, or in a card session (which may only preview and
+   *  decide) with preview, whose token stays good after the decision. */
   async follow() {
     if (this.following) return;
     this.following = true;
@@ -422,8 +446,13 @@ class Item {
         await new Promise((r) => setTimeout(r, delay));
         delay = Math.min(delay * 1.5, 5000);
         try {
-          const rows = await rpc("action_status", { action_id: this.actionId }, this.card.auth);
-          if (rows && rows[0]) this.showStatus(rows[0].status, rows[0].result);
+          if (this.card.session) {
+            const now = await rpc("preview", { action_id: this.actionId, token: this.token }, this.card.auth);
+            if (now) this.showStatus(now.status, now.result);
+          } else {
+            const rows = await rpc("action_status", { action_id: this.actionId }, this.card.auth);
+            if (rows && rows[0]) this.showStatus(rows[0].status, rows[0].result);
+          }
         } catch (e) {
           if (e instanceof RpcError && e.status >= 400 && e.status < 500) {
             this.showError(e);
@@ -521,11 +550,11 @@ class KeyturnCard extends HTMLElement {
       // reloads nothing by itself: start over with it.
       window.addEventListener("hashchange", () => location.reload());
     }
-    const { items } = parseLink(ownLink ?? location.hash.slice(1));
-    // An embedding page hands the JWT over as a property; the /card page
-    // brings it in its fragment.
-    const jwt = this.jwt || (ownLink ? parseLink(ownLink).jwt : null) || takeJwt();
-    this.auth = { jwt, base: this.getAttribute("endpoint") || "" };
+    const { items, code } = parseLink(ownLink ?? location.hash.slice(1), { withTokens: ownLink !== null });
+    // An embedding page hands its person's JWT over as a property, or leaves
+    // it in sessionStorage; a link brings a one-time code instead.
+    this.code = code;
+    this.auth = { jwt: code ? null : this.jwt || takeJwt(), base: this.getAttribute("endpoint") || "" };
     this.classList.add("kt-card");
     this.dataset.kt = "card";
     this.globalError = el("p", { class: "kt-error", kt: "error", role: "alert", hidden: true });
@@ -534,7 +563,7 @@ class KeyturnCard extends HTMLElement {
     const header = el("header", { class: "kt-header" }, el("h1", { text: this.items.length > 1 ? `${this.items.length} actions wait for your decision` : "An action waits for your decision" }));
     this.replaceChildren(header, this.globalError, this.list);
     if (!items.length) return this.fail(["This link holds no action to review.", ""]);
-    if (!jwt) return this.fail(["You are not signed in here: open the link your app gave you again.", ""]);
+    if (!code && !this.auth.jwt && !takeCardSession(items.map((i) => i.action_id))) return this.fail(["This link holds no code to open it with: open the newest link from your notification or your app again.", ""]);
     if (this.items.length > 1) {
       this.approveAll = el("button", { type: "button", kt: "approve-all", class: "kt-approve", text: "Approve all" });
       this.approveAll.addEventListener("click", () => this.approveEvery());
@@ -543,7 +572,36 @@ class KeyturnCard extends HTMLElement {
     }
     for (const item of this.items) this.list.append(item.root);
     this.timer = setInterval(() => this.items.forEach((i) => i.tick()), 1000);
-    Promise.all(this.items.map((i) => i.load())).then(() => this.afterLoad());
+    this.start().then(() => Promise.all(this.items.map((i) => i.load()))).then(() => this.afterLoad());
+  }
+
+  /** With a link's code: redeem it for a card session and the actions'
+   *  fresh tokens, then drop it from the address bar. */
+  async start() {
+    const ids = this.items.map((i) => i.actionId);
+    const use = (opened) => {
+      this.auth.jwt = opened.session;
+      this.session = true;
+      for (const item of this.items) item.token = (opened.tokens || {})[item.actionId] || null;
+    };
+    if (!this.code) {
+      // Reloaded: the code is spent, but this tab's session may go on.
+      const kept = this.auth.jwt ? null : takeCardSession(ids);
+      if (kept) use(kept);
+      return;
+    }
+    try {
+      const opened = await redeemLink(this.code, ids, this.auth);
+      if (this.getAttribute("link") === null) keepCardSession(opened, ids);
+      use(opened);
+    } catch (e) {
+      this.fail(e instanceof RpcError && e.status === 401
+        ? ["This link was already used or has expired: links work once, for a short time. Open the newest notification, or the action from your queue.", ""]
+        : explain(e));
+      this.items = [];
+    } finally {
+      if (this.getAttribute("link") === null) dropCode();
+    }
   }
 
   disconnectedCallback() {
@@ -580,6 +638,9 @@ class KeyturnCard extends HTMLElement {
     try {
       let rows;
       try {
+        // A card session decides its actions one call each (it may not call
+        // approve_many); a JWT approves them as one batch.
+        if (this.session) throw new RpcError(404, { code: "PGRST202" });
         rows = await rpc("approve_many", { items: ready.map((i) => i.approveArgs()) }, this.auth);
       } catch (e) {
         if (!isMissingFunction(e)) throw e;

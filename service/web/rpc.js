@@ -1,27 +1,83 @@
-// Calls keyturnd's /rpc with the person's JWT, the way a PostgREST client
-// would. The JWT comes from the link's fragment (`j`), which no browser sends
-// to a server, and is kept only in this tab's sessionStorage; the fragment
-// loses it at once, so it neither lingers in the address bar nor in history.
+// Calls keyturnd's /rpc the way a PostgREST client would, with a bearer:
+// the person's JWT, which an application puts in this tab's sessionStorage
+// (never in a URL: browsers keep every URL in their history), or a card
+// session that a link's one-time code was redeemed for (redeemLink).
 
 const STORAGE_KEY = "keyturn.jwt";
 
-/** The person's JWT: `j` of the fragment (then stored and removed from the
- *  address bar) or what this tab stored before; null when there is none. */
+/** The person's JWT the application left in this tab's sessionStorage, or
+ *  null. A JWT in the link's fragment (`j=`) is never read: links carry no
+ *  credential. */
 export function takeJwt() {
-  const params = new URLSearchParams(location.hash.slice(1));
-  const fromLink = params.get("j");
-  if (fromLink) {
-    sessionStorage.setItem(STORAGE_KEY, fromLink);
-    params.delete("j");
-    const rest = params.toString();
-    history.replaceState(history.state, "", location.pathname + (rest ? "#" + rest : ""));
-  }
   return sessionStorage.getItem(STORAGE_KEY);
 }
 
-/** Forgets a JWT the server refused, so the next link must bring a new one. */
+/** Keeps a JWT the operator pasted, for this tab only. */
+export function keepJwt(jwt) {
+  sessionStorage.setItem(STORAGE_KEY, jwt);
+}
+
+/** Forgets a JWT the server refused, so the next page must bring a new one. */
 export function forgetJwt() {
   sessionStorage.removeItem(STORAGE_KEY);
+}
+
+const CARD_KEY = "keyturn.card";
+
+/** Keeps a redeemed card session for this tab only, so reloading the card
+ *  (whose URL no longer holds the spent code) goes on within the session. */
+export function keepCardSession(opened, actionIds) {
+  sessionStorage.setItem(CARD_KEY, JSON.stringify({ ...opened, action_ids: [...actionIds].sort() }));
+}
+
+/** This tab's card session for exactly these actions, while it lasts. */
+export function takeCardSession(actionIds) {
+  try {
+    const kept = JSON.parse(sessionStorage.getItem(CARD_KEY));
+    const same = JSON.stringify(kept.action_ids) === JSON.stringify([...actionIds].sort());
+    return same && Date.parse(kept.expires_at) > Date.now() ? kept : null;
+  } catch (e) {
+    return null;
+  }
+}
+
+/** Redeems a link's one-time code (`c`) for a card session:
+ *  {session, expires_at, tokens: {action_id: token}}, or an RpcError (401
+ *  for a used, expired or unknown code). The code works once, so the URL
+ *  that carried it holds nothing that works afterwards. */
+export async function redeemLink(code, actionIds, { base = "" } = {}) {
+  return post(`${base}/card/session`, { code, action_ids: actionIds }, null);
+}
+
+async function post(url, body, bearer) {
+  let response;
+  const headers = { "Content-Type": "application/json" };
+  if (bearer) headers.Authorization = `Bearer ${bearer}`;
+  try {
+    response = await fetch(url, {
+      method: "POST",
+      headers,
+      body: JSON.stringify(body),
+      cache: "no-store",
+      credentials: "omit",
+      referrerPolicy: "no-referrer",
+    });
+  } catch (e) {
+    throw new RpcError(0, { message: "keyturn could not be reached" });
+  }
+  const text = await response.text();
+  let parsed = null;
+  try {
+    parsed = text ? JSON.parse(text) : null;
+  } catch (e) {
+    parsed = { message: text };
+  }
+  if (!response.ok) {
+    if (response.status === 401 && bearer && bearer === takeJwt()) forgetJwt();
+    if (response.status === 401 && bearer && bearer.startsWith("kts_")) sessionStorage.removeItem(CARD_KEY);
+    throw new RpcError(response.status, parsed || {});
+  }
+  return parsed;
 }
 
 /** A refusal: the HTTP status and PostgREST's {code, message, details, hint}. */
@@ -37,31 +93,7 @@ export class RpcError extends Error {
 
 /** POST /rpc/<fn> with named arguments; the JSON answer, or an RpcError. */
 export async function rpc(fn, args, { jwt, base = "" }) {
-  let response;
-  try {
-    response = await fetch(`${base}/rpc/${encodeURIComponent(fn)}`, {
-      method: "POST",
-      headers: { "Content-Type": "application/json", Authorization: `Bearer ${jwt}` },
-      body: JSON.stringify(args),
-      cache: "no-store",
-      credentials: "omit",
-      referrerPolicy: "no-referrer",
-    });
-  } catch (e) {
-    throw new RpcError(0, { message: "keyturn could not be reached" });
-  }
-  const text = await response.text();
-  let body = null;
-  try {
-    body = text ? JSON.parse(text) : null;
-  } catch (e) {
-    body = { message: text };
-  }
-  if (!response.ok) {
-    if (response.status === 401) forgetJwt();
-    throw new RpcError(response.status, body || {});
-  }
-  return body;
+  return post(`${base}/rpc/${encodeURIComponent(fn)}`, args, jwt);
 }
 
 /** Whether the server does not offer `fn` (an older keyturn). */
@@ -77,7 +109,7 @@ export function explain(err) {
     case 0:
       return ["keyturn could not be reached. Check your connection and try again.", ""];
     case 401:
-      return ["Your sign-in is missing, expired or not accepted here. Sign in again and reopen the link.", said];
+      return ["This link or sign-in does not work (any more): links work once, for a short time. Open the newest notification, or ask for a new link from your queue.", said];
     case 403:
       return ["You are not allowed to do this.", said];
     case 404:

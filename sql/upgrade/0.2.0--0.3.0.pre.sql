@@ -95,6 +95,7 @@ CREATE TABLE keyturn.card_link (
 CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, tenant)
     WHERE session_digest IS NOT NULL;
 CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
+CREATE INDEX action_revised_from_idx ON keyturn.action (revised_from, tenant) WHERE revised_from IS NOT NULL;
 SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');
 
 -- Value lists as types, each said once (sql/005_status.sql).

@@ -133,12 +133,20 @@ fn approved_many(items: Option<JsonbText>) -> Outcomes {
     )
 }
 
-/// Human: the approval card's data. Read-only.
+/// Human: the approval card's data. With `params` (a digest action's
+/// reviewed fields, from its link), also whether they are the proposed
+/// ones (`params_match`); params that are not end the proposal
+/// `rejected_tampered`, as approving with them would, so a guess is
+/// checked once at most.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn preview(action_id: Option<pgrx::Uuid>, token: Option<String>) -> RawJsonb {
+fn preview(
+    action_id: Option<pgrx::Uuid>,
+    token: Option<String>,
+    params: default!(Option<JsonbText>, "NULL"),
+) -> RawJsonb {
     refuse_agents("preview");
-    previewed(action_id, token)
+    previewed(action_id, token, params)
 }
 
 /// Human: `preview` for the tenant named, which must be the caller's own
@@ -149,18 +157,23 @@ fn preview_for(
     tenant: Option<String>,
     action_id: Option<pgrx::Uuid>,
     token: Option<String>,
+    params: default!(Option<JsonbText>, "NULL"),
 ) -> RawJsonb {
     refuse_agents("preview_for");
     refuse_other_tenant("preview_for", tenant.as_deref());
-    previewed(action_id, token)
+    previewed(action_id, token, params)
 }
 
 /// preview's read, for `preview` and `preview_for`.
-fn previewed(action_id: Option<pgrx::Uuid>, token: Option<String>) -> RawJsonb {
+fn previewed(
+    action_id: Option<pgrx::Uuid>,
+    token: Option<String>,
+    params: Option<JsonbText>,
+) -> RawJsonb {
     as_owner(
-        "SELECT keyturn._preview($1, $2, $3)",
-        &[pg_sys::UUIDOID, pg_sys::TEXTOID],
-        vec![action_id.into(), token.into()],
+        "SELECT keyturn._preview($1, $2, $3, $4::pg_catalog.jsonb)",
+        &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+        vec![action_id.into(), token.into(), params.map(|p| p.0).into()],
         |row| row.get::<RawJsonb>(1),
     )
     .into_iter()

@@ -203,3 +203,61 @@ pub async fn try_set_role(client: &Client, role: &str) -> Result<(), Error> {
     }
     tried
 }
+
+/// What `keyturn.redeem_link_code` answers for a code: the card session's
+/// bearer, its end, a fresh token per action, the role its calls run as
+/// (`None`: keyturnd's card role). `None` for a code that does not redeem.
+pub struct Redeemed {
+    pub session: String,
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+    pub tokens: Value,
+    pub db_role: Option<String>,
+}
+
+/// Redeems a link code, once; on the dispatcher's connection (the function
+/// is the dispatcher's).
+pub async fn redeem_link_code(
+    client: &Client,
+    code: &str,
+    action_ids: &[uuid::Uuid],
+) -> Result<Option<Redeemed>, Error> {
+    let row = bounded(client.query_typed_opt(
+        "SELECT session, expires_at, tokens, db_role FROM keyturn.redeem_link_code($1, $2)",
+        &[(&code, Type::TEXT), (&action_ids, Type::UUID_ARRAY)],
+    ))
+    .await?;
+    row.map(|r| {
+        Ok(Redeemed {
+            session: get(&r, "session")?,
+            expires_at: get(&r, "expires_at")?,
+            tokens: get(&r, "tokens")?,
+            db_role: get(&r, "db_role")?,
+        })
+    })
+    .transpose()
+}
+
+/// A live card session: the role its calls run as (`None`: keyturnd's card
+/// role), the claims that assert its person, and its actions.
+pub struct CardSession {
+    pub db_role: Option<String>,
+    pub claims: Value,
+    pub action_ids: Vec<uuid::Uuid>,
+}
+
+/// The card session a bearer names, while it lives; `None` otherwise.
+pub async fn card_session(client: &Client, bearer: &str) -> Result<Option<CardSession>, Error> {
+    let row = bounded(client.query_typed_opt(
+        "SELECT db_role, claims, action_ids FROM keyturn.card_session($1)",
+        &[(&bearer, Type::TEXT)],
+    ))
+    .await?;
+    row.map(|r| {
+        Ok(CardSession {
+            db_role: get(&r, "db_role")?,
+            claims: get(&r, "claims")?,
+            action_ids: get(&r, "action_ids")?,
+        })
+    })
+    .transpose()
+}

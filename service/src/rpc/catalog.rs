@@ -32,9 +32,16 @@ pub const EXPOSED: &[&str] = &[
     "revoke_delegation",
     "delegations",
     "record_request",
+    "issue_token",
+    "link_code",
     "uncertain_actions",
     "reconcile",
     "attempts",
+    "action_counts",
+    "find_actions",
+    "tools",
+    "standing_approvals",
+    "set_tool_enabled",
 ];
 
 /// The exposed calls that change an action, whose tenant-explicit form

@@ -13,6 +13,10 @@
 //! COMMIT;
 //! ```
 //!
+//! The caller is a person's JWT, or a card session: the short bearer a
+//! link's one-time code was redeemed for ([`card`]), which may only preview
+//! and decide the link's actions.
+//!
 //! keyturnd decides nothing here: it verifies the JWT (see [`crate::jwt`]),
 //! keeps to the function and role allowlists, and the database applies every
 //! rule to the identity the claims assert. Database errors answer with their
@@ -20,6 +24,7 @@
 //! failure is logged with every string of the request blanked out, so a
 //! token or a JWT never reaches the log.
 
+pub mod card;
 pub mod catalog;
 
 use std::time::Duration;
@@ -43,6 +48,9 @@ pub struct Rpc {
     verifier: Verifier,
     catalog: Catalog,
     pool: Pool,
+    /// Card sessions (see [`card`]): redeemed and resolved on the
+    /// dispatcher's connection, whose functions they are.
+    cards: Option<card::Cards>,
 }
 
 impl std::fmt::Debug for Rpc {
@@ -62,7 +70,22 @@ impl Rpc {
             verifier,
             catalog,
             pool,
+            cards: None,
         }
+    }
+
+    /// With card sessions, redeemed and resolved on `dispatcher`, their
+    /// calls run as the role the link's code names or else `card_role`.
+    pub fn with_cards(mut self, dispatcher: Pool, card_role: Option<String>) -> Rpc {
+        self.cards = Some(card::Cards::new(dispatcher, card_role));
+        self
+    }
+
+    /// `POST /card/session`: a link's one-time code, redeemed for a card
+    /// session (see [`card`]).
+    pub async fn redeem(&self, body: &[u8]) -> Result<Value, Error> {
+        let cards = self.cards.as_ref().ok_or(Error::NotReady)?;
+        cards.redeem(body, |role| self.verifier.allows(role)).await
     }
 
     /// `/rpc` as configured, once the database has answered the start-up
@@ -72,6 +95,7 @@ impl Rpc {
     pub async fn start(
         config: &Config,
         metrics: std::sync::Arc<Metrics>,
+        dispatcher: Pool,
         shutdown: &CancellationToken,
     ) -> Result<Option<Rpc>, Error> {
         let Some(verifier) = Verifier::from_config(config)? else {
@@ -111,7 +135,9 @@ impl Rpc {
             backoff = (backoff * 2).min(RETRY_MAX);
         };
         tracing::info!(functions = ?catalog.names(), roles = ?roles, "serving /rpc");
-        Ok(Some(Rpc::new(verifier, catalog, pool)))
+        Ok(Some(
+            Rpc::new(verifier, catalog, pool).with_cards(dispatcher, config.card_role.clone()),
+        ))
     }
 
     /// Runs `function` for the request with `authorization` and `body`.
@@ -121,8 +147,18 @@ impl Rpc {
         authorization: Option<&str>,
         body: &[u8],
     ) -> Result<Value, Error> {
-        let verified = self.verifier.verify(authorization)?;
-        let args = parse_body(body)?;
+        // Who calls comes first, as it always did: a request with no valid
+        // credential learns nothing about its body.
+        let (verified, args) = match (card::bearer_of(authorization), &self.cards) {
+            (Some(bearer), Some(cards)) => {
+                let args = parse_body(body)?;
+                let verified = cards
+                    .caller(bearer, function, &args, |role| self.verifier.allows(role))
+                    .await?;
+                (verified, args)
+            }
+            _ => (self.verifier.verify(authorization)?, parse_body(body)?),
+        };
         let (_, sql) = self.catalog.statement(function, &args)?;
         let sql_by_tenant = self.catalog.statement_by_tenant(function, &args)?;
         let args = Value::Object(args);

@@ -11,11 +11,11 @@ use serde_json::{json, Value};
 
 use crate::e2e_rpc::assert_no_secret;
 use crate::support::browser::{
-    self, card_link, exists, js, link_params, screenshot, wait_js, wait_loaded, wait_status,
+    self, code_link, exists, js, link_params, screenshot, wait_js, wait_loaded, wait_status,
     PHONE_WIDTH,
 };
 use crate::support::e2e::{self, Keyturnd, Receiver, Reply, World};
-use crate::support::web::{self, post_rpc, Proposal};
+use crate::support::web::{self, post_rpc};
 
 const WITHIN: Duration = Duration::from_secs(20);
 
@@ -59,7 +59,6 @@ async fn test_card_shows_the_change_approves_once_and_says_when_the_record_chang
     let w = World::new(port).await;
     let k = keyturnd(&w, vec![]).await;
     let (tool, deals) = w.deal_tool(3).await;
-    let jwt = w.human_jwt();
     let propose = |deal: i64, stage: &'static str| {
         let w = &w;
         let tool = tool.clone();
@@ -74,7 +73,7 @@ async fn test_card_shows_the_change_approves_once_and_says_when_the_record_chang
     let p = propose(deals[0], "won").await;
 
     let c = browser::open(&webdriver, false).await;
-    visit(&c, &card_link(&k.base, &[(&p, None)], &jwt))
+    visit(&c, &code_link(&w, &k.base, &[(&p, None)]).await)
         .await
         .expect("open the card");
     wait_loaded(&c).await;
@@ -92,13 +91,24 @@ async fn test_card_shows_the_change_approves_once_and_says_when_the_record_chang
     assert!(text(&c, "[data-kt=expires]")
         .await
         .starts_with("Expires in"));
-    // The JWT left the address bar for this tab's session storage.
+    // The spent code left the address bar; the card session is this tab's.
     let url = c.current_url().await.expect("url");
-    assert!(!url.as_str().contains("j="), "{url}");
+    assert!(!url.as_str().contains("c="), "{url}");
+    assert!(url.as_str().contains(&p.id.to_string()), "{url}");
     assert!(url.query().is_none(), "nothing in a query string: {url}");
+    let kept = js(
+        &c,
+        "return JSON.parse(sessionStorage.getItem('keyturn.card'))",
+        vec![],
+    )
+    .await;
+    assert!(
+        kept["session"].as_str().unwrap_or("").starts_with("kts_"),
+        "{kept}"
+    );
     assert_eq!(
         js(&c, "return sessionStorage.getItem('keyturn.jwt')", vec![]).await,
-        json!(jwt)
+        Value::Null
     );
     screenshot(&c, "card-desktop").await;
 
@@ -117,7 +127,7 @@ async fn test_card_shows_the_change_approves_once_and_says_when_the_record_chang
     assert_eq!(w.deal_stage(deals[0]).await, "won");
     assert_eq!(w.events_to(p.id, "succeeded").await, 1);
     assert_eq!(w.usage_rows(p.id).await, 1);
-    // Reopened (the JWT now from session storage), it shows the outcome.
+    // Reloaded (the card session from this tab's storage), it shows the outcome.
     c.refresh().await.expect("reload");
     wait_loaded(&c).await;
     wait_status(&c, &p.id.to_string(), "succeeded").await;
@@ -133,7 +143,7 @@ async fn test_card_shows_the_change_approves_once_and_says_when_the_record_chang
         )
         .await
         .expect("edit the deal");
-    visit(&c, &card_link(&k.base, &[(&stale, None)], &jwt))
+    visit(&c, &code_link(&w, &k.base, &[(&stale, None)]).await)
         .await
         .expect("open");
     wait_loaded(&c).await;
@@ -151,7 +161,7 @@ async fn test_card_shows_the_change_approves_once_and_says_when_the_record_chang
     // On a phone, by keyboard: Tab to Approve (its focus visible), Enter.
     let phone = propose(deals[2], "negotiation").await;
     let c = browser::open(&webdriver, true).await;
-    visit(&c, &card_link(&k.base, &[(&phone, None)], &jwt))
+    visit(&c, &code_link(&w, &k.base, &[(&phone, None)]).await)
         .await
         .expect("open");
     wait_loaded(&c).await;
@@ -199,24 +209,24 @@ async fn test_card_shows_the_change_approves_once_and_says_when_the_record_chang
     c.close().await.expect("close");
 
     let log = k.stop().await;
-    assert_no_secret(&log, &[&jwt, &p.token, &stale.token, &phone.token]);
+    assert_no_secret(&log, &[&p.token, &stale.token, &phone.token]);
 }
 
 #[tokio::test]
-async fn test_card_refuses_expired_proposals_wrong_tokens_and_foreign_jwts() {
+async fn test_card_refuses_expired_proposals_used_codes_and_credentials_in_the_url() {
     let webdriver = require_browser!();
     let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let k = keyturnd(&w, vec![]).await;
-    let quick = w.webhook_tool(json!({"expires_in": "1 second"})).await;
+    let quick = w.webhook_tool(json!({"expires_in": "3 seconds"})).await;
     let tool = w.webhook_tool(json!({})).await;
     let jwt = w.human_jwt();
 
+    // Opened in time, it counts down and then offers nothing.
     let late = w.propose(&quick, json!({"text": "too late"})).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
     let c = browser::open(&webdriver, false).await;
-    visit(&c, &card_link(&k.base, &[(&late, None)], &jwt))
+    visit(&c, &code_link(&w, &k.base, &[(&late, None)]).await)
         .await
         .expect("open");
     wait_loaded(&c).await;
@@ -231,66 +241,161 @@ async fn test_card_refuses_expired_proposals_wrong_tokens_and_foreign_jwts() {
     .await;
     assert!(said.as_str().unwrap_or("").starts_with("Expired"), "{said}");
     assert!(approve_disabled(&c).await);
-    // Forced through anyway, the database says the same.
+    // Forced through anyway with the card's own token, the database says
+    // the same.
+    let token = js(
+        &c,
+        "return JSON.parse(sessionStorage.getItem('keyturn.card')).tokens[arguments[0]]",
+        vec![json!(late.id.to_string())],
+    )
+    .await;
     let (_, _, rows) = post_rpc(
         &k.base,
         "approve",
         Some(&jwt),
-        &json!({"action_id": late.id.to_string(), "token": late.token}),
+        &json!({"action_id": late.id.to_string(), "token": token}),
     )
     .await;
     assert_eq!(rows[0]["status"], "expired", "{rows}");
 
-    // A wrong token: refused, nothing shown.
+    // A code that is used, or that nobody made: the card says the link does
+    // not work and shows nothing of the action.
     let p = w.propose(&tool, json!({"text": "secret plans"})).await;
-    let wrong = Proposal {
-        id: p.id,
-        token: "not-the-token".into(),
-    };
-    visit(&c, &card_link(&k.base, &[(&wrong, None)], &jwt))
-        .await
-        .expect("open");
-    wait_loaded(&c).await;
-    assert!(text(&c, "[data-kt=error]:not([hidden])")
-        .await
-        .contains("the token is wrong"));
-    assert!(!exists(&c, "[data-kt=summary]").await);
-    c.close().await.expect("close");
-
-    // An agent's JWT, another tenant's, an expired one: refused, nothing shown.
-    let other = World::new(port).await;
-    for (who, bad, words) in [
-        (
-            "agent",
-            w.jwt_as("app_agent", web::now() + 600),
-            "not allowed",
-        ),
-        ("another tenant", other.human_jwt(), "not visible to you"),
-        (
-            "expired",
-            w.jwt_as("app_human", web::now() - 300),
-            "sign-in is missing, expired",
-        ),
-    ] {
-        let c = browser::open(&webdriver, false).await;
-        visit(&c, &card_link(&k.base, &[(&p, None)], &bad))
-            .await
-            .expect("open");
+    let link = code_link(&w, &k.base, &[(&p, None)]).await;
+    let code = url::form_urlencoded::parse(link.split_once('#').unwrap().1.as_bytes())
+        .find(|(k, _)| k == "c")
+        .map(|(_, v)| v.into_owned())
+        .expect("the link's code");
+    let (status, _, _) = web::post_json(
+        &format!("{}/card/session", k.base),
+        None,
+        &json!({"code": code, "action_ids": [p.id]}),
+    )
+    .await;
+    assert_eq!(status, 200, "someone else opened the link first");
+    let forged = browser::link_with_code(&k.base, &[(&p, None)], "kt_made-up");
+    for (what, url) in [("used", link.as_str()), ("forged", forged.as_str())] {
+        visit(&c, url).await.expect("open");
         wait_loaded(&c).await;
         let error = text(&c, "[data-kt=error]:not([hidden])").await;
-        assert!(error.contains(words), "{who}: {error}");
-        assert!(!exists(&c, "[data-kt=summary]").await, "{who}");
-        let page = js(&c, "return document.body.innerText", vec![]).await;
         assert!(
-            !page.as_str().unwrap_or("").contains("secret plans"),
-            "{who}: {page}"
+            error.contains("already used or has expired"),
+            "{what}: {error}"
         );
-        c.close().await.expect("close");
+        assert!(!exists(&c, "[data-kt=summary]").await, "{what}");
+        assert!(!exists(&c, "[data-kt=approve]").await, "{what}");
     }
+    c.close().await.expect("close");
+
+    // A link of the old form, a token and the person's own JWT in the
+    // fragment: the card reads neither, stores nothing and shows nothing.
+    let c = browser::open(&webdriver, false).await;
+    visit(
+        &c,
+        &format!("{}/card#a={}&t={}&j={jwt}", k.base, p.id, p.token),
+    )
+    .await
+    .expect("open");
+    wait_loaded(&c).await;
+    let error = text(&c, "[data-kt=error]:not([hidden])").await;
+    assert!(error.contains("holds no code"), "{error}");
+    assert!(!exists(&c, "[data-kt=summary]").await);
+    let page = js(&c, "return document.body.innerText", vec![]).await;
+    assert!(
+        !page.as_str().unwrap_or("").contains("secret plans"),
+        "{page}"
+    );
+    assert_eq!(
+        js(&c, "return sessionStorage.length", vec![]).await,
+        json!(0)
+    );
+    c.close().await.expect("close");
     assert_eq!(w.status(p.id).await, "pending");
 
     let log = k.stop().await;
     assert_no_secret(&log, &[&jwt, &p.token, &late.token]);
+}
+
+/// A link opened, approved, the browser closed: its history database (what
+/// sync and the address bar's suggestions draw on) holds the link, and
+/// nothing in it works any more: each code is spent, and no session, token
+/// or JWT was ever in a URL.
+#[tokio::test]
+async fn test_the_browsers_history_holds_nothing_that_works() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
+    let k = keyturnd(&w, rx.env()).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&tool, json!({"text": "from a notification"}))
+        .await;
+    let link = code_link(&w, &k.base, &[(&p, None)]).await;
+
+    let (c, profile) = browser::open_profile(&webdriver, true).await;
+    visit(&c, &link).await.expect("open");
+    wait_loaded(&c).await;
+    c.find(Locator::Css("[data-kt=approve]"))
+        .await
+        .expect("approve")
+        .click()
+        .await
+        .expect("click");
+    wait_status(&c, &p.id.to_string(), "succeeded").await;
+    let session = js(
+        &c,
+        "return JSON.parse(sessionStorage.getItem('keyturn.card'))",
+        vec![],
+    )
+    .await;
+    let bearer = session["session"].as_str().expect("a session").to_owned();
+    let token = session["tokens"][p.id.to_string()]
+        .as_str()
+        .expect("a token")
+        .to_owned();
+    c.close().await.expect("quit the browser");
+
+    let urls = browser::history_urls(&profile).await;
+    let cards: Vec<&String> = urls.iter().filter(|u| u.contains("/card#")).collect();
+    assert!(
+        !cards.is_empty(),
+        "the history holds the card's link: {urls:?}"
+    );
+    for url in &urls {
+        for secret in [&bearer, &token, &p.token] {
+            assert!(
+                !url.contains(secret.as_str()),
+                "a credential in history: {url}"
+            );
+        }
+        assert!(!url.contains("j="), "{url}");
+        let fragment = url.split_once('#').map(|(_, f)| f).unwrap_or("");
+        let pairs: Vec<(String, String)> = url::form_urlencoded::parse(fragment.as_bytes())
+            .into_owned()
+            .collect();
+        let ids: Vec<&str> = pairs
+            .iter()
+            .filter(|(k, _)| k == "a")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        for (_, code) in pairs.iter().filter(|(k, _)| k == "c") {
+            let (status, _, body) = web::post_json(
+                &format!("{}/card/session", k.base),
+                None,
+                &json!({"code": code, "action_ids": ids}),
+            )
+            .await;
+            assert_eq!(
+                status, 401,
+                "a code in history still opens a session: {url} {body}"
+            );
+        }
+    }
+    assert_eq!(rx.requests(p.id).len(), 1);
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&bearer, &token, &p.token]);
 }
 
 #[tokio::test]
@@ -301,12 +406,11 @@ async fn test_card_shows_markup_and_invisible_characters_as_text() {
     let w = World::new(port).await;
     let k = keyturnd(&w, vec![]).await;
     let tool = w.webhook_tool(json!({})).await;
-    let jwt = w.human_jwt();
     let hostile = "<img src=x onerror=\"window.__kt_xss=1;alert(1)\"><script>window.__kt_xss=2</script>pay\u{200B}pal \u{202E}cod.exe";
     let p = w.propose(&tool, json!({"text": hostile})).await;
 
     let c = browser::open(&webdriver, false).await;
-    visit(&c, &card_link(&k.base, &[(&p, None)], &jwt))
+    visit(&c, &code_link(&w, &k.base, &[(&p, None)]).await)
         .await
         .expect("open");
     wait_loaded(&c).await;
@@ -344,11 +448,11 @@ async fn test_card_shows_markup_and_invisible_characters_as_text() {
     assert!(c.get_alert_text().await.is_err(), "no alert opened");
     c.close().await.expect("close");
     let log = k.stop().await;
-    assert_no_secret(&log, &[&jwt, &p.token]);
+    assert_no_secret(&log, &[&p.token]);
 }
 
 #[tokio::test]
-async fn test_digest_card_approves_only_fields_that_match_the_hash() {
+async fn test_digest_card_approves_only_the_proposed_fields() {
     let webdriver = require_browser!();
     let port = require_db!();
     let _serial = e2e::serial().await;
@@ -356,13 +460,12 @@ async fn test_digest_card_approves_only_fields_that_match_the_hash() {
     let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
     let k = keyturnd(&w, rx.env()).await;
     let tool = w.webhook_tool(json!({"retain": "digest"})).await;
-    let jwt = w.human_jwt();
 
     let params = json!({"text": "Grüße 😂 דּ — 1e30 and 4.50"});
     let p = w.propose(&tool, params.clone()).await;
     let link_p = link_params(&params);
     let c = browser::open(&webdriver, false).await;
-    visit(&c, &card_link(&k.base, &[(&p, Some(&link_p))], &jwt))
+    visit(&c, &code_link(&w, &k.base, &[(&p, Some(&link_p))]).await)
         .await
         .expect("open");
     wait_loaded(&c).await;
@@ -397,7 +500,7 @@ async fn test_digest_card_approves_only_fields_that_match_the_hash() {
     let changed = json!({"text": "pay 10000 EUR"});
     visit(
         &c,
-        &card_link(&k.base, &[(&q, Some(&link_params(&changed)))], &jwt),
+        &code_link(&w, &k.base, &[(&q, Some(&link_params(&changed)))]).await,
     )
     .await
     .expect("open");
@@ -415,22 +518,19 @@ async fn test_digest_card_approves_only_fields_that_match_the_hash() {
         .await
         .contains("not the ones proposed"));
     assert!(approve_disabled(&c).await);
-    let (_, _, rows) = post_rpc(
-        &k.base,
-        "approve",
-        Some(&jwt),
-        &json!({"action_id": q.id.to_string(), "token": q.token, "params": changed}),
-    )
-    .await;
-    assert_eq!(rows[0]["status"], "rejected_tampered", "{rows}");
-    c.refresh().await.expect("reload");
-    wait_loaded(&c).await;
+    // Fields that are not the proposed ones ended the proposal: the link's
+    // holder had one guess, as approving with them would have been.
     let said = wait_status(&c, &q.id.to_string(), "rejected_tampered").await;
     assert!(said.contains("does not match what was proposed"), "{said}");
+    assert_eq!(w.status(q.id).await, "rejected_tampered");
+    c.refresh().await.expect("reload");
+    wait_loaded(&c).await;
+    wait_status(&c, &q.id.to_string(), "rejected_tampered").await;
+    assert!(approve_disabled(&c).await);
     assert!(rx.requests(q.id).is_empty());
     c.close().await.expect("close");
     let log = k.stop().await;
-    assert_no_secret(&log, &[&jwt, &p.token, &q.token]);
+    assert_no_secret(&log, &[&p.token, &q.token]);
 }
 
 #[tokio::test]
@@ -443,7 +543,6 @@ async fn test_batch_card_approves_all_and_shows_each_outcome() {
     let k = keyturnd(&w, rx.env()).await;
     let tool = w.webhook_tool(json!({})).await;
     let other_tool = w.webhook_tool(json!({})).await;
-    let jwt = w.human_jwt();
     let a = w.propose(&tool, json!({"text": "first"})).await;
     let b = w.propose(&tool, json!({"text": "second"})).await;
     let refused = w.propose(&other_tool, json!({"text": "third"})).await;
@@ -451,7 +550,7 @@ async fn test_batch_card_approves_all_and_shows_each_outcome() {
     let c = browser::open(&webdriver, false).await;
     visit(
         &c,
-        &card_link(&k.base, &[(&a, None), (&b, None), (&refused, None)], &jwt),
+        &code_link(&w, &k.base, &[(&a, None), (&b, None), (&refused, None)]).await,
     )
     .await
     .expect("open");
@@ -494,11 +593,56 @@ async fn test_batch_card_approves_all_and_shows_each_outcome() {
     assert_eq!(rx.requests(b.id).len(), 1);
     c.close().await.expect("close");
     let log = k.stop().await;
-    assert_no_secret(&log, &[&jwt, &a.token, &b.token, &refused.token]);
+    assert_no_secret(&log, &[&a.token, &b.token, &refused.token]);
+}
+
+/// Signs in to the console with `jwt` through its form, as a person would
+/// paste it: never through the address.
+async fn console_sign_in(c: &Client, base: &str, jwt: &str) {
+    visit(c, &format!("{base}/console"))
+        .await
+        .expect("open the console");
+    wait_console(c).await;
+    c.find(Locator::Css("[data-kt=jwt]"))
+        .await
+        .expect("the sign-in form")
+        .send_keys(jwt)
+        .await
+        .expect("type");
+    c.find(Locator::Css("[data-kt=signin] button[type=submit]"))
+        .await
+        .expect("sign in")
+        .click()
+        .await
+        .expect("click");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_console(c).await;
+    let url = c.current_url().await.expect("url");
+    assert!(!url.as_str().contains(jwt), "{url}");
+}
+
+async fn wait_console(c: &Client) {
+    wait_js(
+        c,
+        "the console to load",
+        "return document.body.dataset.loaded",
+        vec![],
+    )
+    .await;
+}
+
+async fn shown(c: &Client, section: &str) -> bool {
+    js(
+        c,
+        "const s = document.querySelector(`[data-kt=\"${arguments[0]}\"]`); return !!s && !s.hidden;",
+        vec![json!(section)],
+    )
+    .await
+        == json!(true)
 }
 
 #[tokio::test]
-async fn test_console_reconciles_an_uncertain_action_and_shows_its_audit() {
+async fn test_console_reconciles_an_uncertain_action_and_shows_its_timeline() {
     let webdriver = require_browser!();
     let port = require_db!();
     let _serial = e2e::serial().await;
@@ -515,9 +659,7 @@ async fn test_console_reconciles_an_uncertain_action_and_shows_its_audit() {
         web::jwt(json!({"role": "app_operator", "sub": "ops-1", "exp": web::now() + 600}));
 
     let c = browser::open(&webdriver, false).await;
-    c.goto(&format!("{}/console#j={operator}", k.base))
-        .await
-        .expect("open the console");
+    console_sign_in(&c, &k.base, &operator).await;
     let row = format!("[data-kt=uncertain-row][data-action-id=\"{id}\"]");
     wait_js(
         &c,
@@ -526,7 +668,91 @@ async fn test_console_reconciles_an_uncertain_action_and_shows_its_audit() {
         vec![json!(row)],
     )
     .await;
-    assert!(!c.current_url().await.expect("url").as_str().contains("j="));
+    assert_eq!(
+        js(&c, "return sessionStorage.getItem('keyturn.jwt')", vec![]).await,
+        json!(operator),
+        "kept for this tab"
+    );
+    // The operator's sections: no queue of their own, no kill switch.
+    assert!(!shown(&c, "mine-section").await, "an operator has no queue");
+    for section in [
+        "uncertain-section",
+        "actions-section",
+        "tools-section",
+        "standing-section",
+    ] {
+        assert!(shown(&c, section).await, "{section}");
+    }
+    assert!(
+        !exists(&c, "[data-kt=kill-switch]").await,
+        "only an admin may"
+    );
+    let state = text(
+        &c,
+        &format!("[data-kt=tool-row][data-tool=\"{tool}\"] [data-kt=tool-state]"),
+    )
+    .await;
+    assert_eq!(state, "enabled");
+
+    // Counts by status, a filter, the action's timeline.
+    let uncertain = js(
+        &c,
+        "return document.querySelector('[data-kt=count][data-status=uncertain]').dataset.count",
+        vec![],
+    )
+    .await;
+    assert!(
+        uncertain
+            .as_str()
+            .unwrap_or("0")
+            .parse::<i64>()
+            .unwrap_or(0)
+            >= 1,
+        "{uncertain}"
+    );
+    c.find(Locator::Css("[data-kt=filter-tenant]"))
+        .await
+        .expect("tenant filter")
+        .send_keys(&w.tenant)
+        .await
+        .expect("type");
+    c.find(Locator::Css("[data-kt=count][data-status=uncertain]"))
+        .await
+        .expect("count")
+        .click()
+        .await
+        .expect("filter by status");
+    let listed = wait_js(
+        &c,
+        "the uncertain action in the list",
+        "const rows = [...document.querySelectorAll('[data-kt=action-row]')]; \
+         return rows.length && rows.every(r => r.dataset.status === 'uncertain') && rows.map(r => r.dataset.actionId);",
+        vec![],
+    )
+    .await;
+    assert_eq!(listed, json!([id]), "one tenant, one status");
+    c.find(Locator::Css("[data-kt=action-row] [data-kt=action-open]"))
+        .await
+        .expect("open the action")
+        .click()
+        .await
+        .expect("click");
+    wait_js(
+        &c,
+        "the timeline with events and the attempt",
+        "return document.querySelectorAll('[data-kt=audit-row]').length >= 3 && \
+                document.querySelectorAll('[data-kt=timeline-attempt]').length === 1;",
+        vec![],
+    )
+    .await;
+    js(
+        &c,
+        "document.querySelector('[data-kt=actions-section]').scrollIntoView();",
+        vec![],
+    )
+    .await;
+    screenshot(&c, "console-actions").await;
+
     let button = c
         .find(Locator::Css(&format!("{row} [data-kt=reconcile]")))
         .await
@@ -549,16 +775,6 @@ async fn test_console_reconciles_an_uncertain_action_and_shows_its_audit() {
         vec![],
     )
     .await;
-    assert!(
-        js(
-            &c,
-            "return document.querySelector('[data-kt=pending-section]').hidden",
-            vec![]
-        )
-        .await
-            == json!(true),
-        "an operator has no tenant queue to see"
-    );
     js(
         &c,
         "document.activeElement.blur(); window.scrollTo(0, 0);",
@@ -569,7 +785,7 @@ async fn test_console_reconciles_an_uncertain_action_and_shows_its_audit() {
     button.click().await.expect("reconcile");
     wait_js(
         &c,
-        "the audit to show the reconciliation",
+        "the timeline to show the reconciliation",
         "return [...document.querySelectorAll('[data-kt=audit-row]')].some(r => \
            r.textContent.includes('uncertain → succeeded') && r.textContent.includes('receiver log shows'))",
         vec![],
@@ -577,22 +793,35 @@ async fn test_console_reconciles_an_uncertain_action_and_shows_its_audit() {
     .await;
     assert_eq!(w.status(q.id).await, "succeeded");
     assert_eq!(w.usage_rows(q.id).await, 1);
+
+    // Signing out forgets the JWT.
+    c.find(Locator::Css("[data-kt=sign-out]"))
+        .await
+        .expect("sign out")
+        .click()
+        .await
+        .expect("click");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_console(&c).await;
+    assert!(shown(&c, "signin-section").await);
+    assert_eq!(
+        js(&c, "return sessionStorage.length", vec![]).await,
+        json!(0)
+    );
     c.close().await.expect("close");
 
-    // A person's or an agent's JWT: refused, nothing shown.
-    for bad in [w.jwt_as("app_agent", web::now() + 600), w.human_jwt()] {
+    // An agent's JWT: refused, nothing shown. An expired one: sign in again.
+    for (who, bad) in [
+        ("agent", w.jwt_as("app_agent", web::now() + 600)),
+        (
+            "expired",
+            web::jwt(json!({"role": "app_operator", "sub": "ops-1", "exp": web::now() - 300})),
+        ),
+    ] {
         let c = browser::open(&webdriver, false).await;
-        c.goto(&format!("{}/console#j={bad}", k.base))
-            .await
-            .expect("open");
-        wait_js(
-            &c,
-            "the console to load",
-            "return document.body.dataset.loaded",
-            vec![],
-        )
-        .await;
-        assert!(!exists(&c, "[data-kt=uncertain-row]").await);
+        console_sign_in(&c, &k.base, &bad).await;
+        assert!(!exists(&c, "[data-kt=uncertain-row]").await, "{who}");
+        assert!(!exists(&c, "[data-kt=action-row]").await, "{who}");
         assert!(
             js(
                 &c,
@@ -600,12 +829,168 @@ async fn test_console_reconciles_an_uncertain_action_and_shows_its_audit() {
                 vec![]
             )
             .await
-                == json!(true)
+                == json!(true),
+            "{who}"
         );
+        if who == "expired" {
+            assert!(shown(&c, "signin-section").await, "{who}");
+            assert_eq!(
+                js(&c, "return sessionStorage.getItem('keyturn.jwt')", vec![]).await,
+                Value::Null,
+                "a refused JWT is forgotten"
+            );
+        }
         c.close().await.expect("close");
     }
     let log = k.stop().await;
     assert_no_secret(&log, &[&operator]);
+}
+
+/// A person approves from their queue in the console, without the link:
+/// issue_token gives the card a fresh token, and the link's stops working.
+#[tokio::test]
+async fn test_console_approves_from_the_queue_without_the_link() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
+    let k = keyturnd(&w, rx.env()).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let p = w.propose(&tool, json!({"text": "from the queue"})).await;
+    let jwt = w.human_jwt();
+
+    let c = browser::open(&webdriver, true).await;
+    console_sign_in(&c, &k.base, &jwt).await;
+    assert!(shown(&c, "mine-section").await);
+    for section in [
+        "uncertain-section",
+        "actions-section",
+        "tools-section",
+        "standing-section",
+    ] {
+        assert!(!shown(&c, section).await, "a person does not see {section}");
+    }
+    let row = format!("[data-kt=pending-row][data-action-id=\"{}\"]", p.id);
+    c.find(Locator::Css(&format!("{row} [data-kt=review]")))
+        .await
+        .expect("review")
+        .click()
+        .await
+        .expect("click");
+    wait_loaded(&c).await;
+    assert!(text(&c, "[data-kt=summary]")
+        .await
+        .contains("from the queue"));
+    screenshot(&c, "console-queue-mobile").await;
+    // The proposal's own token (the link's) no longer works.
+    let (status, _, _) = post_rpc(
+        &k.base,
+        "preview",
+        Some(&jwt),
+        &json!({"action_id": p.id, "token": p.token}),
+    )
+    .await;
+    assert_eq!(status, 409, "the link's token was replaced");
+    c.find(Locator::Css("[data-kt=approve]"))
+        .await
+        .expect("approve")
+        .click()
+        .await
+        .expect("click");
+    wait_status(&c, &p.id.to_string(), "succeeded").await;
+    assert_eq!(rx.requests(p.id).len(), 1);
+    c.find(Locator::Css("[data-kt=back]"))
+        .await
+        .expect("back")
+        .click()
+        .await
+        .expect("click");
+    wait_js(
+        &c,
+        "the queue to be empty",
+        "return !document.querySelector('[data-kt=mine-empty]').hidden",
+        vec![],
+    )
+    .await;
+    c.close().await.expect("close");
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&jwt, &p.token]);
+}
+
+/// The platform admin throws the kill switch from the console: the tool is
+/// disabled in the database, and enabled again.
+#[tokio::test]
+async fn test_console_kill_switch_for_the_platform_admin() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    web::authenticator(&w.superuser).await;
+    // A role of the platform admin's for /rpc of its own (app_admin stays
+    // one the authenticator cannot become, which e2e_rpc relies on).
+    w.superuser
+        .batch_execute(
+            "DO $$ BEGIN \
+               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'app_console_admin') THEN \
+                 CREATE ROLE app_console_admin NOLOGIN IN ROLE keyturn_admin; \
+               END IF; \
+             END $$; \
+             GRANT app_console_admin TO app_authenticator",
+        )
+        .await
+        .expect("the admin role for /rpc");
+    let mut env = web::rpc_env(w.port);
+    env.push((
+        "KEYTURN_JWT_ROLES",
+        "app_human,app_operator,app_console_admin".into(),
+    ));
+    let k = Keyturnd::start(w.port, env).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let admin =
+        web::jwt(json!({"role": "app_console_admin", "sub": "platform", "exp": web::now() + 600}));
+
+    let c = browser::open(&webdriver, false).await;
+    console_sign_in(&c, &k.base, &admin).await;
+    let switch = format!("[data-kt=tool-row][data-tool=\"{tool}\"] [data-kt=kill-switch]");
+    assert_eq!(text(&c, &switch).await, "Disable");
+    js(&c, "window.confirm = () => true;", vec![]).await;
+    c.find(Locator::Css(&switch))
+        .await
+        .expect("switch")
+        .click()
+        .await
+        .expect("click");
+    wait_js(
+        &c,
+        "the tool to show disabled",
+        "const r = document.querySelector(`[data-kt=tool-row][data-tool=\"${arguments[0]}\"]`); return r && r.dataset.enabled === 'false';",
+        vec![json!(tool)],
+    )
+    .await;
+    let enabled: bool = w
+        .superuser
+        .query_one("SELECT enabled FROM keyturn.tool WHERE name = $1", &[&tool])
+        .await
+        .expect("tool")
+        .get(0);
+    assert!(!enabled, "the database's tool is disabled");
+    c.find(Locator::Css(&switch))
+        .await
+        .expect("switch")
+        .click()
+        .await
+        .expect("click");
+    wait_js(
+        &c,
+        "the tool to show enabled",
+        "const r = document.querySelector(`[data-kt=tool-row][data-tool=\"${arguments[0]}\"]`); return r && r.dataset.enabled === 'true';",
+        vec![json!(tool)],
+    )
+    .await;
+    c.close().await.expect("close");
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&admin]);
 }
 
 #[tokio::test]
@@ -688,11 +1073,10 @@ async fn test_card_revises_a_proposal_and_shows_the_new_one_as_such() {
     let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
     let k = keyturnd(&w, rx.env()).await;
     let tool = w.webhook_tool(json!({})).await;
-    let jwt = w.human_jwt();
     let p = w.propose(&tool, json!({"text": "meet at 10"})).await;
 
     let c = browser::open(&webdriver, false).await;
-    visit(&c, &card_link(&k.base, &[(&p, None)], &jwt))
+    visit(&c, &code_link(&w, &k.base, &[(&p, None)]).await)
         .await
         .expect("open");
     wait_loaded(&c).await;
@@ -740,14 +1124,16 @@ async fn test_card_revises_a_proposal_and_shows_the_new_one_as_such() {
     // The new token stayed in memory: not in the address bar, not in storage.
     let url = c.current_url().await.expect("url");
     assert!(
-        url.as_str().contains(&p.token),
-        "the link is the old one: {url}"
+        url.as_str().contains(&p.id.to_string()) && !url.as_str().contains("c="),
+        "the link is the old one, its code spent: {url}"
     );
+    let kept = js(&c, "return sessionStorage.getItem('keyturn.card')", vec![]).await;
     assert_eq!(
         js(&c, "return sessionStorage.length", vec![]).await,
         json!(1),
-        "only the JWT is stored"
+        "only the card session is stored"
     );
+    assert!(!kept.as_str().unwrap_or("").contains(&new_id), "{kept}");
     c.find(Locator::Css("[data-kt=approve]"))
         .await
         .expect("approve")
@@ -757,7 +1143,7 @@ async fn test_card_revises_a_proposal_and_shows_the_new_one_as_such() {
     wait_status(&c, &new_id, "succeeded").await;
     c.close().await.expect("close");
     let log = k.stop().await;
-    assert_no_secret(&log, &[&jwt, &p.token]);
+    assert_no_secret(&log, &[&p.token]);
 }
 
 /// Every character keyturn-core calls invisible (the server's one

@@ -1051,3 +1051,76 @@ async fn test_a_digest_actions_hash_confirms_no_guess() {
         "rejected_tampered"
     );
 }
+
+/// The card cannot recompute a keyed digest, so it asks `preview` whether a
+/// link's fields are the proposed ones: the same fields (spelled any way)
+/// match; any others end the proposal `rejected_tampered` at once, as
+/// approving with them would, so the token's holder gets one guess, not an
+/// oracle to try PINs against.
+#[tokio::test]
+async fn test_preview_checks_a_digest_actions_fields_once() {
+    let w = World::new("member").await;
+    let t = w
+        .webhook_tool(json!({"retain": "digest", "effect": "reversible",
+            "params_schema": {"type": "object", "properties": {
+                "to": {"type": "string"}, "text": {"type": "string"}}}}))
+        .await;
+    let params = json!({"to": "ceo@acme.example", "text": "PIN 4721"});
+    let preview = |id: uuid::Uuid, token: String, params: Option<Value>| {
+        let human = &w.human;
+        async move {
+            human
+                .query_one(
+                    "SELECT keyturn.preview($1, $2, $3)",
+                    &[&id, &token, &params],
+                )
+                .await
+                .unwrap()
+                .get::<_, Value>(0)
+        }
+    };
+    let p = w.propose(&t, params.clone()).await.unwrap();
+    let plain = preview(p.id, p.token.clone(), None).await;
+    assert!(plain.get("params_match").is_none(), "{plain}");
+    let same = json!({"text": "PIN 4721", "to": "ceo@acme.example"});
+    let checked = preview(p.id, p.token.clone(), Some(same.clone())).await;
+    assert_eq!(checked["params_match"], json!(true), "{checked}");
+    assert_eq!(checked["status"], "pending");
+    assert_eq!(
+        approve_on(&w.human, p.id, &p.token, Some(same))
+            .await
+            .unwrap()
+            .0,
+        "queued"
+    );
+
+    let q = w.propose(&t, params.clone()).await.unwrap();
+    let guess = json!({"to": "ceo@acme.example", "text": "PIN 0000"});
+    let checked = preview(q.id, q.token.clone(), Some(guess)).await;
+    assert_eq!(checked["params_match"], json!(false), "{checked}");
+    assert_eq!(checked["status"], "rejected_tampered", "{checked}");
+    // The right fields now: still false, and nothing to approve.
+    let checked = preview(q.id, q.token.clone(), Some(params.clone())).await;
+    assert_eq!(checked["status"], "rejected_tampered", "{checked}");
+    assert_eq!(
+        approve_on(&w.human, q.id, &q.token, Some(params))
+            .await
+            .unwrap()
+            .0,
+        "rejected_tampered"
+    );
+    // The lifecycle recorded why.
+    let reason: Value = w
+        .superuser
+        .query_one(
+            "SELECT detail FROM keyturn.event WHERE action_id = $1 AND to_status = 'rejected_tampered'",
+            &[&q.id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        reason["reason"], "previewed params hash mismatch",
+        "{reason}"
+    );
+}

@@ -15,6 +15,7 @@ mod attachment_tests;
 mod audit_chain_tests;
 mod audit_tests;
 mod ceremony_tests;
+mod console_tests;
 mod delegation_tests;
 mod dispatch_batch_tests;
 mod dispatch_for_tests;

@@ -10,6 +10,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde_json::{json, Value};
 
+use super::e2e::World;
 use super::web::Proposal;
 
 /// The chromedriver URL, or why there is none.
@@ -51,6 +52,11 @@ pub const PHONE_WIDTH: u32 = 360;
 
 /// A fresh browser session: a desktop window, or a 360 px phone.
 pub async fn open(webdriver: &str, phone: bool) -> Client {
+    open_profile(webdriver, phone).await.0
+}
+
+/// [`open`], and the profile directory the browser keeps its history in.
+pub async fn open_profile(webdriver: &str, phone: bool) -> (Client, PathBuf) {
     let profile = tempfile::tempdir().expect("profile dir").keep();
     let mut options = json!({
         "args": [
@@ -74,24 +80,73 @@ pub async fn open(webdriver: &str, phone: bool) -> Client {
     let mut caps = serde_json::Map::new();
     caps.insert("goog:chromeOptions".into(), options);
     caps.insert("unhandledPromptBehavior".into(), json!("ignore"));
-    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
         .capabilities(caps)
         .connect(webdriver)
         .await
-        .unwrap_or_else(|e| panic!("start a Chromium session at {webdriver}: {e}"))
+        .unwrap_or_else(|e| panic!("start a Chromium session at {webdriver}: {e}"));
+    (client, profile)
 }
 
-/// `<base>/card#a=…&t=…[&p=…]…&j=<jwt>`: everything in the fragment.
-pub fn card_link(base: &str, items: &[(&Proposal, Option<&str>)], jwt: &str) -> String {
+/// Every URL the browser's history database (`<profile>/Default/History`,
+/// SQLite) holds, read with Python's sqlite3 once the browser has quit:
+/// what a person's history, its sync and its address-bar suggestions keep.
+pub async fn history_urls(profile: &std::path::Path) -> Vec<String> {
+    let db = profile.join("Default").join("History");
+    for _ in 0..100 {
+        if db.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(db.exists(), "no history database at {}", db.display());
+    // A copy: Chromium may still hold its lock for a moment after quitting.
+    let copy = profile.join("History.copy");
+    std::fs::copy(&db, &copy).expect("copy History");
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys\n\
+             c = sqlite3.connect(sys.argv[1])\n\
+             for (u,) in c.execute('SELECT url FROM urls UNION SELECT term FROM keyword_search_terms'): print(u)",
+        ])
+        .arg(&copy)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "read History: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `<base>/card#a=…[&p=…]…&c=<code>`, the link a person gets: the one-time
+/// code comes from `keyturn.link_code`, made as this world's person.
+pub async fn code_link(w: &World, base: &str, items: &[(&Proposal, Option<&str>)]) -> String {
+    let ids: Vec<uuid::Uuid> = items.iter().map(|(p, _)| p.id).collect();
+    let code: String = w
+        .as_identity(&w.human, "SELECT keyturn.link_code($1::uuid[])", &[&ids])
+        .await
+        .expect("link_code")
+        .get(0);
+    link_with_code(base, items, &code)
+}
+
+/// `<base>/card#a=…[&p=…]…&c=<code>` for a code made already.
+pub fn link_with_code(base: &str, items: &[(&Proposal, Option<&str>)], code: &str) -> String {
     let enc = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
     let mut parts = Vec::new();
     for (p, params) in items {
-        parts.push(format!("a={}&t={}", p.id, enc(&p.token)));
+        parts.push(format!("a={}", p.id));
         if let Some(params) = params {
             parts.push(format!("p={}", enc(params)));
         }
     }
-    parts.push(format!("j={}", enc(jwt)));
+    parts.push(format!("c={}", enc(code)));
     format!("{base}/card#{}", parts.join("&"))
 }
 

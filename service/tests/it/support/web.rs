@@ -165,18 +165,28 @@ pub async fn post_rpc(
     jwt: Option<&str>,
     body: &Value,
 ) -> (u16, reqwest::header::HeaderMap, Value) {
+    post_json(&format!("{base}/rpc/{function}"), jwt, body).await
+}
+
+/// `POST url` with the bearer (if any) and the JSON `body`: the status,
+/// the headers and the JSON answer (a JSON string if it is not JSON).
+pub async fn post_json(
+    url: &str,
+    bearer: Option<&str>,
+    body: &Value,
+) -> (u16, reqwest::header::HeaderMap, Value) {
     let client = reqwest::Client::builder()
         .no_proxy()
         .build()
         .expect("client");
     let mut request = client
-        .post(format!("{base}/rpc/{function}"))
+        .post(url)
         .header("content-type", "application/json")
         .body(body.to_string());
-    if let Some(jwt) = jwt {
-        request = request.bearer_auth(jwt);
+    if let Some(bearer) = bearer {
+        request = request.bearer_auth(bearer);
     }
-    let response = request.send().await.expect("POST /rpc");
+    let response = request.send().await.expect("POST");
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let text = response.text().await.expect("body");

@@ -1,0 +1,248 @@
+//! End to end, card links: a link's one-time code redeemed at
+//! `POST /card/session` for a card session that may preview and decide the
+//! link's actions and nothing else. The code works once; a used, unknown or
+//! expired code, or another list of actions, gets 401 and burns nothing; a
+//! session's bearer is refused for other functions and other actions (403)
+//! and after it ends (401); neither the code nor the session reaches the log.
+
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::e2e_rpc::assert_no_secret;
+use crate::support::e2e::{self, Keyturnd, World};
+use crate::support::web::{self, post_json, post_rpc, Proposal};
+
+async fn start(w: &World) -> Keyturnd {
+    web::authenticator(&w.superuser).await;
+    Keyturnd::start(w.port, web::rpc_env(w.port)).await
+}
+
+/// A one-time code for `ids`, made by this world's person (app_human).
+async fn link_code(w: &World, ids: &[Uuid]) -> String {
+    w.as_identity(
+        &w.human,
+        "SELECT keyturn.link_code($1::uuid[])",
+        &[&ids.to_vec()],
+    )
+    .await
+    .expect("link_code")
+    .get(0)
+}
+
+async fn redeem(k: &Keyturnd, code: &str, ids: &[Uuid]) -> (u16, Value) {
+    let (status, headers, body) = post_json(
+        &format!("{}/card/session", k.base),
+        None,
+        &json!({"code": code, "action_ids": ids}),
+    )
+    .await;
+    assert_eq!(headers["cache-control"], "no-store", "{body}");
+    (status, body)
+}
+
+#[tokio::test]
+async fn test_a_links_code_is_a_card_session_for_its_actions_once() {
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let k = start(&w).await;
+    let p: Proposal = w.propose(&tool, json!({"text": "by link"})).await;
+    let q: Proposal = w.propose(&tool, json!({"text": "not in the link"})).await;
+    let code = link_code(&w, &[p.id]).await;
+
+    // Other actions than the code's: 401, and the code still works.
+    let (status, body) = redeem(&k, &code, &[p.id, q.id]).await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = redeem(&k, "kt_not-a-code-anyone-made", &[p.id]).await;
+    assert_eq!(status, 401, "{body}");
+
+    let (status, session) = redeem(&k, &code, &[p.id]).await;
+    assert_eq!(status, 200, "{session}");
+    let bearer = session["session"].as_str().expect("session").to_string();
+    assert!(bearer.starts_with("kts_"), "{session}");
+    let token = session["tokens"][p.id.to_string()]
+        .as_str()
+        .expect("a token for the link's action")
+        .to_string();
+    assert_ne!(token, p.token, "a fresh token, not the proposal's");
+    assert_eq!(session["tokens"].as_object().map(|o| o.len()), Some(1));
+
+    // The code worked once.
+    let (status, body) = redeem(&k, &code, &[p.id]).await;
+    assert_eq!(status, 401, "{body}");
+
+    // The session previews and approves its action…
+    let id = p.id.to_string();
+    let (status, _, card) = post_rpc(
+        &k.base,
+        "preview",
+        Some(&bearer),
+        &json!({"action_id": id, "token": token}),
+    )
+    .await;
+    assert_eq!(status, 200, "{card}");
+    assert!(card["summary"].as_str().unwrap_or("").contains("by link"));
+
+    // …but nothing else: another function, another action.
+    let (status, _, body) = post_rpc(
+        &k.base,
+        "action_status",
+        Some(&bearer),
+        &json!({"action_id": id}),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, _, body) = post_rpc(
+        &k.base,
+        "approve",
+        Some(&bearer),
+        &json!({"action_id": q.id.to_string(), "token": q.token}),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(w.status(q.id).await, "pending");
+    let (status, _, body) = post_rpc(&k.base, "approve", Some(&bearer), &json!({})).await;
+    assert_eq!(status, 403, "{body}");
+
+    let (status, _, rows) = post_rpc(
+        &k.base,
+        "approve",
+        Some(&bearer),
+        &json!({"action_id": id, "token": token}),
+    )
+    .await;
+    assert_eq!(status, 200, "{rows}");
+    assert_eq!(rows[0]["status"], "queued", "{rows}");
+    // As the person the code was made for.
+    let approver: String = w
+        .superuser
+        .query_one(
+            "SELECT approved_by FROM keyturn.action WHERE id = $1",
+            &[&p.id],
+        )
+        .await
+        .expect("approved_by")
+        .get(0);
+    assert_eq!(approver, w.principal);
+
+    // A session that has ended: 401.
+    w.superuser
+        .execute(
+            "UPDATE keyturn.card_link SET session_expires_at = now() - interval '1 second' \
+              WHERE $1 = ANY (action_ids)",
+            &[&p.id],
+        )
+        .await
+        .expect("end the session");
+    let (status, _, body) = post_rpc(
+        &k.base,
+        "preview",
+        Some(&bearer),
+        &json!({"action_id": id, "token": token}),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+
+    // An expired code: 401.
+    let r: Proposal = w.propose(&tool, json!({"text": "late"})).await;
+    let late = link_code(&w, &[r.id]).await;
+    w.superuser
+        .execute(
+            "UPDATE keyturn.card_link SET expires_at = now() - interval '1 second' \
+              WHERE $1 = ANY (action_ids)",
+            &[&r.id],
+        )
+        .await
+        .expect("expire the code");
+    let (status, body) = redeem(&k, &late, &[r.id]).await;
+    assert_eq!(status, 401, "{body}");
+
+    // A body that is not a code: 400, saying what it must be.
+    let (status, _, body) = post_json(
+        &format!("{}/card/session", k.base),
+        None,
+        &json!({"code": 1}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+
+    assert_no_secret(&k.log(), &[&code, &late, &bearer, &token, &p.token]);
+}
+
+#[tokio::test]
+async fn test_a_code_made_for_one_person_decides_nothing_another_may_not() {
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let k = start(&w).await;
+    let p: Proposal = w.propose(&tool, json!({"text": "decided elsewhere"})).await;
+    let code = link_code(&w, &[p.id]).await;
+    // Decided before the link is opened: the session has no token for it.
+    w.as_identity(
+        &w.human,
+        "SELECT keyturn.reject($1, $2, 'no')",
+        &[&p.id, &p.token],
+    )
+    .await
+    .expect("reject");
+    let (status, session) = redeem(&k, &code, &[p.id]).await;
+    assert_eq!(status, 200, "{session}");
+    assert_eq!(session["tokens"], json!({}), "{session}");
+}
+
+#[tokio::test]
+async fn test_a_card_session_goes_on_with_the_revision_it_made() {
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let k = start(&w).await;
+    let p: Proposal = w.propose(&tool, json!({"text": "draft"})).await;
+    let code = link_code(&w, &[p.id]).await;
+    let (status, session) = redeem(&k, &code, &[p.id]).await;
+    assert_eq!(status, 200, "{session}");
+    let bearer = session["session"].as_str().unwrap().to_string();
+    let token = session["tokens"][p.id.to_string()].as_str().unwrap();
+
+    let (status, _, rows) = post_rpc(
+        &k.base,
+        "revise",
+        Some(&bearer),
+        &json!({"action_id": p.id, "token": token, "params": {"text": "final"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{rows}");
+    let revised = rows[0]["action_id"].as_str().unwrap().to_string();
+    let revised_token = rows[0]["token"].as_str().unwrap().to_string();
+    let (status, _, card) = post_rpc(
+        &k.base,
+        "preview",
+        Some(&bearer),
+        &json!({"action_id": revised, "token": revised_token}),
+    )
+    .await;
+    assert_eq!(status, 200, "{card}");
+    assert_eq!(card["params"]["text"], "final", "{card}");
+    let (status, _, rows) = post_rpc(
+        &k.base,
+        "approve",
+        Some(&bearer),
+        &json!({"action_id": revised, "token": revised_token}),
+    )
+    .await;
+    assert_eq!(status, 200, "{rows}");
+    assert_eq!(rows[0]["status"], "queued", "{rows}");
+
+    // A revision someone else made of it is not the session's.
+    let q: Proposal = w.propose(&tool, json!({"text": "other"})).await;
+    let (status, _, body) = post_rpc(
+        &k.base,
+        "preview",
+        Some(&bearer),
+        &json!({"action_id": q.id, "token": q.token}),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+}
