@@ -21,9 +21,11 @@
 //! | [`metrics`] | the Prometheus registry |
 //! | [`journal`] | the outcome journal: observed outcomes on disk until the database has them |
 //! | [`operator`] | `keyturnd uncertain` and `keyturnd reconcile` |
+//! | [`audit`] | `keyturnd audit-verify`: an audit export checked offline |
 //! | [`shutdown`] | SIGTERM / SIGINT → drain |
 //! | [`error`] | the one error type, and its HTTP answer |
 
+pub mod audit;
 pub mod classify;
 pub mod compat;
 pub mod config;

@@ -57,6 +57,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check a tenant's audit export (keyturn.audit_export, one JSON object a
+    /// line) offline, with no database: exit 0 when it verifies, 1 and the
+    /// first bad line otherwise.
+    AuditVerify(AuditVerify),
     /// Print a short-lived HS256 JWT signed with KEYTURN_JWT_SECRET, to try
     /// the card and the console without an identity provider (development
     /// and demos only: in production the application's sign-in mints them).
@@ -79,7 +83,84 @@ enum Command {
     },
 }
 
+/// `keyturnd audit-verify`'s arguments.
+#[derive(clap::Args)]
+struct AuditVerify {
+    /// The export: one event a line, as keyturn.audit_export gives them ("-": standard input).
+    file: PathBuf,
+    /// The hash the export continues from, when it does not start at the
+    /// chain's beginning (an export with `since`).
+    #[arg(long)]
+    after: Option<String>,
+    /// The chain's head kept elsewhere (keyturn.audit_head's hash): the
+    /// export must end there, or events at its end are missing.
+    #[arg(long)]
+    head: Option<String>,
+}
+
+/// `keyturnd audit-verify`: needs no database and no setting, so it is
+/// parsed apart from the service's configuration.
+#[derive(Parser)]
+#[command(name = "keyturnd")]
+struct AuditVerifyCli {
+    #[command(subcommand)]
+    command: AuditVerifyOnly,
+}
+
+#[derive(Subcommand)]
+enum AuditVerifyOnly {
+    AuditVerify(AuditVerify),
+}
+
+fn audit_verify(args: &AuditVerify) -> ExitCode {
+    use keyturnd::audit::{verify, Verdict};
+    let read = if args.file.as_os_str() == "-" {
+        verify(
+            std::io::stdin().lock(),
+            args.after.as_deref(),
+            args.head.as_deref(),
+        )
+    } else {
+        match std::fs::File::open(&args.file) {
+            Ok(f) => verify(
+                std::io::BufReader::new(f),
+                args.after.as_deref(),
+                args.head.as_deref(),
+            ),
+            Err(e) => Err(e),
+        }
+    };
+    match read {
+        Ok(Verdict::Verified { events, head }) => {
+            println!("verified: {events} events, head {head}");
+            ExitCode::SUCCESS
+        }
+        Ok(Verdict::Bad { line, why }) => {
+            println!("line {line}: {why}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!(
+                "keyturnd audit-verify: cannot read {}: {e}",
+                args.file.display()
+            );
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "audit-verify")
+    {
+        return match AuditVerifyCli::try_parse() {
+            Ok(AuditVerifyCli {
+                command: AuditVerifyOnly::AuditVerify(args),
+            }) => audit_verify(&args),
+            Err(e) => e.exit(),
+        };
+    }
     let file = std::env::var_os("KEYTURN_CONFIG").map(PathBuf::from);
     let cli = match config::parse_with_file::<Cli>(std::env::args_os(), file.as_deref()) {
         Ok(Ok(cli)) => cli,
@@ -89,6 +170,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(Command::AuditVerify(args)) = &cli.command {
+        return audit_verify(args);
+    }
     init_logging(cli.config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -114,6 +198,8 @@ fn main() -> ExitCode {
             Command::Uncertain { json } => operator::uncertain(url.expose(), json)
                 .await
                 .map(|text| print!("{}", text.trim_end().to_owned() + "\n")),
+            // Answered above, before the runtime starts.
+            Command::AuditVerify(_) => Ok(()),
             Command::Jwt {
                 role,
                 sub,

@@ -453,6 +453,24 @@ async fn test_crash_soak() {
         }
     }
 
+    // The tenant's audit chain holds through every kill and restart: each
+    // commit wrote its events whole or not at all.
+    let op = e2e::connect(w.port, "app_operator").await;
+    let chain = op
+        .query_one(
+            "SELECT ok, events, first_bad FROM keyturn.verify_audit($1)",
+            &[&w.tenant],
+        )
+        .await
+        .expect("verify_audit");
+    if !chain.get::<_, bool>(0) {
+        violations.push(format!(
+            "the audit chain does not verify: {} events verified, first bad event {:?}",
+            chain.get::<_, i64>(1),
+            chain.get::<_, Option<i64>>(2)
+        ));
+    }
+
     let count = |needle: &str| -> usize {
         logs.values()
             .map(|l| l.lines().filter(|x| x.contains(needle)).count())

@@ -19,6 +19,7 @@ mod attachments;
 mod binary;
 mod browser;
 mod e2e_attachments;
+mod e2e_audit;
 mod e2e_card_session;
 mod e2e_dispatch;
 mod e2e_journal;

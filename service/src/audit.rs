@@ -1,0 +1,193 @@
+//! `keyturnd audit-verify FILE`: a tenant's audit export
+//! (`keyturn.audit_export`, one JSON object a line) checked offline, with no
+//! database (docs/audit.md, "Checking an export offline").
+//!
+//! Each line's `hash` must be the lowercase hex SHA-256 of the RFC 8785
+//! form of the line's object without `hash` (keyturn-core's canonical JSON,
+//! the very code the database hashes with), and its `prev_hash` the hash of
+//! the line before; the first line's `prev_hash` is 64 zeros (a chain from
+//! its start) unless `--after` names the hash it continues from. Every line
+//! is of one tenant, with ids increasing. `--head` checks the last hash
+//! against a head kept elsewhere (`keyturn.audit_head`), which is how a
+//! deleted tail shows.
+
+use std::io::BufRead;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The hash a chain's first event names as its predecessor.
+pub const CHAIN_START: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// What an export proved: its events and last hash, or the first line
+/// (1-based) that does not verify and why.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Verified { events: u64, head: String },
+    Bad { line: u64, why: String },
+}
+
+/// The hash of one exported event, as the database computes it.
+pub fn event_hash(event: &Value) -> Result<String, String> {
+    let mut without = event.clone();
+    without
+        .as_object_mut()
+        .ok_or("not a JSON object")?
+        .remove("hash");
+    let canonical = keyturn_core::canonical::canonicalize_value(&without)
+        .map_err(|e| format!("not canonicalizable: {e}"))?;
+    Ok(hex::encode(Sha256::digest(canonical.as_bytes())))
+}
+
+/// Checks the export read from `input`.
+pub fn verify(
+    input: impl BufRead,
+    after: Option<&str>,
+    head: Option<&str>,
+) -> std::io::Result<Verdict> {
+    let mut prev = after.unwrap_or(CHAIN_START).to_owned();
+    let mut tenant: Option<String> = None;
+    let mut last_id: Option<i64> = None;
+    let mut n = 0;
+    for line in input.lines() {
+        let line = line?;
+        n += 1;
+        let bad = |why: String| Ok(Verdict::Bad { line: n, why });
+        let event: Value = match serde_json::from_str(&line) {
+            Ok(v) => v,
+            Err(e) => return bad(format!("not JSON: {e}")),
+        };
+        let text = |k: &str| event.get(k).and_then(Value::as_str).map(str::to_owned);
+        let Some(hash) = text("hash") else {
+            return bad("no hash".into());
+        };
+        match event_hash(&event) {
+            Ok(h) if h == hash => {}
+            Ok(_) => {
+                return bad("its hash is not the hash of its columns: the event was changed".into())
+            }
+            Err(e) => return bad(e),
+        }
+        if text("prev_hash").as_deref() != Some(prev.as_str()) {
+            return bad(format!(
+                "its prev_hash does not name the event before it ({}): an event was deleted, inserted or reordered",
+                if n == 1 { "the chain's start" } else { "the previous line" }
+            ));
+        }
+        match (&tenant, text("tenant")) {
+            (_, None) => return bad("no tenant".into()),
+            (None, Some(t)) => tenant = Some(t),
+            (Some(a), Some(b)) if *a != b => {
+                return bad(format!(
+                    "tenant {b} in an export of tenant {a}: one chain per tenant"
+                ))
+            }
+            _ => {}
+        }
+        let Some(id) = event.get("id").and_then(Value::as_i64) else {
+            return bad("no id".into());
+        };
+        if last_id.is_some_and(|last| id <= last) {
+            return bad("its id is not after the previous line's".into());
+        }
+        last_id = Some(id);
+        prev = hash;
+    }
+    if let Some(head) = head {
+        if head != prev {
+            return Ok(Verdict::Bad {
+                line: n + 1,
+                why: format!(
+                    "the export ends at {prev}, not at the head {head}: events at its end are missing"
+                ),
+            });
+        }
+    }
+    Ok(Verdict::Verified {
+        events: n,
+        head: prev,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chain(n: usize) -> Vec<Value> {
+        let mut prev = CHAIN_START.to_owned();
+        (0..n)
+            .map(|i| {
+                let mut e = json!({"id": i + 10, "tenant": "acme", "action_id": "a", "at": "2026-12-05T00:00:00+00:00",
+                                   "to_status": "pending", "detail": {"n": i, "x": 1.5}, "prev_hash": prev});
+                let h = event_hash(&e).unwrap();
+                e["hash"] = json!(h);
+                prev = h;
+                e
+            })
+            .collect()
+    }
+
+    fn text(events: &[Value]) -> String {
+        events.iter().map(|e| e.to_string() + "\n").collect()
+    }
+
+    fn check(events: &[Value]) -> Verdict {
+        verify(text(events).as_bytes(), None, None).unwrap()
+    }
+
+    #[test]
+    fn test_an_intact_chain_verifies() {
+        let c = chain(4);
+        let head = c[3]["hash"].as_str().unwrap().to_owned();
+        assert_eq!(
+            check(&c),
+            Verdict::Verified {
+                events: 4,
+                head: head.clone()
+            }
+        );
+        assert_eq!(
+            verify(text(&c).as_bytes(), None, Some(&head)).unwrap(),
+            Verdict::Verified { events: 4, head }
+        );
+        // An export from the middle continues from the hash it names.
+        let after = c[1]["hash"].as_str().unwrap();
+        assert!(matches!(
+            verify(text(&c[2..]).as_bytes(), Some(after), None).unwrap(),
+            Verdict::Verified { events: 2, .. }
+        ));
+    }
+
+    #[test]
+    fn test_each_tampering_names_its_line() {
+        let c = chain(4);
+        let mut changed = c.clone();
+        changed[2]["detail"]["n"] = json!(99);
+        assert!(matches!(check(&changed), Verdict::Bad { line: 3, .. }));
+        let mut deleted = c.clone();
+        deleted.remove(1);
+        assert!(matches!(check(&deleted), Verdict::Bad { line: 2, .. }));
+        let mut swapped = c.clone();
+        swapped.swap(1, 2);
+        assert!(matches!(check(&swapped), Verdict::Bad { line: 2, .. }));
+        assert!(
+            matches!(check(&c[1..]), Verdict::Bad { line: 1, .. }),
+            "a missing start"
+        );
+        let head = c[3]["hash"].as_str().unwrap();
+        assert!(
+            matches!(
+                verify(text(&c[..3]).as_bytes(), None, Some(head)).unwrap(),
+                Verdict::Bad { line: 4, .. }
+            ),
+            "a missing tail against the kept head"
+        );
+        let mut garbage = text(&c);
+        garbage.push_str("not json\n");
+        assert!(matches!(
+            verify(garbage.as_bytes(), None, None).unwrap(),
+            Verdict::Bad { line: 5, .. }
+        ));
+    }
+}
