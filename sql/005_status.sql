@@ -36,6 +36,7 @@ INSERT INTO keyturn.transition (from_status, to_status) VALUES
     -- dispatch
     ('queued', 'leased'), ('queued', 'cancelled'), ('queued', 'invalidated'),
     ('leased', 'executing'), ('leased', 'queued'), ('leased', 'cancelled'), ('leased', 'invalidated'),
+    ('leased', 'failed'),     -- begin_dispatch: a deterministic failure, nothing sent
     ('executing', 'succeeded'), ('executing', 'failed'), ('executing', 'uncertain'),
     ('executing', 'queued'),
     -- the operator's reconciliation

@@ -217,8 +217,8 @@ AS $$
 DECLARE
     v_bad uuid;
 BEGIN
-    IF p_ver.attachments_param IS NULL THEN
-        RETURN NULL;
+    IF p_ver.attachments_param IS NULL OR keyturn._attachments_unreadable(p_ver, p_params) IS NOT NULL THEN
+        RETURN NULL;  -- unreadable: keyturn._begin_failure's to answer
     END IF;
     SELECT t.file_id INTO v_bad
       FROM keyturn._attachments(p_ver, p_params) t
@@ -229,6 +229,26 @@ BEGIN
         RETURN format('attachment %s is missing or changed in storage since it was approved', v_bad);
     END IF;
     RETURN NULL;
+END
+$$;
+
+-- Why the approved params' attachment metadata cannot be read, or NULL:
+-- metadata propose would refuse now, left by an older keyturn or written
+-- around its checks. No attempt could ever send such an action, so
+-- begin_dispatch ends it failed (keyturn._begin_failure) rather than fail
+-- the dispatcher's whole batch at every lease. The message names no value.
+CREATE FUNCTION keyturn._attachments_unreadable(p_ver keyturn.tool_version, p_params jsonb)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF p_ver.attachments_param IS NULL THEN
+        RETURN NULL;
+    END IF;
+    PERFORM count(*) FROM keyturn._attachments(p_ver, p_params);
+    RETURN NULL;
+EXCEPTION WHEN invalid_parameter_value OR data_exception THEN
+    RETURN 'the approved attachments'' metadata cannot be read (' || SQLERRM || ')';
 END
 $$;
 

@@ -156,6 +156,11 @@ CREATE TABLE keyturn.evidence (
 );
 SELECT pg_catalog.pg_extension_config_dump('keyturn.evidence', '');
 
+-- begin_dispatch ends an action failed when it can never be carried out as
+-- approved (its attachments' metadata cannot be read, or its files are
+-- missing from storage): a new edge of the lifecycle.
+INSERT INTO keyturn.transition (from_status, to_status) VALUES ('leased', 'failed');
+
 
 -- ==== The functions of 0.3.0, from its install script ====
 
@@ -4248,8 +4253,8 @@ AS $$
 DECLARE
     v_bad uuid;
 BEGIN
-    IF p_ver.attachments_param IS NULL THEN
-        RETURN NULL;
+    IF p_ver.attachments_param IS NULL OR keyturn._attachments_unreadable(p_ver, p_params) IS NOT NULL THEN
+        RETURN NULL;  -- unreadable: keyturn._begin_failure's to answer
     END IF;
     SELECT t.file_id INTO v_bad
       FROM keyturn._attachments(p_ver, p_params) t
@@ -4260,6 +4265,26 @@ BEGIN
         RETURN format('attachment %s is missing or changed in storage since it was approved', v_bad);
     END IF;
     RETURN NULL;
+END
+$$;
+
+-- Why the approved params' attachment metadata cannot be read, or NULL:
+-- metadata propose would refuse now, left by an older keyturn or written
+-- around its checks. No attempt could ever send such an action, so
+-- begin_dispatch ends it failed (keyturn._begin_failure) rather than fail
+-- the dispatcher's whole batch at every lease. The message names no value.
+CREATE OR REPLACE FUNCTION keyturn._attachments_unreadable(p_ver keyturn.tool_version, p_params jsonb)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF p_ver.attachments_param IS NULL THEN
+        RETURN NULL;
+    END IF;
+    PERFORM count(*) FROM keyturn._attachments(p_ver, p_params);
+    RETURN NULL;
+EXCEPTION WHEN invalid_parameter_value OR data_exception THEN
+    RETURN 'the approved attachments'' metadata cannot be read (' || SQLERRM || ')';
 END
 $$;
 
@@ -5182,9 +5207,29 @@ BEGIN
 END
 $$;
 
+-- Why an approved action that may still run can never be carried out at
+-- all, or NULL: a deterministic failure after the approval (its approved
+-- attachments' metadata cannot be read). begin_dispatch ends it failed with
+-- the reason and sends nothing, instead of a lease that lapses into the
+-- same problem again and again.
+CREATE OR REPLACE FUNCTION keyturn._begin_failure(a keyturn.action)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_ver    keyturn.tool_version;
+BEGIN
+    SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
+    RETURN keyturn._attachments_unreadable(v_ver,
+        coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
+                             WHERE s.action_id = a.id AND s.tenant = a.tenant)));
+END
+$$;
+
 -- begin_dispatch of distinct actions, each under its lease, as one statement
 -- of each kind for all of them: the row locks, the checks, the status
--- UPDATE (executing, or invalidated with the reason) and the attempt INSERT.
+-- UPDATE (executing; invalidated with the reason it may no longer run; failed
+-- with the reason it never can) and the attempt INSERT.
 -- The one implementation of begin_dispatch: the single call is a set of
 -- one, keyturn.begin_dispatch_many runs sets (sql/061_dispatch_batch.sql).
 -- Answers each element (p_ords: its place in the caller's batch) with
@@ -5221,11 +5266,15 @@ BEGIN
                           WHEN v.reason IS NULL
                           THEN jsonb_build_object('attempt', v.attempts + 1, 'worker', v.leased_by)::text
                           ELSE jsonb_build_object('reason', v.reason)::text END),
-           array_agg(CASE WHEN v.reason IS NULL THEN 'executing' ELSE 'invalidated' END::keyturn.status),
+           array_agg(CASE WHEN v.reason IS NULL THEN 'executing'
+                          WHEN v.failed THEN 'failed'
+                          ELSE 'invalidated' END::keyturn.status),
            array_agg(CASE WHEN v.reason IS NOT NULL THEN jsonb_build_object('reason', v.reason) END)
       INTO v_ords, v_ids, v_tenants, v_problems, v_reasons, v_details, v_statuses, v_results
-      FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, (l.a).attempts, (l.a).leased_by,
-                   CASE WHEN p.problem IS NULL THEN keyturn._begin_problem(l.a) END AS reason
+      FROM (SELECT b.*, coalesce(b.invalid, b.failure) AS reason, b.invalid IS NULL AND b.failure IS NOT NULL AS failed
+              FROM (SELECT c.*, CASE WHEN c.problem IS NULL AND c.invalid IS NULL THEN keyturn._begin_failure(c.a) END AS failure
+                      FROM (SELECT e.ord, e.id, l.a, (l.a).tenant, p.problem, (l.a).attempts, (l.a).leased_by,
+                   CASE WHEN p.problem IS NULL THEN keyturn._begin_problem(l.a) END AS invalid
               FROM unnest(p_ords, p_ids, p_leases) AS e (ord, id, lease)
               -- Each row locked as it is read (in the batch's order, as the
               -- single calls one after another would), so the checks see it
@@ -5235,7 +5284,7 @@ BEGIN
               -- row type, which keyturn's functions do not take.
               LEFT JOIN LATERAL (SELECT ROW(x.*)::keyturn.action AS a FROM keyturn.action x
                                   WHERE x.id = e.id AND (p_tenant IS NULL OR x.tenant = p_tenant) FOR UPDATE) l ON true
-             CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p) v;
+             CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p) c) b) v;
     PERFORM keyturn._set_event_details(v_ids, v_details);
     v_now := clock_timestamp();
     WITH done AS (

@@ -149,3 +149,8 @@ CREATE TABLE keyturn.evidence (
     PRIMARY KEY (id, tenant)
 );
 SELECT pg_catalog.pg_extension_config_dump('keyturn.evidence', '');
+
+-- begin_dispatch ends an action failed when it can never be carried out as
+-- approved (its attachments' metadata cannot be read, or its files are
+-- missing from storage): a new edge of the lifecycle.
+INSERT INTO keyturn.transition (from_status, to_status) VALUES ('leased', 'failed');

@@ -9,7 +9,8 @@
 //! the action is `executing` under this lease), checked against their
 //! approved size and SHA-256, and handed to the provider in memory. If any
 //! cannot be had, the provider is not called: a file the database does not
-//! hold for the action is `failed`; a refusal for the lease or status, a
+//! hold for the action, or metadata it cannot read (SQLSTATE class 22), is
+//! `failed`; a refusal for the lease or status, a
 //! lost connection, or reads slow enough to squeeze the call are `retry`
 //! (nothing was sent; the attempt is counted). Only their number and total
 //! size are logged.
@@ -177,6 +178,15 @@ fn unread(e: &Error) -> CallResult {
         return not_sent(
             Outcome::Failed,
             "an attachment is missing from storage; provider not called",
+        );
+    }
+    // A data exception (class 22) reading the approved metadata is the
+    // same answer on every attempt: a retry would only come back to it.
+    if e.sqlstate().is_some_and(|c| c.code().starts_with("22")) {
+        tracing::error!(error = %e, "the approved attachments' metadata cannot be read; failed, provider not called");
+        return not_sent(
+            Outcome::Failed,
+            "the approved attachments' metadata cannot be read; provider not called",
         );
     }
     tracing::warn!(error = %e, "could not read the attachments; provider not called, recording retry");

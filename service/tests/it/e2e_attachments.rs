@@ -378,3 +378,64 @@ async fn test_a_look_alike_list_the_tool_does_not_declare_is_a_plain_param() {
     );
     assert!(body.get("attachments").is_none(), "no file read: {body}");
 }
+
+/// Metadata the database cannot read back (a `size` that is no integer,
+/// left by an older keyturn or written around its checks) is a deterministic
+/// failure: the action ends `failed` on its first attempt with the reason,
+/// nothing is sent, and it is never retried or left `uncertain`.
+#[tokio::test]
+async fn test_unreadable_attachment_metadata_fails_at_once_and_sends_nothing() {
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = files_tool(
+        &w,
+        "webhook",
+        json!({"text": {"type": "string", "maxLength": 200}}),
+        json!(["text", "files"]),
+    )
+    .await;
+    let meta = stage(&w, b"%PDF-1.4 minimal", "contract.pdf").await;
+    let a = w
+        .queue(
+            &tool,
+            json!({"text": "bad metadata", "files": [meta]}),
+            false,
+        )
+        .await;
+    // Around every check: the stored params, as a restore of an edited dump
+    // or a bug would leave them.
+    w.superuser
+        .batch_execute(&format!(
+            "SET session_replication_role = replica; \
+             UPDATE keyturn.action SET params = jsonb_set(params, '{{files,0,size}}', '\"1.5e3\"') \
+              WHERE id = '{}'; \
+             RESET session_replication_role",
+            a.id
+        ))
+        .await
+        .expect("corrupt the metadata");
+    let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
+    let k = Keyturnd::start(port, rx.env()).await;
+    w.wait_status(a.id, "failed", WITHIN).await;
+    let log = k.stop().await;
+    assert_eq!(rx.requests(a.id).len(), 0, "nothing sent");
+    assert_eq!(
+        w.state(a.id).await,
+        ("failed".into(), 0),
+        "ended at begin_dispatch: no attempt"
+    );
+    let result: Value = w
+        .superuser
+        .query_one("SELECT result FROM keyturn.action WHERE id = $1", &[&a.id])
+        .await
+        .expect("result")
+        .get(0);
+    assert!(
+        result["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("metadata cannot be read"),
+        "{result}\n{log}"
+    );
+}

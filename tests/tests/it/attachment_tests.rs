@@ -627,6 +627,77 @@ async fn test_bytes_changed_in_storage_invalidate_at_begin_dispatch() {
         .unwrap();
 }
 
+/// Attachment metadata the database cannot read back (a `size` that is no
+/// integer: propose refuses it now, an older keyturn or an edit around the
+/// checks could leave it) is a deterministic failure: begin_dispatch ends
+/// the action failed with the reason, nothing is dispatched, and the batch
+/// it came in goes on for the others (it used to fail whole, at every
+/// lease, for everyone in it).
+#[tokio::test]
+async fn test_unreadable_metadata_fails_at_begin_dispatch_and_spares_the_batch() {
+    let _g = DISPATCH_LOCK.lock().await;
+    let w = World::new("member").await;
+    let t = files_tool(&w, json!({})).await;
+    let d = connect("app_dispatcher").await;
+    let bad = stage(&w, &private_bytes()).await;
+    let good = stage(&w, &private_bytes()).await;
+    let mut ids = Vec::new();
+    for f in [&bad, &good] {
+        let p = w.propose(&t, with_files(&[f.attachment()])).await.unwrap();
+        assert_eq!(w.approve(&p).await.unwrap().0, "queued");
+        ids.push(p.id);
+    }
+    let n = tamper(
+        &w.superuser,
+        "UPDATE keyturn.action SET params = jsonb_set(params, '{files,0,size}', '1.5') WHERE id = $1",
+        &[&ids[0]],
+    )
+    .await;
+    assert_eq!(n, 1);
+    let leases = lease_mine(&d, &ids, "30 seconds").await;
+    assert_eq!(leases.len(), 2);
+    let lease_ids: Vec<uuid::Uuid> = ids
+        .iter()
+        .map(|id| leases.iter().find(|l| l.action_id == *id).unwrap().lease_id)
+        .collect();
+    let rows = d
+        .query(
+            "SELECT action_id, dispatch, error FROM keyturn.begin_dispatch_many($1, $2)",
+            &[&ids, &lease_ids],
+        )
+        .await
+        .expect("the batch is not failed by one action");
+    let dispatch = |id: uuid::Uuid| {
+        rows.iter()
+            .find(|r| r.get::<_, uuid::Uuid>(0) == id)
+            .map(|r| r.get::<_, bool>(1))
+            .unwrap()
+    };
+    assert!(!dispatch(ids[0]), "never dispatched");
+    assert!(dispatch(ids[1]), "the other goes on");
+    assert_eq!(w.status(ids[0]).await, "failed");
+    let result: Value = w
+        .superuser
+        .query_one(
+            "SELECT result FROM keyturn.action WHERE id = $1",
+            &[&ids[0]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let reason = result["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("metadata cannot be read"), "{result}");
+    assert!(!reason.contains("1.5"), "no value in the reason: {result}");
+    assert_eq!(attempts(&w, ids[0]).await, 0);
+    assert_eq!(
+        staged_rows(&w, bad.id).await,
+        0,
+        "its bytes go with the final status"
+    );
+    let l = leases.iter().find(|l| l.action_id == ids[1]).unwrap();
+    complete(&d, l, "succeeded", json!({}), None).await.unwrap();
+}
+
 /// file_content: the dispatcher only, for a file of this action, only while
 /// it executes under this lease.
 #[tokio::test]
