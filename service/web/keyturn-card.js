@@ -227,6 +227,7 @@ class Item {
     parts.push(el("p", { class: "kt-expires", kt: "expires" }));
     parts.push(this.renderParams());
     if (Array.isArray(pv.targets) && pv.targets.length) parts.push(this.renderTargets(pv.targets));
+    if (Array.isArray(pv.evidence) && pv.evidence.length) parts.push(this.renderEvidence(pv.evidence));
     if (pv.retain === "digest") parts.push(el("p", { class: "kt-hash", kt: "hash", "aria-live": "polite", text: "Checking the fields against the proposal…" }));
     parts.push(this.renderActions());
     parts.push(el("p", { class: "kt-status", kt: "status", role: "status", "aria-live": "polite" }));
@@ -257,6 +258,27 @@ class Item {
       box.append(el("p", { class: "kt-note", text: `keyturn keeps only a digest of this action's fields (${keys.map(visible).join(", ") || "none"}); the link brings the values.` }));
     }
     return box;
+  }
+
+  /** What the proposal cites, as the trusted side recorded it (fence or
+   *  record_evidence): kind, reference and hash; revoked ones marked. */
+  renderEvidence(evidence) {
+    const list = el("ul", { class: "kt-evidence", kt: "evidence" });
+    for (const e of evidence) {
+      const item = el(
+        "li",
+        { kt: "evidence-item", class: e.revoked ? "kt-revoked" : "" },
+        el("strong", { text: e.kind }),
+        " ",
+        el("span", { class: "kt-value", text: e.ref }),
+        " ",
+        el("code", { class: "kt-said", title: e.sha256, text: `sha256 ${String(e.sha256).slice(0, 12)}…` }),
+        e.revoked ? el("span", { class: "kt-bad", text: " revoked: the proposal can no longer be approved" }) : null
+      );
+      item.dataset.evidenceId = e.evidence_id;
+      list.append(item);
+    }
+    return el("div", { class: "kt-evidence-box" }, el("h3", { text: "What the agent cites, as keyturn recorded it" }), list);
   }
 
   renderTargets(targets) {

@@ -398,6 +398,77 @@ async fn test_the_browsers_history_holds_nothing_that_works() {
     assert_no_secret(&log, &[&bearer, &token, &p.token]);
 }
 
+/// The card shows what a proposal cites as the trusted side recorded it:
+/// kind, reference (as text) and hash; a revoked one is marked.
+#[tokio::test]
+async fn test_card_shows_the_cited_evidence() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let k = keyturnd(&w, vec![]).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let sha = "ab".repeat(32);
+    let record = |r: &'static str| {
+        let (w, sha) = (&w, sha.clone());
+        async move {
+            let id: uuid::Uuid = w
+                .as_identity(
+                    &w.human,
+                    "SELECT keyturn.record_evidence('email', $1, $2)",
+                    &[&r, &sha],
+                )
+                .await
+                .expect("record_evidence")
+                .get(0);
+            id
+        }
+    };
+    let kept = record("<b>msg-1</b>@mail.example").await;
+    let p = {
+        let origin = json!({"evidence": [kept.to_string()]});
+        let row = w
+            .as_identity(
+                &w.agent,
+                "SELECT action_id, token FROM keyturn.propose($1, $2, $3)",
+                &[&tool, &json!({"text": "as the mail says"}), &origin],
+            )
+            .await
+            .expect("propose");
+        web::Proposal {
+            id: row.get(0),
+            token: row.get(1),
+        }
+    };
+    let c = browser::open(&webdriver, false).await;
+    visit(&c, &code_link(&w, &k.base, &[(&p, None)]).await)
+        .await
+        .expect("open");
+    wait_loaded(&c).await;
+    let item = text(
+        &c,
+        &format!("[data-kt=evidence-item][data-evidence-id=\"{kept}\"]"),
+    )
+    .await;
+    assert!(
+        item.contains("email")
+            && item.contains("<b>msg-1</b>@mail.example")
+            && item.contains("abababab"),
+        "{item}"
+    );
+    assert_eq!(
+        js(
+            &c,
+            "return document.querySelectorAll('.kt-evidence b').length",
+            vec![]
+        )
+        .await,
+        json!(0)
+    );
+    c.close().await.expect("close");
+    k.stop().await;
+}
+
 #[tokio::test]
 async fn test_card_shows_markup_and_invisible_characters_as_text() {
     let webdriver = require_browser!();
