@@ -3107,6 +3107,8 @@ DECLARE
     v_targets jsonb;
     v_route   text := '';
     v_match   boolean;
+    v_now     timestamptz;
+    v_result  jsonb := jsonb_build_object('reason', 'the params shown for review differ from what was proposed');
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
     a := keyturn._usable_action(p_id, p_token, 'preview');
@@ -3114,9 +3116,11 @@ BEGIN
         v_match := keyturn._params_hash_matches(a.retain, a.params_hash, keyturn.params_hash(a.tool, p_params));
         IF NOT v_match AND a.status = 'pending' THEN
             PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'previewed params hash mismatch'));
+            -- Computed first: Citus refuses a volatile function in an UPDATE.
+            v_now := clock_timestamp();
             UPDATE keyturn.action x
-               SET updated_at = clock_timestamp(), status = 'rejected_tampered',
-                   result = jsonb_build_object('reason', 'the params shown for review differ from what was proposed')
+               SET updated_at = v_now, status = 'rejected_tampered',
+                   result = v_result
              WHERE x.id = a.id AND x.tenant = a.tenant AND x.status = 'pending'
             RETURNING x.* INTO a;
             IF NOT FOUND THEN

@@ -272,6 +272,17 @@ fn lock_chain(class: pg_sys::Oid, tenant: &str) {
     }
 }
 
+/// A subtransaction at `level` committed (RELEASE, or a plpgsql block
+/// that ended without an error): what it noted now belongs to its parent,
+/// so a later sibling at the same depth that rolls back leaves it be.
+pub fn keep_in_parent(level: i32) {
+    PENDING.with(|s| {
+        for x in s.borrow_mut().iter_mut().filter(|x| x.level >= level) {
+            x.level = level - 1;
+        }
+    });
+}
+
 /// Forgets what an aborted subtransaction produced.
 pub fn forget_from_level(level: i32) {
     PENDING.with(|p| p.borrow_mut().retain(|e| e.level < level));

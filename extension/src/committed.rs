@@ -270,6 +270,17 @@ pub fn check_noted() {
     }
 }
 
+/// A subtransaction at `level` committed (RELEASE, or a plpgsql block
+/// that ended without an error): what it noted now belongs to its parent,
+/// so a later sibling at the same depth that rolls back leaves it be.
+pub fn keep_in_parent(level: i32) {
+    NOTED.with(|s| {
+        for x in s.borrow_mut().iter_mut().filter(|x| x.level >= level) {
+            x.level = level - 1;
+        }
+    });
+}
+
 /// Forgets what an aborted subtransaction noted (an approve_many element
 /// that rolled back decided nothing).
 pub fn forget_from_level(level: i32) {

@@ -69,11 +69,17 @@ unsafe extern "C-unwind" fn at_sub_end(
     _parent_subid: pg_sys::SubTransactionId,
     _arg: *mut std::ffi::c_void,
 ) {
+    // SAFETY: a plain read of the backend's transaction state; the ending
+    // subtransaction is still the current level here.
+    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
-        // SAFETY: a plain read of the backend's transaction state; the
-        // aborting subtransaction is still the current level here.
-        let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
         committed::forget_from_level(level);
         audit::forget_from_level(level);
+    } else if event == pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB {
+        // Its events and noted decisions are its parent's now: without this,
+        // a sibling savepoint rolled back at the same depth later dropped
+        // them (an action's creation event lost, a commit recheck skipped).
+        committed::keep_in_parent(level);
+        audit::keep_in_parent(level);
     }
 }

@@ -320,3 +320,31 @@ async fn test_only_operators_and_admins_read_the_chain() {
         .await
         .unwrap();
 }
+
+/// Events made in a subtransaction that was released belong to its parent:
+/// a later sibling savepoint rolled back at the same depth must not take
+/// them along (plpgsql's exception blocks make such savepoints inside
+/// keyturn's own calls). The same for the decisions noted for the commit's
+/// recheck.
+#[tokio::test]
+async fn test_events_of_a_released_savepoint_survive_a_sibling_rollback() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let tx = w.agent.transaction().await.unwrap();
+    tx.batch_execute("SAVEPOINT a").await.unwrap();
+    let id: uuid::Uuid = tx
+        .query_one(
+            "SELECT action_id FROM keyturn.propose($1, $2)",
+            &[&t, &json!({"channel": "c", "text": "kept"})],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    tx.batch_execute("RELEASE a; SAVEPOINT b; ROLLBACK TO b")
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(w.event_rows(id).await, 1, "the creation event");
+    let (ok, _, _) = verify(&w.tenant).await;
+    assert!(ok);
+}

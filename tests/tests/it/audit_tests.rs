@@ -274,7 +274,9 @@ fn contract_allows(from: &str, to: &str) -> bool {
         ]
         .contains(&to),
         "queued" => ["leased", "cancelled", "invalidated"].contains(&to),
-        "leased" => ["executing", "queued", "cancelled", "invalidated"].contains(&to),
+        // leased -> failed: begin_dispatch's deterministic failure (an
+        // approved attachment's metadata cannot be read), nothing sent.
+        "leased" => ["executing", "queued", "cancelled", "invalidated", "failed"].contains(&to),
         "executing" => ["succeeded", "failed", "uncertain", "queued"].contains(&to),
         "uncertain" => ["succeeded", "failed"].contains(&to),
         _ => false,
