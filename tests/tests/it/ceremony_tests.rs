@@ -156,6 +156,21 @@ async fn test_approve_many_answers_each_element_on_its_own() {
     )
     .await;
     assert_eq!(batches, 1);
+    // Each element's status change is in the audit, refused elements after
+    // it or not.
+    for (p, to) in [
+        (&good, "succeeded"),
+        (&expiring, "expired"),
+        (&tampered, "rejected_tampered"),
+    ] {
+        let n = count(
+            &w.superuser,
+            "SELECT count(*) FROM keyturn.event WHERE action_id = $1 AND from_status = 'pending' AND to_status::text = $2",
+            &[&p.id, &to],
+        )
+        .await;
+        assert_eq!(n, 1, "{to}");
+    }
 }
 
 #[tokio::test]
