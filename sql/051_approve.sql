@@ -143,6 +143,16 @@ BEGIN
             RETURN format('conversation %s was %s', a.conversation_id, v_how);
         END IF;
     END IF;
+    -- Evidence revoked since: whatever propose admitted, nothing runs on it
+    -- (revoke_evidence invalidates what is pending; this covers what was
+    -- approved meanwhile, and a revocation that raced the proposal).
+    IF a.origin ? 'evidence' THEN
+        v_how := keyturn._evidence_revoked(a.tenant,
+                     ARRAY(SELECT jsonb_array_elements_text(a.origin -> 'evidence')));
+        IF v_how IS NOT NULL THEN
+            RETURN format('the evidence it cites (%s) was revoked', v_how);
+        END IF;
+    END IF;
     PERFORM keyturn._recheck_at_commit(a.tool, a.tool_version, a.tenant, a.principal, a.epoch);
     RETURN NULL;
 END
@@ -492,9 +502,13 @@ $$;
 
 -- With p_params (a digest action's reviewed fields, which the link brings
 -- and the card cannot hash against a stored MAC), also whether they are the
--- proposed ones; fields that are not end a pending proposal
+-- proposed ones, while it is pending; fields that are not end it
 -- rejected_tampered, as approving with them would: the token's holder gets
--- one guess, as from approve, never an oracle.
+-- one guess, as from approve, never an oracle. (A caller on the human side's
+-- own SQL connection could roll the penalty back with a savepoint, as it
+-- could approve's: that connection is the application, which is trusted to
+-- assert identities and holds the params it proposed. Over HTTP each call
+-- commits.)
 CREATE FUNCTION keyturn._preview(p_caller oid, p_id uuid, p_token text, p_params jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
@@ -514,7 +528,9 @@ DECLARE
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
     a := keyturn._usable_action(p_id, p_token, 'preview');
-    IF p_params IS NOT NULL THEN
+    -- Only while it waits for a decision, where a wrong guess ends it: on a
+    -- decided action a check would cost nothing and could be repeated.
+    IF p_params IS NOT NULL AND a.status = 'pending' THEN
         v_match := keyturn._params_hash_matches(a.retain, a.params_hash, keyturn.params_hash(a.tool, p_params));
         IF NOT v_match AND a.status = 'pending' THEN
             PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'previewed params hash mismatch'));

@@ -131,16 +131,22 @@ DECLARE
     v_ok  boolean;
 BEGIN
     FOR v_id IN SELECT jsonb_array_elements_text(coalesce(p_origin -> 'evidence', '[]')) LOOP
-        v_ok := v_id ~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$';
+        -- Exactly as keyturn returned it: revoke_evidence and the checks
+        -- after it match the id's text, so another spelling of the same
+        -- uuid would escape them.
+        v_ok := v_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$';
         IF v_ok THEN
-            SELECT true INTO v_ok FROM keyturn.evidence e
-             WHERE e.id = v_id::uuid AND e.tenant = p_tenant AND e.principal = p_principal AND e.revoked_at IS NULL;
+            -- As committed, whatever the isolation level (a revocation
+            -- after this transaction's snapshot counts), and with no lock an
+            -- open agent transaction could hold against revoke_evidence;
+            -- approve and begin_dispatch check again (keyturn._invalid_reason).
+            v_ok := keyturn._evidence_usable(p_tenant, p_principal, v_id);
         END IF;
         IF v_ok IS NOT TRUE THEN
             RAISE EXCEPTION 'keyturn: origin.evidence names %, which is no evidence recorded for this principal (unknown, another''s, or revoked)',
                     quote_literal(v_id)
                 USING ERRCODE = '22023',
-                      HINT = 'Cite the evidence_id keyturn.fence returned, or one the person recorded with keyturn.record_evidence.';
+                      HINT = 'Cite the evidence_id keyturn.fence returned, or one the person recorded with keyturn.record_evidence, spelled as returned (lower-case, hyphenated).';
         END IF;
     END LOOP;
 END

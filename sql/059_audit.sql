@@ -82,9 +82,15 @@ AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('audit_export');
     PERFORM keyturn._require_text(audit_export.tenant, 'tenant');
+    -- The chain runs in commit order, and a transaction open across since
+    -- commits its earlier events after later ones: the export is the
+    -- contiguous tail from the first event (in the chain's order) made at
+    -- or after since, so it verifies from its first line's prev_hash.
     RETURN QUERY
         SELECT to_jsonb(x) FROM keyturn.event x
-         WHERE x.tenant = audit_export.tenant AND x.at >= coalesce(audit_export.since, '-infinity')
+         WHERE x.tenant = audit_export.tenant
+           AND x.id >= (SELECT min(f.id) FROM keyturn.event f
+                         WHERE f.tenant = audit_export.tenant AND f.at >= coalesce(audit_export.since, '-infinity'))
          ORDER BY x.id;
 END
 $$;

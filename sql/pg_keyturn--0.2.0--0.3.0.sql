@@ -357,6 +357,25 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'event_detail_wrapper';
 
+-- pg_keyturn::committed::_evidence_revoked
+CREATE OR REPLACE FUNCTION "_evidence_revoked"(
+	"tenant" TEXT, /* & str */
+	"ids" TEXT[] /* Vec < String > */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'evidence_revoked_wrapper';
+
+-- pg_keyturn::committed::_evidence_usable
+CREATE OR REPLACE FUNCTION "_evidence_usable"(
+	"tenant" TEXT, /* & str */
+	"principal" TEXT, /* & str */
+	"id" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT STABLE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'evidence_usable_wrapper';
+
 -- pg_keyturn::exec_as::_exec_as
 CREATE OR REPLACE FUNCTION "_exec_as"(
 	"role" oid, /* pg_sys :: Oid */
@@ -2741,6 +2760,16 @@ BEGIN
             RETURN format('conversation %s was %s', a.conversation_id, v_how);
         END IF;
     END IF;
+    -- Evidence revoked since: whatever propose admitted, nothing runs on it
+    -- (revoke_evidence invalidates what is pending; this covers what was
+    -- approved meanwhile, and a revocation that raced the proposal).
+    IF a.origin ? 'evidence' THEN
+        v_how := keyturn._evidence_revoked(a.tenant,
+                     ARRAY(SELECT jsonb_array_elements_text(a.origin -> 'evidence')));
+        IF v_how IS NOT NULL THEN
+            RETURN format('the evidence it cites (%s) was revoked', v_how);
+        END IF;
+    END IF;
     PERFORM keyturn._recheck_at_commit(a.tool, a.tool_version, a.tenant, a.principal, a.epoch);
     RETURN NULL;
 END
@@ -3090,9 +3119,13 @@ $$;
 
 -- With p_params (a digest action's reviewed fields, which the link brings
 -- and the card cannot hash against a stored MAC), also whether they are the
--- proposed ones; fields that are not end a pending proposal
+-- proposed ones, while it is pending; fields that are not end it
 -- rejected_tampered, as approving with them would: the token's holder gets
--- one guess, as from approve, never an oracle.
+-- one guess, as from approve, never an oracle. (A caller on the human side's
+-- own SQL connection could roll the penalty back with a savepoint, as it
+-- could approve's: that connection is the application, which is trusted to
+-- assert identities and holds the params it proposed. Over HTTP each call
+-- commits.)
 CREATE OR REPLACE FUNCTION keyturn._preview(p_caller oid, p_id uuid, p_token text, p_params jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
@@ -3112,7 +3145,9 @@ DECLARE
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, keyturn.current_principal());
     a := keyturn._usable_action(p_id, p_token, 'preview');
-    IF p_params IS NOT NULL THEN
+    -- Only while it waits for a decision, where a wrong guess ends it: on a
+    -- decided action a check would cost nothing and could be repeated.
+    IF p_params IS NOT NULL AND a.status = 'pending' THEN
         v_match := keyturn._params_hash_matches(a.retain, a.params_hash, keyturn.params_hash(a.tool, p_params));
         IF NOT v_match AND a.status = 'pending' THEN
             PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'previewed params hash mismatch'));
@@ -4503,16 +4538,22 @@ DECLARE
     v_ok  boolean;
 BEGIN
     FOR v_id IN SELECT jsonb_array_elements_text(coalesce(p_origin -> 'evidence', '[]')) LOOP
-        v_ok := v_id ~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$';
+        -- Exactly as keyturn returned it: revoke_evidence and the checks
+        -- after it match the id's text, so another spelling of the same
+        -- uuid would escape them.
+        v_ok := v_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$';
         IF v_ok THEN
-            SELECT true INTO v_ok FROM keyturn.evidence e
-             WHERE e.id = v_id::uuid AND e.tenant = p_tenant AND e.principal = p_principal AND e.revoked_at IS NULL;
+            -- As committed, whatever the isolation level (a revocation
+            -- after this transaction's snapshot counts), and with no lock an
+            -- open agent transaction could hold against revoke_evidence;
+            -- approve and begin_dispatch check again (keyturn._invalid_reason).
+            v_ok := keyturn._evidence_usable(p_tenant, p_principal, v_id);
         END IF;
         IF v_ok IS NOT TRUE THEN
             RAISE EXCEPTION 'keyturn: origin.evidence names %, which is no evidence recorded for this principal (unknown, another''s, or revoked)',
                     quote_literal(v_id)
                 USING ERRCODE = '22023',
-                      HINT = 'Cite the evidence_id keyturn.fence returned, or one the person recorded with keyturn.record_evidence.';
+                      HINT = 'Cite the evidence_id keyturn.fence returned, or one the person recorded with keyturn.record_evidence, spelled as returned (lower-case, hyphenated).';
         END IF;
     END LOOP;
 END
@@ -4892,9 +4933,15 @@ AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('audit_export');
     PERFORM keyturn._require_text(audit_export.tenant, 'tenant');
+    -- The chain runs in commit order, and a transaction open across since
+    -- commits its earlier events after later ones: the export is the
+    -- contiguous tail from the first event (in the chain's order) made at
+    -- or after since, so it verifies from its first line's prev_hash.
     RETURN QUERY
         SELECT to_jsonb(x) FROM keyturn.event x
-         WHERE x.tenant = audit_export.tenant AND x.at >= coalesce(audit_export.since, '-infinity')
+         WHERE x.tenant = audit_export.tenant
+           AND x.id >= (SELECT min(f.id) FROM keyturn.event f
+                         WHERE f.tenant = audit_export.tenant AND f.at >= coalesce(audit_export.since, '-infinity'))
          ORDER BY x.id;
 END
 $$;

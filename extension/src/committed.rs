@@ -151,6 +151,31 @@ fn ended_how(tenant: &str, principal: &str, conversation: &str) -> Option<String
     )
 }
 
+/// Whether evidence `id` (its canonical text) is this principal's, of this
+/// tenant, and not revoked, as committed: a revocation that committed after
+/// the caller's snapshot counts.
+#[pg_extern(name = "_evidence_usable", stable, parallel_unsafe)]
+fn evidence_usable(tenant: &str, principal: &str, id: &str) -> bool {
+    latest_text(
+        "SELECT 'y' FROM keyturn.evidence e \
+          WHERE e.id = $3::uuid AND e.tenant = $1 AND e.principal = $2 AND e.revoked_at IS NULL",
+        &[Some(tenant.into()), Some(principal.into()), Some(id.into())],
+        &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+    )
+    .is_some()
+}
+
+/// The first of `ids` (canonical texts) that was revoked, as committed.
+#[pg_extern(name = "_evidence_revoked", stable, parallel_unsafe)]
+fn evidence_revoked(tenant: &str, ids: Vec<String>) -> Option<String> {
+    latest_text(
+        "SELECT e.id::text FROM keyturn.evidence e \
+          WHERE e.tenant = $1 AND e.revoked_at IS NOT NULL AND e.id::text = ANY ($2::text[]) LIMIT 1",
+        &[Some(tenant.into()), Some(format!("{{{}}}", ids.join(",")))],
+        &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+    )
+}
+
 /// The conversation's latest recorded turn, as committed.
 #[pg_extern(name = "_latest_turn", stable, parallel_unsafe)]
 fn latest_turn(tenant: &str, principal: &str, conversation: &str) -> Option<String> {

@@ -43,13 +43,35 @@ export function parseLink(fragment, { withTokens = false } = {}) {
   return { items, code };
 }
 
+const PARAMS_KEY = "keyturn.params";
+
+/** A digest action's reviewed params (`p`) for this tab: those the link
+ *  brings are kept in sessionStorage, so the address bar need not keep
+ *  them; a reload finds them there. */
+function keepLinkParams(items) {
+  let kept = {};
+  try {
+    kept = JSON.parse(sessionStorage.getItem(PARAMS_KEY)) || {};
+  } catch (e) {
+    kept = {};
+  }
+  for (const item of items) {
+    if (item.p) kept[item.action_id] = item.p;
+    else if (kept[item.action_id]) item.p = kept[item.action_id];
+  }
+  if (Object.keys(kept).length) sessionStorage.setItem(PARAMS_KEY, JSON.stringify(kept));
+}
+
 /** The page's fragment without its one-time code, which is spent once
- *  redeemed: what stays in the address bar is the action ids (and a
- *  digest's reviewed params), nothing that works. */
+ *  redeemed, nor a digest's params, which this tab keeps: what stays in the
+ *  address bar is the action ids, nothing that works and no value. (The
+ *  entry the browser made when the link was opened keeps what the link
+ *  held: a spent code, and `p` if the application put it there.) */
 function dropCode() {
-  if (location.hash.includes("c=")) {
-    const params = new URLSearchParams(location.hash.slice(1));
+  const params = new URLSearchParams(location.hash.slice(1));
+  if (params.has("c") || params.has("p")) {
     params.delete("c");
+    params.delete("p");
     history.replaceState(history.state, "", location.pathname + "#" + params.toString());
   }
 }
@@ -573,6 +595,7 @@ class KeyturnCard extends HTMLElement {
       window.addEventListener("hashchange", () => location.reload());
     }
     const { items, code } = parseLink(ownLink ?? location.hash.slice(1), { withTokens: ownLink !== null });
+    if (ownLink === null) keepLinkParams(items);
     // An embedding page hands its person's JWT over as a property, or leaves
     // it in sessionStorage; a link brings a one-time code instead.
     this.code = code;

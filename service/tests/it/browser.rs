@@ -553,6 +553,16 @@ async fn test_digest_card_approves_only_the_proposed_fields() {
         text(&c, "[data-kt=param][data-key=text]").await,
         "Grüße 😂 דּ — 1e30 and 4.50"
     );
+    // The values left the address bar for this tab's storage; a reload
+    // still has them.
+    let url = c.current_url().await.expect("url");
+    assert!(!url.as_str().contains("p="), "{url}");
+    c.refresh().await.expect("reload");
+    wait_loaded(&c).await;
+    assert_eq!(
+        text(&c, "[data-kt=param][data-key=text]").await,
+        "Grüße 😂 דּ — 1e30 and 4.50"
+    );
     assert!(
         !approve_disabled(&c).await,
         "matching fields may be approved"

@@ -348,3 +348,62 @@ async fn test_events_of_a_released_savepoint_survive_a_sibling_rollback() {
     let (ok, _, _) = verify(&w.tenant).await;
     assert!(ok);
 }
+
+/// Red-team finding 9: `since` chose events by when they were made, while
+/// the chain runs in commit order, so an export since a time could skip an
+/// event of a transaction that was open across it. An export since a time
+/// is the chain's contiguous tail from the first event made at or after it.
+#[tokio::test]
+async fn test_an_export_since_a_time_is_a_contiguous_tail_of_the_chain() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let slow = w.agent.transaction().await.unwrap();
+    slow.query_one(
+        "SELECT action_id FROM keyturn.propose($1, $2)",
+        &[
+            &t,
+            &json!({"channel": "c", "text": "made first, committed last"}),
+        ],
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let (other, other_agent) = w.other("member", "app_agent", "s-tail").await;
+    w.grant(&other, &t).await;
+    propose_on(
+        &other_agent,
+        &t,
+        json!({"channel": "c", "text": "made second"}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    slow.commit().await.unwrap();
+    let since: String = w
+        .superuser
+        .query_one(
+            "SELECT max(at)::text FROM keyturn.event WHERE tenant = $1",
+            &[&w.tenant],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let op = connect("app_operator").await;
+    let lines: Vec<Value> = op
+        .query(
+            "SELECT e FROM keyturn.audit_export($1, $2::text::timestamptz) e",
+            &[&w.tenant, &since],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let all = export(&w.tenant).await;
+    let tail = &all[all.len() - lines.len()..];
+    assert_eq!(lines, tail, "a tail of the chain, in its order");
+    assert!(
+        lines.len() >= 2,
+        "the late-committed event is in it: {lines:?}"
+    );
+}

@@ -180,3 +180,77 @@ async fn test_revoked_evidence_invalidates_what_cites_it_and_can_be_cited_no_mor
         "22023"
     );
 }
+
+/// Red-team finding 4: evidence cited in another spelling of its id (upper
+/// case) survived revoke_evidence, which matched the text. An id is cited
+/// as keyturn returned it (lower-case, hyphenated) or not at all (22023).
+#[tokio::test]
+async fn test_evidence_is_cited_only_by_the_id_keyturn_returned() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let e = record(&w.human, "email", "msg-upper", &hex64('c'))
+        .await
+        .unwrap();
+    let params = json!({"channel": "c", "text": "t"});
+    for spelling in [
+        e.to_string().to_uppercase(),
+        e.simple().to_string(),
+        format!("{{{e}}}"),
+    ] {
+        assert_eq!(
+            sqlstate(propose_on(&w.agent, &t, params.clone(), citing(&[spelling.clone()])).await),
+            "22023",
+            "{spelling}"
+        );
+    }
+}
+
+/// Red-team finding 5: under REPEATABLE READ a proposal was admitted citing
+/// evidence revoked after the agent's snapshot; and whatever propose
+/// admitted, approve and begin_dispatch check the evidence again: a
+/// proposal whose evidence is revoked never runs.
+#[tokio::test]
+async fn test_revoked_evidence_is_caught_on_committed_data_and_again_at_approve() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let params = json!({"channel": "c", "text": "t"});
+    let e = record(&w.human, "email", "msg-rr", &hex64('d'))
+        .await
+        .unwrap();
+    let tx = w
+        .agent
+        .transaction_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .unwrap();
+    tx.query_one("SELECT count(*) FROM keyturn.action", &[])
+        .await
+        .unwrap();
+    w.human
+        .query_one("SELECT keyturn.revoke_evidence($1)", &[&e])
+        .await
+        .unwrap();
+    let r = tx
+        .query_one(
+            "SELECT action_id FROM keyturn.propose($1, $2, $3)",
+            &[&t, &params, &citing(&[e.to_string()])],
+        )
+        .await;
+    let state = sqlstate(r);
+    assert!(state == "40001" || state == "22023", "{state}");
+    let _ = tx.rollback().await;
+
+    // Revoked behind propose's back (no invalidation ran): approve refuses.
+    let e2 = record(&w.human, "email", "msg-late", &hex64('e'))
+        .await
+        .unwrap();
+    let p = propose_on(&w.agent, &t, params.clone(), citing(&[e2.to_string()]))
+        .await
+        .unwrap();
+    tamper(
+        &w.superuser,
+        "UPDATE keyturn.evidence SET revoked_at = now() WHERE id = $1",
+        &[&e2],
+    )
+    .await;
+    assert_eq!(w.approve(&p).await.unwrap().0, "invalidated");
+}

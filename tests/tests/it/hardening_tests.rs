@@ -1124,3 +1124,38 @@ async fn test_preview_checks_a_digest_actions_fields_once() {
         "{reason}"
     );
 }
+
+/// Red-team finding 2b: once a digest action was decided, preview's params
+/// check cost nothing, so a token's holder could try every PIN. A decided
+/// action's preview answers no params_match at all.
+#[tokio::test]
+async fn test_a_decided_digest_actions_preview_checks_no_guess() {
+    let w = World::new("member").await;
+    let t = w
+        .webhook_tool(json!({"retain": "digest",
+            "params_schema": {"type": "object", "properties": {
+                "to": {"type": "string"}, "text": {"type": "string"}}}}))
+        .await;
+    let params = json!({"to": "ceo@acme.example", "text": "PIN 4721"});
+    let p = w.propose(&t, params.clone()).await.unwrap();
+    w.human
+        .query_one("SELECT keyturn.reject($1, $2, 'no')", &[&p.id, &p.token])
+        .await
+        .unwrap();
+    for guess in [
+        params.clone(),
+        json!({"to": "ceo@acme.example", "text": "PIN 0000"}),
+    ] {
+        let v: Value = w
+            .human
+            .query_one(
+                "SELECT keyturn.preview($1, $2, $3)",
+                &[&p.id, &p.token, &guess],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(v.get("params_match").is_none(), "{v}");
+        assert_eq!(v["status"], "rejected");
+    }
+}
