@@ -198,7 +198,15 @@ async fn test_evidence_is_cited_only_by_the_id_keyturn_returned() {
         format!("{{{e}}}"),
     ] {
         assert_eq!(
-            sqlstate(propose_on(&w.agent, &t, params.clone(), citing(&[spelling.clone()])).await),
+            sqlstate(
+                propose_on(
+                    &w.agent,
+                    &t,
+                    params.clone(),
+                    citing(std::slice::from_ref(&spelling))
+                )
+                .await
+            ),
             "22023",
             "{spelling}"
         );
