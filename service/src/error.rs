@@ -70,6 +70,11 @@ pub enum Error {
     #[error("the JWT's role claim is not one keyturnd may select")]
     RoleNotAllowed,
 
+    /// An agent's JWT on `/mcp` is valid but its `role` claim is missing or
+    /// not one of `KEYTURN_MCP_ROLES` (a person's role included).
+    #[error("the JWT's role claim is not one /mcp serves")]
+    McpRoleNotAllowed,
+
     /// `/rpc/<name>` for a function keyturnd does not expose, or with
     /// arguments it does not take (PostgREST's `PGRST202`).
     #[error("{message}")]
@@ -239,6 +244,13 @@ impl IntoResponse for Error {
                 "the JWT's role claim is missing or not one keyturnd may select",
                 None,
                 Some("keyturnd lets a JWT select only the roles in KEYTURN_JWT_ROLES"),
+            ),
+            Error::McpRoleNotAllowed => body(
+                StatusCode::FORBIDDEN,
+                "PGRST300",
+                "the JWT's role claim is missing or not one /mcp serves",
+                None,
+                Some("keyturnd lets an agent's JWT select only the roles in KEYTURN_MCP_ROLES"),
             ),
             Error::NoSuchFunction { message, hint } => body(
                 StatusCode::NOT_FOUND,

@@ -38,6 +38,7 @@ use uuid::Uuid;
 use crate::error::Error;
 use crate::metrics::Metrics;
 
+pub mod mcp;
 pub mod rpc;
 
 /// Longest any single keyturn call may take before it counts as lost. The
