@@ -345,7 +345,7 @@ $$;
 -- its result); no row for an action of another principal or tenant, or
 -- none at all, so that an agent learns nothing of what is not its own.
 CREATE FUNCTION keyturn.mcp_action_status(action_id uuid)
-RETURNS TABLE (action_id uuid, status text, result jsonb)
+RETURNS TABLE (status text, result jsonb)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -356,7 +356,7 @@ BEGIN
     PERFORM keyturn._refuse_nested('mcp_action_status');
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     RETURN QUERY
-    SELECT a.id, a.status::text, CASE WHEN keyturn._is_final(a.status) THEN a.result END
+    SELECT a.status::text, CASE WHEN keyturn._is_final(a.status) THEN a.result END
       FROM keyturn.action a
      WHERE a.id = mcp_action_status.action_id AND a.tenant = v_tenant AND a.principal = v_principal;
 END

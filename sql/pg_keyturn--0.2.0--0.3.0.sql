@@ -6284,9 +6284,10 @@ $$;
 
 -- Agent: the tools the calling principal may call over MCP, by name:
 -- enabled, granted to it (a grant that has not ended), and runnable (a
--- write tool, or a read tool with an executor).
+-- write tool, or a read tool with an executor); upstream names the
+-- upstream MCP server of a discovered tool.
 CREATE OR REPLACE FUNCTION keyturn.mcp_tools()
-RETURNS TABLE (name text, kind text, description text, input_schema jsonb, annotations jsonb)
+RETURNS TABLE (name text, kind text, description text, input_schema jsonb, annotations jsonb, upstream text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -6298,7 +6299,7 @@ BEGIN
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     RETURN QUERY
     SELECT t.name, v.kind::text, coalesce(v.description, v.summary),
-           keyturn._mcp_input_schema(v), keyturn._mcp_annotations(v)
+           keyturn._mcp_input_schema(v), keyturn._mcp_annotations(v), v.upstream
       FROM keyturn.tool_grant g
       JOIN keyturn.tool t ON t.name = g.tool
       JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version

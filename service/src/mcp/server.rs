@@ -224,7 +224,7 @@ impl Handler {
                 // A write, or a tool the principal may not call: propose
                 // refuses the latter with its own SQLSTATE.
                 _ => {
-                    let origin = origin(request, &who.claims);
+                    let origin = origin(request, &context.meta.0 .0, &who.claims);
                     let proposed =
                         db::mcp::propose(&tx, tenant.as_deref(), name, args, &origin).await?;
                     let result = if proposed.status == "pending" {
@@ -369,16 +369,29 @@ pub fn card_link(base: &url::Url, action_id: Uuid, code: &str) -> url::Url {
     let path = format!("{}/card", base.path().trim_end_matches('/'));
     url.set_path(&path);
     url.set_query(None);
-    let code: String =
-        percent_encoding::utf8_percent_encode(code, percent_encoding::NON_ALPHANUMERIC).to_string();
+    // RFC 3986's unreserved characters stay as they are (a link code is
+    // base64url); anything else is escaped, so a code can never add a
+    // fragment parameter of its own.
+    const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    let code: String = percent_encoding::utf8_percent_encode(code, ESCAPED).to_string();
     url.set_fragment(Some(&format!("a={action_id}&c={code}")));
     url
 }
 
 /// The origin of a proposal: each key from the request's `_meta`, else from
 /// the claims of the same name; `evidence` likewise.
-fn origin(request: &CallToolRequestParams, claims: &str) -> Value {
-    let meta: Option<&JsonObject> = request.meta.as_ref().map(|m| &m.0 .0);
+fn origin(request: &CallToolRequestParams, context_meta: &JsonObject, claims: &str) -> Value {
+    // rmcp hands the request's `_meta` to the context; a client that put
+    // it in the params (as some do) is read there too.
+    let meta: Option<&JsonObject> = if context_meta.is_empty() {
+        request.meta.as_ref().map(|m| &m.0 .0)
+    } else {
+        Some(context_meta)
+    };
     let claims: Value = serde_json::from_str(claims).unwrap_or(Value::Null);
     let mut out = Map::new();
     for key in ORIGIN_KEYS.iter().chain(std::iter::once(&"evidence")) {
@@ -501,10 +514,10 @@ mod tests {
     fn test_the_card_link_carries_only_the_action_and_the_code() {
         let base = url::Url::parse("https://keyturn.example.com/base/").unwrap();
         let id = Uuid::nil();
-        let link = card_link(&base, id, "abc-_1");
+        let link = card_link(&base, id, "abc-_1&a=x");
         assert_eq!(
             link.as_str(),
-            "https://keyturn.example.com/base/card#a=00000000-0000-0000-0000-000000000000&c=abc%2D%5F1"
+            "https://keyturn.example.com/base/card#a=00000000-0000-0000-0000-000000000000&c=abc-_1%26a%3Dx"
         );
     }
 
@@ -515,7 +528,11 @@ mod tests {
         meta.insert("conversation_id".into(), json!("c-meta"));
         meta.insert("token".into(), json!("nope"));
         p.meta = Some(rmcp::model::RequestMetaObject(MetaObject(meta)));
-        let o = origin(&p, r#"{"conversation_id": "c-claim", "turn_id": "t1", "sub": "alice"}"#);
+        let o = origin(
+            &p,
+            &JsonObject::new(),
+            r#"{"conversation_id": "c-claim", "turn_id": "t1", "sub": "alice"}"#,
+        );
         assert_eq!(o, json!({"conversation_id": "c-meta", "turn_id": "t1"}));
     }
 }
