@@ -122,6 +122,28 @@ kt_standard_webhooks() {
   export KT_STANDARDWEBHOOKS_PYTHON="$venv/bin/python"
 }
 
+# The official MCP Python SDK (PyPI mcp 2.x) in a venv of the run's scratch
+# directory, for the mcp layer and the demo: exports KT_MCP_PYTHON, or
+# KT_MCP_UNAVAILABLE with the reason (pip's last line) when it cannot be had.
+kt_mcp_python() {
+  local venv log
+  venv="$(kt_scratch)/mcp-venv"
+  log="$(kt_scratch)/mcp-venv.log"
+  unset KT_MCP_PYTHON KT_MCP_UNAVAILABLE
+  if ! "$venv/bin/python" -c 'import mcp.server.mcpserver, httpx2, uvicorn' >/dev/null 2>&1; then
+    if ! python3 -m venv "$venv" >"$log" 2>&1; then
+      export KT_MCP_UNAVAILABLE="python3 -m venv failed (is python3-venv installed?): $(tail -n 1 "$log")"
+      return 0
+    fi
+    if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --timeout 20 --retries 1 \
+        'mcp>=2,<3' >>"$log" 2>&1; then
+      export KT_MCP_UNAVAILABLE="pip install 'mcp>=2,<3' failed (is PyPI reachable?): $(tail -n 1 "$log")"
+      return 0
+    fi
+  fi
+  export KT_MCP_PYTHON="$venv/bin/python"
+}
+
 # chromedriver on a free loopback port, for the browser layer: exports
 # KT_WEBDRIVER_URL (and KT_CHROMIUM, the browser binary), or, when Debian's
 # chromium or chromium-driver is missing, KT_BROWSER_UNAVAILABLE with the
