@@ -423,17 +423,20 @@ pub fn read_upstreams(path: &Path) -> Result<Vec<Upstream>, Error> {
         let mut headers = Vec::with_capacity(u.headers.len());
         for (name, value) in &u.headers {
             if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(bad(format!("header name {name:?} is not an HTTP header name")));
+                return Err(bad(format!(
+                    "header name {name:?} is not an HTTP header name"
+                )));
             }
             let value = match value.strip_prefix("env:") {
-                Some(var) => std::env::var(var).map_err(|_| {
-                    bad(format!("header {name} names env:{var}, which is not set"))
-                })?,
+                Some(var) => std::env::var(var)
+                    .map_err(|_| bad(format!("header {name} names env:{var}, which is not set")))?,
                 None => value.clone(),
             };
             if HeaderValue::from_str(&value).is_err() {
                 // Never the value: it is a credential.
-                return Err(bad(format!("header {name}'s value is not a valid HTTP header value")));
+                return Err(bad(format!(
+                    "header {name}'s value is not a valid HTTP header value"
+                )));
             }
             headers.push((name.clone(), Secret(value)));
         }
@@ -1034,6 +1037,78 @@ mod tests {
             c.workers, 5,
             "the command line (like the environment) beats the file"
         );
+    }
+
+    #[test]
+    fn test_upstreams_are_read_from_the_file_with_env_headers() {
+        std::env::set_var("KT_CONFIG_TEST_UPSTREAM_TOKEN", "Bearer s3cr3t-upstream");
+        let f = toml_file(
+            "database_url = \"postgres://x\"\n\
+             [[mcp_upstream]]\nname = \"github\"\nurl = \"https://mcp.example.com/mcp\"\n\
+             headers = { Authorization = \"env:KT_CONFIG_TEST_UPSTREAM_TOKEN\", X-Team = \"core\" }\n\
+             trust_annotations = true\n\
+             [[mcp_upstream]]\nname = \"slack\"\nurl = \"http://127.0.0.1:9/mcp\"\n",
+        );
+        let c = parse(&[], Some(f.path())).expect("the tables do not disturb the settings");
+        assert_eq!(c.database_url.expose(), "postgres://x");
+        let ups = read_upstreams(f.path()).expect("reads");
+        assert_eq!(ups.len(), 2);
+        assert_eq!(ups[0].name, "github");
+        assert!(ups[0].trust_annotations && !ups[1].trust_annotations);
+        assert_eq!(ups[0].headers[0].0, "Authorization");
+        assert_eq!(ups[0].headers[0].1.expose(), "Bearer s3cr3t-upstream");
+        assert!(
+            !format!("{ups:?}").contains("s3cr3t"),
+            "headers are secrets"
+        );
+        for (bad, needle) in [
+            ("name = \"Git Hub\"\nurl = \"https://a/\"", "name must be"),
+            ("name = \"a\"\nurl = \"ftp://a/\"", "url must be"),
+            ("name = \"a\"\nurl = \"https://a/\"\nheaders = { A = \"env:KT_CONFIG_TEST_UNSET_VAR\" }", "KT_CONFIG_TEST_UNSET_VAR"),
+            ("name = \"a\"\nurl = \"https://a/\"\ntrust = true", "takes name"),
+        ] {
+            let f = toml_file(&format!("[[mcp_upstream]]\n{bad}\n"));
+            let err = read_upstreams(f.path()).expect_err(bad).to_string();
+            assert!(err.contains(needle), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn test_mcp_needs_a_jwt_key_and_a_login_of_its_own() {
+        let key = [
+            "--jwt-secret",
+            "0123456789abcdef0123456789abcdef",
+            "--rpc-database-url",
+            "postgres://rpc@h/db",
+            "--jwt-roles",
+            "web_human",
+        ];
+        let with = |extra: &[&str]| {
+            let mut args = vec!["--database-url", "postgres://disp@h/db"];
+            args.extend_from_slice(extra);
+            parse(&args, None)
+                .expect("parses")
+                .validate()
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert!(with(&["--mcp-roles", "agent_mcp"])
+            .unwrap_err()
+            .contains("JWT key"));
+        let mut a = key.to_vec();
+        a.extend_from_slice(&["--mcp-roles", "agent_mcp"]);
+        assert!(with(&a)
+            .unwrap_err()
+            .contains("KEYTURN_MCP_DATABASE_URL is required"));
+        let mut b = a.clone();
+        b.extend_from_slice(&["--mcp-database-url", "postgres://rpc@h/db"]);
+        assert!(with(&b).unwrap_err().contains("login of its own"));
+        let mut c = a.clone();
+        c.extend_from_slice(&["--mcp-database-url", "postgres://mcp@h/db"]);
+        with(&c).expect("valid");
+        assert!(with(&["--mcp-database-url", "postgres://mcp@h/db"])
+            .unwrap_err()
+            .contains("only takes effect"));
     }
 
     #[test]

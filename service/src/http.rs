@@ -138,7 +138,11 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
     // keyturnd: reported, never a 503.
     let mut text = text.to_owned();
     for u in state.upstreams.iter().flat_map(|u| u.all()) {
-        let word = if u.is_up() { "reachable" } else { "unreachable" };
+        let word = if u.is_up() {
+            "reachable"
+        } else {
+            "unreachable"
+        };
         text.push_str(&format!("upstream {}: {word}\n", u.name()));
     }
     (status, text)

@@ -163,7 +163,11 @@ pub async fn action_status(
 /// `keyturn.link_code` on the dispatcher's connection, asserting the
 /// person's identity (`claims`) for this transaction only: the one-time
 /// code of the card link an elicitation shows the person.
-pub async fn link_code(client: &mut Client, claims: &str, action_id: Uuid) -> Result<String, Error> {
+pub async fn link_code(
+    client: &mut Client,
+    claims: &str,
+    action_id: Uuid,
+) -> Result<String, Error> {
     let tx = super::transaction(client).await?;
     let row = bounded(tx.query_typed_one(
         "SELECT pg_catalog.set_config('request.jwt.claims', $1, true) IS NOT NULL AS set, \

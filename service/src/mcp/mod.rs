@@ -63,7 +63,10 @@ impl std::fmt::Debug for Mcp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mcp")
             .field("verifier", &self.verifier)
-            .field("public_url", &self.public_url.as_ref().map(url::Url::as_str))
+            .field(
+                "public_url",
+                &self.public_url.as_ref().map(url::Url::as_str),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -174,7 +177,10 @@ impl Mcp {
         );
         Router::new()
             .nest_service("/mcp", service)
-            .layer(middleware::from_fn_with_state(Arc::clone(self), authenticate))
+            .layer(middleware::from_fn_with_state(
+                Arc::clone(self),
+                authenticate,
+            ))
     }
 }
 

@@ -144,11 +144,8 @@ impl Handler {
     /// `keyturn_action_status`: the caller's own action, or the same
     /// refusal for anything else.
     async fn status(&self, who: &Verified, args: &Value) -> CallToolResult {
-        let not_found = || {
-            CallToolResult::error(vec![ContentBlock::text(
-                "No action of yours has that id.",
-            )])
-        };
+        let not_found =
+            || CallToolResult::error(vec![ContentBlock::text("No action of yours has that id.")]);
         let Some(id) = args
             .get("action_id")
             .and_then(Value::as_str)
@@ -408,7 +405,9 @@ fn origin(request: &CallToolRequestParams, context_meta: &JsonObject, claims: &s
 
 /// The result of a proposal: structured, and one plain sentence.
 fn proposed(p: &Proposed, result: Option<Value>) -> CallToolResult {
-    let expires = p.expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let expires = p
+        .expires_at
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let mut structured = json!({
         "action_id": p.action_id,
         "status": p.status,
@@ -443,7 +442,11 @@ fn refusal(e: &Error) -> CallToolResult {
             (db.code().code().to_owned(), db.message().to_owned())
         }
         Some(db) => {
-            tracing::warn!(sqlstate = db.code().code(), message = db.message(), "mcp call failed");
+            tracing::warn!(
+                sqlstate = db.code().code(),
+                message = db.message(),
+                "mcp call failed"
+            );
             (
                 db.code().code().to_owned(),
                 "internal error; keyturnd's log has the details".to_owned(),
@@ -472,7 +475,11 @@ fn refusal(e: &Error) -> CallToolResult {
 fn protocol_error(e: &Error) -> ErrorData {
     match e.db_error() {
         Some(db) if sqlstate_status(db.code().code()).is_some() => ErrorData::invalid_request(
-            format!("keyturn refused (SQLSTATE {}): {}", db.code().code(), db.message()),
+            format!(
+                "keyturn refused (SQLSTATE {}): {}",
+                db.code().code(),
+                db.message()
+            ),
             None,
         ),
         _ => {

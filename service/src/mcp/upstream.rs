@@ -125,7 +125,9 @@ impl Upstream {
                 axum::http::HeaderName::from_bytes(name.as_bytes()),
                 axum::http::HeaderValue::from_str(value.expose()),
             ) else {
-                return Err(CallError::NotSent("a configured header is not valid".into()));
+                return Err(CallError::NotSent(
+                    "a configured header is not valid".into(),
+                ));
             };
             headers.insert(n, v);
         }
@@ -137,10 +139,9 @@ impl Upstream {
         let listener = Listener {
             changed: self.changed.clone(),
         };
-        let running = listener
-            .serve(transport)
-            .await
-            .map_err(|e| CallError::NotSent(format!("could not open a session: {}", kind_of(&e))))?;
+        let running = listener.serve(transport).await.map_err(|e| {
+            CallError::NotSent(format!("could not open a session: {}", kind_of(&e)))
+        })?;
         let peer = running.peer().clone();
         *session = Some(running);
         Ok(peer)
@@ -215,7 +216,11 @@ impl Upstream {
                         .and_then(Value::as_str)
                         .map(str::to_owned)
                 }
-                _ => return Err(CallError::NotSent("tools/list: an unexpected answer".into())),
+                _ => {
+                    return Err(CallError::NotSent(
+                        "tools/list: an unexpected answer".into(),
+                    ))
+                }
             };
             match next {
                 Some(c) if !c.is_empty() => cursor = Some(c),

@@ -71,7 +71,10 @@ impl Provider for McpProvider {
                 return Ok(Some(Value::Null));
             };
             let Some(u) = self.upstreams.get(upstream) else {
-                tracing::warn!(upstream, "the tool's upstream is not configured in this keyturnd; handing the job back");
+                tracing::warn!(
+                    upstream,
+                    "the tool's upstream is not configured in this keyturnd; handing the job back"
+                );
                 return Err(not_sent(
                     Outcome::Retry {
                         after: Some(NO_UPSTREAM_DELAY),
@@ -136,10 +139,17 @@ impl Provider for McpProvider {
                 }
                 Err(CallError::NotSent(why)) => {
                     tracing::warn!(upstream, reason = %why, "upstream call not sent; recording retry");
-                    not_sent(Outcome::Retry { after: None }, "the upstream could not be reached; nothing sent")
+                    not_sent(
+                        Outcome::Retry { after: None },
+                        "the upstream could not be reached; nothing sent",
+                    )
                 }
                 Err(CallError::Rpc(e)) => {
-                    tracing::warn!(upstream, code = e.code.0, "upstream answered the call with a JSON-RPC error; recording unknown");
+                    tracing::warn!(
+                        upstream,
+                        code = e.code.0,
+                        "upstream answered the call with a JSON-RPC error; recording unknown"
+                    );
                     CallResult {
                         outcome: Outcome::Unknown,
                         receipt: json!({"error": "a JSON-RPC error after the request left", "code": e.code.0}),
