@@ -153,6 +153,40 @@ AS $$
      ORDER BY r.rolname, p.problem
 $$;
 
+-- The table spec.sql.table names, of one of p_kinds (pg_class.relkind), not
+-- temporary; 22023 otherwise. Shared by the write form and the read form
+-- (sql/063_mcp.sql).
+CREATE FUNCTION keyturn._spec_table(p_table jsonb, p_kinds "char"[])
+RETURNS oid
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_relid oid;
+BEGIN
+    IF jsonb_typeof(p_table) IS DISTINCT FROM 'string' THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table must name a table, e.g. "crm.deal"' USING ERRCODE = '22023';
+    END IF;
+    -- to_regclass answers NULL for a table that does not exist, but raises
+    -- for text that is no table name at all ("..", "a.b.c.d", "db.s.t"):
+    -- both are the same invalid input here.
+    BEGIN
+        v_relid := to_regclass(p_table #>> '{}');
+    EXCEPTION WHEN invalid_name OR syntax_error OR feature_not_supported THEN
+        v_relid := NULL;
+    END;
+    IF v_relid IS NULL OR NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = v_relid AND r.relkind = ANY (p_kinds)) THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table % is not an existing table', p_table
+            USING ERRCODE = '22023';
+    END IF;
+    IF (SELECT n.nspname LIKE 'pg\_temp\_%' OR n.nspname LIKE 'pg\_toast\_temp\_%'
+          FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = v_relid) THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table % is a temporary table', p_table
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN v_relid;
+END
+$$;
+
 -- The sql part of a spec: {"table", "key", "version", "set", "where"}, checked
 -- against the catalog. Returns the stored columns as one jsonb object.
 CREATE FUNCTION keyturn._spec_sql(p_tool text, p_sql jsonb)
@@ -174,26 +208,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     PERFORM keyturn._spec_keys(p_sql, 'spec.sql', ARRAY['table', 'key', 'version', 'set', 'where']);
-    IF jsonb_typeof(p_sql -> 'table') IS DISTINCT FROM 'string' THEN
-        RAISE EXCEPTION 'keyturn: spec.sql.table must name a table, e.g. "crm.deal"' USING ERRCODE = '22023';
-    END IF;
-    -- to_regclass answers NULL for a table that does not exist, but raises
-    -- for text that is no table name at all ("..", "a.b.c.d", "db.s.t"):
-    -- both are the same invalid input here.
-    BEGIN
-        v_relid := to_regclass(p_sql ->> 'table');
-    EXCEPTION WHEN invalid_name OR syntax_error OR feature_not_supported THEN
-        v_relid := NULL;
-    END;
-    IF v_relid IS NULL OR NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = v_relid AND r.relkind IN ('r', 'p')) THEN
-        RAISE EXCEPTION 'keyturn: spec.sql.table % is not an existing table', p_sql -> 'table'
-            USING ERRCODE = '22023';
-    END IF;
-    IF (SELECT n.nspname LIKE 'pg\_temp\_%' OR n.nspname LIKE 'pg\_toast\_temp\_%'
-          FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = v_relid) THEN
-        RAISE EXCEPTION 'keyturn: spec.sql.table % is a temporary table', p_sql -> 'table'
-            USING ERRCODE = '22023';
-    END IF;
+    v_relid := keyturn._spec_table(p_sql -> 'table', '{r,p}');
     v_bad := (SELECT string_agg(p, '; ') FROM keyturn._agent_table_problems(v_relid) p);
     IF v_bad IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: agents could change % outside the approved form: %', v_relid::regclass, v_bad

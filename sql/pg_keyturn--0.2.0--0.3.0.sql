@@ -1760,6 +1760,40 @@ AS $$
      ORDER BY r.rolname, p.problem
 $$;
 
+-- The table spec.sql.table names, of one of p_kinds (pg_class.relkind), not
+-- temporary; 22023 otherwise. Shared by the write form and the read form
+-- (sql/063_mcp.sql).
+CREATE OR REPLACE FUNCTION keyturn._spec_table(p_table jsonb, p_kinds "char"[])
+RETURNS oid
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_relid oid;
+BEGIN
+    IF jsonb_typeof(p_table) IS DISTINCT FROM 'string' THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table must name a table, e.g. "crm.deal"' USING ERRCODE = '22023';
+    END IF;
+    -- to_regclass answers NULL for a table that does not exist, but raises
+    -- for text that is no table name at all ("..", "a.b.c.d", "db.s.t"):
+    -- both are the same invalid input here.
+    BEGIN
+        v_relid := to_regclass(p_table #>> '{}');
+    EXCEPTION WHEN invalid_name OR syntax_error OR feature_not_supported THEN
+        v_relid := NULL;
+    END;
+    IF v_relid IS NULL OR NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = v_relid AND r.relkind = ANY (p_kinds)) THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table % is not an existing table', p_table
+            USING ERRCODE = '22023';
+    END IF;
+    IF (SELECT n.nspname LIKE 'pg\_temp\_%' OR n.nspname LIKE 'pg\_toast\_temp\_%'
+          FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = v_relid) THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table % is a temporary table', p_table
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN v_relid;
+END
+$$;
+
 -- The sql part of a spec: {"table", "key", "version", "set", "where"}, checked
 -- against the catalog. Returns the stored columns as one jsonb object.
 CREATE OR REPLACE FUNCTION keyturn._spec_sql(p_tool text, p_sql jsonb)
@@ -1781,26 +1815,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     PERFORM keyturn._spec_keys(p_sql, 'spec.sql', ARRAY['table', 'key', 'version', 'set', 'where']);
-    IF jsonb_typeof(p_sql -> 'table') IS DISTINCT FROM 'string' THEN
-        RAISE EXCEPTION 'keyturn: spec.sql.table must name a table, e.g. "crm.deal"' USING ERRCODE = '22023';
-    END IF;
-    -- to_regclass answers NULL for a table that does not exist, but raises
-    -- for text that is no table name at all ("..", "a.b.c.d", "db.s.t"):
-    -- both are the same invalid input here.
-    BEGIN
-        v_relid := to_regclass(p_sql ->> 'table');
-    EXCEPTION WHEN invalid_name OR syntax_error OR feature_not_supported THEN
-        v_relid := NULL;
-    END;
-    IF v_relid IS NULL OR NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = v_relid AND r.relkind IN ('r', 'p')) THEN
-        RAISE EXCEPTION 'keyturn: spec.sql.table % is not an existing table', p_sql -> 'table'
-            USING ERRCODE = '22023';
-    END IF;
-    IF (SELECT n.nspname LIKE 'pg\_temp\_%' OR n.nspname LIKE 'pg\_toast\_temp\_%'
-          FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = v_relid) THEN
-        RAISE EXCEPTION 'keyturn: spec.sql.table % is a temporary table', p_sql -> 'table'
-            USING ERRCODE = '22023';
-    END IF;
+    v_relid := keyturn._spec_table(p_sql -> 'table', '{r,p}');
     v_bad := (SELECT string_agg(p, '; ') FROM keyturn._agent_table_problems(v_relid) p);
     IF v_bad IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: agents could change % outside the approved form: %', v_relid::regclass, v_bad
@@ -6160,23 +6175,8 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     PERFORM keyturn._spec_keys(p_sql, 'spec.sql of a read tool', ARRAY['table', 'key', 'select', 'where', 'max_rows']);
-    IF jsonb_typeof(p_sql -> 'table') IS DISTINCT FROM 'string' THEN
-        RAISE EXCEPTION 'keyturn: spec.sql.table must name a table, e.g. "crm.deal"' USING ERRCODE = '22023';
-    END IF;
-    BEGIN
-        v_relid := to_regclass(p_sql ->> 'table');
-    EXCEPTION WHEN invalid_name OR syntax_error OR feature_not_supported THEN
-        v_relid := NULL;
-    END;
-    IF v_relid IS NULL OR NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = v_relid AND r.relkind IN ('r', 'p', 'v', 'm')) THEN
-        RAISE EXCEPTION 'keyturn: spec.sql.table % is not an existing table or view', p_sql -> 'table'
-            USING ERRCODE = '22023';
-    END IF;
-    IF (SELECT n.nspname LIKE 'pg\_temp\_%' OR n.nspname LIKE 'pg\_toast\_temp\_%'
-          FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = v_relid) THEN
-        RAISE EXCEPTION 'keyturn: spec.sql.table % is a temporary table', p_sql -> 'table'
-            USING ERRCODE = '22023';
-    END IF;
+    -- A view too: a read form selects, and RLS (or the view's own rules) applies.
+    v_relid := keyturn._spec_table(p_sql -> 'table', '{r,p,v,m}');
     v_key := p_sql ->> 'key';
     v_types := jsonb_build_object(v_key, keyturn._spec_column(v_relid, p_sql -> 'key', 'spec.sql.key'));
     IF jsonb_typeof(p_sql -> 'select') IS DISTINCT FROM 'array' OR jsonb_array_length(p_sql -> 'select') = 0 THEN
@@ -6229,17 +6229,20 @@ $$;
 -- A form's where part: each column one value or a list of 1 to 1000.
 CREATE OR REPLACE FUNCTION keyturn._mcp_where_schema(v keyturn.tool_version)
 RETURNS jsonb
-LANGUAGE sql IMMUTABLE
+-- plpgsql: a SQL function of a row type with subqueries is never inlined.
+LANGUAGE plpgsql IMMUTABLE
 AS $$
-    SELECT jsonb_build_object(
-        'type', 'object',
-        'properties', coalesce((
-            SELECT jsonb_object_agg(c, jsonb_build_object('anyOf', jsonb_build_array(
-                       keyturn._mcp_value_schema(v.sql_types ->> c),
-                       jsonb_build_object('type', 'array', 'items', keyturn._mcp_value_schema(v.sql_types ->> c),
-                                          'minItems', 1, 'maxItems', 1000))))
-              FROM unnest(v.sql_where) AS c), '{}'),
-        'additionalProperties', false)
+BEGIN
+    RETURN jsonb_build_object(
+            'type', 'object',
+            'properties', coalesce((
+                SELECT jsonb_object_agg(c, jsonb_build_object('anyOf', jsonb_build_array(
+                           keyturn._mcp_value_schema(v.sql_types ->> c),
+                           jsonb_build_object('type', 'array', 'items', keyturn._mcp_value_schema(v.sql_types ->> c),
+                                              'minItems', 1, 'maxItems', 1000))))
+                  FROM unnest(v.sql_where) AS c), '{}'),
+            'additionalProperties', false);
+END
 $$;
 
 -- What tools/list gives as a tool's inputSchema: an external tool's
@@ -6247,25 +6250,28 @@ $$;
 -- it may filter on and set; an sql read tool's {"where"}.
 CREATE OR REPLACE FUNCTION keyturn._mcp_input_schema(v keyturn.tool_version)
 RETURNS jsonb
-LANGUAGE sql IMMUTABLE
+-- plpgsql: a SQL function of a row type with subqueries is never inlined.
+LANGUAGE plpgsql IMMUTABLE
 AS $$
-    SELECT CASE
-        WHEN v.executor = 'external' THEN v.params_schema
-        WHEN v.kind = 'read' THEN jsonb_build_object(
-            'type', 'object',
-            'properties', jsonb_build_object('where', keyturn._mcp_where_schema(v)),
-            'additionalProperties', false)
-        ELSE jsonb_build_object(
-            'type', 'object',
-            'properties', jsonb_build_object(
-                'where', keyturn._mcp_where_schema(v) || '{"minProperties": 1}',
-                'set', jsonb_build_object(
-                    'type', 'object',
-                    'properties', coalesce((SELECT jsonb_object_agg(c, keyturn._mcp_value_schema(v.sql_types ->> c))
-                                              FROM unnest(v.sql_set) AS c), '{}'),
-                    'additionalProperties', false, 'minProperties', 1)),
-            'required', '["where", "set"]'::jsonb,
-            'additionalProperties', false) END
+BEGIN
+    RETURN CASE
+            WHEN v.executor = 'external' THEN v.params_schema
+            WHEN v.kind = 'read' THEN jsonb_build_object(
+                'type', 'object',
+                'properties', jsonb_build_object('where', keyturn._mcp_where_schema(v)),
+                'additionalProperties', false)
+            ELSE jsonb_build_object(
+                'type', 'object',
+                'properties', jsonb_build_object(
+                    'where', keyturn._mcp_where_schema(v) || '{"minProperties": 1}',
+                    'set', jsonb_build_object(
+                        'type', 'object',
+                        'properties', coalesce((SELECT jsonb_object_agg(c, keyturn._mcp_value_schema(v.sql_types ->> c))
+                                                  FROM unnest(v.sql_set) AS c), '{}'),
+                        'additionalProperties', false, 'minProperties', 1)),
+                'required', '["where", "set"]'::jsonb,
+                'additionalProperties', false) END;
+END
 $$;
 
 -- A tool's MCP annotations: readOnlyHint true only for a read tool; a write
@@ -6274,12 +6280,15 @@ $$;
 -- carries it out beyond the database.
 CREATE OR REPLACE FUNCTION keyturn._mcp_annotations(v keyturn.tool_version)
 RETURNS jsonb
-LANGUAGE sql IMMUTABLE
+-- plpgsql: a SQL function of a row type with subqueries is never inlined.
+LANGUAGE plpgsql IMMUTABLE
 AS $$
-    SELECT CASE WHEN v.kind = 'read'
-                THEN jsonb_build_object('readOnlyHint', true, 'openWorldHint', v.executor = 'external')
-                ELSE jsonb_build_object('readOnlyHint', false, 'destructiveHint', v.effect <> 'reversible',
-                                        'idempotentHint', false, 'openWorldHint', v.executor = 'external') END
+BEGIN
+    RETURN CASE WHEN v.kind = 'read'
+                    THEN jsonb_build_object('readOnlyHint', true, 'openWorldHint', v.executor = 'external')
+                    ELSE jsonb_build_object('readOnlyHint', false, 'destructiveHint', v.effect <> 'reversible',
+                                            'idempotentHint', false, 'openWorldHint', v.executor = 'external') END;
+END
 $$;
 
 -- Agent: the tools the calling principal may call over MCP, by name:
@@ -6472,7 +6481,7 @@ $$;
 -- its result); no row for an action of another principal or tenant, or
 -- none at all, so that an agent learns nothing of what is not its own.
 CREATE OR REPLACE FUNCTION keyturn.mcp_action_status(action_id uuid)
-RETURNS TABLE (action_id uuid, status text, result jsonb)
+RETURNS TABLE (status text, result jsonb)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -6483,7 +6492,7 @@ BEGIN
     PERFORM keyturn._refuse_nested('mcp_action_status');
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     RETURN QUERY
-    SELECT a.id, a.status::text, CASE WHEN keyturn._is_final(a.status) THEN a.result END
+    SELECT a.status::text, CASE WHEN keyturn._is_final(a.status) THEN a.result END
       FROM keyturn.action a
      WHERE a.id = mcp_action_status.action_id AND a.tenant = v_tenant AND a.principal = v_principal;
 END

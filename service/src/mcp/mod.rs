@@ -42,9 +42,6 @@ use upstream::Upstreams;
 /// The largest `/mcp` request body: a tool call's arguments fit many times.
 pub const BODY_LIMIT: usize = 1 << 20;
 
-const RETRY_MIN: Duration = Duration::from_millis(100);
-const RETRY_MAX: Duration = Duration::from_secs(5);
-
 /// Everything `/mcp` needs.
 pub struct Mcp {
     verifier: Verifier,
@@ -94,46 +91,27 @@ impl Mcp {
         let pool = db::pool_named(url.expose(), config.mcp_connections, metrics.clone(), "mcp")?;
         let rpc_url = config.rpc_database_url.clone();
         let roles: Vec<String> = verifier.roles().map(str::to_owned).collect();
-        let mut backoff = RETRY_MIN;
-        let mut logged = false;
-        loop {
-            let attempt = async {
+        let checked = db::until_answered(
+            shutdown,
+            "MCP database unavailable; waiting for it before serving /mcp",
+            || async {
                 let client = pool.get().await?;
-                let others = async {
-                    let d = dispatcher.get().await?;
-                    let mut logins = vec![db::mcp::login(&d).await?];
-                    if let Some(rpc) = &rpc_url {
-                        let (c, conn) =
-                            tokio_postgres::connect(rpc.expose(), tokio_postgres::NoTls).await?;
-                        let task = tokio::spawn(conn);
-                        logins.push(db::mcp::login(&c).await?);
-                        drop(c);
-                        let _ = task.await;
-                    }
-                    Ok::<_, Error>(logins)
+                let d = dispatcher.get().await?;
+                let mut others = vec![db::mcp::login(&d).await?];
+                if let Some(rpc) = &rpc_url {
+                    let (c, conn) =
+                        tokio_postgres::connect(rpc.expose(), tokio_postgres::NoTls).await?;
+                    let task = tokio::spawn(conn);
+                    others.push(db::mcp::login(&c).await?);
+                    drop(c);
+                    let _ = task.await;
                 }
-                .await?;
                 check_roles(&client, &roles, &others).await
-            };
-            let result = tokio::select! {
-                _ = shutdown.cancelled() => return Ok(None),
-                r = attempt => r,
-            };
-            match result {
-                Ok(()) => break,
-                Err(e) if e.is_transient() => {
-                    if !logged {
-                        tracing::warn!(error = %e, "MCP database unavailable; waiting for it before serving /mcp");
-                        logged = true;
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return Ok(None),
-                _ = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(RETRY_MAX);
+            },
+        )
+        .await?;
+        if checked.is_none() {
+            return Ok(None);
         }
         if config.public_url.is_none() {
             tracing::warn!("KEYTURN_PUBLIC_URL is not set: /mcp reaches no person by elicitation; proposals wait in their queue");

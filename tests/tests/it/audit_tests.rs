@@ -275,7 +275,9 @@ fn contract_allows(from: &str, to: &str) -> bool {
         .contains(&to),
         "queued" => ["leased", "cancelled", "invalidated"].contains(&to),
         "leased" => ["executing", "queued", "cancelled", "invalidated"].contains(&to),
-        "executing" => ["succeeded", "failed", "uncertain", "queued"].contains(&to),
+        // invalidated: an upstream MCP tool's drift, found right before the
+        // call (keyturn.check_upstream_tool), nothing sent.
+        "executing" => ["succeeded", "failed", "uncertain", "queued", "invalidated"].contains(&to),
         "uncertain" => ["succeeded", "failed"].contains(&to),
         _ => false,
     }
