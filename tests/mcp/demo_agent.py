@@ -25,7 +25,10 @@ async def main(url):
         return types.ElicitResult(action="accept")
 
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {os.environ['KT_AGENT_JWT']}"})
-    async with Client(streamable_http_client(url, http_client=http), elicitation_callback=elicit) as c:
+    # The 2025-11-25 handshake: the revision in which a server may send the
+    # URL elicitation during the call (2026-07-28 has no such request).
+    async with Client(streamable_http_client(url, http_client=http), mode="legacy",
+                      elicitation_callback=elicit) as c:
         names = [t.name for t in (await c.list_tools()).tools]
         print("tools the agent sees:", ", ".join(names))
         r = await c.call_tool("chat.send_message", {"channel": "sales", "text": "Northwind renewed: 3 years"})
