@@ -220,8 +220,9 @@ def start_keyturnd():
     wait_for("keyturnd to be ready", ready)
 
 
-def jwt(role="kt_mcp_agent", sub="alice", session="s1", tenant=TENANT):
-    out = subprocess.run([KEYTURND, "jwt", "--role", role, "--sub", sub, "--tenant", tenant, "--session", session],
+def jwt(role="kt_mcp_agent", sub="alice", session="s1", tenant=TENANT, ttl=900):
+    out = subprocess.run([KEYTURND, "jwt", "--role", role, "--sub", sub, "--tenant", tenant, "--session", session,
+                          "--ttl", str(ttl)],
                          env=dict(os.environ, KEYTURN_JWT_SECRET=SECRET, DATABASE_URL="postgres://x"),
                          capture_output=True, text=True, check=True)
     return out.stdout.strip()
@@ -280,6 +281,29 @@ async def _():
         raise
     except Exception:
         pass
+
+
+@check("a_session_works_only_for_the_identity_that_opened_it")
+async def _():
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "1"}}}
+    accept = {"Accept": "application/json, text/event-stream"}
+    r = httpx2.post(f"{BASE}/mcp", json=init, headers={"Authorization": f"Bearer {AGENT}", **accept})
+    sid = r.headers.get("mcp-session-id")
+    assert r.status_code == 200 and sid, (r.status_code, r.headers)
+    lst = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    r = httpx2.post(f"{BASE}/mcp", json=lst, headers={"Authorization": f"Bearer {jwt(sub='bob')}",
+                                                        "Mcp-Session-Id": sid, "MCP-Protocol-Version": "2025-06-18",
+                                                        **accept})
+    assert r.status_code == 404, r.status_code
+    # A renewed JWT of the same agent (another expiry) keeps its session.
+    renewed = jwt(ttl=1200)
+    assert renewed != AGENT
+    r = httpx2.post(f"{BASE}/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    headers={"Authorization": f"Bearer {renewed}", "Mcp-Session-Id": sid,
+                             "MCP-Protocol-Version": "2025-06-18", **accept})
+    assert r.status_code in (200, 202), r.status_code
 
 
 EXPECTED = {

@@ -54,7 +54,18 @@ pub struct Mcp {
     call_timeout: Duration,
     /// Ends every MCP session (shutdown).
     sessions: CancellationToken,
+    /// Whose each session is: a session id works only with the identity
+    /// that opened it.
+    owners: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
+
+/// Sessions remembered at most; past it half of them are forgotten, and a
+/// forgotten session is bound again by its next request (its id is still a
+/// secret only its client holds).
+const MAX_SESSIONS: usize = 10_000;
+
+/// The header rmcp names a legacy session with.
+const SESSION_HEADER: &str = "mcp-session-id";
 
 impl std::fmt::Debug for Mcp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -126,6 +137,7 @@ impl Mcp {
             metrics,
             call_timeout: config.call_timeout(),
             sessions: CancellationToken::new(),
+            owners: std::sync::Mutex::new(std::collections::HashMap::new()),
         }))
     }
 
@@ -171,8 +183,40 @@ async fn authenticate(State(mcp): State<Arc<Mcp>>, mut request: Request, next: N
         .map(|v| v.to_str().unwrap_or(""));
     match mcp.verifier.verify(authorization) {
         Ok(verified) => {
+            let owner = session_owner(&verified);
+            let session = request
+                .headers()
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            if let Some(id) = &session {
+                let owners = mcp.owners.lock().unwrap_or_else(|e| e.into_inner());
+                if owners.get(id).is_some_and(|o| *o != owner) {
+                    // Another identity's session: as if it did not exist.
+                    mcp.metrics.mcp_call("auth", "foreign_session");
+                    return axum::http::StatusCode::NOT_FOUND.into_response();
+                }
+            }
             request.extensions_mut().insert(verified);
-            next.run(request).await
+            let response = next.run(request).await;
+            if session.is_none() {
+                if let Some(id) = response
+                    .headers()
+                    .get(SESSION_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                {
+                    let mut owners = mcp.owners.lock().unwrap_or_else(|e| e.into_inner());
+                    if owners.len() >= MAX_SESSIONS {
+                        let drop: Vec<String> =
+                            owners.keys().take(MAX_SESSIONS / 2).cloned().collect();
+                        for k in drop {
+                            owners.remove(&k);
+                        }
+                    }
+                    owners.insert(id.to_owned(), owner);
+                }
+            }
+            response
         }
         Err(Error::RoleNotAllowed) => {
             mcp.metrics.mcp_call("auth", "forbidden");
@@ -183,6 +227,19 @@ async fn authenticate(State(mcp): State<Arc<Mcp>>, mut request: Request, next: N
             e.into_response()
         }
     }
+}
+
+/// Who a session belongs to: the role and the claims, without those a
+/// renewed JWT of the same agent changes.
+fn session_owner(verified: &crate::jwt::Verified) -> String {
+    let mut claims: serde_json::Value =
+        serde_json::from_str(&verified.claims).unwrap_or(serde_json::Value::Null);
+    if let Some(o) = claims.as_object_mut() {
+        for k in ["exp", "iat", "nbf", "jti"] {
+            o.remove(k);
+        }
+    }
+    format!("{}\u{0}{claims}", verified.role)
 }
 
 /// The start-up checks of `/mcp` (docs/mcp.md): each role of `roles` exists,
