@@ -110,7 +110,7 @@ CHECKS = []
 
 # ---- the world: roles, tenant, tools, the upstream, keyturnd ----
 
-ROLES = ["kt_mcp_login", "kt_mcp_rpc", "kt_mcp_agent", "kt_mcp_human"]
+ROLES = ["kt_mcp_login", "kt_mcp_rpc", "kt_mcp_agent", "kt_mcp_human", "kt_mcp_both"]
 
 
 def drop_roles():
@@ -126,6 +126,7 @@ CREATE ROLE kt_mcp_agent NOLOGIN IN ROLE keyturn_agent;
 CREATE ROLE kt_mcp_login LOGIN NOINHERIT IN ROLE kt_mcp_agent;
 CREATE ROLE kt_mcp_human NOLOGIN IN ROLE keyturn_approver;
 CREATE ROLE kt_mcp_rpc LOGIN NOINHERIT IN ROLE kt_mcp_human;
+CREATE ROLE kt_mcp_both NOLOGIN IN ROLE keyturn_agent, keyturn_approver;
 GRANT USAGE ON SCHEMA crm TO kt_mcp_agent, kt_mcp_human;
 GRANT SELECT ON crm.deal TO kt_mcp_agent;
 GRANT SELECT, UPDATE ON crm.deal TO kt_mcp_human;
@@ -304,6 +305,23 @@ async def _():
                     headers={"Authorization": f"Bearer {renewed}", "Mcp-Session-Id": sid,
                              "MCP-Protocol-Version": "2025-06-18", **accept})
     assert r.status_code in (200, 202), r.status_code
+
+
+@check("keyturnd_refuses_to_start_with_a_wrong_mcp_setup")
+async def _():
+    cases = [
+        ({"KEYTURN_MCP_ROLES": "kt_mcp_human"}, "is not a member of keyturn_agent"),
+        ({"KEYTURN_MCP_ROLES": "kt_mcp_agent,kt_mcp_both"}, "is a member of keyturn_approver"),
+        ({"KEYTURN_MCP_DATABASE_URL": f"postgres://app_dispatcher@127.0.0.1:{PORT}/keyturn"},
+         "login of its own"),
+        ({"KEYTURN_MCP_DATABASE_URL": f"postgres://app_agent@127.0.0.1:{PORT}/keyturn"}, "NOINHERIT"),
+    ]
+    for i, (override, needle) in enumerate(cases):
+        env = keyturnd_env()
+        env.update(override, KEYTURN_LISTEN=f"127.0.0.1:{free_port()}",
+                   KEYTURN_JOURNAL_DIR=os.path.join(DIR, f"journal-refused-{i}"))
+        p = subprocess.run([KEYTURND], env=env, capture_output=True, text=True, timeout=BOUND)
+        assert p.returncode != 0 and needle in p.stderr, (override, p.returncode, p.stderr[-600:])
 
 
 EXPECTED = {
