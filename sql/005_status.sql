@@ -39,6 +39,9 @@ INSERT INTO keyturn.transition (from_status, to_status) VALUES
     ('leased', 'failed'),     -- begin_dispatch: a deterministic failure, nothing sent
     ('executing', 'succeeded'), ('executing', 'failed'), ('executing', 'uncertain'),
     ('executing', 'queued'),
+    -- an upstream MCP tool whose live definition is no longer the one
+    -- approved: nothing was sent (keyturn.check_upstream_tool)
+    ('executing', 'invalidated'),
     -- the operator's reconciliation
     ('uncertain', 'succeeded'), ('uncertain', 'failed');
 

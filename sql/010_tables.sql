@@ -61,6 +61,19 @@ CREATE TABLE keyturn.tool_version (
     attachment_types      text[],
     max_attachment_bytes  bigint,
     created_at     timestamptz NOT NULL DEFAULT now(),
+    -- over MCP (sql/063_mcp.sql): what tools/list tells agents the tool does;
+    -- a read tool's projection (fence) and, for an sql read tool, the
+    -- columns it may select and the most rows one call returns
+    description    text,
+    projection     text,
+    sql_select     text[],
+    max_rows       int         CHECK (max_rows > 0),
+    -- a tool discovered on an upstream MCP server: which, its name there,
+    -- and the SHA-256 of the RFC 8785 form of its definition as received,
+    -- which the mcp provider compares with the live one before each call
+    upstream                text,
+    upstream_tool           text,
+    upstream_schema_sha256  text CHECK (upstream_schema_sha256 ~ '^[0-9a-f]{64}$'),
     PRIMARY KEY (tool, version)
 );
 

@@ -153,6 +153,40 @@ AS $$
      ORDER BY r.rolname, p.problem
 $$;
 
+-- The table spec.sql.table names, of one of p_kinds (pg_class.relkind), not
+-- temporary; 22023 otherwise. Shared by the write form and the read form
+-- (sql/063_mcp.sql).
+CREATE FUNCTION keyturn._spec_table(p_table jsonb, p_kinds "char"[])
+RETURNS oid
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_relid oid;
+BEGIN
+    IF jsonb_typeof(p_table) IS DISTINCT FROM 'string' THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table must name a table, e.g. "crm.deal"' USING ERRCODE = '22023';
+    END IF;
+    -- to_regclass answers NULL for a table that does not exist, but raises
+    -- for text that is no table name at all ("..", "a.b.c.d", "db.s.t"):
+    -- both are the same invalid input here.
+    BEGIN
+        v_relid := to_regclass(p_table #>> '{}');
+    EXCEPTION WHEN invalid_name OR syntax_error OR feature_not_supported THEN
+        v_relid := NULL;
+    END;
+    IF v_relid IS NULL OR NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = v_relid AND r.relkind = ANY (p_kinds)) THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table % is not an existing table', p_table
+            USING ERRCODE = '22023';
+    END IF;
+    IF (SELECT n.nspname LIKE 'pg\_temp\_%' OR n.nspname LIKE 'pg\_toast\_temp\_%'
+          FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = v_relid) THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.table % is a temporary table', p_table
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN v_relid;
+END
+$$;
+
 -- The sql part of a spec: {"table", "key", "version", "set", "where"}, checked
 -- against the catalog. Returns the stored columns as one jsonb object.
 CREATE FUNCTION keyturn._spec_sql(p_tool text, p_sql jsonb)
@@ -174,26 +208,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     PERFORM keyturn._spec_keys(p_sql, 'spec.sql', ARRAY['table', 'key', 'version', 'set', 'where']);
-    IF jsonb_typeof(p_sql -> 'table') IS DISTINCT FROM 'string' THEN
-        RAISE EXCEPTION 'keyturn: spec.sql.table must name a table, e.g. "crm.deal"' USING ERRCODE = '22023';
-    END IF;
-    -- to_regclass answers NULL for a table that does not exist, but raises
-    -- for text that is no table name at all ("..", "a.b.c.d", "db.s.t"):
-    -- both are the same invalid input here.
-    BEGIN
-        v_relid := to_regclass(p_sql ->> 'table');
-    EXCEPTION WHEN invalid_name OR syntax_error OR feature_not_supported THEN
-        v_relid := NULL;
-    END;
-    IF v_relid IS NULL OR NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = v_relid AND r.relkind IN ('r', 'p')) THEN
-        RAISE EXCEPTION 'keyturn: spec.sql.table % is not an existing table', p_sql -> 'table'
-            USING ERRCODE = '22023';
-    END IF;
-    IF (SELECT n.nspname LIKE 'pg\_temp\_%' OR n.nspname LIKE 'pg\_toast\_temp\_%'
-          FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = v_relid) THEN
-        RAISE EXCEPTION 'keyturn: spec.sql.table % is a temporary table', p_sql -> 'table'
-            USING ERRCODE = '22023';
-    END IF;
+    v_relid := keyturn._spec_table(p_sql -> 'table', '{r,p}');
     v_bad := (SELECT string_agg(p, '; ') FROM keyturn._agent_table_problems(v_relid) p);
     IF v_bad IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: agents could change % outside the approved form: %', v_relid::regclass, v_bad
@@ -377,6 +392,9 @@ DECLARE
     v_set       text[];
     v_where     text[];
     v_att_types text[];
+    v_desc      text;
+    v_proj      text;
+    v_select    text[];
 BEGIN
     PERFORM keyturn._refuse_nested('register_tool');
     IF v_name IS NULL OR v_name !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$' OR length(v_name) > 63 THEN
@@ -390,7 +408,8 @@ BEGIN
     PERFORM keyturn._spec_keys(spec, 'spec',
         ARRAY['kind', 'executor', 'provider', 'params_schema', 'summary', 'effect', 'expires_in',
               'retain', 'approval', 'max_targets', 'targets_param', 'sql', 'rate_limit', 'quorum',
-              'delegable', 'attachments_param', 'attachment_types', 'max_attachment_bytes']);
+              'delegable', 'attachments_param', 'attachment_types', 'max_attachment_bytes',
+              'description', 'projection']);
 
     -- The words each key takes are the labels of its column's type.
     v_kind     := keyturn._spec_choice(spec, 'kind', 'write', enum_range(NULL::keyturn.tool_kind)::text[]);
@@ -421,6 +440,24 @@ BEGIN
         v_max := keyturn._spec_positive_int(spec -> 'max_targets', 'spec.max_targets', 10000);
     END IF;
     v_rate := keyturn._spec_rate_limit(spec -> 'rate_limit');
+    -- What tools/list tells an agent over MCP (sql/063_mcp.sql); a read
+    -- tool's data reaches the agent only through its projection.
+    v_desc := keyturn._spec_string(spec, 'description');
+    IF length(v_desc) > 2000 THEN
+        RAISE EXCEPTION 'keyturn: spec.description is longer than 2000 characters' USING ERRCODE = '22023';
+    END IF;
+    v_proj := keyturn._spec_string(spec, 'projection');
+    IF v_proj IS NOT NULL AND v_kind <> 'read' THEN
+        RAISE EXCEPTION 'keyturn: spec.projection is only for read tools' USING ERRCODE = '22023';
+    END IF;
+    IF v_kind = 'read' AND v_exec IS NOT NULL AND v_proj IS NULL THEN
+        RAISE EXCEPTION 'keyturn: read tool % needs spec.projection, the registered projection its data is fenced with', v_name
+            USING ERRCODE = '22023',
+                  HINT = 'keyturn.register_projection(provider, spec) registers one; an unreviewed integration contributes nothing.';
+    END IF;
+    IF v_proj IS NOT NULL AND (v_proj !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$' OR length(v_proj) > 63) THEN
+        RAISE EXCEPTION 'keyturn: spec.projection % is not a projection name', quote_literal(v_proj) USING ERRCODE = '22023';
+    END IF;
 
     IF v_kind = 'read' AND (v_approval <> 'self' OR v_quorum > 1 OR v_delegable) THEN
         RAISE EXCEPTION 'keyturn: a read tool takes no approval settings' USING ERRCODE = '22023';
@@ -447,6 +484,8 @@ BEGIN
     END IF;
     IF v_exec = 'external' THEN
         v_ext := keyturn._spec_external(v_name, spec);
+    ELSIF v_exec = 'sql' AND v_kind = 'read' THEN
+        v_sql := keyturn._spec_sql_read(v_name, spec -> 'sql');
     ELSIF v_exec = 'sql' THEN
         v_sql := keyturn._spec_sql(v_name, spec -> 'sql');
     END IF;
@@ -462,8 +501,9 @@ BEGIN
         'sql', CASE WHEN v_sql IS NOT NULL THEN jsonb_build_object(
                     'table', format('%I.%I', v_sql ->> 'schema', v_sql ->> 'table'),
                     'key', v_sql -> 'key', 'version', v_sql -> 'version',
-                    'set', v_sql -> 'set', 'where', v_sql -> 'where') END,
-        'rate_limit', v_rate));
+                    'set', v_sql -> 'set', 'where', v_sql -> 'where',
+                    'select', v_sql -> 'select', 'max_rows', v_sql -> 'max_rows') END,
+        'rate_limit', v_rate, 'description', v_desc, 'projection', v_proj));
 
     -- FOR NO KEY UPDATE: the name never changes, so the lock an approval
     -- decision holds (FOR KEY SHARE, keyturn._invalid_reason) never makes a
@@ -480,6 +520,10 @@ BEGIN
     IF v_sql IS NOT NULL THEN
         v_set := ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'set'));
         v_where := ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'where'));
+        IF v_kind = 'read' THEN
+            v_set := NULL;
+            v_select := ARRAY(SELECT jsonb_array_elements_text(v_sql -> 'select'));
+        END IF;
     END IF;
     IF v_ext ->> 'attachments_param' IS NOT NULL THEN
         v_att_types := ARRAY(SELECT jsonb_array_elements_text(v_ext -> 'attachment_types'));
@@ -488,13 +532,15 @@ BEGIN
                                       summary, effect, expires_in, retain, approval, quorum, delegable,
                                       max_targets, targets_param, sql_schema, sql_table, sql_key, sql_version,
                                       sql_set, sql_where, sql_types, rate_max, rate_per,
-                                      attachments_param, attachment_types, max_attachment_bytes)
+                                      attachments_param, attachment_types, max_attachment_bytes,
+                                      description, projection, sql_select, max_rows)
     VALUES (v_name, v_version, v_normal, v_kind, v_exec, v_ext ->> 'provider', v_ext -> 'params_schema',
             v_summary, v_effect, v_expires, v_retain, v_approval, v_quorum, v_delegable, v_max,
             v_ext ->> 'targets_param', v_sql ->> 'schema', v_sql ->> 'table', v_sql ->> 'key',
             v_sql ->> 'version', v_set, v_where,
             v_sql -> 'types', (v_rate ->> 'max')::int, (v_rate ->> 'per')::interval,
-            v_ext ->> 'attachments_param', v_att_types, (v_ext ->> 'max_attachment_bytes')::bigint);
+            v_ext ->> 'attachments_param', v_att_types, (v_ext ->> 'max_attachment_bytes')::bigint,
+            v_desc, v_proj, v_select, (v_sql ->> 'max_rows')::int);
     RETURN v_version;
 END
 $$;

@@ -122,3 +122,12 @@ COMMENT ON ROLE keyturn_approver IS 'keyturn: the person''s side. Approves, reje
 COMMENT ON ROLE keyturn_dispatcher IS 'keyturn: keyturnd. Dispatches approved external actions; reads nothing directly.';
 COMMENT ON ROLE keyturn_operator IS 'keyturn: reconciles uncertain outcomes; reads nothing directly.';
 COMMENT ON ROLE keyturn_admin IS 'keyturn: the platform administrator. Registers tools; manages every tenant.';
+
+-- keyturn over MCP (sql/063_mcp.sql).
+COMMENT ON FUNCTION keyturn.mcp_tools() IS 'Agent: the tools its principal may call over MCP (enabled, granted, runnable), each with its MCP description, inputSchema and annotations.';
+COMMENT ON FUNCTION keyturn.read(text, jsonb) IS 'Agent: runs an sql read tool as the caller under its RLS (at most max_rows rows) and returns fence(projection, {"rows": [...]}); no approval.';
+COMMENT ON FUNCTION keyturn.upstream_read(text, jsonb) IS 'Agent: whether the caller may call this upstream MCP read tool with these arguments, and the upstream, its tool name there and the projection that fences the answer.';
+COMMENT ON FUNCTION keyturn.mcp_action_status(uuid) IS 'Agent: the status (and, once final, the result) of an action of the calling principal; no row for anything else.';
+COMMENT ON FUNCTION keyturn.register_discovered_tool(text, jsonb, boolean) IS 'Dispatcher (keyturnd): registers a tool of an upstream MCP server as <upstream>.<tool>, disabled, read only when trusted and readOnlyHint is true; a changed definition is a new version.';
+COMMENT ON FUNCTION keyturn.check_upstream_tool(uuid, uuid, jsonb) IS 'Dispatcher (keyturnd), right before an upstream MCP call: true when the live definition is the approved one; else the action becomes invalidated and nothing may be sent.';
+COMMENT ON FUNCTION keyturn.check_upstream_tool_for(text, uuid, uuid, jsonb) IS 'Dispatcher: check_upstream_tool for the tenant named, so that Citus runs it on the tenant''s worker.';

@@ -46,6 +46,12 @@ TO keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keytur
 GRANT EXECUTE ON FUNCTION keyturn.propose(text, jsonb, jsonb), keyturn.propose_for(text, text, jsonb, jsonb)
 TO keyturn_agent;
 
+-- Agent, over MCP (sql/063_mcp.sql).
+GRANT EXECUTE ON FUNCTION
+    keyturn.mcp_tools(), keyturn.read(text, jsonb), keyturn.upstream_read(text, jsonb),
+    keyturn.mcp_action_status(uuid)
+TO keyturn_agent;
+
 -- Agent and human.
 GRANT EXECUTE ON FUNCTION
     keyturn.action_status(uuid), keyturn.audit(uuid), keyturn.end_session(text),
@@ -94,6 +100,12 @@ GRANT EXECUTE ON FUNCTION
     keyturn.complete_many_for(text, uuid[], uuid[], text[], jsonb[], interval[]),
     keyturn.sweep_for(text), keyturn.attachments_for(text, uuid, uuid),
     keyturn.file_content_for(text, uuid, uuid, uuid), keyturn.record_not_sent_for(text, uuid, uuid, jsonb)
+TO keyturn_dispatcher;
+
+-- Dispatcher, for upstream MCP servers (sql/063_mcp.sql).
+GRANT EXECUTE ON FUNCTION
+    keyturn.register_discovered_tool(text, jsonb, boolean), keyturn.check_upstream_tool(uuid, uuid, jsonb),
+    keyturn.check_upstream_tool_for(text, uuid, uuid, jsonb)
 TO keyturn_dispatcher;
 
 -- Operator.

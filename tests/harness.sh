@@ -98,28 +98,52 @@ kt_cluster_start() {
   kt_log "private cluster up on 127.0.0.1:$port (data in $dir)"
 }
 
-# A venv in the scratch directory with the Standard Webhooks library from PyPI,
-# for the service test that verifies keyturnd's webhooks with it. Exports
-# KT_STANDARDWEBHOOKS_PYTHON, or, when it cannot be had,
-# KT_STANDARDWEBHOOKS_UNAVAILABLE with the reason, which that test prints as
-# its reason for skipping. Never fails the run.
-kt_standard_webhooks() {
-  local venv log
-  venv="$(kt_scratch)/standardwebhooks-venv"
-  log="$(kt_scratch)/standardwebhooks-venv.log"
-  unset KT_STANDARDWEBHOOKS_PYTHON KT_STANDARDWEBHOOKS_UNAVAILABLE
-  if ! "$venv/bin/python" -c 'import standardwebhooks' >/dev/null 2>&1; then
+# A venv in the run's scratch directory with PyPI packages for a test:
+# kt_pypi_venv <dir name> <python import check> <pip spec…>. Prints the venv's
+# Python; when it cannot be had (no python3-venv, PyPI unreachable), prints
+# the reason (with pip's last line) and fails. Never fails the run.
+kt_pypi_venv() {
+  local name=$1 check=$2 venv log
+  shift 2
+  venv="$(kt_scratch)/$name"
+  log="$(kt_scratch)/$name.log"
+  if ! "$venv/bin/python" -c "$check" >/dev/null 2>&1; then
     if ! python3 -m venv "$venv" >"$log" 2>&1; then
-      export KT_STANDARDWEBHOOKS_UNAVAILABLE="python3 -m venv failed (is python3-venv installed?): $(tail -n 1 "$log")"
-      return 0
+      echo "python3 -m venv failed (is python3-venv installed?): $(tail -n 1 "$log")"
+      return 1
     fi
     if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --timeout 20 --retries 1 \
-        standardwebhooks >>"$log" 2>&1; then
-      export KT_STANDARDWEBHOOKS_UNAVAILABLE="pip install standardwebhooks failed (is PyPI reachable?): $(tail -n 1 "$log")"
-      return 0
+        "$@" >>"$log" 2>&1; then
+      echo "pip install $* failed (is PyPI reachable?): $(tail -n 1 "$log")"
+      return 1
     fi
   fi
-  export KT_STANDARDWEBHOOKS_PYTHON="$venv/bin/python"
+  printf '%s\n' "$venv/bin/python"
+}
+
+# The Standard Webhooks library (PyPI standardwebhooks), for keyturnd's
+# e2e_standard_webhooks test: exports KT_STANDARDWEBHOOKS_PYTHON, or
+# KT_STANDARDWEBHOOKS_UNAVAILABLE with the reason.
+kt_standard_webhooks() {
+  unset KT_STANDARDWEBHOOKS_PYTHON KT_STANDARDWEBHOOKS_UNAVAILABLE
+  local said
+  if said=$(kt_pypi_venv standardwebhooks-venv 'import standardwebhooks' standardwebhooks); then
+    export KT_STANDARDWEBHOOKS_PYTHON=$said
+  else
+    export KT_STANDARDWEBHOOKS_UNAVAILABLE=$said
+  fi
+}
+
+# The official MCP Python SDK (PyPI mcp 2.x), for the mcp layer and the demo:
+# exports KT_MCP_PYTHON, or KT_MCP_UNAVAILABLE with the reason.
+kt_mcp_python() {
+  unset KT_MCP_PYTHON KT_MCP_UNAVAILABLE
+  local said
+  if said=$(kt_pypi_venv mcp-venv 'import mcp.server.mcpserver, httpx2, uvicorn' 'mcp>=2,<3'); then
+    export KT_MCP_PYTHON=$said
+  else
+    export KT_MCP_UNAVAILABLE=$said
+  fi
 }
 
 # chromedriver on a free loopback port, for the browser layer: exports

@@ -32,6 +32,7 @@ mod guc; // keyturn's settings; how long a setting's value lasts
 mod identity; // current_tenant, current_principal, current_session
 mod ids; // time-ordered action ids
 mod lifecycle; // the action row triggers: the status guard, the lifecycle side effects
+mod mcp; // tools discovered on upstream MCP servers: kind (fail closed), params schema, definition hash
 mod plans; // SPI plans kept per backend
 mod privilege; // switching between the caller and the extension owner
 mod route_guard; // a tenant-explicit call's tenant: required, and never NULL where Citus routes it
@@ -168,9 +169,14 @@ mod tests;
     requires = ["dispatch_batch", route_guard::require_tenant_sql]
 );
 ::pgrx::extension_sql_file!(
+    "../../sql/063_mcp.sql",
+    name = "mcp",
+    requires = ["dispatch_for", mcp::upstream_tool]
+);
+::pgrx::extension_sql_file!(
     "../../sql/068_console.sql",
     name = "console",
-    requires = ["dispatch_for"]
+    requires = ["mcp"]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/070_deployment.sql",

@@ -327,6 +327,132 @@ pub struct Config {
     /// `frame-ancestors` sources of the pages (e.g. `https://app.example.com`).
     #[arg(long, env = "KEYTURN_FRAME_ANCESTORS", default_value = DEFAULT_FRAME_ANCESTORS)]
     pub frame_ancestors: String,
+
+    /// Database roles an agent JWT's `role` claim may select on `/mcp`,
+    /// comma-separated; turns `/mcp` on.
+    #[arg(long, env = "KEYTURN_MCP_ROLES", value_delimiter = ',')]
+    pub mcp_roles: Vec<String>,
+
+    /// Connection string of `/mcp`: a NOINHERIT login that may SET ROLE to the MCP roles.
+    #[arg(long, env = "KEYTURN_MCP_DATABASE_URL", hide_env_values = true)]
+    pub mcp_database_url: Option<Secret>,
+
+    /// Size of the `/mcp` connection pool.
+    #[arg(long, env = "KEYTURN_MCP_CONNECTIONS", default_value_t = 8,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub mcp_connections: usize,
+
+    /// Base URL of every link keyturnd builds, e.g. `https://keyturn.example.com`.
+    #[arg(long, env = "KEYTURN_PUBLIC_URL")]
+    pub public_url: Option<url::Url>,
+
+    /// Seconds between discoveries of the upstream MCP servers' tools.
+    #[arg(long, env = "KEYTURN_MCP_REFRESH_SECONDS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub mcp_refresh_seconds: u64,
+
+    /// The upstream MCP servers: `[[mcp_upstream]]` tables of the TOML file
+    /// ([`read_upstreams`]), never a flag or a variable.
+    #[arg(skip)]
+    pub mcp_upstreams: Vec<Upstream>,
+}
+
+/// One `[[mcp_upstream]]` of the TOML file, its header values resolved.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    /// Its name: the prefix of its tools in keyturn (`<name>.<tool>`).
+    pub name: String,
+    /// Its Streamable HTTP endpoint.
+    pub url: url::Url,
+    /// HTTP headers sent to it (credentials: configuration only, never
+    /// logged, never a param, never in a receipt).
+    pub headers: Vec<(String, Secret)>,
+    /// Whether its `readOnlyHint: true` makes a tool a read tool.
+    pub trust_annotations: bool,
+}
+
+/// An `[[mcp_upstream]]` as written.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpstreamToml {
+    name: String,
+    url: String,
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    trust_annotations: bool,
+}
+
+/// The TOML file's key for the upstream MCP servers.
+const UPSTREAM_KEY: &str = "mcp_upstream";
+
+/// The `[[mcp_upstream]]` tables of the TOML file at `path`; a header value
+/// `env:NAME` is read from the environment (unset: an error naming the
+/// variable, never its value).
+pub fn read_upstreams(path: &Path) -> Result<Vec<Upstream>, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+    let mut table: toml::Table = text
+        .parse()
+        .map_err(|e| Error::Config(format!("{} is not valid TOML: {e}", path.display())))?;
+    let Some(raw) = table.remove(UPSTREAM_KEY) else {
+        return Ok(Vec::new());
+    };
+    let raw: Vec<UpstreamToml> = raw.try_into().map_err(|e| {
+        Error::Config(format!(
+            "{}: [[{UPSTREAM_KEY}]] takes name, url, headers and trust_annotations: {e}",
+            path.display()
+        ))
+    })?;
+    let mut out = Vec::with_capacity(raw.len());
+    for u in raw {
+        let bad = |why: String| Error::Config(format!("[[{UPSTREAM_KEY}]] {:?}: {why}", u.name));
+        if !u.name.starts_with(|c: char| c.is_ascii_lowercase())
+            || !u
+                .name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            || u.name.len() > 30
+        {
+            return Err(bad(
+                "name must be 1 to 30 lowercase ASCII letters, digits and underscores, starting with a letter".into(),
+            ));
+        }
+        if out.iter().any(|o: &Upstream| o.name == u.name) {
+            return Err(bad("two upstreams have this name".into()));
+        }
+        let url = url::Url::parse(&u.url)
+            .ok()
+            .filter(|url| matches!(url.scheme(), "http" | "https"))
+            .ok_or_else(|| bad("url must be an http:// or https:// URL".into()))?;
+        let mut headers = Vec::with_capacity(u.headers.len());
+        for (name, value) in &u.headers {
+            if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(bad(format!(
+                    "header name {name:?} is not an HTTP header name"
+                )));
+            }
+            let value = match value.strip_prefix("env:") {
+                Some(var) => std::env::var(var)
+                    .map_err(|_| bad(format!("header {name} names env:{var}, which is not set")))?,
+                None => value.clone(),
+            };
+            if HeaderValue::from_str(&value).is_err() {
+                // Never the value: it is a credential.
+                return Err(bad(format!(
+                    "header {name}'s value is not a valid HTTP header value"
+                )));
+            }
+            headers.push((name.clone(), Secret(value)));
+        }
+        out.push(Upstream {
+            name: u.name,
+            url,
+            headers,
+            trust_annotations: u.trust_annotations,
+        });
+    }
+    Ok(out)
 }
 
 impl Config {
@@ -383,6 +509,7 @@ impl Config {
             );
         }
         self.validate_rpc()?;
+        self.validate_mcp()?;
         Ok(Checked {
             csp: csp_header(&self.frame_ancestors)?,
             webhook_key: webhook,
@@ -441,6 +568,43 @@ impl Config {
                     "KEYTURN_CARD_ROLE must be one of KEYTURN_JWT_ROLES: the role the card sessions of \
                      notification links run as, which keyturnd checks at start like the others",
                 );
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `/mcp` is on: MCP roles are configured.
+    pub fn mcp_enabled(&self) -> bool {
+        !self.mcp_roles.is_empty()
+    }
+
+    fn validate_mcp(&self) -> Result<(), Error> {
+        let bad = |msg: &str| Err(Error::Config(msg.to_owned()));
+        if !self.mcp_enabled() {
+            if self.mcp_database_url.is_some() {
+                return bad("KEYTURN_MCP_DATABASE_URL only takes effect with KEYTURN_MCP_ROLES: set them, or remove it");
+            }
+            return Ok(());
+        }
+        if !self.rpc_enabled() {
+            return bad(
+                "KEYTURN_MCP_ROLES needs a JWT key (KEYTURN_JWT_SECRET or KEYTURN_JWT_JWKS): agents' JWTs are verified with the people's keys, and the card the person approves on is served with /rpc",
+            );
+        }
+        if self.mcp_roles.iter().any(|r| r.trim().is_empty()) {
+            return bad("KEYTURN_MCP_ROLES must name database roles, comma-separated, none empty");
+        }
+        let Some(url) = &self.mcp_database_url else {
+            return bad(
+                "KEYTURN_MCP_DATABASE_URL is required with KEYTURN_MCP_ROLES: a NOINHERIT login that is a member of each MCP role, neither the dispatcher's nor /rpc's",
+            );
+        };
+        if url == &self.database_url || Some(url) == self.rpc_database_url.as_ref() {
+            return bad("KEYTURN_MCP_DATABASE_URL must be a login of its own, not DATABASE_URL's or KEYTURN_RPC_DATABASE_URL's");
+        }
+        if let Some(public) = &self.public_url {
+            if !matches!(public.scheme(), "http" | "https") {
+                return bad("KEYTURN_PUBLIC_URL must be an http:// or https:// URL");
             }
         }
         Ok(())
@@ -540,6 +704,10 @@ fn read_toml_defaults(path: &Path) -> Result<Vec<(String, String)>, Error> {
         .map_err(|e| Error::Config(format!("{} is not valid TOML: {e}", path.display())))?;
     let mut out = Vec::with_capacity(table.len());
     for (key, value) in table {
+        if key == UPSTREAM_KEY {
+            // Tables, read by read_upstreams.
+            continue;
+        }
         let text = match value {
             toml::Value::String(s) => s,
             toml::Value::Integer(i) => i.to_string(),
@@ -883,6 +1051,78 @@ mod tests {
             c.workers, 5,
             "the command line (like the environment) beats the file"
         );
+    }
+
+    #[test]
+    fn test_upstreams_are_read_from_the_file_with_env_headers() {
+        std::env::set_var("KT_CONFIG_TEST_UPSTREAM_TOKEN", "Bearer s3cr3t-upstream");
+        let f = toml_file(
+            "database_url = \"postgres://x\"\n\
+             [[mcp_upstream]]\nname = \"github\"\nurl = \"https://mcp.example.com/mcp\"\n\
+             headers = { Authorization = \"env:KT_CONFIG_TEST_UPSTREAM_TOKEN\", X-Team = \"core\" }\n\
+             trust_annotations = true\n\
+             [[mcp_upstream]]\nname = \"slack\"\nurl = \"http://127.0.0.1:9/mcp\"\n",
+        );
+        let c = parse(&[], Some(f.path())).expect("the tables do not disturb the settings");
+        assert_eq!(c.database_url.expose(), "postgres://x");
+        let ups = read_upstreams(f.path()).expect("reads");
+        assert_eq!(ups.len(), 2);
+        assert_eq!(ups[0].name, "github");
+        assert!(ups[0].trust_annotations && !ups[1].trust_annotations);
+        assert_eq!(ups[0].headers[0].0, "Authorization");
+        assert_eq!(ups[0].headers[0].1.expose(), "Bearer s3cr3t-upstream");
+        assert!(
+            !format!("{ups:?}").contains("s3cr3t"),
+            "headers are secrets"
+        );
+        for (bad, needle) in [
+            ("name = \"Git Hub\"\nurl = \"https://a/\"", "name must be"),
+            ("name = \"a\"\nurl = \"ftp://a/\"", "url must be"),
+            ("name = \"a\"\nurl = \"https://a/\"\nheaders = { A = \"env:KT_CONFIG_TEST_UNSET_VAR\" }", "KT_CONFIG_TEST_UNSET_VAR"),
+            ("name = \"a\"\nurl = \"https://a/\"\ntrust = true", "takes name"),
+        ] {
+            let f = toml_file(&format!("[[mcp_upstream]]\n{bad}\n"));
+            let err = read_upstreams(f.path()).expect_err(bad).to_string();
+            assert!(err.contains(needle), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn test_mcp_needs_a_jwt_key_and_a_login_of_its_own() {
+        let key = [
+            "--jwt-secret",
+            "0123456789abcdef0123456789abcdef",
+            "--rpc-database-url",
+            "postgres://rpc@h/db",
+            "--jwt-roles",
+            "web_human",
+        ];
+        let with = |extra: &[&str]| {
+            let mut args = vec!["--database-url", "postgres://disp@h/db"];
+            args.extend_from_slice(extra);
+            parse(&args, None)
+                .expect("parses")
+                .validate()
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert!(with(&["--mcp-roles", "agent_mcp"])
+            .unwrap_err()
+            .contains("JWT key"));
+        let mut a = key.to_vec();
+        a.extend_from_slice(&["--mcp-roles", "agent_mcp"]);
+        assert!(with(&a)
+            .unwrap_err()
+            .contains("KEYTURN_MCP_DATABASE_URL is required"));
+        let mut b = a.clone();
+        b.extend_from_slice(&["--mcp-database-url", "postgres://rpc@h/db"]);
+        assert!(with(&b).unwrap_err().contains("login of its own"));
+        let mut c = a.clone();
+        c.extend_from_slice(&["--mcp-database-url", "postgres://mcp@h/db"]);
+        with(&c).expect("valid");
+        assert!(with(&["--mcp-database-url", "postgres://mcp@h/db"])
+            .unwrap_err()
+            .contains("only takes effect"));
     }
 
     #[test]

@@ -75,6 +75,11 @@ pub enum Error {
     #[error("forbidden: {0}")]
     CardForbidden(&'static str),
 
+    /// An agent's JWT on `/mcp` is valid but its `role` claim is missing or
+    /// not one of `KEYTURN_MCP_ROLES` (a person's role included).
+    #[error("the JWT's role claim is not one /mcp serves")]
+    McpRoleNotAllowed,
+
     /// `/rpc/<name>` for a function keyturnd does not expose, or with
     /// arguments it does not take (PostgREST's `PGRST202`).
     #[error("{message}")]
@@ -246,6 +251,13 @@ impl IntoResponse for Error {
                 Some("keyturnd lets a JWT select only the roles in KEYTURN_JWT_ROLES"),
             ),
             Error::CardForbidden(why) => body(StatusCode::FORBIDDEN, "KT403", why, None, None),
+            Error::McpRoleNotAllowed => body(
+                StatusCode::FORBIDDEN,
+                "PGRST300",
+                "the JWT's role claim is missing or not one /mcp serves",
+                None,
+                Some("keyturnd lets an agent's JWT select only the roles in KEYTURN_MCP_ROLES"),
+            ),
             Error::NoSuchFunction { message, hint } => body(
                 StatusCode::NOT_FOUND,
                 "PGRST202",

@@ -51,6 +51,9 @@ pub fn app(state: AppState) -> Router {
                 post(card_session).layer(DefaultBodyLimit::max(CARD_SESSION_LIMIT)),
             );
     }
+    if let Some(mcp) = &state.mcp {
+        router = router.merge(mcp.routes());
+    }
     router
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -146,8 +149,8 @@ pub const STALLED: &str = "notifications stalled: a heartbeat NOTIFY sent throug
 not reach the LISTEN connection; LISTEN behind a transaction-mode pooler? set \
 KEYTURN_LISTEN_DATABASE_URL to a direct connection (dispatch continues by polling)\n";
 
-async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
-    if state.health.shutting_down() {
+async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
+    let (status, text) = if state.health.shutting_down() {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
     } else if !state.health.db_ready() {
         (StatusCode::SERVICE_UNAVAILABLE, "database not ready\n")
@@ -157,7 +160,19 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
         (StatusCode::SERVICE_UNAVAILABLE, STALLED)
     } else {
         (StatusCode::OK, "ready\n")
+    };
+    // An upstream MCP server that is down stops only its own tools, never
+    // keyturnd: reported, never a 503.
+    let mut text = text.to_owned();
+    for u in state.upstreams.iter().flat_map(|u| u.all()) {
+        let word = if u.is_up() {
+            "reachable"
+        } else {
+            "unreachable"
+        };
+        text.push_str(&format!("upstream {}: {word}\n", u.name()));
     }
+    (status, text)
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, Error> {

@@ -212,6 +212,13 @@ impl Verifier {
         })
     }
 
+    /// These keys and rules with another role allowlist (`/mcp`'s agents
+    /// are verified with the people's keys, against `KEYTURN_MCP_ROLES`).
+    pub fn for_roles(mut self, roles: impl IntoIterator<Item = String>) -> Verifier {
+        self.roles = roles.into_iter().collect();
+        self
+    }
+
     /// The roles a JWT may select.
     pub fn roles(&self) -> impl Iterator<Item = &str> {
         self.roles.iter().map(String::as_str)

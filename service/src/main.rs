@@ -9,6 +9,9 @@ use clap::{Parser, Subcommand};
 use keyturnd::config::{self, Config, LogFormat};
 use keyturnd::db::{self, Reconciled};
 use keyturnd::journal::Journal;
+use keyturnd::mcp::upstream::{discovery_loop, Upstreams};
+use keyturnd::mcp::Mcp;
+use keyturnd::providers::mcp::McpProvider;
 use keyturnd::providers::Providers;
 use keyturnd::rpc::Rpc;
 use keyturnd::server::{self, Limits};
@@ -162,7 +165,7 @@ fn main() -> ExitCode {
         };
     }
     let file = std::env::var_os("KEYTURN_CONFIG").map(PathBuf::from);
-    let cli = match config::parse_with_file::<Cli>(std::env::args_os(), file.as_deref()) {
+    let mut cli = match config::parse_with_file::<Cli>(std::env::args_os(), file.as_deref()) {
         Ok(Ok(cli)) => cli,
         Ok(Err(clap_error)) => clap_error.exit(),
         Err(e) => {
@@ -173,7 +176,19 @@ fn main() -> ExitCode {
     if let Some(Command::AuditVerify(args)) = &cli.command {
         return audit_verify(args);
     }
+    if let Some(file) = &file {
+        match config::read_upstreams(file) {
+            Ok(upstreams) => cli.config.mcp_upstreams = upstreams,
+            Err(e) => {
+                eprintln!("keyturnd: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     init_logging(cli.config.log_format);
+    // rmcp's reqwest has no TLS crypto provider of its own: ring, as the
+    // rest of keyturnd uses. Err only when one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -284,7 +299,35 @@ async fn serve(config: Config) -> Result<(), Error> {
         None => {}
     }
 
-    let providers = Providers::from_config(&config, &checked)?;
+    let upstreams = Arc::new(Upstreams::from_config(&config)?);
+    let mcp = Mcp::start(
+        &config,
+        Arc::clone(&state.metrics),
+        pool.clone(),
+        Arc::clone(&upstreams),
+        &shutdown,
+    )
+    .await?
+    .map(Arc::new);
+    match &mcp {
+        Some(mcp) => state = state.with_mcp(Arc::clone(mcp)),
+        None if config.mcp_enabled() => return Ok(()),
+        None => {}
+    }
+
+    let mut providers = Providers::from_config(&config, &checked)?;
+    let discovery = (!upstreams.is_empty()).then(|| {
+        providers.insert(Arc::new(McpProvider::new(Arc::clone(&upstreams))));
+        state = state.clone().with_upstreams(Arc::clone(&upstreams));
+        tokio::spawn(discovery_loop(
+            Arc::clone(&upstreams),
+            pool.clone(),
+            Arc::clone(&state.metrics),
+            Duration::from_secs(config.mcp_refresh_seconds),
+            config.call_timeout(),
+            shutdown.clone(),
+        ))
+    });
     if providers.names().is_empty() {
         tracing::warn!(
             "no provider is configured (set KEYTURN_WEBHOOK_URL or KEYTURN_SMTP_URL): nothing will be leased; approved external actions stay queued"
@@ -299,6 +342,8 @@ async fn serve(config: Config) -> Result<(), Error> {
         lease_seconds = config.lease_seconds,
         listen_notify = config.listen_notify,
         rpc = state.rpc.is_some(),
+        mcp = state.mcp.is_some(),
+        upstreams = ?upstreams.all().map(|u| u.name()).collect::<Vec<_>>(),
         "keyturnd starting"
     );
 
@@ -338,6 +383,14 @@ async fn serve(config: Config) -> Result<(), Error> {
         signalled.abort();
         Instant::now()
     };
+    // The MCP sessions end once the calls in flight are recorded: their
+    // streams close, so the server's drain does not wait on them.
+    if let Some(mcp) = &mcp {
+        mcp.close_sessions();
+    }
+    if let Some(discovery) = discovery {
+        let _ = discovery.await;
+    }
     let _ = http_stop.send(since + Duration::from_secs(config.shutdown_seconds));
     if let Err(e) = server.await {
         tracing::error!(error = %e, "HTTP server task failed");

@@ -22,6 +22,8 @@
 //! | `keyturn_journal_bytes` | gauge | — | the journal file's size |
 //! | `keyturn_journal_errors_total` | counter | — | journal writes that failed (logged; no job is leased until the file can be rewritten) |
 //! | `keyturn_journal_replayed_total` | counter | `result` = `recorded` \| `refused` | outcomes found in the journal at start and sent to `complete`: recorded, or refused for good (logged for the operator) |
+//! | `keyturn_mcp_calls_total` | counter | `kind` = `write` \| `read` \| `upstream_read` \| `status` \| `upstream`, `outcome` | `/mcp` tool calls by kind and outcome (`proposed`, `read`, `refused`, `error`), and the `mcp` provider's upstream calls (`succeeded`, `failed`, `retry`, `unknown`, `invalidated`) |
+//! | `keyturn_mcp_upstream_up` | gauge | `upstream` | 1 while the upstream MCP server answered its last `tools/list`, else 0 |
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -57,6 +59,22 @@ pub struct ConnLabel {
 pub struct ResultLabel {
     /// What became of it (a heartbeat, a replayed outcome).
     pub result: &'static str,
+}
+
+/// Label set `{kind, outcome}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct McpCallLabel {
+    /// What was called.
+    pub kind: &'static str,
+    /// What came of it.
+    pub outcome: &'static str,
+}
+
+/// Label set `{upstream}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabel {
+    /// The upstream's configured name.
+    pub upstream: String,
 }
 
 /// Label set `{reason}`.
@@ -100,6 +118,10 @@ pub struct Metrics {
     pub journal_errors: Counter,
     /// `keyturn_journal_replayed_total{result}`.
     pub journal_replayed: Family<ResultLabel, Counter>,
+    /// `keyturn_mcp_calls_total{kind, outcome}`.
+    pub mcp_calls: Family<McpCallLabel, Counter>,
+    /// `keyturn_mcp_upstream_up{upstream}`.
+    pub mcp_upstream_up: Family<UpstreamLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -131,6 +153,8 @@ impl Metrics {
         let journal_bytes = Gauge::default();
         let journal_errors = Counter::default();
         let journal_replayed = Family::<ResultLabel, Counter>::default();
+        let mcp_calls = Family::<McpCallLabel, Counter>::default();
+        let mcp_upstream_up = Family::<UpstreamLabel, Gauge>::default();
 
         // prometheus-client appends `_total` to counters itself.
         registry.register(
@@ -209,6 +233,16 @@ impl Metrics {
             "Outcomes replayed from the journal at start, by result",
             journal_replayed.clone(),
         );
+        registry.register(
+            "keyturn_mcp_calls",
+            "MCP tool calls by kind and outcome",
+            mcp_calls.clone(),
+        );
+        registry.register(
+            "keyturn_mcp_upstream_up",
+            "Whether each upstream MCP server answered its last tools/list",
+            mcp_upstream_up.clone(),
+        );
 
         // Touch the fixed label values so every series exists from the first
         // scrape: a rate() over a series that appears late misses its start.
@@ -251,7 +285,16 @@ impl Metrics {
             journal_bytes,
             journal_errors,
             journal_replayed,
+            mcp_calls,
+            mcp_upstream_up,
         }
+    }
+
+    /// Counts one MCP call of `kind` by its `outcome`.
+    pub fn mcp_call(&self, kind: &'static str, outcome: &'static str) {
+        self.mcp_calls
+            .get_or_create(&McpCallLabel { kind, outcome })
+            .inc();
     }
 
     /// Counts one attempt's outcome.

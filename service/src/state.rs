@@ -9,6 +9,8 @@ use std::sync::Arc;
 use axum::http::HeaderValue;
 
 use crate::config::{csp_header, DEFAULT_FRAME_ANCESTORS};
+use crate::mcp::upstream::Upstreams;
+use crate::mcp::Mcp;
 use crate::metrics::Metrics;
 use crate::rpc::Rpc;
 
@@ -62,6 +64,10 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// `/rpc`, when a JWT key is configured.
     pub rpc: Option<Arc<Rpc>>,
+    /// `/mcp`, when MCP roles are configured.
+    pub mcp: Option<Arc<Mcp>>,
+    /// The upstream MCP servers, whose reachability `/readyz` reports.
+    pub upstreams: Option<Arc<Upstreams>>,
     /// The Content-Security-Policy of every answer.
     pub csp: HeaderValue,
 }
@@ -74,6 +80,8 @@ impl AppState {
             health: Arc::new(Health::default()),
             metrics: Arc::new(Metrics::new()),
             rpc: None,
+            mcp: None,
+            upstreams: None,
             csp: csp_header(DEFAULT_FRAME_ANCESTORS).expect("the default frame-ancestors is valid"),
         }
     }
@@ -81,6 +89,18 @@ impl AppState {
     /// This state serving `/rpc` with `rpc`.
     pub fn with_rpc(mut self, rpc: Rpc) -> Self {
         self.rpc = Some(Arc::new(rpc));
+        self
+    }
+
+    /// This state serving `/mcp` with `mcp`.
+    pub fn with_mcp(mut self, mcp: Arc<Mcp>) -> Self {
+        self.mcp = Some(mcp);
+        self
+    }
+
+    /// This state reporting the reachability of `upstreams` on `/readyz`.
+    pub fn with_upstreams(mut self, upstreams: Arc<Upstreams>) -> Self {
+        self.upstreams = Some(upstreams);
         self
     }
 

@@ -154,3 +154,17 @@ SELECT pg_catalog.pg_extension_config_dump('keyturn.evidence', '');
 -- approved (its attachments' metadata cannot be read, or its files are
 -- missing from storage): a new edge of the lifecycle.
 INSERT INTO keyturn.transition (from_status, to_status) VALUES ('leased', 'failed');
+
+-- keyturn over MCP (sql/063_mcp.sql): a tool's description, a read tool's
+-- projection and sql read form, a discovered tool's upstream and definition
+-- hash; and the one new status change, an upstream tool's drift found
+-- right before its call.
+ALTER TABLE keyturn.tool_version
+    ADD COLUMN description text,
+    ADD COLUMN projection text,
+    ADD COLUMN sql_select text[],
+    ADD COLUMN max_rows int CHECK (max_rows > 0),
+    ADD COLUMN upstream text,
+    ADD COLUMN upstream_tool text,
+    ADD COLUMN upstream_schema_sha256 text CHECK (upstream_schema_sha256 ~ '^[0-9a-f]{64}$');
+INSERT INTO keyturn.transition (from_status, to_status) VALUES ('executing', 'invalidated');

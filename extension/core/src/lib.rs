@@ -12,6 +12,8 @@
 //! * [`credentials`]: finding and redacting credential material.
 //! * [`template`]: the approval summary, rendered so that it cannot lie.
 //! * [`fence`]: projecting and fencing connected-app data for a prompt.
+//! * [`upstream`]: tools discovered on an upstream MCP server: read or write
+//!   (fail closed), their params schema, the hash of their definition.
 //! * [`text`]: the character classes the modules above share (invisible,
 //!   bidi, controls, quotes), so each rule lives in one place.
 //! * [`error`]: [`CoreError`], every variant SQLSTATE 22023.
@@ -27,5 +29,6 @@ pub mod scope; // which params a scoped grant or standing approval covers
 pub mod template;
 pub mod text;
 pub mod token;
+pub mod upstream;
 
 pub use error::CoreError;

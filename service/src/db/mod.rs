@@ -38,6 +38,7 @@ use uuid::Uuid;
 use crate::error::Error;
 use crate::metrics::Metrics;
 
+pub mod mcp;
 pub mod rpc;
 
 /// Longest any single keyturn call may take before it counts as lost. The
@@ -245,6 +246,45 @@ async fn query_one(
 
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
+}
+
+/// Runs `attempt` until the database answers it: its result, or `Ok(None)`
+/// once `shutdown` fires. A transient failure is tried again with a growing
+/// pause (the first logged with `waiting`); any other ends it.
+pub async fn until_answered<T, F, Fut>(
+    shutdown: &tokio_util::sync::CancellationToken,
+    waiting: &'static str,
+    mut attempt: F,
+) -> Result<Option<T>, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    const RETRY_MIN: Duration = Duration::from_millis(100);
+    const RETRY_MAX: Duration = Duration::from_secs(5);
+    let mut backoff = RETRY_MIN;
+    let mut logged = false;
+    loop {
+        let result = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            r = attempt() => r,
+        };
+        match result {
+            Ok(v) => return Ok(Some(v)),
+            Err(e) if e.is_transient() => {
+                if !logged {
+                    tracing::warn!(error = %e, "{waiting}");
+                    logged = true;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(RETRY_MAX);
+    }
 }
 
 /// `BEGIN` on `client`. Dropping the returned transaction without

@@ -25,6 +25,7 @@
 //! process paused between that check and the write (docs/operations.md).
 
 pub mod attachments;
+pub mod mcp;
 pub mod smtp;
 pub mod webhook;
 
@@ -78,6 +79,18 @@ pub trait Provider: Send + Sync {
         attachments: &'a [Attachment],
         by: Instant,
     ) -> BoxFuture<'a, CallResult>;
+
+    /// What the database must compare right before this job's call, read
+    /// by `by`: the `mcp` provider's upstream definition of the tool
+    /// (`keyturn.check_upstream_tool`). `Ok(None)` (the default): nothing.
+    /// `Err`: the outcome to record instead, nothing sent.
+    fn live_definition<'a>(
+        &'a self,
+        _job: &'a LeasedJob,
+        _by: Instant,
+    ) -> BoxFuture<'a, Result<Option<serde_json::Value>, CallResult>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// What the receipt of an attempt that sent nothing says, so that keyturnd

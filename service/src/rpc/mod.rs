@@ -27,8 +27,6 @@
 pub mod card;
 pub mod catalog;
 
-use std::time::Duration;
-
 use deadpool_postgres::Pool;
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
@@ -39,9 +37,6 @@ use crate::error::Error;
 use crate::jwt::Verifier;
 use crate::metrics::Metrics;
 use catalog::{Catalog, TenantOf};
-
-const RETRY_MIN: Duration = Duration::from_millis(100);
-const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// Everything `/rpc` needs.
 pub struct Rpc {
@@ -106,33 +101,18 @@ impl Rpc {
         })?;
         let pool = db::pool_named(url.expose(), config.rpc_connections, metrics, "rpc")?;
         let roles: Vec<String> = verifier.roles().map(str::to_owned).collect();
-        let mut backoff = RETRY_MIN;
-        let mut logged = false;
-        let catalog = loop {
-            let attempt = async {
+        let answered = db::until_answered(
+            shutdown,
+            "RPC database unavailable; waiting for it before serving /rpc",
+            || async {
                 let client = pool.get().await?;
                 check_roles(&client, &roles).await?;
                 Catalog::load(&client).await
-            };
-            let result = tokio::select! {
-                _ = shutdown.cancelled() => return Ok(None),
-                r = attempt => r,
-            };
-            match result {
-                Ok(catalog) => break catalog,
-                Err(e) if e.is_transient() => {
-                    if !logged {
-                        tracing::warn!(error = %e, "RPC database unavailable; waiting for it before serving /rpc");
-                        logged = true;
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return Ok(None),
-                _ = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(RETRY_MAX);
+            },
+        )
+        .await?;
+        let Some(catalog) = answered else {
+            return Ok(None);
         };
         tracing::info!(functions = ?catalog.names(), roles = ?roles, "serving /rpc");
         Ok(Some(

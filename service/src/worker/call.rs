@@ -53,7 +53,17 @@ pub(super) async fn call_job(
         // Checked before begin; a provider cannot disappear.
         return;
     };
-    let result = match read_attachments(&ctx, provider.as_ref(), &job, deadline).await {
+    let checked = match read_attachments(&ctx, provider.as_ref(), &job, deadline).await {
+        Ok(files) => match live_check(&ctx, provider.as_ref(), &job, deadline).await {
+            Ok(true) => Ok(files),
+            // The database invalidated the action: nothing to call, nothing
+            // to record.
+            Ok(false) => return,
+            Err(result) => Err(result),
+        },
+        Err(result) => Err(result),
+    };
+    let result = match checked {
         Ok(files) => call_provider(&ctx, provider.as_ref(), &job, &files, deadline).await,
         Err(result) => {
             ctx.metrics.action(result.outcome.word());
@@ -163,6 +173,53 @@ async fn read_attachments(
     Ok(files)
 }
 
+/// For a provider with something live to compare (the `mcp` provider's
+/// upstream tool definition), the database's word on it, right before the
+/// call: `Ok(true)` call, `Ok(false)` the action is invalidated (nothing is
+/// sent), `Err` the outcome to record instead (nothing was sent).
+async fn live_check(
+    ctx: &Ctx,
+    provider: &dyn Provider,
+    job: &LeasedJob,
+    deadline: Instant,
+) -> Result<bool, CallResult> {
+    let by = call_by(ctx, deadline);
+    let Some(definition) = provider.live_definition(job, by).await? else {
+        return Ok(true);
+    };
+    let asked = async {
+        let client = ctx.pool.get().await?;
+        db::mcp::check_upstream_tool(
+            &client,
+            ctx.route(&job.tenant),
+            job.action_id,
+            job.lease_id,
+            &definition,
+        )
+        .await
+    };
+    match tokio::time::timeout_at(by, asked).await {
+        Ok(Ok(true)) => Ok(true),
+        Ok(Ok(false)) => {
+            tracing::warn!("the upstream's live tool definition is not the approved one: the action is invalidated, nothing sent");
+            ctx.metrics.action("invalidated");
+            ctx.metrics.mcp_call("upstream", "invalidated");
+            Ok(false)
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not check the upstream's tool definition; nothing sent, recording retry");
+            Err(not_sent(
+                Outcome::Retry { after: None },
+                "the upstream's tool definition could not be checked; provider not called",
+            ))
+        }
+        Err(_) => Err(not_sent(
+            Outcome::Retry { after: None },
+            "checking the upstream's tool definition took the call's time; provider not called",
+        )),
+    }
+}
+
 fn too_slow() -> CallResult {
     tracing::warn!("reading the attachments left too little of the lease for the call; provider not called, recording retry");
     not_sent(
@@ -229,5 +286,8 @@ async fn call_provider(
         .dispatch_seconds
         .observe(t0.elapsed().as_secs_f64());
     ctx.metrics.action(result.outcome.word());
+    if provider.name() == "mcp" {
+        ctx.metrics.mcp_call("upstream", result.outcome.word());
+    }
     result
 }

@@ -277,7 +277,9 @@ fn contract_allows(from: &str, to: &str) -> bool {
         // leased -> failed: begin_dispatch's deterministic failure (an
         // approved attachment's metadata cannot be read), nothing sent.
         "leased" => ["executing", "queued", "cancelled", "invalidated", "failed"].contains(&to),
-        "executing" => ["succeeded", "failed", "uncertain", "queued"].contains(&to),
+        // invalidated: an upstream MCP tool's drift, found right before the
+        // call (keyturn.check_upstream_tool), nothing sent.
+        "executing" => ["succeeded", "failed", "uncertain", "queued", "invalidated"].contains(&to),
         "uncertain" => ["succeeded", "failed"].contains(&to),
         _ => false,
     }

@@ -26,6 +26,7 @@ mod grant_scope_tests;
 mod hardening_tests;
 mod identity_tests;
 mod links_tests;
+mod mcp_tests;
 mod membership_tests;
 mod preview_session_tests;
 mod privileges_tests;

@@ -91,7 +91,13 @@ async fn test_each_role_executes_exactly_its_functions() {
             "app_agent",
             set(
                 PUBLIC_FNS,
-                &[&["propose", "propose_for"][..], &both].concat(),
+                &[
+                    &["propose", "propose_for"][..],
+                    // over MCP (sql/063_mcp.sql)
+                    &["mcp_tools", "read", "upstream_read", "mcp_action_status"][..],
+                    &both,
+                ]
+                .concat(),
             ),
         ),
         ("app_human", set(PUBLIC_FNS, &[&human[..], &both].concat())),
@@ -128,6 +134,10 @@ async fn test_each_role_executes_exactly_its_functions() {
                     "sweep_for",
                     "attachments_for",
                     "file_content_for",
+                    // upstream MCP servers (sql/063_mcp.sql)
+                    "register_discovered_tool",
+                    "check_upstream_tool",
+                    "check_upstream_tool_for",
                 ],
             ),
         ),

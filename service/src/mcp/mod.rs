@@ -1,0 +1,297 @@
+//! `/mcp`: keyturn over the Model Context Protocol (docs/mcp.md), on the
+//! official Rust SDK's Streamable HTTP server, mounted in keyturnd's axum
+//! app. Off unless `KEYTURN_MCP_ROLES` is set.
+//!
+//! An agent's JWT is verified with the people's keys ([`crate::jwt`]); its
+//! `role` claim must be one of `KEYTURN_MCP_ROLES` (else 403), a missing or
+//! bad JWT is 401 with `WWW-Authenticate: Bearer`. Each tool call is one
+//! transaction on the MCP pool (`KEYTURN_MCP_DATABASE_URL`, a NOINHERIT login
+//! of its own): `SET LOCAL ROLE <role>`, the verified claims with
+//! `set_config(…, true)`, then keyturn's call ([`crate::db::mcp`]). keyturnd
+//! decides nothing: which tools exist, what a read returns and what a write
+//! becomes are the database's answers.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`server`] | the MCP handler: `tools/list`, `tools/call` |
+//! | [`upstream`] | the upstream MCP servers: sessions, discovery, calls |
+
+pub mod server;
+pub mod upstream;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use deadpool_postgres::Pool;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::db;
+use crate::error::Error;
+use crate::jwt::Verifier;
+use crate::metrics::Metrics;
+use upstream::Upstreams;
+
+/// The largest `/mcp` request body: a tool call's arguments fit many times.
+pub const BODY_LIMIT: usize = 1 << 20;
+
+/// Everything `/mcp` needs.
+pub struct Mcp {
+    verifier: Verifier,
+    pool: Pool,
+    /// The dispatcher's pool: the person's link code for an elicitation.
+    dispatcher: Pool,
+    public_url: Option<url::Url>,
+    upstreams: Arc<Upstreams>,
+    metrics: Arc<Metrics>,
+    call_timeout: Duration,
+    /// Ends every MCP session (shutdown).
+    sessions: CancellationToken,
+    /// Whose each session is: a session id works only with the identity
+    /// that opened it.
+    owners: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+/// Sessions remembered at most; past it half of them are forgotten, and a
+/// forgotten session is bound again by its next request (its id is still a
+/// secret only its client holds).
+const MAX_SESSIONS: usize = 10_000;
+
+/// The header rmcp names a legacy session with.
+const SESSION_HEADER: &str = "mcp-session-id";
+
+impl std::fmt::Debug for Mcp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mcp")
+            .field("verifier", &self.verifier)
+            .field(
+                "public_url",
+                &self.public_url.as_ref().map(url::Url::as_str),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Mcp {
+    /// `/mcp` as configured, once the database has answered the start-up
+    /// checks ([`check_roles`]). `Ok(None)`: off, or shutdown came first.
+    pub async fn start(
+        config: &Config,
+        metrics: Arc<Metrics>,
+        dispatcher: Pool,
+        upstreams: Arc<Upstreams>,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Mcp>, Error> {
+        if !config.mcp_enabled() {
+            return Ok(None);
+        }
+        let Some(verifier) = Verifier::from_config(config)? else {
+            return Err(Error::Config("KEYTURN_MCP_ROLES needs a JWT key".into()));
+        };
+        let verifier = verifier.for_roles(config.mcp_roles.iter().map(|r| r.trim().to_owned()));
+        let url = config.mcp_database_url.as_ref().ok_or_else(|| {
+            Error::Config("KEYTURN_MCP_DATABASE_URL is required with KEYTURN_MCP_ROLES".into())
+        })?;
+        let pool = db::pool_named(url.expose(), config.mcp_connections, metrics.clone(), "mcp")?;
+        let rpc_url = config.rpc_database_url.clone();
+        let roles: Vec<String> = verifier.roles().map(str::to_owned).collect();
+        let checked = db::until_answered(
+            shutdown,
+            "MCP database unavailable; waiting for it before serving /mcp",
+            || async {
+                let client = pool.get().await?;
+                let d = dispatcher.get().await?;
+                let mut others = vec![db::mcp::login(&d).await?];
+                if let Some(rpc) = &rpc_url {
+                    let (c, conn) =
+                        tokio_postgres::connect(rpc.expose(), tokio_postgres::NoTls).await?;
+                    let task = tokio::spawn(conn);
+                    others.push(db::mcp::login(&c).await?);
+                    drop(c);
+                    let _ = task.await;
+                }
+                check_roles(&client, &roles, &others).await
+            },
+        )
+        .await?;
+        if checked.is_none() {
+            return Ok(None);
+        }
+        if config.public_url.is_none() {
+            tracing::warn!("KEYTURN_PUBLIC_URL is not set: /mcp reaches no person by elicitation; proposals wait in their queue");
+        }
+        tracing::info!(roles = ?roles, "serving /mcp");
+        Ok(Some(Mcp {
+            verifier,
+            pool,
+            dispatcher,
+            public_url: config.public_url.clone(),
+            upstreams,
+            metrics,
+            call_timeout: config.call_timeout(),
+            sessions: CancellationToken::new(),
+            owners: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }))
+    }
+
+    /// Ends every MCP session: their streams close, their requests end.
+    pub fn close_sessions(&self) {
+        self.sessions.cancel();
+    }
+
+    /// The `/mcp` routes: rmcp's Streamable HTTP service behind the JWT check.
+    pub fn routes<S: Clone + Send + Sync + 'static>(self: &Arc<Self>) -> Router<S> {
+        let mut hosts = vec!["localhost".to_owned(), "127.0.0.1".into(), "::1".into()];
+        if let Some(host) = self.public_url.as_ref().and_then(|u| u.host_str()) {
+            hosts.push(host.to_owned());
+            if let Some(port) = self.public_url.as_ref().and_then(url::Url::port) {
+                hosts.push(format!("{host}:{port}"));
+            }
+        }
+        let config = StreamableHttpServerConfig::default()
+            .with_allowed_hosts(hosts)
+            .with_cancellation_token(self.sessions.clone())
+            .with_max_request_body_bytes(BODY_LIMIT);
+        let mcp = Arc::clone(self);
+        let service = StreamableHttpService::new(
+            move || Ok(server::Handler::new(Arc::clone(&mcp))),
+            Arc::new(LocalSessionManager::default()),
+            config,
+        );
+        Router::new()
+            .nest_service("/mcp", service)
+            .layer(middleware::from_fn_with_state(
+                Arc::clone(self),
+                authenticate,
+            ))
+    }
+}
+
+/// 401 for a missing or bad JWT, 403 for a role outside `KEYTURN_MCP_ROLES`;
+/// otherwise the verified identity travels with the request to the handler.
+async fn authenticate(State(mcp): State<Arc<Mcp>>, mut request: Request, next: Next) -> Response {
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap_or(""));
+    match mcp.verifier.verify(authorization) {
+        Ok(verified) => {
+            let owner = session_owner(&verified);
+            let session = request
+                .headers()
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            if let Some(id) = &session {
+                let owners = mcp.owners.lock().unwrap_or_else(|e| e.into_inner());
+                if owners.get(id).is_some_and(|o| *o != owner) {
+                    // Another identity's session: as if it did not exist.
+                    mcp.metrics.mcp_call("auth", "foreign_session");
+                    return axum::http::StatusCode::NOT_FOUND.into_response();
+                }
+            }
+            request.extensions_mut().insert(verified);
+            let response = next.run(request).await;
+            if session.is_none() {
+                if let Some(id) = response
+                    .headers()
+                    .get(SESSION_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                {
+                    let mut owners = mcp.owners.lock().unwrap_or_else(|e| e.into_inner());
+                    if owners.len() >= MAX_SESSIONS {
+                        let drop: Vec<String> =
+                            owners.keys().take(MAX_SESSIONS / 2).cloned().collect();
+                        for k in drop {
+                            owners.remove(&k);
+                        }
+                    }
+                    owners.insert(id.to_owned(), owner);
+                }
+            }
+            response
+        }
+        Err(Error::RoleNotAllowed) => {
+            mcp.metrics.mcp_call("auth", "forbidden");
+            Error::McpRoleNotAllowed.into_response()
+        }
+        Err(e) => {
+            mcp.metrics.mcp_call("auth", "unauthorized");
+            e.into_response()
+        }
+    }
+}
+
+/// Who a session belongs to: the role and the claims, without those a
+/// renewed JWT of the same agent changes.
+fn session_owner(verified: &crate::jwt::Verified) -> String {
+    let mut claims: serde_json::Value =
+        serde_json::from_str(&verified.claims).unwrap_or(serde_json::Value::Null);
+    if let Some(o) = claims.as_object_mut() {
+        for k in ["exp", "iat", "nbf", "jti"] {
+            o.remove(k);
+        }
+    }
+    format!("{}\u{0}{claims}", verified.role)
+}
+
+/// The start-up checks of `/mcp` (docs/mcp.md): each role of `roles` exists,
+/// is a member of keyturn_agent and of no role that approves, operates,
+/// administers or dispatches; the MCP login is NOINHERIT, a member of each,
+/// and is none of `other_logins` (the dispatcher's and `/rpc`'s).
+pub async fn check_roles(
+    client: &tokio_postgres::Client,
+    roles: &[String],
+    other_logins: &[String],
+) -> Result<(), Error> {
+    let refuse = |why: String| Err(Error::Config(why));
+    for c in db::mcp::role_checks(client, roles).await? {
+        let (name, login) = (&c.name, &c.login);
+        if other_logins.contains(login) {
+            return refuse(format!(
+                "KEYTURN_MCP_DATABASE_URL logs in as {login}, which is also the dispatcher's or /rpc's login: /mcp needs a login of its own"
+            ));
+        }
+        if c.login_inherits {
+            return refuse(format!(
+                "KEYTURN_MCP_DATABASE_URL logs in as {login}, which inherits its roles' privileges: make it NOINHERIT (ALTER ROLE {login} NOINHERIT), so that it acts only as the role a JWT selects"
+            ));
+        }
+        if !c.present {
+            return refuse(format!("KEYTURN_MCP_ROLES: role {name} does not exist"));
+        }
+        if !c.agent {
+            return refuse(format!(
+                "KEYTURN_MCP_ROLES: role {name} is not a member of keyturn_agent; an MCP caller is an agent"
+            ));
+        }
+        if let Some(other) = &c.other_side {
+            return refuse(format!(
+                "KEYTURN_MCP_ROLES: role {name} is a member of {other}; an agent's role must never approve, operate, administer or dispatch"
+            ));
+        }
+        if !c.can_set {
+            return refuse(format!(
+                "KEYTURN_MCP_ROLES: the MCP login {login} is not a member of role {name}: GRANT {name} TO {login}"
+            ));
+        }
+    }
+    for role in roles {
+        if let Err(e) = db::rpc::try_set_role(client, role).await {
+            if e.is_transient() {
+                return Err(e);
+            }
+            return refuse(format!(
+                "KEYTURN_MCP_ROLES: the MCP login cannot SET ROLE {role}: {e}"
+            ));
+        }
+    }
+    Ok(())
+}

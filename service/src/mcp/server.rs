@@ -1,0 +1,545 @@
+//! The MCP handler: `tools/list` and `tools/call`, each one transaction as
+//! the agent ([`super`]).
+//!
+//! **The token never reaches the model.** `propose`'s token is never read
+//! (see [`crate::db::mcp::propose`]); a card link, with its one-time code,
+//! goes only into a URL-mode elicitation, which the client shows the person
+//! and never puts in a tool result.
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ServerCapabilities,
+    ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::{json, Map, Value};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::upstream::CallError;
+use super::Mcp;
+use crate::db::{self, mcp::Proposed};
+use crate::error::{sqlstate_status, Error};
+use crate::jwt::Verified;
+
+/// The one tool keyturn adds of its own.
+pub const STATUS_TOOL: &str = "keyturn_action_status";
+
+/// The origin keys a proposal takes from the request's `_meta`, else from
+/// the claims.
+const ORIGIN_KEYS: &[&str] = &[
+    "conversation_id",
+    "turn_id",
+    "message_id",
+    "assistant_message_id",
+];
+
+/// Serves one MCP session.
+#[derive(Clone)]
+pub struct Handler {
+    mcp: Arc<Mcp>,
+}
+
+impl Handler {
+    /// A handler for a new session.
+    pub fn new(mcp: Arc<Mcp>) -> Self {
+        Handler { mcp }
+    }
+}
+
+/// The identity the authentication layer verified for this request.
+fn verified(context: &RequestContext<RoleServer>) -> Result<Verified, ErrorData> {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Verified>())
+        .cloned()
+        .ok_or_else(|| ErrorData::internal_error("no verified identity on the request", None))
+}
+
+/// A call's transaction: the role, the claims; `Some(tenant)` when the
+/// database says calls must name their tenant (Citus, layout B).
+async fn as_agent<'a>(
+    tx: &tokio_postgres::Transaction<'a>,
+    who: &Verified,
+) -> Result<Option<String>, Error> {
+    db::rpc::run_as(tx, &who.role).await?;
+    if db::rpc::assert_claims_by_tenant(tx, &who.claims).await? {
+        db::rpc::callers_tenant(tx, &who.claims).await
+    } else {
+        Ok(None)
+    }
+}
+
+impl ServerHandler for Handler {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("keyturn", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "keyturn: read tools answer at once, their data fenced; a write tool's call becomes a \
+                 proposal that a person approves on their own device before anything happens. \
+                 Follow a proposal with keyturn_action_status.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let who = verified(&context)?;
+        let listed = async {
+            let mut client = self.mcp.pool.get().await?;
+            let tx = db::transaction(&mut client).await?;
+            as_agent(&tx, &who).await?;
+            let tools = db::mcp::tools(&tx).await?;
+            db::commit(tx).await?;
+            Ok::<_, Error>(tools)
+        }
+        .await;
+        let tools = match listed {
+            Ok(t) => t,
+            Err(e) => {
+                self.mcp.metrics.mcp_call("list", "refused");
+                return Err(protocol_error(&e));
+            }
+        };
+        self.mcp.metrics.mcp_call("list", "listed");
+        let mut out = Vec::with_capacity(tools.len() + 1);
+        for t in tools {
+            let schema = match t.input_schema {
+                Value::Object(o) => o,
+                _ => JsonObject::new(),
+            };
+            let annotations: ToolAnnotations =
+                serde_json::from_value(t.annotations).unwrap_or_default();
+            out.push(Tool::new(t.name, t.description, Arc::new(schema)).annotate(annotations));
+        }
+        out.push(status_tool());
+        Ok(ListToolsResult::with_all_items(out))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let who = verified(&context)?;
+        let name = request.name.to_string();
+        let args = Value::Object(request.arguments.clone().unwrap_or_default());
+        tracing::debug!(tool = %name, "mcp tools/call");
+        let result = if name == STATUS_TOOL {
+            self.status(&who, &args).await
+        } else {
+            self.tool(&who, &name, &args, &request, &context).await
+        };
+        Ok(result.into())
+    }
+}
+
+impl Handler {
+    /// `keyturn_action_status`: the caller's own action, or the same
+    /// refusal for anything else.
+    async fn status(&self, who: &Verified, args: &Value) -> CallToolResult {
+        let not_found =
+            || CallToolResult::error(vec![ContentBlock::text("No action of yours has that id.")]);
+        let Some(id) = args
+            .get("action_id")
+            .and_then(Value::as_str)
+            .and_then(|s| Uuid::parse_str(s).ok())
+        else {
+            self.mcp.metrics.mcp_call("status", "refused");
+            return not_found();
+        };
+        let answer = async {
+            let mut client = self.mcp.pool.get().await?;
+            let tx = db::transaction(&mut client).await?;
+            as_agent(&tx, who).await?;
+            let row = db::mcp::action_status(&tx, id).await?;
+            db::commit(tx).await?;
+            Ok::<_, Error>(row)
+        }
+        .await;
+        match answer {
+            Ok(Some((status, result))) => {
+                self.mcp.metrics.mcp_call("status", "read");
+                let mut structured = json!({"action_id": id, "status": status});
+                if let Some(r) = result {
+                    structured["result"] = r;
+                }
+                let mut out = CallToolResult::structured(structured);
+                out.content = vec![ContentBlock::text(format!("Action {id} is {status}."))];
+                out
+            }
+            Ok(None) => {
+                self.mcp.metrics.mcp_call("status", "refused");
+                not_found()
+            }
+            Err(e) => {
+                self.mcp.metrics.mcp_call("status", "error");
+                refusal(&e)
+            }
+        }
+    }
+
+    /// A tool of the catalog: a read answers fenced, a write proposes.
+    async fn tool(
+        &self,
+        who: &Verified,
+        name: &str,
+        args: &Value,
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let mut client = match self.mcp.pool.get().await {
+            Ok(c) => c,
+            Err(e) => return refusal(&e.into()),
+        };
+        let run = async {
+            let tx = db::transaction(&mut client).await?;
+            let tenant = as_agent(&tx, who).await?;
+            let tools = db::mcp::tools(&tx).await?;
+            let found = tools.into_iter().find(|t| t.name == name);
+            let outcome = match found {
+                Some(t) if t.kind == "read" && t.upstream.is_none() => {
+                    let fenced = db::mcp::read(&tx, name, args).await?;
+                    Answer::Read(fenced, "read")
+                }
+                Some(t) if t.kind == "read" => {
+                    let allowed = db::mcp::upstream_read(&tx, name, args).await?;
+                    match self.upstream_read(&allowed, args).await {
+                        Ok(data) => Answer::Read(
+                            db::mcp::fence(&tx, &allowed.projection, &data).await?,
+                            "upstream_read",
+                        ),
+                        Err(text) => Answer::Failed(text),
+                    }
+                }
+                // A write, or a tool the principal may not call: propose
+                // refuses the latter with its own SQLSTATE.
+                _ => {
+                    let origin = origin(request, &context.meta.0 .0, &who.claims);
+                    let proposed =
+                        db::mcp::propose(&tx, tenant.as_deref(), name, args, &origin).await?;
+                    let result = if proposed.status == "pending" {
+                        None
+                    } else {
+                        db::mcp::action_status(&tx, proposed.action_id)
+                            .await?
+                            .and_then(|(_, r)| r)
+                    };
+                    Answer::Proposed(proposed, result)
+                }
+            };
+            db::commit(tx).await?;
+            Ok::<_, Error>(outcome)
+        }
+        .await;
+        match run {
+            Ok(Answer::Read(fenced, kind)) => {
+                self.mcp.metrics.mcp_call(kind, "read");
+                let mut out = CallToolResult::success(vec![ContentBlock::text(fenced.reference)]);
+                let mut meta = Map::new();
+                meta.insert("guard".into(), Value::String(fenced.guard));
+                meta.insert("evidence_id".into(), json!(fenced.evidence_id));
+                out.meta = Some(MetaObject(meta));
+                out
+            }
+            Ok(Answer::Failed(text)) => {
+                self.mcp.metrics.mcp_call("upstream_read", "error");
+                CallToolResult::error(vec![ContentBlock::text(text)])
+            }
+            Ok(Answer::Proposed(p, result)) => {
+                self.mcp.metrics.mcp_call("write", "proposed");
+                if p.status == "pending" {
+                    self.reach_person(who, &p, context).await;
+                }
+                proposed(&p, result)
+            }
+            Err(e) => {
+                self.mcp.metrics.mcp_call("write", "refused");
+                refusal(&e)
+            }
+        }
+    }
+
+    /// Calls an upstream read tool; `Err`: the text of an error result
+    /// (never the upstream's own words, which are unfenced data).
+    async fn upstream_read(
+        &self,
+        allowed: &db::mcp::UpstreamRead,
+        args: &Value,
+    ) -> Result<Value, String> {
+        let Some(upstream) = self.mcp.upstreams.get(&allowed.upstream) else {
+            return Err(format!(
+                "The upstream {} is not configured in this keyturnd.",
+                allowed.upstream
+            ));
+        };
+        let arguments = match args {
+            Value::Object(o) => o.clone(),
+            _ => JsonObject::new(),
+        };
+        let by = Instant::now() + self.mcp.call_timeout;
+        match upstream.call(&allowed.tool, arguments, None, by).await {
+            Ok(r) if r.is_error == Some(true) => {
+                Err("The upstream answered with an error; its text is not passed on.".into())
+            }
+            Ok(r) => Ok(match r.structured_content {
+                Some(v) if !v.is_null() => v,
+                _ => {
+                    let text: Vec<String> = r
+                        .content
+                        .iter()
+                        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+                        .collect();
+                    json!({"text": text.join("\n")})
+                }
+            }),
+            Err(CallError::NotSent(_) | CallError::AfterSend(_) | CallError::Rpc(_)) => {
+                Err("The upstream could not be reached; try again later.".into())
+            }
+        }
+    }
+
+    /// A URL-mode elicitation of the card link (a fresh one-time code,
+    /// minted on the dispatcher's connection for the person), when the
+    /// client declared URL elicitation and a public URL is configured.
+    /// Anything else leaves the proposal in the person's queue.
+    async fn reach_person(
+        &self,
+        who: &Verified,
+        p: &Proposed,
+        context: &RequestContext<RoleServer>,
+    ) {
+        let Some(base) = &self.mcp.public_url else {
+            return;
+        };
+        if !context
+            .peer
+            .supported_elicitation_modes()
+            .contains(&rmcp::service::ElicitationMode::Url)
+        {
+            return;
+        }
+        let code = async {
+            let mut client = self.mcp.dispatcher.get().await?;
+            db::mcp::link_code(&mut client, &who.claims, p.action_id).await
+        }
+        .await;
+        let code = match code {
+            Ok(code) => code,
+            Err(e) => {
+                // An independent tool: the agent's principal may not decide
+                // it, so there is no one to send this client's user to.
+                tracing::debug!(action_id = %p.action_id, error = %e, "no card link for the elicitation");
+                return;
+            }
+        };
+        let url = card_link(base, p.action_id, &code);
+        let sent = context
+            .peer
+            .elicit_url_with_timeout(
+                format!("Review and approve on keyturn: {}", p.summary),
+                url,
+                p.action_id.to_string(),
+                Some(std::time::Duration::from_secs(20)),
+            )
+            .await;
+        tracing::debug!(action_id = %p.action_id, elicited = ?sent.map(|a| format!("{a:?}")).map_err(|e| e.to_string()), "elicitation");
+    }
+}
+
+/// What a call came to, before its answer is written.
+enum Answer {
+    Read(db::mcp::Fenced, &'static str),
+    Failed(String),
+    Proposed(Proposed, Option<Value>),
+}
+
+/// `<base>/card#a=<id>&c=<code>`.
+pub fn card_link(base: &url::Url, action_id: Uuid, code: &str) -> url::Url {
+    let mut url = base.clone();
+    let path = format!("{}/card", base.path().trim_end_matches('/'));
+    url.set_path(&path);
+    url.set_query(None);
+    // RFC 3986's unreserved characters stay as they are (a link code is
+    // base64url); anything else is escaped, so a code can never add a
+    // fragment parameter of its own.
+    const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    let code: String = percent_encoding::utf8_percent_encode(code, ESCAPED).to_string();
+    url.set_fragment(Some(&format!("a={action_id}&c={code}")));
+    url
+}
+
+/// The origin of a proposal: each key from the request's `_meta`, else from
+/// the claims of the same name; `evidence` likewise.
+fn origin(request: &CallToolRequestParams, context_meta: &JsonObject, claims: &str) -> Value {
+    // rmcp hands the request's `_meta` to the context; a client that put
+    // it in the params (as some do) is read there too.
+    let meta: Option<&JsonObject> = if context_meta.is_empty() {
+        request.meta.as_ref().map(|m| &m.0 .0)
+    } else {
+        Some(context_meta)
+    };
+    let claims: Value = serde_json::from_str(claims).unwrap_or(Value::Null);
+    let mut out = Map::new();
+    for key in ORIGIN_KEYS.iter().chain(std::iter::once(&"evidence")) {
+        let v = meta
+            .and_then(|m| m.get(*key))
+            .or_else(|| claims.get(*key))
+            .cloned();
+        if let Some(v) = v {
+            out.insert((*key).to_owned(), v);
+        }
+    }
+    Value::Object(out)
+}
+
+/// The result of a proposal: structured, and one plain sentence.
+fn proposed(p: &Proposed, result: Option<Value>) -> CallToolResult {
+    let expires = p
+        .expires_at
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let mut structured = json!({
+        "action_id": p.action_id,
+        "status": p.status,
+        "summary": p.summary,
+        "expires_at": expires,
+    });
+    let text = if p.status == "pending" {
+        format!(
+            "Proposed \"{}\" as action {}: nothing happens unless the person approves it before {expires}; \
+             keyturn_action_status tells you when they have.",
+            p.summary, p.action_id
+        )
+    } else {
+        format!(
+            "Proposed \"{}\" as action {}, which a standing approval or the person's request covered: it is {}.",
+            p.summary, p.action_id, p.status
+        )
+    };
+    if let Some(r) = result {
+        structured["result"] = r;
+    }
+    let mut out = CallToolResult::structured(structured);
+    out.content = vec![ContentBlock::text(text)];
+    out
+}
+
+/// A refusal as a tool result: the database's SQLSTATE and message when it
+/// refused the call, a generic sentence otherwise (the log has the rest).
+fn refusal(e: &Error) -> CallToolResult {
+    let (code, message) = match e.db_error() {
+        Some(db) if sqlstate_status(db.code().code()).is_some() => {
+            (db.code().code().to_owned(), db.message().to_owned())
+        }
+        Some(db) => {
+            tracing::warn!(
+                sqlstate = db.code().code(),
+                message = db.message(),
+                "mcp call failed"
+            );
+            (
+                db.code().code().to_owned(),
+                "internal error; keyturnd's log has the details".to_owned(),
+            )
+        }
+        None if e.is_transient() => (
+            "08000".to_owned(),
+            "the database is unavailable; try again shortly".to_owned(),
+        ),
+        None => {
+            tracing::warn!(error = %e, "mcp call failed");
+            (
+                "XX000".to_owned(),
+                "internal error; keyturnd's log has the details".to_owned(),
+            )
+        }
+    };
+    let mut out = CallToolResult::structured_error(json!({"code": code, "message": message}));
+    out.content = vec![ContentBlock::text(format!(
+        "keyturn refused the call (SQLSTATE {code}): {message}"
+    ))];
+    out
+}
+
+/// A JSON-RPC error for `tools/list`.
+fn protocol_error(e: &Error) -> ErrorData {
+    match e.db_error() {
+        Some(db) if sqlstate_status(db.code().code()).is_some() => ErrorData::invalid_request(
+            format!(
+                "keyturn refused (SQLSTATE {}): {}",
+                db.code().code(),
+                db.message()
+            ),
+            None,
+        ),
+        _ => {
+            tracing::warn!(error = %e, "mcp tools/list failed");
+            ErrorData::internal_error("keyturn could not list the tools; try again", None)
+        }
+    }
+}
+
+/// `keyturn_action_status`'s definition.
+fn status_tool() -> Tool {
+    let schema = json!({
+        "type": "object",
+        "properties": {"action_id": {"type": "string", "format": "uuid",
+                                     "description": "The action_id a write tool's call returned."}},
+        "required": ["action_id"],
+        "additionalProperties": false
+    });
+    let Value::Object(schema) = schema else {
+        unreachable!("an object literal")
+    };
+    Tool::new(
+        STATUS_TOOL,
+        "The status of an action you proposed (pending, succeeded, failed, ...) and, once final, its result.",
+        Arc::new(schema),
+    )
+    .annotate(
+        ToolAnnotations::new()
+            .read_only(true)
+            .open_world(false),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_the_card_link_carries_only_the_action_and_the_code() {
+        let base = url::Url::parse("https://keyturn.example.com/base/").unwrap();
+        let id = Uuid::nil();
+        let link = card_link(&base, id, "abc-_1&a=x");
+        assert_eq!(
+            link.as_str(),
+            "https://keyturn.example.com/base/card#a=00000000-0000-0000-0000-000000000000&c=abc-_1%26a%3Dx"
+        );
+    }
+
+    #[test]
+    fn test_origin_prefers_meta_and_takes_only_its_keys() {
+        let mut p = CallToolRequestParams::new("x");
+        let mut meta = JsonObject::new();
+        meta.insert("conversation_id".into(), json!("c-meta"));
+        meta.insert("token".into(), json!("nope"));
+        p.meta = Some(rmcp::model::RequestMetaObject(MetaObject(meta)));
+        let o = origin(
+            &p,
+            &JsonObject::new(),
+            r#"{"conversation_id": "c-claim", "turn_id": "t1", "sub": "alice"}"#,
+        );
+        assert_eq!(o, json!({"conversation_id": "c-meta", "turn_id": "t1"}));
+    }
+}

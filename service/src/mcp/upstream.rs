@@ -1,0 +1,422 @@
+//! The upstream MCP servers of `[[mcp_upstream]]`: one long-lived client
+//! session each (rmcp's Streamable HTTP client), their tools discovered at
+//! start, every `KEYTURN_MCP_REFRESH_SECONDS` and on
+//! `notifications/tools/list_changed`, and registered through
+//! `keyturn.register_discovered_tool` (the database classifies, hashes and
+//! registers; keyturnd only reports what the upstream said).
+//!
+//! **Credentials.** An upstream's headers are configuration: sent on every
+//! request to it, never logged, never a param, never in a receipt. Errors
+//! are logged by their kind, never with a request.
+//!
+//! **Sent or not.** A call that fails before its request could have left
+//! (no session, connection refused) is [`CallError::NotSent`]; anything else
+//! once the request may have left is [`CallError::AfterSend`] or a JSON-RPC
+//! error, which the `mcp` provider records as `unknown`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientRequest, ErrorData, JsonObject,
+    PaginatedRequestParams, RequestMetaObject, ServerResult,
+};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{ClientHandler, RoleClient, ServiceError, ServiceExt};
+use serde_json::Value;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{self, Config};
+use crate::db;
+use crate::error::Error;
+use crate::metrics::{Metrics, UpstreamLabel};
+
+/// Pages of `tools/list` read at most from one upstream.
+const MAX_PAGES: usize = 50;
+
+/// Why an upstream call did not give a result.
+#[derive(Debug)]
+pub enum CallError {
+    /// Nothing can have reached the upstream.
+    NotSent(String),
+    /// The request may have reached it; what became of it is unknown.
+    AfterSend(String),
+    /// The upstream answered with a JSON-RPC error.
+    Rpc(ErrorData),
+}
+
+/// Hears an upstream's notifications.
+#[derive(Clone)]
+struct Listener {
+    changed: Arc<Notify>,
+}
+
+impl ClientHandler for Listener {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.changed.notify_one();
+    }
+}
+
+/// One upstream MCP server and its session.
+pub struct Upstream {
+    config: config::Upstream,
+    http: reqwest013::Client,
+    session: tokio::sync::Mutex<Option<RunningService<RoleClient, Listener>>>,
+    changed: Arc<Notify>,
+    up: AtomicBool,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the headers: they are credentials.
+        f.debug_struct("Upstream")
+            .field("name", &self.config.name)
+            .field("url", &self.config.url.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Upstream {
+    fn new(config: config::Upstream, connect_timeout: Duration) -> Result<Self, Error> {
+        let http = reqwest013::Client::builder()
+            .redirect(reqwest013::redirect::Policy::none())
+            .connect_timeout(connect_timeout)
+            .no_proxy()
+            .build()
+            .map_err(|e| Error::Config(format!("mcp_upstream {}: {e}", config.name)))?;
+        Ok(Upstream {
+            config,
+            http,
+            session: tokio::sync::Mutex::new(None),
+            changed: Arc::new(Notify::new()),
+            up: AtomicBool::new(false),
+        })
+    }
+
+    /// Its configured name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Whether its last `tools/list` was answered.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// The session's peer, connecting (the `initialize` handshake) first
+    /// when there is none. A failure here sent nothing of any call.
+    async fn peer(&self) -> Result<rmcp::Peer<RoleClient>, CallError> {
+        let mut session = self.session.lock().await;
+        if let Some(s) = session.as_ref() {
+            if !s.is_closed() {
+                return Ok(s.peer().clone());
+            }
+        }
+        let mut headers = HashMap::new();
+        for (name, value) in &self.config.headers {
+            let (Ok(n), Ok(v)) = (
+                axum::http::HeaderName::from_bytes(name.as_bytes()),
+                axum::http::HeaderValue::from_str(value.expose()),
+            ) else {
+                return Err(CallError::NotSent(
+                    "a configured header is not valid".into(),
+                ));
+            };
+            headers.insert(n, v);
+        }
+        let transport = StreamableHttpClientTransport::with_client(
+            self.http.clone(),
+            StreamableHttpClientTransportConfig::with_uri(self.config.url.as_str())
+                .custom_headers(headers),
+        );
+        let listener = Listener {
+            changed: self.changed.clone(),
+        };
+        let running = listener.serve(transport).await.map_err(|e| {
+            CallError::NotSent(format!("could not open a session: {}", kind_of(&e)))
+        })?;
+        let peer = running.peer().clone();
+        *session = Some(running);
+        Ok(peer)
+    }
+
+    /// Drops the session after a transport failure; the next call opens
+    /// another.
+    async fn reset(&self) {
+        if let Some(s) = self.session.lock().await.take() {
+            let _ = s.cancel().await;
+        }
+    }
+
+    /// Closes the session (shutdown).
+    pub async fn close(&self) {
+        self.reset().await;
+    }
+
+    /// Every tool definition of its `tools/list`, each the JSON object as
+    /// received (as rmcp reads it; when rmcp cannot read the list, as the
+    /// raw JSON), ended by `by`. Never served from a cache.
+    pub async fn list(&self, by: Instant) -> Result<Vec<Value>, CallError> {
+        let listed = tokio::time::timeout_at(by, self.list_pages()).await;
+        let result = match listed {
+            Ok(r) => r,
+            Err(_) => Err(CallError::NotSent("tools/list timed out".into())),
+        };
+        self.up.store(result.is_ok(), Ordering::Relaxed);
+        if result.is_err() {
+            self.reset().await;
+        }
+        result
+    }
+
+    async fn list_pages(&self) -> Result<Vec<Value>, CallError> {
+        let peer = self.peer().await?;
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let params = cursor.take().map(|c| {
+                let mut p = PaginatedRequestParams::default();
+                p.cursor = Some(c);
+                p
+            });
+            let request = ClientRequest::ListToolsRequest(rmcp::model::ListToolsRequest {
+                method: Default::default(),
+                params,
+                extensions: Default::default(),
+            });
+            let answer = peer.send_request(request).await.map_err(|e| match e {
+                ServiceError::McpError(e) => CallError::Rpc(e),
+                other => CallError::NotSent(format!("tools/list failed: {}", kind_of(&other))),
+            })?;
+            let next = match answer {
+                ServerResult::ListToolsResult(r) => {
+                    for tool in &r.tools {
+                        tools.push(serde_json::to_value(tool).map_err(|e| {
+                            CallError::NotSent(format!("a tool does not serialize: {e}"))
+                        })?);
+                    }
+                    r.next_cursor
+                }
+                // What rmcp cannot read (an annotation that is not a
+                // boolean, say) arrives raw: passed on as it is, so the
+                // database classifies it (a write) and hashes it.
+                ServerResult::CustomResult(raw) => {
+                    let raw = raw.0;
+                    if let Some(list) = raw.get("tools").and_then(Value::as_array) {
+                        tools.extend(list.iter().cloned());
+                    }
+                    raw.get("nextCursor")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                }
+                _ => {
+                    return Err(CallError::NotSent(
+                        "tools/list: an unexpected answer".into(),
+                    ))
+                }
+            };
+            match next {
+                Some(c) if !c.is_empty() => cursor = Some(c),
+                _ => return Ok(tools),
+            }
+        }
+        Ok(tools)
+    }
+
+    /// The live definition of its tool `name`; `None` when it no longer
+    /// lists one.
+    pub async fn definition(&self, name: &str, by: Instant) -> Result<Option<Value>, CallError> {
+        let tools = self.list(by).await?;
+        Ok(tools
+            .into_iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some(name)))
+    }
+
+    /// One `tools/call` of `name` with `arguments` and `meta`, ended by `by`.
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments: JsonObject,
+        meta: Option<JsonObject>,
+        by: Instant,
+    ) -> Result<CallToolResult, CallError> {
+        let peer = self.peer().await?;
+        if Instant::now() >= by {
+            return Err(CallError::NotSent("no time left before the call".into()));
+        }
+        let mut params = CallToolRequestParams::new(name.to_owned());
+        params.arguments = Some(arguments);
+        params.meta = meta.map(|m| RequestMetaObject(rmcp::model::MetaObject(m)));
+        let called = tokio::time::timeout_at(by, peer.call_tool(params)).await;
+        match called {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(ServiceError::McpError(e))) => Err(CallError::Rpc(e)),
+            Ok(Err(e)) => {
+                let not_sent = never_left(&e);
+                let why = format!("tools/call failed: {}", kind_of(&e));
+                self.reset().await;
+                if not_sent {
+                    Err(CallError::NotSent(why))
+                } else {
+                    Err(CallError::AfterSend(why))
+                }
+            }
+            Err(_) => {
+                self.reset().await;
+                Err(CallError::AfterSend("tools/call timed out".into()))
+            }
+        }
+    }
+}
+
+/// Whether an rmcp error proves the request never left: a connection that
+/// could not be made.
+fn never_left(e: &ServiceError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(r) = err.downcast_ref::<reqwest013::Error>() {
+            return r.is_connect();
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// An rmcp error's kind, for the log: its message names the failure, never
+/// a header or an argument.
+fn kind_of(e: &dyn std::fmt::Display) -> String {
+    let mut out = e.to_string();
+    out.truncate(300);
+    out
+}
+
+/// Every configured upstream.
+#[derive(Debug, Default)]
+pub struct Upstreams {
+    by_name: HashMap<String, Arc<Upstream>>,
+    order: Vec<String>,
+}
+
+impl Upstreams {
+    /// The upstreams of `config` (none connected yet).
+    pub fn from_config(config: &Config) -> Result<Upstreams, Error> {
+        let mut upstreams = Upstreams::default();
+        for u in &config.mcp_upstreams {
+            let name = u.name.clone();
+            let upstream = Upstream::new(u.clone(), config.call_timeout() / 2)?;
+            upstreams.order.push(name.clone());
+            upstreams.by_name.insert(name, Arc::new(upstream));
+        }
+        Ok(upstreams)
+    }
+
+    /// Whether none is configured.
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    /// The upstream of that name.
+    pub fn get(&self, name: &str) -> Option<Arc<Upstream>> {
+        self.by_name.get(name).cloned()
+    }
+
+    /// Each upstream, in configuration order.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Upstream>> {
+        self.order.iter().filter_map(|n| self.by_name.get(n))
+    }
+
+    /// Closes every session.
+    pub async fn close(&self) {
+        for u in self.all() {
+            u.close().await;
+        }
+    }
+}
+
+/// Discovers each upstream's tools and registers them, at start, every
+/// `refresh` and whenever an upstream says its list changed, until
+/// `shutdown`.
+pub async fn discovery_loop(
+    upstreams: Arc<Upstreams>,
+    pool: Pool,
+    metrics: Arc<Metrics>,
+    refresh: Duration,
+    call_timeout: Duration,
+    shutdown: CancellationToken,
+) {
+    let tasks: Vec<_> = upstreams
+        .all()
+        .cloned()
+        .map(|u| {
+            let (pool, metrics, shutdown) = (pool.clone(), metrics.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                loop {
+                    discover(&u, &pool, &metrics, call_timeout).await;
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(refresh) => {}
+                        _ = u.changed.notified() => {
+                            tracing::info!(upstream = u.name(), "upstream says its tool list changed; discovering again");
+                        }
+                    }
+                }
+                u.close().await;
+            })
+        })
+        .collect();
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+/// One discovery of `u`: its tools, each registered (or left as it is).
+pub async fn discover(u: &Upstream, pool: &Pool, metrics: &Metrics, call_timeout: Duration) {
+    let label = UpstreamLabel {
+        upstream: u.name().to_owned(),
+    };
+    let tools = match u.list(Instant::now() + call_timeout).await {
+        Ok(tools) => tools,
+        Err(e) => {
+            metrics.mcp_upstream_up.get_or_create(&label).set(0);
+            tracing::warn!(upstream = u.name(), error = ?e, "upstream MCP server unreachable; its tools stay as registered");
+            return;
+        }
+    };
+    metrics.mcp_upstream_up.get_or_create(&label).set(1);
+    let client = match pool.get().await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(upstream = u.name(), error = %e, "cannot register the upstream's tools: no database connection");
+            return;
+        }
+    };
+    let mut registered = 0;
+    for tool in &tools {
+        let name = tool.get("name").and_then(Value::as_str).unwrap_or("?");
+        match db::mcp::register_discovered_tool(&client, u.name(), tool, u.config.trust_annotations)
+            .await
+        {
+            Ok(_) => registered += 1,
+            Err(e) => {
+                let why = e
+                    .db_error()
+                    .map(|d| d.message().to_owned())
+                    .unwrap_or_else(|| e.to_string());
+                tracing::warn!(upstream = u.name(), tool = name, reason = %why, "upstream tool not registered");
+            }
+        }
+    }
+    tracing::info!(
+        upstream = u.name(),
+        tools = tools.len(),
+        registered,
+        "upstream tools discovered"
+    );
+}

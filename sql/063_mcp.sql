@@ -1,0 +1,508 @@
+-- keyturn over MCP (docs/mcp.md): what keyturnd's /mcp asks the database.
+--
+-- keyturnd decides nothing here either. Which tools an agent sees and how
+-- they are described (keyturn.mcp_tools), what a read tool returns
+-- (keyturn.read: selected as the agent, under its RLS, fenced), whether an
+-- upstream read may run (keyturn.upstream_read), what an action's status
+-- tells its agent (keyturn.mcp_action_status), how a tool discovered on an
+-- upstream MCP server is registered (keyturn.register_discovered_tool:
+-- disabled, classified fail-closed, its definition hashed) and what a
+-- changed upstream definition does to an approved call
+-- (keyturn.check_upstream_tool: nothing is sent, the action is invalidated)
+-- are all answered here.
+
+-- The sql part of a read tool's spec: {"table", "key", "select": [columns],
+-- "where": [columns], "max_rows": n}, checked against the catalog like a
+-- write form's. Returns what keyturn._spec_sql returns, with select and
+-- max_rows and without set and version.
+CREATE FUNCTION keyturn._spec_sql_read(p_tool text, p_sql jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    c        jsonb;
+    v_relid  oid;
+    v_key    text;
+    v_select text[] := '{}';
+    v_where  text[] := '{}';
+    v_types  jsonb;
+    v_max    int := 50;
+BEGIN
+    IF p_sql IS NULL OR jsonb_typeof(p_sql) <> 'object' THEN
+        RAISE EXCEPTION 'keyturn: sql read tool % needs spec.sql = {"table", "key", "select", "where", "max_rows"}', p_tool
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM keyturn._spec_keys(p_sql, 'spec.sql of a read tool', ARRAY['table', 'key', 'select', 'where', 'max_rows']);
+    -- A view too: a read form selects, and RLS (or the view's own rules) applies.
+    v_relid := keyturn._spec_table(p_sql -> 'table', '{r,p,v,m}');
+    v_key := p_sql ->> 'key';
+    v_types := jsonb_build_object(v_key, keyturn._spec_column(v_relid, p_sql -> 'key', 'spec.sql.key'));
+    IF jsonb_typeof(p_sql -> 'select') IS DISTINCT FROM 'array' OR jsonb_array_length(p_sql -> 'select') = 0 THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.select must be a non-empty array of column names' USING ERRCODE = '22023';
+    END IF;
+    FOR c IN SELECT jsonb_array_elements(p_sql -> 'select') LOOP
+        v_types := v_types || jsonb_build_object(c #>> '{}', keyturn._spec_column(v_relid, c, 'spec.sql.select'));
+        IF c #>> '{}' = ANY (v_select) THEN
+            RAISE EXCEPTION 'keyturn: spec.sql.select names % twice', c USING ERRCODE = '22023';
+        END IF;
+        v_select := v_select || (c #>> '{}');
+    END LOOP;
+    -- A read form may have no filter: it reads the first max_rows rows the
+    -- agent can see, by key.
+    IF p_sql ? 'where' THEN
+        IF jsonb_typeof(p_sql -> 'where') <> 'array' THEN
+            RAISE EXCEPTION 'keyturn: spec.sql.where must be an array of column names' USING ERRCODE = '22023';
+        END IF;
+        FOR c IN SELECT jsonb_array_elements(p_sql -> 'where') LOOP
+            v_types := v_types || jsonb_build_object(c #>> '{}', keyturn._spec_column(v_relid, c, 'spec.sql.where'));
+            v_where := v_where || (c #>> '{}');
+        END LOOP;
+    END IF;
+    IF p_sql ? 'max_rows' THEN
+        v_max := keyturn._spec_positive_int(p_sql -> 'max_rows', 'spec.sql.max_rows', 1000);
+    END IF;
+    RETURN (SELECT jsonb_build_object(
+                'schema', n.nspname, 'table', r.relname, 'key', v_key,
+                'select', to_jsonb(v_select), 'where', to_jsonb(v_where), 'types', v_types,
+                'max_rows', v_max)
+              FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
+             WHERE r.oid = v_relid);
+END
+$$;
+
+-- The JSON Schema of one value of a column of type p_type, for an agent:
+-- what it should send (keyturn casts text to the column's type either way).
+CREATE FUNCTION keyturn._mcp_value_schema(p_type text)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE
+        WHEN p_type IN ('smallint', 'integer', 'bigint') THEN '{"type": "integer"}'::jsonb
+        WHEN p_type IN ('real', 'double precision') OR p_type LIKE 'numeric%' THEN '{"type": "number"}'::jsonb
+        WHEN p_type = 'boolean' THEN '{"type": "boolean"}'::jsonb
+        WHEN p_type IN ('json', 'jsonb') THEN '{}'::jsonb
+        ELSE '{"type": "string"}'::jsonb END
+$$;
+
+-- A form's where part: each column one value or a list of 1 to 1000.
+CREATE FUNCTION keyturn._mcp_where_schema(v keyturn.tool_version)
+RETURNS jsonb
+-- plpgsql: a SQL function of a row type with subqueries is never inlined.
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    RETURN jsonb_build_object(
+            'type', 'object',
+            'properties', coalesce((
+                SELECT jsonb_object_agg(c, jsonb_build_object('anyOf', jsonb_build_array(
+                           keyturn._mcp_value_schema(v.sql_types ->> c),
+                           jsonb_build_object('type', 'array', 'items', keyturn._mcp_value_schema(v.sql_types ->> c),
+                                              'minItems', 1, 'maxItems', 1000))))
+                  FROM unnest(v.sql_where) AS c), '{}'),
+            'additionalProperties', false);
+END
+$$;
+
+-- What tools/list gives as a tool's inputSchema: an external tool's
+-- params_schema; an sql write tool's form {"where", "set"} with the columns
+-- it may filter on and set; an sql read tool's {"where"}.
+CREATE FUNCTION keyturn._mcp_input_schema(v keyturn.tool_version)
+RETURNS jsonb
+-- plpgsql: a SQL function of a row type with subqueries is never inlined.
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    RETURN CASE
+            WHEN v.executor = 'external' THEN v.params_schema
+            WHEN v.kind = 'read' THEN jsonb_build_object(
+                'type', 'object',
+                'properties', jsonb_build_object('where', keyturn._mcp_where_schema(v)),
+                'additionalProperties', false)
+            ELSE jsonb_build_object(
+                'type', 'object',
+                'properties', jsonb_build_object(
+                    'where', keyturn._mcp_where_schema(v) || '{"minProperties": 1}',
+                    'set', jsonb_build_object(
+                        'type', 'object',
+                        'properties', coalesce((SELECT jsonb_object_agg(c, keyturn._mcp_value_schema(v.sql_types ->> c))
+                                                  FROM unnest(v.sql_set) AS c), '{}'),
+                        'additionalProperties', false, 'minProperties', 1)),
+                'required', '["where", "set"]'::jsonb,
+                'additionalProperties', false) END;
+END
+$$;
+
+-- A tool's MCP annotations: readOnlyHint true only for a read tool; a write
+-- tool is destructive unless its effect is reversible, and never
+-- idempotent (each call is a new proposal); open world when keyturnd
+-- carries it out beyond the database.
+CREATE FUNCTION keyturn._mcp_annotations(v keyturn.tool_version)
+RETURNS jsonb
+-- plpgsql: a SQL function of a row type with subqueries is never inlined.
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    RETURN CASE WHEN v.kind = 'read'
+                    THEN jsonb_build_object('readOnlyHint', true, 'openWorldHint', v.executor = 'external')
+                    ELSE jsonb_build_object('readOnlyHint', false, 'destructiveHint', v.effect <> 'reversible',
+                                            'idempotentHint', false, 'openWorldHint', v.executor = 'external') END;
+END
+$$;
+
+-- Agent: the tools the calling principal may call over MCP, by name:
+-- enabled, granted to it (a grant that has not ended), and runnable (a
+-- write tool, or a read tool with an executor); upstream names the
+-- upstream MCP server of a discovered tool.
+CREATE FUNCTION keyturn.mcp_tools()
+RETURNS TABLE (name text, kind text, description text, input_schema jsonb, annotations jsonb, upstream text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+BEGIN
+    PERFORM keyturn._refuse_nested('mcp_tools');
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    RETURN QUERY
+    SELECT t.name, v.kind::text, coalesce(v.description, v.summary),
+           keyturn._mcp_input_schema(v), keyturn._mcp_annotations(v), v.upstream
+      FROM keyturn.tool_grant g
+      JOIN keyturn.tool t ON t.name = g.tool
+      JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     WHERE g.tenant = v_tenant AND g.principal = v_principal
+       AND (g.valid_until IS NULL OR g.valid_until > clock_timestamp())
+       AND t.enabled AND (v.kind = 'write' OR v.executor IS NOT NULL)
+     ORDER BY t.name;
+END
+$$;
+
+-- The enabled read tool p_tool for a read by the calling identity, with its
+-- current version: 42704 unknown, disabled or not a read tool; 42501 no
+-- identity, membership or grant; 22023 its projection is not registered
+-- (nothing is read).
+CREATE FUNCTION keyturn._readable(p_tenant text, p_principal text, p_tool text)
+RETURNS keyturn.tool_version
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v keyturn.tool_version;
+BEGIN
+    PERFORM keyturn._require_member(p_tenant, p_principal, keyturn.current_session());
+    SELECT x.* INTO v FROM keyturn.tool t
+      JOIN keyturn.tool_version x ON x.tool = t.name AND x.version = t.version
+     WHERE t.name = p_tool AND t.enabled AND x.kind = 'read' AND x.executor IS NOT NULL;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'keyturn: % is no enabled read tool', coalesce(quote_literal(p_tool), 'NULL')
+            USING ERRCODE = '42704',
+                  HINT = 'keyturn.mcp_tools() lists the tools this principal may call.';
+    END IF;
+    IF NOT keyturn._has_grant(p_tenant, p_principal, v.tool) THEN
+        RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
+            USING ERRCODE = '42501',
+                  HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM keyturn.projection p WHERE p.provider = v.projection) THEN
+        RAISE EXCEPTION 'keyturn: no projection is registered for provider %, the projection of read tool %',
+                quote_literal(v.projection), p_tool
+            USING ERRCODE = '22023',
+                  HINT = 'An unreviewed integration contributes nothing: an admin registers the fields it may contribute with keyturn.register_projection(provider, spec).';
+    END IF;
+    RETURN v;
+END
+$$;
+
+-- What is wrong with a read form {"where": {col: value | [values]}}, or NULL.
+CREATE FUNCTION keyturn._read_form_error(v keyturn.tool_version, p_args jsonb)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    k text;
+    x jsonb;
+BEGIN
+    IF p_args IS NULL OR jsonb_typeof(p_args) <> 'object'
+       OR EXISTS (SELECT 1 FROM jsonb_object_keys(p_args) j WHERE j <> 'where')
+       OR (p_args ? 'where' AND jsonb_typeof(p_args -> 'where') <> 'object') THEN
+        RETURN format('arguments of read tool %s must be {"where": {...}} or {}', v.tool);
+    END IF;
+    FOR k, x IN SELECT e.key, e.value FROM jsonb_each(coalesce(p_args -> 'where', '{}')) e LOOP
+        IF NOT k = ANY (v.sql_where) THEN
+            RETURN format('tool %s may not filter on %s (filterable columns: %s)',
+                          v.tool, quote_ident(k), coalesce(nullif(array_to_string(v.sql_where, ', '), ''), 'none'));
+        END IF;
+        IF jsonb_typeof(x) = 'array' THEN
+            IF jsonb_array_length(x) NOT BETWEEN 1 AND 1000
+               OR EXISTS (SELECT 1 FROM jsonb_array_elements(x) y
+                           WHERE jsonb_typeof(y) NOT IN ('string', 'number', 'boolean')) THEN
+                RETURN format('where.%s must list 1 to 1000 strings, numbers or booleans', k);
+            END IF;
+        ELSIF jsonb_typeof(x) NOT IN ('string', 'number', 'boolean') THEN
+            RETURN format('where.%s must be a string, number, boolean or a list of them', k);
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+-- Agent: runs the sql read tool p_tool with its form as the caller (its
+-- role, under its row-level security: keyturn._exec_as), at most max_rows
+-- rows by key, and returns exactly what keyturn.fence gives for the tool's
+-- projection and {"rows": [{column: value}, ...]} (the evidence it records
+-- included). No approval: a read changes nothing.
+CREATE FUNCTION keyturn.read(tool text, arguments jsonb DEFAULT '{}')
+RETURNS TABLE (guard text, reference text, marker text, evidence_id uuid)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_caller    oid := keyturn._calling_role()::regrole::oid;
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v           keyturn.tool_version;
+    v_args      jsonb := coalesce(read.arguments, '{}');
+    v_err       text;
+    v_sql       text;
+    v_rows      jsonb;
+BEGIN
+    PERFORM keyturn._refuse_nested('read');
+    v := keyturn._readable(v_tenant, v_principal, read.tool);
+    IF v.executor IS DISTINCT FROM 'sql' THEN
+        RAISE EXCEPTION 'keyturn: % is an upstream read tool; keyturnd calls it (keyturn.upstream_read)', read.tool
+            USING ERRCODE = '22023';
+    END IF;
+    v_err := keyturn._read_form_error(v, v_args);
+    IF v_err IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: %', v_err USING ERRCODE = '22023';
+    END IF;
+    -- Column names only from the tool's registered lists; values only from
+    -- the parameter (keyturn._form_where), never spliced in.
+    v_sql := format('SELECT jsonb_build_object(%s) FROM %s AS t WHERE %s ORDER BY t.%I LIMIT %s',
+                    (SELECT string_agg(format('%L, t.%I', c, c), ', ' ORDER BY o)
+                       FROM unnest(v.sql_select) WITH ORDINALITY AS s (c, o)),
+                    keyturn._tool_table(v),
+                    coalesce(nullif(keyturn._form_where(v, jsonb_build_object('where', coalesce(v_args -> 'where', '{}'))), ''), 'true'),
+                    v.sql_key, v.max_rows);
+    BEGIN
+        v_rows := keyturn._exec_as(v_caller, v_sql,
+                                   keyturn._form_arg(jsonb_build_object('where', coalesce(v_args -> 'where', '{}')),
+                                                     v.sql_types));
+    EXCEPTION WHEN data_exception THEN
+        RAISE EXCEPTION 'keyturn: where does not fit the columns of %: %', format('%I.%I', v.sql_schema, v.sql_table), SQLERRM
+            USING ERRCODE = '22023';
+    END;
+    RETURN QUERY SELECT f.guard, f.reference, f.marker, f.evidence_id
+                   FROM keyturn.fence(v.projection, jsonb_build_object('rows', v_rows)) f;
+END
+$$;
+
+-- Agent: whether the calling identity may call the upstream read tool
+-- p_tool with these arguments (checked against its params schema, and for
+-- credential material), and what keyturnd calls: the upstream, the tool's
+-- name there, and the projection that fences what comes back
+-- (keyturn.fence).
+CREATE FUNCTION keyturn.upstream_read(tool text, arguments jsonb DEFAULT '{}')
+RETURNS TABLE (upstream text, upstream_tool text, projection text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v       keyturn.tool_version;
+    v_path  text;
+    v_err   text;
+BEGIN
+    PERFORM keyturn._refuse_nested('upstream_read');
+    v := keyturn._readable(keyturn.current_tenant(), keyturn.current_principal(), upstream_read.tool);
+    IF v.upstream IS NULL OR v.executor IS DISTINCT FROM 'external' THEN
+        RAISE EXCEPTION 'keyturn: % is not an upstream read tool (keyturn.read runs sql read tools)', upstream_read.tool
+            USING ERRCODE = '22023';
+    END IF;
+    IF upstream_read.arguments IS NULL OR jsonb_typeof(upstream_read.arguments) <> 'object' THEN
+        RAISE EXCEPTION 'keyturn: arguments must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    SELECT i.credential_path, i.schema_errors INTO v_path, v_err
+      FROM keyturn._inspect_params(v.tool, upstream_read.arguments, v.params_schema) i;
+    IF v_path IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: arguments hold credential material at %', v_path
+            USING ERRCODE = '22023',
+                  HINT = 'Credentials never go through keyturn: keyturnd holds the upstream''s.';
+    END IF;
+    IF v_err IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: arguments do not match the schema of %: %', upstream_read.tool, v_err
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY SELECT v.upstream, v.upstream_tool, v.projection;
+END
+$$;
+
+-- Agent: the status of an action of the calling principal (and, once final,
+-- its result); no row for an action of another principal or tenant, or
+-- none at all, so that an agent learns nothing of what is not its own.
+CREATE FUNCTION keyturn.mcp_action_status(action_id uuid)
+RETURNS TABLE (status text, result jsonb)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+BEGIN
+    PERFORM keyturn._refuse_nested('mcp_action_status');
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    RETURN QUERY
+    SELECT a.status::text, CASE WHEN keyturn._is_final(a.status) THEN a.result END
+      FROM keyturn.action a
+     WHERE a.id = mcp_action_status.action_id AND a.tenant = v_tenant AND a.principal = v_principal;
+END
+$$;
+
+-- Dispatcher: registers one tool of the upstream MCP server p_upstream, the
+-- JSON object of that tool as the upstream's tools/list gave it, as
+-- <upstream>.<tool>: executor external, provider mcp, its inputSchema as
+-- params schema (keyturn._upstream_tool), a read tool only when
+-- p_trust_annotations and its definition says readOnlyHint: true (its
+-- projection then named like the tool). The SHA-256 of the RFC 8785 form of
+-- the definition is stored with the version. An unchanged definition
+-- changes nothing; a new tool or a changed definition is a new version,
+-- registered disabled: an admin reviews and enables it (a changed
+-- definition could have turned a write into a read). A tool of that name
+-- that was not discovered on this upstream is never replaced (42501).
+-- Returns the tool's current version.
+CREATE FUNCTION keyturn.register_discovered_tool(upstream text, definition jsonb, trust_annotations boolean)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_up      text := register_discovered_tool.upstream;
+    v_info    jsonb;
+    v_name    text;
+    v_cur     keyturn.tool_version;
+    v_version int;
+BEGIN
+    PERFORM keyturn._refuse_nested('register_discovered_tool');
+    IF v_up IS NULL OR v_up !~ '^[a-z][a-z0-9_]*$' OR length(v_up) > 30 THEN
+        RAISE EXCEPTION 'keyturn: upstream name % is not allowed', coalesce(quote_literal(v_up), 'NULL')
+            USING ERRCODE = '22023',
+                  HINT = 'Use 1 to 30 lowercase ASCII letters, digits and underscores, starting with a letter.';
+    END IF;
+    IF definition IS NULL OR jsonb_typeof(definition) <> 'object' OR trust_annotations IS NULL THEN
+        RAISE EXCEPTION 'keyturn: definition must be the JSON object of one tool, and trust_annotations true or false'
+            USING ERRCODE = '22023';
+    END IF;
+    v_info := keyturn._upstream_tool(definition, trust_annotations);
+    v_name := v_up || '.' || (v_info ->> 'tool');
+    IF v_name !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$' OR length(v_name) > 63 THEN
+        RAISE EXCEPTION 'keyturn: upstream tool % cannot be named % in keyturn', quote_literal(v_info ->> 'tool'), quote_literal(v_name)
+            USING ERRCODE = '22023',
+                  HINT = 'keyturn tool names are lowercase ASCII letters, digits and underscores, dot-separated, at most 63 characters.';
+    END IF;
+    SELECT x.* INTO v_cur FROM keyturn.tool t
+      JOIN keyturn.tool_version x ON x.tool = t.name AND x.version = t.version
+     WHERE t.name = v_name;
+    IF FOUND AND v_cur.upstream IS DISTINCT FROM v_up THEN
+        RAISE EXCEPTION 'keyturn: tool % exists and was not discovered on upstream %; it is left as it is', v_name, v_up
+            USING ERRCODE = '42501';
+    END IF;
+    IF FOUND AND v_cur.upstream_schema_sha256 = v_info ->> 'sha256' AND v_cur.kind::text = v_info ->> 'kind' THEN
+        RETURN v_cur.version;
+    END IF;
+    v_version := keyturn.register_tool(v_name, jsonb_strip_nulls(jsonb_build_object(
+        'kind', v_info ->> 'kind', 'executor', 'external', 'provider', 'mcp',
+        'params_schema', v_info -> 'params_schema',
+        'summary', format('Call %s on %s', v_info ->> 'tool', v_up),
+        'description', v_info ->> 'description',
+        'projection', CASE WHEN v_info ->> 'kind' = 'read' THEN v_name END)));
+    UPDATE keyturn.tool_version x
+       SET upstream = v_up, upstream_tool = v_info ->> 'tool', upstream_schema_sha256 = v_info ->> 'sha256'
+     WHERE x.tool = v_name AND x.version = v_version;
+    UPDATE keyturn.tool t SET enabled = false WHERE t.name = v_name;
+    RETURN v_version;
+END
+$$;
+
+-- The lowercase hex SHA-256 of the RFC 8785 form of a definition; NULL for
+-- one that has none (a number without an exact form), which matches nothing.
+CREATE FUNCTION keyturn._definition_sha256(p_definition jsonb)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    RETURN encode(sha256(convert_to(keyturn.canonical_json(p_definition), 'UTF8')), 'hex');
+EXCEPTION WHEN invalid_parameter_value THEN
+    RETURN NULL;
+END
+$$;
+
+-- keyturn.check_upstream_tool(_for): p_tenant NULL for the plain call.
+CREATE FUNCTION keyturn._check_upstream_tool(p_what text, p_tenant text, p_id uuid, p_lease uuid,
+                                             p_definition jsonb)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    a        keyturn.action;
+    v        keyturn.tool_version;
+    v_live   text := keyturn._definition_sha256(p_definition);
+    v_now    timestamptz;
+    v_rcpt   jsonb;
+BEGIN
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    SELECT x.* INTO a FROM keyturn.action x
+     WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant)  -- the plain call: by id alone, as complete
+       FOR UPDATE;
+    -- Accepted past the lease's expiry, as complete: nothing was sent yet.
+    PERFORM keyturn._raise_lease_problem(keyturn._lease_problem(a, p_id, p_lease, '{executing}', false));
+    SELECT x.* INTO v FROM keyturn.tool_version x WHERE x.tool = a.tool AND x.version = a.tool_version;
+    IF v.upstream_schema_sha256 IS NOT NULL AND v.upstream_schema_sha256 = v_live
+       AND p_definition ->> 'name' = v.upstream_tool THEN
+        RETURN true;
+    END IF;
+    v_now := clock_timestamp();
+    v_rcpt := jsonb_build_object('error', 'the upstream tool''s live definition differs from the approved one; nothing was sent',
+                                 'sent', false, 'approved_schema_sha256', v.upstream_schema_sha256,
+                                 'live_schema_sha256', v_live);
+    UPDATE keyturn.attempt t SET finished_at = v_now, outcome = 'failed', receipt = v_rcpt
+     WHERE t.action_id = a.id AND t.tenant = a.tenant AND t.attempt = a.attempts;
+    PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'upstream tool definition changed',
+                                                         'attempt', a.attempts));
+    UPDATE keyturn.action x
+       SET updated_at = v_now, status = 'invalidated', receipt = v_rcpt,
+           result = jsonb_build_object('reason', 'the upstream tool''s definition changed since the version this action was approved for; nothing was sent')
+     WHERE x.id = a.id AND x.tenant = a.tenant;
+    RETURN false;
+END
+$$;
+
+-- Dispatcher, right before an upstream MCP call: whether the upstream's
+-- live definition of the tool (the JSON object its tools/list gives now) is
+-- the one the action's tool version was registered from. If not, nothing
+-- may be sent: the action becomes invalidated (its attempt failed, not
+-- sent) and the answer is false. 55000 unless the action is executing under
+-- that lease.
+CREATE FUNCTION keyturn.check_upstream_tool(action_id uuid, lease_id uuid, definition jsonb)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN keyturn._check_upstream_tool('check_upstream_tool', NULL, check_upstream_tool.action_id,
+                                        check_upstream_tool.lease_id, check_upstream_tool.definition);
+END
+$$;
+
+-- Dispatcher: check_upstream_tool for the tenant named, the form Citus
+-- delegates to the tenant's worker (docs/scale-out.md, layout B).
+CREATE FUNCTION keyturn.check_upstream_tool_for(tenant text, action_id uuid, lease_id uuid, definition jsonb)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(check_upstream_tool_for.tenant, 'check_upstream_tool_for');
+    RETURN keyturn._check_upstream_tool('check_upstream_tool_for', check_upstream_tool_for.tenant,
+                                        check_upstream_tool_for.action_id, check_upstream_tool_for.lease_id,
+                                        check_upstream_tool_for.definition);
+END
+$$;

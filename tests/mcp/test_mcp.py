@@ -1,0 +1,574 @@
+"""The mcp test layer (docs/testing.md): keyturnd's /mcp driven by the official
+Python SDK client (PyPI `mcp`), with a small upstream MCP server
+(tests/mcp/upstream.py) started here, against the private cluster of
+tests/run-all.
+
+Environment: KT_PGPORT (the cluster), KT_PSQL (psql), KEYTURND (the binary),
+KT_MCP_DIR (a scratch directory). Prints one line per check and ends with
+`N passed, N failed`; exits non-zero when a check failed. Nothing waits for a
+time: every wait is for a state, with a bound that only ends a run gone
+wrong.
+"""
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import urllib.parse
+import uuid
+
+import httpx2
+from mcp import types
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
+import mcp.client.session as client_session
+
+PORT = os.environ["KT_PGPORT"]
+PSQL = os.environ["KT_PSQL"]
+KEYTURND = os.environ["KEYTURND"]
+DIR = os.environ["KT_MCP_DIR"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+SECRET = "mcp-layer-jwt-secret-0123456789abcdef"
+UPSTREAM_TOKEN = "upstream-bearer-" + uuid.uuid4().hex
+CALLS = os.path.join(DIR, "calls.jsonl")
+DRIFT = os.path.join(DIR, "drift")
+TENANT = "mcpt"
+BOUND = 60  # seconds: ends a wait only when a run has gone wrong
+
+results = []
+responses = []  # the JSON of every response a client got
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def psql(sql, user="postgres"):
+    out = subprocess.run(
+        [PSQL, "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", PORT, "-U", user,
+         "-d", "keyturn", "-c", sql],
+        capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"psql as {user} failed: {out.stderr.strip()}\n{sql}")
+    return out.stdout.strip()
+
+
+def as_person(sql, principal="alice"):
+    return psql(f"BEGIN; SET LOCAL keyturn.tenant = '{TENANT}'; SET LOCAL keyturn.principal = '{principal}'; "
+                f"SET LOCAL keyturn.session = 's1'; {sql}; COMMIT;", user="app_human")
+
+
+def wait_for(what, probe, bound=BOUND):
+    end = time.monotonic() + bound
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.1)
+
+
+def status_of(action_id):
+    return psql(f"SELECT status FROM keyturn.action WHERE id = '{action_id}'")
+
+
+def calls(tool=None):
+    if not os.path.exists(CALLS):
+        return []
+    with open(CALLS) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if tool is None or r["tool"] == tool]
+
+
+def check(name):
+    def wrap(fn):
+        async def run():
+            try:
+                await fn()
+                results.append((name, True))
+                print(f"ok      {name}", flush=True)
+            except Exception:
+                results.append((name, False))
+                print(f"FAILED  {name}\n{traceback.format_exc()}", flush=True)
+        run.__name__ = name
+        CHECKS.append(run)
+        return run
+    return wrap
+
+
+CHECKS = []
+
+
+# ---- the world: roles, tenant, tools, the upstream, keyturnd ----
+
+ROLES = ["kt_mcp_login", "kt_mcp_rpc", "kt_mcp_agent", "kt_mcp_human", "kt_mcp_both"]
+
+
+def drop_roles():
+    for r in ROLES:
+        psql(f"DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{r}') THEN "
+             f"EXECUTE 'DROP OWNED BY {r}'; EXECUTE 'DROP ROLE {r}'; END IF; END $$")
+
+
+def setup_database():
+    drop_roles()
+    psql("""
+CREATE ROLE kt_mcp_agent NOLOGIN IN ROLE keyturn_agent;
+CREATE ROLE kt_mcp_login LOGIN NOINHERIT IN ROLE kt_mcp_agent;
+CREATE ROLE kt_mcp_human NOLOGIN IN ROLE keyturn_approver;
+CREATE ROLE kt_mcp_rpc LOGIN NOINHERIT IN ROLE kt_mcp_human;
+CREATE ROLE kt_mcp_both NOLOGIN IN ROLE keyturn_agent, keyturn_approver;
+GRANT USAGE ON SCHEMA crm TO kt_mcp_agent, kt_mcp_human;
+GRANT SELECT ON crm.deal TO kt_mcp_agent;
+GRANT SELECT, UPDATE ON crm.deal TO kt_mcp_human;
+DELETE FROM crm.deal WHERE tenant = 'mcpt';
+-- A run against a cluster an earlier run used: its discovered tools start
+-- disabled again, as a fresh discovery registers them.
+UPDATE keyturn.tool SET enabled = false WHERE name LIKE 'chat.%';
+INSERT INTO crm.deal (id, tenant, owner, name, stage) VALUES
+  (9101, 'mcpt', 'alice', 'Northwind renewal', 'qualified'),
+  (9102, 'mcpt', 'alice', 'Contoso pilot', 'qualified'),
+  (9103, 'mcpt', 'bob', 'Fabrikam', 'won');
+""")
+    psql("""
+SELECT keyturn.add_member('mcpt', 'alice', 'member'), keyturn.add_member('mcpt', 'bob', 'member');
+SELECT keyturn.register_tool('mcp_deal_stage', '{"executor": "sql", "effect": "reversible",
+  "summary": "Set stage {set.stage} on {count} deal(s)",
+  "sql": {"table": "crm.deal", "key": "id", "version": "xmin", "set": ["stage"], "where": ["id", "owner"]}}');
+SELECT keyturn.register_tool('mcp_deals', '{"kind": "read", "executor": "sql", "projection": "mcp.deals",
+  "description": "Your deals", "sql": {"table": "crm.deal", "key": "id", "select": ["id", "name", "stage"],
+  "where": ["stage"], "max_rows": 10}}');
+SELECT keyturn.register_tool('mcp_unprojected', '{"kind": "read", "executor": "sql", "projection": "mcp.nothing",
+  "sql": {"table": "crm.deal", "key": "id", "select": ["id"]}}');
+SELECT keyturn.register_projection('mcp.deals', '{"fields": {"rows[].id": {"max_length": 20},
+  "rows[].name": {"max_length": 60}, "rows[].stage": {"max_length": 20}}}');
+SELECT keyturn.register_projection('chat.history', '{"fields": {"messages[].from": {"max_length": 40},
+  "messages[].text": {"max_length": 200}}}');
+SELECT keyturn.grant_tool('mcpt', p, t) FROM unnest(ARRAY['alice', 'bob']) p,
+       unnest(ARRAY['mcp_deal_stage', 'mcp_deals', 'mcp_unprojected']) t;
+""", user="app_admin")
+
+
+upstream_proc = None
+keyturnd_proc = None
+UPSTREAM_PORT = free_port()
+KEYTURND_PORT = free_port()
+BASE = f"http://127.0.0.1:{KEYTURND_PORT}"
+LOG = os.path.join(DIR, "keyturnd.log")
+
+
+def start_upstream():
+    global upstream_proc
+    env = dict(os.environ, KT_UPSTREAM_CALLS=CALLS, KT_UPSTREAM_TOKEN=UPSTREAM_TOKEN, KT_UPSTREAM_DRIFT=DRIFT)
+    upstream_proc = subprocess.Popen([sys.executable, os.path.join(HERE, "upstream.py"), str(UPSTREAM_PORT)],
+                                     env=env, stdout=subprocess.DEVNULL, stderr=open(os.path.join(DIR, "upstream.log"), "a"))
+
+    def up():
+        try:
+            return httpx2.post(f"http://127.0.0.1:{UPSTREAM_PORT}/mcp", timeout=1).status_code == 401
+        except Exception:
+            return False
+    wait_for("the upstream to listen", up)
+
+
+def keyturnd_env():
+    config = os.path.join(DIR, "keyturnd.toml")
+    with open(config, "w") as f:
+        f.write(f'[[mcp_upstream]]\nname = "chat"\nurl = "http://127.0.0.1:{UPSTREAM_PORT}/mcp"\n'
+                f'headers = {{ Authorization = "env:KT_TEST_UPSTREAM_AUTH" }}\ntrust_annotations = true\n')
+    return dict(
+        os.environ,
+        DATABASE_URL=f"postgres://app_dispatcher@127.0.0.1:{PORT}/keyturn",
+        KEYTURN_LISTEN=f"127.0.0.1:{KEYTURND_PORT}",
+        KEYTURN_JWT_SECRET=SECRET,
+        KEYTURN_JWT_ROLES="kt_mcp_human",
+        KEYTURN_RPC_DATABASE_URL=f"postgres://kt_mcp_rpc@127.0.0.1:{PORT}/keyturn",
+        KEYTURN_MCP_ROLES="kt_mcp_agent",
+        KEYTURN_MCP_DATABASE_URL=f"postgres://kt_mcp_login@127.0.0.1:{PORT}/keyturn",
+        KEYTURN_PUBLIC_URL=BASE,
+        KEYTURN_CONFIG=config,
+        KT_TEST_UPSTREAM_AUTH=f"Bearer {UPSTREAM_TOKEN}",
+        KEYTURN_LEASE_SECONDS="6",
+        KEYTURN_HTTP_TIMEOUT_SECONDS="3",
+        KEYTURN_SWEEP_SECONDS="1",
+        KEYTURN_SHUTDOWN_SECONDS="5",
+        KEYTURN_JOURNAL_DIR=os.path.join(DIR, "journal"),
+        RUST_LOG="info,keyturnd=debug",
+    )
+
+
+def start_keyturnd():
+    global keyturnd_proc
+    keyturnd_proc = subprocess.Popen([KEYTURND], env=keyturnd_env(), stdout=subprocess.DEVNULL,
+                                     stderr=open(LOG, "a"))
+
+    def ready():
+        if keyturnd_proc.poll() is not None:
+            raise AssertionError(f"keyturnd exited ({keyturnd_proc.returncode}); see {LOG}")
+        try:
+            return httpx2.get(f"{BASE}/readyz", timeout=1).status_code == 200
+        except Exception:
+            return False
+    wait_for("keyturnd to be ready", ready)
+
+
+def jwt(role="kt_mcp_agent", sub="alice", session="s1", tenant=TENANT, ttl=900):
+    out = subprocess.run([KEYTURND, "jwt", "--role", role, "--sub", sub, "--tenant", tenant, "--session", session,
+                          "--ttl", str(ttl)],
+                         env=dict(os.environ, KEYTURN_JWT_SECRET=SECRET, DATABASE_URL="postgres://x"),
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+AGENT = None
+
+
+def client(token=None, mode="legacy", version=None, elicitation=None):
+    """An MCP client of keyturnd's /mcp, as the agent; `version` pins a
+    handshake-era revision, `mode` a modern one."""
+    if version is not None:
+        client_session.LATEST_HANDSHAKE_VERSION = version
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token or AGENT}"}, timeout=30)
+    kwargs = {"mode": mode, "cache": None}
+    if elicitation is not None:
+        kwargs["elicitation_callback"] = elicitation
+    return Client(streamable_http_client(f"{BASE}/mcp", http_client=http), **kwargs)
+
+
+def keep(result):
+    responses.append(result.model_dump_json(by_alias=True))
+    return result
+
+
+async def call(c, name, arguments, meta=None):
+    r = await c.call_tool(name, arguments, meta=meta) if meta else await c.call_tool(name, arguments)
+    return keep(r)
+
+
+def approve(action_id, principal="alice"):
+    return as_person(f"SELECT status FROM keyturn.approve('{action_id}', keyturn.issue_token('{action_id}'))",
+                     principal)
+
+
+# ---- the checks ----
+
+@check("jwt_missing_or_bad_is_401_a_person_role_403")
+async def _():
+    r = httpx2.post(f"{BASE}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert r.status_code == 401 and r.headers.get("www-authenticate") == "Bearer", (r.status_code, r.headers)
+    r = httpx2.post(f"{BASE}/mcp", json={}, headers={"Authorization": "Bearer not.a.jwt"})
+    assert r.status_code == 401 and r.headers.get("www-authenticate") == "Bearer"
+    forged = AGENT[:-4] + ("AAAA" if not AGENT.endswith("AAAA") else "BBBB")
+    r = httpx2.post(f"{BASE}/mcp", json={}, headers={"Authorization": f"Bearer {forged}"})
+    assert r.status_code == 401
+    r = httpx2.post(f"{BASE}/mcp", json={}, headers={"Authorization": f"Bearer {jwt(role='kt_mcp_human')}"})
+    assert r.status_code == 403, r.status_code
+    r = httpx2.post(f"{BASE}/mcp", json={}, headers={"Authorization": f"Bearer {jwt(role='app_dispatcher')}"})
+    assert r.status_code == 403, r.status_code
+    try:
+        async with client(token=jwt(role="kt_mcp_human")) as c:
+            await c.list_tools()
+        raise AssertionError("a person's role was served")
+    except AssertionError:
+        raise
+    except Exception:
+        pass
+
+
+@check("a_session_works_only_for_the_identity_that_opened_it")
+async def _():
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "1"}}}
+    accept = {"Accept": "application/json, text/event-stream"}
+    r = httpx2.post(f"{BASE}/mcp", json=init, headers={"Authorization": f"Bearer {AGENT}", **accept})
+    sid = r.headers.get("mcp-session-id")
+    assert r.status_code == 200 and sid, (r.status_code, r.headers)
+    lst = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    r = httpx2.post(f"{BASE}/mcp", json=lst, headers={"Authorization": f"Bearer {jwt(sub='bob')}",
+                                                        "Mcp-Session-Id": sid, "MCP-Protocol-Version": "2025-06-18",
+                                                        **accept})
+    assert r.status_code == 404, r.status_code
+    # A renewed JWT of the same agent (another expiry) keeps its session.
+    renewed = jwt(ttl=1200)
+    assert renewed != AGENT
+    r = httpx2.post(f"{BASE}/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    headers={"Authorization": f"Bearer {renewed}", "Mcp-Session-Id": sid,
+                             "MCP-Protocol-Version": "2025-06-18", **accept})
+    assert r.status_code in (200, 202), r.status_code
+
+
+@check("keyturnd_refuses_to_start_with_a_wrong_mcp_setup")
+async def _():
+    cases = [
+        ({"KEYTURN_MCP_ROLES": "kt_mcp_human"}, "is not a member of keyturn_agent"),
+        ({"KEYTURN_MCP_ROLES": "kt_mcp_agent,kt_mcp_both"}, "is a member of keyturn_approver"),
+        ({"KEYTURN_MCP_DATABASE_URL": f"postgres://app_dispatcher@127.0.0.1:{PORT}/keyturn"},
+         "login of its own"),
+        ({"KEYTURN_MCP_DATABASE_URL": f"postgres://app_agent@127.0.0.1:{PORT}/keyturn"}, "NOINHERIT"),
+    ]
+    for i, (override, needle) in enumerate(cases):
+        env = keyturnd_env()
+        env.update(override, KEYTURN_LISTEN=f"127.0.0.1:{free_port()}",
+                   KEYTURN_JOURNAL_DIR=os.path.join(DIR, f"journal-refused-{i}"))
+        p = subprocess.run([KEYTURND], env=env, capture_output=True, text=True, timeout=BOUND)
+        assert p.returncode != 0 and needle in p.stderr, (override, p.returncode, p.stderr[-600:])
+
+
+EXPECTED = {
+    "mcp_deal_stage": {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": False, "openWorldHint": False},
+    "mcp_deals": {"readOnlyHint": True, "openWorldHint": False},
+    "mcp_unprojected": {"readOnlyHint": True, "openWorldHint": False},
+    "chat.send_message": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
+    "chat.history": {"readOnlyHint": True, "openWorldHint": True},
+    "chat.fail_send": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
+    "chat.drop_send": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
+    "chat.slow_send": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
+    "chat.rename_channel": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
+    "keyturn_action_status": {"readOnlyHint": True, "openWorldHint": False},
+}
+
+
+@check("tools_list_exact_with_annotations_in_every_revision")
+async def _():
+    for version, mode in [("2025-03-26", "legacy"), ("2025-06-18", "legacy"), ("2025-11-25", "legacy"),
+                          (None, "2026-07-28")]:
+        async with client(version=version, mode=mode) as c:
+            listed = keep(await c.list_tools())
+            got = {t.name: t.annotations.model_dump(by_alias=True, exclude_none=True) for t in listed.tools}
+            assert got == EXPECTED, (version or mode, got)
+            schema = next(t for t in listed.tools if t.name == "mcp_deal_stage").input_schema
+            assert schema["required"] == ["where", "set"] and set(schema["properties"]["where"]["properties"]) == {"id", "owner"}
+            assert set(schema["properties"]["set"]["properties"]) == {"stage"}
+            assert next(t for t in listed.tools if t.name == "chat.send_message").input_schema["required"] == ["channel", "text"]
+    # bob holds no grant for the upstream tools: they are not listed for him.
+    async with client(token=jwt(sub="bob")) as c:
+        names = {t.name for t in keep(await c.list_tools()).tools}
+        assert names == {"mcp_deal_stage", "mcp_deals", "mcp_unprojected", "keyturn_action_status"}, names
+
+
+@check("read_is_fenced_and_under_rls")
+async def _():
+    async with client() as c:
+        r = await call(c, "mcp_deals", {"where": {"stage": "qualified"}})
+        assert not r.is_error
+        text = r.content[0].text
+        lines = text.split("\n")
+        assert len(lines) == 3 and lines[0].startswith("\u27e6kt-") and lines[2].startswith("\u27e6/kt-"), text
+        rows = json.loads(lines[1])["rows"]
+        assert sorted(x["id"] for x in rows) == [9101, 9102], rows
+        meta = r.meta or {}
+        assert lines[0] in meta["guard"] and lines[2] in meta["guard"]
+        uuid.UUID(meta["evidence_id"])
+        r = await call(c, "mcp_deals", {"where": {"stage": "won"}})
+        assert json.loads(r.content[0].text.split("\n")[1])["rows"] == [{"id": 9103, "name": "Fabrikam", "stage": "won"}]
+        r = await call(c, "mcp_unprojected", {})
+        assert r.is_error and "22023" in r.content[0].text, r
+        r = await call(c, "chat.history", {"channel": "general"})
+        assert not r.is_error, r
+        assert r.structured_content is None, r
+        block = r.content[0].text.split("\n")
+        assert block[0].startswith("\u27e6kt-") and "mallory" in block[1], r
+        assert block[0] in (r.meta or {}).get("guard", ""), r
+
+
+WRITE_KEYS = {"action_id", "status", "summary", "expires_at"}
+
+
+@check("write_proposes_and_refusals_carry_the_sqlstate")
+async def _():
+    async with client() as c:
+        r = await call(c, "mcp_deal_stage", {"where": {"owner": "alice"}, "set": {"stage": "negotiation"}},
+                       meta={"conversation_id": "c-mcp-1"})
+        assert not r.is_error, r
+        s = r.structured_content
+        assert set(s) == WRITE_KEYS and s["status"] == "pending", s
+        assert s["summary"] == "Set stage negotiation on 2 deal(s)"
+        assert len(r.content) == 1 and r.content[0].text.count(".") >= 1
+        origin = psql(f"SELECT origin ->> 'conversation_id' FROM keyturn.action WHERE id = '{s['action_id']}'")
+        assert origin == "c-mcp-1", origin
+        assert approve(s["action_id"]) == "succeeded"
+        st = await call(c, "keyturn_action_status", {"action_id": s["action_id"]})
+        assert st.structured_content["status"] == "succeeded" and st.structured_content["result"]["rows"] == 2
+        r = await call(c, "mcp_deal_stage", {"where": {"name": "x"}, "set": {"stage": "won"}})
+        assert r.is_error and "22023" in r.content[0].text, r
+        r = await call(c, "no_such_tool", {})
+        assert r.is_error and "42704" in r.content[0].text, r
+
+
+@check("action_status_reveals_nothing_not_ones_own")
+async def _():
+    async with client(token=jwt(sub="bob")) as c:
+        r = await call(c, "mcp_deal_stage", {"where": {"owner": "bob"}, "set": {"stage": "lost"}})
+        bobs = r.structured_content["action_id"]
+    async with client() as c:
+        answers = []
+        for aid in [bobs, str(uuid.uuid4()), "not-a-uuid"]:
+            r = await call(c, "keyturn_action_status", {"action_id": aid})
+            assert r.is_error
+            answers.append(r.model_dump_json(by_alias=True))
+        assert len(set(answers)) == 1, answers
+
+
+def propose_upstream(tool, arguments):
+    async def go():
+        async with client() as c:
+            r = await call(c, tool, arguments)
+            assert not r.is_error and r.structured_content["status"] == "pending", r
+            return r.structured_content["action_id"]
+    return go()
+
+
+@check("upstream_write_approved_is_exactly_one_call")
+async def _():
+    args = {"channel": "general", "text": "Ship it \u2713 \"quoted\" {\"a\": 1}"}
+    aid = await propose_upstream("chat.send_message", args)
+    assert calls("send_message") == []
+    assert approve(aid) == "queued"
+    wait_for("the action to succeed", lambda: status_of(aid) == "succeeded")
+    sent = calls("send_message")
+    assert len(sent) == 1, sent
+    assert sent[0]["arguments"] == args and sent[0]["_meta"]["idempotency_key"] == f"keyturn-{aid}", sent[0]
+    params = psql(f"SELECT params::text FROM keyturn.action WHERE id = '{aid}'")
+    assert json.loads(params) == sent[0]["arguments"]
+    receipt = psql(f"SELECT receipt::text FROM keyturn.action WHERE id = '{aid}'")
+    assert "posted" not in receipt and UPSTREAM_TOKEN not in receipt, receipt
+
+
+@check("upstream_iserror_is_failed")
+async def _():
+    aid = await propose_upstream("chat.fail_send", {"channel": "old", "text": "hi"})
+    approve(aid)
+    wait_for("the action to fail", lambda: status_of(aid) == "failed")
+    assert len(calls("fail_send")) == 1
+
+
+@check("schema_drift_is_invalidated_with_zero_calls")
+async def _():
+    aid = await propose_upstream("chat.rename_channel", {"channel": "general", "name": "town-square"})
+    open(DRIFT, "w").close()
+    assert approve(aid) == "queued"
+    wait_for("the action to be invalidated", lambda: status_of(aid) == "invalidated")
+    assert calls("rename_channel") == [], calls("rename_channel")
+
+
+@check("dropped_connection_is_uncertain_one_call_never_retried")
+async def _():
+    aid = await propose_upstream("chat.drop_send", {"channel": "general", "text": "drop"})
+    approve(aid)
+    wait_for("the action to be uncertain", lambda: status_of(aid) == "uncertain")
+    upstream_proc.wait(timeout=BOUND)
+    start_upstream()
+    assert len(calls("drop_send")) == 1
+    # Retries would be leased again: the action is terminal, with one attempt.
+    assert psql(f"SELECT attempts FROM keyturn.action WHERE id = '{aid}'") == "1"
+
+
+@check("kill_9_between_the_call_and_its_record_sends_no_second_call")
+async def _():
+    aid = await propose_upstream("chat.slow_send", {"channel": "general", "text": "slow"})
+    approve(aid)
+    wait_for("the upstream to receive the call", lambda: len(calls("slow_send")) == 1)
+    keyturnd_proc.send_signal(signal.SIGKILL)
+    keyturnd_proc.wait()
+    start_keyturnd()
+    wait_for("the action to be uncertain", lambda: status_of(aid) == "uncertain")
+    assert len(calls("slow_send")) == 1, calls("slow_send")
+
+
+@check("elicitation_carries_the_card_link_and_no_result_does")
+async def _():
+    seen = []
+
+    async def elicit(context, params):
+        seen.append(params)
+        return types.ElicitResult(action="accept")
+
+    async with client(elicitation=elicit) as c:
+        r = await call(c, "chat.send_message", {"channel": "general", "text": "please approve"})
+        aid = r.structured_content["action_id"]
+    assert len(seen) == 1, seen
+    url = seen[0].url
+    m = re.fullmatch(re.escape(BASE) + r"/card#a=([0-9a-f-]+)&c=(\S+)", url)
+    assert m and m.group(1) == aid, url
+    code = urllib.parse.unquote(m.group(2))
+    for body in responses:
+        assert code not in body and "/card#" not in body, body
+    # The code is the person's: it redeems once, for that action.
+    redeem = f"SELECT count(*) FROM keyturn.redeem_link_code('{code}', ARRAY['{aid}']::uuid[])"
+    assert psql(redeem, user="app_dispatcher") == "1"
+    assert psql(redeem, user="app_dispatcher") == "0"
+
+
+@check("no_token_link_code_or_jwt_in_any_response")
+async def _():
+    assert responses, "no response was kept"
+    strings = set()
+    for body in responses:
+        assert AGENT not in body and SECRET not in body and UPSTREAM_TOKEN not in body
+        structured = json.loads(body).get("structuredContent") or {}
+        assert "token" not in structured, structured
+        strings.update(re.findall(r"[A-Za-z0-9_\-]{20,}", body))
+    found = psql("SELECT count(*) FROM keyturn.action a, unnest(ARRAY[" +
+                 ",".join("'" + s + "'" for s in strings) +
+                 "]::text[]) s WHERE a.token_digest = keyturn._token_digest(s)")
+    assert found == "0", found
+    log = open(LOG).read()
+    assert UPSTREAM_TOKEN not in log and SECRET not in log
+
+
+async def main():
+    global AGENT
+    os.makedirs(DIR, exist_ok=True)
+    for f in (CALLS, DRIFT):
+        if os.path.exists(f):
+            os.remove(f)
+    try:
+        setup_database()
+        start_upstream()
+        start_keyturnd()
+        AGENT = jwt()
+        chat = "ARRAY['chat.drop_send', 'chat.fail_send', 'chat.history', 'chat.rename_channel', " \
+               "'chat.send_message', 'chat.slow_send']"
+        wait_for("keyturnd to register the upstream's tools",
+                 lambda: psql(f"SELECT count(*) FROM keyturn.tool WHERE name = ANY ({chat})") == "6")
+        assert psql(f"SELECT bool_or(enabled) FROM keyturn.tool WHERE name = ANY ({chat})") == "f", \
+            "discovered tools must be registered disabled"
+        assert psql("SELECT string_agg(name || ':' || v.kind, ' ' ORDER BY name) FROM keyturn.tool t "
+                    "JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version "
+                    f"WHERE name = ANY ({chat})") == \
+            "chat.drop_send:write chat.fail_send:write chat.history:read chat.rename_channel:write " \
+            "chat.send_message:write chat.slow_send:write"
+        psql("SELECT keyturn.set_tool_enabled(name, true), keyturn.grant_tool('mcpt', 'alice', name) "
+             f"FROM unnest({chat}) AS name", user="app_admin")
+        for run in CHECKS:
+            await run()
+    finally:
+        for p in (keyturnd_proc, upstream_proc):
+            if p and p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        if keyturnd_proc is not None and keyturnd_proc.returncode not in (0, None):
+            print(f"keyturnd ended with {keyturnd_proc.returncode}")
+        psql("DELETE FROM crm.deal WHERE tenant = 'mcpt'")
+        drop_roles()
+    passed = sum(1 for _, ok in results if ok)
+    failed = len(results) - passed
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed or not results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,460 @@
+//! keyturn over MCP, the database side (docs/sql-api.md, "Over MCP"): sql
+//! read tools run as the agent under its RLS and answer only through fence;
+//! what tools/list shows; the status an agent may read; tools discovered on
+//! an upstream MCP server (disabled, classified fail-closed, hashed, a new
+//! version when changed); the live definition checked right before an
+//! upstream call (drift invalidates, nothing sent).
+
+use keyturn_tests::*;
+use serde_json::{json, Value};
+
+async fn read(
+    c: &impl Sql,
+    tool: &str,
+    args: Value,
+) -> Result<(String, String), tokio_postgres::Error> {
+    c.query_one(
+        "SELECT guard, reference FROM keyturn.read($1, $2)",
+        &[&tool, &args],
+    )
+    .await
+    .map(|r| (r.get(0), r.get(1)))
+}
+
+/// The rows a fenced reference carries.
+fn rows(reference: &str) -> Vec<Value> {
+    let line = reference
+        .split('\n')
+        .nth(1)
+        .expect("a fenced block has three lines");
+    let v: Value = serde_json::from_str(line).expect("the middle line is JSON");
+    v["rows"].as_array().cloned().unwrap_or_default()
+}
+
+/// An sql read tool over crm.deal and its projection, granted to the world's principal.
+async fn deals_read_tool(w: &World, projection: Option<&str>) -> String {
+    let proj = projection
+        .map(str::to_owned)
+        .unwrap_or_else(|| unique("p.deals"));
+    let t = w
+        .tool(
+            "deals_read",
+            json!({"kind": "read", "executor": "sql", "projection": proj,
+                   "sql": {"table": "crm.deal", "key": "id", "select": ["id", "stage"],
+                           "where": ["stage", "owner"], "max_rows": 2}}),
+        )
+        .await;
+    if projection.is_none() {
+        w.admin
+            .execute(
+                "SELECT keyturn.register_projection($1, $2)",
+                &[&proj, &json!({"fields": {"rows[].id": {"max_length": 20}, "rows[].stage": {"max_length": 20}}})],
+            )
+            .await
+            .expect("register_projection");
+    }
+    t
+}
+
+#[tokio::test]
+async fn test_a_read_tool_reads_as_the_agent_under_rls_and_answers_fenced() {
+    let w = World::new("member").await;
+    let mine = w.deals(&w.principal, 3).await;
+    let other = World::new("member").await;
+    other.deals(&other.principal, 2).await;
+    let t = deals_read_tool(&w, None).await;
+    let (guard, reference) = read(&w.agent, &t, json!({"where": {"owner": w.principal}}))
+        .await
+        .unwrap();
+    let got = rows(&reference);
+    assert_eq!(got.len(), 2, "max_rows bounds the answer: {reference}");
+    let mut sorted = mine.clone();
+    sorted.sort_unstable();
+    assert_eq!(got[0]["id"], json!(sorted[0]), "by key");
+    let first = reference.lines().next().unwrap();
+    assert!(guard.contains(first), "the guard names the block's markers");
+    // Another tenant's rows are invisible, whatever the form says.
+    let (_, reference) = read(&w.agent, &t, json!({"where": {"owner": other.principal}}))
+        .await
+        .unwrap();
+    assert!(rows(&reference).is_empty(), "{reference}");
+    // What was fenced is evidence the agent may cite.
+    let n = count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.evidence WHERE tenant = $1 AND kind = 'fence'",
+        &[&w.tenant],
+    )
+    .await;
+    assert_eq!(n, 2);
+}
+
+#[tokio::test]
+async fn test_a_read_form_takes_only_its_columns_and_values_as_data() {
+    let w = World::new("member").await;
+    w.deals(&w.principal, 1).await;
+    let t = deals_read_tool(&w, None).await;
+    for bad in [
+        json!({"where": {"name": "x"}}),
+        json!({"where": {"stage": {"a": 1}}}),
+        json!({"set": {"stage": "won"}}),
+        json!({"where": {"stage": []}}),
+        json!([1]),
+    ] {
+        assert_eq!(
+            sqlstate(read(&w.agent, &t, bad.clone()).await),
+            "22023",
+            "{bad}"
+        );
+    }
+    let (_, reference) = read(&w.agent, &t, json!({"where": {"stage": "x' OR true --"}}))
+        .await
+        .unwrap();
+    assert!(rows(&reference).is_empty(), "a value is data: {reference}");
+}
+
+#[tokio::test]
+async fn test_a_read_without_a_registered_projection_reads_nothing() {
+    let w = World::new("member").await;
+    let t = deals_read_tool(&w, Some("p.never_registered")).await;
+    assert_eq!(sqlstate(read(&w.agent, &t, json!({})).await), "22023");
+    // A read tool with an executor needs a projection at all.
+    let r = w
+        .admin
+        .execute(
+            "SELECT keyturn.register_tool($1, $2)",
+            &[
+                &unique("noproj"),
+                &json!({"kind": "read", "executor": "sql",
+                "sql": {"table": "crm.deal", "key": "id", "select": ["id"]}}),
+            ],
+        )
+        .await;
+    assert_eq!(sqlstate(r), "22023");
+    // A projection names a read tool's output only.
+    let r = w
+        .admin
+        .execute(
+            "SELECT keyturn.register_tool($1, $2)",
+            &[
+                &unique("wproj"),
+                &json!({"executor": "external", "provider": "webhook", "projection": "x"}),
+            ],
+        )
+        .await;
+    assert_eq!(sqlstate(r), "22023");
+}
+
+#[tokio::test]
+async fn test_reads_need_the_grant_and_a_read_tool() {
+    let w = World::new("member").await;
+    let t = deals_read_tool(&w, None).await;
+    let (_, other) = w.other("member", "app_agent", "s-other").await;
+    assert_eq!(sqlstate(read(&other, &t, json!({})).await), "42501");
+    let write = w.deal_tool(json!({})).await;
+    assert_eq!(sqlstate(read(&w.agent, &write, json!({})).await), "42704");
+    w.admin
+        .execute("SELECT keyturn.set_tool_enabled($1, false)", &[&t])
+        .await
+        .unwrap();
+    assert_eq!(sqlstate(read(&w.agent, &t, json!({})).await), "42704");
+    let none = Conn::connect("app_agent", Identity::none()).await;
+    assert_eq!(sqlstate(read(&none, &t, json!({})).await), "42501");
+}
+
+#[tokio::test]
+async fn test_mcp_tools_lists_what_the_principal_may_call_with_exact_annotations() {
+    let w = World::new("member").await;
+    let sql_write = w.deal_tool(json!({})).await;
+    let hook = w.webhook_tool(json!({"effect": "irreversible"})).await;
+    let r = deals_read_tool(&w, None).await;
+    let disabled = w.webhook_tool(json!({})).await;
+    w.admin
+        .execute("SELECT keyturn.set_tool_enabled($1, false)", &[&disabled])
+        .await
+        .unwrap();
+    let rows = w
+        .agent
+        .query(
+            "SELECT name, kind, input_schema, annotations FROM keyturn.mcp_tools()",
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: std::collections::BTreeMap<String, (String, Value, Value)> = rows
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
+        .collect();
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(
+        got[&sql_write].2,
+        json!({"readOnlyHint": false, "destructiveHint": false, "idempotentHint": false, "openWorldHint": false})
+    );
+    assert_eq!(
+        got[&hook].2,
+        json!({"readOnlyHint": false, "destructiveHint": true, "idempotentHint": false, "openWorldHint": true})
+    );
+    assert_eq!(
+        got[&r].2,
+        json!({"readOnlyHint": true, "openWorldHint": false})
+    );
+    let form = &got[&sql_write].1;
+    assert_eq!(form["required"], json!(["where", "set"]));
+    assert_eq!(
+        form["properties"]["set"]["properties"],
+        json!({"stage": {"type": "string"}, "amount": {"type": "number"}})
+    );
+    assert_eq!(got[&hook].1["required"], json!(["channel", "text"]));
+}
+
+#[tokio::test]
+async fn test_mcp_action_status_shows_only_the_callers_own_actions() {
+    let w = World::new("approver").await;
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "x"}))
+        .await
+        .unwrap();
+    let (other_principal, other) = w.other("approver", "app_agent", "s-2").await;
+    w.grant(&other_principal, &t).await;
+    let q = propose_on(&other, &t, json!({"channel": "c", "text": "y"}), json!({}))
+        .await
+        .unwrap();
+    let status = |id: uuid::Uuid| {
+        let agent = &w.agent;
+        async move {
+            agent
+                .query_opt(
+                    "SELECT status, result FROM keyturn.mcp_action_status($1)",
+                    &[&id],
+                )
+                .await
+                .unwrap()
+                .map(|r| (r.get::<_, String>(0), r.get::<_, Option<Value>>(1)))
+        }
+    };
+    assert_eq!(status(p.id).await, Some(("pending".into(), None)));
+    // An approver of the tenant sees the other's action in action_status;
+    // its agent does not, here.
+    assert_eq!(status(q.id).await, None);
+    assert_eq!(status(uuid::Uuid::new_v4()).await, None);
+    w.human
+        .execute("SELECT keyturn.reject($1, $2)", &[&p.id, &p.token])
+        .await
+        .unwrap();
+    let (s, result) = status(p.id).await.unwrap();
+    assert_eq!(s, "rejected");
+    assert!(result.is_some(), "a final status has its result");
+}
+
+async fn discover(
+    d: &tokio_postgres::Client,
+    upstream: &str,
+    def: &Value,
+    trust: bool,
+) -> Result<i32, tokio_postgres::Error> {
+    d.query_one(
+        "SELECT keyturn.register_discovered_tool($1, $2, $3)",
+        &[&upstream, def, &trust],
+    )
+    .await
+    .map(|r| r.get(0))
+}
+
+async fn tool_row(w: &World, name: &str) -> (bool, i32, String, Option<String>, Option<String>) {
+    let r = w
+        .superuser
+        .query_one(
+            "SELECT t.enabled, t.version, v.kind::text, v.upstream_schema_sha256, v.projection \
+               FROM keyturn.tool t JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version \
+              WHERE t.name = $1",
+            &[&name],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))
+}
+
+/// A fresh upstream name: lowercase letters and digits only.
+fn upstream_name(prefix: &str) -> String {
+    let id: String = unique("x")
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect();
+    format!("{prefix}{}", id.to_lowercase())
+}
+
+fn definition(name: &str, annotations: Value) -> Value {
+    json!({"name": name, "description": "Post a message",
+           "inputSchema": {"type": "object", "title": "x",
+                           "properties": {"channel": {"type": "string", "default": "general"}},
+                           "required": ["channel"]},
+           "annotations": annotations})
+}
+
+#[tokio::test]
+async fn test_discovered_tools_are_disabled_and_read_only_on_an_explicit_trusted_true() {
+    let w = World::new("member").await;
+    let d = connect("app_dispatcher").await;
+    let up = upstream_name("u");
+    for (tool, annotations, trust, kind) in [
+        ("reads", json!({"readOnlyHint": true}), true, "read"),
+        ("untrusted", json!({"readOnlyHint": true}), false, "write"),
+        ("stringy", json!({"readOnlyHint": "true"}), true, "write"),
+        ("missing", json!({}), true, "write"),
+        ("nullish", Value::Null, true, "write"),
+    ] {
+        let v = discover(&d, &up, &definition(tool, annotations), trust)
+            .await
+            .unwrap();
+        assert_eq!(v, 1);
+        let (enabled, _, got, sha, projection) = tool_row(&w, &format!("{up}.{tool}")).await;
+        assert!(!enabled, "{tool}: registered disabled");
+        assert_eq!(got, kind, "{tool}");
+        assert_eq!(sha.map(|s| s.len()), Some(64));
+        assert_eq!(projection.is_some(), kind == "read", "{tool}");
+    }
+    // The hash is of the RFC 8785 form of the whole definition.
+    let def = definition("reads", json!({"readOnlyHint": true}));
+    let expected: String = w
+        .superuser
+        .query_one(
+            "SELECT encode(sha256(convert_to(keyturn.canonical_json($1), 'UTF8')), 'hex')",
+            &[&def],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        tool_row(&w, &format!("{up}.reads")).await.3.unwrap(),
+        expected
+    );
+    // Unchanged: nothing changes, enabled stays enabled.
+    w.admin
+        .execute(
+            "SELECT keyturn.set_tool_enabled($1, true)",
+            &[&format!("{up}.reads")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(discover(&d, &up, &def, true).await.unwrap(), 1);
+    assert!(tool_row(&w, &format!("{up}.reads")).await.0);
+    // Changed (a description): a new version, disabled again.
+    let mut changed = def.clone();
+    changed["description"] = json!("Post a message, and more");
+    assert_eq!(discover(&d, &up, &changed, true).await.unwrap(), 2);
+    let (enabled, version, ..) = tool_row(&w, &format!("{up}.reads")).await;
+    assert!(!enabled && version == 2);
+    // A schema keyturn cannot check, a name that makes no tool name, an
+    // agent, a tool that was never discovered there.
+    let anyof = json!({"name": "anyof", "inputSchema": {"type": "object", "properties":
+        {"a": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}});
+    assert_eq!(sqlstate(discover(&d, &up, &anyof, true).await), "22023");
+    assert_eq!(
+        sqlstate(discover(&d, &up, &json!({"name": "Bad-Name"}), true).await),
+        "22023"
+    );
+    assert_eq!(
+        sqlstate(discover(&d, "Bad Up", &json!({"name": "x"}), true).await),
+        "22023"
+    );
+    let r = w
+        .agent
+        .query_one(
+            "SELECT keyturn.register_discovered_tool($1, $2, true)",
+            &[&up, &def],
+        )
+        .await;
+    assert_eq!(sqlstate(r), "42501");
+    let hand = format!("{up}.by_hand");
+    w.admin
+        .execute(
+            "SELECT keyturn.register_tool($1, '{\"executor\": \"external\", \"provider\": \"webhook\"}')",
+            &[&hand],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        sqlstate(discover(&d, &up, &json!({"name": "by_hand"}), true).await),
+        "42501"
+    );
+}
+
+#[tokio::test]
+async fn test_a_changed_upstream_definition_invalidates_the_call_before_anything_is_sent() {
+    let _g = DISPATCH_LOCK.lock().await;
+    let w = World::new("member").await;
+    let d = connect("app_dispatcher").await;
+    let up = upstream_name("v");
+    let def = definition("post", json!({}));
+    discover(&d, &up, &def, false).await.unwrap();
+    let tool = format!("{up}.post");
+    w.admin
+        .execute("SELECT keyturn.set_tool_enabled($1, true)", &[&tool])
+        .await
+        .unwrap();
+    w.grant(&w.principal, &tool).await;
+    let mut ids = Vec::new();
+    for text in ["same", "drifted"] {
+        let p = w.propose(&tool, json!({"channel": text})).await.unwrap();
+        assert_eq!(w.approve(&p).await.unwrap().0, "queued");
+        ids.push(p.id);
+    }
+    let leases = lease_mine(&d, &ids, "30 seconds").await;
+    assert_eq!(leases.len(), 2);
+    let check = |l: &Lease, def: Value| {
+        let d = &d;
+        let (id, lease) = (l.action_id, l.lease_id);
+        async move {
+            d.query_one(
+                "SELECT keyturn.check_upstream_tool($1, $2, $3)",
+                &[&id, &lease, &def],
+            )
+            .await
+            .map(|r| r.get::<_, bool>(0))
+        }
+    };
+    // Only while executing under the lease.
+    assert_eq!(sqlstate(check(&leases[0], def.clone()).await), "55000");
+    for l in &leases {
+        assert!(begin(&d, l).await.unwrap());
+    }
+    assert!(
+        check(&leases[0], def.clone()).await.unwrap(),
+        "the same definition"
+    );
+    assert_eq!(w.status(leases[0].action_id).await, "executing");
+    complete(&d, &leases[0], "succeeded", json!({}), None)
+        .await
+        .unwrap();
+    let mut drifted = def.clone();
+    drifted["inputSchema"]["properties"]["channel"]["default"] = json!("random");
+    assert!(
+        !check(&leases[1], drifted).await.unwrap(),
+        "a changed definition"
+    );
+    assert_eq!(w.status(leases[1].action_id).await, "invalidated");
+    let receipt: Value = w
+        .superuser
+        .query_one(
+            "SELECT receipt FROM keyturn.action WHERE id = $1",
+            &[&leases[1].action_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(receipt["sent"], json!(false));
+    // Decided: nothing more may be recorded for it.
+    assert_eq!(
+        sqlstate(complete(&d, &leases[1], "succeeded", json!({}), None).await),
+        "55000"
+    );
+    // Agents and people cannot report drift.
+    let r = w
+        .agent
+        .query_one(
+            "SELECT keyturn.check_upstream_tool($1, $2, $3)",
+            &[&leases[1].action_id, &leases[1].lease_id, &def],
+        )
+        .await;
+    assert_eq!(sqlstate(r), "42501");
+}
