@@ -849,6 +849,41 @@ impl Keyturnd {
             .expect("kill(1)")
             .success();
         assert!(ok, "kill {sig}");
+        if sig == "-STOP" {
+            self.wait_stopped();
+        }
+    }
+
+    /// Waits until every thread of keyturnd is stopped (state `T` in
+    /// /proc): kill(2) returns once SIGSTOP is sent, and a thread running
+    /// on another core may still act on what arrives meanwhile, which a
+    /// test that pauses keyturnd before releasing an answer must exclude.
+    fn wait_stopped(&self) {
+        let tasks = format!("/proc/{}/task", self.pid());
+        let start = std::time::Instant::now();
+        loop {
+            let all = std::fs::read_dir(&tasks)
+                .map(|dir| {
+                    dir.filter_map(Result::ok).all(|t| {
+                        std::fs::read_to_string(t.path().join("stat"))
+                            .ok()
+                            .and_then(|stat| {
+                                let state = stat.rsplit_once(") ")?.1.chars().next()?;
+                                Some(state == 'T' || state == 't')
+                            })
+                            .unwrap_or(true)
+                    })
+                })
+                .unwrap_or(true);
+            if all {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "keyturnd did not stop within 10 s of SIGSTOP"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     /// SIGKILL: no handler runs, nothing is recorded.
