@@ -12,6 +12,8 @@
 //! * [`credentials`]: finding and redacting credential material.
 //! * [`template`]: the approval summary, rendered so that it cannot lie.
 //! * [`fence`]: projecting and fencing connected-app data for a prompt.
+//! * [`notify`]: where a notification may go: each channel's target, and
+//!   which network addresses keyturnd may connect to for one.
 //! * [`text`]: the character classes the modules above share (invisible,
 //!   bidi, controls, quotes), so each rule lives in one place.
 //! * [`error`]: [`CoreError`], every variant SQLSTATE 22023.
@@ -22,6 +24,7 @@ pub mod credentials;
 pub mod email;
 pub mod error;
 pub mod fence;
+pub mod notify;
 pub mod schema;
 pub mod scope; // which params a scoped grant or standing approval covers
 pub mod template;

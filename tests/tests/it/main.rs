@@ -26,6 +26,7 @@ mod hardening_tests;
 mod identity_tests;
 mod links_tests;
 mod membership_tests;
+mod notify_tests;
 mod preview_session_tests;
 mod privileges_tests;
 mod propose_input_tests;
