@@ -10,14 +10,14 @@
 //! | [`compat`] | the `pg_keyturn` version this build serves against |
 //! | [`db`] | every statement keyturnd runs, one function per keyturn call ([`db::rpc`]: `/rpc`'s), and the pool |
 //! | [`worker`] | the dispatch loop: lease → begin → call → completion, the `LISTEN` connection and its heartbeat, the sweeper |
-//! | [`providers`] | the adapters: [`providers::webhook`], [`providers::smtp`] |
+//! | [`providers`] | the adapters: [`providers::webhook`], [`providers::smtp`], and the notification channels [`providers::notify`] (email, webhook, Web Push) |
 //! | [`classify`] | provider results → `succeeded` / `failed` / `retry` / `unknown` |
 //! | [`http`] | the router: `/healthz`, `/readyz`, `/metrics`, `/rpc`, the pages; the security headers |
 //! | [`server`] | the HTTP server: header-read and request timeouts, a connection cap, a shutdown with a deadline |
 //! | [`state`] | what the routes read ([`AppState`]) and the readiness inputs ([`state::Health`]) |
 //! | [`jwt`] | verifying the people's JWTs (HS256, or RS256 / ES256 from a JWKS) |
 //! | [`rpc`] | `POST /rpc/<function>`: a person's keyturn call, run the way PostgREST runs it; the start-up checks of its login and roles |
-//! | [`pages`] | the approval card and the operator console, compiled in (`service/web/`) |
+//! | [`pages`] | the approval card and the operator console, compiled in (`service/web/`), with the card's web app manifest, service worker and Web Push hook |
 //! | [`metrics`] | the Prometheus registry |
 //! | [`journal`] | the outcome journal: observed outcomes on disk until the database has them |
 //! | [`operator`] | `keyturnd uncertain` and `keyturnd reconcile` |

@@ -77,9 +77,21 @@ enum Command {
         #[arg(long, default_value_t = 900)]
         ttl: u64,
     },
+    /// Print a new Web Push VAPID key pair: the private key for
+    /// KEYTURN_VAPID_PRIVATE_KEY, and the public key browsers subscribe with
+    /// (keyturnd serves it at /card/push-key).
+    VapidKeys,
 }
 
 fn main() -> ExitCode {
+    // Needs no configuration at all, DATABASE_URL included.
+    if std::env::args().nth(1).as_deref() == Some("vapid-keys") {
+        let (private, public) = config::VapidKey::generate();
+        println!("KEYTURN_VAPID_PRIVATE_KEY={}", private.expose());
+        println!("# the public key (applicationServerKey), served at /card/push-key:");
+        println!("# {public}");
+        return ExitCode::SUCCESS;
+    }
     let file = std::env::var_os("KEYTURN_CONFIG").map(PathBuf::from);
     let cli = match config::parse_with_file::<Cli>(std::env::args_os(), file.as_deref()) {
         Ok(Ok(cli)) => cli,
@@ -114,6 +126,7 @@ fn main() -> ExitCode {
             Command::Uncertain { json } => operator::uncertain(url.expose(), json)
                 .await
                 .map(|text| print!("{}", text.trim_end().to_owned() + "\n")),
+            Command::VapidKeys => unreachable!("answered before the configuration is read"),
             Command::Jwt {
                 role,
                 sub,
@@ -162,7 +175,15 @@ fn init_logging(format: LogFormat) {
 
 async fn serve(config: Config) -> Result<(), Error> {
     let checked = config.validate()?;
-    let mut state = AppState::new().with_csp(checked.csp.clone());
+    let mut state = AppState::new()
+        .with_csp(checked.csp.clone())
+        .with_vapid_public_key(
+            checked
+                .vapid
+                .as_ref()
+                .filter(|_| config.public_url.is_some())
+                .map(|k| k.public_key().to_owned()),
+        );
     let shutdown = CancellationToken::new();
     Signals::install()?.spawn(shutdown.clone(), state.health.clone());
 
@@ -191,6 +212,11 @@ async fn serve(config: Config) -> Result<(), Error> {
     }
 
     let providers = Providers::from_config(&config, &checked)?;
+    if config.public_url.is_none() {
+        tracing::warn!(
+            "KEYTURN_PUBLIC_URL is not set: no notification is sent (each is cancelled once its action stops waiting)"
+        );
+    }
     if providers.names().is_empty() {
         tracing::warn!(
             "no provider is configured (set KEYTURN_WEBHOOK_URL or KEYTURN_SMTP_URL): nothing will be leased; approved external actions stay queued"

@@ -64,6 +64,9 @@ pub struct AppState {
     pub rpc: Option<Arc<Rpc>>,
     /// The Content-Security-Policy of every answer.
     pub csp: HeaderValue,
+    /// The VAPID public key browsers subscribe to Web Push with
+    /// (`/card/push-key`), when the webpush channel is on.
+    pub vapid_public_key: Option<String>,
 }
 
 impl AppState {
@@ -75,12 +78,19 @@ impl AppState {
             metrics: Arc::new(Metrics::new()),
             rpc: None,
             csp: csp_header(DEFAULT_FRAME_ANCESTORS).expect("the default frame-ancestors is valid"),
+            vapid_public_key: None,
         }
     }
 
     /// This state serving `/rpc` with `rpc`.
     pub fn with_rpc(mut self, rpc: Rpc) -> Self {
         self.rpc = Some(Arc::new(rpc));
+        self
+    }
+
+    /// This state offering `key` to browsers that subscribe to Web Push.
+    pub fn with_vapid_public_key(mut self, key: Option<String>) -> Self {
+        self.vapid_public_key = key;
         self
     }
 
