@@ -135,9 +135,7 @@ pub fn check_url(text: &str) -> Result<url::Url, CoreError> {
     if url.fragment().is_some() {
         return Err(invalid("a URL with a fragment (#…) is refused"));
     }
-    let host = url
-        .host()
-        .ok_or_else(|| invalid("the URL names no host"))?;
+    let host = url.host().ok_or_else(|| invalid("the URL names no host"))?;
     let literal = match host {
         url::Host::Ipv4(v4) => Some(reach(IpAddr::V4(v4))),
         url::Host::Ipv6(v6) => Some(reach(IpAddr::V6(v6))),
@@ -206,7 +204,10 @@ pub fn check_subscription(text: &str) -> Result<String, CoreError> {
         .get("keys")
         .and_then(Value::as_object)
         .ok_or_else(|| invalid("a push subscription needs its keys (p256dh and auth)"))?;
-    if let Some(key) = keys.keys().find(|k| !["p256dh", "auth"].contains(&k.as_str())) {
+    if let Some(key) = keys
+        .keys()
+        .find(|k| !["p256dh", "auth"].contains(&k.as_str()))
+    {
         return Err(invalid(format!(
             "a push subscription's keys are p256dh and auth, not {key}"
         )));
@@ -374,7 +375,10 @@ mod tests {
             "https://",
         ] {
             assert!(
-                matches!(normalize_target("webhook", bad), Err(CoreError::InvalidTarget(_))),
+                matches!(
+                    normalize_target("webhook", bad),
+                    Err(CoreError::InvalidTarget(_))
+                ),
                 "{bad}"
             );
         }

@@ -22,7 +22,8 @@ async fn set_notify(
     settings: Value,
 ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&channel, &target, &settings];
-    c.query("SELECT keyturn.set_notify($1, $2, $3)", &params).await
+    c.query("SELECT keyturn.set_notify($1, $2, $3)", &params)
+        .await
 }
 
 /// A subscription's JSON as a browser gives it (the keys are well-formed
@@ -67,7 +68,10 @@ async fn notes(w: &World) -> Vec<Note> {
 
 async fn note_status(w: &World, id: Uuid) -> String {
     w.superuser
-        .query_one("SELECT status::text FROM keyturn.notification WHERE id = $1", &[&id])
+        .query_one(
+            "SELECT status::text FROM keyturn.notification WHERE id = $1",
+            &[&id],
+        )
         .await
         .unwrap()
         .get(0)
@@ -128,9 +132,21 @@ async fn test_set_notify_takes_each_channels_target_and_nothing_else() {
     let w = World::new("member").await;
     let ok = [
         ("email", "ann@acme.example".to_owned(), json!({})),
-        ("webhook", "https://hooks.slack.com/services/T0/B0/x".to_owned(), json!({"remind_before": "10 minutes"})),
-        ("webhook", "http://127.0.0.1:9000/hook".to_owned(), json!({"max_per_hour": 5})),
-        ("webpush", subscription("https://push.example/dev1"), json!({})),
+        (
+            "webhook",
+            "https://hooks.slack.com/services/T0/B0/x".to_owned(),
+            json!({"remind_before": "10 minutes"}),
+        ),
+        (
+            "webhook",
+            "http://127.0.0.1:9000/hook".to_owned(),
+            json!({"max_per_hour": 5}),
+        ),
+        (
+            "webpush",
+            subscription("https://push.example/dev1"),
+            json!({}),
+        ),
     ];
     for (channel, target, settings) in &ok {
         set_notify(&w.human, channel, target, settings.clone())
@@ -141,23 +157,78 @@ async fn test_set_notify_takes_each_channels_target_and_nothing_else() {
     let bad = [
         ("sms", "+15550100".to_owned(), json!({})),
         ("email", "Ann <ann@acme.example>".to_owned(), json!({})),
-        ("email", "ann@acme.example\r\nBcc: eve@evil.example".to_owned(), json!({})),
+        (
+            "email",
+            "ann@acme.example\r\nBcc: eve@evil.example".to_owned(),
+            json!({}),
+        ),
         ("webhook", "http://hooks.example/x".to_owned(), json!({})),
-        ("webhook", "https://169.254.169.254/latest/meta-data/".to_owned(), json!({})),
+        (
+            "webhook",
+            "https://169.254.169.254/latest/meta-data/".to_owned(),
+            json!({}),
+        ),
         ("webhook", "https://10.1.2.3/".to_owned(), json!({})),
-        ("webhook", "https://user:pw@hooks.example/".to_owned(), json!({})),
+        (
+            "webhook",
+            "https://user:pw@hooks.example/".to_owned(),
+            json!({}),
+        ),
         ("webhook", "file:///etc/passwd".to_owned(), json!({})),
-        ("webhook", "https://hooks.example/x".to_owned(), json!({"secret": "not-whsec"})),
-        ("email", "ann@acme.example".to_owned(), json!({"secret": secret})),
-        ("email", "ann@acme.example".to_owned(), json!({"unknown": 1})),
-        ("email", "ann@acme.example".to_owned(), json!({"remind_before": "0 seconds"})),
-        ("email", "ann@acme.example".to_owned(), json!({"remind_before": "not an interval"})),
-        ("email", "ann@acme.example".to_owned(), json!({"max_per_hour": 0})),
-        ("email", "ann@acme.example".to_owned(), json!({"max_per_hour": 2.5})),
+        (
+            "webhook",
+            "https://hooks.example/x".to_owned(),
+            json!({"secret": "not-whsec"}),
+        ),
+        (
+            "email",
+            "ann@acme.example".to_owned(),
+            json!({"secret": secret}),
+        ),
+        (
+            "email",
+            "ann@acme.example".to_owned(),
+            json!({"unknown": 1}),
+        ),
+        (
+            "email",
+            "ann@acme.example".to_owned(),
+            json!({"remind_before": "0 seconds"}),
+        ),
+        (
+            "email",
+            "ann@acme.example".to_owned(),
+            json!({"remind_before": "not an interval"}),
+        ),
+        (
+            "email",
+            "ann@acme.example".to_owned(),
+            json!({"max_per_hour": 0}),
+        ),
+        (
+            "email",
+            "ann@acme.example".to_owned(),
+            json!({"max_per_hour": 2.5}),
+        ),
         ("email", "ann@acme.example".to_owned(), json!([])),
-        ("webpush", subscription("http://push.example/dev1"), json!({})),
-        ("webpush", "{\"endpoint\": \"https://push.example/x\"}".to_owned(), json!({})),
-        ("webpush", format!("{{\"endpoint\": \"https://push.example/{}\", \"keys\": {{}}}}", "a".repeat(8000)), json!({})),
+        (
+            "webpush",
+            subscription("http://push.example/dev1"),
+            json!({}),
+        ),
+        (
+            "webpush",
+            "{\"endpoint\": \"https://push.example/x\"}".to_owned(),
+            json!({}),
+        ),
+        (
+            "webpush",
+            format!(
+                "{{\"endpoint\": \"https://push.example/{}\", \"keys\": {{}}}}",
+                "a".repeat(8000)
+            ),
+            json!({}),
+        ),
     ];
     for (channel, target, settings) in &bad {
         assert_eq!(
@@ -167,31 +238,62 @@ async fn test_set_notify_takes_each_channels_target_and_nothing_else() {
         );
     }
     // A secret of its own: taken, and never shown back.
-    set_notify(&w.human, "webhook", "https://hooks.example/y", json!({"secret": secret}))
-        .await
-        .unwrap();
+    set_notify(
+        &w.human,
+        "webhook",
+        "https://hooks.example/y",
+        json!({"secret": secret}),
+    )
+    .await
+    .unwrap();
     let rows = w
         .human
-        .query("SELECT channel, target, own_secret, db_role FROM keyturn.notify_channels()", &[])
+        .query(
+            "SELECT channel, target, own_secret, db_role FROM keyturn.notify_channels()",
+            &[],
+        )
         .await
         .unwrap();
-    let listed: Vec<(String, String, bool, String)> =
-        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+    let listed: Vec<(String, String, bool, String)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
     assert_eq!(
         listed,
         vec![
-            ("email".into(), "ann@acme.example".into(), false, "app_human".into()),
-            ("webhook".into(), "https://hooks.example/…".into(), true, "app_human".into()),
-            ("webpush".into(), "https://push.example/…".into(), false, "app_human".into()),
+            (
+                "email".into(),
+                "ann@acme.example".into(),
+                false,
+                "app_human".into()
+            ),
+            (
+                "webhook".into(),
+                "https://hooks.example/…".into(),
+                true,
+                "app_human".into()
+            ),
+            (
+                "webpush".into(),
+                "https://push.example/…".into(),
+                false,
+                "app_human".into()
+            ),
         ]
     );
     let all: String = w
         .human
-        .query_one("SELECT coalesce(string_agg(x::text, ' '), '') FROM keyturn.notify_channels() x", &[])
+        .query_one(
+            "SELECT coalesce(string_agg(x::text, ' '), '') FROM keyturn.notify_channels() x",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
-    assert!(!all.contains("MfKQ9r8"), "the secret is never listed: {all}");
+    assert!(
+        !all.contains("MfKQ9r8"),
+        "the secret is never listed: {all}"
+    );
     // Nobody reads the table directly, the person included.
     assert_eq!(
         count(&w.human, "SELECT count(*) FROM keyturn.notify_channel", &[]).await,
@@ -224,16 +326,34 @@ async fn test_a_self_proposal_records_one_notice_and_one_reminder_per_channel() 
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
     // Nobody in the tenant has a channel: nothing is recorded.
-    let quiet = w.propose(&t, json!({"channel": "c", "text": "0"})).await.unwrap();
-    assert!(notes(&w).await.is_empty());
-    set_notify(&w.human, "email", "ann@acme.example", json!({})).await.unwrap();
-    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({"remind_before": "8 days"}))
-        .await
-        .expect_err("remind_before is at most 7 days");
-    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({"remind_before": "7 days"}))
+    let quiet = w
+        .propose(&t, json!({"channel": "c", "text": "0"}))
         .await
         .unwrap();
-    let p = w.propose(&t, json!({"channel": "c", "text": "1"})).await.unwrap();
+    assert!(notes(&w).await.is_empty());
+    set_notify(&w.human, "email", "ann@acme.example", json!({}))
+        .await
+        .unwrap();
+    set_notify(
+        &w.human,
+        "webhook",
+        "http://127.0.0.1:9/h",
+        json!({"remind_before": "8 days"}),
+    )
+    .await
+    .expect_err("remind_before is at most 7 days");
+    set_notify(
+        &w.human,
+        "webhook",
+        "http://127.0.0.1:9/h",
+        json!({"remind_before": "7 days"}),
+    )
+    .await
+    .unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "1"}))
+        .await
+        .unwrap();
     let got: Vec<(String, String, String)> = notes(&w)
         .await
         .into_iter()
@@ -269,12 +389,27 @@ async fn test_a_self_proposal_records_one_notice_and_one_reminder_per_channel() 
     assert!(reminder_due);
     // Another member of the tenant with a channel: a self action is not theirs.
     let (_, other) = w.other("approver", "app_human", "s-o").await;
-    set_notify(&other, "email", "bo@acme.example", json!({})).await.unwrap();
-    let q = w.propose(&t, json!({"channel": "c", "text": "2"})).await.unwrap();
-    let for_q: Vec<Note> = notes(&w).await.into_iter().filter(|n| n.action_id == Some(q.id)).collect();
-    assert!(for_q.iter().all(|n| n.principal == w.principal), "{for_q:?}");
+    set_notify(&other, "email", "bo@acme.example", json!({}))
+        .await
+        .unwrap();
+    let q = w
+        .propose(&t, json!({"channel": "c", "text": "2"}))
+        .await
+        .unwrap();
+    let for_q: Vec<Note> = notes(&w)
+        .await
+        .into_iter()
+        .filter(|n| n.action_id == Some(q.id))
+        .collect();
+    assert!(
+        for_q.iter().all(|n| n.principal == w.principal),
+        "{for_q:?}"
+    );
     assert_eq!(for_q.len(), 3);
-    assert!(notes(&w).await.iter().all(|n| n.action_id != Some(quiet.id)));
+    assert!(notes(&w)
+        .await
+        .iter()
+        .all(|n| n.action_id != Some(quiet.id)));
     remove_channels(&w.human).await;
     remove_channels(&other).await;
 }
@@ -283,26 +418,42 @@ async fn test_a_self_proposal_records_one_notice_and_one_reminder_per_channel() 
 async fn test_independent_and_quorum_tools_notify_each_eligible_approver_once() {
     let w = World::new("member").await;
     let solo = w.webhook_tool(json!({"approval": "independent"})).await;
-    let quorum = w.webhook_tool(json!({"approval": "independent", "quorum": 2})).await;
+    let quorum = w
+        .webhook_tool(json!({"approval": "independent", "quorum": 2}))
+        .await;
     let mut approvers = Vec::new();
     for i in 0..3 {
         let (who, c) = w.other("approver", "app_human", &format!("s-{i}")).await;
         w.grant(&who, &solo).await;
         w.grant(&who, &quorum).await;
-        set_notify(&c, "email", &format!("a{i}@acme.example"), json!({"remind_before": "1 minute"}))
-            .await
-            .unwrap();
+        set_notify(
+            &c,
+            "email",
+            &format!("a{i}@acme.example"),
+            json!({"remind_before": "1 minute"}),
+        )
+        .await
+        .unwrap();
         approvers.push((who, c));
     }
     // Not notified: an approver without the tool's grant, a member, the
     // proposer itself (with channels of its own).
     let (_, ungranted) = w.other("approver", "app_human", "s-u").await;
-    set_notify(&ungranted, "email", "u@acme.example", json!({})).await.unwrap();
+    set_notify(&ungranted, "email", "u@acme.example", json!({}))
+        .await
+        .unwrap();
     let (_, member) = w.other("member", "app_human", "s-m").await;
-    set_notify(&member, "email", "m@acme.example", json!({})).await.unwrap();
-    set_notify(&w.human, "email", "p@acme.example", json!({})).await.unwrap();
+    set_notify(&member, "email", "m@acme.example", json!({}))
+        .await
+        .unwrap();
+    set_notify(&w.human, "email", "p@acme.example", json!({}))
+        .await
+        .unwrap();
     for tool in [&solo, &quorum] {
-        let p = w.propose(tool, json!({"channel": "c", "text": "pay"})).await.unwrap();
+        let p = w
+            .propose(tool, json!({"channel": "c", "text": "pay"}))
+            .await
+            .unwrap();
         let mut got: Vec<(String, String)> = notes(&w)
             .await
             .into_iter()
@@ -312,7 +463,12 @@ async fn test_independent_and_quorum_tools_notify_each_eligible_approver_once() 
         got.sort();
         let mut want: Vec<(String, String)> = approvers
             .iter()
-            .flat_map(|(who, _)| [(who.clone(), "notice".to_owned()), (who.clone(), "reminder".to_owned())])
+            .flat_map(|(who, _)| {
+                [
+                    (who.clone(), "notice".to_owned()),
+                    (who.clone(), "reminder".to_owned()),
+                ]
+            })
             .collect();
         want.sort();
         assert_eq!(got, want, "{tool}");
@@ -322,11 +478,18 @@ async fn test_independent_and_quorum_tools_notify_each_eligible_approver_once() 
     let any = notes(&w).await[0].action_id.unwrap();
     let again: i32 = w
         .superuser
-        .query_one("SELECT keyturn._record_notifications($1, $2)", &[&any, &w.tenant])
+        .query_one(
+            "SELECT keyturn._record_notifications($1, $2)",
+            &[&any, &w.tenant],
+        )
         .await
         .unwrap()
         .get(0);
-    let rows = notes(&w).await.iter().filter(|n| n.action_id == Some(any)).count();
+    let rows = notes(&w)
+        .await
+        .iter()
+        .filter(|n| n.action_id == Some(any))
+        .count();
     assert_eq!(rows, 6, "recorded {again} again, none new");
     for (_, c) in &approvers {
         remove_channels(c).await;
@@ -342,21 +505,47 @@ async fn test_nothing_is_sent_for_an_action_decided_expired_or_cancelled_before_
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
     let short = w.webhook_tool(json!({"expires_in": "1 second"})).await;
-    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({})).await.unwrap();
-    let approved = w.propose(&t, json!({"channel": "c", "text": "a"})).await.unwrap();
-    let rejected = w.propose(&t, json!({"channel": "c", "text": "r"})).await.unwrap();
-    let expired = w.propose(&short, json!({"channel": "c", "text": "e"})).await.unwrap();
-    let waiting = w.propose(&t, json!({"channel": "c", "text": "w"})).await.unwrap();
+    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({}))
+        .await
+        .unwrap();
+    let approved = w
+        .propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
+    let rejected = w
+        .propose(&t, json!({"channel": "c", "text": "r"}))
+        .await
+        .unwrap();
+    let expired = w
+        .propose(&short, json!({"channel": "c", "text": "e"}))
+        .await
+        .unwrap();
+    let waiting = w
+        .propose(&t, json!({"channel": "c", "text": "w"}))
+        .await
+        .unwrap();
     assert_eq!(w.approve(&approved).await.unwrap().0, "queued");
     w.human
-        .execute("SELECT keyturn.reject($1, $2, 'no')", &[&rejected.id, &rejected.token])
+        .execute(
+            "SELECT keyturn.reject($1, $2, 'no')",
+            &[&rejected.id, &rejected.token],
+        )
         .await
         .unwrap();
     // Ended sessions cancel their pending actions: a session of its own.
-    let other_session = Conn::connect("app_agent", Identity::gucs(&w.tenant, &w.principal, "ending")).await;
-    let cancelled = propose_on(&other_session, &t, json!({"channel": "c", "text": "x"}), json!({}))
-        .await
-        .unwrap();
+    let other_session = Conn::connect(
+        "app_agent",
+        Identity::gucs(&w.tenant, &w.principal, "ending"),
+    )
+    .await;
+    let cancelled = propose_on(
+        &other_session,
+        &t,
+        json!({"channel": "c", "text": "x"}),
+        json!({}),
+    )
+    .await
+    .unwrap();
     other_session
         .execute("SELECT keyturn.end_session('ending')", &[])
         .await
@@ -365,7 +554,10 @@ async fn test_nothing_is_sent_for_an_action_decided_expired_or_cancelled_before_
     loop {
         let past: bool = w
             .superuser
-            .query_one("SELECT expires_at < clock_timestamp() FROM keyturn.action WHERE id = $1", &[&expired.id])
+            .query_one(
+                "SELECT expires_at < clock_timestamp() FROM keyturn.action WHERE id = $1",
+                &[&expired.id],
+            )
             .await
             .unwrap()
             .get(0);
@@ -390,7 +582,11 @@ async fn test_nothing_is_sent_for_an_action_decided_expired_or_cancelled_before_
     assert_eq!(leased[0].provider.as_deref(), Some("notify.webhook"));
     assert_eq!(leased[0].tool, "keyturn.notify");
     for n in notes(&w).await.iter().filter(|n| n.kind == "notice") {
-        let want = if n.action_id == Some(waiting.id) { "leased" } else { "cancelled" };
+        let want = if n.action_id == Some(waiting.id) {
+            "leased"
+        } else {
+            "cancelled"
+        };
         assert_eq!(n.status, want, "{n:?}");
     }
     for id in [approved.id, rejected.id, expired.id, cancelled.id] {
@@ -405,7 +601,9 @@ async fn test_nothing_is_sent_for_an_action_decided_expired_or_cancelled_before_
             "nothing begun for {id}"
         );
     }
-    complete(&d, &leased[0], "retry", json!({}), None).await.unwrap();
+    complete(&d, &leased[0], "retry", json!({}), None)
+        .await
+        .unwrap();
     remove_channels(&w.human).await;
 }
 
@@ -414,8 +612,13 @@ async fn test_an_action_decided_between_lease_and_begin_is_not_begun() {
     let _lock = DISPATCH_LOCK.lock().await;
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
-    set_notify(&w.human, "email", "ann@acme.example", json!({})).await.unwrap();
-    let p = w.propose(&t, json!({"channel": "c", "text": "a"})).await.unwrap();
+    set_notify(&w.human, "email", "ann@acme.example", json!({}))
+        .await
+        .unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
     let d = connect("app_dispatcher").await;
     let leased = lease_notes(&d, &w.tenant, "30 seconds").await;
     assert_eq!(leased.len(), 1);
@@ -451,7 +654,9 @@ async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
     let t = w
         .webhook_tool(json!({"retain": "digest", "effect": "irreversible"}))
         .await;
-    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({})).await.unwrap();
+    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({}))
+        .await
+        .unwrap();
     let p = w
         .propose(&t, json!({"channel": "c", "text": "PIN 4721"}))
         .await
@@ -465,8 +670,11 @@ async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
     // Before begin, no message.
     assert_eq!(
         sqlstate(
-            d.query_one("SELECT * FROM keyturn.notification_message($1, $2)", &[&l.action_id, &l.lease_id])
-                .await
+            d.query_one(
+                "SELECT * FROM keyturn.notification_message($1, $2)",
+                &[&l.action_id, &l.lease_id]
+            )
+            .await
         ),
         "55000"
     );
@@ -507,7 +715,10 @@ async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
         json!({"tenant_id": w.tenant, "sub": w.principal, "session_id": w.session})
     );
     assert!(d
-        .query_opt("SELECT 1 FROM keyturn.redeem_link_code($1, $2)", &[&code, &vec![p.id]])
+        .query_opt(
+            "SELECT 1 FROM keyturn.redeem_link_code($1, $2)",
+            &[&code, &vec![p.id]]
+        )
         .await
         .unwrap()
         .is_none());
@@ -521,7 +732,12 @@ async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
         .await,
         1
     );
-    assert_eq!(complete(&d, l, "succeeded", json!({"status": 200}), None).await.unwrap(), "succeeded");
+    assert_eq!(
+        complete(&d, l, "succeeded", json!({"status": 200}), None)
+            .await
+            .unwrap(),
+        "succeeded"
+    );
     // Sent: an event on the action's timeline, in the tenant's chain.
     let detail: Value = w
         .superuser
@@ -544,18 +760,35 @@ async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
     // The operator sees it among the action's notifications.
     let op = connect("app_operator").await;
     let rows = op
-        .query("SELECT kind, status FROM keyturn.notifications($1)", &[&p.id])
+        .query(
+            "SELECT kind, status FROM keyturn.notifications($1)",
+            &[&p.id],
+        )
         .await
         .unwrap();
     let seen: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    assert!(seen.contains(&("notice".into(), "succeeded".into())), "{seen:?}");
+    assert!(
+        seen.contains(&("notice".into(), "succeeded".into())),
+        "{seen:?}"
+    );
     // A person, an agent: no message, no operator view.
     assert_eq!(
-        sqlstate(w.human.query_one("SELECT * FROM keyturn.notification_message($1, $2)", &[&l.action_id, &l.lease_id]).await),
+        sqlstate(
+            w.human
+                .query_one(
+                    "SELECT * FROM keyturn.notification_message($1, $2)",
+                    &[&l.action_id, &l.lease_id]
+                )
+                .await
+        ),
         "42501"
     );
     assert_eq!(
-        sqlstate(w.agent.query("SELECT * FROM keyturn.notifications($1)", &[&p.id]).await),
+        sqlstate(
+            w.agent
+                .query("SELECT * FROM keyturn.notifications($1)", &[&p.id])
+                .await
+        ),
         "42501"
     );
     remove_channels(&w.human).await;
@@ -566,8 +799,13 @@ async fn test_a_lapsed_notification_is_uncertain_for_the_operator_and_never_sent
     let _lock = DISPATCH_LOCK.lock().await;
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
-    set_notify(&w.human, "email", "ann@acme.example", json!({})).await.unwrap();
-    let p = w.propose(&t, json!({"channel": "c", "text": "a"})).await.unwrap();
+    set_notify(&w.human, "email", "ann@acme.example", json!({}))
+        .await
+        .unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
     let d = connect("app_dispatcher").await;
     let l = lease_notes(&d, &w.tenant, "1 second").await.remove(0);
     assert!(begin(&d, &l).await.unwrap());
@@ -611,7 +849,10 @@ async fn test_a_lapsed_notification_is_uncertain_for_the_operator_and_never_sent
         assert!(taken);
     }
     assert!(op
-        .query_one("SELECT not_sent_by_dispatcher FROM keyturn.uncertain_actions() WHERE action_id = $1", &[&l.action_id])
+        .query_one(
+            "SELECT not_sent_by_dispatcher FROM keyturn.uncertain_actions() WHERE action_id = $1",
+            &[&l.action_id]
+        )
         .await
         .unwrap()
         .get::<_, bool>(0));
@@ -620,17 +861,29 @@ async fn test_a_lapsed_notification_is_uncertain_for_the_operator_and_never_sent
         .await
         .unwrap();
     assert_eq!(attempts.len(), 1);
-    assert_eq!(attempts[0].get::<_, Option<String>>(0).as_deref(), Some("lapsed"));
     assert_eq!(
-        op.query_one("SELECT keyturn.reconcile($1, 'failed', 'mail log: never left')", &[&l.action_id])
-            .await
-            .unwrap()
-            .get::<_, String>(0),
+        attempts[0].get::<_, Option<String>>(0).as_deref(),
+        Some("lapsed")
+    );
+    assert_eq!(
+        op.query_one(
+            "SELECT keyturn.reconcile($1, 'failed', 'mail log: never left')",
+            &[&l.action_id]
+        )
+        .await
+        .unwrap()
+        .get::<_, String>(0),
         "failed"
     );
     assert_eq!(note_status(&w, l.action_id).await, "failed");
     assert_eq!(
-        sqlstate(op.query_one("SELECT keyturn.reconcile($1, 'failed', 'again')", &[&l.action_id]).await),
+        sqlstate(
+            op.query_one(
+                "SELECT keyturn.reconcile($1, 'failed', 'again')",
+                &[&l.action_id]
+            )
+            .await
+        ),
         "55000"
     );
     // The action's timeline: uncertain, the account, the reconciliation.
@@ -655,14 +908,26 @@ async fn test_complete_gives_a_notification_an_actions_outcomes() {
     let _lock = DISPATCH_LOCK.lock().await;
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
-    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({})).await.unwrap();
-    set_notify(&w.human, "email", "ann@acme.example", json!({})).await.unwrap();
-    let _p = w.propose(&t, json!({"channel": "c", "text": "a"})).await.unwrap();
+    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({}))
+        .await
+        .unwrap();
+    set_notify(&w.human, "email", "ann@acme.example", json!({}))
+        .await
+        .unwrap();
+    let _p = w
+        .propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
     let d = connect("app_dispatcher").await;
     let leased = lease_notes(&d, &w.tenant, "30 seconds").await;
     assert_eq!(leased.len(), 2);
     // A hand-back from leased: requeued, no attempt counted.
-    assert_eq!(complete(&d, &leased[0], "retry", json!({}), None).await.unwrap(), "queued");
+    assert_eq!(
+        complete(&d, &leased[0], "retry", json!({}), None)
+            .await
+            .unwrap(),
+        "queued"
+    );
     // Begun, then retry: queued again after the backoff, the attempt closed.
     assert!(begin(&d, &leased[1]).await.unwrap());
     assert_eq!(
@@ -670,7 +935,9 @@ async fn test_complete_gives_a_notification_an_actions_outcomes() {
         "22023"
     );
     assert_eq!(
-        complete(&d, &leased[1], "retry", json!({"status": 503}), None).await.unwrap(),
+        complete(&d, &leased[1], "retry", json!({"status": 503}), None)
+            .await
+            .unwrap(),
         "queued"
     );
     let due_later: bool = w
@@ -692,12 +959,18 @@ async fn test_complete_gives_a_notification_an_actions_outcomes() {
     let b = d
         .query(
             "SELECT action_id, dispatch, error FROM keyturn.begin_dispatch_many($1, $2)",
-            &[&vec![again[0].action_id, Uuid::new_v4()], &vec![again[0].lease_id, Uuid::new_v4()]],
+            &[
+                &vec![again[0].action_id, Uuid::new_v4()],
+                &vec![again[0].lease_id, Uuid::new_v4()],
+            ],
         )
         .await
         .unwrap();
     assert!(b[0].get::<_, bool>(1));
-    assert!(b[1].get::<_, Option<String>>(2).unwrap().starts_with("55000"));
+    assert!(b[1]
+        .get::<_, Option<String>>(2)
+        .unwrap()
+        .starts_with("55000"));
     let c = d
         .query(
             "SELECT action_id, status, error FROM keyturn.complete_many($1, $2, ARRAY['unknown'], \
@@ -706,12 +979,18 @@ async fn test_complete_gives_a_notification_an_actions_outcomes() {
         )
         .await
         .unwrap();
-    assert_eq!(c[0].get::<_, Option<String>>(1).as_deref(), Some("uncertain"));
+    assert_eq!(
+        c[0].get::<_, Option<String>>(1).as_deref(),
+        Some("uncertain")
+    );
     assert_eq!(note_status(&w, again[0].action_id).await, "uncertain");
     remove_channels(&w.human).await;
     connect("app_operator")
         .await
-        .execute("SELECT keyturn.reconcile($1, 'succeeded', 'seen in the mail log')", &[&again[0].action_id])
+        .execute(
+            "SELECT keyturn.reconcile($1, 'succeeded', 'seen in the mail log')",
+            &[&again[0].action_id],
+        )
         .await
         .unwrap();
 }
@@ -720,8 +999,13 @@ async fn test_complete_gives_a_notification_an_actions_outcomes() {
 async fn test_a_batch_of_actions_and_notifications_is_answered_in_its_order() {
     let _lock = DISPATCH_LOCK.lock().await;
     let (w, t, ids) = queued(2).await;
-    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({})).await.unwrap();
-    let _p = w.propose(&t, json!({"channel": "c", "text": "n"})).await.unwrap();
+    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({}))
+        .await
+        .unwrap();
+    let _p = w
+        .propose(&t, json!({"channel": "c", "text": "n"}))
+        .await
+        .unwrap();
     let d = connect("app_dispatcher").await;
     // Notifications first: lease_mine would hand this one back for a day.
     let notes = lease_notes(&d, &w.tenant, "30 seconds").await;
@@ -776,18 +1060,29 @@ async fn test_the_hourly_cap_holds_the_rest_for_one_digest() {
     let _lock = DISPATCH_LOCK.lock().await;
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
-    set_notify(&w.human, "email", "ann@acme.example", json!({"max_per_hour": 1}))
-        .await
-        .unwrap();
+    set_notify(
+        &w.human,
+        "email",
+        "ann@acme.example",
+        json!({"max_per_hour": 1}),
+    )
+    .await
+    .unwrap();
     let mut ps = Vec::new();
     for i in 0..3 {
-        ps.push(w.propose(&t, json!({"channel": "c", "text": format!("{i}")})).await.unwrap());
+        ps.push(
+            w.propose(&t, json!({"channel": "c", "text": format!("{i}")}))
+                .await
+                .unwrap(),
+        );
     }
     let d = connect("app_dispatcher").await;
     let leased = lease_notes(&d, &w.tenant, "30 seconds").await;
     assert_eq!(leased.len(), 1, "one within the cap");
     assert!(begin(&d, &leased[0]).await.unwrap());
-    complete(&d, &leased[0], "succeeded", json!({}), None).await.unwrap();
+    complete(&d, &leased[0], "succeeded", json!({}), None)
+        .await
+        .unwrap();
     let all = notes(&w).await;
     let digests: Vec<&Note> = all.iter().filter(|n| n.kind == "digest").collect();
     assert_eq!(digests.len(), 1, "{all:?}");
@@ -827,7 +1122,9 @@ async fn test_the_hourly_cap_holds_the_rest_for_one_digest() {
     // ps[0]'s notice went within the cap; ps[1]'s and ps[2]'s were held,
     // and ps[1] was approved since.
     assert_eq!(m.get::<_, Vec<Uuid>>("link_action_ids"), vec![ps[2].id]);
-    complete(&d, &l, "succeeded", json!({}), None).await.unwrap();
+    complete(&d, &l, "succeeded", json!({}), None)
+        .await
+        .unwrap();
     remove_channels(&w.human).await;
 }
 
@@ -836,16 +1133,26 @@ async fn test_one_reminder_when_remind_before_of_the_expiry_is_left() {
     let _lock = DISPATCH_LOCK.lock().await;
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({"expires_in": "1 minute"})).await;
-    set_notify(&w.human, "email", "ann@acme.example", json!({"remind_before": "59 seconds"}))
+    set_notify(
+        &w.human,
+        "email",
+        "ann@acme.example",
+        json!({"remind_before": "59 seconds"}),
+    )
+    .await
+    .unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "r"}))
         .await
         .unwrap();
-    let p = w.propose(&t, json!({"channel": "c", "text": "r"})).await.unwrap();
     let d = connect("app_dispatcher").await;
     let first = lease_notes(&d, &w.tenant, "30 seconds").await;
     assert_eq!(first.len(), 1);
     assert_eq!(first[0].params.as_ref().unwrap()["kind"], "notice");
     assert!(begin(&d, &first[0]).await.unwrap());
-    complete(&d, &first[0], "succeeded", json!({}), None).await.unwrap();
+    complete(&d, &first[0], "succeeded", json!({}), None)
+        .await
+        .unwrap();
     // Wait for the reminder to come due (a second after the notice).
     let reminder = loop {
         let got = lease_notes(&d, &w.tenant, "30 seconds").await;
@@ -858,7 +1165,9 @@ async fn test_one_reminder_when_remind_before_of_the_expiry_is_left() {
     assert!(begin(&d, &reminder).await.unwrap());
     let title: String = message_of(&d, &reminder).await.get("title");
     assert!(title.starts_with("Reminder"), "{title}");
-    complete(&d, &reminder, "succeeded", json!({}), None).await.unwrap();
+    complete(&d, &reminder, "succeeded", json!({}), None)
+        .await
+        .unwrap();
     let kinds: Vec<(String, String)> = notes(&w)
         .await
         .into_iter()
@@ -867,7 +1176,10 @@ async fn test_one_reminder_when_remind_before_of_the_expiry_is_left() {
         .collect();
     assert_eq!(
         kinds,
-        vec![("notice".into(), "succeeded".into()), ("reminder".into(), "succeeded".into())]
+        vec![
+            ("notice".into(), "succeeded".into()),
+            ("reminder".into(), "succeeded".into())
+        ]
     );
     remove_channels(&w.human).await;
 }
@@ -877,11 +1189,20 @@ async fn test_a_removed_channel_sends_nothing_more() {
     let _lock = DISPATCH_LOCK.lock().await;
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
-    set_notify(&w.human, "email", "ann@acme.example", json!({})).await.unwrap();
-    let _p = w.propose(&t, json!({"channel": "c", "text": "a"})).await.unwrap();
+    set_notify(&w.human, "email", "ann@acme.example", json!({}))
+        .await
+        .unwrap();
+    let _p = w
+        .propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
     remove_channels(&w.human).await;
     let d = connect("app_dispatcher").await;
     assert!(lease_notes(&d, &w.tenant, "30 seconds").await.is_empty());
-    let n = notes(&w).await.into_iter().find(|n| n.kind == "notice").unwrap();
+    let n = notes(&w)
+        .await
+        .into_iter()
+        .find(|n| n.kind == "notice")
+        .unwrap();
     assert_eq!(n.status, "cancelled");
 }
