@@ -122,6 +122,29 @@ kt_standard_webhooks() {
   export KT_STANDARDWEBHOOKS_PYTHON="$venv/bin/python"
 }
 
+# The Web Push checks' libraries (PyPI http_ece and py_vapid, which decrypt
+# and verify what keyturnd sends independently of it) in the venv of
+# kt_standard_webhooks: exports KT_WEBPUSH_PYTHON, or, when they cannot be
+# had, KT_WEBPUSH_UNAVAILABLE with the reason (those checks skip, saying so).
+kt_webpush_python() {
+  local venv log
+  venv="$(kt_scratch)/standardwebhooks-venv"
+  log="$(kt_scratch)/webpush-venv.log"
+  unset KT_WEBPUSH_PYTHON KT_WEBPUSH_UNAVAILABLE
+  if ! "$venv/bin/python" -c 'import http_ece, py_vapid, standardwebhooks' >/dev/null 2>&1; then
+    if [ ! -x "$venv/bin/python" ] && ! python3 -m venv "$venv" >"$log" 2>&1; then
+      export KT_WEBPUSH_UNAVAILABLE="python3 -m venv failed (is python3-venv installed?): $(tail -n 1 "$log")"
+      return 0
+    fi
+    if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --timeout 20 --retries 1 \
+        standardwebhooks http_ece py_vapid >>"$log" 2>&1; then
+      export KT_WEBPUSH_UNAVAILABLE="pip install http_ece py_vapid failed (is PyPI reachable?): $(tail -n 1 "$log")"
+      return 0
+    fi
+  fi
+  export KT_WEBPUSH_PYTHON="$venv/bin/python"
+}
+
 # chromedriver on a free loopback port, for the browser layer: exports
 # KT_WEBDRIVER_URL (and KT_CHROMIUM, the browser binary), or, when Debian's
 # chromium or chromium-driver is missing, KT_BROWSER_UNAVAILABLE with the

@@ -22,6 +22,7 @@ mod e2e_attachments;
 mod e2e_dispatch;
 mod e2e_journal;
 mod e2e_lease;
+mod e2e_notify;
 mod e2e_pg_restart;
 mod e2e_pooler;
 mod e2e_process;
