@@ -164,6 +164,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn test_slack_control_sequences_in_a_summary_stay_text() {
+        // An agent's param in a summary: Slack reads the fallback `text` as
+        // mrkdwn, where <!channel> notifies everyone in the channel and
+        // <http://…|…> is a link of the agent's own.
+        let mut m = Message::example();
+        m.title = "Approval needed: <!channel> see <https://evil.example|the card> & pay".into();
+        let b = body(&LeasedJob::example(), &m, "https://k.example/card#a=x&c=y", Utc::now());
+        let text = b["text"].as_str().unwrap();
+        assert!(!text.contains('<') && !text.contains('>'), "{text}");
+        assert!(text.contains("&lt;!channel&gt;"), "{text}");
+        assert!(text.contains("&amp; pay"), "{text}");
+    }
+
+    #[test]
     fn test_the_body_is_a_slack_message_with_one_button_to_the_card() {
         let job = LeasedJob::example();
         let b = body(
