@@ -7,10 +7,10 @@
 //!   `webhook-signature` headers, so a receiver verifies it with that
 //!   project's libraries;
 //! * a Slack incoming-webhook message: `text` (the fallback a notification
-//!   shows) and `blocks`: a section with the message in `plain_text` (a
-//!   summary is never read as markup, and keyturn makes nothing in it a
-//!   link) and an actions block whose one button, "Open the card", is the
-//!   card link. Slack ignores the fields it does not know, so a person
+//!   shows, mrkdwn to Slack, so `&`, `<` and `>` are escaped: no mention or
+//!   link of a summary's own) and `blocks`: a section with the message in
+//!   `plain_text` (never read as markup) and an actions block whose one
+//!   button, "Open the card", is the card link. Slack ignores the fields it does not know, so a person
 //!   pastes a Slack (or a Teams or other workflow) webhook URL as it is.
 //!
 //! The key: the channel's own `whsec_` secret, else
@@ -123,7 +123,7 @@ pub fn body(job: &LeasedJob, message: &Message, link: &str, now: DateTime<Utc>) 
             "link": link,
             "link_expires_at": message.code_expires_at,
         },
-        "text": cut(&message.title, SECTION_MAX),
+        "text": slack_text(&cut(&message.title, SECTION_MAX)),
         "blocks": [
             {"type": "section", "text": {"type": "plain_text", "text": text, "emoji": false}},
             {"type": "actions", "elements": [{
@@ -138,6 +138,15 @@ pub fn body(job: &LeasedJob, message: &Message, link: &str, now: DateTime<Utc>) 
         "unfurl_links": false,
         "unfurl_media": false,
     })
+}
+
+/// Text for a field Slack reads as mrkdwn (the fallback `text`): its three
+/// control characters escaped as Slack asks, so nothing in a summary is a
+/// mention (`<!channel>`), a link (`<url|text>`) or a user reference.
+fn slack_text(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 impl Provider for WebhookNotifier {
@@ -170,7 +179,12 @@ mod tests {
         // <http://…|…> is a link of the agent's own.
         let mut m = Message::example();
         m.title = "Approval needed: <!channel> see <https://evil.example|the card> & pay".into();
-        let b = body(&LeasedJob::example(), &m, "https://k.example/card#a=x&c=y", Utc::now());
+        let b = body(
+            &LeasedJob::example(),
+            &m,
+            "https://k.example/card#a=x&c=y",
+            Utc::now(),
+        );
         let text = b["text"].as_str().unwrap();
         assert!(!text.contains('<') && !text.contains('>'), "{text}");
         assert!(text.contains("&lt;!channel&gt;"), "{text}");

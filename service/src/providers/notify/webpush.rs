@@ -76,6 +76,10 @@ impl WebPushNotifier {
         .to_string();
         let mut vapid = self.vapid.builder().add_sub_info(&subscription);
         vapid.add_claim("sub", self.subject.as_str());
+        // RFC 8292 §2: the audience is the push resource's origin, its port
+        // included (web-push's default leaves a port out).
+        let audience = endpoint.origin().ascii_serialization();
+        vapid.add_claim("aud", audience.as_str());
         let signature = vapid
             .build()
             .map_err(|_| "the VAPID signature could not be made")?;
