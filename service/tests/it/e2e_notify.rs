@@ -744,3 +744,49 @@ async fn test_at_most_once_under_kill_9_and_a_postgres_restart() {
     }
     remove_channels(&w).await;
 }
+
+#[tokio::test]
+async fn test_a_target_that_resolves_to_an_internal_address_is_never_reached() {
+    // A person's webhook pointed at a service on keyturnd's own host (the
+    // database accepts http to loopback, for development): without the
+    // network in KEYTURN_NOTIFY_ALLOW_NETWORKS keyturnd resolves the name,
+    // refuses the address and connects nowhere.
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let internal = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = format!(
+        "http://localhost:{}/admin",
+        internal.local_addr().unwrap().port()
+    );
+    set_notify(&w, "webhook", &target, json!({"secret": whsec()})).await;
+    let k = Keyturnd::start(port, vec![("KEYTURN_PUBLIC_URL", PUBLIC_URL.into())]).await;
+    let (id, _) = propose(&w, &tool, json!({"text": "reach inside"})).await;
+    e2e::eventually(WITHIN, "the notice to fail", || async {
+        notes(&w, id)
+            .await
+            .iter()
+            .any(|n| n.3 == "notice" && n.4 == "failed")
+            .then_some(())
+    })
+    .await;
+    k.stop().await;
+    let receipt: Value = w
+        .superuser
+        .query_one(
+            "SELECT receipt FROM keyturn.notification WHERE action_id = $1 AND kind = 'notice'",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(receipt["sent"], false, "{receipt}");
+    // Every connection made would be queued here by now: there is none.
+    let accepted = tokio::time::timeout(Duration::from_millis(100), internal.accept()).await;
+    assert!(
+        accepted.is_err(),
+        "keyturnd connected to the internal address"
+    );
+    remove_channels(&w).await;
+}
