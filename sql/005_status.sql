@@ -60,7 +60,7 @@ CREATE TYPE keyturn.attempt_outcome AS ENUM ('succeeded', 'failed', 'retry', 'un
 -- nothing (keyturn.record_not_sent).
 CREATE TYPE keyturn.dispatcher_account AS ENUM ('not_sent');
 
--- Notifications (sql/063_notify.sql): the channels a person can be reached
+-- Notifications (sql/064_notify.sql): the channels a person can be reached
 -- on, and what a notification is: the first word that an action waits for
 -- them, the one reminder before it expires, or the one message that carries
 -- those over a person's hourly cap.

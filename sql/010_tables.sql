@@ -354,7 +354,7 @@ CREATE TABLE keyturn.evidence (
     PRIMARY KEY (id, tenant)
 );
 
--- Where a person is reached (sql/063_notify.sql): one target per channel,
+-- Where a person is reached (sql/064_notify.sql): one target per channel,
 -- set by the person (keyturn.set_notify), with the role they set it as (the
 -- card their notifications open runs as that role). secret: a webhook's own
 -- Standard Webhooks secret; read only by the dispatcher, for the message it
@@ -374,7 +374,7 @@ CREATE TABLE keyturn.notify_channel (
 );
 
 -- Notifications: keyturn's own effects, carried by the dispatcher under the
--- same lease / begin / complete protocol as an action (sql/063_notify.sql
+-- same lease / begin / complete protocol as an action (sql/064_notify.sql
 -- says why a table of their own). One per (action, person, channel, kind),
 -- kind a notice or the one reminder; a digest (action_id NULL) carries the
 -- notices and reminders over the person's hourly cap (batched_into), and

@@ -478,7 +478,7 @@ BEGIN
     END IF;
 
     -- It waits for people now: the notifications of those with a channel
-    -- (sql/063_notify.sql). A tenant where nobody set one pays one index
+    -- (sql/064_notify.sql). A tenant where nobody set one pays one index
     -- probe.
     IF EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant) THEN
         PERFORM keyturn._record_notifications(v_id, p_tenant);

@@ -136,7 +136,7 @@ $$;
 -- A new one-time code for a card link to p_ids, for that identity, until
 -- p_expires; only its digest is stored. The callers have checked that the
 -- person may decide every action: keyturn._link_code, and a notification's
--- message (sql/063_notify.sql), whose card runs as the role its person set
+-- message (sql/064_notify.sql), whose card runs as the role its person set
 -- the channel as.
 CREATE FUNCTION keyturn._mint_link(p_tenant text, p_principal text, p_session text, p_db_role text, p_ids uuid[],
                                    p_now timestamptz, p_expires timestamptz)

@@ -130,7 +130,7 @@ BEGIN
     PERFORM keyturn._check_lease_args(p_worker, p_max_jobs, p_lease_for);
     PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    -- Notifications first (sql/063_notify.sql): they are few, and a person
+    -- Notifications first (sql/064_notify.sql): they are few, and a person
     -- waits for each. Actions take the slots left.
     RETURN QUERY SELECT * FROM keyturn._lease_notifications(p_tenant, p_worker, p_max_jobs, p_lease_for,
                                                             p_providers, v_now);
@@ -215,7 +215,7 @@ $$;
 -- Why a dispatcher call may not act on this job under this lease, or NULL:
 -- the one place for these rules, shared by the single calls (which raise it
 -- as 55000), the batch calls (which answer it per element) and the
--- notifications the same calls carry (sql/063_notify.sql; p_what names the
+-- notifications the same calls carry (sql/064_notify.sql; p_what names the
 -- kind of job). The job's row is locked FOR UPDATE; p_found: there is one,
 -- p_status, p_lease_id and p_lease_expires_at are its columns; p_live: the
 -- lease must not have lapsed.
@@ -402,7 +402,7 @@ DECLARE
     v_results  jsonb[];
     v_now      timestamptz;
 BEGIN
-    -- Notifications, told by their id (sql/063_notify.sql), are begun by
+    -- Notifications, told by their id (sql/064_notify.sql), are begun by
     -- keyturn._notify_begin_set; a batch of actions alone never gets there.
     IF EXISTS (SELECT 1 FROM unnest(p_ids) x WHERE keyturn._is_notification(x)) THEN
         RETURN QUERY SELECT * FROM keyturn._begin_mixed(p_tenant, p_ords, p_ids, p_leases);
@@ -711,7 +711,7 @@ BEGIN
     GET DIAGNOSTICS v_files = ROW_COUNT;
 
     -- Notifications: their lapsed leases by the same rules, counted with the
-    -- actions' (sql/063_notify.sql).
+    -- actions' (sql/064_notify.sql).
     SELECT * INTO v_notes FROM keyturn._sweep_notifications(p_tenant, v_now);
     RETURN QUERY SELECT v_expired, v_requeued + v_notes.requeued, v_uncertain + v_notes.uncertain, v_files;
 END
@@ -809,7 +809,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('uncertain_actions');
-    -- With the uncertain notifications (sql/063_notify.sql), whose tool is
+    -- With the uncertain notifications (sql/064_notify.sql), whose tool is
     -- keyturn.notify.<channel>.
     RETURN QUERY
     SELECT u.* FROM (

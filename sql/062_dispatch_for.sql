@@ -65,7 +65,7 @@ BEGIN
             UNION ALL
             SELECT f.tenant, 0, 1, f.staged_at FROM keyturn.staged_file f
              WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours'
-            -- Notifications (sql/063_notify.sql): due, and lapsed leases.
+            -- Notifications (sql/064_notify.sql): due, and lapsed leases.
             UNION ALL
             SELECT n.tenant, 1, 0, n.next_attempt_at FROM keyturn.notification n
              WHERE n.status = 'queued' AND n.next_attempt_at <= v_now

@@ -29,7 +29,7 @@ COMMENT ON TABLE keyturn.card_link IS 'One-time codes of card links (digests onl
 COMMENT ON TABLE keyturn.audit_chain IS 'Each tenant''s audit chain head: its event count and last hash (sql/059_audit.sql).';
 COMMENT ON TABLE keyturn.evidence IS 'Evidence recorded by the trusted side (a person, or keyturn.fence): kind, reference and SHA-256, which proposals cite.';
 COMMENT ON TABLE keyturn.notify_channel IS 'Where each person is reached (set_notify): one target per channel, the role they set it as; a webhook''s own secret, never shown back.';
-COMMENT ON TABLE keyturn.notification IS 'Notifications: one notice and one reminder per action, person and channel, and digests past the hourly cap; dispatched like external actions (sql/063_notify.sql).';
+COMMENT ON TABLE keyturn.notification IS 'Notifications: one notice and one reminder per action, person and channel, and digests past the hourly cap; dispatched like external actions (sql/064_notify.sql).';
 COMMENT ON TYPE keyturn.channel IS 'How a person is reached: email, webhook (Standard Webhooks, Slack-shaped), webpush (RFC 8030/8291/8292).';
 COMMENT ON TYPE keyturn.notification_kind IS 'notice (an action waits for you), reminder (before it expires), digest (what the hourly cap held back).';
 COMMENT ON TABLE keyturn.projection IS 'Read-side projections: the current version per provider.';

@@ -155,11 +155,11 @@ CREATE TABLE keyturn.evidence (
 );
 SELECT pg_catalog.pg_extension_config_dump('keyturn.evidence', '');
 
--- Notifications (sql/063_notify.sql): the channels a person is reached on,
+-- Notifications (sql/064_notify.sql): the channels a person is reached on,
 -- and the notifications keyturn records when an action starts to wait.
 CREATE TYPE keyturn.channel AS ENUM ('email', 'webhook', 'webpush');
 CREATE TYPE keyturn.notification_kind AS ENUM ('notice', 'reminder', 'digest');
--- Where a person is reached (sql/063_notify.sql): one target per channel,
+-- Where a person is reached (sql/064_notify.sql): one target per channel,
 -- set by the person (keyturn.set_notify), with the role they set it as (the
 -- card their notifications open runs as that role). secret: a webhook's own
 -- Standard Webhooks secret; read only by the dispatcher, for the message it
@@ -179,7 +179,7 @@ CREATE TABLE keyturn.notify_channel (
 );
 
 -- Notifications: keyturn's own effects, carried by the dispatcher under the
--- same lease / begin / complete protocol as an action (sql/063_notify.sql
+-- same lease / begin / complete protocol as an action (sql/064_notify.sql
 -- says why a table of their own). One per (action, person, channel, kind),
 -- kind a notice or the one reminder; a digest (action_id NULL) carries the
 -- notices and reminders over the person's hourly cap (batched_into), and
@@ -2711,7 +2711,7 @@ BEGIN
     END IF;
 
     -- It waits for people now: the notifications of those with a channel
-    -- (sql/063_notify.sql). A tenant where nobody set one pays one index
+    -- (sql/064_notify.sql). A tenant where nobody set one pays one index
     -- probe.
     IF EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant) THEN
         PERFORM keyturn._record_notifications(v_id, p_tenant);
@@ -4813,7 +4813,7 @@ $$;
 -- A new one-time code for a card link to p_ids, for that identity, until
 -- p_expires; only its digest is stored. The callers have checked that the
 -- person may decide every action: keyturn._link_code, and a notification's
--- message (sql/063_notify.sql), whose card runs as the role its person set
+-- message (sql/064_notify.sql), whose card runs as the role its person set
 -- the channel as.
 CREATE OR REPLACE FUNCTION keyturn._mint_link(p_tenant text, p_principal text, p_session text, p_db_role text, p_ids uuid[],
                                    p_now timestamptz, p_expires timestamptz)
@@ -5158,7 +5158,7 @@ BEGIN
     PERFORM keyturn._check_lease_args(p_worker, p_max_jobs, p_lease_for);
     PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
-    -- Notifications first (sql/063_notify.sql): they are few, and a person
+    -- Notifications first (sql/064_notify.sql): they are few, and a person
     -- waits for each. Actions take the slots left.
     RETURN QUERY SELECT * FROM keyturn._lease_notifications(p_tenant, p_worker, p_max_jobs, p_lease_for,
                                                             p_providers, v_now);
@@ -5243,7 +5243,7 @@ $$;
 -- Why a dispatcher call may not act on this job under this lease, or NULL:
 -- the one place for these rules, shared by the single calls (which raise it
 -- as 55000), the batch calls (which answer it per element) and the
--- notifications the same calls carry (sql/063_notify.sql; p_what names the
+-- notifications the same calls carry (sql/064_notify.sql; p_what names the
 -- kind of job). The job's row is locked FOR UPDATE; p_found: there is one,
 -- p_status, p_lease_id and p_lease_expires_at are its columns; p_live: the
 -- lease must not have lapsed.
@@ -5430,7 +5430,7 @@ DECLARE
     v_results  jsonb[];
     v_now      timestamptz;
 BEGIN
-    -- Notifications, told by their id (sql/063_notify.sql), are begun by
+    -- Notifications, told by their id (sql/064_notify.sql), are begun by
     -- keyturn._notify_begin_set; a batch of actions alone never gets there.
     IF EXISTS (SELECT 1 FROM unnest(p_ids) x WHERE keyturn._is_notification(x)) THEN
         RETURN QUERY SELECT * FROM keyturn._begin_mixed(p_tenant, p_ords, p_ids, p_leases);
@@ -5739,7 +5739,7 @@ BEGIN
     GET DIAGNOSTICS v_files = ROW_COUNT;
 
     -- Notifications: their lapsed leases by the same rules, counted with the
-    -- actions' (sql/063_notify.sql).
+    -- actions' (sql/064_notify.sql).
     SELECT * INTO v_notes FROM keyturn._sweep_notifications(p_tenant, v_now);
     RETURN QUERY SELECT v_expired, v_requeued + v_notes.requeued, v_uncertain + v_notes.uncertain, v_files;
 END
@@ -5837,7 +5837,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('uncertain_actions');
-    -- With the uncertain notifications (sql/063_notify.sql), whose tool is
+    -- With the uncertain notifications (sql/064_notify.sql), whose tool is
     -- keyturn.notify.<channel>.
     RETURN QUERY
     SELECT u.* FROM (
@@ -6196,7 +6196,7 @@ BEGIN
             UNION ALL
             SELECT f.tenant, 0, 1, f.staged_at FROM keyturn.staged_file f
              WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours'
-            -- Notifications (sql/063_notify.sql): due, and lapsed leases.
+            -- Notifications (sql/064_notify.sql): due, and lapsed leases.
             UNION ALL
             SELECT n.tenant, 1, 0, n.next_attempt_at FROM keyturn.notification n
              WHERE n.status = 'queued' AND n.next_attempt_at <= v_now
@@ -6360,7 +6360,7 @@ END
 $$;
 
 
--- ==== sql/063_notify.sql ====
+-- ==== sql/064_notify.sql ====
 
 -- Reaching people (docs/notifications.md): a person's channels
 -- (keyturn.set_notify), the notifications keyturn records when an action
@@ -7798,7 +7798,7 @@ COMMENT ON TABLE keyturn.card_link IS 'One-time codes of card links (digests onl
 COMMENT ON TABLE keyturn.audit_chain IS 'Each tenant''s audit chain head: its event count and last hash (sql/059_audit.sql).';
 COMMENT ON TABLE keyturn.evidence IS 'Evidence recorded by the trusted side (a person, or keyturn.fence): kind, reference and SHA-256, which proposals cite.';
 COMMENT ON TABLE keyturn.notify_channel IS 'Where each person is reached (set_notify): one target per channel, the role they set it as; a webhook''s own secret, never shown back.';
-COMMENT ON TABLE keyturn.notification IS 'Notifications: one notice and one reminder per action, person and channel, and digests past the hourly cap; dispatched like external actions (sql/063_notify.sql).';
+COMMENT ON TABLE keyturn.notification IS 'Notifications: one notice and one reminder per action, person and channel, and digests past the hourly cap; dispatched like external actions (sql/064_notify.sql).';
 COMMENT ON TYPE keyturn.channel IS 'How a person is reached: email, webhook (Standard Webhooks, Slack-shaped), webpush (RFC 8030/8291/8292).';
 COMMENT ON TYPE keyturn.notification_kind IS 'notice (an action waits for you), reminder (before it expires), digest (what the hourly cap held back).';
 COMMENT ON TABLE keyturn.projection IS 'Read-side projections: the current version per provider.';

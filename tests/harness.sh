@@ -98,51 +98,44 @@ kt_cluster_start() {
   kt_log "private cluster up on 127.0.0.1:$port (data in $dir)"
 }
 
-# A venv in the scratch directory with the Standard Webhooks library from PyPI,
-# for the service test that verifies keyturnd's webhooks with it. Exports
-# KT_STANDARDWEBHOOKS_PYTHON, or, when it cannot be had,
-# KT_STANDARDWEBHOOKS_UNAVAILABLE with the reason, which that test prints as
-# its reason for skipping. Never fails the run.
-kt_standard_webhooks() {
-  local venv log
+# The scratch directory's venv with the Python libraries the service tests
+# check keyturnd's output with, independently of keyturnd: `kt_python_libs
+# NAME MODULE… -- PACKAGE…` installs the PyPI packages unless the modules
+# already import, and exports KT_<NAME>_PYTHON, or, when they cannot be had,
+# KT_<NAME>_UNAVAILABLE with the reason, which the tests that need them print
+# as their reason for skipping. Never fails the run.
+kt_python_libs() {
+  local name=$1 venv log modules=() packages
+  shift
+  while [ "$1" != -- ]; do modules+=("$1"); shift; done
+  shift
+  packages=("$@")
   venv="$(kt_scratch)/standardwebhooks-venv"
-  log="$(kt_scratch)/standardwebhooks-venv.log"
-  unset KT_STANDARDWEBHOOKS_PYTHON KT_STANDARDWEBHOOKS_UNAVAILABLE
-  if ! "$venv/bin/python" -c 'import standardwebhooks' >/dev/null 2>&1; then
-    if ! python3 -m venv "$venv" >"$log" 2>&1; then
-      export KT_STANDARDWEBHOOKS_UNAVAILABLE="python3 -m venv failed (is python3-venv installed?): $(tail -n 1 "$log")"
+  log="$(kt_scratch)/python-libs-$name.log"
+  unset "KT_${name}_PYTHON" "KT_${name}_UNAVAILABLE"
+  if ! "$venv/bin/python" -c "import $(IFS=,; echo "${modules[*]}")" >/dev/null 2>&1; then
+    if [ ! -x "$venv/bin/python" ] && ! python3 -m venv "$venv" >"$log" 2>&1; then
+      export "KT_${name}_UNAVAILABLE=python3 -m venv failed (is python3-venv installed?): $(tail -n 1 "$log")"
       return 0
     fi
     if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --timeout 20 --retries 1 \
-        standardwebhooks >>"$log" 2>&1; then
-      export KT_STANDARDWEBHOOKS_UNAVAILABLE="pip install standardwebhooks failed (is PyPI reachable?): $(tail -n 1 "$log")"
+        "${packages[@]}" >>"$log" 2>&1; then
+      export "KT_${name}_UNAVAILABLE=pip install ${packages[*]} failed (is PyPI reachable?): $(tail -n 1 "$log")"
       return 0
     fi
   fi
-  export KT_STANDARDWEBHOOKS_PYTHON="$venv/bin/python"
+  export "KT_${name}_PYTHON=$venv/bin/python"
 }
 
-# The Web Push checks' libraries (PyPI http_ece and py_vapid, which decrypt
-# and verify what keyturnd sends independently of it) in the venv of
-# kt_standard_webhooks: exports KT_WEBPUSH_PYTHON, or, when they cannot be
-# had, KT_WEBPUSH_UNAVAILABLE with the reason (those checks skip, saying so).
+# The Standard Webhooks library: KT_STANDARDWEBHOOKS_PYTHON.
+kt_standard_webhooks() {
+  kt_python_libs STANDARDWEBHOOKS standardwebhooks -- standardwebhooks
+}
+
+# The Web Push checks' libraries (http_ece decrypts, py_vapid verifies what
+# keyturnd sends): KT_WEBPUSH_PYTHON.
 kt_webpush_python() {
-  local venv log
-  venv="$(kt_scratch)/standardwebhooks-venv"
-  log="$(kt_scratch)/webpush-venv.log"
-  unset KT_WEBPUSH_PYTHON KT_WEBPUSH_UNAVAILABLE
-  if ! "$venv/bin/python" -c 'import http_ece, py_vapid, standardwebhooks' >/dev/null 2>&1; then
-    if [ ! -x "$venv/bin/python" ] && ! python3 -m venv "$venv" >"$log" 2>&1; then
-      export KT_WEBPUSH_UNAVAILABLE="python3 -m venv failed (is python3-venv installed?): $(tail -n 1 "$log")"
-      return 0
-    fi
-    if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --timeout 20 --retries 1 \
-        standardwebhooks http_ece py_vapid >>"$log" 2>&1; then
-      export KT_WEBPUSH_UNAVAILABLE="pip install http_ece py_vapid failed (is PyPI reachable?): $(tail -n 1 "$log")"
-      return 0
-    fi
-  fi
-  export KT_WEBPUSH_PYTHON="$venv/bin/python"
+  kt_python_libs WEBPUSH http_ece py_vapid standardwebhooks -- standardwebhooks http_ece py_vapid
 }
 
 # chromedriver on a free loopback port, for the browser layer: exports

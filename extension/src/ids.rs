@@ -14,7 +14,7 @@ fn uuid_v7() -> pgrx::Uuid {
     pgrx::Uuid::from_bytes(*uuid::Uuid::now_v7().as_bytes())
 }
 
-/// A notification's id (sql/063_notify.sql): a v7, for the same index
+/// A notification's id (sql/064_notify.sql): a v7, for the same index
 /// locality, with its version nibble set to 8, so that the dispatcher's
 /// calls tell it from an action's id without a lookup
 /// (`keyturn._is_notification`).

@@ -168,7 +168,7 @@ mod tests;
     requires = ["dispatch_batch", route_guard::require_tenant_sql]
 );
 ::pgrx::extension_sql_file!(
-    "../../sql/063_notify.sql",
+    "../../sql/064_notify.sql",
     name = "notify",
     requires = [
         "dispatch_for",

@@ -149,11 +149,11 @@ CREATE TABLE keyturn.evidence (
 );
 SELECT pg_catalog.pg_extension_config_dump('keyturn.evidence', '');
 
--- Notifications (sql/063_notify.sql): the channels a person is reached on,
+-- Notifications (sql/064_notify.sql): the channels a person is reached on,
 -- and the notifications keyturn records when an action starts to wait.
 CREATE TYPE keyturn.channel AS ENUM ('email', 'webhook', 'webpush');
 CREATE TYPE keyturn.notification_kind AS ENUM ('notice', 'reminder', 'digest');
--- Where a person is reached (sql/063_notify.sql): one target per channel,
+-- Where a person is reached (sql/064_notify.sql): one target per channel,
 -- set by the person (keyturn.set_notify), with the role they set it as (the
 -- card their notifications open runs as that role). secret: a webhook's own
 -- Standard Webhooks secret; read only by the dispatcher, for the message it
@@ -173,7 +173,7 @@ CREATE TABLE keyturn.notify_channel (
 );
 
 -- Notifications: keyturn's own effects, carried by the dispatcher under the
--- same lease / begin / complete protocol as an action (sql/063_notify.sql
+-- same lease / begin / complete protocol as an action (sql/064_notify.sql
 -- says why a table of their own). One per (action, person, channel, kind),
 -- kind a notice or the one reminder; a digest (action_id NULL) carries the
 -- notices and reminders over the person's hourly cap (batched_into), and

@@ -233,6 +233,26 @@ impl Providers {
     }
 }
 
+/// The outcome of an HTTP request that failed in transport (the webhook
+/// adapter's and the notifications'): classified (crate::classify), logged
+/// without the URL (it may carry a token, or be a capability, as a Slack
+/// workflow URL's path is), the receipt naming the kind of failure only.
+pub(crate) fn http_transport_failure(err: reqwest::Error, what: &'static str) -> CallResult {
+    let outcome = crate::classify::http_transport_error(&err);
+    let kind = if err.is_connect() {
+        "connect"
+    } else if err.is_timeout() {
+        "timeout"
+    } else {
+        "transport"
+    };
+    tracing::warn!(error = %err.without_url(), kind, outcome = outcome.word(), "{what} request failed");
+    CallResult {
+        outcome,
+        receipt: serde_json::json!({ "error": kind }),
+    }
+}
+
 /// Keeps a provider-supplied id printable and short, so a hostile or broken
 /// provider cannot stuff the receipt.
 ///

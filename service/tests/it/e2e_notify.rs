@@ -182,12 +182,7 @@ fn assert_carries_no_credential(text: &str, token: &str, code: &str, what: &str)
 #[tokio::test]
 async fn test_a_webhook_notification_is_a_signed_slack_message_with_a_working_card_link() {
     let port = require_db!();
-    let Some(python) = python::interpreter(
-        test_name!(),
-        "KT_STANDARDWEBHOOKS_PYTHON",
-        "KT_STANDARDWEBHOOKS_UNAVAILABLE",
-        "the standardwebhooks library",
-    ) else {
+    let Some(python) = python::standard_webhooks(test_name!()) else {
         return;
     };
     let _serial = e2e::serial().await;
@@ -313,12 +308,7 @@ async fn test_an_email_notification_has_a_text_and_an_html_part_and_one_link() {
 #[tokio::test]
 async fn test_a_web_push_notification_is_vapid_signed_and_decrypts_to_the_card_link() {
     let port = require_db!();
-    let Some(python) = python::interpreter(
-        test_name!(),
-        "KT_WEBPUSH_PYTHON",
-        "KT_WEBPUSH_UNAVAILABLE",
-        "the http_ece and py_vapid libraries",
-    ) else {
+    let Some(python) = python::webpush(test_name!()) else {
         return;
     };
     let _serial = e2e::serial().await;

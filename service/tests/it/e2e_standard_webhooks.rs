@@ -59,16 +59,6 @@ impl PyReceiver {
     }
 }
 
-/// The venv's Python, or `None` after saying why the test skipped.
-fn python(test: &str) -> Option<String> {
-    python::interpreter(
-        test,
-        "KT_STANDARDWEBHOOKS_PYTHON",
-        "KT_STANDARDWEBHOOKS_UNAVAILABLE",
-        "the standardwebhooks library",
-    )
-}
-
 /// keyturnd with `keyturnd_secret` delivers one action to a receiver that
 /// verifies with the library given `library_secret`; then the same request,
 /// replayed as if ten minutes later, is refused by the library.
@@ -145,7 +135,7 @@ async fn verified_by_the_library(
 #[tokio::test]
 async fn test_whsec_secret_verifies_with_the_standard_webhooks_library() {
     let port = require_db!();
-    let Some(python) = python(test_name!()) else {
+    let Some(python) = python::standard_webhooks(test_name!()) else {
         return;
     };
     let secret = format!("whsec_{}", STANDARD.encode(Uuid::new_v4().into_bytes()));
@@ -157,7 +147,7 @@ async fn test_whsec_secret_verifies_with_the_standard_webhooks_library() {
 #[tokio::test]
 async fn test_plain_secret_verifies_as_whsec_of_its_bytes() {
     let port = require_db!();
-    let Some(python) = python(test_name!()) else {
+    let Some(python) = python::standard_webhooks(test_name!()) else {
         return;
     };
     let secret = format!("plain-🔑-{}", Uuid::new_v4().simple());

@@ -34,6 +34,17 @@ fn subscription(endpoint: &str) -> String {
     .to_string()
 }
 
+/// A tenant whose member has `channel` set to `target`, and a webhook tool
+/// granted to them.
+async fn notified(channel: &str, target: &str, settings: Value) -> (World, String) {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    set_notify(&w.human, channel, target, settings)
+        .await
+        .unwrap();
+    (w, t)
+}
+
 /// One notification row, as the superuser reads it.
 #[derive(Debug, Clone)]
 struct Note {
@@ -610,11 +621,7 @@ async fn test_nothing_is_sent_for_an_action_decided_expired_or_cancelled_before_
 #[tokio::test]
 async fn test_an_action_decided_between_lease_and_begin_is_not_begun() {
     let _lock = DISPATCH_LOCK.lock().await;
-    let w = World::new("member").await;
-    let t = w.webhook_tool(json!({})).await;
-    set_notify(&w.human, "email", "ann@acme.example", json!({}))
-        .await
-        .unwrap();
+    let (w, t) = notified("email", "ann@acme.example", json!({})).await;
     let p = w
         .propose(&t, json!({"channel": "c", "text": "a"}))
         .await
@@ -797,11 +804,7 @@ async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
 #[tokio::test]
 async fn test_a_lapsed_notification_is_uncertain_for_the_operator_and_never_sent_again() {
     let _lock = DISPATCH_LOCK.lock().await;
-    let w = World::new("member").await;
-    let t = w.webhook_tool(json!({})).await;
-    set_notify(&w.human, "email", "ann@acme.example", json!({}))
-        .await
-        .unwrap();
+    let (w, t) = notified("email", "ann@acme.example", json!({})).await;
     let p = w
         .propose(&t, json!({"channel": "c", "text": "a"}))
         .await
@@ -906,11 +909,7 @@ async fn test_a_lapsed_notification_is_uncertain_for_the_operator_and_never_sent
 #[tokio::test]
 async fn test_complete_gives_a_notification_an_actions_outcomes() {
     let _lock = DISPATCH_LOCK.lock().await;
-    let w = World::new("member").await;
-    let t = w.webhook_tool(json!({})).await;
-    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({}))
-        .await
-        .unwrap();
+    let (w, t) = notified("webhook", "http://127.0.0.1:9/h", json!({})).await;
     set_notify(&w.human, "email", "ann@acme.example", json!({}))
         .await
         .unwrap();
@@ -1187,11 +1186,7 @@ async fn test_one_reminder_when_remind_before_of_the_expiry_is_left() {
 #[tokio::test]
 async fn test_a_removed_channel_sends_nothing_more() {
     let _lock = DISPATCH_LOCK.lock().await;
-    let w = World::new("member").await;
-    let t = w.webhook_tool(json!({})).await;
-    set_notify(&w.human, "email", "ann@acme.example", json!({}))
-        .await
-        .unwrap();
+    let (w, t) = notified("email", "ann@acme.example", json!({})).await;
     let _p = w
         .propose(&t, json!({"channel": "c", "text": "a"}))
         .await

@@ -79,7 +79,7 @@ async fn test_each_role_executes_exactly_its_functions() {
         "issue_token",
         "link_code",
         "record_evidence",
-        // where the person is reached (sql/063_notify.sql)
+        // where the person is reached (sql/064_notify.sql)
         "set_notify",
         "notify_channels",
         "remove_notify",
@@ -121,7 +121,7 @@ async fn test_each_role_executes_exactly_its_functions() {
                     // keyturnd's account of an attempt it never sent
                     "record_not_sent",
                     "record_not_sent_for",
-                    // what a notification says (sql/063_notify.sql)
+                    // what a notification says (sql/064_notify.sql)
                     "notification_message",
                     "notification_message_for",
                     // tenant by tenant (sql/062_dispatch_for.sql)

@@ -17,11 +17,11 @@ use lettre::message::{Mailbox, MultiPart};
 use lettre::{Address, Message as Mail};
 use tokio::time::Instant;
 
-use super::{link_note, one_line, Message};
+use super::{link_note, one_line, Message, Notifier};
 use crate::classify::Outcome;
 use crate::db::LeasedJob;
 use crate::providers::smtp::{message_id, SmtpProvider};
-use crate::providers::{not_sent, BoxFuture, CallResult, Provider};
+use crate::providers::{not_sent, BoxFuture, CallResult};
 
 /// The provider name.
 pub const NAME: &str = "notify.email";
@@ -78,7 +78,7 @@ impl EmailNotifier {
             .map_err(|_| "the message could not be built")
     }
 
-    async fn send(&self, job: &LeasedJob, message: &Message, by: Instant) -> CallResult {
+    async fn deliver(&self, job: &LeasedJob, message: &Message, by: Instant) -> CallResult {
         let mail = match self.build(job, message) {
             Ok(mail) => mail,
             Err(why) => return not_sent(Outcome::Failed, why),
@@ -106,22 +106,18 @@ fn escape(text: &str) -> String {
     out
 }
 
-impl Provider for EmailNotifier {
+impl Notifier for EmailNotifier {
     fn name(&self) -> &'static str {
         NAME
     }
 
-    fn notifies(&self) -> bool {
-        true
-    }
-
-    fn notify<'a>(
+    fn send<'a>(
         &'a self,
         job: &'a LeasedJob,
         message: &'a Message,
         by: Instant,
     ) -> BoxFuture<'a, CallResult> {
-        Box::pin(self.send(job, message, by))
+        Box::pin(self.deliver(job, message, by))
     }
 }
 

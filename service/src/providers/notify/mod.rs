@@ -32,9 +32,47 @@ pub mod webpush;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 use uuid::Uuid;
 
+use super::{BoxFuture, CallResult, Provider};
 use crate::config::Secret;
+use crate::db::LeasedJob;
+
+/// A notification adapter: its provider name, and one attempt at sending a
+/// message under the rules of [`Provider::call`]. Every notifier is a
+/// [`Provider`] that [`notifies`](Provider::notifies).
+pub trait Notifier: Send + Sync {
+    /// `notify.<channel>`.
+    fn name(&self) -> &'static str;
+
+    /// Sends `message` once, ended by `by`.
+    fn send<'a>(
+        &'a self,
+        job: &'a LeasedJob,
+        message: &'a Message,
+        by: Instant,
+    ) -> BoxFuture<'a, CallResult>;
+}
+
+impl<N: Notifier> Provider for N {
+    fn name(&self) -> &'static str {
+        Notifier::name(self)
+    }
+
+    fn notifies(&self) -> bool {
+        true
+    }
+
+    fn notify<'a>(
+        &'a self,
+        job: &'a LeasedJob,
+        message: &'a Message,
+        by: Instant,
+    ) -> BoxFuture<'a, CallResult> {
+        self.send(job, message, by)
+    }
+}
 
 /// What every notification provider's name starts with; the rest is the
 /// channel (`keyturn._notify_provider`).

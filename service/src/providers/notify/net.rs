@@ -24,7 +24,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::classify::{self, Outcome};
-use crate::providers::{lapsed, not_sent, CallResult};
+use crate::providers::{http_transport_failure, lapsed, not_sent, CallResult};
 
 /// Longest connect phase (as the webhook adapter's).
 const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -132,23 +132,7 @@ impl Networks {
             .send()
             .await;
         match sent {
-            Err(err) => {
-                let outcome = classify::http_transport_error(&err);
-                let kind = if err.is_connect() {
-                    "connect"
-                } else if err.is_timeout() {
-                    "timeout"
-                } else {
-                    "transport"
-                };
-                // without_url(): the URL may be a capability (a Slack
-                // workflow URL's path is its secret).
-                tracing::warn!(error = %err.without_url(), kind, outcome = outcome.word(), "notification request failed");
-                CallResult {
-                    outcome,
-                    receipt: json!({ "error": kind }),
-                }
-            }
+            Err(err) => http_transport_failure(err, "notification"),
             Ok(response) => {
                 let status = response.status().as_u16();
                 let outcome =

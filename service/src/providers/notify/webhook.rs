@@ -28,12 +28,12 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::net::Networks;
-use super::{cut, link_note, Message};
+use super::{cut, link_note, Message, Notifier};
 use crate::classify::Outcome;
 use crate::config::webhook_key;
 use crate::db::LeasedJob;
 use crate::providers::webhook::standard_signature;
-use crate::providers::{not_sent, BoxFuture, CallResult, Provider};
+use crate::providers::{not_sent, BoxFuture, CallResult};
 
 /// The provider name.
 pub const NAME: &str = "notify.webhook";
@@ -63,7 +63,7 @@ impl WebhookNotifier {
         }
     }
 
-    async fn send(&self, job: &LeasedJob, message: &Message, by: Instant) -> CallResult {
+    async fn deliver(&self, job: &LeasedJob, message: &Message, by: Instant) -> CallResult {
         let (Some(target), Some(link)) = (&message.target, message.link(&self.public_url)) else {
             return not_sent(Outcome::Failed, "the message has no target or link");
         };
@@ -149,22 +149,18 @@ fn slack_text(text: &str) -> String {
         .replace('>', "&gt;")
 }
 
-impl Provider for WebhookNotifier {
+impl Notifier for WebhookNotifier {
     fn name(&self) -> &'static str {
         NAME
     }
 
-    fn notifies(&self) -> bool {
-        true
-    }
-
-    fn notify<'a>(
+    fn send<'a>(
         &'a self,
         job: &'a LeasedJob,
         message: &'a Message,
         by: Instant,
     ) -> BoxFuture<'a, CallResult> {
-        Box::pin(self.send(job, message, by))
+        Box::pin(self.deliver(job, message, by))
     }
 }
 

@@ -20,11 +20,11 @@ use tokio::time::Instant;
 use web_push::{ContentEncoding, SubscriptionInfo, Urgency, WebPushMessageBuilder};
 
 use super::net::Networks;
-use super::{cut, one_line, Message};
+use super::{cut, one_line, Message, Notifier};
 use crate::classify::Outcome;
 use crate::config::VapidKey;
 use crate::db::LeasedJob;
-use crate::providers::{not_sent, BoxFuture, CallResult, Provider};
+use crate::providers::{not_sent, BoxFuture, CallResult};
 
 /// The provider name.
 pub const NAME: &str = "notify.webpush";
@@ -115,7 +115,7 @@ impl WebPushNotifier {
         Ok((endpoint, headers, request.into_body()))
     }
 
-    async fn send(&self, job: &LeasedJob, message: &Message, by: Instant) -> CallResult {
+    async fn deliver(&self, job: &LeasedJob, message: &Message, by: Instant) -> CallResult {
         match self.build(job, message) {
             Ok((endpoint, headers, body)) => self.networks.post(&endpoint, headers, body, by).await,
             Err(why) => {
@@ -129,21 +129,17 @@ impl WebPushNotifier {
     }
 }
 
-impl Provider for WebPushNotifier {
+impl Notifier for WebPushNotifier {
     fn name(&self) -> &'static str {
         NAME
     }
 
-    fn notifies(&self) -> bool {
-        true
-    }
-
-    fn notify<'a>(
+    fn send<'a>(
         &'a self,
         job: &'a LeasedJob,
         message: &'a Message,
         by: Instant,
     ) -> BoxFuture<'a, CallResult> {
-        Box::pin(self.send(job, message, by))
+        Box::pin(self.deliver(job, message, by))
     }
 }

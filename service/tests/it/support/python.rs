@@ -100,3 +100,25 @@ impl PyServer {
         self.seen.lock().unwrap().clone()
     }
 }
+
+/// The interpreter with the Standard Webhooks library, or `None` after
+/// saying the test skipped.
+pub fn standard_webhooks(test: &str) -> Option<String> {
+    interpreter(
+        test,
+        "KT_STANDARDWEBHOOKS_PYTHON",
+        "KT_STANDARDWEBHOOKS_UNAVAILABLE",
+        "the standardwebhooks library",
+    )
+}
+
+/// The interpreter with the Web Push checks' libraries (and the Standard
+/// Webhooks one), or `None` after saying the test skipped.
+pub fn webpush(test: &str) -> Option<String> {
+    interpreter(
+        test,
+        "KT_WEBPUSH_PYTHON",
+        "KT_WEBPUSH_UNAVAILABLE",
+        "the http_ece and py_vapid libraries",
+    )
+}
