@@ -63,3 +63,10 @@ CREATE TYPE keyturn.attempt_outcome AS ENUM ('succeeded', 'failed', 'retry', 'un
 -- What the dispatcher may say of an attempt it never finished: that it sent
 -- nothing (keyturn.record_not_sent).
 CREATE TYPE keyturn.dispatcher_account AS ENUM ('not_sent');
+
+-- Notifications (sql/064_notify.sql): the channels a person can be reached
+-- on, and what a notification is: the first word that an action waits for
+-- them, the one reminder before it expires, or the one message that carries
+-- those over a person's hourly cap.
+CREATE TYPE keyturn.channel AS ENUM ('email', 'webhook', 'webpush');
+CREATE TYPE keyturn.notification_kind AS ENUM ('notice', 'reminder', 'digest');

@@ -110,7 +110,8 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
                              'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage',
-                             'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link', 'audit_chain', 'evidence']
+                             'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link', 'audit_chain', 'evidence',
+                             'notify_channel', 'notification']
     LOOP
         EXECUTE format('ALTER TABLE keyturn.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE keyturn.%I FORCE ROW LEVEL SECURITY', t);
@@ -153,7 +154,11 @@ CREATE POLICY stager_visible ON keyturn.stager FOR SELECT
 CREATE POLICY evidence_visible ON keyturn.evidence FOR SELECT
     USING (keyturn._sees(tenant, principal));
 -- card_link: forced row-level security and no policy: nobody but keyturn's
--- own functions reads the digests of codes and sessions. audit_chain: none
+-- own functions reads the digests of codes and sessions. notify_channel and
+-- notification likewise: targets are personal (an address, a device), a
+-- webhook's URL and secret are credentials; a person lists their own
+-- channels with keyturn.notify_channels(), an operator an action's
+-- notifications with keyturn.notifications(). audit_chain: none
 -- either; operators read a tenant's head through keyturn.audit_head.
 -- keyturn_secret.approval_key: forced row-level security and no policy at all,
 -- on top of holding no grants.

@@ -477,6 +477,13 @@ BEGIN
         END IF;
     END IF;
 
+    -- It waits for people now: the notifications of those with a channel
+    -- (sql/064_notify.sql). A tenant where nobody set one pays one index
+    -- probe.
+    IF EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant) THEN
+        PERFORM keyturn._record_notifications(v_id, p_tenant);
+    END IF;
+
     RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, 'pending'::text, NULL::uuid;
 END
 $$;

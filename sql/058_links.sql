@@ -107,8 +107,6 @@ DECLARE
     a           keyturn.action;
     v_now       timestamptz := clock_timestamp();
     v_expires   timestamptz;
-    v_code      text := keyturn._token_new();
-    v_digest    bytea;
     v_db_role   text;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
@@ -131,10 +129,28 @@ BEGIN
     IF NOT pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER') THEN
         v_db_role := p_caller::regrole::text;
     END IF;
+    RETURN keyturn._mint_link(v_tenant, v_principal, v_session, v_db_role, p_ids, v_now, v_expires);
+END
+$$;
+
+-- A new one-time code for a card link to p_ids, for that identity, until
+-- p_expires; only its digest is stored. The callers have checked that the
+-- person may decide every action: keyturn._link_code, and a notification's
+-- message (sql/064_notify.sql), whose card runs as the role its person set
+-- the channel as.
+CREATE FUNCTION keyturn._mint_link(p_tenant text, p_principal text, p_session text, p_db_role text, p_ids uuid[],
+                                   p_now timestamptz, p_expires timestamptz)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_code   text := keyturn._token_new();
+    v_digest bytea;
+BEGIN
     v_digest := keyturn._token_digest(v_code);
     INSERT INTO keyturn.card_link (code_digest, tenant, principal, session, db_role, action_ids, created_at,
                                    expires_at)
-    VALUES (v_digest, v_tenant, v_principal, v_session, v_db_role, p_ids, v_now, v_expires);
+    VALUES (v_digest, p_tenant, p_principal, p_session, p_db_role, p_ids, p_now, p_expires);
     RETURN v_code;
 END
 $$;

@@ -125,14 +125,24 @@ DECLARE
     v_tools     text[];
     v_versions  int[];
     v_providers text[];
+    v_max       int;
 BEGIN
     PERFORM keyturn._check_lease_args(p_worker, p_max_jobs, p_lease_for);
     PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    -- Notifications first (sql/064_notify.sql): they are few, and a person
+    -- waits for each. Actions take the slots left.
+    RETURN QUERY SELECT * FROM keyturn._lease_notifications(p_tenant, p_worker, p_max_jobs, p_lease_for,
+                                                            p_providers, v_now);
+    GET DIAGNOSTICS v_max = ROW_COUNT;
+    v_max := p_max_jobs - v_max;
+    IF v_max < 1 THEN
+        RETURN;
+    END IF;
     IF p_tenant IS NULL THEN
-        v_ids := ARRAY(SELECT keyturn._due(v_now, p_max_jobs, p_providers));
+        v_ids := ARRAY(SELECT keyturn._due(v_now, v_max, p_providers));
     ELSE
-        v_ids := ARRAY(SELECT keyturn._due_for(p_tenant, v_now, p_max_jobs, p_providers));
+        v_ids := ARRAY(SELECT keyturn._due_for(p_tenant, v_now, v_max, p_providers));
     END IF;
     IF cardinality(v_ids) = 0 THEN
         RETURN;
@@ -202,32 +212,50 @@ BEGIN
 END
 $$;
 
--- Why a dispatcher call may not act on this row under this lease, or NULL:
+-- Why a dispatcher call may not act on this job under this lease, or NULL:
 -- the one place for these rules, shared by the single calls (which raise it
--- as 55000) and the batch calls (which answer it per element). a is the row
--- locked FOR UPDATE (all NULL when there is none); p_live: the lease must
--- not have lapsed.
+-- as 55000), the batch calls (which answer it per element) and the
+-- notifications the same calls carry (sql/064_notify.sql; p_what names the
+-- kind of job). The job's row is locked FOR UPDATE; p_found: there is one,
+-- p_status, p_lease_id and p_lease_expires_at are its columns; p_live: the
+-- lease must not have lapsed.
+CREATE FUNCTION keyturn._lease_problem_of(p_what text, p_id uuid, p_found boolean, p_status keyturn.status,
+                                          p_lease_id uuid, p_lease_expires_at timestamptz, p_lease uuid,
+                                          p_statuses keyturn.status[], p_live boolean)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF NOT p_found OR p_lease_id IS DISTINCT FROM p_lease OR NOT p_status = ANY (p_statuses) THEN
+        RETURN format('keyturn: %s %s is not %s under lease %s (its status is %s)',
+                      p_what, coalesce(p_id::text, 'NULL'), array_to_string(p_statuses, ' or '),
+                      coalesce(p_lease::text, 'NULL'), coalesce(p_status::text, 'unknown'));
+    END IF;
+    IF p_live AND p_lease_expires_at <= clock_timestamp() THEN
+        RETURN format('keyturn: the lease on %s %s lapsed at %s; do not call the provider, the sweep requeues it',
+                      p_what, p_id, keyturn._utc(p_lease_expires_at));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- keyturn._lease_problem_of for an action: a is its row, locked FOR UPDATE
+-- (all NULL when there is none).
 CREATE FUNCTION keyturn._lease_problem(a keyturn.action, p_id uuid, p_lease uuid,
                                        p_statuses keyturn.status[], p_live boolean)
 RETURNS text
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    IF a.id IS NULL OR a.lease_id IS DISTINCT FROM p_lease OR NOT a.status = ANY (p_statuses) THEN
-        RETURN format('keyturn: action %s is not %s under lease %s (its status is %s)',
-                      coalesce(p_id::text, 'NULL'), array_to_string(p_statuses, ' or '),
-                      coalesce(p_lease::text, 'NULL'), coalesce(a.status::text, 'unknown'));
-    END IF;
-    IF p_live AND a.lease_expires_at <= clock_timestamp() THEN
-        RETURN format('keyturn: the lease on action %s lapsed at %s; do not call the provider, the sweep requeues it',
-                      p_id, keyturn._utc(a.lease_expires_at));
-    END IF;
-    RETURN NULL;
+    RETURN keyturn._lease_problem_of('action', p_id, a.id IS NOT NULL, a.status, a.lease_id, a.lease_expires_at,
+                                     p_lease, p_statuses, p_live);
 END
 $$;
 
 -- complete's version: also only 'retry' may hand back a job never begun.
-CREATE FUNCTION keyturn._complete_problem(a keyturn.action, p_id uuid, p_lease uuid, p_outcome text)
+CREATE FUNCTION keyturn._complete_problem_of(p_what text, p_id uuid, p_found boolean, p_status keyturn.status,
+                                             p_lease_id uuid, p_lease_expires_at timestamptz, p_lease uuid,
+                                             p_outcome text)
 RETURNS text
 LANGUAGE plpgsql STABLE
 AS $$
@@ -235,11 +263,64 @@ BEGIN
     -- 'executing' under this lease is accepted even past the lease's expiry:
     -- a known outcome beats an unknown one.
     RETURN coalesce(
-        keyturn._lease_problem(a, p_id, p_lease, '{leased,executing}', a.status = 'leased'),
-        CASE WHEN a.status = 'leased' AND p_outcome <> 'retry' THEN
-            format('keyturn: action %s was never dispatched; only ''retry'' can hand it back (call begin_dispatch before the provider)', p_id)
+        keyturn._lease_problem_of(p_what, p_id, p_found, p_status, p_lease_id, p_lease_expires_at, p_lease,
+                                  '{leased,executing}', p_status = 'leased'),
+        CASE WHEN p_status = 'leased' AND p_outcome <> 'retry' THEN
+            format('keyturn: %s %s was never dispatched; only ''retry'' can hand it back (call begin_dispatch before the provider)',
+                   p_what, p_id)
         END);
 END
+$$;
+
+CREATE FUNCTION keyturn._complete_problem(a keyturn.action, p_id uuid, p_lease uuid, p_outcome text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN keyturn._complete_problem_of('action', p_id, a.id IS NOT NULL, a.status, a.lease_id, a.lease_expires_at,
+                                        p_lease, p_outcome);
+END
+$$;
+
+-- What complete makes of an outcome, for an action and a notification
+-- alike: the new status of a job that was p_current after p_attempts
+-- attempts, the delay before a requeued one is due again (a job handed back
+-- from leased: retry_after, else at once; after an attempt: retry_after,
+-- else the backoff; capped at a day either way: a provider cannot park a
+-- job for a year), and the result it is given. Inlined.
+CREATE FUNCTION keyturn._outcome_status(p_current keyturn.status, p_outcome text, p_attempts int)
+RETURNS keyturn.status
+LANGUAGE sql STABLE PARALLEL SAFE  -- as a cast to an enum is: inlined
+AS $$
+    SELECT CASE WHEN p_current = 'leased' THEN 'queued'
+                WHEN p_outcome = 'succeeded' THEN 'succeeded'
+                WHEN p_outcome = 'failed' THEN 'failed'
+                WHEN p_outcome = 'unknown' THEN 'uncertain'
+                WHEN p_attempts < keyturn._max_attempts() THEN 'queued'
+                ELSE 'failed'
+           END::keyturn.status
+$$;
+
+CREATE FUNCTION keyturn._outcome_delay(p_current keyturn.status, p_delay interval, p_attempts int)
+RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT least(CASE WHEN p_current = 'leased' THEN coalesce(p_delay, interval '0')
+                      ELSE coalesce(p_delay, keyturn._retry_backoff(p_attempts)) END,
+                 interval '1 day')
+$$;
+
+CREATE FUNCTION keyturn._outcome_result(p_status keyturn.status, p_outcome text)
+RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE  -- as jsonb_build_object is
+AS $$
+    SELECT CASE
+               WHEN p_status = 'failed' AND p_outcome = 'retry'
+                   THEN jsonb_build_object('reason', 'the provider asked to retry after the third attempt')
+               WHEN p_status = 'uncertain'
+                   THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
+               ELSE jsonb_build_object('outcome', p_outcome)
+           END
 $$;
 
 -- Raises 55000 with a dispatcher call's problem, if there is one.
@@ -341,6 +422,12 @@ DECLARE
     v_results  jsonb[];
     v_now      timestamptz;
 BEGIN
+    -- Notifications, told by their id (sql/064_notify.sql), are begun by
+    -- keyturn._notify_begin_set; a batch of actions alone never gets there.
+    IF EXISTS (SELECT 1 FROM unnest(p_ids) x WHERE keyturn._is_notification(x)) THEN
+        RETURN QUERY SELECT * FROM keyturn._begin_mixed(p_tenant, p_ords, p_ids, p_leases);
+        RETURN;
+    END IF;
     -- What the UPDATE writes is computed here too: Citus refuses a function
     -- that is not immutable (a cast to keyturn.status, jsonb_build_object)
     -- inside a CASE of an UPDATE.
@@ -484,6 +571,12 @@ DECLARE
     v_next     timestamptz[];
     v_now      timestamptz;
 BEGIN
+    -- Notifications, as in keyturn._begin_set.
+    IF EXISTS (SELECT 1 FROM unnest(p_ids) x WHERE keyturn._is_notification(x)) THEN
+        RETURN QUERY SELECT * FROM keyturn._complete_mixed(p_tenant, p_ords, p_ids, p_leases, p_outcomes, p_receipts,
+                                                           p_retry_after);
+        RETURN;
+    END IF;
     -- What the UPDATEs write is computed before them, as in
     -- keyturn._begin_set: Citus refuses a function that is not immutable
     -- inside a CASE of an UPDATE.
@@ -495,28 +588,14 @@ BEGIN
                           ELSE jsonb_strip_nulls(jsonb_build_object(
                                    'outcome', v.outcome, 'attempt', v.attempts,
                                    'retry_in', CASE WHEN v.status = 'queued' THEN v.delay::text END))::text END),
-           array_agg(CASE
-                         WHEN v.status = 'failed' AND v.outcome = 'retry'
-                             THEN jsonb_build_object('reason', 'the provider asked to retry after the third attempt')
-                         WHEN v.status = 'uncertain'
-                             THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
-                         ELSE jsonb_build_object('outcome', v.outcome)
-                     END)
+           array_agg(keyturn._outcome_result(v.status, v.outcome))
       INTO v_ords, v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays,
            v_attempts, v_details, v_results
       FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, e.outcome, (l.a).attempts,
                    (l.a).status = 'leased' AS back,
                    CASE WHEN p.problem IS NULL THEN keyturn._redact(coalesce(e.receipt, '{}')) END AS receipt,
-                   least(CASE WHEN (l.a).status = 'leased' THEN coalesce(e.delay, interval '0')
-                              ELSE coalesce(e.delay, keyturn._retry_backoff((l.a).attempts)) END,
-                         interval '1 day') AS delay,
-                   CASE WHEN (l.a).status = 'leased' THEN 'queued'
-                        WHEN e.outcome = 'succeeded' THEN 'succeeded'
-                        WHEN e.outcome = 'failed' THEN 'failed'
-                        WHEN e.outcome = 'unknown' THEN 'uncertain'
-                        WHEN (l.a).attempts < keyturn._max_attempts() THEN 'queued'
-                        ELSE 'failed'
-                   END::keyturn.status AS status
+                   keyturn._outcome_delay((l.a).status, e.delay, (l.a).attempts) AS delay,
+                   keyturn._outcome_status((l.a).status, e.outcome, (l.a).attempts) AS status
               FROM unnest(p_ords, p_ids, p_leases, p_outcomes, p_receipts, p_retry_after)
                    AS e (ord, id, lease, outcome, receipt, delay)
              CROSS JOIN LATERAL (SELECT keyturn._complete_args_error(e.outcome, e.delay, e.receipt) AS arg_error) g
@@ -597,6 +676,7 @@ DECLARE
     v_requeued  int;
     v_uncertain int;
     v_files     int;
+    v_notes     record;
     v_now       timestamptz := clock_timestamp();  -- an index condition, unlike clock_timestamp()
 BEGIN
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'expired before approval'));
@@ -653,7 +733,11 @@ BEGIN
                                 FOR UPDATE SKIP LOCKED)
        AND (p_tenant IS NULL OR s.tenant = p_tenant);
     GET DIAGNOSTICS v_files = ROW_COUNT;
-    RETURN QUERY SELECT v_expired, v_requeued, v_uncertain, v_files;
+
+    -- Notifications: their lapsed leases by the same rules, counted with the
+    -- actions' (sql/064_notify.sql).
+    SELECT * INTO v_notes FROM keyturn._sweep_notifications(p_tenant, v_now);
+    RETURN QUERY SELECT v_expired, v_requeued + v_notes.requeued, v_uncertain + v_notes.uncertain, v_files;
 END
 $$;
 
@@ -689,6 +773,9 @@ BEGIN
     END IF;
     PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    IF keyturn._is_notification(p_id) THEN
+        RETURN keyturn._reconcile_notification(p_tenant, p_id, p_outcome, p_note);
+    END IF;
     -- Operators reconcile across tenants: the plain call names none, so it
     -- reads the tenant first, without a lock, then locks the row in its
     -- tenant. On Citus a lock by id alone would reach every shard, which
@@ -746,14 +833,19 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('uncertain_actions');
+    -- With the uncertain notifications (sql/064_notify.sql), whose tool is
+    -- keyturn.notify.<channel>.
     RETURN QUERY
-    SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt, a.lease_expires_at,
-           coalesce(t.dispatcher_account = 'not_sent', false)
-      FROM keyturn.open_action o
-      JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
-      LEFT JOIN keyturn.attempt t ON t.action_id = a.id AND t.tenant = a.tenant AND t.attempt = a.attempts
-     WHERE o.status = 'uncertain' AND a.status = 'uncertain'
-     ORDER BY o.dispatched_at, o.action_id;
+    SELECT u.* FROM (
+        SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt, a.lease_expires_at,
+               coalesce(t.dispatcher_account = 'not_sent', false)
+          FROM keyturn.open_action o
+          JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
+          LEFT JOIN keyturn.attempt t ON t.action_id = a.id AND t.tenant = a.tenant AND t.attempt = a.attempts
+         WHERE o.status = 'uncertain' AND a.status = 'uncertain'
+        UNION ALL
+        SELECT * FROM keyturn._uncertain_notifications()) u
+     ORDER BY 5, 1;
 END
 $$;
 
@@ -771,13 +863,15 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     a         keyturn.action;
-    t         keyturn.attempt;
-    v_receipt jsonb;
+    v_taken   text;
 BEGIN
     PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
     IF p_receipt IS NULL OR jsonb_typeof(p_receipt) <> 'object' THEN
         RAISE EXCEPTION 'keyturn: receipt must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    IF keyturn._is_notification(p_id) THEN
+        RETURN keyturn._record_notification_not_sent(p_tenant, p_id, p_lease, p_receipt);
     END IF;
     SELECT x.* INTO a FROM keyturn.action x
      WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant)  -- the plain call: by id alone
@@ -785,21 +879,41 @@ BEGIN
     IF NOT FOUND OR a.status <> 'uncertain' THEN
         RETURN false;
     END IF;
+    v_taken := keyturn._attempt_not_sent(a.id, a.tenant, a.attempts, p_lease, p_receipt);
+    IF v_taken = 'written' THEN
+        PERFORM keyturn._append_event(a.id, a.tenant, a.principal, keyturn._calling_role(), NULL, 'uncertain',
+                                      'uncertain', jsonb_build_object('dispatcher_account', 'not_sent',
+                                                                      'attempt', a.attempts, 'lease_id', p_lease));
+    END IF;
+    RETURN v_taken <> 'refused';
+END
+$$;
+
+-- The dispatcher's account that attempt p_attempt of the job p_id (an
+-- action's or a notification's) sent nothing, kept on the attempt once:
+-- 'written' now, 'kept' already (the same account again), 'refused' when
+-- that attempt is not under p_lease. The caller has checked that the job is
+-- uncertain, and writes the event.
+CREATE FUNCTION keyturn._attempt_not_sent(p_id uuid, p_tenant text, p_attempt int, p_lease uuid, p_receipt jsonb)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    t         keyturn.attempt;
+    v_receipt jsonb;
+BEGIN
     SELECT x.* INTO t FROM keyturn.attempt x
-     WHERE x.action_id = a.id AND x.tenant = a.tenant AND x.attempt = a.attempts FOR UPDATE;
+     WHERE x.action_id = p_id AND x.tenant = p_tenant AND x.attempt = p_attempt FOR UPDATE;
     IF NOT FOUND OR t.lease_id IS DISTINCT FROM p_lease THEN
-        RETURN false;
+        RETURN 'refused';
     END IF;
     IF t.dispatcher_account IS NOT NULL THEN
-        RETURN true;
+        RETURN 'kept';
     END IF;
     v_receipt := keyturn._redact(p_receipt);
     UPDATE keyturn.attempt x SET dispatcher_account = 'not_sent', dispatcher_receipt = v_receipt
      WHERE x.action_id = t.action_id AND x.tenant = t.tenant AND x.attempt = t.attempt;
-    PERFORM keyturn._append_event(a.id, a.tenant, a.principal, keyturn._calling_role(), NULL, 'uncertain',
-                                  'uncertain', jsonb_build_object('dispatcher_account', 'not_sent',
-                                                                  'attempt', t.attempt, 'lease_id', p_lease));
-    RETURN true;
+    RETURN 'written';
 END
 $$;
 

@@ -28,8 +28,9 @@
 
 -- The tenants with dispatcher work due, oldest work first: to_lease counts
 -- the queued actions due now whose tool's provider is in providers (NULL =
--- any), to_sweep what the sweep would move on or delete (pending past
--- expiry, a lease lapsed, an unbound file a day old). A plain read of every
+-- any) and the notifications due on those providers, to_sweep what the
+-- sweep would move on or delete (pending past expiry, a lease lapsed, an
+-- unbound file a day old). A plain read of every
 -- shard without locks: a hint of where to call lease_for and sweep_for,
 -- which decide on the locked rows.
 CREATE FUNCTION keyturn.tenants_due(providers text[] DEFAULT NULL, max_tenants int DEFAULT 100)
@@ -63,7 +64,15 @@ BEGIN
              WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
             UNION ALL
             SELECT f.tenant, 0, 1, f.staged_at FROM keyturn.staged_file f
-             WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours') d
+             WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours'
+            -- Notifications (sql/064_notify.sql): due, and lapsed leases.
+            UNION ALL
+            SELECT n.tenant, 1, 0, n.next_attempt_at FROM keyturn.notification n
+             WHERE n.status = 'queued' AND n.next_attempt_at <= v_now
+               AND (tenants_due.providers IS NULL OR keyturn._notify_provider(n.channel) = ANY (tenants_due.providers))
+            UNION ALL
+            SELECT n.tenant, 0, 1, n.lease_expires_at FROM keyturn.notification n
+             WHERE n.status IN ('leased', 'executing') AND n.lease_expires_at < v_now) d
      GROUP BY d.tenant
      ORDER BY min(d.due), d.tenant
      LIMIT tenants_due.max_tenants;

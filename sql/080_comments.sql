@@ -28,6 +28,10 @@ COMMENT ON TABLE keyturn.stager IS 'One row per principal that staged a file: th
 COMMENT ON TABLE keyturn.card_link IS 'One-time codes of card links (digests only) and the card sessions they were redeemed for.';
 COMMENT ON TABLE keyturn.audit_chain IS 'Each tenant''s audit chain head: its event count and last hash (sql/059_audit.sql).';
 COMMENT ON TABLE keyturn.evidence IS 'Evidence recorded by the trusted side (a person, or keyturn.fence): kind, reference and SHA-256, which proposals cite.';
+COMMENT ON TABLE keyturn.notify_channel IS 'Where each person is reached (set_notify): one target per channel, the role they set it as; a webhook''s own secret, never shown back.';
+COMMENT ON TABLE keyturn.notification IS 'Notifications: one notice and one reminder per action, person and channel, and digests past the hourly cap; dispatched like external actions (sql/064_notify.sql).';
+COMMENT ON TYPE keyturn.channel IS 'How a person is reached: email, webhook (Standard Webhooks, Slack-shaped), webpush (RFC 8030/8291/8292).';
+COMMENT ON TYPE keyturn.notification_kind IS 'notice (an action waits for you), reminder (before it expires), digest (what the hourly cap held back).';
 COMMENT ON TABLE keyturn.projection IS 'Read-side projections: the current version per provider.';
 COMMENT ON TABLE keyturn.projection_version IS 'Every registered projection spec: which fields of a provider''s data may reach a prompt.';
 COMMENT ON TABLE keyturn.attempt IS 'One row per provider attempt; kept after reconciliation.';
@@ -52,6 +56,9 @@ COMMENT ON FUNCTION keyturn.standing_approvals(text) IS 'Operator, admin: every 
 COMMENT ON FUNCTION keyturn.verify_audit(text) IS 'Operator, admin: recomputes a tenant''s hash chain; false and the first event that no longer verifies when any was changed, deleted, reordered or inserted.';
 COMMENT ON FUNCTION keyturn.audit_export(text, timestamptz) IS 'Operator, admin: a tenant''s events since a time, each one JSON object of all its columns, for keyturnd audit-verify.';
 COMMENT ON FUNCTION keyturn.audit_head(text) IS 'Operator, admin: a tenant''s chain head (events, last hash), to anchor elsewhere.';
+COMMENT ON FUNCTION keyturn.set_notify(text, text, jsonb) IS 'Human: where the caller is reached when an action waits for them (email, webhook, webpush), with remind_before, max_per_hour and a webhook''s secret.';
+COMMENT ON FUNCTION keyturn.notify_channels() IS 'Human: the caller''s channels, with a URL''s scheme and host only and never a secret.';
+COMMENT ON FUNCTION keyturn.remove_notify(text) IS 'Human: removes one of the caller''s channels; its notifications not yet sent are cancelled.';
 COMMENT ON FUNCTION keyturn.record_evidence(text, text, text) IS 'Human: records evidence the person saw (kind, reference, SHA-256) for proposals to cite; an agent never records evidence.';
 COMMENT ON FUNCTION keyturn.revoke_evidence(uuid) IS 'The principal that recorded it: ends a piece of evidence and invalidates the pending proposals that cite it.';
 COMMENT ON FUNCTION keyturn.register_tool(text, jsonb) IS 'Admin: creates or replaces a tool from its spec; returns the new version.';
@@ -90,7 +97,7 @@ COMMENT ON FUNCTION keyturn.attachments(uuid, uuid) IS 'Dispatcher: the files an
 COMMENT ON FUNCTION keyturn.file_content(uuid, uuid, uuid) IS 'Dispatcher: an attachment''s bytes, only while its action is executing under that lease.';
 COMMENT ON FUNCTION keyturn.register_projection(text, jsonb) IS 'Admin: which fields of a provider''s data may reach a prompt; returns the new version.';
 COMMENT ON FUNCTION keyturn.fence(text, jsonb) IS 'A provider''s data as a fenced, projected reference block, with a fresh marker, the guard that names it, and the evidence id of what was fenced.';
-COMMENT ON FUNCTION keyturn.lease(text, int, interval, text[]) IS 'Dispatcher: takes due queued actions (FOR UPDATE SKIP LOCKED) under a lease.';
+COMMENT ON FUNCTION keyturn.lease(text, int, interval, text[]) IS 'Dispatcher: takes due notifications and queued actions (FOR UPDATE SKIP LOCKED) under a lease.';
 COMMENT ON FUNCTION keyturn.begin_dispatch(uuid, uuid) IS 'Dispatcher: rechecks everything and commits executing before any provider call; false: invalidated.';
 COMMENT ON FUNCTION keyturn.begin_dispatch_many(uuid[], uuid[]) IS 'Dispatcher: begin_dispatch for a batch, one answer per element.';
 COMMENT ON FUNCTION keyturn.complete(uuid, uuid, text, jsonb, interval) IS 'Dispatcher: records a provider call''s outcome (succeeded, failed, retry, unknown).';
@@ -100,6 +107,9 @@ COMMENT ON FUNCTION keyturn.reconcile(uuid, text, text) IS 'Operator: settles an
 COMMENT ON FUNCTION keyturn.uncertain_actions() IS 'Operator: the actions waiting for a person to decide what happened, when it is safe to decide, and whether keyturnd says it sent nothing.';
 COMMENT ON FUNCTION keyturn.record_not_sent(uuid, uuid, jsonb) IS 'Dispatcher: keyturnd''s account that the attempt under this lease sent nothing, for an action the sweep made uncertain first; decides nothing.';
 COMMENT ON FUNCTION keyturn.record_not_sent_for(text, uuid, uuid, jsonb) IS 'Dispatcher: record_not_sent for the tenant named.';
+COMMENT ON FUNCTION keyturn.notification_message(uuid, uuid) IS 'Dispatcher: what an executing notification says, with a fresh one-time card link code; send = false when its action stopped waiting.';
+COMMENT ON FUNCTION keyturn.notification_message_for(text, uuid, uuid) IS 'Dispatcher: notification_message in the tenant named.';
+COMMENT ON FUNCTION keyturn.notifications(uuid) IS 'Operator: an action''s notifications and the digests that carried them: status, attempts, receipts; never a target.';
 COMMENT ON FUNCTION keyturn.attempts(uuid) IS 'Operator: an action''s provider attempts, with their receipts.';
 COMMENT ON FUNCTION keyturn.dispatch_by_tenant() IS 'Dispatcher: whether keyturn''s tables are distributed by tenant (Citus), so that the dispatcher must use the _for calls, tenant by tenant.';
 COMMENT ON FUNCTION keyturn.dispatch_nodes() IS 'Dispatcher: the other nodes whose wake-ups keyturnd must LISTEN to when it dispatches by tenant; empty otherwise.';

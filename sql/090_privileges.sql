@@ -71,6 +71,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
     keyturn.delegations(), keyturn.record_request(text, text, text, text),
     keyturn.issue_token(uuid), keyturn.record_evidence(text, text, text),
+    keyturn.set_notify(text, text, jsonb), keyturn.notify_channels(), keyturn.remove_notify(text),
     keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
     keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text)
 TO keyturn_approver;
@@ -88,7 +89,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.file_content(uuid, uuid, uuid),
     keyturn.attachments(uuid, uuid),
     keyturn.redeem_link_code(text, uuid[]), keyturn.card_session(text),
-    keyturn.record_not_sent(uuid, uuid, jsonb)
+    keyturn.record_not_sent(uuid, uuid, jsonb), keyturn.notification_message(uuid, uuid)
 TO keyturn_dispatcher;
 
 -- Dispatcher, tenant by tenant (sql/062_dispatch_for.sql).
@@ -99,7 +100,8 @@ GRANT EXECUTE ON FUNCTION
     keyturn.complete_for(text, uuid, uuid, text, jsonb, interval),
     keyturn.complete_many_for(text, uuid[], uuid[], text[], jsonb[], interval[]),
     keyturn.sweep_for(text), keyturn.attachments_for(text, uuid, uuid),
-    keyturn.file_content_for(text, uuid, uuid, uuid), keyturn.record_not_sent_for(text, uuid, uuid, jsonb)
+    keyturn.file_content_for(text, uuid, uuid, uuid), keyturn.record_not_sent_for(text, uuid, uuid, jsonb),
+    keyturn.notification_message_for(text, uuid, uuid)
 TO keyturn_dispatcher;
 
 -- Dispatcher, for upstream MCP servers (sql/063_mcp.sql).
@@ -111,7 +113,8 @@ TO keyturn_dispatcher;
 -- Operator.
 GRANT EXECUTE ON FUNCTION
     keyturn.reconcile(uuid, text, text), keyturn.uncertain_actions(), keyturn.sweep(), keyturn.audit(uuid),
-    keyturn.attempts(uuid), keyturn.reconcile_for(text, uuid, text, text), keyturn.sweep_for(text)
+    keyturn.attempts(uuid), keyturn.reconcile_for(text, uuid, text, text), keyturn.sweep_for(text),
+    keyturn.notifications(uuid)
 TO keyturn_operator;
 
 -- Platform administrator.

@@ -146,6 +146,19 @@ kt_mcp_python() {
   fi
 }
 
+# The Web Push checks' libraries (http_ece decrypts, py_vapid verifies what
+# keyturnd sends; the Standard Webhooks library too, for the receivers they
+# share): exports KT_WEBPUSH_PYTHON, or KT_WEBPUSH_UNAVAILABLE with the reason.
+kt_webpush_python() {
+  unset KT_WEBPUSH_PYTHON KT_WEBPUSH_UNAVAILABLE
+  local said
+  if said=$(kt_pypi_venv webpush-venv 'import http_ece, py_vapid, standardwebhooks' standardwebhooks http_ece py_vapid); then
+    export KT_WEBPUSH_PYTHON=$said
+  else
+    export KT_WEBPUSH_UNAVAILABLE=$said
+  fi
+}
+
 # chromedriver on a free loopback port, for the browser layer: exports
 # KT_WEBDRIVER_URL (and KT_CHROMIUM, the browser binary), or, when Debian's
 # chromium or chromium-driver is missing, KT_BROWSER_UNAVAILABLE with the

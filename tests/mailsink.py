@@ -1,7 +1,8 @@
 """A mail sink for the demo: an SMTP server (aiosmtpd) on loopback that
 accepts every message keyturnd sends and prints one line per message: the
 envelope recipients, the subject, and each attachment's name, type, size and
-SHA-256, read back with Python's own MIME parser, the way a mail client would.
+SHA-256, read back with Python's own MIME parser, the way a mail client would;
+for a keyturn notification, the card link it carried.
 
     python mailsink.py --listen 127.0.0.1:2525
 
@@ -33,6 +34,11 @@ class Sink:
             f"{len(files)} attachment(s){': ' + '; '.join(files) if files else ''}",
             flush=True,
         )
+        # A keyturn notification: the card link it carried.
+        text = msg.get_body(preferencelist=("plain",))
+        for line in (text.get_content() if text else "").splitlines():
+            if line.startswith("Open the card: "):
+                print(f"  card link: {line.removeprefix('Open the card: ')}", flush=True)
         return "250 OK"
 
 

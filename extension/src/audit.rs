@@ -63,6 +63,12 @@ pub fn append(
             detail,
         );
     }
+    // The commit writes the events as the extension owner, with no snapshot
+    // of its own to look the owner up with: look it up now, in the
+    // statement (it is kept for the backend). Without this a transaction
+    // whose only keyturn call was one that appends events from SQL (a
+    // notification's outcome, record_not_sent) failed at COMMIT.
+    extension_owner();
     // SAFETY: plain reads of backend state.
     let (level, at) = unsafe {
         (

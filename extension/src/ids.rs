@@ -13,3 +13,14 @@ use pgrx::prelude::*;
 fn uuid_v7() -> pgrx::Uuid {
     pgrx::Uuid::from_bytes(*uuid::Uuid::now_v7().as_bytes())
 }
+
+/// A notification's id (sql/064_notify.sql): a v7, for the same index
+/// locality, with its version nibble set to 8, so that the dispatcher's
+/// calls tell it from an action's id without a lookup
+/// (`keyturn._is_notification`).
+#[pg_extern(name = "_notification_id", volatile, parallel_safe)]
+fn notification_id() -> pgrx::Uuid {
+    let mut bytes = *uuid::Uuid::now_v7().as_bytes();
+    bytes[6] = (bytes[6] & 0x0f) | 0x80;
+    pgrx::Uuid::from_bytes(bytes)
+}

@@ -30,14 +30,14 @@ mod fence; // fence: projected, neutralized, marked reference blocks
 mod gate; // propose and the person's calls: separation of duties + owner elevation
 mod guc; // keyturn's settings; how long a setting's value lasts
 mod identity; // current_tenant, current_principal, current_session
-mod ids; // time-ordered action ids
+mod ids; // time-ordered action and notification ids
 mod lifecycle; // the action row triggers: the status guard, the lifecycle side effects
 mod mcp; // tools discovered on upstream MCP servers: kind (fail closed), params schema, definition hash
 mod plans; // SPI plans kept per backend
 mod privilege; // switching between the caller and the extension owner
 mod route_guard; // a tenant-explicit call's tenant: required, and never NULL where Citus routes it
 mod token; // one-time tokens: mint, digest, binding, constant-time compare
-mod validation; // credentials, receipts, summaries, params schemas
+mod validation; // credentials, receipts, summaries, params schemas, notification targets
 mod xact; // what is forgotten at the end of every transaction
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -174,9 +174,20 @@ mod tests;
     requires = ["dispatch_for", mcp::upstream_tool]
 );
 ::pgrx::extension_sql_file!(
+    "../../sql/064_notify.sql",
+    name = "notify",
+    requires = [
+        "mcp",
+        ids::notification_id,
+        validation::notify_target,
+        validation::notify_target_hint,
+        validation::check_webhook_secret
+    ]
+);
+::pgrx::extension_sql_file!(
     "../../sql/068_console.sql",
     name = "console",
-    requires = ["mcp"]
+    requires = ["notify"]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/070_deployment.sql",
@@ -211,7 +222,10 @@ mod tests;
         gate::human::record_request,
         gate::human::issue_token,
         gate::human::link_code,
-        gate::human::record_evidence
+        gate::human::record_evidence,
+        gate::human::set_notify,
+        gate::human::notify_channels,
+        gate::human::remove_notify
     ]
 );
 ::pgrx::extension_sql_file!(

@@ -1,12 +1,12 @@
 //! Input checks the state machine calls: credential material, receipts,
-//! summary templates and the params-schema subset. The logic lives in
-//! keyturn-core; these are its SQL entry points.
+//! summary templates, the params-schema subset and notification targets.
+//! The logic lives in keyturn-core; these are its SQL entry points.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use keyturn_core::{credentials, schema, scope, template};
+use keyturn_core::{credentials, notify, schema, scope, template};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::Value;
@@ -17,6 +17,25 @@ use crate::jsonb_text::JsonbText;
 fn parse(json: &JsonbText) -> Value {
     // Bounded parse (depth and size): 22023 on anything unusable.
     keyturn_core::canonical::parse_bounded(&json.0).or_raise()
+}
+
+/// A notification channel's target, checked and normalized (keyturn-core
+/// `notify`): 22023 for one outside its channel's rule.
+#[pg_extern(name = "_notify_target", immutable, strict, parallel_safe)]
+fn notify_target(channel: &str, target: &str) -> String {
+    notify::normalize_target(channel, target).or_raise()
+}
+
+/// What a person is shown of a stored target (no URL path, no secret).
+#[pg_extern(name = "_notify_target_hint", immutable, strict, parallel_safe)]
+fn notify_target_hint(channel: &str, target: &str) -> String {
+    notify::target_hint(channel, target)
+}
+
+/// A webhook channel's own secret: 22023 unless it is a `whsec_` secret.
+#[pg_extern(name = "_check_webhook_secret", immutable, strict, parallel_safe)]
+fn check_webhook_secret(secret: &str) {
+    notify::check_webhook_secret(secret).or_raise()
 }
 
 /// Why `name` cannot name a staged file (keyturn-core `text`), or NULL.

@@ -11,7 +11,7 @@
 //! | route | answer |
 //! |---|---|
 //! | `POST` any path | verifies `webhook-signature` the [Standard Webhooks] way (`v1,<base64 HMAC-SHA256(key, "<webhook-id>.<webhook-timestamp>.<body>")>`, the key being the decoded rest of a `whsec_<base64>` secret, else the secret's UTF-8 bytes; the timestamp within 5 minutes); a bad or missing signature is counted and answered 401; otherwise, after `--delay-ms`, the configured `--status` with an empty body |
-//! | `GET /stats` | `{"total": n, "bad_signatures": n, "legacy_mismatches": n, "per_key": {"<Idempotency-Key>": n, …}, "duplicates": n, "attachments": n, "attachment_bytes": n, "bad_attachments": n}` |
+//! | `GET /stats` | `{"total": n, "bad_signatures": n, "legacy_mismatches": n, "per_key": {"<Idempotency-Key>": n, …}, "duplicates": n, "attachments": n, "attachment_bytes": n, "bad_attachments": n, "notifications": n}` |
 //!
 //! The deprecated `X-Keyturn-Signature` (`sha256=<hex HMAC-SHA256(secret,
 //! body)>`) is checked too when present; one that does not verify on an
@@ -29,7 +29,10 @@
 //! with the count and total size.
 //!
 //! The receiver never logs bodies, headers or filenames: it is a counter,
-//! not a sink.
+//! not a sink. One exception, for the demo: a well-signed notification
+//! (`"type": "keyturn.notification"`, docs/notifications.md) prints one
+//! line with its kind and the card link it carried, and counts in
+//! `notifications`.
 //!
 //! [Standard Webhooks]: https://www.standardwebhooks.com/
 
@@ -81,6 +84,7 @@ struct Counts {
     attachments: u64,
     attachment_bytes: u64,
     bad_attachments: u64,
+    notifications: u64,
 }
 
 #[derive(Clone)]
@@ -203,6 +207,13 @@ async fn receive(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> St
     if files > 0 {
         eprintln!("request with {files} attachment(s), {file_bytes} bytes, {bad_files} not matching their metadata");
     }
+    if let Some((kind, link)) = ok.then(|| notification(&body)).flatten() {
+        s.counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .notifications += 1;
+        eprintln!("notification ({kind}), card link: {link}");
+    }
     if !ok {
         return StatusCode::UNAUTHORIZED;
     }
@@ -210,6 +221,19 @@ async fn receive(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> St
         tokio::time::sleep(s.delay).await;
     }
     s.status
+}
+
+/// (kind, card link) of a keyturn notification's body.
+fn notification(body: &[u8]) -> Option<(String, String)> {
+    let value = serde_json::from_slice::<serde_json::Value>(body).ok()?;
+    if value.get("type")?.as_str()? != "keyturn.notification" {
+        return None;
+    }
+    let data = value.get("data")?;
+    Some((
+        data.get("kind")?.as_str()?.to_owned(),
+        data.get("link")?.as_str()?.to_owned(),
+    ))
 }
 
 async fn stats(State(s): State<Shared>) -> impl IntoResponse {
@@ -224,6 +248,7 @@ async fn stats(State(s): State<Shared>) -> impl IntoResponse {
         "attachments": c.attachments,
         "attachment_bytes": c.attachment_bytes,
         "bad_attachments": c.bad_attachments,
+        "notifications": c.notifications,
     });
     ([("content-type", "application/json")], body.to_string())
 }

@@ -14,8 +14,9 @@
 //! only make sense together) and returns the values it parsed on the way
 //! ([`Checked`]), so nothing parses a setting twice.
 //!
-//! Secrets (`DATABASE_URL`, which may hold a password, the webhook secret,
-//! the SMTP URL, which may hold credentials, the JWT key and the RPC URL)
+//! Secrets (`DATABASE_URL`, which may hold a password, the webhook secrets,
+//! the SMTP URL, which may hold credentials, the JWT key, the RPC URL and
+//! the VAPID key)
 //! are [`Secret`]s: their `Debug` and `Display` print `[redacted]`, and
 //! `--help` never shows their values.
 
@@ -28,7 +29,7 @@ use std::time::Duration;
 
 use axum::http::HeaderValue;
 use base64::alphabet;
-use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, URL_SAFE_NO_PAD};
 use base64::engine::DecodePaddingMode;
 use base64::Engine;
 use clap::{ArgAction, Parser, ValueEnum};
@@ -105,6 +106,67 @@ pub struct Checked {
     pub csp: HeaderValue,
     /// The Standard Webhooks key ([`webhook_key`]), with the webhook adapter on.
     pub webhook_key: Option<Vec<u8>>,
+    /// The key of `KEYTURN_NOTIFY_WEBHOOK_SECRET`, for notification
+    /// webhooks whose channel has no secret of its own.
+    pub notify_webhook_key: Option<Vec<u8>>,
+    /// The VAPID key of `KEYTURN_VAPID_PRIVATE_KEY`, with Web Push on.
+    pub vapid: Option<VapidKey>,
+}
+
+/// A Web Push VAPID key (RFC 8292): the base64url of a raw 32-byte P-256
+/// private key, as `keyturnd vapid-keys` prints it, parsed by the `web-push`
+/// crate that signs with it.
+#[derive(Clone)]
+pub struct VapidKey {
+    builder: web_push::PartialVapidSignatureBuilder,
+    public: String,
+}
+
+impl VapidKey {
+    /// Parses `KEYTURN_VAPID_PRIVATE_KEY`; the error never quotes it.
+    pub fn parse(private_key: &str) -> Result<Self, Error> {
+        let builder = web_push::VapidSignatureBuilder::from_base64_no_sub(private_key.trim())
+            .map_err(|_| {
+                Error::Config(
+                    "KEYTURN_VAPID_PRIVATE_KEY is not the base64url of a raw 32-byte P-256 private key                      (keyturnd vapid-keys makes one)"
+                        .into(),
+                )
+            })?;
+        let public = URL_SAFE_NO_PAD.encode(builder.get_public_key());
+        Ok(VapidKey { builder, public })
+    }
+
+    /// A new key pair: (private key, public key), both base64url, the
+    /// public key uncompressed (65 bytes), as browsers take it
+    /// (`applicationServerKey`).
+    pub fn generate() -> (Secret, String) {
+        let private =
+            URL_SAFE_NO_PAD.encode(jwt_simple::algorithms::ES256KeyPair::generate().to_bytes());
+        // Read back by web-push, as KEYTURN_VAPID_PRIVATE_KEY will be.
+        let public = match VapidKey::parse(&private) {
+            Ok(key) => key.public,
+            Err(_) => unreachable!("a key jwt-simple made is a P-256 private key"),
+        };
+        (Secret::from(private), public)
+    }
+
+    /// The public key, base64url: what a browser subscribes with.
+    pub fn public_key(&self) -> &str {
+        &self.public
+    }
+
+    /// A signature builder for one subscription.
+    pub fn builder(&self) -> web_push::PartialVapidSignatureBuilder {
+        self.builder.clone()
+    }
+}
+
+impl fmt::Debug for VapidKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VapidKey")
+            .field("public", &self.public)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The Content-Security-Policy of every answer, with `frame_ancestors` (a
@@ -346,6 +408,26 @@ pub struct Config {
     #[arg(long, env = "KEYTURN_PUBLIC_URL")]
     pub public_url: Option<url::Url>,
 
+    /// Standard Webhooks secret (`whsec_…`) of notification webhooks whose
+    /// channel has none of its own.
+    #[arg(long, env = "KEYTURN_NOTIFY_WEBHOOK_SECRET", hide_env_values = true)]
+    pub notify_webhook_secret: Option<Secret>,
+
+    /// Web Push VAPID private key: base64url of a raw 32-byte P-256 key
+    /// (`keyturnd vapid-keys`); turns the webpush channel on.
+    #[arg(long, env = "KEYTURN_VAPID_PRIVATE_KEY", hide_env_values = true)]
+    pub vapid_private_key: Option<Secret>,
+
+    /// The VAPID `sub`, a `mailto:` or `https:` contact for push services
+    /// (default: KEYTURN_PUBLIC_URL).
+    #[arg(long, env = "KEYTURN_VAPID_SUBJECT")]
+    pub vapid_subject: Option<String>,
+
+    /// Networks besides public addresses a notification may connect to,
+    /// comma-separated CIDRs (e.g. `127.0.0.0/8`).
+    #[arg(long, env = "KEYTURN_NOTIFY_ALLOW_NETWORKS", value_delimiter = ',')]
+    pub notify_allow_networks: Vec<ipnet::IpNet>,
+
     /// Seconds between discoveries of the upstream MCP servers' tools.
     #[arg(long, env = "KEYTURN_MCP_REFRESH_SECONDS", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..=86400))]
@@ -510,9 +592,66 @@ impl Config {
         }
         self.validate_rpc()?;
         self.validate_mcp()?;
+        let (notify_webhook_key, vapid) = self.validate_notify()?;
         Ok(Checked {
             csp: csp_header(&self.frame_ancestors)?,
             webhook_key: webhook,
+            notify_webhook_key,
+            vapid,
+        })
+    }
+
+    /// The notification settings: the default webhook key and the VAPID
+    /// key, parsed.
+    fn validate_notify(&self) -> Result<(Option<Vec<u8>>, Option<VapidKey>), Error> {
+        let bad = |msg: String| Err(Error::Config(msg));
+        if let Some(public) = &self.public_url {
+            if !matches!(public.scheme(), "http" | "https") {
+                return bad("KEYTURN_PUBLIC_URL must be an http:// or https:// URL".into());
+            }
+        }
+        let webhook = match &self.notify_webhook_secret {
+            Some(secret) => {
+                if keyturn_core::notify::check_webhook_secret(secret.expose()).is_err() {
+                    // The message could quote the secret; say only what is wrong.
+                    return bad(
+                        "KEYTURN_NOTIFY_WEBHOOK_SECRET must be whsec_ and the base64 of 24 to 64 bytes \
+                         (the Standard Webhooks secret format)"
+                            .into(),
+                    );
+                }
+                Some(webhook_key(secret.expose())?)
+            }
+            None => None,
+        };
+        let vapid = match &self.vapid_private_key {
+            Some(key) => Some(VapidKey::parse(key.expose())?),
+            None => None,
+        };
+        if let Some(subject) = &self.vapid_subject {
+            if !(subject.starts_with("mailto:") || subject.starts_with("https://")) {
+                return bad(format!(
+                    "KEYTURN_VAPID_SUBJECT={subject:?} must be a mailto: or https: URI (RFC 8292)"
+                ));
+            }
+        }
+        if (webhook.is_some() || vapid.is_some()) && self.public_url.is_none() {
+            return bad(
+                "KEYTURN_NOTIFY_WEBHOOK_SECRET and KEYTURN_VAPID_PRIVATE_KEY need KEYTURN_PUBLIC_URL: \
+                 every notification carries a card link"
+                    .into(),
+            );
+        }
+        Ok((webhook, vapid))
+    }
+
+    /// The VAPID `sub`: `KEYTURN_VAPID_SUBJECT`, else `KEYTURN_PUBLIC_URL`.
+    pub fn vapid_subject(&self) -> String {
+        self.vapid_subject.clone().unwrap_or_else(|| {
+            self.public_url
+                .as_ref()
+                .map(|u| u.origin().ascii_serialization())
+                .unwrap_or_default()
         })
     }
 

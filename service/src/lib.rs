@@ -10,7 +10,7 @@
 //! | [`compat`] | the `pg_keyturn` version this build serves against |
 //! | [`db`] | every statement keyturnd runs, one function per keyturn call ([`db::rpc`]: `/rpc`'s), and the pool |
 //! | [`worker`] | the dispatch loop: lease → begin → call → completion, the `LISTEN` connection and its heartbeat, the sweeper |
-//! | [`providers`] | the adapters: [`providers::webhook`], [`providers::smtp`], [`providers::mcp`] |
+//! | [`providers`] | the adapters: [`providers::webhook`], [`providers::smtp`], [`providers::mcp`], and the notification channels [`providers::notify`] (email, webhook, Web Push) |
 //! | [`classify`] | provider results → `succeeded` / `failed` / `retry` / `unknown` |
 //! | [`http`] | the router: `/healthz`, `/readyz`, `/metrics`, `/rpc`, the pages; the security headers |
 //! | [`server`] | the HTTP server: header-read and request timeouts, a connection cap, a shutdown with a deadline |
@@ -18,7 +18,7 @@
 //! | [`jwt`] | verifying the people's JWTs (HS256, or RS256 / ES256 from a JWKS) |
 //! | [`mcp`] | `/mcp`: keyturn over the Model Context Protocol (rmcp's Streamable HTTP server), and the upstream MCP servers |
 //! | [`rpc`] | `POST /rpc/<function>`: a person's keyturn call, run the way PostgREST runs it; the start-up checks of its login and roles |
-//! | [`pages`] | the approval card and the operator console, compiled in (`service/web/`) |
+//! | [`pages`] | the approval card and the operator console, compiled in (`service/web/`), with the card's web app manifest, service worker and Web Push hook |
 //! | [`metrics`] | the Prometheus registry |
 //! | [`journal`] | the outcome journal: observed outcomes on disk until the database has them |
 //! | [`operator`] | `keyturnd uncertain` and `keyturnd reconcile` |

@@ -84,6 +84,10 @@ enum Command {
         #[arg(long, default_value_t = 900)]
         ttl: u64,
     },
+    /// Print a new Web Push VAPID key pair: the private key for
+    /// KEYTURN_VAPID_PRIVATE_KEY, and the public key browsers subscribe with
+    /// (keyturnd serves it at /card/push-key).
+    VapidKeys,
 }
 
 /// `keyturnd audit-verify`'s arguments.
@@ -164,6 +168,14 @@ fn main() -> ExitCode {
             Err(e) => e.exit(),
         };
     }
+    // Needs no configuration at all, DATABASE_URL included.
+    if std::env::args().nth(1).as_deref() == Some("vapid-keys") {
+        let (private, public) = config::VapidKey::generate();
+        println!("KEYTURN_VAPID_PRIVATE_KEY={}", private.expose());
+        println!("# the public key (applicationServerKey), served at /card/push-key:");
+        println!("# {public}");
+        return ExitCode::SUCCESS;
+    }
     let file = std::env::var_os("KEYTURN_CONFIG").map(PathBuf::from);
     let mut cli = match config::parse_with_file::<Cli>(std::env::args_os(), file.as_deref()) {
         Ok(Ok(cli)) => cli,
@@ -215,6 +227,7 @@ fn main() -> ExitCode {
                 .map(|text| print!("{}", text.trim_end().to_owned() + "\n")),
             // Answered above, before the runtime starts.
             Command::AuditVerify(_) => Ok(()),
+            Command::VapidKeys => unreachable!("answered before the configuration is read"),
             Command::Jwt {
                 role,
                 sub,
@@ -263,7 +276,15 @@ fn init_logging(format: LogFormat) {
 
 async fn serve(config: Config) -> Result<(), Error> {
     let checked = config.validate()?;
-    let mut state = AppState::new().with_csp(checked.csp.clone());
+    let mut state = AppState::new()
+        .with_csp(checked.csp.clone())
+        .with_vapid_public_key(
+            checked
+                .vapid
+                .as_ref()
+                .filter(|_| config.public_url.is_some())
+                .map(|k| k.public_key().to_owned()),
+        );
     let shutdown = CancellationToken::new();
     Signals::install()?.spawn(shutdown.clone(), state.health.clone());
 
@@ -328,6 +349,11 @@ async fn serve(config: Config) -> Result<(), Error> {
             shutdown.clone(),
         ))
     });
+    if config.public_url.is_none() {
+        tracing::warn!(
+            "KEYTURN_PUBLIC_URL is not set: no notification is sent (each is cancelled once its action stops waiting)"
+        );
+    }
     if providers.names().is_empty() {
         tracing::warn!(
             "no provider is configured (set KEYTURN_WEBHOOK_URL or KEYTURN_SMTP_URL): nothing will be leased; approved external actions stay queued"

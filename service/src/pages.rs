@@ -1,13 +1,16 @@
 //! The approval card (`/card`, and the `<keyturn-card>` element at
 //! `/card/keyturn-card.js`) and the operator console (`/console`): plain
 //! HTML, CSS and JavaScript modules compiled into the binary, no build
-//! step, nothing loaded from anywhere but this origin (docs/card.md).
+//! step, nothing loaded from anywhere but this origin (docs/card.md). For
+//! the card on a phone (docs/notifications.md): a web app manifest, a
+//! service worker that shows Web Push notifications and opens their card
+//! links, the hook that subscribes (`push.js`), and `/card/push-key`.
 //!
 //! The pages hold no secret and decide nothing: they call `/rpc` with the
 //! person's JWT, which, like the action's token, travels only in the URL
 //! fragment (never sent to a server) or the tab's session storage.
 
-use axum::extract::Path;
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -19,6 +22,8 @@ use crate::state::AppState;
 const HTML: &str = "text/html; charset=utf-8";
 const JS: &str = "text/javascript; charset=utf-8";
 const CSS: &str = "text/css; charset=utf-8";
+const MANIFEST: &str = "application/manifest+json";
+const SVG: &str = "image/svg+xml";
 
 /// The files under `/card/`, by name.
 const ASSETS: &[(&str, &str, &str)] = &[
@@ -32,7 +37,21 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("jcs.js", JS, include_str!("../web/jcs.js")),
     ("show.js", JS, include_str!("../web/show.js")),
     ("keyturn.css", CSS, include_str!("../web/keyturn.css")),
+    // The card on a phone (docs/notifications.md): installable, and
+    // subscribed to Web Push with the person's consent.
+    (
+        "manifest.webmanifest",
+        MANIFEST,
+        include_str!("../web/manifest.webmanifest"),
+    ),
+    ("icon.svg", SVG, include_str!("../web/icon.svg")),
+    (SERVICE_WORKER, JS, include_str!("../web/sw.js")),
+    ("push.js", JS, include_str!("../web/push.js")),
 ];
+
+/// The service worker: served under `/card/` but registered for the scope
+/// `/card`, the card page itself, which `Service-Worker-Allowed` permits.
+const SERVICE_WORKER: &str = "sw.js";
 
 /// The module that tells the card which characters are invisible.
 pub const INVISIBLE_JS: &str = "invisible.js";
@@ -82,7 +101,28 @@ pub fn routes() -> Router<AppState> {
             "/console",
             get(|| async { page(include_str!("../web/console.html")) }),
         )
+        .route("/card/push-key", get(push_key))
         .route("/card/{asset}", get(asset))
+}
+
+/// `/card/push-key`: the VAPID public key a browser subscribes to Web Push
+/// with (`applicationServerKey`), `{"public_key": "<base64url>"}`; 404 when
+/// keyturnd sends no Web Push.
+async fn push_key(State(state): State<AppState>) -> Response {
+    match &state.vapid_public_key {
+        Some(key) => (
+            [
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                ),
+                (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            ],
+            serde_json::json!({ "public_key": key }).to_string(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "Web Push is not configured\n").into_response(),
+    }
 }
 
 fn page(html: &'static str) -> Response {
@@ -108,14 +148,22 @@ async fn asset(Path(name): Path<String>) -> Response {
             .into_response();
     }
     match ASSETS.iter().find(|(n, _, _)| *n == name) {
-        Some((_, content_type, body)) => (
-            [
-                (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
-                (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-            ],
-            *body,
-        )
-            .into_response(),
+        Some((_, content_type, body)) => {
+            let mut response = (
+                [
+                    (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
+                    (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+                ],
+                *body,
+            )
+                .into_response();
+            if name == SERVICE_WORKER {
+                response
+                    .headers_mut()
+                    .insert("service-worker-allowed", HeaderValue::from_static("/card"));
+            }
+            response
+        }
         None => (StatusCode::NOT_FOUND, "no such file\n").into_response(),
     }
 }

@@ -70,6 +70,9 @@ pub struct AppState {
     pub upstreams: Option<Arc<Upstreams>>,
     /// The Content-Security-Policy of every answer.
     pub csp: HeaderValue,
+    /// The VAPID public key browsers subscribe to Web Push with
+    /// (`/card/push-key`), when the webpush channel is on.
+    pub vapid_public_key: Option<String>,
 }
 
 impl AppState {
@@ -83,6 +86,7 @@ impl AppState {
             mcp: None,
             upstreams: None,
             csp: csp_header(DEFAULT_FRAME_ANCESTORS).expect("the default frame-ancestors is valid"),
+            vapid_public_key: None,
         }
     }
 
@@ -101,6 +105,12 @@ impl AppState {
     /// This state reporting the reachability of `upstreams` on `/readyz`.
     pub fn with_upstreams(mut self, upstreams: Arc<Upstreams>) -> Self {
         self.upstreams = Some(upstreams);
+        self
+    }
+
+    /// This state offering `key` to browsers that subscribe to Web Push.
+    pub fn with_vapid_public_key(mut self, key: Option<String>) -> Self {
+        self.vapid_public_key = key;
         self
     }
 

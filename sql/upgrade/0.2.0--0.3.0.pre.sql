@@ -168,3 +168,75 @@ ALTER TABLE keyturn.tool_version
     ADD COLUMN upstream_tool text,
     ADD COLUMN upstream_schema_sha256 text CHECK (upstream_schema_sha256 ~ '^[0-9a-f]{64}$');
 INSERT INTO keyturn.transition (from_status, to_status) VALUES ('executing', 'invalidated');
+-- Notifications (sql/064_notify.sql): the channels a person is reached on,
+-- and the notifications keyturn records when an action starts to wait.
+CREATE TYPE keyturn.channel AS ENUM ('email', 'webhook', 'webpush');
+CREATE TYPE keyturn.notification_kind AS ENUM ('notice', 'reminder', 'digest');
+-- Where a person is reached (sql/064_notify.sql): one target per channel,
+-- set by the person (keyturn.set_notify), with the role they set it as (the
+-- card their notifications open runs as that role). secret: a webhook's own
+-- Standard Webhooks secret; read only by the dispatcher, for the message it
+-- signs, and never shown back.
+CREATE TABLE keyturn.notify_channel (
+    tenant         text            NOT NULL,
+    principal      text            NOT NULL,
+    channel        keyturn.channel NOT NULL,
+    target         text            NOT NULL,     -- an address, a URL, a subscription's JSON (normalized)
+    remind_before  interval        NOT NULL,
+    max_per_hour   int             NOT NULL CHECK (max_per_hour BETWEEN 1 AND 1000),
+    secret         text,
+    db_role        text            NOT NULL,
+    created_at     timestamptz     NOT NULL,
+    updated_at     timestamptz     NOT NULL,
+    PRIMARY KEY (tenant, principal, channel)
+);
+
+-- Notifications: keyturn's own effects, carried by the dispatcher under the
+-- same lease / begin / complete protocol as an action (sql/064_notify.sql
+-- says why a table of their own). One per (action, person, channel, kind),
+-- kind a notice or the one reminder; a digest (action_id NULL) carries the
+-- notices and reminders over the person's hourly cap (batched_into), and
+-- covers lists the actions its message linked. status takes the values of an
+-- action's dispatch: queued, leased, executing, succeeded, failed, uncertain,
+-- and cancelled (its action no longer waits for the person) or superseded
+-- (batched into a digest). The id is a UUID of version 8 (a v7 with its
+-- version changed), so the dispatcher calls tell a notification from an
+-- action by its id alone (keyturn._is_notification).
+CREATE TABLE keyturn.notification (
+    id               uuid                       NOT NULL,
+    tenant           text                       NOT NULL,
+    principal        text                       NOT NULL,   -- the person it reaches
+    channel          keyturn.channel            NOT NULL,
+    kind             keyturn.notification_kind  NOT NULL,
+    action_id        uuid,
+    covers           uuid[],
+    batched_into     uuid,
+    status           keyturn.status             NOT NULL,
+    result           jsonb,
+    attempts         int                        NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz                NOT NULL,   -- when it is due
+    lease_id         uuid,
+    leased_by        text,
+    lease_expires_at timestamptz,
+    dispatched_at    timestamptz,
+    receipt          jsonb,
+    created_at       timestamptz                NOT NULL,
+    updated_at       timestamptz                NOT NULL,
+    PRIMARY KEY (id, tenant),
+    CHECK ((kind = 'digest') = (action_id IS NULL))
+);
+-- Exactly one notice and one reminder per action, person and channel.
+CREATE UNIQUE INDEX notification_once_idx ON keyturn.notification (action_id, tenant, principal, channel, kind)
+    WHERE action_id IS NOT NULL;
+-- At most one digest waiting per person and channel.
+CREATE UNIQUE INDEX notification_digest_idx ON keyturn.notification (tenant, principal, channel)
+    WHERE kind = 'digest' AND status = 'queued';
+CREATE INDEX notification_due_idx       ON keyturn.notification (next_attempt_at, id) WHERE status = 'queued';
+CREATE INDEX notification_lease_idx     ON keyturn.notification (lease_expires_at) WHERE status IN ('leased', 'executing');
+CREATE INDEX notification_uncertain_idx ON keyturn.notification (dispatched_at) WHERE status = 'uncertain';
+-- The hourly cap counts a person's recent notifications on a channel.
+CREATE INDEX notification_sent_idx      ON keyturn.notification (tenant, principal, channel, dispatched_at)
+    WHERE dispatched_at IS NOT NULL;
+CREATE INDEX notification_batch_idx     ON keyturn.notification (batched_into, tenant) WHERE batched_into IS NOT NULL;
+SELECT pg_catalog.pg_extension_config_dump('keyturn.notify_channel', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.notification', '');

@@ -72,6 +72,11 @@ pub enum CoreError {
     /// or path).
     #[error("invalid projection spec: {0}")]
     InvalidProjection(String),
+
+    /// A notification channel's target or settings outside their rules
+    /// (crate::notify; the message says what to send instead).
+    #[error("invalid notification target: {0}")]
+    InvalidTarget(String),
 }
 
 impl CoreError {
@@ -145,6 +150,7 @@ mod tests {
             CoreError::InvalidScope(String::new()),
             CoreError::UnfaithfulSummary(Vec::new()),
             CoreError::InvalidProjection(String::new()),
+            CoreError::InvalidTarget(String::new()),
         ];
         for e in all {
             assert_eq!(e.sqlstate(), "22023", "{e:?}");

@@ -14,6 +14,8 @@
 //! * [`fence`]: projecting and fencing connected-app data for a prompt.
 //! * [`upstream`]: tools discovered on an upstream MCP server: read or write
 //!   (fail closed), their params schema, the hash of their definition.
+//! * [`notify`]: where a notification may go: each channel's target, and
+//!   which network addresses keyturnd may connect to for one.
 //! * [`text`]: the character classes the modules above share (invisible,
 //!   bidi, controls, quotes), so each rule lives in one place.
 //! * [`error`]: [`CoreError`], every variant SQLSTATE 22023.
@@ -24,6 +26,7 @@ pub mod credentials;
 pub mod email;
 pub mod error;
 pub mod fence;
+pub mod notify;
 pub mod schema;
 pub mod scope; // which params a scoped grant or standing approval covers
 pub mod template;

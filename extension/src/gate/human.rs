@@ -525,3 +525,73 @@ fn record_evidence(
     .next()
     .unwrap_or_else(|| error!("keyturn: record_evidence returned nothing"))
 }
+
+/// Human side: where the caller's own principal is reached when an action
+/// starts to wait for them (`email`, `webhook`, `webpush`), one target per
+/// channel. An agent never sets one: a notification carries a card link.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn set_notify(
+    channel: Option<String>,
+    target: Option<String>,
+    settings: default!(Option<JsonbText>, "'{}'"),
+) {
+    refuse_agents("set_notify");
+    as_owner(
+        "SELECT keyturn._set_notify($1, $2, $3, $4::pg_catalog.jsonb)",
+        &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+        vec![channel.into(), target.into(), settings.map(|s| s.0).into()],
+        |_| Ok(()),
+    );
+}
+
+/// Human side: the caller's channels, as the caller may see them (a URL's
+/// scheme and host, never a secret).
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn notify_channels() -> TableIterator<
+    'static,
+    (
+        name!(channel, String),
+        name!(target, String),
+        name!(remind_before, pgrx::datum::Interval),
+        name!(max_per_hour, i32),
+        name!(own_secret, bool),
+        name!(db_role, String),
+        name!(updated_at, TimestampWithTimeZone),
+    ),
+> {
+    refuse_agents("notify_channels");
+    TableIterator::new(as_owner(
+        "SELECT * FROM keyturn._notify_channels($1)",
+        &[],
+        vec![],
+        |row| {
+            Ok((
+                required(row, 1)?,
+                required(row, 2)?,
+                required(row, 3)?,
+                required(row, 4)?,
+                required(row, 5)?,
+                required(row, 6)?,
+                required(row, 7)?,
+            ))
+        },
+    ))
+}
+
+/// Human side: removes one of the caller's channels; true if there was one.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn remove_notify(channel: Option<String>) -> bool {
+    refuse_agents("remove_notify");
+    as_owner(
+        "SELECT keyturn._remove_notify($1, $2)",
+        &[pg_sys::TEXTOID],
+        vec![channel.into()],
+        |row| required::<bool>(row, 1),
+    )
+    .into_iter()
+    .next()
+    .unwrap_or(false)
+}

@@ -508,6 +508,69 @@ pub async fn file_content(
     get(&row, "content")
 }
 
+/// `keyturn.notification_message(notification_id, lease_id)`, or
+/// `keyturn.notification_message_for(tenant, …)`: what the notification
+/// `executing` under this lease says now, with a fresh link code (else
+/// `55000`). Never log what it returns.
+pub async fn notification_message(
+    client: &Client,
+    tenant: Option<&str>,
+    id: Uuid,
+    lease_id: Uuid,
+) -> Result<crate::providers::notify::Message, Error> {
+    const COLUMNS: &str = "send, reason, channel, target, secret, kind, title, body, actions, \
+                           link_action_ids, code, code_expires_at, waiting";
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&id, Type::UUID),
+        (&lease_id, Type::UUID),
+        (&tenant, Type::TEXT),
+    ];
+    let row = match tenant {
+        None => {
+            query_one(
+                client,
+                &format!("SELECT {COLUMNS} FROM keyturn.notification_message($1, $2)"),
+                &params[..2],
+            )
+            .await?
+        }
+        Some(_) => {
+            query_one(
+                client,
+                &format!("SELECT {COLUMNS} FROM keyturn.notification_message_for($3, $1, $2)"),
+                &params,
+            )
+            .await?
+        }
+    };
+    let text = |col: &str| -> Result<String, Error> {
+        Ok(get::<Option<String>>(&row, col)?.unwrap_or_default())
+    };
+    let secret = |col: &str| -> Result<Option<crate::config::Secret>, Error> {
+        Ok(get::<Option<String>>(&row, col)?.map(crate::config::Secret::from))
+    };
+    let actions: Option<serde_json::Value> = get(&row, "actions")?;
+    Ok(crate::providers::notify::Message {
+        send: get(&row, "send")?,
+        reason: get(&row, "reason")?,
+        channel: text("channel")?,
+        target: secret("target")?,
+        secret: secret("secret")?,
+        kind: text("kind")?,
+        title: text("title")?,
+        body: text("body")?,
+        actions: match actions {
+            Some(a) => serde_json::from_value(a)
+                .map_err(|e| Error::internal("reading a notification's actions", e))?,
+            None => Vec::new(),
+        },
+        link_action_ids: get::<Option<Vec<Uuid>>>(&row, "link_action_ids")?.unwrap_or_default(),
+        code: secret("code")?,
+        code_expires_at: get(&row, "code_expires_at")?,
+        waiting: get(&row, "waiting")?,
+    })
+}
+
 /// Whether `e` is `file_content` saying the file is not stored for this
 /// action (as opposed to the lease or the action's status): both are
 /// `55000`, and only the message tells them apart.

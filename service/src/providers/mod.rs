@@ -13,6 +13,11 @@
 //! providers is a plain map from the tool's `provider` name, and tests can
 //! plug in their own.
 //!
+//! Notifications ([`notify`]) are jobs of the same protocol with providers
+//! of their own (`notify.email`, `notify.webhook`, `notify.webpush`): the
+//! worker gives such an adapter the message the database wrote for it
+//! ([`Provider::notify`]) instead of params and files.
+//!
 //! Attachments ([`attachments`]) reach an adapter already read from the
 //! database and checked against their approved metadata; the worker refuses
 //! a job that has any for an adapter that does not send them, so no file the
@@ -26,6 +31,7 @@
 
 pub mod attachments;
 pub mod mcp;
+pub mod notify;
 pub mod smtp;
 pub mod webhook;
 
@@ -65,20 +71,30 @@ pub trait Provider: Send + Sync {
     /// Whether this adapter sends attachments. The worker reads a job's
     /// files only for one that does, and refuses (`failed`, nothing sent) a
     /// job with files for one that does not.
-    fn takes_attachments(&self) -> bool;
+    fn takes_attachments(&self) -> bool {
+        false
+    }
 
     /// Makes one attempt carrying `attachments` (exactly the files the job's
     /// params name, verified; none for an adapter that sends none), ended by
     /// `by`. `by` is also the last moment the first byte may leave: an
     /// adapter checks it immediately before it sends (and before SMTP's
     /// `DATA`), and once it has passed sends nothing and answers
-    /// [`lapsed`].
+    /// [`lapsed`]. A notification adapter carries no action: `failed`,
+    /// nothing sent.
     fn call<'a>(
         &'a self,
-        job: &'a LeasedJob,
-        attachments: &'a [Attachment],
-        by: Instant,
-    ) -> BoxFuture<'a, CallResult>;
+        _job: &'a LeasedJob,
+        _attachments: &'a [Attachment],
+        _by: Instant,
+    ) -> BoxFuture<'a, CallResult> {
+        Box::pin(async {
+            not_sent(
+                Outcome::Failed,
+                "this provider carries notifications, not actions",
+            )
+        })
+    }
 
     /// What the database must compare right before this job's call, read
     /// by `by`: the `mcp` provider's upstream definition of the tool
@@ -90,6 +106,26 @@ pub trait Provider: Send + Sync {
         _by: Instant,
     ) -> BoxFuture<'a, Result<Option<serde_json::Value>, CallResult>> {
         Box::pin(async { Ok(None) })
+    }
+
+    /// Whether this adapter carries notifications (its name starts with
+    /// [`notify::PREFIX`]): the worker then asks the database for the
+    /// message and calls [`notify`](Self::notify) instead of
+    /// [`call`](Self::call).
+    fn notifies(&self) -> bool {
+        false
+    }
+
+    /// Sends a notification's `message` in one attempt, under the same
+    /// rules as [`call`](Self::call) (`by` both ends it and is the last
+    /// moment its first byte may leave).
+    fn notify<'a>(
+        &'a self,
+        _job: &'a LeasedJob,
+        _message: &'a notify::Message,
+        _by: Instant,
+    ) -> BoxFuture<'a, CallResult> {
+        Box::pin(async { not_sent(Outcome::Failed, "this provider sends no notification") })
     }
 }
 
@@ -158,8 +194,36 @@ impl Providers {
                 config.call_timeout() / 2,
             )?));
         }
+        let mut smtp = None;
         if let (Some(url), Some(from)) = (&config.smtp_url, &config.smtp_from) {
-            providers.insert(Arc::new(smtp::SmtpProvider::new(url, from)?));
+            let provider = Arc::new(smtp::SmtpProvider::new(url, from)?);
+            providers.insert(provider.clone());
+            smtp = Some(provider);
+        }
+        // Notifications need a base for their card links: without
+        // KEYTURN_PUBLIC_URL none is leased, and each is cancelled once its
+        // action stops waiting.
+        if let Some(public) = &config.public_url {
+            let networks = notify::net::Networks::new(config.notify_allow_networks.clone());
+            providers.insert(Arc::new(notify::webhook::WebhookNotifier::new(
+                public.clone(),
+                checked.notify_webhook_key.clone(),
+                networks.clone(),
+            )));
+            if let Some(smtp) = smtp {
+                providers.insert(Arc::new(notify::email::EmailNotifier::new(
+                    smtp,
+                    public.clone(),
+                )));
+            }
+            if let Some(vapid) = &checked.vapid {
+                providers.insert(Arc::new(notify::webpush::WebPushNotifier::new(
+                    public.clone(),
+                    vapid.clone(),
+                    config.vapid_subject(),
+                    networks,
+                )));
+            }
         }
         Ok(providers)
     }
@@ -179,6 +243,26 @@ impl Providers {
         let mut names: Vec<_> = self.by_name.keys().copied().collect();
         names.sort_unstable();
         names
+    }
+}
+
+/// The outcome of an HTTP request that failed in transport (the webhook
+/// adapter's and the notifications'): classified (crate::classify), logged
+/// without the URL (it may carry a token, or be a capability, as a Slack
+/// workflow URL's path is), the receipt naming the kind of failure only.
+pub(crate) fn http_transport_failure(err: reqwest::Error, what: &'static str) -> CallResult {
+    let outcome = crate::classify::http_transport_error(&err);
+    let kind = if err.is_connect() {
+        "connect"
+    } else if err.is_timeout() {
+        "timeout"
+    } else {
+        "transport"
+    };
+    tracing::warn!(error = %err.without_url(), kind, outcome = outcome.word(), "{what} request failed");
+    CallResult {
+        outcome,
+        receipt: serde_json::json!({ "error": kind }),
     }
 }
 

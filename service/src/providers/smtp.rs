@@ -353,7 +353,28 @@ impl SmtpProvider {
                 }
             }
         };
-        match self.transaction(&envelope, &bytes, deadline).await {
+        self.send(&envelope, &bytes, id, deadline).await
+    }
+
+    /// The sender mailbox (`KEYTURN_SMTP_FROM`).
+    pub fn from_mailbox(&self) -> &Mailbox {
+        &self.from
+    }
+
+    /// Sends a built message in one transaction, classified stage by stage
+    /// (the module's docs): the part of an attempt after its message is
+    /// built, which the notification adapter shares (`notify.email`).
+    pub async fn send(
+        &self,
+        envelope: &Envelope,
+        bytes: &[u8],
+        id: String,
+        deadline: Instant,
+    ) -> CallResult {
+        if Instant::now() >= deadline {
+            return lapsed();
+        }
+        match self.transaction(envelope, bytes, deadline).await {
             Err(StageError {
                 failure: SmtpFailure::Lapsed,
                 ..

@@ -76,7 +76,7 @@ use serde_json::json;
 use sha2::Sha256;
 
 use super::attachments::{self, Attachment};
-use super::{clean_message_id, lapsed, BoxFuture, CallResult, Provider};
+use super::{clean_message_id, http_transport_failure, lapsed, BoxFuture, CallResult, Provider};
 use crate::classify::{self, Outcome};
 use crate::config::{webhook_key, Secret};
 use crate::db::LeasedJob;
@@ -285,22 +285,7 @@ impl WebhookProvider {
             .await;
 
         match sent {
-            Err(err) => {
-                let outcome = classify::http_transport_error(&err);
-                let kind = if err.is_connect() {
-                    "connect"
-                } else if err.is_timeout() {
-                    "timeout"
-                } else {
-                    "transport"
-                };
-                // without_url(): the URL may carry a token in its query.
-                tracing::warn!(error = %err.without_url(), kind, outcome = outcome.word(), "webhook request failed");
-                CallResult {
-                    outcome,
-                    receipt: json!({ "error": kind }),
-                }
-            }
+            Err(err) => http_transport_failure(err, "webhook"),
             Ok(response) => {
                 let status = response.status().as_u16();
                 let outcome =

@@ -42,6 +42,13 @@ pub const EXPOSED: &[&str] = &[
     "tools",
     "standing_approvals",
     "set_tool_enabled",
+    // Where the person is reached (docs/notifications.md): the card
+    // subscribes a browser to Web Push with set_notify.
+    "set_notify",
+    "notify_channels",
+    "remove_notify",
+    // An action's notifications, for the console's timeline.
+    "notifications",
 ];
 
 /// The exposed calls that change an action, whose tenant-explicit form

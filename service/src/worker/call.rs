@@ -14,6 +14,10 @@
 //! lost connection, or reads slow enough to squeeze the call are `retry`
 //! (nothing was sent; the attempt is counted). Only their number and total
 //! size are logged.
+//!
+//! **Notifications.** For a notification provider the database's message
+//! takes the place of the files: `keyturn.notification_message`, read at the
+//! same point with the same bounds ([`read_message`]), never logged.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +33,8 @@ use crate::config::LEASE_SAFETY_MARGIN;
 use crate::db::{self, LeasedJob};
 use crate::error::Error;
 use crate::providers::attachments::{self, Attachment, AttachmentMeta};
-use crate::providers::{not_sent, CallResult, Provider, NOT_SENT};
+use crate::providers::notify::Message;
+use crate::providers::{not_sent, BoxFuture, CallResult, Provider, NOT_SENT};
 
 /// Extra time a provider gets past its own bound before the worker stops
 /// waiting and records `unknown` (a provider that ignores its timeout).
@@ -53,24 +58,93 @@ pub(super) async fn call_job(
         // Checked before begin; a provider cannot disappear.
         return;
     };
-    let checked = match read_attachments(&ctx, provider.as_ref(), &job, deadline).await {
-        Ok(files) => match live_check(&ctx, provider.as_ref(), &job, deadline).await {
-            Ok(true) => Ok(files),
-            // The database invalidated the action: nothing to call, nothing
-            // to record.
-            Ok(false) => return,
+    let provider = provider.as_ref();
+    let prepared = if provider.notifies() {
+        read_message(&ctx, &job, deadline)
+            .await
+            .map(|m| Payload::Message(Box::new(m)))
+    } else {
+        match read_attachments(&ctx, provider, &job, deadline).await {
+            Ok(files) => match live_check(&ctx, provider, &job, deadline).await {
+                Ok(true) => Ok(Payload::Files(files)),
+                // The database invalidated the action: nothing to call,
+                // nothing to record.
+                Ok(false) => return,
+                Err(result) => Err(result),
+            },
             Err(result) => Err(result),
-        },
-        Err(result) => Err(result),
+        }
     };
-    let result = match checked {
-        Ok(files) => call_provider(&ctx, provider.as_ref(), &job, &files, deadline).await,
+    let result = match prepared {
+        Ok(payload) => {
+            call_provider(&ctx, provider, deadline, |by| match &payload {
+                Payload::Files(files) => provider.call(&job, files, by),
+                Payload::Message(message) => provider.notify(&job, message, by),
+            })
+            .await
+        }
         Err(result) => {
             ctx.metrics.action(result.outcome.word());
             result
         }
     };
     enqueue(&done, job, result, deadline, slot);
+}
+
+/// What a provider is given besides the job: an action's files, or a
+/// notification's message.
+enum Payload {
+    Files(Vec<Attachment>),
+    Message(Box<Message>),
+}
+
+/// A notification's message (`keyturn.notification_message`), read after
+/// `begin_dispatch` committed, as attachments are: the database writes what
+/// it says and mints its link code now. `Err` is the outcome to record
+/// instead of sending: nothing to send after all (its action stopped
+/// waiting since the begin) is `failed`, a message that cannot be read or
+/// leaves too little of the lease `retry`; nothing was sent either way.
+async fn read_message(
+    ctx: &Ctx,
+    job: &LeasedJob,
+    deadline: Instant,
+) -> Result<Message, CallResult> {
+    let read = async {
+        let client = ctx.pool.get().await.map_err(Error::from)?;
+        db::notification_message(&client, ctx.route(&job.tenant), job.action_id, job.lease_id).await
+    };
+    let reads_by = deadline
+        .checked_sub(LEASE_SAFETY_MARGIN)
+        .unwrap_or_else(Instant::now);
+    let message = match tokio::time::timeout_at(reads_by, read).await {
+        Ok(Ok(message)) => message,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not read the notification's message; nothing sent, recording retry");
+            return Err(not_sent(
+                Outcome::Retry { after: None },
+                "the notification's message could not be read; nothing sent",
+            ));
+        }
+        Err(_) => return Err(too_slow()),
+    };
+    if !message.send {
+        tracing::info!(
+            reason = message.reason.as_deref().unwrap_or(""),
+            "the notification has nothing to send any more; failed, nothing sent"
+        );
+        let mut result = not_sent(
+            Outcome::Failed,
+            "nothing to send: the action stopped waiting for the person",
+        );
+        result.receipt["reason"] = json!(message.reason);
+        return Err(result);
+    }
+    // As for attachments: a call squeezed below half its timeout would read
+    // a slow connect as a timeout after sending.
+    if budget(ctx, deadline) < ctx.settings.call_timeout / 2 {
+        return Err(too_slow());
+    }
+    Ok(message)
 }
 
 /// When the provider's call must have ended (and after which it may not
@@ -257,18 +331,19 @@ fn unread(e: &Error) -> CallResult {
     }
 }
 
-async fn call_provider(
+/// One provider attempt, `call` given the instant it must end by, bounded,
+/// timed and counted.
+async fn call_provider<'a>(
     ctx: &Ctx,
     provider: &dyn Provider,
-    job: &LeasedJob,
-    files: &[Attachment],
     deadline: Instant,
+    call: impl FnOnce(Instant) -> BoxFuture<'a, CallResult>,
 ) -> CallResult {
     let by = call_by(ctx, deadline);
     let t0 = Instant::now();
     let _in_flight = ctx.calls_in_flight.enter();
     // The adapter checks `by` again immediately before its first byte.
-    let call = provider.call(job, files, by);
+    let call = call(by);
     let result = match tokio::time::timeout_at(by + PROVIDER_GRACE, call).await {
         Ok(result) => result,
         Err(_) => {

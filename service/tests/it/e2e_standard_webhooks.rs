@@ -4,119 +4,58 @@
 //! `KT_STANDARDWEBHOOKS_PYTHON`. Without it the tests say they skipped and
 //! why (`KT_STANDARDWEBHOOKS_UNAVAILABLE`).
 
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 use uuid::Uuid;
 
 use crate::support::e2e::{self, Keyturnd, World};
-use crate::support::skipped;
+use crate::support::python::{self, PyServer};
 
 const WITHIN: Duration = Duration::from_secs(20);
 
 /// The receiver script, run by the venv's Python.
-struct PyReceiver {
-    _child: Child,
-    port: u16,
-    seen: Arc<Mutex<Vec<Value>>>,
-}
+struct PyReceiver(PyServer);
 
 impl PyReceiver {
     async fn start(python: &str, secret: &str) -> PyReceiver {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/it/support/standard_webhooks_receiver.py"
-        );
-        let mut child = Command::new(python)
-            .args([script, secret])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start the Python receiver");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let first = tokio::time::timeout(WITHIN, lines.next_line())
-            .await
-            .expect("the receiver starts")
-            .expect("read")
-            .expect("a first line");
-        let port = serde_json::from_str::<Value>(&first).expect("JSON")["port"]
-            .as_u64()
-            .and_then(|p| u16::try_from(p).ok())
-            .expect("its port");
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let sink = seen.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Ok(v) = serde_json::from_str(&line) {
-                    sink.lock().unwrap().push(v);
-                }
-            }
-        });
-        PyReceiver {
-            _child: child,
-            port,
-            seen,
-        }
+        PyReceiver(
+            PyServer::start(
+                python,
+                &python::script("standard_webhooks_receiver.py"),
+                &[secret],
+            )
+            .await,
+        )
     }
 
     fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        self.0.url(path)
     }
 
     /// Requests whose body names `id`.
     fn requests(&self, id: Uuid) -> Vec<Value> {
         let id = id.to_string();
-        self.seen
-            .lock()
-            .unwrap()
-            .iter()
+        self.0
+            .events()
+            .into_iter()
             .filter(|r| {
                 r["body"]
                     .as_str()
                     .and_then(|b| serde_json::from_str::<Value>(b).ok())
                     .is_some_and(|b| b["action_id"] == id.as_str())
             })
-            .cloned()
             .collect()
     }
 
     fn count(&self) -> usize {
-        self.seen.lock().unwrap().len()
+        self.0.events().len()
     }
 
     fn last(&self) -> Value {
-        self.seen
-            .lock()
-            .unwrap()
-            .last()
-            .cloned()
-            .expect("a request")
-    }
-}
-
-/// The venv's Python, or `None` after saying why the test skipped.
-fn python(test: &str) -> Option<String> {
-    match std::env::var("KT_STANDARDWEBHOOKS_PYTHON") {
-        Ok(p) if !p.is_empty() => Some(p),
-        _ => {
-            let why = std::env::var("KT_STANDARDWEBHOOKS_UNAVAILABLE").unwrap_or_else(|_| {
-                "KT_STANDARDWEBHOOKS_PYTHON is not set (tests/run-all installs the \
-                 standardwebhooks library into a venv and sets it)"
-                    .into()
-            });
-            skipped(
-                test,
-                &format!("{why}; or set KT_STANDARDWEBHOOKS_PYTHON to a Python that has it"),
-            );
-            None
-        }
+        self.0.events().pop().expect("a request")
     }
 }
 
@@ -196,7 +135,7 @@ async fn verified_by_the_library(
 #[tokio::test]
 async fn test_whsec_secret_verifies_with_the_standard_webhooks_library() {
     let port = require_db!();
-    let Some(python) = python(test_name!()) else {
+    let Some(python) = python::standard_webhooks(test_name!()) else {
         return;
     };
     let secret = format!("whsec_{}", STANDARD.encode(Uuid::new_v4().into_bytes()));
@@ -208,7 +147,7 @@ async fn test_whsec_secret_verifies_with_the_standard_webhooks_library() {
 #[tokio::test]
 async fn test_plain_secret_verifies_as_whsec_of_its_bytes() {
     let port = require_db!();
-    let Some(python) = python(test_name!()) else {
+    let Some(python) = python::standard_webhooks(test_name!()) else {
         return;
     };
     let secret = format!("plain-🔑-{}", Uuid::new_v4().simple());

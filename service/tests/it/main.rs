@@ -24,6 +24,7 @@ mod e2e_card_session;
 mod e2e_dispatch;
 mod e2e_journal;
 mod e2e_lease;
+mod e2e_notify;
 mod e2e_pg_restart;
 mod e2e_pooler;
 mod e2e_process;

@@ -28,6 +28,7 @@ mod identity_tests;
 mod links_tests;
 mod mcp_tests;
 mod membership_tests;
+mod notify_tests;
 mod preview_session_tests;
 mod privileges_tests;
 mod propose_input_tests;

@@ -79,6 +79,10 @@ async fn test_each_role_executes_exactly_its_functions() {
         "issue_token",
         "link_code",
         "record_evidence",
+        // where the person is reached (sql/064_notify.sql)
+        "set_notify",
+        "notify_channels",
+        "remove_notify",
         // a tenant's own admin manages its tenant through this role
         "add_member",
         "remove_member",
@@ -123,6 +127,9 @@ async fn test_each_role_executes_exactly_its_functions() {
                     // keyturnd's account of an attempt it never sent
                     "record_not_sent",
                     "record_not_sent_for",
+                    // what a notification says (sql/064_notify.sql)
+                    "notification_message",
+                    "notification_message_for",
                     // tenant by tenant (sql/062_dispatch_for.sql)
                     "dispatch_nodes",
                     "tenants_due",
@@ -154,6 +161,7 @@ async fn test_each_role_executes_exactly_its_functions() {
                     "classify",
                     "reconcile_for",
                     "sweep_for",
+                    "notifications",
                     "verify_audit",
                     "audit_export",
                     "audit_head",

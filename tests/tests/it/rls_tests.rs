@@ -21,6 +21,8 @@ const TENANT_TABLES: &[&str] = &[
     "card_link",
     "audit_chain",
     "evidence",
+    "notify_channel",
+    "notification",
     "attempt",
     "event",
     "usage",
@@ -78,6 +80,10 @@ async fn populated() -> World {
         .await;
     let (voter, voter_human) = b.other("approver", "app_human", "s-voter").await;
     b.grant(&voter, &quorum).await;
+    voter_human
+        .query_one("SELECT keyturn.set_notify('email', 'voter@b.example')", &[])
+        .await
+        .unwrap(); // notify_channel; the quorum proposal below: notification
     let q = b
         .propose(&quorum, json!({"channel": "c", "text": "vote"}))
         .await

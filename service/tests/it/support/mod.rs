@@ -8,6 +8,7 @@ pub mod e2e;
 pub mod fake_smtp;
 pub mod files;
 pub mod pg_proxy;
+pub mod python;
 pub mod web;
 
 use keyturnd::db::LeasedJob;

@@ -1,0 +1,1203 @@
+//! docs/notifications.md: a person's channels (set_notify), the
+//! notifications keyturn records when an action starts to wait for them,
+//! and how the dispatcher's own calls carry them (lease, begin_dispatch,
+//! complete, sweep, reconcile), with the same at-most-once rules as an
+//! external action.
+//!
+//! Every test that leases holds DISPATCH_LOCK from before it proposes, and
+//! leases with the notification providers only, so it sees notifications
+//! alone; it removes its channels at the end, so what it leaves queued is
+//! cancelled, never sent, when it comes due.
+
+use keyturn_tests::*;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+const NOTIFY: &str = "ARRAY['notify.email', 'notify.webhook', 'notify.webpush']";
+
+async fn set_notify(
+    c: &impl Sql,
+    channel: &str,
+    target: &str,
+    settings: Value,
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&channel, &target, &settings];
+    c.query("SELECT keyturn.set_notify($1, $2, $3)", &params)
+        .await
+}
+
+/// A subscription's JSON as a browser gives it (the keys are well-formed
+/// bytes; nothing here encrypts to them).
+fn subscription(endpoint: &str) -> String {
+    json!({"endpoint": endpoint, "expirationTime": null,
+           "keys": {"p256dh": format!("BA{}", "A".repeat(85)), "auth": "AAAAAAAAAAAAAAAAAAAAAA"}})
+    .to_string()
+}
+
+/// A tenant whose member has `channel` set to `target`, and a webhook tool
+/// granted to them.
+async fn notified(channel: &str, target: &str, settings: Value) -> (World, String) {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    set_notify(&w.human, channel, target, settings)
+        .await
+        .unwrap();
+    (w, t)
+}
+
+/// One notification row, as the superuser reads it.
+#[derive(Debug, Clone)]
+struct Note {
+    id: Uuid,
+    principal: String,
+    channel: String,
+    kind: String,
+    status: String,
+    action_id: Option<Uuid>,
+}
+
+async fn notes(w: &World) -> Vec<Note> {
+    w.superuser
+        .query(
+            "SELECT id, principal, channel::text, kind::text, status::text, action_id FROM keyturn.notification \
+              WHERE tenant = $1 ORDER BY created_at, id",
+            &[&w.tenant],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| Note {
+            id: r.get(0),
+            principal: r.get(1),
+            channel: r.get(2),
+            kind: r.get(3),
+            status: r.get(4),
+            action_id: r.get(5),
+        })
+        .collect()
+}
+
+async fn note_status(w: &World, id: Uuid) -> String {
+    w.superuser
+        .query_one(
+            "SELECT status::text FROM keyturn.notification WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Leases the due notifications (only notifications: the providers are
+/// theirs) and returns this tenant's; another tenant's are handed back for a
+/// day.
+async fn lease_notes(d: &tokio_postgres::Client, tenant: &str, lease_for: &str) -> Vec<Lease> {
+    let rows = d
+        .query(
+            &format!(
+                "SELECT action_id, lease_id, tenant, tool, provider, params, idempotency_key, attempt \
+                   FROM keyturn.lease('itest-notify', 100, $1::text::interval, {NOTIFY})"
+            ),
+            &[&lease_for],
+        )
+        .await
+        .expect("lease");
+    let mut mine = Vec::new();
+    for r in rows {
+        let l = Lease::from_row(&r);
+        if l.tenant == tenant {
+            mine.push(l);
+        } else {
+            complete(d, &l, "retry", json!({}), Some("1 day"))
+                .await
+                .expect("hand back");
+        }
+    }
+    mine
+}
+
+/// The message of an executing notification.
+async fn message_of(d: &tokio_postgres::Client, l: &Lease) -> tokio_postgres::Row {
+    d.query_one(
+        "SELECT send, reason, channel, target, secret, kind, title, body, actions, link_action_ids, code, \
+                code_expires_at, waiting \
+           FROM keyturn.notification_message($1, $2)",
+        &[&l.action_id, &l.lease_id],
+    )
+    .await
+    .expect("notification_message")
+}
+
+/// Removes a person's channels, so that what they left queued is cancelled
+/// when it comes due.
+async fn remove_channels(c: &impl Sql) {
+    for channel in ["email", "webhook", "webpush"] {
+        c.query("SELECT keyturn.remove_notify($1)", &[&channel])
+            .await
+            .expect("remove_notify");
+    }
+}
+
+#[tokio::test]
+async fn test_set_notify_takes_each_channels_target_and_nothing_else() {
+    let w = World::new("member").await;
+    let ok = [
+        ("email", "ann@acme.example".to_owned(), json!({})),
+        (
+            "webhook",
+            "https://hooks.slack.com/services/T0/B0/x".to_owned(),
+            json!({"remind_before": "10 minutes"}),
+        ),
+        (
+            "webhook",
+            "http://127.0.0.1:9000/hook".to_owned(),
+            json!({"max_per_hour": 5}),
+        ),
+        (
+            "webpush",
+            subscription("https://push.example/dev1"),
+            json!({}),
+        ),
+    ];
+    for (channel, target, settings) in &ok {
+        set_notify(&w.human, channel, target, settings.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{channel} {target}: {e}"));
+    }
+    let secret = format!("whsec_{}", "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+    let bad = [
+        ("sms", "+15550100".to_owned(), json!({})),
+        ("email", "Ann <ann@acme.example>".to_owned(), json!({})),
+        (
+            "email",
+            "ann@acme.example\r\nBcc: eve@evil.example".to_owned(),
+            json!({}),
+        ),
+        ("webhook", "http://hooks.example/x".to_owned(), json!({})),
+        (
+            "webhook",
+            "https://169.254.169.254/latest/meta-data/".to_owned(),
+            json!({}),
+        ),
+        ("webhook", "https://10.1.2.3/".to_owned(), json!({})),
+        (
+            "webhook",
+            "https://user:pw@hooks.example/".to_owned(),
+            json!({}),
+        ),
+        ("webhook", "file:///etc/passwd".to_owned(), json!({})),
+        (
+            "webhook",
+            "https://hooks.example/x".to_owned(),
+            json!({"secret": "not-whsec"}),
+        ),
+        (
+            "email",
+            "ann@acme.example".to_owned(),
+            json!({"secret": secret}),
+        ),
+        (
+            "email",
+            "ann@acme.example".to_owned(),
+            json!({"unknown": 1}),
+        ),
+        (
+            "email",
+            "ann@acme.example".to_owned(),
+            json!({"remind_before": "0 seconds"}),
+        ),
+        (
+            "email",
+            "ann@acme.example".to_owned(),
+            json!({"remind_before": "not an interval"}),
+        ),
+        (
+            "email",
+            "ann@acme.example".to_owned(),
+            json!({"max_per_hour": 0}),
+        ),
+        (
+            "email",
+            "ann@acme.example".to_owned(),
+            json!({"max_per_hour": 2.5}),
+        ),
+        ("email", "ann@acme.example".to_owned(), json!([])),
+        (
+            "webpush",
+            subscription("http://push.example/dev1"),
+            json!({}),
+        ),
+        (
+            "webpush",
+            "{\"endpoint\": \"https://push.example/x\"}".to_owned(),
+            json!({}),
+        ),
+        (
+            "webpush",
+            format!(
+                "{{\"endpoint\": \"https://push.example/{}\", \"keys\": {{}}}}",
+                "a".repeat(8000)
+            ),
+            json!({}),
+        ),
+    ];
+    for (channel, target, settings) in &bad {
+        assert_eq!(
+            sqlstate(set_notify(&w.human, channel, target, settings.clone()).await),
+            "22023",
+            "{channel} {target:.80} {settings}"
+        );
+    }
+    // A secret of its own: taken, and never shown back.
+    set_notify(
+        &w.human,
+        "webhook",
+        "https://hooks.example/y",
+        json!({"secret": secret}),
+    )
+    .await
+    .unwrap();
+    let rows = w
+        .human
+        .query(
+            "SELECT channel, target, own_secret, db_role FROM keyturn.notify_channels()",
+            &[],
+        )
+        .await
+        .unwrap();
+    let listed: Vec<(String, String, bool, String)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            (
+                "email".into(),
+                "ann@acme.example".into(),
+                false,
+                "app_human".into()
+            ),
+            (
+                "webhook".into(),
+                "https://hooks.example/…".into(),
+                true,
+                "app_human".into()
+            ),
+            (
+                "webpush".into(),
+                "https://push.example/…".into(),
+                false,
+                "app_human".into()
+            ),
+        ]
+    );
+    let all: String = w
+        .human
+        .query_one(
+            "SELECT coalesce(string_agg(x::text, ' '), '') FROM keyturn.notify_channels() x",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        !all.contains("MfKQ9r8"),
+        "the secret is never listed: {all}"
+    );
+    // Nobody reads the table directly, the person included.
+    assert_eq!(
+        count(&w.human, "SELECT count(*) FROM keyturn.notify_channel", &[]).await,
+        0
+    );
+    // An agent sets none.
+    assert_eq!(
+        sqlstate(set_notify(&w.agent, "email", "eve@evil.example", json!({})).await),
+        "42501"
+    );
+    let removed: bool = w
+        .human
+        .query_one("SELECT keyturn.remove_notify('webpush')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(removed);
+    let again: bool = w
+        .human
+        .query_one("SELECT keyturn.remove_notify('webpush')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!again);
+    remove_channels(&w.human).await;
+}
+
+#[tokio::test]
+async fn test_a_self_proposal_records_one_notice_and_one_reminder_per_channel() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    // Nobody in the tenant has a channel: nothing is recorded.
+    let quiet = w
+        .propose(&t, json!({"channel": "c", "text": "0"}))
+        .await
+        .unwrap();
+    assert!(notes(&w).await.is_empty());
+    set_notify(&w.human, "email", "ann@acme.example", json!({}))
+        .await
+        .unwrap();
+    set_notify(
+        &w.human,
+        "webhook",
+        "http://127.0.0.1:9/h",
+        json!({"remind_before": "8 days"}),
+    )
+    .await
+    .expect_err("remind_before is at most 7 days");
+    set_notify(
+        &w.human,
+        "webhook",
+        "http://127.0.0.1:9/h",
+        json!({"remind_before": "7 days"}),
+    )
+    .await
+    .unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "1"}))
+        .await
+        .unwrap();
+    let got: Vec<(String, String, String)> = notes(&w)
+        .await
+        .into_iter()
+        .map(|n| {
+            assert_eq!(n.action_id, Some(p.id));
+            assert_eq!(n.principal, w.principal);
+            assert_eq!(n.status, "queued");
+            (n.channel, n.kind, n.status)
+        })
+        .collect();
+    // The tool's proposals live 15 minutes (its default): a reminder 5
+    // minutes before on email, none on the webhook (7 days before is past).
+    let mut kinds: Vec<(String, String)> = got.into_iter().map(|(c, k, _)| (c, k)).collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        vec![
+            ("email".into(), "notice".into()),
+            ("email".into(), "reminder".into()),
+            ("webhook".into(), "notice".into()),
+        ]
+    );
+    let reminder_due: bool = w
+        .superuser
+        .query_one(
+            "SELECT n.next_attempt_at = a.expires_at - interval '5 minutes' FROM keyturn.notification n \
+               JOIN keyturn.action a ON a.id = n.action_id WHERE n.action_id = $1 AND n.kind = 'reminder'",
+            &[&p.id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(reminder_due);
+    // Another member of the tenant with a channel: a self action is not theirs.
+    let (_, other) = w.other("approver", "app_human", "s-o").await;
+    set_notify(&other, "email", "bo@acme.example", json!({}))
+        .await
+        .unwrap();
+    let q = w
+        .propose(&t, json!({"channel": "c", "text": "2"}))
+        .await
+        .unwrap();
+    let for_q: Vec<Note> = notes(&w)
+        .await
+        .into_iter()
+        .filter(|n| n.action_id == Some(q.id))
+        .collect();
+    assert!(
+        for_q.iter().all(|n| n.principal == w.principal),
+        "{for_q:?}"
+    );
+    assert_eq!(for_q.len(), 3);
+    assert!(notes(&w)
+        .await
+        .iter()
+        .all(|n| n.action_id != Some(quiet.id)));
+    remove_channels(&w.human).await;
+    remove_channels(&other).await;
+}
+
+#[tokio::test]
+async fn test_independent_and_quorum_tools_notify_each_eligible_approver_once() {
+    let w = World::new("member").await;
+    let solo = w.webhook_tool(json!({"approval": "independent"})).await;
+    let quorum = w
+        .webhook_tool(json!({"approval": "independent", "quorum": 2}))
+        .await;
+    let mut approvers = Vec::new();
+    for i in 0..3 {
+        let (who, c) = w.other("approver", "app_human", &format!("s-{i}")).await;
+        w.grant(&who, &solo).await;
+        w.grant(&who, &quorum).await;
+        set_notify(
+            &c,
+            "email",
+            &format!("a{i}@acme.example"),
+            json!({"remind_before": "1 minute"}),
+        )
+        .await
+        .unwrap();
+        approvers.push((who, c));
+    }
+    // Not notified: an approver without the tool's grant, a member, the
+    // proposer itself (with channels of its own).
+    let (_, ungranted) = w.other("approver", "app_human", "s-u").await;
+    set_notify(&ungranted, "email", "u@acme.example", json!({}))
+        .await
+        .unwrap();
+    let (_, member) = w.other("member", "app_human", "s-m").await;
+    set_notify(&member, "email", "m@acme.example", json!({}))
+        .await
+        .unwrap();
+    set_notify(&w.human, "email", "p@acme.example", json!({}))
+        .await
+        .unwrap();
+    for tool in [&solo, &quorum] {
+        let p = w
+            .propose(tool, json!({"channel": "c", "text": "pay"}))
+            .await
+            .unwrap();
+        let mut got: Vec<(String, String)> = notes(&w)
+            .await
+            .into_iter()
+            .filter(|n| n.action_id == Some(p.id))
+            .map(|n| (n.principal, n.kind))
+            .collect();
+        got.sort();
+        let mut want: Vec<(String, String)> = approvers
+            .iter()
+            .flat_map(|(who, _)| {
+                [
+                    (who.clone(), "notice".to_owned()),
+                    (who.clone(), "reminder".to_owned()),
+                ]
+            })
+            .collect();
+        want.sort();
+        assert_eq!(got, want, "{tool}");
+    }
+    // The same again records nothing more: one row per (action, person,
+    // channel, kind).
+    let any = notes(&w).await[0].action_id.unwrap();
+    let again: i32 = w
+        .superuser
+        .query_one(
+            "SELECT keyturn._record_notifications($1, $2)",
+            &[&any, &w.tenant],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let rows = notes(&w)
+        .await
+        .iter()
+        .filter(|n| n.action_id == Some(any))
+        .count();
+    assert_eq!(rows, 6, "recorded {again} again, none new");
+    for (_, c) in &approvers {
+        remove_channels(c).await;
+    }
+    for c in [&ungranted, &member, &w.human] {
+        remove_channels(c).await;
+    }
+}
+
+#[tokio::test]
+async fn test_nothing_is_sent_for_an_action_decided_expired_or_cancelled_before_its_lease() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let short = w.webhook_tool(json!({"expires_in": "1 second"})).await;
+    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({}))
+        .await
+        .unwrap();
+    let approved = w
+        .propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
+    let rejected = w
+        .propose(&t, json!({"channel": "c", "text": "r"}))
+        .await
+        .unwrap();
+    let expired = w
+        .propose(&short, json!({"channel": "c", "text": "e"}))
+        .await
+        .unwrap();
+    let waiting = w
+        .propose(&t, json!({"channel": "c", "text": "w"}))
+        .await
+        .unwrap();
+    assert_eq!(w.approve(&approved).await.unwrap().0, "queued");
+    w.human
+        .execute(
+            "SELECT keyturn.reject($1, $2, 'no')",
+            &[&rejected.id, &rejected.token],
+        )
+        .await
+        .unwrap();
+    // Ended sessions cancel their pending actions: a session of its own.
+    let other_session = Conn::connect(
+        "app_agent",
+        Identity::gucs(&w.tenant, &w.principal, "ending"),
+    )
+    .await;
+    let cancelled = propose_on(
+        &other_session,
+        &t,
+        json!({"channel": "c", "text": "x"}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    other_session
+        .execute("SELECT keyturn.end_session('ending')", &[])
+        .await
+        .unwrap();
+    // The short one expires: wait for its expiry to pass, not for a time.
+    loop {
+        let past: bool = w
+            .superuser
+            .query_one(
+                "SELECT expires_at < clock_timestamp() FROM keyturn.action WHERE id = $1",
+                &[&expired.id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if past {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let d = connect("app_dispatcher").await;
+    let leased = lease_notes(&d, &w.tenant, "30 seconds").await;
+    let ids: Vec<Uuid> = leased
+        .iter()
+        .map(|l| {
+            l.params.as_ref().unwrap()["action_id"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ids, vec![waiting.id], "only the action still waiting");
+    assert_eq!(leased[0].provider.as_deref(), Some("notify.webhook"));
+    assert_eq!(leased[0].tool, "keyturn.notify");
+    for n in notes(&w).await.iter().filter(|n| n.kind == "notice") {
+        let want = if n.action_id == Some(waiting.id) {
+            "leased"
+        } else {
+            "cancelled"
+        };
+        assert_eq!(n.status, want, "{n:?}");
+    }
+    for id in [approved.id, rejected.id, expired.id, cancelled.id] {
+        assert_eq!(
+            count(
+                &w.superuser,
+                "SELECT count(*) FROM keyturn.attempt WHERE action_id IN (SELECT n.id FROM keyturn.notification n WHERE n.action_id = $1)",
+                &[&id],
+            )
+            .await,
+            0,
+            "nothing begun for {id}"
+        );
+    }
+    complete(&d, &leased[0], "retry", json!({}), None)
+        .await
+        .unwrap();
+    remove_channels(&w.human).await;
+}
+
+#[tokio::test]
+async fn test_an_action_decided_between_lease_and_begin_is_not_begun() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let (w, t) = notified("email", "ann@acme.example", json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
+    let d = connect("app_dispatcher").await;
+    let leased = lease_notes(&d, &w.tenant, "30 seconds").await;
+    assert_eq!(leased.len(), 1);
+    assert_eq!(w.approve(&p).await.unwrap().0, "queued");
+    assert!(!begin(&d, &leased[0]).await.unwrap(), "not begun");
+    let n = &notes(&w).await[0];
+    assert_eq!(n.status, "cancelled");
+    // Nothing to complete: it was never begun.
+    assert_eq!(
+        sqlstate(complete(&d, &leased[0], "succeeded", json!({}), None).await),
+        "55000"
+    );
+    // And its message is never made.
+    assert_eq!(
+        sqlstate(
+            d.query_one(
+                "SELECT * FROM keyturn.notification_message($1, $2)",
+                &[&leased[0].action_id, &leased[0].lease_id]
+            )
+            .await
+        ),
+        "55000"
+    );
+    remove_channels(&w.human).await;
+}
+
+#[tokio::test]
+async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let w = World::new("member").await;
+    // A digest-retained tool keeps no summary: the message says only the
+    // tool's name, never the params.
+    let t = w
+        .webhook_tool(json!({"retain": "digest", "effect": "irreversible"}))
+        .await;
+    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({}))
+        .await
+        .unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "PIN 4721"}))
+        .await
+        .unwrap();
+    let d = connect("app_dispatcher").await;
+    let leased = lease_notes(&d, &w.tenant, "30 seconds").await;
+    assert_eq!(leased.len(), 1);
+    let l = &leased[0];
+    assert_eq!(l.idempotency_key, format!("keyturn-notify-{}", l.action_id));
+    assert!(!l.params.as_ref().unwrap().to_string().contains("4721"));
+    // Before begin, no message.
+    assert_eq!(
+        sqlstate(
+            d.query_one(
+                "SELECT * FROM keyturn.notification_message($1, $2)",
+                &[&l.action_id, &l.lease_id]
+            )
+            .await
+        ),
+        "55000"
+    );
+    assert!(begin(&d, l).await.unwrap());
+    let m = message_of(&d, l).await;
+    assert!(m.get::<_, bool>("send"));
+    assert_eq!(m.get::<_, String>("channel"), "webhook");
+    assert_eq!(m.get::<_, String>("target"), "http://127.0.0.1:9/h");
+    assert_eq!(m.get::<_, Option<String>>("secret"), None);
+    assert_eq!(m.get::<_, String>("kind"), "notice");
+    let title: String = m.get("title");
+    let body: String = m.get("body");
+    let actions: Value = m.get("actions");
+    assert_eq!(title, format!("Approval needed: {t}"));
+    assert!(body.contains("Effect: irreversible"), "{body}");
+    for text in [&title, &body, &actions.to_string()] {
+        assert!(!text.contains("4721"), "never a param: {text}");
+        assert!(!text.contains(&p.token), "never a token");
+    }
+    assert_eq!(actions[0]["action_id"], json!(p.id));
+    assert_eq!(m.get::<_, Vec<Uuid>>("link_action_ids"), vec![p.id]);
+    let code: String = m.get("code");
+    // A second message is another code: each attempt makes its own.
+    let code2: String = message_of(&d, l).await.get("code");
+    assert_ne!(code, code2);
+    // The code is a card link's: redeemed once, as the role the person set
+    // the channel as, for the person in the action's session.
+    let r = d
+        .query_one(
+            "SELECT db_role, claims FROM keyturn.redeem_link_code($1, $2)",
+            &[&code, &vec![p.id]],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, Option<String>>(0).as_deref(), Some("app_human"));
+    assert_eq!(
+        r.get::<_, Value>(1),
+        json!({"tenant_id": w.tenant, "sub": w.principal, "session_id": w.session})
+    );
+    assert!(d
+        .query_opt(
+            "SELECT 1 FROM keyturn.redeem_link_code($1, $2)",
+            &[&code, &vec![p.id]]
+        )
+        .await
+        .unwrap()
+        .is_none());
+    // Only its digest is kept.
+    assert_eq!(
+        count(
+            &w.superuser,
+            "SELECT count(*) FROM keyturn.card_link WHERE code_digest = sha256(convert_to($1, 'UTF8'))",
+            &[&code2],
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        complete(&d, l, "succeeded", json!({"status": 200}), None)
+            .await
+            .unwrap(),
+        "succeeded"
+    );
+    // Sent: an event on the action's timeline, in the tenant's chain.
+    let detail: Value = w
+        .superuser
+        .query_one(
+            "SELECT detail FROM keyturn.event WHERE action_id = $1 AND detail ? 'notification'",
+            &[&p.id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(detail["notification"]["status"], "succeeded");
+    assert_eq!(detail["notification"]["to"], json!(w.principal));
+    let ok: bool = w
+        .superuser
+        .query_one("SELECT ok FROM keyturn.verify_audit($1)", &[&w.tenant])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ok);
+    // The operator sees it among the action's notifications.
+    let op = connect("app_operator").await;
+    let rows = op
+        .query(
+            "SELECT kind, status FROM keyturn.notifications($1)",
+            &[&p.id],
+        )
+        .await
+        .unwrap();
+    let seen: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert!(
+        seen.contains(&("notice".into(), "succeeded".into())),
+        "{seen:?}"
+    );
+    // A person, an agent: no message, no operator view.
+    assert_eq!(
+        sqlstate(
+            w.human
+                .query_one(
+                    "SELECT * FROM keyturn.notification_message($1, $2)",
+                    &[&l.action_id, &l.lease_id]
+                )
+                .await
+        ),
+        "42501"
+    );
+    assert_eq!(
+        sqlstate(
+            w.agent
+                .query("SELECT * FROM keyturn.notifications($1)", &[&p.id])
+                .await
+        ),
+        "42501"
+    );
+    remove_channels(&w.human).await;
+}
+
+#[tokio::test]
+async fn test_a_lapsed_notification_is_uncertain_for_the_operator_and_never_sent_again() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let (w, t) = notified("email", "ann@acme.example", json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
+    let d = connect("app_dispatcher").await;
+    let l = lease_notes(&d, &w.tenant, "1 second").await.remove(0);
+    assert!(begin(&d, &l).await.unwrap());
+    // The dispatcher dies mid-send: the lease lapses, the sweep finds it.
+    loop {
+        d.execute("SELECT keyturn.sweep()", &[]).await.unwrap();
+        if note_status(&w, l.action_id).await == "uncertain" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // Never leased again; its outcome is refused; the operator's queue has it.
+    assert!(lease_notes(&d, &w.tenant, "30 seconds").await.is_empty());
+    assert_eq!(
+        sqlstate(complete(&d, &l, "succeeded", json!({}), None).await),
+        "55000"
+    );
+    let op = connect("app_operator").await;
+    let row = op
+        .query_one(
+            "SELECT tool, attempts, safe_to_decide_after IS NOT NULL, not_sent_by_dispatcher \
+               FROM keyturn.uncertain_actions() WHERE action_id = $1",
+            &[&l.action_id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "keyturn.notify.email");
+    assert_eq!(row.get::<_, i32>(1), 1);
+    assert!(row.get::<_, bool>(2));
+    assert!(!row.get::<_, bool>(3));
+    // keyturnd's account that it sent nothing is kept, once.
+    for _ in 0..2 {
+        let taken: bool = d
+            .query_one(
+                "SELECT keyturn.record_not_sent($1, $2, '{\"sent\": false}')",
+                &[&l.action_id, &l.lease_id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(taken);
+    }
+    assert!(op
+        .query_one(
+            "SELECT not_sent_by_dispatcher FROM keyturn.uncertain_actions() WHERE action_id = $1",
+            &[&l.action_id]
+        )
+        .await
+        .unwrap()
+        .get::<_, bool>(0));
+    let attempts = op
+        .query("SELECT outcome FROM keyturn.attempts($1)", &[&l.action_id])
+        .await
+        .unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(
+        attempts[0].get::<_, Option<String>>(0).as_deref(),
+        Some("lapsed")
+    );
+    assert_eq!(
+        op.query_one(
+            "SELECT keyturn.reconcile($1, 'failed', 'mail log: never left')",
+            &[&l.action_id]
+        )
+        .await
+        .unwrap()
+        .get::<_, String>(0),
+        "failed"
+    );
+    assert_eq!(note_status(&w, l.action_id).await, "failed");
+    assert_eq!(
+        sqlstate(
+            op.query_one(
+                "SELECT keyturn.reconcile($1, 'failed', 'again')",
+                &[&l.action_id]
+            )
+            .await
+        ),
+        "55000"
+    );
+    // The action's timeline: uncertain, the account, the reconciliation.
+    let events: Vec<String> = w
+        .superuser
+        .query(
+            "SELECT coalesce(detail -> 'notification' ->> 'status', '') FROM keyturn.event \
+              WHERE action_id = $1 AND detail ? 'notification' ORDER BY id",
+            &[&p.id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(events, vec!["uncertain", "uncertain", "failed"]);
+    remove_channels(&w.human).await;
+}
+
+#[tokio::test]
+async fn test_complete_gives_a_notification_an_actions_outcomes() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let (w, t) = notified("webhook", "http://127.0.0.1:9/h", json!({})).await;
+    set_notify(&w.human, "email", "ann@acme.example", json!({}))
+        .await
+        .unwrap();
+    let _p = w
+        .propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
+    let d = connect("app_dispatcher").await;
+    let leased = lease_notes(&d, &w.tenant, "30 seconds").await;
+    assert_eq!(leased.len(), 2);
+    // A hand-back from leased: requeued, no attempt counted.
+    assert_eq!(
+        complete(&d, &leased[0], "retry", json!({}), None)
+            .await
+            .unwrap(),
+        "queued"
+    );
+    // Begun, then retry: queued again after the backoff, the attempt closed.
+    assert!(begin(&d, &leased[1]).await.unwrap());
+    assert_eq!(
+        sqlstate(complete(&d, &leased[1], "maybe", json!({}), None).await),
+        "22023"
+    );
+    assert_eq!(
+        complete(&d, &leased[1], "retry", json!({"status": 503}), None)
+            .await
+            .unwrap(),
+        "queued"
+    );
+    let due_later: bool = w
+        .superuser
+        .query_one(
+            "SELECT next_attempt_at > clock_timestamp() FROM keyturn.notification WHERE id = $1",
+            &[&leased[1].action_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(due_later);
+    // The hand-back is due at once; leased again, then unknown: uncertain.
+    let again = lease_notes(&d, &w.tenant, "30 seconds").await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].action_id, leased[0].action_id);
+    assert_eq!(again[0].attempt, 1);
+    // The batch calls take notifications as they take actions.
+    let b = d
+        .query(
+            "SELECT action_id, dispatch, error FROM keyturn.begin_dispatch_many($1, $2)",
+            &[
+                &vec![again[0].action_id, Uuid::new_v4()],
+                &vec![again[0].lease_id, Uuid::new_v4()],
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(b[0].get::<_, bool>(1));
+    assert!(b[1]
+        .get::<_, Option<String>>(2)
+        .unwrap()
+        .starts_with("55000"));
+    let c = d
+        .query(
+            "SELECT action_id, status, error FROM keyturn.complete_many($1, $2, ARRAY['unknown'], \
+                    ARRAY['{\"error\": \"timeout after sending\"}']::jsonb[], ARRAY[NULL]::interval[])",
+            &[&vec![again[0].action_id], &vec![again[0].lease_id]],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        c[0].get::<_, Option<String>>(1).as_deref(),
+        Some("uncertain")
+    );
+    assert_eq!(note_status(&w, again[0].action_id).await, "uncertain");
+    remove_channels(&w.human).await;
+    connect("app_operator")
+        .await
+        .execute(
+            "SELECT keyturn.reconcile($1, 'succeeded', 'seen in the mail log')",
+            &[&again[0].action_id],
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn test_a_batch_of_actions_and_notifications_is_answered_in_its_order() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let (w, t, ids) = queued(2).await;
+    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({}))
+        .await
+        .unwrap();
+    let _p = w
+        .propose(&t, json!({"channel": "c", "text": "n"}))
+        .await
+        .unwrap();
+    let d = connect("app_dispatcher").await;
+    // Notifications first: lease_mine would hand this one back for a day.
+    let notes = lease_notes(&d, &w.tenant, "30 seconds").await;
+    let mut jobs = lease_mine(&d, &ids, "30 seconds").await;
+    assert_eq!((jobs.len(), notes.len()), (2, 1));
+    jobs.insert(1, notes[0].clone());
+    let rows = d
+        .query(
+            "SELECT action_id, dispatch, error FROM keyturn.begin_dispatch_many($1, $2)",
+            &[
+                &jobs.iter().map(|j| j.action_id).collect::<Vec<_>>(),
+                &jobs.iter().map(|j| j.lease_id).collect::<Vec<_>>(),
+            ],
+        )
+        .await
+        .unwrap();
+    let answered: Vec<(Uuid, bool)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        answered,
+        jobs.iter().map(|j| (j.action_id, true)).collect::<Vec<_>>()
+    );
+    let rows = d
+        .query(
+            "SELECT action_id, status, error FROM keyturn.complete_many($1, $2, \
+                    ARRAY['succeeded', 'failed', 'succeeded'], ARRAY['{}', '{}', '{}']::jsonb[], \
+                    ARRAY[NULL, NULL, NULL]::interval[])",
+            &[
+                &jobs.iter().map(|j| j.action_id).collect::<Vec<_>>(),
+                &jobs.iter().map(|j| j.lease_id).collect::<Vec<_>>(),
+            ],
+        )
+        .await
+        .unwrap();
+    let answered: Vec<(Uuid, Option<String>)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        answered,
+        vec![
+            (jobs[0].action_id, Some("succeeded".into())),
+            (jobs[1].action_id, Some("failed".into())),
+            (jobs[2].action_id, Some("succeeded".into())),
+        ]
+    );
+    assert_eq!(w.status(jobs[0].action_id).await, "succeeded");
+    assert_eq!(note_status(&w, jobs[1].action_id).await, "failed");
+    // A notification's success meters nothing.
+    assert_eq!(w.usage_rows(jobs[1].action_id).await, 0);
+    remove_channels(&w.human).await;
+}
+
+#[tokio::test]
+async fn test_the_hourly_cap_holds_the_rest_for_one_digest() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    set_notify(
+        &w.human,
+        "email",
+        "ann@acme.example",
+        json!({"max_per_hour": 1}),
+    )
+    .await
+    .unwrap();
+    let mut ps = Vec::new();
+    for i in 0..3 {
+        ps.push(
+            w.propose(&t, json!({"channel": "c", "text": format!("{i}")}))
+                .await
+                .unwrap(),
+        );
+    }
+    let d = connect("app_dispatcher").await;
+    let leased = lease_notes(&d, &w.tenant, "30 seconds").await;
+    assert_eq!(leased.len(), 1, "one within the cap");
+    assert!(begin(&d, &leased[0]).await.unwrap());
+    complete(&d, &leased[0], "succeeded", json!({}), None)
+        .await
+        .unwrap();
+    let all = notes(&w).await;
+    let digests: Vec<&Note> = all.iter().filter(|n| n.kind == "digest").collect();
+    assert_eq!(digests.len(), 1, "{all:?}");
+    let held: Vec<&Note> = all.iter().filter(|n| n.status == "superseded").collect();
+    assert_eq!(held.len(), 2);
+    // The digest is due when the hour of the first one sent is over.
+    let hour: bool = w
+        .superuser
+        .query_one(
+            "SELECT d.next_attempt_at BETWEEN clock_timestamp() + interval '55 minutes' \
+                                          AND s.dispatched_at + interval '1 hour' \
+               FROM keyturn.notification d, keyturn.notification s WHERE d.id = $1 AND s.id = $2",
+            &[&digests[0].id, &leased[0].action_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(hour);
+    assert!(lease_notes(&d, &w.tenant, "30 seconds").await.is_empty());
+    // An hour later (moved here by the superuser): the one digest, for the
+    // two still waiting, one of which was approved meanwhile.
+    assert_eq!(w.approve(&ps[1]).await.unwrap().0, "queued");
+    w.superuser
+        .execute(
+            "UPDATE keyturn.notification SET next_attempt_at = clock_timestamp() WHERE id = $1",
+            &[&digests[0].id],
+        )
+        .await
+        .unwrap();
+    let l = lease_notes(&d, &w.tenant, "30 seconds").await.remove(0);
+    assert_eq!(l.action_id, digests[0].id);
+    assert!(begin(&d, &l).await.unwrap());
+    let m = message_of(&d, &l).await;
+    assert_eq!(m.get::<_, String>("kind"), "digest");
+    assert_eq!(m.get::<_, i32>("waiting"), 1);
+    assert_eq!(m.get::<_, String>("title"), "1 action waits for you");
+    // ps[0]'s notice went within the cap; ps[1]'s and ps[2]'s were held,
+    // and ps[1] was approved since.
+    assert_eq!(m.get::<_, Vec<Uuid>>("link_action_ids"), vec![ps[2].id]);
+    complete(&d, &l, "succeeded", json!({}), None)
+        .await
+        .unwrap();
+    remove_channels(&w.human).await;
+}
+
+#[tokio::test]
+async fn test_one_reminder_when_remind_before_of_the_expiry_is_left() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({"expires_in": "1 minute"})).await;
+    set_notify(
+        &w.human,
+        "email",
+        "ann@acme.example",
+        json!({"remind_before": "59 seconds"}),
+    )
+    .await
+    .unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "r"}))
+        .await
+        .unwrap();
+    let d = connect("app_dispatcher").await;
+    let first = lease_notes(&d, &w.tenant, "30 seconds").await;
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].params.as_ref().unwrap()["kind"], "notice");
+    assert!(begin(&d, &first[0]).await.unwrap());
+    complete(&d, &first[0], "succeeded", json!({}), None)
+        .await
+        .unwrap();
+    // Wait for the reminder to come due (a second after the notice).
+    let reminder = loop {
+        let got = lease_notes(&d, &w.tenant, "30 seconds").await;
+        if let Some(l) = got.into_iter().next() {
+            break l;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(reminder.params.as_ref().unwrap()["kind"], "reminder");
+    assert!(begin(&d, &reminder).await.unwrap());
+    let title: String = message_of(&d, &reminder).await.get("title");
+    assert!(title.starts_with("Reminder"), "{title}");
+    complete(&d, &reminder, "succeeded", json!({}), None)
+        .await
+        .unwrap();
+    let kinds: Vec<(String, String)> = notes(&w)
+        .await
+        .into_iter()
+        .filter(|n| n.action_id == Some(p.id))
+        .map(|n| (n.kind, n.status))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("notice".into(), "succeeded".into()),
+            ("reminder".into(), "succeeded".into())
+        ]
+    );
+    remove_channels(&w.human).await;
+}
+
+#[tokio::test]
+async fn test_a_removed_channel_sends_nothing_more() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let (w, t) = notified("email", "ann@acme.example", json!({})).await;
+    let _p = w
+        .propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
+    remove_channels(&w.human).await;
+    let d = connect("app_dispatcher").await;
+    assert!(lease_notes(&d, &w.tenant, "30 seconds").await.is_empty());
+    let n = notes(&w)
+        .await
+        .into_iter()
+        .find(|n| n.kind == "notice")
+        .unwrap();
+    assert_eq!(n.status, "cancelled");
+}
