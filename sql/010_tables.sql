@@ -352,6 +352,9 @@ CREATE TABLE keyturn.card_link (
 CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, tenant)
     WHERE session_digest IS NOT NULL;
 CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
+-- The dispatcher's codes (keyturnd's MCP elicitation), found by when they
+-- were made: at most one per action (keyturn._link_code).
+CREATE INDEX card_link_dispatcher_idx ON keyturn.card_link (tenant, created_at) WHERE db_role IS NULL;
 
 -- Evidence recorded by the trusted side (sql/057_fence.sql): what a person
 -- showed, or what keyturn.fence handed an agent, by kind, reference and

@@ -89,10 +89,26 @@ END
 $$;
 
 -- A one-time code for a link to these actions, for the calling identity
--- (the human side for its own principal; the dispatcher, for notifications,
--- asserting the person it writes to). It expires at the earliest of its ttl
--- and the actions' expiry. The card session it is redeemed for runs as the
--- caller's role; a code the dispatcher made, as keyturnd's card role.
+-- (the human side for its own principal; the dispatcher, for keyturnd's MCP
+-- elicitation, asserting the agent's person). It expires at the earliest of
+-- its ttl and the actions' expiry. The card session it is redeemed for runs
+-- as the caller's role; a code the dispatcher made, as keyturnd's card role.
+--
+-- The dispatcher asserts whatever identity it likes, and keyturnd redeems
+-- codes for anyone who brings one to POST /card/session: left open, the
+-- dispatcher's login alone could make a code for any approver and approve.
+-- So a dispatcher's code is only what the elicitation needs: for the
+-- proposer, in the session it proposed in (a self decision), at most one
+-- per action, within keyturn._elicit_window() of the proposal. (A
+-- notification's code is minted by the database from its own row, for the
+-- person it waits for: sql/064_notify.sql.)
+-- How long after a proposal keyturnd's MCP elicitation may still make its
+-- card link: the elicitation follows the propose at once.
+CREATE FUNCTION keyturn._elicit_window()
+RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '2 minutes' $$;
+
 CREATE FUNCTION keyturn._link_code(p_caller oid, p_ids uuid[], p_ttl interval)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -108,6 +124,7 @@ DECLARE
     v_now       timestamptz := clock_timestamp();
     v_expires   timestamptz;
     v_db_role   text;
+    v_dispatcher boolean;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     v_role := keyturn._require_member(v_tenant, v_principal, v_session);
@@ -122,11 +139,24 @@ BEGIN
                   HINT = 'A link is opened soon or not at all; the person can ask for a new one from the queue.';
     END IF;
     v_expires := v_now + p_ttl;
+    v_dispatcher := pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER');
     FOREACH v_id IN ARRAY p_ids LOOP
         a := keyturn._decidable(v_tenant, v_principal, v_session, v_role, v_id, 'link_code');
+        IF v_dispatcher AND (a.principal IS DISTINCT FROM v_principal OR a.session IS DISTINCT FROM v_session
+                             OR a.created_at < v_now - keyturn._elicit_window()
+                             OR EXISTS (SELECT 1 FROM keyturn.card_link l
+                                         WHERE l.tenant = v_tenant AND l.db_role IS NULL
+                                           AND l.created_at >= a.created_at
+                                           AND l.action_ids @> ARRAY[v_id])) THEN
+            RAISE EXCEPTION 'keyturn: the dispatcher may not make a link to action %', v_id
+                USING ERRCODE = '42501',
+                      DETAIL = 'A dispatcher''s code is for the proposer in its session, once, within '
+                               || keyturn._elicit_window() || ' of the proposal (keyturnd''s MCP elicitation).',
+                      HINT = 'The person asks for a link (keyturn.link_code) or opens the action from their queue.';
+        END IF;
         v_expires := least(v_expires, a.expires_at);
     END LOOP;
-    IF NOT pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER') THEN
+    IF NOT v_dispatcher THEN
         v_db_role := p_caller::regrole::text;
     END IF;
     RETURN keyturn._mint_link(v_tenant, v_principal, v_session, v_db_role, p_ids, v_now, v_expires);

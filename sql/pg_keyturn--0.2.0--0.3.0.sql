@@ -101,6 +101,9 @@ CREATE TABLE keyturn.card_link (
 CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, tenant)
     WHERE session_digest IS NOT NULL;
 CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
+-- The dispatcher's codes (keyturnd's MCP elicitation), found by when they
+-- were made: at most one per action (keyturn._link_code).
+CREATE INDEX card_link_dispatcher_idx ON keyturn.card_link (tenant, created_at) WHERE db_role IS NULL;
 CREATE INDEX action_revised_from_idx ON keyturn.action (revised_from, tenant) WHERE revised_from IS NOT NULL;
 SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');
 
@@ -174,6 +177,78 @@ ALTER TABLE keyturn.tool_version
     ADD COLUMN upstream_tool text,
     ADD COLUMN upstream_schema_sha256 text CHECK (upstream_schema_sha256 ~ '^[0-9a-f]{64}$');
 INSERT INTO keyturn.transition (from_status, to_status) VALUES ('executing', 'invalidated');
+-- Notifications (sql/064_notify.sql): the channels a person is reached on,
+-- and the notifications keyturn records when an action starts to wait.
+CREATE TYPE keyturn.channel AS ENUM ('email', 'webhook', 'webpush');
+CREATE TYPE keyturn.notification_kind AS ENUM ('notice', 'reminder', 'digest');
+-- Where a person is reached (sql/064_notify.sql): one target per channel,
+-- set by the person (keyturn.set_notify), with the role they set it as (the
+-- card their notifications open runs as that role). secret: a webhook's own
+-- Standard Webhooks secret; read only by the dispatcher, for the message it
+-- signs, and never shown back.
+CREATE TABLE keyturn.notify_channel (
+    tenant         text            NOT NULL,
+    principal      text            NOT NULL,
+    channel        keyturn.channel NOT NULL,
+    target         text            NOT NULL,     -- an address, a URL, a subscription's JSON (normalized)
+    remind_before  interval        NOT NULL,
+    max_per_hour   int             NOT NULL CHECK (max_per_hour BETWEEN 1 AND 1000),
+    secret         text,
+    db_role        text            NOT NULL,
+    created_at     timestamptz     NOT NULL,
+    updated_at     timestamptz     NOT NULL,
+    PRIMARY KEY (tenant, principal, channel)
+);
+
+-- Notifications: keyturn's own effects, carried by the dispatcher under the
+-- same lease / begin / complete protocol as an action (sql/064_notify.sql
+-- says why a table of their own). One per (action, person, channel, kind),
+-- kind a notice or the one reminder; a digest (action_id NULL) carries the
+-- notices and reminders over the person's hourly cap (batched_into), and
+-- covers lists the actions its message linked. status takes the values of an
+-- action's dispatch: queued, leased, executing, succeeded, failed, uncertain,
+-- and cancelled (its action no longer waits for the person) or superseded
+-- (batched into a digest). The id is a UUID of version 8 (a v7 with its
+-- version changed), so the dispatcher calls tell a notification from an
+-- action by its id alone (keyturn._is_notification).
+CREATE TABLE keyturn.notification (
+    id               uuid                       NOT NULL,
+    tenant           text                       NOT NULL,
+    principal        text                       NOT NULL,   -- the person it reaches
+    channel          keyturn.channel            NOT NULL,
+    kind             keyturn.notification_kind  NOT NULL,
+    action_id        uuid,
+    covers           uuid[],
+    batched_into     uuid,
+    status           keyturn.status             NOT NULL,
+    result           jsonb,
+    attempts         int                        NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz                NOT NULL,   -- when it is due
+    lease_id         uuid,
+    leased_by        text,
+    lease_expires_at timestamptz,
+    dispatched_at    timestamptz,
+    receipt          jsonb,
+    created_at       timestamptz                NOT NULL,
+    updated_at       timestamptz                NOT NULL,
+    PRIMARY KEY (id, tenant),
+    CHECK ((kind = 'digest') = (action_id IS NULL))
+);
+-- Exactly one notice and one reminder per action, person and channel.
+CREATE UNIQUE INDEX notification_once_idx ON keyturn.notification (action_id, tenant, principal, channel, kind)
+    WHERE action_id IS NOT NULL;
+-- At most one digest waiting per person and channel.
+CREATE UNIQUE INDEX notification_digest_idx ON keyturn.notification (tenant, principal, channel)
+    WHERE kind = 'digest' AND status = 'queued';
+CREATE INDEX notification_due_idx       ON keyturn.notification (next_attempt_at, id) WHERE status = 'queued';
+CREATE INDEX notification_lease_idx     ON keyturn.notification (lease_expires_at) WHERE status IN ('leased', 'executing');
+CREATE INDEX notification_uncertain_idx ON keyturn.notification (dispatched_at) WHERE status = 'uncertain';
+-- The hourly cap counts a person's recent notifications on a channel.
+CREATE INDEX notification_sent_idx      ON keyturn.notification (tenant, principal, channel, dispatched_at)
+    WHERE dispatched_at IS NOT NULL;
+CREATE INDEX notification_batch_idx     ON keyturn.notification (batched_into, tenant) WHERE batched_into IS NOT NULL;
+SELECT pg_catalog.pg_extension_config_dump('keyturn.notify_channel', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.notification', '');
 
 
 -- ==== The functions of 0.3.0, from its install script ====
@@ -297,6 +372,14 @@ CREATE OR REPLACE FUNCTION "_check_template"(
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'check_template_wrapper';
+
+-- pg_keyturn::validation::_check_webhook_secret
+CREATE OR REPLACE FUNCTION "_check_webhook_secret"(
+	"secret" TEXT /* & str */
+) RETURNS void
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_webhook_secret_wrapper';
 
 -- pg_keyturn::citus::_citus_present
 CREATE OR REPLACE FUNCTION "_citus_present"() RETURNS bool /* bool */
@@ -461,6 +544,30 @@ CREATE OR REPLACE FUNCTION "_latest_turn"(
 STRICT STABLE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'latest_turn_wrapper';
+
+-- pg_keyturn::ids::_notification_id
+CREATE OR REPLACE FUNCTION "_notification_id"() RETURNS uuid /* pgrx :: Uuid */
+STRICT VOLATILE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'notification_id_wrapper';
+
+-- pg_keyturn::validation::_notify_target
+CREATE OR REPLACE FUNCTION "_notify_target"(
+	"channel" TEXT, /* & str */
+	"target" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'notify_target_wrapper';
+
+-- pg_keyturn::validation::_notify_target_hint
+CREATE OR REPLACE FUNCTION "_notify_target_hint"(
+	"channel" TEXT, /* & str */
+	"target" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'notify_target_hint_wrapper';
 
 -- pg_keyturn::validation::_params_errors
 CREATE OR REPLACE FUNCTION "_params_errors"(
@@ -812,6 +919,21 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'link_code_wrapper';
 
+-- pg_keyturn::gate::human::notify_channels
+CREATE OR REPLACE FUNCTION "notify_channels"() RETURNS TABLE (
+	"channel" TEXT,  /* String */
+	"target" TEXT,  /* String */
+	"remind_before" interval,  /* pgrx :: datum :: Interval */
+	"max_per_hour" INT,  /* i32 */
+	"own_secret" bool,  /* bool */
+	"db_role" TEXT,  /* String */
+	"updated_at" timestamp with time zone  /* TimestampWithTimeZone */
+)
+STRICT VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'notify_channels_wrapper';
+
 -- pg_keyturn::canonical::params_hash
 CREATE OR REPLACE FUNCTION "params_hash"(
 	"tool" TEXT, /* & str */
@@ -949,6 +1071,15 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'reject_for_wrapper';
 
+-- pg_keyturn::gate::human::remove_notify
+CREATE OR REPLACE FUNCTION "remove_notify"(
+	"channel" TEXT /* Option < String > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'remove_notify_wrapper';
+
 -- pg_keyturn::gate::human::revise
 CREATE OR REPLACE FUNCTION "revise"(
 	"action_id" uuid, /* Option < pgrx :: Uuid > */
@@ -992,6 +1123,17 @@ VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'revoke_delegation_wrapper';
+
+-- pg_keyturn::gate::human::set_notify
+CREATE OR REPLACE FUNCTION "set_notify"(
+	"channel" TEXT, /* Option < String > */
+	"target" TEXT, /* Option < String > */
+	"settings" jsonb DEFAULT '{}' /* Option < JsonbText > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_notify_wrapper';
 
 -- pg_keyturn::lifecycle::_action_lifecycle
 CREATE OR REPLACE FUNCTION "_action_lifecycle"()
@@ -1367,7 +1509,8 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
                              'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage',
-                             'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link', 'audit_chain', 'evidence']
+                             'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link', 'audit_chain', 'evidence',
+                             'notify_channel', 'notification']
     LOOP
         EXECUTE format('ALTER TABLE keyturn.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE keyturn.%I FORCE ROW LEVEL SECURITY', t);
@@ -1410,7 +1553,11 @@ CREATE POLICY stager_visible ON keyturn.stager FOR SELECT
 CREATE POLICY evidence_visible ON keyturn.evidence FOR SELECT
     USING (keyturn._sees(tenant, principal));
 -- card_link: forced row-level security and no policy: nobody but keyturn's
--- own functions reads the digests of codes and sessions. audit_chain: none
+-- own functions reads the digests of codes and sessions. notify_channel and
+-- notification likewise: targets are personal (an address, a device), a
+-- webhook's URL and secret are credentials; a person lists their own
+-- channels with keyturn.notify_channels(), an operator an action's
+-- notifications with keyturn.notifications(). audit_chain: none
 -- either; operators read a tenant's head through keyturn.audit_head.
 -- keyturn_secret.approval_key: forced row-level security and no policy at all,
 -- on top of holding no grants.
@@ -2659,6 +2806,13 @@ BEGIN
             RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, v_deleg.id;
             RETURN;
         END IF;
+    END IF;
+
+    -- It waits for people now: the notifications of those with a channel
+    -- (sql/064_notify.sql). A tenant where nobody set one pays one index
+    -- probe.
+    IF EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant) THEN
+        PERFORM keyturn._record_notifications(v_id, p_tenant);
     END IF;
 
     RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, 'pending'::text, NULL::uuid;
@@ -4777,10 +4931,26 @@ END
 $$;
 
 -- A one-time code for a link to these actions, for the calling identity
--- (the human side for its own principal; the dispatcher, for notifications,
--- asserting the person it writes to). It expires at the earliest of its ttl
--- and the actions' expiry. The card session it is redeemed for runs as the
--- caller's role; a code the dispatcher made, as keyturnd's card role.
+-- (the human side for its own principal; the dispatcher, for keyturnd's MCP
+-- elicitation, asserting the agent's person). It expires at the earliest of
+-- its ttl and the actions' expiry. The card session it is redeemed for runs
+-- as the caller's role; a code the dispatcher made, as keyturnd's card role.
+--
+-- The dispatcher asserts whatever identity it likes, and keyturnd redeems
+-- codes for anyone who brings one to POST /card/session: left open, the
+-- dispatcher's login alone could make a code for any approver and approve.
+-- So a dispatcher's code is only what the elicitation needs: for the
+-- proposer, in the session it proposed in (a self decision), at most one
+-- per action, within keyturn._elicit_window() of the proposal. (A
+-- notification's code is minted by the database from its own row, for the
+-- person it waits for: sql/064_notify.sql.)
+-- How long after a proposal keyturnd's MCP elicitation may still make its
+-- card link: the elicitation follows the propose at once.
+CREATE OR REPLACE FUNCTION keyturn._elicit_window()
+RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '2 minutes' $$;
+
 CREATE OR REPLACE FUNCTION keyturn._link_code(p_caller oid, p_ids uuid[], p_ttl interval)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -4795,9 +4965,8 @@ DECLARE
     a           keyturn.action;
     v_now       timestamptz := clock_timestamp();
     v_expires   timestamptz;
-    v_code      text := keyturn._token_new();
-    v_digest    bytea;
     v_db_role   text;
+    v_dispatcher boolean;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     v_role := keyturn._require_member(v_tenant, v_principal, v_session);
@@ -4812,17 +4981,48 @@ BEGIN
                   HINT = 'A link is opened soon or not at all; the person can ask for a new one from the queue.';
     END IF;
     v_expires := v_now + p_ttl;
+    v_dispatcher := pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER');
     FOREACH v_id IN ARRAY p_ids LOOP
         a := keyturn._decidable(v_tenant, v_principal, v_session, v_role, v_id, 'link_code');
+        IF v_dispatcher AND (a.principal IS DISTINCT FROM v_principal OR a.session IS DISTINCT FROM v_session
+                             OR a.created_at < v_now - keyturn._elicit_window()
+                             OR EXISTS (SELECT 1 FROM keyturn.card_link l
+                                         WHERE l.tenant = v_tenant AND l.db_role IS NULL
+                                           AND l.created_at >= a.created_at
+                                           AND l.action_ids @> ARRAY[v_id])) THEN
+            RAISE EXCEPTION 'keyturn: the dispatcher may not make a link to action %', v_id
+                USING ERRCODE = '42501',
+                      DETAIL = 'A dispatcher''s code is for the proposer in its session, once, within '
+                               || keyturn._elicit_window() || ' of the proposal (keyturnd''s MCP elicitation).',
+                      HINT = 'The person asks for a link (keyturn.link_code) or opens the action from their queue.';
+        END IF;
         v_expires := least(v_expires, a.expires_at);
     END LOOP;
-    IF NOT pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER') THEN
+    IF NOT v_dispatcher THEN
         v_db_role := p_caller::regrole::text;
     END IF;
+    RETURN keyturn._mint_link(v_tenant, v_principal, v_session, v_db_role, p_ids, v_now, v_expires);
+END
+$$;
+
+-- A new one-time code for a card link to p_ids, for that identity, until
+-- p_expires; only its digest is stored. The callers have checked that the
+-- person may decide every action: keyturn._link_code, and a notification's
+-- message (sql/064_notify.sql), whose card runs as the role its person set
+-- the channel as.
+CREATE OR REPLACE FUNCTION keyturn._mint_link(p_tenant text, p_principal text, p_session text, p_db_role text, p_ids uuid[],
+                                   p_now timestamptz, p_expires timestamptz)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_code   text := keyturn._token_new();
+    v_digest bytea;
+BEGIN
     v_digest := keyturn._token_digest(v_code);
     INSERT INTO keyturn.card_link (code_digest, tenant, principal, session, db_role, action_ids, created_at,
                                    expires_at)
-    VALUES (v_digest, v_tenant, v_principal, v_session, v_db_role, p_ids, v_now, v_expires);
+    VALUES (v_digest, p_tenant, p_principal, p_session, p_db_role, p_ids, p_now, p_expires);
     RETURN v_code;
 END
 $$;
@@ -5162,14 +5362,24 @@ DECLARE
     v_tools     text[];
     v_versions  int[];
     v_providers text[];
+    v_max       int;
 BEGIN
     PERFORM keyturn._check_lease_args(p_worker, p_max_jobs, p_lease_for);
     PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    -- Notifications first (sql/064_notify.sql): they are few, and a person
+    -- waits for each. Actions take the slots left.
+    RETURN QUERY SELECT * FROM keyturn._lease_notifications(p_tenant, p_worker, p_max_jobs, p_lease_for,
+                                                            p_providers, v_now);
+    GET DIAGNOSTICS v_max = ROW_COUNT;
+    v_max := p_max_jobs - v_max;
+    IF v_max < 1 THEN
+        RETURN;
+    END IF;
     IF p_tenant IS NULL THEN
-        v_ids := ARRAY(SELECT keyturn._due(v_now, p_max_jobs, p_providers));
+        v_ids := ARRAY(SELECT keyturn._due(v_now, v_max, p_providers));
     ELSE
-        v_ids := ARRAY(SELECT keyturn._due_for(p_tenant, v_now, p_max_jobs, p_providers));
+        v_ids := ARRAY(SELECT keyturn._due_for(p_tenant, v_now, v_max, p_providers));
     END IF;
     IF cardinality(v_ids) = 0 THEN
         RETURN;
@@ -5239,32 +5449,50 @@ BEGIN
 END
 $$;
 
--- Why a dispatcher call may not act on this row under this lease, or NULL:
+-- Why a dispatcher call may not act on this job under this lease, or NULL:
 -- the one place for these rules, shared by the single calls (which raise it
--- as 55000) and the batch calls (which answer it per element). a is the row
--- locked FOR UPDATE (all NULL when there is none); p_live: the lease must
--- not have lapsed.
+-- as 55000), the batch calls (which answer it per element) and the
+-- notifications the same calls carry (sql/064_notify.sql; p_what names the
+-- kind of job). The job's row is locked FOR UPDATE; p_found: there is one,
+-- p_status, p_lease_id and p_lease_expires_at are its columns; p_live: the
+-- lease must not have lapsed.
+CREATE OR REPLACE FUNCTION keyturn._lease_problem_of(p_what text, p_id uuid, p_found boolean, p_status keyturn.status,
+                                          p_lease_id uuid, p_lease_expires_at timestamptz, p_lease uuid,
+                                          p_statuses keyturn.status[], p_live boolean)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF NOT p_found OR p_lease_id IS DISTINCT FROM p_lease OR NOT p_status = ANY (p_statuses) THEN
+        RETURN format('keyturn: %s %s is not %s under lease %s (its status is %s)',
+                      p_what, coalesce(p_id::text, 'NULL'), array_to_string(p_statuses, ' or '),
+                      coalesce(p_lease::text, 'NULL'), coalesce(p_status::text, 'unknown'));
+    END IF;
+    IF p_live AND p_lease_expires_at <= clock_timestamp() THEN
+        RETURN format('keyturn: the lease on %s %s lapsed at %s; do not call the provider, the sweep requeues it',
+                      p_what, p_id, keyturn._utc(p_lease_expires_at));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- keyturn._lease_problem_of for an action: a is its row, locked FOR UPDATE
+-- (all NULL when there is none).
 CREATE OR REPLACE FUNCTION keyturn._lease_problem(a keyturn.action, p_id uuid, p_lease uuid,
                                        p_statuses keyturn.status[], p_live boolean)
 RETURNS text
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    IF a.id IS NULL OR a.lease_id IS DISTINCT FROM p_lease OR NOT a.status = ANY (p_statuses) THEN
-        RETURN format('keyturn: action %s is not %s under lease %s (its status is %s)',
-                      coalesce(p_id::text, 'NULL'), array_to_string(p_statuses, ' or '),
-                      coalesce(p_lease::text, 'NULL'), coalesce(a.status::text, 'unknown'));
-    END IF;
-    IF p_live AND a.lease_expires_at <= clock_timestamp() THEN
-        RETURN format('keyturn: the lease on action %s lapsed at %s; do not call the provider, the sweep requeues it',
-                      p_id, keyturn._utc(a.lease_expires_at));
-    END IF;
-    RETURN NULL;
+    RETURN keyturn._lease_problem_of('action', p_id, a.id IS NOT NULL, a.status, a.lease_id, a.lease_expires_at,
+                                     p_lease, p_statuses, p_live);
 END
 $$;
 
 -- complete's version: also only 'retry' may hand back a job never begun.
-CREATE OR REPLACE FUNCTION keyturn._complete_problem(a keyturn.action, p_id uuid, p_lease uuid, p_outcome text)
+CREATE OR REPLACE FUNCTION keyturn._complete_problem_of(p_what text, p_id uuid, p_found boolean, p_status keyturn.status,
+                                             p_lease_id uuid, p_lease_expires_at timestamptz, p_lease uuid,
+                                             p_outcome text)
 RETURNS text
 LANGUAGE plpgsql STABLE
 AS $$
@@ -5272,11 +5500,64 @@ BEGIN
     -- 'executing' under this lease is accepted even past the lease's expiry:
     -- a known outcome beats an unknown one.
     RETURN coalesce(
-        keyturn._lease_problem(a, p_id, p_lease, '{leased,executing}', a.status = 'leased'),
-        CASE WHEN a.status = 'leased' AND p_outcome <> 'retry' THEN
-            format('keyturn: action %s was never dispatched; only ''retry'' can hand it back (call begin_dispatch before the provider)', p_id)
+        keyturn._lease_problem_of(p_what, p_id, p_found, p_status, p_lease_id, p_lease_expires_at, p_lease,
+                                  '{leased,executing}', p_status = 'leased'),
+        CASE WHEN p_status = 'leased' AND p_outcome <> 'retry' THEN
+            format('keyturn: %s %s was never dispatched; only ''retry'' can hand it back (call begin_dispatch before the provider)',
+                   p_what, p_id)
         END);
 END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._complete_problem(a keyturn.action, p_id uuid, p_lease uuid, p_outcome text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN keyturn._complete_problem_of('action', p_id, a.id IS NOT NULL, a.status, a.lease_id, a.lease_expires_at,
+                                        p_lease, p_outcome);
+END
+$$;
+
+-- What complete makes of an outcome, for an action and a notification
+-- alike: the new status of a job that was p_current after p_attempts
+-- attempts, the delay before a requeued one is due again (a job handed back
+-- from leased: retry_after, else at once; after an attempt: retry_after,
+-- else the backoff; capped at a day either way: a provider cannot park a
+-- job for a year), and the result it is given. Inlined.
+CREATE OR REPLACE FUNCTION keyturn._outcome_status(p_current keyturn.status, p_outcome text, p_attempts int)
+RETURNS keyturn.status
+LANGUAGE sql STABLE PARALLEL SAFE  -- as a cast to an enum is: inlined
+AS $$
+    SELECT CASE WHEN p_current = 'leased' THEN 'queued'
+                WHEN p_outcome = 'succeeded' THEN 'succeeded'
+                WHEN p_outcome = 'failed' THEN 'failed'
+                WHEN p_outcome = 'unknown' THEN 'uncertain'
+                WHEN p_attempts < keyturn._max_attempts() THEN 'queued'
+                ELSE 'failed'
+           END::keyturn.status
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._outcome_delay(p_current keyturn.status, p_delay interval, p_attempts int)
+RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT least(CASE WHEN p_current = 'leased' THEN coalesce(p_delay, interval '0')
+                      ELSE coalesce(p_delay, keyturn._retry_backoff(p_attempts)) END,
+                 interval '1 day')
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._outcome_result(p_status keyturn.status, p_outcome text)
+RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE  -- as jsonb_build_object is
+AS $$
+    SELECT CASE
+               WHEN p_status = 'failed' AND p_outcome = 'retry'
+                   THEN jsonb_build_object('reason', 'the provider asked to retry after the third attempt')
+               WHEN p_status = 'uncertain'
+                   THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
+               ELSE jsonb_build_object('outcome', p_outcome)
+           END
 $$;
 
 -- Raises 55000 with a dispatcher call's problem, if there is one.
@@ -5378,6 +5659,12 @@ DECLARE
     v_results  jsonb[];
     v_now      timestamptz;
 BEGIN
+    -- Notifications, told by their id (sql/064_notify.sql), are begun by
+    -- keyturn._notify_begin_set; a batch of actions alone never gets there.
+    IF EXISTS (SELECT 1 FROM unnest(p_ids) x WHERE keyturn._is_notification(x)) THEN
+        RETURN QUERY SELECT * FROM keyturn._begin_mixed(p_tenant, p_ords, p_ids, p_leases);
+        RETURN;
+    END IF;
     -- What the UPDATE writes is computed here too: Citus refuses a function
     -- that is not immutable (a cast to keyturn.status, jsonb_build_object)
     -- inside a CASE of an UPDATE.
@@ -5521,6 +5808,12 @@ DECLARE
     v_next     timestamptz[];
     v_now      timestamptz;
 BEGIN
+    -- Notifications, as in keyturn._begin_set.
+    IF EXISTS (SELECT 1 FROM unnest(p_ids) x WHERE keyturn._is_notification(x)) THEN
+        RETURN QUERY SELECT * FROM keyturn._complete_mixed(p_tenant, p_ords, p_ids, p_leases, p_outcomes, p_receipts,
+                                                           p_retry_after);
+        RETURN;
+    END IF;
     -- What the UPDATEs write is computed before them, as in
     -- keyturn._begin_set: Citus refuses a function that is not immutable
     -- inside a CASE of an UPDATE.
@@ -5532,28 +5825,14 @@ BEGIN
                           ELSE jsonb_strip_nulls(jsonb_build_object(
                                    'outcome', v.outcome, 'attempt', v.attempts,
                                    'retry_in', CASE WHEN v.status = 'queued' THEN v.delay::text END))::text END),
-           array_agg(CASE
-                         WHEN v.status = 'failed' AND v.outcome = 'retry'
-                             THEN jsonb_build_object('reason', 'the provider asked to retry after the third attempt')
-                         WHEN v.status = 'uncertain'
-                             THEN jsonb_build_object('reason', 'the provider call''s outcome is unknown; an operator must reconcile it')
-                         ELSE jsonb_build_object('outcome', v.outcome)
-                     END)
+           array_agg(keyturn._outcome_result(v.status, v.outcome))
       INTO v_ords, v_ids, v_tenants, v_problems, v_statuses, v_back, v_outcomes, v_receipts, v_delays,
            v_attempts, v_details, v_results
       FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, e.outcome, (l.a).attempts,
                    (l.a).status = 'leased' AS back,
                    CASE WHEN p.problem IS NULL THEN keyturn._redact(coalesce(e.receipt, '{}')) END AS receipt,
-                   least(CASE WHEN (l.a).status = 'leased' THEN coalesce(e.delay, interval '0')
-                              ELSE coalesce(e.delay, keyturn._retry_backoff((l.a).attempts)) END,
-                         interval '1 day') AS delay,
-                   CASE WHEN (l.a).status = 'leased' THEN 'queued'
-                        WHEN e.outcome = 'succeeded' THEN 'succeeded'
-                        WHEN e.outcome = 'failed' THEN 'failed'
-                        WHEN e.outcome = 'unknown' THEN 'uncertain'
-                        WHEN (l.a).attempts < keyturn._max_attempts() THEN 'queued'
-                        ELSE 'failed'
-                   END::keyturn.status AS status
+                   keyturn._outcome_delay((l.a).status, e.delay, (l.a).attempts) AS delay,
+                   keyturn._outcome_status((l.a).status, e.outcome, (l.a).attempts) AS status
               FROM unnest(p_ords, p_ids, p_leases, p_outcomes, p_receipts, p_retry_after)
                    AS e (ord, id, lease, outcome, receipt, delay)
              CROSS JOIN LATERAL (SELECT keyturn._complete_args_error(e.outcome, e.delay, e.receipt) AS arg_error) g
@@ -5634,6 +5913,7 @@ DECLARE
     v_requeued  int;
     v_uncertain int;
     v_files     int;
+    v_notes     record;
     v_now       timestamptz := clock_timestamp();  -- an index condition, unlike clock_timestamp()
 BEGIN
     PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'expired before approval'));
@@ -5690,7 +5970,11 @@ BEGIN
                                 FOR UPDATE SKIP LOCKED)
        AND (p_tenant IS NULL OR s.tenant = p_tenant);
     GET DIAGNOSTICS v_files = ROW_COUNT;
-    RETURN QUERY SELECT v_expired, v_requeued, v_uncertain, v_files;
+
+    -- Notifications: their lapsed leases by the same rules, counted with the
+    -- actions' (sql/064_notify.sql).
+    SELECT * INTO v_notes FROM keyturn._sweep_notifications(p_tenant, v_now);
+    RETURN QUERY SELECT v_expired, v_requeued + v_notes.requeued, v_uncertain + v_notes.uncertain, v_files;
 END
 $$;
 
@@ -5726,6 +6010,9 @@ BEGIN
     END IF;
     PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    IF keyturn._is_notification(p_id) THEN
+        RETURN keyturn._reconcile_notification(p_tenant, p_id, p_outcome, p_note);
+    END IF;
     -- Operators reconcile across tenants: the plain call names none, so it
     -- reads the tenant first, without a lock, then locks the row in its
     -- tenant. On Citus a lock by id alone would reach every shard, which
@@ -5783,14 +6070,19 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('uncertain_actions');
+    -- With the uncertain notifications (sql/064_notify.sql), whose tool is
+    -- keyturn.notify.<channel>.
     RETURN QUERY
-    SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt, a.lease_expires_at,
-           coalesce(t.dispatcher_account = 'not_sent', false)
-      FROM keyturn.open_action o
-      JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
-      LEFT JOIN keyturn.attempt t ON t.action_id = a.id AND t.tenant = a.tenant AND t.attempt = a.attempts
-     WHERE o.status = 'uncertain' AND a.status = 'uncertain'
-     ORDER BY o.dispatched_at, o.action_id;
+    SELECT u.* FROM (
+        SELECT a.id, a.tenant, a.tool, a.attempts, a.dispatched_at, a.receipt, a.lease_expires_at,
+               coalesce(t.dispatcher_account = 'not_sent', false)
+          FROM keyturn.open_action o
+          JOIN keyturn.action a ON a.id = o.action_id AND a.tenant = o.tenant
+          LEFT JOIN keyturn.attempt t ON t.action_id = a.id AND t.tenant = a.tenant AND t.attempt = a.attempts
+         WHERE o.status = 'uncertain' AND a.status = 'uncertain'
+        UNION ALL
+        SELECT * FROM keyturn._uncertain_notifications()) u
+     ORDER BY 5, 1;
 END
 $$;
 
@@ -5808,13 +6100,15 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     a         keyturn.action;
-    t         keyturn.attempt;
-    v_receipt jsonb;
+    v_taken   text;
 BEGIN
     PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
     IF p_receipt IS NULL OR jsonb_typeof(p_receipt) <> 'object' THEN
         RAISE EXCEPTION 'keyturn: receipt must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    IF keyturn._is_notification(p_id) THEN
+        RETURN keyturn._record_notification_not_sent(p_tenant, p_id, p_lease, p_receipt);
     END IF;
     SELECT x.* INTO a FROM keyturn.action x
      WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant)  -- the plain call: by id alone
@@ -5822,21 +6116,41 @@ BEGIN
     IF NOT FOUND OR a.status <> 'uncertain' THEN
         RETURN false;
     END IF;
+    v_taken := keyturn._attempt_not_sent(a.id, a.tenant, a.attempts, p_lease, p_receipt);
+    IF v_taken = 'written' THEN
+        PERFORM keyturn._append_event(a.id, a.tenant, a.principal, keyturn._calling_role(), NULL, 'uncertain',
+                                      'uncertain', jsonb_build_object('dispatcher_account', 'not_sent',
+                                                                      'attempt', a.attempts, 'lease_id', p_lease));
+    END IF;
+    RETURN v_taken <> 'refused';
+END
+$$;
+
+-- The dispatcher's account that attempt p_attempt of the job p_id (an
+-- action's or a notification's) sent nothing, kept on the attempt once:
+-- 'written' now, 'kept' already (the same account again), 'refused' when
+-- that attempt is not under p_lease. The caller has checked that the job is
+-- uncertain, and writes the event.
+CREATE OR REPLACE FUNCTION keyturn._attempt_not_sent(p_id uuid, p_tenant text, p_attempt int, p_lease uuid, p_receipt jsonb)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    t         keyturn.attempt;
+    v_receipt jsonb;
+BEGIN
     SELECT x.* INTO t FROM keyturn.attempt x
-     WHERE x.action_id = a.id AND x.tenant = a.tenant AND x.attempt = a.attempts FOR UPDATE;
+     WHERE x.action_id = p_id AND x.tenant = p_tenant AND x.attempt = p_attempt FOR UPDATE;
     IF NOT FOUND OR t.lease_id IS DISTINCT FROM p_lease THEN
-        RETURN false;
+        RETURN 'refused';
     END IF;
     IF t.dispatcher_account IS NOT NULL THEN
-        RETURN true;
+        RETURN 'kept';
     END IF;
     v_receipt := keyturn._redact(p_receipt);
     UPDATE keyturn.attempt x SET dispatcher_account = 'not_sent', dispatcher_receipt = v_receipt
      WHERE x.action_id = t.action_id AND x.tenant = t.tenant AND x.attempt = t.attempt;
-    PERFORM keyturn._append_event(a.id, a.tenant, a.principal, keyturn._calling_role(), NULL, 'uncertain',
-                                  'uncertain', jsonb_build_object('dispatcher_account', 'not_sent',
-                                                                  'attempt', t.attempt, 'lease_id', p_lease));
-    RETURN true;
+    RETURN 'written';
 END
 $$;
 
@@ -6078,8 +6392,9 @@ $$;
 
 -- The tenants with dispatcher work due, oldest work first: to_lease counts
 -- the queued actions due now whose tool's provider is in providers (NULL =
--- any), to_sweep what the sweep would move on or delete (pending past
--- expiry, a lease lapsed, an unbound file a day old). A plain read of every
+-- any) and the notifications due on those providers, to_sweep what the
+-- sweep would move on or delete (pending past expiry, a lease lapsed, an
+-- unbound file a day old). A plain read of every
 -- shard without locks: a hint of where to call lease_for and sweep_for,
 -- which decide on the locked rows.
 CREATE OR REPLACE FUNCTION keyturn.tenants_due(providers text[] DEFAULT NULL, max_tenants int DEFAULT 100)
@@ -6113,7 +6428,15 @@ BEGIN
              WHERE o.status IN ('leased', 'executing') AND o.lease_expires_at < v_now
             UNION ALL
             SELECT f.tenant, 0, 1, f.staged_at FROM keyturn.staged_file f
-             WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours') d
+             WHERE f.action_id IS NULL AND f.staged_at < v_now - interval '24 hours'
+            -- Notifications (sql/064_notify.sql): due, and lapsed leases.
+            UNION ALL
+            SELECT n.tenant, 1, 0, n.next_attempt_at FROM keyturn.notification n
+             WHERE n.status = 'queued' AND n.next_attempt_at <= v_now
+               AND (tenants_due.providers IS NULL OR keyturn._notify_provider(n.channel) = ANY (tenants_due.providers))
+            UNION ALL
+            SELECT n.tenant, 0, 1, n.lease_expires_at FROM keyturn.notification n
+             WHERE n.status IN ('leased', 'executing') AND n.lease_expires_at < v_now) d
      GROUP BY d.tenant
      ORDER BY min(d.due), d.tenant
      LIMIT tenants_due.max_tenants;
@@ -6782,6 +7105,960 @@ END
 $$;
 
 
+-- ==== sql/064_notify.sql ====
+
+-- Reaching people (docs/notifications.md): a person's channels
+-- (keyturn.set_notify), the notifications keyturn records when an action
+-- starts to wait for them, and how the dispatcher carries them.
+--
+-- A notification is one of keyturn's own effects: a message leaves keyturn
+-- for a person as an external action's call leaves it for a provider, and it
+-- must be as honest: never sent twice, never lost without anyone knowing. So
+-- notifications travel through the dispatcher's own calls (lease,
+-- begin_dispatch, complete, their batch and tenant-explicit forms, sweep,
+-- uncertain_actions, reconcile, record_not_sent, attempts), and the rules
+-- those calls apply are written once and shared (sql/060_dispatch.sql):
+-- keyturn._lease_problem_of, _complete_problem_of, _complete_args_error,
+-- _outcome_status, _outcome_delay, _outcome_result, _max_attempts,
+-- _retry_backoff, _attempt_not_sent. keyturnd leases them with the providers
+-- it has for them (notify.email, notify.webhook, notify.webpush), and needs
+-- nothing else of its own but those adapters: the same loop, journal and
+-- recovery carry them. An uncertain notification waits in the operator's
+-- queue like an uncertain action.
+--
+-- Why a table of their own, not actions of internal tools. An action is a
+-- proposal a person approves: its row's token and binding, params hash,
+-- epoch, the grant its proposer holds, the approval MAC that lease and
+-- begin_dispatch verify, the usage row of its success, all serve that, and a
+-- trigger lets it past 'pending' only with a person's approval. A
+-- notification has none of it. As an action it would be a queued row no
+-- person approved, which is exactly what lease refuses as forged; keyturn
+-- would need a way to mint approvals without a person, and metering, the
+-- queue and the audit's status chain would each need an exception. The
+-- protocol is what the two share, so the protocol is what is shared: the
+-- rules above, the attempt rows (keyed by the notification's id), and an id
+-- the calls route by without a lookup (keyturn._is_notification), so a batch
+-- of actions pays nothing for them.
+--
+-- Who is notified, when, and what the message says are decided here: the
+-- people an action waits for (keyturn._waits_for), checked again at lease,
+-- at begin and when the message is made, so nothing is sent for an action
+-- that was decided, expired or cancelled first; the one reminder; the hourly
+-- cap, past which notices wait for one digest; the message's text, with a
+-- fresh one-time link code and never params, a token or a JWT.
+
+-- Whether an id is a notification's: a UUID of version 8 (a v7 whose version
+-- nibble keyturn._notification_id changed); every action id is a v7 (or, from
+-- before 0.2.0, a v4).
+CREATE OR REPLACE FUNCTION keyturn._is_notification(p_id uuid)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT substr(p_id::text, 15, 1) = '8'
+$$;
+
+-- The provider a notification of this channel is leased for: keyturnd
+-- passes these names to lease for the channels it can send.
+CREATE OR REPLACE FUNCTION keyturn._notify_provider(p_channel keyturn.channel)
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE  -- as an enum's text is: inlined
+AS $$
+    SELECT 'notify.' || p_channel::text
+$$;
+
+-- ---- The person's channels ----
+
+-- set_notify: one target per channel for the caller's principal, replacing
+-- the one before. Settings: remind_before (an interval, more than 0 and at
+-- most 7 days; 5 minutes by default), max_per_hour (1 to 1000; 20 by
+-- default), and for a webhook its own secret (whsec_…; without one keyturnd
+-- signs with KEYTURN_NOTIFY_WEBHOOK_SECRET). Anything else, or a target
+-- outside its channel's rule (keyturn-core's notify module): 22023. The
+-- caller's role is kept: the card its notifications open runs as it.
+CREATE OR REPLACE FUNCTION keyturn._set_notify(p_caller oid, p_channel text, p_target text, p_settings jsonb)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_settings  jsonb := coalesce(p_settings, '{}');
+    v_channels  text[] := enum_range(NULL::keyturn.channel)::text[];
+    v_key       text;
+    v_target    text;
+    v_remind    interval := interval '5 minutes';
+    v_max       int := 20;
+    v_secret    text;
+    v_role      text := p_caller::regrole::text;
+    v_now       timestamptz := clock_timestamp();
+BEGIN
+    PERFORM keyturn._set_actor(v_role, v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    IF p_channel IS NULL OR NOT p_channel = ANY (v_channels) THEN
+        RAISE EXCEPTION 'keyturn: channel must be one of %, not %', array_to_string(v_channels, ', '),
+                coalesce(quote_literal(p_channel), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_target IS NULL THEN
+        RAISE EXCEPTION 'keyturn: a % channel needs its target', p_channel USING ERRCODE = '22023';
+    END IF;
+    v_target := keyturn._notify_target(p_channel, p_target);
+    IF jsonb_typeof(v_settings) <> 'object' THEN
+        RAISE EXCEPTION 'keyturn: settings must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    FOR v_key IN SELECT k FROM jsonb_object_keys(v_settings) k ORDER BY 1 LOOP
+        IF NOT (v_key IN ('remind_before', 'max_per_hour') OR (v_key = 'secret' AND p_channel = 'webhook')) THEN
+            RAISE EXCEPTION 'keyturn: unknown setting % for a % channel', quote_literal(v_key), p_channel
+                USING ERRCODE = '22023',
+                      HINT = 'Settings: remind_before (an interval), max_per_hour (a number), and for a webhook secret (whsec_…).';
+        END IF;
+    END LOOP;
+    IF v_settings ? 'remind_before' THEN
+        IF jsonb_typeof(v_settings -> 'remind_before') <> 'string' THEN
+            RAISE EXCEPTION 'keyturn: remind_before must be an interval, as text' USING ERRCODE = '22023';
+        END IF;
+        BEGIN
+            v_remind := (v_settings ->> 'remind_before')::interval;
+        EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+            RAISE EXCEPTION 'keyturn: remind_before is not an interval: %', quote_literal(v_settings ->> 'remind_before')
+                USING ERRCODE = '22023';
+        END;
+        IF v_remind <= interval '0' OR v_remind > interval '7 days' THEN
+            RAISE EXCEPTION 'keyturn: remind_before must be more than 0 and at most 7 days, not %', v_remind
+                USING ERRCODE = '22023';
+        END IF;
+    END IF;
+    IF v_settings ? 'max_per_hour' THEN
+        IF jsonb_typeof(v_settings -> 'max_per_hour') <> 'number'
+           OR (v_settings ->> 'max_per_hour') !~ '^[0-9]{1,4}$'
+           OR (v_settings ->> 'max_per_hour')::int NOT BETWEEN 1 AND 1000 THEN
+            RAISE EXCEPTION 'keyturn: max_per_hour must be a whole number from 1 to 1000' USING ERRCODE = '22023';
+        END IF;
+        v_max := (v_settings ->> 'max_per_hour')::int;
+    END IF;
+    IF v_settings ? 'secret' THEN
+        IF jsonb_typeof(v_settings -> 'secret') <> 'string' THEN
+            RAISE EXCEPTION 'keyturn: secret must be a string (whsec_…)' USING ERRCODE = '22023';
+        END IF;
+        v_secret := v_settings ->> 'secret';
+        PERFORM keyturn._check_webhook_secret(v_secret);
+    END IF;
+    INSERT INTO keyturn.notify_channel AS c (tenant, principal, channel, target, remind_before, max_per_hour, secret,
+                                              db_role, created_at, updated_at)
+    VALUES (v_tenant, v_principal, p_channel::keyturn.channel, v_target, v_remind, v_max, v_secret, v_role, v_now,
+            v_now)
+    ON CONFLICT (tenant, principal, channel)
+    DO UPDATE SET target = EXCLUDED.target, remind_before = EXCLUDED.remind_before,
+                  max_per_hour = EXCLUDED.max_per_hour, secret = EXCLUDED.secret, db_role = EXCLUDED.db_role,
+                  updated_at = EXCLUDED.updated_at;
+END
+$$;
+
+-- The caller's channels, as the caller may see them: a URL's scheme and host
+-- only (a Slack or Teams workflow URL's path is its secret; a push endpoint's
+-- names the device), whether a webhook signs with a secret of its own, never
+-- the secret.
+CREATE OR REPLACE FUNCTION keyturn._notify_channels(p_caller oid)
+RETURNS TABLE (o_channel text, o_target text, o_remind_before interval, o_max_per_hour int, o_own_secret boolean,
+               o_db_role text, o_updated_at timestamptz)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+BEGIN
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    RETURN QUERY
+    SELECT c.channel::text, keyturn._notify_target_hint(c.channel::text, c.target), c.remind_before,
+           c.max_per_hour, c.secret IS NOT NULL, c.db_role, c.updated_at
+      FROM keyturn.notify_channel c
+     WHERE c.tenant = v_tenant AND c.principal = v_principal
+     ORDER BY c.channel;
+END
+$$;
+
+-- Removes one of the caller's channels: true if there was one. Its
+-- notifications not yet sent are cancelled when they come due.
+CREATE OR REPLACE FUNCTION keyturn._remove_notify(p_caller oid, p_channel text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    DELETE FROM keyturn.notify_channel c
+     WHERE c.tenant = v_tenant AND c.principal = v_principal AND c.channel::text = p_channel;
+    RETURN FOUND;
+END
+$$;
+
+-- ---- Who is waited for ----
+
+-- Why action a does not (or no longer) wait for p_principal, or NULL: the
+-- one rule for whom a notification reaches, applied when it is recorded,
+-- leased, begun and when its message is made. The action is pending and not
+-- expired; the person is a member who may decide it by approve's rule
+-- (keyturn._decide_problem: the proposer in its session for self, an
+-- approver or admin who wrote none of it and holds the tool's grant for
+-- independent and quorum tools) and has not voted on it yet. a.id NULL: the
+-- action is not there.
+CREATE OR REPLACE FUNCTION keyturn._waits_for(a keyturn.action, p_principal text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_role text;
+BEGIN
+    IF a.id IS NULL THEN
+        RETURN 'the action is not there';
+    END IF;
+    IF a.status <> 'pending' THEN
+        RETURN format('the action is %s', a.status);
+    END IF;
+    IF a.expires_at <= clock_timestamp() THEN
+        RETURN 'the action expired';
+    END IF;
+    SELECT m.role INTO v_role FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = p_principal;
+    IF v_role IS NULL THEN
+        RETURN format('%s is not a member of %s', p_principal, a.tenant);
+    END IF;
+    IF EXISTS (SELECT 1 FROM keyturn.vote x
+                WHERE x.action_id = a.id AND x.tenant = a.tenant AND x.principal = p_principal) THEN
+        RETURN format('%s has voted on it', p_principal);
+    END IF;
+    -- The action's own session: a self action is decided in it, and no
+    -- other rule reads the session.
+    RETURN keyturn._decide_problem(a, p_principal, a.session, v_role, 'approve');
+END
+$$;
+
+-- Records the notifications of an action that has started to wait (propose
+-- calls it for a pending proposal, in a tenant where someone set a channel):
+-- for each person it waits for and each of their channels, a notice due now
+-- and the reminder, due remind_before its expiry if that is still ahead.
+-- Then wakes the dispatcher. Returns how many it recorded. One row each
+-- (notification_once_idx): a second call records nothing.
+CREATE OR REPLACE FUNCTION keyturn._record_notifications(p_id uuid, p_tenant text)
+RETURNS int
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    a        keyturn.action;
+    c        record;
+    v_now    timestamptz := clock_timestamp();
+    v_due    timestamptz;
+    v_id     uuid;
+    v_last   text;
+    v_waits  boolean := false;
+    v_n      int := 0;
+BEGIN
+    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = p_tenant;
+    -- A self action waits for its proposer alone; the others for the
+    -- tenant's approvers and admins, each checked by keyturn._waits_for.
+    FOR c IN
+        SELECT n.principal, n.channel, n.remind_before FROM keyturn.notify_channel n
+         WHERE n.tenant = p_tenant
+           AND (n.principal = a.principal
+                OR (a.approval <> 'self'
+                    AND n.principal IN (SELECT m.principal FROM keyturn.member m
+                                         WHERE m.tenant = p_tenant AND m.role IN ('approver', 'admin'))))
+         ORDER BY n.principal, n.channel
+    LOOP
+        IF c.principal IS DISTINCT FROM v_last THEN
+            v_last := c.principal;
+            v_waits := keyturn._waits_for(a, c.principal) IS NULL;
+        END IF;
+        CONTINUE WHEN NOT v_waits;
+        v_id := keyturn._notification_id();
+        INSERT INTO keyturn.notification (id, tenant, principal, channel, kind, action_id, status, next_attempt_at,
+                                          created_at, updated_at)
+        VALUES (v_id, p_tenant, c.principal, c.channel, 'notice', p_id, 'queued', v_now, v_now, v_now)
+        ON CONFLICT DO NOTHING;
+        v_n := v_n + 1;
+        v_due := a.expires_at - c.remind_before;
+        IF v_due > v_now THEN
+            v_id := keyturn._notification_id();
+            INSERT INTO keyturn.notification (id, tenant, principal, channel, kind, action_id, status,
+                                              next_attempt_at, created_at, updated_at)
+            VALUES (v_id, p_tenant, c.principal, c.channel, 'reminder', p_id, 'queued', v_due, v_now, v_now)
+            ON CONFLICT DO NOTHING;
+            v_n := v_n + 1;
+        END IF;
+    END LOOP;
+    IF v_n > 0 AND current_setting('keyturn.notify')::boolean THEN
+        PERFORM pg_notify('keyturn_dispatch', '');
+    END IF;
+    RETURN v_n;
+END
+$$;
+
+-- Why notification n must not be sent now, or NULL: its person removed the
+-- channel, or its action no longer waits for them (for a digest: none of the
+-- actions it carries still does).
+CREATE OR REPLACE FUNCTION keyturn._notification_problem(n keyturn.notification)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    a         keyturn.action;
+    v_id      uuid;
+BEGIN
+    PERFORM 1 FROM keyturn.notify_channel c
+      WHERE c.tenant = n.tenant AND c.principal = n.principal AND c.channel = n.channel;
+    IF NOT FOUND THEN
+        RETURN format('%s removed the %s channel', n.principal, n.channel);
+    END IF;
+    IF n.kind <> 'digest' THEN
+        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = n.action_id AND x.tenant = n.tenant;
+        RETURN keyturn._waits_for(a, n.principal);
+    END IF;
+    FOR v_id IN SELECT b.action_id FROM keyturn.notification b
+                 WHERE b.batched_into = n.id AND b.tenant = n.tenant ORDER BY b.action_id LOOP
+        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = v_id AND x.tenant = n.tenant;
+        IF keyturn._waits_for(a, n.principal) IS NULL THEN
+            RETURN NULL;
+        END IF;
+    END LOOP;
+    RETURN 'none of the actions it carries waits for the person any more';
+END
+$$;
+
+-- ---- The dispatcher's calls, for notifications ----
+
+-- lease's part (keyturn._lease calls it first): the due notifications of the
+-- channels p_providers names (NULL: every channel), at most p_max, locked
+-- FOR UPDATE SKIP LOCKED in (next_attempt_at, id) order. Each is checked
+-- first: one whose action no longer waits for its person is cancelled; a
+-- notice or reminder past its person's hourly cap on that channel is
+-- batched into the channel's digest (made if there is none, due when the
+-- hour's first one leaves the window); the rest are leased and returned as
+-- lease returns jobs: tool keyturn.notify, provider notify.<channel>,
+-- params naming the notification, idempotency key keyturn-notify-<id>. The
+-- channel row is locked while the cap is counted, so two dispatchers count
+-- one person's notifications one at a time. p_tenant as in keyturn._lease.
+CREATE OR REPLACE FUNCTION keyturn._lease_notifications(p_tenant text, p_worker text, p_max int, p_lease_for interval,
+                                             p_providers text[], p_now timestamptz)
+RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
+               idempotency_key text, attempt int)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_channels keyturn.channel[];
+    n          keyturn.notification;
+    v_max      int;
+    v_problem  text;
+    v_lease    uuid;
+    v_digest   uuid;
+    v_recent   bigint;
+BEGIN
+    v_channels := ARRAY(SELECT c FROM unnest(enum_range(NULL::keyturn.channel)) c
+                         WHERE p_providers IS NULL OR keyturn._notify_provider(c) = ANY (p_providers));
+    IF p_max < 1 OR cardinality(v_channels) = 0 THEN
+        RETURN;
+    END IF;
+    FOR n IN
+        SELECT x.* FROM keyturn.notification x
+         WHERE x.status = 'queued' AND x.next_attempt_at <= p_now AND x.channel = ANY (v_channels)
+           AND (p_tenant IS NULL OR x.tenant = p_tenant)
+         ORDER BY x.next_attempt_at, x.id
+         LIMIT p_max
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        SELECT c.max_per_hour INTO v_max FROM keyturn.notify_channel c
+         WHERE c.tenant = n.tenant AND c.principal = n.principal AND c.channel = n.channel FOR NO KEY UPDATE;
+        v_problem := keyturn._notification_problem(n);
+        IF v_problem IS NOT NULL THEN
+            UPDATE keyturn.notification x
+               SET status = 'cancelled', result = jsonb_build_object('reason', v_problem), updated_at = p_now
+             WHERE x.id = n.id AND x.tenant = n.tenant;
+            CONTINUE;
+        END IF;
+        IF n.kind <> 'digest' THEN
+            -- Sent in the last hour, and leased (in this call or another
+            -- not yet begun).
+            SELECT count(*) INTO v_recent FROM keyturn.notification x
+             WHERE x.tenant = n.tenant AND x.principal = n.principal AND x.channel = n.channel
+               AND (x.dispatched_at > p_now - interval '1 hour' OR x.status = 'leased');
+            IF v_recent >= v_max THEN
+                v_digest := keyturn._digest_for(n, p_now);
+                UPDATE keyturn.notification x
+                   SET status = 'superseded', batched_into = v_digest,
+                       result = jsonb_build_object('batched_into', v_digest), updated_at = p_now
+                 WHERE x.id = n.id AND x.tenant = n.tenant;
+                CONTINUE;
+            END IF;
+        END IF;
+        v_lease := gen_random_uuid();
+        UPDATE keyturn.notification x
+           SET status = 'leased', lease_id = v_lease, leased_by = p_worker, lease_expires_at = p_now + p_lease_for,
+               updated_at = p_now
+         WHERE x.id = n.id AND x.tenant = n.tenant;
+        action_id := n.id;
+        lease_id := v_lease;
+        tenant := n.tenant;
+        tool := 'keyturn.notify';
+        provider := keyturn._notify_provider(n.channel);
+        params := jsonb_strip_nulls(jsonb_build_object('notification', n.id, 'kind', n.kind, 'channel', n.channel,
+                                                       'action_id', n.action_id));
+        idempotency_key := 'keyturn-notify-' || n.id::text;
+        attempt := n.attempts + 1;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- The queued digest of n's person and channel, made if there is none: due
+-- an hour after the first notification the cap counted was sent (or, not
+-- yet begun, now), when the cap has room again. The caller holds the
+-- channel row's lock.
+CREATE OR REPLACE FUNCTION keyturn._digest_for(n keyturn.notification, p_now timestamptz)
+RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_id  uuid;
+    v_due timestamptz;
+BEGIN
+    SELECT x.id INTO v_id FROM keyturn.notification x
+     WHERE x.tenant = n.tenant AND x.principal = n.principal AND x.channel = n.channel
+       AND x.kind = 'digest' AND x.status = 'queued';
+    IF FOUND THEN
+        RETURN v_id;
+    END IF;
+    SELECT coalesce(min(coalesce(x.dispatched_at, p_now)), p_now) + interval '1 hour' INTO v_due
+      FROM keyturn.notification x
+     WHERE x.tenant = n.tenant AND x.principal = n.principal AND x.channel = n.channel
+       AND (x.dispatched_at > p_now - interval '1 hour' OR x.status = 'leased');
+    v_id := keyturn._notification_id();
+    INSERT INTO keyturn.notification (id, tenant, principal, channel, kind, status, next_attempt_at, created_at,
+                                      updated_at)
+    VALUES (v_id, n.tenant, n.principal, n.channel, 'digest', 'queued', v_due, p_now, p_now);
+    RETURN v_id;
+END
+$$;
+
+-- keyturn._begin_set and _complete_set hand a batch that holds notifications
+-- here: its actions go back to them (a batch of actions alone), its
+-- notifications to keyturn._notify_begin_set and _notify_complete_set, and
+-- the answers keep each element's place (ord).
+CREATE OR REPLACE FUNCTION keyturn._begin_mixed(p_tenant text, p_ords int[], p_ids uuid[], p_leases uuid[])
+RETURNS TABLE (ord int, dispatch boolean, problem text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_ords   int[];
+    v_ids    uuid[];
+    v_leases uuid[];
+    v_nords  int[];
+    v_nids   uuid[];
+    v_nlease uuid[];
+BEGIN
+    SELECT array_agg(e.o) FILTER (WHERE NOT e.n), array_agg(e.i) FILTER (WHERE NOT e.n),
+           array_agg(e.l) FILTER (WHERE NOT e.n),
+           array_agg(e.o) FILTER (WHERE e.n), array_agg(e.i) FILTER (WHERE e.n), array_agg(e.l) FILTER (WHERE e.n)
+      INTO v_ords, v_ids, v_leases, v_nords, v_nids, v_nlease
+      FROM (SELECT u.o, u.i, u.l, coalesce(keyturn._is_notification(u.i), false) AS n
+              FROM unnest(p_ords, p_ids, p_leases) AS u (o, i, l)) e;
+    IF v_ids IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM keyturn._begin_set(p_tenant, v_ords, v_ids, v_leases);
+    END IF;
+    RETURN QUERY SELECT * FROM keyturn._notify_begin_set(p_tenant, v_nords, v_nids, v_nlease);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._complete_mixed(p_tenant text, p_ords int[], p_ids uuid[], p_leases uuid[],
+                                        p_outcomes text[], p_receipts jsonb[], p_retry_after interval[])
+RETURNS TABLE (ord int, status text, problem text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_a record;
+    v_n record;
+BEGIN
+    SELECT array_agg(e.o) AS ords, array_agg(e.i) AS ids, array_agg(e.l) AS leases, array_agg(e.oc) AS outcomes,
+           array_agg(e.r) AS receipts, array_agg(e.d) AS delays
+      INTO v_a
+      FROM unnest(p_ords, p_ids, p_leases, p_outcomes, p_receipts, p_retry_after) AS e (o, i, l, oc, r, d)
+     WHERE NOT coalesce(keyturn._is_notification(e.i), false);
+    SELECT array_agg(e.o) AS ords, array_agg(e.i) AS ids, array_agg(e.l) AS leases, array_agg(e.oc) AS outcomes,
+           array_agg(e.r) AS receipts, array_agg(e.d) AS delays
+      INTO v_n
+      FROM unnest(p_ords, p_ids, p_leases, p_outcomes, p_receipts, p_retry_after) AS e (o, i, l, oc, r, d)
+     WHERE coalesce(keyturn._is_notification(e.i), false);
+    IF v_a.ids IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM keyturn._complete_set(p_tenant, v_a.ords, v_a.ids, v_a.leases, v_a.outcomes,
+                                                          v_a.receipts, v_a.delays);
+    END IF;
+    RETURN QUERY SELECT * FROM keyturn._notify_complete_set(p_tenant, v_n.ords, v_n.ids, v_n.leases, v_n.outcomes,
+                                                             v_n.receipts, v_n.delays);
+END
+$$;
+
+-- begin_dispatch for notifications, element by element in the batch's
+-- order (as calls one after another would, so a notification named twice
+-- sees its first begin): the lease rule (keyturn._lease_problem_of) answered
+-- as a problem; then, checked on the locked row, a notification whose action
+-- no longer waits for its person (keyturn._notification_problem) is
+-- cancelled and answered dispatch = false, as an invalidated action is; the
+-- rest become executing, with an attempt row, and dispatch = true. p_tenant
+-- as in keyturn._begin_set.
+CREATE OR REPLACE FUNCTION keyturn._notify_begin_set(p_tenant text, p_ords int[], p_ids uuid[], p_leases uuid[])
+RETURNS TABLE (ord int, dispatch boolean, problem text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    n         keyturn.notification;
+    v_problem text;
+    v_reason  text;
+    v_now     timestamptz;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+        ord := p_ords[i];
+        SELECT x.* INTO n FROM keyturn.notification x
+         WHERE x.id = p_ids[i] AND (p_tenant IS NULL OR x.tenant = p_tenant) FOR UPDATE;
+        v_problem := keyturn._lease_problem_of('notification', p_ids[i], FOUND, n.status, n.lease_id,
+                                               n.lease_expires_at, p_leases[i], '{leased}', true);
+        IF v_problem IS NOT NULL THEN
+            dispatch := false;
+            problem := v_problem;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        v_reason := keyturn._notification_problem(n);
+        v_now := clock_timestamp();
+        problem := NULL;
+        IF v_reason IS NOT NULL THEN
+            UPDATE keyturn.notification x
+               SET status = 'cancelled', result = jsonb_build_object('reason', v_reason), lease_id = NULL,
+                   leased_by = NULL, lease_expires_at = NULL, updated_at = v_now
+             WHERE x.id = n.id AND x.tenant = n.tenant;
+            dispatch := false;
+        ELSE
+            UPDATE keyturn.notification x
+               SET status = 'executing', attempts = n.attempts + 1, dispatched_at = v_now, updated_at = v_now
+             WHERE x.id = n.id AND x.tenant = n.tenant;
+            INSERT INTO keyturn.attempt (action_id, attempt, tenant, principal, lease_id, worker, started_at)
+            VALUES (n.id, n.attempts + 1, n.tenant, n.principal, n.lease_id, n.leased_by, v_now);
+            dispatch := true;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- complete for notifications, element by element: the arguments
+-- (keyturn._complete_args_error, 22023) and the lease
+-- (keyturn._complete_problem_of, 55000) answered as problems; otherwise the
+-- outcome becomes the status, delay and result complete gives an action
+-- (keyturn._outcome_status, _outcome_delay, _outcome_result), the attempt is
+-- closed (not for a hand-back), and a notification that was sent, failed
+-- or is now uncertain is an event on its action's timeline.
+CREATE OR REPLACE FUNCTION keyturn._notify_complete_set(p_tenant text, p_ords int[], p_ids uuid[], p_leases uuid[],
+                                             p_outcomes text[], p_receipts jsonb[], p_retry_after interval[])
+RETURNS TABLE (ord int, status text, problem text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    n         keyturn.notification;
+    v_problem text;
+    v_back    boolean;
+    v_status  keyturn.status;
+    v_delay   interval;
+    v_receipt jsonb;
+    v_result  jsonb;
+    v_next    timestamptz;
+    v_now     timestamptz;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+        ord := p_ords[i];
+        status := NULL;
+        v_problem := keyturn._complete_args_error(p_outcomes[i], p_retry_after[i], p_receipts[i]);
+        IF v_problem IS NOT NULL THEN
+            problem := '22023 ' || v_problem;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        SELECT x.* INTO n FROM keyturn.notification x
+         WHERE x.id = p_ids[i] AND (p_tenant IS NULL OR x.tenant = p_tenant) FOR UPDATE;
+        v_problem := keyturn._complete_problem_of('notification', p_ids[i], FOUND, n.status, n.lease_id,
+                                                  n.lease_expires_at, p_leases[i], p_outcomes[i]);
+        IF v_problem IS NOT NULL THEN
+            problem := '55000 ' || v_problem;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        v_back := n.status = 'leased';
+        v_status := keyturn._outcome_status(n.status, p_outcomes[i], n.attempts);
+        v_delay := keyturn._outcome_delay(n.status, p_retry_after[i], n.attempts);
+        v_receipt := keyturn._redact(coalesce(p_receipts[i], '{}'));
+        v_result := keyturn._outcome_result(v_status, p_outcomes[i]);
+        v_now := clock_timestamp();
+        IF v_back THEN
+            v_receipt := n.receipt;
+        ELSE
+            UPDATE keyturn.attempt t
+               SET finished_at = v_now, outcome = p_outcomes[i]::keyturn.attempt_outcome, receipt = v_receipt
+             WHERE t.action_id = n.id AND t.tenant = n.tenant AND t.attempt = n.attempts;
+        END IF;
+        IF v_status = 'queued' THEN
+            v_next := v_now + v_delay;
+            v_result := n.result;
+            UPDATE keyturn.notification x
+               SET status = v_status, receipt = v_receipt, next_attempt_at = v_next, lease_id = NULL,
+                   leased_by = NULL, lease_expires_at = NULL, updated_at = v_now
+             WHERE x.id = n.id AND x.tenant = n.tenant;
+        ELSE
+            UPDATE keyturn.notification x
+               SET status = v_status, receipt = v_receipt, result = v_result, updated_at = v_now
+             WHERE x.id = n.id AND x.tenant = n.tenant;
+            PERFORM keyturn._notification_event(n, v_status::text,
+                                                jsonb_build_object('outcome', p_outcomes[i], 'attempt', n.attempts));
+        END IF;
+        status := v_status::text;
+        problem := NULL;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- A notification that was sent (or may have been, or failed, or was
+-- reconciled), as an event on the timeline of each action it is about:
+-- written through the audit's chain (keyturn._append_event), with the
+-- action's status as both ends (nothing about the action changed) and the
+-- notification in its detail.
+CREATE OR REPLACE FUNCTION keyturn._notification_event(n keyturn.notification, p_status text, p_detail jsonb)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_id        uuid;
+    v_principal text;
+    v_status    text;
+BEGIN
+    FOREACH v_id IN ARRAY (CASE WHEN n.kind = 'digest' THEN coalesce(n.covers, '{}') ELSE ARRAY[n.action_id] END) LOOP
+        SELECT x.principal, x.status::text INTO v_principal, v_status FROM keyturn.action x
+         WHERE x.id = v_id AND x.tenant = n.tenant;
+        CONTINUE WHEN NOT FOUND;
+        PERFORM keyturn._append_event(v_id, n.tenant, v_principal, keyturn._calling_role(), NULL, v_status, v_status,
+                                      jsonb_build_object('notification', jsonb_build_object(
+                                          'id', n.id, 'kind', n.kind, 'channel', n.channel, 'to', n.principal,
+                                          'status', p_status) || coalesce(p_detail, '{}')));
+    END LOOP;
+END
+$$;
+
+-- The sweep's part (keyturn._sweep calls it): a lapsed lease of a
+-- notification never begun goes back to queued; one begun is uncertain, its
+-- attempt lapsed, never sent again automatically; and a queued notification
+-- whose action is no longer pending is cancelled (lease would find it so).
+-- p_tenant as in keyturn._lease.
+CREATE OR REPLACE FUNCTION keyturn._sweep_notifications(p_tenant text, p_now timestamptz)
+RETURNS TABLE (requeued int, uncertain int)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    n keyturn.notification;
+BEGIN
+    UPDATE keyturn.notification x
+       SET status = 'queued', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL, updated_at = p_now
+     WHERE (x.id, x.tenant) IN (SELECT y.id, y.tenant FROM keyturn.notification y
+                                WHERE y.status = 'leased' AND y.lease_expires_at < p_now
+                                  AND (p_tenant IS NULL OR y.tenant = p_tenant)
+                                FOR UPDATE SKIP LOCKED)
+       AND (p_tenant IS NULL OR x.tenant = p_tenant);
+    GET DIAGNOSTICS requeued = ROW_COUNT;
+
+    uncertain := 0;
+    FOR n IN SELECT y.* FROM keyturn.notification y
+              WHERE y.status = 'executing' AND y.lease_expires_at < p_now
+                AND (p_tenant IS NULL OR y.tenant = p_tenant)
+                FOR UPDATE SKIP LOCKED LOOP
+        UPDATE keyturn.notification x
+           SET status = 'uncertain', updated_at = p_now,
+               result = jsonb_build_object('reason', 'the dispatcher''s lease lapsed while it was sending; whether the person got it is unknown, and it is never sent again automatically')
+         WHERE x.id = n.id AND x.tenant = n.tenant;
+        UPDATE keyturn.attempt t SET finished_at = p_now, outcome = 'lapsed'
+         WHERE t.action_id = n.id AND t.tenant = n.tenant AND t.attempt = n.attempts AND t.outcome IS NULL;
+        PERFORM keyturn._notification_event(n, 'uncertain', jsonb_build_object('attempt', n.attempts,
+                                                                               'reason', 'lease lapsed while sending'));
+        uncertain := uncertain + 1;
+    END LOOP;
+
+    UPDATE keyturn.notification x
+       SET status = 'cancelled', result = jsonb_build_object('reason', 'the action no longer waits'), updated_at = p_now
+     WHERE (x.id, x.tenant) IN (SELECT y.id, y.tenant FROM keyturn.notification y
+                                JOIN keyturn.action a ON a.id = y.action_id AND a.tenant = y.tenant
+                                WHERE y.status = 'queued' AND (a.status <> 'pending' OR a.expires_at < p_now)
+                                  AND (p_tenant IS NULL OR (y.tenant = p_tenant AND a.tenant = p_tenant))
+                                FOR UPDATE OF y SKIP LOCKED)
+       AND (p_tenant IS NULL OR x.tenant = p_tenant);
+    RETURN NEXT;
+END
+$$;
+
+-- The uncertain notifications, as keyturn.uncertain_actions lists them.
+CREATE OR REPLACE FUNCTION keyturn._uncertain_notifications()
+RETURNS TABLE (action_id uuid, tenant text, tool text, attempts int, dispatched_at timestamptz, receipt jsonb,
+               safe_to_decide_after timestamptz, not_sent_by_dispatcher boolean)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT n.id, n.tenant, 'keyturn.notify.' || n.channel::text, n.attempts, n.dispatched_at, n.receipt,
+           n.lease_expires_at, coalesce(t.dispatcher_account = 'not_sent', false)
+      FROM keyturn.notification n
+      LEFT JOIN keyturn.attempt t ON t.action_id = n.id AND t.tenant = n.tenant AND t.attempt = n.attempts
+     WHERE n.status = 'uncertain';
+END
+$$;
+
+-- reconcile of an uncertain notification (keyturn._reconcile routes it
+-- here, the outcome checked): as for an action, the tenant is read first
+-- when the plain call names none, then the row is locked in it.
+CREATE OR REPLACE FUNCTION keyturn._reconcile_notification(p_tenant text, p_id uuid, p_outcome text, p_note text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    n        keyturn.notification;
+    v_tenant text := p_tenant;
+    v_now    timestamptz := clock_timestamp();
+    v_status keyturn.status := p_outcome::keyturn.status;
+    v_added  jsonb;
+BEGIN
+    IF v_tenant IS NULL THEN
+        SELECT x.tenant INTO v_tenant FROM keyturn.notification x
+         WHERE x.id = p_id;  -- by id alone: the plain call names no tenant
+    END IF;
+    SELECT x.* INTO n FROM keyturn.notification x WHERE x.id = p_id AND x.tenant = v_tenant FOR UPDATE;
+    IF NOT FOUND OR n.status <> 'uncertain' THEN
+        RAISE EXCEPTION 'keyturn: only an uncertain notification can be reconciled; % is %',
+                p_id, coalesce(n.status::text, 'unknown')
+            USING ERRCODE = '55000';
+    END IF;
+    v_added := jsonb_strip_nulls(jsonb_build_object('reconciled', p_outcome, 'note', p_note,
+                                                    'by', keyturn._calling_role()));
+    UPDATE keyturn.notification x
+       SET status = v_status, result = coalesce(n.result, '{}') || v_added, updated_at = v_now
+     WHERE x.id = n.id AND x.tenant = n.tenant;
+    PERFORM keyturn._notification_event(n, p_outcome, jsonb_strip_nulls(jsonb_build_object(
+        'reconciled', p_outcome, 'note', p_note)));
+    RETURN p_outcome;
+END
+$$;
+
+-- record_not_sent of a notification (keyturn._record_not_sent routes it
+-- here): the same account, kept on its last attempt
+-- (keyturn._attempt_not_sent), an event on its action's timeline.
+CREATE OR REPLACE FUNCTION keyturn._record_notification_not_sent(p_tenant text, p_id uuid, p_lease uuid, p_receipt jsonb)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    n       keyturn.notification;
+    v_taken text;
+BEGIN
+    SELECT x.* INTO n FROM keyturn.notification x
+     WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant)  -- the plain call: by id alone
+       FOR UPDATE;
+    IF NOT FOUND OR n.status <> 'uncertain' THEN
+        RETURN false;
+    END IF;
+    v_taken := keyturn._attempt_not_sent(n.id, n.tenant, n.attempts, p_lease, p_receipt);
+    IF v_taken = 'written' THEN
+        PERFORM keyturn._notification_event(n, 'uncertain', jsonb_build_object(
+            'dispatcher_account', 'not_sent', 'attempt', n.attempts, 'lease_id', p_lease));
+    END IF;
+    RETURN v_taken <> 'refused';
+END
+$$;
+
+-- ---- The message ----
+
+-- What a notification says, at most 300 characters of it per action: the
+-- server-written summary (for a digest-retained action, which keeps none,
+-- the tool's name: pending() shows the same).
+CREATE OR REPLACE FUNCTION keyturn._notify_summary(p_summary text, p_tool text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN length(coalesce(p_summary, p_tool)) > 300
+                THEN left(coalesce(p_summary, p_tool), 299) || '…'
+                ELSE coalesce(p_summary, p_tool) END
+$$;
+
+-- notification_message and notification_message_for (p_what names the
+-- call; p_tenant as in keyturn._lease): what the notification under this
+-- lease says, for the dispatcher to send now, once begin_dispatch has made
+-- it executing and while its lease is live (else 55000, as file_content).
+--
+-- send = false (reason says why) when nothing is to be sent after all: the
+-- person removed the channel, or the action stopped waiting for them since
+-- the begin. Otherwise: the channel, its target and a webhook's own secret;
+-- the kind; title and body, plain text, and actions (a JSON array of
+-- {action_id, summary, tool, effect, expires_at}) for renderers; and a card
+-- link: a fresh one-time code (keyturn._mint_link) for link_action_ids, for
+-- this person, whose card runs as the role they set the channel as, valid
+-- until the first of those actions expires (at most a day). Each call makes
+-- a new code; only its digest is kept. Never params, a token or a JWT.
+--
+-- A digest lists every action still waiting among those it carries
+-- (waiting counts them) and links those one card can hold: at most 100,
+-- and self actions of one session only (a card works in one session; the
+-- others are counted and wait in the person's queue).
+CREATE OR REPLACE FUNCTION keyturn._notification_message(p_what text, p_tenant text, p_id uuid, p_lease uuid)
+RETURNS TABLE (send boolean, reason text, channel text, target text, secret text, kind text, title text,
+               body text, actions jsonb, link_action_ids uuid[], code text, code_expires_at timestamptz,
+               waiting int)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    n          keyturn.notification;
+    c          keyturn.notify_channel;
+    a          keyturn.action;
+    v_ids      uuid[];
+    v_id       uuid;
+    v_reason   text;
+    v_session  text;
+    v_link     uuid[] := '{}';
+    v_items    jsonb := '[]';
+    v_lines    text[] := '{}';
+    v_waiting  int := 0;
+    v_effect   text;
+    v_summary  text;
+    v_now      timestamptz := clock_timestamp();
+    v_expires  timestamptz := clock_timestamp() + interval '1 day';
+    v_title    text;
+BEGIN
+    PERFORM keyturn._refuse_nested(p_what);
+    PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
+    SELECT x.* INTO n FROM keyturn.notification x
+     WHERE x.id = p_id AND (p_tenant IS NULL OR x.tenant = p_tenant)  -- the plain call: by id alone
+       FOR NO KEY UPDATE;
+    PERFORM keyturn._raise_lease_problem(keyturn._lease_problem_of('notification', p_id, FOUND, n.status, n.lease_id,
+                                                                   n.lease_expires_at, p_lease, '{executing}', true));
+    SELECT x.* INTO c FROM keyturn.notify_channel x
+     WHERE x.tenant = n.tenant AND x.principal = n.principal AND x.channel = n.channel;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT false, format('%s removed the %s channel', n.principal, n.channel), n.channel::text,
+                            NULL::text, NULL::text, n.kind::text, NULL::text, NULL::text, NULL::jsonb, NULL::uuid[],
+                            NULL::text, NULL::timestamptz, 0;
+        RETURN;
+    END IF;
+    IF n.kind = 'digest' THEN
+        v_ids := ARRAY(SELECT b.action_id FROM keyturn.notification b
+                        WHERE b.batched_into = n.id AND b.tenant = n.tenant ORDER BY b.created_at, b.action_id);
+    ELSE
+        v_ids := ARRAY[n.action_id];
+    END IF;
+    FOREACH v_id IN ARRAY v_ids LOOP
+        CONTINUE WHEN v_id = ANY (v_link);
+        SELECT x.* INTO a FROM keyturn.action x WHERE x.id = v_id AND x.tenant = n.tenant;
+        v_reason := keyturn._waits_for(a, n.principal);
+        CONTINUE WHEN v_reason IS NOT NULL;
+        v_waiting := v_waiting + 1;
+        IF a.approval = 'self' THEN
+            CONTINUE WHEN v_session IS NOT NULL AND v_session <> a.session;
+            v_session := a.session;
+        END IF;
+        CONTINUE WHEN cardinality(v_link) >= 100;
+        SELECT v.effect::text INTO v_effect FROM keyturn.tool_version v
+         WHERE v.tool = a.tool AND v.version = a.tool_version;
+        v_summary := keyturn._notify_summary(a.summary, a.tool);
+        v_link := v_link || a.id;
+        v_expires := least(v_expires, a.expires_at);
+        v_items := v_items || jsonb_build_array(jsonb_build_object(
+            'action_id', a.id, 'summary', v_summary, 'tool', a.tool, 'effect', v_effect,
+            'expires_at', keyturn._utc(a.expires_at)));
+        v_lines := v_lines || format(E'%s\nTool: %s · Effect: %s · Expires: %s UTC', v_summary, a.tool, v_effect,
+                                     to_char(a.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI'));
+    END LOOP;
+    IF cardinality(v_link) = 0 THEN
+        RETURN QUERY SELECT false, coalesce(v_reason, 'no action it is about waits for the person'),
+                            n.channel::text, NULL::text, NULL::text, n.kind::text, NULL::text, NULL::text,
+                            NULL::jsonb, NULL::uuid[], NULL::text, NULL::timestamptz, 0;
+        RETURN;
+    END IF;
+    -- A card of no self action works in a session of its own.
+    v_session := coalesce(v_session, 'notification:' || n.id::text);
+    IF n.kind = 'digest' THEN
+        UPDATE keyturn.notification x SET covers = v_link, updated_at = v_now
+         WHERE x.id = n.id AND x.tenant = n.tenant;
+        v_title := CASE WHEN v_waiting = 1 THEN '1 action waits for you'
+                        ELSE format('%s actions wait for you', v_waiting) END;
+    ELSIF n.kind = 'reminder' THEN
+        v_title := 'Reminder, expires soon: ' || (v_items -> 0 ->> 'summary');
+    ELSE
+        v_title := 'Approval needed: ' || (v_items -> 0 ->> 'summary');
+    END IF;
+    RETURN QUERY SELECT true, NULL::text, n.channel::text, c.target, c.secret, n.kind::text, v_title,
+                        array_to_string(v_lines, E'\n\n'), v_items, v_link,
+                        keyturn._mint_link(n.tenant, n.principal, v_session, c.db_role, v_link, v_now, v_expires),
+                        v_expires, v_waiting;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.notification_message(notification_id uuid, lease_id uuid)
+RETURNS TABLE (send boolean, reason text, channel text, target text, secret text, kind text, title text,
+               body text, actions jsonb, link_action_ids uuid[], code text, code_expires_at timestamptz,
+               waiting int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM keyturn._notification_message('notification_message', NULL,
+                                                             notification_message.notification_id,
+                                                             notification_message.lease_id);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.notification_message_for(tenant text, notification_id uuid, lease_id uuid)
+RETURNS TABLE (send boolean, reason text, channel text, target text, secret text, kind text, title text,
+               body text, actions jsonb, link_action_ids uuid[], code text, code_expires_at timestamptz,
+               waiting int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._require_tenant(notification_message_for.tenant, 'notification_message_for');
+    RETURN QUERY SELECT * FROM keyturn._notification_message('notification_message_for',
+                                                             notification_message_for.tenant,
+                                                             notification_message_for.notification_id,
+                                                             notification_message_for.lease_id);
+END
+$$;
+
+-- The operator's view of an action's notifications (the console's
+-- timeline): the notices and reminders about it and the digests that
+-- carried them, with their status, attempts and receipts (stored redacted),
+-- never a target or secret.
+CREATE OR REPLACE FUNCTION keyturn.notifications(action_id uuid)
+RETURNS TABLE (notification_id uuid, tenant text, principal text, channel text, kind text, status text,
+               attempts int, created_at timestamptz, due_at timestamptz, dispatched_at timestamptz,
+               receipt jsonb, result jsonb)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('notifications');
+    RETURN QUERY
+    SELECT n.id, n.tenant, n.principal, n.channel::text, n.kind::text, n.status::text, n.attempts, n.created_at,
+           n.next_attempt_at, n.dispatched_at, n.receipt, n.result
+      FROM keyturn.notification n
+     WHERE n.action_id = notifications.action_id  -- by id alone: operators act across tenants
+        OR n.id IN (SELECT b.batched_into FROM keyturn.notification b
+                     WHERE b.action_id = notifications.action_id AND b.batched_into IS NOT NULL)
+     ORDER BY n.created_at, n.id;
+END
+$$;
+
+
 -- ==== sql/068_console.sql ====
 
 -- What the operator console reads (docs/card.md, "The operator console"):
@@ -7407,6 +8684,10 @@ COMMENT ON TABLE keyturn.stager IS 'One row per principal that staged a file: th
 COMMENT ON TABLE keyturn.card_link IS 'One-time codes of card links (digests only) and the card sessions they were redeemed for.';
 COMMENT ON TABLE keyturn.audit_chain IS 'Each tenant''s audit chain head: its event count and last hash (sql/059_audit.sql).';
 COMMENT ON TABLE keyturn.evidence IS 'Evidence recorded by the trusted side (a person, or keyturn.fence): kind, reference and SHA-256, which proposals cite.';
+COMMENT ON TABLE keyturn.notify_channel IS 'Where each person is reached (set_notify): one target per channel, the role they set it as; a webhook''s own secret, never shown back.';
+COMMENT ON TABLE keyturn.notification IS 'Notifications: one notice and one reminder per action, person and channel, and digests past the hourly cap; dispatched like external actions (sql/064_notify.sql).';
+COMMENT ON TYPE keyturn.channel IS 'How a person is reached: email, webhook (Standard Webhooks, Slack-shaped), webpush (RFC 8030/8291/8292).';
+COMMENT ON TYPE keyturn.notification_kind IS 'notice (an action waits for you), reminder (before it expires), digest (what the hourly cap held back).';
 COMMENT ON TABLE keyturn.projection IS 'Read-side projections: the current version per provider.';
 COMMENT ON TABLE keyturn.projection_version IS 'Every registered projection spec: which fields of a provider''s data may reach a prompt.';
 COMMENT ON TABLE keyturn.attempt IS 'One row per provider attempt; kept after reconciliation.';
@@ -7431,6 +8712,9 @@ COMMENT ON FUNCTION keyturn.standing_approvals(text) IS 'Operator, admin: every 
 COMMENT ON FUNCTION keyturn.verify_audit(text) IS 'Operator, admin: recomputes a tenant''s hash chain; false and the first event that no longer verifies when any was changed, deleted, reordered or inserted.';
 COMMENT ON FUNCTION keyturn.audit_export(text, timestamptz) IS 'Operator, admin: a tenant''s events since a time, each one JSON object of all its columns, for keyturnd audit-verify.';
 COMMENT ON FUNCTION keyturn.audit_head(text) IS 'Operator, admin: a tenant''s chain head (events, last hash), to anchor elsewhere.';
+COMMENT ON FUNCTION keyturn.set_notify(text, text, jsonb) IS 'Human: where the caller is reached when an action waits for them (email, webhook, webpush), with remind_before, max_per_hour and a webhook''s secret.';
+COMMENT ON FUNCTION keyturn.notify_channels() IS 'Human: the caller''s channels, with a URL''s scheme and host only and never a secret.';
+COMMENT ON FUNCTION keyturn.remove_notify(text) IS 'Human: removes one of the caller''s channels; its notifications not yet sent are cancelled.';
 COMMENT ON FUNCTION keyturn.record_evidence(text, text, text) IS 'Human: records evidence the person saw (kind, reference, SHA-256) for proposals to cite; an agent never records evidence.';
 COMMENT ON FUNCTION keyturn.revoke_evidence(uuid) IS 'The principal that recorded it: ends a piece of evidence and invalidates the pending proposals that cite it.';
 COMMENT ON FUNCTION keyturn.register_tool(text, jsonb) IS 'Admin: creates or replaces a tool from its spec; returns the new version.';
@@ -7469,7 +8753,7 @@ COMMENT ON FUNCTION keyturn.attachments(uuid, uuid) IS 'Dispatcher: the files an
 COMMENT ON FUNCTION keyturn.file_content(uuid, uuid, uuid) IS 'Dispatcher: an attachment''s bytes, only while its action is executing under that lease.';
 COMMENT ON FUNCTION keyturn.register_projection(text, jsonb) IS 'Admin: which fields of a provider''s data may reach a prompt; returns the new version.';
 COMMENT ON FUNCTION keyturn.fence(text, jsonb) IS 'A provider''s data as a fenced, projected reference block, with a fresh marker, the guard that names it, and the evidence id of what was fenced.';
-COMMENT ON FUNCTION keyturn.lease(text, int, interval, text[]) IS 'Dispatcher: takes due queued actions (FOR UPDATE SKIP LOCKED) under a lease.';
+COMMENT ON FUNCTION keyturn.lease(text, int, interval, text[]) IS 'Dispatcher: takes due notifications and queued actions (FOR UPDATE SKIP LOCKED) under a lease.';
 COMMENT ON FUNCTION keyturn.begin_dispatch(uuid, uuid) IS 'Dispatcher: rechecks everything and commits executing before any provider call; false: invalidated.';
 COMMENT ON FUNCTION keyturn.begin_dispatch_many(uuid[], uuid[]) IS 'Dispatcher: begin_dispatch for a batch, one answer per element.';
 COMMENT ON FUNCTION keyturn.complete(uuid, uuid, text, jsonb, interval) IS 'Dispatcher: records a provider call''s outcome (succeeded, failed, retry, unknown).';
@@ -7479,6 +8763,9 @@ COMMENT ON FUNCTION keyturn.reconcile(uuid, text, text) IS 'Operator: settles an
 COMMENT ON FUNCTION keyturn.uncertain_actions() IS 'Operator: the actions waiting for a person to decide what happened, when it is safe to decide, and whether keyturnd says it sent nothing.';
 COMMENT ON FUNCTION keyturn.record_not_sent(uuid, uuid, jsonb) IS 'Dispatcher: keyturnd''s account that the attempt under this lease sent nothing, for an action the sweep made uncertain first; decides nothing.';
 COMMENT ON FUNCTION keyturn.record_not_sent_for(text, uuid, uuid, jsonb) IS 'Dispatcher: record_not_sent for the tenant named.';
+COMMENT ON FUNCTION keyturn.notification_message(uuid, uuid) IS 'Dispatcher: what an executing notification says, with a fresh one-time card link code; send = false when its action stopped waiting.';
+COMMENT ON FUNCTION keyturn.notification_message_for(text, uuid, uuid) IS 'Dispatcher: notification_message in the tenant named.';
+COMMENT ON FUNCTION keyturn.notifications(uuid) IS 'Operator: an action''s notifications and the digests that carried them: status, attempts, receipts; never a target.';
 COMMENT ON FUNCTION keyturn.attempts(uuid) IS 'Operator: an action''s provider attempts, with their receipts.';
 COMMENT ON FUNCTION keyturn.dispatch_by_tenant() IS 'Dispatcher: whether keyturn''s tables are distributed by tenant (Citus), so that the dispatcher must use the _for calls, tenant by tenant.';
 COMMENT ON FUNCTION keyturn.dispatch_nodes() IS 'Dispatcher: the other nodes whose wake-ups keyturnd must LISTEN to when it dispatches by tenant; empty otherwise.';
@@ -7587,6 +8874,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.delegate(text, jsonb, int, interval), keyturn.revoke_delegation(uuid),
     keyturn.delegations(), keyturn.record_request(text, text, text, text),
     keyturn.issue_token(uuid), keyturn.record_evidence(text, text, text),
+    keyturn.set_notify(text, text, jsonb), keyturn.notify_channels(), keyturn.remove_notify(text),
     keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
     keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text)
 TO keyturn_approver;
@@ -7604,7 +8892,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.file_content(uuid, uuid, uuid),
     keyturn.attachments(uuid, uuid),
     keyturn.redeem_link_code(text, uuid[]), keyturn.card_session(text),
-    keyturn.record_not_sent(uuid, uuid, jsonb)
+    keyturn.record_not_sent(uuid, uuid, jsonb), keyturn.notification_message(uuid, uuid)
 TO keyturn_dispatcher;
 
 -- Dispatcher, tenant by tenant (sql/062_dispatch_for.sql).
@@ -7615,7 +8903,8 @@ GRANT EXECUTE ON FUNCTION
     keyturn.complete_for(text, uuid, uuid, text, jsonb, interval),
     keyturn.complete_many_for(text, uuid[], uuid[], text[], jsonb[], interval[]),
     keyturn.sweep_for(text), keyturn.attachments_for(text, uuid, uuid),
-    keyturn.file_content_for(text, uuid, uuid, uuid), keyturn.record_not_sent_for(text, uuid, uuid, jsonb)
+    keyturn.file_content_for(text, uuid, uuid, uuid), keyturn.record_not_sent_for(text, uuid, uuid, jsonb),
+    keyturn.notification_message_for(text, uuid, uuid)
 TO keyturn_dispatcher;
 
 -- Dispatcher, for upstream MCP servers (sql/063_mcp.sql).
@@ -7627,7 +8916,8 @@ TO keyturn_dispatcher;
 -- Operator.
 GRANT EXECUTE ON FUNCTION
     keyturn.reconcile(uuid, text, text), keyturn.uncertain_actions(), keyturn.sweep(), keyturn.audit(uuid),
-    keyturn.attempts(uuid), keyturn.reconcile_for(text, uuid, text, text), keyturn.sweep_for(text)
+    keyturn.attempts(uuid), keyturn.reconcile_for(text, uuid, text, text), keyturn.sweep_for(text),
+    keyturn.notifications(uuid)
 TO keyturn_operator;
 
 -- Platform administrator.

@@ -95,6 +95,9 @@ CREATE TABLE keyturn.card_link (
 CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, tenant)
     WHERE session_digest IS NOT NULL;
 CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
+-- The dispatcher's codes (keyturnd's MCP elicitation), found by when they
+-- were made: at most one per action (keyturn._link_code).
+CREATE INDEX card_link_dispatcher_idx ON keyturn.card_link (tenant, created_at) WHERE db_role IS NULL;
 CREATE INDEX action_revised_from_idx ON keyturn.action (revised_from, tenant) WHERE revised_from IS NOT NULL;
 SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');
 

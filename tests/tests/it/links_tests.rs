@@ -242,3 +242,70 @@ async fn test_the_dispatcher_makes_a_code_for_the_person_it_writes_to() {
     assert_eq!(role, None);
     assert!(tokens[p.id.to_string()].is_string());
 }
+
+/// The red-team pass: with the dispatcher's login alone (DATABASE_URL), an
+/// attacker asserted an approver's identity, made a code for that approver
+/// (keyturnd's POST /card/session redeems it for a card session) and so
+/// approved an independent action, or met a quorum with two invented
+/// approvers. A code the dispatcher makes is for keyturnd's MCP elicitation
+/// only: the proposer, in the session it proposed in, once per action, while
+/// the proposal is fresh.
+#[tokio::test]
+async fn test_the_dispatcher_cannot_make_a_code_for_someone_else() {
+    let w = World::new("member").await;
+    let ind = w.webhook_tool(json!({"approval": "independent"})).await;
+    let (approver, _) = w.other("approver", "app_human", "s-appr").await;
+    w.grant(&approver, &ind).await;
+    let q = w
+        .propose(&ind, json!({"channel": "c", "text": "3"}))
+        .await
+        .unwrap();
+    let as_approver = Conn::connect(
+        "app_dispatcher",
+        Identity::gucs(&w.tenant, &approver, "s-appr"),
+    )
+    .await;
+    assert_eq!(
+        sqlstate(link_code(&as_approver, &[q.id]).await),
+        "42501",
+        "the dispatcher asserting an approver made a code that approves"
+    );
+    // The proposer's own, in another session: refused too.
+    let elsewhere = Conn::connect(
+        "app_dispatcher",
+        Identity::gucs(&w.tenant, &w.principal, "another-session"),
+    )
+    .await;
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "a", "text": "1"}))
+        .await
+        .unwrap();
+    assert_eq!(sqlstate(link_code(&elsewhere, &[p.id]).await), "42501");
+    // The proposer in its session: one code, and no second one.
+    let disp = Conn::connect("app_dispatcher", w.identity()).await;
+    link_code(&disp, &[p.id]).await.unwrap();
+    assert_eq!(
+        sqlstate(link_code(&disp, &[p.id]).await),
+        "42501",
+        "a second dispatcher code for the same action"
+    );
+    // A proposal that is no longer fresh: refused.
+    let old = w
+        .propose(&t, json!({"channel": "b", "text": "2"}))
+        .await
+        .unwrap();
+    w.superuser
+        .batch_execute(&format!(
+            "ALTER TABLE keyturn.action DISABLE TRIGGER USER; \
+             UPDATE keyturn.action SET created_at = created_at - interval '10 minutes' WHERE id = '{}'; \
+             ALTER TABLE keyturn.action ENABLE TRIGGER USER",
+            old.id
+        ))
+        .await
+        .unwrap();
+    assert_eq!(sqlstate(link_code(&disp, &[old.id]).await), "42501");
+    // The human side is not limited so: the person may ask for more.
+    link_code(&w.human, &[p.id]).await.unwrap();
+    link_code(&w.human, &[p.id]).await.unwrap();
+}
