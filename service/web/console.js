@@ -1,8 +1,8 @@
 // The console: for a person, what waits for their decision, opened in the
 // same card as a link opens (a fresh token from issue_token, no link
-// needed); for the operator and the platform admin, the actions by status
-// with counts and filters, an action's whole timeline (its events and
-// attempts), the uncertain queue with reconciliation, the tools with the
+// needed), and a button that subscribes this device to Web Push; for the operator and the platform admin, the actions by status
+// with counts and filters, an action's whole timeline (its events,
+// attempts and notifications), the uncertain queue with reconciliation, the tools with the
 // kill switch (admins only) and the standing approvals; for everyone, the
 // dispatch counters. Like the card it decides nothing: each section is shown
 // when the database answers its call for this sign-in, and every change is
@@ -13,6 +13,7 @@
 
 import { rpc, takeJwt, keepJwt, forgetJwt, explain, isMissingFunction, RpcError } from "./rpc.js";
 import { el, valueText, when } from "./show.js";
+import { pushKey, subscribeToPush } from "./push.js";
 import "./keyturn-card.js";
 
 const auth = { jwt: takeJwt(), base: "" };
@@ -81,6 +82,32 @@ async function loadMetrics() {
 }
 
 // ---- waiting for me ----------------------------------------------------------
+
+/** The "Notify me on this device" control of the queue: offered where this
+ *  browser can take Web Push and keyturnd has a VAPID key. It subscribes
+ *  with the person's own JWT (never a card session's) after they pressed it,
+ *  and says what came of it. */
+async function offerPush() {
+  if (!(await pushKey())) return;
+  const button = $("push-subscribe");
+  const status = $("push-status");
+  $("push-box").hidden = false;
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    try {
+      const result = await subscribeToPush({ jwt: auth.jwt });
+      status.textContent = {
+        subscribed: "This device is notified when an action waits for you.",
+        denied: "Notifications are blocked for this site; allow them in the browser's settings, then try again.",
+        unavailable: "This browser cannot take notifications from keyturn.",
+      }[result];
+    } catch (e) {
+      status.textContent = explain(e).join(" ");
+    } finally {
+      button.disabled = false;
+    }
+  });
+}
 
 async function loadMine() {
   const rows = await rpc("pending", {}, auth);
@@ -293,15 +320,17 @@ async function loadActions() {
 
 // ---- timeline ----------------------------------------------------------------
 
-/** An action's events and attempts, in time order. */
+/** An action's events, attempts and notifications, in time order. */
 async function showTimeline(actionId) {
   $("audit-id").value = actionId;
   $("timeline-section").hidden = false;
   const table = $("audit");
   try {
-    const [events, attempts] = await Promise.all([
+    const [events, attempts, notices] = await Promise.all([
       rpc("audit", { action_id: actionId }, auth),
       rpc("attempts", { action_id: actionId }, auth).catch(() => []),
+      // Not every keyturn has notifications, and only the operator reads them.
+      rpc("notifications", { action_id: actionId }, auth).catch(() => []),
     ]);
     const lines = [
       ...events.map((e) => ({
@@ -330,9 +359,22 @@ async function showTimeline(actionId) {
           el("td", {}, a.receipt ? el("pre", { class: "kt-value", text: valueText(a.receipt) }) : "")
         ),
       })),
+      ...notices.map((n) => ({
+        at: n.dispatched_at || n.created_at,
+        row: el(
+          "tr",
+          { kt: "timeline-notification" },
+          el("td", { text: when(n.dispatched_at || n.created_at) }),
+          el("td", { text: `${n.kind} by ${n.channel}` }),
+          el("td", { text: "keyturnd" }),
+          el("td", { text: n.principal || "—" }),
+          el("td", { text: n.status }),
+          el("td", {}, n.receipt || n.result ? el("pre", { class: "kt-value", text: valueText(n.receipt || n.result) }) : "")
+        ),
+      })),
     ].sort((x, y) => Date.parse(x.at) - Date.parse(y.at));
     table.querySelector("tbody").replaceChildren(...lines.map((l) => l.row));
-    $("audit-caption").textContent = `${events.length} event(s) and ${attempts.length} attempt(s) of ${actionId}`;
+    $("audit-caption").textContent = `${events.length} event(s), ${attempts.length} attempt(s) and ${notices.length} notification(s) of ${actionId}`;
     table.hidden = false;
   } catch (e) {
     $("audit-caption").textContent = explain(e).join(" ");
@@ -458,6 +500,8 @@ async function start() {
     if (!shown.some(Boolean)) {
       fail(new RpcError(403, { message: "this sign-in may not use any part of the console" }));
     }
+    // A person's queue: their own sign-in, so this device may subscribe.
+    if (!$("mine-section").hidden) await offerPush();
   } catch (e) {
     if (e instanceof RpcError && e.status === 401) signIn(e);
     else fail(e);

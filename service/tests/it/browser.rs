@@ -15,6 +15,7 @@ use crate::support::browser::{
     PHONE_WIDTH,
 };
 use crate::support::e2e::{self, Keyturnd, Receiver, Reply, World};
+use crate::support::fake_smtp::{self, Script};
 use crate::support::web::{self, post_rpc};
 
 const WITHIN: Duration = Duration::from_secs(20);
@@ -357,6 +358,150 @@ async fn test_the_browsers_history_holds_nothing_that_works() {
         .to_owned();
     c.close().await.expect("quit the browser");
 
+    history_holds_nothing_that_works(&profile, &k.base, &[&bearer, &token, &p.token]).await;
+    assert_eq!(rx.requests(p.id).len(), 1);
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&bearer, &token, &p.token]);
+}
+
+/// Issue 31's phone: a person who set an email channel gets the
+/// notification keyturnd sends when an action starts to wait; its link opens
+/// the card once in Chromium, approves, and leaves nothing that works in
+/// the profile's history. The card links the web app manifest, the service
+/// worker registers under `/card`, and both answer under the pages' one
+/// Content-Security-Policy; with a VAPID key the person's queue offers
+/// "Notify me on this device" (headless Chromium reaches no push service,
+/// so the subscription itself is e2e_notify's, against a local endpoint).
+#[tokio::test]
+async fn test_a_notifications_link_opens_the_card_once_on_a_phone() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
+    let (smtp, mail) = fake_smtp::start(Script::default()).await;
+    let (vapid, _) = keyturnd::config::VapidKey::generate();
+    let mut env = rx.env();
+    env.extend([
+        // Where links point; the test opens them at keyturnd's address.
+        (
+            "KEYTURN_PUBLIC_URL",
+            "https://keyturn.example.com".to_owned(),
+        ),
+        ("KEYTURN_SMTP_URL", format!("smtp://{smtp}")),
+        (
+            "KEYTURN_SMTP_FROM",
+            "keyturn <noreply@keyturn.example>".into(),
+        ),
+        ("KEYTURN_VAPID_PRIVATE_KEY", vapid.expose().to_owned()),
+    ]);
+    let k = keyturnd(&w, env).await;
+    let tool = w.webhook_tool(json!({})).await;
+    w.as_identity(
+        &w.human,
+        "SELECT keyturn.set_notify('email', 'person@acme.example')::text",
+        &[],
+    )
+    .await
+    .expect("set_notify");
+    let p = w.propose(&tool, json!({"text": "from an email"})).await;
+    let link = e2e::eventually(WITHIN, "the notification email", || async {
+        mail.delivered().iter().find_map(|m| {
+            let parsed = mailparse::parse_mail(m.data.as_bytes()).ok()?;
+            let text = parsed.subparts.first()?.get_body().ok()?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("Open the card: "))
+                .map(|l| l.trim().to_owned())
+        })
+    })
+    .await;
+    let link = link.replace("https://keyturn.example.com", &k.base);
+    assert!(link.contains(&p.id.to_string()), "{link}");
+
+    let (c, profile) = browser::open_profile(&webdriver, true).await;
+    visit(&c, &link).await.expect("open");
+    wait_loaded(&c).await;
+    // The phone's pieces, same origin, under one policy.
+    let phone = c
+        .execute_async(
+            "const done = arguments[arguments.length - 1]; (async () => { \
+               const manifest = document.querySelector('link[rel=manifest]').href; \
+               const csp = async (u) => (await fetch(u, {cache: 'no-store'})).headers.get('content-security-policy'); \
+               const m = await fetch(manifest); \
+               const reg = await navigator.serviceWorker.register('/card/sw.js', {scope: '/card'}); \
+               return {manifest: new URL(manifest).pathname, manifest_ok: m.ok, name: (await m.json()).name, \
+                       scope: new URL(reg.scope).pathname, \
+                       csp: [await csp('/card'), await csp(manifest), await csp('/card/sw.js')]}; \
+             })().then(done, (e) => done({error: String(e)}));",
+            vec![],
+        )
+        .await
+        .expect("the phone's pieces");
+    assert_eq!(phone["manifest"], "/card/manifest.webmanifest", "{phone}");
+    assert_eq!(phone["manifest_ok"], true, "{phone}");
+    assert!(
+        phone["name"].as_str().is_some_and(|n| !n.is_empty()),
+        "{phone}"
+    );
+    assert_eq!(phone["scope"], "/card", "{phone}");
+    let csp = phone["csp"].as_array().expect("three policies");
+    assert!(
+        csp[0]
+            .as_str()
+            .is_some_and(|p| p.contains("default-src 'self'")),
+        "{phone}"
+    );
+    assert!(csp.iter().all(|p| p == &csp[0]), "one policy: {phone}");
+
+    c.find(Locator::Css("[data-kt=approve]"))
+        .await
+        .expect("approve")
+        .click()
+        .await
+        .expect("click");
+    wait_status(&c, &p.id.to_string(), "succeeded").await;
+    let session = js(
+        &c,
+        "return JSON.parse(sessionStorage.getItem('keyturn.card'))",
+        vec![],
+    )
+    .await;
+    let bearer = session["session"].as_str().expect("a session").to_owned();
+    let token = session["tokens"][p.id.to_string()]
+        .as_str()
+        .expect("a token")
+        .to_owned();
+    c.close().await.expect("quit the browser");
+    history_holds_nothing_that_works(&profile, &k.base, &[&bearer, &token, &p.token]).await;
+    assert_eq!(rx.requests(p.id).len(), 1, "approved once, sent once");
+
+    // The person's queue offers this device Web Push (a VAPID key is set).
+    let person = w.human_jwt();
+    let c = browser::open(&webdriver, true).await;
+    console_sign_in(&c, &k.base, &person).await;
+    assert!(shown(&c, "push-box").await, "Notify me on this device");
+    c.find(Locator::Css("[data-kt=push-subscribe]"))
+        .await
+        .expect("the button")
+        .click()
+        .await
+        .expect("click");
+    let said = wait_js(
+        &c,
+        "what came of the subscription",
+        "return document.querySelector('[data-kt=push-status]').textContent;",
+        vec![],
+    )
+    .await;
+    assert!(!said.as_str().unwrap_or("").is_empty(), "{said}");
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&bearer, &token, &p.token, &person]);
+}
+
+/// The browser's History database, read after it quit: it holds the card's
+/// link, and no URL in it holds one of `secrets`, a JWT parameter, or a
+/// code keyturnd still redeems.
+async fn history_holds_nothing_that_works(profile: &std::path::Path, base: &str, secrets: &[&str]) {
     let urls = browser::history_urls(&profile).await;
     let cards: Vec<&String> = urls.iter().filter(|u| u.contains("/card#")).collect();
     assert!(
@@ -364,11 +509,8 @@ async fn test_the_browsers_history_holds_nothing_that_works() {
         "the history holds the card's link: {urls:?}"
     );
     for url in &urls {
-        for secret in [&bearer, &token, &p.token] {
-            assert!(
-                !url.contains(secret.as_str()),
-                "a credential in history: {url}"
-            );
+        for secret in secrets {
+            assert!(!url.contains(secret), "a credential in history: {url}");
         }
         assert!(!url.contains("j="), "{url}");
         let fragment = url.split_once('#').map(|(_, f)| f).unwrap_or("");
@@ -382,7 +524,7 @@ async fn test_the_browsers_history_holds_nothing_that_works() {
             .collect();
         for (_, code) in pairs.iter().filter(|(k, _)| k == "c") {
             let (status, _, body) = web::post_json(
-                &format!("{}/card/session", k.base),
+                &format!("{base}/card/session"),
                 None,
                 &json!({"code": code, "action_ids": ids}),
             )
@@ -393,9 +535,6 @@ async fn test_the_browsers_history_holds_nothing_that_works() {
             );
         }
     }
-    assert_eq!(rx.requests(p.id).len(), 1);
-    let log = k.stop().await;
-    assert_no_secret(&log, &[&bearer, &token, &p.token]);
 }
 
 /// The card shows what a proposal cites as the trusted side recorded it:
@@ -731,6 +870,15 @@ async fn test_console_reconciles_an_uncertain_action_and_shows_its_timeline() {
     let rx = Receiver::start(&w.tenant, vec![Reply::status(500)]).await;
     let k = keyturnd(&w, rx.env()).await;
     let tool = w.webhook_tool(json!({})).await;
+    // The person is reached by email: the notice is on the timeline
+    // (never sent: this keyturnd has no public URL).
+    w.as_identity(
+        &w.human,
+        "SELECT keyturn.set_notify('email', 'person@acme.example')::text",
+        &[],
+    )
+    .await
+    .expect("set_notify");
     let q = w
         .queue(&tool, json!({"text": "did it arrive?"}), false)
         .await;
@@ -820,12 +968,18 @@ async fn test_console_reconciles_an_uncertain_action_and_shows_its_timeline() {
         .expect("click");
     wait_js(
         &c,
-        "the timeline with events and the attempt",
+        "the timeline with events, the attempt and the notices",
         "return document.querySelectorAll('[data-kt=audit-row]').length >= 3 && \
-                document.querySelectorAll('[data-kt=timeline-attempt]').length === 1;",
+                document.querySelectorAll('[data-kt=timeline-attempt]').length === 1 && \
+                document.querySelectorAll('[data-kt=timeline-notification]').length >= 1;",
         vec![],
     )
     .await;
+    let notice = text(&c, "[data-kt=timeline-notification]").await;
+    assert!(
+        notice.contains("notice by email") && notice.contains(&w.principal),
+        "{notice}"
+    );
     js(
         &c,
         "document.querySelector('[data-kt=actions-section]').scrollIntoView();",
@@ -944,6 +1098,10 @@ async fn test_console_approves_from_the_queue_without_the_link() {
     let c = browser::open(&webdriver, true).await;
     console_sign_in(&c, &k.base, &jwt).await;
     assert!(shown(&c, "mine-section").await);
+    assert!(
+        !shown(&c, "push-box").await,
+        "no VAPID key: no Web Push offered"
+    );
     for section in [
         "uncertain-section",
         "actions-section",
