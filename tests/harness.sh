@@ -146,6 +146,29 @@ kt_mcp_python() {
   fi
 }
 
+# The official MCP TypeScript SDK client (npm @modelcontextprotocol/sdk,
+# pinned in tests/mcp/ts/package.json), for the mcp layer's second client:
+# exports KT_MCP_TS_DIR (the install, with tests/mcp/ts's script beside it),
+# or KT_MCP_TS_UNAVAILABLE with the reason. Never fails the run.
+kt_mcp_typescript() {
+  unset KT_MCP_TS_DIR KT_MCP_TS_UNAVAILABLE
+  local dir log
+  dir="$(kt_scratch)/mcp-ts"
+  log="$(kt_scratch)/mcp-ts.log"
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    export KT_MCP_TS_UNAVAILABLE="node or npm is not installed"
+    return 0
+  fi
+  mkdir -p "$dir"
+  cp "$KT_ROOT/tests/mcp/ts/package.json" "$KT_ROOT/tests/mcp/ts/ts_agent.mjs" "$dir/"
+  if [ ! -d "$dir/node_modules/@modelcontextprotocol/sdk" ] &&
+     ! (cd "$dir" && timeout 300 npm install --no-audit --no-fund --silent) >"$log" 2>&1; then
+    export KT_MCP_TS_UNAVAILABLE="npm install @modelcontextprotocol/sdk failed (is the npm registry reachable?): $(tail -n 1 "$log")"
+    return 0
+  fi
+  export KT_MCP_TS_DIR=$dir
+}
+
 # The Web Push checks' libraries (http_ece decrypts, py_vapid verifies what
 # keyturnd sends; the Standard Webhooks library too, for the receivers they
 # share): exports KT_WEBPUSH_PYTHON, or KT_WEBPUSH_UNAVAILABLE with the reason.

@@ -96,6 +96,8 @@ def check(name):
                 await fn()
                 results.append((name, True))
                 print(f"ok      {name}", flush=True)
+            except Skip as why:
+                print(f"SKIPPED {name}: {why}", flush=True)
             except Exception:
                 results.append((name, False))
                 print(f"FAILED  {name}\n{traceback.format_exc()}", flush=True)
@@ -106,6 +108,10 @@ def check(name):
 
 
 CHECKS = []
+
+
+class Skip(Exception):
+    """A check that cannot run here, and why: printed, never counted as passed."""
 
 
 # ---- the world: roles, tenant, tools, the upstream, keyturnd ----
@@ -507,6 +513,36 @@ async def _():
     redeem = f"SELECT count(*) FROM keyturn.redeem_link_code('{code}', ARRAY['{aid}']::uuid[])"
     assert psql(redeem, user="app_dispatcher") == "1"
     assert psql(redeem, user="app_dispatcher") == "0"
+
+
+@check("typescript_sdk_client_lists_proposes_and_gets_the_link")
+async def _():
+    """The official TypeScript SDK client (npm @modelcontextprotocol/sdk,
+    tests/mcp/ts/), installed by tests/run-all into KT_MCP_TS_DIR."""
+    ts_dir = os.environ.get("KT_MCP_TS_DIR")
+    if not ts_dir:
+        raise Skip(os.environ.get("KT_MCP_TS_UNAVAILABLE", "KT_MCP_TS_DIR is not set"))
+    args = {"channel": "general", "text": "from TypeScript"}
+    # Run from the install (ES modules resolve packages beside the script).
+    out = subprocess.run(["node", os.path.join(ts_dir, "ts_agent.mjs"), BASE, "chat.send_message",
+                          json.dumps(args)],
+                         cwd=ts_dir, env=dict(os.environ, KT_AGENT_JWT=AGENT),
+                         capture_output=True, text=True, timeout=BOUND)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    responses.append(json.dumps(got["listed"]))
+    responses.append(json.dumps(got["called"]))
+    assert "chat.send_message" in got["tools"] and "keyturn_action_status" in got["tools"], got["tools"]
+    called = got["called"]
+    assert not called.get("isError"), called
+    aid = called["structuredContent"]["action_id"]
+    assert called["structuredContent"]["status"] == "pending" and status_of(aid) == "pending", called
+    # The card link went to the client application, for the person.
+    assert len(got["elicited"]) == 1 and got["elicited"][0].startswith(f"{BASE}/card#a={aid}&c="), got["elicited"]
+    assert calls("send_message") == [] or all(c["arguments"] != args for c in calls("send_message"))
+    assert approve(aid) == "queued"
+    wait_for("the TypeScript client's proposal to succeed", lambda: status_of(aid) == "succeeded")
+    assert [c["arguments"] for c in calls("send_message")].count(args) == 1
 
 
 @check("no_token_link_code_or_jwt_in_any_response")
