@@ -502,7 +502,7 @@ async fn test_a_notifications_link_opens_the_card_once_on_a_phone() {
 /// link, and no URL in it holds one of `secrets`, a JWT parameter, or a
 /// code keyturnd still redeems.
 async fn history_holds_nothing_that_works(profile: &std::path::Path, base: &str, secrets: &[&str]) {
-    let urls = browser::history_urls(&profile).await;
+    let urls = browser::history_urls(profile).await;
     let cards: Vec<&String> = urls.iter().filter(|u| u.contains("/card#")).collect();
     assert!(
         !cards.is_empty(),
