@@ -347,14 +347,15 @@ CREATE TABLE keyturn.card_link (
     redeemed_at         timestamptz,
     session_digest      bytea,
     session_expires_at  timestamptz,
+    elicits             uuid,                     -- a dispatcher's code (keyturnd's MCP elicitation): its one action
     PRIMARY KEY (code_digest, tenant)
 );
 CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, tenant)
     WHERE session_digest IS NOT NULL;
 CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
--- The dispatcher's codes (keyturnd's MCP elicitation), found by when they
--- were made: at most one per action (keyturn._link_code).
-CREATE INDEX card_link_dispatcher_idx ON keyturn.card_link (tenant, created_at) WHERE db_role IS NULL;
+-- At most one dispatcher's code per action (keyturn._link_code): an index,
+-- which no snapshot can miss.
+CREATE UNIQUE INDEX card_link_elicits_idx ON keyturn.card_link (elicits, tenant) WHERE elicits IS NOT NULL;
 
 -- Evidence recorded by the trusted side (sql/057_fence.sql): what a person
 -- showed, or what keyturn.fence handed an agent, by kind, reference and
@@ -421,6 +422,8 @@ CREATE TABLE keyturn.notification (
     lease_expires_at timestamptz,
     dispatched_at    timestamptz,
     receipt          jsonb,
+    link_digest      bytea,                                 -- the code of its last message (one per attempt)
+    link_attempt     int,                                   -- the attempt that message was written for
     created_at       timestamptz                NOT NULL,
     updated_at       timestamptz                NOT NULL,
     PRIMARY KEY (id, tenant),

@@ -102,6 +102,11 @@ BEGIN
     DELETE FROM keyturn.member m
      WHERE m.tenant = remove_member.tenant AND m.principal = remove_member.principal;
     GET DIAGNOSTICS v_members = ROW_COUNT;
+    -- Where the person was reached goes with them: a principal id added
+    -- again (shared, handed on) must not bring back the old person's email,
+    -- webhook or device. What they left queued is cancelled when it is due.
+    DELETE FROM keyturn.notify_channel c
+     WHERE c.tenant = remove_member.tenant AND c.principal = remove_member.principal;
 
     IF v_members + v_grants > 0 THEN
         PERFORM keyturn._bump_epoch(remove_member.tenant, remove_member.principal);

@@ -97,9 +97,10 @@ $$;
 -- The dispatcher asserts whatever identity it likes, and keyturnd redeems
 -- codes for anyone who brings one to POST /card/session: left open, the
 -- dispatcher's login alone could make a code for any approver and approve.
--- So a dispatcher's code is only what the elicitation needs: for the
--- proposer, in the session it proposed in (a self decision), at most one
--- per action, within keyturn._elicit_window() of the proposal. (A
+-- So a dispatcher's code is only what the elicitation needs: for one
+-- action, its proposer, in the session it proposed in (a self decision),
+-- once (card_link_elicits_idx, so no isolation level makes a second),
+-- within keyturn._elicit_window() of the proposal. (A
 -- notification's code is minted by the database from its own row, for the
 -- person it waits for: sql/064_notify.sql.)
 -- How long after a proposal keyturnd's MCP elicitation may still make its
@@ -123,7 +124,6 @@ DECLARE
     a           keyturn.action;
     v_now       timestamptz := clock_timestamp();
     v_expires   timestamptz;
-    v_db_role   text;
     v_dispatcher boolean;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
@@ -142,24 +142,35 @@ BEGIN
     v_dispatcher := pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER');
     FOREACH v_id IN ARRAY p_ids LOOP
         a := keyturn._decidable(v_tenant, v_principal, v_session, v_role, v_id, 'link_code');
-        IF v_dispatcher AND (a.principal IS DISTINCT FROM v_principal OR a.session IS DISTINCT FROM v_session
-                             OR a.created_at < v_now - keyturn._elicit_window()
-                             OR EXISTS (SELECT 1 FROM keyturn.card_link l
-                                         WHERE l.tenant = v_tenant AND l.db_role IS NULL
-                                           AND l.created_at >= a.created_at
-                                           AND l.action_ids @> ARRAY[v_id])) THEN
-            RAISE EXCEPTION 'keyturn: the dispatcher may not make a link to action %', v_id
-                USING ERRCODE = '42501',
-                      DETAIL = 'A dispatcher''s code is for the proposer in its session, once, within '
-                               || keyturn._elicit_window() || ' of the proposal (keyturnd''s MCP elicitation).',
-                      HINT = 'The person asks for a link (keyturn.link_code) or opens the action from their queue.';
+        IF v_dispatcher AND (cardinality(p_ids) <> 1
+                             OR a.principal IS DISTINCT FROM v_principal OR a.session IS DISTINCT FROM v_session
+                             OR a.created_at < v_now - keyturn._elicit_window()) THEN
+            PERFORM keyturn._refuse_dispatcher_link(v_id);
         END IF;
         v_expires := least(v_expires, a.expires_at);
     END LOOP;
     IF NOT v_dispatcher THEN
-        v_db_role := p_caller::regrole::text;
+        RETURN keyturn._mint_link(v_tenant, v_principal, v_session, p_caller::regrole::text, p_ids, v_now,
+                                  v_expires);
     END IF;
-    RETURN keyturn._mint_link(v_tenant, v_principal, v_session, v_db_role, p_ids, v_now, v_expires);
+    BEGIN
+        RETURN keyturn._mint_link(v_tenant, v_principal, v_session, NULL, p_ids, v_now, v_expires, p_ids[1]);
+    EXCEPTION WHEN unique_violation OR serialization_failure THEN
+        PERFORM keyturn._refuse_dispatcher_link(p_ids[1]);
+    END;
+END
+$$;
+
+CREATE FUNCTION keyturn._refuse_dispatcher_link(p_id uuid)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RAISE EXCEPTION 'keyturn: the dispatcher may not make a link to action %', p_id
+        USING ERRCODE = '42501',
+              DETAIL = 'A dispatcher''s code is for one action, its proposer in its session, once, within '
+                       || keyturn._elicit_window() || ' of the proposal (keyturnd''s MCP elicitation).',
+              HINT = 'The person asks for a link (keyturn.link_code) or opens the action from their queue.';
 END
 $$;
 
@@ -169,7 +180,7 @@ $$;
 -- message (sql/064_notify.sql), whose card runs as the role its person set
 -- the channel as.
 CREATE FUNCTION keyturn._mint_link(p_tenant text, p_principal text, p_session text, p_db_role text, p_ids uuid[],
-                                   p_now timestamptz, p_expires timestamptz)
+                                   p_now timestamptz, p_expires timestamptz, p_elicits uuid DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -179,8 +190,8 @@ DECLARE
 BEGIN
     v_digest := keyturn._token_digest(v_code);
     INSERT INTO keyturn.card_link (code_digest, tenant, principal, session, db_role, action_ids, created_at,
-                                   expires_at)
-    VALUES (v_digest, p_tenant, p_principal, p_session, p_db_role, p_ids, p_now, p_expires);
+                                   expires_at, elicits)
+    VALUES (v_digest, p_tenant, p_principal, p_session, p_db_role, p_ids, p_now, p_expires, p_elicits);
     RETURN v_code;
 END
 $$;

@@ -772,15 +772,18 @@ $$;
 
 -- ---- The message ----
 
--- What a notification says, at most 300 characters of it per action: the
--- server-written summary (for a digest-retained action, which keeps none,
--- the tool's name: pending() shows the same).
-CREATE FUNCTION keyturn._notify_summary(p_summary text, p_tool text)
+-- What a notification says of an action: the server-written summary (for a
+-- digest-retained action, which keeps none, the tool's name: pending() shows
+-- the same), whole in a notice or a reminder (the renderer already shared
+-- the summary's length among its values, so a cut here could hide the one
+-- that decides, an amount at the end); a digest's lines at most p_max
+-- characters, each pointing to the card.
+CREATE FUNCTION keyturn._notify_summary(p_summary text, p_tool text, p_max int)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
-    SELECT CASE WHEN length(coalesce(p_summary, p_tool)) > 300
-                THEN left(coalesce(p_summary, p_tool), 299) || '…'
+    SELECT CASE WHEN p_max IS NOT NULL AND length(coalesce(p_summary, p_tool)) > p_max
+                THEN left(coalesce(p_summary, p_tool), p_max - 1) || '…'
                 ELSE coalesce(p_summary, p_tool) END
 $$;
 
@@ -796,8 +799,11 @@ $$;
 -- {action_id, summary, tool, effect, expires_at}) for renderers; and a card
 -- link: a fresh one-time code (keyturn._mint_link) for link_action_ids, for
 -- this person, whose card runs as the role they set the channel as, valid
--- until the first of those actions expires (at most a day). Each call makes
--- a new code; only its digest is kept. Never params, a token or a JWT.
+-- until the first of those actions expires (at most a day). One message per
+-- attempt (a second call is 55000), and its code replaces the unredeemed
+-- code of the attempt before: the dispatcher's login, which carries the
+-- message, cannot keep a spare code while it delivers another. Only the
+-- code's digest is kept. Never params, a token or a JWT.
 --
 -- A digest lists every action still waiting among those it carries
 -- (waiting counts them) and links those one card can hold: at most 100,
@@ -826,6 +832,7 @@ DECLARE
     v_now      timestamptz := clock_timestamp();
     v_expires  timestamptz := clock_timestamp() + interval '1 day';
     v_title    text;
+    v_code     text;
 BEGIN
     PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
@@ -834,6 +841,11 @@ BEGIN
        FOR NO KEY UPDATE;
     PERFORM keyturn._raise_lease_problem(keyturn._lease_problem_of('notification', p_id, FOUND, n.status, n.lease_id,
                                                                    n.lease_expires_at, p_lease, '{executing}', true));
+    IF n.link_attempt IS NOT DISTINCT FROM n.attempts THEN
+        RAISE EXCEPTION 'keyturn: the message of notification % attempt % was written already', n.id, n.attempts
+            USING ERRCODE = '55000',
+                  HINT = 'One message, and one link, per attempt: send the one read, or record the attempt''s outcome (retry if nothing was sent).';
+    END IF;
     SELECT x.* INTO c FROM keyturn.notify_channel x
      WHERE x.tenant = n.tenant AND x.principal = n.principal AND x.channel = n.channel;
     IF NOT FOUND THEN
@@ -861,7 +873,7 @@ BEGIN
         CONTINUE WHEN cardinality(v_link) >= 100;
         SELECT v.effect::text INTO v_effect FROM keyturn.tool_version v
          WHERE v.tool = a.tool AND v.version = a.tool_version;
-        v_summary := keyturn._notify_summary(a.summary, a.tool);
+        v_summary := keyturn._notify_summary(a.summary, a.tool, CASE WHEN n.kind = 'digest' THEN 300 END);
         v_link := v_link || a.id;
         v_expires := least(v_expires, a.expires_at);
         v_items := v_items || jsonb_build_array(jsonb_build_object(
@@ -888,10 +900,14 @@ BEGIN
     ELSE
         v_title := 'Approval needed: ' || (v_items -> 0 ->> 'summary');
     END IF;
+    -- The attempt before's code, unless the person opened it, ends here.
+    DELETE FROM keyturn.card_link l
+     WHERE l.code_digest = n.link_digest AND l.tenant = n.tenant AND l.redeemed_at IS NULL;
+    v_code := keyturn._mint_link(n.tenant, n.principal, v_session, c.db_role, v_link, v_now, v_expires);
+    UPDATE keyturn.notification x SET link_digest = keyturn._token_digest(v_code), link_attempt = n.attempts
+     WHERE x.id = n.id AND x.tenant = n.tenant;
     RETURN QUERY SELECT true, NULL::text, n.channel::text, c.target, c.secret, n.kind::text, v_title,
-                        array_to_string(v_lines, E'\n\n'), v_items, v_link,
-                        keyturn._mint_link(n.tenant, n.principal, v_session, c.db_role, v_link, v_now, v_expires),
-                        v_expires, v_waiting;
+                        array_to_string(v_lines, E'\n\n'), v_items, v_link, v_code, v_expires, v_waiting;
 END
 $$;
 

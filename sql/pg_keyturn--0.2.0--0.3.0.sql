@@ -96,14 +96,15 @@ CREATE TABLE keyturn.card_link (
     redeemed_at         timestamptz,
     session_digest      bytea,
     session_expires_at  timestamptz,
+    elicits             uuid,                     -- a dispatcher's code (keyturnd's MCP elicitation): its one action
     PRIMARY KEY (code_digest, tenant)
 );
 CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, tenant)
     WHERE session_digest IS NOT NULL;
 CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
--- The dispatcher's codes (keyturnd's MCP elicitation), found by when they
--- were made: at most one per action (keyturn._link_code).
-CREATE INDEX card_link_dispatcher_idx ON keyturn.card_link (tenant, created_at) WHERE db_role IS NULL;
+-- At most one dispatcher's code per action (keyturn._link_code): an index,
+-- which no snapshot can miss.
+CREATE UNIQUE INDEX card_link_elicits_idx ON keyturn.card_link (elicits, tenant) WHERE elicits IS NOT NULL;
 CREATE INDEX action_revised_from_idx ON keyturn.action (revised_from, tenant) WHERE revised_from IS NOT NULL;
 SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');
 
@@ -229,6 +230,8 @@ CREATE TABLE keyturn.notification (
     lease_expires_at timestamptz,
     dispatched_at    timestamptz,
     receipt          jsonb,
+    link_digest      bytea,                                 -- the code of its last message (one per attempt)
+    link_attempt     int,                                   -- the attempt that message was written for
     created_at       timestamptz                NOT NULL,
     updated_at       timestamptz                NOT NULL,
     PRIMARY KEY (id, tenant),
@@ -1671,6 +1674,11 @@ BEGIN
     DELETE FROM keyturn.member m
      WHERE m.tenant = remove_member.tenant AND m.principal = remove_member.principal;
     GET DIAGNOSTICS v_members = ROW_COUNT;
+    -- Where the person was reached goes with them: a principal id added
+    -- again (shared, handed on) must not bring back the old person's email,
+    -- webhook or device. What they left queued is cancelled when it is due.
+    DELETE FROM keyturn.notify_channel c
+     WHERE c.tenant = remove_member.tenant AND c.principal = remove_member.principal;
 
     IF v_members + v_grants > 0 THEN
         PERFORM keyturn._bump_epoch(remove_member.tenant, remove_member.principal);
@@ -4939,9 +4947,10 @@ $$;
 -- The dispatcher asserts whatever identity it likes, and keyturnd redeems
 -- codes for anyone who brings one to POST /card/session: left open, the
 -- dispatcher's login alone could make a code for any approver and approve.
--- So a dispatcher's code is only what the elicitation needs: for the
--- proposer, in the session it proposed in (a self decision), at most one
--- per action, within keyturn._elicit_window() of the proposal. (A
+-- So a dispatcher's code is only what the elicitation needs: for one
+-- action, its proposer, in the session it proposed in (a self decision),
+-- once (card_link_elicits_idx, so no isolation level makes a second),
+-- within keyturn._elicit_window() of the proposal. (A
 -- notification's code is minted by the database from its own row, for the
 -- person it waits for: sql/064_notify.sql.)
 -- How long after a proposal keyturnd's MCP elicitation may still make its
@@ -4965,7 +4974,6 @@ DECLARE
     a           keyturn.action;
     v_now       timestamptz := clock_timestamp();
     v_expires   timestamptz;
-    v_db_role   text;
     v_dispatcher boolean;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
@@ -4984,24 +4992,35 @@ BEGIN
     v_dispatcher := pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER');
     FOREACH v_id IN ARRAY p_ids LOOP
         a := keyturn._decidable(v_tenant, v_principal, v_session, v_role, v_id, 'link_code');
-        IF v_dispatcher AND (a.principal IS DISTINCT FROM v_principal OR a.session IS DISTINCT FROM v_session
-                             OR a.created_at < v_now - keyturn._elicit_window()
-                             OR EXISTS (SELECT 1 FROM keyturn.card_link l
-                                         WHERE l.tenant = v_tenant AND l.db_role IS NULL
-                                           AND l.created_at >= a.created_at
-                                           AND l.action_ids @> ARRAY[v_id])) THEN
-            RAISE EXCEPTION 'keyturn: the dispatcher may not make a link to action %', v_id
-                USING ERRCODE = '42501',
-                      DETAIL = 'A dispatcher''s code is for the proposer in its session, once, within '
-                               || keyturn._elicit_window() || ' of the proposal (keyturnd''s MCP elicitation).',
-                      HINT = 'The person asks for a link (keyturn.link_code) or opens the action from their queue.';
+        IF v_dispatcher AND (cardinality(p_ids) <> 1
+                             OR a.principal IS DISTINCT FROM v_principal OR a.session IS DISTINCT FROM v_session
+                             OR a.created_at < v_now - keyturn._elicit_window()) THEN
+            PERFORM keyturn._refuse_dispatcher_link(v_id);
         END IF;
         v_expires := least(v_expires, a.expires_at);
     END LOOP;
     IF NOT v_dispatcher THEN
-        v_db_role := p_caller::regrole::text;
+        RETURN keyturn._mint_link(v_tenant, v_principal, v_session, p_caller::regrole::text, p_ids, v_now,
+                                  v_expires);
     END IF;
-    RETURN keyturn._mint_link(v_tenant, v_principal, v_session, v_db_role, p_ids, v_now, v_expires);
+    BEGIN
+        RETURN keyturn._mint_link(v_tenant, v_principal, v_session, NULL, p_ids, v_now, v_expires, p_ids[1]);
+    EXCEPTION WHEN unique_violation OR serialization_failure THEN
+        PERFORM keyturn._refuse_dispatcher_link(p_ids[1]);
+    END;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn._refuse_dispatcher_link(p_id uuid)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RAISE EXCEPTION 'keyturn: the dispatcher may not make a link to action %', p_id
+        USING ERRCODE = '42501',
+              DETAIL = 'A dispatcher''s code is for one action, its proposer in its session, once, within '
+                       || keyturn._elicit_window() || ' of the proposal (keyturnd''s MCP elicitation).',
+              HINT = 'The person asks for a link (keyturn.link_code) or opens the action from their queue.';
 END
 $$;
 
@@ -5011,7 +5030,7 @@ $$;
 -- message (sql/064_notify.sql), whose card runs as the role its person set
 -- the channel as.
 CREATE OR REPLACE FUNCTION keyturn._mint_link(p_tenant text, p_principal text, p_session text, p_db_role text, p_ids uuid[],
-                                   p_now timestamptz, p_expires timestamptz)
+                                   p_now timestamptz, p_expires timestamptz, p_elicits uuid DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -5021,8 +5040,8 @@ DECLARE
 BEGIN
     v_digest := keyturn._token_digest(v_code);
     INSERT INTO keyturn.card_link (code_digest, tenant, principal, session, db_role, action_ids, created_at,
-                                   expires_at)
-    VALUES (v_digest, p_tenant, p_principal, p_session, p_db_role, p_ids, p_now, p_expires);
+                                   expires_at, elicits)
+    VALUES (v_digest, p_tenant, p_principal, p_session, p_db_role, p_ids, p_now, p_expires, p_elicits);
     RETURN v_code;
 END
 $$;
@@ -7881,15 +7900,18 @@ $$;
 
 -- ---- The message ----
 
--- What a notification says, at most 300 characters of it per action: the
--- server-written summary (for a digest-retained action, which keeps none,
--- the tool's name: pending() shows the same).
-CREATE OR REPLACE FUNCTION keyturn._notify_summary(p_summary text, p_tool text)
+-- What a notification says of an action: the server-written summary (for a
+-- digest-retained action, which keeps none, the tool's name: pending() shows
+-- the same), whole in a notice or a reminder (the renderer already shared
+-- the summary's length among its values, so a cut here could hide the one
+-- that decides, an amount at the end); a digest's lines at most p_max
+-- characters, each pointing to the card.
+CREATE OR REPLACE FUNCTION keyturn._notify_summary(p_summary text, p_tool text, p_max int)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
-    SELECT CASE WHEN length(coalesce(p_summary, p_tool)) > 300
-                THEN left(coalesce(p_summary, p_tool), 299) || '…'
+    SELECT CASE WHEN p_max IS NOT NULL AND length(coalesce(p_summary, p_tool)) > p_max
+                THEN left(coalesce(p_summary, p_tool), p_max - 1) || '…'
                 ELSE coalesce(p_summary, p_tool) END
 $$;
 
@@ -7905,8 +7927,11 @@ $$;
 -- {action_id, summary, tool, effect, expires_at}) for renderers; and a card
 -- link: a fresh one-time code (keyturn._mint_link) for link_action_ids, for
 -- this person, whose card runs as the role they set the channel as, valid
--- until the first of those actions expires (at most a day). Each call makes
--- a new code; only its digest is kept. Never params, a token or a JWT.
+-- until the first of those actions expires (at most a day). One message per
+-- attempt (a second call is 55000), and its code replaces the unredeemed
+-- code of the attempt before: the dispatcher's login, which carries the
+-- message, cannot keep a spare code while it delivers another. Only the
+-- code's digest is kept. Never params, a token or a JWT.
 --
 -- A digest lists every action still waiting among those it carries
 -- (waiting counts them) and links those one card can hold: at most 100,
@@ -7935,6 +7960,7 @@ DECLARE
     v_now      timestamptz := clock_timestamp();
     v_expires  timestamptz := clock_timestamp() + interval '1 day';
     v_title    text;
+    v_code     text;
 BEGIN
     PERFORM keyturn._refuse_nested(p_what);
     PERFORM keyturn._set_actor(keyturn._calling_role(), NULL);
@@ -7943,6 +7969,11 @@ BEGIN
        FOR NO KEY UPDATE;
     PERFORM keyturn._raise_lease_problem(keyturn._lease_problem_of('notification', p_id, FOUND, n.status, n.lease_id,
                                                                    n.lease_expires_at, p_lease, '{executing}', true));
+    IF n.link_attempt IS NOT DISTINCT FROM n.attempts THEN
+        RAISE EXCEPTION 'keyturn: the message of notification % attempt % was written already', n.id, n.attempts
+            USING ERRCODE = '55000',
+                  HINT = 'One message, and one link, per attempt: send the one read, or record the attempt''s outcome (retry if nothing was sent).';
+    END IF;
     SELECT x.* INTO c FROM keyturn.notify_channel x
      WHERE x.tenant = n.tenant AND x.principal = n.principal AND x.channel = n.channel;
     IF NOT FOUND THEN
@@ -7970,7 +8001,7 @@ BEGIN
         CONTINUE WHEN cardinality(v_link) >= 100;
         SELECT v.effect::text INTO v_effect FROM keyturn.tool_version v
          WHERE v.tool = a.tool AND v.version = a.tool_version;
-        v_summary := keyturn._notify_summary(a.summary, a.tool);
+        v_summary := keyturn._notify_summary(a.summary, a.tool, CASE WHEN n.kind = 'digest' THEN 300 END);
         v_link := v_link || a.id;
         v_expires := least(v_expires, a.expires_at);
         v_items := v_items || jsonb_build_array(jsonb_build_object(
@@ -7997,10 +8028,14 @@ BEGIN
     ELSE
         v_title := 'Approval needed: ' || (v_items -> 0 ->> 'summary');
     END IF;
+    -- The attempt before's code, unless the person opened it, ends here.
+    DELETE FROM keyturn.card_link l
+     WHERE l.code_digest = n.link_digest AND l.tenant = n.tenant AND l.redeemed_at IS NULL;
+    v_code := keyturn._mint_link(n.tenant, n.principal, v_session, c.db_role, v_link, v_now, v_expires);
+    UPDATE keyturn.notification x SET link_digest = keyturn._token_digest(v_code), link_attempt = n.attempts
+     WHERE x.id = n.id AND x.tenant = n.tenant;
     RETURN QUERY SELECT true, NULL::text, n.channel::text, c.target, c.secret, n.kind::text, v_title,
-                        array_to_string(v_lines, E'\n\n'), v_items, v_link,
-                        keyturn._mint_link(n.tenant, n.principal, v_session, c.db_role, v_link, v_now, v_expires),
-                        v_expires, v_waiting;
+                        array_to_string(v_lines, E'\n\n'), v_items, v_link, v_code, v_expires, v_waiting;
 END
 $$;
 
@@ -8720,7 +8755,7 @@ COMMENT ON FUNCTION keyturn.revoke_evidence(uuid) IS 'The principal that recorde
 COMMENT ON FUNCTION keyturn.register_tool(text, jsonb) IS 'Admin: creates or replaces a tool from its spec; returns the new version.';
 COMMENT ON FUNCTION keyturn.set_tool_enabled(text, boolean) IS 'Admin: enables or disables a tool; returns whether it changed.';
 COMMENT ON FUNCTION keyturn.add_member(text, text, text) IS 'Admin (platform, or the tenant''s own admin): adds or changes a member; returns whether it changed.';
-COMMENT ON FUNCTION keyturn.remove_member(text, text) IS 'Admin (platform, or the tenant''s own admin): removes a member and its grants.';
+COMMENT ON FUNCTION keyturn.remove_member(text, text) IS 'Admin (platform, or the tenant''s own admin): removes a member, its grants and its notification channels.';
 COMMENT ON FUNCTION keyturn.grant_tool(text, text, text, jsonb, timestamptz, int) IS 'Admin: sets a grant to exactly this scope, end and number of uses; returns whether it changed.';
 COMMENT ON FUNCTION keyturn.revoke_tool(text, text, text) IS 'Admin: revokes a grant; returns whether it changed.';
 COMMENT ON FUNCTION keyturn.propose(text, jsonb, jsonb) IS 'Agent: stores an immutable proposal; returns its one-time token (and status, when a standing approval or task request approved it).';

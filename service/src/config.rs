@@ -428,6 +428,12 @@ pub struct Config {
     #[arg(long, env = "KEYTURN_NOTIFY_ALLOW_NETWORKS", value_delimiter = ',')]
     pub notify_allow_networks: Vec<ipnet::IpNet>,
 
+    /// Whether `/mcp` hands a write's card link to the client by URL
+    /// elicitation; false leaves proposals in the person's queue and
+    /// notifications (for MCP clients not trusted with a link).
+    #[arg(long, env = "KEYTURN_MCP_ELICITATION", default_value_t = true, action = ArgAction::Set)]
+    pub mcp_elicitation: bool,
+
     /// Seconds between discoveries of the upstream MCP servers' tools.
     #[arg(long, env = "KEYTURN_MCP_REFRESH_SECONDS", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..=86400))]

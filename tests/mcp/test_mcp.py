@@ -212,9 +212,9 @@ def keyturnd_env():
     )
 
 
-def start_keyturnd():
+def start_keyturnd(**extra):
     global keyturnd_proc
-    keyturnd_proc = subprocess.Popen([KEYTURND], env=keyturnd_env(), stdout=subprocess.DEVNULL,
+    keyturnd_proc = subprocess.Popen([KEYTURND], env=dict(keyturnd_env(), **extra), stdout=subprocess.DEVNULL,
                                      stderr=open(LOG, "a"))
 
     def ready():
@@ -543,6 +543,34 @@ async def _():
     assert approve(aid) == "queued"
     wait_for("the TypeScript client's proposal to succeed", lambda: status_of(aid) == "succeeded")
     assert [c["arguments"] for c in calls("send_message")].count(args) == 1
+
+
+@check("elicitation_off_sends_the_client_no_link")
+async def _():
+    """KEYTURN_MCP_ELICITATION=false: for MCP clients not trusted with a card
+    link (often the agent's own process); the person's queue and
+    notifications reach them."""
+    keyturnd_proc.terminate()
+    keyturnd_proc.wait(timeout=BOUND)
+    start_keyturnd(KEYTURN_MCP_ELICITATION="false")
+    try:
+        seen = []
+
+        async def elicit(context, params):
+            seen.append(params)
+            return types.ElicitResult(action="accept")
+
+        async with client(elicitation=elicit) as c:
+            r = await call(c, "chat.send_message", {"channel": "general", "text": "no link, please"})
+            aid = r.structured_content["action_id"]
+        assert seen == [], seen
+        assert status_of(aid) == "pending"
+        links = psql(f"SELECT count(*) FROM keyturn.card_link WHERE '{aid}' = ANY (action_ids)")
+        assert links == "0", links
+    finally:
+        keyturnd_proc.terminate()
+        keyturnd_proc.wait(timeout=BOUND)
+        start_keyturnd()
 
 
 @check("no_token_link_code_or_jwt_in_any_response")

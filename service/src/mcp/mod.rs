@@ -49,6 +49,9 @@ pub struct Mcp {
     /// The dispatcher's pool: the person's link code for an elicitation.
     dispatcher: Pool,
     public_url: Option<url::Url>,
+    /// Whether a write's card link goes to the client by URL elicitation
+    /// (KEYTURN_MCP_ELICITATION, with a public URL).
+    elicit: bool,
     upstreams: Arc<Upstreams>,
     metrics: Arc<Metrics>,
     call_timeout: Duration,
@@ -124,7 +127,7 @@ impl Mcp {
         if checked.is_none() {
             return Ok(None);
         }
-        if config.public_url.is_none() {
+        if config.public_url.is_none() && config.mcp_elicitation {
             tracing::warn!("KEYTURN_PUBLIC_URL is not set: /mcp reaches no person by elicitation; proposals wait in their queue");
         }
         tracing::info!(roles = ?roles, "serving /mcp");
@@ -133,6 +136,7 @@ impl Mcp {
             pool,
             dispatcher,
             public_url: config.public_url.clone(),
+            elicit: config.mcp_elicitation && config.public_url.is_some(),
             upstreams,
             metrics,
             call_timeout: config.call_timeout(),

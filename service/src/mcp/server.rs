@@ -315,7 +315,7 @@ impl Handler {
         p: &Proposed,
         context: &RequestContext<RoleServer>,
     ) {
-        let Some(base) = &self.mcp.public_url else {
+        let Some(base) = self.mcp.public_url.as_ref().filter(|_| self.mcp.elicit) else {
             return;
         };
         if !context

@@ -309,3 +309,44 @@ async fn test_the_dispatcher_cannot_make_a_code_for_someone_else() {
     link_code(&w.human, &[p.id]).await.unwrap();
     link_code(&w.human, &[p.id]).await.unwrap();
 }
+
+/// The red-team pass: under REPEATABLE READ a dispatcher transaction whose
+/// snapshot predated keyturnd's own code made a second one (the check read
+/// its snapshot). The one code per action is a unique index now.
+#[tokio::test]
+async fn test_the_dispatchers_one_code_per_action_holds_under_repeatable_read() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "a", "text": "1"}))
+        .await
+        .unwrap();
+    let rr = connect("app_dispatcher").await;
+    rr.batch_execute(&format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; \
+         SET LOCAL keyturn.tenant = '{}'; SET LOCAL keyturn.principal = '{}'; SET LOCAL keyturn.session = '{}'; \
+         SELECT 1",
+        w.tenant, w.principal, w.session
+    ))
+    .await
+    .unwrap();
+    let disp = Conn::connect("app_dispatcher", w.identity()).await;
+    link_code(&disp, &[p.id]).await.unwrap();
+    let second = rr
+        .query_one("SELECT keyturn.link_code($1)", &[&vec![p.id]])
+        .await;
+    rr.batch_execute("ROLLBACK").await.ok();
+    assert!(
+        second.is_err(),
+        "a second dispatcher code under REPEATABLE READ"
+    );
+    assert_eq!(
+        count(
+            &w.superuser,
+            "SELECT count(*) FROM keyturn.card_link WHERE tenant = $1 AND db_role IS NULL",
+            &[&w.tenant]
+        )
+        .await,
+        1
+    );
+}

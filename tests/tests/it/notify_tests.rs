@@ -704,9 +704,19 @@ async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
     assert_eq!(actions[0]["action_id"], json!(p.id));
     assert_eq!(m.get::<_, Vec<Uuid>>("link_action_ids"), vec![p.id]);
     let code: String = m.get("code");
-    // A second message is another code: each attempt makes its own.
-    let code2: String = message_of(&d, l).await.get("code");
-    assert_ne!(code, code2);
+    // One message, one code, per attempt: the dispatcher's login cannot
+    // keep a spare code while it delivers another (red-team pass).
+    assert_eq!(
+        sqlstate(
+            d.query_one(
+                "SELECT * FROM keyturn.notification_message($1, $2)",
+                &[&l.action_id, &l.lease_id]
+            )
+            .await
+        ),
+        "55000",
+        "a second code for the same attempt"
+    );
     // The code is a card link's: redeemed once, as the role the person set
     // the channel as, for the person in the action's session.
     let r = d
@@ -734,7 +744,7 @@ async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
         count(
             &w.superuser,
             "SELECT count(*) FROM keyturn.card_link WHERE code_digest = sha256(convert_to($1, 'UTF8'))",
-            &[&code2],
+            &[&code],
         )
         .await,
         1
@@ -1200,4 +1210,121 @@ async fn test_a_removed_channel_sends_nothing_more() {
         .find(|n| n.kind == "notice")
         .unwrap();
     assert_eq!(n.status, "cancelled");
+}
+
+/// A retried notification's new message replaces the link of the attempt
+/// before, which no longer opens anything: at most one live code per
+/// notification.
+#[tokio::test]
+async fn test_a_retried_notifications_new_link_ends_the_unused_one() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let (w, t) = notified("webhook", "http://127.0.0.1:9/h", json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
+    let d = connect("app_dispatcher").await;
+    let first = lease_notes(&d, &w.tenant, "30 seconds").await;
+    assert_eq!(first.len(), 1);
+    assert!(begin(&d, &first[0]).await.unwrap());
+    let code1: String = message_of(&d, &first[0]).await.get("code");
+    assert_eq!(
+        complete(&d, &first[0], "retry", json!({}), Some("0 seconds"))
+            .await
+            .unwrap(),
+        "queued"
+    );
+    let second = lease_notes(&d, &w.tenant, "30 seconds").await;
+    assert_eq!(second.len(), 1);
+    assert!(begin(&d, &second[0]).await.unwrap());
+    let code2: String = message_of(&d, &second[0]).await.get("code");
+    assert_ne!(code1, code2);
+    let redeem = "SELECT 1 FROM keyturn.redeem_link_code($1, $2)";
+    assert!(
+        d.query_opt(redeem, &[&code1, &vec![p.id]])
+            .await
+            .unwrap()
+            .is_none(),
+        "the first attempt's code still opens a card"
+    );
+    assert!(d
+        .query_opt(redeem, &[&code2, &vec![p.id]])
+        .await
+        .unwrap()
+        .is_some());
+    complete(&d, &second[0], "succeeded", json!({}), None)
+        .await
+        .unwrap();
+    remove_channels(&w.human).await;
+}
+
+/// A removed member's channels go with them: re-added (a shared principal
+/// id, an id handed on), nothing reaches the old targets.
+#[tokio::test]
+async fn test_remove_member_removes_the_members_channels() {
+    let (w, t) = notified("email", "ann@acme.example", json!({})).await;
+    let channels =
+        "SELECT count(*) FROM keyturn.notify_channel WHERE tenant = $1 AND principal = $2";
+    assert_eq!(
+        count(&w.superuser, channels, &[&w.tenant, &w.principal]).await,
+        1
+    );
+    w.admin
+        .execute(
+            "SELECT keyturn.remove_member($1, $2)",
+            &[&w.tenant, &w.principal],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        count(&w.superuser, channels, &[&w.tenant, &w.principal]).await,
+        0,
+        "the removed member's channel stayed"
+    );
+    w.admin
+        .execute(
+            "SELECT keyturn.add_member($1, $2, 'member')",
+            &[&w.tenant, &w.principal],
+        )
+        .await
+        .unwrap();
+    w.grant(&w.principal, &t).await;
+    w.propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
+    assert!(
+        notes(&w).await.is_empty(),
+        "a notification to the old target"
+    );
+}
+
+/// A notice carries the whole summary (a value at its end included); only a
+/// digest's lines are cut, the card showing all.
+#[tokio::test]
+async fn test_a_notice_carries_the_whole_summary() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let w = World::new("member").await;
+    let t = w
+        .webhook_tool(json!({"summary": "Post to {channel}: {text}"}))
+        .await;
+    set_notify(&w.human, "webhook", "http://127.0.0.1:9/h", json!({}))
+        .await
+        .unwrap();
+    w.propose(
+        &t,
+        json!({"channel": "y".repeat(170), "text": format!("{} AMOUNT-9999999", "x".repeat(170))}),
+    )
+    .await
+    .unwrap();
+    let d = connect("app_dispatcher").await;
+    let leased = lease_notes(&d, &w.tenant, "30 seconds").await;
+    assert_eq!(leased.len(), 1);
+    assert!(begin(&d, &leased[0]).await.unwrap());
+    let m = message_of(&d, &leased[0]).await;
+    let body: String = m.get("body");
+    assert!(body.contains("AMOUNT-9999999"), "{body}");
+    complete(&d, &leased[0], "succeeded", json!({}), None)
+        .await
+        .unwrap();
+    remove_channels(&w.human).await;
 }
