@@ -562,7 +562,7 @@ DECLARE
     v_problems text[];
     v_statuses keyturn.status[];
     v_back     boolean[];
-    v_outcomes text[];
+    v_outcomes keyturn.attempt_outcome[];
     v_receipts jsonb[];
     v_delays   interval[];
     v_attempts int[];
@@ -581,7 +581,13 @@ BEGIN
     -- keyturn._begin_set: Citus refuses a function that is not immutable
     -- inside a CASE of an UPDATE.
     SELECT array_agg(v.ord), array_agg(v.id), array_agg(v.tenant), array_agg(v.problem), array_agg(v.status),
-           array_agg(v.back), array_agg(v.outcome), array_agg(v.receipt), array_agg(v.delay),
+           array_agg(v.back),
+           -- Typed here, not in the UPDATE: Citus refuses a stable function
+           -- (enum_in) with column references in an UPDATE's SET. An
+           -- element with a problem changes nothing, and its outcome may be
+           -- no attempt outcome at all.
+           array_agg(CASE WHEN v.problem IS NULL THEN v.outcome::keyturn.attempt_outcome END),
+           array_agg(v.receipt), array_agg(v.delay),
            array_agg(v.attempts),
            array_agg(CASE WHEN v.problem IS NOT NULL THEN NULL
                           WHEN v.back THEN jsonb_build_object('handed_back', true)::text
@@ -611,7 +617,7 @@ BEGIN
     v_now := clock_timestamp();
     v_next := ARRAY(SELECT v_now + u.delay FROM unnest(v_delays) WITH ORDINALITY AS u (delay, o) ORDER BY u.o);
     UPDATE keyturn.attempt t
-       SET finished_at = v_now, outcome = u.outcome::keyturn.attempt_outcome, receipt = u.receipt
+       SET finished_at = v_now, outcome = u.outcome, receipt = u.receipt
       FROM unnest(v_ids, v_tenants, v_problems, v_back, v_attempts, v_outcomes, v_receipts)
            AS u (id, tenant, problem, back, attempt, outcome, receipt)
      WHERE t.action_id = u.id AND t.tenant = u.tenant AND t.attempt = u.attempt

@@ -165,8 +165,12 @@ BEGIN
     PERFORM keyturn._refuse_nested('mcp_tools');
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     RETURN QUERY
+    -- ROW(v.*), not v: on layout B (Citus) this query runs on the worker
+    -- that holds the tenant's tool_grant shard, rewritten to the shards,
+    -- where v's row type would be the shard's and neither function takes it.
     SELECT t.name, v.kind::text, coalesce(v.description, v.summary),
-           keyturn._mcp_input_schema(v), keyturn._mcp_annotations(v), v.upstream
+           keyturn._mcp_input_schema(ROW(v.*)::keyturn.tool_version),
+           keyturn._mcp_annotations(ROW(v.*)::keyturn.tool_version), v.upstream
       FROM keyturn.tool_grant g
       JOIN keyturn.tool t ON t.name = g.tool
       JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
