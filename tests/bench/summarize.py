@@ -64,9 +64,10 @@ machine = os.path.join(out, "machine.md")
 if os.path.exists(machine):
     print(open(machine).read())
 
-print("## Ratios (A ÷ B, median of rounds; spread = lowest–highest round)\n")
-print("| item | clients | rounds | A flows/s | B flows/s | ratio A/B | spread | A WAL B/flow | B WAL B/flow | checkpoints in runs |")
-print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+if pairs:
+    print("## Ratios (A ÷ B, median of rounds; spread = lowest–highest round)\n")
+    print("| item | clients | rounds | A flows/s | B flows/s | ratio A/B | spread | A WAL B/flow | B WAL B/flow | checkpoints in runs |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
 scale_ratio = {}
 for (item, clients), rounds in pairs.items():
     ratios, a_tps, b_tps, a_wal, b_wal, ckpt = [], [], [], [], [], 0
@@ -125,9 +126,78 @@ if sweeps:
               f"(first call {ts[0]:.2f} ms)")
     print()
 
+
+def words(extra):
+    """The key=value words tests/bench/mcp.sh keeps in a row's extra."""
+    return {k: float(v) for k, v in re.findall(r"(\w+)=(-?[0-9.]+)(?:\s|$)", extra or "")}
+
+
+def by_round(item, a, b):
+    """{clients: {round: (words of a, words of b)}} of the rounds that have both."""
+    got = collections.defaultdict(dict)
+    for r in rows:
+        if r["item"] == item and r["variant"] in (a, b):
+            got[int(r["clients"])].setdefault(int(r["round"]), {})[r["variant"]] = words(r["extra"])
+    return {c: {n: (x[a], x[b]) for n, x in rs.items() if a in x and b in x} for c, rs in got.items()}
+
+
+def ratio_cells(ab, key):
+    """Median of each side, the median of the per-round ratios and its spread."""
+    ab = [(x, y) for x, y in ab if x.get(key) is not None and y.get(key)]
+    ratios = [x[key] / y[key] for x, y in ab]
+    if not ratios:
+        return "–", "–", "–", "–"
+    return (f"{med([x[key] for x, _ in ab]):.2f}", f"{med([y[key] for _, y in ab]):.2f}",
+            f"**{med(ratios):.2f}**", f"{min(ratios):.2f}–{max(ratios):.2f}")
+
+
+calls = by_round("mcp-call", "mcp", "sql")
+if calls:
+    print("### 9a. An MCP write call (tools/call through /mcp, Python SDK) ÷ the same propose in SQL (pgbench)\n")
+    print("Latency in ms; medians of rounds; ratio = MCP ÷ SQL, median of per-round ratios (spread).\n")
+    print("| clients | rounds | MCP p50 | SQL p50 | **p50 ratio** | spread | MCP p99 | SQL p99 | **p99 ratio** | spread | MCP calls/s | SQL calls/s | CPU ms a call, SDK / keyturnd | MCP errors |")
+    print("|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---|---:|")
+    for c, rs in sorted(calls.items()):
+        ab = [rs[n] for n in sorted(rs)]
+        p50, p99 = ratio_cells(ab, "p50_ms"), ratio_cells(ab, "p99_ms")
+        print(f"| {c} | {len(ab)} | {' | '.join(p50)} | {' | '.join(p99)} | "
+              f"{med([x['per_s'] for x, _ in ab]):.0f} | {med([y['per_s'] for _, y in ab]):.0f} | "
+              f"{med([x['client_cpu_ms'] for x, _ in ab]):.2f} / {med([x['keyturnd_cpu_ms'] for x, _ in ab]):.2f} | "
+              f"{sum(x.get('errors', 0) for x, _ in ab):.0f} |")
+    print()
+rss = [(int(r["clients"]), words(r["extra"])) for r in rows if r["item"] == "mcp-rss"]
+rss = [(n, w) for n, w in rss if "open_kib" in w]
+if rss:
+    n = rss[0][0]
+    print(f"### 9b. keyturnd VmRSS with {n} MCP sessions open (initialized, one tools/list each)\n")
+    print(f"| rounds | idle | {n} sessions open | difference per session | after closing them |")
+    print("|---:|---:|---:|---:|---:|")
+    ws = [w for _, w in rss]
+    print(f"| {len(ws)} | {med([w['idle_kib'] for w in ws]) / 1024:.1f} MiB | {med([w['open_kib'] for w in ws]) / 1024:.1f} MiB | "
+          f"**{med([w['per_session_kib'] for w in ws]):.0f} KiB** ({min(w['per_session_kib'] for w in ws):.0f}–"
+          f"{max(w['per_session_kib'] for w in ws):.0f}) | {med([w['closed_kib'] for w in ws]) / 1024:.1f} MiB |")
+    print()
+notes = by_round("mcp-notify", "notice", "approved").get(1)
+if notes:
+    ab = [notes[n] for n in sorted(notes)]
+    print("### 9c. Propose over MCP → its notification at a webhook receiver ÷ → an approved action's webhook\n")
+    print(f"Latency in ms, {ab[0][0]['n']:.0f} proposals a side in each of {len(ab)} rounds, one at a time, "
+          "each waiting for its POST; B: a standing approval approves the same proposal at propose and "
+          "keyturnd's webhook adapter sends it. Ratio = notice ÷ approved, median of per-round ratios (spread). "
+          f"Lost (no POST within the bound): {sum(x['lost'] + y['lost'] for x, y in ab):.0f}.\n")
+    print("| measured | notice p50 | approved p50 | **p50 ratio** | spread | notice p99 | approved p99 | **p99 ratio** | spread |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---|")
+    for label, prefix in [("**tools/call → the POST arrives**", ""),
+                          ("the MCP call alone (to its answer)", "call_"),
+                          ("from the call's answer to the POST", "after_answer_")]:
+        print(f"| {label} | {' | '.join(ratio_cells(ab, prefix + 'p50_ms'))} | "
+              f"{' | '.join(ratio_cells(ab, prefix + 'p99_ms'))} |")
+    print()
+
 for name, title in [("drain.txt", "3/6. Dispatch drain and keyturnd peak RSS"),
                     ("step.txt", "3b. A dispatch step's price by its size"),
                     ("wakeup.txt", "4. Wake-up latency"),
+                    ("mcp.txt", "9. MCP and notifications: each run (or why the item skipped)"),
                     ("flow-outcomes.txt", "Gate flow outcomes (sanity)")]:
     path = os.path.join(out, name)
     if os.path.exists(path):
