@@ -311,6 +311,12 @@ async def _():
                     headers={"Authorization": f"Bearer {renewed}", "Mcp-Session-Id": sid,
                              "MCP-Protocol-Version": "2025-06-18", **accept})
     assert r.status_code in (200, 202), r.status_code
+    # Its owner ends it: 204, as the SDKs expect; then it is gone.
+    end = {"Authorization": f"Bearer {AGENT}", "Mcp-Session-Id": sid, "MCP-Protocol-Version": "2025-06-18"}
+    r = httpx2.delete(f"{BASE}/mcp", headers=end)
+    assert r.status_code == 204, r.status_code
+    r = httpx2.post(f"{BASE}/mcp", json=lst, headers={**end, **accept})
+    assert r.status_code == 404, r.status_code
 
 
 @check("keyturnd_refuses_to_start_with_a_wrong_mcp_setup")

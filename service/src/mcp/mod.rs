@@ -202,7 +202,20 @@ async fn authenticate(State(mcp): State<Arc<Mcp>>, mut request: Request, next: N
                 }
             }
             request.extensions_mut().insert(verified);
-            let response = next.run(request).await;
+            let ends_session = request.method() == axum::http::Method::DELETE;
+            let mut response = next.run(request).await;
+            if ends_session && response.status() == axum::http::StatusCode::ACCEPTED {
+                // rmcp answers a session's end 202; the official SDKs take 200
+                // or 204 (the Python client logs any other as a failure).
+                *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
+                *response.body_mut() = axum::body::Body::empty();
+                if let Some(id) = &session {
+                    mcp.owners
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(id);
+                }
+            }
             if session.is_none() {
                 if let Some(id) = response
                     .headers()
