@@ -502,12 +502,17 @@ CREATE TABLE keyturn.event (
     PRIMARY KEY (action_id, tenant, id)
 );
 
--- Each tenant's chain head: how many events it holds and the last hash.
+-- Each tenant's chain head: how many events it holds, the last hash and id.
 -- Locked by the commit that appends to it (sql/059_audit.sql).
 CREATE TABLE keyturn.audit_chain (
     tenant      text        NOT NULL,
     events      bigint      NOT NULL,
     head        text        NOT NULL,
+    -- The id of the last event: the next one's is above it. On one node the
+    -- event sequence gives that by itself; on Citus (layout B) each worker
+    -- has a sequence of its own, behind the ids a tenant's events brought
+    -- from the coordinator or another worker (extension/src/audit.rs).
+    last_id     bigint      NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant)
 );
 

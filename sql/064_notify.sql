@@ -183,8 +183,15 @@ DECLARE
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    -- The name is made a channel first, and the column compared as it is:
+    -- Citus refuses a DELETE on a distributed table (layout B) whose WHERE
+    -- calls a STABLE function on a column (c.channel::text is enum_out). A
+    -- name that is no channel matches no row, as the text comparison did.
+    IF p_channel IS NULL OR NOT p_channel = ANY (enum_range(NULL::keyturn.channel)::text[]) THEN
+        RETURN false;
+    END IF;
     DELETE FROM keyturn.notify_channel c
-     WHERE c.tenant = v_tenant AND c.principal = v_principal AND c.channel::text = p_channel;
+     WHERE c.tenant = v_tenant AND c.principal = v_principal AND c.channel = p_channel::keyturn.channel;
     RETURN FOUND;
 END
 $$;

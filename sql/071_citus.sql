@@ -172,6 +172,32 @@ BEGIN
 END
 $$;
 
+-- Whether the shard of p_rel (hash-distributed) that holds p_value has a
+-- placement on this node. False without Citus or for a table Citus does not
+-- hash-distribute. What keyturn runs at a worker's commit (the chain's
+-- write, the recheck of the authorization epoch) asks it before it lets
+-- Citus run those statements there (extension/src/citus.rs, begin_local):
+-- only when, naming the tenant, they stay on this node.
+CREATE FUNCTION keyturn._citus_shard_here(p_rel regclass, p_value text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_here boolean;
+BEGIN
+    IF NOT keyturn._citus_present()
+       OR NOT EXISTS (SELECT 1 FROM keyturn._citus_table(p_rel) c WHERE c.method = 'h') THEN
+        RETURN false;
+    END IF;
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_placement pl
+                              JOIN pg_catalog.pg_dist_local_group g ON g.groupid = pl.groupid
+                             WHERE pl.shardid = pg_catalog.get_shard_id_for_distribution_column($1, $2))'
+        INTO v_here USING p_rel, p_value;
+    RETURN v_here;
+END
+$$;
+
 -- Layout B in one call (docs/scale-out.md): keyturn's tables that hold no
 -- tenant become reference tables, its tenant tables are distributed by
 -- tenant, colocated with colocate_with (a business table distributed by its

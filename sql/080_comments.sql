@@ -26,7 +26,7 @@ COMMENT ON TABLE keyturn.delegation IS 'Standing approvals: what a person approv
 COMMENT ON TABLE keyturn.staged_file IS 'Private attachments: the bytes, bound to one action, deleted with its final status.';
 COMMENT ON TABLE keyturn.stager IS 'One row per principal that staged a file: the lock its stagings take to count the quota.';
 COMMENT ON TABLE keyturn.card_link IS 'One-time codes of card links (digests only) and the card sessions they were redeemed for.';
-COMMENT ON TABLE keyturn.audit_chain IS 'Each tenant''s audit chain head: its event count and last hash (sql/059_audit.sql).';
+COMMENT ON TABLE keyturn.audit_chain IS 'Each tenant''s audit chain head: its event count, last hash and last event id (sql/059_audit.sql).';
 COMMENT ON TABLE keyturn.evidence IS 'Evidence recorded by the trusted side (a person, or keyturn.fence): kind, reference and SHA-256, which proposals cite.';
 COMMENT ON TABLE keyturn.notify_channel IS 'Where each person is reached (set_notify): one target per channel, the role they set it as; a webhook''s own secret, never shown back.';
 COMMENT ON TABLE keyturn.notification IS 'Notifications: one notice and one reminder per action, person and channel, and digests past the hourly cap; dispatched like external actions (sql/064_notify.sql).';

@@ -138,6 +138,11 @@ CREATE TABLE keyturn.audit_chain (
     tenant      text        NOT NULL,
     events      bigint      NOT NULL,
     head        text        NOT NULL,
+    -- The id of the last event: the next one's is above it. On one node the
+    -- event sequence gives that by itself; on Citus (layout B) each worker
+    -- has a sequence of its own, behind the ids a tenant's events brought
+    -- from the coordinator or another worker (extension/src/audit.rs).
+    last_id     bigint      NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant)
 );
 SELECT pg_catalog.pg_extension_config_dump('keyturn.audit_chain', '');
@@ -7321,8 +7326,15 @@ DECLARE
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    -- The name is made a channel first, and the column compared as it is:
+    -- Citus refuses a DELETE on a distributed table (layout B) whose WHERE
+    -- calls a STABLE function on a column (c.channel::text is enum_out). A
+    -- name that is no channel matches no row, as the text comparison did.
+    IF p_channel IS NULL OR NOT p_channel = ANY (enum_range(NULL::keyturn.channel)::text[]) THEN
+        RETURN false;
+    END IF;
     DELETE FROM keyturn.notify_channel c
-     WHERE c.tenant = v_tenant AND c.principal = v_principal AND c.channel::text = p_channel;
+     WHERE c.tenant = v_tenant AND c.principal = v_principal AND c.channel = p_channel::keyturn.channel;
     RETURN FOUND;
 END
 $$;
@@ -8601,6 +8613,32 @@ BEGIN
 END
 $$;
 
+-- Whether the shard of p_rel (hash-distributed) that holds p_value has a
+-- placement on this node. False without Citus or for a table Citus does not
+-- hash-distribute. What keyturn runs at a worker's commit (the chain's
+-- write, the recheck of the authorization epoch) asks it before it lets
+-- Citus run those statements there (extension/src/citus.rs, begin_local):
+-- only when, naming the tenant, they stay on this node.
+CREATE OR REPLACE FUNCTION keyturn._citus_shard_here(p_rel regclass, p_value text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_here boolean;
+BEGIN
+    IF NOT keyturn._citus_present()
+       OR NOT EXISTS (SELECT 1 FROM keyturn._citus_table(p_rel) c WHERE c.method = 'h') THEN
+        RETURN false;
+    END IF;
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_placement pl
+                              JOIN pg_catalog.pg_dist_local_group g ON g.groupid = pl.groupid
+                             WHERE pl.shardid = pg_catalog.get_shard_id_for_distribution_column($1, $2))'
+        INTO v_here USING p_rel, p_value;
+    RETURN v_here;
+END
+$$;
+
 -- Layout B in one call (docs/scale-out.md): keyturn's tables that hold no
 -- tenant become reference tables, its tenant tables are distributed by
 -- tenant, colocated with colocate_with (a business table distributed by its
@@ -8727,7 +8765,7 @@ COMMENT ON TABLE keyturn.delegation IS 'Standing approvals: what a person approv
 COMMENT ON TABLE keyturn.staged_file IS 'Private attachments: the bytes, bound to one action, deleted with its final status.';
 COMMENT ON TABLE keyturn.stager IS 'One row per principal that staged a file: the lock its stagings take to count the quota.';
 COMMENT ON TABLE keyturn.card_link IS 'One-time codes of card links (digests only) and the card sessions they were redeemed for.';
-COMMENT ON TABLE keyturn.audit_chain IS 'Each tenant''s audit chain head: its event count and last hash (sql/059_audit.sql).';
+COMMENT ON TABLE keyturn.audit_chain IS 'Each tenant''s audit chain head: its event count, last hash and last event id (sql/059_audit.sql).';
 COMMENT ON TABLE keyturn.evidence IS 'Evidence recorded by the trusted side (a person, or keyturn.fence): kind, reference and SHA-256, which proposals cite.';
 COMMENT ON TABLE keyturn.notify_channel IS 'Where each person is reached (set_notify): one target per channel, the role they set it as; a webhook''s own secret, never shown back.';
 COMMENT ON TABLE keyturn.notification IS 'Notifications: one notice and one reminder per action, person and channel, and digests past the hourly cap; dispatched like external actions (sql/064_notify.sql).';
@@ -9081,7 +9119,8 @@ BEGIN
             v_prev := v_hash;
             v_n := v_n + 1;
         END LOOP;
-        INSERT INTO keyturn.audit_chain (tenant, events, head) VALUES (v_tenant, v_n, v_prev);
+        INSERT INTO keyturn.audit_chain (tenant, events, head, last_id)
+        VALUES (v_tenant, v_n, v_prev, (SELECT max(x.id) FROM keyturn.event x WHERE x.tenant = v_tenant));
     END LOOP;
 END
 $$;

@@ -156,8 +156,20 @@ fn append_event(
 const HEAD_MADE: &str = "INSERT INTO keyturn.audit_chain (tenant, events, head) \
      VALUES ($1, 0, keyturn._chain_start()) ON CONFLICT ON CONSTRAINT audit_chain_pkey DO NOTHING";
 const HEAD: &str =
-    "SELECT c.events || ' ' || c.head FROM keyturn.audit_chain c WHERE c.tenant = $1";
-const NEXT_ID: &str = "SELECT pg_catalog.nextval('keyturn.event_id_seq')::text";
+    "SELECT c.events || ' ' || c.head || ' ' || c.last_id FROM keyturn.audit_chain c WHERE c.tenant = $1";
+/// The next event's id: the sequence's next value, which on one node is
+/// always above the tenant's last id ($1; every id came from this sequence,
+/// taken under the tenant's lock), so there it is exactly nextval. On Citus
+/// (layout B) the tenant's events are written on its worker, whose sequence
+/// is that node's own and may be behind the ids the tenant's events already
+/// have (copied from the coordinator by citus_distribute, or written on
+/// another node before a shard move): the ids of a tenant's events must
+/// follow its chain (docs/audit.md; verify_audit recomputes in id order), so
+/// the id is then the last one's plus one, and the sequence is moved past
+/// it so that this node's later ids are above it too.
+const NEXT_ID: &str = "SELECT (CASE WHEN n > $1::bigint THEN n \
+                                   ELSE pg_catalog.setval('keyturn.event_id_seq', $1::bigint + 1) END)::text \
+                         FROM pg_catalog.nextval('keyturn.event_id_seq') n";
 /// The event and its hash, of the very values written (the hash is of the
 /// row as to_jsonb prints it with TimeZone UTC, which this session is set to
 /// for the commit). `at`: PostgreSQL's microseconds since 2000-01-01.
@@ -173,7 +185,7 @@ VALUES ($1::bigint, $2::uuid, $3, $4, timestamptz '2000-01-01 00:00:00+00' + ($5
             'detail', $10::jsonb, 'prev_hash', $11))) \
 RETURNING hash";
 const HEAD_MOVED: &str =
-    "UPDATE keyturn.audit_chain c SET events = $2::bigint, head = $3 WHERE c.tenant = $1";
+    "UPDATE keyturn.audit_chain c SET events = $2::bigint, head = $3, last_id = $4::bigint WHERE c.tenant = $1";
 
 /// Writes this transaction's events at its commit, tenant by tenant in name
 /// order, each tenant's in the order they happened. A tenant's chain is
@@ -206,14 +218,23 @@ pub fn write_pending() {
             .position(|e| e.tenant != tenant)
             .map_or(pending.len(), |n| start + n);
         lock_chain(chain_lock_class, &tenant);
+        // On a Citus worker, at the commit of a delegated call (layout B),
+        // Citus refuses these statements unless allowed, for this tenant's
+        // statements only and only when its shard is here (citus.rs).
+        // Without Citus: None, nothing set.
+        let local = crate::citus::begin_local("keyturn.event", &tenant);
         let t = Some(tenant.clone());
         on_latest(HEAD_MADE, std::slice::from_ref(&t), &[text], false);
         let head = on_latest(HEAD, std::slice::from_ref(&t), &[text], true).unwrap_or_default();
-        let (count, mut hash) = head.split_once(' ').unwrap_or(("0", ""));
-        let mut count: i64 = count.parse().unwrap_or(0);
-        let mut prev = hash.to_owned();
+        let mut parts = head.splitn(3, ' ');
+        let mut count: i64 = parts.next().unwrap_or("0").parse().unwrap_or(0);
+        let mut prev = parts.next().unwrap_or("").to_owned();
+        let mut last_id = parts.next().unwrap_or("0").to_owned();
         for e in &pending[start..end] {
-            let id = on_latest(NEXT_ID, &[], &[], false);
+            let id = on_latest(NEXT_ID, &[Some(last_id)], &[text], false);
+            last_id = id
+                .clone()
+                .unwrap_or_else(|| error!("keyturn: no id for an audit event"));
             let written = on_latest(
                 WRITE,
                 &[
@@ -235,13 +256,13 @@ pub fn write_pending() {
             prev = written.unwrap_or_else(|| error!("keyturn: an audit event was not written"));
             count += 1;
         }
-        hash = &prev;
         on_latest(
             HEAD_MOVED,
-            &[t, Some(count.to_string()), Some(hash.to_owned())],
-            &[text; 3],
+            &[t, Some(count.to_string()), Some(prev), Some(last_id)],
+            &[text; 4],
             false,
         );
+        crate::citus::end_local(local);
         start = end;
     }
 }

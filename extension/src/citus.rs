@@ -47,7 +47,7 @@ fn citus_present() -> bool {
 
 /// Whether the Citus library is loaded in this backend (its settings are
 /// real, not placeholders) and the extension exists in this database.
-fn active() -> bool {
+pub fn active() -> bool {
     // SAFETY: both calls only look the names up (missing_ok = true).
     let loaded = unsafe {
         !pg_sys::GetConfigOption(PROPAGATE.as_ptr(), true, false).is_null()
@@ -142,4 +142,72 @@ pub fn restore(asserted: Option<Asserted>) {
     if let Some(propagate) = asserted.propagate {
         set_propagate(&propagate);
     }
+}
+
+/// For the statements keyturn runs at COMMIT/PREPARE (crate::committed's
+/// check of the tool and the principal's authorization epoch,
+/// crate::audit's chain write) on a Citus worker, in layout B: a delegated
+/// `_for` call's transaction commits after the call has ended, in a backend
+/// Citus opened, and Citus then refuses every query on a distributed table
+/// ("cannot execute a distributed query from a query on a shard"), even one
+/// of a local shard, since it cannot tell it from a nested task. When, and
+/// only when, that is the case (Citus here, a Citus-internal backend: the
+/// only kind it refuses this in) and `table`'s shard that holds `tenant` is
+/// on this node (so a statement on it that names the tenant is
+/// single-shard and local; keyturn's tenant tables are colocated), this
+/// turns on `citus.allow_nested_distributed_execution` at a GUC nest level
+/// of its own and returns that level, which [`end_local`] pops right after
+/// the caller's statements for that tenant: nothing else runs with it. A
+/// tenant whose shard is elsewhere gets nothing, and Citus refuses as
+/// before. Without Citus, or in a client's own backend (where Citus allows
+/// these statements anyway), it returns None before any query, so a single
+/// node is unchanged.
+pub fn begin_local(table: &str, tenant: &str) -> Option<i32> {
+    if !internal_backend() || !active() {
+        return None;
+    }
+    let here = crate::committed::on_latest(
+        "SELECT keyturn._citus_shard_here($1::regclass, $2)::text",
+        &[Some(table.to_owned()), Some(tenant.to_owned())],
+        &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+        true,
+    );
+    if here.as_deref() != Some("true") {
+        return None;
+    }
+    // SAFETY: the calls PostgreSQL makes for a function's SET clause: a new
+    // nest level and a value saved at it, popped by end_local (or by the
+    // transaction's abort, which pops every level).
+    unsafe {
+        let level = pg_sys::NewGUCNestLevel();
+        pg_sys::set_config_option(
+            c"citus.allow_nested_distributed_execution".as_ptr(),
+            c"on".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            PgLogLevel::ERROR as i32,
+            false,
+        );
+        Some(level)
+    }
+}
+
+/// Puts `citus.allow_nested_distributed_execution` back as it was before
+/// [`begin_local`].
+pub fn end_local(level: Option<i32>) {
+    if let Some(level) = level {
+        // SAFETY: pops the nest level begin_local pushed, restoring the
+        // saved value (as a SET clause's exit does).
+        unsafe { pg_sys::AtEOXact_GUC(true, level) }
+    }
+}
+
+/// Whether Citus opened this backend (its connections' application_name,
+/// "citus_internal gpid=…", which Citus's own IsCitusInternalBackend reads):
+/// the only backends where it refuses a query on a distributed table made
+/// outside a delegated call.
+fn internal_backend() -> bool {
+    guc::value(c"application_name").is_some_and(|a| a.starts_with("citus_internal gpid="))
 }

@@ -268,6 +268,10 @@ pub fn check_noted() {
             continue;
         }
         let _as_owner = RoleSwitch::to(n.owner);
+        // keyturn.auth_epoch is distributed by tenant in layout B: at a
+        // worker's commit Citus refuses its read unless allowed, for this
+        // tenant's local shard only (citus.rs). Without Citus: None.
+        let local = crate::citus::begin_local("keyturn.auth_epoch", &n.tenant);
         let problem = latest_text(
             "SELECT keyturn._commit_problem($1, $2::int, $3, $4, $5::bigint)",
             &[
@@ -285,6 +289,7 @@ pub fn check_noted() {
                 pg_sys::TEXTOID,
             ],
         );
+        crate::citus::end_local(local);
         if let Some(problem) = problem {
             KeyturnError::Busy(format!(
                 "{problem} while this transaction was open; what it approved does not commit \

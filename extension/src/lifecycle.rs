@@ -364,26 +364,70 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 const OPEN_MOVE: &str = "\
 UPDATE keyturn.open_action o SET status = $6, next_attempt_at = $8, lease_expires_at = $9, dispatched_at = $10 \
  WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2";
-/// A final status: the work-list row, the staged payload ($3) and files
-/// ($4) go, and (`$usage`) the usage row of a success is written.
+/// A final status: the work-list row goes, and with it, as variants, the
+/// staged payload (a digest action's) and files (an external action's), and
+/// (succeeded) the usage row is written. Variants, not `WHERE $3 AND …`:
+/// Citus prunes a router query in which any table's condition is a constant
+/// false to no shard at all, and then runs none of its data-modifying CTEs
+/// either, so a failed external action (no payload to delete) kept its
+/// work-list row on a worker (b_dispatch). On one node a DELETE whose WHERE
+/// is false deletes nothing: leaving it out changes nothing there.
 macro_rules! final_statement {
-    ($usage:literal) => {
+    ($ctes:expr) => {
         concat!(
-            "WITH o AS (DELETE FROM keyturn.open_action o \
-                         WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2), ",
-            $usage,
-            "p AS (DELETE FROM keyturn.staged_payload s \
-                    WHERE $3 AND s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2) \
-DELETE FROM keyturn.staged_file s \
- WHERE $4 AND s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2"
+            $ctes,
+            "DELETE FROM keyturn.open_action o \
+              WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2"
         )
     };
 }
-const FINAL: &str = final_statement!("");
-const FINAL_SUCCEEDED: &str = final_statement!(
-    "u AS (INSERT INTO keyturn.usage (action_id, tenant, principal, tool, executor, attempts) \
-           VALUES ($1, $2, $5, $6, $7, $8)), "
-);
+macro_rules! payload {
+    () => {
+        "p AS (DELETE FROM keyturn.staged_payload s \
+                WHERE s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2)"
+    };
+}
+macro_rules! files {
+    () => {
+        "f AS (DELETE FROM keyturn.staged_file s \
+                WHERE s.action_id OPERATOR(pg_catalog.=) $1 AND s.tenant OPERATOR(pg_catalog.=) $2)"
+    };
+}
+macro_rules! usage {
+    () => {
+        "u AS (INSERT INTO keyturn.usage (action_id, tenant, principal, tool, executor, attempts) \
+                VALUES ($1, $2, $5, $6, $7, $8))"
+    };
+}
+/// [succeeded][external][digest]: the statement for a final status (a
+/// digest action is always external: [_][0][1] is [_][0][0] again).
+const FINAL: [[[&str; 2]; 2]; 2] = [
+    [
+        [final_statement!(""), final_statement!("")],
+        [
+            final_statement!(concat!("WITH ", files!(), " ")),
+            final_statement!(concat!("WITH ", files!(), ", ", payload!(), " ")),
+        ],
+    ],
+    [
+        [
+            final_statement!(concat!("WITH ", usage!(), " ")),
+            final_statement!(concat!("WITH ", usage!(), " ")),
+        ],
+        [
+            final_statement!(concat!("WITH ", usage!(), ", ", files!(), " ")),
+            final_statement!(concat!(
+                "WITH ",
+                usage!(),
+                ", ",
+                files!(),
+                ", ",
+                payload!(),
+                " "
+            )),
+        ],
+    ],
+];
 const NOTIFY: &str = "SELECT pg_catalog.pg_notify('keyturn_dispatch', '')";
 
 /// The work list's columns, $1 … $10 of OPEN_INSERT and OPEN_MOVE.
@@ -465,13 +509,18 @@ fn _action_lifecycle<'a>(
             pg_sys::BOOLOID,
         ];
         let mut args = vec![p(ID), p(TENANT), digest.into(), external.into()];
-        if status == "succeeded" {
+        let succeeded = status == "succeeded";
+        if succeeded {
             types.extend([PRINCIPAL, TOOL, EXECUTOR, ATTEMPTS].map(|c| shape.types[c]));
             args.extend([PRINCIPAL, TOOL, EXECUTOR, ATTEMPTS].map(p));
-            (FINAL_SUCCEEDED, types, args)
-        } else {
-            (FINAL, types, args)
         }
+        // $3 and $4 (digest, external) choose the variant and stay bound,
+        // unused, so every variant takes the same parameters.
+        (
+            FINAL[usize::from(succeeded)][usize::from(external)][usize::from(digest)],
+            types,
+            args,
+        )
     } else {
         let types: Vec<pg_sys::Oid> = WORK_LIST.iter().map(|&c| shape.types[c]).collect();
         let args: Vec<DatumWithOid<'_>> = WORK_LIST.iter().map(|&c| p(c)).collect();

@@ -90,7 +90,8 @@ BEGIN
             v_prev := v_hash;
             v_n := v_n + 1;
         END LOOP;
-        INSERT INTO keyturn.audit_chain (tenant, events, head) VALUES (v_tenant, v_n, v_prev);
+        INSERT INTO keyturn.audit_chain (tenant, events, head, last_id)
+        VALUES (v_tenant, v_n, v_prev, (SELECT max(x.id) FROM keyturn.event x WHERE x.tenant = v_tenant));
     END LOOP;
 END
 $$;

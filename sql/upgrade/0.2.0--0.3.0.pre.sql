@@ -132,6 +132,11 @@ CREATE TABLE keyturn.audit_chain (
     tenant      text        NOT NULL,
     events      bigint      NOT NULL,
     head        text        NOT NULL,
+    -- The id of the last event: the next one's is above it. On one node the
+    -- event sequence gives that by itself; on Citus (layout B) each worker
+    -- has a sequence of its own, behind the ids a tenant's events brought
+    -- from the coordinator or another worker (extension/src/audit.rs).
+    last_id     bigint      NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant)
 );
 SELECT pg_catalog.pg_extension_config_dump('keyturn.audit_chain', '');

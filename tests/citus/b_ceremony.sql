@@ -57,11 +57,15 @@ SELECT citus_check.expect('their events, keyturn''s own',
     'pending:app_agent pending:app_human superseded:app_human succeeded:app_human');
 
 -- A standing approval, made and listed on the coordinator, spent inside a
--- delegated propose_for on the worker, then revoked.
+-- delegated propose_for on the worker, then revoked. Its scope names every
+-- path the proposal carries (an empty scope covers nothing: docs/sql-api.md,
+-- "Scoped grants and standing approvals").
 \connect - app_human
 BEGIN;
 :as_alice
-SELECT keyturn.delegate('deal_stage_routed', '{}', 2, '1 hour') AS standing \gset
+SELECT keyturn.delegate('deal_stage_routed',
+  '{"params": {"where.tenant": {"eq": "acme"}, "where.id": {"any": true}, "set.stage": {"eq": "won"}}}',
+  2, '1 hour') AS standing \gset
 COMMIT;
 \connect - app_agent
 BEGIN;

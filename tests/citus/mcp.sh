@@ -31,7 +31,9 @@ mcp_by_tenant() {
 BEGIN;
 SET LOCAL citus.propagate_set_commands = 'local';
 SET LOCAL keyturn.tenant = 'acme'; SET LOCAL keyturn.principal = 'alice'; SET LOCAL keyturn.session = 's-mcp';
-SELECT keyturn.delegate('deal_stage_routed', '{}', 1, '1 hour');
+-- Every path the proposals carry named (an empty scope covers nothing).
+SELECT keyturn.delegate('deal_stage_routed',
+  '{"params": {"where.tenant": {"eq": "acme"}, "where.id": {"any": true}, "set.stage": {"any": true}}}', 1, '1 hour');
 COMMIT;
 SQL
 )

@@ -224,17 +224,34 @@ impl Handler {
                     let origin = origin(request, &context.meta.0 .0, &who.claims);
                     let proposed =
                         db::mcp::propose(&tx, tenant.as_deref(), name, args, &origin).await?;
-                    let result = if proposed.status == "pending" {
-                        None
-                    } else {
-                        db::mcp::action_status(&tx, proposed.action_id)
-                            .await?
-                            .and_then(|(_, r)| r)
-                    };
-                    Answer::Proposed(proposed, result)
+                    Answer::Proposed(proposed, None)
                 }
             };
             db::commit(tx).await?;
+            // A covered proposal's result, read once it committed: on Citus
+            // layout B the propose_for changed the tenant's shards as the
+            // agent, and Citus refuses reading them back as anyone else in
+            // that transaction (keyturn.mcp_action_status is the owner's).
+            // The proposal stands whatever this read does: a failure leaves
+            // the result out (keyturn_action_status has it), never an error
+            // the agent would answer by proposing again.
+            let outcome = match outcome {
+                Answer::Proposed(p, _) if p.status != "pending" => {
+                    let read = async {
+                        let tx = db::transaction(&mut client).await?;
+                        as_agent(&tx, who).await?;
+                        let row = db::mcp::action_status(&tx, p.action_id).await?;
+                        db::commit(tx).await?;
+                        Ok::<_, Error>(row.and_then(|(_, r)| r))
+                    };
+                    let result = read.await.unwrap_or_else(|e| {
+                        tracing::warn!(action_id = %p.action_id, error = %e, "could not read a covered proposal's result");
+                        None
+                    });
+                    Answer::Proposed(p, result)
+                }
+                other => other,
+            };
             Ok::<_, Error>(outcome)
         }
         .await;
