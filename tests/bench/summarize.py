@@ -51,7 +51,6 @@ for r in rows:
 TITLES = {
     "flow": "1. Gate flow (propose + approve, sql tool) vs bare flow",
     "lean": "1b. Gate flow vs the lean flow (no role switching, no identity)",
-    "chain": "1c. Gate flow with the audit hash chain (A) vs without (B), one tenant",
     "propose": "2. propose alone vs plain INSERT of the same row",
     "notify": "7. External approve flow with NOTIFY (A) vs keyturn.notify = off (B)",
     "drain": "3. Drain: keyturnd (A) vs bare worker (B), 8 slots each; flows = actions",
@@ -192,6 +191,20 @@ if notes:
                           ("from the call's answer to the POST", "after_answer_")]:
         print(f"| {label} | {' | '.join(ratio_cells(ab, prefix + 'p50_ms'))} | "
               f"{' | '.join(ratio_cells(ab, prefix + 'p99_ms'))} |")
+    print()
+
+chain = os.path.join(out, "chain.txt")
+if os.path.exists(chain) and open(chain).read().strip():
+    runs = [line.split("\t") for line in open(chain).read().split("\n") if line.strip()]
+    print("### 1c. The audit hash chain's share of a gate flow, one tenant\n")
+    print("pg_stat_statements over each run: the chain's statements, which run at commit "
+          "(the head, the id, the hashed insert of each event), as a share of all top-level time "
+          "(a wait for the chain's lock is in neither).\n")
+    print("| clients | round | top-level ms | chain ms | **chain share** | flows/s |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    tps = {(r["clients"], r["round"]): r["flows_per_s"] for r in rows if r["item"] == "chain"}
+    for c, rnd, top, ch, share in runs:
+        print(f"| {c} | {rnd} | {top} | {ch} | **{share} %** | {tps.get((c, rnd), '')} |")
     print()
 
 for name, title in [("drain.txt", "3/6. Dispatch drain and keyturnd peak RSS"),
