@@ -265,6 +265,7 @@ async def cmd_notify_async(a):
 
 def cmd_latency(a):
     lat = []
+    seen = set()
     for path in a.logs:
         with open(path) as f:
             for line in f:
@@ -273,7 +274,15 @@ def cmd_latency(a):
                 # Each client's first transaction is left out, as each MCP
                 # session's first call is: a new backend's first propose
                 # compiles and plans what keyturnd's pooled ones have kept.
-                if len(fields) > 2 and fields[1] != "0" and fields[2].isdigit():
+                # (pgbench numbers a client's transactions from 1 or 0 by
+                # version; a client's lines are in order in one file, so its
+                # first line is its first transaction.)
+                if len(fields) < 3:
+                    continue
+                if fields[0] not in seen:
+                    seen.add(fields[0])
+                    continue
+                if fields[2].isdigit():
                     lat.append(int(fields[2]) / 1000)
     print(summary(lat))
 

@@ -109,4 +109,19 @@ GRANT USAGE ON SCHEMA bare TO app_dispatcher;
 CREATE TABLE bare.token (n int PRIMARY KEY, action_id uuid NOT NULL, token text NOT NULL);
 GRANT SELECT, INSERT ON bare.token TO app_agent, app_human;
 
+-- Item latency (approve alone): each client's pending proposals, made before
+-- the timed run by tests/bench/latency.sh, approved in order k = 1, 2, … by
+-- pgbench client <client> (side 'gate': keyturn.propose's id and token; side
+-- 'lean': a bare.proposal id).
+CREATE TABLE bare.pending (
+    side      text NOT NULL,
+    client    int  NOT NULL,
+    k         int  NOT NULL,
+    action_id uuid NOT NULL,
+    token     text,
+    PRIMARY KEY (side, client, k)
+);
+GRANT SELECT, INSERT ON bare.pending TO app_agent;
+GRANT SELECT ON bare.pending TO app_human, bench_lean;
+
 VACUUM ANALYZE;

@@ -68,6 +68,7 @@ if pairs:
     print("| item | clients | rounds | A flows/s | B flows/s | ratio A/B | spread | A WAL B/flow | B WAL B/flow | checkpoints in runs |")
     print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
 scale_ratio = {}
+pair_ratio = {}
 for (item, clients), rounds in pairs.items():
     ratios, a_tps, b_tps, a_wal, b_wal, ckpt = [], [], [], [], [], 0
     for rnd, ab in sorted(rounds.items()):
@@ -84,6 +85,7 @@ for (item, clients), rounds in pairs.items():
         ckpt += int(a["checkpoints"]) + int(b["checkpoints"])
     if not ratios:
         continue
+    pair_ratio[(item, clients)] = (med(ratios), min(ratios), max(ratios), med(a_tps), med(b_tps))
     title = TITLES.get(item, item)
     if item.startswith("scale-"):
         title = f"5. Gate vs bare flow with {int(item[6:]):,} rows of history"
@@ -206,6 +208,50 @@ if os.path.exists(chain) and open(chain).read().strip():
     for c, rnd, top, ch, share in runs:
         print(f"| {c} | {rnd} | {top} | {ch} | **{share} %** | {tps.get((c, rnd), '')} |")
     print()
+
+lat = {item: by_round(item, "gate", "lean") for item in ("lat-propose", "lat-approve")}
+if any(lat.values()):
+    print("### 10. propose alone and approve alone: keyturn ÷ the lean flow's transaction (pgbench -l)\n")
+    print("Per-transaction latency in ms (each client's first transaction left out); medians of rounds; "
+          "ratio = keyturn ÷ lean, median of per-round ratios (spread). propose: the gate flow's first "
+          "transaction (gate_propose.sql) ÷ the lean flow's insert of the proposal (lean_propose.sql); "
+          "approve: the gate flow's second transaction (gate_approve.sql) ÷ the lean flow's claim and "
+          "write (lean_approve.sql), each approving proposals made before the run. "
+          "Target: approve p50 at 1 client ≤ 2× the lean claim-and-write.\n")
+    print("| transaction | clients | rounds | keyturn p50 | lean p50 | **p50 ratio** | spread | keyturn p99 | lean p99 | **p99 ratio** | spread | keyturn tx/s | lean tx/s |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|")
+    for item, label in [("lat-propose", "propose"), ("lat-approve", "approve")]:
+        for c, rs in sorted(lat[item].items()):
+            ab = [rs[n] for n in sorted(rs)]
+            print(f"| {label} | {c} | {len(ab)} | {' | '.join(ratio_cells(ab, 'p50_ms'))} | "
+                  f"{' | '.join(ratio_cells(ab, 'p99_ms'))} | "
+                  f"{med([x['per_s'] for x, _ in ab]):.0f} | {med([y['per_s'] for _, y in ab]):.0f} |")
+    print()
+    ap = lat["lat-approve"].get(1)
+    if ap:
+        ab = [ap[n] for n in sorted(ap)]
+        r = med([x["p50_ms"] / y["p50_ms"] for x, y in ab if y.get("p50_ms")])
+        print(f"**approve p50 at 1 client ÷ the lean claim-and-write: {r:.2f}×** (target ≤ 2×: "
+              f"{'met' if r <= 2 else f'missed, {100 * (r / 2 - 1):.0f} % over'}).\n")
+stmts = os.path.join(out, "statements.txt")
+wide = sorted(c for (item, c) in pair_ratio if item == "flow" and c >= 32)
+if wide or os.path.exists(stmts):
+    print("### 10b. The gate flow at many clients, and statements per gate flow\n")
+    for c in wide:
+        m, lo, hi, ta, tb = pair_ratio[("flow", c)]
+        print(f"- **gate flow ÷ hand-written flow at {c} clients: {m:.3f}** ({lo:.3f}–{hi:.3f}; "
+              f"{ta:.0f} against {tb:.0f} flows/s)")
+    if os.path.exists(stmts):
+        w = words(open(stmts).read())
+        if w.get("flows"):
+            print(f"- **statements executed per gate flow: {w['per_flow']:.2f}** (pg_stat_statements, track = all, "
+                  f"sum of calls ÷ {w['flows']:.0f} flows of one 4-client run, -M extended: {w['top_per_flow']:.2f} top level, "
+                  f"{w['nested_per_flow']:.2f} nested; entries deallocated: {w['deallocated']:.0f}); target ≤ 12"
+                  + ("" if w["per_flow"] <= 12 else f", missed by {w['per_flow'] - 12:.1f} ({w['per_flow'] / 12:.1f}×)"))
+    print()
+    spf = os.path.join(out, "statements-per-flow.txt")
+    if os.path.exists(spf):
+        print(f"Statements per gate flow, each (calls ÷ flows, at least 0.1 a flow):\n\n```\n{open(spf).read().rstrip()}\n```\n")
 
 for name, title in [("drain.txt", "3/6. Dispatch drain and keyturnd peak RSS"),
                     ("step.txt", "3b. A dispatch step's price by its size"),
