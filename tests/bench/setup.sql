@@ -46,6 +46,17 @@ SELECT count(*) FROM (
            keyturn.grant_tool('acme', 'p' || i, 'email.send')
       FROM generate_series(0, 63) i) s;
 
+-- Item chain's other side: a tenant per client (m<n>, p<n> its member, 2,000
+-- deals from 200,001 + 2,000 n), so no two clients' commits share an audit
+-- chain (pgbench/gate_flow_tenants.sql).
+INSERT INTO crm.deal (id, tenant, owner, name, stage, amount)
+SELECT 200000 + n * 2000 + j, 'm' || n, 'p' || n, 'Deal ' || j, 'lead', 1000 + j
+  FROM generate_series(0, 63) n, generate_series(1, 2000) j;
+SELECT count(*) FROM (
+    SELECT keyturn.add_member('m' || n, 'p' || n, 'member'),
+           keyturn.grant_tool('m' || n, 'p' || n, 'deal.set_stage')
+      FROM generate_series(0, 63) n) s;
+
 CREATE SCHEMA bare;
 GRANT USAGE ON SCHEMA bare TO app_agent, app_human;
 

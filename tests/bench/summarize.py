@@ -51,6 +51,7 @@ for r in rows:
 TITLES = {
     "flow": "1. Gate flow (propose + approve, sql tool) vs bare flow",
     "lean": "1b. Gate flow vs the lean flow (no role switching, no identity)",
+    "chain": "1c. Gate flow of one tenant (A: one audit chain) vs a tenant per client (B)",
     "propose": "2. propose alone vs plain INSERT of the same row",
     "notify": "7. External approve flow with NOTIFY (A) vs keyturn.notify = off (B)",
     "drain": "3. Drain: keyturnd (A) vs bare worker (B), 8 slots each; flows = actions",
