@@ -338,24 +338,7 @@ async fn test_the_browsers_history_holds_nothing_that_works() {
     let (c, profile) = browser::open_profile(&webdriver, true).await;
     visit(&c, &link).await.expect("open");
     wait_loaded(&c).await;
-    c.find(Locator::Css("[data-kt=approve]"))
-        .await
-        .expect("approve")
-        .click()
-        .await
-        .expect("click");
-    wait_status(&c, &p.id.to_string(), "succeeded").await;
-    let session = js(
-        &c,
-        "return JSON.parse(sessionStorage.getItem('keyturn.card'))",
-        vec![],
-    )
-    .await;
-    let bearer = session["session"].as_str().expect("a session").to_owned();
-    let token = session["tokens"][p.id.to_string()]
-        .as_str()
-        .expect("a token")
-        .to_owned();
+    let (bearer, token) = approve_in_the_card(&c, p.id).await;
     c.close().await.expect("quit the browser");
 
     history_holds_nothing_that_works(&profile, &k.base, &[&bearer, &token, &p.token]).await;
@@ -453,24 +436,7 @@ async fn test_a_notifications_link_opens_the_card_once_on_a_phone() {
     );
     assert!(csp.iter().all(|p| p == &csp[0]), "one policy: {phone}");
 
-    c.find(Locator::Css("[data-kt=approve]"))
-        .await
-        .expect("approve")
-        .click()
-        .await
-        .expect("click");
-    wait_status(&c, &p.id.to_string(), "succeeded").await;
-    let session = js(
-        &c,
-        "return JSON.parse(sessionStorage.getItem('keyturn.card'))",
-        vec![],
-    )
-    .await;
-    let bearer = session["session"].as_str().expect("a session").to_owned();
-    let token = session["tokens"][p.id.to_string()]
-        .as_str()
-        .expect("a token")
-        .to_owned();
+    let (bearer, token) = approve_in_the_card(&c, p.id).await;
     c.close().await.expect("quit the browser");
     history_holds_nothing_that_works(&profile, &k.base, &[&bearer, &token, &p.token]).await;
     assert_eq!(rx.requests(p.id).len(), 1, "approved once, sent once");
@@ -496,6 +462,30 @@ async fn test_a_notifications_link_opens_the_card_once_on_a_phone() {
     assert!(!said.as_str().unwrap_or("").is_empty(), "{said}");
     let log = k.stop().await;
     assert_no_secret(&log, &[&bearer, &token, &p.token, &person]);
+}
+
+/// Approves the open card's action and waits for it to succeed; the card
+/// session's bearer and the action's fresh token, as the tab keeps them.
+async fn approve_in_the_card(c: &Client, id: uuid::Uuid) -> (String, String) {
+    c.find(Locator::Css("[data-kt=approve]"))
+        .await
+        .expect("approve")
+        .click()
+        .await
+        .expect("click");
+    wait_status(c, &id.to_string(), "succeeded").await;
+    let session = js(
+        c,
+        "return JSON.parse(sessionStorage.getItem('keyturn.card'))",
+        vec![],
+    )
+    .await;
+    let bearer = session["session"].as_str().expect("a session").to_owned();
+    let token = session["tokens"][id.to_string()]
+        .as_str()
+        .expect("a token")
+        .to_owned();
+    (bearer, token)
 }
 
 /// The browser's History database, read after it quit: it holds the card's
