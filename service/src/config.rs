@@ -596,6 +596,12 @@ impl Config {
                     .into(),
             );
         }
+        // The base of every link keyturnd builds, notifications' and /mcp's.
+        if let Some(public) = &self.public_url {
+            if !matches!(public.scheme(), "http" | "https") {
+                return bad("KEYTURN_PUBLIC_URL must be an http:// or https:// URL".into());
+            }
+        }
         self.validate_rpc()?;
         self.validate_mcp()?;
         let (notify_webhook_key, vapid) = self.validate_notify()?;
@@ -611,11 +617,6 @@ impl Config {
     /// key, parsed.
     fn validate_notify(&self) -> Result<(Option<Vec<u8>>, Option<VapidKey>), Error> {
         let bad = |msg: String| Err(Error::Config(msg));
-        if let Some(public) = &self.public_url {
-            if !matches!(public.scheme(), "http" | "https") {
-                return bad("KEYTURN_PUBLIC_URL must be an http:// or https:// URL".into());
-            }
-        }
         let webhook = match &self.notify_webhook_secret {
             Some(secret) => {
                 if keyturn_core::notify::check_webhook_secret(secret.expose()).is_err() {
@@ -746,11 +747,6 @@ impl Config {
         };
         if url == &self.database_url || Some(url) == self.rpc_database_url.as_ref() {
             return bad("KEYTURN_MCP_DATABASE_URL must be a login of its own, not DATABASE_URL's or KEYTURN_RPC_DATABASE_URL's");
-        }
-        if let Some(public) = &self.public_url {
-            if !matches!(public.scheme(), "http" | "https") {
-                return bad("KEYTURN_PUBLIC_URL must be an http:// or https:// URL");
-            }
         }
         Ok(())
     }
