@@ -4,7 +4,8 @@
 -- they are described (keyturn.mcp_tools), what a read tool returns
 -- (keyturn.read: selected as the agent, under its RLS, fenced), whether an
 -- upstream read may run (keyturn.upstream_read), what an action's status
--- tells its agent (keyturn.mcp_action_status), how a tool discovered on an
+-- tells its agent (keyturn.mcp_action_status) and whether a client's retry
+-- is the call it proposed (keyturn.mcp_resume), how a tool discovered on an
 -- upstream MCP server is registered (keyturn.register_discovered_tool:
 -- disabled, classified fail-closed, its definition hashed) and what a
 -- changed upstream definition does to an approved call
@@ -347,16 +348,53 @@ RETURNS TABLE (status text, result jsonb)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('mcp_action_status');
+    RETURN QUERY SELECT o.status, o.result FROM keyturn._mcp_own_action(action_id, NULL, NULL) o;
+END
+$$;
+
+-- Agent: the action a write call proposed, for the client's retry of that
+-- call (a 2026-07-28 client answering keyturn's input_required with the
+-- request state it was given, the action's id): a row only when the retry
+-- is the same call, by the same principal: the same tool and the params
+-- proposed. Anything else (a forged or stale state, other arguments) gets
+-- no row, and keyturnd refuses the retry; nothing is proposed again.
+CREATE FUNCTION keyturn.mcp_resume(action_id uuid, tool text, params jsonb)
+RETURNS TABLE (status text, result jsonb, summary text, expires_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('mcp_resume');
+    RETURN QUERY SELECT * FROM keyturn._mcp_own_action(action_id, tool, params);
+END
+$$;
+
+-- The calling principal's own action (with p_tool, only if it is of that
+-- tool and p_params are its params): its status, its result once final,
+-- its summary and expiry.
+CREATE FUNCTION keyturn._mcp_own_action(p_id uuid, p_tool text, p_params jsonb)
+RETURNS TABLE (status text, result jsonb, summary text, expires_at timestamptz)
+LANGUAGE plpgsql STABLE
+AS $$
 DECLARE
     v_tenant    text := keyturn.current_tenant();
     v_principal text := keyturn.current_principal();
 BEGIN
-    PERFORM keyturn._refuse_nested('mcp_action_status');
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     RETURN QUERY
-    SELECT a.status::text, CASE WHEN keyturn._is_final(a.status) THEN a.result END
+    SELECT a.status::text, CASE WHEN keyturn._is_final(a.status) THEN a.result END,
+           -- A digest action keeps no summary: rendered again from the params.
+           coalesce(a.summary, (SELECT keyturn._render_summary(v.summary, p_params, a.target_count)
+                                  FROM keyturn.tool_version v
+                                 WHERE p_params IS NOT NULL AND v.tool = a.tool AND v.version = a.tool_version)),
+           a.expires_at
       FROM keyturn.action a
-     WHERE a.id = mcp_action_status.action_id AND a.tenant = v_tenant AND a.principal = v_principal;
+     WHERE a.id = p_id AND a.tenant = v_tenant AND a.principal = v_principal
+       AND (p_tool IS NULL
+            OR (a.tool = p_tool
+                AND keyturn._params_hash_matches(a.retain, a.params_hash, keyturn.params_hash(p_tool, p_params))));
 END
 $$;
 

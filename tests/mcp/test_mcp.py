@@ -521,6 +521,80 @@ async def _():
     assert psql(redeem, user="app_dispatcher") == "0"
 
 
+@check("mrtr_2026_07_28_carries_the_card_link_and_the_retry_gets_the_one_proposal")
+async def _():
+    """2026-07-28 has no requests to the client: the write call's answer is
+    input_required with the card link's elicitation, and the SDK's retry of
+    the call (its request state echoed) gets the proposal; nothing is
+    proposed twice, and a forged or altered retry is refused."""
+    seen = []
+
+    async def elicit(context, params):
+        seen.append(params)
+        return types.ElicitResult(action="accept")
+
+    text = "approve over multi-round-trip " + uuid.uuid4().hex
+    args = {"channel": "general", "text": text}
+    count = f"SELECT count(*) FROM keyturn.action WHERE tenant = '{TENANT}' AND params ->> 'text' = '{text}'"
+    async with client(mode="2026-07-28", elicitation=elicit) as c:
+        r = await call(c, "chat.send_message", args)
+        assert not r.is_error, r
+        aid = r.structured_content["action_id"]
+        assert r.structured_content["status"] == "pending" and "send_message" in r.structured_content["summary"], r
+        assert psql(count) == "1", psql(count)
+        assert len(seen) == 1 and seen[0].mode == "url" and seen[0].elicitation_id == aid, seen
+        m = re.fullmatch(re.escape(BASE) + r"/card#a=([0-9a-f-]+)&c=(\S+)", seen[0].url)
+        assert m and m.group(1) == aid, seen[0].url
+        code = urllib.parse.unquote(m.group(2))
+
+        # The first answer itself, driven by hand: input_required, the
+        # elicitation inside it, the action's id as the state.
+        first = await c.session.call_tool("chat.send_message", {"channel": "general", "text": text + " 2"},
+                                          allow_input_required=True)
+        responses.append(first.model_dump_json(by_alias=True))
+        assert isinstance(first, types.InputRequiredResult), first
+        state = first.request_state
+        asked = first.input_requests["keyturn_card"]
+        assert asked.method == "elicitation/create" and asked.params.mode == "url", asked
+        assert asked.params.elicitation_id == state and status_of(state) == "pending", (asked, state)
+
+        async def refused(name, arguments, request_state, session=c.session):
+            try:
+                await session.call_tool(name, arguments, request_state=request_state,
+                                        input_responses={"keyturn_card": {"action": "accept"}},
+                                        allow_input_required=True)
+            except Exception as e:  # the SDK raises the JSON-RPC error
+                assert "requestState does not name a proposal of this call" in str(e), e
+                return
+            raise AssertionError(f"a retry with state {request_state!r} was answered")
+
+        # Other params, another tool, a state that is no action, one that
+        # is not a uuid: refused, and nothing proposed.
+        await refused("chat.send_message", {"channel": "general", "text": "something else"}, state)
+        await refused("chat.rename_channel", {"channel": "general", "name": "x"}, state)
+        await refused("chat.send_message", {"channel": "general", "text": text + " 2"}, str(uuid.uuid4()))
+        await refused("chat.send_message", {"channel": "general", "text": text + " 2"}, "not-a-uuid")
+        # The right retry: the proposal, as it stands.
+        again = await c.session.call_tool("chat.send_message", {"channel": "general", "text": text + " 2"},
+                                          request_state=state,
+                                          input_responses={"keyturn_card": {"action": "decline"}})
+        keep(again)
+        assert again.structured_content["action_id"] == state and again.structured_content["status"] == "pending"
+    # Another principal's retry with alice's state: refused.
+    async with client(token=jwt(sub="bob"), mode="2026-07-28") as c:
+        await refused("chat.send_message", {"channel": "general", "text": text + " 2"}, state, c.session)
+    assert psql(count) == "1" and psql(count.replace(f"'{text}'", f"'{text} 2'")) == "1"
+    for body in responses:
+        assert code not in body, body
+    # Once decided, the retry carries the outcome.
+    assert approve(aid) == "queued"
+    wait_for("the multi-round-trip proposal to succeed", lambda: status_of(aid) == "succeeded")
+    async with client(mode="2026-07-28") as c:
+        done = await c.session.call_tool("chat.send_message", args, request_state=aid)
+        assert done.structured_content["status"] == "succeeded" and "result" in done.structured_content, done
+    assert [x["arguments"] for x in calls("send_message")].count(args) == 1
+
+
 @check("typescript_sdk_client_lists_proposes_and_gets_the_link")
 async def _():
     """The official TypeScript SDK client (npm @modelcontextprotocol/sdk,
@@ -566,13 +640,17 @@ async def _():
             seen.append(params)
             return types.ElicitResult(action="accept")
 
-        async with client(elicitation=elicit) as c:
-            r = await call(c, "chat.send_message", {"channel": "general", "text": "no link, please"})
-            aid = r.structured_content["action_id"]
+        aids = []
+        for mode in ["legacy", "2026-07-28"]:
+            async with client(mode=mode, elicitation=elicit) as c:
+                r = await call(c, "chat.send_message", {"channel": "general", "text": f"no link, please ({mode})"})
+                assert r.result_type == "complete", r
+                aids.append(r.structured_content["action_id"])
         assert seen == [], seen
-        assert status_of(aid) == "pending"
-        links = psql(f"SELECT count(*) FROM keyturn.card_link WHERE '{aid}' = ANY (action_ids)")
-        assert links == "0", links
+        for aid in aids:
+            assert status_of(aid) == "pending"
+            links = psql(f"SELECT count(*) FROM keyturn.card_link WHERE '{aid}' = ANY (action_ids)")
+            assert links == "0", links
     finally:
         keyturnd_proc.terminate()
         keyturnd_proc.wait(timeout=BOUND)

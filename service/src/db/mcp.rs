@@ -160,6 +160,36 @@ pub async fn action_status(
         .transpose()
 }
 
+/// `keyturn.mcp_resume`: the action a write call proposed, with its result
+/// once final, when `tool` and `params` are that call's (a client's retry
+/// after `input_required`); `None` for anything else.
+pub async fn resume(
+    tx: &Transaction<'_>,
+    action_id: Uuid,
+    tool: &str,
+    params: &Value,
+) -> Result<Option<(Proposed, Option<Value>)>, Error> {
+    let row = bounded(tx.query_typed_opt(
+        "SELECT s.status, s.result, s.summary, s.expires_at FROM keyturn.mcp_resume($1, $2, $3) AS s",
+        &[
+            (&action_id, Type::UUID),
+            (&tool, Type::TEXT),
+            (params, Type::JSONB),
+        ],
+    ))
+    .await?;
+    row.map(|r| {
+        let proposed = Proposed {
+            action_id,
+            status: get(&r, "status")?,
+            summary: get(&r, "summary")?,
+            expires_at: get(&r, "expires_at")?,
+        };
+        Ok((proposed, get(&r, "result")?))
+    })
+    .transpose()
+}
+
 /// `keyturn.link_code` on the dispatcher's connection, asserting the
 /// person's identity (`claims`) for this transaction only: the one-time
 /// code of the card link an elicitation shows the person.

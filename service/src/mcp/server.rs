@@ -9,9 +9,10 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ServerCapabilities,
-    ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequest,
+    ElicitRequestParams, Implementation, InputRequest, InputRequests, InputRequiredResult,
+    JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ProtocolVersion,
+    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -27,6 +28,9 @@ use crate::jwt::Verified;
 
 /// The one tool keyturn adds of its own.
 pub const STATUS_TOOL: &str = "keyturn_action_status";
+
+/// The key of the card link's elicitation in an `input_required` answer.
+const CARD_INPUT: &str = "keyturn_card";
 
 /// The origin keys a proposal takes from the request's `_meta`, else from
 /// the claims.
@@ -131,12 +135,13 @@ impl ServerHandler for Handler {
         let name = request.name.to_string();
         let args = Value::Object(request.arguments.clone().unwrap_or_default());
         tracing::debug!(tool = %name, "mcp tools/call");
-        let result = if name == STATUS_TOOL {
-            self.status(&who, &args).await
+        if name == STATUS_TOOL {
+            Ok(self.status(&who, &args).await.into())
+        } else if let Some(state) = request.request_state.as_deref() {
+            self.resume(&who, &name, &args, state).await
         } else {
-            self.tool(&who, &name, &args, &request, &context).await
-        };
-        Ok(result.into())
+            Ok(self.tool(&who, &name, &args, &request, &context).await)
+        }
     }
 }
 
@@ -185,6 +190,54 @@ impl Handler {
         }
     }
 
+    /// A client's retry of a write call that keyturn answered with
+    /// `input_required` (2026-07-28): its request state is the proposal's
+    /// id, and the database says whether the retry is that call (its
+    /// principal, tool and params). The answer is the proposal as it stands
+    /// now; nothing is proposed again. Anything else is refused as invalid
+    /// params, which the client reports instead of calling again.
+    async fn resume(
+        &self,
+        who: &Verified,
+        name: &str,
+        args: &Value,
+        state: &str,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let stale = || {
+            ErrorData::invalid_params(
+                "requestState does not name a proposal of this call; call the tool again without it",
+                None,
+            )
+        };
+        let Ok(action_id) = Uuid::parse_str(state) else {
+            self.mcp.metrics.mcp_call("write", "refused");
+            return Err(stale());
+        };
+        let answer = async {
+            let mut client = self.mcp.pool.get().await?;
+            let tx = db::transaction(&mut client).await?;
+            as_agent(&tx, who).await?;
+            let row = db::mcp::resume(&tx, action_id, name, args).await?;
+            db::commit(tx).await?;
+            Ok::<_, Error>(row)
+        }
+        .await;
+        match answer {
+            Ok(Some((p, result))) => {
+                self.mcp.metrics.mcp_call("write", "resumed");
+                Ok(proposed(&p, result).into())
+            }
+            Ok(None) => {
+                self.mcp.metrics.mcp_call("write", "refused");
+                Err(stale())
+            }
+            Err(e) => {
+                self.mcp.metrics.mcp_call("write", "refused");
+                Ok(refusal(&e).into())
+            }
+        }
+    }
+
     /// A tool of the catalog: a read answers fenced, a write proposes.
     async fn tool(
         &self,
@@ -193,10 +246,10 @@ impl Handler {
         args: &Value,
         request: &CallToolRequestParams,
         context: &RequestContext<RoleServer>,
-    ) -> CallToolResult {
+    ) -> CallToolResponse {
         let mut client = match self.mcp.pool.get().await {
             Ok(c) => c,
-            Err(e) => return refusal(&e.into()),
+            Err(e) => return refusal(&e.into()).into(),
         };
         let run = async {
             let tx = db::transaction(&mut client).await?;
@@ -255,7 +308,7 @@ impl Handler {
             Ok::<_, Error>(outcome)
         }
         .await;
-        match run {
+        let done = match run {
             Ok(Answer::Read(fenced, kind)) => {
                 self.mcp.metrics.mcp_call(kind, "read");
                 let mut out = CallToolResult::success(vec![ContentBlock::text(fenced.reference)]);
@@ -272,7 +325,9 @@ impl Handler {
             Ok(Answer::Proposed(p, result)) => {
                 self.mcp.metrics.mcp_call("write", "proposed");
                 if p.status == "pending" {
-                    self.reach_person(who, &p, context).await;
+                    if let Some(asked) = self.reach_person(who, &p, context).await {
+                        return asked.into();
+                    }
                 }
                 proposed(&p, result)
             }
@@ -280,7 +335,8 @@ impl Handler {
                 self.mcp.metrics.mcp_call("write", "refused");
                 refusal(&e)
             }
-        }
+        };
+        done.into()
     }
 
     /// Calls an upstream read tool; `Err`: the text of an error result
@@ -326,21 +382,25 @@ impl Handler {
     /// minted on the dispatcher's connection for the person), when the
     /// client declared URL elicitation and a public URL is configured.
     /// Anything else leaves the proposal in the person's queue.
+    ///
+    /// Before 2026-07-28 it is a request to the client, while the call
+    /// waits. 2026-07-28 has no requests to the client: the call's answer
+    /// is then `input_required`, carrying the elicitation, with the
+    /// proposal's id as the request state; the client's retry of the call
+    /// gets the proposal ([`Self::resume`]). That answer is returned.
     async fn reach_person(
         &self,
         who: &Verified,
         p: &Proposed,
         context: &RequestContext<RoleServer>,
-    ) {
-        let Some(base) = self.mcp.public_url.as_ref().filter(|_| self.mcp.elicit) else {
-            return;
-        };
-        if !context
-            .peer
-            .supported_elicitation_modes()
-            .contains(&rmcp::service::ElicitationMode::Url)
-        {
-            return;
+    ) -> Option<InputRequiredResult> {
+        let base = self.mcp.public_url.as_ref().filter(|_| self.mcp.elicit)?;
+        let url_mode = context
+            .client_capabilities()
+            .and_then(|c| c.elicitation)
+            .is_some_and(|e| e.url.is_some());
+        if !url_mode {
+            return None;
         }
         let code = async {
             let mut client = self.mcp.dispatcher.get().await?;
@@ -353,20 +413,39 @@ impl Handler {
                 // An independent tool: the agent's principal may not decide
                 // it, so there is no one to send this client's user to.
                 tracing::debug!(action_id = %p.action_id, error = %e, "no card link for the elicitation");
-                return;
+                return None;
             }
         };
         let url = card_link(base, p.action_id, &code);
+        let message = format!("Review and approve on keyturn: {}", p.summary);
+        if context
+            .protocol_version()
+            .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
+        {
+            let elicit = ElicitRequest::new(ElicitRequestParams::UrlElicitationParams {
+                meta: None,
+                message,
+                url: url.to_string(),
+                elicitation_id: p.action_id.to_string(),
+            });
+            let asked =
+                InputRequests::from([(CARD_INPUT.to_owned(), InputRequest::Elicitation(elicit))]);
+            return Some(InputRequiredResult::new(
+                Some(asked),
+                Some(p.action_id.to_string()),
+            ));
+        }
         let sent = context
             .peer
             .elicit_url_with_timeout(
-                format!("Review and approve on keyturn: {}", p.summary),
+                message,
                 url,
                 p.action_id.to_string(),
                 Some(std::time::Duration::from_secs(20)),
             )
             .await;
         tracing::debug!(action_id = %p.action_id, elicited = ?sent.map(|a| format!("{a:?}")).map_err(|e| e.to_string()), "elicitation");
+        None
     }
 }
 

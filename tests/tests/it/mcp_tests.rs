@@ -246,6 +246,69 @@ async fn test_mcp_action_status_shows_only_the_callers_own_actions() {
     assert!(result.is_some(), "a final status has its result");
 }
 
+#[tokio::test]
+async fn test_mcp_resume_is_only_the_same_call_by_the_same_principal() {
+    let w = World::new("approver").await;
+    for retain in ["full", "digest"] {
+        let t = w.webhook_tool(json!({"retain": retain})).await;
+        let params = json!({"channel": "c", "text": "resume me"});
+        let p = w.propose(&t, params.clone()).await.unwrap();
+        let resume = |id: uuid::Uuid, tool: String, params: Value| {
+            let agent = &w.agent;
+            async move {
+                agent
+                    .query_opt(
+                        "SELECT status, result, summary FROM keyturn.mcp_resume($1, $2, $3)",
+                        &[&id, &tool, &params],
+                    )
+                    .await
+                    .unwrap()
+                    .map(|r| {
+                        (
+                            r.get::<_, String>(0),
+                            r.get::<_, Option<Value>>(1),
+                            r.get::<_, Option<String>>(2),
+                        )
+                    })
+            }
+        };
+        // The same call: the proposal, its summary even where only a
+        // digest is kept (rendered again from the params resubmitted).
+        assert_eq!(
+            resume(p.id, t.clone(), params.clone()).await,
+            Some((
+                "pending".into(),
+                None,
+                Some("Notify c: \"resume me\"".into())
+            )),
+            "{retain}"
+        );
+        // Other params, another tool, no such action: no row.
+        let other = json!({"channel": "c", "text": "something else"});
+        assert_eq!(resume(p.id, t.clone(), other).await, None, "{retain}");
+        assert_eq!(
+            resume(p.id, "mcp_other".into(), params.clone()).await,
+            None,
+            "{retain}"
+        );
+        assert_eq!(
+            resume(uuid::Uuid::new_v4(), t.clone(), params.clone()).await,
+            None
+        );
+        // Another principal of the tenant, with the same call: no row.
+        let (other_principal, other) = w.other("approver", "app_agent", "s-2").await;
+        w.grant(&other_principal, &t).await;
+        let theirs = other
+            .query_opt(
+                "SELECT status FROM keyturn.mcp_resume($1, $2, $3)",
+                &[&p.id, &t, &params],
+            )
+            .await
+            .unwrap();
+        assert!(theirs.is_none(), "{retain}: another principal resumed it");
+    }
+}
+
 async fn discover(
     d: &tokio_postgres::Client,
     upstream: &str,

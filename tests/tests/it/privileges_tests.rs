@@ -98,7 +98,13 @@ async fn test_each_role_executes_exactly_its_functions() {
                 &[
                     &["propose", "propose_for"][..],
                     // over MCP (sql/063_mcp.sql)
-                    &["mcp_tools", "read", "upstream_read", "mcp_action_status"][..],
+                    &[
+                        "mcp_tools",
+                        "read",
+                        "upstream_read",
+                        "mcp_action_status",
+                        "mcp_resume",
+                    ][..],
                     &both,
                 ]
                 .concat(),
