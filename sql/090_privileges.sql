@@ -49,7 +49,8 @@ TO keyturn_agent;
 -- Agent, over MCP (sql/063_mcp.sql).
 GRANT EXECUTE ON FUNCTION
     keyturn.mcp_tools(), keyturn.read(text, jsonb), keyturn.upstream_read(text, jsonb),
-    keyturn.mcp_action_status(uuid), keyturn.mcp_resume(uuid, text, jsonb)
+    keyturn.mcp_action_status(uuid), keyturn.mcp_resume(uuid, text, jsonb),
+    keyturn.mcp_task(uuid)
 TO keyturn_agent;
 
 -- Agent and human.

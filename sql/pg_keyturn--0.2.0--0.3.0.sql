@@ -6632,7 +6632,8 @@ $$;
 -- (keyturn.read: selected as the agent, under its RLS, fenced), whether an
 -- upstream read may run (keyturn.upstream_read), what an action's status
 -- tells its agent (keyturn.mcp_action_status) and whether a client's retry
--- is the call it proposed (keyturn.mcp_resume), how a tool discovered on an
+-- is the call it proposed (keyturn.mcp_resume) and what its task is
+-- (keyturn.mcp_task), how a tool discovered on an
 -- upstream MCP server is registered (keyturn.register_discovered_tool:
 -- disabled, classified fail-closed, its definition hashed) and what a
 -- changed upstream definition does to an approved call
@@ -6988,7 +6989,8 @@ $$;
 -- proposed. Anything else (a forged or stale state, other arguments) gets
 -- no row, and keyturnd refuses the retry; nothing is proposed again.
 CREATE OR REPLACE FUNCTION keyturn.mcp_resume(action_id uuid, tool text, params jsonb)
-RETURNS TABLE (status text, result jsonb, summary text, expires_at timestamptz)
+RETURNS TABLE (status text, result jsonb, summary text, expires_at timestamptz,
+               created_at timestamptz, updated_at timestamptz)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -6998,11 +7000,27 @@ BEGIN
 END
 $$;
 
+-- Agent: an action the calling principal proposed as an MCP task (a client
+-- that declared the Tasks extension): what tasks/get, tasks/update and
+-- tasks/cancel ask of it. No row for anything else.
+CREATE OR REPLACE FUNCTION keyturn.mcp_task(action_id uuid)
+RETURNS TABLE (status text, result jsonb, summary text, expires_at timestamptz,
+               created_at timestamptz, updated_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM keyturn._refuse_nested('mcp_task');
+    RETURN QUERY SELECT * FROM keyturn._mcp_own_action(action_id, NULL, NULL);
+END
+$$;
+
 -- The calling principal's own action (with p_tool, only if it is of that
 -- tool and p_params are its params): its status, its result once final,
--- its summary and expiry.
+-- its summary, expiry and times.
 CREATE OR REPLACE FUNCTION keyturn._mcp_own_action(p_id uuid, p_tool text, p_params jsonb)
-RETURNS TABLE (status text, result jsonb, summary text, expires_at timestamptz)
+RETURNS TABLE (status text, result jsonb, summary text, expires_at timestamptz,
+               created_at timestamptz, updated_at timestamptz)
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -7012,11 +7030,13 @@ BEGIN
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     RETURN QUERY
     SELECT a.status::text, CASE WHEN keyturn._is_final(a.status) THEN a.result END,
-           -- A digest action keeps no summary: rendered again from the params.
+           -- A digest action keeps no summary: rendered again from the
+           -- params, and without them (a task) only its tool is named.
            coalesce(a.summary, (SELECT keyturn._render_summary(v.summary, p_params, a.target_count)
                                   FROM keyturn.tool_version v
-                                 WHERE p_params IS NOT NULL AND v.tool = a.tool AND v.version = a.tool_version)),
-           a.expires_at
+                                 WHERE p_params IS NOT NULL AND v.tool = a.tool AND v.version = a.tool_version),
+                    a.tool),
+           a.expires_at, a.created_at, a.updated_at
       FROM keyturn.action a
      WHERE a.id = p_id AND a.tenant = v_tenant AND a.principal = v_principal
        AND (p_tool IS NULL
@@ -8916,6 +8936,7 @@ COMMENT ON FUNCTION keyturn.read(text, jsonb) IS 'Agent: runs an sql read tool a
 COMMENT ON FUNCTION keyturn.upstream_read(text, jsonb) IS 'Agent: whether the caller may call this upstream MCP read tool with these arguments, and the upstream, its tool name there and the projection that fences the answer.';
 COMMENT ON FUNCTION keyturn.mcp_action_status(uuid) IS 'Agent: the status (and, once final, the result) of an action of the calling principal; no row for anything else.';
 COMMENT ON FUNCTION keyturn.mcp_resume(uuid, text, jsonb) IS 'Agent: for an MCP client''s retry of a write call answered input_required: the status of the action that call proposed, only when the retry is the same tool and params by the same principal; no row otherwise.';
+COMMENT ON FUNCTION keyturn.mcp_task(uuid) IS 'Agent: an action of the calling principal as an MCP task: its status, its result once final, its summary, expiry and times; no row for anything else.';
 COMMENT ON FUNCTION keyturn.register_discovered_tool(text, jsonb, boolean) IS 'Dispatcher (keyturnd): registers a tool of an upstream MCP server as <upstream>.<tool>, disabled, read only when trusted and readOnlyHint is true; a changed definition is a new version.';
 COMMENT ON FUNCTION keyturn.check_upstream_tool(uuid, uuid, jsonb) IS 'Dispatcher (keyturnd), right before an upstream MCP call: true when the live definition is the approved one; else the action becomes invalidated and nothing may be sent.';
 COMMENT ON FUNCTION keyturn.check_upstream_tool_for(text, uuid, uuid, jsonb) IS 'Dispatcher: check_upstream_tool for the tenant named, so that Citus runs it on the tenant''s worker.';
@@ -8974,7 +8995,8 @@ TO keyturn_agent;
 -- Agent, over MCP (sql/063_mcp.sql).
 GRANT EXECUTE ON FUNCTION
     keyturn.mcp_tools(), keyturn.read(text, jsonb), keyturn.upstream_read(text, jsonb),
-    keyturn.mcp_action_status(uuid), keyturn.mcp_resume(uuid, text, jsonb)
+    keyturn.mcp_action_status(uuid), keyturn.mcp_resume(uuid, text, jsonb),
+    keyturn.mcp_task(uuid)
 TO keyturn_agent;
 
 -- Agent and human.

@@ -160,10 +160,12 @@ kt_mcp_typescript() {
     return 0
   fi
   mkdir -p "$dir"
-  cp "$KT_ROOT/tests/mcp/ts/package.json" "$KT_ROOT/tests/mcp/ts/ts_agent.mjs" "$dir/"
-  if [ ! -d "$dir/node_modules/@modelcontextprotocol/sdk" ] &&
+  cp "$KT_ROOT/tests/mcp/ts/package.json" "$KT_ROOT/tests/mcp/ts/"*.mjs "$dir/"
+  if { [ ! -d "$dir/node_modules/@modelcontextprotocol/sdk" ] ||
+       [ ! -d "$dir/node_modules/@modelcontextprotocol/ext-tasks" ] ||
+       [ ! -d "$dir/node_modules/@modelcontextprotocol/inspector" ]; } &&
      ! (cd "$dir" && timeout 300 npm install --no-audit --no-fund --silent) >"$log" 2>&1; then
-    export KT_MCP_TS_UNAVAILABLE="npm install @modelcontextprotocol/sdk failed (is the npm registry reachable?): $(tail -n 1 "$log")"
+    export KT_MCP_TS_UNAVAILABLE="npm install of the MCP TypeScript SDK failed (is the npm registry reachable?): $(tail -n 1 "$log")"
     return 0
   fi
   export KT_MCP_TS_DIR=$dir

@@ -22,7 +22,7 @@
 //! | `keyturn_journal_bytes` | gauge | — | the journal file's size |
 //! | `keyturn_journal_errors_total` | counter | — | journal writes that failed (logged; no job is leased until the file can be rewritten) |
 //! | `keyturn_journal_replayed_total` | counter | `result` = `recorded` \| `refused` | outcomes found in the journal at start and sent to `complete`: recorded, or refused for good (logged for the operator) |
-//! | `keyturn_mcp_calls_total` | counter | `kind` = `write` \| `read` \| `upstream_read` \| `status` \| `upstream`, `outcome` | `/mcp` tool calls by kind and outcome (`proposed`, `resumed`: a 2026-07-28 client's retry after `input_required`, `read`, `refused`, `error`), and the `mcp` provider's upstream calls (`succeeded`, `failed`, `retry`, `unknown`, `invalidated`) |
+//! | `keyturn_mcp_calls_total` | counter | `kind` = `write` \| `read` \| `upstream_read` \| `status` \| `task` \| `upstream`, `outcome` | `/mcp` tool calls by kind and outcome (`proposed`, `resumed`: a 2026-07-28 client's retry after `input_required`, `read`, `refused`, `error`; a task's `created`, `read`, `updated`, `refused`, `error`), and the `mcp` provider's upstream calls (`succeeded`, `failed`, `retry`, `unknown`, `invalidated`) |
 //! | `keyturn_mcp_upstream_up` | gauge | `upstream` | 1 while the upstream MCP server answered its last `tools/list`, else 0 |
 
 use prometheus_client::encoding::text::encode;

@@ -625,6 +625,141 @@ async def _():
     assert [c["arguments"] for c in calls("send_message")].count(args) == 1
 
 
+def raw_tasks_get(token, task_id):
+    """tasks/get as revision 2026-07-28 frames it, by hand."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"taskId": task_id, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}}}
+    r = httpx2.post(f"{BASE}/mcp", json=body, timeout=BOUND, headers={
+        "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tasks/get", "Mcp-Name": task_id})
+    assert r.status_code == 200, (r.status_code, r.text)
+    text = r.text
+    if "text/event-stream" in r.headers.get("content-type", ""):
+        text = next(line[5:] for line in text.splitlines() if line.startswith("data:") and line[5:].strip())
+    answer = json.loads(text)
+    responses.append(json.dumps(answer.get("result", {})))
+    assert "result" in answer, answer
+    return answer["result"]
+
+
+@check("tasks_extension_client_gets_a_task_that_follows_the_action")
+async def _():
+    """The official Tasks extension client (npm @modelcontextprotocol/ext-tasks
+    with @modelcontextprotocol/client 2.x, tests/mcp/ts/tasks_agent.mjs) on
+    2026-07-28: the write call is a task whose id is the action's,
+    input_required with the card link while the person has not decided,
+    completed with the outcome once they have; another's task id, a cancel
+    and an input keyturn never asked for are refused."""
+    ts_dir = os.environ.get("KT_MCP_TS_DIR")
+    if not ts_dir:
+        raise Skip(os.environ.get("KT_MCP_TS_UNAVAILABLE", "KT_MCP_TS_DIR is not set"))
+    args = {"channel": "general", "text": "a task " + uuid.uuid4().hex}
+    agent = subprocess.Popen(["node", os.path.join(ts_dir, "tasks_agent.mjs"), BASE, "chat.send_message",
+                              json.dumps(args)],
+                             cwd=ts_dir, env=dict(os.environ, KT_AGENT_JWT=AGENT),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = await asyncio.wait_for(asyncio.to_thread(agent.stdout.readline), BOUND)
+        assert first, agent.stderr.read()
+        asked = json.loads(first)
+        # What keyturnd answered (the elicited link is the client's to show).
+        responses.append(json.dumps({k: v for k, v in asked.items() if k != "elicited"}))
+        aid = asked["taskId"]
+        assert asked["kind"] == "task" and not asked["settledFirst"] and status_of(aid) == "pending", asked
+        # The person is asked through the task: the card link, once.
+        assert len(asked["elicited"]) == 1, asked
+        link = asked["elicited"][0]
+        assert link["mode"] == "url" and link["url"].startswith(f"{BASE}/card#a={aid}&c="), link
+        # Refusals: another's (no such) task, a cancel, an input never asked for.
+        assert asked["foreign"]["kind"] == "error" and asked["foreign"]["error"]["code"] == -32602, asked
+        assert asked["cancel"]["kind"] == "error" and "does not let an agent cancel" in asked["cancel"]["error"]["message"]
+        assert asked["update"]["kind"] == "error" and asked["update"]["error"]["code"] == -32602, asked
+        # The link is the proposing session's: the same principal in
+        # another session sees the task working, with no link.
+        mine = raw_tasks_get(AGENT, aid)
+        assert mine["status"] == "input_required" and mine["inputRequests"]["keyturn_card"]["params"]["url"] == link["url"]
+        theirs = raw_tasks_get(jwt(session="s2"), aid)
+        assert theirs["status"] == "working" and "inputRequests" not in theirs, theirs
+        assert status_of(aid) == "pending"
+        assert approve(aid) == "queued"
+        second = await asyncio.wait_for(asyncio.to_thread(agent.stdout.readline), BOUND)
+        assert second, agent.stderr.read()
+        responses.append(second)
+        settled = json.loads(second)
+        assert agent.wait(timeout=BOUND) == 0, agent.stderr.read()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    outcome = settled["outcome"]
+    assert outcome["status"] == "completed", outcome
+    assert outcome["result"]["structuredContent"]["status"] == "succeeded", outcome
+    assert outcome["result"]["structuredContent"]["action_id"] == aid and not outcome["result"].get("isError")
+    # The task followed the action: input_required while it waited for the
+    # person (the client may also have seen working after the approval).
+    assert "input_required" in settled["statuses"], settled["statuses"]
+    assert status_of(aid) == "succeeded"
+    assert [c["arguments"] for c in calls("send_message")].count(args) == 1
+
+
+@check("mcp_inspector_cli_lists_and_follows_a_task_to_its_outcome")
+async def _():
+    """MCP Inspector's CLI (npm @modelcontextprotocol/inspector 2.x, installed
+    with the TypeScript clients), which declares the Tasks extension: it lists
+    keyturn's tools; a write call is a task over a proposal (legacy era: the
+    CLI prints the task; modern era: it follows the task until the person
+    decides, then prints the outcome)."""
+    ts_dir = os.environ.get("KT_MCP_TS_DIR")
+    if not ts_dir:
+        raise Skip(os.environ.get("KT_MCP_TS_UNAVAILABLE", "KT_MCP_TS_DIR is not set"))
+    inspector = os.path.join(ts_dir, "node_modules", ".bin", "mcp-inspector")
+
+    def command(*args):
+        return [inspector, "--cli", f"{BASE}/mcp", "--transport", "http", "--format", "json", "--quiet",
+                "--header", f"Authorization: Bearer {AGENT}", *args]
+
+    def answer(out):
+        responses.append(out)
+        return json.loads(out)["result"]
+
+    def run(*args):
+        out = subprocess.run(command(*args), cwd=ts_dir, capture_output=True, text=True, timeout=BOUND)
+        assert out.returncode == 0, (args, out.stdout, out.stderr)
+        return answer(out.stdout)
+
+    def send(era, text):
+        return ["--protocol-era", era, "--method", "tools/call", "--tool-name", "chat.send_message",
+                "--tool-arg", "channel=general", f"text={text}"]
+
+    listed = run("--method", "tools/list")
+    names = {t["name"] for t in listed["tools"]}
+    assert {"chat.send_message", "mcp_deal_stage", "keyturn_action_status"} <= names, names
+
+    text = "from Inspector " + uuid.uuid4().hex
+    task = run(*send("legacy", text))
+    assert task["status"] == "working" and status_of(task["taskId"]) == "pending", task
+    assert psql(f"SELECT params ->> 'text' FROM keyturn.action WHERE id = '{task['taskId']}'") == text
+
+    text = "from Inspector, followed " + uuid.uuid4().hex
+    follower = subprocess.Popen(command(*send("modern", text)), cwd=ts_dir,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        find = f"SELECT id FROM keyturn.action WHERE tenant = '{TENANT}' AND params ->> 'text' = '{text}'"
+        wait_for("Inspector's proposal", lambda: psql(find) != "")
+        aid = psql(find)
+        assert follower.poll() is None, "Inspector did not wait for the person"
+        assert approve(aid) == "queued"
+        out, err = follower.communicate(timeout=BOUND)
+        assert follower.returncode == 0, (out, err)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    done = answer(out)
+    assert done["structuredContent"]["action_id"] == aid and done["structuredContent"]["status"] == "succeeded", done
+    assert [c["arguments"].get("text") for c in calls("send_message")].count(text) == 1
+
+
 @check("elicitation_off_sends_the_client_no_link")
 async def _():
     """KEYTURN_MCP_ELICITATION=false: for MCP clients not trusted with a card

@@ -160,17 +160,28 @@ pub async fn action_status(
         .transpose()
 }
 
-/// `keyturn.mcp_resume`: the action a write call proposed, with its result
-/// once final, when `tool` and `params` are that call's (a client's retry
-/// after `input_required`); `None` for anything else.
+/// An action of the calling agent's, as `/mcp` answers for it after the
+/// call that proposed it: a retry of that call, or its task.
+#[derive(Clone, Debug)]
+pub struct OwnAction {
+    pub proposed: Proposed,
+    /// Its result, once final.
+    pub result: Option<Value>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// `keyturn.mcp_resume`: the action a write call proposed, when `tool` and
+/// `params` are that call's (a client's retry after `input_required`);
+/// `None` for anything else.
 pub async fn resume(
     tx: &Transaction<'_>,
     action_id: Uuid,
     tool: &str,
     params: &Value,
-) -> Result<Option<(Proposed, Option<Value>)>, Error> {
+) -> Result<Option<OwnAction>, Error> {
     let row = bounded(tx.query_typed_opt(
-        "SELECT s.status, s.result, s.summary, s.expires_at FROM keyturn.mcp_resume($1, $2, $3) AS s",
+        "SELECT s.* FROM keyturn.mcp_resume($1, $2, $3) AS s",
         &[
             (&action_id, Type::UUID),
             (&tool, Type::TEXT),
@@ -178,16 +189,31 @@ pub async fn resume(
         ],
     ))
     .await?;
-    row.map(|r| {
-        let proposed = Proposed {
+    row.map(|r| own_action(action_id, &r)).transpose()
+}
+
+/// `keyturn.mcp_task`: the calling agent's action `action_id`, or `None`.
+pub async fn task(tx: &Transaction<'_>, action_id: Uuid) -> Result<Option<OwnAction>, Error> {
+    let row = bounded(tx.query_typed_opt(
+        "SELECT s.* FROM keyturn.mcp_task($1) AS s",
+        &[(&action_id, Type::UUID)],
+    ))
+    .await?;
+    row.map(|r| own_action(action_id, &r)).transpose()
+}
+
+fn own_action(action_id: Uuid, r: &tokio_postgres::Row) -> Result<OwnAction, Error> {
+    Ok(OwnAction {
+        proposed: Proposed {
             action_id,
-            status: get(&r, "status")?,
-            summary: get(&r, "summary")?,
-            expires_at: get(&r, "expires_at")?,
-        };
-        Ok((proposed, get(&r, "result")?))
+            status: get(r, "status")?,
+            summary: get(r, "summary")?,
+            expires_at: get(r, "expires_at")?,
+        },
+        result: get(r, "result")?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
     })
-    .transpose()
 }
 
 /// `keyturn.link_code` on the dispatcher's connection, asserting the

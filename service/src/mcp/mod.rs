@@ -13,10 +13,12 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`server`] | the MCP handler: `tools/list`, `tools/call` |
+//! | [`server`] | the MCP handler: `tools/list`, `tools/call`, `tasks/*` |
+//! | [`task`] | the Tasks extension: a proposal's task, its card link |
 //! | [`upstream`] | the upstream MCP servers: sessions, discovery, calls |
 
 pub mod server;
+pub mod task;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -60,6 +62,8 @@ pub struct Mcp {
     /// Whose each session is: a session id works only with the identity
     /// that opened it.
     owners: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// The card link of each pending task (`task`).
+    links: task::Links,
 }
 
 /// Sessions remembered at most; past it half of them are forgotten, and a
@@ -142,6 +146,7 @@ impl Mcp {
             call_timeout: config.call_timeout(),
             sessions: CancellationToken::new(),
             owners: std::sync::Mutex::new(std::collections::HashMap::new()),
+            links: task::Links::default(),
         }))
     }
 

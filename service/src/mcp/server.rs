@@ -9,10 +9,11 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequest,
-    ElicitRequestParams, Implementation, InputRequest, InputRequests, InputRequiredResult,
-    JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ProtocolVersion,
-    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    CreateTaskResult, ElicitRequest, ElicitRequestParams, GetTaskParams, GetTaskResult,
+    Implementation, InputRequest, InputRequests, InputRequiredResult, JsonObject, ListToolsResult,
+    MetaObject, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -21,7 +22,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::upstream::CallError;
-use super::Mcp;
+use super::{task, Mcp};
 use crate::db::{self, mcp::Proposed};
 use crate::error::{sqlstate_status, Error};
 use crate::jwt::Verified;
@@ -80,13 +81,18 @@ async fn as_agent<'a>(
 
 impl ServerHandler for Handler {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("keyturn", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "keyturn: read tools answer at once, their data fenced; a write tool's call becomes a \
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new("keyturn", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "keyturn: read tools answer at once, their data fenced; a write tool's call becomes a \
                  proposal that a person approves on their own device before anything happens. \
                  Follow a proposal with keyturn_action_status.",
-            )
+        )
     }
 
     async fn list_tools(
@@ -142,6 +148,78 @@ impl ServerHandler for Handler {
         } else {
             Ok(self.tool(&who, &name, &args, &request, &context).await)
         }
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let who = verified(&context)?;
+        let action = self.own_task(&who, &request.task_id).await?;
+        let p = &action.proposed;
+        let asked = if p.status == "pending" {
+            self.mcp
+                .links
+                .get(p.action_id, &session_of(&who))
+                .map(|url| card_input(p, &url))
+        } else {
+            self.mcp.links.forget(p.action_id);
+            None
+        };
+        let done = action.result.clone().map(|r| {
+            let mut out = proposed(p, Some(r));
+            out.is_error = Some(p.status != "succeeded");
+            out
+        });
+        self.mcp.metrics.mcp_call("task", "read");
+        Ok(GetTaskResult::new(task::detailed(&action, asked, done)))
+    }
+
+    /// The client's answer to the card link's elicitation: acknowledged,
+    /// and nothing else; the person decides on the card, never through the
+    /// agent's client.
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let who = verified(&context)?;
+        let action = self.own_task(&who, &request.task_id).await?;
+        let outstanding = action.proposed.status == "pending"
+            && self
+                .mcp
+                .links
+                .get(action.proposed.action_id, &session_of(&who))
+                .is_some();
+        if !outstanding || request.input_responses.keys().any(|k| k != CARD_INPUT) {
+            self.mcp.metrics.mcp_call("task", "refused");
+            return Err(ErrorData::invalid_params(
+                format!("the task asks for no input but {CARD_INPUT}, and only while it waits for a person"),
+                None,
+            ));
+        }
+        self.mcp.metrics.mcp_call("task", "updated");
+        Ok(())
+    }
+
+    /// Refused: an agent cannot withdraw what it proposed; a person rejects
+    /// it, or it expires.
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let who = verified(&context)?;
+        let action = self.own_task(&who, &request.task_id).await?;
+        self.mcp.metrics.mcp_call("task", "refused");
+        Err(ErrorData::invalid_request(
+            format!(
+                "keyturn does not let an agent cancel its proposal: a person rejects it, or it expires at {}",
+                action.proposed.expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+            None,
+        ))
     }
 }
 
@@ -223,9 +301,9 @@ impl Handler {
         }
         .await;
         match answer {
-            Ok(Some((p, result))) => {
+            Ok(Some(action)) => {
                 self.mcp.metrics.mcp_call("write", "resumed");
-                Ok(proposed(&p, result).into())
+                Ok(proposed(&action.proposed, action.result).into())
             }
             Ok(None) => {
                 self.mcp.metrics.mcp_call("write", "refused");
@@ -325,6 +403,12 @@ impl Handler {
             Ok(Answer::Proposed(p, result)) => {
                 self.mcp.metrics.mcp_call("write", "proposed");
                 if p.status == "pending" {
+                    let tasks = context
+                        .client_capabilities()
+                        .is_some_and(|c| c.supports_tasks());
+                    if tasks {
+                        return CallToolResponse::Task(self.start_task(who, &p, context).await);
+                    }
                     if let Some(asked) = self.reach_person(who, &p, context).await {
                         return asked.into();
                     }
@@ -378,22 +462,18 @@ impl Handler {
         }
     }
 
-    /// A URL-mode elicitation of the card link (a fresh one-time code,
-    /// minted on the dispatcher's connection for the person), when the
-    /// client declared URL elicitation and a public URL is configured.
-    /// Anything else leaves the proposal in the person's queue.
-    ///
-    /// Before 2026-07-28 it is a request to the client, while the call
-    /// waits. 2026-07-28 has no requests to the client: the call's answer
-    /// is then `input_required`, carrying the elicitation, with the
-    /// proposal's id as the request state; the client's retry of the call
-    /// gets the proposal ([`Self::resume`]). That answer is returned.
-    async fn reach_person(
+    /// The card link for the person behind this client (a fresh one-time
+    /// code, minted on the dispatcher's connection for the person), when
+    /// the client declared URL elicitation, a public URL is configured and
+    /// elicitation is on. `None` leaves the proposal in the person's queue;
+    /// so does an independent tool, whose proposer may not decide it (the
+    /// database mints no code).
+    async fn card_url(
         &self,
         who: &Verified,
         p: &Proposed,
         context: &RequestContext<RoleServer>,
-    ) -> Option<InputRequiredResult> {
+    ) -> Option<url::Url> {
         let base = self.mcp.public_url.as_ref().filter(|_| self.mcp.elicit)?;
         let url_mode = context
             .client_capabilities()
@@ -407,38 +487,42 @@ impl Handler {
             db::mcp::link_code(&mut client, &who.claims, p.action_id).await
         }
         .await;
-        let code = match code {
-            Ok(code) => code,
+        match code {
+            Ok(code) => Some(card_link(base, p.action_id, &code)),
             Err(e) => {
-                // An independent tool: the agent's principal may not decide
-                // it, so there is no one to send this client's user to.
                 tracing::debug!(action_id = %p.action_id, error = %e, "no card link for the elicitation");
-                return None;
+                None
             }
-        };
-        let url = card_link(base, p.action_id, &code);
-        let message = format!("Review and approve on keyturn: {}", p.summary);
+        }
+    }
+
+    /// The card link as a URL-mode elicitation ([`Self::card_url`]).
+    ///
+    /// Before 2026-07-28 it is a request to the client, while the call
+    /// waits. 2026-07-28 has no requests to the client: the call's answer
+    /// is then `input_required`, carrying the elicitation, with the
+    /// proposal's id as the request state; the client's retry of the call
+    /// gets the proposal ([`Self::resume`]). That answer is returned.
+    async fn reach_person(
+        &self,
+        who: &Verified,
+        p: &Proposed,
+        context: &RequestContext<RoleServer>,
+    ) -> Option<InputRequiredResult> {
+        let url = self.card_url(who, p, context).await?;
         if context
             .protocol_version()
             .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
         {
-            let elicit = ElicitRequest::new(ElicitRequestParams::UrlElicitationParams {
-                meta: None,
-                message,
-                url: url.to_string(),
-                elicitation_id: p.action_id.to_string(),
-            });
-            let asked =
-                InputRequests::from([(CARD_INPUT.to_owned(), InputRequest::Elicitation(elicit))]);
             return Some(InputRequiredResult::new(
-                Some(asked),
+                Some(card_input(p, &url)),
                 Some(p.action_id.to_string()),
             ));
         }
         let sent = context
             .peer
             .elicit_url_with_timeout(
-                message,
+                card_message(p),
                 url,
                 p.action_id.to_string(),
                 Some(std::time::Duration::from_secs(20)),
@@ -447,6 +531,84 @@ impl Handler {
         tracing::debug!(action_id = %p.action_id, elicited = ?sent.map(|a| format!("{a:?}")).map_err(|e| e.to_string()), "elicitation");
         None
     }
+
+    /// A pending proposal as a task ([`task`]), for a client that declared
+    /// the Tasks extension: the card link is minted now and kept for the
+    /// task's `tasks/get`.
+    async fn start_task(
+        &self,
+        who: &Verified,
+        p: &Proposed,
+        context: &RequestContext<RoleServer>,
+    ) -> CreateTaskResult {
+        let url = self.card_url(who, p, context).await;
+        let given = url.is_some();
+        if let Some(url) = url {
+            self.mcp
+                .links
+                .keep(p.action_id, url, p.expires_at, &session_of(who));
+        }
+        self.mcp.metrics.mcp_call("task", "created");
+        CreateTaskResult::new(task::created(p.action_id, given))
+    }
+
+    /// The calling agent's action behind a task id, or the same refusal for
+    /// anything else (no such task, another's, not a uuid).
+    async fn own_task(
+        &self,
+        who: &Verified,
+        task_id: &str,
+    ) -> Result<db::mcp::OwnAction, ErrorData> {
+        let unknown = || ErrorData::invalid_params("no task of yours has that id", None);
+        let Ok(id) = Uuid::parse_str(task_id) else {
+            self.mcp.metrics.mcp_call("task", "refused");
+            return Err(unknown());
+        };
+        let read = async {
+            let mut client = self.mcp.pool.get().await?;
+            let tx = db::transaction(&mut client).await?;
+            as_agent(&tx, who).await?;
+            let row = db::mcp::task(&tx, id).await?;
+            db::commit(tx).await?;
+            Ok::<_, Error>(row)
+        }
+        .await;
+        match read {
+            Ok(Some(action)) => Ok(action),
+            Ok(None) => {
+                self.mcp.metrics.mcp_call("task", "refused");
+                Err(unknown())
+            }
+            Err(e) => {
+                self.mcp.metrics.mcp_call("task", "error");
+                Err(protocol_error(&e))
+            }
+        }
+    }
+}
+
+/// The agent session a request is made in (its `session_id` claim), to
+/// which a task's card link belongs.
+fn session_of(who: &Verified) -> String {
+    serde_json::from_str::<Value>(&who.claims)
+        .ok()
+        .and_then(|c| c.get("session_id").map(Value::to_string))
+        .unwrap_or_default()
+}
+
+/// The card link's elicitation, as an input request.
+fn card_input(p: &Proposed, url: &url::Url) -> InputRequests {
+    let elicit = ElicitRequest::new(ElicitRequestParams::UrlElicitationParams {
+        meta: None,
+        message: card_message(p),
+        url: url.to_string(),
+        elicitation_id: p.action_id.to_string(),
+    });
+    InputRequests::from([(CARD_INPUT.to_owned(), InputRequest::Elicitation(elicit))])
+}
+
+fn card_message(p: &Proposed) -> String {
+    format!("Review and approve on keyturn: {}", p.summary)
 }
 
 /// What a call came to, before its answer is written.
@@ -567,7 +729,7 @@ fn refusal(e: &Error) -> CallToolResult {
     out
 }
 
-/// A JSON-RPC error for `tools/list`.
+/// A JSON-RPC error for `tools/list` and `tasks/*`.
 fn protocol_error(e: &Error) -> ErrorData {
     match e.db_error() {
         Some(db) if sqlstate_status(db.code().code()).is_some() => ErrorData::invalid_request(
@@ -579,8 +741,8 @@ fn protocol_error(e: &Error) -> ErrorData {
             None,
         ),
         _ => {
-            tracing::warn!(error = %e, "mcp tools/list failed");
-            ErrorData::internal_error("keyturn could not list the tools; try again", None)
+            tracing::warn!(error = %e, "mcp request failed");
+            ErrorData::internal_error("keyturn could not answer; try again", None)
         }
     }
 }

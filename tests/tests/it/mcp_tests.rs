@@ -306,6 +306,23 @@ async fn test_mcp_resume_is_only_the_same_call_by_the_same_principal() {
             .await
             .unwrap();
         assert!(theirs.is_none(), "{retain}: another principal resumed it");
+        // Its task: the agent's own, with a summary even for a digest
+        // action (there only the tool is named); nobody else's.
+        let task_sql = "SELECT status, summary FROM keyturn.mcp_task($1)";
+        let mine = w.agent.query_one(task_sql, &[&p.id]).await.unwrap();
+        let summary: String = mine.get(1);
+        assert_eq!(mine.get::<_, String>(0), "pending");
+        let expected = if retain == "full" {
+            "Notify c: \"resume me\""
+        } else {
+            t.as_str()
+        };
+        assert_eq!(summary, expected, "{retain}");
+        let theirs = other.query_opt(task_sql, &[&p.id]).await.unwrap();
+        assert!(
+            theirs.is_none(),
+            "{retain}: another principal read its task"
+        );
     }
 }
 

@@ -104,6 +104,7 @@ async fn test_each_role_executes_exactly_its_functions() {
                         "upstream_read",
                         "mcp_action_status",
                         "mcp_resume",
+                        "mcp_task",
                     ][..],
                     &both,
                 ]
