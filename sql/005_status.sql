@@ -70,3 +70,9 @@ CREATE TYPE keyturn.dispatcher_account AS ENUM ('not_sent');
 -- those over a person's hourly cap.
 CREATE TYPE keyturn.channel AS ENUM ('email', 'webhook', 'webpush');
 CREATE TYPE keyturn.notification_kind AS ENUM ('notice', 'reminder', 'digest');
+
+-- An agent's own action as /mcp answers for it after the call that proposed
+-- it (sql/063_mcp.sql: keyturn.mcp_resume, keyturn.mcp_task): its status,
+-- its result once final, its summary, expiry and times.
+CREATE TYPE keyturn.mcp_action AS (status text, result jsonb, summary text, expires_at timestamptz,
+                                   created_at timestamptz, updated_at timestamptz);

@@ -351,7 +351,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('mcp_action_status');
-    RETURN QUERY SELECT o.status, o.result FROM keyturn._mcp_own_action(action_id, NULL, NULL) o;
+    RETURN QUERY SELECT o.status, o.result FROM keyturn._mcp_own_action(mcp_action_status.action_id, NULL, NULL) o;
 END
 $$;
 
@@ -362,8 +362,7 @@ $$;
 -- proposed. Anything else (a forged or stale state, other arguments) gets
 -- no row, and keyturnd refuses the retry; nothing is proposed again.
 CREATE FUNCTION keyturn.mcp_resume(action_id uuid, tool text, params jsonb)
-RETURNS TABLE (status text, result jsonb, summary text, expires_at timestamptz,
-               created_at timestamptz, updated_at timestamptz)
+RETURNS SETOF keyturn.mcp_action
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -377,8 +376,7 @@ $$;
 -- that declared the Tasks extension): what tasks/get, tasks/update and
 -- tasks/cancel ask of it. No row for anything else.
 CREATE FUNCTION keyturn.mcp_task(action_id uuid)
-RETURNS TABLE (status text, result jsonb, summary text, expires_at timestamptz,
-               created_at timestamptz, updated_at timestamptz)
+RETURNS SETOF keyturn.mcp_action
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -389,11 +387,9 @@ END
 $$;
 
 -- The calling principal's own action (with p_tool, only if it is of that
--- tool and p_params are its params): its status, its result once final,
--- its summary, expiry and times.
+-- tool and p_params are its params).
 CREATE FUNCTION keyturn._mcp_own_action(p_id uuid, p_tool text, p_params jsonb)
-RETURNS TABLE (status text, result jsonb, summary text, expires_at timestamptz,
-               created_at timestamptz, updated_at timestamptz)
+RETURNS SETOF keyturn.mcp_action
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE

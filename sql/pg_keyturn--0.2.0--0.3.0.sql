@@ -187,6 +187,8 @@ INSERT INTO keyturn.transition (from_status, to_status) VALUES ('executing', 'in
 -- and the notifications keyturn records when an action starts to wait.
 CREATE TYPE keyturn.channel AS ENUM ('email', 'webhook', 'webpush');
 CREATE TYPE keyturn.notification_kind AS ENUM ('notice', 'reminder', 'digest');
+CREATE TYPE keyturn.mcp_action AS (status text, result jsonb, summary text, expires_at timestamptz,
+                                   created_at timestamptz, updated_at timestamptz);
 -- Where a person is reached (sql/064_notify.sql): one target per channel,
 -- set by the person (keyturn.set_notify), with the role they set it as (the
 -- card their notifications open runs as that role). secret: a webhook's own
@@ -6978,7 +6980,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('mcp_action_status');
-    RETURN QUERY SELECT o.status, o.result FROM keyturn._mcp_own_action(action_id, NULL, NULL) o;
+    RETURN QUERY SELECT o.status, o.result FROM keyturn._mcp_own_action(mcp_action_status.action_id, NULL, NULL) o;
 END
 $$;
 
@@ -6989,8 +6991,7 @@ $$;
 -- proposed. Anything else (a forged or stale state, other arguments) gets
 -- no row, and keyturnd refuses the retry; nothing is proposed again.
 CREATE OR REPLACE FUNCTION keyturn.mcp_resume(action_id uuid, tool text, params jsonb)
-RETURNS TABLE (status text, result jsonb, summary text, expires_at timestamptz,
-               created_at timestamptz, updated_at timestamptz)
+RETURNS SETOF keyturn.mcp_action
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -7004,8 +7005,7 @@ $$;
 -- that declared the Tasks extension): what tasks/get, tasks/update and
 -- tasks/cancel ask of it. No row for anything else.
 CREATE OR REPLACE FUNCTION keyturn.mcp_task(action_id uuid)
-RETURNS TABLE (status text, result jsonb, summary text, expires_at timestamptz,
-               created_at timestamptz, updated_at timestamptz)
+RETURNS SETOF keyturn.mcp_action
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -7016,11 +7016,9 @@ END
 $$;
 
 -- The calling principal's own action (with p_tool, only if it is of that
--- tool and p_params are its params): its status, its result once final,
--- its summary, expiry and times.
+-- tool and p_params are its params).
 CREATE OR REPLACE FUNCTION keyturn._mcp_own_action(p_id uuid, p_tool text, p_params jsonb)
-RETURNS TABLE (status text, result jsonb, summary text, expires_at timestamptz,
-               created_at timestamptz, updated_at timestamptz)
+RETURNS SETOF keyturn.mcp_action
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
