@@ -155,8 +155,15 @@ fn append_event(
 
 const HEAD_MADE: &str = "INSERT INTO keyturn.audit_chain (tenant, events, head) \
      VALUES ($1, 0, keyturn._chain_start()) ON CONFLICT ON CONSTRAINT audit_chain_pkey DO NOTHING";
-const HEAD: &str =
-    "SELECT c.events || ' ' || c.head || ' ' || c.last_id FROM keyturn.audit_chain c WHERE c.tenant = $1";
+/// The tenant's head, and the id of the transaction's first event (one
+/// statement under the tenant's lock where two were: NEXT_ID's id, of the
+/// head's last id). No row: the tenant has no chain yet.
+const HEAD: &str = "\
+SELECT c.events || ' ' || c.head || ' ' || c.last_id || ' ' || \
+       (SELECT CASE WHEN n > c.last_id THEN n \
+                    ELSE pg_catalog.setval('keyturn.event_id_seq', c.last_id + 1) END \
+          FROM pg_catalog.nextval('keyturn.event_id_seq') n) \
+  FROM keyturn.audit_chain c WHERE c.tenant = $1";
 /// The next event's id: the sequence's next value, which on one node is
 /// always above the tenant's last id ($1; every id came from this sequence,
 /// taken under the tenant's lock), so there it is exactly nextval. On Citus
@@ -166,13 +173,17 @@ const HEAD: &str =
 /// another node before a shard move): the ids of a tenant's events must
 /// follow its chain (docs/audit.md; verify_audit recomputes in id order), so
 /// the id is then the last one's plus one, and the sequence is moved past
-/// it so that this node's later ids are above it too.
+/// it so that this node's later ids are above it too. HEAD takes the first
+/// event's so; this, each further one's.
 const NEXT_ID: &str = "SELECT (CASE WHEN n > $1::bigint THEN n \
                                    ELSE pg_catalog.setval('keyturn.event_id_seq', $1::bigint + 1) END)::text \
                          FROM pg_catalog.nextval('keyturn.event_id_seq') n";
-/// The event and its hash, of the very values written (the hash is of the
-/// row as to_jsonb prints it with TimeZone UTC, which this session is set to
-/// for the commit). `at`: PostgreSQL's microseconds since 2000-01-01.
+/// The event and its hash, of the very values written. The hash is of the
+/// row as to_jsonb prints it with TimeZone UTC: `at` ($5, PostgreSQL's
+/// microseconds since 2000-01-01) is written from the number, and hashed
+/// as the text PostgreSQL's JSON encoder makes of it in UTC ($12,
+/// `json_utc`), so the session's TimeZone is never set (it was one more
+/// statement a commit, under the lock).
 const WRITE: &str = "\
 INSERT INTO keyturn.event (id, action_id, tenant, action_principal, at, db_role, principal, from_status, to_status, \
                            detail, prev_hash, hash) OVERRIDING SYSTEM VALUE \
@@ -180,7 +191,7 @@ VALUES ($1::bigint, $2::uuid, $3, $4, timestamptz '2000-01-01 00:00:00+00' + ($5
         $6, $7, $8::keyturn.status, $9::keyturn.status, $10::jsonb, $11, \
         keyturn._event_hash(jsonb_build_object( \
             'id', $1::bigint, 'action_id', $2::uuid, 'tenant', $3, 'action_principal', $4, \
-            'at', timestamptz '2000-01-01 00:00:00+00' + ($5 || ' microseconds')::interval, \
+            'at', $12, \
             'db_role', $6, 'principal', $7, 'from_status', $8::keyturn.status, 'to_status', $9::keyturn.status, \
             'detail', $10::jsonb, 'prev_hash', $11))) \
 RETURNING hash";
@@ -203,12 +214,6 @@ pub fn write_pending() {
     pending.sort_by(|a, b| a.tenant.cmp(&b.tenant));
     let _as_owner = RoleSwitch::to(extension_owner());
     let text = pg_sys::TEXTOID;
-    on_latest(
-        "SELECT pg_catalog.set_config('TimeZone', 'UTC', true)",
-        &[],
-        &[],
-        false,
-    );
     let chain_lock_class = chain_table();
     let mut start = 0;
     while start < pending.len() {
@@ -224,14 +229,22 @@ pub fn write_pending() {
         // Without Citus: None, nothing set.
         let local = crate::citus::begin_local("keyturn.event", &tenant);
         let t = Some(tenant.clone());
-        on_latest(HEAD_MADE, std::slice::from_ref(&t), &[text], false);
-        let head = on_latest(HEAD, std::slice::from_ref(&t), &[text], true).unwrap_or_default();
-        let mut parts = head.splitn(3, ' ');
+        // The head row is made once per tenant, ever: read first, made
+        // only when there is none (under the lock, so by this writer alone).
+        let head = on_latest(HEAD, std::slice::from_ref(&t), &[text], false).or_else(|| {
+            on_latest(HEAD_MADE, std::slice::from_ref(&t), &[text], false);
+            on_latest(HEAD, std::slice::from_ref(&t), &[text], false)
+        });
+        let head = head.unwrap_or_else(|| error!("keyturn: no audit chain head for a tenant"));
+        let mut parts = head.splitn(4, ' ');
         let mut count: i64 = parts.next().unwrap_or("0").parse().unwrap_or(0);
         let mut prev = parts.next().unwrap_or("").to_owned();
         let mut last_id = parts.next().unwrap_or("0").to_owned();
+        let mut first_id = parts.next().map(str::to_owned);
         for e in &pending[start..end] {
-            let id = on_latest(NEXT_ID, &[Some(last_id)], &[text], false);
+            let id = first_id
+                .take()
+                .or_else(|| on_latest(NEXT_ID, &[Some(last_id)], &[text], false));
             last_id = id
                 .clone()
                 .unwrap_or_else(|| error!("keyturn: no id for an audit event"));
@@ -249,8 +262,9 @@ pub fn write_pending() {
                     Some(e.to_status.clone()),
                     Some(e.detail.clone()),
                     Some(prev.clone()),
+                    Some(json_utc(e.at)),
                 ],
-                &[text; 11],
+                &[text; 12],
                 false,
             );
             prev = written.unwrap_or_else(|| error!("keyturn: an audit event was not written"));
@@ -264,6 +278,26 @@ pub fn write_pending() {
         );
         crate::citus::end_local(local);
         start = end;
+    }
+}
+
+/// A timestamptz (`at`, microseconds since 2000-01-01) as PostgreSQL's JSON
+/// encoder writes it in UTC, whatever the session's TimeZone: the text
+/// to_jsonb gives it under TimeZone UTC, which is what verify_audit hashes.
+fn json_utc(at: i64) -> String {
+    let utc: std::ffi::c_int = 0;
+    // SAFETY: JsonEncodeDateTime with a NULL buffer pallocs one and returns
+    // it NUL-terminated; the offset points at a local that outlives the call.
+    unsafe {
+        let text = pg_sys::JsonEncodeDateTime(
+            std::ptr::null_mut(),
+            pg_sys::Datum::from(at),
+            pg_sys::TIMESTAMPTZOID,
+            &utc,
+        );
+        std::ffi::CStr::from_ptr(text)
+            .to_string_lossy()
+            .into_owned()
     }
 }
 

@@ -89,6 +89,43 @@ async fn test_a_tenants_events_form_a_chain_an_outsider_can_recompute() {
     assert_eq!(verify("no-such-tenant").await, (true, 0, None));
 }
 
+#[tokio::test]
+async fn test_the_writers_time_zone_changes_no_hash() {
+    // Events hashed at commit print their time in UTC whatever the
+    // writers' sessions say (keyturn never sets the session's TimeZone).
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    w.agent
+        .batch_execute("SET TimeZone = 'America/St_Johns'")
+        .await
+        .unwrap();
+    w.human
+        .batch_execute("SET TimeZone = 'Asia/Kathmandu'")
+        .await
+        .unwrap();
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "tz"}))
+        .await
+        .unwrap();
+    w.approve(&p).await.unwrap();
+    let zone: String = w
+        .human
+        .query_one("SELECT current_setting('TimeZone')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        zone, "Asia/Kathmandu",
+        "the session's own setting is left be"
+    );
+    let (ok, n, bad) = verify(&w.tenant).await;
+    assert!(ok && bad.is_none() && n == 2, "{ok} {n} {bad:?}");
+    for e in &export(&w.tenant).await {
+        assert_eq!(e["hash"], json!(hash_of(e)), "{e}");
+        assert!(e["at"].as_str().unwrap().ends_with("+00:00"), "{e}");
+    }
+}
+
 async fn event_ids(w: &World) -> Vec<i64> {
     w.superuser
         .query(
