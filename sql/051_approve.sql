@@ -347,9 +347,11 @@ $$;
 -- Everything after the claim, in order, each failure persisted and returned:
 -- expiry, the token binding, what invalidates (tool, membership, grant,
 -- epoch, origin), the params hash (of the stored params, and of resubmitted
--- ones), the schema; then the sql write as p_runas, or the queue.
+-- ones), the schema; then the sql write as p_runas, or the queue. p_ver:
+-- the action's tool version when the caller read it already (a version never
+-- changes once a proposal can name it), else it is read here.
 CREATE FUNCTION keyturn._after_claim(p_runas oid, a keyturn.action, p_token text, p_params jsonb,
-                                     p_given_hash text)
+                                     p_given_hash text, p_ver keyturn.tool_version DEFAULT NULL)
 RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -414,7 +416,11 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
+    IF p_ver.tool IS NULL THEN
+        SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
+    ELSE
+        v_ver := p_ver;
+    END IF;
     IF a.executor = 'external' THEN
         v_err := keyturn._params_errors(v_ver.params_schema, v_params);
     ELSE
@@ -461,7 +467,7 @@ DECLARE
     a           keyturn.action;
     v_claimed   keyturn.action;
     v_given     text;
-    v_quorum    int;
+    v_ver       keyturn.tool_version;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     a := keyturn._usable_action(p_id, p_token, 'approve');
@@ -483,10 +489,10 @@ BEGIN
         v_given := keyturn.params_hash(a.tool, p_params);
     END IF;
 
-    SELECT v.quorum INTO v_quorum FROM keyturn.tool_version v
+    SELECT v.* INTO v_ver FROM keyturn.tool_version v
      WHERE v.tool = a.tool AND v.version = a.tool_version;
-    IF v_quorum > 1 THEN
-        RETURN QUERY SELECT * FROM keyturn._vote(p_caller, a, p_token, p_params, v_given, v_quorum);
+    IF v_ver.quorum > 1 THEN
+        RETURN QUERY SELECT * FROM keyturn._vote(p_caller, a, p_token, p_params, v_given, v_ver.quorum);
         RETURN;
     END IF;
 
@@ -496,7 +502,7 @@ BEGIN
         RETURN QUERY SELECT a.id, a.status::text, a.result;
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM keyturn._after_claim(p_caller, v_claimed, p_token, p_params, v_given);
+    RETURN QUERY SELECT * FROM keyturn._after_claim(p_caller, v_claimed, p_token, p_params, v_given, v_ver);
 END
 $$;
 
