@@ -51,15 +51,7 @@ BEGIN
     END LOOP;
     -- A read form may have no filter: it reads the first max_rows rows the
     -- agent can see, by key.
-    IF p_sql ? 'where' THEN
-        IF jsonb_typeof(p_sql -> 'where') <> 'array' THEN
-            RAISE EXCEPTION 'keyturn: spec.sql.where must be an array of column names' USING ERRCODE = '22023';
-        END IF;
-        FOR c IN SELECT jsonb_array_elements(p_sql -> 'where') LOOP
-            v_types := v_types || jsonb_build_object(c #>> '{}', keyturn._spec_column(v_relid, c, 'spec.sql.where'));
-            v_where := v_where || (c #>> '{}');
-        END LOOP;
-    END IF;
+    SELECT w.p_types, w.o_where INTO v_types, v_where FROM keyturn._spec_where(v_relid, p_sql, v_types) w;
     IF p_sql ? 'max_rows' THEN
         v_max := keyturn._spec_positive_int(p_sql -> 'max_rows', 'spec.sql.max_rows', 1000);
     END IF;

@@ -1922,6 +1922,28 @@ BEGIN
 END
 $$;
 
+-- A form's spec.sql.where, of a write tool or a read tool (absent: none):
+-- its column names, each a column of the table, with their types added to
+-- p_types.
+CREATE OR REPLACE FUNCTION keyturn._spec_where(p_relid oid, p_sql jsonb, INOUT p_types jsonb, OUT o_where text[])
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    c jsonb;
+BEGIN
+    o_where := '{}';
+    IF p_sql ? 'where' THEN
+        IF jsonb_typeof(p_sql -> 'where') <> 'array' THEN
+            RAISE EXCEPTION 'keyturn: spec.sql.where must be an array of column names' USING ERRCODE = '22023';
+        END IF;
+        FOR c IN SELECT jsonb_array_elements(p_sql -> 'where') LOOP
+            p_types := p_types || jsonb_build_object(c #>> '{}', keyturn._spec_column(p_relid, c, 'spec.sql.where'));
+            o_where := o_where || (c #>> '{}');
+        END LOOP;
+    END IF;
+END
+$$;
+
 -- What lets an agent change a table other than through an approved form, one
 -- line per problem, or nothing: an agent role (a non-superuser member of
 -- keyturn_agent) that owns it or can act as its owner (ALTER, CREATE
@@ -2044,15 +2066,7 @@ BEGIN
         END IF;
         v_set := v_set || (c #>> '{}');
     END LOOP;
-    IF p_sql ? 'where' THEN
-        IF jsonb_typeof(p_sql -> 'where') <> 'array' THEN
-            RAISE EXCEPTION 'keyturn: spec.sql.where must be an array of column names' USING ERRCODE = '22023';
-        END IF;
-        FOR c IN SELECT jsonb_array_elements(p_sql -> 'where') LOOP
-            v_types := v_types || jsonb_build_object(c #>> '{}', keyturn._spec_column(v_relid, c, 'spec.sql.where'));
-            v_where := v_where || (c #>> '{}');
-        END LOOP;
-    END IF;
+    SELECT w.p_types, w.o_where INTO v_types, v_where FROM keyturn._spec_where(v_relid, p_sql, v_types) w;
     IF cardinality(v_where) = 0 THEN
         RAISE EXCEPTION 'keyturn: spec.sql.where must name at least one column the form may filter on'
             USING ERRCODE = '22023',
@@ -6686,15 +6700,7 @@ BEGIN
     END LOOP;
     -- A read form may have no filter: it reads the first max_rows rows the
     -- agent can see, by key.
-    IF p_sql ? 'where' THEN
-        IF jsonb_typeof(p_sql -> 'where') <> 'array' THEN
-            RAISE EXCEPTION 'keyturn: spec.sql.where must be an array of column names' USING ERRCODE = '22023';
-        END IF;
-        FOR c IN SELECT jsonb_array_elements(p_sql -> 'where') LOOP
-            v_types := v_types || jsonb_build_object(c #>> '{}', keyturn._spec_column(v_relid, c, 'spec.sql.where'));
-            v_where := v_where || (c #>> '{}');
-        END LOOP;
-    END IF;
+    SELECT w.p_types, w.o_where INTO v_types, v_where FROM keyturn._spec_where(v_relid, p_sql, v_types) w;
     IF p_sql ? 'max_rows' THEN
         v_max := keyturn._spec_positive_int(p_sql -> 'max_rows', 'spec.sql.max_rows', 1000);
     END IF;
