@@ -73,6 +73,8 @@ CREATE TYPE keyturn.notification_kind AS ENUM ('notice', 'reminder', 'digest');
 
 -- An agent's own action as /mcp answers for it after the call that proposed
 -- it (sql/063_mcp.sql: keyturn.mcp_resume, keyturn.mcp_task): its status,
--- its result once final, its summary, expiry and times.
+-- its result once final, its summary, expiry and times, and whether the
+-- caller is in the session that proposed it (the only one a card link may
+-- be shown to).
 CREATE TYPE keyturn.mcp_action AS (status text, result jsonb, summary text, expires_at timestamptz,
-                                   created_at timestamptz, updated_at timestamptz);
+                                   created_at timestamptz, updated_at timestamptz, same_session boolean);

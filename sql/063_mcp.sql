@@ -397,7 +397,7 @@ BEGIN
                                   FROM keyturn.tool_version v
                                  WHERE p_params IS NOT NULL AND v.tool = a.tool AND v.version = a.tool_version),
                     a.tool),
-           a.expires_at, a.created_at, a.updated_at
+           a.expires_at, a.created_at, a.updated_at, a.session = keyturn.current_session()
       FROM keyturn.action a
      WHERE a.id = p_id AND a.tenant = v_tenant AND a.principal = v_principal
        AND (p_tool IS NULL

@@ -428,6 +428,12 @@ pub struct Config {
     #[arg(long, env = "KEYTURN_NOTIFY_ALLOW_NETWORKS", value_delimiter = ',')]
     pub notify_allow_networks: Vec<ipnet::IpNet>,
 
+    /// Sessions `/mcp` holds at most (legacy MCP revisions open one per
+    /// client); past it a new one is refused (503) until one ends.
+    #[arg(long, env = "KEYTURN_MCP_MAX_SESSIONS", default_value_t = 1000,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub mcp_max_sessions: usize,
+
     /// Whether `/mcp` hands a write's card link to the client by URL
     /// elicitation; false leaves proposals in the person's queue and
     /// notifications (for MCP clients not trusted with a link).

@@ -80,6 +80,11 @@ pub enum Error {
     #[error("the JWT's role claim is not one /mcp serves")]
     McpRoleNotAllowed,
 
+    /// `/mcp` holds `KEYTURN_MCP_MAX_SESSIONS` sessions: a new one waits
+    /// until one ends (an idle session ends after five minutes).
+    #[error("/mcp holds as many sessions as it may")]
+    McpSessionsFull,
+
     /// `/rpc/<name>` for a function keyturnd does not expose, or with
     /// arguments it does not take (PostgREST's `PGRST202`).
     #[error("{message}")]
@@ -272,6 +277,13 @@ impl IntoResponse for Error {
                 "request body too large",
                 None,
                 None,
+            ),
+            Error::McpSessionsFull => body(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "KT503",
+                "/mcp holds as many sessions as KEYTURN_MCP_MAX_SESSIONS allows; try again shortly",
+                None,
+                Some("a client that ends its session (DELETE /mcp) frees it at once; an idle one ends after five minutes"),
             ),
             Error::NotReady => body(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -262,8 +262,19 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // rmcp logs MCP session ids at INFO and whole messages, card links with
+    // their one-time codes included, at DEBUG: its warnings only, unless
+    // RUST_LOG names it.
+    if !std::env::var("RUST_LOG")
+        .unwrap_or_default()
+        .contains("rmcp")
+    {
+        if let Ok(quiet) = "rmcp=warn".parse() {
+            filter = filter.add_directive(quiet);
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())

@@ -182,7 +182,7 @@ INSERT INTO keyturn.transition (from_status, to_status) VALUES ('executing', 'in
 CREATE TYPE keyturn.channel AS ENUM ('email', 'webhook', 'webpush');
 CREATE TYPE keyturn.notification_kind AS ENUM ('notice', 'reminder', 'digest');
 CREATE TYPE keyturn.mcp_action AS (status text, result jsonb, summary text, expires_at timestamptz,
-                                   created_at timestamptz, updated_at timestamptz);
+                                   created_at timestamptz, updated_at timestamptz, same_session boolean);
 -- Where a person is reached (sql/064_notify.sql): one target per channel,
 -- set by the person (keyturn.set_notify), with the role they set it as (the
 -- card their notifications open runs as that role). secret: a webhook's own

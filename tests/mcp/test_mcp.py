@@ -625,6 +625,51 @@ async def _():
     assert [c["arguments"] for c in calls("send_message")].count(args) == 1
 
 
+class keyturnd_with:
+    """keyturnd restarted with settings `extra` for a block, then as before."""
+
+    def __init__(self, **extra):
+        self.extra = extra
+
+    def __enter__(self):
+        keyturnd_proc.terminate()
+        keyturnd_proc.wait(timeout=BOUND)
+        start_keyturnd(**self.extra)
+
+    def __exit__(self, *exc):
+        keyturnd_proc.terminate()
+        keyturnd_proc.wait(timeout=BOUND)
+        start_keyturnd()
+
+
+def raw_initialize(token):
+    """A legacy initialize, by hand."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}
+    return httpx2.post(f"{BASE}/mcp", json=body, timeout=BOUND, headers={
+        "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"})
+
+
+def open_session(token):
+    """A legacy session's id, initialized."""
+    r = raw_initialize(token)
+    assert r.status_code == 200, (r.status_code, r.text)
+    sid = r.headers["mcp-session-id"]
+    done = httpx2.post(f"{BASE}/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, timeout=BOUND,
+                       headers={"Authorization": f"Bearer {token}", "Mcp-Session-Id": sid,
+                                "MCP-Protocol-Version": "2025-11-25", "Accept": "application/json, text/event-stream"})
+    assert done.status_code in (200, 202), (done.status_code, done.text)
+    return sid
+
+
+def session_status(token, sid):
+    """The HTTP status of a tools/list in session `sid` as `token`."""
+    r = httpx2.post(f"{BASE}/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, timeout=BOUND,
+                    headers={"Authorization": f"Bearer {token}", "Mcp-Session-Id": sid,
+                             "MCP-Protocol-Version": "2025-11-25", "Accept": "application/json, text/event-stream"})
+    return r.status_code
+
+
 def raw_tasks_get(token, task_id):
     """tasks/get as revision 2026-07-28 frames it, by hand."""
     body = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"taskId": task_id, "_meta": {
@@ -765,10 +810,7 @@ async def _():
     """KEYTURN_MCP_ELICITATION=false: for MCP clients not trusted with a card
     link (often the agent's own process); the person's queue and
     notifications reach them."""
-    keyturnd_proc.terminate()
-    keyturnd_proc.wait(timeout=BOUND)
-    start_keyturnd(KEYTURN_MCP_ELICITATION="false")
-    try:
+    with keyturnd_with(KEYTURN_MCP_ELICITATION="false"):
         seen = []
 
         async def elicit(context, params):
@@ -786,10 +828,73 @@ async def _():
             assert status_of(aid) == "pending"
             links = psql(f"SELECT count(*) FROM keyturn.card_link WHERE '{aid}' = ANY (action_ids)")
             assert links == "0", links
-    finally:
-        keyturnd_proc.terminate()
-        keyturnd_proc.wait(timeout=BOUND)
-        start_keyturnd()
+
+
+@check("sessions_are_bound_to_their_identity_and_bounded")
+async def _():
+    """A legacy session works only for the identity that opened it, only
+    while keyturnd binds it: one identity holds at most 8 (a ninth ends its
+    oldest, which then answers 404 to anyone, never bound to the next
+    caller), keyturnd at most KEYTURN_MCP_MAX_SESSIONS (past it 503), and
+    no session id is in keyturnd's log (red-team pass: an evicted binding
+    let another agent take over a session, whose id rmcp logged)."""
+    alice, bob = jwt(session="cap-a"), jwt(sub="bob", session="cap-b")
+    opened = [open_session(alice) for _ in range(9)]
+    assert all(opened) and len(set(opened)) == 9, opened
+    assert session_status(alice, opened[0]) == 404, "the oldest of nine still works"
+    assert session_status(bob, opened[0]) == 404, "an ended session was bound to another identity"
+    assert session_status(alice, opened[8]) == 200 and session_status(bob, opened[8]) == 404
+    log = open(LOG).read()
+    assert not any(sid in log for sid in opened), "a session id is in keyturnd's log"
+    with keyturnd_with(KEYTURN_MCP_MAX_SESSIONS="3"):
+        mine = [open_session(alice) for _ in range(3)]
+        r = raw_initialize(bob)
+        assert r.status_code == 503 and r.json()["code"] == "KT503", (r.status_code, r.text)
+        assert all(session_status(alice, sid) == 200 for sid in mine)
+        ended = httpx2.delete(f"{BASE}/mcp", timeout=BOUND,
+                              headers={"Authorization": f"Bearer {alice}", "Mcp-Session-Id": mine[0]})
+        assert ended.status_code == 204, ended.status_code
+        assert open_session(bob), "a session ended, and none could be opened"
+
+
+@check("a_client_that_never_answers_holds_no_database_connection")
+async def _():
+    """A legacy client that declares URL elicitation and never answers it
+    keeps its call waiting, but not a connection of the /mcp pool: with a
+    pool of one, another agent's read still runs (red-team pass: eight such
+    calls took the default pool of eight from every agent)."""
+    with keyturnd_with(KEYTURN_MCP_CONNECTIONS="1"):
+        never = asyncio.Event()
+
+        async def silent(context, params):
+            await never.wait()
+            return types.ElicitResult(action="cancel")
+
+        text = "never answered " + uuid.uuid4().hex
+        find = f"SELECT count(*) FROM keyturn.action WHERE tenant = '{TENANT}' AND params ->> 'text' = '{text}'"
+
+        async def stalled():
+            async with client(elicitation=silent) as c:
+                await c.call_tool("chat.send_message", {"channel": "general", "text": text})
+
+        waiting = asyncio.create_task(stalled())
+        try:
+            for _ in range(BOUND * 10):
+                if psql(find) == "1":
+                    break
+                await asyncio.sleep(0.1)
+            assert psql(find) == "1", "the stalled client's proposal was not made"
+            assert not waiting.done(), "the stalled call ended"
+            async with client(token=jwt(session="other")) as c:
+                r = await asyncio.wait_for(call(c, "mcp_deals", {"where": {"stage": "qualified"}}), BOUND)
+                assert not r.is_error, r
+        finally:
+            never.set()
+            waiting.cancel()
+            try:
+                await waiting
+            except BaseException:
+                pass
 
 
 @check("no_token_link_code_or_jwt_in_any_response")

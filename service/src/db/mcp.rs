@@ -169,6 +169,9 @@ pub struct OwnAction {
     pub result: Option<Value>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Whether the caller is in the agent session that proposed it, as the
+    /// database reads the session: the only one its card link is shown to.
+    pub same_session: bool,
 }
 
 /// `keyturn.mcp_resume`: the action a write call proposed, when `tool` and
@@ -213,6 +216,7 @@ fn own_action(action_id: Uuid, r: &tokio_postgres::Row) -> Result<OwnAction, Err
         result: get(r, "result")?,
         created_at: get(r, "created_at")?,
         updated_at: get(r, "updated_at")?,
+        same_session: get(r, "same_session")?,
     })
 }
 

@@ -60,16 +60,27 @@ pub struct Mcp {
     /// Ends every MCP session (shutdown).
     sessions: CancellationToken,
     /// Whose each session is: a session id works only with the identity
-    /// that opened it.
-    owners: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// that opened it, and only while keyturnd holds its binding.
+    owners: std::sync::Mutex<std::collections::HashMap<String, Binding>>,
+    /// rmcp's sessions, which keyturnd ends when an identity opens too many
+    /// or when none may be added.
+    manager: Arc<LocalSessionManager>,
+    /// Sessions open at most (KEYTURN_MCP_MAX_SESSIONS).
+    max_sessions: usize,
     /// The card link of each pending task (`task`).
     links: task::Links,
 }
 
-/// Sessions remembered at most; past it half of them are forgotten, and a
-/// forgotten session is bound again by its next request (its id is still a
-/// secret only its client holds).
-const MAX_SESSIONS: usize = 10_000;
+/// Sessions one identity holds at most: opening another ends its oldest. A
+/// client needs one; this bounds what one agent can make keyturnd hold.
+const SESSIONS_PER_IDENTITY: usize = 8;
+
+/// A session's owner, and when it was opened.
+#[derive(Debug)]
+struct Binding {
+    owner: String,
+    opened: std::time::Instant,
+}
 
 /// The header rmcp names a legacy session with.
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -146,6 +157,8 @@ impl Mcp {
             call_timeout: config.call_timeout(),
             sessions: CancellationToken::new(),
             owners: std::sync::Mutex::new(std::collections::HashMap::new()),
+            manager: Arc::new(LocalSessionManager::default()),
+            max_sessions: config.mcp_max_sessions,
             links: task::Links::default(),
         }))
     }
@@ -171,7 +184,7 @@ impl Mcp {
         let mcp = Arc::clone(self);
         let service = StreamableHttpService::new(
             move || Ok(server::Handler::new(Arc::clone(&mcp))),
-            Arc::new(LocalSessionManager::default()),
+            Arc::clone(&self.manager),
             config,
         );
         Router::new()
@@ -200,8 +213,11 @@ async fn authenticate(State(mcp): State<Arc<Mcp>>, mut request: Request, next: N
                 .map(str::to_owned);
             if let Some(id) = &session {
                 let owners = mcp.owners.lock().unwrap_or_else(|e| e.into_inner());
-                if owners.get(id).is_some_and(|o| *o != owner) {
-                    // Another identity's session: as if it did not exist.
+                if owners.get(id).is_none_or(|b| b.owner != owner) {
+                    // Another identity's session, or one keyturnd no longer
+                    // binds (ended, or closed for a newer one): as if it did
+                    // not exist, and the client opens a new one. Never bound
+                    // to whoever presents it next.
                     mcp.metrics.mcp_call("auth", "foreign_session");
                     return axum::http::StatusCode::NOT_FOUND.into_response();
                 }
@@ -222,20 +238,16 @@ async fn authenticate(State(mcp): State<Arc<Mcp>>, mut request: Request, next: N
                 }
             }
             if session.is_none() {
-                if let Some(id) = response
+                let opened = response
                     .headers()
                     .get(SESSION_HEADER)
                     .and_then(|v| v.to_str().ok())
-                {
-                    let mut owners = mcp.owners.lock().unwrap_or_else(|e| e.into_inner());
-                    if owners.len() >= MAX_SESSIONS {
-                        let drop: Vec<String> =
-                            owners.keys().take(MAX_SESSIONS / 2).cloned().collect();
-                        for k in drop {
-                            owners.remove(&k);
-                        }
+                    .map(str::to_owned);
+                if let Some(id) = opened {
+                    if !mcp.bind(id, owner).await {
+                        mcp.metrics.mcp_call("auth", "too_many_sessions");
+                        return Error::McpSessionsFull.into_response();
                     }
-                    owners.insert(id.to_owned(), owner);
                 }
             }
             response
@@ -248,6 +260,56 @@ async fn authenticate(State(mcp): State<Arc<Mcp>>, mut request: Request, next: N
             mcp.metrics.mcp_call("auth", "unauthorized");
             e.into_response()
         }
+    }
+}
+
+impl Mcp {
+    /// Binds a session rmcp just opened to its owner. The owner's oldest
+    /// session is ended when it would hold more than
+    /// [`SESSIONS_PER_IDENTITY`]; when keyturnd holds `max_sessions` (those
+    /// rmcp ended for idleness forgotten first), the new one is ended and
+    /// `false` returned. Nothing another identity opened is ever ended.
+    async fn bind(&self, id: String, owner: String) -> bool {
+        let full = self.owners.lock().unwrap_or_else(|e| e.into_inner()).len() >= self.max_sessions;
+        let live: Option<std::collections::HashSet<String>> = if full {
+            let sessions = self.manager.sessions.read().await;
+            Some(sessions.keys().map(|k| k.to_string()).collect())
+        } else {
+            None
+        };
+        let mut ended = Vec::new();
+        let bound = {
+            let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(live) = &live {
+                owners.retain(|k, _| live.contains(k));
+            }
+            if owners.len() >= self.max_sessions {
+                ended.push(id);
+                false
+            } else {
+                let mut mine: Vec<(std::time::Instant, String)> = owners
+                    .iter()
+                    .filter(|(_, b)| b.owner == owner)
+                    .map(|(k, b)| (b.opened, k.clone()))
+                    .collect();
+                mine.sort();
+                let over = (mine.len() + 1).saturating_sub(SESSIONS_PER_IDENTITY);
+                for (_, old) in mine.into_iter().take(over) {
+                    owners.remove(&old);
+                    ended.push(old);
+                }
+                let opened = std::time::Instant::now();
+                owners.insert(id, Binding { owner, opened });
+                true
+            }
+        };
+        for id in ended {
+            use rmcp::transport::streamable_http_server::session::SessionManager;
+            if let Err(e) = self.manager.close_session(&id.into()).await {
+                tracing::debug!(error = %e, "ending an MCP session");
+            }
+        }
+        bound
     }
 }
 

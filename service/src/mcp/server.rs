@@ -161,7 +161,8 @@ impl ServerHandler for Handler {
         let asked = if p.status == "pending" {
             self.mcp
                 .links
-                .get(p.action_id, &session_of(&who))
+                .get(p.action_id)
+                .filter(|_| action.same_session)
                 .map(|url| card_input(p, &url))
         } else {
             self.mcp.links.forget(p.action_id);
@@ -187,11 +188,8 @@ impl ServerHandler for Handler {
         let who = verified(&context)?;
         let action = self.own_task(&who, &request.task_id).await?;
         let outstanding = action.proposed.status == "pending"
-            && self
-                .mcp
-                .links
-                .get(action.proposed.action_id, &session_of(&who))
-                .is_some();
+            && action.same_session
+            && self.mcp.links.get(action.proposed.action_id).is_some();
         if !outstanding || request.input_responses.keys().any(|k| k != CARD_INPUT) {
             self.mcp.metrics.mcp_call("task", "refused");
             return Err(ErrorData::invalid_params(
@@ -386,6 +384,10 @@ impl Handler {
             Ok::<_, Error>(outcome)
         }
         .await;
+        // Back to the pool before the person is reached: a legacy client
+        // may take its time answering the elicitation (or never answer),
+        // and must not hold a connection every other agent needs.
+        drop(client);
         let done = match run {
             Ok(Answer::Read(fenced, kind)) => {
                 self.mcp.metrics.mcp_call(kind, "read");
@@ -542,12 +544,11 @@ impl Handler {
         context: &RequestContext<RoleServer>,
     ) -> CreateTaskResult {
         let url = self.card_url(who, p, context).await;
-        let given = url.is_some();
-        if let Some(url) = url {
+        let given = url.is_some_and(|url| {
             self.mcp
                 .links
-                .keep(p.action_id, url, p.expires_at, &session_of(who));
-        }
+                .keep(p.action_id, url, p.expires_at, &super::session_owner(who))
+        });
         self.mcp.metrics.mcp_call("task", "created");
         CreateTaskResult::new(task::created(p.action_id, given))
     }
@@ -585,15 +586,6 @@ impl Handler {
             }
         }
     }
-}
-
-/// The agent session a request is made in (its `session_id` claim), to
-/// which a task's card link belongs.
-fn session_of(who: &Verified) -> String {
-    serde_json::from_str::<Value>(&who.claims)
-        .ok()
-        .and_then(|c| c.get("session_id").map(Value::to_string))
-        .unwrap_or_default()
 }
 
 /// The card link's elicitation, as an input request.

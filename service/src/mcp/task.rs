@@ -15,10 +15,10 @@
 //! (`keyturn.link_code`), and every `tasks/get` while the person has not
 //! decided must show the client the same request. A link lives in this
 //! process's memory until its action leaves `pending` or expires, and is
-//! shown only to the agent session that proposed (as the database mints it
-//! only for that session; another session of the same principal sees the
-//! task `working`). Another keyturnd (or this one, restarted) has no link
-//! to show, and answers `working`.
+//! shown only to the agent session that proposed, as the database reads
+//! the session (`same_session` of `keyturn.mcp_task`; another session of
+//! the same principal sees the task `working`). Another keyturnd (or this
+//! one, restarted) has no link to show, and answers `working`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -36,16 +36,19 @@ use crate::db::mcp::OwnAction;
 /// takes seconds at best.
 pub const POLL_MS: u64 = 2_000;
 
-/// Links remembered at most; past it the expired ones are forgotten, then
-/// the oldest half (their tasks answer `working`).
-const MAX_LINKS: usize = 10_000;
+/// Links kept at most, and at most by one identity. Past either, a new
+/// task keeps none (it is `working`, and its person is reached through the
+/// queue and notifications); a kept link is never dropped for another's,
+/// so no agent can take the links of others' tasks away.
+const MAX_LINKS: usize = 100_000;
+const LINKS_PER_IDENTITY: usize = 1_000;
 
-/// A kept link: the URL, until when, for which agent session.
+/// A kept link: the URL, until when, whose task.
 #[derive(Debug)]
 struct Kept {
     url: url::Url,
     until: DateTime<Utc>,
-    session: String,
+    owner: String,
 }
 
 /// The card link of each pending task this process created.
@@ -55,34 +58,38 @@ pub struct Links {
 }
 
 impl Links {
-    /// Keeps `url` for `action_id` until `expires_at`, for `session`.
-    pub fn keep(&self, action_id: Uuid, url: url::Url, expires_at: DateTime<Utc>, session: &str) {
+    /// Keeps `url` for `action_id` until `expires_at`, for the identity
+    /// `owner`; `false` when it cannot be kept (see [`MAX_LINKS`]).
+    pub fn keep(
+        &self,
+        action_id: Uuid,
+        url: url::Url,
+        expires_at: DateTime<Utc>,
+        owner: &str,
+    ) -> bool {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= MAX_LINKS {
+        let mine = map.values().filter(|k| k.owner == owner).count();
+        if map.len() >= MAX_LINKS || mine >= LINKS_PER_IDENTITY {
             let now = Utc::now();
             map.retain(|_, k| k.until > now);
-            if map.len() >= MAX_LINKS {
-                let mut by_expiry: Vec<_> = map.iter().map(|(id, k)| (k.until, *id)).collect();
-                by_expiry.sort();
-                for (_, id) in by_expiry.into_iter().take(MAX_LINKS / 2) {
-                    map.remove(&id);
-                }
+            let mine = map.values().filter(|k| k.owner == owner).count();
+            if map.len() >= MAX_LINKS || mine >= LINKS_PER_IDENTITY {
+                return false;
             }
         }
         let kept = Kept {
             url,
             until: expires_at,
-            session: session.to_owned(),
+            owner: owner.to_owned(),
         };
         map.insert(action_id, kept);
+        true
     }
 
-    /// The link of a pending task, if this process holds it for `session`.
-    pub fn get(&self, action_id: Uuid, session: &str) -> Option<url::Url> {
+    /// The link of a pending task, if this process holds it.
+    pub fn get(&self, action_id: Uuid) -> Option<url::Url> {
         let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&action_id)
-            .filter(|k| k.session == session)
-            .map(|k| k.url.clone())
+        map.get(&action_id).map(|k| k.url.clone())
     }
 
     /// Forgets a task's link: its action left `pending`.
@@ -176,6 +183,7 @@ mod tests {
             result,
             created_at: Utc::now(),
             updated_at: Utc::now(),
+            same_session: true,
         }
     }
 
@@ -205,10 +213,31 @@ mod tests {
         let links = Links::default();
         let id = Uuid::new_v4();
         let url = url::Url::parse("https://k.example/card#a=x&c=y").unwrap();
-        links.keep(id, url.clone(), Utc::now(), "s1");
-        assert_eq!(links.get(id, "s1"), Some(url));
-        assert_eq!(links.get(id, "s2"), None, "another session's");
+        assert!(links.keep(id, url.clone(), Utc::now(), "alice"));
+        assert_eq!(links.get(id), Some(url));
         links.forget(id);
-        assert_eq!(links.get(id, "s1"), None);
+        assert_eq!(links.get(id), None);
+    }
+
+    #[test]
+    fn test_no_identity_takes_anothers_links_away() {
+        let links = Links::default();
+        let url = url::Url::parse("https://k.example/card#a=x&c=y").unwrap();
+        let later = Utc::now() + chrono::Duration::hours(1);
+        let alices = Uuid::new_v4();
+        assert!(links.keep(alices, url.clone(), later, "alice"));
+        // Bob fills his share; his next is refused, alice's link stays.
+        for _ in 0..LINKS_PER_IDENTITY {
+            assert!(links.keep(Uuid::new_v4(), url.clone(), later, "bob"));
+        }
+        assert!(!links.keep(Uuid::new_v4(), url.clone(), later, "bob"));
+        assert_eq!(links.get(alices), Some(url.clone()));
+        // Expired links make room again.
+        let old = Utc::now() - chrono::Duration::seconds(1);
+        let links = Links::default();
+        for _ in 0..LINKS_PER_IDENTITY {
+            assert!(links.keep(Uuid::new_v4(), url.clone(), old, "bob"));
+        }
+        assert!(links.keep(Uuid::new_v4(), url, later, "bob"));
     }
 }

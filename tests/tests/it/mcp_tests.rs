@@ -308,10 +308,21 @@ async fn test_mcp_resume_is_only_the_same_call_by_the_same_principal() {
         assert!(theirs.is_none(), "{retain}: another principal resumed it");
         // Its task: the agent's own, with a summary even for a digest
         // action (there only the tool is named); nobody else's.
-        let task_sql = "SELECT status, summary FROM keyturn.mcp_task($1)";
+        let task_sql = "SELECT status, summary, same_session FROM keyturn.mcp_task($1)";
         let mine = w.agent.query_one(task_sql, &[&p.id]).await.unwrap();
         let summary: String = mine.get(1);
         assert_eq!(mine.get::<_, String>(0), "pending");
+        assert!(mine.get::<_, bool>(2), "{retain}: the proposing session");
+        // The same principal in another session (as the database reads the
+        // session, whatever claim path carries it): its task, but not the
+        // session a card link may be shown to.
+        let elsewhere = Conn::connect(
+            "app_agent",
+            Identity::gucs(&w.tenant, &w.principal, "another-session"),
+        )
+        .await;
+        let there = elsewhere.query_one(task_sql, &[&p.id]).await.unwrap();
+        assert!(!there.get::<_, bool>(2), "{retain}: another session");
         let expected = if retain == "full" {
             "Notify c: \"resume me\""
         } else {
