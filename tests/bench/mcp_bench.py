@@ -152,10 +152,12 @@ def vmrss_kib(pid):
 
 async def cmd_sessions_async(a):
     from contextlib import AsyncExitStack
-    token = jwt(a.keyturnd, a.secret, "p0", a.tenant, "s0")
+    # A JWT a session, as separate agents would have (keyturnd keeps at most
+    # 8 sessions of one identity open).
+    tokens = [jwt(a.keyturnd, a.secret, "p0", a.tenant, f"s{i}") for i in range(a.n)]
     idle = vmrss_kib(a.pid)
     async with AsyncExitStack() as stack:
-        for _ in range(a.n):
+        for token in tokens:
             c = await stack.enter_async_context(client(a.url, token))
             await c.list_tools()
         # Open sessions idle, as agents between turns; a moment for
