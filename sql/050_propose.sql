@@ -31,6 +31,9 @@ BEGIN
     IF jsonb_typeof(p_origin) <> 'object' THEN
         RAISE EXCEPTION 'keyturn: origin must be a JSON object' USING ERRCODE = '22023';
     END IF;
+    IF p_origin = '{}' THEN
+        RETURN NULL;
+    END IF;
     FOR k IN SELECT jsonb_object_keys(p_origin) LOOP
         IF k IN ('conversation_id', 'turn_id', 'message_id', 'assistant_message_id') THEN
             IF jsonb_typeof(p_origin -> k) <> 'string' OR length(p_origin ->> k) NOT BETWEEN 1 AND 200 THEN
@@ -317,9 +320,15 @@ BEGIN
                   HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
     END IF;
 
+    -- Each check only where there is something to check: a PERFORM is a
+    -- statement the executor starts and ends, an IF's condition is not.
     v_conv := keyturn._check_origin(v_origin);
-    PERFORM keyturn._refuse_ended_conversation(p_tenant, p_principal, v_conv);
-    PERFORM keyturn._check_evidence(p_tenant, p_principal, v_origin);
+    IF v_conv IS NOT NULL THEN
+        PERFORM keyturn._refuse_ended_conversation(p_tenant, p_principal, v_conv);
+    END IF;
+    IF v_origin ? 'evidence' THEN
+        PERFORM keyturn._check_evidence(p_tenant, p_principal, v_origin);
+    END IF;
 
     IF p_params IS NULL OR jsonb_typeof(p_params) <> 'object' THEN
         RAISE EXCEPTION 'keyturn: params must be a JSON object' USING ERRCODE = '22023';
