@@ -217,7 +217,7 @@ pub struct Redeemed {
 /// Redeems a link code, once; on the dispatcher's connection (the function
 /// is the dispatcher's).
 pub async fn redeem_link_code(
-    client: &Client,
+    client: &tokio_postgres::Transaction<'_>,
     code: &str,
     action_ids: &[uuid::Uuid],
 ) -> Result<Option<Redeemed>, Error> {

@@ -85,13 +85,18 @@ impl Cards {
                     .into(),
             )
         })?;
-        let client = self.dispatcher.get().await?;
-        let redeemed = db::rpc::redeem_link_code(&client, &body.code, &body.action_ids)
+        let mut client = self.dispatcher.get().await?;
+        // The code is used up only with the session made: a refusal of the
+        // role it would run as rolls the redemption back, and the person's
+        // link still works once keyturnd is set up.
+        let tx = db::transaction(&mut client).await?;
+        let redeemed = db::rpc::redeem_link_code(&tx, &body.code, &body.action_ids)
             .await?
             .ok_or(Error::Unauthorized(
                 "the link's code is used, expired or unknown, or names other actions: ask for a new link",
             ))?;
         self.role(redeemed.db_role, allowed)?;
+        db::commit(tx).await?;
         Ok(json!({
             "session": redeemed.session,
             "expires_at": redeemed.expires_at,

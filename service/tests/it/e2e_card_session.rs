@@ -171,6 +171,41 @@ async fn test_a_links_code_is_a_card_session_for_its_actions_once() {
 }
 
 #[tokio::test]
+async fn test_a_code_refused_for_its_role_is_not_used_up() {
+    // Red-team pass: the code was redeemed (and so used up) before keyturnd
+    // checked the role its session would run as; a refusal there (no
+    // KEYTURN_CARD_ROLE, a role outside KEYTURN_JWT_ROLES) left the person
+    // with a dead link.
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    web::authenticator(&w.superuser).await;
+    let env = web::rpc_env(w.port)
+        .into_iter()
+        .map(|(k, v)| match k {
+            "KEYTURN_JWT_ROLES" => (k, "app_operator".to_string()),
+            _ => (k, v),
+        })
+        .collect();
+    let k = Keyturnd::start(w.port, env).await;
+    let p: Proposal = w.propose(&tool, json!({"text": "role refused"})).await;
+    let code = link_code(&w, &[p.id]).await;
+    let (status, body) = redeem(&k, &code, &[p.id]).await;
+    assert_eq!(status, 403, "{body}");
+    // The code is as it was: it redeems, once.
+    let d = e2e::connect(port, "app_dispatcher").await;
+    let redeem_sql = "SELECT db_role FROM keyturn.redeem_link_code($1, $2)";
+    let ids = vec![p.id];
+    let row = d
+        .query_opt(redeem_sql, &[&code, &ids])
+        .await
+        .expect("redeem");
+    assert!(row.is_some(), "the refused redemption used the code up");
+    k.stop().await;
+}
+
+#[tokio::test]
 async fn test_a_code_made_for_one_person_decides_nothing_another_may_not() {
     let port = require_db!();
     let _serial = e2e::serial().await;
