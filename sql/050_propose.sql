@@ -493,7 +493,10 @@ BEGIN
         PERFORM keyturn._record_notifications(v_id, p_tenant);
     END IF;
 
-    RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, 'pending'::text, NULL::uuid;
+    -- The row by assignment, not a SELECT: no statement for the executor.
+    o_action_id := v_id; o_token := v_token; o_summary := v_summary; o_params_hash := v_hash;
+    o_expires_at := v_expires; o_status := 'pending'; o_delegation_id := NULL;
+    RETURN NEXT;
 END
 $$;
 

@@ -211,7 +211,9 @@ BEGIN
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
      WHERE x.id = a.id AND x.tenant = a.tenant;
-    RETURN QUERY SELECT a.id, p_status::text, p_result;
+    -- The row by assignment, not a SELECT: no statement for the executor.
+    o_action_id := a.id; o_status := p_status::text; o_result := p_result;
+    RETURN NEXT;
 END
 $$;
 
@@ -453,7 +455,8 @@ BEGIN
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
      WHERE x.id = a.id AND x.tenant = a.tenant;
-    RETURN QUERY SELECT a.id, 'queued'::text, NULL::jsonb;
+    o_action_id := a.id; o_status := 'queued'; o_result := NULL;
+    RETURN NEXT;
 END
 $$;
 

@@ -2853,7 +2853,10 @@ BEGIN
         PERFORM keyturn._record_notifications(v_id, p_tenant);
     END IF;
 
-    RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, 'pending'::text, NULL::uuid;
+    -- The row by assignment, not a SELECT: no statement for the executor.
+    o_action_id := v_id; o_token := v_token; o_summary := v_summary; o_params_hash := v_hash;
+    o_expires_at := v_expires; o_status := 'pending'; o_delegation_id := NULL;
+    RETURN NEXT;
 END
 $$;
 
@@ -3089,7 +3092,9 @@ BEGIN
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
      WHERE x.id = a.id AND x.tenant = a.tenant;
-    RETURN QUERY SELECT a.id, p_status::text, p_result;
+    -- The row by assignment, not a SELECT: no statement for the executor.
+    o_action_id := a.id; o_status := p_status::text; o_result := p_result;
+    RETURN NEXT;
 END
 $$;
 
@@ -3331,7 +3336,8 @@ BEGIN
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
      WHERE x.id = a.id AND x.tenant = a.tenant;
-    RETURN QUERY SELECT a.id, 'queued'::text, NULL::jsonb;
+    o_action_id := a.id; o_status := 'queued'; o_result := NULL;
+    RETURN NEXT;
 END
 $$;
 
