@@ -101,15 +101,9 @@ impl ServerHandler for Handler {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let who = verified(&context)?;
-        let listed = async {
-            let mut client = self.mcp.pool.get().await?;
-            let tx = db::transaction(&mut client).await?;
-            as_agent(&tx, &who).await?;
-            let tools = db::mcp::tools(&tx).await?;
-            db::commit(tx).await?;
-            Ok::<_, Error>(tools)
-        }
-        .await;
+        let listed = self
+            .read_as_agent(&who, async |tx| db::mcp::tools(tx).await)
+            .await;
         let tools = match listed {
             Ok(t) => t,
             Err(e) => {
@@ -222,6 +216,21 @@ impl ServerHandler for Handler {
 }
 
 impl Handler {
+    /// One read as the agent: a transaction of its own on the MCP pool, the
+    /// role and claims asserted, `read`, commit.
+    async fn read_as_agent<T>(
+        &self,
+        who: &Verified,
+        read: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut client = self.mcp.pool.get().await?;
+        let tx = db::transaction(&mut client).await?;
+        as_agent(&tx, who).await?;
+        let out = read(&tx).await?;
+        db::commit(tx).await?;
+        Ok(out)
+    }
+
     /// `keyturn_action_status`: the caller's own action, or the same
     /// refusal for anything else.
     async fn status(&self, who: &Verified, args: &Value) -> CallToolResult {
@@ -235,15 +244,9 @@ impl Handler {
             self.mcp.metrics.mcp_call("status", "refused");
             return not_found();
         };
-        let answer = async {
-            let mut client = self.mcp.pool.get().await?;
-            let tx = db::transaction(&mut client).await?;
-            as_agent(&tx, who).await?;
-            let row = db::mcp::action_status(&tx, id).await?;
-            db::commit(tx).await?;
-            Ok::<_, Error>(row)
-        }
-        .await;
+        let answer = self
+            .read_as_agent(who, async |tx| db::mcp::action_status(tx, id).await)
+            .await;
         match answer {
             Ok(Some((status, result))) => {
                 self.mcp.metrics.mcp_call("status", "read");
@@ -289,15 +292,11 @@ impl Handler {
             self.mcp.metrics.mcp_call("write", "refused");
             return Err(stale());
         };
-        let answer = async {
-            let mut client = self.mcp.pool.get().await?;
-            let tx = db::transaction(&mut client).await?;
-            as_agent(&tx, who).await?;
-            let row = db::mcp::resume(&tx, action_id, name, args).await?;
-            db::commit(tx).await?;
-            Ok::<_, Error>(row)
-        }
-        .await;
+        let answer = self
+            .read_as_agent(who, async |tx| {
+                db::mcp::resume(tx, action_id, name, args).await
+            })
+            .await;
         match answer {
             Ok(Some(action)) => {
                 self.mcp.metrics.mcp_call("write", "resumed");
@@ -565,15 +564,9 @@ impl Handler {
             self.mcp.metrics.mcp_call("task", "refused");
             return Err(unknown());
         };
-        let read = async {
-            let mut client = self.mcp.pool.get().await?;
-            let tx = db::transaction(&mut client).await?;
-            as_agent(&tx, who).await?;
-            let row = db::mcp::task(&tx, id).await?;
-            db::commit(tx).await?;
-            Ok::<_, Error>(row)
-        }
-        .await;
+        let read = self
+            .read_as_agent(who, async |tx| db::mcp::task(tx, id).await)
+            .await;
         match read {
             Ok(Some(action)) => Ok(action),
             Ok(None) => {
