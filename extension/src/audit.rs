@@ -17,8 +17,10 @@ use std::cell::RefCell;
 
 use pgrx::prelude::*;
 
+use keyturn_core::canonical;
+
 use crate::committed::on_latest;
-use crate::jsonb_text::JsonbText;
+use crate::jsonb_text::{JsonbText, RawJsonb};
 use crate::privilege::{extension_owner, RoleSwitch};
 
 /// One event, as the lifecycle trigger (or a SQL path) produced it.
@@ -164,37 +166,55 @@ SELECT c.events || ' ' || c.head || ' ' || c.last_id || ' ' || \
                     ELSE pg_catalog.setval('keyturn.event_id_seq', c.last_id + 1) END \
           FROM pg_catalog.nextval('keyturn.event_id_seq') n) \
   FROM keyturn.audit_chain c WHERE c.tenant = $1";
-/// The next event's id: the sequence's next value, which on one node is
-/// always above the tenant's last id ($1; every id came from this sequence,
-/// taken under the tenant's lock), so there it is exactly nextval. On Citus
-/// (layout B) the tenant's events are written on its worker, whose sequence
-/// is that node's own and may be behind the ids the tenant's events already
-/// have (copied from the coordinator by citus_distribute, or written on
-/// another node before a shard move): the ids of a tenant's events must
-/// follow its chain (docs/audit.md; verify_audit recomputes in id order), so
-/// the id is then the last one's plus one, and the sequence is moved past
-/// it so that this node's later ids are above it too. HEAD takes the first
-/// event's so; this, each further one's.
-const NEXT_ID: &str = "SELECT (CASE WHEN n > $1::bigint THEN n \
-                                   ELSE pg_catalog.setval('keyturn.event_id_seq', $1::bigint + 1) END)::text \
-                         FROM pg_catalog.nextval('keyturn.event_id_seq') n";
-/// The event and its hash, of the very values written. The hash is of the
-/// row as to_jsonb prints it with TimeZone UTC: `at` ($5, PostgreSQL's
-/// microseconds since 2000-01-01) is written from the number, and hashed
-/// as the text PostgreSQL's JSON encoder makes of it in UTC ($12,
-/// `json_utc`), so the session's TimeZone is never set (it was one more
-/// statement a commit, under the lock).
-const WRITE: &str = "\
-INSERT INTO keyturn.event (id, action_id, tenant, action_principal, at, db_role, principal, from_status, to_status, \
-                           detail, prev_hash, hash) OVERRIDING SYSTEM VALUE \
-VALUES ($1::bigint, $2::uuid, $3, $4, timestamptz '2000-01-01 00:00:00+00' + ($5 || ' microseconds')::interval, \
-        $6, $7, $8::keyturn.status, $9::keyturn.status, $10::jsonb, $11, \
-        keyturn._event_hash(jsonb_build_object( \
-            'id', $1::bigint, 'action_id', $2::uuid, 'tenant', $3, 'action_principal', $4, \
-            'at', $12, \
-            'db_role', $6, 'principal', $7, 'from_status', $8::keyturn.status, 'to_status', $9::keyturn.status, \
-            'detail', $10::jsonb, 'prev_hash', $11))) \
-RETURNING hash";
+/// The ids of a transaction's further events of a tenant ($1 of them),
+/// after the first that HEAD took: the sequence's next values, in order.
+/// On one node every id comes from this sequence, taken under the tenant's
+/// lock, so they are above the tenant's last id. On Citus (layout B) the
+/// tenant's events are written on its worker, whose sequence is that node's
+/// own and may be behind the ids the tenant's events already have (copied
+/// from the coordinator by citus_distribute, or written on another node
+/// before a shard move): the ids of a tenant's events must follow its chain
+/// (docs/audit.md; verify_audit recomputes in id order), so HEAD's first id
+/// is then the last one's plus one and moves the sequence past it, and these
+/// follow it.
+const MORE_IDS: &str = "SELECT pg_catalog.string_agg(pg_catalog.nextval('keyturn.event_id_seq')::text, ' ' ORDER BY g) \
+                          FROM pg_catalog.generate_series(1, $1::int) g";
+/// Events written by one statement at most (one kept plan per row count).
+const ROWS_PER_WRITE: usize = 16;
+/// The columns of WRITE's rows, each a text parameter.
+const WRITE_COLUMNS: usize = 12;
+/// The statement writing `n` events (1 ..= ROWS_PER_WRITE), hashed already
+/// (`hash_event`). `at` is written from the number (PostgreSQL's
+/// microseconds since 2000-01-01), so the session's TimeZone is never read
+/// or set. Rows, not `INSERT … SELECT` over arrays: Citus routes a
+/// multi-row VALUES of one tenant to its shard from a delegated call.
+fn write_statement(n: usize) -> &'static str {
+    static WRITES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let writes = WRITES.get_or_init(|| {
+        (1..=ROWS_PER_WRITE)
+            .map(|rows| {
+                let values: Vec<String> = (0..rows)
+                    .map(|r| {
+                        let p = |c: usize| format!("${}", r * WRITE_COLUMNS + c);
+                        format!(
+                            "({}::bigint, {}::uuid, {}, {}, \
+                             timestamptz '2000-01-01 00:00:00+00' + ({} || ' microseconds')::interval, \
+                             {}, {}, {}::keyturn.status, {}::keyturn.status, {}::jsonb, {}, {})",
+                            p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12)
+                        )
+                    })
+                    .collect();
+                format!(
+                    "INSERT INTO keyturn.event (id, action_id, tenant, action_principal, at, db_role, principal, \
+                                                from_status, to_status, detail, prev_hash, hash) \
+                     OVERRIDING SYSTEM VALUE VALUES {}",
+                    values.join(", ")
+                )
+            })
+            .collect()
+    });
+    writes[n - 1].as_str()
+}
 const HEAD_MOVED: &str =
     "UPDATE keyturn.audit_chain c SET events = $2::bigint, head = $3, last_id = $4::bigint WHERE c.tenant = $1";
 
@@ -205,6 +225,10 @@ const HEAD_MOVED: &str =
 /// until the commit ends; the head is read, and written, in its newest
 /// version (committed::on_latest), so a REPEATABLE READ transaction chains
 /// to what committed after its snapshot instead of failing to serialize.
+/// However many events a tenant has in the transaction, its part of the
+/// commit is four statements at most per ROWS_PER_WRITE events (a batch
+/// call of the dispatcher's commits one event per action): the head, the
+/// further ids, the rows, the head moved.
 pub fn write_pending() {
     let mut pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
     if pending.is_empty() {
@@ -222,6 +246,7 @@ pub fn write_pending() {
             .iter()
             .position(|e| e.tenant != tenant)
             .map_or(pending.len(), |n| start + n);
+        let events = &pending[start..end];
         lock_chain(chain_lock_class, &tenant);
         // On a Citus worker, at the commit of a delegated call (layout B),
         // Citus refuses these statements unless allowed, for this tenant's
@@ -237,48 +262,90 @@ pub fn write_pending() {
         });
         let head = head.unwrap_or_else(|| error!("keyturn: no audit chain head for a tenant"));
         let mut parts = head.splitn(4, ' ');
-        let mut count: i64 = parts.next().unwrap_or("0").parse().unwrap_or(0);
+        let count: i64 = parts.next().unwrap_or("0").parse().unwrap_or(0);
         let mut prev = parts.next().unwrap_or("").to_owned();
-        let mut last_id = parts.next().unwrap_or("0").to_owned();
-        let mut first_id = parts.next().map(str::to_owned);
-        for e in &pending[start..end] {
-            let id = first_id
-                .take()
-                .or_else(|| on_latest(NEXT_ID, &[Some(last_id)], &[text], false));
-            last_id = id
-                .clone()
-                .unwrap_or_else(|| error!("keyturn: no id for an audit event"));
-            let written = on_latest(
-                WRITE,
-                &[
-                    id,
-                    Some(e.action_id.to_string()),
-                    t.clone(),
-                    Some(e.action_principal.clone()),
-                    Some(e.at.to_string()),
-                    Some(e.db_role.clone()),
-                    e.principal.clone(),
-                    e.from_status.clone(),
-                    Some(e.to_status.clone()),
-                    Some(e.detail.clone()),
-                    Some(prev.clone()),
-                    Some(json_utc(e.at)),
-                ],
-                &[text; 12],
+        parts.next(); // the last id, which the first id is above
+        let mut ids: Vec<String> = parts.next().map(str::to_owned).into_iter().collect();
+        if events.len() > 1 {
+            let more = on_latest(
+                MORE_IDS,
+                &[Some((events.len() - 1).to_string())],
+                &[text],
                 false,
-            );
-            prev = written.unwrap_or_else(|| error!("keyturn: an audit event was not written"));
-            count += 1;
+            )
+            .unwrap_or_default();
+            ids.extend(more.split(' ').map(str::to_owned));
         }
+        if ids.len() != events.len() {
+            error!("keyturn: no id for an audit event");
+        }
+        let mut rows: Vec<Option<String>> = Vec::with_capacity(events.len() * WRITE_COLUMNS);
+        for (e, id) in events.iter().zip(&ids) {
+            let detail = RawJsonb::parse(&e.detail).text();
+            let hash = hash_event(id, e, &detail, &prev);
+            rows.extend([
+                Some(id.clone()),
+                Some(e.action_id.to_string()),
+                t.clone(),
+                Some(e.action_principal.clone()),
+                Some(e.at.to_string()),
+                Some(e.db_role.clone()),
+                e.principal.clone(),
+                e.from_status.clone(),
+                Some(e.to_status.clone()),
+                Some(detail),
+                Some(std::mem::replace(&mut prev, hash.clone())),
+                Some(hash),
+            ]);
+        }
+        for chunk in rows.chunks(ROWS_PER_WRITE * WRITE_COLUMNS) {
+            let n = chunk.len() / WRITE_COLUMNS;
+            on_latest(write_statement(n), chunk, &vec![text; chunk.len()], false);
+        }
+        let last_id = ids.last().cloned();
         on_latest(
             HEAD_MOVED,
-            &[t, Some(count.to_string()), Some(prev), Some(last_id)],
+            &[
+                t,
+                Some((count + events.len() as i64).to_string()),
+                Some(prev),
+                last_id,
+            ],
             &[text; 4],
             false,
         );
         crate::citus::end_local(local);
         start = end;
     }
+}
+
+/// The event's hash (keyturn_core::audit::event_hash), of the object
+/// verify_audit makes from `to_jsonb` of the row under TimeZone UTC
+/// (keyturn._event_hash).
+/// `detail` is as jsonb_out prints it, the text the row will hold; `at` as
+/// PostgreSQL's JSON encoder prints it in UTC (`json_utc`).
+fn hash_event(id: &str, e: &Pending, detail: &str, prev: &str) -> String {
+    let text = |s: &str| serde_json::Value::String(s.to_owned());
+    let or_null = |s: &Option<String>| s.as_deref().map_or(serde_json::Value::Null, text);
+    let number: serde_json::Value = serde_json::from_str(id)
+        .unwrap_or_else(|_| error!("keyturn: an audit event's id is not a number"));
+    let detail = canonical::parse_bounded(detail)
+        .unwrap_or_else(|e| error!("keyturn: an audit event's detail cannot be hashed: {e}"));
+    let event = serde_json::json!({
+        "id": number,
+        "action_id": text(&e.action_id.to_string()),
+        "tenant": text(&e.tenant),
+        "action_principal": text(&e.action_principal),
+        "at": text(&json_utc(e.at)),
+        "db_role": text(&e.db_role),
+        "principal": or_null(&e.principal),
+        "from_status": or_null(&e.from_status),
+        "to_status": text(&e.to_status),
+        "detail": detail,
+        "prev_hash": text(prev),
+    });
+    keyturn_core::audit::event_hash(&event)
+        .unwrap_or_else(|e| error!("keyturn: an audit event cannot be hashed: {e}"))
 }
 
 /// A timestamptz (`at`, microseconds since 2000-01-01) as PostgreSQL's JSON

@@ -13,11 +13,8 @@
 
 use std::io::BufRead;
 
+use keyturn_core::audit::CHAIN_START;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-
-/// The hash a chain's first event names as its predecessor.
-pub const CHAIN_START: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// What an export proved: its events and last hash, or the first line
 /// (1-based) that does not verify and why.
@@ -28,15 +25,11 @@ pub enum Verdict {
 }
 
 /// The hash of one exported event, as the database computes it.
-pub fn event_hash(event: &Value) -> Result<String, String> {
-    let mut without = event.clone();
-    without
-        .as_object_mut()
-        .ok_or("not a JSON object")?
-        .remove("hash");
-    let canonical = keyturn_core::canonical::canonicalize_value(&without)
-        .map_err(|e| format!("not canonicalizable: {e}"))?;
-    Ok(hex::encode(Sha256::digest(canonical.as_bytes())))
+fn event_hash(event: &Value) -> Result<String, String> {
+    if !event.is_object() {
+        return Err("not a JSON object".into());
+    }
+    keyturn_core::audit::event_hash(event).map_err(|e| format!("not canonicalizable: {e}"))
 }
 
 /// Checks the export read from `input`.

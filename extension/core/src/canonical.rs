@@ -44,6 +44,14 @@ pub fn canonicalize_value(v: &Value) -> Result<String, CoreError> {
     Ok(out)
 }
 
+/// Lowercase hex SHA-256 of the canonical form of `v`: a tool definition's
+/// hash (crate::upstream), an audit event's (crate::audit).
+pub fn sha256_hex(v: &Value) -> Result<String, CoreError> {
+    Ok(hex::encode(Sha256::digest(
+        canonicalize_value(v)?.as_bytes(),
+    )))
+}
+
 /// Lowercase hex SHA-256 of the canonical form of `{"params": params, "tool": tool}`.
 pub fn params_hash(tool: &str, params: &Value) -> Result<String, CoreError> {
     // "params" < "tool" in UTF-16 order, so the envelope is written directly

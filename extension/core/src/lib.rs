@@ -5,6 +5,7 @@
 //! and keyturnd wrap these functions; they never re-implement them.
 //!
 //! * [`canonical`]: RFC 8785 canonical JSON and the params hash approvals bind to.
+//! * [`audit`]: the hash of an event of the audit chain.
 //! * [`token`]: one-time approval tokens, their digest and binding.
 //! * [`schema`]: the params_schema subset and params validation.
 //! * [`email`]: the bare addr-spec that `"format": "email"` and the SMTP
@@ -21,6 +22,7 @@
 //! * [`error`]: [`CoreError`], every variant SQLSTATE 22023.
 
 pub mod approval;
+pub mod audit;
 pub mod canonical;
 pub mod credentials;
 pub mod email;

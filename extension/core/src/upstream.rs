@@ -12,9 +12,7 @@
 //! approval when the upstream asserted it without ambiguity.
 
 use serde_json::{Map, Value};
-use sha2::{Digest, Sha256};
 
-use crate::canonical::canonicalize_value;
 use crate::schema::check_schema;
 use crate::CoreError;
 
@@ -55,8 +53,7 @@ pub fn classify(definition: &Value, trust_annotations: bool) -> Kind {
 /// received: any change to any part of it (a description, a schema, an
 /// annotation) is a different hash, so a different tool version.
 pub fn definition_sha256(definition: &Value) -> Result<String, CoreError> {
-    let canonical = canonicalize_value(definition)?;
-    Ok(hex::encode(Sha256::digest(canonical.as_bytes())))
+    crate::canonical::sha256_hex(definition)
 }
 
 /// JSON Schema keywords that describe a value without constraining it: left
@@ -114,6 +111,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
+    use sha2::{Digest, Sha256};
 
     #[test]
     fn test_only_an_explicit_true_from_a_trusted_upstream_reads() {

@@ -303,6 +303,77 @@ async fn test_concurrent_writers_of_one_tenant_make_one_chain() {
     assert_eq!(verify(&w.tenant).await, (true, 80, None));
 }
 
+/// One commit with many events of two tenants, more than one statement's
+/// worth each (a batch call of the dispatcher commits one event per action,
+/// and the commit writes a tenant's events in statements of several rows):
+/// each tenant's chain unbroken, in the order the events happened, every
+/// hash the one an outsider recomputes, whatever form the detail's numbers
+/// and strings were given in.
+#[tokio::test]
+async fn test_one_commit_of_many_events_chains_each_tenant_in_order() {
+    let a = busy().await;
+    let b = busy().await;
+    let id_a: uuid::Uuid = a
+        .superuser
+        .query_one(
+            "SELECT action_id FROM keyturn.event WHERE tenant = $1 LIMIT 1",
+            &[&a.tenant],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let id_b: uuid::Uuid = b
+        .superuser
+        .query_one(
+            "SELECT action_id FROM keyturn.event WHERE tenant = $1 LIMIT 1",
+            &[&b.tenant],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // 40 events of a and 17 of b, interleaved, in one transaction.
+    a.superuser
+        .batch_execute(&format!(
+            "BEGIN;
+             SELECT keyturn._append_event(
+                        CASE WHEN g % 3 = 0 AND g <= 51 THEN '{id_b}'::uuid ELSE '{id_a}'::uuid END,
+                        CASE WHEN g % 3 = 0 AND g <= 51 THEN '{tb}' ELSE '{ta}' END,
+                        'p', 'r', NULL, NULL, 'pending',
+                        ('{{\"n\": ' || g || ', \"x\": 1.50, \"e\": 1E2, \"z\": -0, \"big\": 123456789012, '
+                         || '\"s\": \"\\u00fc\\u2028<\\/>\", \"deep\": {{\"b\": [1, 2.0], \"a\": null}}}}')::jsonb)
+               FROM generate_series(1, 57) g;
+             COMMIT;",
+            ta = a.tenant,
+            tb = b.tenant,
+        ))
+        .await
+        .unwrap();
+    for (w, added) in [(&a, 40), (&b, 17)] {
+        let (ok, n, bad) = verify(&w.tenant).await;
+        assert!(ok && bad.is_none() && n == 6 + added, "{ok} {n} {bad:?}");
+        let events = export(&w.tenant).await;
+        let mut prev = "0".repeat(64);
+        let mut last_id = 0;
+        let mut order = Vec::new();
+        for e in &events {
+            assert_eq!(e["prev_hash"], json!(prev), "{e}");
+            assert_eq!(e["hash"], json!(hash_of(e)), "{e}");
+            assert!(e["id"].as_i64().unwrap() > last_id, "{e}");
+            last_id = e["id"].as_i64().unwrap();
+            prev = e["hash"].as_str().unwrap().to_owned();
+            if let Some(n) = e["detail"]["n"].as_i64() {
+                order.push(n);
+                assert_eq!(e["detail"]["s"], json!("\u{fc}\u{2028}</>"), "{e}");
+                assert_eq!(e["detail"]["e"].to_string(), "100", "{e}");
+            }
+        }
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(order, sorted, "the events in the order they happened");
+        assert_eq!(order.len(), added as usize);
+    }
+}
+
 /// A REPEATABLE READ transaction whose snapshot predates other commits of
 /// its tenant chains to them at its commit, instead of failing.
 #[tokio::test]
