@@ -79,7 +79,8 @@ mod tests;
     requires = [
         "citus_catalog",
         lifecycle::_guard_status,
-        lifecycle::_action_lifecycle
+        lifecycle::_action_lifecycle,
+        lifecycle::_action_lifecycle_flush
     ]
 );
 ::pgrx::extension_sql_file!(

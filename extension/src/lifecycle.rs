@@ -7,7 +7,9 @@
 //! - `_action_lifecycle`, AFTER: the work list, the usage row, the staged
 //!   payload and files, the NOTIFY, in the status change's statement, and the
 //!   event, noted for the commit to write into the tenant's chain
-//!   (crate::audit).
+//!   (crate::audit). A work-list row's move is kept for the statement's end,
+//!   where `_action_lifecycle_flush` (AFTER, FOR EACH STATEMENT) writes the
+//!   moves of all the statement's rows at once.
 //!
 //! Why Rust: they fire on every status change, three times for each
 //! dispatched action, and as plpgsql each firing converted both rows to
@@ -360,10 +362,24 @@ const OPEN_INSERT: &str = "\
 INSERT INTO keyturn.open_action (action_id, tenant, principal, session, conversation_id, status, \
                                  expires_at, next_attempt_at, lease_expires_at, dispatched_at) \
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
-/// The work-list row moved: a new status, a lease's expiry, a next attempt.
-const OPEN_MOVE: &str = "\
-UPDATE keyturn.open_action o SET status = $6, next_attempt_at = $8, lease_expires_at = $9, dispatched_at = $10 \
- WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2";
+/// Work-list rows moved: a new status, a lease's expiry, a next attempt.
+/// Written once per statement that changed actions (`_action_lifecycle_flush`),
+/// for each tenant's rows at most MOVES_PER_WRITE at a time: a batch call of
+/// the dispatcher moves one row per action, and one statement for all of
+/// them is one executor start where there were as many as rows. The rows by
+/// their place in the arrays, not a join: a single-table UPDATE whose tenant
+/// is a constant is what Citus routes to the tenant's shard from a call it
+/// delegated to a worker.
+const MOVES: &str = "\
+UPDATE keyturn.open_action o \
+   SET status = ($3::pg_catalog.text[])[pg_catalog.array_position($2::pg_catalog.uuid[], o.action_id)]::keyturn.status, \
+       next_attempt_at = ($4::pg_catalog.timestamptz[])[pg_catalog.array_position($2::pg_catalog.uuid[], o.action_id)], \
+       lease_expires_at = ($5::pg_catalog.timestamptz[])[pg_catalog.array_position($2::pg_catalog.uuid[], o.action_id)], \
+       dispatched_at = ($6::pg_catalog.timestamptz[])[pg_catalog.array_position($2::pg_catalog.uuid[], o.action_id)] \
+ WHERE o.tenant OPERATOR(pg_catalog.=) $1 AND o.action_id OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.uuid[])";
+/// Rows a MOVES statement writes at most (array_position is a linear search).
+const MOVES_PER_WRITE: usize = 64;
+
 /// A final status: the work-list row goes, and with it, as variants, the
 /// staged payload (a digest action's) and files (an external action's), and
 /// (succeeded) the usage row is written. Variants, not `WHERE $3 AND …`:
@@ -430,7 +446,7 @@ const FINAL: [[[&str; 2]; 2]; 2] = [
 ];
 const NOTIFY: &str = "SELECT pg_catalog.pg_notify('keyturn_dispatch', '')";
 
-/// The work list's columns, $1 … $10 of OPEN_INSERT and OPEN_MOVE.
+/// The work list's columns, $1 … $10 of OPEN_INSERT.
 const WORK_LIST: [usize; 10] = [
     ID,
     TENANT,
@@ -498,7 +514,7 @@ fn _action_lifecycle<'a>(
         && crate::guc::notify_on();
 
     let p = |c| new.param(&shape, c);
-    let (sql, types, args): (&str, Vec<pg_sys::Oid>, Vec<DatumWithOid<'_>>) = if is_final {
+    let (sql, types, args): (Option<&str>, Vec<pg_sys::Oid>, Vec<DatumWithOid<'_>>) = if is_final {
         // Nothing inserts a final action; should something, it gets what a
         // final status change gets (with no work-list row to delete).
         let digest = external && new.text(RETAIN) == Some("digest");
@@ -517,22 +533,26 @@ fn _action_lifecycle<'a>(
         // $3 and $4 (digest, external) choose the variant and stay bound,
         // unused, so every variant takes the same parameters.
         (
-            FINAL[usize::from(succeeded)][usize::from(external)][usize::from(digest)],
+            Some(FINAL[usize::from(succeeded)][usize::from(external)][usize::from(digest)]),
             types,
             args,
         )
-    } else {
+    } else if old.is_none() {
         let types: Vec<pg_sys::Oid> = WORK_LIST.iter().map(|&c| shape.types[c]).collect();
         let args: Vec<DatumWithOid<'_>> = WORK_LIST.iter().map(|&c| p(c)).collect();
-        (
-            if old.is_none() {
-                OPEN_INSERT
-            } else {
-                OPEN_MOVE
-            },
-            types,
-            args,
-        )
+        (Some(OPEN_INSERT), types, args)
+    } else {
+        if let (Some(id), Some(tenant)) = (id, new.text(TENANT)) {
+            queue_move(Move {
+                tenant: tenant.to_owned(),
+                id,
+                status: status.to_owned(),
+                next_attempt_at: new.timestamp(NEXT_ATTEMPT_AT),
+                lease_expires_at: new.timestamp(LEASE_EXPIRES_AT),
+                dispatched_at: new.timestamp(DISPATCHED_AT),
+            });
+        }
+        (None, Vec::new(), Vec::new())
     };
 
     if changed {
@@ -553,9 +573,14 @@ fn _action_lifecycle<'a>(
         }
     }
 
+    if sql.is_none() && !notify {
+        return Ok(None);
+    }
     let _as_owner = RoleSwitch::to(extension_owner());
     Spi::connect_mut(|client| -> pgrx::spi::SpiResult<()> {
-        plans::execute(client, sql, &types, &args)?;
+        if let Some(sql) = sql {
+            plans::execute(client, sql, &types, &args)?;
+        }
         if notify {
             plans::execute(client, NOTIFY, &[], &[])?;
         }
@@ -563,6 +588,111 @@ fn _action_lifecycle<'a>(
     })
     .unwrap_or_else(|e| error!("keyturn: the lifecycle of an action failed: {e}"));
     Ok(None)
+}
+
+/// A work-list row's move, kept until its statement ends.
+struct Move {
+    tenant: String,
+    id: pgrx::Uuid,
+    status: String,
+    next_attempt_at: Option<i64>,
+    lease_expires_at: Option<i64>,
+    dispatched_at: Option<i64>,
+}
+
+thread_local! {
+    /// The moves of the statement under way, with the transaction nesting
+    /// level it runs at: an error that ends the statement ends its
+    /// (sub)transaction, whose end forgets them ([`forget_from_level`]).
+    static MOVES_DUE: RefCell<Vec<(i32, Move)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn queue_move(m: Move) {
+    // SAFETY: a plain read of backend state.
+    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
+    MOVES_DUE.with(|q| q.borrow_mut().push((level, m)));
+}
+
+/// AFTER INSERT OR UPDATE, FOR EACH STATEMENT (sql/020_guards.sql): the
+/// work-list moves of the statement's rows, which `_action_lifecycle` kept,
+/// in one statement per tenant. It runs after every row trigger of the
+/// statement, so the work list is as before by the statement's end.
+#[pg_trigger]
+fn _action_lifecycle_flush<'a>(
+    _trigger: &'a PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, KeyturnError> {
+    let mut moves: Vec<Move> = MOVES_DUE.with(|q| {
+        std::mem::take(&mut *q.borrow_mut())
+            .into_iter()
+            .map(|(_, m)| m)
+            .collect()
+    });
+    if moves.is_empty() {
+        return Ok(None);
+    }
+    // By tenant; within one, an action's last move is the one that stands
+    // (array_position finds the first).
+    moves.reverse();
+    moves.sort_by(|a, b| (&a.tenant, a.id.as_bytes()).cmp(&(&b.tenant, b.id.as_bytes())));
+    moves.dedup_by(|a, b| a.tenant == b.tenant && a.id == b.id);
+    let types = [
+        pg_sys::TEXTOID,
+        pg_sys::UUIDARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TIMESTAMPTZARRAYOID,
+        pg_sys::TIMESTAMPTZARRAYOID,
+        pg_sys::TIMESTAMPTZARRAYOID,
+    ];
+    let at = |t: Option<i64>| {
+        // SAFETY: a timestamptz datum is its int64 by value.
+        t.and_then(|t| unsafe { TimestampWithTimeZone::from_datum(pg_sys::Datum::from(t), false) })
+    };
+    let _as_owner = RoleSwitch::to(extension_owner());
+    Spi::connect_mut(|client| -> pgrx::spi::SpiResult<()> {
+        for tenant_moves in moves.chunk_by(|a, b| a.tenant == b.tenant) {
+            for chunk in tenant_moves.chunks(MOVES_PER_WRITE) {
+                let args: Vec<DatumWithOid<'_>> = vec![
+                    chunk[0].tenant.as_str().into(),
+                    chunk.iter().map(|m| m.id).collect::<Vec<_>>().into(),
+                    chunk
+                        .iter()
+                        .map(|m| m.status.clone())
+                        .collect::<Vec<_>>()
+                        .into(),
+                    chunk
+                        .iter()
+                        .map(|m| at(m.next_attempt_at))
+                        .collect::<Vec<_>>()
+                        .into(),
+                    chunk
+                        .iter()
+                        .map(|m| at(m.lease_expires_at))
+                        .collect::<Vec<_>>()
+                        .into(),
+                    chunk
+                        .iter()
+                        .map(|m| at(m.dispatched_at))
+                        .collect::<Vec<_>>()
+                        .into(),
+                ];
+                plans::execute(client, MOVES, &types, &args)?;
+            }
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|e| error!("keyturn: the lifecycle of an action failed: {e}"));
+    Ok(None)
+}
+
+/// Forgets the moves of a statement that an error ended at `level` or deeper.
+pub fn forget_from_level(level: i32) {
+    MOVES_DUE.with(|q| q.borrow_mut().retain(|(l, _)| *l < level));
+}
+
+/// Forgets every move at the end of the transaction (one a disabled
+/// statement trigger never wrote).
+pub fn forget_all() {
+    MOVES_DUE.with(|q| q.borrow_mut().clear());
 }
 
 /// The session's role as the audit log names a change keyturn did not make:
