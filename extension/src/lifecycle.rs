@@ -362,22 +362,34 @@ const OPEN_INSERT: &str = "\
 INSERT INTO keyturn.open_action (action_id, tenant, principal, session, conversation_id, status, \
                                  expires_at, next_attempt_at, lease_expires_at, dispatched_at) \
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+/// One work-list row moved, at once: where no `_action_lifecycle_flush`
+/// trigger follows the row trigger (a database still at 0.2.0 running this
+/// library, or that trigger disabled).
+const OPEN_MOVE: &str = "\
+UPDATE keyturn.open_action o SET status = $6, next_attempt_at = $8, lease_expires_at = $9, dispatched_at = $10 \
+ WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2";
 /// Work-list rows moved: a new status, a lease's expiry, a next attempt.
 /// Written once per statement that changed actions (`_action_lifecycle_flush`),
 /// for each tenant's rows at most MOVES_PER_WRITE at a time: a batch call of
 /// the dispatcher moves one row per action, and one statement for all of
-/// them is one executor start where there were as many as rows. The rows by
-/// their place in the arrays, not a join: a single-table UPDATE whose tenant
-/// is a constant is what Citus routes to the tenant's shard from a call it
-/// delegated to a worker.
+/// them is one executor start where there were as many as rows. For Citus,
+/// from a call it delegated to a worker: the tenant a constant (the UPDATE
+/// routes to the tenant's shard), the only non-immutable call (the statuses'
+/// cast to keyturn.status) reading no column, and the new values joined
+/// from the arrays rather than subscripted in SET (Citus's deparser takes a
+/// subscript at the top of a SET expression for an array element's
+/// assignment, and crashed the backend on it).
 const MOVES: &str = "\
 UPDATE keyturn.open_action o \
-   SET status = ($3::pg_catalog.text[])[pg_catalog.array_position($2::pg_catalog.uuid[], o.action_id)]::keyturn.status, \
-       next_attempt_at = ($4::pg_catalog.timestamptz[])[pg_catalog.array_position($2::pg_catalog.uuid[], o.action_id)], \
-       lease_expires_at = ($5::pg_catalog.timestamptz[])[pg_catalog.array_position($2::pg_catalog.uuid[], o.action_id)], \
-       dispatched_at = ($6::pg_catalog.timestamptz[])[pg_catalog.array_position($2::pg_catalog.uuid[], o.action_id)] \
- WHERE o.tenant OPERATOR(pg_catalog.=) $1 AND o.action_id OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.uuid[])";
-/// Rows a MOVES statement writes at most (array_position is a linear search).
+   SET status = u.status, next_attempt_at = u.next_attempt_at, lease_expires_at = u.lease_expires_at, \
+       dispatched_at = u.dispatched_at \
+  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.uuid[]), pg_catalog.unnest($3::pg_catalog.text[]::keyturn.status[]), \
+                  pg_catalog.unnest($4::pg_catalog.timestamptz[]), pg_catalog.unnest($5::pg_catalog.timestamptz[]), \
+                  pg_catalog.unnest($6::pg_catalog.timestamptz[])) \
+       AS u (action_id, status, next_attempt_at, lease_expires_at, dispatched_at) \
+ WHERE o.tenant OPERATOR(pg_catalog.=) $1 AND o.action_id OPERATOR(pg_catalog.=) u.action_id \
+   AND o.action_id OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.uuid[])";
+/// Rows a MOVES statement writes at most.
 const MOVES_PER_WRITE: usize = 64;
 
 /// A final status: the work-list row goes, and with it, as variants, the
@@ -446,7 +458,7 @@ const FINAL: [[[&str; 2]; 2]; 2] = [
 ];
 const NOTIFY: &str = "SELECT pg_catalog.pg_notify('keyturn_dispatch', '')";
 
-/// The work list's columns, $1 … $10 of OPEN_INSERT.
+/// The work list's columns, $1 … $10 of OPEN_INSERT and OPEN_MOVE.
 const WORK_LIST: [usize; 10] = [
     ID,
     TENANT,
@@ -541,6 +553,10 @@ fn _action_lifecycle<'a>(
         let types: Vec<pg_sys::Oid> = WORK_LIST.iter().map(|&c| shape.types[c]).collect();
         let args: Vec<DatumWithOid<'_>> = WORK_LIST.iter().map(|&c| p(c)).collect();
         (Some(OPEN_INSERT), types, args)
+    } else if !flush_follows(trigger) {
+        let types: Vec<pg_sys::Oid> = WORK_LIST.iter().map(|&c| shape.types[c]).collect();
+        let args: Vec<DatumWithOid<'_>> = WORK_LIST.iter().map(|&c| p(c)).collect();
+        (Some(OPEN_MOVE), types, args)
     } else {
         if let (Some(id), Some(tenant)) = (id, new.text(TENANT)) {
             queue_move(Move {
@@ -590,6 +606,42 @@ fn _action_lifecycle<'a>(
     Ok(None)
 }
 
+/// Whether an `_action_lifecycle_flush` trigger will fire at the end of
+/// this row trigger's statement: a statement-level AFTER trigger on the same
+/// relation (a Citus shard has its own copy), of keyturn's function, enabled
+/// as this one is. Asked per row from the relation's trigger descriptor,
+/// which the relcache keeps current, so a move is kept only for a flush
+/// that will come.
+fn flush_follows(trigger: &PgTrigger<'_>) -> bool {
+    let data = trigger.trigger_data();
+    // SAFETY: the trigger's relation, its descriptor and this trigger's own
+    // pg_trigger copy are valid for this call; function names come from the
+    // syscache and are copied before the next lookup.
+    unsafe {
+        let desc = (*data.tg_relation).trigdesc;
+        if desc.is_null() {
+            return false;
+        }
+        let own = (*data.tg_trigger).tgenabled;
+        let keyturn = pg_sys::get_namespace_oid(c"keyturn".as_ptr(), true);
+        let n = usize::try_from((*desc).numtriggers).unwrap_or(0);
+        (0..n).any(|i| {
+            let t = &*(*desc).triggers.add(i);
+            let ty = u32::from(t.tgtype.cast_unsigned());
+            let statement_after = ty & pg_sys::TRIGGER_TYPE_ROW == 0
+                && ty & pg_sys::TRIGGER_TYPE_TIMING_MASK == pg_sys::TRIGGER_TYPE_AFTER;
+            statement_after
+                && t.tgenabled == own
+                && pg_sys::get_func_namespace(t.tgfoid) == keyturn
+                && {
+                    let name = pg_sys::get_func_name(t.tgfoid);
+                    !name.is_null()
+                        && std::ffi::CStr::from_ptr(name).to_bytes() == b"_action_lifecycle_flush"
+                }
+        })
+    }
+}
+
 /// A work-list row's move, kept until its statement ends.
 struct Move {
     tenant: String,
@@ -631,7 +683,7 @@ fn _action_lifecycle_flush<'a>(
         return Ok(None);
     }
     // By tenant; within one, an action's last move is the one that stands
-    // (array_position finds the first).
+    // (an UPDATE … FROM joined to two rows for one would take either).
     moves.reverse();
     moves.sort_by(|a, b| (&a.tenant, a.id.as_bytes()).cmp(&(&b.tenant, b.id.as_bytes())));
     moves.dedup_by(|a, b| a.tenant == b.tenant && a.id == b.id);

@@ -147,3 +147,31 @@ async fn test_a_statement_an_error_ended_moves_no_work_list_row_later() {
         "the later statement's own move is written"
     );
 }
+
+/// Where no statement trigger will write the moves (a database still at
+/// 0.2.0 running this library, or the trigger disabled), each row's move is
+/// written at once, as before.
+#[tokio::test]
+async fn test_without_the_statement_trigger_each_move_is_written_at_once() {
+    let w = World::new("member").await;
+    let ids = proposals(&w, 2).await;
+    w.superuser
+        .batch_execute("BEGIN; ALTER TABLE keyturn.action DISABLE TRIGGER action_lifecycle_moves")
+        .await
+        .unwrap();
+    w.superuser
+        .execute(
+            "UPDATE keyturn.action SET next_attempt_at = timestamptz '2033-01-01 00:00:00+00' WHERE id = ANY ($1)",
+            &[&ids],
+        )
+        .await
+        .unwrap();
+    let (rows, listed) = both(&w, &ids).await;
+    w.superuser.batch_execute("ROLLBACK").await.unwrap();
+    assert!(
+        rows.iter()
+            .all(|r| r.2.as_deref() == Some("2033-01-01 00:00:00+00")),
+        "{rows:?}"
+    );
+    assert_eq!(rows, listed);
+}
