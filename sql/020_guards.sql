@@ -76,13 +76,6 @@ CREATE TRIGGER action_status_guard
 CREATE TRIGGER action_lifecycle
     AFTER INSERT OR UPDATE OF status, next_attempt_at, lease_expires_at, dispatched_at ON keyturn.action
     FOR EACH ROW EXECUTE FUNCTION keyturn._action_lifecycle();
--- The work-list moves of a statement's rows, which the row trigger keeps, in
--- one statement per tenant at the statement's end (a batch call of the
--- dispatcher moves a row per action). After every row trigger of the
--- statement, so by its end the work list is what the rows say.
-CREATE TRIGGER action_lifecycle_moves
-    AFTER INSERT OR UPDATE ON keyturn.action
-    FOR EACH STATEMENT EXECUTE FUNCTION keyturn._action_lifecycle_flush();
 
 -- Append-only tables refuse UPDATE, DELETE and TRUNCATE even to their owner.
 CREATE FUNCTION keyturn._append_only()

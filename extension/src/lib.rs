@@ -79,8 +79,7 @@ mod tests;
     requires = [
         "citus_catalog",
         lifecycle::_guard_status,
-        lifecycle::_action_lifecycle,
-        lifecycle::_action_lifecycle_flush
+        lifecycle::_action_lifecycle
     ]
 );
 ::pgrx::extension_sql_file!(

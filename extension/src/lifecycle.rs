@@ -7,9 +7,7 @@
 //! - `_action_lifecycle`, AFTER: the work list, the usage row, the staged
 //!   payload and files, the NOTIFY, in the status change's statement, and the
 //!   event, noted for the commit to write into the tenant's chain
-//!   (crate::audit). A work-list row's move is kept for the statement's end,
-//!   where `_action_lifecycle_flush` (AFTER, FOR EACH STATEMENT) writes the
-//!   moves of all the statement's rows at once.
+//!   (crate::audit).
 //!
 //! Why Rust: they fire on every status change, three times for each
 //! dispatched action, and as plpgsql each firing converted both rows to
@@ -362,36 +360,10 @@ const OPEN_INSERT: &str = "\
 INSERT INTO keyturn.open_action (action_id, tenant, principal, session, conversation_id, status, \
                                  expires_at, next_attempt_at, lease_expires_at, dispatched_at) \
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
-/// One work-list row moved, at once: where no `_action_lifecycle_flush`
-/// trigger follows the row trigger (a database still at 0.2.0 running this
-/// library, or that trigger disabled).
+/// The work-list row moved: a new status, a lease's expiry, a next attempt.
 const OPEN_MOVE: &str = "\
 UPDATE keyturn.open_action o SET status = $6, next_attempt_at = $8, lease_expires_at = $9, dispatched_at = $10 \
  WHERE o.action_id OPERATOR(pg_catalog.=) $1 AND o.tenant OPERATOR(pg_catalog.=) $2";
-/// Work-list rows moved: a new status, a lease's expiry, a next attempt.
-/// Written once per statement that changed actions (`_action_lifecycle_flush`),
-/// for each tenant's rows at most MOVES_PER_WRITE at a time: a batch call of
-/// the dispatcher moves one row per action, and one statement for all of
-/// them is one executor start where there were as many as rows. For Citus,
-/// from a call it delegated to a worker: the tenant a constant (the UPDATE
-/// routes to the tenant's shard), the only non-immutable call (the statuses'
-/// cast to keyturn.status) reading no column, and the new values joined
-/// from the arrays rather than subscripted in SET (Citus's deparser takes a
-/// subscript at the top of a SET expression for an array element's
-/// assignment, and crashed the backend on it).
-const MOVES: &str = "\
-UPDATE keyturn.open_action o \
-   SET status = u.status, next_attempt_at = u.next_attempt_at, lease_expires_at = u.lease_expires_at, \
-       dispatched_at = u.dispatched_at \
-  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.uuid[]), pg_catalog.unnest($3::pg_catalog.text[]::keyturn.status[]), \
-                  pg_catalog.unnest($4::pg_catalog.timestamptz[]), pg_catalog.unnest($5::pg_catalog.timestamptz[]), \
-                  pg_catalog.unnest($6::pg_catalog.timestamptz[])) \
-       AS u (action_id, status, next_attempt_at, lease_expires_at, dispatched_at) \
- WHERE o.tenant OPERATOR(pg_catalog.=) $1 AND o.action_id OPERATOR(pg_catalog.=) u.action_id \
-   AND o.action_id OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.uuid[])";
-/// Rows a MOVES statement writes at most.
-const MOVES_PER_WRITE: usize = 64;
-
 /// A final status: the work-list row goes, and with it, as variants, the
 /// staged payload (a digest action's) and files (an external action's), and
 /// (succeeded) the usage row is written. Variants, not `WHERE $3 AND …`:
@@ -526,7 +498,7 @@ fn _action_lifecycle<'a>(
         && crate::guc::notify_on();
 
     let p = |c| new.param(&shape, c);
-    let (sql, types, args): (Option<&str>, Vec<pg_sys::Oid>, Vec<DatumWithOid<'_>>) = if is_final {
+    let (sql, types, args): (&str, Vec<pg_sys::Oid>, Vec<DatumWithOid<'_>>) = if is_final {
         // Nothing inserts a final action; should something, it gets what a
         // final status change gets (with no work-list row to delete).
         let digest = external && new.text(RETAIN) == Some("digest");
@@ -545,30 +517,22 @@ fn _action_lifecycle<'a>(
         // $3 and $4 (digest, external) choose the variant and stay bound,
         // unused, so every variant takes the same parameters.
         (
-            Some(FINAL[usize::from(succeeded)][usize::from(external)][usize::from(digest)]),
+            FINAL[usize::from(succeeded)][usize::from(external)][usize::from(digest)],
             types,
             args,
         )
-    } else if old.is_none() {
-        let types: Vec<pg_sys::Oid> = WORK_LIST.iter().map(|&c| shape.types[c]).collect();
-        let args: Vec<DatumWithOid<'_>> = WORK_LIST.iter().map(|&c| p(c)).collect();
-        (Some(OPEN_INSERT), types, args)
-    } else if !flush_follows(trigger) {
-        let types: Vec<pg_sys::Oid> = WORK_LIST.iter().map(|&c| shape.types[c]).collect();
-        let args: Vec<DatumWithOid<'_>> = WORK_LIST.iter().map(|&c| p(c)).collect();
-        (Some(OPEN_MOVE), types, args)
     } else {
-        if let (Some(id), Some(tenant)) = (id, new.text(TENANT)) {
-            queue_move(Move {
-                tenant: tenant.to_owned(),
-                id,
-                status: status.to_owned(),
-                next_attempt_at: new.timestamp(NEXT_ATTEMPT_AT),
-                lease_expires_at: new.timestamp(LEASE_EXPIRES_AT),
-                dispatched_at: new.timestamp(DISPATCHED_AT),
-            });
-        }
-        (None, Vec::new(), Vec::new())
+        let types: Vec<pg_sys::Oid> = WORK_LIST.iter().map(|&c| shape.types[c]).collect();
+        let args: Vec<DatumWithOid<'_>> = WORK_LIST.iter().map(|&c| p(c)).collect();
+        (
+            if old.is_none() {
+                OPEN_INSERT
+            } else {
+                OPEN_MOVE
+            },
+            types,
+            args,
+        )
     };
 
     if changed {
@@ -589,14 +553,9 @@ fn _action_lifecycle<'a>(
         }
     }
 
-    if sql.is_none() && !notify {
-        return Ok(None);
-    }
     let _as_owner = RoleSwitch::to(extension_owner());
     Spi::connect_mut(|client| -> pgrx::spi::SpiResult<()> {
-        if let Some(sql) = sql {
-            plans::execute(client, sql, &types, &args)?;
-        }
+        plans::execute(client, sql, &types, &args)?;
         if notify {
             plans::execute(client, NOTIFY, &[], &[])?;
         }
@@ -604,147 +563,6 @@ fn _action_lifecycle<'a>(
     })
     .unwrap_or_else(|e| error!("keyturn: the lifecycle of an action failed: {e}"));
     Ok(None)
-}
-
-/// Whether an `_action_lifecycle_flush` trigger will fire at the end of
-/// this row trigger's statement: a statement-level AFTER trigger on the same
-/// relation (a Citus shard has its own copy), of keyturn's function, enabled
-/// as this one is. Asked per row from the relation's trigger descriptor,
-/// which the relcache keeps current, so a move is kept only for a flush
-/// that will come.
-fn flush_follows(trigger: &PgTrigger<'_>) -> bool {
-    let data = trigger.trigger_data();
-    // SAFETY: the trigger's relation, its descriptor and this trigger's own
-    // pg_trigger copy are valid for this call; function names come from the
-    // syscache and are copied before the next lookup.
-    unsafe {
-        let desc = (*data.tg_relation).trigdesc;
-        if desc.is_null() {
-            return false;
-        }
-        let own = (*data.tg_trigger).tgenabled;
-        let keyturn = pg_sys::get_namespace_oid(c"keyturn".as_ptr(), true);
-        let n = usize::try_from((*desc).numtriggers).unwrap_or(0);
-        (0..n).any(|i| {
-            let t = &*(*desc).triggers.add(i);
-            let ty = u32::from(t.tgtype.cast_unsigned());
-            let statement_after = ty & pg_sys::TRIGGER_TYPE_ROW == 0
-                && ty & pg_sys::TRIGGER_TYPE_TIMING_MASK == pg_sys::TRIGGER_TYPE_AFTER;
-            statement_after
-                && t.tgenabled == own
-                && pg_sys::get_func_namespace(t.tgfoid) == keyturn
-                && {
-                    let name = pg_sys::get_func_name(t.tgfoid);
-                    !name.is_null()
-                        && std::ffi::CStr::from_ptr(name).to_bytes() == b"_action_lifecycle_flush"
-                }
-        })
-    }
-}
-
-/// A work-list row's move, kept until its statement ends.
-struct Move {
-    tenant: String,
-    id: pgrx::Uuid,
-    status: String,
-    next_attempt_at: Option<i64>,
-    lease_expires_at: Option<i64>,
-    dispatched_at: Option<i64>,
-}
-
-thread_local! {
-    /// The moves of the statement under way, with the transaction nesting
-    /// level it runs at: an error that ends the statement ends its
-    /// (sub)transaction, whose end forgets them ([`forget_from_level`]).
-    static MOVES_DUE: RefCell<Vec<(i32, Move)>> = const { RefCell::new(Vec::new()) };
-}
-
-fn queue_move(m: Move) {
-    // SAFETY: a plain read of backend state.
-    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
-    MOVES_DUE.with(|q| q.borrow_mut().push((level, m)));
-}
-
-/// AFTER INSERT OR UPDATE, FOR EACH STATEMENT (sql/020_guards.sql): the
-/// work-list moves of the statement's rows, which `_action_lifecycle` kept,
-/// in one statement per tenant. It runs after every row trigger of the
-/// statement, so the work list is as before by the statement's end.
-#[pg_trigger]
-fn _action_lifecycle_flush<'a>(
-    _trigger: &'a PgTrigger<'a>,
-) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, KeyturnError> {
-    let mut moves: Vec<Move> = MOVES_DUE.with(|q| {
-        std::mem::take(&mut *q.borrow_mut())
-            .into_iter()
-            .map(|(_, m)| m)
-            .collect()
-    });
-    if moves.is_empty() {
-        return Ok(None);
-    }
-    // By tenant; within one, an action's last move is the one that stands
-    // (an UPDATE … FROM joined to two rows for one would take either).
-    moves.reverse();
-    moves.sort_by(|a, b| (&a.tenant, a.id.as_bytes()).cmp(&(&b.tenant, b.id.as_bytes())));
-    moves.dedup_by(|a, b| a.tenant == b.tenant && a.id == b.id);
-    let types = [
-        pg_sys::TEXTOID,
-        pg_sys::UUIDARRAYOID,
-        pg_sys::TEXTARRAYOID,
-        pg_sys::TIMESTAMPTZARRAYOID,
-        pg_sys::TIMESTAMPTZARRAYOID,
-        pg_sys::TIMESTAMPTZARRAYOID,
-    ];
-    let at = |t: Option<i64>| {
-        // SAFETY: a timestamptz datum is its int64 by value.
-        t.and_then(|t| unsafe { TimestampWithTimeZone::from_datum(pg_sys::Datum::from(t), false) })
-    };
-    let _as_owner = RoleSwitch::to(extension_owner());
-    Spi::connect_mut(|client| -> pgrx::spi::SpiResult<()> {
-        for tenant_moves in moves.chunk_by(|a, b| a.tenant == b.tenant) {
-            for chunk in tenant_moves.chunks(MOVES_PER_WRITE) {
-                let args: Vec<DatumWithOid<'_>> = vec![
-                    chunk[0].tenant.as_str().into(),
-                    chunk.iter().map(|m| m.id).collect::<Vec<_>>().into(),
-                    chunk
-                        .iter()
-                        .map(|m| m.status.clone())
-                        .collect::<Vec<_>>()
-                        .into(),
-                    chunk
-                        .iter()
-                        .map(|m| at(m.next_attempt_at))
-                        .collect::<Vec<_>>()
-                        .into(),
-                    chunk
-                        .iter()
-                        .map(|m| at(m.lease_expires_at))
-                        .collect::<Vec<_>>()
-                        .into(),
-                    chunk
-                        .iter()
-                        .map(|m| at(m.dispatched_at))
-                        .collect::<Vec<_>>()
-                        .into(),
-                ];
-                plans::execute(client, MOVES, &types, &args)?;
-            }
-        }
-        Ok(())
-    })
-    .unwrap_or_else(|e| error!("keyturn: the lifecycle of an action failed: {e}"));
-    Ok(None)
-}
-
-/// Forgets the moves of a statement that an error ended at `level` or deeper.
-pub fn forget_from_level(level: i32) {
-    MOVES_DUE.with(|q| q.borrow_mut().retain(|(l, _)| *l < level));
-}
-
-/// Forgets every move at the end of the transaction (one a disabled
-/// statement trigger never wrote).
-pub fn forget_all() {
-    MOVES_DUE.with(|q| q.borrow_mut().clear());
 }
 
 /// The session's role as the audit log names a change keyturn did not make:

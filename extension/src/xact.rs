@@ -8,7 +8,7 @@
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::{actor, audit, committed, lifecycle, privilege};
+use crate::{actor, audit, committed, privilege};
 
 /// Registers the callbacks; once per backend, from `_PG_init`.
 pub fn register() {
@@ -57,7 +57,6 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
             privilege::reset_business();
             committed::forget_all();
             audit::forget_all();
-            lifecycle::forget_all();
         }
         _ => {}
     }
@@ -76,7 +75,6 @@ unsafe extern "C-unwind" fn at_sub_end(
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
         committed::forget_from_level(level);
         audit::forget_from_level(level);
-        lifecycle::forget_from_level(level);
     } else if event == pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB {
         // Its events and noted decisions are its parent's now: without this,
         // a sibling savepoint rolled back at the same depth later dropped

@@ -64,8 +64,8 @@ SELECT set_eq($$
     SELECT DISTINCT t.tgfoid::regprocedure::text FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
      WHERE t.tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'keyturn'::regnamespace)
        AND NOT t.tgisinternal AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')$$,
-    ARRAY['keyturn._action_lifecycle()', 'keyturn._action_lifecycle_flush()', 'keyturn._guard_status()'],
-    'the only C trigger functions are the three audited ones');
+    ARRAY['keyturn._action_lifecycle()', 'keyturn._guard_status()'],
+    'the only C trigger functions are the two audited ones');
 
 SELECT is_empty($$
     SELECT c.oid::regclass, a.grantee::regrole, a.privilege_type

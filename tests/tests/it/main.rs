@@ -39,4 +39,3 @@ mod security_tests;
 mod separation_tests;
 mod task_tests;
 mod tools_tests;
-mod work_list_tests;
