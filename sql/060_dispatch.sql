@@ -604,7 +604,13 @@ BEGIN
                    keyturn._outcome_status((l.a).status, e.outcome, (l.a).attempts) AS status
               FROM unnest(p_ords, p_ids, p_leases, p_outcomes, p_receipts, p_retry_after)
                    AS e (ord, id, lease, outcome, receipt, delay)
-             CROSS JOIN LATERAL (SELECT keyturn._complete_args_error(e.outcome, e.delay, e.receipt) AS arg_error) g
+             -- OFFSET 0 here, in p and in v: a subquery the planner pulls up
+             -- has its columns' expressions copied into every place that
+             -- names them, and each copy runs: _complete_args_error ran five
+             -- times an element, _complete_problem four and _outcome_status
+             -- three (the drain's profile). Kept as subqueries, each runs once.
+             CROSS JOIN LATERAL (SELECT keyturn._complete_args_error(e.outcome, e.delay, e.receipt) AS arg_error
+                                 OFFSET 0) g
               -- Each row locked as it is read, in the batch's order, and only
               -- for an element whose arguments are right: the others change
               -- nothing. ROW(x.*), as in keyturn._begin_set.
@@ -613,7 +619,9 @@ BEGIN
                                     AND g.arg_error IS NULL FOR UPDATE) l ON true
              CROSS JOIN LATERAL (
                    SELECT coalesce('22023 ' || g.arg_error,
-                                   '55000 ' || keyturn._complete_problem(l.a, e.id, e.lease, e.outcome)) AS problem) p) v;
+                                   '55000 ' || keyturn._complete_problem(l.a, e.id, e.lease, e.outcome)) AS problem
+                   OFFSET 0) p
+            OFFSET 0) v;
     v_now := clock_timestamp();
     v_next := ARRAY(SELECT v_now + u.delay FROM unnest(v_delays) WITH ORDINALITY AS u (delay, o) ORDER BY u.o);
     UPDATE keyturn.attempt t

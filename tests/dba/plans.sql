@@ -3,9 +3,12 @@
 -- planned once per backend (sql/060_dispatch.sql, the note before
 -- keyturn.begin_dispatch); planned while keyturn.attempt is empty, as on a new
 -- installation, complete must still find a batch's attempt rows by key, not
--- read the table whole in every later call. Everything is rolled back.
+-- read the table whole in every later call. And complete's checks run once
+-- an element (a subquery the planner pulls up runs its expressions once for
+-- each place that names them: they ran four and five times). Everything is
+-- rolled back.
 BEGIN;
-SELECT plan(3);
+SELECT plan(5);
 \o /dev/null
 
 CREATE ROLE kt_plans_agent IN ROLE keyturn_agent;
@@ -19,6 +22,7 @@ SELECT keyturn.grant_tool('plans', 'pat', 'plans.mail');
 -- The statistics of a new installation: no attempt rows.
 ANALYZE keyturn.attempt;
 SET LOCAL keyturn.notify = off;
+SET LOCAL track_functions = 'all';
 
 SET SESSION AUTHORIZATION kt_plans_agent;
 SELECT set_config('keyturn.tenant', 'plans', true), set_config('keyturn.principal', 'pat', true),
@@ -55,6 +59,13 @@ SELECT is((SELECT seq_tup_read FROM pg_stat_xact_user_tables WHERE relid = 'keyt
           'complete, planned while keyturn.attempt was empty, never reads it whole');
 SELECT cmp_ok((SELECT idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relid = 'keyturn.attempt'::regclass),
               '<=', 40::bigint, 'complete reads only its own batch''s attempt rows');
+
+SELECT is((SELECT calls FROM pg_stat_xact_user_functions
+            WHERE funcid = 'keyturn._complete_args_error(text, interval, jsonb)'::regprocedure), 40::bigint,
+          'complete checks each element''s arguments once');
+SELECT is((SELECT calls FROM pg_stat_xact_user_functions
+            WHERE funcid = 'keyturn._complete_problem(keyturn.action, uuid, uuid, text)'::regprocedure), 40::bigint,
+          'complete checks each element''s lease once');
 
 SELECT * FROM finish();
 ROLLBACK;
