@@ -121,49 +121,13 @@ $$;
 
 -- What is wrong with the form {"where": {col: value | [values]}, "set": {col: value}},
 -- or NULL. Returned rather than raised, so approve's revalidation needs no
--- subtransaction to catch it.
+-- subtransaction to catch it. The check is Rust (extension/src/form.rs);
+-- this wrapper is inlined where it is called.
 CREATE FUNCTION keyturn._form_error(p_ver keyturn.tool_version, p_form jsonb)
 RETURNS text
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE sql IMMUTABLE
 AS $$
-DECLARE
-    k text;
-    v jsonb;
-BEGIN
-    IF jsonb_typeof(p_form) <> 'object' OR NOT (p_form ?& ARRAY['where', 'set'])
-       OR EXISTS (SELECT 1 FROM jsonb_object_keys(p_form) j WHERE j NOT IN ('where', 'set')) THEN
-        RETURN format('params of sql tool %s must be exactly {"where": {...}, "set": {...}}', p_ver.tool);
-    END IF;
-    IF jsonb_typeof(p_form -> 'where') <> 'object' OR p_form -> 'where' = '{}'
-       OR jsonb_typeof(p_form -> 'set') <> 'object' OR p_form -> 'set' = '{}' THEN
-        RETURN 'params.where and params.set must be non-empty objects';
-    END IF;
-    FOR k, v IN SELECT e.key, e.value FROM jsonb_each(p_form -> 'where') e LOOP
-        IF NOT k = ANY (p_ver.sql_where) THEN
-            RETURN format('tool %s may not filter on %s (filterable columns: %s)',
-                          p_ver.tool, quote_ident(k), array_to_string(p_ver.sql_where, ', '));
-        END IF;
-        IF jsonb_typeof(v) = 'array' THEN
-            IF jsonb_array_length(v) NOT BETWEEN 1 AND 1000
-               OR EXISTS (SELECT 1 FROM jsonb_array_elements(v) x
-                           WHERE jsonb_typeof(x) NOT IN ('string', 'number', 'boolean')) THEN
-                RETURN format('params.where.%s must list 1 to 1000 strings, numbers or booleans', k);
-            END IF;
-        ELSIF jsonb_typeof(v) NOT IN ('string', 'number', 'boolean') THEN
-            RETURN format('params.where.%s must be a string, number, boolean or a list of them', k);
-        END IF;
-    END LOOP;
-    FOR k, v IN SELECT e.key, e.value FROM jsonb_each(p_form -> 'set') e LOOP
-        IF NOT k = ANY (p_ver.sql_set) THEN
-            RETURN format('tool %s may not set %s (settable columns: %s)',
-                          p_ver.tool, quote_ident(k), array_to_string(p_ver.sql_set, ', '));
-        END IF;
-        IF jsonb_typeof(v) IN ('object', 'array') AND p_ver.sql_types ->> k NOT IN ('json', 'jsonb') THEN
-            RETURN format('params.set.%s must be a scalar for a %s column', k, p_ver.sql_types ->> k);
-        END IF;
-    END LOOP;
-    RETURN NULL;
-END
+    SELECT keyturn._form_problem(p_ver.tool, p_ver.sql_where, p_ver.sql_set, p_ver.sql_types, p_form)
 $$;
 
 -- Raises 22023 with what is wrong with the form.

@@ -27,6 +27,7 @@ mod citus; // whether Citus is here; identity re-asserted for its workers before
 mod committed; // admission on committed data under every isolation level; the commit's recheck
 mod exec_as; // _exec_as: run a statement as the caller, under RLS
 mod fence; // fence: projected, neutralized, marked reference blocks
+mod form; // an sql tool's form: what is wrong with it for the tool's columns
 mod gate; // propose and the person's calls: separation of duties + owner elevation
 mod guc; // keyturn's settings; how long a setting's value lasts
 mod identity; // current_tenant, current_principal, current_session
@@ -106,7 +107,7 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/050_propose.sql",
     name = "propose",
-    requires = ["register", exec_as::exec_as]
+    requires = ["register", exec_as::exec_as, form::form_problem]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/051_approve.sql",

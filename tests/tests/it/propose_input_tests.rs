@@ -181,3 +181,71 @@ async fn test_token_is_random_urlsafe_and_only_a_verifier_is_stored() {
     .await;
     assert_eq!(hits, 0, "the token itself is never stored");
 }
+
+/// An sql tool's form: each shape it may not have, refused at propose with
+/// 22023 and a message naming the first problem (docs/sql-api.md), keys
+/// taken in jsonb's order (shorter first); nothing is proposed.
+#[tokio::test]
+async fn test_an_sql_forms_problems_are_named() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let cases: Vec<(Value, String)> = vec![
+        (
+            json!({"where": {"id": 1}}),
+            format!(
+                r#"params of sql tool {t} must be exactly {{"where": {{...}}, "set": {{...}}}}"#
+            ),
+        ),
+        (
+            json!({"where": {"id": 1}, "set": {"stage": "won"}, "x": 1}),
+            format!(
+                r#"params of sql tool {t} must be exactly {{"where": {{...}}, "set": {{...}}}}"#
+            ),
+        ),
+        (
+            json!({"where": {}, "set": {"stage": "won"}}),
+            "params.where and params.set must be non-empty objects".into(),
+        ),
+        (
+            json!({"where": {"id": 1}, "set": []}),
+            "params.where and params.set must be non-empty objects".into(),
+        ),
+        (
+            json!({"where": {"zzzzz": 1, "Name": 1}, "set": {"stage": "won"}}),
+            format!(r#"tool {t} may not filter on "Name" (filterable columns: id, owner)"#),
+        ),
+        (
+            json!({"where": {"id": null}, "set": {"stage": "won"}}),
+            "params.where.id must be a string, number, boolean or a list of them".into(),
+        ),
+        (
+            json!({"where": {"id": [1, [2]]}, "set": {"stage": "won"}}),
+            "params.where.id must list 1 to 1000 strings, numbers or booleans".into(),
+        ),
+        (
+            json!({"where": {"id": (1..=1001).collect::<Vec<_>>()}, "set": {"stage": "won"}}),
+            "params.where.id must list 1 to 1000 strings, numbers or booleans".into(),
+        ),
+        (
+            json!({"where": {"id": 1}, "set": {"name": "x", "stage": "won"}}),
+            format!("tool {t} may not set name (settable columns: stage, amount)"),
+        ),
+        (
+            json!({"where": {"id": 1}, "set": {"stage": {"a": 1}}}),
+            "params.set.stage must be a scalar for a text column".into(),
+        ),
+    ];
+    for (params, want) in cases {
+        let got = message(w.propose(&t, params.clone()).await);
+        assert_eq!(got, format!("keyturn: {want}"), "{params}");
+    }
+    assert_eq!(
+        count(
+            &w.superuser,
+            "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
+            &[&w.tenant]
+        )
+        .await,
+        0
+    );
+}
