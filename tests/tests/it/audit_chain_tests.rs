@@ -311,26 +311,19 @@ async fn test_concurrent_writers_of_one_tenant_make_one_chain() {
 /// and strings were given in.
 #[tokio::test]
 async fn test_one_commit_of_many_events_chains_each_tenant_in_order() {
+    async fn an_action(w: &World) -> uuid::Uuid {
+        w.superuser
+            .query_one(
+                "SELECT action_id FROM keyturn.event WHERE tenant = $1 LIMIT 1",
+                &[&w.tenant],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
     let a = busy().await;
     let b = busy().await;
-    let id_a: uuid::Uuid = a
-        .superuser
-        .query_one(
-            "SELECT action_id FROM keyturn.event WHERE tenant = $1 LIMIT 1",
-            &[&a.tenant],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let id_b: uuid::Uuid = b
-        .superuser
-        .query_one(
-            "SELECT action_id FROM keyturn.event WHERE tenant = $1 LIMIT 1",
-            &[&b.tenant],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let (id_a, id_b) = (an_action(&a).await, an_action(&b).await);
     // 40 events of a and 17 of b, interleaved, in one transaction.
     a.superuser
         .batch_execute(&format!(
