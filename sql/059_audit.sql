@@ -10,15 +10,9 @@
 -- keyturn's own on the tenant's chain held for the commit alone
 -- (extension/src/audit.rs says why and how).
 
--- The hash of an event given as the JSON object of its columns (hash left
--- out, whether or not it is there). STABLE, as convert_to() is, so that it
--- is inlined (tests/dba/catalog.sql holds every SQL function to this).
-CREATE FUNCTION keyturn._event_hash(p_event jsonb)
-RETURNS text
-LANGUAGE sql STABLE PARALLEL SAFE
-AS $$
-    SELECT encode(sha256(convert_to(keyturn.canonical_json(p_event - 'hash'), 'UTF8')), 'hex')
-$$;
+-- keyturn._event_hash(jsonb), the hash of an event given as the JSON object
+-- of its columns, is Rust (extension/src/audit.rs): the one definition the
+-- commit hashes with too (keyturn-core's audit::event_hash).
 
 -- The 64 zeros the first event of a chain names as its predecessor.
 CREATE FUNCTION keyturn._chain_start()

@@ -20,6 +20,7 @@ use pgrx::prelude::*;
 use keyturn_core::canonical;
 
 use crate::committed::on_latest;
+use crate::error::OrRaise;
 use crate::jsonb_text::{JsonbText, RawJsonb};
 use crate::privilege::{extension_owner, RoleSwitch};
 
@@ -155,6 +156,17 @@ fn append_event(
     );
 }
 
+/// The hash of an event given as the JSON object of its columns (a `hash`
+/// member left out): keyturn_core::audit::event_hash, which the commit
+/// hashes with too, for verify_audit and the upgrade that chains 0.2.0's
+/// events. 22023 for what RFC 8785 cannot represent exactly.
+#[pg_extern(name = "_event_hash", immutable, strict, parallel_safe)]
+fn event_hash_sql(event: JsonbText) -> String {
+    canonical::parse_bounded(&event.0)
+        .and_then(|v| keyturn_core::audit::event_hash(&v))
+        .or_raise()
+}
+
 const HEAD_MADE: &str = "INSERT INTO keyturn.audit_chain (tenant, events, head) \
      VALUES ($1, 0, keyturn._chain_start()) ON CONFLICT ON CONSTRAINT audit_chain_pkey DO NOTHING";
 /// The tenant's head, and the id of the transaction's first event (one
@@ -181,7 +193,7 @@ const MORE_IDS: &str = "SELECT pg_catalog.string_agg(pg_catalog.nextval('keyturn
                           FROM pg_catalog.generate_series(1, $1::int) g";
 /// Events written by one statement at most (one kept plan per row count).
 const ROWS_PER_WRITE: usize = 16;
-/// The columns of WRITE's rows, each a text parameter.
+/// The columns of each row of `write_statement`, each a text parameter.
 const WRITE_COLUMNS: usize = 12;
 /// The statement writing `n` events (1 ..= ROWS_PER_WRITE), hashed already
 /// (`hash_event`). `at` is written from the number (PostgreSQL's
@@ -225,10 +237,10 @@ const HEAD_MOVED: &str =
 /// until the commit ends; the head is read, and written, in its newest
 /// version (committed::on_latest), so a REPEATABLE READ transaction chains
 /// to what committed after its snapshot instead of failing to serialize.
-/// However many events a tenant has in the transaction, its part of the
-/// commit is four statements at most per ROWS_PER_WRITE events (a batch
-/// call of the dispatcher's commits one event per action): the head, the
-/// further ids, the rows, the head moved.
+/// However many events a tenant has in the transaction (a batch call of the
+/// dispatcher's commits one per action), its part of the commit is the
+/// head, the further ids (when there are several), one insert per
+/// ROWS_PER_WRITE events, and the head moved.
 pub fn write_pending() {
     let mut pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
     if pending.is_empty() {
@@ -320,8 +332,7 @@ pub fn write_pending() {
 }
 
 /// The event's hash (keyturn_core::audit::event_hash), of the object
-/// verify_audit makes from `to_jsonb` of the row under TimeZone UTC
-/// (keyturn._event_hash).
+/// verify_audit makes from `to_jsonb` of the row under TimeZone UTC.
 /// `detail` is as jsonb_out prints it, the text the row will hold; `at` as
 /// PostgreSQL's JSON encoder prints it in UTC (`json_utc`).
 fn hash_event(id: &str, e: &Pending, detail: &str, prev: &str) -> String {

@@ -152,7 +152,7 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/059_audit.sql",
     name = "audit",
-    requires = ["links", canonical::canonical_json]
+    requires = ["links", audit::event_hash_sql]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/060_dispatch.sql",
