@@ -535,13 +535,13 @@ AS 'MODULE_PATHNAME', 'form_arg_wrapper';
 
 -- pg_keyturn::form::_form_problem
 CREATE OR REPLACE FUNCTION "_form_problem"(
-	"tool" TEXT, /* & str */
-	"where_columns" TEXT[], /* Vec < Option < String > > */
-	"set_columns" TEXT[], /* Vec < Option < String > > */
-	"types" jsonb, /* JsonbText */
-	"form" jsonb /* JsonbText */
+	"tool" TEXT, /* Option < & str > */
+	"where_columns" TEXT[], /* :: std :: option :: Option < Vec < Option < String > > > */
+	"set_columns" TEXT[], /* :: std :: option :: Option < Vec < Option < String > > > */
+	"types" jsonb, /* Option < JsonbText > */
+	"form" jsonb /* Option < JsonbText > */
 ) RETURNS TEXT /* Option < String > */
-IMMUTABLE STRICT PARALLEL SAFE 
+IMMUTABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'form_problem_wrapper';
 

@@ -16,14 +16,24 @@ use crate::jsonb_text::JsonbText;
 /// The first problem of `form`, or NULL; the keys of `where` and `set` are
 /// taken in jsonb's order (shorter first, then by bytes), so the problem
 /// named is the one the plpgsql check named.
-#[pg_extern(name = "_form_problem", immutable, strict, parallel_safe)]
+///
+/// Not strict: a tool version missing its columns (only a hand edit of the
+/// catalog makes one) lets no key through, rather than every form.
+#[pg_extern(name = "_form_problem", immutable, parallel_safe)]
 fn form_problem(
-    tool: &str,
-    where_columns: Vec<Option<String>>,
-    set_columns: Vec<Option<String>>,
-    types: JsonbText,
-    form: JsonbText,
+    tool: Option<&str>,
+    where_columns: Option<Vec<Option<String>>>,
+    set_columns: Option<Vec<Option<String>>>,
+    types: Option<JsonbText>,
+    form: Option<JsonbText>,
 ) -> Option<String> {
+    let form = form?;
+    let tool = tool.unwrap_or_default();
+    let types = types.unwrap_or_else(|| JsonbText("{}".into()));
+    let (where_columns, set_columns) = (
+        where_columns.unwrap_or_default(),
+        set_columns.unwrap_or_default(),
+    );
     // Beyond the bounds no proposal's params can be hashed within either:
     // refused, never let through unread.
     let form = match keyturn_core::canonical::parse_bounded(&form.0) {
@@ -33,7 +43,14 @@ fn form_problem(
     let Ok(types) = keyturn_core::canonical::parse_bounded(&types.0) else {
         return Some(format!("tool {tool} has column types keyturn cannot read"));
     };
-    let type_of = |k: &str| types.get(k).and_then(Value::as_str).map(str::to_owned);
+    // A type as `sql_types ->> k` gives it: a string's text, else the JSON.
+    let type_of = |k: &str| {
+        types.get(k).and_then(|t| match t {
+            Value::Null => None,
+            Value::String(s) => Some(s.clone()),
+            other => Some(other.to_string()),
+        })
+    };
     let listed = |cols: &[Option<String>]| cols.iter().flatten().cloned().collect::<Vec<_>>();
     let (where_columns, set_columns) = (listed(&where_columns), listed(&set_columns));
 
