@@ -112,7 +112,7 @@ fn write_unchained(
 ) {
     const UNCHAINED: &str = "INSERT INTO keyturn.event (action_id, tenant, action_principal, db_role, principal, \
                                                         from_status, to_status, detail) \
-                             VALUES ($1, $2, $3, $4, $5, $6::keyturn.status, $7::keyturn.status, $8::jsonb)";
+                             VALUES ($1, $2, $3, $4, $5, $6::keyturn.status, $7::keyturn.status, $8::pg_catalog.jsonb)";
     let text = pg_sys::TEXTOID;
     let types = [pg_sys::UUIDOID, text, text, text, text, text, text, text];
     let args: Vec<pgrx::datum::DatumWithOid<'_>> = vec![
@@ -159,12 +159,12 @@ fn append_event(
 /// The hash of an event given as the JSON object of its columns (a `hash`
 /// member left out): keyturn_core::audit::event_hash, which the commit
 /// hashes with too, for verify_audit and the upgrade that chains 0.2.0's
-/// events. 22023 for what RFC 8785 cannot represent exactly.
+/// events. Read as a stored row, whose printed text may be longer than the
+/// bound on a caller's JSON: every event the commit admitted is read.
+/// 22023 for what RFC 8785 cannot represent exactly.
 #[pg_extern(name = "_event_hash", immutable, strict, parallel_safe)]
 fn event_hash_sql(event: JsonbText) -> String {
-    canonical::parse_bounded(&event.0)
-        .and_then(|v| keyturn_core::audit::event_hash(&v))
-        .or_raise()
+    keyturn_core::audit::event_hash_of_row(&event.0).or_raise()
 }
 
 const HEAD_MADE: &str = "INSERT INTO keyturn.audit_chain (tenant, events, head) \
@@ -189,7 +189,7 @@ SELECT c.events || ' ' || c.head || ' ' || c.last_id || ' ' || \
 /// (docs/audit.md; verify_audit recomputes in id order), so HEAD's first id
 /// is then the last one's plus one and moves the sequence past it, and these
 /// follow it.
-const MORE_IDS: &str = "SELECT pg_catalog.string_agg(pg_catalog.nextval('keyturn.event_id_seq')::text, ' ' ORDER BY g) \
+const MORE_IDS: &str = "SELECT pg_catalog.string_agg(pg_catalog.nextval('keyturn.event_id_seq')::pg_catalog.text, ' ' ORDER BY g) \
                           FROM pg_catalog.generate_series(1, $1::int) g";
 /// Events written by one statement at most (one kept plan per row count).
 const ROWS_PER_WRITE: usize = 16;
@@ -209,9 +209,9 @@ fn write_statement(n: usize) -> &'static str {
                     .map(|r| {
                         let p = |c: usize| format!("${}", r * WRITE_COLUMNS + c);
                         format!(
-                            "({}::bigint, {}::uuid, {}, {}, \
-                             timestamptz '2000-01-01 00:00:00+00' + ({} || ' microseconds')::interval, \
-                             {}, {}, {}::keyturn.status, {}::keyturn.status, {}::jsonb, {}, {})",
+                            "({}::bigint, {}::pg_catalog.uuid, {}, {}, \
+                             pg_catalog.timestamptz '2000-01-01 00:00:00+00' + ({} || ' microseconds')::interval, \
+                             {}, {}, {}::keyturn.status, {}::keyturn.status, {}::pg_catalog.jsonb, {}, {})",
                             p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12)
                         )
                     })

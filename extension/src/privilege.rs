@@ -18,7 +18,13 @@ pub struct RoleSwitch {
     saved_user: pg_sys::Oid,
     saved_context: i32,
     business: bool,
+    /// The GUC nest level of a search_path pinned for the owner's statements.
+    pinned_path: Option<i32>,
 }
+
+/// The search_path keyturn's own statements run under, as its SECURITY
+/// DEFINER functions pin it.
+const PINNED_PATH: &std::ffi::CStr = c"pg_catalog, pg_temp";
 
 thread_local! {
     // How many business statements (run as a caller through `_exec_as`) are
@@ -29,9 +35,17 @@ thread_local! {
 }
 
 impl RoleSwitch {
-    /// Elevates to `role` (the extension owner) for keyturn's own statements.
+    /// Elevates to `role` (the extension owner) for keyturn's own statements,
+    /// under `search_path = pg_catalog, pg_temp`. The caller's path must not
+    /// reach them: the row triggers and the commit run in the caller's
+    /// session, where a temporary type named like one a statement names, or
+    /// an operator in a schema put before pg_catalog, would otherwise run
+    /// the caller's code as the owner (red-team finding, docs/security.md).
+    /// Inside keyturn's functions, which pin the same path, nothing is set.
     pub fn to(role: pg_sys::Oid) -> Self {
-        Self::switch(role, pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32, false)
+        let mut switch = Self::switch(role, pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32, false);
+        switch.pinned_path = pin_search_path();
+        switch
     }
 
     /// Drops to the caller's `role` for a business statement: as PostgreSQL
@@ -63,7 +77,34 @@ impl RoleSwitch {
             saved_user,
             saved_context,
             business,
+            pinned_path: None,
         }
+    }
+}
+
+/// Sets search_path to PINNED_PATH at a new GUC nest level, as a SET clause
+/// does, unless it is that already; the level to pop, if one was pushed.
+fn pin_search_path() -> Option<i32> {
+    // SAFETY: namespace_search_path is the GUC's NUL-terminated value (or
+    // NULL before the GUCs exist); the level pushed is popped by the drop,
+    // or, on an error, by the (sub)transaction's abort, which pops them all.
+    unsafe {
+        let current = pg_sys::namespace_search_path;
+        if !current.is_null() && std::ffi::CStr::from_ptr(current) == PINNED_PATH {
+            return None;
+        }
+        let level = pg_sys::NewGUCNestLevel();
+        pg_sys::set_config_option(
+            c"search_path".as_ptr(),
+            PINNED_PATH.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            PgLogLevel::ERROR as i32,
+            false,
+        );
+        Some(level)
     }
 }
 
@@ -72,8 +113,17 @@ impl Drop for RoleSwitch {
         if self.business {
             IN_BUSINESS.set(IN_BUSINESS.get().saturating_sub(1));
         }
-        // SAFETY: restores exactly what `switch` saved.
-        unsafe { pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context) }
+        // SAFETY: restores exactly what `switch` saved; pops the nest level
+        // pin_search_path pushed, unless an error is unwinding, whose abort
+        // pops it.
+        unsafe {
+            if let Some(level) = self.pinned_path {
+                if !std::thread::panicking() {
+                    pg_sys::AtEOXact_GUC(true, level);
+                }
+            }
+            pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context)
+        }
     }
 }
 
@@ -135,7 +185,7 @@ pub fn extension_owner() -> pg_sys::Oid {
         }
     }
     let owner = Spi::get_one_with_args::<pg_sys::Oid>(
-        "SELECT extowner FROM pg_catalog.pg_extension WHERE oid = $1",
+        "SELECT extowner FROM pg_catalog.pg_extension WHERE oid OPERATOR(pg_catalog.=) $1",
         &[extension.into()],
     );
     match owner {

@@ -3,8 +3,15 @@
 
 use serde_json::Value;
 
-use crate::canonical::sha256_hex;
+use crate::canonical::{parse_printed, sha256_hex, MAX_BYTES};
 use crate::CoreError;
+
+/// How long a stored event's text may be. The commit admits an event whose
+/// canonical form is at most MAX_BYTES (and whose detail, as jsonb prints
+/// it, is at most MAX_BYTES); printed as a row, with its hash, the spaces
+/// jsonb puts between members and its other columns, it is longer, but
+/// never twice as long plus its short columns.
+const STORED_EVENT_BYTES: usize = 4 * MAX_BYTES;
 
 /// The 64 zeros the first event of a chain names as its predecessor.
 pub const CHAIN_START: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -24,10 +31,33 @@ pub fn event_hash(event: &Value) -> Result<String, CoreError> {
     }
 }
 
+/// [`event_hash`] of an event's text as PostgreSQL prints the row (what
+/// `verify_audit` reads): whatever the commit admitted, this reads.
+pub fn event_hash_of_row(text: &str) -> Result<String, CoreError> {
+    event_hash(&parse_printed(text, STORED_EVENT_BYTES)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_row_printed_longer_than_the_input_bound_is_read() {
+        // Canonical form under MAX_BYTES; printed with spaces, over it.
+        let n = MAX_BYTES / 3;
+        let items = vec!["1"; n].join(", ");
+        let row = format!(r#"{{"detail": {{"a": [{items}]}}, "hash": "{CHAIN_START}", "id": 1}}"#);
+        assert!(row.len() > MAX_BYTES);
+        let value: Value = serde_json::from_str(&row).unwrap();
+        assert_eq!(
+            event_hash_of_row(&row).unwrap(),
+            event_hash(&value).unwrap()
+        );
+        // What no commit admits stays refused: a canonical form over the bound.
+        let too_big = format!(r#"{{"detail": "{}"}}"#, "x".repeat(MAX_BYTES));
+        assert!(event_hash_of_row(&too_big).is_err());
+    }
 
     #[test]
     fn the_hash_member_is_left_out() {

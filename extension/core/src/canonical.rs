@@ -78,6 +78,13 @@ pub fn parse_bounded(json: &str) -> Result<Value, CoreError> {
     parse::parse_strict(json)
 }
 
+/// [`parse_bounded`] of a text PostgreSQL printed from a value keyturn
+/// already admitted, whose printed form may be longer than `max_bytes`
+/// allows a caller's input (crate::audit: a stored event).
+pub(crate) fn parse_printed(json: &str, max_bytes: usize) -> Result<Value, CoreError> {
+    parse::parse_strict_within(json, max_bytes)
+}
+
 /// The text an approved write stores for a JSON value: a string as itself, a
 /// number in its canonical (RFC 8785) form, `true`/`false`, and for arrays and
 /// objects their canonical JSON; `None` for null.

@@ -508,3 +508,88 @@ async fn test_an_export_since_a_time_is_a_contiguous_tail_of_the_chain() {
         "the late-committed event is in it: {lines:?}"
     );
 }
+
+/// Red-team finding (2026-12-05): keyturn's commit wrote the chain as the
+/// extension owner under the caller's search_path, so a temporary type
+/// named like one of its statements' types (any role may create one) or an
+/// operator in a schema the caller puts first replaced it: the caller's code
+/// ran as the owner, and an event was stored other than hashed. Whatever the
+/// caller's session holds, the commit's statements mean what keyturn wrote.
+#[tokio::test]
+async fn test_a_callers_types_and_operators_never_reach_the_commit() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    // An operator schema the caller may use (a role with CREATE somewhere).
+    let ops = unique("kt_ops");
+    w.superuser
+        .batch_execute(&format!(
+            "CREATE SCHEMA {ops};
+             CREATE FUNCTION {ops}.cat(a pg_catalog.text, b pg_catalog.text) RETURNS pg_catalog.text
+               LANGUAGE plpgsql AS $f$BEGIN RAISE EXCEPTION 'operator ran as %', current_user; END$f$;
+             CREATE OPERATOR {ops}.|| (LEFTARG = pg_catalog.text, RIGHTARG = pg_catalog.text, FUNCTION = {ops}.cat);
+             GRANT USAGE ON SCHEMA {ops} TO PUBLIC;"
+        ))
+        .await
+        .unwrap();
+    let attacks = [
+        // A temporary type whose check runs the caller's function.
+        "CREATE FUNCTION pg_temp.kt_hijack(v pg_catalog.uuid) RETURNS boolean LANGUAGE plpgsql AS \
+           $f$BEGIN RAISE EXCEPTION 'type check ran as %', current_user; END$f$; \
+         CREATE DOMAIN pg_temp.uuid AS pg_catalog.uuid CHECK (pg_temp.kt_hijack(VALUE))"
+            .to_owned(),
+        // A temporary type that stores the time in the session's zone.
+        "CREATE DOMAIN pg_temp.timestamptz AS pg_catalog.timestamp; SET TimeZone = 'America/New_York'"
+            .to_owned(),
+        format!("SET search_path = {ops}, pg_catalog"),
+    ];
+    for attack in attacks {
+        // A fresh connection each time: the commit's plans are made once
+        // per backend, at its first commit with events.
+        let agent = connect("app_agent").await;
+        agent.batch_execute(&attack).await.unwrap();
+        let committed = agent
+            .batch_execute(&format!(
+                "BEGIN;
+                 SELECT pg_catalog.set_config('keyturn.tenant', '{}', true),
+                        pg_catalog.set_config('keyturn.principal', '{}', true),
+                        pg_catalog.set_config('keyturn.session', '{}', true);
+                 SELECT action_id::pg_catalog.text FROM keyturn.propose('{t}',
+                        '{{\"channel\": \"c\", \"text\": \"x\"}}'::pg_catalog.jsonb);
+                 COMMIT;",
+                w.tenant, w.principal, w.session
+            ))
+            .await;
+        assert!(committed.is_ok(), "{attack}: {committed:?}");
+    }
+    let (ok, n, bad) = verify(&w.tenant).await;
+    w.superuser
+        .batch_execute(&format!("DROP SCHEMA {ops} CASCADE"))
+        .await
+        .unwrap();
+    assert!(ok && bad.is_none() && n == 3, "{ok} {n} {bad:?}");
+}
+
+/// Red-team finding (2026-12-05): an event whose canonical form fits the
+/// bound the commit checks, but whose stored row prints longer (the hash,
+/// and the spaces jsonb puts between members), committed, and from then on
+/// verify_audit raised for the tenant. What the commit admits, the check
+/// reads.
+#[tokio::test]
+async fn test_an_event_as_large_as_the_commit_admits_still_verifies() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "big"}))
+        .await
+        .unwrap();
+    w.human
+        .query_one(
+            "SELECT keyturn.reject($1, $2, pg_catalog.repeat('x', 1048200))",
+            &[&p.id, &p.token],
+        )
+        .await
+        .unwrap();
+    assert_eq!(verify(&w.tenant).await, (true, 2, None));
+    let events = export(&w.tenant).await;
+    assert_eq!(events[1]["hash"], json!(hash_of(&events[1])));
+}

@@ -32,8 +32,13 @@ const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 const DEPTH_MARKER: &str = "keyturn: nesting too deep";
 
 pub(super) fn parse_strict(json: &str) -> Result<Value, CoreError> {
-    if json.len() > MAX_BYTES {
-        return Err(CoreError::TooLarge { limit: MAX_BYTES });
+    parse_strict_within(json, MAX_BYTES)
+}
+
+/// [`parse_strict`] with another bound on the input text's size.
+pub(super) fn parse_strict_within(json: &str, max_bytes: usize) -> Result<Value, CoreError> {
+    if json.len() > max_bytes {
+        return Err(CoreError::TooLarge { limit: max_bytes });
     }
     let mut de = serde_json::Deserializer::from_str(json);
     let value = StrictSeed { depth: 0 }
