@@ -167,7 +167,7 @@ pub fn begin_local(table: &str, tenant: &str) -> Option<i32> {
         return None;
     }
     let here = crate::committed::on_latest(
-        "SELECT keyturn._citus_shard_here($1::regclass, $2)::text",
+        "SELECT keyturn._citus_shard_here($1::pg_catalog.regclass, $2)::pg_catalog.text",
         &[Some(table.to_owned()), Some(tenant.to_owned())],
         &[pg_sys::TEXTOID, pg_sys::TEXTOID],
         true,
@@ -175,32 +175,17 @@ pub fn begin_local(table: &str, tenant: &str) -> Option<i32> {
     if here.as_deref() != Some("true") {
         return None;
     }
-    // SAFETY: the calls PostgreSQL makes for a function's SET clause: a new
-    // nest level and a value saved at it, popped by end_local (or by the
-    // transaction's abort, which pops every level).
-    unsafe {
-        let level = pg_sys::NewGUCNestLevel();
-        pg_sys::set_config_option(
-            c"citus.allow_nested_distributed_execution".as_ptr(),
-            c"on".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            PgLogLevel::ERROR as i32,
-            false,
-        );
-        Some(level)
-    }
+    Some(crate::guc::set_for_now(
+        c"citus.allow_nested_distributed_execution",
+        c"on",
+    ))
 }
 
 /// Puts `citus.allow_nested_distributed_execution` back as it was before
 /// [`begin_local`].
 pub fn end_local(level: Option<i32>) {
     if let Some(level) = level {
-        // SAFETY: pops the nest level begin_local pushed, restoring the
-        // saved value (as a SET clause's exit does).
-        unsafe { pg_sys::AtEOXact_GUC(true, level) }
+        crate::guc::restore(level);
     }
 }
 

@@ -1,5 +1,6 @@
-//! Settings: keyturn's own (superuser-only) switches, and a look at how long
-//! any setting's current value will last.
+//! Settings: keyturn's own (superuser-only) switches, a look at how long
+//! any setting's current value will last, and a setting changed for a
+//! stretch of keyturn's own code ([`set_for_now`]).
 //!
 //! Identity is asserted with settings (`keyturn.tenant`, `request.jwt.claims`,
 //! …). A value set for the whole session survives the transaction, and a
@@ -178,4 +179,33 @@ fn guc_name_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     a.iter()
         .map(u8::to_ascii_lowercase)
         .cmp(b.iter().map(u8::to_ascii_lowercase))
+}
+
+/// Sets `name` to `value` at a new GUC nest level, as a function's SET
+/// clause does; [`restore`] with the level it returns puts the old value
+/// back. An error before then leaves it to the (sub)transaction's abort,
+/// which pops every level.
+pub fn set_for_now(name: &CStr, value: &CStr) -> i32 {
+    // SAFETY: the calls PostgreSQL makes for a SET clause; the names and
+    // values are NUL-terminated and outlive the call.
+    unsafe {
+        let level = pg_sys::NewGUCNestLevel();
+        pg_sys::set_config_option(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            PgLogLevel::ERROR as i32,
+            false,
+        );
+        level
+    }
+}
+
+/// Pops the nest level [`set_for_now`] pushed, restoring what it saved.
+pub fn restore(level: i32) {
+    // SAFETY: pops a level set_for_now pushed (and any above it).
+    unsafe { pg_sys::AtEOXact_GUC(true, level) }
 }

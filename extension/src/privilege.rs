@@ -82,30 +82,17 @@ impl RoleSwitch {
     }
 }
 
-/// Sets search_path to PINNED_PATH at a new GUC nest level, as a SET clause
-/// does, unless it is that already; the level to pop, if one was pushed.
+/// Sets search_path to PINNED_PATH (crate::guc::set_for_now) unless it is
+/// that already; the level to restore, if one was pushed.
 fn pin_search_path() -> Option<i32> {
-    // SAFETY: namespace_search_path is the GUC's NUL-terminated value (or
-    // NULL before the GUCs exist); the level pushed is popped by the drop,
-    // or, on an error, by the (sub)transaction's abort, which pops them all.
-    unsafe {
-        let current = pg_sys::namespace_search_path;
-        if !current.is_null() && std::ffi::CStr::from_ptr(current) == PINNED_PATH {
-            return None;
-        }
-        let level = pg_sys::NewGUCNestLevel();
-        pg_sys::set_config_option(
-            c"search_path".as_ptr(),
-            PINNED_PATH.as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            PgLogLevel::ERROR as i32,
-            false,
-        );
-        Some(level)
+    // SAFETY: namespace_search_path is the GUC's NUL-terminated value, or
+    // NULL before the GUCs exist.
+    let current = unsafe { pg_sys::namespace_search_path };
+    // SAFETY: as above; read before anything can change it.
+    if !current.is_null() && unsafe { std::ffi::CStr::from_ptr(current) } == PINNED_PATH {
+        return None;
     }
+    Some(crate::guc::set_for_now(c"search_path", PINNED_PATH))
 }
 
 impl Drop for RoleSwitch {
@@ -113,17 +100,15 @@ impl Drop for RoleSwitch {
         if self.business {
             IN_BUSINESS.set(IN_BUSINESS.get().saturating_sub(1));
         }
-        // SAFETY: restores exactly what `switch` saved; pops the nest level
-        // pin_search_path pushed, unless an error is unwinding, whose abort
-        // pops it.
-        unsafe {
-            if let Some(level) = self.pinned_path {
-                if !std::thread::panicking() {
-                    pg_sys::AtEOXact_GUC(true, level);
-                }
+        // The path pinned is put back, unless an error is unwinding, whose
+        // abort pops it.
+        if let Some(level) = self.pinned_path {
+            if !std::thread::panicking() {
+                crate::guc::restore(level);
             }
-            pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context)
         }
+        // SAFETY: restores exactly what `switch` saved.
+        unsafe { pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context) }
     }
 }
 
