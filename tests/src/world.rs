@@ -197,6 +197,16 @@ impl World {
         approve_on(&self.human, p.id, &p.token, None).await
     }
 
+    /// How many actions this tenant has, read as superuser.
+    pub async fn actions(&self) -> i64 {
+        count(
+            &self.superuser,
+            "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
+            &[&self.tenant],
+        )
+        .await
+    }
+
     /// The action's current status, read as superuser.
     pub async fn status(&self, id: uuid::Uuid) -> String {
         self.superuser

@@ -456,12 +456,7 @@ async fn test_propose_for_and_approve_for_naming_another_tenant_are_refused_befo
     let t = w.deal_tool(json!({})).await;
     let deals = w.deals(&w.principal, 1).await;
     let other = unique("other_tenant");
-    let before = count(
-        &w.superuser,
-        "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
-        &[&w.tenant],
-    )
-    .await;
+    let before = w.actions().await;
     for (tenant, code) in [(Some(other.as_str()), "42501"), (None, "22023")] {
         let refused = w
             .agent
@@ -472,12 +467,7 @@ async fn test_propose_for_and_approve_for_naming_another_tenant_are_refused_befo
             .await;
         assert_eq!(sqlstate(refused), code, "propose_for naming {tenant:?}");
     }
-    let after = count(
-        &w.superuser,
-        "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
-        &[&w.tenant],
-    )
-    .await;
+    let after = w.actions().await;
     assert_eq!(after, before, "nothing proposed");
 
     let p = w.propose(&t, form(&deals, "won")).await.unwrap();

@@ -103,15 +103,7 @@ async fn test_malformed_claims_are_missing_identity_even_with_gucs() {
         identity(&w.agent).await,
         (Some(w.tenant.clone()), Some(w.principal.clone()), None)
     );
-    assert_eq!(
-        count(
-            &w.superuser,
-            "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
-            &[&w.tenant]
-        )
-        .await,
-        0
-    );
+    assert_eq!(w.actions().await, 0);
 }
 
 #[tokio::test]
@@ -340,15 +332,6 @@ async fn set_for_the_session(c: &Client, identity: &Identity) {
     .expect("set identity for the session");
 }
 
-async fn actions_of(w: &World) -> i64 {
-    count(
-        &w.superuser,
-        "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
-        &[&w.tenant],
-    )
-    .await
-}
-
 #[tokio::test]
 
 async fn test_session_set_config_identity_is_refused() {
@@ -369,7 +352,7 @@ async fn test_session_set_config_identity_is_refused() {
         "approve under session identity"
     );
     assert_eq!(w.status(p.id).await, "pending");
-    assert_eq!(actions_of(&w).await, 1);
+    assert_eq!(w.actions().await, 1);
 }
 
 #[tokio::test]
@@ -400,7 +383,7 @@ async fn test_session_set_leaks_past_a_correct_set_local() {
         "a session value under the local one is a leak"
     );
     tx.rollback().await.unwrap();
-    assert_eq!(actions_of(&w).await, 0);
+    assert_eq!(w.actions().await, 0);
 }
 
 #[tokio::test]
@@ -453,7 +436,7 @@ async fn test_pgoptions_identity_is_refused() {
         "42501",
         "identity from the startup options under a correct local one"
     );
-    assert_eq!(actions_of(&w).await, 0);
+    assert_eq!(w.actions().await, 0);
 }
 
 #[tokio::test]
@@ -476,5 +459,5 @@ async fn test_session_claims_are_refused_under_correct_local_gucs() {
         sqlstate(propose_on(&c, &tool, form(deal), json!({})).await),
         "42501"
     );
-    assert_eq!(actions_of(&w).await, 0);
+    assert_eq!(w.actions().await, 0);
 }

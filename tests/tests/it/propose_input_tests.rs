@@ -35,15 +35,7 @@ async fn test_credential_material_is_refused() {
     for p in bad {
         assert_eq!(sqlstate(w.propose(&t, p.clone()).await), "22023", "{p}");
     }
-    assert_eq!(
-        count(
-            &w.superuser,
-            "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
-            &[&w.tenant]
-        )
-        .await,
-        0
-    );
+    assert_eq!(w.actions().await, 0);
     // Benign look-alikes in the same shapes pass.
     for p in [
         json!({"note": {"deep": [{"topic": "x"}]}}),
@@ -239,13 +231,5 @@ async fn test_an_sql_forms_problems_are_named() {
         let got = message(w.propose(&t, params.clone()).await);
         assert_eq!(got, format!("keyturn: {want}"), "{params}");
     }
-    assert_eq!(
-        count(
-            &w.superuser,
-            "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
-            &[&w.tenant]
-        )
-        .await,
-        0
-    );
+    assert_eq!(w.actions().await, 0);
 }

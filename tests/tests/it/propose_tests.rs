@@ -7,15 +7,6 @@ fn msg(channel: &str) -> Value {
     json!({"channel": channel, "text": "hello"})
 }
 
-async fn actions_of(w: &World) -> i64 {
-    count(
-        &w.superuser,
-        "SELECT count(*) FROM keyturn.action WHERE tenant = $1",
-        &[&w.tenant],
-    )
-    .await
-}
-
 #[tokio::test]
 async fn test_unknown_disabled_and_read_tools_are_refused() {
     let w = World::new("member").await;
@@ -35,7 +26,7 @@ async fn test_unknown_disabled_and_read_tools_are_refused() {
     assert_eq!(sqlstate(w.propose(&t, msg("c")).await), "42704");
     let read = w.tool("lookup", json!({"kind": "read"})).await;
     assert_eq!(sqlstate(w.propose(&read, json!({})).await), "22023");
-    assert_eq!(actions_of(&w).await, 0);
+    assert_eq!(w.actions().await, 0);
 }
 
 #[tokio::test]
@@ -64,7 +55,7 @@ async fn test_no_grant_is_42501() {
         .await
         .unwrap();
     assert_eq!(sqlstate(w.propose(&name, json!({})).await), "42501");
-    assert_eq!(actions_of(&w).await, 0);
+    assert_eq!(w.actions().await, 0);
 }
 
 #[tokio::test]
@@ -90,7 +81,7 @@ async fn test_params_failing_schema_are_22023() {
         ),
         "22023"
     );
-    assert_eq!(actions_of(&w).await, 0);
+    assert_eq!(w.actions().await, 0);
     w.propose(&t, msg("ok")).await.expect("valid params");
 }
 
@@ -116,7 +107,7 @@ async fn test_blast_radius_external_targets() {
     w.propose(&t, json!({"to": ["a@x.io", "b@x.io"], "subject": "s"}))
         .await
         .expect("two targets fit");
-    assert_eq!(actions_of(&w).await, 1);
+    assert_eq!(w.actions().await, 1);
 }
 
 #[tokio::test]
@@ -185,7 +176,7 @@ async fn test_other_tenants_row_is_invisible_at_propose() {
         .await;
     assert_eq!(sqlstate(r), "22023");
     assert_eq!(b.stage_of(theirs).await, "lead");
-    assert_eq!(actions_of(&a).await, 0);
+    assert_eq!(a.actions().await, 0);
 }
 
 #[tokio::test]
@@ -208,7 +199,7 @@ async fn test_sql_injection_in_form_is_refused_and_runs_nothing() {
     for p in bad {
         assert_eq!(sqlstate(w.propose(&t, p.clone()).await), "22023", "{p}");
     }
-    assert_eq!(actions_of(&w).await, 0);
+    assert_eq!(w.actions().await, 0);
     assert_eq!(
         count(
             &w.superuser,
@@ -315,7 +306,7 @@ async fn test_rate_limit_counts_created_proposals_only() {
     w.propose(&t, msg("b")).await.expect("second within limit");
     // Whatever their status, both count.
     assert_eq!(sqlstate(w.propose(&t, msg("c")).await), "54000");
-    assert_eq!(actions_of(&w).await, 2);
+    assert_eq!(w.actions().await, 2);
     // Per principal: another principal has its own window.
     let (other, agent2) = w.other("member", "app_agent", "s2").await;
     w.grant(&other, &t).await;
@@ -390,7 +381,7 @@ async fn test_deep_and_large_json_get_a_clear_22023() {
         "22023",
         "over 1 MB of numbers"
     );
-    assert_eq!(actions_of(&w).await, 0);
+    assert_eq!(w.actions().await, 0);
     // The same shapes, small, are fine: the refusals above are about size and depth.
     w.propose(&t, json!({"channel": [[[[1]]]], "text": "x".repeat(1000)}))
         .await
