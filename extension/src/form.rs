@@ -29,19 +29,16 @@ fn form_problem(
 ) -> Option<String> {
     let form = form?;
     let tool = tool.unwrap_or_default();
-    let types = types.unwrap_or_else(|| JsonbText("{}".into()));
-    let (where_columns, set_columns) = (
-        where_columns.unwrap_or_default(),
-        set_columns.unwrap_or_default(),
-    );
     // Beyond the bounds no proposal's params can be hashed within either:
     // refused, never let through unread.
     let form = match keyturn_core::canonical::parse_bounded(&form.0) {
         Ok(form) => form,
         Err(e) => return Some(format!("params of sql tool {tool} cannot be read: {e}")),
     };
-    let Ok(types) = keyturn_core::canonical::parse_bounded(&types.0) else {
-        return Some(format!("tool {tool} has column types keyturn cannot read"));
+    let types = match types.map(|t| keyturn_core::canonical::parse_bounded(&t.0)) {
+        None => Value::Null,
+        Some(Ok(types)) => types,
+        Some(Err(_)) => return Some(format!("tool {tool} has column types keyturn cannot read")),
     };
     // A type as `sql_types ->> k` gives it: a string's text, else the JSON.
     let type_of = |k: &str| {
@@ -51,8 +48,10 @@ fn form_problem(
             other => Some(other.to_string()),
         })
     };
-    let listed = |cols: &[Option<String>]| cols.iter().flatten().cloned().collect::<Vec<_>>();
-    let (where_columns, set_columns) = (listed(&where_columns), listed(&set_columns));
+    let listed = |cols: Option<Vec<Option<String>>>| {
+        cols.into_iter().flatten().flatten().collect::<Vec<_>>()
+    };
+    let (where_columns, set_columns) = (listed(where_columns), listed(set_columns));
 
     let Some(object) = form.as_object() else {
         return Some(shape(tool));
