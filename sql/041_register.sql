@@ -296,6 +296,18 @@ $$;
 -- the attachment keys. Returns {"provider", "params_schema" (normalized),
 -- "targets_param", "attachments_param", "attachment_types",
 -- "max_attachment_bytes"}.
+-- The keys keyturnd's smtp adapter mails to (service/src/providers/smtp.rs).
+-- Each one an smtp tool's schema declares must be an address (register_tool
+-- below), and params carry only the ones it declares (propose,
+-- keyturn._undeclared_recipient): so every recipient was checked as a bare
+-- address and is one the tool's author meant the person to see.
+CREATE FUNCTION keyturn._smtp_recipient_keys()
+RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT ARRAY['to', 'cc', 'bcc', 'reply_to']
+$$;
+
 CREATE FUNCTION keyturn._spec_external(p_tool text, p_spec jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE
@@ -322,7 +334,7 @@ BEGIN
     -- are refused by format: email, so these fields must use it.
     IF v_provider = 'smtp' AND EXISTS (
            SELECT 1 FROM jsonb_each(v_schema -> 'properties') p
-            WHERE p.key IN ('to', 'cc', 'bcc', 'reply_to')
+            WHERE p.key = ANY (keyturn._smtp_recipient_keys())
               AND NOT (p.value @> '{"type": "string", "format": "email"}'
                        OR p.value @> '{"type": "array", "items": {"type": "string", "format": "email"}}')) THEN
         RAISE EXCEPTION 'keyturn: smtp tool %: params_schema properties to, cc, bcc and reply_to must be {"type": "string", "format": "email"} or arrays of them', p_tool

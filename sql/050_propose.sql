@@ -183,6 +183,22 @@ BEGIN
 END
 $$;
 
+-- The first recipient key of an smtp tool's params that its schema does not
+-- declare, or NULL (keyturn._smtp_recipient_keys): a schema that admits
+-- undeclared keys must not let the agent add a cc or bcc that nothing
+-- checked as an address, the summary does not name and max_targets does
+-- not count (red-team finding, docs/security.md). Any other provider's
+-- keys are its own.
+CREATE FUNCTION keyturn._undeclared_recipient(p_ver keyturn.tool_version, p_params jsonb)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT k FROM unnest(keyturn._smtp_recipient_keys()) AS k
+     WHERE p_ver.provider = 'smtp' AND p_params ? k
+       AND NOT coalesce(p_ver.params_schema -> 'properties' ? k, false)
+     ORDER BY k COLLATE "C" LIMIT 1
+$$;
+
 -- The proposing principal's grant for a tool, locked so that its uses and
 -- the rate window cannot be raced past (a row lock only keyturn can take:
 -- row locks need UPDATE on keyturn.tool_grant, which no role holds, unlike an
@@ -300,7 +316,8 @@ BEGIN
     -- One parse for the credential scan, the hash and the schema (in that order).
     SELECT i.credential_path, i.params_hash, i.schema_errors INTO v_path, v_hash, v_err
       FROM keyturn._inspect_params(v_tool.name, p_params,
-               coalesce(CASE WHEN v_ver.executor = 'external' THEN v_ver.params_schema END, 'null')) i;
+               coalesce(CASE WHEN v_ver.executor = 'external' THEN v_ver.params_schema END, 'null'),
+               v_ver.retain = 'digest') i;
     IF v_path IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: params hold credential material at %', v_path
             USING ERRCODE = '22023',
@@ -326,6 +343,14 @@ BEGIN
             RAISE EXCEPTION 'keyturn: params do not match the schema of %: %', p_tool, v_err
                 USING ERRCODE = '22023';
         END IF;
+        IF v_ver.provider = 'smtp' THEN
+            v_err := keyturn._undeclared_recipient(v_ver, p_params);
+            IF v_err IS NOT NULL THEN
+                RAISE EXCEPTION 'keyturn: params.% is a recipient the smtp tool % does not declare', v_err, p_tool
+                    USING ERRCODE = '22023',
+                          HINT = 'Propose only the recipient keys the tool''s params_schema declares; an admin declares cc, bcc or reply_to as {"type": "string", "format": "email"} (or an array of them) to allow them.';
+            END IF;
+        END IF;
         IF v_ver.targets_param IS NOT NULL THEN
             v_count := CASE jsonb_typeof(p_params -> v_ver.targets_param)
                            WHEN 'array' THEN jsonb_array_length(p_params -> v_ver.targets_param)
@@ -349,6 +374,11 @@ BEGIN
     v_grant := keyturn._lock_grant(p_tenant, p_principal, v_tool.name);
     IF v_grant.scope IS NOT NULL THEN
         v_err := keyturn._scope_violation(v_grant.scope, p_params, v_count);
+        -- Its messages quote the value: none of a digest tool's in an error
+        -- (the server log keeps every one).
+        IF v_err IS NOT NULL AND v_ver.retain = 'digest' THEN
+            v_err := '(details withheld: digest retention)';
+        END IF;
         IF v_err IS NOT NULL THEN
             RAISE EXCEPTION 'keyturn: outside the scope of the grant of tool % to principal %: %', p_tool, p_principal, v_err
                 USING ERRCODE = '42501',

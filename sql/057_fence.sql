@@ -153,7 +153,12 @@ END
 $$;
 
 -- What a proposal cites, for the card: each piece's kind, reference and
--- hash, and whether it was revoked since.
+-- hash, whether it was revoked since, and who recorded it: the role, and
+-- whether that role is an agent's. An agent may call fence itself, with
+-- data it chose: such evidence proves what was fenced at its call, not
+-- where the data came from, and the card says so (red-team finding,
+-- docs/security.md). A role dropped since counts as an agent's: nothing
+-- vouches for it.
 CREATE FUNCTION keyturn._cited_evidence(p_tenant text, p_origin jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE
@@ -161,7 +166,11 @@ AS $$
 BEGIN
     RETURN coalesce((
         SELECT jsonb_agg(jsonb_build_object('evidence_id', e.id, 'kind', e.kind, 'ref', e.ref, 'sha256', e.sha256,
-                                            'revoked', e.revoked_at IS NOT NULL) ORDER BY c.ord)
+                                            'revoked', e.revoked_at IS NOT NULL,
+                                            'recorded_role', e.recorded_role,
+                                            'by_agent', coalesce((SELECT pg_has_role(r.oid, 'keyturn_agent', 'MEMBER')
+                                                                    FROM pg_roles r WHERE r.rolname = e.recorded_role),
+                                                                 true)) ORDER BY c.ord)
           FROM jsonb_array_elements_text(coalesce(p_origin -> 'evidence', '[]')) WITH ORDINALITY AS c (id, ord)
           JOIN keyturn.evidence e ON e.id::text = lower(c.id) AND e.tenant = p_tenant), '[]');
 END

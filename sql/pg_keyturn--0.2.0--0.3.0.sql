@@ -555,7 +555,8 @@ AS 'MODULE_PATHNAME', 'problem_wrapper';
 CREATE OR REPLACE FUNCTION "_inspect_params"(
 	"tool" TEXT, /* & str */
 	"params" jsonb, /* JsonbText */
-	"params_schema" jsonb /* JsonbText */
+	"params_schema" jsonb, /* JsonbText */
+	"withhold_values" bool DEFAULT false /* bool */
 ) RETURNS TABLE (
 	"credential_path" TEXT,  /* Option < String > */
 	"params_hash" TEXT,  /* Option < String > */
@@ -2112,6 +2113,18 @@ $$;
 -- the attachment keys. Returns {"provider", "params_schema" (normalized),
 -- "targets_param", "attachments_param", "attachment_types",
 -- "max_attachment_bytes"}.
+-- The keys keyturnd's smtp adapter mails to (service/src/providers/smtp.rs).
+-- Each one an smtp tool's schema declares must be an address (register_tool
+-- below), and params carry only the ones it declares (propose,
+-- keyturn._undeclared_recipient): so every recipient was checked as a bare
+-- address and is one the tool's author meant the person to see.
+CREATE OR REPLACE FUNCTION keyturn._smtp_recipient_keys()
+RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT ARRAY['to', 'cc', 'bcc', 'reply_to']
+$$;
+
 CREATE OR REPLACE FUNCTION keyturn._spec_external(p_tool text, p_spec jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE
@@ -2138,7 +2151,7 @@ BEGIN
     -- are refused by format: email, so these fields must use it.
     IF v_provider = 'smtp' AND EXISTS (
            SELECT 1 FROM jsonb_each(v_schema -> 'properties') p
-            WHERE p.key IN ('to', 'cc', 'bcc', 'reply_to')
+            WHERE p.key = ANY (keyturn._smtp_recipient_keys())
               AND NOT (p.value @> '{"type": "string", "format": "email"}'
                        OR p.value @> '{"type": "array", "items": {"type": "string", "format": "email"}}')) THEN
         RAISE EXCEPTION 'keyturn: smtp tool %: params_schema properties to, cc, bcc and reply_to must be {"type": "string", "format": "email"} or arrays of them', p_tool
@@ -2563,6 +2576,22 @@ BEGIN
 END
 $$;
 
+-- The first recipient key of an smtp tool's params that its schema does not
+-- declare, or NULL (keyturn._smtp_recipient_keys): a schema that admits
+-- undeclared keys must not let the agent add a cc or bcc that nothing
+-- checked as an address, the summary does not name and max_targets does
+-- not count (red-team finding, docs/security.md). Any other provider's
+-- keys are its own.
+CREATE OR REPLACE FUNCTION keyturn._undeclared_recipient(p_ver keyturn.tool_version, p_params jsonb)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT k FROM unnest(keyturn._smtp_recipient_keys()) AS k
+     WHERE p_ver.provider = 'smtp' AND p_params ? k
+       AND NOT coalesce(p_ver.params_schema -> 'properties' ? k, false)
+     ORDER BY k COLLATE "C" LIMIT 1
+$$;
+
 -- The proposing principal's grant for a tool, locked so that its uses and
 -- the rate window cannot be raced past (a row lock only keyturn can take:
 -- row locks need UPDATE on keyturn.tool_grant, which no role holds, unlike an
@@ -2680,7 +2709,8 @@ BEGIN
     -- One parse for the credential scan, the hash and the schema (in that order).
     SELECT i.credential_path, i.params_hash, i.schema_errors INTO v_path, v_hash, v_err
       FROM keyturn._inspect_params(v_tool.name, p_params,
-               coalesce(CASE WHEN v_ver.executor = 'external' THEN v_ver.params_schema END, 'null')) i;
+               coalesce(CASE WHEN v_ver.executor = 'external' THEN v_ver.params_schema END, 'null'),
+               v_ver.retain = 'digest') i;
     IF v_path IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: params hold credential material at %', v_path
             USING ERRCODE = '22023',
@@ -2706,6 +2736,14 @@ BEGIN
             RAISE EXCEPTION 'keyturn: params do not match the schema of %: %', p_tool, v_err
                 USING ERRCODE = '22023';
         END IF;
+        IF v_ver.provider = 'smtp' THEN
+            v_err := keyturn._undeclared_recipient(v_ver, p_params);
+            IF v_err IS NOT NULL THEN
+                RAISE EXCEPTION 'keyturn: params.% is a recipient the smtp tool % does not declare', v_err, p_tool
+                    USING ERRCODE = '22023',
+                          HINT = 'Propose only the recipient keys the tool''s params_schema declares; an admin declares cc, bcc or reply_to as {"type": "string", "format": "email"} (or an array of them) to allow them.';
+            END IF;
+        END IF;
         IF v_ver.targets_param IS NOT NULL THEN
             v_count := CASE jsonb_typeof(p_params -> v_ver.targets_param)
                            WHEN 'array' THEN jsonb_array_length(p_params -> v_ver.targets_param)
@@ -2729,6 +2767,11 @@ BEGIN
     v_grant := keyturn._lock_grant(p_tenant, p_principal, v_tool.name);
     IF v_grant.scope IS NOT NULL THEN
         v_err := keyturn._scope_violation(v_grant.scope, p_params, v_count);
+        -- Its messages quote the value: none of a digest tool's in an error
+        -- (the server log keeps every one).
+        IF v_err IS NOT NULL AND v_ver.retain = 'digest' THEN
+            v_err := '(details withheld: digest retention)';
+        END IF;
         IF v_err IS NOT NULL THEN
             RAISE EXCEPTION 'keyturn: outside the scope of the grant of tool % to principal %: %', p_tool, p_principal, v_err
                 USING ERRCODE = '42501',
@@ -4817,7 +4860,12 @@ END
 $$;
 
 -- What a proposal cites, for the card: each piece's kind, reference and
--- hash, and whether it was revoked since.
+-- hash, whether it was revoked since, and who recorded it: the role, and
+-- whether that role is an agent's. An agent may call fence itself, with
+-- data it chose: such evidence proves what was fenced at its call, not
+-- where the data came from, and the card says so (red-team finding,
+-- docs/security.md). A role dropped since counts as an agent's: nothing
+-- vouches for it.
 CREATE OR REPLACE FUNCTION keyturn._cited_evidence(p_tenant text, p_origin jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE
@@ -4825,7 +4873,11 @@ AS $$
 BEGIN
     RETURN coalesce((
         SELECT jsonb_agg(jsonb_build_object('evidence_id', e.id, 'kind', e.kind, 'ref', e.ref, 'sha256', e.sha256,
-                                            'revoked', e.revoked_at IS NOT NULL) ORDER BY c.ord)
+                                            'revoked', e.revoked_at IS NOT NULL,
+                                            'recorded_role', e.recorded_role,
+                                            'by_agent', coalesce((SELECT pg_has_role(r.oid, 'keyturn_agent', 'MEMBER')
+                                                                    FROM pg_roles r WHERE r.rolname = e.recorded_role),
+                                                                 true)) ORDER BY c.ord)
           FROM jsonb_array_elements_text(coalesce(p_origin -> 'evidence', '[]')) WITH ORDINALITY AS c (id, ord)
           JOIN keyturn.evidence e ON e.id::text = lower(c.id) AND e.tenant = p_tenant), '[]');
 END

@@ -120,12 +120,14 @@ fn params_errors(params_schema: JsonbText, params: JsonbText) -> Option<String> 
 /// the first credential-shaped path (when there is one, nothing else is
 /// computed: propose refuses the params), the params hash (22023 as
 /// `params_hash` raises it), and the violations of `params_schema` (NULL when
-/// they pass, or when the schema is JSON `null`: no schema to check).
+/// they pass, or when the schema is JSON `null`: no schema to check), which
+/// name no value when `withhold_values` (a digest-retention tool's).
 #[pg_extern(name = "_inspect_params", immutable, strict, parallel_safe)]
 fn inspect_params(
     tool: &str,
     params: JsonbText,
     params_schema: JsonbText,
+    withhold_values: default!(bool, false),
 ) -> TableIterator<
     'static,
     (
@@ -142,10 +144,14 @@ fn inspect_params(
     let errors = if params_schema.0 == "null" {
         None
     } else {
-        compiled_schema(&params_schema)
-            .validate(&value)
-            .err()
-            .map(|e| e.to_string())
+        let schema = compiled_schema(&params_schema);
+        if withhold_values {
+            schema.validate_without_values(&value)
+        } else {
+            schema.validate(&value)
+        }
+        .err()
+        .map(|e| e.to_string())
     };
     TableIterator::once((None, Some(hash), errors))
 }

@@ -295,6 +295,7 @@ class Item {
         el("span", { class: "kt-value", text: e.ref }),
         " ",
         el("code", { class: "kt-said", title: e.sha256, text: `sha256 ${String(e.sha256).slice(0, 12)}…` }),
+        e.by_agent ? el("span", { kt: "evidence-by-agent", class: "kt-note", text: " recorded at the agent's own call: it shows what was fenced for the agent, not where that came from" }) : null,
         e.revoked ? el("span", { class: "kt-bad", text: " revoked: the proposal can no longer be approved" }) : null
       );
       item.dataset.evidenceId = e.evidence_id;

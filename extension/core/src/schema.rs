@@ -84,6 +84,27 @@ impl CompiledSchema {
     /// Validates params, reporting every failure (up to a cap) with the JSON
     /// pointer of the offending value (`(root)` for the params object itself).
     pub fn validate(&self, params: &Value) -> Result<(), CoreError> {
+        self.report(params, |e| e.to_string())
+    }
+
+    /// [`validate`](Self::validate) naming each failure's path and keyword
+    /// but never the value: for a digest-retention tool, whose values stay
+    /// out of everything people other than its author read, the server log
+    /// (where every error message goes) included.
+    pub fn validate_without_values(&self, params: &Value) -> Result<(), CoreError> {
+        self.report(params, |e| {
+            format!(
+                "fails the schema's {} (value withheld: digest retention)",
+                e.kind().keyword()
+            )
+        })
+    }
+
+    fn report(
+        &self,
+        params: &Value,
+        describe: impl Fn(&jsonschema::ValidationError<'_>) -> String,
+    ) -> Result<(), CoreError> {
         let mut errors = Vec::new();
         let mut total = 0usize;
         for e in self.validator.iter_errors(params) {
@@ -91,7 +112,7 @@ impl CompiledSchema {
             if errors.len() < MAX_REPORTED_ERRORS {
                 let path = e.instance_path().as_str();
                 let path = if path.is_empty() { "(root)" } else { path };
-                errors.push(clip(format!("{path}: {e}"), MAX_ERROR_CHARS));
+                errors.push(clip(format!("{path}: {}", describe(&e)), MAX_ERROR_CHARS));
             }
         }
         if total > errors.len() {
@@ -383,6 +404,29 @@ mod tests {
         test_max_items_on_object: json!({"type": "object", "maxItems": 1}) => "\"maxItems\" applies only",
         test_description_not_string: json!({"type": "object", "description": 1}) => "\"description\" must be a string",
         test_pointer_escaping_in_path: json!({"type": "object", "properties": {"a/b": {"type": "x"}}}) => "at /properties/a~1b:",
+    }
+
+    #[test]
+    fn test_failures_without_values_name_the_path_and_keyword_only() {
+        let c = compile(
+            &check_schema(&json!({"type": "object", "properties": {
+                "code": {"type": "string", "enum": ["1111", "2222"]},
+                "to": {"type": "string", "format": "email"}}}))
+            .unwrap(),
+        )
+        .unwrap();
+        let params = json!({"code": "47219999", "to": "secret-list@x.example y"});
+        let loud = c.validate(&params).unwrap_err().to_string();
+        assert!(
+            loud.contains("47219999"),
+            "validate quotes the value: {loud}"
+        );
+        let quiet = c.validate_without_values(&params).unwrap_err().to_string();
+        for secret in ["47219999", "secret-list"] {
+            assert!(!quiet.contains(secret), "{secret} is withheld: {quiet}");
+        }
+        assert!(quiet.contains("/code: fails the schema's enum"), "{quiet}");
+        assert!(quiet.contains("/to: fails the schema's format"), "{quiet}");
     }
 
     #[test]

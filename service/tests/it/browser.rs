@@ -14,7 +14,7 @@ use crate::support::browser::{
     self, code_link, exists, js, link_params, screenshot, wait_js, wait_loaded, wait_status,
     PHONE_WIDTH,
 };
-use crate::support::e2e::{self, Keyturnd, Receiver, Reply, World};
+use crate::support::e2e::{self, unique, Keyturnd, Receiver, Reply, World};
 use crate::support::fake_smtp::{self, Script};
 use crate::support::web::{self, post_rpc};
 
@@ -570,8 +570,26 @@ async fn test_card_shows_the_cited_evidence() {
         }
     };
     let kept = record("<b>msg-1</b>@mail.example").await;
+    // What the agent fenced itself: the card says whose call recorded it.
+    let provider = format!("crm{}", unique("ev").replace(['-', '_'], ""));
+    w.admin
+        .execute(
+            "SELECT keyturn.register_projection($1, $2)",
+            &[&provider, &json!({"fields": {"name": {"max_length": 40}}})],
+        )
+        .await
+        .expect("register_projection");
+    let fenced: uuid::Uuid = w
+        .as_identity(
+            &w.agent,
+            "SELECT evidence_id FROM keyturn.fence($1, $2)",
+            &[&provider, &json!({"name": "made up"})],
+        )
+        .await
+        .expect("fence")
+        .get(0);
     let p = {
-        let origin = json!({"evidence": [kept.to_string()]});
+        let origin = json!({"evidence": [kept.to_string(), fenced.to_string()]});
         let row = w
             .as_identity(
                 &w.agent,
@@ -600,6 +618,19 @@ async fn test_card_shows_the_cited_evidence() {
             && item.contains("<b>msg-1</b>@mail.example")
             && item.contains("abababab"),
         "{item}"
+    );
+    assert!(
+        !item.contains("agent's own call"),
+        "a person recorded it: {item}"
+    );
+    let by_agent = text(
+        &c,
+        &format!("[data-kt=evidence-item][data-evidence-id=\"{fenced}\"]"),
+    )
+    .await;
+    assert!(
+        by_agent.contains("fence") && by_agent.contains("recorded at the agent's own call"),
+        "{by_agent}"
     );
     assert_eq!(
         js(

@@ -388,6 +388,62 @@ async fn test_digest_action_invalidated_by_revalidation_keeps_no_param_value() {
     );
 }
 
+/// Red-team pass of 0.3.0: a digest tool's refused proposal quoted the
+/// value in its error, and PostgreSQL writes every error to the server log.
+/// The refusal names the path and the rule, never the value; a tool that
+/// keeps its params still quotes it, which helps its author.
+#[tokio::test]
+async fn test_a_digest_tools_refusals_name_no_value() {
+    let w = World::new("member").await;
+    let marker = unique("secretvalue");
+    let schema = json!({"type": "object", "required": ["channel", "text"], "properties": {
+        "channel": {"type": "string", "enum": ["ops", "sales"]},
+        "text": {"type": "string", "maxLength": 500}}});
+    let digest = w
+        .webhook_tool(json!({"retain": "digest", "params_schema": schema.clone()}))
+        .await;
+    let full = w.webhook_tool(json!({"params_schema": schema})).await;
+    let refused = message(
+        w.propose(&digest, json!({"channel": marker, "text": "hi"}))
+            .await,
+    );
+    assert!(
+        !refused.contains(&marker),
+        "no value in the refusal: {refused}"
+    );
+    assert!(
+        refused.contains("/channel") && refused.contains("enum"),
+        "the path and the rule are named: {refused}"
+    );
+    let quoted = message(
+        w.propose(&full, json!({"channel": marker, "text": "hi"}))
+            .await,
+    );
+    assert!(
+        quoted.contains(&marker),
+        "a full tool's refusal quotes the value: {quoted}"
+    );
+    // A grant's scope quotes values in its refusal too.
+    w.grant_with(
+        &w.principal,
+        &digest,
+        Some(json!({"params": {"text": {"in": ["allowed"]}}})),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
+    let scoped = w
+        .propose(&digest, json!({"channel": "ops", "text": marker}))
+        .await;
+    let out_of_scope = message(scoped);
+    assert!(out_of_scope.contains("scope"), "{out_of_scope}");
+    assert!(
+        !out_of_scope.contains(&marker),
+        "no value in the scope refusal: {out_of_scope}"
+    );
+}
+
 #[tokio::test]
 async fn test_approver_without_table_privilege_fails_the_write_as_itself() {
     // The business UPDATE runs as the approving role: a role without UPDATE on

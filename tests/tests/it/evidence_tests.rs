@@ -89,6 +89,29 @@ async fn test_fence_records_what_it_fenced_and_a_proposal_cites_it() {
     assert_eq!(preview["evidence"][0]["evidence_id"], json!(evidence));
     assert_eq!(preview["evidence"][0]["kind"], json!("fence"));
     assert_eq!(preview["evidence"][0]["revoked"], json!(false));
+    // Red-team pass of 0.3.0: the agent chose what it fenced, and the card
+    // showed it like evidence a person recorded. It now says who called.
+    assert_eq!(preview["evidence"][0]["recorded_role"], json!("app_agent"));
+    assert_eq!(preview["evidence"][0]["by_agent"], json!(true));
+    let seen = record(&w.human, "email", "msg-1@mail.example", &hex64('c'))
+        .await
+        .unwrap();
+    let q = propose_on(
+        &w.agent,
+        &t,
+        json!({"channel": "c", "text": "per the mail"}),
+        citing(&[seen.to_string()]),
+    )
+    .await
+    .unwrap();
+    let preview: Value = w
+        .human
+        .query_one("SELECT keyturn.preview($1, $2)", &[&q.id, &q.token])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(preview["evidence"][0]["recorded_role"], json!("app_human"));
+    assert_eq!(preview["evidence"][0]["by_agent"], json!(false));
 }
 
 #[tokio::test]

@@ -93,6 +93,66 @@ async fn test_an_smtp_tool_must_check_its_recipients_as_addresses() {
     assert_eq!(sqlstate(r), "22023", "to without format: email is refused");
 }
 
+/// Red-team pass of 0.3.0: an smtp tool whose schema admits undeclared
+/// keys took `cc` and `bcc` from the agent, unchecked as addresses, absent
+/// from the summary and uncounted by max_targets, and the adapter mailed
+/// them. Every recipient key the adapter reads must be one the schema
+/// declares (and so checks as an address).
+#[tokio::test]
+async fn test_an_smtp_tool_sends_to_no_recipient_its_schema_does_not_declare() {
+    let w = World::new("member").await;
+    let t = w
+        .tool(
+            "mail_open",
+            json!({"executor": "external", "provider": "smtp",
+                "summary": "Mail {to}: {subject}", "targets_param": "to", "max_targets": 1,
+                "params_schema": {"type": "object", "additionalProperties": true,
+                    "required": ["to", "subject", "body"], "properties": {
+                    "to": {"type": "string", "format": "email"},
+                    "cc": {"type": "array", "items": {"type": "string", "format": "email"}},
+                    "subject": {"type": "string"}, "body": {"type": "string"}}}}),
+        )
+        .await;
+    for key in ["bcc", "reply_to"] {
+        let mut params = json!({"to": "bob@acme.example", "subject": "hi", "body": "b"});
+        params[key] = json!(if key == "bcc" {
+            json!(["eve@evil.example"])
+        } else {
+            json!("eve@evil.example")
+        });
+        let refused = w.propose(&t, params.clone()).await;
+        let message = message(refused);
+        assert_eq!(
+            sqlstate(w.propose(&t, params).await),
+            "22023",
+            "{key}: {message}"
+        );
+        assert!(
+            message.contains(key) && message.contains("does not declare"),
+            "the refusal names the undeclared recipient key {key}: {message}"
+        );
+    }
+    // A declared recipient key, checked as an address, is fine.
+    w.propose(
+        &t,
+        json!({"to": "bob@acme.example", "cc": ["carol@acme.example"], "subject": "hi", "body": "b"}),
+    )
+    .await
+    .expect("cc is declared as addresses");
+    // A webhook tool's keys are its own: the rule is the smtp adapter's.
+    let hook = w
+        .tool(
+            "hook_open",
+            json!({"executor": "external", "provider": "webhook",
+                "params_schema": {"type": "object", "additionalProperties": true,
+                    "properties": {"to": {"type": "string"}}}}),
+        )
+        .await;
+    w.propose(&hook, json!({"to": "x", "bcc": "y"}))
+        .await
+        .expect("a webhook tool may carry any key its schema admits");
+}
+
 #[tokio::test]
 async fn test_the_card_never_hides_a_recipient() {
     let w = World::new("member").await;
