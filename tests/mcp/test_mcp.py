@@ -319,6 +319,26 @@ async def _():
     assert r.status_code == 404, r.status_code
 
 
+@check("a_foreign_origin_is_refused_keyturnds_own_and_loopback_served")
+async def _():
+    # Red-team pass of 0.3.0: the Host was checked, the Origin was not (the
+    # MCP transport requires both, against DNS rebinding).
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "1"}}}
+    base = {"Authorization": f"Bearer {AGENT}", "Accept": "application/json, text/event-stream"}
+    for origin in ["https://evil.example", f"http://evil.example:{KEYTURND_PORT}", "null"]:
+        r = httpx2.post(f"{BASE}/mcp", json=init, headers={**base, "Origin": origin})
+        assert r.status_code == 403 and not r.headers.get("mcp-session-id"), (origin, r.status_code, r.headers)
+    for origin in [BASE, "http://localhost:6274", None]:
+        headers = {**base, **({"Origin": origin} if origin else {})}
+        r = httpx2.post(f"{BASE}/mcp", json=init, headers=headers)
+        assert r.status_code == 200 and r.headers.get("mcp-session-id"), (origin, r.status_code)
+        httpx2.delete(f"{BASE}/mcp", headers={"Authorization": f"Bearer {AGENT}",
+                                              "Mcp-Session-Id": r.headers["mcp-session-id"],
+                                              "MCP-Protocol-Version": "2025-06-18"})
+
+
 @check("keyturnd_refuses_to_start_with_a_wrong_mcp_setup")
 async def _():
     cases = [

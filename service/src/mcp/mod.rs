@@ -177,8 +177,23 @@ impl Mcp {
                 hosts.push(format!("{host}:{port}"));
             }
         }
+        // A page a browser loaded from anywhere else must not reach /mcp
+        // (DNS rebinding): a present Origin must be keyturnd's public one or
+        // a loopback page's; a client that sends none (the SDKs, an agent
+        // process) is not a browser page and passes.
+        let mut origins: Vec<String> = ["localhost", "127.0.0.1", "[::1]"]
+            .iter()
+            .flat_map(|host| [format!("http://{host}:*"), format!("https://{host}:*")])
+            .collect();
+        if let Some(url) = &self.public_url {
+            if let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) {
+                origins.push(format!("{}://{host}:{port}", url.scheme()));
+            }
+        }
         let config = StreamableHttpServerConfig::default()
             .with_allowed_hosts(hosts)
+            .with_allowed_origins(origins)
+            .enforce_origin_validation()
             .with_cancellation_token(self.sessions.clone())
             .with_max_request_body_bytes(BODY_LIMIT);
         let mcp = Arc::clone(self);
