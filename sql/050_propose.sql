@@ -189,14 +189,17 @@ $$;
 -- checked as an address, the summary does not name and max_targets does
 -- not count (red-team finding, docs/security.md). Any other provider's
 -- keys are its own.
+-- plpgsql, not sql: a sql function with a subquery is never inlined.
 CREATE FUNCTION keyturn._undeclared_recipient(p_ver keyturn.tool_version, p_params jsonb)
 RETURNS text
-LANGUAGE sql IMMUTABLE
+LANGUAGE plpgsql IMMUTABLE
 AS $$
-    SELECT k FROM unnest(keyturn._smtp_recipient_keys()) AS k
-     WHERE p_ver.provider = 'smtp' AND p_params ? k
-       AND NOT coalesce(p_ver.params_schema -> 'properties' ? k, false)
-     ORDER BY k COLLATE "C" LIMIT 1
+BEGIN
+    RETURN (SELECT k FROM unnest(keyturn._smtp_recipient_keys()) AS k
+             WHERE p_ver.provider = 'smtp' AND p_params ? k
+               AND NOT coalesce(p_ver.params_schema -> 'properties' ? k, false)
+             ORDER BY k COLLATE "C" LIMIT 1);
+END
 $$;
 
 -- The proposing principal's grant for a tool, locked so that its uses and

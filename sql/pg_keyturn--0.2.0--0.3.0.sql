@@ -555,8 +555,7 @@ AS 'MODULE_PATHNAME', 'problem_wrapper';
 CREATE OR REPLACE FUNCTION "_inspect_params"(
 	"tool" TEXT, /* & str */
 	"params" jsonb, /* JsonbText */
-	"params_schema" jsonb, /* JsonbText */
-	"withhold_values" bool DEFAULT false /* bool */
+	"params_schema" jsonb /* JsonbText */
 ) RETURNS TABLE (
 	"credential_path" TEXT,  /* Option < String > */
 	"params_hash" TEXT,  /* Option < String > */
@@ -565,6 +564,21 @@ CREATE OR REPLACE FUNCTION "_inspect_params"(
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'inspect_params_wrapper';
+
+-- pg_keyturn::validation::_inspect_params
+CREATE OR REPLACE FUNCTION "_inspect_params"(
+	"tool" TEXT, /* & str */
+	"params" jsonb, /* JsonbText */
+	"params_schema" jsonb, /* JsonbText */
+	"withhold_values" bool /* bool */
+) RETURNS TABLE (
+	"credential_path" TEXT,  /* Option < String > */
+	"params_hash" TEXT,  /* Option < String > */
+	"schema_errors" TEXT  /* Option < String > */
+)
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'inspect_params_withholding_wrapper';
 
 -- pg_keyturn::committed::_latest_turn
 CREATE OR REPLACE FUNCTION "_latest_turn"(
@@ -2582,14 +2596,17 @@ $$;
 -- checked as an address, the summary does not name and max_targets does
 -- not count (red-team finding, docs/security.md). Any other provider's
 -- keys are its own.
+-- plpgsql, not sql: a sql function with a subquery is never inlined.
 CREATE OR REPLACE FUNCTION keyturn._undeclared_recipient(p_ver keyturn.tool_version, p_params jsonb)
 RETURNS text
-LANGUAGE sql IMMUTABLE
+LANGUAGE plpgsql IMMUTABLE
 AS $$
-    SELECT k FROM unnest(keyturn._smtp_recipient_keys()) AS k
-     WHERE p_ver.provider = 'smtp' AND p_params ? k
-       AND NOT coalesce(p_ver.params_schema -> 'properties' ? k, false)
-     ORDER BY k COLLATE "C" LIMIT 1
+BEGIN
+    RETURN (SELECT k FROM unnest(keyturn._smtp_recipient_keys()) AS k
+             WHERE p_ver.provider = 'smtp' AND p_params ? k
+               AND NOT coalesce(p_ver.params_schema -> 'properties' ? k, false)
+             ORDER BY k COLLATE "C" LIMIT 1);
+END
 $$;
 
 -- The proposing principal's grant for a tool, locked so that its uses and

@@ -120,14 +120,12 @@ fn params_errors(params_schema: JsonbText, params: JsonbText) -> Option<String> 
 /// the first credential-shaped path (when there is one, nothing else is
 /// computed: propose refuses the params), the params hash (22023 as
 /// `params_hash` raises it), and the violations of `params_schema` (NULL when
-/// they pass, or when the schema is JSON `null`: no schema to check), which
-/// name no value when `withhold_values` (a digest-retention tool's).
+/// they pass, or when the schema is JSON `null`: no schema to check).
 #[pg_extern(name = "_inspect_params", immutable, strict, parallel_safe)]
 fn inspect_params(
     tool: &str,
     params: JsonbText,
     params_schema: JsonbText,
-    withhold_values: default!(bool, false),
 ) -> TableIterator<
     'static,
     (
@@ -136,7 +134,44 @@ fn inspect_params(
         name!(schema_errors, Option<String>),
     ),
 > {
-    let value = parse(&params);
+    inspect(tool, &params, &params_schema, false)
+}
+
+/// [`inspect_params`] whose violations name no value when `withhold_values`
+/// (a digest-retention tool's: the server log keeps every error message).
+/// An overload, not a new argument of the one above: until `ALTER EXTENSION
+/// UPDATE` runs, the previous version's SQL calls that one with three.
+#[pg_extern(name = "_inspect_params", immutable, strict, parallel_safe)]
+fn inspect_params_withholding(
+    tool: &str,
+    params: JsonbText,
+    params_schema: JsonbText,
+    withhold_values: bool,
+) -> TableIterator<
+    'static,
+    (
+        name!(credential_path, Option<String>),
+        name!(params_hash, Option<String>),
+        name!(schema_errors, Option<String>),
+    ),
+> {
+    inspect(tool, &params, &params_schema, withhold_values)
+}
+
+fn inspect(
+    tool: &str,
+    params: &JsonbText,
+    params_schema: &JsonbText,
+    withhold_values: bool,
+) -> TableIterator<
+    'static,
+    (
+        name!(credential_path, Option<String>),
+        name!(params_hash, Option<String>),
+        name!(schema_errors, Option<String>),
+    ),
+> {
+    let value = parse(params);
     if let Some(path) = credentials::find_credential(&value) {
         return TableIterator::once((Some(path), None, None));
     }
@@ -144,7 +179,7 @@ fn inspect_params(
     let errors = if params_schema.0 == "null" {
         None
     } else {
-        let schema = compiled_schema(&params_schema);
+        let schema = compiled_schema(params_schema);
         if withhold_values {
             schema.validate_without_values(&value)
         } else {
