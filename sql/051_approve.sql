@@ -424,7 +424,8 @@ BEGIN
         v_ver := p_ver;
     END IF;
     IF a.executor = 'external' THEN
-        v_err := keyturn._params_errors(v_ver.params_schema, v_params);
+        v_err := coalesce(keyturn._params_errors(v_ver.params_schema, v_params),
+                          keyturn._undeclared_recipient(v_ver, v_params));
     ELSE
         v_err := keyturn._form_error(v_ver, v_params);
     END IF;

@@ -364,7 +364,8 @@ BEGIN
                                      WHERE s.action_id = a.id AND s.tenant = a.tenant));
     v_reason := keyturn._attachment_problem(a, v_ver, v_params);
     IF v_reason IS NULL AND a.approval = 'task'
-       AND keyturn._params_errors(v_ver.params_schema, v_params) IS NOT NULL THEN
+       AND coalesce(keyturn._params_errors(v_ver.params_schema, v_params),
+                    keyturn._undeclared_recipient(v_ver, v_params)) IS NOT NULL THEN
         v_reason := 'params no longer pass the tool''s schema';
     END IF;
     RETURN v_reason;

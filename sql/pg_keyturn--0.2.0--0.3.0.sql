@@ -2590,19 +2590,21 @@ BEGIN
 END
 $$;
 
--- The first recipient key of an smtp tool's params that its schema does not
--- declare, or NULL (keyturn._smtp_recipient_keys): a schema that admits
--- undeclared keys must not let the agent add a cc or bcc that nothing
--- checked as an address, the summary does not name and max_targets does
--- not count (red-team finding, docs/security.md). Any other provider's
--- keys are its own.
+-- What is wrong when an smtp tool's params carry a recipient key its schema
+-- does not declare (keyturn._smtp_recipient_keys), or NULL: a schema that
+-- admits undeclared keys must not let the agent add a cc or bcc that
+-- nothing checked as an address, the summary does not name and
+-- max_targets does not count (red-team finding, docs/security.md). Asked
+-- at propose, and again at approve and at a task action's dispatch (a
+-- proposal made before the rule). Any other provider's keys are its own.
 -- plpgsql, not sql: a sql function with a subquery is never inlined.
 CREATE OR REPLACE FUNCTION keyturn._undeclared_recipient(p_ver keyturn.tool_version, p_params jsonb)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
-    RETURN (SELECT k FROM unnest(keyturn._smtp_recipient_keys()) AS k
+    RETURN (SELECT format('params.%s is a recipient the smtp tool %s does not declare', k, p_ver.tool)
+              FROM unnest(keyturn._smtp_recipient_keys()) AS k
              WHERE p_ver.provider = 'smtp' AND p_params ? k
                AND NOT coalesce(p_ver.params_schema -> 'properties' ? k, false)
              ORDER BY k COLLATE "C" LIMIT 1);
@@ -2756,7 +2758,7 @@ BEGIN
         IF v_ver.provider = 'smtp' THEN
             v_err := keyturn._undeclared_recipient(v_ver, p_params);
             IF v_err IS NOT NULL THEN
-                RAISE EXCEPTION 'keyturn: params.% is a recipient the smtp tool % does not declare', v_err, p_tool
+                RAISE EXCEPTION 'keyturn: %', v_err
                     USING ERRCODE = '22023',
                           HINT = 'Propose only the recipient keys the tool''s params_schema declares; an admin declares cc, bcc or reply_to as {"type": "string", "format": "email"} (or an array of them) to allow them.';
             END IF;
@@ -3349,7 +3351,8 @@ BEGIN
         v_ver := p_ver;
     END IF;
     IF a.executor = 'external' THEN
-        v_err := keyturn._params_errors(v_ver.params_schema, v_params);
+        v_err := coalesce(keyturn._params_errors(v_ver.params_schema, v_params),
+                          keyturn._undeclared_recipient(v_ver, v_params));
     ELSE
         v_err := keyturn._form_error(v_ver, v_params);
     END IF;
@@ -5709,7 +5712,8 @@ BEGIN
                                      WHERE s.action_id = a.id AND s.tenant = a.tenant));
     v_reason := keyturn._attachment_problem(a, v_ver, v_params);
     IF v_reason IS NULL AND a.approval = 'task'
-       AND keyturn._params_errors(v_ver.params_schema, v_params) IS NOT NULL THEN
+       AND coalesce(keyturn._params_errors(v_ver.params_schema, v_params),
+                    keyturn._undeclared_recipient(v_ver, v_params)) IS NOT NULL THEN
         v_reason := 'params no longer pass the tool''s schema';
     END IF;
     RETURN v_reason;

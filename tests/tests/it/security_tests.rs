@@ -133,12 +133,26 @@ async fn test_an_smtp_tool_sends_to_no_recipient_its_schema_does_not_declare() {
         );
     }
     // A declared recipient key, checked as an address, is fine.
-    w.propose(
-        &t,
-        json!({"to": "bob@acme.example", "cc": ["carol@acme.example"], "subject": "hi", "body": "b"}),
-    )
-    .await
-    .expect("cc is declared as addresses");
+    let p = w
+        .propose(
+            &t,
+            json!({"to": "bob@acme.example", "cc": ["carol@acme.example"], "subject": "hi", "body": "b"}),
+        )
+        .await
+        .expect("cc is declared as addresses");
+    // Approve asks again: a proposal the rule did not see (made before it,
+    // or under a schema changed since) is invalidated, never mailed.
+    w.superuser
+        .execute(
+            "UPDATE keyturn.tool_version SET params_schema = params_schema #- '{properties,cc}' WHERE tool = $1",
+            &[&t],
+        )
+        .await
+        .unwrap();
+    let (status, result) = w.approve(&p).await.unwrap();
+    assert_eq!(status, "invalidated");
+    let reason = result.unwrap()["reason"].to_string();
+    assert!(reason.contains("params.cc is a recipient"), "{reason}");
     // A webhook tool's keys are its own: the rule is the smtp adapter's.
     let hook = w
         .tool(
