@@ -36,11 +36,12 @@ fn existing_key() -> Option<Vec<u8>> {
     Some(key)
 }
 
-/// The approval key, made on first use. Not at CREATE EXTENSION: a restore
+/// The database's secret key (the approval key, which also keys the audit
+/// chain's lock ids), made on first use. Not at CREATE EXTENSION: a restore
 /// creates the extension and then copies the dumped key in, which must be
 /// the one that verifies the dumped approvals. Two first uses at once agree:
 /// the second waits on the first's insert and reads its key.
-fn key_for_binding() -> Vec<u8> {
+pub fn key() -> Vec<u8> {
     if let Some(key) = existing_key() {
         return key;
     }
@@ -69,7 +70,7 @@ fn key_for_binding() -> Vec<u8> {
 /// approval there could not make it. Returns true.
 #[pg_extern(name = "_ensure_approval_key", volatile, parallel_unsafe)]
 pub fn ensure_approval_key() -> bool {
-    !key_for_binding().is_empty()
+    !key().is_empty()
 }
 
 /// The MAC binding an approval to the action and its params hash.
@@ -83,7 +84,7 @@ fn approval_mac(
     via: &str,
 ) -> Vec<u8> {
     approval::mac(
-        &key_for_binding(),
+        &key(),
         &Approval {
             action_id: action_id.as_bytes(),
             params_hash,
@@ -100,7 +101,7 @@ fn approval_mac(
 /// the key no role can read (keyturn-core `approval::digest_mac`).
 #[pg_extern(name = "_digest_mac", volatile, strict, parallel_unsafe)]
 fn digest_mac(params_hash: &str) -> String {
-    approval::digest_mac(&key_for_binding(), params_hash)
+    approval::digest_mac(&key(), params_hash)
 }
 
 /// Whether `plain`, the params hash of what is being approved, is what the
@@ -113,7 +114,7 @@ fn params_hash_matches(retain: Option<&str>, stored: Option<&str>, plain: Option
         return false;
     };
     if retain == "digest" {
-        approval::digest_matches(&key_for_binding(), plain, stored)
+        approval::digest_matches(&key(), plain, stored)
     } else {
         keyturn_core::token::ct_eq(stored.as_bytes(), plain.as_bytes())
     }

@@ -394,18 +394,18 @@ fn chain_table() -> pg_sys::Oid {
 
 /// Takes keyturn's lock on a tenant's chain until the transaction ends:
 /// LOCKTAG_OBJECT with keyturn.audit_chain's OID as its class, which is no
-/// catalog, so nothing but this can ever take it. Two tenants whose names
-/// hash alike share a lock, which only makes them wait for each other.
+/// catalog, so nothing but this can ever take it, and 48 bits keyed by the
+/// database's secret as its object ([`keyturn_core::audit::chain_lock_id`]):
+/// two tenants share a lock only by chance, never by someone's choice.
 fn lock_chain(class: pg_sys::Oid, tenant: &str) {
-    let digest = keyturn_core::token::token_digest(tenant);
-    let objid = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
+    let (objid, subid) = keyturn_core::audit::chain_lock_id(&crate::approval::key(), tenant);
     // SAFETY: a heavyweight lock on a made-up object, released at the end of
     // the transaction like every such lock.
     unsafe {
         pg_sys::LockDatabaseObject(
             class,
             pg_sys::Oid::from(objid),
-            0,
+            subid,
             pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
         )
     }

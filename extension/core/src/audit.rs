@@ -37,10 +37,48 @@ pub fn event_hash_of_row(text: &str) -> Result<String, CoreError> {
     event_hash(&parse_printed(text, STORED_EVENT_BYTES)?)
 }
 
+/// Domain tag of [`chain_lock_id`]: never the same MAC as another use of
+/// the key.
+const CHAIN_LOCK_TAG: &[u8] = b"keyturn/v1/chain-lock";
+
+/// The 48 bits that name a tenant's chain lock (an object id and a sub-id):
+/// HMAC-SHA256 under the database's secret key, not a plain hash of the
+/// name. Tenants whose ids collide share a lock and wait for each other's
+/// commits; with a plain hash, anyone who may name a tenant could find a
+/// name that collides with a victim's in minutes and stall its commits
+/// (red-team finding, docs/security.md). Without the key no one can aim.
+pub fn chain_lock_id(key: &[u8], tenant: &str) -> (u32, u16) {
+    use hmac::{Hmac, Mac};
+    let mut mac =
+        Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
+    mac.update(CHAIN_LOCK_TAG);
+    mac.update(tenant.as_bytes());
+    let d = mac.finalize().into_bytes();
+    (
+        u32::from_be_bytes([d[0], d[1], d[2], d[3]]),
+        u16::from_be_bytes([d[4], d[5]]),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn chain_locks_of_names_whose_plain_hashes_collide_are_apart() {
+        // Two names whose SHA-256 share their first 4 bytes (a birthday
+        // search finds a pair in a fraction of a second): the lock id the
+        // chain used before this fix, so one tenant stalled the other.
+        use sha2::Digest;
+        let (a, b) = ("chain-93606", "chain-115958");
+        assert_eq!(sha2::Sha256::digest(a)[..4], sha2::Sha256::digest(b)[..4]);
+        let key = [7u8; 32];
+        assert_ne!(chain_lock_id(&key, a), chain_lock_id(&key, b));
+        // The same tenant, the same lock; another key, another lock.
+        assert_eq!(chain_lock_id(&key, a), chain_lock_id(&key, a));
+        assert_ne!(chain_lock_id(&key, a), chain_lock_id(&[8u8; 32], a));
+    }
 
     #[test]
     fn a_row_printed_longer_than_the_input_bound_is_read() {
