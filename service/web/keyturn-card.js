@@ -181,7 +181,7 @@ class Item {
       return;
     }
     try {
-      this.preview = await rpc("preview", { action_id: this.actionId, token: this.token }, this.card.auth);
+      this.preview = await this.withToken(() => rpc("preview", { action_id: this.actionId, token: this.token }, this.card.auth));
     } catch (e) {
       this.preview = null;
       this.renderError(explain(e));
@@ -206,7 +206,7 @@ class Item {
       hashLine.textContent = this.linkParamsError || "This link does not carry the fields to review, so it cannot be approved here. Ask for a new link.";
     } else {
       try {
-        const checked = await rpc("preview", { action_id: this.actionId, token: this.token, params: this.linkParams }, this.card.auth);
+        const checked = await this.withToken(() => rpc("preview", { action_id: this.actionId, token: this.token, params: this.linkParams }, this.card.auth));
         this.hashOk = checked.params_match === true;
         if (!this.hashOk) this.showStatus(checked.status, checked.result);
       } catch (e) {
@@ -417,6 +417,21 @@ class Item {
     if (line) line.hidden = true;
   }
 
+  /** Runs `call`, which reads this.token. Each card opened for an action
+   *  takes a fresh token, so one opened after this one (another approver's,
+   *  for a quorum, or this person's other device) leaves this card's token
+   *  dead: then it takes a fresh one for its person and runs `call` once
+   *  more. A wrong token uses nothing up, so nothing is spent by trying. */
+  async withToken(call) {
+    try {
+      return await call();
+    } catch (e) {
+      if (!(e instanceof RpcError) || e.code !== "55000" || !/wrong token/.test(e.message || "")) throw e;
+      this.token = await rpc("issue_token", { action_id: this.actionId }, this.card.auth);
+      return await call();
+    }
+  }
+
   /** The approve call's arguments: a digest action resubmits its params. */
   approveArgs() {
     const args = { action_id: this.actionId, token: this.token };
@@ -438,7 +453,7 @@ class Item {
     this.setBusy(true);
     this.clearError();
     try {
-      const rows = await rpc("approve", this.approveArgs(), this.card.auth);
+      const rows = await this.withToken(() => rpc("approve", this.approveArgs(), this.card.auth));
       const row = rows[0];
       this.showStatus(row.status, row.result);
       if (IN_FLIGHT.has(row.status)) this.follow();
@@ -466,11 +481,11 @@ class Item {
     this.clearError();
     try {
       const reason = this.reason.value.trim();
-      const status = await rpc(
+      const status = await this.withToken(() => rpc(
         "reject",
         reason ? { action_id: this.actionId, token: this.token, reason } : { action_id: this.actionId, token: this.token },
         this.card.auth
-      );
+      ));
       this.showStatus(status, reason ? { reason } : null);
     } catch (e) {
       this.showError(e);
@@ -564,7 +579,7 @@ class Item {
     this.setBusy(true);
     this.clearError();
     try {
-      const rows = await rpc("revise", { action_id: this.actionId, token: this.token, params }, this.card.auth);
+      const rows = await this.withToken(() => rpc("revise", { action_id: this.actionId, token: this.token, params }, this.card.auth));
       const next = rows[0];
       this.revisedFrom = this.actionId;
       // The new token lives only here, in memory: it is never written to

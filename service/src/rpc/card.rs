@@ -11,8 +11,8 @@
 //! The card then calls `/rpc` with `Authorization: Bearer kts_…`: keyturnd
 //! asks the database who that is (`keyturn.card_session`) and runs the call
 //! as that person, under the role the code names (or `KEYTURN_CARD_ROLE`),
-//! for `preview`, `approve`, `reject` and `revise` of the session's actions
-//! only. After redemption the URL holds nothing that works, so a browser's
+//! for `preview`, `approve`, `reject`, `revise` and `issue_token` of the
+//! session's actions only. After redemption the URL holds nothing that works, so a browser's
 //! history, its sync and its address bar's suggestions hold nothing either.
 
 use deadpool_postgres::Pool;
@@ -27,7 +27,11 @@ use crate::jwt::Verified;
 pub const SESSION_PREFIX: &str = "kts_";
 
 /// The calls a card session may make: the card's, on its actions.
-const CARD_FUNCTIONS: [&str; 4] = ["preview", "approve", "reject", "revise"];
+/// `issue_token` because each card opened for an action takes a fresh
+/// token, so a card opened before it (another approver's, for a quorum, or
+/// the same person's other device) holds a dead one and must take its own
+/// again (docs/security.md, row 74).
+const CARD_FUNCTIONS: [&str; 5] = ["preview", "approve", "reject", "revise", "issue_token"];
 
 /// The card session's bearer in an `Authorization` header, if it is one.
 pub fn bearer_of(authorization: Option<&str>) -> Option<&str> {
@@ -122,7 +126,7 @@ impl Cards {
             ))?;
         if !CARD_FUNCTIONS.contains(&function) {
             return Err(Error::CardForbidden(
-                "a card session may only preview, approve, reject and revise its actions",
+                "a card session may only preview, approve, reject and revise its actions, and take a fresh token for them",
             ));
         }
         let action = args

@@ -545,6 +545,56 @@ async fn history_holds_nothing_that_works(profile: &std::path::Path, base: &str,
 
 /// The card shows what a proposal cites as the trusted side recorded it:
 /// kind, reference (as text) and hash; a revoked one is marked.
+/// Red-team pass of 0.3.0: a card opened after another for the same action
+/// (a quorum's second approver, or the person's other device) took a fresh
+/// token and left the first card's dead. The first card's Approve now takes
+/// a fresh token for its person and approves.
+#[tokio::test]
+async fn test_a_card_opened_before_another_for_its_action_still_approves() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let k = keyturnd(&w, vec![]).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let p = {
+        let row = w
+            .as_identity(
+                &w.agent,
+                "SELECT action_id, token FROM keyturn.propose($1, $2)",
+                &[&tool, &json!({"text": "two cards"})],
+            )
+            .await
+            .expect("propose");
+        web::Proposal {
+            id: row.get(0),
+            token: row.get(1),
+        }
+    };
+    let first = browser::open(&webdriver, false).await;
+    visit(&first, &code_link(&w, &k.base, &[(&p, None)]).await)
+        .await
+        .expect("open the first card");
+    wait_loaded(&first).await;
+    let second = browser::open(&webdriver, false).await;
+    visit(&second, &code_link(&w, &k.base, &[(&p, None)]).await)
+        .await
+        .expect("open the second card");
+    wait_loaded(&second).await;
+    first
+        .find(Locator::Css("[data-kt=approve]"))
+        .await
+        .expect("approve")
+        .click()
+        .await
+        .expect("click");
+    wait_status(&first, &p.id.to_string(), "queued").await;
+    assert_eq!(w.status(p.id).await, "queued");
+    second.close().await.expect("close");
+    first.close().await.expect("close");
+    k.stop().await;
+}
+
 #[tokio::test]
 async fn test_card_shows_the_cited_evidence() {
     let webdriver = require_browser!();

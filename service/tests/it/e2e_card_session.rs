@@ -281,3 +281,70 @@ async fn test_a_card_session_goes_on_with_the_revision_it_made() {
     .await;
     assert_eq!(status, 403, "{body}");
 }
+
+/// Red-team pass of 0.3.0: each card opened for an action takes a fresh
+/// token, so a card opened earlier (another approver's, for a quorum, or
+/// the same person's other device) held a dead token and could not vote:
+/// its code was spent and its session could call nothing that makes a new
+/// one. A session may now take a fresh token for its own actions, and no
+/// other's.
+#[tokio::test]
+async fn test_a_card_whose_token_another_card_replaced_takes_a_fresh_one() {
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let k = start(&w).await;
+    let p: Proposal = w.propose(&tool, json!({"text": "two cards"})).await;
+    let q: Proposal = w.propose(&tool, json!({"text": "not this card's"})).await;
+    let first_code = link_code(&w, &[p.id]).await;
+    let second_code = link_code(&w, &[p.id]).await;
+    let (_, first) = redeem(&k, &first_code, &[p.id]).await;
+    let (_, second) = redeem(&k, &second_code, &[p.id]).await;
+    let bearer = first["session"].as_str().expect("session").to_string();
+    let stale = first["tokens"][p.id.to_string()]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(second["tokens"][p.id.to_string()].is_string(), "{second}");
+
+    // The first card's token died when the second card opened.
+    let (status, _, body) = post_rpc(
+        &k.base,
+        "approve",
+        Some(&bearer),
+        &json!({"action_id": p.id, "token": stale}),
+    )
+    .await;
+    assert_eq!(body["code"], "55000", "{status} {body}");
+
+    // Its session takes a fresh one, for its own action only.
+    let (status, _, body) = post_rpc(
+        &k.base,
+        "issue_token",
+        Some(&bearer),
+        &json!({"action_id": q.id}),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, _, fresh) = post_rpc(
+        &k.base,
+        "issue_token",
+        Some(&bearer),
+        &json!({"action_id": p.id}),
+    )
+    .await;
+    assert_eq!(status, 200, "{fresh}");
+    let fresh = fresh.as_str().expect("a token").to_string();
+    assert_ne!(fresh, stale);
+    let (status, _, rows) = post_rpc(
+        &k.base,
+        "approve",
+        Some(&bearer),
+        &json!({"action_id": p.id, "token": fresh}),
+    )
+    .await;
+    assert_eq!(status, 200, "{rows}");
+    assert_eq!(rows[0]["status"], "queued", "{rows}");
+    assert_eq!(w.status(q.id).await, "pending");
+}
