@@ -259,12 +259,13 @@ pub fn write_pending() {
             .position(|e| e.tenant != tenant)
             .map_or(pending.len(), |n| start + n);
         let events = &pending[start..end];
-        lock_chain(chain_lock_class, &tenant);
         // On a Citus worker, at the commit of a delegated call (layout B),
         // Citus refuses these statements unless allowed, for this tenant's
         // statements only and only when its shard is here (citus.rs).
-        // Without Citus: None, nothing set.
+        // Without Citus: None, nothing set. Before the lock: naming it reads
+        // the database's key, which is such a statement the first time.
         let local = crate::citus::begin_local("keyturn.event", &tenant);
+        lock_chain(chain_lock_class, &tenant);
         let t = Some(tenant.clone());
         // The head row is made once per tenant, ever: read first, made
         // only when there is none (under the lock, so by this writer alone).
