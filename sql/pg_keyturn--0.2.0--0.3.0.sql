@@ -2123,10 +2123,6 @@ BEGIN
 END
 $$;
 
--- The external part of a spec: provider, params_schema, targets_param and
--- the attachment keys. Returns {"provider", "params_schema" (normalized),
--- "targets_param", "attachments_param", "attachment_types",
--- "max_attachment_bytes"}.
 -- The keys keyturnd's smtp adapter mails to (service/src/providers/smtp.rs).
 -- Each one an smtp tool's schema declares must be an address (register_tool
 -- below), and params carry only the ones it declares (propose,
@@ -2139,6 +2135,10 @@ AS $$
     SELECT ARRAY['to', 'cc', 'bcc', 'reply_to']
 $$;
 
+-- The external part of a spec: provider, params_schema, targets_param and
+-- the attachment keys. Returns {"provider", "params_schema" (normalized),
+-- "targets_param", "attachments_param", "attachment_types",
+-- "max_attachment_bytes"}.
 CREATE OR REPLACE FUNCTION keyturn._spec_external(p_tool text, p_spec jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE

@@ -12,8 +12,9 @@
 //! asks the database who that is (`keyturn.card_session`) and runs the call
 //! as that person, under the role the code names (or `KEYTURN_CARD_ROLE`),
 //! for `preview`, `approve`, `reject`, `revise` and `issue_token` of the
-//! session's actions only. After redemption the URL holds nothing that works, so a browser's
-//! history, its sync and its address bar's suggestions hold nothing either.
+//! session's actions only. After redemption the URL holds nothing that
+//! works, so a browser's history, its sync and its address bar's
+//! suggestions hold nothing either.
 
 use deadpool_postgres::Pool;
 use serde::Deserialize;
