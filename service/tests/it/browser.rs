@@ -557,20 +557,7 @@ async fn test_a_card_opened_before_another_for_its_action_still_approves() {
     let w = World::new(port).await;
     let k = keyturnd(&w, vec![]).await;
     let tool = w.webhook_tool(json!({})).await;
-    let p = {
-        let row = w
-            .as_identity(
-                &w.agent,
-                "SELECT action_id, token FROM keyturn.propose($1, $2)",
-                &[&tool, &json!({"text": "two cards"})],
-            )
-            .await
-            .expect("propose");
-        web::Proposal {
-            id: row.get(0),
-            token: row.get(1),
-        }
-    };
+    let p: web::Proposal = w.propose(&tool, json!({"text": "two cards"})).await;
     let first = browser::open(&webdriver, false).await;
     visit(&first, &code_link(&w, &k.base, &[(&p, None)]).await)
         .await
