@@ -543,8 +543,6 @@ async fn history_holds_nothing_that_works(profile: &std::path::Path, base: &str,
     }
 }
 
-/// The card shows what a proposal cites as the trusted side recorded it:
-/// kind, reference (as text) and hash; a revoked one is marked.
 /// Red-team pass of 0.3.0: a card opened after another for the same action
 /// (a quorum's second approver, or the person's other device) took a fresh
 /// token and left the first card's dead. The first card's Approve now takes
@@ -582,6 +580,9 @@ async fn test_a_card_opened_before_another_for_its_action_still_approves() {
     k.stop().await;
 }
 
+/// The card shows what a proposal cites as keyturn recorded it: kind,
+/// reference (as text) and hash, whether an agent's own call recorded it;
+/// a revoked one is marked.
 #[tokio::test]
 async fn test_card_shows_the_cited_evidence() {
     let webdriver = require_browser!();
