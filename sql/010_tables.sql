@@ -206,7 +206,9 @@ CREATE INDEX action_revised_from_idx ON keyturn.action (revised_from, tenant) WH
 -- lapsed, expired, a session's, a conversation's, uncertain) is answered by an
 -- index here, on a table as large as the open work rather than the history.
 -- keyturn.action stays the truth: readers lock the action row and recheck its
--- status before acting.
+-- status before acting. An executing action stays listed as leased (its row
+-- does not move at begin: extension/src/lifecycle.rs, Shape::listed), and
+-- dispatched_at is the action's once it is uncertain, the status that reads it.
 CREATE TABLE keyturn.open_action (
     action_id        uuid        NOT NULL,
     tenant           text        NOT NULL,

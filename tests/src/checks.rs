@@ -7,8 +7,10 @@ use tokio_postgres::Client;
 
 /// keyturn.open_action (the work list lease, sweep, end_session and
 /// cancel_origin search) holds exactly the actions that are not final, with
-/// their current status and times. One snapshot sees both tables as one
-/// transaction left them, so this holds at any moment, concurrent tests or not.
+/// their current status and times; an executing action is listed as leased
+/// (begin does not move the row) and the dispatch time is the action's once
+/// it is uncertain. One snapshot sees both tables as one transaction left
+/// them, so this holds at any moment, concurrent tests or not.
 pub async fn assert_work_list_in_step(superuser: &Client) {
     let rows = superuser
         .query(
@@ -16,11 +18,13 @@ pub async fn assert_work_list_in_step(superuser: &Client) {
                FROM (SELECT * FROM keyturn.action WHERE NOT keyturn._is_final(status)) a \
                FULL JOIN keyturn.open_action o ON o.action_id = a.id \
               WHERE a.id IS NULL OR o.action_id IS NULL \
-                 OR (a.tenant, a.principal, a.session, a.conversation_id, a.status, a.expires_at, \
-                     a.next_attempt_at, a.lease_expires_at, a.dispatched_at) \
+                 OR (a.tenant, a.principal, a.session, a.conversation_id, \
+                     CASE a.status WHEN 'executing' THEN 'leased' ELSE a.status END, a.expires_at, \
+                     a.next_attempt_at, a.lease_expires_at) \
                     IS DISTINCT FROM \
                     (o.tenant, o.principal, o.session, o.conversation_id, o.status, o.expires_at, \
-                     o.next_attempt_at, o.lease_expires_at, o.dispatched_at)",
+                     o.next_attempt_at, o.lease_expires_at) \
+                 OR (a.status = 'uncertain' AND a.dispatched_at IS DISTINCT FROM o.dispatched_at)",
             &[],
         )
         .await

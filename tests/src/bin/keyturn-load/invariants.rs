@@ -57,12 +57,14 @@ pub async fn check(world: &World, db: &Client, swept_at: std::time::SystemTime) 
         note: statuses.join(" "),
     });
 
-    // The work list holds exactly the open actions, each with its status.
+    // The work list holds exactly the open actions, each with its status
+    // (an executing action's row says leased: begin does not move it).
     let sql = format!(
         "SELECT count(*) FROM keyturn.action a FULL JOIN keyturn.open_action o ON o.action_id = a.id
           WHERE (a.tenant = ANY($1) OR o.tenant = ANY($1))
             AND (a.id IS NULL
-                 OR (a.status::text IN {OPEN} AND o.status IS DISTINCT FROM a.status)
+                 OR (a.status::text IN {OPEN}
+                     AND o.status IS DISTINCT FROM CASE a.status WHEN 'executing' THEN 'leased' ELSE a.status END)
                  OR (a.status::text NOT IN {OPEN} AND o.action_id IS NOT NULL))"
     );
     out.push(Check {
