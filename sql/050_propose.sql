@@ -487,8 +487,11 @@ BEGIN
 
     -- It waits for people now: the notifications of those with a channel
     -- (sql/064_notify.sql). A tenant where nobody set one pays one index
-    -- probe.
-    IF EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant) THEN
+    -- probe. Not a revision made in a card session: its notification's link
+    -- would let whoever holds the first link approve what they wrote
+    -- (keyturn._card_claims).
+    IF EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant)
+       AND NOT (p_revised_from IS NOT NULL AND keyturn._in_card_session()) THEN
         PERFORM keyturn._record_notifications(v_id, p_tenant);
     END IF;
 

@@ -196,6 +196,38 @@ BEGIN
 END
 $$;
 
+-- The claims a card session's calls assert: the link's person, marked as a
+-- card session's (keyturn._in_card_session).
+--
+-- A link travels through mail servers, a team's chat channel, push services
+-- and a locked phone's notification shade, so its holder may not be its
+-- person. It may decide what the link names, as shown; it must not write
+-- what it then decides. A card session may revise its actions, but the
+-- revision is not the session's to approve (card_session lists the link's
+-- actions alone) and no notification, so no new link, is made for it
+-- (keyturn._propose): the person decides it where they are signed in (the
+-- queue, the console, their app). Before this, a link's holder revised a
+-- self action to any params and approved the revision in the same session
+-- (docs/security.md, row 75).
+CREATE FUNCTION keyturn._card_claims(l keyturn.card_link)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    SELECT keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb
+           || jsonb_build_object('keyturn_card_session', true)
+$$;
+
+-- Whether the calling transaction asserts a card session's claims. Only
+-- ever narrows what the call may do, so a JWT that carries the mark itself
+-- gains nothing by it.
+CREATE FUNCTION keyturn._in_card_session()
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce((nullif(pg_catalog.current_setting('request.jwt.claims', true), '')::jsonb
+                     ->> 'keyturn_card_session') = 'true', false)
+$$;
+
 -- keyturnd's POST /card/session: the code's card session, once. No rows for
 -- a code that is unknown, used or expired, or for action ids other than the
 -- code's (in any order): nothing changes then. Otherwise the code is used
@@ -246,8 +278,7 @@ BEGIN
     UPDATE keyturn.card_link x
        SET redeemed_at = v_now, session_digest = v_digest, session_expires_at = v_until
      WHERE x.code_digest = l.code_digest AND x.tenant = l.tenant;
-    RETURN QUERY SELECT v_bearer, v_until, v_tokens, l.db_role,
-                        keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb;
+    RETURN QUERY SELECT v_bearer, v_until, v_tokens, l.db_role, keyturn._card_claims(l);
 END
 $$;
 
@@ -267,17 +298,10 @@ BEGIN
         RETURN;
     END IF;
     v_digest := keyturn._token_digest(card_session.bearer);
-    -- The link's actions and the revisions the person made of them in the
-    -- card (revise answers a new action, which the card goes on with).
+    -- The link's actions alone: never a revision made in the session (see
+    -- keyturn._card_claims).
     RETURN QUERY
-        SELECT l.db_role, keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb,
-               ARRAY(WITH RECURSIVE chain (id) AS (
-                         SELECT unnest(l.action_ids)
-                         UNION
-                         SELECT a.id FROM keyturn.action a JOIN chain c ON a.revised_from = c.id
-                          WHERE a.tenant = l.tenant AND a.revised_by = l.principal)
-                     SELECT id FROM chain),
-               l.session_expires_at
+        SELECT l.db_role, keyturn._card_claims(l), l.action_ids, l.session_expires_at
           FROM keyturn.card_link l
          WHERE l.session_digest = v_digest  -- by digest alone: the bearer is all keyturnd has
            AND l.session_expires_at > clock_timestamp();

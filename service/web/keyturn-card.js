@@ -581,6 +581,20 @@ class Item {
     try {
       const rows = await this.withToken(() => rpc("revise", { action_id: this.actionId, token: this.token, params }, this.card.auth));
       const next = rows[0];
+      if (this.card.session) {
+        // A link's card session decides what the link named: what it
+        // writes is decided where the person is signed in (keyturn makes
+        // no link for it, and this session may not approve it).
+        this.status = "superseded";
+        this.editing = false;
+        this.busy = false;
+        this.root.replaceChildren(el("p", {
+          class: "kt-revised", kt: "revised-elsewhere", role: "status",
+          text: `Saved as a new proposal (${next.action_id}); this one can no longer be approved. A proposal changed from a link is decided where you are signed in: open it from your queue.`,
+        }));
+        this.card.refresh();
+        return;
+      }
       this.revisedFrom = this.actionId;
       // The new token lives only here, in memory: it is never written to
       // the address bar or to storage.

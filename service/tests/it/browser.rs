@@ -1378,6 +1378,33 @@ async fn test_rfc8785_in_the_browser_matches_the_vectors_and_the_database() {
     k.stop().await;
 }
 
+/// Edits a field of the card's (only) item and saves it as a revision.
+async fn revise_in_the_card(c: &Client, text: &str) {
+    c.find(Locator::Css("[data-kt=edit]"))
+        .await
+        .expect("edit")
+        .click()
+        .await
+        .expect("click");
+    assert!(approve_disabled(c).await, "no approving while editing");
+    let field = c
+        .find(Locator::Css("[data-kt=field][data-key=text]"))
+        .await
+        .expect("field");
+    field.clear().await.expect("clear");
+    field.send_keys(text).await.expect("type");
+    c.find(Locator::Css("[data-kt=revise]"))
+        .await
+        .expect("save")
+        .click()
+        .await
+        .expect("click");
+}
+
+/// A card opened from a link revises, but does not go on to approve what
+/// it wrote (docs/security.md, row 75): it says the revision is decided
+/// where the person is signed in. There (the console's queue), the card
+/// revises again and goes on with the new proposal, shown as such.
 #[tokio::test]
 async fn test_card_revises_a_proposal_and_shows_the_new_one_as_such() {
     let webdriver = require_browser!();
@@ -1394,25 +1421,60 @@ async fn test_card_revises_a_proposal_and_shows_the_new_one_as_such() {
         .await
         .expect("open");
     wait_loaded(&c).await;
-    c.find(Locator::Css("[data-kt=edit]"))
+    revise_in_the_card(&c, "meet at 11").await;
+    let said = wait_js(
+        &c,
+        "the revision's note",
+        "const b = document.querySelector('[data-kt=revised-elsewhere]'); return b && b.textContent;",
+        vec![],
+    )
+    .await;
+    let said = said.as_str().unwrap_or("").to_owned();
+    assert!(said.contains("where you are signed in"), "{said}");
+    assert_eq!(w.status(p.id).await, "superseded");
+    let revision: uuid::Uuid = w
+        .superuser
+        .query_one(
+            "SELECT id FROM keyturn.action WHERE revised_from = $1",
+            &[&p.id],
+        )
         .await
-        .expect("edit")
+        .expect("the revision")
+        .get(0);
+    assert!(said.contains(&revision.to_string()), "{said}");
+    assert_eq!(w.status(revision).await, "pending");
+    assert!(
+        c.find(Locator::Css("[data-kt=approve]")).await.is_err(),
+        "the link's card offers no approval of the revision"
+    );
+    // The new token stayed in memory: not in the address bar, not in storage.
+    let url = c.current_url().await.expect("url");
+    assert!(
+        url.as_str().contains(&p.id.to_string()) && !url.as_str().contains("c="),
+        "the link is the old one, its code spent: {url}"
+    );
+    assert_eq!(
+        js(&c, "return sessionStorage.length", vec![]).await,
+        json!(1),
+        "only the card session is stored"
+    );
+    let kept = js(&c, "return sessionStorage.getItem('keyturn.card')", vec![]).await;
+    assert!(
+        !kept.as_str().unwrap_or("").contains(&revision.to_string()),
+        "{kept}"
+    );
+
+    // Signed in, in the console: the revision is in the queue.
+    console_sign_in(&c, &k.base, &w.human_jwt()).await;
+    let row = format!("[data-kt=pending-row][data-action-id=\"{revision}\"]");
+    c.find(Locator::Css(&format!("{row} [data-kt=review]")))
+        .await
+        .expect("review")
         .click()
         .await
         .expect("click");
-    assert!(approve_disabled(&c).await, "no approving while editing");
-    let field = c
-        .find(Locator::Css("[data-kt=field][data-key=text]"))
-        .await
-        .expect("field");
-    field.clear().await.expect("clear");
-    field.send_keys("meet at 11").await.expect("type");
-    c.find(Locator::Css("[data-kt=revise]"))
-        .await
-        .expect("save")
-        .click()
-        .await
-        .expect("click");
+    wait_loaded(&c).await;
+    revise_in_the_card(&c, "meet at 12").await;
     let banner = wait_js(
         &c,
         "the revised proposal",
@@ -1421,12 +1483,15 @@ async fn test_card_revises_a_proposal_and_shows_the_new_one_as_such() {
     )
     .await;
     assert!(
-        banner.as_str().unwrap_or("").contains(&p.id.to_string()),
+        banner
+            .as_str()
+            .unwrap_or("")
+            .contains(&revision.to_string()),
         "{banner}"
     );
     let summary = text(&c, "[data-kt=summary]").await;
-    assert!(summary.contains("meet at 11"), "{summary}");
-    assert_eq!(w.status(p.id).await, "superseded");
+    assert!(summary.contains("meet at 12"), "{summary}");
+    assert_eq!(w.status(revision).await, "superseded");
     let new_id = js(
         &c,
         "return document.querySelector('[data-kt=item]').dataset.actionId",
@@ -1434,20 +1499,7 @@ async fn test_card_revises_a_proposal_and_shows_the_new_one_as_such() {
     )
     .await;
     let new_id = new_id.as_str().expect("new id").to_owned();
-    assert_ne!(new_id, p.id.to_string());
-    // The new token stayed in memory: not in the address bar, not in storage.
-    let url = c.current_url().await.expect("url");
-    assert!(
-        url.as_str().contains(&p.id.to_string()) && !url.as_str().contains("c="),
-        "the link is the old one, its code spent: {url}"
-    );
-    let kept = js(&c, "return sessionStorage.getItem('keyturn.card')", vec![]).await;
-    assert_eq!(
-        js(&c, "return sessionStorage.length", vec![]).await,
-        json!(1),
-        "only the card session is stored"
-    );
-    assert!(!kept.as_str().unwrap_or("").contains(&new_id), "{kept}");
+    assert_ne!(new_id, revision.to_string());
     c.find(Locator::Css("[data-kt=approve]"))
         .await
         .expect("approve")

@@ -227,13 +227,29 @@ async fn test_a_code_made_for_one_person_decides_nothing_another_may_not() {
     assert_eq!(session["tokens"], json!({}), "{session}");
 }
 
+/// Red-team pass of 0.3.0 (docs/security.md, row 75): a link travels
+/// through mail servers, a team's chat channel and push services, so its
+/// holder may not be its person. A card session revised a self action to
+/// params of its own choosing, then approved the revision in the same
+/// session (the session went on with the revisions "the person" made), and
+/// the revision's notification would have been a second link. A card
+/// session may still revise its actions, but the revision is not the
+/// session's, and no notification (no new link) is made for it: the person
+/// decides it where they are signed in.
 #[tokio::test]
-async fn test_a_card_session_goes_on_with_the_revision_it_made() {
+async fn test_a_card_session_cannot_approve_a_revision_it_wrote() {
     let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;
     let k = start(&w).await;
+    w.as_identity(
+        &w.human,
+        "SELECT keyturn.set_notify('email', 'person@acme.example')::text",
+        &[],
+    )
+    .await
+    .expect("set_notify");
     let p: Proposal = w.propose(&tool, json!({"text": "draft"})).await;
     let code = link_code(&w, &[p.id]).await;
     let (status, session) = redeem(&k, &code, &[p.id]).await;
@@ -245,32 +261,84 @@ async fn test_a_card_session_goes_on_with_the_revision_it_made() {
         &k.base,
         "revise",
         Some(&bearer),
-        &json!({"action_id": p.id, "token": token, "params": {"text": "final"}}),
+        &json!({"action_id": p.id, "token": token, "params": {"text": "the link holder's own"}}),
     )
     .await;
-    assert_eq!(status, 200, "{rows}");
-    let revised = rows[0]["action_id"].as_str().unwrap().to_string();
+    assert_eq!(status, 200, "a card session may revise its actions: {rows}");
+    let revised: Uuid = rows[0]["action_id"].as_str().unwrap().parse().unwrap();
     let revised_token = rows[0]["token"].as_str().unwrap().to_string();
-    let (status, _, card) = post_rpc(
-        &k.base,
-        "preview",
-        Some(&bearer),
-        &json!({"action_id": revised, "token": revised_token}),
-    )
-    .await;
-    assert_eq!(status, 200, "{card}");
-    assert_eq!(card["params"]["text"], "final", "{card}");
-    let (status, _, rows) = post_rpc(
-        &k.base,
-        "approve",
-        Some(&bearer),
-        &json!({"action_id": revised, "token": revised_token}),
-    )
-    .await;
-    assert_eq!(status, 200, "{rows}");
-    assert_eq!(rows[0]["status"], "queued", "{rows}");
+    for function in ["preview", "approve"] {
+        let (status, _, body) = post_rpc(
+            &k.base,
+            function,
+            Some(&bearer),
+            &json!({"action_id": revised, "token": revised_token}),
+        )
+        .await;
+        assert_eq!(
+            status, 403,
+            "{function} of the revision the session wrote: {body}"
+        );
+    }
+    let status: String = w
+        .superuser
+        .query_one(
+            "SELECT status::text FROM keyturn.action WHERE id = $1",
+            &[&revised],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "pending");
+    let notified: i64 = w
+        .superuser
+        .query_one(
+            "SELECT count(*) FROM keyturn.notification WHERE action_id = $1",
+            &[&revised],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        notified, 0,
+        "a notification would be a link to the revision"
+    );
 
-    // A revision someone else made of it is not the session's.
+    // Where the person is signed in, the revision is theirs to approve.
+    let approved: String = w
+        .as_identity(
+            &w.human,
+            "SELECT status FROM keyturn.approve($1, keyturn.issue_token($1))",
+            &[&revised],
+        )
+        .await
+        .expect("approve where signed in")
+        .get(0);
+    assert_eq!(approved, "queued");
+
+    // A revision made where the person is signed in is notified as before.
+    let q: Proposal = w.propose(&tool, json!({"text": "draft two"})).await;
+    let signed_in: Uuid = w
+        .as_identity(
+            &w.human,
+            "SELECT action_id FROM keyturn.revise($1, $2, '{\"text\": \"edited\"}')",
+            &[&q.id, &q.token],
+        )
+        .await
+        .expect("revise where signed in")
+        .get(0);
+    let notified: i64 = w
+        .superuser
+        .query_one(
+            "SELECT count(*) FROM keyturn.notification WHERE action_id = $1",
+            &[&signed_in],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(notified > 0, "a signed-in revision is notified");
+
+    // Nor is any other action.
     let q: Proposal = w.propose(&tool, json!({"text": "other"})).await;
     let (status, _, body) = post_rpc(
         &k.base,

@@ -114,7 +114,9 @@ async fn test_a_link_code_is_redeemed_once_for_a_session_and_fresh_tokens() {
     assert_eq!(role.as_deref(), Some("app_human"), "the caller's role");
     assert_eq!(
         claims,
-        json!({"tenant_id": w.tenant, "sub": w.principal, "session_id": w.session})
+        json!({"tenant_id": w.tenant, "sub": w.principal, "session_id": w.session,
+               "keyturn_card_session": true}),
+        "the person's claims, marked as a card session's"
     );
     // Used: a second redemption gives nothing.
     assert!(redeem(&d, &code, &[a.id, b.id]).await.is_none());

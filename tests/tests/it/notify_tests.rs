@@ -729,7 +729,8 @@ async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
     assert_eq!(r.get::<_, Option<String>>(0).as_deref(), Some("app_human"));
     assert_eq!(
         r.get::<_, Value>(1),
-        json!({"tenant_id": w.tenant, "sub": w.principal, "session_id": w.session})
+        json!({"tenant_id": w.tenant, "sub": w.principal, "session_id": w.session,
+               "keyturn_card_session": true})
     );
     assert!(d
         .query_opt(
