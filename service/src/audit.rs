@@ -46,7 +46,7 @@ pub fn verify(
         let line = line?;
         n += 1;
         let bad = |why: String| Ok(Verdict::Bad { line: n, why });
-        let event: Value = match serde_json::from_str(&line) {
+        let event: Value = match keyturn_core::audit::parse_exported_event(&line) {
             Ok(v) => v,
             Err(e) => return bad(format!("not JSON: {e}")),
         };
@@ -182,5 +182,38 @@ mod tests {
             verify(garbage.as_bytes(), None, None).unwrap(),
             Verdict::Bad { line: 5, .. }
         ));
+    }
+
+    /// Red-team pass of 0.3.0 (docs/security.md, row 76): a lenient reader
+    /// keeps the last of two keys, so a forged value put first on a line
+    /// (what a person or another reader sees) verified; and serde_json read
+    /// its reserved number key as a number.
+    #[test]
+    fn test_a_line_that_reads_two_ways_does_not_verify() {
+        let c = chain(3);
+        let mut lines: Vec<String> = c.iter().map(Value::to_string).collect();
+        lines[1] = lines[1].replacen('{', r#"{"principal":"mallory","#, 1);
+        let forged = lines.join("\n") + "\n";
+        assert!(
+            matches!(
+                verify(forged.as_bytes(), None, None).unwrap(),
+                Verdict::Bad { line: 2, .. }
+            ),
+            "a duplicate key"
+        );
+        let mut lines: Vec<String> = c.iter().map(Value::to_string).collect();
+        lines[0] = lines[0].replacen(
+            r#""id":10"#,
+            r#""id":{"$serde_json::private::Number":"10"}"#,
+            1,
+        );
+        let forged = lines.join("\n") + "\n";
+        assert!(
+            matches!(
+                verify(forged.as_bytes(), None, None).unwrap(),
+                Verdict::Bad { line: 1, .. }
+            ),
+            "the reserved number key"
+        );
     }
 }

@@ -37,6 +37,15 @@ pub fn event_hash_of_row(text: &str) -> Result<String, CoreError> {
     event_hash(&parse_printed(text, STORED_EVENT_BYTES)?)
 }
 
+/// One line of an export, read as strictly as the database reads a stored
+/// event: duplicate keys, serde_json's reserved number key, nesting and size
+/// beyond an event's are refused. A lenient reader keeps the last of two
+/// `"principal"` keys, so a line could show one value to a person or `grep`
+/// and hash as another (`keyturnd audit-verify`).
+pub fn parse_exported_event(line: &str) -> Result<Value, CoreError> {
+    parse_printed(line, STORED_EVENT_BYTES)
+}
+
 /// Domain tag of [`chain_lock_id`]: never the same MAC as another use of
 /// the key.
 const CHAIN_LOCK_TAG: &[u8] = b"keyturn/v1/chain-lock";
