@@ -507,18 +507,35 @@ fn link_code(
 /// Human side: records evidence the person saw (its kind, a reference, the
 /// SHA-256 of its content) for the caller's principal, which its proposals
 /// may cite. An agent never records evidence: fence records what it fenced.
-#[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+///
+/// Its SQL is written out: the second argument is named `ref`, a Rust
+/// keyword, and pgrx names an argument after its Rust pattern (`r#ref`),
+/// which a call by name (`ref => …`) could not reach.
+#[pg_extern(
+    volatile,
+    parallel_unsafe,
+    sql = r#"
+CREATE FUNCTION "record_evidence"(
+	"kind" TEXT,
+	"ref" TEXT,
+	"sha256" TEXT
+) RETURNS uuid
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
+"#
+)]
 fn record_evidence(
     kind: Option<String>,
-    r#ref: Option<String>,
+    reference: Option<String>,
     sha256: Option<String>,
 ) -> pgrx::Uuid {
     refuse_agents("record_evidence");
     as_owner(
         "SELECT keyturn._record_evidence_for_caller($1, $2, $3, $4)",
         &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
-        vec![kind.into(), r#ref.into(), sha256.into()],
+        vec![kind.into(), reference.into(), sha256.into()],
         |row| required::<pgrx::Uuid>(row, 1),
     )
     .into_iter()

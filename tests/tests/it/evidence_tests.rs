@@ -16,8 +16,10 @@ async fn record(
     r: &str,
     sha: &str,
 ) -> Result<uuid::Uuid, tokio_postgres::Error> {
+    // By name, as the documented signature spells them (a pgrx-generated
+    // signature once named the second argument "r#ref").
     c.query_one(
-        "SELECT keyturn.record_evidence($1, $2, $3)",
+        "SELECT keyturn.record_evidence(kind => $1, ref => $2, sha256 => $3)",
         &[&kind, &r, &sha],
     )
     .await
