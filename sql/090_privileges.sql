@@ -23,12 +23,15 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA keyturn FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA keyturn FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA keyturn_secret FROM PUBLIC;
 
--- dispatch_by_tenant() too: whether keyturn's tables are distributed decides
--- which form of a person's call keyturnd's /rpc runs, for any role it serves.
 GRANT EXECUTE ON FUNCTION
     keyturn.current_tenant(), keyturn.current_principal(), keyturn.current_session(),
-    keyturn.canonical_json(jsonb), keyturn.params_hash(text, jsonb), keyturn.dispatch_by_tenant()
+    keyturn.canonical_json(jsonb), keyturn.params_hash(text, jsonb)
 TO PUBLIC;
+-- Whether keyturn's tables are distributed decides which form of a call
+-- keyturnd runs (/rpc, /mcp, the dispatcher), as whichever of keyturn's
+-- roles it serves; PUBLIC gets nothing beyond the five above.
+GRANT EXECUTE ON FUNCTION keyturn.dispatch_by_tenant()
+TO keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
 
 GRANT SELECT ON ALL TABLES IN SCHEMA keyturn TO keyturn_agent, keyturn_approver;
 -- Except the bytes of staged files and the params of digest actions: only

@@ -30,9 +30,8 @@ SELECT is_empty($$
 SELECT is(ARRAY(SELECT p.proname::text COLLATE "C" FROM pg_proc p
                  WHERE p.pronamespace = 'keyturn'::regnamespace AND has_function_privilege('public', p.oid, 'EXECUTE')
                  ORDER BY 1),
-          ARRAY['canonical_json', 'current_principal', 'current_session', 'current_tenant', 'dispatch_by_tenant',
-                'params_hash'],
-          'PUBLIC executes exactly the identity functions, canonical_json, params_hash and dispatch_by_tenant');
+          ARRAY['canonical_json', 'current_principal', 'current_session', 'current_tenant', 'params_hash'],
+          'PUBLIC executes exactly the identity functions, canonical_json and params_hash');
 
 SELECT is_empty($$
     SELECT p.oid::regprocedure FROM pg_proc p

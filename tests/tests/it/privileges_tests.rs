@@ -20,7 +20,6 @@ const PUBLIC_FNS: &[&str] = &[
     "current_principal",
     "current_session",
     "current_tenant",
-    "dispatch_by_tenant",
     "params_hash",
 ];
 
@@ -59,6 +58,7 @@ async fn test_each_role_executes_exactly_its_functions() {
         "fence",
         "revoke_evidence",
         "classify",
+        "dispatch_by_tenant",
     ];
     let human = [
         "approve",
@@ -127,6 +127,7 @@ async fn test_each_role_executes_exactly_its_functions() {
                     "attachments",
                     "sweep",
                     "classify",
+                    "dispatch_by_tenant",
                     // card links and sessions (sql/058_links.sql)
                     "link_code",
                     "redeem_link_code",
@@ -166,6 +167,7 @@ async fn test_each_role_executes_exactly_its_functions() {
                     "sweep",
                     "audit",
                     "classify",
+                    "dispatch_by_tenant",
                     "reconcile_for",
                     "sweep_for",
                     "notifications",
@@ -193,6 +195,7 @@ async fn test_each_role_executes_exactly_its_functions() {
                     "revoke_tool",
                     "check_deployment",
                     "classify",
+                    "dispatch_by_tenant",
                     "verify_audit",
                     "audit_export",
                     "audit_head",
@@ -242,16 +245,14 @@ async fn test_public_calls_identity_and_hash_functions_only() {
     let row = nobody
         .query_one(
             "SELECT keyturn.current_tenant(), keyturn.current_principal(), keyturn.current_session(), \
-             keyturn.canonical_json('{\"b\":1,\"a\":2}'), keyturn.params_hash('x', '{}'), \
-             keyturn.dispatch_by_tenant()",
+             keyturn.canonical_json('{\"b\":1,\"a\":2}'), keyturn.params_hash('x', '{}')",
             &[],
         )
         .await
-        .expect("PUBLIC may call the identity functions, canonical_json, params_hash and dispatch_by_tenant");
+        .expect("PUBLIC may call the identity functions, canonical_json and params_hash");
     assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("t"));
     assert_eq!(row.get::<_, String>(3), r#"{"a":2,"b":1}"#);
     assert_eq!(row.get::<_, String>(4).len(), 64);
-    assert!(!row.get::<_, bool>(5), "one node: not distributed");
 
     let id = uuid::Uuid::new_v4();
     let refused = [
@@ -272,6 +273,7 @@ async fn test_public_calls_identity_and_hash_functions_only() {
         "SELECT keyturn.grant_tool('t', 'p', 'x')".into(),
         "SELECT keyturn.revoke_tool('t', 'p', 'x')".into(),
         "SELECT keyturn.classify('x')".into(),
+        "SELECT keyturn.dispatch_by_tenant()".into(),
         format!("SELECT * FROM keyturn.action_status('{id}')"),
         format!("SELECT * FROM keyturn.audit('{id}')"),
         "SELECT keyturn.end_session()".into(),
