@@ -177,6 +177,12 @@ BEGIN
           FROM keyturn.event e
          WHERE e.action_id = audit.action_id AND e.tenant = v_tenant
          ORDER BY e.id;
+    -- Then the events of this transaction, written into the chain at its
+    -- commit (docs/audit.md): a transaction sees its own, as it sees its
+    -- own status changes.
+    RETURN QUERY
+        SELECT n.at, n.db_role, n.principal, n.from_status, n.to_status, n.detail::jsonb
+          FROM keyturn._noted_events(audit.action_id) n;
 END
 $$;
 

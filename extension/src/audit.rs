@@ -11,7 +11,8 @@
 //! happen, and written at PRE_COMMIT (PRE_PREPARE on a Citus worker): the
 //! head row is locked there, the events get their ids and hashes in order
 //! (keyturn._chain_events), and the lock lasts only for the commit itself.
-//! A transaction thus sees its own events after it commits, not before.
+//! Until then they are not rows of keyturn.event; keyturn.audit shows a
+//! transaction its own ([`noted_events`]) after the committed ones.
 
 use std::cell::RefCell;
 
@@ -154,6 +155,45 @@ fn append_event(
         to_status,
         &detail.0,
     );
+}
+
+/// The events this transaction has noted for `action_id` and not yet
+/// written (they are written at its commit), in the order they happened,
+/// for keyturn.audit: a transaction sees its own events, as it sees its own
+/// status changes and usage rows. Backend memory, so parallel unsafe.
+#[pg_extern(name = "_noted_events", volatile, strict, parallel_unsafe)]
+// pgrx reads the columns from the signature itself: no type alias.
+#[allow(clippy::type_complexity)]
+fn noted_events(
+    action_id: pgrx::Uuid,
+) -> TableIterator<
+    'static,
+    (
+        name!(at, Option<TimestampWithTimeZone>),
+        name!(db_role, String),
+        name!(principal, Option<String>),
+        name!(from_status, Option<String>),
+        name!(to_status, String),
+        name!(detail, String),
+    ),
+> {
+    let rows: Vec<_> = PENDING.with(|p| {
+        p.borrow()
+            .iter()
+            .filter(|e| e.action_id == action_id)
+            .map(|e| {
+                (
+                    TimestampWithTimeZone::try_from(e.at).ok(),
+                    e.db_role.clone(),
+                    e.principal.clone(),
+                    e.from_status.clone(),
+                    e.to_status.clone(),
+                    e.detail.clone(),
+                )
+            })
+            .collect()
+    });
+    TableIterator::new(rows)
 }
 
 /// The hash of an event given as the JSON object of its columns (a `hash`

@@ -359,3 +359,91 @@ async fn test_status_graph_matches_the_contract_for_every_pair() {
         }
     }
 }
+
+/// Conformance pass of 0.3.0: since the chain, a transaction's events are
+/// written at its commit, and keyturn.audit showed a transaction none of
+/// its own (a flow and its audit read in one transaction, rolled back at
+/// the end as pgTAP does, found no events). audit now shows them after the
+/// committed ones, in order; the rollback leaves nothing.
+#[tokio::test]
+async fn test_a_transaction_sees_its_own_events_in_audit() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    // One login for both sides, as a pooled application (PostgREST's
+    // authenticator) has: NOINHERIT, switching roles per request.
+    let login = unique("authenticator");
+    w.superuser
+        .batch_execute(&format!(
+            "CREATE ROLE {login} LOGIN NOINHERIT; GRANT app_agent, app_human TO {login}"
+        ))
+        .await
+        .unwrap();
+    let su = connect(&login).await;
+    let identity = format!(
+        "SELECT set_config('keyturn.tenant', '{}', true), set_config('keyturn.principal', '{}', true), \
+                set_config('keyturn.session', '{}', true)",
+        w.tenant, w.principal, w.session
+    );
+    su.batch_execute(&format!("BEGIN; SET LOCAL ROLE app_agent; {identity}"))
+        .await
+        .unwrap();
+    let r = su
+        .query_one(
+            "SELECT action_id, token FROM keyturn.propose($1, $2)",
+            &[&t, &json!({"channel": "c", "text": "in one transaction"})],
+        )
+        .await
+        .unwrap();
+    let (id, token): (uuid::Uuid, String) = (r.get(0), r.get(1));
+    let steps = |rows: Vec<tokio_postgres::Row>| -> Vec<(Option<String>, String, String)> {
+        rows.iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    };
+    let audit = "SELECT from_status, to_status, db_role FROM keyturn.audit($1)";
+    assert_eq!(
+        steps(su.query(audit, &[&id]).await.unwrap()),
+        [(None, "pending".to_owned(), "app_agent".to_owned())]
+    );
+    su.batch_execute("RESET ROLE; SET LOCAL ROLE app_human")
+        .await
+        .unwrap();
+    su.batch_execute(&identity).await.unwrap();
+    let status: String = su
+        .query_one("SELECT status FROM keyturn.approve($1, $2)", &[&id, &token])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "queued");
+    assert_eq!(
+        steps(su.query(audit, &[&id]).await.unwrap()),
+        [
+            (None, "pending".to_owned(), "app_agent".to_owned()),
+            (
+                Some("pending".to_owned()),
+                "queued".to_owned(),
+                "app_human".to_owned()
+            )
+        ]
+    );
+    let in_table: i64 = su
+        .query_one(
+            "SELECT count(*) FROM keyturn.event WHERE action_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(in_table, 0, "written into the chain at the commit");
+    su.batch_execute("ROLLBACK").await.unwrap();
+    let after: i64 = w
+        .superuser
+        .query_one(
+            "SELECT count(*) FROM keyturn.event WHERE action_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(after, 0, "nothing of a rolled-back transaction");
+}
