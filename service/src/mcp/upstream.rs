@@ -131,11 +131,11 @@ impl Upstream {
             };
             headers.insert(n, v);
         }
-        let transport = StreamableHttpClientTransport::with_client(
+        let transport = CallsAsApproved(StreamableHttpClientTransport::with_client(
             self.http.clone(),
             StreamableHttpClientTransportConfig::with_uri(self.config.url.as_str())
                 .custom_headers(headers),
-        );
+        ));
         let listener = Listener {
             changed: self.changed.clone(),
         };
@@ -273,6 +273,43 @@ impl Upstream {
                 Err(CallError::AfterSend("tools/call timed out".into()))
             }
         }
+    }
+}
+
+/// The upstream transport, with each `tools/call` sent as approved: its
+/// `_meta` is exactly what keyturn put there (`{"idempotency_key": …}`).
+/// rmcp gives every request a `progressToken` from a per-session counter,
+/// so the same approved call would differ from one attempt to the next,
+/// and keyturn asks for no progress.
+struct CallsAsApproved<T>(T);
+
+impl<T: rmcp::transport::Transport<RoleClient>> rmcp::transport::Transport<RoleClient>
+    for CallsAsApproved<T>
+{
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        mut item: rmcp::service::TxJsonRpcMessage<RoleClient>,
+    ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        if let rmcp::model::JsonRpcMessage::Request(r) = &mut item {
+            if matches!(r.request, ClientRequest::CallToolRequest(_)) {
+                use rmcp::model::GetMeta;
+                r.request.get_meta_mut().0.remove("progressToken");
+            }
+        }
+        self.0.send(item)
+    }
+
+    fn receive(
+        &mut self,
+    ) -> impl std::future::Future<Output = Option<rmcp::service::RxJsonRpcMessage<RoleClient>>> + Send
+    {
+        self.0.receive()
+    }
+
+    fn close(&mut self) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send {
+        self.0.close()
     }
 }
 
