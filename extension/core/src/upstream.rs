@@ -5,8 +5,9 @@
 //! **Fail closed.** An upstream tool is a read tool only when its upstream is
 //! trusted *and* its definition says, explicitly and as a JSON boolean,
 //! `"annotations": {"readOnlyHint": true}`. A missing `annotations`, a missing
-//! hint, `false`, `null`, the string `"true"`, `1`: a write tool, which needs a
-//! person's approval for every call. MCP calls these annotations hints that a
+//! hint, `false`, `null`, the string `"true"`, `1`, or a `destructiveHint`
+//! that is anything but absent or `false` beside it: a write tool, which needs
+//! a person's approval for every call. MCP calls these annotations hints that a
 //! client must not trust from an untrusted server; keyturn trusts them only
 //! where an operator said so, and only in the direction that lets a call skip
 //! approval when the upstream asserted it without ambiguity.
@@ -38,11 +39,16 @@ impl Kind {
 /// The kind of the tool `definition` (the JSON object of one tool in an
 /// upstream's `tools/list`), from an upstream whose annotations are trusted
 /// or not.
+/// A read-only tool that also says it is destructive contradicts itself:
+/// ambiguous, so a write.
 pub fn classify(definition: &Value, trust_annotations: bool) -> Kind {
-    let read_only = definition
-        .get("annotations")
-        .and_then(|a| a.get("readOnlyHint"));
-    if trust_annotations && read_only == Some(&Value::Bool(true)) {
+    let annotations = definition.get("annotations");
+    let read_only = annotations.and_then(|a| a.get("readOnlyHint"));
+    let destructive = annotations.and_then(|a| a.get("destructiveHint"));
+    if trust_annotations
+        && read_only == Some(&Value::Bool(true))
+        && destructive.is_none_or(|d| d == &Value::Bool(false))
+    {
         Kind::Read
     } else {
         Kind::Write
@@ -126,6 +132,9 @@ mod tests {
             json!({"readOnlyHint": "true"}),
             json!({"readOnlyHint": 1}),
             json!({"readOnlyHint": [true]}),
+            json!({"readOnlyHint": true, "destructiveHint": true}),
+            json!({"readOnlyHint": true, "destructiveHint": "false"}),
+            json!({"readOnlyHint": true, "destructiveHint": null}),
             json!({"readonlyhint": true}),
             json!([{"readOnlyHint": true}]),
             json!("readOnlyHint"),
