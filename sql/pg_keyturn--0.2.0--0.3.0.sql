@@ -590,6 +590,21 @@ STRICT STABLE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'latest_turn_wrapper';
 
+-- pg_keyturn::audit::_noted_events
+CREATE OR REPLACE FUNCTION "_noted_events"(
+	"action_id" uuid /* pgrx :: Uuid */
+) RETURNS TABLE (
+	"at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"db_role" TEXT,  /* String */
+	"principal" TEXT,  /* Option < String > */
+	"from_status" TEXT,  /* Option < String > */
+	"to_status" TEXT,  /* String */
+	"detail" TEXT  /* String */
+)
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'noted_events_wrapper';
+
 -- pg_keyturn::ids::_notification_id
 CREATE OR REPLACE FUNCTION "_notification_id"() RETURNS uuid /* pgrx :: Uuid */
 STRICT VOLATILE PARALLEL SAFE 
@@ -1071,11 +1086,12 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'propose_for_wrapper';
 
 -- pg_keyturn::gate::human::record_evidence
+
 CREATE OR REPLACE FUNCTION "record_evidence"(
-	"kind" TEXT, /* Option < String > */
-	"r#ref" TEXT, /* Option < String > */
-	"sha256" TEXT /* Option < String > */
-) RETURNS uuid /* pgrx :: Uuid */
+	"kind" TEXT,
+	"ref" TEXT,
+	"sha256" TEXT
+) RETURNS uuid
 VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
@@ -2894,8 +2910,11 @@ BEGIN
 
     -- It waits for people now: the notifications of those with a channel
     -- (sql/064_notify.sql). A tenant where nobody set one pays one index
-    -- probe.
-    IF EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant) THEN
+    -- probe. Not a revision made in a card session: its notification's link
+    -- would let whoever holds the first link approve what they wrote
+    -- (keyturn._card_claims).
+    IF EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant)
+       AND NOT (p_revised_from IS NOT NULL AND keyturn._in_card_session()) THEN
         PERFORM keyturn._record_notifications(v_id, p_tenant);
     END IF;
 
@@ -3749,6 +3768,12 @@ BEGIN
           FROM keyturn.event e
          WHERE e.action_id = audit.action_id AND e.tenant = v_tenant
          ORDER BY e.id;
+    -- Then the events of this transaction, written into the chain at its
+    -- commit (docs/audit.md): a transaction sees its own, as it sees its
+    -- own status changes.
+    RETURN QUERY
+        SELECT n.at, n.db_role, n.principal, n.from_status, n.to_status, n.detail::jsonb
+          FROM keyturn._noted_events(audit.action_id) n;
 END
 $$;
 
@@ -5144,6 +5169,38 @@ BEGIN
 END
 $$;
 
+-- The claims a card session's calls assert: the link's person, marked as a
+-- card session's (keyturn._in_card_session).
+--
+-- A link travels through mail servers, a team's chat channel, push services
+-- and a locked phone's notification shade, so its holder may not be its
+-- person. It may decide what the link names, as shown; it must not write
+-- what it then decides. A card session may revise its actions, but the
+-- revision is not the session's to approve (card_session lists the link's
+-- actions alone) and no notification, so no new link, is made for it
+-- (keyturn._propose): the person decides it where they are signed in (the
+-- queue, the console, their app). Before this, a link's holder revised a
+-- self action to any params and approved the revision in the same session
+-- (docs/security.md, row 75).
+CREATE OR REPLACE FUNCTION keyturn._card_claims(l keyturn.card_link)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    SELECT keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb
+           || jsonb_build_object('keyturn_card_session', true)
+$$;
+
+-- Whether the calling transaction asserts a card session's claims. Only
+-- ever narrows what the call may do, so a JWT that carries the mark itself
+-- gains nothing by it.
+CREATE OR REPLACE FUNCTION keyturn._in_card_session()
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce((nullif(pg_catalog.current_setting('request.jwt.claims', true), '')::jsonb
+                     ->> 'keyturn_card_session') = 'true', false)
+$$;
+
 -- keyturnd's POST /card/session: the code's card session, once. No rows for
 -- a code that is unknown, used or expired, or for action ids other than the
 -- code's (in any order): nothing changes then. Otherwise the code is used
@@ -5194,8 +5251,7 @@ BEGIN
     UPDATE keyturn.card_link x
        SET redeemed_at = v_now, session_digest = v_digest, session_expires_at = v_until
      WHERE x.code_digest = l.code_digest AND x.tenant = l.tenant;
-    RETURN QUERY SELECT v_bearer, v_until, v_tokens, l.db_role,
-                        keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb;
+    RETURN QUERY SELECT v_bearer, v_until, v_tokens, l.db_role, keyturn._card_claims(l);
 END
 $$;
 
@@ -5215,17 +5271,10 @@ BEGIN
         RETURN;
     END IF;
     v_digest := keyturn._token_digest(card_session.bearer);
-    -- The link's actions and the revisions the person made of them in the
-    -- card (revise answers a new action, which the card goes on with).
+    -- The link's actions alone: never a revision made in the session (see
+    -- keyturn._card_claims).
     RETURN QUERY
-        SELECT l.db_role, keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb,
-               ARRAY(WITH RECURSIVE chain (id) AS (
-                         SELECT unnest(l.action_ids)
-                         UNION
-                         SELECT a.id FROM keyturn.action a JOIN chain c ON a.revised_from = c.id
-                          WHERE a.tenant = l.tenant AND a.revised_by = l.principal)
-                     SELECT id FROM chain),
-               l.session_expires_at
+        SELECT l.db_role, keyturn._card_claims(l), l.action_ids, l.session_expires_at
           FROM keyturn.card_link l
          WHERE l.session_digest = v_digest  -- by digest alone: the bearer is all keyturnd has
            AND l.session_expires_at > clock_timestamp();
@@ -9053,12 +9102,15 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA keyturn FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA keyturn FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA keyturn_secret FROM PUBLIC;
 
--- dispatch_by_tenant() too: whether keyturn's tables are distributed decides
--- which form of a person's call keyturnd's /rpc runs, for any role it serves.
 GRANT EXECUTE ON FUNCTION
     keyturn.current_tenant(), keyturn.current_principal(), keyturn.current_session(),
-    keyturn.canonical_json(jsonb), keyturn.params_hash(text, jsonb), keyturn.dispatch_by_tenant()
+    keyturn.canonical_json(jsonb), keyturn.params_hash(text, jsonb)
 TO PUBLIC;
+-- Whether keyturn's tables are distributed decides which form of a call
+-- keyturnd runs (/rpc, /mcp, the dispatcher), as whichever of keyturn's
+-- roles it serves; PUBLIC gets nothing beyond the five above.
+GRANT EXECUTE ON FUNCTION keyturn.dispatch_by_tenant()
+TO keyturn_agent, keyturn_approver, keyturn_dispatcher, keyturn_operator, keyturn_admin;
 
 GRANT SELECT ON ALL TABLES IN SCHEMA keyturn TO keyturn_agent, keyturn_approver;
 -- Except the bytes of staged files and the params of digest actions: only
