@@ -919,6 +919,39 @@ async def _():
                 pass
 
 
+@check("an_upstream_read_holds_no_database_connection_while_it_waits")
+async def _():
+    """Red-team pass of 0.3.0 (docs/security.md, row 77): an upstream
+    read kept its /mcp pool connection, in an open transaction, for the
+    whole upstream call, so eight slow reads took the default pool from
+    every agent. The call is now checked, committed, and the connection
+    given back before the upstream is called; the answer is fenced in a
+    transaction of its own."""
+    with keyturnd_with(KEYTURN_MCP_CONNECTIONS="1"):
+        before = len(calls("history"))
+
+        async def slow():
+            async with client() as c:
+                return await call(c, "chat.history", {"channel": "slow"})
+
+        reading = asyncio.create_task(slow())
+        for _ in range(BOUND * 10):
+            if len(calls("history")) > before:
+                break
+            await asyncio.sleep(0.05)
+        assert len(calls("history")) > before, "the upstream never received the read"
+        assert not reading.done(), "the upstream answered before it could be looked at"
+        held = psql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'kt_mcp_login' "
+                    "AND state LIKE 'idle in transaction%'")
+        assert held == "0", f"{held} /mcp connection(s) held open while the upstream works"
+        async with client(token=jwt(session="other")) as c:
+            r = await asyncio.wait_for(call(c, "mcp_deals", {"where": {"stage": "qualified"}}), BOUND)
+            assert not r.is_error, r
+        r = await asyncio.wait_for(reading, BOUND)
+        assert not r.is_error and "mallory" in r.content[0].text, r
+        assert (r.meta or {}).get("evidence_id"), r
+
+
 @check("no_token_link_code_or_jwt_in_any_response")
 async def _():
     assert responses, "no response was kept"

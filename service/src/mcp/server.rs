@@ -336,15 +336,10 @@ impl Handler {
                     let fenced = db::mcp::read(&tx, name, args).await?;
                     Answer::Read(fenced, "read")
                 }
+                // Only checked here: the upstream is called with no
+                // connection held (below).
                 Some(t) if t.kind == "read" => {
-                    let allowed = db::mcp::upstream_read(&tx, name, args).await?;
-                    match self.upstream_read(&allowed, args).await {
-                        Ok(data) => Answer::Read(
-                            db::mcp::fence(&tx, &allowed.projection, &data).await?,
-                            "upstream_read",
-                        ),
-                        Err(text) => Answer::Failed(text),
-                    }
+                    Answer::Upstream(db::mcp::upstream_read(&tx, name, args).await?)
                 }
                 // A write, or a tool the principal may not call: propose
                 // refuses the latter with its own SQLSTATE.
@@ -383,10 +378,19 @@ impl Handler {
             Ok::<_, Error>(outcome)
         }
         .await;
-        // Back to the pool before the person is reached: a legacy client
-        // may take its time answering the elicitation (or never answer),
-        // and must not hold a connection every other agent needs.
+        // Back to the pool before the person is reached or an upstream is
+        // called: a legacy client may take its time answering the
+        // elicitation (or never answer), an upstream read as long as the
+        // HTTP timeout, and neither may hold a connection (or a snapshot)
+        // every other agent needs (docs/security.md, rows 62 and 77).
         drop(client);
+        let run = match run {
+            Ok(Answer::Upstream(allowed)) => match self.upstream_read(&allowed, args).await {
+                Ok(data) => self.fenced_for(who, &allowed.projection, &data).await,
+                Err(text) => Ok(Answer::Failed(text)),
+            },
+            other => other,
+        };
         let done = match run {
             Ok(Answer::Read(fenced, kind)) => {
                 self.mcp.metrics.mcp_call(kind, "read");
@@ -416,12 +420,32 @@ impl Handler {
                 }
                 proposed(&p, result)
             }
+            // Called above; never here.
+            Ok(Answer::Upstream(_)) => {
+                CallToolResult::error(vec![ContentBlock::text("The upstream was not called.")])
+            }
             Err(e) => {
                 self.mcp.metrics.mcp_call("write", "refused");
                 refusal(&e)
             }
         };
         done.into()
+    }
+
+    /// An upstream read's answer fenced for the agent, in a transaction of
+    /// its own, after the upstream call.
+    async fn fenced_for(
+        &self,
+        who: &Verified,
+        projection: &str,
+        data: &Value,
+    ) -> Result<Answer, Error> {
+        let mut client = self.mcp.pool.get().await?;
+        let tx = db::transaction(&mut client).await?;
+        as_agent(&tx, who).await?;
+        let fenced = db::mcp::fence(&tx, projection, data).await?;
+        db::commit(tx).await?;
+        Ok(Answer::Read(fenced, "upstream_read"))
     }
 
     /// Calls an upstream read tool; `Err`: the text of an error result
@@ -599,6 +623,8 @@ fn card_message(p: &Proposed) -> String {
 /// What a call came to, before its answer is written.
 enum Answer {
     Read(db::mcp::Fenced, &'static str),
+    /// An upstream read the database allowed, not yet called.
+    Upstream(db::mcp::UpstreamRead),
     Failed(String),
     Proposed(Proposed, Option<Value>),
 }
