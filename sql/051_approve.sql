@@ -519,6 +519,18 @@ $$;
 -- could approve's: that connection is the application, which is trusted to
 -- assert identities and holds the params it proposed. Over HTTP each call
 -- commits.)
+-- p's members whose value is not JSON null; what is inside them is left as
+-- it is.
+CREATE FUNCTION keyturn._without_null_members(p jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    RETURN (SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}'::jsonb)
+              FROM jsonb_each(p) e WHERE e.value <> 'null'::jsonb);
+END
+$$;
+
 CREATE FUNCTION keyturn._preview(p_caller oid, p_id uuid, p_token text, p_params jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
@@ -588,7 +600,10 @@ BEGIN
           FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant;
     END IF;
 
-    RETURN jsonb_strip_nulls(jsonb_build_object(
+    -- Only the card's own absent members are left out: jsonb_strip_nulls
+    -- would reach into params and targets and hide a write's NULL
+    -- (docs/security.md, row 78).
+    RETURN keyturn._without_null_members(jsonb_build_object(
         'action_id', a.id,
         'summary', coalesce(a.summary, a.tool),
         'tool', a.tool,

@@ -19,7 +19,7 @@
 
 import { rpc, takeJwt, redeemLink, keepCardSession, takeCardSession, explain, isMissingFunction, RpcError } from "./rpc.js";
 import { decodeLinkParams } from "./jcs.js";
-import { el, valueText, visible, duration } from "./show.js";
+import { el, showValue, visible, duration } from "./show.js";
 
 const IN_FLIGHT = new Set(["queued", "leased", "executing"]);
 const EFFECTS = {
@@ -267,13 +267,13 @@ class Item {
       for (const key of Object.keys(params).sort()) {
         const dd = el("dd", { kt: "param", class: "kt-value" });
         dd.dataset.key = key;
-        dd.textContent = valueText(params[key]);
+        showValue(dd, params[key]);
         list.append(el("dt", { text: key }), dd);
       }
       box.append(list);
     } else if (params !== undefined) {
       const dd = el("pre", { kt: "param", class: "kt-value" });
-      dd.textContent = valueText(params);
+      showValue(dd, params);
       box.append(dd);
     } else {
       const keys = this.preview.param_keys || [];
@@ -322,9 +322,9 @@ class Item {
             { class: "kt-change" },
             el("span", { class: "kt-col", text: col }),
             ": ",
-            el("span", { class: "kt-before", text: t.before ? valueText(before) : "(not visible to you)" }),
+            t.before ? showValue(el("span", { class: "kt-before" }), before) : el("span", { class: "kt-before", text: "(not visible to you)" }),
             " → ",
-            el("span", { class: "kt-after", text: valueText(after[col]) })
+            showValue(el("span", { class: "kt-after" }), after[col])
           )
         );
       }

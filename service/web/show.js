@@ -32,6 +32,28 @@ export function valueText(v) {
   return visible(JSON.stringify(v, null, 2));
 }
 
+/** What a value is when it is not text, as the card labels it beside the
+ *  value (styled, from the element's data-kind: no text can imitate it), or
+ *  undefined for text. A text field holding "null", "false" or "12" reads
+ *  the same as the JSON value, which may write something else (SQL NULL
+ *  against the text 'null'). */
+export function valueKind(v) {
+  if (typeof v === "string" || v === undefined) return undefined;
+  if (v === null) return "null: no value";
+  if (typeof v === "number") return "number";
+  if (typeof v === "boolean") return "true/false";
+  return "JSON";
+}
+
+/** `node` showing `v`: its text, and its kind when it is not text. */
+export function showValue(node, v) {
+  node.textContent = valueText(v);
+  const kind = valueKind(v);
+  if (kind) node.dataset.kind = kind;
+  else delete node.dataset.kind;
+  return node;
+}
+
 /** A new element: `attrs` may set class, data-kt (kt), text, and any
  *  attribute; `children` are nodes or strings (as text). */
 export function el(tag, attrs = {}, ...children) {

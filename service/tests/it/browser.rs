@@ -736,6 +736,64 @@ async fn test_card_shows_markup_and_invisible_characters_as_text() {
     assert_no_secret(&log, &[&p.token]);
 }
 
+/// Red-team pass of 0.3.0: the card showed the text "null" and the JSON
+/// value null alike (and "12" and 12, "false" and false), where a schema
+/// lets both through (a mixed enum, a json column): the person could not
+/// see which would be written. A value that is not text is labelled, in a
+/// style (CSS generated content) no text inside a value can take.
+#[tokio::test]
+async fn test_card_tells_text_from_other_values_that_print_alike() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let k = keyturnd(&w, vec![]).await;
+    let tool = w
+        .webhook_tool(json!({"params_schema": {
+            "type": "object",
+            "properties": {
+                "text": {"type": "string", "maxLength": 50},
+                "a": {"enum": [null, "null", 12, "12", false, "false"]},
+                "b": {"enum": [null, "null", 12, "12", false, "false"]},
+                "c": {"enum": [null, "null", 12, "12", false, "false"]},
+                "d": {"enum": [null, "null", 12, "12", false, "false"]}
+            },
+            "required": ["text"]
+        }}))
+        .await;
+    let p = w
+        .propose(
+            &tool,
+            json!({"text": "mixed", "a": null, "b": "null", "c": 12, "d": "12"}),
+        )
+        .await;
+
+    let c = browser::open(&webdriver, false).await;
+    visit(&c, &code_link(&w, &k.base, &[(&p, None)]).await)
+        .await
+        .expect("open");
+    wait_loaded(&c).await;
+    let shown = js(
+        &c,
+        "const out = {}; \
+         for (const k of ['a', 'b', 'c', 'd']) { \
+           const dd = document.querySelector(`[data-kt=param][data-key=${k}]`); \
+           out[k] = [dd.textContent, getComputedStyle(dd, '::after').content]; \
+         } return out;",
+        vec![],
+    )
+    .await;
+    assert_eq!(shown["a"][0], shown["b"][0], "the same characters: {shown}");
+    assert_eq!(shown["c"][0], shown["d"][0], "the same characters: {shown}");
+    assert_eq!(shown["a"][1], json!("\"null: no value\""), "{shown}");
+    assert_eq!(shown["c"][1], json!("\"number\""), "{shown}");
+    for text in ["b", "d"] {
+        assert_eq!(shown[text][1], json!("none"), "text has no label: {shown}");
+    }
+    c.close().await.expect("close");
+    k.stop().await;
+}
+
 #[tokio::test]
 async fn test_digest_card_approves_only_the_proposed_fields() {
     let webdriver = require_browser!();

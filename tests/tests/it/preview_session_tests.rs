@@ -309,3 +309,38 @@ async fn test_cancel_origin_cancels_queued_actions_too() {
     assert_eq!(w.status(p.id).await, "cancelled");
     assert_work_list_in_step(&w.superuser).await;
 }
+
+/// Found testing a red-team finding of 0.3.0 (docs/security.md, row 78):
+/// preview stripped JSON nulls from its whole answer, so from the params and
+/// each target's after too. A write that sets a column to NULL showed no
+/// change of that column on the card: the person approved a write they
+/// were not shown. Only preview's own absent members are left out now.
+#[tokio::test]
+async fn test_preview_shows_a_null_the_write_sets() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 1).await;
+    w.superuser
+        .execute(
+            "UPDATE crm.deal SET amount = 10 WHERE id = $1",
+            &[&deals[0]],
+        )
+        .await
+        .unwrap();
+    let params = json!({"where": {"id": deals}, "set": {"stage": "won", "amount": null}});
+    let p = w.propose(&t, params.clone()).await.unwrap();
+    let card = preview(&w.human, &p).await.unwrap();
+    assert_eq!(card["params"], params, "{card}");
+    let after = &card["targets"][0]["after"];
+    assert!(
+        after
+            .as_object()
+            .is_some_and(|a| a.get("amount") == Some(&Value::Null)),
+        "the card's after says amount becomes null: {card}"
+    );
+    assert_eq!(card["targets"][0]["before"]["amount"].as_f64(), Some(10.0));
+    assert!(
+        card.get("result").is_none(),
+        "absent members stay absent: {card}"
+    );
+}
