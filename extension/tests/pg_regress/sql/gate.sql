@@ -34,8 +34,8 @@ ROLLBACK TO wrong_token;
 SELECT status, result FROM keyturn.approve(:'action_id', :'token');
 SELECT status, result FROM keyturn.approve(:'action_id', :'token');
 SELECT tool, status, summary, attempts FROM keyturn.action_status(:'action_id');
--- Events join their tenant's hash chain at COMMIT (docs/audit.md): this
--- transaction, rolled back below, sees none of its own yet.
+-- Events join their tenant's hash chain at COMMIT (docs/audit.md); until
+-- then audit() shows this transaction (rolled back below) its own.
 SELECT db_role, principal, from_status, to_status, detail FROM keyturn.audit(:'action_id');
 SELECT id, tenant, stage FROM public.rg_deal ORDER BY id;
 SELECT count(*) AS usage_rows FROM keyturn.usage WHERE action_id = :'action_id';
