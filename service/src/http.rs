@@ -8,6 +8,7 @@
 //! | `GET /metrics` | Prometheus / OpenMetrics text, see [`crate::metrics`] |
 //! | `POST /rpc/<function>` | with a JWT key configured: the keyturn call, see [`crate::rpc`] and docs/http.md |
 //! | `POST /card/session` | with `/rpc`: a link's one-time code for a card session, see [`crate::rpc::card`] |
+//! | `POST /card/token` | with `/rpc`: a fresh token for one of a card session's actions |
 //! | `GET /card`, `GET /console`, `GET /card/<asset>` | the approval card and the operator console, see [`crate::pages`] |
 //!
 //! Every answer carries `X-Content-Type-Options: nosniff`,
@@ -49,6 +50,10 @@ pub fn app(state: AppState) -> Router {
             .route(
                 "/card/session",
                 post(card_session).layer(DefaultBodyLimit::max(CARD_SESSION_LIMIT)),
+            )
+            .route(
+                "/card/token",
+                post(card_token).layer(DefaultBodyLimit::max(CARD_SESSION_LIMIT)),
             );
     }
     if let Some(mcp) = &state.mcp {
@@ -63,7 +68,8 @@ pub fn app(state: AppState) -> Router {
 }
 
 async fn security_headers(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let rpc = request.uri().path().starts_with("/rpc/") || request.uri().path() == "/card/session";
+    let rpc = request.uri().path().starts_with("/rpc/")
+        || matches!(request.uri().path(), "/card/session" | "/card/token");
     // The path only: a query string is never logged, in case someone put a
     // token into one (the card and the console never do).
     tracing::debug!(
@@ -115,6 +121,24 @@ async fn card_session(
 ) -> Result<Response, Error> {
     let rpc = state.rpc.as_ref().ok_or(Error::NotReady)?;
     Ok(json(rpc.redeem(&body_of(body)?).await?))
+}
+
+/// `POST /card/token`: a fresh token for one of a card session's actions
+/// ([`crate::rpc::card`]).
+async fn card_token(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Error> {
+    let rpc = state.rpc.as_ref().ok_or(Error::NotReady)?;
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| Error::Unauthorized("the Authorization header is not text"))
+        })
+        .transpose()?;
+    Ok(json(rpc.card_token(authorization, &body_of(body)?).await?))
 }
 
 /// The request's body, or why there is none: too large (413) or unreadable.

@@ -17,7 +17,7 @@
 // tab's sessionStorage. A JWT or a token in the page's fragment is never
 // read.
 
-import { rpc, takeJwt, redeemLink, keepCardSession, takeCardSession, explain, isMissingFunction, RpcError } from "./rpc.js";
+import { rpc, cardToken, takeJwt, redeemLink, keepCardSession, takeCardSession, explain, isMissingFunction, RpcError } from "./rpc.js";
 import { decodeLinkParams } from "./jcs.js";
 import { el, showValue, visible, duration } from "./show.js";
 
@@ -427,7 +427,9 @@ class Item {
       return await call();
     } catch (e) {
       if (!(e instanceof RpcError) || e.code !== "55000" || !/wrong token/.test(e.message || "")) throw e;
-      this.token = await rpc("issue_token", { action_id: this.actionId }, this.card.auth);
+      this.token = this.card.session
+        ? await cardToken(this.actionId, this.card.auth)
+        : await rpc("issue_token", { action_id: this.actionId }, this.card.auth);
       return await call();
     }
   }

@@ -49,6 +49,12 @@ export async function redeemLink(code, actionIds, { base = "" } = {}) {
   return post(`${base}/card/session`, { code, action_ids: actionIds }, null);
 }
 
+/** A fresh token for one of a card session's actions (`issue_token`, at
+ *  POST /card/token: a card session's /rpc is for its four calls alone). */
+export async function cardToken(actionId, { jwt, base = "" } = {}) {
+  return post(`${base}/card/token`, { action_id: actionId }, jwt);
+}
+
 async function post(url, body, bearer) {
   let response;
   const headers = { "Content-Type": "application/json" };

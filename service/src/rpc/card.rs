@@ -11,8 +11,9 @@
 //! The card then calls `/rpc` with `Authorization: Bearer kts_…`: keyturnd
 //! asks the database who that is (`keyturn.card_session`) and runs the call
 //! as that person, under the role the code names (or `KEYTURN_CARD_ROLE`),
-//! for `preview`, `approve`, `reject`, `revise` and `issue_token` of the
-//! session's actions only. After redemption the URL holds nothing that
+//! for `preview`, `approve`, `reject` and `revise` of the session's actions
+//! only; `POST /card/token` gives it a fresh token for one of them
+//! (`issue_token`, outside `/rpc`). After redemption the URL holds nothing that
 //! works, so a browser's history, its sync and its address bar's
 //! suggestions hold nothing either.
 
@@ -27,12 +28,15 @@ use crate::jwt::Verified;
 /// What marks a card session's bearer: a JWT never starts so.
 pub const SESSION_PREFIX: &str = "kts_";
 
-/// The calls a card session may make: the card's, on its actions.
-/// `issue_token` because each card opened for an action takes a fresh
-/// token, so a card opened before it (another approver's, for a quorum, or
-/// the same person's other device) holds a dead one and must take its own
-/// again (docs/security.md, row 74).
-const CARD_FUNCTIONS: [&str; 5] = ["preview", "approve", "reject", "revise", "issue_token"];
+/// The `/rpc` calls a card session may make: the card's, on its actions.
+pub const CARD_FUNCTIONS: &[&str] = &["preview", "approve", "reject", "revise"];
+
+/// The one call of `POST /card/token`: each card opened for an action takes
+/// a fresh token, so a card opened before it (another approver's, for a
+/// quorum, or the same person's other device) holds a dead one and must take
+/// its own again (docs/security.md, row 74). A route of its own keeps
+/// `/rpc` to the four calls above.
+pub const TOKEN_FUNCTIONS: &[&str] = &["issue_token"];
 
 /// The card session's bearer in an `Authorization` header, if it is one.
 pub fn bearer_of(authorization: Option<&str>) -> Option<&str> {
@@ -118,6 +122,7 @@ impl Cards {
         function: &str,
         args: &Map<String, Value>,
         allowed: impl Fn(&str) -> bool,
+        functions: &[&str],
     ) -> Result<Verified, Error> {
         let client = self.dispatcher.get().await?;
         let session = db::rpc::card_session(&client, bearer)
@@ -125,9 +130,9 @@ impl Cards {
             .ok_or(Error::Unauthorized(
                 "the card session has ended: open the link again, or ask for a new one",
             ))?;
-        if !CARD_FUNCTIONS.contains(&function) {
+        if !functions.contains(&function) {
             return Err(Error::CardForbidden(
-                "a card session may only preview, approve, reject and revise its actions, and take a fresh token for them",
+                "a card session may only preview, approve, reject and revise its actions (and take a fresh token for them at POST /card/token)",
             ));
         }
         let action = args

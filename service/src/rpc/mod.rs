@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::db;
 use crate::error::Error;
-use crate::jwt::Verifier;
+use crate::jwt::{Verified, Verifier};
 use crate::metrics::Metrics;
 use catalog::{Catalog, TenantOf};
 
@@ -133,12 +133,54 @@ impl Rpc {
             (Some(bearer), Some(cards)) => {
                 let args = parse_body(body)?;
                 let verified = cards
-                    .caller(bearer, function, &args, |role| self.verifier.allows(role))
+                    .caller(
+                        bearer,
+                        function,
+                        &args,
+                        |role| self.verifier.allows(role),
+                        card::CARD_FUNCTIONS,
+                    )
                     .await?;
                 (verified, args)
             }
             _ => (self.verifier.verify(authorization)?, parse_body(body)?),
         };
+        self.run(function, verified, args).await
+    }
+
+    /// `POST /card/token`: a fresh token for one of a card session's
+    /// actions (`{"action_id": …}`), as `issue_token` gives it; a card
+    /// session's bearer only.
+    pub async fn card_token(
+        &self,
+        authorization: Option<&str>,
+        body: &[u8],
+    ) -> Result<Value, Error> {
+        let cards = self.cards.as_ref().ok_or(Error::NotReady)?;
+        let bearer = card::bearer_of(authorization).ok_or(Error::Unauthorized(
+            "POST /card/token takes a card session's bearer (Authorization: Bearer kts_…)",
+        ))?;
+        let function = card::TOKEN_FUNCTIONS[0];
+        let args = parse_body(body)?;
+        let verified = cards
+            .caller(
+                bearer,
+                function,
+                &args,
+                |role| self.verifier.allows(role),
+                card::TOKEN_FUNCTIONS,
+            )
+            .await?;
+        self.run(function, verified, args).await
+    }
+
+    /// Runs `function` with `args` as `verified`.
+    async fn run(
+        &self,
+        function: &str,
+        verified: Verified,
+        args: Map<String, Value>,
+    ) -> Result<Value, Error> {
         let (_, sql) = self.catalog.statement(function, &args)?;
         let sql_by_tenant = self.catalog.statement_by_tenant(function, &args)?;
         let args = Value::Object(args);

@@ -359,7 +359,8 @@ async fn test_a_card_session_cannot_approve_a_revision_it_wrote() {
 /// the same person's other device) held a dead token and could not vote:
 /// its code was spent and its session could call nothing that makes a new
 /// one. A session may now take a fresh token for its own actions, and no
-/// other's.
+/// other's, at POST /card/token (its /rpc is for preview, approve, reject
+/// and revise alone).
 #[tokio::test]
 async fn test_a_card_whose_token_another_card_replaced_takes_a_fresh_one() {
     let port = require_db!();
@@ -390,23 +391,26 @@ async fn test_a_card_whose_token_another_card_replaced_takes_a_fresh_one() {
     .await;
     assert_eq!(body["code"], "55000", "{status} {body}");
 
-    // Its session takes a fresh one, for its own action only.
-    let (status, _, body) = post_rpc(
-        &k.base,
-        "issue_token",
-        Some(&bearer),
-        &json!({"action_id": q.id}),
-    )
-    .await;
+    // Its session takes a fresh one at POST /card/token, for its own
+    // action only; /rpc stays the session's four calls.
+    let token_url = format!("{}/card/token", k.base);
+    let (status, _, body) = post_json(&token_url, Some(&bearer), &json!({"action_id": q.id})).await;
     assert_eq!(status, 403, "{body}");
-    let (status, _, fresh) = post_rpc(
+    let (status, _, body) = post_rpc(
         &k.base,
         "issue_token",
         Some(&bearer),
         &json!({"action_id": p.id}),
     )
     .await;
+    assert_eq!(status, 403, "not on /rpc: {body}");
+    let jwt = w.human_jwt();
+    let (status, _, body) = post_json(&token_url, Some(&jwt), &json!({"action_id": p.id})).await;
+    assert_eq!(status, 401, "a card session's bearer only: {body}");
+    let (status, headers, fresh) =
+        post_json(&token_url, Some(&bearer), &json!({"action_id": p.id})).await;
     assert_eq!(status, 200, "{fresh}");
+    assert_eq!(headers["cache-control"], "no-store");
     let fresh = fresh.as_str().expect("a token").to_string();
     assert_ne!(fresh, stale);
     let (status, _, rows) = post_rpc(
