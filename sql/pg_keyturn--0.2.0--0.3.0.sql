@@ -7410,8 +7410,9 @@ $$;
 
 -- set_notify: one target per channel for the caller's principal, replacing
 -- the one before. Settings: remind_before (an interval, more than 0 and at
--- most 7 days; 5 minutes by default), max_per_hour (1 to 1000; 20 by
--- default), and for a webhook its own secret (whsec_…; without one keyturnd
+-- most 7 days; 5 minutes by default), max_per_hour (1 to 1000; 100 by
+-- default: a bound on a runaway agent, not on a busy person, who sets it
+-- lower for a quieter phone), and for a webhook its own secret (whsec_…; without one keyturnd
 -- signs with KEYTURN_NOTIFY_WEBHOOK_SECRET). Anything else, or a target
 -- outside its channel's rule (keyturn-core's notify module): 22023. The
 -- caller's role is kept: the card its notifications open runs as it.
@@ -7428,7 +7429,7 @@ DECLARE
     v_key       text;
     v_target    text;
     v_remind    interval := interval '5 minutes';
-    v_max       int := 20;
+    v_max       int := 100;
     v_secret    text;
     v_role      text := p_caller::regrole::text;
     v_now       timestamptz := clock_timestamp();

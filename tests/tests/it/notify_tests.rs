@@ -265,6 +265,17 @@ async fn test_set_notify_takes_each_channels_target_and_nothing_else() {
         )
         .await
         .unwrap();
+    // The cap bounds a runaway agent, not a busy person: 100 an hour
+    // unless the person sets it lower.
+    let caps: Vec<i32> = w
+        .human
+        .query("SELECT max_per_hour FROM keyturn.notify_channels()", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(caps, vec![100, 100, 100]);
     let listed: Vec<(String, String, bool, String)> = rows
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
