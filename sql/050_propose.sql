@@ -432,8 +432,11 @@ BEGIN
     -- binds the fresh ones it gives.
     v_stored := CASE WHEN v_ver.retain = 'digest' THEN keyturn._digest_mac(v_hash) ELSE v_hash END;
     v_binding := keyturn._token_binding(v_token, v_id, v_stored, v_expires);
+    -- A revision written in a card session (opened from a link, whose
+    -- holder may not be the person) says so, in its event and on its card.
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
-        'revised_from', p_revised_from, 'revised_by', p_revised_by)));
+        'revised_from', p_revised_from, 'revised_by', p_revised_by,
+        'via', CASE WHEN p_revised_from IS NOT NULL AND keyturn._in_card_session() THEN 'card_session' END)));
     INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor, approval,
                                 retain, params, param_keys, params_hash, summary, origin,
                                 conversation_id, epoch, target_count, token_digest, token_binding,

@@ -519,6 +519,19 @@ $$;
 -- could approve's: that connection is the application, which is trusted to
 -- assert identities and holds the params it proposed. Over HTTP each call
 -- commits.)
+-- How revision a was written: 'card_session' when in a card opened from a
+-- link (its creation event says so: sql/050_propose.sql), else NULL.
+CREATE FUNCTION keyturn._revised_via(a keyturn.action)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (SELECT e.detail ->> 'via' FROM keyturn.event e
+             WHERE e.action_id = a.id AND e.tenant = a.tenant AND e.from_status IS NULL
+             ORDER BY e.id LIMIT 1);
+END
+$$;
+
 -- p's members whose value is not JSON null; what is inside them is left as
 -- it is.
 CREATE FUNCTION keyturn._without_null_members(p jsonb)
@@ -622,6 +635,7 @@ BEGIN
         'evidence', CASE WHEN a.origin ? 'evidence' THEN keyturn._cited_evidence(a.tenant, a.origin) END,
         'result', a.result,
         'revised_from', a.revised_from,
+        'revised_via', CASE WHEN a.revised_from IS NOT NULL THEN keyturn._revised_via(a) END,
         'quorum', CASE WHEN v_ver.quorum > 1 THEN v_ver.quorum END,
         'votes', CASE WHEN v_ver.quorum > 1 THEN keyturn._votes(a.id, a.tenant, a.tool) END,
         'targets', v_targets));

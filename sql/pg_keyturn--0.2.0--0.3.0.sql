@@ -2855,8 +2855,11 @@ BEGIN
     -- binds the fresh ones it gives.
     v_stored := CASE WHEN v_ver.retain = 'digest' THEN keyturn._digest_mac(v_hash) ELSE v_hash END;
     v_binding := keyturn._token_binding(v_token, v_id, v_stored, v_expires);
+    -- A revision written in a card session (opened from a link, whose
+    -- holder may not be the person) says so, in its event and on its card.
     PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
-        'revised_from', p_revised_from, 'revised_by', p_revised_by)));
+        'revised_from', p_revised_from, 'revised_by', p_revised_by,
+        'via', CASE WHEN p_revised_from IS NOT NULL AND keyturn._in_card_session() THEN 'card_session' END)));
     INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor, approval,
                                 retain, params, param_keys, params_hash, summary, origin,
                                 conversation_id, epoch, target_count, token_digest, token_binding,
@@ -3465,6 +3468,19 @@ $$;
 -- could approve's: that connection is the application, which is trusted to
 -- assert identities and holds the params it proposed. Over HTTP each call
 -- commits.)
+-- How revision a was written: 'card_session' when in a card opened from a
+-- link (its creation event says so: sql/050_propose.sql), else NULL.
+CREATE OR REPLACE FUNCTION keyturn._revised_via(a keyturn.action)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (SELECT e.detail ->> 'via' FROM keyturn.event e
+             WHERE e.action_id = a.id AND e.tenant = a.tenant AND e.from_status IS NULL
+             ORDER BY e.id LIMIT 1);
+END
+$$;
+
 -- p's members whose value is not JSON null; what is inside them is left as
 -- it is.
 CREATE OR REPLACE FUNCTION keyturn._without_null_members(p jsonb)
@@ -3568,6 +3584,7 @@ BEGIN
         'evidence', CASE WHEN a.origin ? 'evidence' THEN keyturn._cited_evidence(a.tenant, a.origin) END,
         'result', a.result,
         'revised_from', a.revised_from,
+        'revised_via', CASE WHEN a.revised_from IS NOT NULL THEN keyturn._revised_via(a) END,
         'quorum', CASE WHEN v_ver.quorum > 1 THEN v_ver.quorum END,
         'votes', CASE WHEN v_ver.quorum > 1 THEN keyturn._votes(a.id, a.tenant, a.tool) END,
         'targets', v_targets));

@@ -234,6 +234,11 @@ class Item {
     if (this.revisedFrom) {
       parts.push(el("p", { class: "kt-revised", kt: "revised", text: `Revised proposal: it replaces ${this.revisedFrom}, which can no longer be approved.` }));
     }
+    if (pv.revised_via === "card_session") {
+      // Whoever held a link wrote it, in the person's name: the link may
+      // have been read in a shared channel (docs/security.md, row 80).
+      parts.push(el("p", { class: "kt-revised kt-bad", kt: "revised-by-link", role: "note", text: "This revision was written in a card opened from a link, in your name. Check every field: anyone who saw that link could have written it." }));
+    }
     parts.push(el("h2", { class: "kt-summary", kt: "summary", id: `${this.id}-summary`, text: pv.summary }));
     const meta = el(
       "p",

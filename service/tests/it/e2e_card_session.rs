@@ -304,7 +304,19 @@ async fn test_a_card_session_cannot_approve_a_revision_it_wrote() {
         "a notification would be a link to the revision"
     );
 
-    // Where the person is signed in, the revision is theirs to approve.
+    // Where the person is signed in, the card says who may have written it.
+    let card: serde_json::Value = w
+        .as_identity(
+            &w.human,
+            "SELECT keyturn.preview($1, keyturn.issue_token($1))",
+            &[&revised],
+        )
+        .await
+        .expect("preview where signed in")
+        .get(0);
+    assert_eq!(card["revised_via"], "card_session", "{card}");
+
+    // And the revision is theirs to approve.
     let approved: String = w
         .as_identity(
             &w.human,
@@ -337,6 +349,16 @@ async fn test_a_card_session_cannot_approve_a_revision_it_wrote() {
         .unwrap()
         .get(0);
     assert!(notified > 0, "a signed-in revision is notified");
+    let card: serde_json::Value = w
+        .as_identity(
+            &w.human,
+            "SELECT keyturn.preview($1, keyturn.issue_token($1))",
+            &[&signed_in],
+        )
+        .await
+        .expect("preview")
+        .get(0);
+    assert!(card.get("revised_via").is_none(), "{card}");
     // Its notifications are not for the next test's mail sink.
     w.as_identity(&w.human, "SELECT keyturn.remove_notify('email')", &[])
         .await
