@@ -952,6 +952,41 @@ async def _():
         assert (r.meta or {}).get("evidence_id"), r
 
 
+@check("upstream_reads_in_flight_are_bounded_and_checked_again_before_the_answer")
+async def _():
+    """Row 77's fix let an upstream read hold no connection, so the pool no
+    longer bounded them (red-team pass: one agent could spend the shared
+    upstream's quota for every tenant): at most KEYTURN_MCP_CONNECTIONS run
+    at once. And the call is checked again before its answer is fenced: a
+    tool turned off while the upstream worked returns nothing."""
+    with keyturnd_with(KEYTURN_MCP_CONNECTIONS="1"):
+        before = len(calls("history"))
+
+        async def slow():
+            async with client() as c:
+                return await call(c, "chat.history", {"channel": "slow"})
+
+        first = asyncio.create_task(slow())
+        for _ in range(BOUND * 10):
+            if len(calls("history")) > before:
+                break
+            await asyncio.sleep(0.05)
+        assert len(calls("history")) == before + 1, "the first read never reached the upstream"
+        second = asyncio.create_task(slow())
+        # The second waits for the first's slot: while the first is still
+        # at the upstream, the upstream has seen one read.
+        await asyncio.sleep(0.5)
+        assert not first.done(), "the first read ended too soon to look"
+        assert len(calls("history")) == before + 1, "two upstream reads ran at once"
+        psql("SELECT keyturn.set_tool_enabled('chat.history', false)")
+        try:
+            r = await asyncio.wait_for(first, BOUND)
+            assert r.is_error and "mallory" not in r.content[0].text, r
+            await asyncio.wait_for(second, BOUND)
+        finally:
+            psql("SELECT keyturn.set_tool_enabled('chat.history', true)")
+
+
 @check("no_token_link_code_or_jwt_in_any_response")
 async def _():
     assert responses, "no response was kept"

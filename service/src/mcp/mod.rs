@@ -69,6 +69,12 @@ pub struct Mcp {
     max_sessions: usize,
     /// The card link of each pending task (`task`).
     links: task::Links,
+    /// Upstream reads in flight at most, across every agent: as many as the
+    /// `/mcp` pool has connections (KEYTURN_MCP_CONNECTIONS). A read holds
+    /// no connection while the upstream works (docs/security.md, row 77),
+    /// so this bounds what one agent spends of the upstream's quota, which
+    /// every tenant shares through keyturnd's credentials.
+    upstream_reads: tokio::sync::Semaphore,
 }
 
 /// Sessions one identity holds at most: opening another ends its oldest. A
@@ -160,6 +166,7 @@ impl Mcp {
             manager: Arc::new(LocalSessionManager::default()),
             max_sessions: config.mcp_max_sessions,
             links: task::Links::default(),
+            upstream_reads: tokio::sync::Semaphore::new(config.mcp_connections.max(1)),
         }))
     }
 

@@ -386,7 +386,7 @@ impl Handler {
         drop(client);
         let run = match run {
             Ok(Answer::Upstream(allowed)) => match self.upstream_read(&allowed, args).await {
-                Ok(data) => self.fenced_for(who, &allowed.projection, &data).await,
+                Ok(data) => self.fenced_for(who, name, args, &data).await,
                 Err(text) => Ok(Answer::Failed(text)),
             },
             other => other,
@@ -433,17 +433,21 @@ impl Handler {
     }
 
     /// An upstream read's answer fenced for the agent, in a transaction of
-    /// its own, after the upstream call.
+    /// its own, after the upstream call: the call is checked again first, so
+    /// a grant revoked or a tool turned off while the upstream worked
+    /// returns nothing.
     async fn fenced_for(
         &self,
         who: &Verified,
-        projection: &str,
+        name: &str,
+        args: &Value,
         data: &Value,
     ) -> Result<Answer, Error> {
         let mut client = self.mcp.pool.get().await?;
         let tx = db::transaction(&mut client).await?;
         as_agent(&tx, who).await?;
-        let fenced = db::mcp::fence(&tx, projection, data).await?;
+        let allowed = db::mcp::upstream_read(&tx, name, args).await?;
+        let fenced = db::mcp::fence(&tx, &allowed.projection, data).await?;
         db::commit(tx).await?;
         Ok(Answer::Read(fenced, "upstream_read"))
     }
@@ -466,6 +470,11 @@ impl Handler {
             _ => JsonObject::new(),
         };
         let by = Instant::now() + self.mcp.call_timeout;
+        // A slot, waited for no longer than the call itself may take.
+        let Ok(Ok(_slot)) = tokio::time::timeout_at(by, self.mcp.upstream_reads.acquire()).await
+        else {
+            return Err("Too many upstream reads are running; try again shortly.".into());
+        };
         match upstream.call(&allowed.tool, arguments, None, by).await {
             Ok(r) if r.is_error == Some(true) => {
                 Err("The upstream answered with an error; its text is not passed on.".into())
