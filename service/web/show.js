@@ -32,13 +32,17 @@ export function valueText(v) {
   return visible(JSON.stringify(v, null, 2));
 }
 
-/** What a value is when it is not text, as the card labels it beside the
- *  value (styled, from the element's data-kind: no text can imitate it), or
- *  undefined for text. A text field holding "null", "false" or "12" reads
+/** What a value is when it is not plain text, as the card labels it beside
+ *  the value (styled, from the element's data-kind: no text can imitate
+ *  it), or undefined for text: empty text, and text with spaces at an end,
+ *  are labelled too. A text field holding "null", "false" or "12" reads
  *  the same as the JSON value, which may write something else (SQL NULL
  *  against the text 'null'). */
 export function valueKind(v) {
-  if (typeof v === "string" || v === undefined) return undefined;
+  if (v === "") return "empty text";
+  // Spaces at an end show as nothing: say they are there.
+  if (typeof v === "string") return v.trim() === v ? undefined : "spaces at an end";
+  if (v === undefined) return undefined;
   if (v === null) return "null: no value";
   if (typeof v === "number") return "number";
   if (typeof v === "boolean") return "true/false";

@@ -756,7 +756,9 @@ async fn test_card_tells_text_from_other_values_that_print_alike() {
                 "a": {"enum": [null, "null", 12, "12", false, "false"]},
                 "b": {"enum": [null, "null", 12, "12", false, "false"]},
                 "c": {"enum": [null, "null", 12, "12", false, "false"]},
-                "d": {"enum": [null, "null", 12, "12", false, "false"]}
+                "d": {"enum": [null, "null", 12, "12", false, "false"]},
+                "e": {"type": "string"},
+                "f": {"type": "string"}
             },
             "required": ["text"]
         }}))
@@ -764,7 +766,7 @@ async fn test_card_tells_text_from_other_values_that_print_alike() {
     let p = w
         .propose(
             &tool,
-            json!({"text": "mixed", "a": null, "b": "null", "c": 12, "d": "12"}),
+            json!({"text": "mixed", "a": null, "b": "null", "c": 12, "d": "12", "e": "", "f": "ok "}),
         )
         .await;
 
@@ -776,7 +778,7 @@ async fn test_card_tells_text_from_other_values_that_print_alike() {
     let shown = js(
         &c,
         "const out = {}; \
-         for (const k of ['a', 'b', 'c', 'd']) { \
+         for (const k of ['a', 'b', 'c', 'd', 'e', 'f']) { \
            const dd = document.querySelector(`[data-kt=param][data-key=${k}]`); \
            out[k] = [dd.textContent, getComputedStyle(dd, '::after').content]; \
          } return out;",
@@ -787,6 +789,8 @@ async fn test_card_tells_text_from_other_values_that_print_alike() {
     assert_eq!(shown["c"][0], shown["d"][0], "the same characters: {shown}");
     assert_eq!(shown["a"][1], json!("\"null: no value\""), "{shown}");
     assert_eq!(shown["c"][1], json!("\"number\""), "{shown}");
+    assert_eq!(shown["e"][1], json!("\"empty text\""), "{shown}");
+    assert_eq!(shown["f"][1], json!("\"spaces at an end\""), "{shown}");
     for text in ["b", "d"] {
         assert_eq!(shown[text][1], json!("none"), "text has no label: {shown}");
     }
@@ -1532,6 +1536,8 @@ async fn test_card_revises_a_proposal_and_shows_the_new_one_as_such() {
         .await
         .expect("click");
     wait_loaded(&c).await;
+    let warned = text(&c, "[data-kt=revised-by-link]").await;
+    assert!(warned.contains("opened from a link"), "{warned}");
     revise_in_the_card(&c, "meet at 12").await;
     let banner = wait_js(
         &c,
