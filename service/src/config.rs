@@ -269,7 +269,8 @@ pub struct Config {
     #[arg(long, env = "KEYTURN_SMTP_URL", hide_env_values = true)]
     pub smtp_url: Option<Secret>,
 
-    /// Sender mailbox of the `smtp` provider, e.g. `keyturn <noreply@example.com>`.
+    /// Sender mailbox of the `smtp` provider, e.g. `keyturn <noreply@example.com>`;
+    /// unset: [`Config::smtp_sender`]'s default.
     #[arg(long, env = "KEYTURN_SMTP_FROM")]
     pub smtp_from: Option<String>,
 
@@ -549,7 +550,62 @@ pub fn read_upstreams(path: &Path) -> Result<Vec<Upstream>, Error> {
     Ok(out)
 }
 
+/// Whether this process can create `dir` and write in it.
+fn writable(dir: &Path) -> bool {
+    let probe = dir.join(".keyturnd-probe");
+    let ok = std::fs::create_dir_all(dir).is_ok() && std::fs::write(&probe, b"").is_ok();
+    let _ = std::fs::remove_file(&probe);
+    ok
+}
+
 impl Config {
+    /// Where the outcome journal lives: `KEYTURN_JOURNAL_DIR`; left at its
+    /// default (/var/lib/keyturnd/journal) by a user who may not create it,
+    /// the user's state directory (`$XDG_STATE_HOME`, else
+    /// `~/.local/state`)/keyturnd/journal instead, with a warning, so that a
+    /// keyturnd started by hand with only the documented settings runs.
+    pub fn journal_path(&self) -> PathBuf {
+        if self.journal_dir != Path::new(DEFAULT_JOURNAL_DIR) || writable(&self.journal_dir) {
+            return self.journal_dir.clone();
+        }
+        let state = std::env::var_os("XDG_STATE_HOME")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|s| !s.is_empty())
+                    .map(|h| PathBuf::from(h).join(".local/state"))
+            });
+        match state {
+            Some(state) => {
+                let dir = state.join("keyturnd/journal");
+                tracing::warn!(
+                    default = DEFAULT_JOURNAL_DIR,
+                    dir = %dir.display(),
+                    "the default journal directory cannot be created by this user: journaling in the user's state directory; set KEYTURN_JOURNAL_DIR"
+                );
+                dir
+            }
+            None => self.journal_dir.clone(),
+        }
+    }
+
+    /// The `smtp` provider's sender: `KEYTURN_SMTP_FROM`, else
+    /// `keyturn@<KEYTURN_PUBLIC_URL's host>` (or `keyturn@localhost`), so
+    /// that `KEYTURN_SMTP_URL` alone starts the adapter; `None` without it.
+    pub fn smtp_sender(&self) -> Option<String> {
+        self.smtp_url.as_ref()?;
+        Some(self.smtp_from.clone().unwrap_or_else(|| {
+            let host = self
+                .public_url
+                .as_ref()
+                .and_then(|u| u.host_str().map(str::to_owned))
+                .filter(|h| !h.is_empty() && !h.starts_with('['))
+                .unwrap_or_else(|| "localhost".to_owned());
+            format!("keyturn@{host}")
+        }))
+    }
+
     /// Checks what clap cannot (settings that only make sense together) and
     /// returns what it parsed. Called once at start-up so a bad deployment
     /// fails loudly instead of dispatching with surprising bounds.
@@ -595,12 +651,6 @@ impl Config {
                 return bad("KEYTURN_WEBHOOK_SECRET is set but KEYTURN_WEBHOOK_URL is not".into())
             }
             (None, None) => {}
-        }
-        if self.smtp_url.is_some() && self.smtp_from.is_none() {
-            return bad(
-                "KEYTURN_SMTP_URL is set but KEYTURN_SMTP_FROM is not: name the sender mailbox"
-                    .into(),
-            );
         }
         // The base of every link keyturnd builds, notifications' and /mcp's.
         if let Some(public) = &self.public_url {
@@ -1306,6 +1356,41 @@ mod tests {
         assert!(dump.contains("[redacted]"));
     }
 
+    /// Conformance: `KEYTURN_SMTP_URL` alone starts the smtp adapter (it
+    /// refused to start without `KEYTURN_SMTP_FROM`).
+    #[test]
+    fn test_the_smtp_url_alone_has_a_default_sender() {
+        let url = [
+            "--database-url",
+            "postgres://x",
+            "--smtp-url",
+            "smtp://127.0.0.1:25",
+        ];
+        let c = parse(&url, None).expect("parses");
+        assert_eq!(c.smtp_sender().as_deref(), Some("keyturn@localhost"));
+        let c = parse(
+            &[
+                &url[..],
+                &["--public-url", "https://approve.acme.example/k"],
+            ]
+            .concat(),
+            None,
+        )
+        .expect("parses");
+        assert_eq!(
+            c.smtp_sender().as_deref(),
+            Some("keyturn@approve.acme.example")
+        );
+        let c = parse(
+            &[&url[..], &["--smtp-from", "ops <ops@acme.example>"]].concat(),
+            None,
+        )
+        .expect("parses");
+        assert_eq!(c.smtp_sender().as_deref(), Some("ops <ops@acme.example>"));
+        let c = parse(&["--database-url", "postgres://x"], None).expect("parses");
+        assert_eq!(c.smtp_sender(), None, "no adapter, no sender");
+    }
+
     #[test]
     fn test_the_journal_is_on_by_default_and_off_only_when_asked() {
         let c = parse(&["--database-url", "postgres://x"], None).expect("parses");
@@ -1383,7 +1468,6 @@ mod tests {
                 &["--webhook-url", "http://127.0.0.1:1/"],
                 "KEYTURN_WEBHOOK_SECRET",
             ),
-            (&["--smtp-url", "smtp://127.0.0.1:25"], "KEYTURN_SMTP_FROM"),
             (
                 &["--listen-database-url", "host=h port=notaport"],
                 "KEYTURN_LISTEN_DATABASE_URL",

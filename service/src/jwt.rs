@@ -253,13 +253,19 @@ impl Verifier {
         validation.leeway = LEEWAY_SECONDS;
         validation.validate_exp = true;
         validation.validate_nbf = true;
+        // `exp` and `nbf` are checked when present, as PostgREST checks
+        // them: a token without `exp` is its issuer's choice (client code
+        // written for PostgREST sends such tokens).
         match &self.audience {
             Some(aud) => {
                 validation.set_audience(&[aud]);
                 // A configured audience is required, not only checked when present.
-                validation.set_required_spec_claims(&["exp", "aud"]);
+                validation.set_required_spec_claims(&["aud"]);
             }
-            None => validation.validate_aud = false,
+            None => {
+                validation.validate_aud = false;
+                validation.set_required_spec_claims::<&str>(&[]);
+            }
         }
         let mut last = Error::Unauthorized("the JWT's signature does not verify");
         for key in candidates {
@@ -341,7 +347,7 @@ fn unauthorized(kind: &jsonwebtoken::errors::ErrorKind) -> Error {
         K::ImmatureSignature => "the JWT is not valid yet (nbf)",
         K::InvalidAudience => "the JWT's audience (aud) is not accepted",
         K::InvalidSignature => "the JWT's signature does not verify",
-        K::MissingRequiredClaim(_) => "the JWT lacks a required claim (exp)",
+        K::MissingRequiredClaim(_) => "the JWT lacks the audience (aud) keyturnd requires",
         K::InvalidAlgorithm => "the JWT's algorithm is not one keyturnd accepts",
         _ => "the JWT is malformed",
     })
@@ -406,8 +412,12 @@ mod tests {
         assert_eq!(code(v.verify(Some(&bearer_of(&past)))), "401");
         let early = token(json!({"role": "web_human", "exp": now() + 600, "nbf": now() + 120}));
         assert_eq!(code(v.verify(Some(&bearer_of(&early)))), "401");
+        // No exp: accepted, as PostgREST accepts it; an exp that is not a
+        // number is malformed.
         let no_exp = token(json!({"role": "web_human"}));
-        assert_eq!(code(v.verify(Some(&bearer_of(&no_exp)))), "401");
+        assert_eq!(code(v.verify(Some(&bearer_of(&no_exp)))), "ok");
+        let bad_exp = token(json!({"role": "web_human", "exp": "tomorrow"}));
+        assert_eq!(code(v.verify(Some(&bearer_of(&bad_exp)))), "401");
     }
 
     #[test]

@@ -302,9 +302,10 @@ async fn serve(config: Config) -> Result<(), Error> {
 
     // Before anything else: a journal that cannot be used stops the start.
     let (journal, replay) = if config.journal {
-        let (journal, replay) = Journal::open(&config.journal_dir, state.metrics.clone())?;
+        let dir = config.journal_path();
+        let (journal, replay) = Journal::open(&dir, state.metrics.clone())?;
         tracing::info!(
-            dir = %config.journal_dir.display(),
+            dir = %dir.display(),
             to_replay = replay.len(),
             "outcome journal open"
         );

@@ -195,8 +195,11 @@ impl Providers {
             )?));
         }
         let mut smtp = None;
-        if let (Some(url), Some(from)) = (&config.smtp_url, &config.smtp_from) {
-            let provider = Arc::new(smtp::SmtpProvider::new(url, from)?);
+        if let (Some(url), Some(from)) = (&config.smtp_url, config.smtp_sender()) {
+            if config.smtp_from.is_none() {
+                tracing::warn!(sender = %from, "KEYTURN_SMTP_FROM is not set: mail is sent from the default sender; set it to a mailbox your server accepts");
+            }
+            let provider = Arc::new(smtp::SmtpProvider::new(url, &from)?);
             providers.insert(provider.clone());
             smtp = Some(provider);
         }
