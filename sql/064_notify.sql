@@ -627,10 +627,12 @@ END
 $$;
 
 -- A notification that was sent (or may have been, or failed, or was
--- reconciled), as an event on the timeline of each action it is about:
--- written through the audit's chain (keyturn._append_event), with the
--- action's status as both ends (nothing about the action changed) and the
--- notification in its detail.
+-- reconciled), as an event in the tenant's chain (keyturn._append_event),
+-- one for each action it is about: keyed by the notification's own id, not
+-- the action's, so an action's audit stays its status changes and votes
+-- (a notice is not a status change, and a pending-to-pending row is a vote:
+-- docs/audit.md); the action's status as both ends, the action and the
+-- notification in its detail. keyturn.notifications(action_id) lists them.
 CREATE FUNCTION keyturn._notification_event(n keyturn.notification, p_status text, p_detail jsonb)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -644,10 +646,10 @@ BEGIN
         SELECT x.principal, x.status::text INTO v_principal, v_status FROM keyturn.action x
          WHERE x.id = v_id AND x.tenant = n.tenant;
         CONTINUE WHEN NOT FOUND;
-        PERFORM keyturn._append_event(v_id, n.tenant, v_principal, keyturn._calling_role(), NULL, v_status, v_status,
+        PERFORM keyturn._append_event(n.id, n.tenant, v_principal, keyturn._calling_role(), NULL, v_status, v_status,
                                       jsonb_build_object('notification', jsonb_build_object(
-                                          'id', n.id, 'kind', n.kind, 'channel', n.channel, 'to', n.principal,
-                                          'status', p_status) || coalesce(p_detail, '{}')));
+                                          'id', n.id, 'action_id', v_id, 'kind', n.kind, 'channel', n.channel,
+                                          'to', n.principal, 'status', p_status) || coalesce(p_detail, '{}')));
     END LOOP;
 END
 $$;

@@ -767,16 +767,28 @@ async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
             .unwrap(),
         "succeeded"
     );
-    // Sent: an event on the action's timeline, in the tenant's chain.
+    // Sent: an event in the tenant's chain, under the notification's own
+    // id, so that the action's audit stays its status changes and votes.
     let detail: Value = w
         .superuser
         .query_one(
-            "SELECT detail FROM keyturn.event WHERE action_id = $1 AND detail ? 'notification'",
+            "SELECT detail FROM keyturn.event \
+              WHERE (detail -> 'notification' ->> 'action_id')::uuid = $1 AND action_id <> $1",
             &[&p.id],
         )
         .await
         .unwrap()
         .get(0);
+    let on_the_action: i64 = w
+        .superuser
+        .query_one(
+            "SELECT count(*) FROM keyturn.audit($1) WHERE detail ? 'notification'",
+            &[&p.id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(on_the_action, 0, "not in the action's own audit");
     assert_eq!(detail["notification"]["status"], "succeeded");
     assert_eq!(detail["notification"]["to"], json!(w.principal));
     let ok: bool = w
@@ -916,7 +928,7 @@ async fn test_a_lapsed_notification_is_uncertain_for_the_operator_and_never_sent
         .superuser
         .query(
             "SELECT coalesce(detail -> 'notification' ->> 'status', '') FROM keyturn.event \
-              WHERE action_id = $1 AND detail ? 'notification' ORDER BY id",
+              WHERE (detail -> 'notification' ->> 'action_id')::uuid = $1 ORDER BY id",
             &[&p.id],
         )
         .await
