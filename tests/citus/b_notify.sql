@@ -81,10 +81,15 @@ SELECT citus_check.expect('the card link, on acme''s shard, for alice and the ac
     (SELECT count(*)::text FROM keyturn.card_link
       WHERE tenant = 'acme' AND principal = 'alice' AND action_ids = ARRAY[:'n1']::uuid[] AND redeemed_at IS NULL),
     '1');
-SELECT citus_check.expect('the notification is an event on the action''s timeline',
-    (SELECT string_agg(coalesce(detail -> 'notification' ->> 'status', to_status::text) || ':' || db_role, ' ' ORDER BY id)
+SELECT citus_check.expect('the action''s audit is its status changes',
+    (SELECT string_agg(to_status::text || ':' || db_role, ' ' ORDER BY id)
        FROM keyturn.event WHERE tenant = 'acme' AND action_id = :'n1'),
-    'pending:app_agent succeeded:app_dispatcher');
+    'pending:app_agent');
+SELECT citus_check.expect('the notification is an event in acme''s chain, under its own id',
+    (SELECT string_agg(detail -> 'notification' ->> 'status' || ':' || db_role, ' ' ORDER BY id)
+       FROM keyturn.event WHERE tenant = 'acme' AND detail -> 'notification' ->> 'action_id' = :'n1'
+        AND action_id <> :'n1'),
+    'succeeded:app_dispatcher');
 SELECT citus_check.expect('acme''s audit chain verifies', (SELECT ok::text FROM keyturn.verify_audit('acme')), 'true');
 SELECT citus_check.expect('and globex''s', (SELECT ok::text FROM keyturn.verify_audit('globex')), 'true');
 
