@@ -66,6 +66,10 @@ BEGIN
     PERFORM keyturn._require_admin(add_member.tenant, 'add_member');
     PERFORM keyturn._require_text(add_member.tenant, 'tenant'),
             keyturn._require_text(add_member.principal, 'principal');
+    -- One that would print as another could never act (identity refuses
+    -- it) and would read as someone else in every list.
+    PERFORM keyturn._require_identity_text(add_member.tenant, 'tenant'),
+            keyturn._require_identity_text(add_member.principal, 'principal');
     IF add_member.role IS NULL OR add_member.role NOT IN ('member', 'approver', 'admin') THEN
         RAISE EXCEPTION 'keyturn: role must be member, approver or admin, not %',
                 coalesce(quote_literal(add_member.role), 'NULL')

@@ -722,6 +722,15 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'render_summary_wrapper';
 
+-- pg_keyturn::identity::_require_identity_text
+CREATE OR REPLACE FUNCTION "_require_identity_text"(
+	"value" TEXT, /* & str */
+	"what" TEXT /* & str */
+) RETURNS void
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'require_identity_text_wrapper';
+
 -- pg_keyturn::route_guard::_require_tenant
 CREATE OR REPLACE FUNCTION "_require_tenant"(
 	"p_tenant" TEXT, /* Option < & str > */
@@ -1696,6 +1705,10 @@ BEGIN
     PERFORM keyturn._require_admin(add_member.tenant, 'add_member');
     PERFORM keyturn._require_text(add_member.tenant, 'tenant'),
             keyturn._require_text(add_member.principal, 'principal');
+    -- One that would print as another could never act (identity refuses
+    -- it) and would read as someone else in every list.
+    PERFORM keyturn._require_identity_text(add_member.tenant, 'tenant'),
+            keyturn._require_identity_text(add_member.principal, 'principal');
     IF add_member.role IS NULL OR add_member.role NOT IN ('member', 'approver', 'admin') THEN
         RAISE EXCEPTION 'keyturn: role must be member, approver or admin, not %',
                 coalesce(quote_literal(add_member.role), 'NULL')

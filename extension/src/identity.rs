@@ -146,22 +146,31 @@ fn lookup<'v>(v: &'v Value, path: &str) -> Option<&'v Value> {
         .try_fold(v, |v, key| v.as_object()?.get(key))
 }
 
-/// Refuses values that would print as another value.
+/// Refuses values that would print as another value (keyturn-core's
+/// `text::prints_as_another`: one rule for identity as asserted and as
+/// `add_member` records it).
 fn printable(value: &str, what: &str) -> Result<String, String> {
-    if value.trim() != value || value.chars().any(is_hidden) {
+    if text::prints_as_another(value) {
         return Err(format!(
-            "{what} holds control, invisible or surrounding space characters, so it would \
-             print as another identity"
+            "{what} holds control, invisible or surrounding space characters, or a form Unicode \
+             normalizes (NFKC) to another, so it would print as another identity"
         ));
     }
     Ok(value.to_owned())
 }
 
-/// Characters that print as nothing, or as something else: controls (NUL
-/// included), line breaks, bidi controls, format characters and the
-/// default-ignorable code points.
-fn is_hidden(c: char) -> bool {
-    text::is_break_or_control(c) || text::is_bidi_control(c) || text::is_invisible(c)
+/// `add_member`'s check of the tenant and principal it records: one that
+/// would print as another (22023) could never act, and would read as
+/// someone else in every list.
+#[pg_extern(name = "_require_identity_text", immutable, strict, parallel_safe)]
+fn require_identity_text(value: &str, what: &str) {
+    if let Err(why) = printable(value, what) {
+        crate::error::KeyturnError::InvalidArgument {
+            message: why,
+            hint: "Name tenants and principals in their normalized (NFKC) form, without invisible characters.",
+        }
+        .raise();
+    }
 }
 
 /// The calling tenant: claim `tenant_id`, else `keyturn.tenant`; NULL if missing.

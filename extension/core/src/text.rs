@@ -81,6 +81,19 @@ pub fn is_break_or_control(c: char) -> bool {
     c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
 }
 
+/// Whether an identity value (a tenant, a principal, a session) would
+/// print as another: space at either end, a control, break, bidi or
+/// invisible character, or a form that Unicode normalization (NFKC) changes
+/// (a decomposed accent, a fullwidth or compatibility letter), which looks
+/// like the normalized name and is not it.
+pub fn prints_as_another(value: &str) -> bool {
+    value.trim() != value
+        || value
+            .chars()
+            .any(|c| is_break_or_control(c) || is_bidi_control(c) || is_invisible(c))
+        || value.nfkc().ne(value.chars())
+}
+
 /// Why `name` cannot be a staged file's name, or `None`: a name the person
 /// reads on the card and a mail client shows must be the bytes it is, so
 /// no path separator, control, bidi control or invisible character (which
@@ -229,6 +242,31 @@ mod tests {
             .map(|c| format!("U+{:04X}", u32::from(c)))
             .collect();
         assert!(mismatches.is_empty(), "{mismatches:?}");
+    }
+
+    #[test]
+    fn test_an_identity_that_prints_as_another() {
+        for ok in [
+            "alice",
+            "ann.o'neil@acme.example",
+            "ań",
+            "ü",
+            "山田",
+            "web-1",
+        ] {
+            assert!(!prints_as_another(ok), "{ok:?}");
+        }
+        for bad in [
+            "an\u{0301}",    // a decomposed accent: looks like "ań"
+            "\u{FF41}nn",    // fullwidth a: looks like "ann"
+            "\u{FB01}le",    // the fi ligature
+            "alice\u{200B}", // invisible
+            " alice",
+            "al\u{0000}ice",
+            "\u{202E}ecila",
+        ] {
+            assert!(prints_as_another(bad), "{bad:?}");
+        }
     }
 
     #[test]

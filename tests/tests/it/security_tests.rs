@@ -759,6 +759,10 @@ async fn test_an_identity_that_prints_as_another_is_missing() {
         format!("{}\u{200B}", w.principal),
         format!(" {}", w.principal),
         format!("{}\u{202E}", w.principal),
+        // Conformance pass of 0.3.0: forms Unicode normalizes to another
+        // name (a decomposed accent, a fullwidth letter) looked the same.
+        format!("{}e\u{0301}", w.principal),
+        format!("\u{FF41}{}", w.principal),
     ] {
         let claims =
             json!({"tenant_id": w.tenant, "sub": sub, "session_id": w.session}).to_string();
@@ -778,6 +782,39 @@ async fn test_an_identity_that_prints_as_another_is_missing() {
             "{sub:?}"
         );
     }
+}
+
+/// Conformance pass of 0.3.0: add_member recorded principals that print
+/// as another (a decomposed accent beside the composed one, a fullwidth
+/// letter): such a member could act under a name that reads as someone
+/// else's. Now 22023, and the normalized name is taken.
+#[tokio::test]
+async fn test_add_member_refuses_a_name_that_prints_as_another() {
+    let w = World::new("member").await;
+    for name in ["ane\u{0301}", "\u{FF41}nn", "ann\u{200B}"] {
+        assert_eq!(
+            sqlstate(
+                w.admin
+                    .query_one(
+                        "SELECT keyturn.add_member($1, $2, 'member')",
+                        &[&w.tenant, &name]
+                    )
+                    .await
+            ),
+            "22023",
+            "{name:?}"
+        );
+    }
+    let taken: bool = w
+        .admin
+        .query_one(
+            "SELECT keyturn.add_member($1, 'an\u{00e9}', 'member')",
+            &[&w.tenant],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(taken, "the composed form is a name like any other");
 }
 
 // --- Nothing is lost, nothing runs twice, no one is blocked -------------------
