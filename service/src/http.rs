@@ -103,13 +103,7 @@ async fn rpc(
 ) -> Result<Response, Error> {
     let rpc = state.rpc.as_ref().ok_or(Error::NotReady)?;
     let body = body_of(body)?;
-    let authorization = headers
-        .get(header::AUTHORIZATION)
-        .map(|v| {
-            v.to_str()
-                .map_err(|_| Error::Unauthorized("the Authorization header is not text"))
-        })
-        .transpose()?;
+    let authorization = authorization(&headers)?;
     Ok(json(rpc.call(&function, authorization, &body).await?))
 }
 
@@ -131,14 +125,19 @@ async fn card_token(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Error> {
     let rpc = state.rpc.as_ref().ok_or(Error::NotReady)?;
-    let authorization = headers
+    let authorization = authorization(&headers)?;
+    Ok(json(rpc.card_token(authorization, &body_of(body)?).await?))
+}
+
+/// The request's `Authorization` header, if it has one as text.
+fn authorization(headers: &HeaderMap) -> Result<Option<&str>, Error> {
+    headers
         .get(header::AUTHORIZATION)
         .map(|v| {
             v.to_str()
                 .map_err(|_| Error::Unauthorized("the Authorization header is not text"))
         })
-        .transpose()?;
-    Ok(json(rpc.card_token(authorization, &body_of(body)?).await?))
+        .transpose()
 }
 
 /// The request's body, or why there is none: too large (413) or unreadable.

@@ -129,23 +129,16 @@ impl Rpc {
     ) -> Result<Value, Error> {
         // Who calls comes first, as it always did: a request with no valid
         // credential learns nothing about its body.
-        let (verified, args) = match (card::bearer_of(authorization), &self.cards) {
+        match (card::bearer_of(authorization), &self.cards) {
             (Some(bearer), Some(cards)) => {
-                let args = parse_body(body)?;
-                let verified = cards
-                    .caller(
-                        bearer,
-                        function,
-                        &args,
-                        |role| self.verifier.allows(role),
-                        card::CARD_FUNCTIONS,
-                    )
-                    .await?;
-                (verified, args)
+                self.as_card(cards, bearer, function, body, card::CARD_FUNCTIONS)
+                    .await
             }
-            _ => (self.verifier.verify(authorization)?, parse_body(body)?),
-        };
-        self.run(function, verified, args).await
+            _ => {
+                let verified = self.verifier.verify(authorization)?;
+                self.run(function, verified, parse_body(body)?).await
+            }
+        }
     }
 
     /// `POST /card/token`: a fresh token for one of a card session's
@@ -160,7 +153,26 @@ impl Rpc {
         let bearer = card::bearer_of(authorization).ok_or(Error::Unauthorized(
             "POST /card/token takes a card session's bearer (Authorization: Bearer kts_…)",
         ))?;
-        let function = card::TOKEN_FUNCTIONS[0];
+        self.as_card(
+            cards,
+            bearer,
+            card::TOKEN_FUNCTIONS[0],
+            body,
+            card::TOKEN_FUNCTIONS,
+        )
+        .await
+    }
+
+    /// Runs `function` as the person a card session's `bearer` stands for,
+    /// when it is one of `functions` and names one of the session's actions.
+    async fn as_card(
+        &self,
+        cards: &card::Cards,
+        bearer: &str,
+        function: &str,
+        body: &[u8],
+        functions: &[&str],
+    ) -> Result<Value, Error> {
         let args = parse_body(body)?;
         let verified = cards
             .caller(
@@ -168,7 +180,7 @@ impl Rpc {
                 function,
                 &args,
                 |role| self.verifier.allows(role),
-                card::TOKEN_FUNCTIONS,
+                functions,
             )
             .await?;
         self.run(function, verified, args).await
