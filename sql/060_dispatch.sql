@@ -199,8 +199,21 @@ $$;
 
 -- providers (keyturn's addition to the dispatcher protocol): only actions whose tool's provider is
 -- in the list, so a worker never leases what it has no adapter for; NULL = all.
-CREATE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds',
-                              providers text[] DEFAULT NULL)
+-- lease(worker, max_jobs, lease_for) is the documented signature; the
+-- overload with providers (keyturnd's, with NULL for every provider) has
+-- no defaults, so that each call names one of the two unambiguously.
+CREATE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds')
+RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
+               idempotency_key text, attempt int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM keyturn._lease('lease', NULL, lease.worker, lease.max_jobs, lease.lease_for, NULL);
+END
+$$;
+
+CREATE FUNCTION keyturn.lease(worker text, max_jobs int, lease_for interval, providers text[])
 RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
                idempotency_key text, attempt int)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

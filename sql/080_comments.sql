@@ -72,8 +72,10 @@ COMMENT ON FUNCTION keyturn.approve(uuid, text, jsonb) IS 'Human: approves exact
 COMMENT ON FUNCTION keyturn.propose_for(text, text, jsonb, jsonb) IS 'Agent: propose, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.reject_for(text, uuid, text, text) IS 'Human: reject, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_for(text, uuid, text, jsonb) IS 'Human: approve, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
-COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text, jsonb) IS 'Human: preview, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text) IS 'Human: preview, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text, jsonb) IS 'Human: preview with params, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_many(jsonb) IS 'Human: one card for several proposals; each element exactly approve.';
+COMMENT ON FUNCTION keyturn.preview(uuid, text) IS 'Human: the approval card''s data (summary, tool, effect, params, targets with before and after, expiry, cited evidence).';
 COMMENT ON FUNCTION keyturn.preview(uuid, text, jsonb) IS 'Human: the approval card''s data; with params (a digest action''s reviewed fields) also whether they are the proposed ones, ending the proposal rejected_tampered when they are not.';
 COMMENT ON FUNCTION keyturn.reject(uuid, text, text) IS 'Human: declines a pending proposal (a veto for quorum tools).';
 COMMENT ON FUNCTION keyturn.revise(uuid, text, jsonb) IS 'Human: edit before approve; the old proposal is superseded by a new one with its own hash and token.';
@@ -97,7 +99,8 @@ COMMENT ON FUNCTION keyturn.attachments(uuid, uuid) IS 'Dispatcher: the files an
 COMMENT ON FUNCTION keyturn.file_content(uuid, uuid, uuid) IS 'Dispatcher: an attachment''s bytes, only while its action is executing under that lease.';
 COMMENT ON FUNCTION keyturn.register_projection(text, jsonb) IS 'Admin: which fields of a provider''s data may reach a prompt; returns the new version.';
 COMMENT ON FUNCTION keyturn.fence(text, jsonb) IS 'A provider''s data as a fenced, projected reference block, with a fresh marker, the guard that names it, and the evidence id of what was fenced.';
-COMMENT ON FUNCTION keyturn.lease(text, int, interval, text[]) IS 'Dispatcher: takes due notifications and queued actions (FOR UPDATE SKIP LOCKED) under a lease.';
+COMMENT ON FUNCTION keyturn.lease(text, int, interval) IS 'Dispatcher: takes due notifications and queued actions (FOR UPDATE SKIP LOCKED) under a lease.';
+COMMENT ON FUNCTION keyturn.lease(text, int, interval, text[]) IS 'Dispatcher: lease, of the named providers only.';
 COMMENT ON FUNCTION keyturn.begin_dispatch(uuid, uuid) IS 'Dispatcher: rechecks everything and commits executing before any provider call; false: invalidated.';
 COMMENT ON FUNCTION keyturn.begin_dispatch_many(uuid[], uuid[]) IS 'Dispatcher: begin_dispatch for a batch, one answer per element.';
 COMMENT ON FUNCTION keyturn.complete(uuid, uuid, text, jsonb, interval) IS 'Dispatcher: records a provider call''s outcome (succeeded, failed, retry, unknown).';

@@ -68,7 +68,8 @@ TO keyturn_agent, keyturn_approver;
 -- Human. (Tenant admins administer their own tenant through this role.)
 GRANT EXECUTE ON FUNCTION
     keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
-    keyturn.preview(uuid, text, jsonb), keyturn.preview_for(text, uuid, text, jsonb), keyturn.reject(uuid, text, text),
+    keyturn.preview(uuid, text), keyturn.preview(uuid, text, jsonb),
+    keyturn.preview_for(text, uuid, text), keyturn.preview_for(text, uuid, text, jsonb), keyturn.reject(uuid, text, text),
     keyturn.reject_for(text, uuid, text, text),
     keyturn.approve_many(jsonb), keyturn.approve_many_for(text, jsonb), keyturn.revise(uuid, text, jsonb),
     keyturn.revise_for(text, uuid, text, jsonb), keyturn.pending(int),
@@ -86,7 +87,7 @@ GRANT EXECUTE ON FUNCTION keyturn.link_code(uuid[], interval) TO keyturn_approve
 
 -- Dispatcher.
 GRANT EXECUTE ON FUNCTION
-    keyturn.lease(text, int, interval, text[]), keyturn.begin_dispatch(uuid, uuid),
+    keyturn.lease(text, int, interval), keyturn.lease(text, int, interval, text[]), keyturn.begin_dispatch(uuid, uuid),
     keyturn.complete(uuid, uuid, text, jsonb, interval), keyturn.sweep(),
     keyturn.begin_dispatch_many(uuid[], uuid[]),
     keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[]),

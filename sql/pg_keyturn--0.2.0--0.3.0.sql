@@ -1035,25 +1035,46 @@ AS 'MODULE_PATHNAME', 'pending_wrapper';
 -- pg_keyturn::gate::human::preview
 CREATE OR REPLACE FUNCTION "preview"(
 	"action_id" uuid, /* Option < pgrx :: Uuid > */
-	"token" TEXT, /* Option < String > */
-	"params" jsonb DEFAULT NULL /* Option < JsonbText > */
+	"token" TEXT /* Option < String > */
 ) RETURNS jsonb /* RawJsonb */
 VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'preview_wrapper';
 
+-- pg_keyturn::gate::human::preview
+CREATE OR REPLACE FUNCTION "preview"(
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT, /* Option < String > */
+	"params" jsonb /* Option < JsonbText > */
+) RETURNS jsonb /* RawJsonb */
+VOLATILE PARALLEL UNSAFE 
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'preview_checking_wrapper';
+
 -- pg_keyturn::gate::human::preview_for
 CREATE OR REPLACE FUNCTION "preview_for"(
 	"tenant" TEXT, /* Option < String > */
 	"action_id" uuid, /* Option < pgrx :: Uuid > */
-	"token" TEXT, /* Option < String > */
-	"params" jsonb DEFAULT NULL /* Option < JsonbText > */
+	"token" TEXT /* Option < String > */
 ) RETURNS jsonb /* RawJsonb */
 VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'preview_for_wrapper';
+
+-- pg_keyturn::gate::human::preview_for
+CREATE OR REPLACE FUNCTION "preview_for"(
+	"tenant" TEXT, /* Option < String > */
+	"action_id" uuid, /* Option < pgrx :: Uuid > */
+	"token" TEXT, /* Option < String > */
+	"params" jsonb /* Option < JsonbText > */
+) RETURNS jsonb /* RawJsonb */
+VOLATILE PARALLEL UNSAFE 
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'preview_for_checking_wrapper';
 
 -- pg_keyturn::gate::agent::propose
 CREATE OR REPLACE FUNCTION "propose"(
@@ -5641,8 +5662,21 @@ $$;
 
 -- providers (keyturn's addition to the dispatcher protocol): only actions whose tool's provider is
 -- in the list, so a worker never leases what it has no adapter for; NULL = all.
-CREATE OR REPLACE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds',
-                              providers text[] DEFAULT NULL)
+-- lease(worker, max_jobs, lease_for) is the documented signature; the
+-- overload with providers (keyturnd's, with NULL for every provider) has
+-- no defaults, so that each call names one of the two unambiguously.
+CREATE OR REPLACE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds')
+RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
+               idempotency_key text, attempt int)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM keyturn._lease('lease', NULL, lease.worker, lease.max_jobs, lease.lease_for, NULL);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keyturn.lease(worker text, max_jobs int, lease_for interval, providers text[])
 RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
                idempotency_key text, attempt int)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -9050,8 +9084,10 @@ COMMENT ON FUNCTION keyturn.approve(uuid, text, jsonb) IS 'Human: approves exact
 COMMENT ON FUNCTION keyturn.propose_for(text, text, jsonb, jsonb) IS 'Agent: propose, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.reject_for(text, uuid, text, text) IS 'Human: reject, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_for(text, uuid, text, jsonb) IS 'Human: approve, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
-COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text, jsonb) IS 'Human: preview, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text) IS 'Human: preview, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
+COMMENT ON FUNCTION keyturn.preview_for(text, uuid, text, jsonb) IS 'Human: preview with params, naming the caller''s own tenant (another: 42501; none: 22023), so that Citus can run the whole call on the tenant''s worker.';
 COMMENT ON FUNCTION keyturn.approve_many(jsonb) IS 'Human: one card for several proposals; each element exactly approve.';
+COMMENT ON FUNCTION keyturn.preview(uuid, text) IS 'Human: the approval card''s data (summary, tool, effect, params, targets with before and after, expiry, cited evidence).';
 COMMENT ON FUNCTION keyturn.preview(uuid, text, jsonb) IS 'Human: the approval card''s data; with params (a digest action''s reviewed fields) also whether they are the proposed ones, ending the proposal rejected_tampered when they are not.';
 COMMENT ON FUNCTION keyturn.reject(uuid, text, text) IS 'Human: declines a pending proposal (a veto for quorum tools).';
 COMMENT ON FUNCTION keyturn.revise(uuid, text, jsonb) IS 'Human: edit before approve; the old proposal is superseded by a new one with its own hash and token.';
@@ -9075,7 +9111,8 @@ COMMENT ON FUNCTION keyturn.attachments(uuid, uuid) IS 'Dispatcher: the files an
 COMMENT ON FUNCTION keyturn.file_content(uuid, uuid, uuid) IS 'Dispatcher: an attachment''s bytes, only while its action is executing under that lease.';
 COMMENT ON FUNCTION keyturn.register_projection(text, jsonb) IS 'Admin: which fields of a provider''s data may reach a prompt; returns the new version.';
 COMMENT ON FUNCTION keyturn.fence(text, jsonb) IS 'A provider''s data as a fenced, projected reference block, with a fresh marker, the guard that names it, and the evidence id of what was fenced.';
-COMMENT ON FUNCTION keyturn.lease(text, int, interval, text[]) IS 'Dispatcher: takes due notifications and queued actions (FOR UPDATE SKIP LOCKED) under a lease.';
+COMMENT ON FUNCTION keyturn.lease(text, int, interval) IS 'Dispatcher: takes due notifications and queued actions (FOR UPDATE SKIP LOCKED) under a lease.';
+COMMENT ON FUNCTION keyturn.lease(text, int, interval, text[]) IS 'Dispatcher: lease, of the named providers only.';
 COMMENT ON FUNCTION keyturn.begin_dispatch(uuid, uuid) IS 'Dispatcher: rechecks everything and commits executing before any provider call; false: invalidated.';
 COMMENT ON FUNCTION keyturn.begin_dispatch_many(uuid[], uuid[]) IS 'Dispatcher: begin_dispatch for a batch, one answer per element.';
 COMMENT ON FUNCTION keyturn.complete(uuid, uuid, text, jsonb, interval) IS 'Dispatcher: records a provider call''s outcome (succeeded, failed, retry, unknown).';
@@ -9195,7 +9232,8 @@ TO keyturn_agent, keyturn_approver;
 -- Human. (Tenant admins administer their own tenant through this role.)
 GRANT EXECUTE ON FUNCTION
     keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
-    keyturn.preview(uuid, text, jsonb), keyturn.preview_for(text, uuid, text, jsonb), keyturn.reject(uuid, text, text),
+    keyturn.preview(uuid, text), keyturn.preview(uuid, text, jsonb),
+    keyturn.preview_for(text, uuid, text), keyturn.preview_for(text, uuid, text, jsonb), keyturn.reject(uuid, text, text),
     keyturn.reject_for(text, uuid, text, text),
     keyturn.approve_many(jsonb), keyturn.approve_many_for(text, jsonb), keyturn.revise(uuid, text, jsonb),
     keyturn.revise_for(text, uuid, text, jsonb), keyturn.pending(int),
@@ -9213,7 +9251,7 @@ GRANT EXECUTE ON FUNCTION keyturn.link_code(uuid[], interval) TO keyturn_approve
 
 -- Dispatcher.
 GRANT EXECUTE ON FUNCTION
-    keyturn.lease(text, int, interval, text[]), keyturn.begin_dispatch(uuid, uuid),
+    keyturn.lease(text, int, interval), keyturn.lease(text, int, interval, text[]), keyturn.begin_dispatch(uuid, uuid),
     keyturn.complete(uuid, uuid, text, jsonb, interval), keyturn.sweep(),
     keyturn.begin_dispatch_many(uuid[], uuid[]),
     keyturn.complete_many(uuid[], uuid[], text[], jsonb[], interval[]),

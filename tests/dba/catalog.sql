@@ -2,7 +2,7 @@
 -- Run in a fresh database with pgtap and pg_keyturn installed; every check
 -- prints the offending objects when it fails.
 BEGIN;
-SELECT plan(24);
+SELECT plan(25);
 
 SELECT is_empty($$
     SELECT c.oid::regclass FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
@@ -319,6 +319,15 @@ SET LOCAL keyturn.claim_tenant = 'user_metadata.tenant_id';
 SELECT ok(EXISTS (SELECT 1 FROM keyturn.check_deployment()
                    WHERE severity = 'error' AND object = 'setting keyturn.claim_tenant'),
           'a claim path into user_metadata is reported');
+
+-- The signatures the documentation names exist as such, beside their
+-- overloads, so a DBA's GRANT or has_function_privilege naming them works.
+SELECT is_empty($$
+    SELECT s FROM unnest(ARRAY['keyturn.preview(uuid,text)', 'keyturn.preview(uuid,text,jsonb)',
+                               'keyturn.lease(text,int,interval)', 'keyturn.lease(text,int,interval,text[])',
+                               'keyturn.record_evidence(text,text,text)']) s
+     WHERE to_regprocedure(s) IS NULL$$,
+    'the documented signatures of preview, lease and record_evidence exist');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -133,17 +133,26 @@ fn approved_many(items: Option<JsonbText>) -> Outcomes {
     )
 }
 
-/// Human: the approval card's data. With `params` (a digest action's
-/// reviewed fields, from its link), also whether they are the proposed
-/// ones (`params_match`); params that are not end the proposal
-/// `rejected_tampered`, as approving with them would, so a guess is
-/// checked once at most.
+/// Human: the approval card's data, `preview(action_id, token)`.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn preview(
+fn preview(action_id: Option<pgrx::Uuid>, token: Option<String>) -> RawJsonb {
+    refuse_agents("preview");
+    previewed(action_id, token, None)
+}
+
+/// Human: `preview` with `params` (a digest action's reviewed fields, from
+/// its link): also whether they are the proposed ones (`params_match`);
+/// params that are not end the proposal `rejected_tampered`, as approving
+/// with them would, so a guess is checked once at most. An overload with
+/// no default, so that the two-argument form keeps its exact signature and
+/// every call names one of them unambiguously.
+#[pg_extern(name = "preview", volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn preview_checking(
     action_id: Option<pgrx::Uuid>,
     token: Option<String>,
-    params: default!(Option<JsonbText>, "NULL"),
+    params: Option<JsonbText>,
 ) -> RawJsonb {
     refuse_agents("preview");
     previewed(action_id, token, params)
@@ -157,7 +166,20 @@ fn preview_for(
     tenant: Option<String>,
     action_id: Option<pgrx::Uuid>,
     token: Option<String>,
-    params: default!(Option<JsonbText>, "NULL"),
+) -> RawJsonb {
+    refuse_agents("preview_for");
+    refuse_other_tenant("preview_for", tenant.as_deref());
+    previewed(action_id, token, None)
+}
+
+/// Human: `preview_for` with `params`, as `preview`'s overload.
+#[pg_extern(name = "preview_for", volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn preview_for_checking(
+    tenant: Option<String>,
+    action_id: Option<pgrx::Uuid>,
+    token: Option<String>,
+    params: Option<JsonbText>,
 ) -> RawJsonb {
     refuse_agents("preview_for");
     refuse_other_tenant("preview_for", tenant.as_deref());
