@@ -41,6 +41,9 @@ const API_CALLS: &[&str] = &[
     "fence",
     "grant_tool",
     "pending",
+    // preview(action_id, token) and preview(action_id, token, params):
+    // PostgREST picks the overload by the keys sent.
+    "preview",
     "preview",
     "propose",
     "record_request",
@@ -532,6 +535,7 @@ async fn test_every_rule_holds_through_the_api_schema() {
                     (SELECT array_agg(coalesce(a.grantee::regrole::text, 'PUBLIC') ORDER BY 1)
                        FROM pg_proc k, aclexplode(k.proacl) a
                       WHERE k.pronamespace = 'keyturn'::regnamespace AND k.proname = p.proname
+                        AND pg_get_function_identity_arguments(k.oid) = pg_get_function_identity_arguments(p.oid)
                         AND a.grantee <> k.proowner) AS keyturn_grants
                FROM pg_proc p WHERE p.pronamespace = 'keyturn_api'::regnamespace ORDER BY 1",
             &[],

@@ -19,7 +19,7 @@ SELECT count(*) AS public_table_grants FROM information_schema.role_table_grants
  WHERE table_schema = 'keyturn' AND grantee = 'PUBLIC';
 -- Group roles: who may execute the state-changing calls.
 SELECT p.proname,
-       string_agg(r.rolname, ',' ORDER BY r.rolname) AS roles
+       string_agg(DISTINCT r.rolname, ',' ORDER BY r.rolname) AS roles
   FROM pg_proc p
   CROSS JOIN pg_roles r
  WHERE p.pronamespace = 'keyturn'::regnamespace
