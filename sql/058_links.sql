@@ -196,8 +196,10 @@ BEGIN
 END
 $$;
 
--- The claims a card session's calls assert: the link's person, marked as a
--- card session's (keyturn._in_card_session).
+-- A card session's calls assert the link's person with claims marked as a
+-- card session's (keyturn._card_claims and keyturn._in_card_session, in
+-- extension/src/identity.rs, which reads request.jwt.claims for everything
+-- else).
 --
 -- A link travels through mail servers, a team's chat channel, push services
 -- and a locked phone's notification shade, so its holder may not be its
@@ -209,24 +211,6 @@ $$;
 -- queue, the console, their app). Before this, a link's holder revised a
 -- self action to any params and approved the revision in the same session
 -- (docs/security.md, row 75).
-CREATE FUNCTION keyturn._card_claims(l keyturn.card_link)
-RETURNS jsonb
-LANGUAGE sql STABLE
-AS $$
-    SELECT keyturn._claims_for(NULL, l.tenant, l.principal, l.session)::jsonb
-           || jsonb_build_object('keyturn_card_session', true)
-$$;
-
--- Whether the calling transaction asserts a card session's claims. Only
--- ever narrows what the call may do, so a JWT that carries the mark itself
--- gains nothing by it.
-CREATE FUNCTION keyturn._in_card_session()
-RETURNS boolean
-LANGUAGE sql STABLE
-AS $$
-    SELECT coalesce((nullif(pg_catalog.current_setting('request.jwt.claims', true), '')::jsonb
-                     ->> 'keyturn_card_session') = 'true', false)
-$$;
 
 -- keyturnd's POST /card/session: the code's card session, once. No rows for
 -- a code that is unknown, used or expired, or for action ids other than the
@@ -278,7 +262,7 @@ BEGIN
     UPDATE keyturn.card_link x
        SET redeemed_at = v_now, session_digest = v_digest, session_expires_at = v_until
      WHERE x.code_digest = l.code_digest AND x.tenant = l.tenant;
-    RETURN QUERY SELECT v_bearer, v_until, v_tokens, l.db_role, keyturn._card_claims(l);
+    RETURN QUERY SELECT v_bearer, v_until, v_tokens, l.db_role, keyturn._card_claims(l.tenant, l.principal, l.session);
 END
 $$;
 
@@ -301,7 +285,7 @@ BEGIN
     -- The link's actions alone: never a revision made in the session (see
     -- keyturn._card_claims).
     RETURN QUERY
-        SELECT l.db_role, keyturn._card_claims(l), l.action_ids, l.session_expires_at
+        SELECT l.db_role, keyturn._card_claims(l.tenant, l.principal, l.session), l.action_ids, l.session_expires_at
           FROM keyturn.card_link l
          WHERE l.session_digest = v_digest  -- by digest alone: the bearer is all keyturnd has
            AND l.session_expires_at > clock_timestamp();

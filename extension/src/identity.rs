@@ -224,6 +224,33 @@ fn problem() -> Option<String> {
     (!other.is_empty()).then(|| other.join("; "))
 }
 
+/// The claim that marks a card session's claims ([`card_claims`]).
+const CARD_SESSION_CLAIM: &str = "keyturn_card_session";
+
+/// The claims a card session's calls assert (keyturnd sets them as
+/// `request.jwt.claims`): the link's person, as [`claims_for`] writes them,
+/// marked as a card session's (sql/058_links.sql says why).
+#[pg_extern(name = "_card_claims", stable, strict, parallel_safe)]
+fn card_claims(tenant: &str, principal: &str, session: &str) -> pgrx::JsonB {
+    let pgrx::JsonB(mut claims) = claims_for(None, tenant, principal, session);
+    if let Value::Object(map) = &mut claims {
+        map.insert(CARD_SESSION_CLAIM.to_owned(), Value::Bool(true));
+    }
+    pgrx::JsonB(claims)
+}
+
+/// Whether the calling transaction asserts a card session's claims, read
+/// as identity reads them (keyturn-core's strict parser). Only ever
+/// narrows what a call may do, so a JWT that carries the mark itself gains
+/// nothing by it.
+#[pg_extern(name = "_in_card_session", stable, parallel_safe)]
+fn in_card_session() -> bool {
+    guc::value(CLAIMS)
+        .filter(|c| !c.is_empty())
+        .and_then(|c| canonical::parse_bounded(&c).ok())
+        .is_some_and(|v| v.get(CARD_SESSION_CLAIM) == Some(&Value::Bool(true)))
+}
+
 /// The claims that assert (tenant, principal, session) the way this database
 /// reads them (`keyturn.claim_*` paths; `a.b` nests), plus `role`: what
 /// keyturnd sets as `request.jwt.claims` for a card session, which no JWT

@@ -147,7 +147,7 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/058_links.sql",
     name = "links",
-    requires = ["fence", identity::claims_for]
+    requires = ["fence", identity::card_claims, identity::in_card_session]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/059_audit.sql",
