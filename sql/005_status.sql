@@ -78,3 +78,10 @@ CREATE TYPE keyturn.notification_kind AS ENUM ('notice', 'reminder', 'digest');
 -- be shown to).
 CREATE TYPE keyturn.mcp_action AS (status text, result jsonb, summary text, expires_at timestamptz,
                                    created_at timestamptz, updated_at timestamptz, same_session boolean);
+
+-- What approve's and propose's internal steps return: one row, as a
+-- composite, so that one step returns another's result with RETURN, an
+-- expression (sql/051_approve.sql, keyturn._settle).
+CREATE TYPE keyturn._outcome AS (o_action_id uuid, o_status text, o_result jsonb);
+CREATE TYPE keyturn._proposed AS (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
+                                  o_expires_at timestamptz, o_status text, o_delegation_id uuid);

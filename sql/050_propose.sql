@@ -67,7 +67,7 @@ AS $$
 DECLARE
     v_name text := format('%I.%I', p_ver.sql_schema, p_ver.sql_table);
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = to_regclass(v_name) AND r.relkind IN ('r', 'p')) THEN
+    IF NOT keyturn._is_table(to_regclass(v_name)) THEN
         RAISE EXCEPTION 'keyturn: the table % of tool % (version %) does not exist', v_name, p_ver.tool, p_ver.version
             USING ERRCODE = '55000',
                   HINT = 'Restore or recreate the table, or register the tool again for the table it should use.';
@@ -90,26 +90,12 @@ $$;
 
 -- The WHERE clause of an sql tool's form, over the row alias t. Column names
 -- come only from the tool's registered lists, so nothing the agent sends is
--- spliced in.
+-- spliced in. Built in Rust (extension/src/form.rs); inlined where called.
 CREATE FUNCTION keyturn._form_where(p_ver keyturn.tool_version, p_form jsonb)
 RETURNS text
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE sql IMMUTABLE
 AS $$
-DECLARE
-    k       text;
-    v       jsonb;
-    clauses text[] := '{}';
-BEGIN
-    FOR k, v IN SELECT e.key, e.value FROM jsonb_each(p_form -> 'where') e ORDER BY e.key COLLATE "C" LOOP
-        IF jsonb_typeof(v) = 'array' THEN
-            clauses := clauses || format('t.%I = ANY (ARRAY(SELECT jsonb_array_elements_text($1->''where''->%L))::%s[])',
-                                         k, k, p_ver.sql_types ->> k);
-        ELSE
-            clauses := clauses || format('t.%I = %s', k, keyturn._form_value(p_ver, 'where', k));
-        END IF;
-    END LOOP;
-    RETURN array_to_string(clauses, ' AND ');
-END
+    SELECT keyturn._where_clause(p_ver.sql_types, p_form)
 $$;
 
 CREATE FUNCTION keyturn._version_expr(p_ver keyturn.tool_version)
@@ -130,20 +116,6 @@ AS $$
     SELECT keyturn._form_problem(p_ver.tool, p_ver.sql_where, p_ver.sql_set, p_ver.sql_types, p_form)
 $$;
 
--- Raises 22023 with what is wrong with the form.
-CREATE FUNCTION keyturn._check_form(p_ver keyturn.tool_version, p_form jsonb)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-DECLARE
-    v_error text := keyturn._form_error(p_ver, p_form);
-BEGIN
-    IF v_error IS NOT NULL THEN
-        RAISE EXCEPTION 'keyturn: %', v_error USING ERRCODE = '22023';
-    END IF;
-END
-$$;
-
 -- Resolves the targets of an sql form as the caller (RLS applies). Returns
 -- [{"k": key, "v": version}, ...], 1 to max_targets of them.
 CREATE FUNCTION keyturn._resolve_targets(p_caller oid, p_ver keyturn.tool_version, p_form jsonb)
@@ -151,11 +123,14 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_sql  text;
-    v_rows jsonb;
-    v_n    int;
+    v_sql   text;
+    v_rows  jsonb;
+    v_n     int;
+    v_error text := keyturn._form_error(p_ver, p_form);
 BEGIN
-    PERFORM keyturn._check_form(p_ver, p_form);
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: %', v_error USING ERRCODE = '22023';
+    END IF;
     -- Keys and versions are stored as text written under the settings
     -- _exec_as pins (DateStyle, TimeZone, ...), and compared in the column's
     -- own type at approve, so no session setting changes what they name.
@@ -248,8 +223,7 @@ $$;
 CREATE FUNCTION keyturn._propose_for(p_caller oid, p_tenant text, p_principal text, p_session text,
                                      p_tool text, p_params jsonb, p_origin jsonb,
                                      p_revised_from uuid, p_revised_by text)
-RETURNS TABLE (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
-               o_expires_at timestamptz, o_status text, o_delegation_id uuid)
+RETURNS keyturn._proposed
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -280,17 +254,27 @@ DECLARE
     v_result    record;
     v_authors   text[] := ARRAY[p_principal];
     v_stored    text;
+    v_noted     text;
+    v_both      record;
+    v_inspected text[];
 BEGIN
-    PERFORM keyturn._require_member(p_tenant, p_principal, p_session);
+    -- Assigned, not PERFORMed (see keyturn._settle): no statement.
+    v_noted := keyturn._require_member(p_tenant, p_principal, p_session);
 
-    SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = p_tool;
+    -- The tool and its current version in one statement.
+    SELECT t AS tool, v AS ver INTO v_both
+      FROM keyturn.tool t
+      LEFT JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     WHERE t.name = p_tool;
+    IF FOUND THEN
+        v_tool := v_both.tool;
+        v_ver := v_both.ver;
+    END IF;
     IF NOT FOUND OR NOT v_tool.enabled THEN
         RAISE EXCEPTION 'keyturn: tool % is unknown or disabled', coalesce(quote_literal(p_tool), 'NULL')
             USING ERRCODE = '42704',
                   HINT = 'keyturn.classify(tool) says what a tool is; only registered, enabled write tools take proposals.';
     END IF;
-    SELECT v.* INTO v_ver FROM keyturn.tool_version v
-     WHERE v.tool = v_tool.name AND v.version = v_tool.version;
     IF v_ver.kind = 'read' THEN
         RAISE EXCEPTION 'keyturn: tool % is read-only and needs no proposal', p_tool
             USING ERRCODE = '22023';
@@ -319,10 +303,12 @@ BEGIN
         RAISE EXCEPTION 'keyturn: params must be a JSON object' USING ERRCODE = '22023';
     END IF;
     -- One parse for the credential scan, the hash and the schema (in that order).
-    SELECT i.credential_path, i.params_hash, i.schema_errors INTO v_path, v_hash, v_err
-      FROM keyturn._inspect_params(v_tool.name, p_params,
-               coalesce(CASE WHEN v_ver.executor = 'external' THEN v_ver.params_schema END, 'null'),
-               v_ver.retain = 'digest') i;
+    v_inspected := keyturn._inspected(v_tool.name, p_params,
+                       coalesce(CASE WHEN v_ver.executor = 'external' THEN v_ver.params_schema END, 'null'),
+                       v_ver.retain = 'digest');
+    v_path := v_inspected[1];
+    v_hash := v_inspected[2];
+    v_err := v_inspected[3];
     IF v_path IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: params hold credential material at %', v_path
             USING ERRCODE = '22023',
@@ -337,9 +323,8 @@ BEGIN
         v_request := keyturn._task_request(p_tenant, p_principal, p_session, v_origin);
         v_existing := keyturn._task_replay(p_tenant, p_principal, v_request, v_tool.name, v_hash);
         IF v_existing.id IS NOT NULL THEN
-            RETURN QUERY SELECT v_existing.id, NULL::text, coalesce(v_existing.summary, v_existing.tool),
-                                v_hash, v_existing.expires_at, v_existing.status::text, NULL::uuid;
-            RETURN;
+            RETURN ROW(v_existing.id, NULL, coalesce(v_existing.summary, v_existing.tool),
+                       v_hash, v_existing.expires_at, v_existing.status::text, NULL)::keyturn._proposed;
         END IF;
     END IF;
 
@@ -415,7 +400,7 @@ BEGIN
     -- Every value computed before the INSERT, none in it: Citus refuses a
     -- subquery in an INSERT and evaluates nothing volatile on a shard
     -- (docs/scale-out.md, layout B, step 5).
-    v_keys := ARRAY(SELECT k FROM jsonb_object_keys(p_params) k ORDER BY k COLLATE "C");
+    v_keys := keyturn._param_keys(p_params);
     IF p_revised_from IS NOT NULL THEN
         SELECT x.authors INTO v_authors FROM keyturn.action x
          WHERE x.id = p_revised_from AND x.tenant = p_tenant;
@@ -434,7 +419,7 @@ BEGIN
     v_binding := keyturn._token_binding(v_token, v_id, v_stored, v_expires);
     -- A revision written in a card session (opened from a link, whose
     -- holder may not be the person) says so, in its event and on its card.
-    PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
+    v_noted := keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
         'revised_from', p_revised_from, 'revised_by', p_revised_by,
         'via', CASE WHEN p_revised_from IS NOT NULL AND keyturn._in_card_session() THEN 'card_session' END)));
     INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor, approval,
@@ -465,26 +450,22 @@ BEGIN
         PERFORM keyturn._set_event_context(jsonb_build_object('request', v_request.message_id));
         v_claimed := keyturn._claim(p_tenant, v_id, v_token, p_principal, v_request.recorded_role,
                                     'task:' || v_request.message_id);
-        SELECT * INTO v_result
-          FROM keyturn._after_claim(to_regrole(v_request.recorded_role)::oid, v_claimed, v_token, p_params, NULL);
+        v_result := keyturn._after_claim(to_regrole(v_request.recorded_role)::oid, v_claimed, v_token, p_params, NULL);
         -- The request's approval is this action's alone, not the rest of
         -- the transaction's.
         PERFORM keyturn._set_event_context(NULL);
-        RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, NULL::uuid;
-        RETURN;
+        RETURN ROW(v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, NULL)::keyturn._proposed;
     END IF;
     IF p_revised_from IS NULL THEN
-        v_deleg := keyturn._spend_delegation(p_tenant, v_id, v_ver, p_params, v_count);
+        v_deleg := keyturn._spend_delegation(p_tenant, p_principal, v_epoch, v_ver, p_params, v_count);
         IF v_deleg.id IS NOT NULL THEN
             PERFORM keyturn._set_event_context(jsonb_build_object(
                 'delegation', v_deleg.id, 'delegated_by', v_deleg.principal));
             v_claimed := keyturn._claim(p_tenant, v_id, v_token, v_deleg.principal, v_deleg.db_role,
                                         'delegation:' || v_deleg.id);
-            SELECT * INTO v_result
-              FROM keyturn._after_claim(to_regrole(v_deleg.db_role)::oid, v_claimed, v_token, p_params, NULL);
+            v_result := keyturn._after_claim(to_regrole(v_deleg.db_role)::oid, v_claimed, v_token, p_params, NULL);
             PERFORM keyturn._set_event_context(NULL);
-            RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, v_deleg.id;
-            RETURN;
+            RETURN ROW(v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, v_deleg.id)::keyturn._proposed;
         END IF;
     END IF;
 
@@ -498,24 +479,21 @@ BEGIN
         PERFORM keyturn._record_notifications(v_id, p_tenant);
     END IF;
 
-    -- The row by assignment, not a SELECT: no statement for the executor.
-    o_action_id := v_id; o_token := v_token; o_summary := v_summary; o_params_hash := v_hash;
-    o_expires_at := v_expires; o_status := 'pending'; o_delegation_id := NULL;
-    RETURN NEXT;
+    RETURN ROW(v_id, v_token, v_summary, v_hash, v_expires, 'pending', NULL)::keyturn._proposed;
 END
 $$;
 
 CREATE FUNCTION keyturn._propose(p_caller oid, p_tool text, p_params jsonb, p_origin jsonb)
-RETURNS TABLE (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
-               o_expires_at timestamptz, o_status text, o_delegation_id uuid)
+RETURNS keyturn._proposed
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_principal text := keyturn.current_principal();
+    v_noted     text;
 BEGIN
-    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
-    RETURN QUERY SELECT * FROM keyturn._propose_for(
+    v_noted := keyturn._set_actor(p_caller::regrole::text, v_principal);
+    RETURN keyturn._propose_for(
         p_caller, keyturn.current_tenant(), v_principal, keyturn.current_session(),
         p_tool, p_params, p_origin, NULL, NULL);
 END

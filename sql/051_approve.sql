@@ -103,10 +103,12 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_tool  keyturn.tool;
-    v_epoch bigint;
-    v_how   text;
-    v_local regclass;
+    v_tool   keyturn.tool;
+    v_epoch  bigint;
+    v_member boolean;
+    v_how    text;
+    v_local  regclass;
+    v_noted  text;
 BEGIN
     -- Asked first, in Rust: without Citus, approve and begin_dispatch pay
     -- for no call of the plpgsql function per action.
@@ -126,12 +128,15 @@ BEGIN
     IF v_tool.version <> a.tool_version THEN
         RETURN format('tool %s changed from version %s to %s', a.tool, a.tool_version, v_tool.version);
     END IF;
-    SELECT e.epoch INTO v_epoch FROM keyturn.auth_epoch e
-     WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE;
+    -- The epoch (locked) and the membership in one statement.
+    SELECT (SELECT e.epoch FROM keyturn.auth_epoch e
+             WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE),
+           EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal)
+      INTO v_epoch, v_member;
     IF coalesce(v_epoch, 0) <> a.epoch THEN
         RETURN format('the authorization of principal %s changed (epoch %s, now %s)', a.principal, a.epoch, coalesce(v_epoch, 0));
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal) THEN
+    IF NOT v_member THEN
         RETURN format('principal %s is no longer a member of tenant %s', a.principal, a.tenant);
     END IF;
     IF NOT keyturn._has_grant(a.tenant, a.principal, a.tool) THEN
@@ -153,7 +158,7 @@ BEGIN
             RETURN format('the evidence it cites (%s) was revoked', v_how);
         END IF;
     END IF;
-    PERFORM keyturn._recheck_at_commit(a.tool, a.tool_version, a.tenant, a.principal, a.epoch);
+    v_noted := keyturn._recheck_at_commit(a.tool, a.tool_version, a.tenant, a.principal, a.epoch);
     RETURN NULL;
 END
 $$;
@@ -168,27 +173,33 @@ RETURNS text
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_tool  keyturn.tool;
-    v_epoch bigint;
-    v_local regclass;
+    v_enabled boolean;
+    v_version int;
+    v_epoch   bigint;
+    v_local   regclass;
 BEGIN
     IF keyturn._citus_present() THEN
         v_local := keyturn._local_placement('keyturn.tool');
     END IF;
     IF v_local IS NULL THEN
-        SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = p_tool;
+        -- The tool row and the epoch (as keyturn._epoch reads it) in one statement.
+        SELECT t.enabled, t.version,
+               coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
+                          WHERE e.tenant = p_tenant AND e.principal = p_principal), 0)
+          INTO v_enabled, v_version, v_epoch
+          FROM keyturn.tool t WHERE t.name = p_tool;
     ELSE
-        EXECUTE format('SELECT t.* FROM %s t WHERE t.name = $1', v_local) INTO v_tool USING p_tool;
+        EXECUTE format('SELECT t.enabled, t.version FROM %s t WHERE t.name = $1', v_local)
+           INTO v_enabled, v_version USING p_tool;
+        v_epoch := keyturn._epoch(p_tenant, p_principal);
     END IF;
-    IF v_tool.name IS NULL OR NOT v_tool.enabled THEN
+    IF v_enabled IS NOT TRUE THEN  -- no row: NULL
         RETURN format('tool %s was disabled', p_tool);
     END IF;
-    IF v_tool.version <> p_version THEN
-        RETURN format('tool %s changed from version %s to %s', p_tool, p_version, v_tool.version);
+    IF v_version <> p_version THEN
+        RETURN format('tool %s changed from version %s to %s', p_tool, p_version, v_version);
     END IF;
-    SELECT e.epoch INTO v_epoch FROM keyturn.auth_epoch e
-     WHERE e.tenant = p_tenant AND e.principal = p_principal;
-    IF coalesce(v_epoch, 0) <> p_epoch THEN
+    IF v_epoch <> p_epoch THEN
         RETURN format('the authorization of principal %s changed', p_principal);
     END IF;
     RETURN NULL;
@@ -198,22 +209,28 @@ $$;
 -- Persists a terminal outcome and returns it: after the claim, failures are
 -- answers, not errors. The claim's approval binding (a, made by _claim) is
 -- written with the outcome: one row version per approve.
+--
+-- The steps of approve and propose return keyturn._outcome (and
+-- keyturn._proposed), one row as a composite, and call one another in
+-- expressions (RETURN keyturn._settle(...)), and the Rust functions that
+-- return '' are assigned, not PERFORMed: an expression is evaluated without
+-- the executor, where each RETURN QUERY, PERFORM and SELECT INTO is a
+-- statement it starts and ends (docs/benchmarks.md, statements per flow).
 CREATE FUNCTION keyturn._settle(a keyturn.action, p_status keyturn.status, p_result jsonb, p_detail jsonb)
-RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+RETURNS keyturn._outcome
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_now timestamptz := clock_timestamp();
+    v_now   timestamptz := clock_timestamp();
+    v_noted text;
 BEGIN
-    PERFORM keyturn._set_event_detail(p_detail);
+    v_noted := keyturn._set_event_detail(p_detail);
     UPDATE keyturn.action x
        SET updated_at = v_now, status = p_status, result = p_result,
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
      WHERE x.id = a.id AND x.tenant = a.tenant;
-    -- The row by assignment, not a SELECT: no statement for the executor.
-    o_action_id := a.id; o_status := p_status::text; o_result := p_result;
-    RETURN NEXT;
+    RETURN ROW(a.id, p_status::text, p_result)::keyturn._outcome;
 END
 $$;
 
@@ -231,14 +248,12 @@ $$;
 -- subtransaction. Keys and versions compare in the columns' own types, and
 -- every value written is the canonical text of what was hashed.
 CREATE FUNCTION keyturn._execute_sql(p_runas oid, a keyturn.action, p_ver keyturn.tool_version)
-RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+RETURNS keyturn._outcome
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_arg     jsonb;
-    v_sets    text;
-    v_checks  text;
-    v_cols    text;
+    v_set     text[];
     v_sql     text;
     v_rows    jsonb;
     v_n       int := -1;
@@ -248,11 +263,8 @@ BEGIN
         'targets', (SELECT jsonb_agg(jsonb_build_object('k', t.key, 'v', t.version) ORDER BY t.ord)
                       FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant));
 
-    SELECT string_agg(format('%I = %s', s.key, keyturn._form_value(p_ver, 'set', s.key)), ', ' ORDER BY s.key),
-           string_agg(format('(u.%I IS NOT DISTINCT FROM %s)', s.key, keyturn._form_value(p_ver, 'set', s.key)), ' AND ' ORDER BY s.key),
-           string_agg(format('t.%I', s.key), ', ' ORDER BY s.key)
-      INTO v_sets, v_checks, v_cols
-      FROM jsonb_object_keys(a.params -> 'set') AS s (key);
+    -- {the SET list, the postcondition over u, the columns RETURNING names}
+    v_set := keyturn._set_clauses(p_ver.sql_types, a.params);
 
     -- RETURNING names plain columns only, and the checks and the jsonb are
     -- built over the CTE: Citus refuses any non-IMMUTABLE function in the
@@ -263,10 +275,10 @@ BEGIN
         'WHERE t.%I = x.k::%s AND %s = x.v::%s AND %s '
         'RETURNING t.%I, %s) '
         'SELECT jsonb_build_object(''key'', u.%I::text, ''ok'', %s) FROM u',
-        keyturn._tool_table(p_ver), v_sets,
+        keyturn._tool_table(p_ver), v_set[1],
         p_ver.sql_key, p_ver.sql_types ->> p_ver.sql_key,
         keyturn._version_expr(p_ver), p_ver.sql_types ->> p_ver.sql_version,
-        keyturn._form_where(p_ver, a.params), p_ver.sql_key, v_cols, p_ver.sql_key, v_checks);
+        keyturn._form_where(p_ver, a.params), p_ver.sql_key, v_set[3], p_ver.sql_key, v_set[2]);
 
     BEGIN
         v_rows := keyturn._exec_as(p_runas, v_sql, v_arg);
@@ -274,8 +286,7 @@ BEGIN
         IF v_n <> a.target_count THEN
             RAISE EXCEPTION 'target count mismatch' USING ERRCODE = 'KT409';
         END IF;
-        SELECT jsonb_agg(r -> 'key') INTO v_bad FROM jsonb_array_elements(v_rows) r
-         WHERE NOT (r ->> 'ok')::boolean;
+        v_bad := keyturn._written_keys(v_rows, true);
         IF v_bad IS NOT NULL THEN
             RAISE EXCEPTION 'postcondition failed' USING ERRCODE = 'KT417';
         END IF;
@@ -289,27 +300,24 @@ BEGIN
              OR internal_error THEN
             RAISE;
         WHEN SQLSTATE 'KT409' THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a, 'conflict',
+            RETURN keyturn._settle(a, 'conflict',
                 jsonb_build_object('reason', 'targets changed since the proposal; propose again to see the new state',
                                    'expected', a.target_count, 'matched', v_n),
                 jsonb_build_object('expected', a.target_count, 'matched', v_n));
-            RETURN;
         WHEN SQLSTATE 'KT417' THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a, 'failed',
+            RETURN keyturn._settle(a, 'failed',
                 jsonb_build_object('reason', 'postcondition failed: targets do not hold the approved values after the write (a trigger changed them?); rolled back',
                                    'keys', v_bad),
                 jsonb_build_object('reason', 'postcondition failed'));
-            RETURN;
         WHEN OTHERS THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a, 'failed',
+            RETURN keyturn._settle(a, 'failed',
                 jsonb_build_object('reason', 'the business write failed and was rolled back',
                                    'sqlstate', SQLSTATE, 'message', SQLERRM),
                 jsonb_build_object('reason', 'business write failed', 'sqlstate', SQLSTATE));
-            RETURN;
     END;
 
-    RETURN QUERY SELECT * FROM keyturn._settle(a, 'succeeded',
-        jsonb_build_object('rows', v_n, 'keys', (SELECT jsonb_agg(r -> 'key') FROM jsonb_array_elements(v_rows) r)),
+    RETURN keyturn._settle(a, 'succeeded',
+        jsonb_build_object('rows', v_n, 'keys', keyturn._written_keys(v_rows, false)),
         jsonb_build_object('rows', v_n));
 END
 $$;
@@ -354,7 +362,7 @@ $$;
 -- changes once a proposal can name it), else it is read here.
 CREATE FUNCTION keyturn._after_claim(p_runas oid, a keyturn.action, p_token text, p_params jsonb,
                                      p_given_hash text, p_ver keyturn.tool_version DEFAULT NULL)
-RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+RETURNS keyturn._outcome
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -364,12 +372,12 @@ DECLARE
     v_err    text;
     v_now    timestamptz;
     v_plain  text;
+    v_noted  text;
 BEGIN
     IF clock_timestamp() > a.expires_at THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a, 'expired',
+        RETURN keyturn._settle(a, 'expired',
             jsonb_build_object('reason', format('the proposal expired at %s', keyturn._utc(a.expires_at))),
             jsonb_build_object('reason', 'expired'));
-        RETURN;
     END IF;
     -- A digest action stores only a MAC of its params hash: the params
     -- resubmitted now (or proposed in this call: a task request, a standing
@@ -377,10 +385,9 @@ BEGIN
     IF a.retain = 'digest' THEN
         v_plain := coalesce(p_given_hash, keyturn.params_hash(a.tool, p_params));
         IF NOT keyturn._params_hash_matches(a.retain, a.params_hash, v_plain) THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
+            RETURN keyturn._settle(a, 'rejected_tampered',
                 jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
                 jsonb_build_object('reason', 'resubmitted params hash mismatch'));
-            RETURN;
         END IF;
     END IF;
     -- The token is bound to the stored params hash; a digest proposal made
@@ -388,34 +395,30 @@ BEGIN
     IF NOT keyturn._token_binds(p_token, a.id, a.params_hash, a.expires_at, a.token_binding)
        AND NOT (a.retain = 'digest'
                 AND keyturn._token_binds(p_token, a.id, v_plain, a.expires_at, a.token_binding)) THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
+        RETURN keyturn._settle(a, 'rejected_tampered',
             jsonb_build_object('reason', 'the stored proposal no longer matches what the token was issued for'),
             jsonb_build_object('reason', 'token binding mismatch'));
-        RETURN;
     END IF;
     v_reason := keyturn._invalid_reason(a);
     IF v_reason IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a, 'invalidated',
+        RETURN keyturn._settle(a, 'invalidated',
             jsonb_build_object('reason', v_reason), jsonb_build_object('reason', v_reason));
-        RETURN;
     END IF;
 
     IF a.retain = 'full' THEN
         IF keyturn.params_hash(a.tool, a.params) <> a.params_hash THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
+            RETURN keyturn._settle(a, 'rejected_tampered',
                 jsonb_build_object('reason', 'the stored params no longer match the proposal hash'),
                 jsonb_build_object('reason', 'stored params hash mismatch'));
-            RETURN;
         END IF;
         v_params := a.params;
     ELSE
         v_params := p_params;
     END IF;
     IF p_given_hash IS NOT NULL AND NOT keyturn._params_hash_matches(a.retain, a.params_hash, p_given_hash) THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
+        RETURN keyturn._settle(a, 'rejected_tampered',
             jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
             jsonb_build_object('reason', 'resubmitted params hash mismatch'));
-        RETURN;
     END IF;
 
     IF p_ver.tool IS NULL THEN
@@ -430,39 +433,36 @@ BEGIN
         v_err := keyturn._form_error(v_ver, v_params);
     END IF;
     IF v_err IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a, 'invalidated',
+        RETURN keyturn._settle(a, 'invalidated',
             -- Validator messages quote the offending values: never store them for
             -- digest actions (docs/concepts.md, "Digest retention").
             jsonb_build_object('reason', 'params no longer pass the tool''s schema: '
                                || CASE WHEN a.retain = 'digest' THEN '(details withheld: digest retention)'
                                        ELSE v_err END),
             jsonb_build_object('reason', 'schema revalidation failed'));
-        RETURN;
     END IF;
 
     IF a.executor = 'sql' THEN
-        RETURN QUERY SELECT * FROM keyturn._execute_sql(p_runas, a, v_ver);
-        RETURN;
+        RETURN keyturn._execute_sql(p_runas, a, v_ver);
     END IF;
 
     IF a.retain = 'digest' THEN
         INSERT INTO keyturn.staged_payload (action_id, tenant, principal, params)
         VALUES (a.id, a.tenant, a.principal, v_params);
     END IF;
-    PERFORM keyturn._set_event_detail('{}');
+    v_noted := keyturn._set_event_detail('{}');
     v_now := clock_timestamp();
     UPDATE keyturn.action x
        SET updated_at = v_now, status = 'queued', next_attempt_at = v_now,
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
      WHERE x.id = a.id AND x.tenant = a.tenant;
-    o_action_id := a.id; o_status := 'queued'; o_result := NULL;
-    RETURN NEXT;
+    RETURN ROW(a.id, 'queued', NULL)::keyturn._outcome;
 END
 $$;
 
 CREATE FUNCTION keyturn._approve(p_caller oid, p_id uuid, p_token text, p_params jsonb)
-RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+RETURNS keyturn._outcome
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -472,21 +472,21 @@ DECLARE
     v_claimed   keyturn.action;
     v_given     text;
     v_ver       keyturn.tool_version;
+    v_noted     text;
 BEGIN
-    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    v_noted := keyturn._set_actor(p_caller::regrole::text, v_principal);
     a := keyturn._usable_action(p_id, p_token, 'approve');
 
     IF a.status <> 'pending' THEN
         -- A replay: the stored outcome, nothing run or charged twice.
-        RETURN QUERY SELECT a.id, a.status::text, a.result;
-        RETURN;
+        RETURN ROW(a.id, a.status::text, a.result)::keyturn._outcome;
     END IF;
     IF a.retain = 'digest' AND p_params IS NULL THEN
         RAISE EXCEPTION 'keyturn: action % keeps only a digest; approve must resubmit the reviewed params', p_id
             USING ERRCODE = '22023';
     END IF;
     IF a.executor = 'sql' THEN
-        PERFORM keyturn._refuse_rls_bypass(p_caller);
+        v_noted := keyturn._refuse_rls_bypass(p_caller);
     END IF;
     IF p_params IS NOT NULL THEN
         -- Hash before the claim: an unhashable payload raises and changes nothing.
@@ -496,17 +496,15 @@ BEGIN
     SELECT v.* INTO v_ver FROM keyturn.tool_version v
      WHERE v.tool = a.tool AND v.version = a.tool_version;
     IF v_ver.quorum > 1 THEN
-        RETURN QUERY SELECT * FROM keyturn._vote(p_caller, a, p_token, p_params, v_given, v_ver.quorum);
-        RETURN;
+        RETURN keyturn._vote(p_caller, a, p_token, p_params, v_given, v_ver.quorum);
     END IF;
 
     v_claimed := keyturn._claim(a.tenant, p_id, p_token, v_principal, p_caller::regrole::text, 'approve');
     IF v_claimed.id IS NULL THEN
         SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = a.tenant;
-        RETURN QUERY SELECT a.id, a.status::text, a.result;
-        RETURN;
+        RETURN ROW(a.id, a.status::text, a.result)::keyturn._outcome;
     END IF;
-    RETURN QUERY SELECT * FROM keyturn._after_claim(p_caller, v_claimed, p_token, p_params, v_given, v_ver);
+    RETURN keyturn._after_claim(p_caller, v_claimed, p_token, p_params, v_given, v_ver);
 END
 $$;
 

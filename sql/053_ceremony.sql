@@ -74,7 +74,7 @@ $$;
 -- it (expired, rejected_tampered).
 CREATE FUNCTION keyturn._vote(p_caller oid, a keyturn.action, p_token text, p_params jsonb,
                               p_given_hash text, p_quorum int)
-RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+RETURNS keyturn._outcome
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -85,8 +85,7 @@ DECLARE
 BEGIN
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = a.id AND x.tenant = a.tenant FOR NO KEY UPDATE;
     IF a.status <> 'pending' THEN
-        RETURN QUERY SELECT a.id, a.status::text, a.result;
-        RETURN;
+        RETURN ROW(a.id, a.status::text, a.result)::keyturn._outcome;
     END IF;
     IF clock_timestamp() <= a.expires_at
        AND (p_given_hash IS NULL OR keyturn._params_hash_matches(a.retain, a.params_hash, p_given_hash)) THEN
@@ -102,13 +101,12 @@ BEGIN
                                                                 || coalesce(keyturn._event_detail()::jsonb, '{}'));
         END IF;
         IF v_votes < p_quorum THEN
-            RETURN QUERY SELECT a.id, 'pending'::text, jsonb_build_object('votes', v_votes, 'quorum', p_quorum);
-            RETURN;
+            RETURN ROW(a.id, 'pending', jsonb_build_object('votes', v_votes, 'quorum', p_quorum))::keyturn._outcome;
         END IF;
     END IF;
     PERFORM keyturn._set_event_context(jsonb_build_object('quorum', p_quorum));
     v_claimed := keyturn._claim(a.tenant, a.id, p_token, v_principal, p_caller::regrole::text, 'quorum');
-    RETURN QUERY SELECT * FROM keyturn._after_claim(p_caller, v_claimed, p_token, p_params, p_given_hash);
+    RETURN keyturn._after_claim(p_caller, v_claimed, p_token, p_params, p_given_hash);
 END
 $$;
 

@@ -179,13 +179,12 @@ $$;
 -- (keyturn._scope_uncovered). The use is spent by one conditional UPDATE:
 -- concurrent proposals wait on the row, and the one that finds the uses gone
 -- is simply not covered (under REPEATABLE READ: fails to serialize).
-CREATE FUNCTION keyturn._spend_delegation(p_tenant text, p_action uuid, p_ver keyturn.tool_version, p_params jsonb,
-                                          p_count int)
+CREATE FUNCTION keyturn._spend_delegation(p_tenant text, p_principal text, p_epoch bigint,
+                                          p_ver keyturn.tool_version, p_params jsonb, p_count int)
 RETURNS keyturn.delegation
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    a     keyturn.action;
     c     keyturn.delegation;
     d     keyturn.delegation;
     v_now timestamptz;
@@ -193,16 +192,15 @@ BEGIN
     IF keyturn._not_delegable(p_ver) IS NOT NULL THEN
         RETURN NULL;
     END IF;
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_action AND x.tenant = p_tenant;
     v_now := clock_timestamp();
     FOR c IN
         SELECT x.* FROM keyturn.delegation x
-         WHERE x.tenant = a.tenant AND x.principal = a.principal AND x.tool = a.tool
+         WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_ver.tool
            AND x.tool_version = p_ver.version AND x.revoked_at IS NULL AND x.expires_at > v_now
-           AND x.uses < x.max_uses AND x.epoch = a.epoch
+           AND x.uses < x.max_uses AND x.epoch = p_epoch
          ORDER BY x.expires_at, x.id
     LOOP
-        CONTINUE WHEN keyturn._delegation_ended(c, p_ver.version, a.epoch, v_now) IS NOT NULL;
+        CONTINUE WHEN keyturn._delegation_ended(c, p_ver.version, p_epoch, v_now) IS NOT NULL;
         CONTINUE WHEN keyturn._scope_uncovered(c.scope, p_params, p_count) IS NOT NULL;
         v_now := clock_timestamp();
         UPDATE keyturn.delegation x SET uses = x.uses + 1

@@ -260,6 +260,11 @@ CREATE INDEX notification_batch_idx     ON keyturn.notification (batched_into, t
 SELECT pg_catalog.pg_extension_config_dump('keyturn.notify_channel', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.notification', '');
 
+-- What approve's and propose's internal steps return (sql/005_status.sql).
+CREATE TYPE keyturn._outcome AS (o_action_id uuid, o_status text, o_result jsonb);
+CREATE TYPE keyturn._proposed AS (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
+                                  o_expires_at timestamptz, o_status text, o_delegation_id uuid);
+
 
 -- ==== The functions of 0.3.0, from its install script ====
 
@@ -581,20 +586,24 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'inspect_params_wrapper';
 
--- pg_keyturn::validation::_inspect_params
-CREATE OR REPLACE FUNCTION "_inspect_params"(
+-- pg_keyturn::validation::_inspected
+CREATE OR REPLACE FUNCTION "_inspected"(
 	"tool" TEXT, /* & str */
 	"params" jsonb, /* JsonbText */
 	"params_schema" jsonb, /* JsonbText */
 	"withhold_values" bool /* bool */
-) RETURNS TABLE (
-	"credential_path" TEXT,  /* Option < String > */
-	"params_hash" TEXT,  /* Option < String > */
-	"schema_errors" TEXT  /* Option < String > */
-)
+) RETURNS TEXT[] /* Vec < Option < String > > */
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'inspect_params_withholding_wrapper';
+AS 'MODULE_PATHNAME', 'inspected_wrapper';
+
+-- pg_keyturn::form::_is_table
+CREATE OR REPLACE FUNCTION "_is_table"(
+	"table" oid /* Option < pg_sys :: Oid > */
+) RETURNS bool /* bool */
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'is_table_wrapper';
 
 -- pg_keyturn::committed::_latest_turn
 CREATE OR REPLACE FUNCTION "_latest_turn"(
@@ -645,6 +654,14 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'notify_target_hint_wrapper';
 
+-- pg_keyturn::canonical::_param_keys
+CREATE OR REPLACE FUNCTION "_param_keys"(
+	"params" jsonb /* JsonbText */
+) RETURNS TEXT[] /* Vec < String > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'param_keys_wrapper';
+
 -- pg_keyturn::validation::_params_errors
 CREATE OR REPLACE FUNCTION "_params_errors"(
 	"params_schema" jsonb, /* JsonbText */
@@ -690,7 +707,7 @@ CREATE OR REPLACE FUNCTION "_recheck_at_commit"(
 	"tenant" TEXT, /* & str */
 	"principal" TEXT, /* & str */
 	"epoch" bigint /* i64 */
-) RETURNS void
+) RETURNS TEXT /* String */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'recheck_at_commit_wrapper';
@@ -723,7 +740,7 @@ AS 'MODULE_PATHNAME', 'refuse_other_tenant_sql_wrapper';
 -- pg_keyturn::privilege::_refuse_rls_bypass
 CREATE OR REPLACE FUNCTION "_refuse_rls_bypass"(
 	"role" oid /* pg_sys :: Oid */
-) RETURNS void
+) RETURNS TEXT /* String */
 STRICT STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'refuse_rls_bypass_sql_wrapper';
@@ -793,6 +810,15 @@ CREATE OR REPLACE FUNCTION "_set_actor"(
 VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'set_actor_wrapper';
+
+-- pg_keyturn::form::_set_clauses
+CREATE OR REPLACE FUNCTION "_set_clauses"(
+	"types" jsonb, /* Option < JsonbText > */
+	"form" jsonb /* Option < JsonbText > */
+) RETURNS TEXT[] /* Vec < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_clauses_wrapper';
 
 -- pg_keyturn::actor::_set_event_context
 CREATE OR REPLACE FUNCTION "_set_event_context"(
@@ -870,6 +896,24 @@ CREATE OR REPLACE FUNCTION "_uuid_v7"() RETURNS uuid /* pgrx :: Uuid */
 STRICT VOLATILE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'uuid_v7_wrapper';
+
+-- pg_keyturn::form::_where_clause
+CREATE OR REPLACE FUNCTION "_where_clause"(
+	"types" jsonb, /* Option < JsonbText > */
+	"form" jsonb /* Option < JsonbText > */
+) RETURNS TEXT /* String */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'where_clause_wrapper';
+
+-- pg_keyturn::form::_written_keys
+CREATE OR REPLACE FUNCTION "_written_keys"(
+	"rows" jsonb, /* Option < JsonbText > */
+	"failed_only" bool /* bool */
+) RETURNS jsonb /* Option < RawJsonb > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'written_keys_wrapper';
 
 -- pg_keyturn::gate::human::approve
 CREATE OR REPLACE FUNCTION "approve"(
@@ -2540,7 +2584,7 @@ AS $$
 DECLARE
     v_name text := format('%I.%I', p_ver.sql_schema, p_ver.sql_table);
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = to_regclass(v_name) AND r.relkind IN ('r', 'p')) THEN
+    IF NOT keyturn._is_table(to_regclass(v_name)) THEN
         RAISE EXCEPTION 'keyturn: the table % of tool % (version %) does not exist', v_name, p_ver.tool, p_ver.version
             USING ERRCODE = '55000',
                   HINT = 'Restore or recreate the table, or register the tool again for the table it should use.';
@@ -2563,26 +2607,12 @@ $$;
 
 -- The WHERE clause of an sql tool's form, over the row alias t. Column names
 -- come only from the tool's registered lists, so nothing the agent sends is
--- spliced in.
+-- spliced in. Built in Rust (extension/src/form.rs); inlined where called.
 CREATE OR REPLACE FUNCTION keyturn._form_where(p_ver keyturn.tool_version, p_form jsonb)
 RETURNS text
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE sql IMMUTABLE
 AS $$
-DECLARE
-    k       text;
-    v       jsonb;
-    clauses text[] := '{}';
-BEGIN
-    FOR k, v IN SELECT e.key, e.value FROM jsonb_each(p_form -> 'where') e ORDER BY e.key COLLATE "C" LOOP
-        IF jsonb_typeof(v) = 'array' THEN
-            clauses := clauses || format('t.%I = ANY (ARRAY(SELECT jsonb_array_elements_text($1->''where''->%L))::%s[])',
-                                         k, k, p_ver.sql_types ->> k);
-        ELSE
-            clauses := clauses || format('t.%I = %s', k, keyturn._form_value(p_ver, 'where', k));
-        END IF;
-    END LOOP;
-    RETURN array_to_string(clauses, ' AND ');
-END
+    SELECT keyturn._where_clause(p_ver.sql_types, p_form)
 $$;
 
 CREATE OR REPLACE FUNCTION keyturn._version_expr(p_ver keyturn.tool_version)
@@ -2603,20 +2633,6 @@ AS $$
     SELECT keyturn._form_problem(p_ver.tool, p_ver.sql_where, p_ver.sql_set, p_ver.sql_types, p_form)
 $$;
 
--- Raises 22023 with what is wrong with the form.
-CREATE OR REPLACE FUNCTION keyturn._check_form(p_ver keyturn.tool_version, p_form jsonb)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-DECLARE
-    v_error text := keyturn._form_error(p_ver, p_form);
-BEGIN
-    IF v_error IS NOT NULL THEN
-        RAISE EXCEPTION 'keyturn: %', v_error USING ERRCODE = '22023';
-    END IF;
-END
-$$;
-
 -- Resolves the targets of an sql form as the caller (RLS applies). Returns
 -- [{"k": key, "v": version}, ...], 1 to max_targets of them.
 CREATE OR REPLACE FUNCTION keyturn._resolve_targets(p_caller oid, p_ver keyturn.tool_version, p_form jsonb)
@@ -2624,11 +2640,14 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_sql  text;
-    v_rows jsonb;
-    v_n    int;
+    v_sql   text;
+    v_rows  jsonb;
+    v_n     int;
+    v_error text := keyturn._form_error(p_ver, p_form);
 BEGIN
-    PERFORM keyturn._check_form(p_ver, p_form);
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: %', v_error USING ERRCODE = '22023';
+    END IF;
     -- Keys and versions are stored as text written under the settings
     -- _exec_as pins (DateStyle, TimeZone, ...), and compared in the column's
     -- own type at approve, so no session setting changes what they name.
@@ -2721,8 +2740,7 @@ $$;
 CREATE OR REPLACE FUNCTION keyturn._propose_for(p_caller oid, p_tenant text, p_principal text, p_session text,
                                      p_tool text, p_params jsonb, p_origin jsonb,
                                      p_revised_from uuid, p_revised_by text)
-RETURNS TABLE (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
-               o_expires_at timestamptz, o_status text, o_delegation_id uuid)
+RETURNS keyturn._proposed
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -2753,17 +2771,27 @@ DECLARE
     v_result    record;
     v_authors   text[] := ARRAY[p_principal];
     v_stored    text;
+    v_noted     text;
+    v_both      record;
+    v_inspected text[];
 BEGIN
-    PERFORM keyturn._require_member(p_tenant, p_principal, p_session);
+    -- Assigned, not PERFORMed (see keyturn._settle): no statement.
+    v_noted := keyturn._require_member(p_tenant, p_principal, p_session);
 
-    SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = p_tool;
+    -- The tool and its current version in one statement.
+    SELECT t AS tool, v AS ver INTO v_both
+      FROM keyturn.tool t
+      LEFT JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     WHERE t.name = p_tool;
+    IF FOUND THEN
+        v_tool := v_both.tool;
+        v_ver := v_both.ver;
+    END IF;
     IF NOT FOUND OR NOT v_tool.enabled THEN
         RAISE EXCEPTION 'keyturn: tool % is unknown or disabled', coalesce(quote_literal(p_tool), 'NULL')
             USING ERRCODE = '42704',
                   HINT = 'keyturn.classify(tool) says what a tool is; only registered, enabled write tools take proposals.';
     END IF;
-    SELECT v.* INTO v_ver FROM keyturn.tool_version v
-     WHERE v.tool = v_tool.name AND v.version = v_tool.version;
     IF v_ver.kind = 'read' THEN
         RAISE EXCEPTION 'keyturn: tool % is read-only and needs no proposal', p_tool
             USING ERRCODE = '22023';
@@ -2792,10 +2820,12 @@ BEGIN
         RAISE EXCEPTION 'keyturn: params must be a JSON object' USING ERRCODE = '22023';
     END IF;
     -- One parse for the credential scan, the hash and the schema (in that order).
-    SELECT i.credential_path, i.params_hash, i.schema_errors INTO v_path, v_hash, v_err
-      FROM keyturn._inspect_params(v_tool.name, p_params,
-               coalesce(CASE WHEN v_ver.executor = 'external' THEN v_ver.params_schema END, 'null'),
-               v_ver.retain = 'digest') i;
+    v_inspected := keyturn._inspected(v_tool.name, p_params,
+                       coalesce(CASE WHEN v_ver.executor = 'external' THEN v_ver.params_schema END, 'null'),
+                       v_ver.retain = 'digest');
+    v_path := v_inspected[1];
+    v_hash := v_inspected[2];
+    v_err := v_inspected[3];
     IF v_path IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: params hold credential material at %', v_path
             USING ERRCODE = '22023',
@@ -2810,9 +2840,8 @@ BEGIN
         v_request := keyturn._task_request(p_tenant, p_principal, p_session, v_origin);
         v_existing := keyturn._task_replay(p_tenant, p_principal, v_request, v_tool.name, v_hash);
         IF v_existing.id IS NOT NULL THEN
-            RETURN QUERY SELECT v_existing.id, NULL::text, coalesce(v_existing.summary, v_existing.tool),
-                                v_hash, v_existing.expires_at, v_existing.status::text, NULL::uuid;
-            RETURN;
+            RETURN ROW(v_existing.id, NULL, coalesce(v_existing.summary, v_existing.tool),
+                       v_hash, v_existing.expires_at, v_existing.status::text, NULL)::keyturn._proposed;
         END IF;
     END IF;
 
@@ -2888,7 +2917,7 @@ BEGIN
     -- Every value computed before the INSERT, none in it: Citus refuses a
     -- subquery in an INSERT and evaluates nothing volatile on a shard
     -- (docs/scale-out.md, layout B, step 5).
-    v_keys := ARRAY(SELECT k FROM jsonb_object_keys(p_params) k ORDER BY k COLLATE "C");
+    v_keys := keyturn._param_keys(p_params);
     IF p_revised_from IS NOT NULL THEN
         SELECT x.authors INTO v_authors FROM keyturn.action x
          WHERE x.id = p_revised_from AND x.tenant = p_tenant;
@@ -2907,7 +2936,7 @@ BEGIN
     v_binding := keyturn._token_binding(v_token, v_id, v_stored, v_expires);
     -- A revision written in a card session (opened from a link, whose
     -- holder may not be the person) says so, in its event and on its card.
-    PERFORM keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
+    v_noted := keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
         'revised_from', p_revised_from, 'revised_by', p_revised_by,
         'via', CASE WHEN p_revised_from IS NOT NULL AND keyturn._in_card_session() THEN 'card_session' END)));
     INSERT INTO keyturn.action (id, tenant, principal, session, tool, tool_version, executor, approval,
@@ -2938,26 +2967,22 @@ BEGIN
         PERFORM keyturn._set_event_context(jsonb_build_object('request', v_request.message_id));
         v_claimed := keyturn._claim(p_tenant, v_id, v_token, p_principal, v_request.recorded_role,
                                     'task:' || v_request.message_id);
-        SELECT * INTO v_result
-          FROM keyturn._after_claim(to_regrole(v_request.recorded_role)::oid, v_claimed, v_token, p_params, NULL);
+        v_result := keyturn._after_claim(to_regrole(v_request.recorded_role)::oid, v_claimed, v_token, p_params, NULL);
         -- The request's approval is this action's alone, not the rest of
         -- the transaction's.
         PERFORM keyturn._set_event_context(NULL);
-        RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, NULL::uuid;
-        RETURN;
+        RETURN ROW(v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, NULL)::keyturn._proposed;
     END IF;
     IF p_revised_from IS NULL THEN
-        v_deleg := keyturn._spend_delegation(p_tenant, v_id, v_ver, p_params, v_count);
+        v_deleg := keyturn._spend_delegation(p_tenant, p_principal, v_epoch, v_ver, p_params, v_count);
         IF v_deleg.id IS NOT NULL THEN
             PERFORM keyturn._set_event_context(jsonb_build_object(
                 'delegation', v_deleg.id, 'delegated_by', v_deleg.principal));
             v_claimed := keyturn._claim(p_tenant, v_id, v_token, v_deleg.principal, v_deleg.db_role,
                                         'delegation:' || v_deleg.id);
-            SELECT * INTO v_result
-              FROM keyturn._after_claim(to_regrole(v_deleg.db_role)::oid, v_claimed, v_token, p_params, NULL);
+            v_result := keyturn._after_claim(to_regrole(v_deleg.db_role)::oid, v_claimed, v_token, p_params, NULL);
             PERFORM keyturn._set_event_context(NULL);
-            RETURN QUERY SELECT v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, v_deleg.id;
-            RETURN;
+            RETURN ROW(v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, v_deleg.id)::keyturn._proposed;
         END IF;
     END IF;
 
@@ -2971,24 +2996,21 @@ BEGIN
         PERFORM keyturn._record_notifications(v_id, p_tenant);
     END IF;
 
-    -- The row by assignment, not a SELECT: no statement for the executor.
-    o_action_id := v_id; o_token := v_token; o_summary := v_summary; o_params_hash := v_hash;
-    o_expires_at := v_expires; o_status := 'pending'; o_delegation_id := NULL;
-    RETURN NEXT;
+    RETURN ROW(v_id, v_token, v_summary, v_hash, v_expires, 'pending', NULL)::keyturn._proposed;
 END
 $$;
 
 CREATE OR REPLACE FUNCTION keyturn._propose(p_caller oid, p_tool text, p_params jsonb, p_origin jsonb)
-RETURNS TABLE (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
-               o_expires_at timestamptz, o_status text, o_delegation_id uuid)
+RETURNS keyturn._proposed
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_principal text := keyturn.current_principal();
+    v_noted     text;
 BEGIN
-    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
-    RETURN QUERY SELECT * FROM keyturn._propose_for(
+    v_noted := keyturn._set_actor(p_caller::regrole::text, v_principal);
+    RETURN keyturn._propose_for(
         p_caller, keyturn.current_tenant(), v_principal, keyturn.current_session(),
         p_tool, p_params, p_origin, NULL, NULL);
 END
@@ -3102,10 +3124,12 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_tool  keyturn.tool;
-    v_epoch bigint;
-    v_how   text;
-    v_local regclass;
+    v_tool   keyturn.tool;
+    v_epoch  bigint;
+    v_member boolean;
+    v_how    text;
+    v_local  regclass;
+    v_noted  text;
 BEGIN
     -- Asked first, in Rust: without Citus, approve and begin_dispatch pay
     -- for no call of the plpgsql function per action.
@@ -3125,12 +3149,15 @@ BEGIN
     IF v_tool.version <> a.tool_version THEN
         RETURN format('tool %s changed from version %s to %s', a.tool, a.tool_version, v_tool.version);
     END IF;
-    SELECT e.epoch INTO v_epoch FROM keyturn.auth_epoch e
-     WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE;
+    -- The epoch (locked) and the membership in one statement.
+    SELECT (SELECT e.epoch FROM keyturn.auth_epoch e
+             WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE),
+           EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal)
+      INTO v_epoch, v_member;
     IF coalesce(v_epoch, 0) <> a.epoch THEN
         RETURN format('the authorization of principal %s changed (epoch %s, now %s)', a.principal, a.epoch, coalesce(v_epoch, 0));
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal) THEN
+    IF NOT v_member THEN
         RETURN format('principal %s is no longer a member of tenant %s', a.principal, a.tenant);
     END IF;
     IF NOT keyturn._has_grant(a.tenant, a.principal, a.tool) THEN
@@ -3152,7 +3179,7 @@ BEGIN
             RETURN format('the evidence it cites (%s) was revoked', v_how);
         END IF;
     END IF;
-    PERFORM keyturn._recheck_at_commit(a.tool, a.tool_version, a.tenant, a.principal, a.epoch);
+    v_noted := keyturn._recheck_at_commit(a.tool, a.tool_version, a.tenant, a.principal, a.epoch);
     RETURN NULL;
 END
 $$;
@@ -3167,27 +3194,33 @@ RETURNS text
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_tool  keyturn.tool;
-    v_epoch bigint;
-    v_local regclass;
+    v_enabled boolean;
+    v_version int;
+    v_epoch   bigint;
+    v_local   regclass;
 BEGIN
     IF keyturn._citus_present() THEN
         v_local := keyturn._local_placement('keyturn.tool');
     END IF;
     IF v_local IS NULL THEN
-        SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = p_tool;
+        -- The tool row and the epoch (as keyturn._epoch reads it) in one statement.
+        SELECT t.enabled, t.version,
+               coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
+                          WHERE e.tenant = p_tenant AND e.principal = p_principal), 0)
+          INTO v_enabled, v_version, v_epoch
+          FROM keyturn.tool t WHERE t.name = p_tool;
     ELSE
-        EXECUTE format('SELECT t.* FROM %s t WHERE t.name = $1', v_local) INTO v_tool USING p_tool;
+        EXECUTE format('SELECT t.enabled, t.version FROM %s t WHERE t.name = $1', v_local)
+           INTO v_enabled, v_version USING p_tool;
+        v_epoch := keyturn._epoch(p_tenant, p_principal);
     END IF;
-    IF v_tool.name IS NULL OR NOT v_tool.enabled THEN
+    IF v_enabled IS NOT TRUE THEN  -- no row: NULL
         RETURN format('tool %s was disabled', p_tool);
     END IF;
-    IF v_tool.version <> p_version THEN
-        RETURN format('tool %s changed from version %s to %s', p_tool, p_version, v_tool.version);
+    IF v_version <> p_version THEN
+        RETURN format('tool %s changed from version %s to %s', p_tool, p_version, v_version);
     END IF;
-    SELECT e.epoch INTO v_epoch FROM keyturn.auth_epoch e
-     WHERE e.tenant = p_tenant AND e.principal = p_principal;
-    IF coalesce(v_epoch, 0) <> p_epoch THEN
+    IF v_epoch <> p_epoch THEN
         RETURN format('the authorization of principal %s changed', p_principal);
     END IF;
     RETURN NULL;
@@ -3197,22 +3230,28 @@ $$;
 -- Persists a terminal outcome and returns it: after the claim, failures are
 -- answers, not errors. The claim's approval binding (a, made by _claim) is
 -- written with the outcome: one row version per approve.
+--
+-- The steps of approve and propose return keyturn._outcome (and
+-- keyturn._proposed), one row as a composite, and call one another in
+-- expressions (RETURN keyturn._settle(...)), and the Rust functions that
+-- return '' are assigned, not PERFORMed: an expression is evaluated without
+-- the executor, where each RETURN QUERY, PERFORM and SELECT INTO is a
+-- statement it starts and ends (docs/benchmarks.md, statements per flow).
 CREATE OR REPLACE FUNCTION keyturn._settle(a keyturn.action, p_status keyturn.status, p_result jsonb, p_detail jsonb)
-RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+RETURNS keyturn._outcome
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_now timestamptz := clock_timestamp();
+    v_now   timestamptz := clock_timestamp();
+    v_noted text;
 BEGIN
-    PERFORM keyturn._set_event_detail(p_detail);
+    v_noted := keyturn._set_event_detail(p_detail);
     UPDATE keyturn.action x
        SET updated_at = v_now, status = p_status, result = p_result,
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
      WHERE x.id = a.id AND x.tenant = a.tenant;
-    -- The row by assignment, not a SELECT: no statement for the executor.
-    o_action_id := a.id; o_status := p_status::text; o_result := p_result;
-    RETURN NEXT;
+    RETURN ROW(a.id, p_status::text, p_result)::keyturn._outcome;
 END
 $$;
 
@@ -3230,14 +3269,12 @@ $$;
 -- subtransaction. Keys and versions compare in the columns' own types, and
 -- every value written is the canonical text of what was hashed.
 CREATE OR REPLACE FUNCTION keyturn._execute_sql(p_runas oid, a keyturn.action, p_ver keyturn.tool_version)
-RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+RETURNS keyturn._outcome
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_arg     jsonb;
-    v_sets    text;
-    v_checks  text;
-    v_cols    text;
+    v_set     text[];
     v_sql     text;
     v_rows    jsonb;
     v_n       int := -1;
@@ -3247,11 +3284,8 @@ BEGIN
         'targets', (SELECT jsonb_agg(jsonb_build_object('k', t.key, 'v', t.version) ORDER BY t.ord)
                       FROM keyturn.action_target t WHERE t.action_id = a.id AND t.tenant = a.tenant));
 
-    SELECT string_agg(format('%I = %s', s.key, keyturn._form_value(p_ver, 'set', s.key)), ', ' ORDER BY s.key),
-           string_agg(format('(u.%I IS NOT DISTINCT FROM %s)', s.key, keyturn._form_value(p_ver, 'set', s.key)), ' AND ' ORDER BY s.key),
-           string_agg(format('t.%I', s.key), ', ' ORDER BY s.key)
-      INTO v_sets, v_checks, v_cols
-      FROM jsonb_object_keys(a.params -> 'set') AS s (key);
+    -- {the SET list, the postcondition over u, the columns RETURNING names}
+    v_set := keyturn._set_clauses(p_ver.sql_types, a.params);
 
     -- RETURNING names plain columns only, and the checks and the jsonb are
     -- built over the CTE: Citus refuses any non-IMMUTABLE function in the
@@ -3262,10 +3296,10 @@ BEGIN
         'WHERE t.%I = x.k::%s AND %s = x.v::%s AND %s '
         'RETURNING t.%I, %s) '
         'SELECT jsonb_build_object(''key'', u.%I::text, ''ok'', %s) FROM u',
-        keyturn._tool_table(p_ver), v_sets,
+        keyturn._tool_table(p_ver), v_set[1],
         p_ver.sql_key, p_ver.sql_types ->> p_ver.sql_key,
         keyturn._version_expr(p_ver), p_ver.sql_types ->> p_ver.sql_version,
-        keyturn._form_where(p_ver, a.params), p_ver.sql_key, v_cols, p_ver.sql_key, v_checks);
+        keyturn._form_where(p_ver, a.params), p_ver.sql_key, v_set[3], p_ver.sql_key, v_set[2]);
 
     BEGIN
         v_rows := keyturn._exec_as(p_runas, v_sql, v_arg);
@@ -3273,8 +3307,7 @@ BEGIN
         IF v_n <> a.target_count THEN
             RAISE EXCEPTION 'target count mismatch' USING ERRCODE = 'KT409';
         END IF;
-        SELECT jsonb_agg(r -> 'key') INTO v_bad FROM jsonb_array_elements(v_rows) r
-         WHERE NOT (r ->> 'ok')::boolean;
+        v_bad := keyturn._written_keys(v_rows, true);
         IF v_bad IS NOT NULL THEN
             RAISE EXCEPTION 'postcondition failed' USING ERRCODE = 'KT417';
         END IF;
@@ -3288,27 +3321,24 @@ BEGIN
              OR internal_error THEN
             RAISE;
         WHEN SQLSTATE 'KT409' THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a, 'conflict',
+            RETURN keyturn._settle(a, 'conflict',
                 jsonb_build_object('reason', 'targets changed since the proposal; propose again to see the new state',
                                    'expected', a.target_count, 'matched', v_n),
                 jsonb_build_object('expected', a.target_count, 'matched', v_n));
-            RETURN;
         WHEN SQLSTATE 'KT417' THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a, 'failed',
+            RETURN keyturn._settle(a, 'failed',
                 jsonb_build_object('reason', 'postcondition failed: targets do not hold the approved values after the write (a trigger changed them?); rolled back',
                                    'keys', v_bad),
                 jsonb_build_object('reason', 'postcondition failed'));
-            RETURN;
         WHEN OTHERS THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a, 'failed',
+            RETURN keyturn._settle(a, 'failed',
                 jsonb_build_object('reason', 'the business write failed and was rolled back',
                                    'sqlstate', SQLSTATE, 'message', SQLERRM),
                 jsonb_build_object('reason', 'business write failed', 'sqlstate', SQLSTATE));
-            RETURN;
     END;
 
-    RETURN QUERY SELECT * FROM keyturn._settle(a, 'succeeded',
-        jsonb_build_object('rows', v_n, 'keys', (SELECT jsonb_agg(r -> 'key') FROM jsonb_array_elements(v_rows) r)),
+    RETURN keyturn._settle(a, 'succeeded',
+        jsonb_build_object('rows', v_n, 'keys', keyturn._written_keys(v_rows, false)),
         jsonb_build_object('rows', v_n));
 END
 $$;
@@ -3353,7 +3383,7 @@ $$;
 -- changes once a proposal can name it), else it is read here.
 CREATE OR REPLACE FUNCTION keyturn._after_claim(p_runas oid, a keyturn.action, p_token text, p_params jsonb,
                                      p_given_hash text, p_ver keyturn.tool_version DEFAULT NULL)
-RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+RETURNS keyturn._outcome
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -3363,12 +3393,12 @@ DECLARE
     v_err    text;
     v_now    timestamptz;
     v_plain  text;
+    v_noted  text;
 BEGIN
     IF clock_timestamp() > a.expires_at THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a, 'expired',
+        RETURN keyturn._settle(a, 'expired',
             jsonb_build_object('reason', format('the proposal expired at %s', keyturn._utc(a.expires_at))),
             jsonb_build_object('reason', 'expired'));
-        RETURN;
     END IF;
     -- A digest action stores only a MAC of its params hash: the params
     -- resubmitted now (or proposed in this call: a task request, a standing
@@ -3376,10 +3406,9 @@ BEGIN
     IF a.retain = 'digest' THEN
         v_plain := coalesce(p_given_hash, keyturn.params_hash(a.tool, p_params));
         IF NOT keyturn._params_hash_matches(a.retain, a.params_hash, v_plain) THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
+            RETURN keyturn._settle(a, 'rejected_tampered',
                 jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
                 jsonb_build_object('reason', 'resubmitted params hash mismatch'));
-            RETURN;
         END IF;
     END IF;
     -- The token is bound to the stored params hash; a digest proposal made
@@ -3387,34 +3416,30 @@ BEGIN
     IF NOT keyturn._token_binds(p_token, a.id, a.params_hash, a.expires_at, a.token_binding)
        AND NOT (a.retain = 'digest'
                 AND keyturn._token_binds(p_token, a.id, v_plain, a.expires_at, a.token_binding)) THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
+        RETURN keyturn._settle(a, 'rejected_tampered',
             jsonb_build_object('reason', 'the stored proposal no longer matches what the token was issued for'),
             jsonb_build_object('reason', 'token binding mismatch'));
-        RETURN;
     END IF;
     v_reason := keyturn._invalid_reason(a);
     IF v_reason IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a, 'invalidated',
+        RETURN keyturn._settle(a, 'invalidated',
             jsonb_build_object('reason', v_reason), jsonb_build_object('reason', v_reason));
-        RETURN;
     END IF;
 
     IF a.retain = 'full' THEN
         IF keyturn.params_hash(a.tool, a.params) <> a.params_hash THEN
-            RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
+            RETURN keyturn._settle(a, 'rejected_tampered',
                 jsonb_build_object('reason', 'the stored params no longer match the proposal hash'),
                 jsonb_build_object('reason', 'stored params hash mismatch'));
-            RETURN;
         END IF;
         v_params := a.params;
     ELSE
         v_params := p_params;
     END IF;
     IF p_given_hash IS NOT NULL AND NOT keyturn._params_hash_matches(a.retain, a.params_hash, p_given_hash) THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a, 'rejected_tampered',
+        RETURN keyturn._settle(a, 'rejected_tampered',
             jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
             jsonb_build_object('reason', 'resubmitted params hash mismatch'));
-        RETURN;
     END IF;
 
     IF p_ver.tool IS NULL THEN
@@ -3429,39 +3454,36 @@ BEGIN
         v_err := keyturn._form_error(v_ver, v_params);
     END IF;
     IF v_err IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM keyturn._settle(a, 'invalidated',
+        RETURN keyturn._settle(a, 'invalidated',
             -- Validator messages quote the offending values: never store them for
             -- digest actions (docs/concepts.md, "Digest retention").
             jsonb_build_object('reason', 'params no longer pass the tool''s schema: '
                                || CASE WHEN a.retain = 'digest' THEN '(details withheld: digest retention)'
                                        ELSE v_err END),
             jsonb_build_object('reason', 'schema revalidation failed'));
-        RETURN;
     END IF;
 
     IF a.executor = 'sql' THEN
-        RETURN QUERY SELECT * FROM keyturn._execute_sql(p_runas, a, v_ver);
-        RETURN;
+        RETURN keyturn._execute_sql(p_runas, a, v_ver);
     END IF;
 
     IF a.retain = 'digest' THEN
         INSERT INTO keyturn.staged_payload (action_id, tenant, principal, params)
         VALUES (a.id, a.tenant, a.principal, v_params);
     END IF;
-    PERFORM keyturn._set_event_detail('{}');
+    v_noted := keyturn._set_event_detail('{}');
     v_now := clock_timestamp();
     UPDATE keyturn.action x
        SET updated_at = v_now, status = 'queued', next_attempt_at = v_now,
            approved_by = a.approved_by, approved_role = a.approved_role, approved_at = a.approved_at,
            approved_via = a.approved_via, approval_mac = a.approval_mac
      WHERE x.id = a.id AND x.tenant = a.tenant;
-    o_action_id := a.id; o_status := 'queued'; o_result := NULL;
-    RETURN NEXT;
+    RETURN ROW(a.id, 'queued', NULL)::keyturn._outcome;
 END
 $$;
 
 CREATE OR REPLACE FUNCTION keyturn._approve(p_caller oid, p_id uuid, p_token text, p_params jsonb)
-RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+RETURNS keyturn._outcome
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -3471,21 +3493,21 @@ DECLARE
     v_claimed   keyturn.action;
     v_given     text;
     v_ver       keyturn.tool_version;
+    v_noted     text;
 BEGIN
-    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    v_noted := keyturn._set_actor(p_caller::regrole::text, v_principal);
     a := keyturn._usable_action(p_id, p_token, 'approve');
 
     IF a.status <> 'pending' THEN
         -- A replay: the stored outcome, nothing run or charged twice.
-        RETURN QUERY SELECT a.id, a.status::text, a.result;
-        RETURN;
+        RETURN ROW(a.id, a.status::text, a.result)::keyturn._outcome;
     END IF;
     IF a.retain = 'digest' AND p_params IS NULL THEN
         RAISE EXCEPTION 'keyturn: action % keeps only a digest; approve must resubmit the reviewed params', p_id
             USING ERRCODE = '22023';
     END IF;
     IF a.executor = 'sql' THEN
-        PERFORM keyturn._refuse_rls_bypass(p_caller);
+        v_noted := keyturn._refuse_rls_bypass(p_caller);
     END IF;
     IF p_params IS NOT NULL THEN
         -- Hash before the claim: an unhashable payload raises and changes nothing.
@@ -3495,17 +3517,15 @@ BEGIN
     SELECT v.* INTO v_ver FROM keyturn.tool_version v
      WHERE v.tool = a.tool AND v.version = a.tool_version;
     IF v_ver.quorum > 1 THEN
-        RETURN QUERY SELECT * FROM keyturn._vote(p_caller, a, p_token, p_params, v_given, v_ver.quorum);
-        RETURN;
+        RETURN keyturn._vote(p_caller, a, p_token, p_params, v_given, v_ver.quorum);
     END IF;
 
     v_claimed := keyturn._claim(a.tenant, p_id, p_token, v_principal, p_caller::regrole::text, 'approve');
     IF v_claimed.id IS NULL THEN
         SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = a.tenant;
-        RETURN QUERY SELECT a.id, a.status::text, a.result;
-        RETURN;
+        RETURN ROW(a.id, a.status::text, a.result)::keyturn._outcome;
     END IF;
-    RETURN QUERY SELECT * FROM keyturn._after_claim(p_caller, v_claimed, p_token, p_params, v_given, v_ver);
+    RETURN keyturn._after_claim(p_caller, v_claimed, p_token, p_params, v_given, v_ver);
 END
 $$;
 
@@ -3976,7 +3996,7 @@ $$;
 -- it (expired, rejected_tampered).
 CREATE OR REPLACE FUNCTION keyturn._vote(p_caller oid, a keyturn.action, p_token text, p_params jsonb,
                               p_given_hash text, p_quorum int)
-RETURNS TABLE (o_action_id uuid, o_status text, o_result jsonb)
+RETURNS keyturn._outcome
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -3987,8 +4007,7 @@ DECLARE
 BEGIN
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = a.id AND x.tenant = a.tenant FOR NO KEY UPDATE;
     IF a.status <> 'pending' THEN
-        RETURN QUERY SELECT a.id, a.status::text, a.result;
-        RETURN;
+        RETURN ROW(a.id, a.status::text, a.result)::keyturn._outcome;
     END IF;
     IF clock_timestamp() <= a.expires_at
        AND (p_given_hash IS NULL OR keyturn._params_hash_matches(a.retain, a.params_hash, p_given_hash)) THEN
@@ -4004,13 +4023,12 @@ BEGIN
                                                                 || coalesce(keyturn._event_detail()::jsonb, '{}'));
         END IF;
         IF v_votes < p_quorum THEN
-            RETURN QUERY SELECT a.id, 'pending'::text, jsonb_build_object('votes', v_votes, 'quorum', p_quorum);
-            RETURN;
+            RETURN ROW(a.id, 'pending', jsonb_build_object('votes', v_votes, 'quorum', p_quorum))::keyturn._outcome;
         END IF;
     END IF;
     PERFORM keyturn._set_event_context(jsonb_build_object('quorum', p_quorum));
     v_claimed := keyturn._claim(a.tenant, a.id, p_token, v_principal, p_caller::regrole::text, 'quorum');
-    RETURN QUERY SELECT * FROM keyturn._after_claim(p_caller, v_claimed, p_token, p_params, p_given_hash);
+    RETURN keyturn._after_claim(p_caller, v_claimed, p_token, p_params, p_given_hash);
 END
 $$;
 
@@ -4309,13 +4327,12 @@ $$;
 -- (keyturn._scope_uncovered). The use is spent by one conditional UPDATE:
 -- concurrent proposals wait on the row, and the one that finds the uses gone
 -- is simply not covered (under REPEATABLE READ: fails to serialize).
-CREATE OR REPLACE FUNCTION keyturn._spend_delegation(p_tenant text, p_action uuid, p_ver keyturn.tool_version, p_params jsonb,
-                                          p_count int)
+CREATE OR REPLACE FUNCTION keyturn._spend_delegation(p_tenant text, p_principal text, p_epoch bigint,
+                                          p_ver keyturn.tool_version, p_params jsonb, p_count int)
 RETURNS keyturn.delegation
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    a     keyturn.action;
     c     keyturn.delegation;
     d     keyturn.delegation;
     v_now timestamptz;
@@ -4323,16 +4340,15 @@ BEGIN
     IF keyturn._not_delegable(p_ver) IS NOT NULL THEN
         RETURN NULL;
     END IF;
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_action AND x.tenant = p_tenant;
     v_now := clock_timestamp();
     FOR c IN
         SELECT x.* FROM keyturn.delegation x
-         WHERE x.tenant = a.tenant AND x.principal = a.principal AND x.tool = a.tool
+         WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_ver.tool
            AND x.tool_version = p_ver.version AND x.revoked_at IS NULL AND x.expires_at > v_now
-           AND x.uses < x.max_uses AND x.epoch = a.epoch
+           AND x.uses < x.max_uses AND x.epoch = p_epoch
          ORDER BY x.expires_at, x.id
     LOOP
-        CONTINUE WHEN keyturn._delegation_ended(c, p_ver.version, a.epoch, v_now) IS NOT NULL;
+        CONTINUE WHEN keyturn._delegation_ended(c, p_ver.version, p_epoch, v_now) IS NOT NULL;
         CONTINUE WHEN keyturn._scope_uncovered(c.scope, p_params, p_count) IS NOT NULL;
         v_now := clock_timestamp();
         UPDATE keyturn.delegation x SET uses = x.uses + 1

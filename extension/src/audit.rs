@@ -240,8 +240,33 @@ const WRITE_COLUMNS: usize = 12;
 /// microseconds since 2000-01-01), so the session's TimeZone is never read
 /// or set. Rows, not `INSERT … SELECT` over arrays: Citus routes a
 /// multi-row VALUES of one tenant to its shard from a delegated call.
-fn write_statement(n: usize) -> &'static str {
+///
+/// `moves_head`: the statement also moves the head (HEAD_MOVED, its four
+/// parameters after the rows'), in a data-modifying WITH: one statement
+/// fewer under the tenant's chain lock. Not on Citus, which does not plan
+/// two writes of distributed tables in one statement from a delegated call.
+fn write_statement(n: usize, moves_head: bool) -> &'static str {
     static WRITES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    static WRITES_MOVING: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    if moves_head {
+        let writes = WRITES_MOVING.get_or_init(|| {
+            (1..=ROWS_PER_WRITE)
+                .map(|rows| {
+                    let p = |c: usize| format!("${}", rows * WRITE_COLUMNS + c);
+                    format!(
+                        "WITH written AS ({}) UPDATE keyturn.audit_chain c SET events = {}::bigint, head = {}, \
+                         last_id = {}::bigint WHERE c.tenant = {}",
+                        write_statement(rows, false),
+                        p(2),
+                        p(3),
+                        p(4),
+                        p(1)
+                    )
+                })
+                .collect()
+        });
+        return writes[n - 1].as_str();
+    }
     let writes = WRITES.get_or_init(|| {
         (1..=ROWS_PER_WRITE)
             .map(|rows| {
@@ -351,22 +376,36 @@ pub fn write_pending() {
                 Some(hash),
             ]);
         }
-        for chunk in rows.chunks(ROWS_PER_WRITE * WRITE_COLUMNS) {
+        let moved = [
+            t,
+            Some((count + events.len() as i64).to_string()),
+            Some(prev),
+            ids.last().cloned(),
+        ];
+        let chunks: Vec<&[Option<String>]> = rows.chunks(ROWS_PER_WRITE * WRITE_COLUMNS).collect();
+        let together = local.is_none() && !crate::citus::active();
+        for (i, chunk) in chunks.iter().enumerate() {
             let n = chunk.len() / WRITE_COLUMNS;
-            on_latest(write_statement(n), chunk, &vec![text; chunk.len()], false);
+            if together && i + 1 == chunks.len() {
+                let args: Vec<Option<String>> = chunk.iter().chain(&moved).cloned().collect();
+                on_latest(
+                    write_statement(n, true),
+                    &args,
+                    &vec![text; args.len()],
+                    false,
+                );
+            } else {
+                on_latest(
+                    write_statement(n, false),
+                    chunk,
+                    &vec![text; chunk.len()],
+                    false,
+                );
+            }
         }
-        let last_id = ids.last().cloned();
-        on_latest(
-            HEAD_MOVED,
-            &[
-                t,
-                Some((count + events.len() as i64).to_string()),
-                Some(prev),
-                last_id,
-            ],
-            &[text; 4],
-            false,
-        );
+        if !together {
+            on_latest(HEAD_MOVED, &moved, &[text; 4], false);
+        }
         crate::citus::end_local(local);
         start = end;
     }

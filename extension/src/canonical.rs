@@ -24,6 +24,21 @@ fn params_hash(tool: &str, params: JsonbText) -> String {
     canonical::params_hash_str(tool, &params.0).or_raise()
 }
 
+/// The keys of a params object in byte order (as COLLATE "C" sorts them,
+/// not RFC 8785's UTF-16 order): what `keyturn.action.param_keys` stores.
+/// Rust, not `ARRAY(SELECT … ORDER BY …)`: that was a statement per propose.
+#[pg_extern(name = "_param_keys", immutable, strict, parallel_safe)]
+fn param_keys(params: JsonbText) -> Vec<String> {
+    match canonical::parse_bounded(&params.0).or_raise() {
+        Value::Object(members) => {
+            let mut keys: Vec<String> = members.into_iter().map(|(k, _)| k).collect();
+            keys.sort();
+            keys
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// An sql tool's form as its statements read it: every value in `where`
 /// and `set` replaced by what the database must store for it -- the
 /// canonical text of what was hashed (a JSON string; null stays null), or,

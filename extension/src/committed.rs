@@ -234,8 +234,15 @@ fn committed_staged(tenant: &str, principal: &str) -> String {
 /// Notes that an approval decision of this transaction read `tool` at
 /// `version` and the principal's authorization at `epoch`; the commit
 /// checks them again. Called by keyturn._invalid_reason when it passes.
+/// Returns '' (assigned, not PERFORMed: no statement).
 #[pg_extern(name = "_recheck_at_commit", volatile, parallel_unsafe)]
-fn recheck_at_commit(tool: &str, version: i32, tenant: &str, principal: &str, epoch: i64) {
+fn recheck_at_commit(
+    tool: &str,
+    version: i32,
+    tenant: &str,
+    principal: &str,
+    epoch: i64,
+) -> String {
     // SAFETY: a plain read of the backend's transaction state.
     let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
     NOTED.with(|noted| {
@@ -249,6 +256,7 @@ fn recheck_at_commit(tool: &str, version: i32, tenant: &str, principal: &str, ep
             epoch,
         })
     });
+    String::new()
 }
 
 /// At PRE_COMMIT (and PRE_PREPARE, a Citus worker's two-phase commit): each

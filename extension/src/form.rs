@@ -11,7 +11,8 @@
 use pgrx::prelude::*;
 use serde_json::{Map, Value};
 
-use crate::jsonb_text::JsonbText;
+use crate::error::KeyturnError;
+use crate::jsonb_text::{JsonbText, RawJsonb};
 
 /// The first problem of `form`, or NULL; the keys of `where` and `set` are
 /// taken in jsonb's order (shorter first, then by bytes), so the problem
@@ -40,14 +41,7 @@ fn form_problem(
         Some(Ok(types)) => types,
         Some(Err(_)) => return Some(format!("tool {tool} has column types keyturn cannot read")),
     };
-    // A type as `sql_types ->> k` gives it: a string's text, else the JSON.
-    let type_of = |k: &str| {
-        types.get(k).and_then(|t| match t {
-            Value::Null => None,
-            Value::String(s) => Some(s.clone()),
-            other => Some(other.to_string()),
-        })
-    };
+    let type_of = |k: &str| column_type(&types, k);
     let listed = |cols: Option<Vec<Option<String>>>| {
         cols.into_iter().flatten().flatten().collect::<Vec<_>>()
     };
@@ -109,6 +103,146 @@ fn form_problem(
     None
 }
 
+/// The WHERE clause of an sql tool's form over the row alias `t`, as propose
+/// and approve splice it into their statements: each column of `where`, in
+/// byte order (as COLLATE "C"), compared with its value read from the jsonb
+/// parameter `$1` (never from the statement text); a list with `= ANY`.
+/// Column names come only from a form `_form_problem` has passed.
+///
+/// Rust, not plpgsql: the loop over the keys was a statement the executor
+/// started and ended in every propose and every approve.
+#[pg_extern(name = "_where_clause", immutable, parallel_safe)]
+fn where_clause(types: Option<JsonbText>, form: Option<JsonbText>) -> String {
+    let types = read("the tool's column types", types);
+    let form = read("the form", form);
+    let Some(wheres) = form.get("where").and_then(Value::as_object) else {
+        return String::new();
+    };
+    let mut keys: Vec<&String> = wheres.keys().collect();
+    keys.sort();
+    keys.iter()
+        .map(|&k| {
+            let t = column_type(&types, k).unwrap_or_default();
+            if wheres[k].is_array() {
+                format!(
+                    "t.{} = ANY (ARRAY(SELECT jsonb_array_elements_text($1->'where'->{}))::{t}[])",
+                    quote_ident(k),
+                    quote_literal(k)
+                )
+            } else {
+                format!("t.{} = {}", quote_ident(k), form_value(&types, "where", k))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// The parts of an sql tool's UPDATE made of its form's `set`, each column
+/// in byte order: the SET list, the postcondition over the updated row `u`,
+/// and the columns RETURNING names (`{sets, checks, columns}`).
+#[pg_extern(name = "_set_clauses", immutable, parallel_safe)]
+fn set_clauses(types: Option<JsonbText>, form: Option<JsonbText>) -> Vec<String> {
+    let types = read("the tool's column types", types);
+    let form = read("the form", form);
+    let mut keys: Vec<&String> = form
+        .get("set")
+        .and_then(Value::as_object)
+        .map(|sets| sets.keys().collect())
+        .unwrap_or_default();
+    keys.sort();
+    let each = |f: &dyn Fn(&str) -> String, sep: &str| {
+        keys.iter().map(|k| f(k)).collect::<Vec<_>>().join(sep)
+    };
+    vec![
+        each(
+            &|k| format!("{} = {}", quote_ident(k), form_value(&types, "set", k)),
+            ", ",
+        ),
+        each(
+            &|k| {
+                format!(
+                    "(u.{} IS NOT DISTINCT FROM {})",
+                    quote_ident(k),
+                    form_value(&types, "set", k)
+                )
+            },
+            " AND ",
+        ),
+        each(&|k| format!("t.{}", quote_ident(k)), ", "),
+    ]
+}
+
+/// The `key` of each row an sql tool's write returned (`[{"key", "ok"}]`),
+/// or of those whose postcondition failed (`failed_only`); NULL for none.
+#[pg_extern(name = "_written_keys", immutable, parallel_safe)]
+fn written_keys(rows: Option<JsonbText>, failed_only: bool) -> Option<RawJsonb> {
+    let rows = read("the written rows", rows);
+    let keys: Vec<&Value> = rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| !failed_only || r.get("ok") == Some(&Value::Bool(false)))
+        .map(|r| r.get("key").unwrap_or(&Value::Null))
+        .collect();
+    if keys.is_empty() {
+        return None;
+    }
+    Some(RawJsonb::parse(
+        &Value::from(keys.into_iter().cloned().collect::<Vec<_>>()).to_string(),
+    ))
+}
+
+/// Whether `table` is an ordinary or partitioned table (a tool's table must
+/// be one; a view or a name that is gone is not). A catalog cache lookup.
+#[pg_extern(name = "_is_table", stable, parallel_safe)]
+fn is_table(table: Option<pg_sys::Oid>) -> bool {
+    let Some(table) = table else {
+        return false;
+    };
+    // SAFETY: a syscache lookup; '\0' for an OID that names no relation.
+    let kind = unsafe { pg_sys::get_rel_relkind(table) } as u8;
+    kind == pg_sys::RELKIND_RELATION || kind == pg_sys::RELKIND_PARTITIONED_TABLE
+}
+
+/// A form's value as the column's type, read from `$1` (the canonical form
+/// `_form_arg` made of what was hashed): `->` for a json or jsonb column.
+fn form_value(types: &Value, part: &str, column: &str) -> String {
+    let t = column_type(types, column).unwrap_or_default();
+    let arrow = if t == "json" || t == "jsonb" {
+        "->"
+    } else {
+        "->>"
+    };
+    format!(
+        "($1->{}{arrow}{})::{t}",
+        quote_literal(part),
+        quote_literal(column)
+    )
+}
+
+/// A column's type as `sql_types ->> column` gives it: a string's text, else
+/// the JSON; None when it has none.
+fn column_type(types: &Value, column: &str) -> Option<String> {
+    types.get(column).and_then(|t| match t {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    })
+}
+
+/// A jsonb argument keyturn itself made or admitted (NULL reads as null).
+fn read(what: &str, j: Option<JsonbText>) -> Value {
+    match j.map(|j| keyturn_core::canonical::parse_bounded(&j.0)) {
+        None => Value::Null,
+        Some(Ok(v)) => v,
+        Some(Err(e)) => KeyturnError::InvalidArgument {
+            message: format!("{what} cannot be read: {e}"),
+            hint: "The form is checked at propose; this one was not.",
+        }
+        .raise(),
+    }
+}
+
 fn shape(tool: &str) -> String {
     format!(r#"params of sql tool {tool} must be exactly {{"where": {{...}}, "set": {{...}}}}"#)
 }
@@ -129,11 +263,31 @@ fn in_jsonb_order(o: &Map<String, Value>) -> Vec<(&String, &Value)> {
     members
 }
 
+/// jsonb holds no NUL, so only a hand-made call gets here; a name is
+/// never let through unquoted.
+fn nul_in_name() -> ! {
+    KeyturnError::InvalidArgument {
+        message: "a column name or value holds a NUL character".into(),
+        hint: "Column names and form keys are text without NUL.",
+    }
+    .raise()
+}
+
+/// PostgreSQL's quote_literal.
+fn quote_literal(text: &str) -> String {
+    let c = std::ffi::CString::new(text).unwrap_or_else(|_| nul_in_name());
+    // SAFETY: quote_literal_cstr reads a NUL-terminated string and returns a
+    // palloc'd quoted copy, read here before the memory context ends.
+    unsafe {
+        std::ffi::CStr::from_ptr(pg_sys::quote_literal_cstr(c.as_ptr()))
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
 /// PostgreSQL's quote_ident.
 fn quote_ident(name: &str) -> String {
-    let Ok(c) = std::ffi::CString::new(name) else {
-        return name.to_owned();
-    };
+    let c = std::ffi::CString::new(name).unwrap_or_else(|_| nul_in_name());
     // SAFETY: quote_identifier reads a NUL-terminated string and returns it
     // or a palloc'd quoted copy, read here before the memory context ends.
     unsafe {

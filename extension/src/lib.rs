@@ -107,7 +107,12 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/050_propose.sql",
     name = "propose",
-    requires = ["register", exec_as::exec_as, form::form_problem]
+    requires = [
+        "register",
+        exec_as::exec_as,
+        form::form_problem,
+        form::where_clause
+    ]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/051_approve.sql",

@@ -221,9 +221,11 @@ pub fn refuse_agents(what: &str) {
 
 /// `keyturn._refuse_rls_bypass(role)`: the check below, for approve to make
 /// before the claim (inside the business write it would be an outcome).
+/// Returns '', so that plpgsql assigns it rather than PERFORM a statement.
 #[pgrx::pg_extern(name = "_refuse_rls_bypass", stable, strict, parallel_safe)]
-fn refuse_rls_bypass_sql(role: pg_sys::Oid) {
+fn refuse_rls_bypass_sql(role: pg_sys::Oid) -> String {
     refuse_rls_bypass(role);
+    String::new()
 }
 
 /// Refuses roles that would not be bound by row-level security.

@@ -134,28 +134,25 @@ fn inspect_params(
         name!(schema_errors, Option<String>),
     ),
 > {
-    inspect(tool, &params, &params_schema, false)
+    TableIterator::once(inspect(tool, &params, &params_schema, false))
 }
 
-/// [`inspect_params`] whose violations name no value when `withhold_values`
-/// (a digest-retention tool's: the server log keeps every error message).
-/// An overload, not a new argument of the one above: until `ALTER EXTENSION
-/// UPDATE` runs, the previous version's SQL calls that one with three.
-#[pg_extern(name = "_inspect_params", immutable, strict, parallel_safe)]
-fn inspect_params_withholding(
+/// [`inspect_params`] as propose asks it, `{credential_path, params_hash,
+/// schema_errors}` in one array, whose violations name no value when
+/// `withhold_values` (a digest-retention tool's: the server log keeps every
+/// error message). An array, so that plpgsql assigns it: `SELECT … FROM` a
+/// function was a statement of every propose. Another name, not an
+/// overload: until `ALTER EXTENSION UPDATE` runs, the previous version's SQL
+/// calls the one above with three arguments.
+#[pg_extern(name = "_inspected", immutable, strict, parallel_safe)]
+fn inspected(
     tool: &str,
     params: JsonbText,
     params_schema: JsonbText,
     withhold_values: bool,
-) -> TableIterator<
-    'static,
-    (
-        name!(credential_path, Option<String>),
-        name!(params_hash, Option<String>),
-        name!(schema_errors, Option<String>),
-    ),
-> {
-    inspect(tool, &params, &params_schema, withhold_values)
+) -> Vec<Option<String>> {
+    let (path, hash, errors) = inspect(tool, &params, &params_schema, withhold_values);
+    vec![path, hash, errors]
 }
 
 fn inspect(
@@ -163,17 +160,10 @@ fn inspect(
     params: &JsonbText,
     params_schema: &JsonbText,
     withhold_values: bool,
-) -> TableIterator<
-    'static,
-    (
-        name!(credential_path, Option<String>),
-        name!(params_hash, Option<String>),
-        name!(schema_errors, Option<String>),
-    ),
-> {
+) -> (Option<String>, Option<String>, Option<String>) {
     let value = parse(params);
     if let Some(path) = credentials::find_credential(&value) {
-        return TableIterator::once((Some(path), None, None));
+        return (Some(path), None, None);
     }
     let hash = keyturn_core::canonical::params_hash(tool, &value).or_raise();
     let errors = if params_schema.0 == "null" {
@@ -188,7 +178,7 @@ fn inspect(
         .err()
         .map(|e| e.to_string())
     };
-    TableIterator::once((None, Some(hash), errors))
+    (None, Some(hash), errors)
 }
 
 /// Raises 22023 unless `scope` is a valid scope; returns it normalized.

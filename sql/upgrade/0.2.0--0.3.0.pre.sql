@@ -253,3 +253,8 @@ CREATE INDEX notification_sent_idx      ON keyturn.notification (tenant, princip
 CREATE INDEX notification_batch_idx     ON keyturn.notification (batched_into, tenant) WHERE batched_into IS NOT NULL;
 SELECT pg_catalog.pg_extension_config_dump('keyturn.notify_channel', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.notification', '');
+
+-- What approve's and propose's internal steps return (sql/005_status.sql).
+CREATE TYPE keyturn._outcome AS (o_action_id uuid, o_status text, o_result jsonb);
+CREATE TYPE keyturn._proposed AS (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
+                                  o_expires_at timestamptz, o_status text, o_delegation_id uuid);

@@ -3,8 +3,10 @@
 
 use pgrx::prelude::*;
 
-use super::{as_owner, refuse_other_tenant, required};
-use crate::jsonb_text::JsonbText;
+use super::{
+    as_owner, call_as_owner, column, nullable, refuse_other_tenant, required, required_column,
+};
+use crate::jsonb_text::{JsonbText, RawJsonb};
 use crate::privilege::refuse_inside_business_statement;
 
 /// Agent: stores an immutable proposal and returns its one-time token. A
@@ -31,26 +33,48 @@ fn propose(
     ),
 > {
     refuse_inside_business_statement("propose");
-    TableIterator::new(as_owner(
-        "SELECT * FROM keyturn._propose($1, $2, $3::pg_catalog.jsonb, $4::pg_catalog.jsonb)",
-        &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
-        vec![
-            tool.into(),
-            params.map(|p| p.0).into(),
-            origin.map(|o| o.0).into(),
+    let raw = |j: &Option<JsonbText>| j.as_ref().map(|j| RawJsonb::parse(&j.0));
+    call_as_owner(
+        "keyturn._propose",
+        &[
+            &nullable(tool.clone()),
+            &nullable(raw(&params)),
+            &nullable(raw(&origin)),
         ],
-        |row| {
-            Ok((
-                required(row, 1)?,
-                row.get(2)?,
-                required(row, 3)?,
-                required(row, 4)?,
-                required(row, 5)?,
-                required(row, 6)?,
-                row.get(7)?,
+        |col| {
+            TableIterator::once((
+                required_column(col(1)),
+                column(col(2)),
+                required_column(col(3)),
+                required_column(col(4)),
+                required_column(col(5)),
+                required_column(col(6)),
+                column(col(7)),
             ))
         },
-    ))
+    )
+    .unwrap_or_else(|| {
+        TableIterator::new(as_owner(
+            "SELECT * FROM keyturn._propose($1, $2, $3::pg_catalog.jsonb, $4::pg_catalog.jsonb)",
+            &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+            vec![
+                tool.into(),
+                params.map(|p| p.0).into(),
+                origin.map(|o| o.0).into(),
+            ],
+            |row| {
+                Ok((
+                    required(row, 1)?,
+                    row.get(2)?,
+                    required(row, 3)?,
+                    required(row, 4)?,
+                    required(row, 5)?,
+                    required(row, 6)?,
+                    row.get(7)?,
+                ))
+            },
+        ))
+    })
 }
 
 /// Agent: `propose` for the tenant named, which must be the caller's own

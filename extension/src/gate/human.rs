@@ -6,7 +6,9 @@
 
 use pgrx::prelude::*;
 
-use super::{as_owner, refuse_other_tenant, required};
+use super::{
+    as_owner, call_as_owner, column, nullable, refuse_other_tenant, required, required_column,
+};
 use crate::jsonb_text::{JsonbText, RawJsonb};
 use crate::privilege::refuse_agents;
 
@@ -57,11 +59,29 @@ fn approved(
     token: Option<String>,
     params: Option<JsonbText>,
 ) -> Outcomes {
-    outcomes(
-        "SELECT * FROM keyturn._approve($1, $2, $3, $4::pg_catalog.jsonb)",
-        &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
-        vec![action_id.into(), token.into(), params.map(|p| p.0).into()],
+    let raw = params.as_ref().map(|p| RawJsonb::parse(&p.0));
+    call_as_owner(
+        "keyturn._approve",
+        &[
+            &nullable(action_id),
+            &nullable(token.clone()),
+            &nullable(raw),
+        ],
+        |col| {
+            TableIterator::once((
+                required_column(col(1)),
+                required_column(col(2)),
+                column(col(3)),
+            ))
+        },
     )
+    .unwrap_or_else(|| {
+        outcomes(
+            "SELECT * FROM keyturn._approve($1, $2, $3, $4::pg_catalog.jsonb)",
+            &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+            vec![action_id.into(), token.into(), params.map(|p| p.0).into()],
+        )
+    })
 }
 
 /// Human: `approve` for the tenant named, which must be the caller's own

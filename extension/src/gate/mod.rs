@@ -17,6 +17,7 @@ mod agent;
 mod human;
 
 use pgrx::datum::DatumWithOid;
+use pgrx::fn_call::{fn_call, Arg, FnCallArg, FnCallError};
 use pgrx::prelude::*;
 use pgrx::spi::{SpiHeapTupleData, SpiResult};
 
@@ -82,6 +83,100 @@ fn as_owner<R>(
         Ok(rows)
     })
     .unwrap_or_else(|e| error!("keyturn: internal statement failed: {e}"))
+}
+
+/// Calls one of the state machine's steps that returns one row as a
+/// composite (`keyturn._outcome`, `keyturn._proposed`) as the extension
+/// owner, with the caller's role as its first argument, through the function
+/// manager: unlike `as_owner`'s `SELECT * FROM …`, no statement for the
+/// executor to start and end, and no tuplestore. The function is looked up
+/// by name and argument types at each call (a syscache probe), so an
+/// extension upgrade that recreates it is never called by a stale OID.
+/// `read` takes the row's columns by number.
+///
+/// None when the function is the previous version's, which returned a
+/// table (0.2.0's SQL, until `ALTER EXTENSION UPDATE` runs): the caller then
+/// runs it with `as_owner`, as that version did.
+fn call_as_owner<R>(
+    function: &str,
+    args: &[&dyn FnCallArg],
+    read: impl FnOnce(&dyn Fn(usize) -> (pg_sys::Datum, bool)) -> R,
+) -> Option<R> {
+    let caller = Arg::Value(current_user());
+    let _as_owner = RoleSwitch::to(extension_owner());
+    let mut all: Vec<&dyn FnCallArg> = Vec::with_capacity(args.len() + 1);
+    all.push(&caller);
+    all.extend_from_slice(args);
+    let row = match fn_call::<Composite>(function, &all) {
+        Ok(Some(row)) => row,
+        Ok(None) => error!("keyturn: internal call of {function} returned NULL"),
+        Err(FnCallError::UnsupportedArgumentModes) => return None,
+        Err(e) => error!("keyturn: internal call of {function} failed: {e}"),
+    };
+    // SAFETY: the datum is the composite the function returned (fn_call
+    // checked its return type is one); plpgsql may hand back an expanded
+    // record, which detoasting flattens once, here.
+    let header = unsafe { pg_sys::pg_detoast_datum(row.0.cast_mut_ptr()) };
+    Some(read(&|column| {
+        let mut null = false;
+        // SAFETY: a flat composite datum; GetAttributeByNum reads a column
+        // of it by its type's descriptor.
+        let datum = unsafe {
+            pg_sys::GetAttributeByNum(
+                header.cast(),
+                i16::try_from(column).unwrap_or(i16::MAX),
+                &mut null,
+            )
+        };
+        (datum, null)
+    }))
+}
+
+/// A composite datum as a function returned it, read with
+/// GetAttributeByNum; fn_call accepts it for any composite return type.
+struct Composite(pg_sys::Datum);
+
+impl FromDatum for Composite {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<Self> {
+        (!is_null).then_some(Composite(datum))
+    }
+}
+
+impl IntoDatum for Composite {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(self.0)
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::RECORDOID
+    }
+
+    fn is_compatible_with(other: pg_sys::Oid) -> bool {
+        // SAFETY: a type cache lookup of a type OID from pg_proc.
+        other == pg_sys::RECORDOID || unsafe { pg_sys::type_is_rowtype(other) }
+    }
+}
+
+/// A column of `call_as_owner`'s row.
+fn column<T: FromDatum>(value: (pg_sys::Datum, bool)) -> Option<T> {
+    // SAFETY: the column's type is the one the caller names for it (the
+    // composite type's declaration in sql/005_status.sql).
+    unsafe { T::from_datum(value.0, value.1) }
+}
+
+/// A column of `call_as_owner`'s row that the state machine never leaves NULL.
+fn required_column<T: FromDatum>(value: (pg_sys::Datum, bool)) -> T {
+    column(value)
+        .unwrap_or_else(|| error!("keyturn: internal call returned NULL in a required column"))
+}
+
+/// An argument for `call_as_owner`: SQL NULL for None.
+fn nullable<T: IntoDatum + Clone>(value: Option<T>) -> Arg<T> {
+    value.map_or(Arg::Null, Arg::Value)
 }
 
 /// A column the state machine never leaves NULL.

@@ -676,7 +676,7 @@ async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
         .await
         .unwrap();
     let p = w
-        .propose(&t, json!({"channel": "c", "text": "PIN 4721"}))
+        .propose(&t, json!({"channel": "c", "text": "PIN qz4721vk"}))
         .await
         .unwrap();
     let d = connect("app_dispatcher").await;
@@ -684,7 +684,7 @@ async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
     assert_eq!(leased.len(), 1);
     let l = &leased[0];
     assert_eq!(l.idempotency_key, format!("keyturn-notify-{}", l.action_id));
-    assert!(!l.params.as_ref().unwrap().to_string().contains("4721"));
+    assert!(!l.params.as_ref().unwrap().to_string().contains("qz4721vk"));
     // Before begin, no message.
     assert_eq!(
         sqlstate(
@@ -709,7 +709,7 @@ async fn test_the_message_carries_a_fresh_one_time_link_and_never_params() {
     assert_eq!(title, format!("Approval needed: {t}"));
     assert!(body.contains("Effect: irreversible"), "{body}");
     for text in [&title, &body, &actions.to_string()] {
-        assert!(!text.contains("4721"), "never a param: {text}");
+        assert!(!text.contains("qz4721vk"), "never a param: {text}");
         assert!(!text.contains(&p.token), "never a token");
     }
     assert_eq!(actions[0]["action_id"], json!(p.id));
