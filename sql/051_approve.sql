@@ -60,6 +60,7 @@ DECLARE
     v_session   text := keyturn.current_session();
     v_role      text;
     v_problem   text;
+    v_noted     text;
     a           keyturn.action;
 BEGIN
     v_role := keyturn._require_member(v_tenant, v_principal, v_session);
@@ -82,6 +83,14 @@ BEGIN
             USING ERRCODE = '55000',
                   DETAIL = format('action %s', p_id),
                   HINT = 'Use the token propose returned for this action. A wrong token does not use the proposal up.';
+    END IF;
+    -- The caller's own membership, role and grant were read on this
+    -- transaction's snapshot; a decision (not a preview) commits only if
+    -- the caller's authorization is unchanged then (each of those changes
+    -- moves the epoch): under REPEATABLE READ a member removed after the
+    -- snapshot decides nothing.
+    IF p_for <> 'preview' THEN
+        v_noted := keyturn._recheck_epoch_at_commit(v_tenant, v_principal, keyturn._epoch(v_tenant, v_principal));
     END IF;
     RETURN a;
 END
@@ -167,6 +176,8 @@ $$;
 -- (keyturn._recheck_at_commit, extension/src/committed.rs), on the newest
 -- committed data: why the tool version or the proposer's authorization it
 -- was decided on no longer holds, or NULL. No lock: a commit never waits.
+-- p_tool NULL: the authorization alone (the approver's own, a counted
+-- vote's: keyturn._recheck_epoch_at_commit).
 CREATE FUNCTION keyturn._commit_problem(p_tool text, p_version int, p_tenant text, p_principal text,
                                         p_epoch bigint)
 RETURNS text
@@ -181,7 +192,9 @@ BEGIN
     IF keyturn._citus_present() THEN
         v_local := keyturn._local_placement('keyturn.tool');
     END IF;
-    IF v_local IS NULL THEN
+    IF p_tool IS NULL THEN
+        v_epoch := keyturn._epoch(p_tenant, p_principal);
+    ELSIF v_local IS NULL THEN
         -- The tool row and the epoch (as keyturn._epoch reads it) in one statement.
         SELECT t.enabled, t.version,
                coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
@@ -193,10 +206,10 @@ BEGIN
            INTO v_enabled, v_version USING p_tool;
         v_epoch := keyturn._epoch(p_tenant, p_principal);
     END IF;
-    IF v_enabled IS NOT TRUE THEN  -- no row: NULL
+    IF p_tool IS NOT NULL AND v_enabled IS NOT TRUE THEN  -- no row: NULL
         RETURN format('tool %s was disabled', p_tool);
     END IF;
-    IF v_version <> p_version THEN
+    IF p_tool IS NOT NULL AND v_version <> p_version THEN
         RETURN format('tool %s changed from version %s to %s', p_tool, p_version, v_version);
     END IF;
     IF v_epoch <> p_epoch THEN

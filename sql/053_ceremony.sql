@@ -51,17 +51,27 @@ $$;
 -- grant, and whose authorization has not changed since they voted.
 -- plpgsql, not sql: Citus cannot plan an SQL function's parameter in a
 -- statement on distributed tables (layout B, docs/scale-out.md).
+CREATE FUNCTION keyturn._counted_votes(p_id uuid, p_tenant text, p_tool text)
+RETURNS TABLE (o_principal text, o_epoch bigint)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY
+        SELECT x.principal, x.epoch
+          FROM keyturn.vote x
+          JOIN keyturn.member m ON m.tenant = p_tenant AND m.principal = x.principal
+         WHERE x.action_id = p_id AND x.tenant = p_tenant AND m.role IN ('approver', 'admin')
+           AND keyturn._has_grant(p_tenant, x.principal, p_tool)
+           AND keyturn._epoch(p_tenant, x.principal) = x.epoch;
+END
+$$;
+
 CREATE FUNCTION keyturn._votes(p_id uuid, p_tenant text, p_tool text)
 RETURNS int
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    RETURN (SELECT count(*)::int
-              FROM keyturn.vote x
-              JOIN keyturn.member m ON m.tenant = p_tenant AND m.principal = x.principal
-             WHERE x.action_id = p_id AND x.tenant = p_tenant AND m.role IN ('approver', 'admin')
-               AND keyturn._has_grant(p_tenant, x.principal, p_tool)
-               AND keyturn._epoch(p_tenant, x.principal) = x.epoch);
+    RETURN (SELECT count(*)::int FROM keyturn._counted_votes(p_id, p_tenant, p_tool));
 END
 $$;
 
@@ -82,6 +92,9 @@ DECLARE
     v_claimed   keyturn.action;
     v_new       boolean;
     v_votes     int;
+    v_voter     text;
+    v_epoch     bigint;
+    v_noted     text;
 BEGIN
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = a.id AND x.tenant = a.tenant FOR NO KEY UPDATE;
     IF a.status <> 'pending' THEN
@@ -103,6 +116,14 @@ BEGIN
         IF v_votes < p_quorum THEN
             RETURN ROW(a.id, 'pending', jsonb_build_object('votes', v_votes, 'quorum', p_quorum))::keyturn._outcome;
         END IF;
+    END IF;
+    -- The votes that met the quorum were counted on this transaction's
+    -- snapshot: it commits only if each voter's authorization is unchanged
+    -- then (a voter removed since, under REPEATABLE READ, counts for nothing).
+    IF v_votes >= p_quorum THEN
+        FOR v_voter, v_epoch IN SELECT c.o_principal, c.o_epoch FROM keyturn._counted_votes(a.id, a.tenant, a.tool) c LOOP
+            v_noted := keyturn._recheck_epoch_at_commit(a.tenant, v_voter, v_epoch);
+        END LOOP;
     END IF;
     PERFORM keyturn._set_event_context(jsonb_build_object('quorum', p_quorum));
     v_claimed := keyturn._claim(a.tenant, a.id, p_token, v_principal, p_caller::regrole::text, 'quorum');

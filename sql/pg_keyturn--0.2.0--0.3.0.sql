@@ -712,6 +712,16 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'recheck_at_commit_wrapper';
 
+-- pg_keyturn::committed::_recheck_epoch_at_commit
+CREATE OR REPLACE FUNCTION "_recheck_epoch_at_commit"(
+	"tenant" TEXT, /* & str */
+	"principal" TEXT, /* & str */
+	"epoch" bigint /* i64 */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'recheck_epoch_at_commit_wrapper';
+
 -- pg_keyturn::validation::_redact
 CREATE OR REPLACE FUNCTION "_redact"(
 	"receipt" jsonb /* JsonbText */
@@ -3081,6 +3091,7 @@ DECLARE
     v_session   text := keyturn.current_session();
     v_role      text;
     v_problem   text;
+    v_noted     text;
     a           keyturn.action;
 BEGIN
     v_role := keyturn._require_member(v_tenant, v_principal, v_session);
@@ -3103,6 +3114,14 @@ BEGIN
             USING ERRCODE = '55000',
                   DETAIL = format('action %s', p_id),
                   HINT = 'Use the token propose returned for this action. A wrong token does not use the proposal up.';
+    END IF;
+    -- The caller's own membership, role and grant were read on this
+    -- transaction's snapshot; a decision (not a preview) commits only if
+    -- the caller's authorization is unchanged then (each of those changes
+    -- moves the epoch): under REPEATABLE READ a member removed after the
+    -- snapshot decides nothing.
+    IF p_for <> 'preview' THEN
+        v_noted := keyturn._recheck_epoch_at_commit(v_tenant, v_principal, keyturn._epoch(v_tenant, v_principal));
     END IF;
     RETURN a;
 END
@@ -3188,6 +3207,8 @@ $$;
 -- (keyturn._recheck_at_commit, extension/src/committed.rs), on the newest
 -- committed data: why the tool version or the proposer's authorization it
 -- was decided on no longer holds, or NULL. No lock: a commit never waits.
+-- p_tool NULL: the authorization alone (the approver's own, a counted
+-- vote's: keyturn._recheck_epoch_at_commit).
 CREATE OR REPLACE FUNCTION keyturn._commit_problem(p_tool text, p_version int, p_tenant text, p_principal text,
                                         p_epoch bigint)
 RETURNS text
@@ -3202,7 +3223,9 @@ BEGIN
     IF keyturn._citus_present() THEN
         v_local := keyturn._local_placement('keyturn.tool');
     END IF;
-    IF v_local IS NULL THEN
+    IF p_tool IS NULL THEN
+        v_epoch := keyturn._epoch(p_tenant, p_principal);
+    ELSIF v_local IS NULL THEN
         -- The tool row and the epoch (as keyturn._epoch reads it) in one statement.
         SELECT t.enabled, t.version,
                coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
@@ -3214,10 +3237,10 @@ BEGIN
            INTO v_enabled, v_version USING p_tool;
         v_epoch := keyturn._epoch(p_tenant, p_principal);
     END IF;
-    IF v_enabled IS NOT TRUE THEN  -- no row: NULL
+    IF p_tool IS NOT NULL AND v_enabled IS NOT TRUE THEN  -- no row: NULL
         RETURN format('tool %s was disabled', p_tool);
     END IF;
-    IF v_version <> p_version THEN
+    IF p_tool IS NOT NULL AND v_version <> p_version THEN
         RETURN format('tool %s changed from version %s to %s', p_tool, p_version, v_version);
     END IF;
     IF v_epoch <> p_epoch THEN
@@ -3973,17 +3996,27 @@ $$;
 -- grant, and whose authorization has not changed since they voted.
 -- plpgsql, not sql: Citus cannot plan an SQL function's parameter in a
 -- statement on distributed tables (layout B, docs/scale-out.md).
+CREATE OR REPLACE FUNCTION keyturn._counted_votes(p_id uuid, p_tenant text, p_tool text)
+RETURNS TABLE (o_principal text, o_epoch bigint)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY
+        SELECT x.principal, x.epoch
+          FROM keyturn.vote x
+          JOIN keyturn.member m ON m.tenant = p_tenant AND m.principal = x.principal
+         WHERE x.action_id = p_id AND x.tenant = p_tenant AND m.role IN ('approver', 'admin')
+           AND keyturn._has_grant(p_tenant, x.principal, p_tool)
+           AND keyturn._epoch(p_tenant, x.principal) = x.epoch;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION keyturn._votes(p_id uuid, p_tenant text, p_tool text)
 RETURNS int
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    RETURN (SELECT count(*)::int
-              FROM keyturn.vote x
-              JOIN keyturn.member m ON m.tenant = p_tenant AND m.principal = x.principal
-             WHERE x.action_id = p_id AND x.tenant = p_tenant AND m.role IN ('approver', 'admin')
-               AND keyturn._has_grant(p_tenant, x.principal, p_tool)
-               AND keyturn._epoch(p_tenant, x.principal) = x.epoch);
+    RETURN (SELECT count(*)::int FROM keyturn._counted_votes(p_id, p_tenant, p_tool));
 END
 $$;
 
@@ -4004,6 +4037,9 @@ DECLARE
     v_claimed   keyturn.action;
     v_new       boolean;
     v_votes     int;
+    v_voter     text;
+    v_epoch     bigint;
+    v_noted     text;
 BEGIN
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = a.id AND x.tenant = a.tenant FOR NO KEY UPDATE;
     IF a.status <> 'pending' THEN
@@ -4025,6 +4061,14 @@ BEGIN
         IF v_votes < p_quorum THEN
             RETURN ROW(a.id, 'pending', jsonb_build_object('votes', v_votes, 'quorum', p_quorum))::keyturn._outcome;
         END IF;
+    END IF;
+    -- The votes that met the quorum were counted on this transaction's
+    -- snapshot: it commits only if each voter's authorization is unchanged
+    -- then (a voter removed since, under REPEATABLE READ, counts for nothing).
+    IF v_votes >= p_quorum THEN
+        FOR v_voter, v_epoch IN SELECT c.o_principal, c.o_epoch FROM keyturn._counted_votes(a.id, a.tenant, a.tool) c LOOP
+            v_noted := keyturn._recheck_epoch_at_commit(a.tenant, v_voter, v_epoch);
+        END LOOP;
     END IF;
     PERFORM keyturn._set_event_context(jsonb_build_object('quorum', p_quorum));
     v_claimed := keyturn._claim(a.tenant, a.id, p_token, v_principal, p_caller::regrole::text, 'quorum');

@@ -42,7 +42,9 @@ struct Noted {
     /// The role the decision ran as (the extension owner): the commit runs
     /// its check as that role, whoever the session is.
     owner: pg_sys::Oid,
-    tool: String,
+    /// None: only the principal's authorization was decided on (the
+    /// approver's own, `_recheck_epoch_at_commit`).
+    tool: Option<String>,
     version: i32,
     tenant: String,
     principal: String,
@@ -243,13 +245,28 @@ fn recheck_at_commit(
     principal: &str,
     epoch: i64,
 ) -> String {
+    note(Some(tool), version, tenant, principal, epoch)
+}
+
+/// Notes that a decision of this transaction was taken by `principal` (the
+/// person approving, rejecting or revising, or a vote that counted) on
+/// their authorization at `epoch`, as the transaction read it; the commit
+/// checks it again on committed data, so that a member removed, demoted or
+/// whose grant was revoked after a REPEATABLE READ snapshot decides nothing
+/// (docs/security.md, row 82). Returns ''.
+#[pg_extern(name = "_recheck_epoch_at_commit", volatile, parallel_unsafe)]
+fn recheck_epoch_at_commit(tenant: &str, principal: &str, epoch: i64) -> String {
+    note(None, 0, tenant, principal, epoch)
+}
+
+fn note(tool: Option<&str>, version: i32, tenant: &str, principal: &str, epoch: i64) -> String {
     // SAFETY: a plain read of the backend's transaction state.
     let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
     NOTED.with(|noted| {
         noted.borrow_mut().push(Noted {
             level,
             owner: privilege::current_user(),
-            tool: tool.into(),
+            tool: tool.map(str::to_owned),
             version,
             tenant: tenant.into(),
             principal: principal.into(),
@@ -264,6 +281,22 @@ fn recheck_at_commit(
 /// first that no longer holds fails the commit with 40001.
 pub fn check_noted() {
     let noted = NOTED.with(|noted| std::mem::take(&mut *noted.borrow_mut()));
+    // A tool's check reads the principal's epoch too: an authorization
+    // noted alone that one of them covers (a person approving their own
+    // agent's proposal) is not read again.
+    let covered: std::collections::HashSet<(&str, &str, i64)> = noted
+        .iter()
+        .filter(|n| n.tool.is_some())
+        .map(|n| (n.tenant.as_str(), n.principal.as_str(), n.epoch))
+        .collect();
+    let noted: Vec<Noted> = noted
+        .iter()
+        .filter(|n| {
+            n.tool.is_some()
+                || !covered.contains(&(n.tenant.as_str(), n.principal.as_str(), n.epoch))
+        })
+        .cloned()
+        .collect();
     let mut seen = std::collections::HashSet::new();
     for n in noted {
         if !seen.insert((
@@ -283,7 +316,7 @@ pub fn check_noted() {
         let problem = latest_text(
             "SELECT keyturn._commit_problem($1, $2::int, $3, $4, $5::bigint)",
             &[
-                Some(n.tool),
+                n.tool,
                 Some(n.version.to_string()),
                 Some(n.tenant),
                 Some(n.principal),

@@ -635,6 +635,135 @@ async fn test_a_revoked_standing_approval_covers_nothing_under_repeatable_read()
     .await;
 }
 
+// --- 5b. The approver's own authorization, on committed data (fifth pass) ------
+
+/// Under REPEATABLE READ an approve whose snapshot was taken before
+/// `meanwhile` changed the approver's own membership, role or grant (each
+/// bumps the approver's epoch): refused, or its commit fails (40001); the
+/// action stays pending. On the earlier build the approver's side was read
+/// on the snapshot alone, and the approval committed.
+async fn approve_after_the_approver_changed(meanwhile: &str, with_tool: bool) {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({"approval": "independent"})).await;
+    let (erin, erin_conn) = w.other("approver", "app_human", "erin-1").await;
+    w.grant(&erin, &t).await;
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "x"}))
+        .await
+        .unwrap();
+    let tx = erin_conn.transaction_with(RR).await.unwrap();
+    tx.query_one("SELECT 1", &[]).await.unwrap();
+    if with_tool {
+        w.admin
+            .execute(meanwhile, &[&w.tenant, &erin, &t])
+            .await
+            .unwrap();
+    } else {
+        w.admin
+            .execute(meanwhile, &[&w.tenant, &erin])
+            .await
+            .unwrap();
+    }
+    let answer = match tx
+        .query_one(
+            "SELECT status FROM keyturn.approve($1, $2)",
+            &[&p.id, &p.token],
+        )
+        .await
+    {
+        Ok(row) => {
+            let status: String = row.get(0);
+            match tx.commit().await {
+                Ok(()) => format!("committed {status}"),
+                Err(e) => sqlstate::<()>(Err(e)),
+            }
+        }
+        Err(e) => {
+            let state = sqlstate::<()>(Err(e));
+            tx.rollback().await.ok();
+            state
+        }
+    };
+    assert!(
+        answer == "40001" || answer == "42501",
+        "{meanwhile}: approved on a stale snapshot: {answer}"
+    );
+    assert_eq!(w.status(p.id).await, "pending");
+}
+
+#[tokio::test]
+async fn test_a_removed_approver_approves_nothing_under_repeatable_read() {
+    approve_after_the_approver_changed("SELECT keyturn.remove_member($1, $2)", false).await;
+}
+
+#[tokio::test]
+async fn test_a_demoted_approver_approves_nothing_under_repeatable_read() {
+    approve_after_the_approver_changed("SELECT keyturn.add_member($1, $2, 'member')", false).await;
+}
+
+#[tokio::test]
+async fn test_an_approver_whose_grant_was_revoked_approves_nothing_under_repeatable_read() {
+    approve_after_the_approver_changed("SELECT keyturn.revoke_tool($1, $2, $3)", true).await;
+}
+
+/// A quorum vote cast by an approver removed since no longer counts, even
+/// for a deciding voter whose REPEATABLE READ snapshot predates the removal.
+#[tokio::test]
+async fn test_a_removed_voters_vote_does_not_complete_a_quorum_under_repeatable_read() {
+    let w = World::new("member").await;
+    let t = w
+        .webhook_tool(json!({"approval": "independent", "quorum": 2}))
+        .await;
+    let mut voters = Vec::new();
+    for i in 0..2 {
+        let (v, c) = w.other("approver", "app_human", &format!("v{i}")).await;
+        w.grant(&v, &t).await;
+        voters.push((v, c));
+    }
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "x"}))
+        .await
+        .unwrap();
+    let (status, _) = approve_on(&voters[0].1, p.id, &p.token, None)
+        .await
+        .unwrap();
+    assert_eq!(status, "pending");
+    let tx = voters[1].1.transaction_with(RR).await.unwrap();
+    tx.query_one("SELECT 1", &[]).await.unwrap();
+    w.admin
+        .execute(
+            "SELECT keyturn.remove_member($1, $2)",
+            &[&w.tenant, &voters[0].0],
+        )
+        .await
+        .unwrap();
+    let answer = match tx
+        .query_one(
+            "SELECT status FROM keyturn.approve($1, $2)",
+            &[&p.id, &p.token],
+        )
+        .await
+    {
+        Ok(row) => {
+            let status: String = row.get(0);
+            match tx.commit().await {
+                Ok(()) => format!("committed {status}"),
+                Err(e) => sqlstate::<()>(Err(e)),
+            }
+        }
+        Err(e) => {
+            let state = sqlstate::<()>(Err(e));
+            tx.rollback().await.ok();
+            state
+        }
+    };
+    assert!(
+        answer == "40001" || answer == "committed pending",
+        "a removed voter's vote completed the quorum: {answer}"
+    );
+    assert_eq!(w.status(p.id).await, "pending");
+}
+
 // --- 6. No agent transaction delays the kill switch --------------------------
 
 /// A covered proposal left open by its agent: 0.2.0 held FOR SHARE on the
