@@ -61,11 +61,16 @@ UPDATE keyturn.action a SET authors = array_remove(ARRAY[a.principal, a.revised_
  WHERE a.authors IS NULL;
 ALTER TABLE keyturn.action ALTER COLUMN authors SET NOT NULL;
 
--- A standing approval is bound to the tool version it was given for. Those
--- made under 0.2.0 are bound to the version their tool has now, the one
--- they have been covering.
+-- A standing approval is bound to the tool version it was given for. 0.2.0
+-- did not record it: it is the newest version registered by the time the
+-- approval was given (tool_version.created_at), not the tool's version now,
+-- which would let an approval given for version 1 cover a version 2 that
+-- nobody approved (fifth red-team pass). One that no version predates is
+-- bound to none (0), and covers nothing.
 ALTER TABLE keyturn.delegation ADD COLUMN tool_version int;
-UPDATE keyturn.delegation d SET tool_version = t.version FROM keyturn.tool t WHERE t.name = d.tool;
+UPDATE keyturn.delegation d
+   SET tool_version = coalesce((SELECT max(v.version) FROM keyturn.tool_version v
+                                 WHERE v.tool = d.tool AND v.created_at <= d.created_at), 0);
 ALTER TABLE keyturn.delegation ALTER COLUMN tool_version SET NOT NULL;
 
 -- The staging quota's lock row per principal (sql/056_files.sql).

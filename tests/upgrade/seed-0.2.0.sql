@@ -160,6 +160,21 @@ SELECT keyturn._delegate('app_human'::regrole, 'up_hook_rev', '{"params": {"n": 
 COMMIT;
 BEGIN; SELECT pg_temp.propose('delegated_queued', 'up_hook_rev', '{"n": 16}'); COMMIT;
 
+-- A standing approval given under a tool's first version, the tool
+-- registered again since (version 2 sets another field). 0.2.0 let it cover
+-- the new version; 0.3.0 binds a standing approval to the version it was
+-- given for, and the upgrade must bind this one to version 1, so that it
+-- covers nothing (upgrade-check proposes under it).
+SELECT keyturn.register_tool('up_hook_v', '{"executor": "external", "provider": "webhook", "effect": "reversible",
+    "params_schema": {"type": "object", "properties": {"n": {"type": "integer"}}}}');
+SELECT keyturn.grant_tool('up', 'alice', 'up_hook_v');
+BEGIN;
+SELECT set_config('keyturn.tenant', 'up', true), set_config('keyturn.principal', 'alice', true), set_config('keyturn.session', 's1', true);
+SELECT keyturn._delegate('app_human'::regrole, 'up_hook_v', '{"params": {"n": {"max": 100}}}', 3, '1 day');
+COMMIT;
+SELECT keyturn.register_tool('up_hook_v', '{"executor": "external", "provider": "webhook", "effect": "irreversible",
+    "params_schema": {"type": "object", "properties": {"n": {"type": "integer"}, "to": {"type": "string"}}}}');
+
 -- A task request recorded by the person, and the task call it admitted.
 BEGIN;
 SELECT set_config('keyturn.tenant', 'up', true), set_config('keyturn.principal', 'alice', true), set_config('keyturn.session', 's1', true);
