@@ -85,6 +85,16 @@ pub enum Error {
     #[error("/mcp holds as many sessions as it may")]
     McpSessionsFull,
 
+    /// A session's second standalone stream (`GET /mcp`) while its first is
+    /// open: one per session (`mcp::streams`).
+    #[error("this MCP session has its stream open already")]
+    McpStreamOpen,
+
+    /// Every slot for standalone streams is taken (half of
+    /// `KEYTURN_SERVER_CONNECTIONS`).
+    #[error("/mcp holds as many streams as it may")]
+    McpStreamsFull,
+
     /// `/rpc/<name>` for a function keyturnd does not expose, or with
     /// arguments it does not take (PostgREST's `PGRST202`).
     #[error("{message}")]
@@ -284,6 +294,20 @@ impl IntoResponse for Error {
                 "/mcp holds as many sessions as KEYTURN_MCP_MAX_SESSIONS allows; try again shortly",
                 None,
                 Some("a client that ends its session (DELETE /mcp) frees it at once; an idle one ends after five minutes"),
+            ),
+            Error::McpStreamOpen => body(
+                StatusCode::CONFLICT,
+                "KT409",
+                "this MCP session has its stream (GET /mcp) open already; one per session",
+                None,
+                Some("close the open stream first; requests of the session are answered on their own POSTs"),
+            ),
+            Error::McpStreamsFull => body(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "KT503",
+                "/mcp holds as many streams (GET /mcp) as it may: half of KEYTURN_SERVER_CONNECTIONS; try again shortly",
+                None,
+                Some("the other half stays for cards, /rpc and tool calls; a client does not need the stream to call tools"),
             ),
             Error::NotReady => body(
                 StatusCode::SERVICE_UNAVAILABLE,

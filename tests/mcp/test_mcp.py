@@ -987,6 +987,57 @@ async def _():
             psql("SELECT keyturn.set_tool_enabled('chat.history', true)")
 
 
+def raw_stream(token, sid):
+    """A standalone stream (GET /mcp) of session `sid`, opened by hand and
+    never read past its status line: (socket, HTTP status; 0 when keyturnd
+    closed the connection at once)."""
+    s = socket.create_connection(("127.0.0.1", KEYTURND_PORT), timeout=BOUND)
+    s.sendall((f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{KEYTURND_PORT}\r\n"
+               f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n"
+               f"Mcp-Session-Id: {sid}\r\nMCP-Protocol-Version: 2025-11-25\r\n\r\n").encode())
+    head = b""
+    while b"\r\n" not in head:
+        try:
+            byte = s.recv(1)
+        except OSError:
+            byte = b""
+        if not byte:
+            return s, 0
+        head += byte
+    return s, int(head.split()[1])
+
+
+@check("idle_streams_hold_at_most_half_the_connections")
+async def _():
+    """Fifth red-team pass (docs/security.md, row 84): a standalone stream
+    (GET /mcp) is the one request the request timeout does not end, and
+    rmcp kept up to 32 per session, so one agent's eight sessions held
+    every connection keyturnd serves: cards, /rpc and /healthz were refused
+    at accept for as long as it liked. One stream per session (409), at
+    most half of KEYTURN_SERVER_CONNECTIONS in all (503)."""
+    with keyturnd_with(KEYTURN_SERVER_CONNECTIONS="8"):
+        token = jwt(session="streams")
+        sids = [open_session(token) for _ in range(5)]
+        held, statuses = [], []
+        try:
+            for sid in sids:
+                s, status = raw_stream(token, sid)
+                statuses.append(status)
+                if status == 200:
+                    held.append(s)
+                else:
+                    s.close()
+            again, second = raw_stream(token, sids[0])
+            again.close()
+            assert statuses == [200, 200, 200, 200, 503], statuses
+            assert second == 409, f"a session's second stream: {second}"
+            r = httpx2.get(f"{BASE}/healthz", timeout=BOUND)
+            assert r.status_code == 200, r.status_code
+        finally:
+            for s in held:
+                s.close()
+
+
 @check("no_token_link_code_or_jwt_in_any_response")
 async def _():
     assert responses, "no response was kept"

@@ -14,10 +14,12 @@
 //! | module | what |
 //! |---|---|
 //! | [`server`] | the MCP handler: `tools/list`, `tools/call`, `tasks/*` |
+//! | [`streams`] | the standalone streams (`GET /mcp`): one per session, half the connections in all |
 //! | [`task`] | the Tasks extension: a proposal's task, its card link |
 //! | [`upstream`] | the upstream MCP servers: sessions, discovery, calls |
 
 pub mod server;
+pub mod streams;
 pub mod task;
 pub mod upstream;
 
@@ -75,6 +77,8 @@ pub struct Mcp {
     /// so this bounds what one agent spends of the upstream's quota, which
     /// every tenant shares through keyturnd's credentials.
     upstream_reads: tokio::sync::Semaphore,
+    /// The sessions' standalone streams (`GET /mcp`).
+    streams: Arc<streams::Streams>,
 }
 
 /// Sessions one identity holds at most: opening another ends its oldest. A
@@ -167,6 +171,7 @@ impl Mcp {
             max_sessions: config.mcp_max_sessions,
             links: task::Links::default(),
             upstream_reads: tokio::sync::Semaphore::new(config.mcp_connections.max(1)),
+            streams: streams::Streams::new(config.server_connections),
         }))
     }
 
@@ -246,7 +251,28 @@ async fn authenticate(State(mcp): State<Arc<Mcp>>, mut request: Request, next: N
             }
             request.extensions_mut().insert(verified);
             let ends_session = request.method() == axum::http::Method::DELETE;
+            // A standalone stream is held until the client lets it go: its
+            // slot first (docs/security.md, row 84).
+            let slot = match (&session, request.method() == axum::http::Method::GET) {
+                (Some(id), true) => match mcp.streams.open(id) {
+                    Ok(slot) => Some(slot),
+                    Err(refused) => {
+                        mcp.metrics.mcp_call("auth", "stream_refused");
+                        return match refused {
+                            streams::Refused::Open => Error::McpStreamOpen,
+                            streams::Refused::Full => Error::McpStreamsFull,
+                        }
+                        .into_response();
+                    }
+                },
+                _ => None,
+            };
             let mut response = next.run(request).await;
+            if let Some(slot) = slot {
+                if response.status() == axum::http::StatusCode::OK {
+                    response = slot.hold(response);
+                }
+            }
             if ends_session && response.status() == axum::http::StatusCode::ACCEPTED {
                 // rmcp answers a session's end 202; the official SDKs take 200
                 // or 204 (the Python client logs any other as a failure).
