@@ -1038,6 +1038,31 @@ async def _():
                 s.close()
 
 
+@check("a_nul_in_a_call_is_refused_before_the_database_logs_its_values")
+async def _():
+    """Fifth red-team pass (docs/security.md, row 85): a NUL character
+    (U+0000) is valid JSON that PostgreSQL's jsonb refuses, and its error
+    quotes the document, values and all, into the server log. keyturnd
+    refuses such a call itself (-32602), in the arguments or in _meta."""
+    secret = "NULSECRET" + uuid.uuid4().hex[:12]
+    log = os.environ["KT_PGLOG"]
+    before = os.path.getsize(log)
+    before_actions = psql("SELECT count(*) FROM keyturn.action WHERE tenant = 'mcpt'")
+    async with client() as c:
+        for arguments, meta in (({"channel": secret + "\u0000", "text": "x"}, None),
+                                ({"channel": "general", "text": "x"}, {"conversation_id": secret + "\u0000"})):
+            try:
+                r = await call(c, "chat.send_message", arguments, meta)
+            except Exception as e:  # the SDK raises the JSON-RPC error
+                assert "NUL character" in str(e), e
+                continue
+            raise AssertionError(f"a call with a NUL was answered: {r}")
+    assert psql("SELECT count(*) FROM keyturn.action WHERE tenant = 'mcpt'") == before_actions
+    with open(log, errors="replace") as f:
+        f.seek(before)
+        assert secret not in f.read(), "the value reached the server log"
+
+
 @check("no_token_link_code_or_jwt_in_any_response")
 async def _():
     assert responses, "no response was kept"

@@ -94,6 +94,22 @@ pub fn prints_as_another(value: &str) -> bool {
         || value.nfkc().ne(value.chars())
 }
 
+/// Whether a JSON document holds the NUL character (U+0000) in a string or
+/// a key. PostgreSQL's jsonb cannot store it, and its error quotes the
+/// document up to that point into the server log, values included (a
+/// digest-retained tool's among them): keyturnd refuses such a document
+/// before it reaches the database.
+pub fn holds_nul(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(s) => s.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().any(holds_nul),
+        serde_json::Value::Object(members) => members
+            .iter()
+            .any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
+    }
+}
+
 /// Why `name` cannot be a staged file's name, or `None`: a name the person
 /// reads on the card and a mail client shows must be the bytes it is, so
 /// no path separator, control, bidi control or invisible character (which
@@ -221,6 +237,14 @@ pub fn fold_confusables(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn test_holds_nul_finds_it_in_a_nested_string_or_key() {
+        use serde_json::json;
+        assert!(!super::holds_nul(&json!({"a": ["b", {"c": 1}]})));
+        assert!(super::holds_nul(&json!({"a": ["b", {"c": "x\u{0}"}]})));
+        assert!(super::holds_nul(&json!({"k\u{0}": 1})));
+    }
+
     use super::*;
 
     /// Every code point, for checking tables against the Unicode data.

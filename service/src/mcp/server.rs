@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use keyturn_core::text::holds_nul;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
     CreateTaskResult, ElicitRequest, ElicitRequestParams, GetTaskParams, GetTaskResult,
@@ -135,6 +136,20 @@ impl ServerHandler for Handler {
         let name = request.name.to_string();
         let args = Value::Object(request.arguments.clone().unwrap_or_default());
         tracing::debug!(tool = %name, "mcp tools/call");
+        // Refused before the database sees it: PostgreSQL's error for a NUL
+        // in jsonb quotes the values into its log (docs/security.md, row 85).
+        let meta_nul = |m: &JsonObject| holds_nul(&Value::Object(m.clone()));
+        if holds_nul(&args)
+            || name.contains('\0')
+            || meta_nul(&context.meta.0 .0)
+            || request.meta.as_ref().is_some_and(|m| meta_nul(&m.0 .0))
+        {
+            self.mcp.metrics.mcp_call("write", "refused");
+            return Err(ErrorData::invalid_params(
+                "the call holds the NUL character (U+0000) in its arguments or _meta, which keyturn cannot store; remove it",
+                None,
+            ));
+        }
         if name == STATUS_TOOL {
             Ok(self.status(&who, &args).await.into())
         } else if let Some(state) = request.request_state.as_deref() {

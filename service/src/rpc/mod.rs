@@ -253,6 +253,12 @@ fn parse_body(body: &[u8]) -> Result<Map<String, Value>, Error> {
         return Ok(Map::new());
     }
     match serde_json::from_slice::<Value>(body) {
+        // PostgreSQL's error for a NUL in jsonb quotes the values into its
+        // log (docs/security.md, row 85): refused before it gets there.
+        Ok(v) if keyturn_core::text::holds_nul(&v) => Err(Error::BadBody(
+            "the body holds the NUL character (U+0000), which keyturn cannot store; remove it"
+                .into(),
+        )),
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(Error::BadBody(
             "the body must be a JSON object of named arguments".into(),

@@ -176,6 +176,22 @@ async fn test_the_databases_refusals_answer_postgrests_shape() {
     );
     assert_eq!(w.status(p.id).await, "pending");
 
+    // A NUL character (U+0000) anywhere in the body: 400 before the
+    // database sees it, whose jsonb error would quote the values into its
+    // log (docs/security.md, row 85). The proposal is untouched.
+    let (status, body) = call(
+        "approve",
+        jwt.clone(),
+        json!({"action_id": id, "token": p.token, "params": {"text": "pin\u{0}"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("PGRST102")),
+        "{body}"
+    );
+    assert_eq!(w.status(p.id).await, "pending");
+
     // 22P02, not a uuid: 400.
     let (status, body) = call(
         "preview",
