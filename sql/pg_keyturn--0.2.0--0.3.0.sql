@@ -8731,6 +8731,22 @@ BEGIN
            OR EXISTS (SELECT 1 FROM pg_db_role_setting s, unnest(s.setconfig) cfg
                        WHERE cfg = 'keyturn.allow_session_identity=on')
         UNION ALL
+        -- Statement logging that writes the bound parameters of keyturn's
+        -- calls, which carry one-time tokens, link codes and card sessions
+        -- (fifth red-team pass, docs/security.md row 86). The settings of
+        -- this session: the server's, unless a role or database sets its own.
+        SELECT 'warning', format('setting %s', l.name),
+               format('%s = %s writes the bound parameters of keyturn''s calls (one-time tokens, link codes, card sessions) to the server log; set log_parameter_max_length = 0, server-wide or for the logins of keyturnd and the application',
+                      l.name, l.setting)
+          FROM pg_settings l
+         WHERE ((l.name = 'log_statement' AND l.setting = 'all')
+                OR (l.name = 'log_min_duration_statement' AND l.setting::int >= 0))
+           AND (SELECT setting::int FROM pg_settings WHERE name = 'log_parameter_max_length') <> 0
+        UNION ALL
+        SELECT 'warning', 'setting log_parameter_max_length_on_error',
+               'a failed statement''s bound parameters (one-time tokens, link codes, card sessions of keyturn''s calls) go to the server log; set it to 0'
+         WHERE (SELECT setting::int FROM pg_settings WHERE name = 'log_parameter_max_length_on_error') <> 0
+        UNION ALL
         -- Writes to keyturn's own tables, and reads of its secret.
         SELECT 'error', format('%I.%I', t.table_schema, t.table_name),
                format('role %s holds %s on it: only keyturn''s functions may change keyturn''s tables', t.grantee, t.privilege_type)

@@ -619,6 +619,55 @@ async fn test_check_deployment_reports_what_a_live_database_gets_wrong() {
     );
 }
 
+/// Fifth red-team pass (docs/security.md, row 86): statement logging that
+/// writes bound parameters puts one-time tokens, link codes and card
+/// sessions in the server log; check_deployment says so, and what to set.
+#[tokio::test]
+async fn test_check_deployment_warns_of_a_log_that_keeps_bound_parameters() {
+    let su = connect("postgres").await;
+    let warned = |rows: &[tokio_postgres::Row], setting: &str| {
+        rows.iter().any(|r| {
+            r.get::<_, String>(0) == "warning"
+                && r.get::<_, String>(1) == format!("setting {setting}")
+                && r.get::<_, String>(2)
+                    .contains("log_parameter_max_length = 0")
+        })
+    };
+    let check = "SELECT severity, object, problem FROM keyturn.check_deployment()";
+    assert!(!warned(
+        &su.query(check, &[]).await.unwrap(),
+        "log_statement"
+    ));
+    su.batch_execute("SET log_statement = 'all'").await.unwrap();
+    assert!(warned(
+        &su.query(check, &[]).await.unwrap(),
+        "log_statement"
+    ));
+    su.batch_execute("SET log_statement = 'none'; SET log_min_duration_statement = 0")
+        .await
+        .unwrap();
+    assert!(warned(
+        &su.query(check, &[]).await.unwrap(),
+        "log_min_duration_statement"
+    ));
+    su.batch_execute("SET log_parameter_max_length = 0")
+        .await
+        .unwrap();
+    let rows = su.query(check, &[]).await.unwrap();
+    assert!(
+        !warned(&rows, "log_min_duration_statement"),
+        "parameters are not logged"
+    );
+    su.batch_execute("SET log_parameter_max_length_on_error = 64")
+        .await
+        .unwrap();
+    let rows = su.query(check, &[]).await.unwrap();
+    assert!(rows
+        .iter()
+        .any(|r| r.get::<_, String>(1) == "setting log_parameter_max_length_on_error"));
+    su.batch_execute("RESET ALL").await.unwrap();
+}
+
 #[tokio::test]
 async fn test_a_table_write_cannot_give_an_approval_only_status() {
     let w = World::new("member").await;
