@@ -9427,6 +9427,31 @@ BEGIN
 END
 $$;
 
+-- Evidence a 0.2.0 proposal cites was never recorded by anyone (0.2.0 took
+-- any id strings; 0.3.0's propose admits only evidence the trusted side
+-- recorded): a pending one citing any is invalidated, with the reason, so
+-- that nobody approves it on evidence the card cannot show (fifth red-team
+-- pass). What a person already approved stays.
+DO $$
+DECLARE
+    a keyturn.action;
+BEGIN
+    FOR a IN
+        SELECT x.* FROM keyturn.action x
+         WHERE x.status = 'pending' AND jsonb_typeof(x.origin -> 'evidence') = 'array'
+           AND jsonb_array_length(x.origin -> 'evidence') > 0
+    LOOP
+        PERFORM keyturn._set_event_detail(jsonb_build_object('reason', 'upgrade to 0.3.0: unrecorded evidence'));
+        UPDATE keyturn.action x
+           SET status = 'invalidated',
+               result = jsonb_build_object('reason', 'it cites evidence nobody recorded (0.2.0 did not check it; '
+                                          || '0.3.0 admits only evidence recorded with keyturn.record_evidence or fence); propose it again'),
+               updated_at = clock_timestamp()
+         WHERE x.id = a.id AND x.tenant = a.tenant;
+    END LOOP;
+END
+$$;
+
 -- Digest actions keep nothing that confirms a guess: their stored params
 -- hash becomes the digest MAC of it (keyturn._digest_mac), as 0.3.0's
 -- propose stores it. Their tokens stay bound to the plain hash, which

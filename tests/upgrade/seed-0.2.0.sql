@@ -207,6 +207,10 @@ SELECT pg_temp.propose('bad_metadata', 'up_mail', jsonb_build_object('to', 'ann@
   FROM staged f WHERE f.label = 'float';
 COMMIT;
 
+-- Evidence 0.2.0 took unchecked: the upgrade invalidates the pending
+-- proposal that cites it (nobody recorded it).
+BEGIN; SELECT pg_temp.propose('cites_evidence', 'up_hook', '{"n": 18}', '{"evidence": ["ev-never-recorded"]}'); COMMIT;
+
 -- Invalidated last: the revoke bumps alice's epoch, which invalidates at
 -- approve every pending proposal of hers, so it comes after the others.
 BEGIN; SELECT pg_temp.propose('invalidated', 'up_hook', '{"n": 12}'); COMMIT;
@@ -217,5 +221,5 @@ BEGIN; SELECT pg_temp.approve('invalidated'); COMMIT;
 -- upgrade-check reads it back.
 CREATE TABLE public.upgrade_seed AS
 SELECT s.label, s.action_id, s.lease_id, a.status::text AS status_before,
-       CASE s.label WHEN 'bad_metadata' THEN 'invalidated' ELSE a.status::text END AS status_after
+       CASE WHEN s.label IN ('bad_metadata', 'cites_evidence') THEN 'invalidated' ELSE a.status::text END AS status_after
   FROM seed s JOIN keyturn.action a ON a.id = s.action_id;
