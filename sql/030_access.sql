@@ -16,13 +16,13 @@ AS $$
 $$;
 
 -- Raises 42501 unless the call carries a full identity whose principal is a
--- member of its tenant; returns that member's role.
-CREATE FUNCTION keyturn._require_member(p_tenant text, p_principal text, p_session text)
-RETURNS text
+-- member of its tenant; returns that member's role and authorization epoch
+-- (as keyturn._epoch reads it), in one statement: propose stores the
+-- epoch, and a decision notes it for its commit's recheck.
+CREATE FUNCTION keyturn._membership(p_tenant text, p_principal text, p_session text,
+                                    OUT o_role text, OUT o_epoch bigint)
 LANGUAGE plpgsql STABLE
 AS $$
-DECLARE
-    v_role text;
 BEGIN
     IF p_tenant IS NULL OR p_principal IS NULL OR p_session IS NULL THEN
         RAISE EXCEPTION 'keyturn: missing identity (tenant=%, principal=%, session=%)',
@@ -32,14 +32,27 @@ BEGIN
                   DETAIL = coalesce(keyturn._identity_problem(), 'identity changed during the call'),
                   HINT = 'Inside the transaction: BEGIN; SET LOCAL keyturn.tenant = ...; SET LOCAL keyturn.principal = ...; SET LOCAL keyturn.session = ...; or set_config(''request.jwt.claims'', ..., true).';
     END IF;
-    SELECT m.role INTO v_role FROM keyturn.member m
+    SELECT m.role, coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
+                              WHERE e.tenant = p_tenant AND e.principal = p_principal), 0)
+      INTO o_role, o_epoch
+      FROM keyturn.member m
      WHERE m.tenant = p_tenant AND m.principal = p_principal;
-    IF v_role IS NULL THEN
+    IF o_role IS NULL THEN
         RAISE EXCEPTION 'keyturn: principal % is not a member of tenant %', p_principal, p_tenant
             USING ERRCODE = '42501',
                   HINT = 'An admin adds members with keyturn.add_member(tenant, principal, role).';
     END IF;
-    RETURN v_role;
+END
+$$;
+
+-- keyturn._membership's role: raises 42501 unless the call carries a full
+-- identity whose principal is a member of its tenant.
+CREATE FUNCTION keyturn._require_member(p_tenant text, p_principal text, p_session text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (keyturn._membership(p_tenant, p_principal, p_session)).o_role;
 END
 $$;
 

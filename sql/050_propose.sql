@@ -258,11 +258,25 @@ DECLARE
     v_both      record;
     v_inspected text[];
 BEGIN
-    -- Assigned, not PERFORMed (see keyturn._settle): no statement.
-    v_noted := keyturn._require_member(p_tenant, p_principal, p_session);
+    -- The epoch the proposal is bound to is read with the membership, in
+    -- one statement: a change after it invalidates the proposal at approve.
+    v_epoch := (keyturn._membership(p_tenant, p_principal, p_session)).o_epoch;
 
-    -- The tool and its current version in one statement.
-    SELECT t AS tool, v AS ver INTO v_both
+    -- The tool, its current version and whether the principal holds a grant
+    -- of it, in one statement. The grant is checked here without a lock (a
+    -- clear error before any work); locked and checked again below, where
+    -- its uses are counted. With them, whether a standing approval of the
+    -- principal's may cover it, and whether anyone in the tenant is
+    -- notified: without either, propose asks nothing more about them (one
+    -- given or set while this runs is there for the next proposal).
+    SELECT t AS tool, v AS ver,
+           EXISTS (SELECT 1 FROM keyturn.tool_grant g
+                    WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = t.name) AS granted,
+           EXISTS (SELECT 1 FROM keyturn.delegation d
+                    WHERE d.tenant = p_tenant AND d.principal = p_principal AND d.tool = t.name
+                      AND d.revoked_at IS NULL) AS delegated,
+           EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant) AS notified
+      INTO v_both
       FROM keyturn.tool t
       LEFT JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
      WHERE t.name = p_tool;
@@ -279,11 +293,7 @@ BEGIN
         RAISE EXCEPTION 'keyturn: tool % is read-only and needs no proposal', p_tool
             USING ERRCODE = '22023';
     END IF;
-    -- Checked here without a lock (a clear error before any work); locked
-    -- and checked again below, where its uses are counted.
-    PERFORM 1 FROM keyturn.tool_grant g
-      WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = v_tool.name;
-    IF NOT FOUND THEN
+    IF NOT v_both.granted THEN
         RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
             USING ERRCODE = '42501',
                   HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
@@ -408,7 +418,6 @@ BEGIN
             v_authors := v_authors || p_revised_by;
         END IF;
     END IF;
-    v_epoch := keyturn._epoch(p_tenant, p_principal);
     v_digest := keyturn._token_digest(v_token);
     -- A digest action keeps nothing that confirms a guess of its params: it
     -- stores (and shows everyone but this call) a MAC of the hash under the
@@ -456,7 +465,7 @@ BEGIN
         PERFORM keyturn._set_event_context(NULL);
         RETURN ROW(v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, NULL)::keyturn._proposed;
     END IF;
-    IF p_revised_from IS NULL THEN
+    IF p_revised_from IS NULL AND v_both.delegated THEN
         v_deleg := keyturn._spend_delegation(p_tenant, p_principal, v_epoch, v_ver, p_params, v_count);
         IF v_deleg.id IS NOT NULL THEN
             PERFORM keyturn._set_event_context(jsonb_build_object(
@@ -471,11 +480,10 @@ BEGIN
 
     -- It waits for people now: the notifications of those with a channel
     -- (sql/064_notify.sql). A tenant where nobody set one pays one index
-    -- probe. Not a revision made in a card session: its notification's link
+    -- probe, read with the tool above. Not a revision made in a card session: its notification's link
     -- would let whoever holds the first link approve what they wrote
     -- (keyturn._card_claims).
-    IF EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant)
-       AND NOT (p_revised_from IS NOT NULL AND keyturn._in_card_session()) THEN
+    IF v_both.notified AND NOT (p_revised_from IS NOT NULL AND keyturn._in_card_session()) THEN
         PERFORM keyturn._record_notifications(v_id, p_tenant);
     END IF;
 

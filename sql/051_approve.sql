@@ -58,12 +58,14 @@ DECLARE
     v_tenant    text := keyturn.current_tenant();
     v_principal text := keyturn.current_principal();
     v_session   text := keyturn.current_session();
+    v_member    record;
     v_role      text;
     v_problem   text;
     v_noted     text;
     a           keyturn.action;
 BEGIN
-    v_role := keyturn._require_member(v_tenant, v_principal, v_session);
+    v_member := keyturn._membership(v_tenant, v_principal, v_session);
+    v_role := v_member.o_role;
 
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = v_tenant;
     IF NOT FOUND OR a.tenant IS DISTINCT FROM v_tenant
@@ -90,7 +92,7 @@ BEGIN
     -- moves the epoch): under REPEATABLE READ a member removed after the
     -- snapshot decides nothing.
     IF p_for <> 'preview' THEN
-        v_noted := keyturn._recheck_epoch_at_commit(v_tenant, v_principal, keyturn._epoch(v_tenant, v_principal));
+        v_noted := keyturn._recheck_epoch_at_commit(v_tenant, v_principal, v_member.o_epoch);
     END IF;
     RETURN a;
 END

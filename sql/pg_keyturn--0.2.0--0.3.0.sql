@@ -1581,13 +1581,13 @@ AS $$
 $$;
 
 -- Raises 42501 unless the call carries a full identity whose principal is a
--- member of its tenant; returns that member's role.
-CREATE OR REPLACE FUNCTION keyturn._require_member(p_tenant text, p_principal text, p_session text)
-RETURNS text
+-- member of its tenant; returns that member's role and authorization epoch
+-- (as keyturn._epoch reads it), in one statement: propose stores the
+-- epoch, and a decision notes it for its commit's recheck.
+CREATE OR REPLACE FUNCTION keyturn._membership(p_tenant text, p_principal text, p_session text,
+                                    OUT o_role text, OUT o_epoch bigint)
 LANGUAGE plpgsql STABLE
 AS $$
-DECLARE
-    v_role text;
 BEGIN
     IF p_tenant IS NULL OR p_principal IS NULL OR p_session IS NULL THEN
         RAISE EXCEPTION 'keyturn: missing identity (tenant=%, principal=%, session=%)',
@@ -1597,14 +1597,27 @@ BEGIN
                   DETAIL = coalesce(keyturn._identity_problem(), 'identity changed during the call'),
                   HINT = 'Inside the transaction: BEGIN; SET LOCAL keyturn.tenant = ...; SET LOCAL keyturn.principal = ...; SET LOCAL keyturn.session = ...; or set_config(''request.jwt.claims'', ..., true).';
     END IF;
-    SELECT m.role INTO v_role FROM keyturn.member m
+    SELECT m.role, coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
+                              WHERE e.tenant = p_tenant AND e.principal = p_principal), 0)
+      INTO o_role, o_epoch
+      FROM keyturn.member m
      WHERE m.tenant = p_tenant AND m.principal = p_principal;
-    IF v_role IS NULL THEN
+    IF o_role IS NULL THEN
         RAISE EXCEPTION 'keyturn: principal % is not a member of tenant %', p_principal, p_tenant
             USING ERRCODE = '42501',
                   HINT = 'An admin adds members with keyturn.add_member(tenant, principal, role).';
     END IF;
-    RETURN v_role;
+END
+$$;
+
+-- keyturn._membership's role: raises 42501 unless the call carries a full
+-- identity whose principal is a member of its tenant.
+CREATE OR REPLACE FUNCTION keyturn._require_member(p_tenant text, p_principal text, p_session text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (keyturn._membership(p_tenant, p_principal, p_session)).o_role;
 END
 $$;
 
@@ -2790,11 +2803,25 @@ DECLARE
     v_both      record;
     v_inspected text[];
 BEGIN
-    -- Assigned, not PERFORMed (see keyturn._settle): no statement.
-    v_noted := keyturn._require_member(p_tenant, p_principal, p_session);
+    -- The epoch the proposal is bound to is read with the membership, in
+    -- one statement: a change after it invalidates the proposal at approve.
+    v_epoch := (keyturn._membership(p_tenant, p_principal, p_session)).o_epoch;
 
-    -- The tool and its current version in one statement.
-    SELECT t AS tool, v AS ver INTO v_both
+    -- The tool, its current version and whether the principal holds a grant
+    -- of it, in one statement. The grant is checked here without a lock (a
+    -- clear error before any work); locked and checked again below, where
+    -- its uses are counted. With them, whether a standing approval of the
+    -- principal's may cover it, and whether anyone in the tenant is
+    -- notified: without either, propose asks nothing more about them (one
+    -- given or set while this runs is there for the next proposal).
+    SELECT t AS tool, v AS ver,
+           EXISTS (SELECT 1 FROM keyturn.tool_grant g
+                    WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = t.name) AS granted,
+           EXISTS (SELECT 1 FROM keyturn.delegation d
+                    WHERE d.tenant = p_tenant AND d.principal = p_principal AND d.tool = t.name
+                      AND d.revoked_at IS NULL) AS delegated,
+           EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant) AS notified
+      INTO v_both
       FROM keyturn.tool t
       LEFT JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
      WHERE t.name = p_tool;
@@ -2811,11 +2838,7 @@ BEGIN
         RAISE EXCEPTION 'keyturn: tool % is read-only and needs no proposal', p_tool
             USING ERRCODE = '22023';
     END IF;
-    -- Checked here without a lock (a clear error before any work); locked
-    -- and checked again below, where its uses are counted.
-    PERFORM 1 FROM keyturn.tool_grant g
-      WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = v_tool.name;
-    IF NOT FOUND THEN
+    IF NOT v_both.granted THEN
         RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
             USING ERRCODE = '42501',
                   HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
@@ -2940,7 +2963,6 @@ BEGIN
             v_authors := v_authors || p_revised_by;
         END IF;
     END IF;
-    v_epoch := keyturn._epoch(p_tenant, p_principal);
     v_digest := keyturn._token_digest(v_token);
     -- A digest action keeps nothing that confirms a guess of its params: it
     -- stores (and shows everyone but this call) a MAC of the hash under the
@@ -2988,7 +3010,7 @@ BEGIN
         PERFORM keyturn._set_event_context(NULL);
         RETURN ROW(v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, NULL)::keyturn._proposed;
     END IF;
-    IF p_revised_from IS NULL THEN
+    IF p_revised_from IS NULL AND v_both.delegated THEN
         v_deleg := keyturn._spend_delegation(p_tenant, p_principal, v_epoch, v_ver, p_params, v_count);
         IF v_deleg.id IS NOT NULL THEN
             PERFORM keyturn._set_event_context(jsonb_build_object(
@@ -3003,11 +3025,10 @@ BEGIN
 
     -- It waits for people now: the notifications of those with a channel
     -- (sql/064_notify.sql). A tenant where nobody set one pays one index
-    -- probe. Not a revision made in a card session: its notification's link
+    -- probe, read with the tool above. Not a revision made in a card session: its notification's link
     -- would let whoever holds the first link approve what they wrote
     -- (keyturn._card_claims).
-    IF EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant)
-       AND NOT (p_revised_from IS NOT NULL AND keyturn._in_card_session()) THEN
+    IF v_both.notified AND NOT (p_revised_from IS NOT NULL AND keyturn._in_card_session()) THEN
         PERFORM keyturn._record_notifications(v_id, p_tenant);
     END IF;
 
@@ -3094,12 +3115,14 @@ DECLARE
     v_tenant    text := keyturn.current_tenant();
     v_principal text := keyturn.current_principal();
     v_session   text := keyturn.current_session();
+    v_member    record;
     v_role      text;
     v_problem   text;
     v_noted     text;
     a           keyturn.action;
 BEGIN
-    v_role := keyturn._require_member(v_tenant, v_principal, v_session);
+    v_member := keyturn._membership(v_tenant, v_principal, v_session);
+    v_role := v_member.o_role;
 
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = v_tenant;
     IF NOT FOUND OR a.tenant IS DISTINCT FROM v_tenant
@@ -3126,7 +3149,7 @@ BEGIN
     -- moves the epoch): under REPEATABLE READ a member removed after the
     -- snapshot decides nothing.
     IF p_for <> 'preview' THEN
-        v_noted := keyturn._recheck_epoch_at_commit(v_tenant, v_principal, keyturn._epoch(v_tenant, v_principal));
+        v_noted := keyturn._recheck_epoch_at_commit(v_tenant, v_principal, v_member.o_epoch);
     END IF;
     RETURN a;
 END
