@@ -275,24 +275,28 @@ fn nul_in_name() -> ! {
 
 /// PostgreSQL's quote_literal.
 fn quote_literal(text: &str) -> String {
-    let c = std::ffi::CString::new(text).unwrap_or_else(|_| nul_in_name());
     // SAFETY: quote_literal_cstr reads a NUL-terminated string and returns a
-    // palloc'd quoted copy, read here before the memory context ends.
-    unsafe {
-        std::ffi::CStr::from_ptr(pg_sys::quote_literal_cstr(c.as_ptr()))
-            .to_string_lossy()
-            .into_owned()
-    }
+    // palloc'd quoted copy.
+    quoted(text, |c| unsafe { pg_sys::quote_literal_cstr(c) })
 }
 
 /// PostgreSQL's quote_ident.
 fn quote_ident(name: &str) -> String {
-    let c = std::ffi::CString::new(name).unwrap_or_else(|_| nul_in_name());
     // SAFETY: quote_identifier reads a NUL-terminated string and returns it
-    // or a palloc'd quoted copy, read here before the memory context ends.
-    unsafe {
-        std::ffi::CStr::from_ptr(pg_sys::quote_identifier(c.as_ptr()))
-            .to_string_lossy()
-            .into_owned()
-    }
+    // or a palloc'd quoted copy.
+    quoted(name, |c| unsafe { pg_sys::quote_identifier(c) })
+}
+
+/// `text` as one of PostgreSQL's quoting functions returns it, read before
+/// the memory context that holds the copy ends.
+fn quoted(
+    text: &str,
+    quote: impl FnOnce(*const std::ffi::c_char) -> *const std::ffi::c_char,
+) -> String {
+    let c = std::ffi::CString::new(text).unwrap_or_else(|_| nul_in_name());
+    // SAFETY: `quote` returns a NUL-terminated string that lives in the
+    // current memory context, which outlasts this read.
+    unsafe { std::ffi::CStr::from_ptr(quote(c.as_ptr())) }
+        .to_string_lossy()
+        .into_owned()
 }

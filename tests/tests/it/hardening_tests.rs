@@ -637,6 +637,31 @@ async fn test_a_revoked_standing_approval_covers_nothing_under_repeatable_read()
 
 // --- 5b. The approver's own authorization, on committed data (fifth pass) ------
 
+/// `approve` of `p` in `tx`, then its commit: "committed <status>", or the
+/// SQLSTATE of whichever failed (the transaction rolled back).
+async fn approve_and_commit(tx: Tx, p: &Proposal) -> String {
+    match tx
+        .query_one(
+            "SELECT status FROM keyturn.approve($1, $2)",
+            &[&p.id, &p.token],
+        )
+        .await
+    {
+        Ok(row) => {
+            let status: String = row.get(0);
+            match tx.commit().await {
+                Ok(()) => format!("committed {status}"),
+                Err(e) => sqlstate::<()>(Err(e)),
+            }
+        }
+        Err(e) => {
+            let state = sqlstate::<()>(Err(e));
+            tx.rollback().await.ok();
+            state
+        }
+    }
+}
+
 /// Under REPEATABLE READ an approve whose snapshot was taken before
 /// `meanwhile` changed the approver's own membership, role or grant (each
 /// bumps the approver's epoch): refused, or its commit fails (40001); the
@@ -664,26 +689,7 @@ async fn approve_after_the_approver_changed(meanwhile: &str, with_tool: bool) {
             .await
             .unwrap();
     }
-    let answer = match tx
-        .query_one(
-            "SELECT status FROM keyturn.approve($1, $2)",
-            &[&p.id, &p.token],
-        )
-        .await
-    {
-        Ok(row) => {
-            let status: String = row.get(0);
-            match tx.commit().await {
-                Ok(()) => format!("committed {status}"),
-                Err(e) => sqlstate::<()>(Err(e)),
-            }
-        }
-        Err(e) => {
-            let state = sqlstate::<()>(Err(e));
-            tx.rollback().await.ok();
-            state
-        }
-    };
+    let answer = approve_and_commit(tx, &p).await;
     assert!(
         answer == "40001" || answer == "42501",
         "{meanwhile}: approved on a stale snapshot: {answer}"
@@ -737,26 +743,7 @@ async fn test_a_removed_voters_vote_does_not_complete_a_quorum_under_repeatable_
         )
         .await
         .unwrap();
-    let answer = match tx
-        .query_one(
-            "SELECT status FROM keyturn.approve($1, $2)",
-            &[&p.id, &p.token],
-        )
-        .await
-    {
-        Ok(row) => {
-            let status: String = row.get(0);
-            match tx.commit().await {
-                Ok(()) => format!("committed {status}"),
-                Err(e) => sqlstate::<()>(Err(e)),
-            }
-        }
-        Err(e) => {
-            let state = sqlstate::<()>(Err(e));
-            tx.rollback().await.ok();
-            state
-        }
-    };
+    let answer = approve_and_commit(tx, &p).await;
     assert!(
         answer == "40001" || answer == "committed pending",
         "a removed voter's vote completed the quorum: {answer}"
