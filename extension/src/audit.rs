@@ -507,6 +507,11 @@ pub fn forget_from_level(level: i32) {
     PENDING.with(|p| p.borrow_mut().retain(|e| e.level < level));
 }
 
+/// Whether this transaction has events to chain at its commit.
+pub fn has_pending() -> bool {
+    PENDING.with(|p| !p.borrow().is_empty())
+}
+
 /// Forgets everything at the end of the transaction.
 pub fn forget_all() {
     PENDING.with(|p| p.borrow_mut().clear());

@@ -189,6 +189,12 @@ pub fn end_local(level: Option<i32>) {
     }
 }
 
+/// Whether this backend is one Citus opened on a node where Citus is here:
+/// where Citus prepares transactions for its two-phase commit.
+pub fn citus_two_phase() -> bool {
+    internal_backend() && active()
+}
+
 /// Whether Citus opened this backend (its connections' application_name,
 /// "citus_internal gpid=…", which Citus's own IsCitusInternalBackend reads):
 /// the only backends where it refuses a query on a distributed table made

@@ -358,6 +358,11 @@ pub fn forget_from_level(level: i32) {
     NOTED.with(|noted| noted.borrow_mut().retain(|n| n.level < level));
 }
 
+/// Whether this transaction made decisions its commit checks again.
+pub fn has_noted() -> bool {
+    NOTED.with(|noted| !noted.borrow().is_empty())
+}
+
 /// Forgets everything at the end of the transaction.
 pub fn forget_all() {
     NOTED.with(|noted| noted.borrow_mut().clear());

@@ -27,6 +27,11 @@ pub enum KeyturnError {
     /// A concurrent transaction got there first; the same call again succeeds (40001).
     #[error("keyturn: {0}")]
     Busy(String),
+    /// Something keyturn does not do, e.g. PREPARE TRANSACTION of a
+    /// transaction that changed actions (0A000, as PostgreSQL refuses to
+    /// prepare one that used temporary objects).
+    #[error("keyturn: {message}")]
+    NotSupported { message: String, hint: &'static str },
 }
 
 impl KeyturnError {
@@ -40,6 +45,7 @@ impl KeyturnError {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             KeyturnError::Busy(_) => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            KeyturnError::NotSupported { .. } => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
         }
     }
 
@@ -49,7 +55,8 @@ impl KeyturnError {
         let hint = match &self {
             KeyturnError::Forbidden { hint, .. }
             | KeyturnError::WrongState { hint, .. }
-            | KeyturnError::InvalidArgument { hint, .. } => Some(*hint),
+            | KeyturnError::InvalidArgument { hint, .. }
+            | KeyturnError::NotSupported { hint, .. } => Some(*hint),
             _ => None,
         };
         let mut report = ErrorReport::new(code, self.to_string(), "pg_keyturn");

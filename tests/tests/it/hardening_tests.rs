@@ -751,6 +751,96 @@ async fn test_a_removed_voters_vote_does_not_complete_a_quorum_under_repeatable_
     assert_eq!(w.status(p.id).await, "pending");
 }
 
+// --- 5c. No prepared transaction holds a tenant's chain (sixth pass) ----------
+
+/// PREPARE TRANSACTION after `call` (a status change, so audit events and,
+/// for a decision, a commit recheck): refused with 0A000 and nothing of it
+/// remains. On the earlier build it was prepared, its events chained under
+/// the tenant's lock, which it then kept until COMMIT PREPARED: every
+/// commit of that tenant, and keyturnd's work across tenants, waited.
+async fn prepare_after(
+    conn: &Conn,
+    call: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    gid: &str,
+) -> String {
+    let tx = conn.transaction().await.unwrap();
+    tx.query(call, params).await.unwrap();
+    let answer = match tx
+        .batch_execute(&format!("PREPARE TRANSACTION '{gid}'"))
+        .await
+    {
+        Ok(()) => "prepared".to_owned(),
+        Err(e) => sqlstate::<()>(Err(e)),
+    };
+    if answer == "prepared" {
+        // Leave nothing prepared behind, whatever the assertion says.
+        connect("postgres")
+            .await
+            .batch_execute(&format!("ROLLBACK PREPARED '{gid}'"))
+            .await
+            .ok();
+    } else {
+        tx.rollback().await.ok();
+    }
+    answer
+}
+
+#[tokio::test]
+async fn test_a_transaction_that_changed_actions_cannot_be_prepared() {
+    let su = connect("postgres").await;
+    let enabled: String = su
+        .query_one("SHOW max_prepared_transactions", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if enabled == "0" {
+        note_skip(
+            "hardening_tests::test_a_transaction_that_changed_actions_cannot_be_prepared",
+            "max_prepared_transactions is 0 on this cluster",
+        );
+        return;
+    }
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "x"}))
+        .await
+        .unwrap();
+    let gid = unique("kt_prepared");
+    // An agent's status change (ending its session cancels the proposal).
+    let answer = prepare_after(&w.agent, "SELECT keyturn.end_session()", &[], &gid).await;
+    assert_eq!(answer, "0A000", "the agent's end_session was prepared");
+    assert_eq!(w.status(p.id).await, "pending");
+    // A person's decision.
+    let answer = prepare_after(
+        &w.human,
+        "SELECT * FROM keyturn.reject($1, $2, 'no')",
+        &[&p.id, &p.token],
+        &gid,
+    )
+    .await;
+    assert_eq!(answer, "0A000", "the person's reject was prepared");
+    assert_eq!(w.status(p.id).await, "pending");
+    // A transaction that changed no action may still be prepared.
+    let tx = w.agent.transaction().await.unwrap();
+    tx.query("SELECT keyturn.current_tenant()", &[])
+        .await
+        .unwrap();
+    tx.batch_execute(&format!("PREPARE TRANSACTION '{gid}'"))
+        .await
+        .unwrap();
+    su.batch_execute(&format!("ROLLBACK PREPARED '{gid}'"))
+        .await
+        .unwrap();
+    // And the tenant's chain is free: a decision commits at once.
+    assert_eq!(
+        w.approve(&p).await.unwrap().0,
+        "queued",
+        "the tenant's commits go on"
+    );
+}
+
 // --- 6. No agent transaction delays the kill switch --------------------------
 
 /// A covered proposal left open by its agent: 0.2.0 held FOR SHARE on the
