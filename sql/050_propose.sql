@@ -256,27 +256,19 @@ DECLARE
     v_stored    text;
     v_noted     text;
     v_both      record;
+    v_granted   boolean;
+    v_delegated boolean;
+    v_notified  boolean;
     v_inspected text[];
 BEGIN
     -- The epoch the proposal is bound to is read with the membership, in
     -- one statement: a change after it invalidates the proposal at approve.
     v_epoch := (keyturn._membership(p_tenant, p_principal, p_session)).o_epoch;
 
-    -- The tool, its current version and whether the principal holds a grant
-    -- of it, in one statement. The grant is checked here without a lock (a
-    -- clear error before any work); locked and checked again below, where
-    -- its uses are counted. With them, whether a standing approval of the
-    -- principal's may cover it, and whether anyone in the tenant is
-    -- notified: without either, propose asks nothing more about them (one
-    -- given or set while this runs is there for the next proposal).
-    SELECT t AS tool, v AS ver,
-           EXISTS (SELECT 1 FROM keyturn.tool_grant g
-                    WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = t.name) AS granted,
-           EXISTS (SELECT 1 FROM keyturn.delegation d
-                    WHERE d.tenant = p_tenant AND d.principal = p_principal AND d.tool = t.name
-                      AND d.revoked_at IS NULL) AS delegated,
-           EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant) AS notified
-      INTO v_both
+    -- The tool and its current version in one statement (on Citus,
+    -- reference tables: never joined with a tenant's tables, which a
+    -- worker refuses in a delegated call).
+    SELECT t AS tool, v AS ver INTO v_both
       FROM keyturn.tool t
       LEFT JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
      WHERE t.name = p_tool;
@@ -293,7 +285,21 @@ BEGIN
         RAISE EXCEPTION 'keyturn: tool % is read-only and needs no proposal', p_tool
             USING ERRCODE = '22023';
     END IF;
-    IF NOT v_both.granted THEN
+    -- The tenant's side in one statement: whether the principal holds a
+    -- grant of the tool, checked here without a lock (a clear error before
+    -- any work; locked and checked again below, where its uses are
+    -- counted); whether a standing approval of theirs may cover it; and
+    -- whether anyone in the tenant is notified. Without either of the last
+    -- two, propose asks nothing more about them (one given or set while
+    -- this runs is there for the next proposal).
+    SELECT EXISTS (SELECT 1 FROM keyturn.tool_grant g
+                    WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = v_tool.name),
+           EXISTS (SELECT 1 FROM keyturn.delegation d
+                    WHERE d.tenant = p_tenant AND d.principal = p_principal AND d.tool = v_tool.name
+                      AND d.revoked_at IS NULL),
+           EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant)
+      INTO v_granted, v_delegated, v_notified;
+    IF NOT v_granted THEN
         RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
             USING ERRCODE = '42501',
                   HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
@@ -465,7 +471,7 @@ BEGIN
         PERFORM keyturn._set_event_context(NULL);
         RETURN ROW(v_id, v_token, v_summary, v_hash, v_expires, v_result.o_status, NULL)::keyturn._proposed;
     END IF;
-    IF p_revised_from IS NULL AND v_both.delegated THEN
+    IF p_revised_from IS NULL AND v_delegated THEN
         v_deleg := keyturn._spend_delegation(p_tenant, p_principal, v_epoch, v_ver, p_params, v_count);
         IF v_deleg.id IS NOT NULL THEN
             PERFORM keyturn._set_event_context(jsonb_build_object(
@@ -480,10 +486,10 @@ BEGIN
 
     -- It waits for people now: the notifications of those with a channel
     -- (sql/064_notify.sql). A tenant where nobody set one pays one index
-    -- probe, read with the tool above. Not a revision made in a card session: its notification's link
+    -- probe, read with the grant above. Not a revision made in a card session: its notification's link
     -- would let whoever holds the first link approve what they wrote
     -- (keyturn._card_claims).
-    IF v_both.notified AND NOT (p_revised_from IS NOT NULL AND keyturn._in_card_session()) THEN
+    IF v_notified AND NOT (p_revised_from IS NOT NULL AND keyturn._in_card_session()) THEN
         PERFORM keyturn._record_notifications(v_id, p_tenant);
     END IF;
 
