@@ -78,14 +78,13 @@ $$;
 
 -- A form value as the column's type, read from the jsonb parameter $1
 -- (never from the statement text), which keyturn._form_arg has made the
--- canonical form of what was hashed.
+-- canonical form of what was hashed. Built in Rust (extension/src/form.rs),
+-- as the WHERE clause and the SET list that use it are; inlined where called.
 CREATE FUNCTION keyturn._form_value(p_ver keyturn.tool_version, p_part text, p_column text)
 RETURNS text
-LANGUAGE sql STABLE  -- as format(): STABLE, and no SET clause, so it is inlined
+LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT CASE WHEN p_ver.sql_types ->> p_column IN ('json', 'jsonb')
-                THEN format('($1->%L->%L)::%s', p_part, p_column, p_ver.sql_types ->> p_column)
-                ELSE format('($1->%L->>%L)::%s', p_part, p_column, p_ver.sql_types ->> p_column) END
+    SELECT keyturn._value_expr(p_ver.sql_types, p_part, p_column)
 $$;
 
 -- The WHERE clause of an sql tool's form, over the row alias t. Column names

@@ -912,6 +912,16 @@ STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'uuid_v7_wrapper';
 
+-- pg_keyturn::form::_value_expr
+CREATE OR REPLACE FUNCTION "_value_expr"(
+	"types" jsonb, /* Option < JsonbText > */
+	"part" TEXT, /* & str */
+	"column" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'value_expr_wrapper';
+
 -- pg_keyturn::form::_where_clause
 CREATE OR REPLACE FUNCTION "_where_clause"(
 	"types" jsonb, /* Option < JsonbText > */
@@ -2623,14 +2633,13 @@ $$;
 
 -- A form value as the column's type, read from the jsonb parameter $1
 -- (never from the statement text), which keyturn._form_arg has made the
--- canonical form of what was hashed.
+-- canonical form of what was hashed. Built in Rust (extension/src/form.rs),
+-- as the WHERE clause and the SET list that use it are; inlined where called.
 CREATE OR REPLACE FUNCTION keyturn._form_value(p_ver keyturn.tool_version, p_part text, p_column text)
 RETURNS text
-LANGUAGE sql STABLE  -- as format(): STABLE, and no SET clause, so it is inlined
+LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT CASE WHEN p_ver.sql_types ->> p_column IN ('json', 'jsonb')
-                THEN format('($1->%L->%L)::%s', p_part, p_column, p_ver.sql_types ->> p_column)
-                ELSE format('($1->%L->>%L)::%s', p_part, p_column, p_ver.sql_types ->> p_column) END
+    SELECT keyturn._value_expr(p_ver.sql_types, p_part, p_column)
 $$;
 
 -- The WHERE clause of an sql tool's form, over the row alias t. Column names

@@ -316,6 +316,10 @@ pub fn write_pending() {
     let _as_owner = RoleSwitch::to(extension_owner());
     let text = pg_sys::TEXTOID;
     let chain_lock_class = chain_table();
+    // The events and the head in one statement, but on Citus
+    // (`write_statement`). Without Citus loaded in this backend, a settings
+    // lookup.
+    let together = !crate::citus::active();
     let mut start = 0;
     while start < pending.len() {
         let tenant = pending[start].tenant.clone();
@@ -383,7 +387,6 @@ pub fn write_pending() {
             ids.last().cloned(),
         ];
         let chunks: Vec<&[Option<String>]> = rows.chunks(ROWS_PER_WRITE * WRITE_COLUMNS).collect();
-        let together = local.is_none() && !crate::citus::active();
         for (i, chunk) in chunks.iter().enumerate() {
             let n = chunk.len() / WRITE_COLUMNS;
             if together && i + 1 == chunks.len() {

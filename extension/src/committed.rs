@@ -36,7 +36,6 @@ thread_local! {
     static NOTED: RefCell<Vec<Noted>> = const { RefCell::new(Vec::new()) };
 }
 
-#[derive(Clone)]
 struct Noted {
     level: i32,
     /// The role the decision ran as (the extension owner): the commit runs
@@ -284,21 +283,16 @@ pub fn check_noted() {
     // A tool's check reads the principal's epoch too: an authorization
     // noted alone that one of them covers (a person approving their own
     // agent's proposal) is not read again.
-    let covered: std::collections::HashSet<(&str, &str, i64)> = noted
+    let covered: std::collections::HashSet<(String, String, i64)> = noted
         .iter()
         .filter(|n| n.tool.is_some())
-        .map(|n| (n.tenant.as_str(), n.principal.as_str(), n.epoch))
-        .collect();
-    let noted: Vec<Noted> = noted
-        .iter()
-        .filter(|n| {
-            n.tool.is_some()
-                || !covered.contains(&(n.tenant.as_str(), n.principal.as_str(), n.epoch))
-        })
-        .cloned()
+        .map(|n| (n.tenant.clone(), n.principal.clone(), n.epoch))
         .collect();
     let mut seen = std::collections::HashSet::new();
     for n in noted {
+        if n.tool.is_none() && covered.contains(&(n.tenant.clone(), n.principal.clone(), n.epoch)) {
+            continue;
+        }
         if !seen.insert((
             n.tool.clone(),
             n.version,

@@ -204,6 +204,12 @@ fn is_table(table: Option<pg_sys::Oid>) -> bool {
     kind == pg_sys::RELKIND_RELATION || kind == pg_sys::RELKIND_PARTITIONED_TABLE
 }
 
+/// [`form_value`] for SQL (`keyturn._form_value`).
+#[pg_extern(name = "_value_expr", immutable, parallel_safe)]
+fn value_expr(types: Option<JsonbText>, part: &str, column: &str) -> String {
+    form_value(&read("the tool's column types", types), part, column)
+}
+
 /// A form's value as the column's type, read from `$1` (the canonical form
 /// `_form_arg` made of what was hashed): `->` for a json or jsonb column.
 fn form_value(types: &Value, part: &str, column: &str) -> String {

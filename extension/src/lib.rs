@@ -111,7 +111,8 @@ mod tests;
         "register",
         exec_as::exec_as,
         form::form_problem,
-        form::where_clause
+        form::where_clause,
+        form::value_expr
     ]
 );
 ::pgrx::extension_sql_file!(

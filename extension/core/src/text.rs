@@ -103,11 +103,16 @@ pub fn holds_nul(value: &serde_json::Value) -> bool {
     match value {
         serde_json::Value::String(s) => s.contains('\0'),
         serde_json::Value::Array(items) => items.iter().any(holds_nul),
-        serde_json::Value::Object(members) => members
-            .iter()
-            .any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        serde_json::Value::Object(members) => members_hold_nul(members),
         _ => false,
     }
+}
+
+/// [`holds_nul`] of an object's members (an MCP call's `_meta`).
+pub fn members_hold_nul(members: &serde_json::Map<String, serde_json::Value>) -> bool {
+    members
+        .iter()
+        .any(|(k, v)| k.contains('\0') || holds_nul(v))
 }
 
 /// Why `name` cannot be a staged file's name, or `None`: a name the person

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use keyturn_core::text::holds_nul;
+use keyturn_core::text::{holds_nul, members_hold_nul};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
     CreateTaskResult, ElicitRequest, ElicitRequestParams, GetTaskParams, GetTaskResult,
@@ -138,11 +138,13 @@ impl ServerHandler for Handler {
         tracing::debug!(tool = %name, "mcp tools/call");
         // Refused before the database sees it: PostgreSQL's error for a NUL
         // in jsonb quotes the values into its log (docs/security.md, row 85).
-        let meta_nul = |m: &JsonObject| holds_nul(&Value::Object(m.clone()));
         if holds_nul(&args)
             || name.contains('\0')
-            || meta_nul(&context.meta.0 .0)
-            || request.meta.as_ref().is_some_and(|m| meta_nul(&m.0 .0))
+            || members_hold_nul(&context.meta.0 .0)
+            || request
+                .meta
+                .as_ref()
+                .is_some_and(|m| members_hold_nul(&m.0 .0))
         {
             self.mcp.metrics.mcp_call("write", "refused");
             return Err(ErrorData::invalid_params(
