@@ -537,10 +537,20 @@ async def _():
     code = urllib.parse.unquote(m.group(2))
     for body in responses:
         assert code not in body and "/card#" not in body, body
-    # The code is the person's: it redeems once, for that action.
-    redeem = f"SELECT count(*) FROM keyturn.redeem_link_code('{code}', ARRAY['{aid}']::uuid[])"
-    assert psql(redeem, user="app_dispatcher") == "1"
-    assert psql(redeem, user="app_dispatcher") == "0"
+    # The person opens it: keyturnd redeems the code, once, at POST
+    # /card/session (no KEYTURN_CARD_ROLE is set: the session runs as the
+    # one human-side role of KEYTURN_JWT_ROLES), and approves through /rpc
+    # with the session's bearer and the fresh token.
+    opened = httpx2.post(f"{BASE}/card/session", json={"code": code, "action_ids": [aid]}, timeout=BOUND)
+    assert opened.status_code == 200, (opened.status_code, opened.text)
+    session = opened.json()
+    assert list(session["tokens"]) == [aid], session
+    again = httpx2.post(f"{BASE}/card/session", json={"code": code, "action_ids": [aid]}, timeout=BOUND)
+    assert again.status_code == 401, (again.status_code, again.text)
+    approved = httpx2.post(f"{BASE}/rpc/approve", json={"action_id": aid, "token": session["tokens"][aid]},
+                           headers={"Authorization": f"Bearer {session['session']}"}, timeout=BOUND)
+    assert approved.status_code == 200, (approved.status_code, approved.text)
+    assert status_of(aid) != "pending", status_of(aid)
 
 
 @check("mrtr_2026_07_28_carries_the_card_link_and_the_retry_gets_the_one_proposal")

@@ -192,6 +192,23 @@ pub async fn role_checks(client: &Client, roles: &[String]) -> Result<Vec<RoleCh
         .collect()
 }
 
+/// Those of `roles` that are the human side alone: members of
+/// `keyturn_approver` and of neither `keyturn_operator` nor `keyturn_admin`,
+/// in order.
+pub async fn human_roles(client: &Client, roles: &[String]) -> Result<Vec<String>, Error> {
+    let rows = bounded(client.query_typed(
+        "SELECT w.name FROM unnest($1::text[]) WITH ORDINALITY AS w(name, ord) \
+           JOIN pg_catalog.pg_roles r ON r.rolname = w.name \
+          WHERE pg_catalog.pg_has_role(r.oid, 'keyturn_approver', 'MEMBER') \
+            AND NOT pg_catalog.pg_has_role(r.oid, 'keyturn_operator', 'MEMBER') \
+            AND NOT pg_catalog.pg_has_role(r.oid, 'keyturn_admin', 'MEMBER') \
+          ORDER BY w.ord",
+        &[(&roles, Type::TEXT_ARRAY)],
+    ))
+    .await?;
+    rows.iter().map(|row| get(row, "name")).collect()
+}
+
 /// `SET ROLE role` tried in a transaction rolled back at once: the proof
 /// that the login can.
 pub async fn try_set_role(client: &Client, role: &str) -> Result<(), Error> {

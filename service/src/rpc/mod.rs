@@ -107,16 +107,18 @@ impl Rpc {
             || async {
                 let client = pool.get().await?;
                 check_roles(&client, &roles).await?;
-                Catalog::load(&client).await
+                let human = db::rpc::human_roles(&client, &roles).await?;
+                Ok((Catalog::load(&client).await?, human))
             },
         )
         .await?;
-        let Some(catalog) = answered else {
+        let Some((catalog, human)) = answered else {
             return Ok(None);
         };
         tracing::info!(functions = ?catalog.names(), roles = ?roles, "serving /rpc");
+        let card_role = card_role(config.card_role.clone(), &human);
         Ok(Some(
-            Rpc::new(verifier, catalog, pool).with_cards(dispatcher, config.card_role.clone()),
+            Rpc::new(verifier, catalog, pool).with_cards(dispatcher, card_role),
         ))
     }
 
@@ -313,6 +315,28 @@ fn strings(v: &Value) -> Vec<String> {
     out
 }
 
+/// The role the card sessions of keyturnd's own links (an MCP
+/// elicitation's) run as: `KEYTURN_CARD_ROLE`, else the one role of
+/// `KEYTURN_JWT_ROLES` that is the human side alone (`human`), which is the
+/// role a person's JWT selects; with several, none (a link then answers 401
+/// saying to set it).
+fn card_role(configured: Option<String>, human: &[String]) -> Option<String> {
+    if configured.is_some() {
+        return configured;
+    }
+    match human {
+        [one] => {
+            tracing::info!(role = %one, "card sessions of keyturnd's own links run as the one human-side role of KEYTURN_JWT_ROLES (KEYTURN_CARD_ROLE overrides)");
+            Some(one.clone())
+        }
+        [] => None,
+        several => {
+            tracing::warn!(roles = ?several, "KEYTURN_JWT_ROLES has several human-side roles: set KEYTURN_CARD_ROLE to the one the card sessions of keyturnd's own links (MCP elicitations) run as");
+            None
+        }
+    }
+}
+
 /// The start-up checks of the RPC login against `roles` (the
 /// `KEYTURN_JWT_ROLES`): each exists, none is a member of `keyturn_agent`
 /// (a JWT must never select a role that proposes), the login does not
@@ -362,6 +386,21 @@ pub async fn check_roles(client: &tokio_postgres::Client, roles: &[String]) -> R
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn test_the_card_role_is_the_configured_one_else_the_one_human_role() {
+        let roles = |r: &[&str]| r.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            card_role(Some("app_card".into()), &roles(&["app_human"])).as_deref(),
+            Some("app_card")
+        );
+        assert_eq!(
+            card_role(None, &roles(&["app_human"])).as_deref(),
+            Some("app_human")
+        );
+        assert_eq!(card_role(None, &roles(&[])), None);
+        assert_eq!(card_role(None, &roles(&["a", "b"])), None);
+    }
 
     #[test]
     fn test_body_is_an_object_or_empty() {
