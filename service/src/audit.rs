@@ -5,9 +5,13 @@
 //! Each line's `hash` must be the lowercase hex SHA-256 of the RFC 8785
 //! form of the line's object without `hash` (keyturn-core's canonical JSON,
 //! the very code the database hashes with), and its `prev_hash` the hash of
-//! the line before; the first line's `prev_hash` is 64 zeros (a chain from
-//! its start) unless `--after` names the hash it continues from. Every line
-//! is of one tenant, with ids increasing. `--head` checks the last hash
+//! the line before. The first line's `prev_hash` is where the file starts:
+//! 64 zeros for an export from the chain's start, another event's hash for
+//! an export `since` a time. Taken as it is, and reported, unless `--after`
+//! names the hash it must be (64 zeros: the file must hold the whole
+//! chain), since only a hash kept elsewhere says what came before; a file
+//! rewritten from some line on would verify against itself anyway. Every
+//! line is of one tenant, with ids increasing. `--head` checks the last hash
 //! against a head kept elsewhere (`keyturn.audit_head`), which is how a
 //! deleted tail shows.
 
@@ -20,8 +24,16 @@ use serde_json::Value;
 /// (1-based) that does not verify and why.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
-    Verified { events: u64, head: String },
-    Bad { line: u64, why: String },
+    /// `start` is the first line's `prev_hash` (64 zeros: the chain's start).
+    Verified {
+        events: u64,
+        start: String,
+        head: String,
+    },
+    Bad {
+        line: u64,
+        why: String,
+    },
 }
 
 /// The hash of one exported event, as the database computes it.
@@ -38,7 +50,8 @@ pub fn verify(
     after: Option<&str>,
     head: Option<&str>,
 ) -> std::io::Result<Verdict> {
-    let mut prev = after.unwrap_or(CHAIN_START).to_owned();
+    let mut prev = after.map(str::to_owned);
+    let mut start = after.unwrap_or(CHAIN_START).to_owned();
     let mut tenant: Option<String> = None;
     let mut last_id: Option<i64> = None;
     let mut n = 0;
@@ -61,11 +74,20 @@ pub fn verify(
             }
             Err(e) => return bad(e),
         }
-        if text("prev_hash").as_deref() != Some(prev.as_str()) {
-            return bad(format!(
-                "its prev_hash does not name the event before it ({}): an event was deleted, inserted or reordered",
-                if n == 1 { "the chain's start" } else { "the previous line" }
-            ));
+        let Some(prev_hash) = text("prev_hash") else {
+            return bad("no prev_hash".into());
+        };
+        match &prev {
+            // The first line, and nothing said where the file starts: it
+            // starts where its first line says.
+            None => start = prev_hash,
+            Some(p) if *p == prev_hash => {}
+            Some(_) => {
+                return bad(format!(
+                    "its prev_hash does not name the event before it ({}): an event was deleted, inserted or reordered",
+                    if n == 1 { "the --after hash" } else { "the previous line" }
+                ))
+            }
         }
         match (&tenant, text("tenant")) {
             (_, None) => return bad("no tenant".into()),
@@ -84,8 +106,9 @@ pub fn verify(
             return bad("its id is not after the previous line's".into());
         }
         last_id = Some(id);
-        prev = hash;
+        prev = Some(hash);
     }
+    let prev = prev.unwrap_or_else(|| start.clone());
     if let Some(head) = head {
         if head != prev {
             return Ok(Verdict::Bad {
@@ -98,6 +121,7 @@ pub fn verify(
     }
     Ok(Verdict::Verified {
         events: n,
+        start,
         head: prev,
     })
 }
@@ -133,23 +157,43 @@ mod tests {
     fn test_an_intact_chain_verifies() {
         let c = chain(4);
         let head = c[3]["hash"].as_str().unwrap().to_owned();
-        assert_eq!(
-            check(&c),
-            Verdict::Verified {
-                events: 4,
-                head: head.clone()
-            }
-        );
+        let whole = Verdict::Verified {
+            events: 4,
+            start: CHAIN_START.to_owned(),
+            head: head.clone(),
+        };
+        assert_eq!(check(&c), whole);
         assert_eq!(
             verify(text(&c).as_bytes(), None, Some(&head)).unwrap(),
-            Verdict::Verified { events: 4, head }
+            whole
         );
-        // An export from the middle continues from the hash it names.
+        assert_eq!(
+            verify(text(&c).as_bytes(), Some(CHAIN_START), Some(&head)).unwrap(),
+            whole
+        );
+        // An export from the middle (`since` a time) verifies from where it
+        // starts, which the verdict reports; with --after, it must continue
+        // from that hash.
         let after = c[1]["hash"].as_str().unwrap();
-        assert!(matches!(
+        let tail = Verdict::Verified {
+            events: 2,
+            start: after.to_owned(),
+            head: head.clone(),
+        };
+        assert_eq!(check(&c[2..]), tail);
+        assert_eq!(
             verify(text(&c[2..]).as_bytes(), Some(after), None).unwrap(),
-            Verdict::Verified { events: 2, .. }
-        ));
+            tail
+        );
+        // An empty export verifies, from where --after says.
+        assert_eq!(
+            verify(&b""[..], Some(after), Some(after)).unwrap(),
+            Verdict::Verified {
+                events: 0,
+                start: after.to_owned(),
+                head: after.to_owned()
+            }
+        );
     }
 
     #[test]
@@ -165,9 +209,23 @@ mod tests {
         swapped.swap(1, 2);
         assert!(matches!(check(&swapped), Verdict::Bad { line: 2, .. }));
         assert!(
-            matches!(check(&c[1..]), Verdict::Bad { line: 1, .. }),
-            "a missing start"
+            matches!(
+                verify(text(&c[1..]).as_bytes(), Some(CHAIN_START), None).unwrap(),
+                Verdict::Bad { line: 1, .. }
+            ),
+            "a missing start, where the file must start the chain"
         );
+        let other = c[0]["hash"].as_str().unwrap();
+        assert!(
+            matches!(
+                verify(text(&c[2..]).as_bytes(), Some(other), None).unwrap(),
+                Verdict::Bad { line: 1, .. }
+            ),
+            "an export that does not continue from the --after hash"
+        );
+        let mut no_prev = c.clone();
+        no_prev[0].as_object_mut().unwrap().remove("prev_hash");
+        assert!(matches!(check(&no_prev), Verdict::Bad { line: 1, .. }));
         let head = c[3]["hash"].as_str().unwrap();
         assert!(
             matches!(

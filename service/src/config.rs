@@ -429,6 +429,12 @@ pub struct Config {
     #[arg(long, env = "KEYTURN_NOTIFY_ALLOW_NETWORKS", value_delimiter = ',')]
     pub notify_allow_networks: Vec<ipnet::IpNet>,
 
+    /// Whether a webhook URL or push endpoint that names loopback
+    /// (`127.0.0.1`, `[::1]`, `localhost`, as `set_notify` takes plain http
+    /// to) is delivered to this host; false refuses them (production).
+    #[arg(long, env = "KEYTURN_NOTIFY_LOOPBACK", default_value_t = true, action = ArgAction::Set)]
+    pub notify_loopback: bool,
+
     /// Sessions `/mcp` holds at most (legacy MCP revisions open one per
     /// client); past it a new one is refused (503) until one ends.
     #[arg(long, env = "KEYTURN_MCP_MAX_SESSIONS", default_value_t = 1000,
@@ -775,17 +781,23 @@ impl Config {
         Ok(())
     }
 
-    /// Whether `/mcp` is on: MCP roles are configured.
+    /// Whether `/mcp` is on: MCP roles are configured (an empty
+    /// `KEYTURN_MCP_ROLES` is none). Off, the rest of the MCP settings are
+    /// ignored: keyturnd says so at start ([`Config::mcp_ignored`]).
     pub fn mcp_enabled(&self) -> bool {
-        !self.mcp_roles.is_empty()
+        self.mcp_roles.iter().any(|r| !r.trim().is_empty())
+    }
+
+    /// With `/mcp` off, the MCP settings that were given anyway, to warn of.
+    pub fn mcp_ignored(&self) -> Option<&'static str> {
+        (!self.mcp_enabled() && self.mcp_database_url.is_some()).then_some(
+            "/mcp is off: KEYTURN_MCP_DATABASE_URL is set without KEYTURN_MCP_ROLES, and is ignored; set KEYTURN_MCP_ROLES to serve MCP",
+        )
     }
 
     fn validate_mcp(&self) -> Result<(), Error> {
         let bad = |msg: &str| Err(Error::Config(msg.to_owned()));
         if !self.mcp_enabled() {
-            if self.mcp_database_url.is_some() {
-                return bad("KEYTURN_MCP_DATABASE_URL only takes effect with KEYTURN_MCP_ROLES: set them, or remove it");
-            }
             return Ok(());
         }
         if !self.rpc_enabled() {
@@ -1317,9 +1329,36 @@ mod tests {
         let mut c = a.clone();
         c.extend_from_slice(&["--mcp-database-url", "postgres://mcp@h/db"]);
         with(&c).expect("valid");
-        assert!(with(&["--mcp-database-url", "postgres://mcp@h/db"])
-            .unwrap_err()
-            .contains("only takes effect"));
+        // Off unless KEYTURN_MCP_ROLES names a role: the login alone, or
+        // an empty list, leaves /mcp off (with a warning), not keyturnd.
+        with(&["--mcp-database-url", "postgres://mcp@h/db"]).expect("off, not refused");
+        with(&[
+            "--mcp-roles",
+            "",
+            "--mcp-database-url",
+            "postgres://mcp@h/db",
+        ])
+        .expect("an empty list is none");
+        let off = parse(
+            &[
+                "--database-url",
+                "postgres://disp@h/db",
+                "--mcp-database-url",
+                "postgres://mcp@h/db",
+            ],
+            None,
+        )
+        .expect("parses");
+        assert!(!off.mcp_enabled());
+        assert!(off.mcp_ignored().is_some());
+        let mut d = key.to_vec();
+        d.extend_from_slice(&[
+            "--mcp-roles",
+            "agent_mcp,",
+            "--mcp-database-url",
+            "postgres://mcp@h/db",
+        ]);
+        assert!(with(&d).unwrap_err().contains("none empty"));
     }
 
     #[test]

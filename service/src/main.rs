@@ -95,8 +95,9 @@ enum Command {
 struct AuditVerify {
     /// The export: one event a line, as keyturn.audit_export gives them ("-": standard input).
     file: PathBuf,
-    /// The hash the export continues from, when it does not start at the
-    /// chain's beginning (an export with `since`).
+    /// The hash the export must continue from: 64 zeros for the whole
+    /// chain, a kept hash for an export with `since`. Without it the file
+    /// starts where its first line says, which the answer reports.
     #[arg(long)]
     after: Option<String>,
     /// The chain's head kept elsewhere (keyturn.audit_head's hash): the
@@ -138,8 +139,18 @@ fn audit_verify(args: &AuditVerify) -> ExitCode {
         }
     };
     match read {
-        Ok(Verdict::Verified { events, head }) => {
-            println!("verified: {events} events, head {head}");
+        Ok(Verdict::Verified {
+            events,
+            start,
+            head,
+        }) => {
+            if start == keyturn_core::audit::CHAIN_START {
+                println!("verified: {events} events, head {head}");
+            } else {
+                println!(
+                    "verified: {events} events after {start}, head {head} (the file starts after the chain's start: --after <hash kept elsewhere> checks where)"
+                );
+            }
             ExitCode::SUCCESS
         }
         Ok(Verdict::Bad { line, why }) => {
@@ -334,6 +345,9 @@ async fn serve(config: Config) -> Result<(), Error> {
     }
 
     let upstreams = Arc::new(Upstreams::from_config(&config)?);
+    if let Some(why) = config.mcp_ignored() {
+        tracing::warn!("{why}");
+    }
     let mcp = Mcp::start(
         &config,
         Arc::clone(&state.metrics),

@@ -207,7 +207,13 @@ impl Providers {
         // KEYTURN_PUBLIC_URL none is leased, and each is cancelled once its
         // action stops waiting.
         if let Some(public) = &config.public_url {
-            let networks = notify::net::Networks::new(config.notify_allow_networks.clone());
+            if config.notify_loopback {
+                tracing::info!("notifications to a URL that names loopback (127.0.0.1, [::1], localhost) are delivered to this host; KEYTURN_NOTIFY_LOOPBACK=false refuses them");
+            }
+            let networks = notify::net::Networks::new(
+                config.notify_allow_networks.clone(),
+                config.notify_loopback,
+            );
             providers.insert(Arc::new(notify::webhook::WebhookNotifier::new(
                 public.clone(),
                 checked.notify_webhook_key.clone(),

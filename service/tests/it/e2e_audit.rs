@@ -75,4 +75,31 @@ async fn test_an_export_verifies_offline_and_tampering_names_its_line() {
 
     let (code, out) = audit_verify(&lines[..5], &["--head", &head]);
     assert_eq!((code, out.split(':').next()), (1, Some("line 6")), "{out}");
+
+    // An export `since` a time starts mid-chain: it verifies from where it
+    // starts, and says where; with --after, it must continue from there.
+    let at: String = serde_json::from_str::<Value>(&lines[3]).unwrap()["at"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let since: Vec<String> = op
+        .query(
+            "SELECT e::text FROM keyturn.audit_export($1, $2::text::timestamptz) e",
+            &[&w.tenant, &at],
+        )
+        .await
+        .expect("export since")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(!since.is_empty() && since.len() < 6, "{since:?}");
+    let start: Value = serde_json::from_str(&since[0]).unwrap();
+    let start = start["prev_hash"].as_str().unwrap();
+    let (code, out) = audit_verify(&since, &["--head", &head]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(&format!("events after {start}, head {head}")), "{out}");
+    let (code, out) = audit_verify(&since, &["--after", start]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = audit_verify(&since, &["--after", &"0".repeat(64)]);
+    assert_eq!((code, out.split(':').next()), (1, Some("line 1")), "{out}");
 }

@@ -31,13 +31,11 @@ const WITHIN: Duration = Duration::from_secs(30);
 /// Where the links point (nothing opens them here).
 const PUBLIC_URL: &str = "https://keyturn.example.com";
 
-/// keyturnd's notification settings: links under [`PUBLIC_URL`], and the
-/// receivers on this host reachable (only public addresses otherwise).
+/// keyturnd's notification settings: links under [`PUBLIC_URL`]. The
+/// receivers here are on this host, at URLs that name it (`127.0.0.1`),
+/// which keyturnd reaches by default: nothing else is set.
 fn notify_env() -> Vec<(&'static str, String)> {
-    vec![
-        ("KEYTURN_PUBLIC_URL", PUBLIC_URL.into()),
-        ("KEYTURN_NOTIFY_ALLOW_NETWORKS", "127.0.0.0/8".into()),
-    ]
+    vec![("KEYTURN_PUBLIC_URL", PUBLIC_URL.into())]
 }
 
 /// A fresh Standard Webhooks secret.
@@ -738,9 +736,11 @@ async fn test_at_most_once_under_kill_9_and_a_postgres_restart() {
 #[tokio::test]
 async fn test_a_target_that_resolves_to_an_internal_address_is_never_reached() {
     // A person's webhook pointed at a service on keyturnd's own host (the
-    // database accepts http to loopback, for development): without the
-    // network in KEYTURN_NOTIFY_ALLOW_NETWORKS keyturnd resolves the name,
-    // refuses the address and connects nowhere.
+    // database accepts http to loopback, for development), where the
+    // deployment refuses loopback (KEYTURN_NOTIFY_LOOPBACK=false) and
+    // allows no network: keyturnd resolves the name, refuses the address
+    // and connects nowhere. (A name other than localhost that resolves to
+    // loopback is refused by default: net.rs's unit tests.)
     let port = require_db!();
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
@@ -751,7 +751,14 @@ async fn test_a_target_that_resolves_to_an_internal_address_is_never_reached() {
         internal.local_addr().unwrap().port()
     );
     set_notify(&w, "webhook", &target, json!({"secret": whsec()})).await;
-    let k = Keyturnd::start(port, vec![("KEYTURN_PUBLIC_URL", PUBLIC_URL.into())]).await;
+    let k = Keyturnd::start(
+        port,
+        vec![
+            ("KEYTURN_PUBLIC_URL", PUBLIC_URL.into()),
+            ("KEYTURN_NOTIFY_LOOPBACK", "false".into()),
+        ],
+    )
+    .await;
     let (id, _) = propose(&w, &tool, json!({"text": "reach inside"})).await;
     e2e::eventually(WITHIN, "the notice to fail", || async {
         notes(&w, id)

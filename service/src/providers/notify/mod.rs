@@ -22,8 +22,9 @@
 //!
 //! **Where it may go** ([`net`]): a webhook URL and a push endpoint are the
 //! person's to set, so keyturnd resolves them itself, connects only to the
-//! addresses it checked, and refuses any but public ones unless
-//! `KEYTURN_NOTIFY_ALLOW_NETWORKS` names their network.
+//! addresses it checked, and refuses any but public ones, loopback where
+//! the URL names it (unless `KEYTURN_NOTIFY_LOOPBACK=false`), and those of
+//! `KEYTURN_NOTIFY_ALLOW_NETWORKS`.
 
 pub mod email;
 pub mod net;

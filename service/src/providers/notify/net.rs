@@ -6,19 +6,23 @@
 //! IP; names are checked here, when they are resolved, every time.
 //!
 //! Each send resolves the host itself, checks every address it gets
-//! ([`keyturn_core::notify::reach`]): public ones are taken, any other only
-//! inside a network of `KEYTURN_NOTIFY_ALLOW_NETWORKS` (none by default;
-//! `127.0.0.0/8` for a receiver on the same host), and connects only to
-//! those addresses (reqwest's per-client resolve override), so a name that
-//! resolves elsewhere a moment later (DNS rebinding) changes nothing. No
-//! redirect is followed and no proxy used, as for the webhook adapter.
-//! Refused: `failed`, nothing sent; a name that does not resolve: `retry`.
+//! ([`keyturn_core::notify::reach`]): public ones are taken; loopback ones
+//! when the URL itself names loopback (`127.0.0.1`, `[::1]`, `localhost`:
+//! the plain-http receiver on the same host that `set_notify` takes, for
+//! development and tests) unless `KEYTURN_NOTIFY_LOOPBACK=false`; any other
+//! only inside a network of `KEYTURN_NOTIFY_ALLOW_NETWORKS` (none by
+//! default). So a public-looking name that resolves to this host (DNS
+//! rebinding) is refused, and keyturnd connects only to the addresses it
+//! checked (reqwest's per-client resolve override), so a name that resolves
+//! elsewhere a moment later changes nothing. No redirect is followed and no
+//! proxy used, as for the webhook adapter. Refused: `failed`, nothing sent;
+//! a name that does not resolve: `retry`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
-use keyturn_core::notify::{reach, Reach};
+use keyturn_core::notify::{is_localhost, reach, Reach};
 use reqwest::header::HeaderMap;
 use serde_json::json;
 use tokio::time::Instant;
@@ -33,22 +37,30 @@ const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone, Debug, Default)]
 pub struct Networks {
     allowed: Vec<IpNet>,
+    /// Whether a URL that names loopback may reach it.
+    loopback: bool,
 }
 
 impl Networks {
-    /// Public addresses, and those inside `allowed`.
-    pub fn new(allowed: Vec<IpNet>) -> Self {
-        Networks { allowed }
+    /// Public addresses, those inside `allowed`, and loopback for a URL
+    /// that names it when `loopback` is true.
+    pub fn new(allowed: Vec<IpNet>, loopback: bool) -> Self {
+        Networks { allowed, loopback }
     }
 
-    /// Whether a notification may connect to `ip`.
-    pub fn admits(&self, ip: IpAddr) -> bool {
+    /// Whether a notification to `url` may connect to `ip`, one of the
+    /// addresses its host resolved to.
+    pub fn admits(&self, url: &url::Url, ip: IpAddr) -> bool {
         let ip = match ip {
             // An IPv4 address inside IPv6 is the IPv4 address.
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
             v4 => v4,
         };
-        reach(ip) == Reach::Public || self.allowed.iter().any(|net| net.contains(&ip))
+        match reach(ip) {
+            Reach::Public => true,
+            Reach::Loopback if self.loopback && names_loopback(url) => true,
+            _ => self.allowed.iter().any(|net| net.contains(&ip)),
+        }
     }
 
     /// The addresses `url` may be reached at, all checked; `Err` is the
@@ -78,13 +90,13 @@ impl Networks {
             }
             None => return Err(not_sent(Outcome::Failed, "the target URL has no host")),
         };
-        if addrs.is_empty() || addrs.iter().any(|a| !self.admits(a.ip())) {
+        if addrs.is_empty() || addrs.iter().any(|a| !self.admits(url, a.ip())) {
             tracing::error!(
-                "a notification target resolves to an address outside public ones and KEYTURN_NOTIFY_ALLOW_NETWORKS; failed, nothing sent"
+                "a notification target resolves to an address that is not public, not loopback its URL names, and not in KEYTURN_NOTIFY_ALLOW_NETWORKS; failed, nothing sent"
             );
             return Err(not_sent(
                 Outcome::Failed,
-                "the target resolves to an address notifications may not reach (not public, not in KEYTURN_NOTIFY_ALLOW_NETWORKS)",
+                "the target resolves to an address notifications may not reach (not public, not loopback named by the URL, not in KEYTURN_NOTIFY_ALLOW_NETWORKS)",
             ));
         }
         Ok(addrs)
@@ -147,12 +159,25 @@ impl Networks {
     }
 }
 
+/// Whether the URL's host is loopback written out: an IP on `127.0.0.0/8`
+/// or `::1`, or `localhost` (the hosts `set_notify` takes plain http to).
+fn names_loopback(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => reach(ip.into()) == Reach::Loopback,
+        Some(url::Host::Ipv6(ip)) => reach(ip.into()) == Reach::Loopback,
+        Some(url::Host::Domain(_)) => is_localhost(url),
+        None => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn test_only_public_addresses_unless_allowed() {
+        let url = |u: &str| url::Url::parse(u).unwrap();
+        let named = url("https://hooks.example/x");
         let none = Networks::default();
         for ip in [
             "127.0.0.1",
@@ -162,24 +187,52 @@ mod tests {
             "::ffff:10.0.0.1",
             "fd00::1",
         ] {
-            assert!(!none.admits(ip.parse().unwrap()), "{ip}");
+            assert!(!none.admits(&named, ip.parse().unwrap()), "{ip}");
         }
-        assert!(none.admits("8.8.8.8".parse().unwrap()));
-        let loopback = Networks::new(vec!["127.0.0.0/8".parse().unwrap()]);
-        assert!(loopback.admits("127.0.0.1".parse().unwrap()));
-        assert!(loopback.admits("::ffff:127.0.0.1".parse().unwrap()));
-        assert!(!loopback.admits("::1".parse().unwrap()));
-        assert!(!loopback.admits("10.0.0.1".parse().unwrap()));
+        assert!(none.admits(&named, "8.8.8.8".parse().unwrap()));
+        let loopback = Networks::new(vec!["127.0.0.0/8".parse().unwrap()], false);
+        assert!(loopback.admits(&named, "127.0.0.1".parse().unwrap()));
+        assert!(loopback.admits(&named, "::ffff:127.0.0.1".parse().unwrap()));
+        assert!(!loopback.admits(&named, "::1".parse().unwrap()));
+        assert!(!loopback.admits(&named, "10.0.0.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn test_loopback_only_where_the_url_names_it() {
+        let url = |u: &str| url::Url::parse(u).unwrap();
+        let on = Networks::new(vec![], true);
+        let here = "127.0.0.1".parse().unwrap();
+        for named in [
+            "http://127.0.0.1:9/hook",
+            "http://127.3.4.5/hook",
+            "http://[::1]:9/hook",
+            "http://LOCALHOST:9/hook",
+        ] {
+            assert!(on.admits(&url(named), here), "{named}");
+            assert!(on.admits(&url(named), "::1".parse().unwrap()), "{named}");
+            // Loopback, and nothing else, for such a URL.
+            assert!(
+                !on.admits(&url(named), "10.0.0.1".parse().unwrap()),
+                "{named}"
+            );
+        }
+        // A name that is not localhost resolving to this host: rebinding.
+        assert!(!on.admits(&url("https://rebind.example/hook"), here));
+        assert!(!on.admits(&url("https://localhost.example/hook"), here));
+        // Switched off, a URL naming loopback is refused too.
+        let off = Networks::new(vec![], false);
+        assert!(!off.admits(&url("http://127.0.0.1:9/hook"), here));
+        assert!(!off.admits(&url("http://localhost:9/hook"), here));
     }
 
     #[tokio::test]
-    async fn test_a_name_resolving_to_loopback_is_refused_before_any_byte() {
-        // localhost resolves to loopback: with no network allowed, nothing
-        // is sent, and the attempt is failed, not retried.
+    async fn test_a_loopback_target_is_refused_before_any_byte_when_switched_off() {
+        // KEYTURN_NOTIFY_LOOPBACK=false: nothing is sent to a receiver on
+        // this host, and the attempt is failed, not retried.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let url = url::Url::parse(&format!("http://localhost:{port}/hook")).unwrap();
-        let result = Networks::default()
+        let result = Networks::new(vec![], false)
             .post(
                 &url,
                 HeaderMap::new(),
