@@ -429,6 +429,7 @@ DECLARE
     v_name    text;
     v_cur     keyturn.tool_version;
     v_version int;
+    v_known   boolean;
 BEGIN
     PERFORM keyturn._refuse_nested('register_discovered_tool');
     IF v_up IS NULL OR v_up !~ '^[a-z][a-z0-9_]*$' OR length(v_up) > 30 THEN
@@ -450,6 +451,7 @@ BEGIN
     SELECT x.* INTO v_cur FROM keyturn.tool t
       JOIN keyturn.tool_version x ON x.tool = t.name AND x.version = t.version
      WHERE t.name = v_name;
+    v_known := FOUND;
     IF FOUND AND v_cur.upstream IS DISTINCT FROM v_up THEN
         RAISE EXCEPTION 'keyturn: tool % exists and was not discovered on upstream %; it is left as it is', v_name, v_up
             USING ERRCODE = '42501';
@@ -466,7 +468,15 @@ BEGIN
     UPDATE keyturn.tool_version x
        SET upstream = v_up, upstream_tool = v_info ->> 'tool', upstream_schema_sha256 = v_info ->> 'sha256'
      WHERE x.tool = v_name AND x.version = v_version;
-    UPDATE keyturn.tool t SET enabled = false WHERE t.name = v_name;
+    -- A new tool waits for an admin. A changed one keeps its enabled flag,
+    -- as register_tool keeps it, while it stays a write (every call still
+    -- waits for a person, who sees the new version's summary); a read, which
+    -- runs without anyone's approval, is disabled again, so a changed
+    -- description or a flip to read-only is reviewed before an agent reads
+    -- through it.
+    IF NOT v_known OR v_info ->> 'kind' = 'read' THEN
+        UPDATE keyturn.tool t SET enabled = false WHERE t.name = v_name;
+    END IF;
     RETURN v_version;
 END
 $$;

@@ -429,12 +429,32 @@ async fn test_discovered_tools_are_disabled_and_read_only_on_an_explicit_trusted
         .unwrap();
     assert_eq!(discover(&d, &up, &def, true).await.unwrap(), 1);
     assert!(tool_row(&w, &format!("{up}.reads")).await.0);
-    // Changed (a description): a new version, disabled again.
+    // A read changed (a description): a new version, disabled again (it
+    // runs without anyone's approval).
     let mut changed = def.clone();
     changed["description"] = json!("Post a message, and more");
     assert_eq!(discover(&d, &up, &changed, true).await.unwrap(), 2);
     let (enabled, version, ..) = tool_row(&w, &format!("{up}.reads")).await;
     assert!(!enabled && version == 2);
+    // A write changed: a new version that keeps its enabled flag, as
+    // register_tool keeps it (each call still waits for a person)...
+    let write = definition("writes", json!({"readOnlyHint": false}));
+    assert_eq!(discover(&d, &up, &write, true).await.unwrap(), 1);
+    let writes = format!("{up}.writes");
+    w.admin
+        .execute("SELECT keyturn.set_tool_enabled($1, true)", &[&writes])
+        .await
+        .unwrap();
+    let mut changed = write.clone();
+    changed["description"] = json!("Post a message, now to two channels");
+    assert_eq!(discover(&d, &up, &changed, true).await.unwrap(), 2);
+    let (enabled, version, kind, ..) = tool_row(&w, &writes).await;
+    assert!(enabled && version == 2 && kind == "write");
+    // ...and one that flips to read-only is disabled until reviewed.
+    let flipped = definition("writes", json!({"readOnlyHint": true}));
+    assert_eq!(discover(&d, &up, &flipped, true).await.unwrap(), 3);
+    let (enabled, version, kind, ..) = tool_row(&w, &writes).await;
+    assert!(!enabled && version == 3 && kind == "read");
     // A schema keyturn cannot check, a name that makes no tool name, an
     // agent, a tool that was never discovered there.
     let anyof = json!({"name": "anyof", "inputSchema": {"type": "object", "properties":
