@@ -189,16 +189,12 @@ pub fn end_local(level: Option<i32>) {
     }
 }
 
-/// Whether this backend is one Citus opened on a node where Citus is here:
-/// where Citus prepares transactions for its two-phase commit.
-pub fn citus_two_phase() -> bool {
-    internal_backend() && active()
-}
-
 /// Whether Citus opened this backend (its connections' application_name,
 /// "citus_internal gpid=…", which Citus's own IsCitusInternalBackend reads):
 /// the only backends where it refuses a query on a distributed table made
-/// outside a delegated call.
+/// outside a delegated call. Any client may claim that name, so it decides
+/// nothing a client could not do itself: [`begin_local`] turns on a setting
+/// every role may set (docs/security.md row 88).
 fn internal_backend() -> bool {
     guc::value(c"application_name").is_some_and(|a| a.starts_with("citus_internal gpid="))
 }

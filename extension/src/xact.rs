@@ -66,16 +66,18 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
 }
 
 /// PREPARE TRANSACTION of a transaction that changed actions is refused
-/// (0A000), unless Citus prepares it on a worker for its own two-phase
-/// commit: a prepared transaction keeps its tenant's audit chain locked
+/// (0A000): a prepared transaction keeps its tenant's audit chain locked
 /// (its events are chained at PREPARE) until someone commits or rolls it
 /// back, which outlives the session and a restart; every commit of that
 /// tenant, and keyturnd's work across tenants, would wait behind it. And the
 /// commit's rechecks (crate::committed) run at PREPARE, so a COMMIT PREPARED
 /// much later would commit a decision nobody checked since (sixth red-team
-/// pass, docs/security.md row 87).
+/// pass, docs/security.md row 87). Citus's own two-phase commit is no
+/// exception: nothing marks its connections in a way a client cannot copy
+/// (their application_name is anyone's to claim: row 88), and keyturn's
+/// Citus layouts commit a transaction that changed actions in one phase.
 fn refuse_prepare() {
-    if (audit::has_pending() || committed::has_noted()) && !crate::citus::citus_two_phase() {
+    if audit::has_pending() || committed::has_noted() {
         crate::error::KeyturnError::NotSupported {
             message: "a transaction that changed keyturn actions cannot be prepared (PREPARE TRANSACTION)".into(),
             hint: "COMMIT it instead; its audit events would keep the tenant's chain locked until COMMIT PREPARED.",
