@@ -8,6 +8,12 @@
 //! - a **request timeout** (`KEYTURN_SERVER_REQUEST_SECONDS`, tower-http's
 //!   `TimeoutLayer`): a request whose handler, body read included, takes
 //!   longer is answered `408`;
+//! - a **write timeout** (the same seconds, `tokio-io-timeout` on the
+//!   socket): a write that makes no progress for that long ends the
+//!   connection, so a client that stops reading its answers (pipelined
+//!   requests it never reads) cannot hold one. It runs only while a write
+//!   waits: an idle `GET /mcp` stream is not timed, one whose client stopped
+//!   reading is;
 //! - a **connection cap** (`KEYTURN_SERVER_CONNECTIONS`): past it, a new
 //!   connection is closed as soon as it is accepted, so a client learns at
 //!   once instead of waiting behind stalled ones, and the descriptors left
@@ -100,7 +106,10 @@ pub async fn serve(
                     drop(stream);
                     continue;
                 };
-                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
+                let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+                stream.set_write_timeout(Some(limits.request));
+                let stream = TokioIo::new(Box::pin(stream));
+                let conn = graceful.watch(http.serve_connection(stream, service.clone()));
                 conns.spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, "connection ended");

@@ -97,7 +97,10 @@ async fn test_an_export_verifies_offline_and_tampering_names_its_line() {
     let start = start["prev_hash"].as_str().unwrap();
     let (code, out) = audit_verify(&since, &["--head", &head]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains(&format!("events after {start}, head {head}")), "{out}");
+    assert!(
+        out.contains(&format!("events after {start}, head {head}")),
+        "{out}"
+    );
     let (code, out) = audit_verify(&since, &["--after", start]);
     assert_eq!(code, 0, "{out}");
     let (code, out) = audit_verify(&since, &["--after", &"0".repeat(64)]);

@@ -190,3 +190,49 @@ async fn test_a_request_whose_body_stalls_is_answered_408() {
     let head = String::from_utf8_lossy(&got);
     assert!(head.starts_with("HTTP/1.1 408"), "{head}");
 }
+
+#[tokio::test]
+async fn test_a_client_that_stops_reading_its_answers_loses_its_connection() {
+    // Seventh red-team pass (docs/security.md, row 89): no timer ran while
+    // keyturnd wrote an answer, so a client that pipelined requests for a
+    // public page and never read the answers held its connection for good;
+    // the cap's worth of them took every connection, /healthz and /rpc
+    // included. A write that makes no progress for the request timeout
+    // ends the connection now.
+    let k = alive(vec![
+        ("KEYTURN_SERVER_CONNECTIONS", "4".into()),
+        ("KEYTURN_SERVER_REQUEST_SECONDS", "2".into()),
+        ("KEYTURN_SERVER_HEADER_SECONDS", "300".into()),
+    ])
+    .await;
+    let addr = addr(&k);
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .set_recv_buffer_size(1024)
+            .expect("a small receive buffer");
+        let mut s = socket
+            .connect(addr.parse().unwrap())
+            .await
+            .expect("connect");
+        // Writes until keyturnd stops reading, then waits, never reading.
+        stalled.push(tokio::spawn(async move {
+            let request = b"GET /card/keyturn-card.js HTTP/1.1\r\nHost: k\r\n\r\n".repeat(300);
+            let _ = s.write_all(&request).await;
+            tokio::time::sleep(WITHIN * 2).await;
+            drop(s);
+        }));
+    }
+    // With the four slots held, /healthz is refused at accept until the
+    // stalled connections are closed: then it answers.
+    eventually(
+        WITHIN / 2,
+        "a slot freed from a client that does not read",
+        || async { served(&addr).await.map(|_| ()) },
+    )
+    .await;
+    for task in stalled {
+        task.abort();
+    }
+}
