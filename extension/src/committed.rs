@@ -118,7 +118,10 @@ pub fn on_latest(
                 pg_sys::GetLatestSnapshot(),
                 std::ptr::null_mut(),
                 read_only,
-                false,
+                // A write fires its AFTER triggers (a DBA's on
+                // keyturn.event, say) as any statement's: at the commit no
+                // query of the caller's is open to queue them in.
+                !read_only,
                 1,
             );
             if rc < 0 {
@@ -275,9 +278,9 @@ fn note(tool: Option<&str>, version: i32, tenant: &str, principal: &str, epoch: 
     String::new()
 }
 
-/// At PRE_COMMIT (and PRE_PREPARE, a Citus worker's two-phase commit): each
-/// noted decision against the latest committed tool row and epoch; the
-/// first that no longer holds fails the commit with 40001.
+/// At PRE_COMMIT, once the audit chain is held (crate::xact): each noted
+/// decision against the latest committed tool row and epoch; the first
+/// that no longer holds fails the commit with 40001.
 pub fn check_noted() {
     let noted = NOTED.with(|noted| std::mem::take(&mut *noted.borrow_mut()));
     // A tool's check reads the principal's epoch too: an authorization

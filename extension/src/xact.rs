@@ -44,8 +44,14 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
             if event == XACT_EVENT_PRE_PREPARE {
                 refuse_prepare();
             }
-            committed::check_noted();
+            // The events first: writing them takes each tenant's chain,
+            // which another commit of the tenant may hold for as long as its
+            // own commit takes. The decisions are read again after that
+            // wait, so a revocation or the kill switch committed during it
+            // is seen (seventh red-team pass, docs/security.md row 90). An
+            // error here rolls the events back with the rest.
             audit::write_pending();
+            committed::check_noted();
             if pushed {
                 // SAFETY: pops the snapshot pushed above.
                 unsafe { pg_sys::PopActiveSnapshot() };

@@ -593,3 +593,43 @@ async fn test_an_event_as_large_as_the_commit_admits_still_verifies() {
     let events = export(&w.tenant).await;
     assert_eq!(events[1]["hash"], json!(hash_of(&events[1])));
 }
+
+/// A DBA's AFTER trigger on keyturn.event (to ship the audit elsewhere, say)
+/// fires for the events written at commit, as for any insert. It failed every
+/// such commit with XX000 "AfterTriggerSaveEvent() called outside of query":
+/// the chain's write ran with triggers' queueing off.
+#[tokio::test]
+async fn test_an_after_trigger_on_the_events_fires_at_commit() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let name = format!("kt_test_ship_{}", unique("s").replace('-', "_"));
+    w.superuser
+        .batch_execute(&format!(
+            "CREATE TABLE public.{name} (id bigint, to_status text); \
+             CREATE FUNCTION public.{name}() RETURNS trigger LANGUAGE plpgsql AS $f$ \
+             BEGIN INSERT INTO public.{name} VALUES (NEW.id, NEW.to_status); RETURN NULL; END $f$; \
+             CREATE TRIGGER {name} AFTER INSERT ON keyturn.event FOR EACH ROW \
+             WHEN (NEW.tenant = '{tenant}') EXECUTE FUNCTION public.{name}();",
+            tenant = w.tenant
+        ))
+        .await
+        .unwrap();
+    let proposed = w
+        .propose(&t, json!({"channel": "ops", "text": "shipped"}))
+        .await;
+    let shipped = w
+        .superuser
+        .query(&format!("SELECT to_status FROM public.{name}"), &[])
+        .await;
+    w.superuser
+        .batch_execute(&format!(
+            "DROP TRIGGER {name} ON keyturn.event; DROP FUNCTION public.{name}(); DROP TABLE public.{name};"
+        ))
+        .await
+        .unwrap();
+    proposed.expect("the proposal commits");
+    let shipped: Vec<String> = shipped.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(shipped, vec!["pending".to_string()]);
+    let ids = event_ids(&w).await;
+    assert_eq!(ids.len(), 1, "{ids:?}");
+}

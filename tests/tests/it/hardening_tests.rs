@@ -751,6 +751,141 @@ async fn test_a_removed_voters_vote_does_not_complete_a_quorum_under_repeatable_
     assert_eq!(w.status(p.id).await, "pending");
 }
 
+/// Waits, within a bound, until `probe` (one boolean, on the superuser's
+/// connection) is true.
+async fn until_true(
+    w: &World,
+    what: &str,
+    probe: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let row = w.superuser.query_one(probe, params).await.unwrap();
+        if row.get::<_, Option<bool>>(0) == Some(true) {
+            return;
+        }
+        assert!(std::time::Instant::now() < until, "never: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Seventh red-team pass (docs/security.md, row 90): the commit read the
+/// decisions again before it waited for its tenant's chain, which another
+/// commit of that tenant may hold for as long as its own commit takes. A
+/// revocation (or the kill switch, which takes no chain lock) that
+/// committed during that wait was not seen: the approval, checked before,
+/// committed after it. The recheck now runs once the chain is held. The
+/// other commit is held here by a trigger on its event's insert (run under
+/// the chain's lock) that waits for an advisory lock the test holds.
+#[tokio::test]
+async fn test_an_approval_waiting_for_its_chain_sees_a_revocation_made_meanwhile() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "approve me"}))
+        .await
+        .unwrap();
+    let (holder, holder_conn) = w.other("member", "app_agent", "holder-1").await;
+    w.grant(&holder, &t).await;
+    let key = uuid::Uuid::new_v4().as_u128() as i64;
+    let hold = format!("kt_test_hold_{}", unique("f").replace('-', "_"));
+    w.superuser
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.{hold}() RETURNS trigger LANGUAGE plpgsql AS $f$ \
+             BEGIN PERFORM pg_catalog.pg_advisory_xact_lock({key}); RETURN NEW; END $f$; \
+             CREATE TRIGGER {hold} BEFORE INSERT ON keyturn.event FOR EACH ROW \
+             WHEN (NEW.tenant = '{tenant}' AND NEW.principal = '{holder}') EXECUTE FUNCTION public.{hold}();",
+            tenant = w.tenant
+        ))
+        .await
+        .unwrap();
+    w.superuser
+        .execute("SELECT pg_catalog.pg_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+
+    // The holder's commit takes the tenant's chain and waits in its trigger.
+    let holder_commits = async {
+        let tx = holder_conn.transaction().await.unwrap();
+        let pid: i32 = tx
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        propose_on(
+            &tx,
+            &t,
+            json!({"channel": "ops", "text": "held"}),
+            json!({}),
+        )
+        .await
+        .unwrap();
+        (pid, tx.commit().await)
+    };
+    let approval_commits = async {
+        until_true(
+            &w,
+            "the holder waits in its commit, holding the chain",
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a USING (pid) \
+              WHERE l.locktype = 'advisory' AND NOT l.granted AND a.usename = 'app_agent')",
+            &[],
+        )
+        .await;
+        let tx = w.human.transaction().await.unwrap();
+        let pid: i32 = tx
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let status: String = tx
+            .query_one(
+                "SELECT status FROM keyturn.approve($1, $2)",
+                &[&p.id, &p.token],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(status, "queued");
+        let meanwhile = async {
+            until_true(
+                &w,
+                "the approval's commit waits for the chain",
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE pid = $1 AND NOT granted)",
+                &[&pid],
+            )
+            .await;
+            w.admin
+                .execute(
+                    "SELECT keyturn.revoke_tool($1, $2, $3)",
+                    &[&w.tenant, &w.principal, &t],
+                )
+                .await
+                .unwrap();
+            w.superuser
+                .execute("SELECT pg_catalog.pg_advisory_unlock($1)", &[&key])
+                .await
+                .unwrap();
+        };
+        let (committed, ()) = tokio::join!(tx.commit(), meanwhile);
+        committed
+    };
+    let ((_, held), approved) = tokio::join!(holder_commits, approval_commits);
+    w.superuser
+        .batch_execute(&format!(
+            "DROP TRIGGER {hold} ON keyturn.event; DROP FUNCTION public.{hold}();"
+        ))
+        .await
+        .unwrap();
+    held.expect("the holder commits once released");
+    assert_eq!(
+        sqlstate::<()>(approved),
+        "40001",
+        "an approval committed after the grant was revoked"
+    );
+    assert_eq!(w.status(p.id).await, "pending");
+}
+
 // --- 5c. No prepared transaction holds a tenant's chain (sixth pass) ----------
 
 /// PREPARE TRANSACTION after `call` (a status change, so audit events and,
