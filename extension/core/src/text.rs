@@ -127,6 +127,15 @@ pub fn filename_problem(name: &str) -> Option<String> {
     if let Some(c) = name.chars().find(|&c| c == '/' || c == '\\') {
         return Some(format!("holds the path separator {c:?}"));
     }
+    // A mail client decodes an RFC 2047 encoded word (`=?utf-8?b?…?=`) in a
+    // filename and shows its text: the card's name would not be the one the
+    // recipient reads (seventh red-team pass, docs/security.md row 91).
+    if name.contains("=?") {
+        return Some(
+            "holds \"=?\", which mail clients read as an encoded word (RFC 2047) and show as other text"
+                .to_owned(),
+        );
+    }
     let bad = name
         .chars()
         .find(|&c| is_break_or_control(c) || is_invisible(c));
@@ -316,6 +325,8 @@ mod tests {
             "a\u{00AD}b",
             "a\u{17B4}b",
             "a\u{E0100}b",
+            "=?utf-8?b?cXVvdGXigK5mZHAuZXhl?=.pdf",
+            "quote =?x?q?y?= .pdf",
         ] {
             assert!(filename_problem(bad).is_some(), "{bad:?}");
         }

@@ -237,6 +237,32 @@ impl Email {
     }
 }
 
+/// The `Subject` header of `text`. lettre leaves an ASCII word as it is, so
+/// a subject holding an RFC 2047 encoded word (`=?utf-8?b?…?=`) would be
+/// decoded by the recipient's mail client into text the person who approved
+/// it never saw: such a subject is encoded whole, and the client decodes it
+/// back to exactly `text` (seventh red-team pass, docs/security.md row 91).
+pub fn subject(text: &str) -> lettre::message::header::HeaderValue {
+    use lettre::message::header::{HeaderName, HeaderValue};
+    let name = HeaderName::new_from_ascii_str("Subject");
+    if !text.contains("=?") {
+        return HeaderValue::new(name, text.to_owned());
+    }
+    let mut encoded = String::new();
+    {
+        let mut w = email_encoding::headers::writer::EmailWriter::new(
+            &mut encoded,
+            "Subject: ".len(),
+            0,
+            false,
+        );
+        // Writing to a String does not fail.
+        let _ = email_encoding::headers::rfc2047::encode(text, &mut w);
+    }
+    // Only ASCII, folded by the encoder: what lettre's own values are.
+    HeaderValue::dangerous_new_pre_encoded(name, text.to_owned(), encoded)
+}
+
 /// `<{key}@keyturn>`, or `<x{hex(key)}@keyturn>` when the key is not a
 /// valid dot-atom.
 pub fn message_id(idempotency_key: &str) -> String {
@@ -293,7 +319,7 @@ impl SmtpProvider {
         let id = message_id(&job.idempotency_key);
         let mut builder = Message::builder()
             .from(self.from.clone())
-            .subject(email.subject)
+            .raw_header(subject(&email.subject))
             .message_id(Some(id.clone()));
         for to in &email.to {
             builder = builder.to(parse(to)?);
@@ -557,6 +583,64 @@ impl Provider for SmtpProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `Subject:` header of a message with `text` as its subject, as a
+    /// mail client decodes it: each RFC 2047 `=?utf-8?b?…?=` word decoded,
+    /// the others kept, unfolded.
+    fn subject_as_read(text: &str) -> (String, String) {
+        use base64::Engine;
+        let message = Message::builder()
+            .from("k@example.com".parse().unwrap())
+            .to("a@example.com".parse().unwrap())
+            .raw_header(subject(text))
+            .body(String::from("b"))
+            .unwrap();
+        let raw = String::from_utf8(message.formatted()).unwrap();
+        let header = raw
+            .split("\r\n")
+            .skip_while(|l| !l.starts_with("Subject: "))
+            .take_while(|l| l.starts_with("Subject: ") || l.starts_with(' '))
+            .map(|l| l.trim_start_matches("Subject: ").trim_start())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut bytes = Vec::new();
+        for word in header.split(' ') {
+            match word
+                .strip_prefix("=?utf-8?b?")
+                .and_then(|w| w.strip_suffix("?="))
+            {
+                Some(b64) => bytes.extend(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(b64)
+                        .unwrap(),
+                ),
+                None => {
+                    if !bytes.is_empty() {
+                        bytes.push(b' ');
+                    }
+                    bytes.extend(word.as_bytes());
+                }
+            }
+        }
+        (header, String::from_utf8(bytes).unwrap())
+    }
+
+    #[test]
+    fn test_a_subject_that_reads_as_an_encoded_word_reads_as_written() {
+        // Seventh red-team pass (docs/security.md, row 91): lettre left the
+        // ASCII word as it was, and the recipient's client decoded it into
+        // "— URGENT: new bank details, pay to IBAN GB00 EVIL 0000 0000".
+        let forged = "Your renewal quote =?utf-8?b?4oCUIFVSR0VOVDogbmV3IGJhbmsgZGV0YWlscw==?=";
+        let (header, read) = subject_as_read(forged);
+        assert_eq!(read, forged, "{header}");
+        assert!(header.starts_with("=?utf-8?b?"), "{header}");
+        // A plain subject stays as lettre writes it.
+        let (header, read) = subject_as_read("Q3 numbers");
+        assert_eq!(
+            (header.as_str(), read.as_str()),
+            ("Q3 numbers", "Q3 numbers")
+        );
+    }
 
     #[test]
     fn test_url_forms() {

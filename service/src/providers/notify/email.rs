@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::{link_note, one_line, Message, Notifier};
 use crate::classify::Outcome;
 use crate::db::LeasedJob;
-use crate::providers::smtp::{message_id, SmtpProvider};
+use crate::providers::smtp::{message_id, subject, SmtpProvider};
 use crate::providers::{not_sent, BoxFuture, CallResult};
 
 /// The provider name.
@@ -72,7 +72,7 @@ impl EmailNotifier {
         Mail::builder()
             .from(self.smtp.from_mailbox().clone())
             .to(Mailbox::new(None, to))
-            .subject(one_line(&message.title, SUBJECT_MAX))
+            .raw_header(subject(&one_line(&message.title, SUBJECT_MAX)))
             .message_id(Some(message_id(&job.idempotency_key)))
             .multipart(MultiPart::alternative_plain_html(text, html))
             .map_err(|_| "the message could not be built")
