@@ -200,9 +200,12 @@ kt_chromedriver() {
   fi
   port=$(kt_free_port)
   log="$(kt_scratch)/chromedriver.log"
-  "$driver" --port="$port" --allowed-ips=127.0.0.1 --log-path="$log" >/dev/null 2>&1 &
+  # A process group of its own, so that kt_cleanup also stops a browser a
+  # test left open (chromedriver's children outlive it otherwise).
+  setsid "$driver" --port="$port" --allowed-ips=127.0.0.1 --log-path="$log" >/dev/null 2>&1 &
   KT_PIDS="${KT_PIDS:-} $!"
-  export KT_PIDS
+  KT_GROUPS="${KT_GROUPS:-} $!"
+  export KT_PIDS KT_GROUPS
   local _
   for _ in $(seq 100); do
     if curl -fs "http://127.0.0.1:$port/status" >/dev/null 2>&1; then
@@ -313,6 +316,8 @@ kt_cleanup() {
   kt_cluster_stop
   # Stop anything else this run left listening (keyturnd, receivers).
   if [ -n "${KT_PIDS:-}" ]; then kill $KT_PIDS 2>/dev/null || true; fi
+  local group
+  for group in ${KT_GROUPS:-}; do kill -- "-$group" 2>/dev/null || true; done
   if [ -n "${KT_SCRATCH:-}" ] && [ -z "${KT_KEEP:-}" ]; then rm -rf "$KT_SCRATCH"; fi
   return $status
 }
