@@ -24,12 +24,13 @@ END
 SQL
 }
 
-# E2: _invalid_reason without its FOR SHARE row locks on keyturn.tool and
-# keyturn.auth_epoch: the upper bound of what a lock that writes nothing
-# (a shared advisory lock, proposed in BENCHMARKS.md) would save.
+# E2: _invalid_reason without its row locks (FOR KEY SHARE since 0.3.0) on
+# keyturn.tool and keyturn.auth_epoch: the upper bound of what a lock that
+# writes nothing (a shared advisory lock, proposed in BENCHMARKS.md) would
+# save.
 E2_FN='keyturn._invalid_reason(keyturn.action)'
-e2_apply()  { swap_in_function "$E2_FN" E2 "FOR SHARE;" "/*FOR SHARE*/;"; }
-e2_revert() { swap_in_function "$E2_FN" E2 "/*FOR SHARE*/;" "FOR SHARE;"; }
+e2_apply()  { swap_in_function "$E2_FN" E2 " FOR KEY SHARE" " /*FOR KEY SHARE*/"; }
+e2_revert() { swap_in_function "$E2_FN" E2 " /*FOR KEY SHARE*/" " FOR KEY SHARE"; }
 
 # E3 (a coalesced NOTIFY, BENCHMARKS.md item 7) swapped one condition in the
 # plpgsql lifecycle trigger of 0.1.0; the trigger is Rust since 0.2.0, so it is
@@ -46,6 +47,6 @@ experiment() {
 }
 
 item_experiments() {
-  log "experiments: E2 (no FOR SHARE in _invalid_reason)"
+  log "experiments: E2 (no FOR KEY SHARE in _invalid_reason)"
   experiment e2 4
 }
