@@ -37,8 +37,13 @@ SELECT h.id, h.tenant, h.principal, 's' || (h.g % 64), h.tool, 1,
        h.at + interval '1 minute'
   FROM h;
 
-INSERT INTO keyturn.event (action_id, tenant, action_principal, at, db_role, principal, from_status, to_status, detail)
-SELECT h.id, h.tenant, h.principal, h.at + interval '1 minute', 'app_human', h.principal, 'pending', h.status, '{}'
+-- Placeholder hashes: the synthetic history is no audit chain (verify_audit
+-- of these tenants says so); the item measures the hot paths' plans and the
+-- sweep among many rows, which read neither hash.
+INSERT INTO keyturn.event (action_id, tenant, action_principal, at, db_role, principal, from_status, to_status, detail,
+    prev_hash, hash)
+SELECT h.id, h.tenant, h.principal, h.at + interval '1 minute', 'app_human', h.principal, 'pending', h.status, '{}',
+       repeat('0', 64), md5(h.g::text) || md5((h.g + 2)::text)
   FROM h;
 
 INSERT INTO keyturn.action_target (action_id, ord, tenant, principal, key, version)
