@@ -286,37 +286,32 @@ pub fn check_noted() {
     // A tool's check reads the principal's epoch too: an authorization
     // noted alone that one of them covers (a person approving their own
     // agent's proposal) is not read again.
-    let covered: std::collections::HashSet<(String, String, i64)> = noted
+    let covered: std::collections::HashSet<(&str, &str, i64)> = noted
         .iter()
         .filter(|n| n.tool.is_some())
-        .map(|n| (n.tenant.clone(), n.principal.clone(), n.epoch))
+        .map(|n| (n.tenant.as_str(), n.principal.as_str(), n.epoch))
         .collect();
     let mut seen = std::collections::HashSet::new();
-    for n in noted {
-        if n.tool.is_none() && covered.contains(&(n.tenant.clone(), n.principal.clone(), n.epoch)) {
+    for n in &noted {
+        let (tenant, principal) = (n.tenant.as_str(), n.principal.as_str());
+        if n.tool.is_none() && covered.contains(&(tenant, principal, n.epoch)) {
             continue;
         }
-        if !seen.insert((
-            n.tool.clone(),
-            n.version,
-            n.tenant.clone(),
-            n.principal.clone(),
-            n.epoch,
-        )) {
+        if !seen.insert((n.tool.as_deref(), n.version, tenant, principal, n.epoch)) {
             continue;
         }
         let _as_owner = RoleSwitch::to(n.owner);
         // keyturn.auth_epoch is distributed by tenant in layout B: at a
         // worker's commit Citus refuses its read unless allowed, for this
         // tenant's local shard only (citus.rs). Without Citus: None.
-        let local = crate::citus::begin_local("keyturn.auth_epoch", &n.tenant);
+        let local = crate::citus::begin_local("keyturn.auth_epoch", tenant);
         let problem = latest_text(
             "SELECT keyturn._commit_problem($1, $2::int, $3, $4, $5::bigint)",
             &[
-                n.tool,
+                n.tool.clone(),
                 Some(n.version.to_string()),
-                Some(n.tenant),
-                Some(n.principal),
+                Some(tenant.to_owned()),
+                Some(principal.to_owned()),
                 Some(n.epoch.to_string()),
             ],
             &[

@@ -135,16 +135,13 @@ pub fn check_url(text: &str) -> Result<url::Url, CoreError> {
     if url.fragment().is_some() {
         return Err(invalid("a URL with a fragment (#…) is refused"));
     }
-    let host = url.host().ok_or_else(|| invalid("the URL names no host"))?;
-    let literal = match host {
-        url::Host::Ipv4(v4) => Some(reach(IpAddr::V4(v4))),
-        url::Host::Ipv6(v6) => Some(reach(IpAddr::V6(v6))),
-        url::Host::Domain(_) => None,
-    };
-    let loopback = literal == Some(Reach::Loopback) || is_localhost(&url);
+    if url.host().is_none() {
+        return Err(invalid("the URL names no host"));
+    }
+    let literal = literal_reach(&url);
     match url.scheme() {
         "https" => {}
-        "http" if loopback => {}
+        "http" if names_loopback(&url) => {}
         "http" => {
             return Err(invalid(
                 "plain http is taken only to a loopback address (127.0.0.1, [::1], localhost); send an https:// URL",
@@ -164,10 +161,22 @@ pub fn check_url(text: &str) -> Result<url::Url, CoreError> {
     Ok(url)
 }
 
-/// Whether the URL's host is the name `localhost` (RFC 6761: always this
-/// host).
-pub fn is_localhost(url: &url::Url) -> bool {
-    matches!(url.host(), Some(url::Host::Domain(d)) if d.eq_ignore_ascii_case("localhost"))
+/// The reach of the URL's host when it is written as an IP address; `None`
+/// for a name (checked when it is resolved) or no host.
+fn literal_reach(url: &url::Url) -> Option<Reach> {
+    match url.host()? {
+        url::Host::Ipv4(v4) => Some(reach(IpAddr::V4(v4))),
+        url::Host::Ipv6(v6) => Some(reach(IpAddr::V6(v6))),
+        url::Host::Domain(_) => None,
+    }
+}
+
+/// Whether the URL itself names this host: a loopback address written out,
+/// or the name `localhost` (RFC 6761: always this host). Plain http is taken
+/// only to such a URL, and keyturnd reaches loopback only for one.
+pub fn names_loopback(url: &url::Url) -> bool {
+    literal_reach(url) == Some(Reach::Loopback)
+        || matches!(url.host(), Some(url::Host::Domain(d)) if d.eq_ignore_ascii_case("localhost"))
 }
 
 /// Checks a `PushSubscription`'s JSON and returns its normalized form:

@@ -838,14 +838,7 @@ async fn test_an_approval_waiting_for_its_chain_sees_a_revocation_made_meanwhile
             .await
             .unwrap()
             .get(0);
-        let status: String = tx
-            .query_one(
-                "SELECT status FROM keyturn.approve($1, $2)",
-                &[&p.id, &p.token],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        let (status, _) = approve_on(&tx, p.id, &p.token, None).await.unwrap();
         assert_eq!(status, "queued");
         let meanwhile = async {
             until_true(

@@ -22,7 +22,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
-use keyturn_core::notify::{is_localhost, reach, Reach};
+use keyturn_core::notify::{names_loopback, reach, Reach};
 use reqwest::header::HeaderMap;
 use serde_json::json;
 use tokio::time::Instant;
@@ -156,17 +156,6 @@ impl Networks {
                 }
             }
         }
-    }
-}
-
-/// Whether the URL's host is loopback written out: an IP on `127.0.0.0/8`
-/// or `::1`, or `localhost` (the hosts `set_notify` takes plain http to).
-fn names_loopback(url: &url::Url) -> bool {
-    match url.host() {
-        Some(url::Host::Ipv4(ip)) => reach(ip.into()) == Reach::Loopback,
-        Some(url::Host::Ipv6(ip)) => reach(ip.into()) == Reach::Loopback,
-        Some(url::Host::Domain(_)) => is_localhost(url),
-        None => false,
     }
 }
 
