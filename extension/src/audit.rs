@@ -305,11 +305,11 @@ const HEAD_MOVED: &str =
 /// However many events a tenant has in the transaction (a batch call of the
 /// dispatcher's commits one per action), its part of the commit is the
 /// head, the further ids (when there are several), one insert per
-/// ROWS_PER_WRITE events, and the head moved.
-pub fn write_pending() {
+/// ROWS_PER_WRITE events, and the head moved. Answers whether it wrote any.
+pub fn write_pending() -> bool {
     let mut pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
     if pending.is_empty() {
-        return;
+        return false;
     }
     // Stable: within a tenant the order is the order of the changes.
     pending.sort_by(|a, b| a.tenant.cmp(&b.tenant));
@@ -412,6 +412,7 @@ pub fn write_pending() {
         crate::citus::end_local(local);
         start = end;
     }
+    true
 }
 
 /// The event's hash (keyturn_core::audit::event_hash), of the object

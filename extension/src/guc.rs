@@ -23,6 +23,17 @@ pub static ALLOW_SESSION_IDENTITY: GucSetting<bool> = GucSetting::<bool>::new(fa
 /// due. Off only in benchmarks that measure the polling path.
 pub static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(true);
 
+/// `keyturn.chain_early_release`: a commit that wrote audit events lets its
+/// tenants' chains go at its commit record, and its COMMIT returns at the
+/// flush (crate::durable). Off: PostgreSQL's own order, the chains held
+/// until the flush.
+pub static CHAIN_EARLY_RELEASE: GucSetting<bool> = GucSetting::<bool>::new(true);
+
+/// Whether `keyturn.chain_early_release` is on.
+pub fn chain_early_release() -> bool {
+    CHAIN_EARLY_RELEASE.get()
+}
+
 /// Whether `keyturn.notify` is on.
 pub fn notify_on() -> bool {
     NOTIFY.get()
@@ -57,6 +68,14 @@ pub fn register() {
         c"Send NOTIFY keyturn_dispatch when an external action becomes due.",
         c"keyturnd also polls; turning this off only delays dispatch. For benchmarks.",
         &NOTIFY,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"keyturn.chain_early_release",
+        c"Release a tenant's audit chain at the commit record; COMMIT still returns only once durable.",
+        c"On: other sessions may see such a commit up to one WAL flush before it is durable, and one tenant's commits share flushes. Off: the chain is held until the flush, as PostgreSQL holds locks.",
+        &CHAIN_EARLY_RELEASE,
         GucContext::Suset,
         GucFlags::default(),
     );

@@ -12,6 +12,7 @@ pub extern "C-unwind" fn _PG_init() {
     error::keep_backtraces_out();
     guc::register();
     xact::register();
+    durable::register();
     route_guard::register();
 }
 
@@ -25,6 +26,7 @@ mod audit; // the audit events of a transaction, written into their tenant's has
 mod canonical; // canonical_json, params_hash (RFC 8785 + SHA-256), written values
 mod citus; // whether Citus is here; identity re-asserted for its workers before a business statement
 mod committed; // admission on committed data under every isolation level; the commit's recheck
+mod durable; // a commit that wrote events: its chains released at its commit record, COMMIT returned at its flush
 mod exec_as; // _exec_as: run a statement as the caller, under RLS
 mod fence; // fence: projected, neutralized, marked reference blocks
 mod form; // an sql tool's form: what is wrong with it for the tool's columns

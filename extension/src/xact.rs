@@ -8,7 +8,7 @@
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::{actor, audit, committed, privilege};
+use crate::{actor, audit, committed, durable, privilege};
 
 /// Registers the callbacks; once per backend, from `_PG_init`.
 pub fn register() {
@@ -50,8 +50,12 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
             // wait, so a revocation or the kill switch committed during it
             // is seen (seventh red-team pass, docs/security.md row 90). An
             // error here rolls the events back with the rest.
-            audit::write_pending();
+            let chained = audit::write_pending();
             committed::check_noted();
+            if chained {
+                // Last: what follows cannot fail on keyturn's account.
+                durable::release_early();
+            }
             if pushed {
                 // SAFETY: pops the snapshot pushed above.
                 unsafe { pg_sys::PopActiveSnapshot() };
@@ -62,6 +66,11 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
         | XACT_EVENT_PREPARE
         | XACT_EVENT_PARALLEL_COMMIT
         | XACT_EVENT_PARALLEL_ABORT => {
+            if event == XACT_EVENT_COMMIT {
+                durable::at_commit();
+            } else {
+                durable::at_abort();
+            }
             actor::clear();
             privilege::reset_business();
             committed::forget_all();
@@ -83,13 +92,19 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
 /// (their application_name is anyone's to claim: row 88), and keyturn's
 /// Citus layouts commit a transaction that changed actions in one phase.
 fn refuse_prepare() {
-    if audit::has_pending() || committed::has_noted() {
+    if changed_actions() {
         crate::error::KeyturnError::NotSupported {
             message: "a transaction that changed keyturn actions cannot be prepared (PREPARE TRANSACTION)".into(),
             hint: "COMMIT it instead; its audit events would keep the tenant's chain locked until COMMIT PREPARED.",
         }
         .raise();
     }
+}
+
+/// Whether this transaction changed actions: it has audit events to write,
+/// or decisions the commit checks again.
+fn changed_actions() -> bool {
+    audit::has_pending() || committed::has_noted()
 }
 
 #[pg_guard]

@@ -52,6 +52,7 @@ TITLES = {
     "flow": "1. Gate flow (propose + approve, sql tool) vs bare flow",
     "lean": "1b. Gate flow vs the lean flow (no role switching, no identity)",
     "chain": "1c. Gate flow of one tenant (A: one audit chain) vs a tenant per client (B)",
+    "chainheld": "1d. Gate flow of one tenant, the chain held until the WAL flush (A: keyturn.chain_early_release = off) vs released at the commit record (B: on, the default)",
     "propose": "2. propose alone vs plain INSERT of the same row",
     "notify": "7. External approve flow with NOTIFY (A) vs keyturn.notify = off (B)",
     "drain": "3. Drain: keyturnd (A) vs bare worker (B), 8 slots each; flows = actions",

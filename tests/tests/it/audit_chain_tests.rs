@@ -633,3 +633,78 @@ async fn test_an_after_trigger_on_the_events_fires_at_commit() {
     let ids = event_ids(&w).await;
     assert_eq!(ids.len(), 1, "{ids:?}");
 }
+
+/// A commit that wrote events lets its tenant's chain go at its commit
+/// record (docs/audit.md, "When a commit is durable"), yet its COMMIT returns
+/// only once its WAL is flushed, as `synchronous_commit = on` asks. The
+/// insert position read inside the transaction is before its commit record,
+/// so the flush must be past it when COMMIT has returned. (The test cluster
+/// runs with `synchronous_commit = off`; the transaction asks for `on`.)
+#[tokio::test]
+async fn test_a_commit_that_wrote_events_returns_only_once_flushed() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    for i in 0..20 {
+        let tx = w.agent.transaction().await.unwrap();
+        tx.batch_execute("SET LOCAL synchronous_commit = on")
+            .await
+            .unwrap();
+        propose_on(
+            &tx,
+            &t,
+            json!({"channel": "c", "text": format!("d{i}")}),
+            json!({}),
+        )
+        .await
+        .unwrap();
+        let written: String = tx
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .await
+            .unwrap()
+            .get(0);
+        tx.commit().await.unwrap();
+        let flushed: bool = w
+            .superuser
+            .query_one(
+                "SELECT pg_current_wal_flush_lsn() >= $1::text::pg_lsn",
+                &[&written],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(flushed, "commit {i} returned before its WAL was flushed");
+    }
+    assert_eq!(verify(&w.tenant).await, (true, 20, None));
+}
+
+/// The commit runs as an asynchronous one only inside PostgreSQL's commit:
+/// the session's own `synchronous_commit`, set for the whole session, is as
+/// it was after a commit that wrote events, and the next such commit waits
+/// for its flush again.
+#[tokio::test]
+async fn test_the_sessions_synchronous_commit_is_its_own_after_the_commit() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let agent = Conn::connect("app_agent", Identity::gucs(&w.tenant, &w.principal, "s1")).await;
+    agent
+        .batch_execute("SET synchronous_commit = remote_apply")
+        .await
+        .unwrap();
+    for i in 0..3 {
+        propose_on(
+            &agent,
+            &t,
+            json!({"channel": "c", "text": format!("r{i}")}),
+            json!({}),
+        )
+        .await
+        .unwrap();
+        let now: String = agent
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(now, "remote_apply", "after commit {i}");
+    }
+    assert_eq!(verify(&w.tenant).await, (true, 3, None));
+}
