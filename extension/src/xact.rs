@@ -44,6 +44,7 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
             if event == XACT_EVENT_PRE_PREPARE {
                 refuse_prepare();
             }
+            refuse_temporary_tables();
             // The events first: writing them takes each tenant's chain,
             // which another commit of the tenant may hold for as long as its
             // own commit takes. The decisions are read again after that
@@ -96,6 +97,36 @@ fn refuse_prepare() {
         crate::error::KeyturnError::NotSupported {
             message: "a transaction that changed keyturn actions cannot be prepared (PREPARE TRANSACTION)".into(),
             hint: "COMMIT it instead; its audit events would keep the tenant's chain locked until COMMIT PREPARED.",
+        }
+        .raise();
+    }
+}
+
+/// A transaction that changed actions and used temporary tables is refused
+/// at COMMIT (0A000). PostgreSQL drops its `ON COMMIT DROP` tables, and
+/// empties its `ON COMMIT DELETE ROWS` ones, after this callback: after the
+/// commit's recheck of its decisions, with its tenants' chains held. A few
+/// thousand such tables made that last part of a commit take half a second,
+/// during which a kill switch returned and the covered write still committed
+/// after it (eighth red-team pass, docs/security.md row 92). Only a
+/// transaction PostgreSQL flags as having touched its temporary namespace
+/// has that work to do, and only if the session has temporary tables (a
+/// failed attempt to make one, as in a business write, leaves the flag and
+/// no table).
+fn refuse_temporary_tables() {
+    // SAFETY: a plain read of this backend's transaction flags.
+    let flags = unsafe { pg_sys::MyXactFlags } as u32;
+    if flags & pg_sys::XACT_FLAGS_ACCESSEDTEMPNAMESPACE == 0 || !changed_actions() {
+        return;
+    }
+    let tables = Spi::get_one::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_class \
+          WHERE relnamespace = pg_catalog.pg_my_temp_schema() AND relkind IN ('r', 'p'))",
+    );
+    if tables != Ok(Some(false)) {
+        crate::error::KeyturnError::NotSupported {
+            message: "a transaction that changed keyturn actions cannot also use temporary tables".into(),
+            hint: "Use temporary tables in a transaction of their own: PostgreSQL drops and empties them after keyturn's last check at COMMIT, where a revocation or the kill switch would go unseen.",
         }
         .raise();
     }

@@ -1493,3 +1493,76 @@ async fn test_a_decided_digest_actions_preview_checks_no_guess() {
         assert_eq!(v["status"], "rejected");
     }
 }
+
+/// Eighth red-team pass (docs/security.md, row 92): PostgreSQL drops a
+/// transaction's `ON COMMIT DROP` temporary tables (and empties its
+/// `ON COMMIT DELETE ROWS` ones) after keyturn's last check at COMMIT. An
+/// agent lengthened that part of its commit with thousands of them, and a
+/// covered write committed about half a second after the kill switch had
+/// returned; the tenant's chain was held as long. A transaction that changed
+/// keyturn actions and used temporary tables is refused at COMMIT (0A000),
+/// and nothing of it stays; temporary tables in a transaction of their own
+/// are the caller's business.
+#[tokio::test]
+async fn test_a_transaction_that_changed_actions_cannot_use_temporary_tables() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let before = w.actions().await;
+
+    // The agent: a proposal, and a temporary table dropped at COMMIT.
+    let tx = w.agent.transaction().await.unwrap();
+    tx.batch_execute("CREATE TEMP TABLE kt_scratch_drop (x int) ON COMMIT DROP")
+        .await
+        .unwrap();
+    propose_on(&tx, &t, json!({"channel": "ops", "text": "t1"}), json!({}))
+        .await
+        .unwrap();
+    assert_eq!(sqlstate(tx.commit().await), "0A000");
+
+    // A table emptied at each COMMIT, made earlier in the session, then used.
+    w.agent
+        .batch_execute("CREATE TEMP TABLE kt_scratch_rows (x int) ON COMMIT DELETE ROWS")
+        .await
+        .unwrap();
+    let tx = w.agent.transaction().await.unwrap();
+    tx.batch_execute("INSERT INTO kt_scratch_rows VALUES (1)")
+        .await
+        .unwrap();
+    propose_on(&tx, &t, json!({"channel": "ops", "text": "t2"}), json!({}))
+        .await
+        .unwrap();
+    let refused = tx.commit().await;
+    assert!(
+        message(Err::<(), _>(refused.unwrap_err())).contains("temporary"),
+        "the message names what to change"
+    );
+    assert_eq!(
+        w.actions().await,
+        before,
+        "nothing of a refused commit stays"
+    );
+
+    // The person's approval in a transaction that used one: refused too.
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "t3"}))
+        .await
+        .unwrap();
+    let tx = w.human.transaction().await.unwrap();
+    tx.batch_execute("CREATE TEMP TABLE kt_scratch_h (x int) ON COMMIT DROP")
+        .await
+        .unwrap();
+    approve_on(&tx, p.id, &p.token, None).await.unwrap();
+    assert_eq!(sqlstate(tx.commit().await), "0A000");
+    assert_eq!(w.status(p.id).await, "pending");
+
+    // Temporary tables in a transaction of their own, then keyturn: fine.
+    w.agent
+        .batch_execute("INSERT INTO kt_scratch_rows VALUES (2)")
+        .await
+        .unwrap();
+    w.propose(&t, json!({"channel": "ops", "text": "t4"}))
+        .await
+        .unwrap();
+    let (status, _) = w.approve(&p).await.unwrap();
+    assert_eq!(status, "queued");
+}
