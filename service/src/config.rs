@@ -667,6 +667,17 @@ impl Config {
         self.validate_rpc()?;
         self.validate_mcp()?;
         let (notify_webhook_key, vapid) = self.validate_notify()?;
+        // A person chooses where their notifications go, and may aim them at
+        // the effects receiver: under one key, a notification would carry a
+        // signature that receiver accepts (eighth red-team pass, docs/security.md row 93).
+        if webhook.is_some() && webhook == notify_webhook_key {
+            return bad(
+                "KEYTURN_NOTIFY_WEBHOOK_SECRET must differ from KEYTURN_WEBHOOK_SECRET: a person \
+                 chooses where notifications go, and one aimed at the effects receiver would carry \
+                 a signature it accepts"
+                    .into(),
+            );
+        }
         Ok(Checked {
             csp: csp_header(&self.frame_ancestors)?,
             webhook_key: webhook,
@@ -1491,6 +1502,46 @@ mod tests {
                 assert!(e.contains(flag), "{e}");
             }
         }
+    }
+
+    /// Eighth red-team pass (docs/security.md row 93): with one key for
+    /// effects and notifications, a person aimed a notification at the
+    /// effects receiver and it verified there. The same key in both settings,
+    /// written either way, is refused; different keys start.
+    #[test]
+    fn test_notifications_and_effects_are_signed_with_different_keys() {
+        let key = format!("whsec_{}", SECRET_BASE64.encode([7u8; 32]));
+        let other = format!("whsec_{}", SECRET_BASE64.encode([8u8; 32]));
+        let raw = String::from_utf8(vec![7u8; 32]).unwrap();
+        let with = |effects: &str, notify: &str| {
+            parse(
+                &[
+                    "--database-url",
+                    "postgres://x",
+                    "--webhook-url",
+                    "http://127.0.0.1:1/",
+                    "--webhook-secret",
+                    effects,
+                    "--notify-webhook-secret",
+                    notify,
+                    "--public-url",
+                    "http://127.0.0.1:2/",
+                ],
+                None,
+            )
+            .unwrap()
+            .validate()
+        };
+        for effects in [&key, &raw] {
+            let refused = with(effects, &key).expect_err("one key for both is refused");
+            assert!(
+                refused
+                    .to_string()
+                    .contains("must differ from KEYTURN_WEBHOOK_SECRET"),
+                "{refused}"
+            );
+        }
+        with(&key, &other).expect("different keys start");
     }
 
     #[test]
