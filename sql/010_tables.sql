@@ -161,7 +161,7 @@ CREATE TABLE keyturn.action (
     epoch            bigint      NOT NULL,
     target_count     int         NOT NULL,
     token_digest     bytea       NOT NULL,         -- sha256(token): finds the claim
-    token_binding    bytea       NOT NULL,         -- HMAC(token; id, params_hash, expires_at)
+    token_binding    bytea       NOT NULL,         -- HMAC(token; id, params_hash, expires_at, origin)
     idempotency_key  text        NOT NULL,
     revised_from     uuid,                         -- the proposal this one revised
     revised_by       text,                         -- the principal who revised it

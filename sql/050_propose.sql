@@ -430,7 +430,7 @@ BEGIN
     -- against it. The token is bound to what is stored, as issue_token
     -- binds the fresh ones it gives.
     v_stored := CASE WHEN v_ver.retain = 'digest' THEN keyturn._digest_mac(v_hash) ELSE v_hash END;
-    v_binding := keyturn._token_binding(v_token, v_id, v_stored, v_expires);
+    v_binding := keyturn._token_binding(v_token, v_id, v_stored, v_expires, v_origin);
     -- A revision written in a card session (opened from a link, whose
     -- holder may not be the person) says so, in its event and on its card.
     v_noted := keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(

@@ -405,11 +405,13 @@ BEGIN
                 jsonb_build_object('reason', 'resubmitted params hash mismatch'));
         END IF;
     END IF;
-    -- The token is bound to the stored params hash; a digest proposal made
-    -- by 0.2.0 bound it to the plain hash, which v_plain now is.
-    IF NOT keyturn._token_binds(p_token, a.id, a.params_hash, a.expires_at, a.token_binding)
-       AND NOT (a.retain = 'digest'
-                AND keyturn._token_binds(p_token, a.id, v_plain, a.expires_at, a.token_binding)) THEN
+    -- The token is bound to the stored params hash and origin (the
+    -- conversation column is the origin's, read from it at propose); a digest
+    -- proposal made by 0.2.0 bound it to the plain hash, which v_plain now is.
+    IF (NOT keyturn._token_binds(p_token, a.id, a.params_hash, a.expires_at, a.origin, a.token_binding)
+        AND NOT (a.retain = 'digest'
+                 AND keyturn._token_binds(p_token, a.id, v_plain, a.expires_at, a.origin, a.token_binding)))
+       OR a.conversation_id IS DISTINCT FROM a.origin ->> 'conversation_id' THEN
         RETURN keyturn._settle(a, 'rejected_tampered',
             jsonb_build_object('reason', 'the stored proposal no longer matches what the token was issued for'),
             jsonb_build_object('reason', 'token binding mismatch'));

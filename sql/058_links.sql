@@ -29,7 +29,7 @@ DECLARE
     v_binding bytea;
 BEGIN
     v_digest := keyturn._token_digest(v_token);
-    v_binding := keyturn._token_binding(v_token, a.id, a.params_hash, a.expires_at);
+    v_binding := keyturn._token_binding(v_token, a.id, a.params_hash, a.expires_at, a.origin);
     UPDATE keyturn.action x SET token_digest = v_digest, token_binding = v_binding
      WHERE x.id = a.id AND x.tenant = a.tenant AND x.status = 'pending';
     IF NOT FOUND THEN

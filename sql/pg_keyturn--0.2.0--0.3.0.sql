@@ -865,7 +865,8 @@ CREATE OR REPLACE FUNCTION "_token_binding"(
 	"token" TEXT, /* & str */
 	"action_id" uuid, /* pgrx :: Uuid */
 	"params_hash" TEXT, /* & str */
-	"expires_at" timestamp with time zone /* TimestampWithTimeZone */
+	"expires_at" timestamp with time zone, /* TimestampWithTimeZone */
+	"origin" jsonb /* pgrx :: JsonB */
 ) RETURNS bytea /* Vec < u8 > */
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
@@ -877,6 +878,7 @@ CREATE OR REPLACE FUNCTION "_token_binds"(
 	"action_id" uuid, /* pgrx :: Uuid */
 	"params_hash" TEXT, /* & str */
 	"expires_at" timestamp with time zone, /* TimestampWithTimeZone */
+	"origin" jsonb, /* pgrx :: JsonB */
 	"stored" bytea /* & [u8] */
 ) RETURNS bool /* bool */
 IMMUTABLE STRICT PARALLEL SAFE 
@@ -2985,7 +2987,7 @@ BEGIN
     -- against it. The token is bound to what is stored, as issue_token
     -- binds the fresh ones it gives.
     v_stored := CASE WHEN v_ver.retain = 'digest' THEN keyturn._digest_mac(v_hash) ELSE v_hash END;
-    v_binding := keyturn._token_binding(v_token, v_id, v_stored, v_expires);
+    v_binding := keyturn._token_binding(v_token, v_id, v_stored, v_expires, v_origin);
     -- A revision written in a card session (opened from a link, whose
     -- holder may not be the person) says so, in its event and on its card.
     v_noted := keyturn._set_event_detail(jsonb_strip_nulls(jsonb_build_object(
@@ -3477,11 +3479,13 @@ BEGIN
                 jsonb_build_object('reason', 'resubmitted params hash mismatch'));
         END IF;
     END IF;
-    -- The token is bound to the stored params hash; a digest proposal made
-    -- by 0.2.0 bound it to the plain hash, which v_plain now is.
-    IF NOT keyturn._token_binds(p_token, a.id, a.params_hash, a.expires_at, a.token_binding)
-       AND NOT (a.retain = 'digest'
-                AND keyturn._token_binds(p_token, a.id, v_plain, a.expires_at, a.token_binding)) THEN
+    -- The token is bound to the stored params hash and origin (the
+    -- conversation column is the origin's, read from it at propose); a digest
+    -- proposal made by 0.2.0 bound it to the plain hash, which v_plain now is.
+    IF (NOT keyturn._token_binds(p_token, a.id, a.params_hash, a.expires_at, a.origin, a.token_binding)
+        AND NOT (a.retain = 'digest'
+                 AND keyturn._token_binds(p_token, a.id, v_plain, a.expires_at, a.origin, a.token_binding)))
+       OR a.conversation_id IS DISTINCT FROM a.origin ->> 'conversation_id' THEN
         RETURN keyturn._settle(a, 'rejected_tampered',
             jsonb_build_object('reason', 'the stored proposal no longer matches what the token was issued for'),
             jsonb_build_object('reason', 'token binding mismatch'));
@@ -5187,7 +5191,7 @@ DECLARE
     v_binding bytea;
 BEGIN
     v_digest := keyturn._token_digest(v_token);
-    v_binding := keyturn._token_binding(v_token, a.id, a.params_hash, a.expires_at);
+    v_binding := keyturn._token_binding(v_token, a.id, a.params_hash, a.expires_at, a.origin);
     UPDATE keyturn.action x SET token_digest = v_digest, token_binding = v_binding
      WHERE x.id = a.id AND x.tenant = a.tenant AND x.status = 'pending';
     IF NOT FOUND THEN

@@ -2,9 +2,9 @@
 //!
 //! The token itself is returned once and never stored. Two derived values are:
 //! `token_digest` (SHA-256) finds the claim, and `token_binding` (HMAC keyed by
-//! the token over action id, params hash and expiry) lets approve detect a table
-//! writer who changed params and hash together, or extended the expiry, without
-//! holding the token.
+//! the token over action id, params hash, expiry and origin) lets approve
+//! detect a table writer who changed params and hash together, extended the
+//! expiry, or changed the origin, without holding the token.
 
 use keyturn_core::token;
 use pgrx::prelude::*;
@@ -25,14 +25,15 @@ fn token_binding(
     action_id: pgrx::Uuid,
     params_hash: &str,
     expires_at: TimestampWithTimeZone,
+    origin: pgrx::JsonB,
 ) -> Vec<u8> {
     token::token_binding(
         token,
         action_id.as_bytes(),
         params_hash,
         expires_at.into_inner(),
+        &origin_text(&origin),
     )
-    .to_vec()
 }
 
 #[pg_extern(name = "_token_binds", immutable, strict, parallel_safe)]
@@ -41,6 +42,7 @@ fn token_binds(
     action_id: pgrx::Uuid,
     params_hash: &str,
     expires_at: TimestampWithTimeZone,
+    origin: pgrx::JsonB,
     stored: &[u8],
 ) -> bool {
     token::verify_binding(
@@ -48,8 +50,17 @@ fn token_binds(
         action_id.as_bytes(),
         params_hash,
         expires_at.into_inner(),
+        &origin_text(&origin),
         stored,
     )
+}
+
+/// The origin as the binding covers it: its RFC 8785 text, which no
+/// rewriting of the stored jsonb changes. An origin keyturn_core cannot
+/// canonicalize (propose admits none) binds as its error text, which no
+/// admitted origin equals.
+fn origin_text(origin: &pgrx::JsonB) -> String {
+    keyturn_core::canonical::canonicalize_value(&origin.0).unwrap_or_else(|e| format!("!{e}"))
 }
 
 /// Constant-time equality, for comparing token digests.

@@ -22,9 +22,12 @@ mod tests {
     #[pg_test]
     fn test_token_binding_detects_each_changed_field() {
         let binds = |sql: &str| Spi::get_one::<bool>(sql).unwrap().unwrap();
-        let base = "keyturn._token_binding('tok', '00000000-0000-0000-0000-000000000001', 'h', '2030-01-01Z')";
+        let base = "keyturn._token_binding('tok', '00000000-0000-0000-0000-000000000001', 'h', '2030-01-01Z', '{\"turn_id\": \"t\"}')";
         assert!(binds(&format!(
-            "SELECT keyturn._token_binds('tok', '00000000-0000-0000-0000-000000000001', 'h', '2030-01-01Z', {base})"
+            "SELECT keyturn._token_binds('tok', '00000000-0000-0000-0000-000000000001', 'h', '2030-01-01Z', '{{\"turn_id\":\"t\"}}', {base})"
+        )));
+        assert!(!binds(&format!(
+            "SELECT keyturn._token_binds('tok', '00000000-0000-0000-0000-000000000001', 'h', '2030-01-01Z', '{{\"turn_id\":\"u\"}}', {base})"
         )));
         for (tok, id, hash, exp) in [
             (
@@ -53,7 +56,7 @@ mod tests {
             ),
         ] {
             assert!(!binds(&format!(
-                "SELECT keyturn._token_binds('{tok}', '{id}', '{hash}', '{exp}', {base})"
+                "SELECT keyturn._token_binds('{tok}', '{id}', '{hash}', '{exp}', '{{\"turn_id\":\"t\"}}', {base})"
             )));
         }
     }

@@ -66,6 +66,40 @@ async fn test_tampered_params_and_hash_together_are_caught() {
     }
 }
 
+/// Eighth conformance audit: the origin is bound like the params. A table
+/// writer without the token moved a proposal to another conversation (out of
+/// one its owner had cancelled, say), changing the origin and its column
+/// together, or the column alone, and approve answered `succeeded`; each
+/// now answers `rejected_tampered` and nothing is written.
+#[tokio::test]
+async fn test_a_changed_origin_is_caught() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 3).await;
+    let origin = json!({"conversation_id": "c-1", "turn_id": "t-1"});
+    for (i, change) in [
+        "UPDATE keyturn.action SET origin = '{\"conversation_id\": \"c-2\", \"turn_id\": \"t-1\"}', \
+           conversation_id = 'c-2' WHERE id = $1",
+        "UPDATE keyturn.action SET conversation_id = 'c-2' WHERE id = $1",
+        "UPDATE keyturn.action SET origin = origin || '{\"message_id\": \"m-9\"}' WHERE id = $1",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let p = propose_on(&w.agent, &t, form(deals[i], "won"), origin.clone())
+            .await
+            .unwrap();
+        assert_eq!(tamper(&w.superuser, change, &[&p.id]).await, 1);
+        assert_eq!(w.approve(&p).await.unwrap().0, "rejected_tampered", "{change}");
+        assert_eq!(w.writes(deals[i]).await, 0);
+    }
+    // Untouched, the same origin approves.
+    let p = propose_on(&w.agent, &t, form(deals[0], "won"), origin)
+        .await
+        .unwrap();
+    assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
+}
+
 #[tokio::test]
 async fn test_extended_expiry_is_caught() {
     // A sweep in between would record the expiry before the tamper.
