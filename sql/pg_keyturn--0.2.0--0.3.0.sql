@@ -870,7 +870,7 @@ CREATE OR REPLACE FUNCTION "_token_binding"(
 ) RETURNS bytea /* Vec < u8 > */
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'token_binding_wrapper';
+AS 'MODULE_PATHNAME', 'token_binding_of_wrapper';
 
 -- pg_keyturn::token::_token_binds
 CREATE OR REPLACE FUNCTION "_token_binds"(
@@ -883,7 +883,7 @@ CREATE OR REPLACE FUNCTION "_token_binds"(
 ) RETURNS bool /* bool */
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'token_binds_wrapper';
+AS 'MODULE_PATHNAME', 'token_binds_of_wrapper';
 
 -- pg_keyturn::token::_token_digest
 CREATE OR REPLACE FUNCTION "_token_digest"(
@@ -1312,6 +1312,12 @@ VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'set_notify_wrapper';
+
+-- pg_keyturn::token::token_binding
+-- Skipped due to `#[pgrx(sql = false)]`
+
+-- pg_keyturn::token::token_binds
+-- Skipped due to `#[pgrx(sql = false)]`
 
 -- pg_keyturn::lifecycle::_action_lifecycle
 CREATE OR REPLACE FUNCTION "_action_lifecycle"()

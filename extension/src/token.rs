@@ -20,7 +20,7 @@ fn token_digest(token: &str) -> Vec<u8> {
 }
 
 #[pg_extern(name = "_token_binding", immutable, strict, parallel_safe)]
-fn token_binding(
+fn token_binding_of(
     token: &str,
     action_id: pgrx::Uuid,
     params_hash: &str,
@@ -37,7 +37,7 @@ fn token_binding(
 }
 
 #[pg_extern(name = "_token_binds", immutable, strict, parallel_safe)]
-fn token_binds(
+fn token_binds_of(
     token: &str,
     action_id: pgrx::Uuid,
     params_hash: &str,
@@ -53,6 +53,43 @@ fn token_binds(
         &origin_text(&origin),
         stored,
     )
+}
+
+/// 0.2.0's `_token_binding` and `_token_binds`, by their symbols and
+/// arguments: a 0.2.0 database runs this library from its installation until
+/// `ALTER EXTENSION pg_keyturn UPDATE`, and its functions call these. The first
+/// form of the binding, which 0.3.0 still verifies. No SQL of 0.3.0 names them.
+#[pg_extern(sql = false, immutable, strict, parallel_safe)]
+fn token_binding(
+    token: &str,
+    action_id: pgrx::Uuid,
+    params_hash: &str,
+    expires_at: TimestampWithTimeZone,
+) -> Vec<u8> {
+    token::first_form_binding(
+        token,
+        action_id.as_bytes(),
+        params_hash,
+        expires_at.into_inner(),
+    )
+    .to_vec()
+}
+
+#[pg_extern(sql = false, immutable, strict, parallel_safe)]
+fn token_binds(
+    token: &str,
+    action_id: pgrx::Uuid,
+    params_hash: &str,
+    expires_at: TimestampWithTimeZone,
+    stored: &[u8],
+) -> bool {
+    let first = token::first_form_binding(
+        token,
+        action_id.as_bytes(),
+        params_hash,
+        expires_at.into_inner(),
+    );
+    token::ct_eq(&first, stored)
 }
 
 /// The origin as the binding covers it: its RFC 8785 text, which no

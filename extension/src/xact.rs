@@ -102,35 +102,41 @@ fn refuse_prepare() {
     }
 }
 
-/// A transaction that changed actions and used temporary tables is refused
-/// at COMMIT (0A000). PostgreSQL drops its `ON COMMIT DROP` tables, and
+/// A transaction that changed actions, touched temporary tables, and runs in a
+/// session with more than [`TEMPORARY_TABLES`] of them is refused at COMMIT
+/// (0A000). PostgreSQL drops a transaction's `ON COMMIT DROP` tables, and
 /// empties its `ON COMMIT DELETE ROWS` ones, after this callback: after the
 /// commit's recheck of its decisions, with its tenants' chains held. A few
 /// thousand such tables made that last part of a commit take half a second,
 /// during which a kill switch returned and the covered write still committed
-/// after it (eighth red-team pass, docs/security.md row 92). Only a
-/// transaction PostgreSQL flags as having touched its temporary namespace
-/// has that work to do, and only if the session has temporary tables (a
-/// failed attempt to make one, as in a business write, leaves the flag and
-/// no table).
+/// after it (eighth red-team pass, docs/security.md row 92). The bound keeps
+/// that part to a few milliseconds and leaves a script that keeps a proposal
+/// in a temporary table alone. Only a transaction PostgreSQL flags as having
+/// touched its temporary namespace has such work to do.
 fn refuse_temporary_tables() {
     // SAFETY: a plain read of this backend's transaction flags.
     let flags = unsafe { pg_sys::MyXactFlags } as u32;
     if flags & pg_sys::XACT_FLAGS_ACCESSEDTEMPNAMESPACE == 0 || !changed_actions() {
         return;
     }
-    let tables = Spi::get_one::<bool>(
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_class \
-          WHERE relnamespace = pg_catalog.pg_my_temp_schema() AND relkind IN ('r', 'p'))",
-    );
-    if tables != Ok(Some(false)) {
+    let many = Spi::get_one::<bool>(&format!(
+        "SELECT count(*) > {TEMPORARY_TABLES} FROM (SELECT FROM pg_catalog.pg_class \
+          WHERE relnamespace = pg_catalog.pg_my_temp_schema() AND relkind IN ('r', 'p') \
+          LIMIT {TEMPORARY_TABLES} + 1) t"
+    ));
+    if many != Ok(Some(false)) {
         crate::error::KeyturnError::NotSupported {
-            message: "a transaction that changed keyturn actions cannot also use temporary tables".into(),
-            hint: "Use temporary tables in a transaction of their own: PostgreSQL drops and empties them after keyturn's last check at COMMIT, where a revocation or the kill switch would go unseen.",
+            message: format!(
+                "a transaction that changed keyturn actions cannot commit in a session with more than {TEMPORARY_TABLES} temporary tables"
+            ),
+            hint: "Drop temporary tables you no longer need, or change actions in a session of its own: PostgreSQL drops and empties temporary tables after keyturn's last check at COMMIT, where a revocation or the kill switch would go unseen.",
         }
         .raise();
     }
 }
+
+/// How many temporary tables a session that changes actions may hold.
+const TEMPORARY_TABLES: u32 = 64;
 
 /// Whether this transaction changed actions: it has audit events to write,
 /// or decisions the commit checks again.

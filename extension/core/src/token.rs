@@ -83,6 +83,29 @@ pub fn token_binding(
     out
 }
 
+/// The binding of the first form (0.2.0's, which does not cover the origin):
+/// HMAC-SHA256 keyed by the token over
+/// `tag ‖ action_id (16) ‖ len(params_hash) as u64 BE ‖ params_hash ‖ expires_at as i64 BE`.
+/// Still verified for proposals made before the second; made only by a
+/// 0.2.0 database running this code before its upgrade.
+pub fn first_form_binding(
+    token: &str,
+    action_id: &[u8; 16],
+    params_hash: &str,
+    expires_at_micros: i64,
+) -> [u8; 32] {
+    binding_mac(
+        BINDING_TAG_V1,
+        token,
+        action_id,
+        params_hash,
+        expires_at_micros,
+    )
+    .finalize()
+    .into_bytes()
+    .into()
+}
+
 /// Whether `stored` is the binding of this token to these values, in constant
 /// time: of the second form, or of the first, which does not cover the origin
 /// (a proposal made before 0.3.0). Neither can be made without the token.
@@ -280,6 +303,7 @@ mod tests {
         mac.update(HASH.as_bytes());
         mac.update(&EXP.to_be_bytes());
         let old: Vec<u8> = mac.finalize().into_bytes().to_vec();
+        assert_eq!(first_form_binding(&t, &ID, HASH, EXP).to_vec(), old);
         assert!(verify_binding(&t, &ID, HASH, EXP, ORIGIN, &old));
         assert!(verify_binding(&t, &ID, HASH, EXP, "{}", &old));
         assert!(!verify_binding(&t, &ID, HASH, EXP + 1, ORIGIN, &old));
