@@ -103,7 +103,8 @@ fn refuse_prepare() {
 }
 
 /// A transaction that changed actions, touched temporary tables, and runs in a
-/// session with more than [`TEMPORARY_TABLES`] of them is refused at COMMIT
+/// session with more than [`TEMPORARY_RELATIONS`] temporary relations (tables,
+/// their indexes, views, sequences) is refused at COMMIT
 /// (0A000). PostgreSQL drops a transaction's `ON COMMIT DROP` tables, and
 /// empties its `ON COMMIT DELETE ROWS` ones, after this callback: after the
 /// commit's recheck of its decisions, with its tenants' chains held. A few
@@ -119,15 +120,16 @@ fn refuse_temporary_tables() {
     if flags & pg_sys::XACT_FLAGS_ACCESSEDTEMPNAMESPACE == 0 || !changed_actions() {
         return;
     }
+    // Relations, not tables: dropping or emptying a table costs as much
+    // again for each of its indexes.
     let many = Spi::get_one::<bool>(&format!(
-        "SELECT count(*) > {TEMPORARY_TABLES} FROM (SELECT FROM pg_catalog.pg_class \
-          WHERE relnamespace = pg_catalog.pg_my_temp_schema() AND relkind IN ('r', 'p') \
-          LIMIT {TEMPORARY_TABLES} + 1) t"
+        "SELECT count(*) > {TEMPORARY_RELATIONS} FROM (SELECT FROM pg_catalog.pg_class \
+          WHERE relnamespace = pg_catalog.pg_my_temp_schema() LIMIT {TEMPORARY_RELATIONS} + 1) t"
     ));
     if many != Ok(Some(false)) {
         crate::error::KeyturnError::NotSupported {
             message: format!(
-                "a transaction that changed keyturn actions cannot commit in a session with more than {TEMPORARY_TABLES} temporary tables"
+                "a transaction that changed keyturn actions cannot commit in a session with more than {TEMPORARY_RELATIONS} temporary tables and indexes"
             ),
             hint: "Drop temporary tables you no longer need, or change actions in a session of its own: PostgreSQL drops and empties temporary tables after keyturn's last check at COMMIT, where a revocation or the kill switch would go unseen.",
         }
@@ -135,8 +137,8 @@ fn refuse_temporary_tables() {
     }
 }
 
-/// How many temporary tables a session that changes actions may hold.
-const TEMPORARY_TABLES: u32 = 64;
+/// How many temporary relations a session that changes actions may hold.
+const TEMPORARY_RELATIONS: u32 = 64;
 
 /// Whether this transaction changed actions: it has audit events to write,
 /// or decisions the commit checks again.

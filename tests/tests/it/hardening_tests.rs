@@ -1501,8 +1501,9 @@ async fn test_a_decided_digest_actions_preview_checks_no_guess() {
 /// covered write committed about half a second after the kill switch had
 /// returned; the tenant's chain was held as long. A transaction that changed
 /// keyturn actions and touched temporary tables, in a session with more than
-/// 64 of them, is refused at COMMIT (0A000), and nothing of it stays; a few
-/// temporary tables (a script keeping its proposals in one) are fine.
+/// 64 temporary relations (tables and their indexes), is refused at COMMIT
+/// (0A000), and nothing of it stays; a few temporary tables (a script
+/// keeping its proposals in one) are fine.
 #[tokio::test]
 async fn test_a_commit_cannot_be_lengthened_with_temporary_tables() {
     let w = World::new("member").await;
@@ -1524,9 +1525,23 @@ async fn test_a_commit_cannot_be_lengthened_with_temporary_tables() {
         .unwrap();
     let refused = tx.commit().await;
     assert!(
-        message(Err::<(), _>(refused.unwrap_err())).contains("temporary tables"),
+        message(Err::<(), _>(refused.unwrap_err())).contains("temporary tables and indexes"),
         "the message names what to change"
     );
+
+    // Fewer tables, each with indexes: relations are what PostgreSQL drops.
+    let tx = w.agent.transaction().await.unwrap();
+    tx.batch_execute(
+        "DO $$ BEGIN FOR i IN 1..22 LOOP \
+           EXECUTE format('CREATE TEMP TABLE kt_indexed_%s (x int PRIMARY KEY, y int UNIQUE) ON COMMIT DROP', i); \
+         END LOOP; END $$",
+    )
+    .await
+    .unwrap();
+    propose_on(&tx, &t, json!({"channel": "ops", "text": "t1b"}), json!({}))
+        .await
+        .unwrap();
+    assert_eq!(sqlstate(tx.commit().await), "0A000");
 
     // Tables emptied at each COMMIT, made earlier in the session, then used.
     w.agent
