@@ -76,7 +76,9 @@ pub fn token_binding(
         params_hash,
         expires_at_micros,
     );
-    with_origin(&mut mac, origin);
+    // usize → u64 is lossless on every supported target.
+    mac.update(&(origin.len() as u64).to_be_bytes());
+    mac.update(origin.as_bytes());
     let mut out = Vec::with_capacity(33);
     out.push(V2);
     out.extend_from_slice(&mac.finalize().into_bytes());
@@ -107,8 +109,9 @@ pub fn first_form_binding(
 }
 
 /// Whether `stored` is the binding of this token to these values, in constant
-/// time: of the second form, or of the first, which does not cover the origin
-/// (a proposal made before 0.3.0). Neither can be made without the token.
+/// time: of the second form, or of the first (32 bytes), which does not cover
+/// the origin (a proposal made before 0.3.0). Neither can be made without the
+/// token.
 pub fn verify_binding(
     token: &str,
     action_id: &[u8; 16],
@@ -117,29 +120,12 @@ pub fn verify_binding(
     origin: &str,
     stored: &[u8],
 ) -> bool {
-    match stored {
-        [V2, mac @ ..] if mac.len() == 32 => {
-            let mut m = binding_mac(
-                BINDING_TAG_V2,
-                token,
-                action_id,
-                params_hash,
-                expires_at_micros,
-            );
-            with_origin(&mut m, origin);
-            m.verify_slice(mac).is_ok()
-        }
-        _ if stored.len() == 32 => binding_mac(
-            BINDING_TAG_V1,
-            token,
-            action_id,
-            params_hash,
-            expires_at_micros,
-        )
-        .verify_slice(stored)
-        .is_ok(),
-        _ => false,
+    if stored.len() == 32 {
+        let first = first_form_binding(token, action_id, params_hash, expires_at_micros);
+        return ct_eq(stored, &first);
     }
+    let second = token_binding(token, action_id, params_hash, expires_at_micros, origin);
+    ct_eq(stored, &second)
 }
 
 /// Constant-time equality; unequal lengths are simply unequal (length is not secret).
@@ -165,12 +151,6 @@ fn binding_mac(
     mac.update(params_hash.as_bytes());
     mac.update(&expires_at_micros.to_be_bytes());
     mac
-}
-
-fn with_origin(mac: &mut Hmac<Sha256>, origin: &str) {
-    // usize → u64 is lossless on every supported target.
-    mac.update(&(origin.len() as u64).to_be_bytes());
-    mac.update(origin.as_bytes());
 }
 
 #[cfg(test)]

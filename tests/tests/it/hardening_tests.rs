@@ -1509,17 +1509,20 @@ async fn test_a_commit_cannot_be_lengthened_with_temporary_tables() {
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
     let before = w.actions().await;
-    let many = |on_commit: &str, n: u32| {
+    // n temporary tables kt_<name>_1 … of these columns.
+    let many = |name: &str, columns: &str, on_commit: &str, n: u32| {
         format!(
             "DO $$ BEGIN FOR i IN 1..{n} LOOP \
-               EXECUTE format('CREATE TEMP TABLE kt_scratch_%s (x int) ON COMMIT {on_commit}', i); \
+               EXECUTE format('CREATE TEMP TABLE kt_{name}_%s ({columns}) ON COMMIT {on_commit}', i); \
              END LOOP; END $$"
         )
     };
 
     // The agent: a proposal, and 65 temporary tables dropped at COMMIT.
     let tx = w.agent.transaction().await.unwrap();
-    tx.batch_execute(&many("DROP", 65)).await.unwrap();
+    tx.batch_execute(&many("scratch", "x int", "DROP", 65))
+        .await
+        .unwrap();
     propose_on(&tx, &t, json!({"channel": "ops", "text": "t1"}), json!({}))
         .await
         .unwrap();
@@ -1531,11 +1534,12 @@ async fn test_a_commit_cannot_be_lengthened_with_temporary_tables() {
 
     // Fewer tables, each with indexes: relations are what PostgreSQL drops.
     let tx = w.agent.transaction().await.unwrap();
-    tx.batch_execute(
-        "DO $$ BEGIN FOR i IN 1..22 LOOP \
-           EXECUTE format('CREATE TEMP TABLE kt_indexed_%s (x int PRIMARY KEY, y int UNIQUE) ON COMMIT DROP', i); \
-         END LOOP; END $$",
-    )
+    tx.batch_execute(&many(
+        "indexed",
+        "x int PRIMARY KEY, y int UNIQUE",
+        "DROP",
+        22,
+    ))
     .await
     .unwrap();
     propose_on(&tx, &t, json!({"channel": "ops", "text": "t1b"}), json!({}))
@@ -1545,7 +1549,7 @@ async fn test_a_commit_cannot_be_lengthened_with_temporary_tables() {
 
     // Tables emptied at each COMMIT, made earlier in the session, then used.
     w.agent
-        .batch_execute(&many("DELETE ROWS", 65))
+        .batch_execute(&many("scratch", "x int", "DELETE ROWS", 65))
         .await
         .unwrap();
     let tx = w.agent.transaction().await.unwrap();
@@ -1568,7 +1572,9 @@ async fn test_a_commit_cannot_be_lengthened_with_temporary_tables() {
         .await
         .unwrap();
     let tx = w.human.transaction().await.unwrap();
-    tx.batch_execute(&many("DROP", 65)).await.unwrap();
+    tx.batch_execute(&many("scratch", "x int", "DROP", 65))
+        .await
+        .unwrap();
     approve_on(&tx, p.id, &p.token, None).await.unwrap();
     assert_eq!(sqlstate(tx.commit().await), "0A000");
     assert_eq!(w.status(p.id).await, "pending");
