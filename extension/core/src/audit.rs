@@ -3,7 +3,9 @@
 
 use serde_json::Value;
 
-use crate::canonical::{parse_printed, sha256_hex, MAX_BYTES};
+use sha2::Digest;
+
+use crate::canonical::{canonicalize_value, parse_printed, sha256_hex, MAX_BYTES};
 use crate::CoreError;
 
 /// How long a stored event's text may be. The commit admits an event whose
@@ -28,6 +30,70 @@ pub fn event_hash(event: &Value) -> Result<String, CoreError> {
             sha256_hex(&Value::Object(without))
         }
         _ => sha256_hex(event),
+    }
+}
+
+/// An event's hash in two steps, the same bytes as [`event_hash`] of the
+/// whole object: the RFC 8785 form of every member but `id` and `prev_hash`,
+/// made first; then, given those two, only their text and the SHA-256. The
+/// commit makes the first part before it takes the tenant's chain and the
+/// second under it, where every microsecond is every writer's of the tenant
+/// (docs/audit.md).
+pub struct PreparedEvent {
+    /// The canonical form up to and including `"id":`.
+    head: String,
+    /// The canonical form after the value of `prev_hash`, closing brace included.
+    tail: String,
+}
+
+impl PreparedEvent {
+    /// `members`: the event's columns but `id`, `prev_hash` and `hash`. Every
+    /// other member sorts before `"id"` or after `"prev_hash"` (an event's do),
+    /// so the two fall together in the canonical form, where they are spliced.
+    pub fn new(members: serde_json::Map<String, Value>) -> Result<Self, CoreError> {
+        let utf16 = |k: &str| k.encode_utf16().collect::<Vec<u16>>();
+        let (id, prev) = (utf16("id"), utf16("prev_hash"));
+        let (mut before, mut after) = (serde_json::Map::new(), serde_json::Map::new());
+        for (k, v) in members {
+            let key = utf16(&k);
+            if key < id && k != "hash" {
+                before.insert(k, v);
+            } else if key > prev {
+                after.insert(k, v);
+            } else {
+                return Err(CoreError::InvalidJson(format!(
+                    "an audit event prepared for its chain has a member {k:?} where id and prev_hash go"
+                )));
+            }
+        }
+        let mut head = canonicalize_value(&Value::Object(before))?;
+        head.pop(); // its closing brace
+        if head.len() > 1 {
+            head.push(',');
+        }
+        head.push_str(r#""id":"#);
+        let after = canonicalize_value(&Value::Object(after))?;
+        let tail = match after.len() {
+            2 => "}".to_owned(),
+            _ => format!(",{}", &after[1..]),
+        };
+        Ok(Self { head, tail })
+    }
+
+    /// The event's hash once it has its id and its predecessor's hash.
+    pub fn hash(&self, id: &Value, prev_hash: &str) -> Result<String, CoreError> {
+        let id = canonicalize_value(id)?;
+        let prev = canonicalize_value(&Value::String(prev_hash.to_owned()))?;
+        const PREV: &str = r#","prev_hash":"#;
+        let length = self.head.len() + id.len() + PREV.len() + prev.len() + self.tail.len();
+        if length > MAX_BYTES {
+            return Err(CoreError::TooLarge { limit: MAX_BYTES });
+        }
+        let mut sha = sha2::Sha256::new();
+        for part in [self.head.as_str(), &id, PREV, &prev, &self.tail] {
+            sha.update(part.as_bytes());
+        }
+        Ok(hex::encode(sha.finalize()))
     }
 }
 
@@ -119,5 +185,42 @@ mod tests {
             event_hash(&e).unwrap(),
             hex::encode(sha2::Sha256::digest(canonical.as_bytes()))
         );
+    }
+
+    #[test]
+    fn an_event_prepared_in_two_steps_hashes_as_the_whole() {
+        let members = json!({
+            "action_id": "4f9c2f8e-0000-4000-8000-000000000001",
+            "action_principal": "agent-é",
+            "at": "2026-12-06T01:02:03.456789+00:00",
+            "db_role": "app_human",
+            // The same pair of keys nested in the detail: spliced at the top.
+            "detail": {"id": 0, "prev_hash": "", "note": "\"id\":0", "n": [1.50, null, {"z": true}]},
+            "from_status": null,
+            "principal": "person\u{2028}x",
+            "tenant": "acme",
+            "to_status": "approved"
+        });
+        let prepared = PreparedEvent::new(members.as_object().unwrap().clone()).unwrap();
+        for (id, prev) in [(json!(1), CHAIN_START), (json!(9007199254740991u64), "ab")] {
+            let mut whole = members.clone();
+            whole["id"] = id.clone();
+            whole["prev_hash"] = json!(prev);
+            assert_eq!(
+                prepared.hash(&id, prev).unwrap(),
+                event_hash(&whole).unwrap()
+            );
+        }
+        // Only before "id" and after "prev_hash", never both empty sides wrong.
+        let few = PreparedEvent::new(serde_json::Map::new()).unwrap();
+        assert_eq!(
+            few.hash(&json!(2), "p").unwrap(),
+            event_hash(&json!({"id": 2, "prev_hash": "p"})).unwrap()
+        );
+        let between = json!({"kind": 1});
+        assert!(PreparedEvent::new(between.as_object().unwrap().clone()).is_err());
+        // An id without an exact canonical form is refused, as event_hash refuses it.
+        let big: Value = serde_json::from_str("9007199254740993").unwrap();
+        assert!(prepared.hash(&big, CHAIN_START).is_err());
     }
 }
