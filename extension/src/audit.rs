@@ -320,6 +320,9 @@ pub fn write_pending() -> bool {
     // (`write_statement`). Without Citus loaded in this backend, a settings
     // lookup.
     let together = !crate::citus::active();
+    // Everything of the hashes that does not depend on the chain, before
+    // any tenant's chain is taken.
+    let mut prepared: Vec<_> = pending.iter().map(prepare).collect();
     let mut start = 0;
     while start < pending.len() {
         let tenant = pending[start].tenant.clone();
@@ -336,35 +339,16 @@ pub fn write_pending() -> bool {
         let local = crate::citus::begin_local("keyturn.event", &tenant);
         lock_chain(chain_lock_class, &tenant);
         let t = Some(tenant.clone());
-        // The head row is made once per tenant, ever: read first, made
-        // only when there is none (under the lock, so by this writer alone).
-        let head = on_latest(HEAD, std::slice::from_ref(&t), &[text], false).or_else(|| {
-            on_latest(HEAD_MADE, std::slice::from_ref(&t), &[text], false);
-            on_latest(HEAD, std::slice::from_ref(&t), &[text], false)
-        });
-        let head = head.unwrap_or_else(|| error!("keyturn: no audit chain head for a tenant"));
-        let mut parts = head.splitn(4, ' ');
-        let count: i64 = parts.next().unwrap_or("0").parse().unwrap_or(0);
-        let mut prev = parts.next().unwrap_or("").to_owned();
-        parts.next(); // the last id, which the first id is above
-        let mut ids: Vec<String> = parts.next().map(str::to_owned).into_iter().collect();
-        if events.len() > 1 {
-            let more = on_latest(
-                MORE_IDS,
-                &[Some((events.len() - 1).to_string())],
-                &[text],
-                false,
-            )
-            .unwrap_or_default();
-            ids.extend(more.split(' ').map(str::to_owned));
-        }
+        let (count, mut prev, ids) = head_and_ids(&tenant, events.len(), together);
         if ids.len() != events.len() {
             error!("keyturn: no id for an audit event");
         }
         let mut rows: Vec<Option<String>> = Vec::with_capacity(events.len() * WRITE_COLUMNS);
-        for (e, id) in events.iter().zip(&ids) {
-            let detail = RawJsonb::parse(&e.detail).text();
-            let hash = hash_event(id, e, &detail, &prev);
+        for ((e, (detail, prepared)), id) in
+            events.iter().zip(prepared[start..end].iter_mut()).zip(&ids)
+        {
+            let hash = hash_event(id, prepared, &prev);
+            let detail = std::mem::take(detail);
             rows.extend([
                 Some(id.clone()),
                 Some(e.action_id.to_string()),
@@ -415,19 +399,133 @@ pub fn write_pending() -> bool {
     true
 }
 
-/// The event's hash (keyturn_core::audit::event_hash), of the object
-/// verify_audit makes from `to_jsonb` of the row under TimeZone UTC.
-/// `detail` is as jsonb_out prints it, the text the row will hold; `at` as
-/// PostgreSQL's JSON encoder prints it in UTC (`json_utc`).
-fn hash_event(id: &str, e: &Pending, detail: &str, prev: &str) -> String {
+/// Under the tenant's lock: its chain's event count and head, and the ids of
+/// its `n` events of this commit, in order. The head row is made once per
+/// tenant, ever: read first, made only when there is none (under the lock,
+/// so by this writer alone). On one node (`direct`) the head is read from
+/// its index and the ids taken from the sequence without a statement, the
+/// first part of a commit that every writer of the tenant waits for; on
+/// Citus, where the head lives in the tenant's shard, by HEAD and MORE_IDS.
+fn head_and_ids(tenant: &str, n: usize, direct: bool) -> (i64, String, Vec<String>) {
+    let text = pg_sys::TEXTOID;
+    let t = [Some(tenant.to_owned())];
+    if direct {
+        let (count, head, last_id) = read_head(tenant).unwrap_or_else(|| {
+            on_latest(HEAD_MADE, &t, &[text], false);
+            // SAFETY: makes the row just inserted visible to the next
+            // snapshot of this transaction, as SPI does before a statement.
+            unsafe { pg_sys::CommandCounterIncrement() };
+            read_head(tenant).unwrap_or_else(|| error!("keyturn: no audit chain head for a tenant"))
+        });
+        let sequence = event_sequence();
+        let next = || {
+            // SAFETY: nextval of keyturn's own sequence, by OID, as the
+            // extension owner (write_pending switched to it).
+            unsafe {
+                pgrx::direct_function_call::<i64>(
+                    pg_sys::nextval_oid,
+                    &[Some(pg_sys::Datum::from(sequence))],
+                )
+                .unwrap_or_else(|| error!("keyturn: no id for an audit event"))
+            }
+        };
+        let mut first = next();
+        if first <= last_id {
+            // The sequence is behind the chain (a restore, a shard moved
+            // back from Citus): HEAD's setval, taken here the same way.
+            first = on_latest(
+                "SELECT pg_catalog.setval('keyturn.event_id_seq', $1::bigint)::text",
+                &[Some((last_id + 1).to_string())],
+                &[text],
+                false,
+            )
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| error!("keyturn: no id for an audit event"));
+        }
+        let ids = std::iter::once(first)
+            .chain((1..n).map(|_| next()))
+            .map(|id| id.to_string())
+            .collect();
+        return (count, head, ids);
+    }
+    let head = on_latest(HEAD, &t, &[text], false).or_else(|| {
+        on_latest(HEAD_MADE, &t, &[text], false);
+        on_latest(HEAD, &t, &[text], false)
+    });
+    let head = head.unwrap_or_else(|| error!("keyturn: no audit chain head for a tenant"));
+    let mut parts = head.splitn(4, ' ');
+    let count: i64 = parts.next().unwrap_or("0").parse().unwrap_or(0);
+    let prev = parts.next().unwrap_or("").to_owned();
+    parts.next(); // the last id, which the first id is above
+    let mut ids: Vec<String> = parts.next().map(str::to_owned).into_iter().collect();
+    if n > 1 {
+        let more =
+            on_latest(MORE_IDS, &[Some((n - 1).to_string())], &[text], false).unwrap_or_default();
+        ids.extend(more.split(' ').map(str::to_owned));
+    }
+    (count, prev, ids)
+}
+
+/// The tenant's head row (events, head, last_id) in its newest committed
+/// version, by its primary key: what HEAD reads, without a statement. The
+/// snapshot is taken under the tenant's lock, after the last writer's commit
+/// released it, so that commit is in it.
+fn read_head(tenant: &str) -> Option<(i64, String, i64)> {
+    let (table, index) = (chain_table(), chain_index());
+    // SAFETY: the relation is opened and closed here, the snapshot registered
+    // and unregistered around the scan, and the tuple read before the scan
+    // ends; the key is a text datum of this memory context.
+    unsafe {
+        let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
+        pg_sys::ScanKeyInit(
+            &mut key,
+            pg_sys::get_attnum(table, c"tenant".as_ptr()),
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::RegProcedure::from(pg_sys::F_TEXTEQ),
+            tenant.into_datum().unwrap_or(pg_sys::Datum::from(0)),
+        );
+        key.sk_collation = pg_sys::DEFAULT_COLLATION_OID;
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let scan = pg_sys::systable_beginscan(rel, index, true, snapshot, 1, &mut key);
+        let tuple = pg_sys::systable_getnext(scan);
+        let row = (!tuple.is_null()).then(|| {
+            let desc = (*rel).rd_att;
+            // By name: the columns' numbers are the install's or the upgrade's.
+            let column = |name: &std::ffi::CStr| {
+                let mut null = false;
+                let n = pg_sys::get_attnum(table, name.as_ptr());
+                (pg_sys::heap_getattr(tuple, n.into(), desc, &mut null), null)
+            };
+            let (events, _) = column(c"events");
+            let (head, _) = column(c"head");
+            let (last_id, _) = column(c"last_id");
+            (
+                i64::from_datum(events, false).unwrap_or(0),
+                String::from_datum(head, false).unwrap_or_default(),
+                i64::from_datum(last_id, false).unwrap_or(0),
+            )
+        });
+        pg_sys::systable_endscan(scan);
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        row
+    }
+}
+
+/// An event's stored detail and its hash's first step
+/// (keyturn_core::audit::PreparedEvent), made before the tenant's chain is
+/// taken: the object verify_audit makes from `to_jsonb` of the row under
+/// TimeZone UTC, but its id and `prev_hash`. `detail` as jsonb_out prints
+/// it, the text the row will hold; `at` as PostgreSQL's JSON encoder prints
+/// it in UTC (`json_utc`).
+fn prepare(e: &Pending) -> (String, keyturn_core::audit::PreparedEvent) {
+    let detail = RawJsonb::parse(&e.detail).text();
     let text = |s: &str| serde_json::Value::String(s.to_owned());
     let or_null = |s: &Option<String>| s.as_deref().map_or(serde_json::Value::Null, text);
-    let number: serde_json::Value = serde_json::from_str(id)
-        .unwrap_or_else(|_| error!("keyturn: an audit event's id is not a number"));
-    let detail = canonical::parse_bounded(detail)
+    let value = canonical::parse_bounded(&detail)
         .unwrap_or_else(|e| error!("keyturn: an audit event's detail cannot be hashed: {e}"));
-    let event = serde_json::json!({
-        "id": number,
+    let serde_json::Value::Object(members) = serde_json::json!({
         "action_id": text(&e.action_id.to_string()),
         "tenant": text(&e.tenant),
         "action_principal": text(&e.action_principal),
@@ -436,10 +534,22 @@ fn hash_event(id: &str, e: &Pending, detail: &str, prev: &str) -> String {
         "principal": or_null(&e.principal),
         "from_status": or_null(&e.from_status),
         "to_status": text(&e.to_status),
-        "detail": detail,
-        "prev_hash": text(prev),
-    });
-    keyturn_core::audit::event_hash(&event)
+        "detail": value,
+    }) else {
+        unreachable!("json! of braces is an object")
+    };
+    let prepared = keyturn_core::audit::PreparedEvent::new(members)
+        .unwrap_or_else(|e| error!("keyturn: an audit event cannot be hashed: {e}"));
+    (detail, prepared)
+}
+
+/// The event's hash under the tenant's chain: its id and predecessor added
+/// to what [`prepare`] made (keyturn_core::audit::event_hash of the whole).
+fn hash_event(id: &str, prepared: &keyturn_core::audit::PreparedEvent, prev: &str) -> String {
+    let number: serde_json::Value = serde_json::from_str(id)
+        .unwrap_or_else(|_| error!("keyturn: an audit event's id is not a number"));
+    prepared
+        .hash(&number, prev)
         .unwrap_or_else(|e| error!("keyturn: an audit event cannot be hashed: {e}"))
 }
 
@@ -474,6 +584,33 @@ fn chain_table() -> pg_sys::Oid {
         }
         pg_sys::get_relname_relid(c"audit_chain".as_ptr(), schema)
     }
+}
+
+/// The OID of keyturn.audit_chain's primary key (its columns: tenant).
+fn chain_index() -> pg_sys::Oid {
+    keyturn_relation(c"audit_chain_pkey")
+}
+
+/// The OID of keyturn.event's id sequence.
+fn event_sequence() -> pg_sys::Oid {
+    keyturn_relation(c"event_id_seq")
+}
+
+fn keyturn_relation(name: &std::ffi::CStr) -> pg_sys::Oid {
+    // SAFETY: catalog cache lookups of keyturn's own names.
+    let oid = unsafe {
+        pg_sys::get_relname_relid(
+            name.as_ptr(),
+            pg_sys::get_namespace_oid(c"keyturn".as_ptr(), false),
+        )
+    };
+    if oid == pg_sys::Oid::INVALID {
+        error!(
+            "keyturn: {} is missing; reinstall the extension",
+            name.to_string_lossy()
+        );
+    }
+    oid
 }
 
 /// Takes keyturn's lock on a tenant's chain until the transaction ends:

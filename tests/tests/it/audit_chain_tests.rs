@@ -708,3 +708,30 @@ async fn test_the_sessions_synchronous_commit_is_its_own_after_the_commit() {
     }
     assert_eq!(verify(&w.tenant).await, (true, 3, None));
 }
+
+#[tokio::test]
+async fn test_a_sequence_behind_the_chain_is_moved_past_it() {
+    // A restore, or a tenant's shard moved back from Citus, can leave the id
+    // sequence below a tenant's last event: the commit moves it past the
+    // chain, so the tenant's ids still follow its chain.
+    let w = busy().await;
+    let ids = event_ids(&w).await;
+    let (first, last) = (ids[0], *ids.last().unwrap());
+    w.superuser
+        .execute("SELECT setval('keyturn.event_id_seq', $1)", &[&first])
+        .await
+        .unwrap();
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "after"}))
+        .await
+        .unwrap();
+    w.approve(&p).await.unwrap();
+    let after = event_ids(&w).await;
+    assert!(after.len() > ids.len());
+    assert!(
+        after[ids.len()..].iter().all(|&id| id > last),
+        "ids {after:?} do not follow the chain's last id {last}"
+    );
+    assert_eq!(verify(&w.tenant).await, (true, after.len() as i64, None));
+}
