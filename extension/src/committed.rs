@@ -305,23 +305,7 @@ pub fn check_noted() {
         // worker's commit Citus refuses its read unless allowed, for this
         // tenant's local shard only (citus.rs). Without Citus: None.
         let local = crate::citus::begin_local("keyturn.auth_epoch", tenant);
-        let problem = latest_text(
-            "SELECT keyturn._commit_problem($1, $2::int, $3, $4, $5::bigint)",
-            &[
-                n.tool.clone(),
-                Some(n.version.to_string()),
-                Some(tenant.to_owned()),
-                Some(principal.to_owned()),
-                Some(n.epoch.to_string()),
-            ],
-            &[
-                pg_sys::TEXTOID,
-                pg_sys::TEXTOID,
-                pg_sys::TEXTOID,
-                pg_sys::TEXTOID,
-                pg_sys::TEXTOID,
-            ],
-        );
+        let problem = commit_problem(n.tool.as_deref(), n.version, tenant, principal, n.epoch);
         crate::citus::end_local(local);
         if let Some(problem) = problem {
             KeyturnError::Busy(format!(
@@ -331,6 +315,108 @@ pub fn check_noted() {
             .raise();
         }
     }
+}
+
+/// The tool's switch and version and the principal's epoch, as committed
+/// now, in one statement: no row, no tool.
+const TOOL_AND_EPOCH: &str = "SELECT t.enabled::text || ' ' || t.version || ' ' || \
+       coalesce((SELECT e.epoch FROM keyturn.auth_epoch e WHERE e.tenant = $2 AND e.principal = $3), 0) \
+  FROM keyturn.tool t WHERE t.name = $1";
+/// The principal's epoch alone (0 until it first changes).
+const EPOCH: &str = "SELECT coalesce((SELECT e.epoch FROM keyturn.auth_epoch e \
+                                       WHERE e.tenant = $1 AND e.principal = $2), 0)::text";
+
+thread_local! {
+    /// TOOL_AND_EPOCH's tool half over a Citus worker's local placement of
+    /// keyturn.tool, by placement: one statement per placement name, kept
+    /// for the backend (a worker has one or two).
+    static ON_PLACEMENT: RefCell<HashMap<String, &'static str>> = RefCell::new(HashMap::new());
+}
+
+/// What changed since an approval was decided on (tool, version, epoch), in
+/// the words of the error the commit raises, or None. The rule, in one place:
+/// the tool still enabled at the version approved, the principal's epoch
+/// unchanged. On a Citus worker at the commit of a delegated call the tool is
+/// read from its local placement (a reference table's shard), which Citus
+/// lets a delegated call read.
+fn commit_problem(
+    tool: Option<&str>,
+    version: i32,
+    tenant: &str,
+    principal: &str,
+    epoch: i64,
+) -> Option<String> {
+    let text = pg_sys::TEXTOID;
+    let (who, whose) = (Some(tenant.to_owned()), Some(principal.to_owned()));
+    let read_epoch = || {
+        latest_text(EPOCH, &[who.clone(), whose.clone()], &[text, text])
+            .and_then(|e| e.parse::<i64>().ok())
+            .unwrap_or(0)
+    };
+    // "enabled version [epoch]": the tool row's text.
+    let fields = |row: &str| {
+        let mut f = row.split(' ');
+        let enabled = f.next() == Some("true");
+        let version = f.next().and_then(|v| v.parse::<i32>().ok());
+        (
+            enabled,
+            version,
+            f.next().and_then(|e| e.parse::<i64>().ok()),
+        )
+    };
+    let (state, now_epoch) = match tool {
+        None => (None, read_epoch()),
+        Some(name) => {
+            let placement = if crate::citus::active() {
+                latest_text(
+                    "SELECT keyturn._local_placement('keyturn.tool')::text",
+                    &[],
+                    &[],
+                )
+            } else {
+                None
+            };
+            match placement {
+                None => {
+                    let row = latest_text(
+                        TOOL_AND_EPOCH,
+                        &[Some(name.to_owned()), who.clone(), whose.clone()],
+                        &[text, text, text],
+                    )
+                    .map(|r| fields(&r));
+                    let now = row.and_then(|(_, _, e)| e).unwrap_or(0);
+                    (row.map(|(on, v, _)| (on, v)), now)
+                }
+                Some(placement) => {
+                    let sql = ON_PLACEMENT.with(|kept| {
+                        *kept.borrow_mut().entry(placement.clone()).or_insert_with(|| {
+                            Box::leak(
+                                format!(
+                                    "SELECT t.enabled::text || ' ' || t.version FROM {placement} t WHERE t.name = $1"
+                                )
+                                .into_boxed_str(),
+                            )
+                        })
+                    });
+                    let row = latest_text(sql, &[Some(name.to_owned())], &[text]);
+                    (
+                        row.map(|r| fields(&r)).map(|(on, v, _)| (on, v)),
+                        read_epoch(),
+                    )
+                }
+            }
+        }
+    };
+    if let Some(name) = tool {
+        match state {
+            Some((true, Some(v))) if v != version => {
+                return Some(format!("tool {name} changed from version {version} to {v}"))
+            }
+            Some((true, _)) => {}
+            _ => return Some(format!("tool {name} was disabled")), // off, or no row
+        }
+    }
+    (now_epoch != epoch).then(|| format!("the authorization of principal {principal} changed"))
 }
 
 /// A subtransaction at `level` committed (RELEASE, or a plpgsql block
