@@ -9,8 +9,8 @@
 //! serialize every approval of the tenant end to end. So the events a
 //! transaction produces are kept here, in backend memory, in the order they
 //! happen, and written at PRE_COMMIT (PRE_PREPARE on a Citus worker): the
-//! head row is locked there, the events get their ids and hashes in order
-//! (keyturn._chain_events), and the lock lasts only for the commit itself.
+//! tenant's chain is locked there, the events get their ids and hashes in
+//! order ([`write_pending`]), and the lock lasts only for the commit itself.
 //! Until then they are not rows of keyturn.event; keyturn.audit shows a
 //! transaction its own ([`noted_events`]) after the committed ones.
 
@@ -300,12 +300,13 @@ const HEAD_MOVED: &str =
 /// written under a lock of keyturn's own on that tenant (a lock on an object
 /// no statement of anyone else's can name, unlike an advisory lock), held
 /// until the commit ends; the head is read, and written, in its newest
-/// version (committed::on_latest), so a REPEATABLE READ transaction chains
-/// to what committed after its snapshot instead of failing to serialize.
-/// However many events a tenant has in the transaction (a batch call of the
-/// dispatcher's commits one per action), its part of the commit is the
-/// head, the further ids (when there are several), one insert per
-/// ROWS_PER_WRITE events, and the head moved. Answers whether it wrote any.
+/// version (read_head, committed::on_latest), so a REPEATABLE READ
+/// transaction chains to what committed after its snapshot instead of
+/// failing to serialize. However many events a tenant has in the transaction
+/// (a batch call of the dispatcher's commits one per action), its part of
+/// the commit under the lock is the head and the ids ([`head_and_ids`]), the
+/// hashes finished, and one insert per ROWS_PER_WRITE events, the last with
+/// the head moved. Answers whether it wrote any.
 pub fn write_pending() -> bool {
     let mut pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
     if pending.is_empty() {
