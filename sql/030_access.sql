@@ -92,6 +92,8 @@ BEGIN
     VALUES (p_tenant, p_principal, 1)
     ON CONFLICT (tenant, principal)
     DO UPDATE SET epoch = e.epoch + 1, changed_at = EXCLUDED.changed_at;
+    -- Commits that rechecked the old authorization end first (docs/security.md, row 95).
+    PERFORM keyturn._await_rechecks(NULL, p_tenant, p_principal);
 END
 $$;
 

@@ -198,7 +198,14 @@ BEGIN
     END IF;
     UPDATE keyturn.tool t SET enabled = set_tool_enabled.enabled, updated_at = now()
      WHERE t.name = set_tool_enabled.name AND t.enabled IS DISTINCT FROM set_tool_enabled.enabled;
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- A commit that has read the tool enabled (its recheck passed) ends before
+    -- this change commits, so none commits after the kill switch returned
+    -- (docs/security.md, row 95); one that has not waits for it and fails.
+    PERFORM keyturn._await_rechecks(set_tool_enabled.name, NULL, NULL);
+    RETURN true;
 END
 $$;
 

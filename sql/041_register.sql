@@ -540,6 +540,8 @@ BEGIN
         INSERT INTO keyturn.tool (name, version) VALUES (v_name, v_version);
     ELSE
         UPDATE keyturn.tool t SET version = v_version, updated_at = now() WHERE t.name = v_name;
+        -- Commits that rechecked the old version end first (docs/security.md, row 95).
+        PERFORM keyturn._await_rechecks(v_name, NULL, NULL);
     END IF;
 
     -- The arrays first: Citus takes no subquery in INSERT ... VALUES (docs/scale-out.md, layout B, step 5).

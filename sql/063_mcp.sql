@@ -476,6 +476,7 @@ BEGIN
     -- through it.
     IF NOT v_known OR v_info ->> 'kind' = 'read' THEN
         UPDATE keyturn.tool t SET enabled = false WHERE t.name = v_name;
+        PERFORM keyturn._await_rechecks(v_name, NULL, NULL); -- row 95, as set_tool_enabled
     END IF;
     RETURN v_version;
 END

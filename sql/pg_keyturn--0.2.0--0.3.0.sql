@@ -333,6 +333,16 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'approval_valid_wrapper';
 
+-- pg_keyturn::recheck_locks::_await_rechecks
+CREATE OR REPLACE FUNCTION "_await_rechecks"(
+	"tool" TEXT, /* Option < & str > */
+	"tenant" TEXT, /* Option < & str > */
+	"principal" TEXT /* Option < & str > */
+) RETURNS TEXT /* String */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'await_rechecks_wrapper';
+
 -- pg_keyturn::args::_batch_check_arrays
 CREATE OR REPLACE FUNCTION "_batch_check_arrays"(
 	"p_n1" INT, /* Option < i32 > */
@@ -1675,6 +1685,8 @@ BEGIN
     VALUES (p_tenant, p_principal, 1)
     ON CONFLICT (tenant, principal)
     DO UPDATE SET epoch = e.epoch + 1, changed_at = EXCLUDED.changed_at;
+    -- Commits that rechecked the old authorization end first (docs/security.md, row 95).
+    PERFORM keyturn._await_rechecks(NULL, p_tenant, p_principal);
 END
 $$;
 
@@ -1964,7 +1976,14 @@ BEGIN
     END IF;
     UPDATE keyturn.tool t SET enabled = set_tool_enabled.enabled, updated_at = now()
      WHERE t.name = set_tool_enabled.name AND t.enabled IS DISTINCT FROM set_tool_enabled.enabled;
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- A commit that has read the tool enabled (its recheck passed) ends before
+    -- this change commits, so none commits after the kill switch returned
+    -- (docs/security.md, row 95); one that has not waits for it and fails.
+    PERFORM keyturn._await_rechecks(set_tool_enabled.name, NULL, NULL);
+    RETURN true;
 END
 $$;
 
@@ -2527,6 +2546,8 @@ BEGIN
         INSERT INTO keyturn.tool (name, version) VALUES (v_name, v_version);
     ELSE
         UPDATE keyturn.tool t SET version = v_version, updated_at = now() WHERE t.name = v_name;
+        -- Commits that rechecked the old version end first (docs/security.md, row 95).
+        PERFORM keyturn._await_rechecks(v_name, NULL, NULL);
     END IF;
 
     -- The arrays first: Citus takes no subquery in INSERT ... VALUES (docs/scale-out.md, layout B, step 5).
@@ -7393,6 +7414,7 @@ BEGIN
     -- through it.
     IF NOT v_known OR v_info ->> 'kind' = 'read' THEN
         UPDATE keyturn.tool t SET enabled = false WHERE t.name = v_name;
+        PERFORM keyturn._await_rechecks(v_name, NULL, NULL); -- row 95, as set_tool_enabled
     END IF;
     RETURN v_version;
 END

@@ -36,7 +36,10 @@ struct Pending {
     principal: Option<String>,
     from_status: Option<String>,
     to_status: String,
+    /// As jsonb prints it: the text the row will hold.
     detail: String,
+    /// Its hash's first step, made when the event is noted.
+    prepared: keyturn_core::audit::PreparedEvent,
 }
 
 thread_local! {
@@ -80,6 +83,22 @@ pub fn append(
             pg_sys::GetCurrentTimestamp(),
         )
     };
+    let detail = RawJsonb::parse(detail).text();
+    // The hash's first step now, in the statement that made the event: a
+    // detail the chain cannot hold (a reason over 1 MiB) fails here, with
+    // words for it, not at COMMIT; and the commit, which every writer of the
+    // tenant waits for, has that much less to do.
+    let prepared = prepare(
+        action_id,
+        tenant,
+        action_principal,
+        at,
+        db_role,
+        principal,
+        from_status,
+        to_status,
+        &detail,
+    );
     PENDING.with(|p| {
         p.borrow_mut().push(Pending {
             level,
@@ -91,7 +110,8 @@ pub fn append(
             principal: principal.map(str::to_owned),
             from_status: from_status.map(str::to_owned),
             to_status: to_status.to_owned(),
-            detail: detail.to_owned(),
+            detail,
+            prepared,
         })
     });
 }
@@ -312,6 +332,17 @@ pub fn write_pending() -> bool {
     if pending.is_empty() {
         return false;
     }
+    // SAFETY: a plain read of the transaction's state.
+    if unsafe { pg_sys::XactReadOnly } {
+        crate::error::KeyturnError::ReadOnly {
+            message: "this transaction changed keyturn actions and was then made read only, so their \
+                      audit events cannot be written at its COMMIT"
+                .into(),
+            hint: "Leave out SET TRANSACTION READ ONLY in a transaction that calls keyturn, or do the \
+                   read-only work in a transaction of its own.",
+        }
+        .raise();
+    }
     // Stable: within a tenant the order is the order of the changes.
     pending.sort_by(|a, b| a.tenant.cmp(&b.tenant));
     let _as_owner = RoleSwitch::to(extension_owner());
@@ -321,9 +352,6 @@ pub fn write_pending() -> bool {
     // (`write_statement`). Without Citus loaded in this backend, a settings
     // lookup.
     let together = !crate::citus::active();
-    // Everything of the hashes that does not depend on the chain, before
-    // any tenant's chain is taken.
-    let mut prepared: Vec<_> = pending.iter().map(prepare).collect();
     let mut start = 0;
     while start < pending.len() {
         let tenant = pending[start].tenant.clone();
@@ -345,11 +373,8 @@ pub fn write_pending() -> bool {
             error!("keyturn: no id for an audit event");
         }
         let mut rows: Vec<Option<String>> = Vec::with_capacity(events.len() * WRITE_COLUMNS);
-        for ((e, (detail, prepared)), id) in
-            events.iter().zip(prepared[start..end].iter_mut()).zip(&ids)
-        {
-            let hash = hash_event(id, prepared, &prev);
-            let detail = std::mem::take(detail);
+        for (e, id) in events.iter().zip(&ids) {
+            let hash = hash_event(id, &e.prepared, &prev);
             rows.extend([
                 Some(id.clone()),
                 Some(e.action_id.to_string()),
@@ -360,7 +385,7 @@ pub fn write_pending() -> bool {
                 e.principal.clone(),
                 e.from_status.clone(),
                 Some(e.to_status.clone()),
-                Some(detail),
+                Some(e.detail.clone()),
                 Some(std::mem::replace(&mut prev, hash.clone())),
                 Some(hash),
             ]);
@@ -514,34 +539,60 @@ fn read_head(tenant: &str) -> Option<(i64, String, i64)> {
     }
 }
 
-/// An event's stored detail and its hash's first step
-/// (keyturn_core::audit::PreparedEvent), made before the tenant's chain is
-/// taken: the object verify_audit makes from `to_jsonb` of the row under
-/// TimeZone UTC, but its id and `prev_hash`. `detail` as jsonb_out prints
-/// it, the text the row will hold; `at` as PostgreSQL's JSON encoder prints
-/// it in UTC (`json_utc`).
-fn prepare(e: &Pending) -> (String, keyturn_core::audit::PreparedEvent) {
-    let detail = RawJsonb::parse(&e.detail).text();
+/// An event's hash's first step (keyturn_core::audit::PreparedEvent): the
+/// object verify_audit makes from `to_jsonb` of the row under TimeZone UTC,
+/// but its id and `prev_hash`. `detail` as jsonb_out prints it, the text the
+/// row will hold; `at` as PostgreSQL's JSON encoder prints it in UTC
+/// (`json_utc`). 22023 for a detail the chain cannot hold.
+#[allow(clippy::too_many_arguments)]
+fn prepare(
+    action_id: pgrx::Uuid,
+    tenant: &str,
+    action_principal: &str,
+    at: i64,
+    db_role: &str,
+    principal: Option<&str>,
+    from_status: Option<&str>,
+    to_status: &str,
+    detail: &str,
+) -> keyturn_core::audit::PreparedEvent {
+    let refuse = |e: keyturn_core::CoreError| -> ! {
+        let message = match e {
+            keyturn_core::CoreError::TooLarge { limit } => format!(
+                "an audit event's detail (a reason, a note) is larger than {limit} bytes as \
+                 canonical JSON, which the audit log cannot hold"
+            ),
+            other => format!("an audit event's detail cannot be recorded: {other}"),
+        };
+        crate::error::KeyturnError::InvalidArgument {
+            message,
+            hint: "Shorten the reason or note; keep long text elsewhere and refer to it.",
+        }
+        .raise()
+    };
     let text = |s: &str| serde_json::Value::String(s.to_owned());
-    let or_null = |s: &Option<String>| s.as_deref().map_or(serde_json::Value::Null, text);
-    let value = canonical::parse_bounded(&detail)
-        .unwrap_or_else(|e| error!("keyturn: an audit event's detail cannot be hashed: {e}"));
+    let or_null = |s: Option<&str>| s.map_or(serde_json::Value::Null, text);
+    let value = canonical::parse_bounded(detail).unwrap_or_else(|e| refuse(e));
     let serde_json::Value::Object(members) = serde_json::json!({
-        "action_id": text(&e.action_id.to_string()),
-        "tenant": text(&e.tenant),
-        "action_principal": text(&e.action_principal),
-        "at": text(&json_utc(e.at)),
-        "db_role": text(&e.db_role),
-        "principal": or_null(&e.principal),
-        "from_status": or_null(&e.from_status),
-        "to_status": text(&e.to_status),
+        "action_id": text(&action_id.to_string()),
+        "tenant": text(tenant),
+        "action_principal": text(action_principal),
+        "at": text(&json_utc(at)),
+        "db_role": text(db_role),
+        "principal": or_null(principal),
+        "from_status": or_null(from_status),
+        "to_status": text(to_status),
         "detail": value,
     }) else {
         unreachable!("json! of braces is an object")
     };
-    let prepared = keyturn_core::audit::PreparedEvent::new(members)
-        .unwrap_or_else(|e| error!("keyturn: an audit event cannot be hashed: {e}"));
-    (detail, prepared)
+    let prepared = keyturn_core::audit::PreparedEvent::new(members).unwrap_or_else(|e| refuse(e));
+    // The whole event within the bound, with the longest id and a hash.
+    let longest = serde_json::Value::from(keyturn_core::audit::LONGEST_ID);
+    if let Err(e) = prepared.hash(&longest, keyturn_core::audit::CHAIN_START) {
+        refuse(e);
+    }
+    prepared
 }
 
 /// The event's hash under the tenant's chain: its id and predecessor added
@@ -597,7 +648,8 @@ fn event_sequence() -> pg_sys::Oid {
     keyturn_relation(c"event_id_seq")
 }
 
-fn keyturn_relation(name: &std::ffi::CStr) -> pg_sys::Oid {
+/// The OID of one of keyturn's relations, by name; a missing one is a broken install.
+pub(crate) fn keyturn_relation(name: &std::ffi::CStr) -> pg_sys::Oid {
     // SAFETY: catalog cache lookups of keyturn's own names.
     let oid = unsafe {
         pg_sys::get_relname_relid(

@@ -195,6 +195,6 @@ pub fn end_local(level: Option<i32>) {
 /// outside a delegated call. Any client may claim that name, so it decides
 /// nothing a client could not do itself: [`begin_local`] turns on a setting
 /// every role may set (docs/security.md row 88).
-fn internal_backend() -> bool {
+pub(crate) fn internal_backend() -> bool {
     guc::value(c"application_name").is_some_and(|a| a.starts_with("citus_internal gpid="))
 }

@@ -278,6 +278,38 @@ fn note(tool: Option<&str>, version: i32, tenant: &str, principal: &str, epoch: 
     String::new()
 }
 
+/// At PRE_COMMIT, before anything of the commit's recheck is read, and before
+/// its tenants' chains: the locks that order it against a change to what it
+/// reads (crate::recheck_locks).
+pub fn hold_noted() {
+    let decisions: Vec<(Option<String>, String, String)> = NOTED.with(|noted| {
+        noted
+            .borrow()
+            .iter()
+            .map(|n| (n.tool.clone(), n.tenant.clone(), n.principal.clone()))
+            .collect()
+    });
+    if decisions.is_empty() {
+        return;
+    }
+    // The database's key (keyturn_secret) is the owner's to read.
+    let _as_owner = RoleSwitch::to(privilege::extension_owner());
+    // On a Citus worker, at the commit of a delegated call, reading the key
+    // is a statement Citus refuses unless allowed, as for the chain
+    // (citus::begin_local); where it cannot be allowed there is no lock to
+    // take that a kill switch on another node would see (docs/scale-out.md).
+    let local = crate::citus::begin_local("keyturn.auth_epoch", &decisions[0].1);
+    if local.is_none() && crate::citus::internal_backend() && crate::citus::active() {
+        return;
+    }
+    crate::recheck_locks::hold(
+        decisions.iter().map(|(tool, tenant, principal)| {
+            (tool.as_deref(), tenant.as_str(), principal.as_str())
+        }),
+    );
+    crate::citus::end_local(local);
+}
+
 /// At PRE_COMMIT, once the audit chain is held (crate::xact): each noted
 /// decision against the latest committed tool row and epoch; the first
 /// that no longer holds fails the commit with 40001.

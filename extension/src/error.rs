@@ -32,6 +32,11 @@ pub enum KeyturnError {
     /// prepare one that used temporary objects).
     #[error("keyturn: {message}")]
     NotSupported { message: String, hint: &'static str },
+    /// A transaction made read only after it changed actions, whose audit
+    /// events cannot then be written at its commit (25006, PostgreSQL's own
+    /// code for a write in a read-only transaction).
+    #[error("keyturn: {message}")]
+    ReadOnly { message: String, hint: &'static str },
 }
 
 impl KeyturnError {
@@ -46,6 +51,7 @@ impl KeyturnError {
             }
             KeyturnError::Busy(_) => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
             KeyturnError::NotSupported { .. } => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            KeyturnError::ReadOnly { .. } => PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
         }
     }
 
@@ -56,7 +62,8 @@ impl KeyturnError {
             KeyturnError::Forbidden { hint, .. }
             | KeyturnError::WrongState { hint, .. }
             | KeyturnError::InvalidArgument { hint, .. }
-            | KeyturnError::NotSupported { hint, .. } => Some(*hint),
+            | KeyturnError::NotSupported { hint, .. }
+            | KeyturnError::ReadOnly { hint, .. } => Some(*hint),
             _ => None,
         };
         let mut report = ErrorReport::new(code, self.to_string(), "pg_keyturn");

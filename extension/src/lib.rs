@@ -38,6 +38,7 @@ mod lifecycle; // the action row triggers: the status guard, the lifecycle side 
 mod mcp; // tools discovered on upstream MCP servers: kind (fail closed), params schema, definition hash
 mod plans; // SPI plans kept per backend
 mod privilege; // switching between the caller and the extension owner
+mod recheck_locks; // the commit's recheck ordered against the changes it rechecks
 mod route_guard; // a tenant-explicit call's tenant: required, and never NULL where Citus routes it
 mod token; // one-time tokens: mint, digest, binding, constant-time compare
 mod validation; // credentials, receipts, summaries, params schemas, notification targets

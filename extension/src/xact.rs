@@ -51,6 +51,10 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
             // wait, so a revocation or the kill switch committed during it
             // is seen (seventh red-team pass, docs/security.md row 90). An
             // error here rolls the events back with the rest.
+            // What the recheck will read is locked first (before any wait
+            // for a chain): a kill switch from here on waits for this commit
+            // to end (docs/security.md, row 95).
+            committed::hold_noted();
             let chained = audit::write_pending();
             committed::check_noted();
             if chained {

@@ -15,6 +15,10 @@ use crate::CoreError;
 /// never twice as long plus its short columns.
 const STORED_EVENT_BYTES: usize = 4 * MAX_BYTES;
 
+/// The largest id an event can have whose canonical form is exact (2^53 - 1):
+/// what an event's length is checked with before its id is known.
+pub const LONGEST_ID: u64 = 9_007_199_254_740_991;
+
 /// The 64 zeros the first event of a chain names as its predecessor.
 pub const CHAIN_START: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
@@ -135,6 +139,30 @@ pub fn chain_lock_id(key: &[u8], tenant: &str) -> (u32, u16) {
     )
 }
 
+/// Domain tag of [`recheck_lock_id`].
+const RECHECK_LOCK_TAG: &[u8] = b"keyturn/v1/recheck-lock";
+
+/// The 48 bits that name what a commit's recheck reads (a tool, or a
+/// principal's authorization in a tenant: `parts`), for the lock that orders
+/// the recheck against a change to it (docs/security.md, row 95). Keyed as
+/// [`chain_lock_id`] is, for the same reason; each part length-prefixed, so
+/// no two lists of parts share their bytes.
+pub fn recheck_lock_id(key: &[u8], parts: &[&str]) -> (u32, u16) {
+    use hmac::{Hmac, Mac};
+    let mut mac =
+        Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
+    mac.update(RECHECK_LOCK_TAG);
+    for part in parts {
+        mac.update(&(part.len() as u64).to_be_bytes());
+        mac.update(part.as_bytes());
+    }
+    let d = mac.finalize().into_bytes();
+    (
+        u32::from_be_bytes([d[0], d[1], d[2], d[3]]),
+        u16::from_be_bytes([d[4], d[5]]),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,5 +250,16 @@ mod tests {
         // An id without an exact canonical form is refused, as event_hash refuses it.
         let big: Value = serde_json::from_str("9007199254740993").unwrap();
         assert!(prepared.hash(&big, CHAIN_START).is_err());
+    }
+
+    #[test]
+    fn recheck_locks_of_different_parts_are_apart() {
+        let key = [7u8; 32];
+        let a = recheck_lock_id(&key, &["acme", "p1"]);
+        assert_eq!(a, recheck_lock_id(&key, &["acme", "p1"]));
+        // The same bytes, split differently: another lock.
+        assert_ne!(a, recheck_lock_id(&key, &["acmep", "1"]));
+        assert_ne!(a, recheck_lock_id(&key, &["acme", "p1", ""]));
+        assert_ne!(a, recheck_lock_id(&[8u8; 32], &["acme", "p1"]));
     }
 }

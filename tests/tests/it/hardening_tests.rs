@@ -775,11 +775,14 @@ async fn until_true(
 /// commit of that tenant may hold for as long as its own commit takes. A
 /// revocation (or the kill switch, which takes no chain lock) that
 /// committed during that wait was not seen: the approval, checked before,
-/// committed after it. The recheck now runs once the chain is held. The
-/// other commit is held here by a trigger on its event's insert (run under
-/// the chain's lock) that waits for an advisory lock the test holds.
+/// committed after it. The recheck now runs once the chain is held, and
+/// (row 95) the commit holds what it rechecks from before that wait: a
+/// revocation made meanwhile waits for the approval's commit to end, so it
+/// never returns before the approval commits. The other commit is held here
+/// by a trigger on its event's insert (run under the chain's lock) that
+/// waits for an advisory lock the test holds.
 #[tokio::test]
-async fn test_an_approval_waiting_for_its_chain_sees_a_revocation_made_meanwhile() {
+async fn test_an_approval_waiting_for_its_chain_and_a_revocation_made_meanwhile_commit_in_order() {
     let w = World::new("member").await;
     let t = w.webhook_tool(json!({})).await;
     let p = w
@@ -848,20 +851,35 @@ async fn test_an_approval_waiting_for_its_chain_sees_a_revocation_made_meanwhile
                 &[&pid],
             )
             .await;
-            w.admin
-                .execute(
-                    "SELECT keyturn.revoke_tool($1, $2, $3)",
-                    &[&w.tenant, &w.principal, &t],
+            let revoke = async {
+                w.admin
+                    .execute(
+                        "SELECT keyturn.revoke_tool($1, $2, $3)",
+                        &[&w.tenant, &w.principal, &t],
+                    )
+                    .await
+                    .unwrap();
+                // What anyone sees once the revocation has returned.
+                w.status(p.id).await
+            };
+            let release = async {
+                until_true(
+                    &w,
+                    "the revocation waits for the approval's commit",
+                    "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a \
+                       USING (pid) WHERE a.usename = 'app_admin' AND l.locktype = 'object' AND NOT l.granted)",
+                    &[],
                 )
-                .await
-                .unwrap();
-            w.superuser
-                .execute("SELECT pg_catalog.pg_advisory_unlock($1)", &[&key])
-                .await
-                .unwrap();
+                .await;
+                w.superuser
+                    .execute("SELECT pg_catalog.pg_advisory_unlock($1)", &[&key])
+                    .await
+                    .unwrap();
+            };
+            tokio::join!(revoke, release).0
         };
-        let (committed, ()) = tokio::join!(tx.commit(), meanwhile);
-        committed
+        let (committed, seen) = tokio::join!(tx.commit(), meanwhile);
+        (committed, seen)
     };
     let ((_, held), approved) = tokio::join!(holder_commits, approval_commits);
     w.superuser
@@ -871,12 +889,12 @@ async fn test_an_approval_waiting_for_its_chain_sees_a_revocation_made_meanwhile
         .await
         .unwrap();
     held.expect("the holder commits once released");
+    let (approved, seen_after_revocation) = approved;
+    approved.expect("the approval was decided and rechecked before the revocation");
     assert_eq!(
-        sqlstate::<()>(approved),
-        "40001",
-        "an approval committed after the grant was revoked"
+        seen_after_revocation, "queued",
+        "the revocation returned before the approval it waited for committed"
     );
-    assert_eq!(w.status(p.id).await, "pending");
 }
 
 // --- 5c. No prepared transaction holds a tenant's chain (sixth pass) ----------
@@ -1589,4 +1607,153 @@ async fn test_a_commit_cannot_be_lengthened_with_temporary_tables() {
         .await
         .expect("a session with a few temporary tables commits");
     assert_eq!(w.status(p.id).await, "queued");
+}
+
+/// A commit past its recheck is not something a kill switch returns before
+/// (ninth red-team pass, docs/security.md row 95). PostgreSQL queues a
+/// transaction's NOTIFYs after keyturn's commit callback, where its recheck
+/// runs: a person who approved with a flood of notifications in the same
+/// transaction made their commit last long past the recheck, and a kill
+/// switch that returned in that time was followed by the approval's commit.
+/// Now the kill switch waits for every commit that has read the tool
+/// enabled; the one that has not read it yet waits for the switch and fails.
+#[tokio::test]
+async fn test_a_kill_switch_returns_only_after_commits_that_read_the_tool_enabled() {
+    let w = World::new("member").await;
+    let mut passed = 0;
+    for attempt in 0..5 {
+        let t = w.webhook_tool(json!({})).await;
+        let p = w
+            .propose(&t, json!({"channel": "ops", "text": format!("k{attempt}")}))
+            .await
+            .unwrap();
+        let person = Conn::connect("app_human", w.identity()).await;
+        let tx = person.transaction().await.unwrap();
+        approve_on(&tx, p.id, &p.token, None).await.unwrap();
+        let pid: i32 = tx
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        // About 240 MB of notifications: PostgreSQL queues them after the
+        // recheck, for a few hundred milliseconds.
+        tx.batch_execute(
+            "SELECT count(pg_notify('kt_flood', g::text || repeat('x', 4000))) \
+               FROM generate_series(1, 60000) g",
+        )
+        .await
+        .unwrap();
+        let commit = tokio::spawn(async move { tx.commit().await });
+        // Its COMMIT under way, past keyturn's callback (milliseconds) and
+        // into the notifications (hundreds).
+        loop {
+            let committing: bool = w
+                .superuser
+                .query_one(
+                    "SELECT coalesce(bool_or(query = 'COMMIT' AND state = 'active'), false) \
+                       FROM pg_stat_activity WHERE pid = $1",
+                    &[&pid],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if committing || commit.is_finished() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        w.admin
+            .query_one("SELECT keyturn.set_tool_enabled($1, false)", &[&t])
+            .await
+            .unwrap();
+        // What anyone sees once the switch has returned: the approval's
+        // commit, if it is ever to commit, is in it (the client's own
+        // answer may come later; the server's order is what counts).
+        let seen = w.status(p.id).await;
+        match commit.await.unwrap() {
+            Ok(()) => {
+                assert_ne!(
+                    seen, "pending",
+                    "an approval committed after the kill switch returned (attempt {attempt})"
+                );
+                passed += 1;
+            }
+            // Its recheck came after the switch: it read the tool disabled.
+            Err(e) => assert_eq!(e.code().map(|c| c.code()), Some("40001")),
+        }
+    }
+    assert!(
+        passed > 0,
+        "no attempt committed before the kill switch: the window was never exercised"
+    );
+}
+
+/// A transaction made read only after it changed actions cannot write their
+/// audit events at COMMIT: 25006 with keyturn's own words, not those of the
+/// internal statement that failed (ninth red-team pass, F4), and nothing
+/// of it stays.
+#[tokio::test]
+async fn test_a_transaction_made_read_only_after_a_change_is_refused_in_keyturns_words() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let before = w.actions().await;
+    let tx = w.agent.transaction().await.unwrap();
+    propose_on(&tx, &t, json!({"channel": "ops", "text": "ro"}), json!({}))
+        .await
+        .unwrap();
+    tx.batch_execute("SET TRANSACTION READ ONLY").await.unwrap();
+    let refused = tx.commit().await.unwrap_err();
+    assert_eq!(refused.code().map(|c| c.code()), Some("25006"));
+    let text = message(Err::<(), _>(refused));
+    assert!(text.contains("made read only"), "{text}");
+    assert!(!text.contains("nextval"), "{text}");
+    assert_eq!(w.actions().await, before, "nothing of it stays");
+}
+
+/// A reason the audit log cannot hold is refused when it is given (22023,
+/// words about the reason), not at COMMIT with an internal error about
+/// params (ninth red-team pass, F3). Control characters count as the
+/// canonical form writes them (six bytes each).
+#[tokio::test]
+async fn test_a_reason_too_large_for_the_audit_log_is_refused_when_given() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    for reason in ["x".repeat(1_100_000), "\u{1}".repeat(200_000)] {
+        let p = w
+            .propose(&t, json!({"channel": "ops", "text": "r"}))
+            .await
+            .unwrap();
+        let refused = w
+            .human
+            .query_one(
+                "SELECT keyturn.reject($1, $2, $3)",
+                &[&p.id, &p.token, &reason],
+            )
+            .await;
+        let e = refused.unwrap_err();
+        assert_eq!(e.code().map(|c| c.code()), Some("22023"));
+        let text = e
+            .as_db_error()
+            .map(|d| format!("{} {:?}", d.message(), d.hint()))
+            .unwrap_or_default();
+        assert!(text.contains("reason"), "{text}");
+        assert!(!text.contains("params"), "{text}");
+        assert_eq!(w.status(p.id).await, "pending", "nothing of it stays");
+    }
+    // A long reason that fits is kept.
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "r"}))
+        .await
+        .unwrap();
+    let status: String = w
+        .human
+        .query_one(
+            "SELECT keyturn.reject($1, $2, $3)",
+            &[&p.id, &p.token, &"y".repeat(100_000)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "rejected");
 }
