@@ -23,15 +23,19 @@ use crate::audit::keyturn_relation;
 /// What a recheck reads, as the lock that stands for it: keyturn.tool's OID
 /// for a tool, keyturn.auth_epoch's for an authorization, as the lock's
 /// class (a class no other lock uses), and a keyed hash of the names.
-fn lock_of(tool: Option<&str>, tenant: &str, principal: &str) -> (pg_sys::Oid, u32, u16) {
-    let key = crate::approval::key();
+fn lock_of(
+    key: &[u8],
+    tool: Option<&str>,
+    tenant: &str,
+    principal: &str,
+) -> (pg_sys::Oid, u32, u16) {
     match tool {
         Some(tool) => {
-            let (objid, subid) = keyturn_core::audit::recheck_lock_id(&key, &[tool]);
+            let (objid, subid) = keyturn_core::audit::recheck_lock_id(key, &[tool]);
             (keyturn_relation(c"tool"), objid, subid)
         }
         None => {
-            let (objid, subid) = keyturn_core::audit::recheck_lock_id(&key, &[tenant, principal]);
+            let (objid, subid) = keyturn_core::audit::recheck_lock_id(key, &[tenant, principal]);
             (keyturn_relation(c"auth_epoch"), objid, subid)
         }
     }
@@ -54,12 +58,13 @@ fn lock(object: (pg_sys::Oid, u32, u16), mode: u32) {
 /// tool and authorization `decisions` names (tool, tenant, principal), in one
 /// order for every backend.
 pub fn hold<'a>(decisions: impl Iterator<Item = (Option<&'a str>, &'a str, &'a str)>) {
+    let key = crate::approval::key();
     let mut objects: Vec<(pg_sys::Oid, u32, u16)> = Vec::new();
     for (tool, tenant, principal) in decisions {
         if tool.is_some() {
-            objects.push(lock_of(tool, tenant, principal));
+            objects.push(lock_of(&key, tool, tenant, principal));
         }
-        objects.push(lock_of(None, tenant, principal));
+        objects.push(lock_of(&key, None, tenant, principal));
     }
     objects.sort_by_key(|o| (o.0.to_u32(), o.1, o.2));
     objects.dedup();
@@ -76,8 +81,9 @@ pub fn hold<'a>(decisions: impl Iterator<Item = (Option<&'a str>, &'a str, &'a s
 fn await_rechecks(tool: Option<&str>, tenant: Option<&str>, principal: Option<&str>) -> String {
     // The database's key (keyturn_secret) is the owner's to read.
     let _as_owner = crate::privilege::RoleSwitch::to(crate::privilege::extension_owner());
+    let key = crate::approval::key();
     lock(
-        lock_of(tool, tenant.unwrap_or(""), principal.unwrap_or("")),
+        lock_of(&key, tool, tenant.unwrap_or(""), principal.unwrap_or("")),
         pg_sys::ExclusiveLock,
     );
     String::new()

@@ -45,15 +45,14 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
                 refuse_prepare();
             }
             refuse_temporary_tables();
-            // The events first: writing them takes each tenant's chain,
-            // which another commit of the tenant may hold for as long as its
-            // own commit takes. The decisions are read again after that
-            // wait, so a revocation or the kill switch committed during it
-            // is seen (seventh red-team pass, docs/security.md row 90). An
-            // error here rolls the events back with the rest.
-            // What the recheck will read is locked first (before any wait
-            // for a chain): a kill switch from here on waits for this commit
-            // to end (docs/security.md, row 95).
+            // In this order: what the recheck will read is locked first,
+            // before any wait, so a kill switch from here on waits for this
+            // commit to end (docs/security.md, row 95); then the events,
+            // which take each tenant's chain, which another commit of the
+            // tenant may hold for as long as its own commit takes; then the
+            // decisions are read again, after that wait, so a revocation or
+            // the kill switch committed during it is seen (row 90). An error
+            // here rolls the events back with the rest.
             committed::hold_noted();
             let chained = audit::write_pending();
             committed::check_noted();

@@ -17,7 +17,10 @@ const STORED_EVENT_BYTES: usize = 4 * MAX_BYTES;
 
 /// The largest id an event can have whose canonical form is exact (2^53 - 1):
 /// what an event's length is checked with before its id is known.
-pub const LONGEST_ID: u64 = 9_007_199_254_740_991;
+const LONGEST_ID: u64 = 9_007_199_254_740_991;
+
+/// What comes between an event's id and its predecessor's hash.
+const PREV: &str = r#","prev_hash":"#;
 
 /// The 64 zeros the first event of a chain names as its predecessor.
 pub const CHAIN_START: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -81,6 +84,12 @@ impl PreparedEvent {
             2 => "}".to_owned(),
             _ => format!(",{}", &after[1..]),
         };
+        // Within the bound whatever id and predecessor it gets: refused
+        // here, where the event is made, never when its chain is written.
+        let longest = LONGEST_ID.to_string().len() + PREV.len() + CHAIN_START.len() + 2;
+        if head.len() + longest + tail.len() > MAX_BYTES {
+            return Err(CoreError::TooLarge { limit: MAX_BYTES });
+        }
         Ok(Self { head, tail })
     }
 
@@ -88,7 +97,6 @@ impl PreparedEvent {
     pub fn hash(&self, id: &Value, prev_hash: &str) -> Result<String, CoreError> {
         let id = canonicalize_value(id)?;
         let prev = canonicalize_value(&Value::String(prev_hash.to_owned()))?;
-        const PREV: &str = r#","prev_hash":"#;
         let length = self.head.len() + id.len() + PREV.len() + prev.len() + self.tail.len();
         if length > MAX_BYTES {
             return Err(CoreError::TooLarge { limit: MAX_BYTES });
@@ -127,11 +135,18 @@ const CHAIN_LOCK_TAG: &[u8] = b"keyturn/v1/chain-lock";
 /// name that collides with a victim's in minutes and stall its commits
 /// (red-team finding, docs/security.md). Without the key no one can aim.
 pub fn chain_lock_id(key: &[u8], tenant: &str) -> (u32, u16) {
+    keyed_lock_id(key, &[CHAIN_LOCK_TAG, tenant.as_bytes()])
+}
+
+/// The first 48 bits of HMAC-SHA256 under `key` over `message`'s pieces, in
+/// order: a lock's object id and sub-id.
+fn keyed_lock_id(key: &[u8], message: &[&[u8]]) -> (u32, u16) {
     use hmac::{Hmac, Mac};
     let mut mac =
         Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
-    mac.update(CHAIN_LOCK_TAG);
-    mac.update(tenant.as_bytes());
+    for piece in message {
+        mac.update(piece);
+    }
     let d = mac.finalize().into_bytes();
     (
         u32::from_be_bytes([d[0], d[1], d[2], d[3]]),
@@ -148,19 +163,15 @@ const RECHECK_LOCK_TAG: &[u8] = b"keyturn/v1/recheck-lock";
 /// [`chain_lock_id`] is, for the same reason; each part length-prefixed, so
 /// no two lists of parts share their bytes.
 pub fn recheck_lock_id(key: &[u8], parts: &[&str]) -> (u32, u16) {
-    use hmac::{Hmac, Mac};
-    let mut mac =
-        Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
-    mac.update(RECHECK_LOCK_TAG);
-    for part in parts {
-        mac.update(&(part.len() as u64).to_be_bytes());
-        mac.update(part.as_bytes());
+    let lengths: Vec<[u8; 8]> = parts
+        .iter()
+        .map(|p| (p.len() as u64).to_be_bytes())
+        .collect();
+    let mut message: Vec<&[u8]> = vec![RECHECK_LOCK_TAG];
+    for (part, length) in parts.iter().zip(&lengths) {
+        message.extend([length.as_slice(), part.as_bytes()]);
     }
-    let d = mac.finalize().into_bytes();
-    (
-        u32::from_be_bytes([d[0], d[1], d[2], d[3]]),
-        u16::from_be_bytes([d[4], d[5]]),
-    )
+    keyed_lock_id(key, &message)
 }
 
 #[cfg(test)]
@@ -245,6 +256,12 @@ mod tests {
             few.hash(&json!(2), "p").unwrap(),
             event_hash(&json!({"id": 2, "prev_hash": "p"})).unwrap()
         );
+        // Too large for the bound with the longest id: refused when made.
+        let big = json!({"detail": "x".repeat(MAX_BYTES - 40)});
+        assert!(matches!(
+            PreparedEvent::new(big.as_object().unwrap().clone()),
+            Err(CoreError::TooLarge { .. })
+        ));
         let between = json!({"kind": 1});
         assert!(PreparedEvent::new(between.as_object().unwrap().clone()).is_err());
         // An id without an exact canonical form is refused, as event_hash refuses it.
