@@ -58,15 +58,27 @@ $$;
 
 -- plpgsql, not sql: a sql function with a subquery is never inlined, and is
 -- parsed and planned again on every call; plpgsql keeps the plan.
+-- Whether a grant with this valid_until is in force now: a grant past its
+-- valid_until is no grant, it ends like a revoke. The rule's one place,
+-- written where a grant is read (tool_grant g ... AND
+-- keyturn._grant_live(g.valid_until)); LANGUAGE sql, declared as volatile as
+-- its body and free of sub-queries, so the planner inlines it into the
+-- statement that reads the grant: no call, no statement of its own.
+CREATE FUNCTION keyturn._grant_live(p_valid_until timestamptz)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT p_valid_until IS NULL OR p_valid_until > clock_timestamp()
+$$;
+
 CREATE FUNCTION keyturn._has_grant(p_tenant text, p_principal text, p_tool text)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    -- A grant past its valid_until is no grant: it ends like a revoke.
     RETURN EXISTS (SELECT 1 FROM keyturn.tool_grant g
                     WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = p_tool
-                      AND (g.valid_until IS NULL OR g.valid_until > clock_timestamp()));
+                      AND keyturn._grant_live(g.valid_until));
 END
 $$;
 

@@ -260,9 +260,33 @@ DECLARE
     v_notified  boolean;
     v_inspected text[];
 BEGIN
-    -- The epoch the proposal is bound to is read with the membership, in
-    -- one statement: a change after it invalidates the proposal at approve.
-    v_epoch := (keyturn._membership(p_tenant, p_principal, p_session)).o_epoch;
+    -- The tenant's side in one statement: the principal's membership and
+    -- the epoch the proposal is bound to (a change after it invalidates the
+    -- proposal at approve); whether they hold a grant of the tool, checked
+    -- here without a lock (a clear error before any work; locked and checked
+    -- again below, where its uses are counted); whether a standing approval
+    -- of theirs may cover it; and whether anyone in the tenant is notified.
+    -- Without either of the last two, propose asks nothing more about them
+    -- (one given or set while this runs is there for the next proposal). No
+    -- row: no full identity, or not a member, and keyturn._membership raises
+    -- what it raises (42501).
+    SELECT coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
+                      WHERE e.tenant = m.tenant AND e.principal = m.principal), 0),
+           EXISTS (SELECT 1 FROM keyturn.tool_grant g
+                    WHERE g.tenant = m.tenant AND g.principal = m.principal AND g.tool = p_tool),
+           EXISTS (SELECT 1 FROM keyturn.delegation d
+                    WHERE d.tenant = m.tenant AND d.principal = m.principal AND d.tool = p_tool
+                      AND d.revoked_at IS NULL),
+           EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = m.tenant)
+      INTO v_epoch, v_granted, v_delegated, v_notified
+      FROM keyturn.member m
+     WHERE m.tenant = p_tenant AND m.principal = p_principal AND p_session IS NOT NULL;
+    IF NOT FOUND THEN
+        v_epoch := (keyturn._membership(p_tenant, p_principal, p_session)).o_epoch;
+        -- Reached only if the membership was added between the two reads.
+        RAISE EXCEPTION 'keyturn: the membership of % in tenant % changed during the call', p_principal, p_tenant
+            USING ERRCODE = '40001', HINT = 'Retry the transaction.';
+    END IF;
 
     -- The tool and its current version in one statement (on Citus,
     -- reference tables: never joined with a tenant's tables, which a
@@ -284,20 +308,6 @@ BEGIN
         RAISE EXCEPTION 'keyturn: tool % is read-only and needs no proposal', p_tool
             USING ERRCODE = '22023';
     END IF;
-    -- The tenant's side in one statement: whether the principal holds a
-    -- grant of the tool, checked here without a lock (a clear error before
-    -- any work; locked and checked again below, where its uses are
-    -- counted); whether a standing approval of theirs may cover it; and
-    -- whether anyone in the tenant is notified. Without either of the last
-    -- two, propose asks nothing more about them (one given or set while
-    -- this runs is there for the next proposal).
-    SELECT EXISTS (SELECT 1 FROM keyturn.tool_grant g
-                    WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = v_tool.name),
-           EXISTS (SELECT 1 FROM keyturn.delegation d
-                    WHERE d.tenant = p_tenant AND d.principal = p_principal AND d.tool = v_tool.name
-                      AND d.revoked_at IS NULL),
-           EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant)
-      INTO v_granted, v_delegated, v_notified;
     IF NOT v_granted THEN
         RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
             USING ERRCODE = '42501',

@@ -169,7 +169,7 @@ BEGIN
       JOIN keyturn.tool t ON t.name = g.tool
       JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
      WHERE g.tenant = v_tenant AND g.principal = v_principal
-       AND (g.valid_until IS NULL OR g.valid_until > clock_timestamp())
+       AND keyturn._grant_live(g.valid_until)
        AND t.enabled AND (v.kind = 'write' OR v.executor IS NOT NULL)
      ORDER BY t.name;
 END

@@ -1651,15 +1651,27 @@ $$;
 
 -- plpgsql, not sql: a sql function with a subquery is never inlined, and is
 -- parsed and planned again on every call; plpgsql keeps the plan.
+-- Whether a grant with this valid_until is in force now: a grant past its
+-- valid_until is no grant, it ends like a revoke. The rule's one place,
+-- written where a grant is read (tool_grant g ... AND
+-- keyturn._grant_live(g.valid_until)); LANGUAGE sql, declared as volatile as
+-- its body and free of sub-queries, so the planner inlines it into the
+-- statement that reads the grant: no call, no statement of its own.
+CREATE OR REPLACE FUNCTION keyturn._grant_live(p_valid_until timestamptz)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT p_valid_until IS NULL OR p_valid_until > clock_timestamp()
+$$;
+
 CREATE OR REPLACE FUNCTION keyturn._has_grant(p_tenant text, p_principal text, p_tool text)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    -- A grant past its valid_until is no grant: it ends like a revoke.
     RETURN EXISTS (SELECT 1 FROM keyturn.tool_grant g
                     WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = p_tool
-                      AND (g.valid_until IS NULL OR g.valid_until > clock_timestamp()));
+                      AND keyturn._grant_live(g.valid_until));
 END
 $$;
 
@@ -2844,9 +2856,33 @@ DECLARE
     v_notified  boolean;
     v_inspected text[];
 BEGIN
-    -- The epoch the proposal is bound to is read with the membership, in
-    -- one statement: a change after it invalidates the proposal at approve.
-    v_epoch := (keyturn._membership(p_tenant, p_principal, p_session)).o_epoch;
+    -- The tenant's side in one statement: the principal's membership and
+    -- the epoch the proposal is bound to (a change after it invalidates the
+    -- proposal at approve); whether they hold a grant of the tool, checked
+    -- here without a lock (a clear error before any work; locked and checked
+    -- again below, where its uses are counted); whether a standing approval
+    -- of theirs may cover it; and whether anyone in the tenant is notified.
+    -- Without either of the last two, propose asks nothing more about them
+    -- (one given or set while this runs is there for the next proposal). No
+    -- row: no full identity, or not a member, and keyturn._membership raises
+    -- what it raises (42501).
+    SELECT coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
+                      WHERE e.tenant = m.tenant AND e.principal = m.principal), 0),
+           EXISTS (SELECT 1 FROM keyturn.tool_grant g
+                    WHERE g.tenant = m.tenant AND g.principal = m.principal AND g.tool = p_tool),
+           EXISTS (SELECT 1 FROM keyturn.delegation d
+                    WHERE d.tenant = m.tenant AND d.principal = m.principal AND d.tool = p_tool
+                      AND d.revoked_at IS NULL),
+           EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = m.tenant)
+      INTO v_epoch, v_granted, v_delegated, v_notified
+      FROM keyturn.member m
+     WHERE m.tenant = p_tenant AND m.principal = p_principal AND p_session IS NOT NULL;
+    IF NOT FOUND THEN
+        v_epoch := (keyturn._membership(p_tenant, p_principal, p_session)).o_epoch;
+        -- Reached only if the membership was added between the two reads.
+        RAISE EXCEPTION 'keyturn: the membership of % in tenant % changed during the call', p_principal, p_tenant
+            USING ERRCODE = '40001', HINT = 'Retry the transaction.';
+    END IF;
 
     -- The tool and its current version in one statement (on Citus,
     -- reference tables: never joined with a tenant's tables, which a
@@ -2868,20 +2904,6 @@ BEGIN
         RAISE EXCEPTION 'keyturn: tool % is read-only and needs no proposal', p_tool
             USING ERRCODE = '22023';
     END IF;
-    -- The tenant's side in one statement: whether the principal holds a
-    -- grant of the tool, checked here without a lock (a clear error before
-    -- any work; locked and checked again below, where its uses are
-    -- counted); whether a standing approval of theirs may cover it; and
-    -- whether anyone in the tenant is notified. Without either of the last
-    -- two, propose asks nothing more about them (one given or set while
-    -- this runs is there for the next proposal).
-    SELECT EXISTS (SELECT 1 FROM keyturn.tool_grant g
-                    WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = v_tool.name),
-           EXISTS (SELECT 1 FROM keyturn.delegation d
-                    WHERE d.tenant = p_tenant AND d.principal = p_principal AND d.tool = v_tool.name
-                      AND d.revoked_at IS NULL),
-           EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant)
-      INTO v_granted, v_delegated, v_notified;
     IF NOT v_granted THEN
         RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
             USING ERRCODE = '42501',
@@ -3121,13 +3143,17 @@ $$;
 -- action a (p_for: approve, revise, reject, preview), or NULL: the approval
 -- rule of the tool, in one place for approve and the calls around it, and
 -- for issue_token and link_code (which ask as 'approve'). All 42501.
+-- p_granted: whether p_principal holds a grant for a's tool, when the
+-- caller read it already (keyturn._usable_action, in the statement that
+-- reads the action); NULL, and it is read here.
 CREATE OR REPLACE FUNCTION keyturn._decide_problem(a keyturn.action, p_principal text, p_session text, p_role text,
-                                        p_for text)
+                                        p_for text, p_granted boolean DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    IF p_for IN ('approve', 'revise') AND NOT keyturn._has_grant(a.tenant, p_principal, a.tool) THEN
+    IF p_for IN ('approve', 'revise')
+       AND NOT coalesce(p_granted, keyturn._has_grant(a.tenant, p_principal, a.tool)) THEN
         RETURN format('principal %s holds no grant for tool %s (an admin grants tools with keyturn.grant_tool)',
                       p_principal, a.tool);
     END IF;
@@ -3159,23 +3185,44 @@ DECLARE
     v_tenant    text := keyturn.current_tenant();
     v_principal text := keyturn.current_principal();
     v_session   text := keyturn.current_session();
-    v_member    record;
+    v_read      record;
     v_role      text;
     v_problem   text;
     v_noted     text;
     a           keyturn.action;
 BEGIN
-    v_member := keyturn._membership(v_tenant, v_principal, v_session);
-    v_role := v_member.o_role;
-
-    SELECT x.* INTO a FROM keyturn.action x WHERE x.id = p_id AND x.tenant = v_tenant;
-    IF NOT FOUND OR a.tenant IS DISTINCT FROM v_tenant
+    -- One statement: the caller's membership (role and epoch, as
+    -- keyturn._membership reads them), the action, and whether the caller
+    -- holds a grant for its tool. No row: no full identity, or not a member,
+    -- and keyturn._membership raises what it raises (42501).
+    SELECT m.role, coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
+                              WHERE e.tenant = m.tenant AND e.principal = m.principal), 0) AS epoch,
+           -- ROW(x.*), not x: on Citus, in a call delegated to a worker,
+           -- x's row type would be its shard's (as in sql/063_mcp.sql).
+           ROW(x.*)::keyturn.action AS action,
+           p_for IN ('approve', 'revise')
+             AND EXISTS (SELECT 1 FROM keyturn.tool_grant g
+                          WHERE g.tenant = m.tenant AND g.principal = m.principal AND g.tool = x.tool
+                            AND keyturn._grant_live(g.valid_until)) AS granted
+      INTO v_read
+      FROM keyturn.member m
+      LEFT JOIN keyturn.action x ON x.id = p_id AND x.tenant = m.tenant
+     WHERE m.tenant = v_tenant AND m.principal = v_principal AND v_session IS NOT NULL;
+    IF v_read.role IS NULL THEN
+        v_read := keyturn._membership(v_tenant, v_principal, v_session);
+        -- Reached only if the membership was added between the two reads.
+        RAISE EXCEPTION 'keyturn: the membership of % in tenant % changed during the call', v_principal, v_tenant
+            USING ERRCODE = '40001', HINT = 'Retry the transaction.';
+    END IF;
+    v_role := v_read.role;
+    a := v_read.action;
+    IF a.id IS NULL OR a.tenant IS DISTINCT FROM v_tenant
        OR (v_role = 'member' AND a.principal IS DISTINCT FROM v_principal) THEN
         RAISE EXCEPTION 'keyturn: no usable proposal %', coalesce(p_id::text, 'NULL')
             USING ERRCODE = '55000',
                   DETAIL = 'It does not exist, or it is not visible to this identity.';
     END IF;
-    v_problem := keyturn._decide_problem(a, v_principal, v_session, v_role, p_for);
+    v_problem := keyturn._decide_problem(a, v_principal, v_session, v_role, p_for, v_read.granted);
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: %', v_problem
             USING ERRCODE = '42501',
@@ -3193,7 +3240,7 @@ BEGIN
     -- moves the epoch): under REPEATABLE READ a member removed after the
     -- snapshot decides nothing.
     IF p_for <> 'preview' THEN
-        v_noted := keyturn._recheck_epoch_at_commit(v_tenant, v_principal, v_member.o_epoch);
+        v_noted := keyturn._recheck_epoch_at_commit(v_tenant, v_principal, v_read.epoch);
     END IF;
     RETURN a;
 END
@@ -3215,12 +3262,14 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_tool   keyturn.tool;
-    v_epoch  bigint;
-    v_member boolean;
-    v_how    text;
-    v_local  regclass;
-    v_noted  text;
+    v_enabled boolean;
+    v_version int;
+    v_epoch   bigint;
+    v_member  boolean;
+    v_granted boolean;
+    v_how     text;
+    v_local   regclass;
+    v_noted   text;
 BEGIN
     -- Asked first, in Rust: without Citus, approve and begin_dispatch pay
     -- for no call of the plpgsql function per action.
@@ -3228,30 +3277,48 @@ BEGIN
         v_local := keyturn._local_placement('keyturn.tool');
     END IF;
     IF v_local IS NULL THEN
-        SELECT t.* INTO v_tool FROM keyturn.tool t WHERE t.name = a.tool FOR KEY SHARE;
+        -- On one node, every re-read in one statement: the tool (locked),
+        -- the proposer's epoch (locked), membership and grant. No tool row:
+        -- no row at all, and v_enabled is NULL.
+        SELECT t.enabled, t.version,
+               (SELECT e.epoch FROM keyturn.auth_epoch e
+                 WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE),
+               EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal),
+               EXISTS (SELECT 1 FROM keyturn.tool_grant g
+                        WHERE g.tenant = a.tenant AND g.principal = a.principal AND g.tool = a.tool
+                          AND keyturn._grant_live(g.valid_until))
+          INTO v_enabled, v_version, v_epoch, v_member, v_granted
+          FROM keyturn.tool t WHERE t.name = a.tool
+           FOR KEY SHARE OF t;
     ELSE
         -- Citus: the lock on this node's placement, which register_tool and
-        -- set_tool_enabled change with every other (keyturn._local_placement).
-        EXECUTE format('SELECT t.* FROM %s t WHERE t.name = $1 FOR KEY SHARE', v_local) INTO v_tool USING a.tool;
+        -- set_tool_enabled change with every other (keyturn._local_placement);
+        -- the tool tables are reference tables, which a worker does not join
+        -- with a tenant's in a delegated call, so the rest is a statement of
+        -- its own.
+        EXECUTE format('SELECT t.enabled, t.version FROM %s t WHERE t.name = $1 FOR KEY SHARE', v_local)
+           INTO v_enabled, v_version USING a.tool;
+        SELECT (SELECT e.epoch FROM keyturn.auth_epoch e
+                 WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE),
+               EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal),
+               EXISTS (SELECT 1 FROM keyturn.tool_grant g
+                        WHERE g.tenant = a.tenant AND g.principal = a.principal AND g.tool = a.tool
+                          AND keyturn._grant_live(g.valid_until))
+          INTO v_epoch, v_member, v_granted;
     END IF;
-    IF v_tool.name IS NULL OR NOT v_tool.enabled THEN  -- (EXECUTE sets no FOUND)
+    IF v_enabled IS NOT TRUE THEN
         RETURN format('tool %s is disabled', a.tool);
     END IF;
-    IF v_tool.version <> a.tool_version THEN
-        RETURN format('tool %s changed from version %s to %s', a.tool, a.tool_version, v_tool.version);
+    IF v_version <> a.tool_version THEN
+        RETURN format('tool %s changed from version %s to %s', a.tool, a.tool_version, v_version);
     END IF;
-    -- The epoch (locked) and the membership in one statement.
-    SELECT (SELECT e.epoch FROM keyturn.auth_epoch e
-             WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE),
-           EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal)
-      INTO v_epoch, v_member;
     IF coalesce(v_epoch, 0) <> a.epoch THEN
         RETURN format('the authorization of principal %s changed (epoch %s, now %s)', a.principal, a.epoch, coalesce(v_epoch, 0));
     END IF;
     IF NOT v_member THEN
         RETURN format('principal %s is no longer a member of tenant %s', a.principal, a.tenant);
     END IF;
-    IF NOT keyturn._has_grant(a.tenant, a.principal, a.tool) THEN
+    IF NOT v_granted THEN
         RETURN format('principal %s no longer holds a grant for tool %s', a.principal, a.tool);
     END IF;
     IF a.conversation_id IS NOT NULL THEN
@@ -7107,7 +7174,7 @@ BEGIN
       JOIN keyturn.tool t ON t.name = g.tool
       JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
      WHERE g.tenant = v_tenant AND g.principal = v_principal
-       AND (g.valid_until IS NULL OR g.valid_until > clock_timestamp())
+       AND keyturn._grant_live(g.valid_until)
        AND t.enabled AND (v.kind = 'write' OR v.executor IS NOT NULL)
      ORDER BY t.name;
 END
