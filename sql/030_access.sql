@@ -68,7 +68,7 @@ CREATE FUNCTION keyturn._grant_live(p_valid_until timestamptz)
 RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT p_valid_until IS NULL OR p_valid_until > clock_timestamp()
+    SELECT p_valid_until IS NULL OR p_valid_until > pg_catalog.clock_timestamp()
 $$;
 
 CREATE FUNCTION keyturn._has_grant(p_tenant text, p_principal text, p_tool text)

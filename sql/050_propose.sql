@@ -270,14 +270,16 @@ BEGIN
     -- (one given or set while this runs is there for the next proposal). No
     -- row: no full identity, or not a member, and keyturn._membership raises
     -- what it raises (42501).
+    -- (Every table filtered by p_tenant itself, never by m.tenant: Citus
+    -- pins each statement of a delegated call by its distribution argument.)
     SELECT coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
-                      WHERE e.tenant = m.tenant AND e.principal = m.principal), 0),
+                      WHERE e.tenant = p_tenant AND e.principal = p_principal), 0),
            EXISTS (SELECT 1 FROM keyturn.tool_grant g
-                    WHERE g.tenant = m.tenant AND g.principal = m.principal AND g.tool = p_tool),
+                    WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = p_tool),
            EXISTS (SELECT 1 FROM keyturn.delegation d
-                    WHERE d.tenant = m.tenant AND d.principal = m.principal AND d.tool = p_tool
+                    WHERE d.tenant = p_tenant AND d.principal = p_principal AND d.tool = p_tool
                       AND d.revoked_at IS NULL),
-           EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = m.tenant)
+           EXISTS (SELECT 1 FROM keyturn.notify_channel c WHERE c.tenant = p_tenant)
       INTO v_epoch, v_granted, v_delegated, v_notified
       FROM keyturn.member m
      WHERE m.tenant = p_tenant AND m.principal = p_principal AND p_session IS NOT NULL;

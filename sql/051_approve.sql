@@ -72,18 +72,20 @@ BEGIN
     -- keyturn._membership reads them), the action, and whether the caller
     -- holds a grant for its tool. No row: no full identity, or not a member,
     -- and keyturn._membership raises what it raises (42501).
+    -- (Every table filtered by v_tenant itself, never by m.tenant: Citus
+    -- pins each statement of a delegated call by its distribution argument.)
     SELECT m.role, coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
-                              WHERE e.tenant = m.tenant AND e.principal = m.principal), 0) AS epoch,
+                              WHERE e.tenant = v_tenant AND e.principal = v_principal), 0) AS epoch,
            -- ROW(x.*), not x: on Citus, in a call delegated to a worker,
            -- x's row type would be its shard's (as in sql/063_mcp.sql).
            ROW(x.*)::keyturn.action AS action,
            p_for IN ('approve', 'revise')
              AND EXISTS (SELECT 1 FROM keyturn.tool_grant g
-                          WHERE g.tenant = m.tenant AND g.principal = m.principal AND g.tool = x.tool
+                          WHERE g.tenant = v_tenant AND g.principal = v_principal AND g.tool = x.tool
                             AND keyturn._grant_live(g.valid_until)) AS granted
       INTO v_read
       FROM keyturn.member m
-      LEFT JOIN keyturn.action x ON x.id = p_id AND x.tenant = m.tenant
+      LEFT JOIN keyturn.action x ON x.id = p_id AND x.tenant = v_tenant
      WHERE m.tenant = v_tenant AND m.principal = v_principal AND v_session IS NOT NULL;
     IF v_read.role IS NULL THEN
         v_read := keyturn._membership(v_tenant, v_principal, v_session);
@@ -148,13 +150,10 @@ DECLARE
     v_local   regclass;
     v_noted   text;
 BEGIN
-    -- Asked first, in Rust: without Citus, approve and begin_dispatch pay
-    -- for no call of the plpgsql function per action.
-    IF keyturn._citus_present() THEN
-        v_local := keyturn._local_placement('keyturn.tool');
-    END IF;
-    IF v_local IS NULL THEN
-        -- On one node, every re-read in one statement: the tool (locked),
+    -- keyturn._citus_present() is asked in Rust: without Citus, approve and
+    -- begin_dispatch pay for no call of the plpgsql function per action.
+    IF NOT keyturn._citus_present() THEN
+        -- never on Citus: every re-read in one statement, the tool (locked),
         -- the proposer's epoch (locked), membership and grant. No tool row:
         -- no row at all, and v_enabled is NULL.
         SELECT t.enabled, t.version,
@@ -168,13 +167,19 @@ BEGIN
           FROM keyturn.tool t WHERE t.name = a.tool
            FOR KEY SHARE OF t;
     ELSE
-        -- Citus: the lock on this node's placement, which register_tool and
-        -- set_tool_enabled change with every other (keyturn._local_placement);
-        -- the tool tables are reference tables, which a worker does not join
-        -- with a tenant's in a delegated call, so the rest is a statement of
-        -- its own.
-        EXECUTE format('SELECT t.enabled, t.version FROM %s t WHERE t.name = $1 FOR KEY SHARE', v_local)
-           INTO v_enabled, v_version USING a.tool;
+        -- Citus: the tool tables are reference tables, which a worker does
+        -- not join with a tenant's in a delegated call, so the tool is a
+        -- statement of its own, and the lock is taken on this node's
+        -- placement, which register_tool and set_tool_enabled change with
+        -- every other (keyturn._local_placement).
+        v_local := keyturn._local_placement('keyturn.tool');
+        IF v_local IS NULL THEN
+            SELECT t.enabled, t.version INTO v_enabled, v_version
+              FROM keyturn.tool t WHERE t.name = a.tool FOR KEY SHARE;
+        ELSE
+            EXECUTE format('SELECT t.enabled, t.version FROM %s t WHERE t.name = $1 FOR KEY SHARE', v_local)
+               INTO v_enabled, v_version USING a.tool;
+        END IF;
         SELECT (SELECT e.epoch FROM keyturn.auth_epoch e
                  WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE),
                EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal),
