@@ -199,7 +199,7 @@ BEGIN
             USING ERRCODE = '42501',
                   HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
     END IF;
-    IF g.valid_until IS NOT NULL AND g.valid_until <= clock_timestamp() THEN
+    IF NOT keyturn._grant_live(g.valid_until) THEN
         RAISE EXCEPTION 'keyturn: the grant of tool % to principal % ended at %', p_tool, p_principal, keyturn._utc(g.valid_until)
             USING ERRCODE = '42501',
                   HINT = 'An admin renews it with keyturn.grant_tool(tenant, principal, tool, scope, valid_until, max_uses).';

@@ -2795,7 +2795,7 @@ BEGIN
             USING ERRCODE = '42501',
                   HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
     END IF;
-    IF g.valid_until IS NOT NULL AND g.valid_until <= clock_timestamp() THEN
+    IF NOT keyturn._grant_live(g.valid_until) THEN
         RAISE EXCEPTION 'keyturn: the grant of tool % to principal % ended at %', p_tool, p_principal, keyturn._utc(g.valid_until)
             USING ERRCODE = '42501',
                   HINT = 'An admin renews it with keyturn.grant_tool(tenant, principal, tool, scope, valid_until, max_uses).';
@@ -3275,44 +3275,34 @@ DECLARE
     v_local   regclass;
     v_noted   text;
 BEGIN
-    -- keyturn._citus_present() is asked in Rust: without Citus, approve and
-    -- begin_dispatch pay for no call of the plpgsql function per action.
-    IF NOT keyturn._citus_present() THEN
-        -- never on Citus: every re-read in one statement, the tool (locked),
-        -- the proposer's epoch (locked), membership and grant. No tool row:
-        -- no row at all, and v_enabled is NULL.
-        SELECT t.enabled, t.version,
-               (SELECT e.epoch FROM keyturn.auth_epoch e
-                 WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE),
-               EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal),
-               EXISTS (SELECT 1 FROM keyturn.tool_grant g
-                        WHERE g.tenant = a.tenant AND g.principal = a.principal AND g.tool = a.tool
-                          AND keyturn._grant_live(g.valid_until))
-          INTO v_enabled, v_version, v_epoch, v_member, v_granted
-          FROM keyturn.tool t WHERE t.name = a.tool
-           FOR KEY SHARE OF t;
-    ELSE
-        -- Citus: the tool tables are reference tables, which a worker does
-        -- not join with a tenant's in a delegated call, so the tool is a
-        -- statement of its own, and the lock is taken on this node's
-        -- placement, which register_tool and set_tool_enabled change with
-        -- every other (keyturn._local_placement).
+    -- Asked first, in Rust: without Citus, approve and begin_dispatch pay
+    -- for no call of the plpgsql function per action.
+    IF keyturn._citus_present() THEN
         v_local := keyturn._local_placement('keyturn.tool');
-        IF v_local IS NULL THEN
-            SELECT t.enabled, t.version INTO v_enabled, v_version
-              FROM keyturn.tool t WHERE t.name = a.tool FOR KEY SHARE;
-        ELSE
-            EXECUTE format('SELECT t.enabled, t.version FROM %s t WHERE t.name = $1 FOR KEY SHARE', v_local)
-               INTO v_enabled, v_version USING a.tool;
-        END IF;
-        SELECT (SELECT e.epoch FROM keyturn.auth_epoch e
-                 WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE),
-               EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal),
-               EXISTS (SELECT 1 FROM keyturn.tool_grant g
-                        WHERE g.tenant = a.tenant AND g.principal = a.principal AND g.tool = a.tool
-                          AND keyturn._grant_live(g.valid_until))
-          INTO v_epoch, v_member, v_granted;
     END IF;
+    IF v_local IS NULL THEN
+        SELECT t.enabled, t.version INTO v_enabled, v_version
+          FROM keyturn.tool t WHERE t.name = a.tool FOR KEY SHARE;
+    ELSE
+        -- Citus: the lock on this node's placement, which register_tool and
+        -- set_tool_enabled change with every other (keyturn._local_placement).
+        EXECUTE format('SELECT t.enabled, t.version FROM %s t WHERE t.name = $1 FOR KEY SHARE', v_local)
+           INTO v_enabled, v_version USING a.tool;
+    END IF;
+    -- The rest in one statement of its own, after the tool's lock: under
+    -- READ COMMITTED its snapshot and time are taken after any wait for
+    -- that lock, so an authorization changed meanwhile (an epoch row
+    -- inserted, which no lock of a snapshot's rows would find) or a grant
+    -- that ended meanwhile is seen here and the outcome recorded (tenth
+    -- red-team pass, F1). (The tool tables are reference tables on Citus,
+    -- which a worker does not join with a tenant's in a delegated call.)
+    SELECT (SELECT e.epoch FROM keyturn.auth_epoch e
+             WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE),
+           EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal),
+           EXISTS (SELECT 1 FROM keyturn.tool_grant g
+                    WHERE g.tenant = a.tenant AND g.principal = a.principal AND g.tool = a.tool
+                      AND keyturn._grant_live(g.valid_until))
+      INTO v_epoch, v_member, v_granted;
     IF v_enabled IS NOT TRUE THEN
         RETURN format('tool %s is disabled', a.tool);
     END IF;

@@ -226,9 +226,6 @@ CREATE FUNCTION pg_temp.citus_refusals() RETURNS TABLE (fn text, problem text, s
          WHERE c.relnamespace IN ('keyturn'::regnamespace, 'keyturn_secret'::regnamespace) AND c.relkind = 'r'
            AND NOT EXISTS (SELECT 1 FROM pg_attribute a
                             WHERE a.attrelid = c.oid AND a.attname = 'tenant' AND NOT a.attisdropped)),
-    -- A statement whose comment begins "never on Citus" runs only in a
-    -- branch taken where keyturn._citus_present() is false (review that
-    -- branch, not this check, for it).
     s AS (
         SELECT f.oid::regprocedure::text AS fn, f.proconfig, l.lanname,
                regexp_replace(x, '--[^\n]*', '', 'g') AS stmt
@@ -236,7 +233,7 @@ CREATE FUNCTION pg_temp.citus_refusals() RETURNS TABLE (fn text, problem text, s
           JOIN pg_proc f ON f.oid = r.fn
           JOIN pg_language l ON l.oid = f.prolang
          CROSS JOIN regexp_split_to_table(f.prosrc, ';') x
-         WHERE l.lanname IN ('sql', 'plpgsql') AND x !~ '-- never on Citus')
+         WHERE l.lanname IN ('sql', 'plpgsql'))
     -- A generic plan keeps "p_tenant IS NULL OR x.tenant = p_tenant" from
     -- folding to the tenant Citus must see.
     SELECT DISTINCT s.fn, 'forces a generic plan', '' FROM s

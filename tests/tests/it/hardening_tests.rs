@@ -7,6 +7,7 @@
 
 use keyturn_tests::*;
 use serde_json::{json, Value};
+use tokio_postgres::{Client, Error};
 
 const BOSS: &str = "boss@acme.example";
 const MALLORY: &str = "mallory@evil.example";
@@ -1756,4 +1757,116 @@ async fn test_a_reason_too_large_for_the_audit_log_is_refused_when_given() {
         .unwrap()
         .get(0);
     assert_eq!(status, "rejected");
+}
+
+/// Holds the row of `tool` with `FOR UPDATE` (as a superuser could) until
+/// the returned client rolls back, and waits until an `approve` waits for it.
+async fn approve_waiting_for_the_tool_row(
+    w: &World,
+    tool: &str,
+    p: &Proposal,
+    approver: Conn,
+) -> (
+    Client,
+    tokio::task::JoinHandle<Result<(String, Option<Value>), Error>>,
+) {
+    let holder = connect("postgres").await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .query_one(
+            "SELECT 1 FROM keyturn.tool WHERE name = $1 FOR UPDATE",
+            &[&tool],
+        )
+        .await
+        .unwrap();
+    let (id, token) = (p.id, p.token.clone());
+    let approving = tokio::spawn(async move { approve_on(&approver, id, &token, None).await });
+    loop {
+        let waiting = count(
+            &w.superuser,
+            "SELECT count(*) FROM pg_stat_activity \
+              WHERE wait_event_type = 'Lock' AND query LIKE '%keyturn.approve(%'",
+            &[],
+        )
+        .await;
+        if waiting > 0 || approving.is_finished() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(
+        !approving.is_finished(),
+        "approve did not wait for the tool row"
+    );
+    (holder, approving)
+}
+
+/// approve's re-check after the claim reads the proposer's authorization
+/// after the tool row's lock, never from before a wait for it: a revoke
+/// committed while approve waits ends the proposal invalidated, recorded,
+/// as it would have had approve come a moment later (tenth red-team pass,
+/// F1: the merged read decided on its pre-wait values, and only the
+/// commit's recheck stopped it, leaving the proposal pending).
+#[tokio::test]
+async fn test_a_revoke_committed_while_approve_waits_for_the_tool_row_invalidates() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({"approval": "independent"})).await;
+    let (approver, human) = w.other("approver", "app_human", "s-approver").await;
+    w.grant(&approver, &t).await;
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "wait"}))
+        .await
+        .unwrap();
+    let (holder, approving) = approve_waiting_for_the_tool_row(&w, &t, &p, human).await;
+    w.admin
+        .query_one(
+            "SELECT keyturn.revoke_tool($1, $2, $3)",
+            &[&w.tenant, &w.principal, &t],
+        )
+        .await
+        .unwrap();
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    let (status, result) = approving.await.unwrap().unwrap();
+    assert_eq!(status, "invalidated", "{result:?}");
+    assert_eq!(w.status(p.id).await, "invalidated");
+}
+
+/// The same for a grant that ends by its `valid_until` while approve waits
+/// for the tool row: the time is read after the wait (tenth red-team pass,
+/// F1: the approval committed after the grant had ended, which no recheck
+/// at commit looks at).
+#[tokio::test]
+async fn test_a_grant_that_ends_while_approve_waits_for_the_tool_row_invalidates() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({"approval": "independent"})).await;
+    let (approver, human) = w.other("approver", "app_human", "s-approver").await;
+    w.grant(&approver, &t).await;
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "ends"}))
+        .await
+        .unwrap();
+    tamper(
+        &w.superuser,
+        "UPDATE keyturn.tool_grant SET valid_until = clock_timestamp() + interval '300 milliseconds' \
+          WHERE tenant = $1 AND principal = $2 AND tool = $3",
+        &[&w.tenant, &w.principal, &t],
+    )
+    .await;
+    let (holder, approving) = approve_waiting_for_the_tool_row(&w, &t, &p, human).await;
+    while count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.tool_grant \
+          WHERE tenant = $1 AND principal = $2 AND tool = $3 AND valid_until > clock_timestamp()",
+        &[&w.tenant, &w.principal, &t],
+    )
+    .await
+        > 0
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    let (status, result) = approving.await.unwrap().unwrap();
+    assert_eq!(status, "invalidated", "{result:?}");
+    let reason = result.unwrap()["reason"].as_str().unwrap().to_owned();
+    assert!(reason.contains("no longer holds a grant"), "{reason}");
 }
