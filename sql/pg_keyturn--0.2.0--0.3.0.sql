@@ -1649,8 +1649,6 @@ BEGIN
 END
 $$;
 
--- plpgsql, not sql: a sql function with a subquery is never inlined, and is
--- parsed and planned again on every call; plpgsql keeps the plan.
 -- Whether a grant with this valid_until is in force now: a grant past its
 -- valid_until is no grant, it ends like a revoke. The rule's one place,
 -- written where a grant is read (tool_grant g ... AND
@@ -1664,6 +1662,8 @@ AS $$
     SELECT p_valid_until IS NULL OR p_valid_until > pg_catalog.clock_timestamp()
 $$;
 
+-- plpgsql, not sql: a sql function with a subquery is never inlined, and is
+-- parsed and planned again on every call; plpgsql keeps the plan.
 CREATE OR REPLACE FUNCTION keyturn._has_grant(p_tenant text, p_principal text, p_tool text)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
