@@ -45,6 +45,22 @@ BEGIN
 END
 $$;
 
+-- For a caller whose one-statement read (its membership joined with what
+-- else it needs) found no membership row: raises keyturn._membership's
+-- 42501 if there is none, and 40001 if one is there now, added between the
+-- two reads (READ COMMITTED gives each statement its own snapshot), so the
+-- caller retries rather than acting on a read without it. Never returns.
+CREATE FUNCTION keyturn._membership_missing(p_tenant text, p_principal text, p_session text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    PERFORM keyturn._membership(p_tenant, p_principal, p_session);
+    RAISE EXCEPTION 'keyturn: the membership of % in tenant % changed during the call', p_principal, p_tenant
+        USING ERRCODE = '40001', HINT = 'Retry the transaction.';
+END
+$$;
+
 -- keyturn._membership's role: raises 42501 unless the call carries a full
 -- identity whose principal is a member of its tenant.
 CREATE FUNCTION keyturn._require_member(p_tenant text, p_principal text, p_session text)

@@ -268,8 +268,8 @@ BEGIN
     -- of theirs may cover it; and whether anyone in the tenant is notified.
     -- Without either of the last two, propose asks nothing more about them
     -- (one given or set while this runs is there for the next proposal). No
-    -- row: no full identity, or not a member, and keyturn._membership raises
-    -- what it raises (42501).
+    -- row: no full identity, or not a member, and
+    -- keyturn._membership_missing raises (42501).
     -- (Every table filtered by p_tenant itself, never by m.tenant: Citus
     -- pins each statement of a delegated call by its distribution argument.)
     SELECT coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
@@ -284,10 +284,7 @@ BEGIN
       FROM keyturn.member m
      WHERE m.tenant = p_tenant AND m.principal = p_principal AND p_session IS NOT NULL;
     IF NOT FOUND THEN
-        v_epoch := (keyturn._membership(p_tenant, p_principal, p_session)).o_epoch;
-        -- Reached only if the membership was added between the two reads.
-        RAISE EXCEPTION 'keyturn: the membership of % in tenant % changed during the call', p_principal, p_tenant
-            USING ERRCODE = '40001', HINT = 'Retry the transaction.';
+        PERFORM keyturn._membership_missing(p_tenant, p_principal, p_session);
     END IF;
 
     -- The tool and its current version in one statement (on Citus,

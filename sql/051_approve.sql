@@ -71,7 +71,7 @@ BEGIN
     -- One statement: the caller's membership (role and epoch, as
     -- keyturn._membership reads them), the action, and whether the caller
     -- holds a grant for its tool. No row: no full identity, or not a member,
-    -- and keyturn._membership raises what it raises (42501).
+    -- and keyturn._membership_missing raises (42501).
     -- (Every table filtered by v_tenant itself, never by m.tenant: Citus
     -- pins each statement of a delegated call by its distribution argument.)
     SELECT m.role, coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
@@ -88,10 +88,7 @@ BEGIN
       LEFT JOIN keyturn.action x ON x.id = p_id AND x.tenant = v_tenant
      WHERE m.tenant = v_tenant AND m.principal = v_principal AND v_session IS NOT NULL;
     IF v_read.role IS NULL THEN
-        v_read := keyturn._membership(v_tenant, v_principal, v_session);
-        -- Reached only if the membership was added between the two reads.
-        RAISE EXCEPTION 'keyturn: the membership of % in tenant % changed during the call', v_principal, v_tenant
-            USING ERRCODE = '40001', HINT = 'Retry the transaction.';
+        PERFORM keyturn._membership_missing(v_tenant, v_principal, v_session);
     END IF;
     v_role := v_read.role;
     a := v_read.action;

@@ -1638,6 +1638,22 @@ BEGIN
 END
 $$;
 
+-- For a caller whose one-statement read (its membership joined with what
+-- else it needs) found no membership row: raises keyturn._membership's
+-- 42501 if there is none, and 40001 if one is there now, added between the
+-- two reads (READ COMMITTED gives each statement its own snapshot), so the
+-- caller retries rather than acting on a read without it. Never returns.
+CREATE OR REPLACE FUNCTION keyturn._membership_missing(p_tenant text, p_principal text, p_session text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    PERFORM keyturn._membership(p_tenant, p_principal, p_session);
+    RAISE EXCEPTION 'keyturn: the membership of % in tenant % changed during the call', p_principal, p_tenant
+        USING ERRCODE = '40001', HINT = 'Retry the transaction.';
+END
+$$;
+
 -- keyturn._membership's role: raises 42501 unless the call carries a full
 -- identity whose principal is a member of its tenant.
 CREATE OR REPLACE FUNCTION keyturn._require_member(p_tenant text, p_principal text, p_session text)
@@ -2864,8 +2880,8 @@ BEGIN
     -- of theirs may cover it; and whether anyone in the tenant is notified.
     -- Without either of the last two, propose asks nothing more about them
     -- (one given or set while this runs is there for the next proposal). No
-    -- row: no full identity, or not a member, and keyturn._membership raises
-    -- what it raises (42501).
+    -- row: no full identity, or not a member, and
+    -- keyturn._membership_missing raises (42501).
     -- (Every table filtered by p_tenant itself, never by m.tenant: Citus
     -- pins each statement of a delegated call by its distribution argument.)
     SELECT coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
@@ -2880,10 +2896,7 @@ BEGIN
       FROM keyturn.member m
      WHERE m.tenant = p_tenant AND m.principal = p_principal AND p_session IS NOT NULL;
     IF NOT FOUND THEN
-        v_epoch := (keyturn._membership(p_tenant, p_principal, p_session)).o_epoch;
-        -- Reached only if the membership was added between the two reads.
-        RAISE EXCEPTION 'keyturn: the membership of % in tenant % changed during the call', p_principal, p_tenant
-            USING ERRCODE = '40001', HINT = 'Retry the transaction.';
+        PERFORM keyturn._membership_missing(p_tenant, p_principal, p_session);
     END IF;
 
     -- The tool and its current version in one statement (on Citus,
@@ -3196,7 +3209,7 @@ BEGIN
     -- One statement: the caller's membership (role and epoch, as
     -- keyturn._membership reads them), the action, and whether the caller
     -- holds a grant for its tool. No row: no full identity, or not a member,
-    -- and keyturn._membership raises what it raises (42501).
+    -- and keyturn._membership_missing raises (42501).
     -- (Every table filtered by v_tenant itself, never by m.tenant: Citus
     -- pins each statement of a delegated call by its distribution argument.)
     SELECT m.role, coalesce((SELECT e.epoch FROM keyturn.auth_epoch e
@@ -3213,10 +3226,7 @@ BEGIN
       LEFT JOIN keyturn.action x ON x.id = p_id AND x.tenant = v_tenant
      WHERE m.tenant = v_tenant AND m.principal = v_principal AND v_session IS NOT NULL;
     IF v_read.role IS NULL THEN
-        v_read := keyturn._membership(v_tenant, v_principal, v_session);
-        -- Reached only if the membership was added between the two reads.
-        RAISE EXCEPTION 'keyturn: the membership of % in tenant % changed during the call', v_principal, v_tenant
-            USING ERRCODE = '40001', HINT = 'Retry the transaction.';
+        PERFORM keyturn._membership_missing(v_tenant, v_principal, v_session);
     END IF;
     v_role := v_read.role;
     a := v_read.action;

@@ -289,3 +289,33 @@ async fn test_other_principals_change_does_not_invalidate() {
         .unwrap();
     assert_eq!(w.approve(&p).await.unwrap().0, "succeeded");
 }
+
+/// propose and the approver's reads take the membership in one statement
+/// with what else they need; finding no row there, they ask
+/// `keyturn._membership_missing`, which raises 42501 for a caller who is not
+/// a member (or has no full identity) and 40001 for one who is one now: the
+/// membership came in between the two reads (READ COMMITTED), and the call is
+/// to be retried, never carried on without it. The race itself has no lock
+/// wait to hold it open, so the helper's two answers are tested here.
+#[tokio::test]
+async fn test_membership_missing_says_retry_only_when_a_membership_is_there() {
+    let w = World::new("member").await;
+    let call = "SELECT keyturn._membership_missing($1, $2, $3)";
+    let session = Some("s1");
+    let none: Option<&str> = None;
+    let member = w
+        .superuser
+        .execute(call, &[&w.tenant, &w.principal, &session])
+        .await;
+    assert_eq!(sqlstate(member), "40001");
+    let stranger = w
+        .superuser
+        .execute(call, &[&w.tenant, &"nobody-here", &session])
+        .await;
+    assert_eq!(sqlstate(stranger), "42501");
+    let no_session = w
+        .superuser
+        .execute(call, &[&w.tenant, &w.principal, &none])
+        .await;
+    assert_eq!(sqlstate(no_session), "42501");
+}
