@@ -531,9 +531,11 @@ BEGIN
                     'select', v_sql -> 'select', 'max_rows', v_sql -> 'max_rows') END,
         'rate_limit', v_rate, 'description', v_desc, 'projection', v_proj));
 
-    -- FOR NO KEY UPDATE: the name never changes, so the lock an approval
-    -- decision holds (FOR KEY SHARE, keyturn._invalid_reason) never makes a
-    -- new version wait, however long that transaction stays open.
+    -- Two registrations of one name take turns here for the next version.
+    -- FOR NO KEY UPDATE, as the name never changes; approval decisions read
+    -- this row without a lock (keyturn._invalid_reason), so a new version
+    -- waits only for commits rechecking the old one, never for a
+    -- transaction left open.
     SELECT t.version + 1 INTO v_version FROM keyturn.tool t WHERE t.name = v_name FOR NO KEY UPDATE;
     IF v_version IS NULL THEN
         v_version := 1;

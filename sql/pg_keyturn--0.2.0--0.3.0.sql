@@ -2565,9 +2565,11 @@ BEGIN
                     'select', v_sql -> 'select', 'max_rows', v_sql -> 'max_rows') END,
         'rate_limit', v_rate, 'description', v_desc, 'projection', v_proj));
 
-    -- FOR NO KEY UPDATE: the name never changes, so the lock an approval
-    -- decision holds (FOR KEY SHARE, keyturn._invalid_reason) never makes a
-    -- new version wait, however long that transaction stays open.
+    -- Two registrations of one name take turns here for the next version.
+    -- FOR NO KEY UPDATE, as the name never changes; approval decisions read
+    -- this row without a lock (keyturn._invalid_reason), so a new version
+    -- waits only for commits rechecking the old one, never for a
+    -- transaction left open.
     SELECT t.version + 1 INTO v_version FROM keyturn.tool t WHERE t.name = v_name FOR NO KEY UPDATE;
     IF v_version IS NULL THEN
         v_version := 1;
@@ -3261,16 +3263,19 @@ END
 $$;
 
 -- Why a claimed proposal may no longer run, or NULL. Reads the tool row and
--- the proposer's epoch row FOR KEY SHARE: the newest committed versions
--- (READ COMMITTED follows a concurrent update; REPEATABLE READ fails to
--- serialize, 40001, rather than decide on its snapshot), and a lock that no
--- revoke, remove_member, register_tool or set_tool_enabled waits for, so no
--- transaction left open (an agent's, with a covered write in it) can stall
--- the kill switch. What such a change commits while this transaction is
--- still open is caught at its commit: keyturn._recheck_at_commit notes the
--- tool version and epoch this decision read, and the commit fails (40001)
--- if either has moved since (on Citus, the tool row of this node's
--- placement: keyturn._local_placement).
+-- the proposer's authorization without a row lock. What must not outlive a
+-- change of them is the commit, and the commit reads them again:
+-- keyturn._recheck_at_commit notes the tool version and epoch this decision
+-- read, and the commit, ordered against every such change by its share
+-- lock (docs/security.md, row 95), fails (40001) if either has moved (on
+-- Citus, the tool row of this node's placement: keyturn._local_placement).
+-- So nothing here waits: no transaction left open stalls a decision or the
+-- kill switch, and no decision rests on a read taken before a wait (tenth
+-- red-team pass, F1). Under READ COMMITTED each statement reads what is
+-- committed when it starts; under REPEATABLE READ a change committed after
+-- the snapshot fails the commit. (Until row 97 both rows were read FOR KEY
+-- SHARE: with one tool approved by many at once, each approval's lock of
+-- its one row made a new MultiXact, which every later reader looked up.)
 CREATE OR REPLACE FUNCTION keyturn._invalid_reason(a keyturn.action)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -3292,22 +3297,19 @@ BEGIN
     END IF;
     IF v_local IS NULL THEN
         SELECT t.enabled, t.version INTO v_enabled, v_version
-          FROM keyturn.tool t WHERE t.name = a.tool FOR KEY SHARE;
+          FROM keyturn.tool t WHERE t.name = a.tool;
     ELSE
-        -- Citus: the lock on this node's placement, which register_tool and
-        -- set_tool_enabled change with every other (keyturn._local_placement).
-        EXECUTE format('SELECT t.enabled, t.version FROM %s t WHERE t.name = $1 FOR KEY SHARE', v_local)
+        -- Citus: this node's placement, which register_tool and
+        -- set_tool_enabled change with every other, and which the commit
+        -- reads again (keyturn._local_placement).
+        EXECUTE format('SELECT t.enabled, t.version FROM %s t WHERE t.name = $1', v_local)
            INTO v_enabled, v_version USING a.tool;
     END IF;
-    -- The rest in one statement of its own, after the tool's lock: under
-    -- READ COMMITTED its snapshot and time are taken after any wait for
-    -- that lock, so an authorization changed meanwhile (an epoch row
-    -- inserted, which no lock of a snapshot's rows would find) or a grant
-    -- that ended meanwhile is seen here and the outcome recorded (tenth
-    -- red-team pass, F1). (The tool tables are reference tables on Citus,
-    -- which a worker does not join with a tenant's in a delegated call.)
+    -- The rest in one statement of its own: the tool tables are reference
+    -- tables on Citus, which a worker does not join with a tenant's in a
+    -- delegated call.
     SELECT (SELECT e.epoch FROM keyturn.auth_epoch e
-             WHERE e.tenant = a.tenant AND e.principal = a.principal FOR KEY SHARE),
+             WHERE e.tenant = a.tenant AND e.principal = a.principal),
            EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal),
            EXISTS (SELECT 1 FROM keyturn.tool_grant g
                     WHERE g.tenant = a.tenant AND g.principal = a.principal AND g.tool = a.tool

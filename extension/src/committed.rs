@@ -11,11 +11,11 @@
 //! requests) fail to serialize (40001) by themselves.
 //!
 //! And the tool and authorization an approval was decided on are read again
-//! when the transaction commits ([`recheck_at_commit`]): the decision takes
-//! no lock a kill switch would wait for (FOR KEY SHARE), so an agent that
-//! leaves a transaction open with a covered write in it cannot stall
-//! `set_tool_enabled` or `register_tool`; instead that transaction cannot
-//! commit once the tool is off (40001).
+//! when the transaction commits ([`recheck_at_commit`]): the decision reads
+//! them without a row lock, so an agent that leaves a transaction open with
+//! a covered write in it cannot stall `set_tool_enabled` or `register_tool`
+//! (nor another approval); instead that transaction cannot commit once the
+//! tool is off (40001).
 
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -638,6 +638,24 @@ async fn test_a_revoked_standing_approval_covers_nothing_under_repeatable_read()
 
 // --- 5b. The approver's own authorization, on committed data (fifth pass) ------
 
+/// A tenant with a webhook tool that needs an independent approver, that
+/// approver (principal `approver`, session `session`, granted the tool) and
+/// a proposal of the tool by the world's principal, with `text`.
+async fn independent_proposal(
+    session: &str,
+    text: &str,
+) -> (World, String, String, Conn, Proposal) {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({"approval": "independent"})).await;
+    let (approver, conn) = w.other("approver", "app_human", session).await;
+    w.grant(&approver, &t).await;
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": text}))
+        .await
+        .unwrap();
+    (w, t, approver, conn, p)
+}
+
 /// `approve` of `p` in `tx`, then its commit: "committed <status>", or the
 /// SQLSTATE of whichever failed (the transaction rolled back).
 async fn approve_and_commit(tx: Tx, p: &Proposal) -> String {
@@ -669,14 +687,7 @@ async fn approve_and_commit(tx: Tx, p: &Proposal) -> String {
 /// action stays pending. On the earlier build the approver's side was read
 /// on the snapshot alone, and the approval committed.
 async fn approve_after_the_approver_changed(meanwhile: &str, with_tool: bool) {
-    let w = World::new("member").await;
-    let t = w.webhook_tool(json!({"approval": "independent"})).await;
-    let (erin, erin_conn) = w.other("approver", "app_human", "erin-1").await;
-    w.grant(&erin, &t).await;
-    let p = w
-        .propose(&t, json!({"channel": "ops", "text": "x"}))
-        .await
-        .unwrap();
+    let (w, t, erin, erin_conn, p) = independent_proposal("erin-1", "x").await;
     let tx = erin_conn.transaction_with(RR).await.unwrap();
     tx.query_one("SELECT 1", &[]).await.unwrap();
     if with_tool {
@@ -711,6 +722,69 @@ async fn test_a_demoted_approver_approves_nothing_under_repeatable_read() {
 #[tokio::test]
 async fn test_an_approver_whose_grant_was_revoked_approves_nothing_under_repeatable_read() {
     approve_after_the_approver_changed("SELECT keyturn.revoke_tool($1, $2, $3)", true).await;
+}
+
+/// Under REPEATABLE READ an approve whose snapshot was taken before
+/// `meanwhile` turned the tool off, registered a new version of it or
+/// revoked the proposer's grant: its re-check reads the snapshot, which no
+/// longer holds a lock that would fail at once (row 97), so the commit's
+/// recheck is what refuses it (40001), and nothing of it stays.
+async fn approve_after_the_tool_or_proposer_changed(meanwhile: &str) {
+    let (w, t, _, erin_conn, p) = independent_proposal("erin-1", "x").await;
+    let tx = erin_conn.transaction_with(RR).await.unwrap();
+    tx.query_one("SELECT 1", &[]).await.unwrap();
+    if meanwhile == "register" {
+        w.webhook_tool(json!({"approval": "independent", "description": "v2"}))
+            .await;
+    } else {
+        w.admin
+            .execute(meanwhile, &[&w.tenant, &w.principal, &t])
+            .await
+            .unwrap();
+    }
+    let answer = approve_and_commit(tx, &p).await;
+    assert_eq!(answer, "40001", "{meanwhile}: approved on a stale snapshot");
+    assert_eq!(w.status(p.id).await, "pending");
+}
+
+#[tokio::test]
+async fn test_a_tool_turned_off_after_the_snapshot_approves_nothing_under_repeatable_read() {
+    approve_after_the_tool_or_proposer_changed(
+        "SELECT keyturn.set_tool_enabled($3, false) OR $1 = $2",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn test_a_tool_registered_again_after_the_snapshot_approves_nothing_under_repeatable_read() {
+    approve_after_the_tool_or_proposer_changed("register").await;
+}
+
+#[tokio::test]
+async fn test_a_proposer_revoked_after_the_snapshot_approves_nothing_under_repeatable_read() {
+    approve_after_the_tool_or_proposer_changed("SELECT keyturn.revoke_tool($1, $2, $3)").await;
+}
+
+/// The other side of reading the snapshot under REPEATABLE READ: a tool
+/// that was off when the snapshot was taken, and is on again, invalidates
+/// the proposal, as approve at READ COMMITTED would have a moment earlier
+/// (the approval is ordered at its snapshot). The commit is not refused:
+/// nothing was approved. Recorded, so the proposer sees why.
+#[tokio::test]
+async fn test_a_tool_off_in_the_snapshot_invalidates_under_repeatable_read() {
+    let (w, t, _, erin_conn, p) = independent_proposal("erin-1", "x").await;
+    w.admin
+        .execute("SELECT keyturn.set_tool_enabled($1, false)", &[&t])
+        .await
+        .unwrap();
+    let tx = erin_conn.transaction_with(RR).await.unwrap();
+    tx.query_one("SELECT 1", &[]).await.unwrap();
+    w.admin
+        .execute("SELECT keyturn.set_tool_enabled($1, true)", &[&t])
+        .await
+        .unwrap();
+    assert_eq!(approve_and_commit(tx, &p).await, "committed invalidated");
+    assert_eq!(w.status(p.id).await, "invalidated");
 }
 
 /// A quorum vote cast by an approver removed since no longer counts, even
@@ -1759,11 +1833,11 @@ async fn test_a_reason_too_large_for_the_audit_log_is_refused_when_given() {
     assert_eq!(status, "rejected");
 }
 
-/// Holds the row of `tool` with `FOR UPDATE` (as a superuser could) until
-/// the returned client rolls back, and waits until an `approve` waits for it.
-async fn approve_waiting_for_the_tool_row(
+/// Holds the action row of `p` with `FOR UPDATE` (as a superuser could)
+/// until the returned client rolls back, and waits until an `approve` of it
+/// waits for it, at its claim: since row 97 the one wait approve can meet.
+async fn approve_waiting_for_the_action_row(
     w: &World,
-    tool: &str,
     p: &Proposal,
     approver: Conn,
 ) -> (
@@ -1774,8 +1848,8 @@ async fn approve_waiting_for_the_tool_row(
     holder.batch_execute("BEGIN").await.unwrap();
     holder
         .query_one(
-            "SELECT 1 FROM keyturn.tool WHERE name = $1 FOR UPDATE",
-            &[&tool],
+            "SELECT 1 FROM keyturn.action WHERE id = $1 FOR UPDATE",
+            &[&p.id],
         )
         .await
         .unwrap();
@@ -1796,28 +1870,23 @@ async fn approve_waiting_for_the_tool_row(
     }
     assert!(
         !approving.is_finished(),
-        "approve did not wait for the tool row"
+        "approve did not wait for the action row"
     );
     (holder, approving)
 }
 
 /// approve's re-check after the claim reads the proposer's authorization
-/// after the tool row's lock, never from before a wait for it: a revoke
-/// committed while approve waits ends the proposal invalidated, recorded,
-/// as it would have had approve come a moment later (tenth red-team pass,
-/// F1: the merged read decided on its pre-wait values, and only the
-/// commit's recheck stopped it, leaving the proposal pending).
+/// after the claim, never from before a wait for it: a revoke committed
+/// while approve waits ends the proposal invalidated, recorded, as it would
+/// have had approve come a moment later (tenth red-team pass, F1, where the
+/// wait was for the tool row's lock: the merged read decided on its
+/// pre-wait values, and only the commit's recheck stopped it, leaving the
+/// proposal pending; row 97 took that lock away, and the claim's wait is
+/// the one left).
 #[tokio::test]
-async fn test_a_revoke_committed_while_approve_waits_for_the_tool_row_invalidates() {
-    let w = World::new("member").await;
-    let t = w.webhook_tool(json!({"approval": "independent"})).await;
-    let (approver, human) = w.other("approver", "app_human", "s-approver").await;
-    w.grant(&approver, &t).await;
-    let p = w
-        .propose(&t, json!({"channel": "ops", "text": "wait"}))
-        .await
-        .unwrap();
-    let (holder, approving) = approve_waiting_for_the_tool_row(&w, &t, &p, human).await;
+async fn test_a_revoke_committed_while_approve_waits_to_claim_invalidates() {
+    let (w, t, _, human, p) = independent_proposal("s-approver", "wait").await;
+    let (holder, approving) = approve_waiting_for_the_action_row(&w, &p, human).await;
     w.admin
         .query_one(
             "SELECT keyturn.revoke_tool($1, $2, $3)",
@@ -1832,19 +1901,12 @@ async fn test_a_revoke_committed_while_approve_waits_for_the_tool_row_invalidate
 }
 
 /// The same for a grant that ends by its `valid_until` while approve waits
-/// for the tool row: the time is read after the wait (tenth red-team pass,
-/// F1: the approval committed after the grant had ended, which no recheck
-/// at commit looks at).
+/// to claim: the time is read after the wait (tenth red-team pass, F1: the
+/// approval committed after the grant had ended, which no recheck at commit
+/// looks at).
 #[tokio::test]
-async fn test_a_grant_that_ends_while_approve_waits_for_the_tool_row_invalidates() {
-    let w = World::new("member").await;
-    let t = w.webhook_tool(json!({"approval": "independent"})).await;
-    let (approver, human) = w.other("approver", "app_human", "s-approver").await;
-    w.grant(&approver, &t).await;
-    let p = w
-        .propose(&t, json!({"channel": "ops", "text": "ends"}))
-        .await
-        .unwrap();
+async fn test_a_grant_that_ends_while_approve_waits_to_claim_invalidates() {
+    let (w, t, _, human, p) = independent_proposal("s-approver", "ends").await;
     tamper(
         &w.superuser,
         "UPDATE keyturn.tool_grant SET valid_until = clock_timestamp() + interval '300 milliseconds' \
@@ -1852,7 +1914,7 @@ async fn test_a_grant_that_ends_while_approve_waits_for_the_tool_row_invalidates
         &[&w.tenant, &w.principal, &t],
     )
     .await;
-    let (holder, approving) = approve_waiting_for_the_tool_row(&w, &t, &p, human).await;
+    let (holder, approving) = approve_waiting_for_the_action_row(&w, &p, human).await;
     while count(
         &w.superuser,
         "SELECT count(*) FROM keyturn.tool_grant \
@@ -1869,4 +1931,35 @@ async fn test_a_grant_that_ends_while_approve_waits_for_the_tool_row_invalidates
     assert_eq!(status, "invalidated", "{result:?}");
     let reason = result.unwrap()["reason"].as_str().unwrap().to_owned();
     assert!(reason.contains("no longer holds a grant"), "{reason}");
+}
+
+/// No lock on a tool's row stalls a decision (row 97): approve reads the
+/// tool without one and answers while another transaction holds the row
+/// with `FOR UPDATE` (0.3.0 before row 97 read it `FOR KEY SHARE` and
+/// waited, as this test's guard would report). The kill switch still
+/// binds: what the commit rechecks is the tool as committed then.
+#[tokio::test]
+async fn test_approve_does_not_wait_for_a_held_tool_row() {
+    let (w, t, _, human, p) = independent_proposal("s-approver", "held").await;
+    let holder = connect("postgres").await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .query_one(
+            "SELECT 1 FROM keyturn.tool WHERE name = $1 FOR UPDATE",
+            &[&t],
+        )
+        .await
+        .unwrap();
+    // A guard against a hang, not a measure of time: the old build waited
+    // here until the holder let go.
+    let answered = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        approve_on(&human, p.id, &p.token, None),
+    )
+    .await
+    .expect("approve waited for the tool row")
+    .unwrap();
+    assert_eq!(answered.0, "queued", "{:?}", answered.1);
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(w.status(p.id).await, "queued");
 }
