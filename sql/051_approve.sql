@@ -132,10 +132,13 @@ $$;
 -- So nothing here waits: no transaction left open stalls a decision or the
 -- kill switch, and no decision rests on a read taken before a wait (tenth
 -- red-team pass, F1). Under READ COMMITTED each statement reads what is
--- committed when it starts; under REPEATABLE READ a change committed after
--- the snapshot fails the commit. (Until row 97 both rows were read FOR KEY
--- SHARE: with one tool approved by many at once, each approval's lock of
--- its one row made a new MultiXact, which every later reader looked up.)
+-- committed when it starts; under REPEATABLE READ or SERIALIZABLE,
+-- keyturn._read_as_committed fails the call (40001) if what the snapshot
+-- showed is no longer what is committed, before anything is decided or
+-- written. (Until row 97 both rows were read FOR KEY SHARE: with one tool
+-- approved by many at once, each approval's lock of its one row made a new
+-- MultiXact, which every later reader looked up; and the lock never failed
+-- on a change of a column outside the key.)
 CREATE FUNCTION keyturn._invalid_reason(a keyturn.action)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -175,6 +178,11 @@ BEGIN
                     WHERE g.tenant = a.tenant AND g.principal = a.principal AND g.tool = a.tool
                       AND keyturn._grant_live(g.valid_until))
       INTO v_epoch, v_member, v_granted;
+    -- Under REPEATABLE READ or SERIALIZABLE, what was just read is the
+    -- snapshot's: 40001 unless it is still what is committed (a no-op at
+    -- READ COMMITTED; an expression, not a statement).
+    v_noted := keyturn._read_as_committed(a.tool, v_enabled, v_version, a.tenant, a.principal,
+                                          coalesce(v_epoch, 0));
     IF v_enabled IS NOT TRUE THEN
         RETURN format('tool %s is disabled', a.tool);
     END IF;

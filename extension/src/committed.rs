@@ -258,7 +258,64 @@ fn recheck_at_commit(
 /// (docs/security.md, row 82). Returns ''.
 #[pg_extern(name = "_recheck_epoch_at_commit", volatile, parallel_unsafe)]
 fn recheck_epoch_at_commit(tenant: &str, principal: &str, epoch: i64) -> String {
+    if uses_transaction_snapshot() && committed_epoch(tenant, principal) != epoch {
+        stale_snapshot(&format!("the authorization of principal {principal}"));
+    }
     note(None, 0, tenant, principal, epoch)
+}
+
+/// Under REPEATABLE READ or SERIALIZABLE: raises 40001 unless the tool row
+/// (`enabled`, `version`; both NULL: no row) and the principal's `epoch`
+/// that an approval decision just read on the transaction's snapshot are
+/// still what is committed. keyturn._invalid_reason asks it before it
+/// decides, so a decision never rests on a tool or an authorization that
+/// changed after the snapshot: without it, an approval decided after a kill
+/// switch had returned ran its business write, triggers and all, before its
+/// commit failed (eleventh red-team pass, F2), and a tool off in the
+/// snapshot but on again ended the proposal `invalidated` for a reason no
+/// longer true (F4). Under READ COMMITTED each statement reads what is
+/// committed, and this reads nothing. Returns '' (assigned: no statement).
+#[pg_extern(name = "_read_as_committed", volatile, parallel_unsafe)]
+fn read_as_committed(
+    tool: &str,
+    enabled: Option<bool>,
+    version: Option<i32>,
+    tenant: &str,
+    principal: &str,
+    epoch: i64,
+) -> String {
+    if uses_transaction_snapshot() {
+        let local = crate::citus::begin_local("keyturn.auth_epoch", tenant);
+        let (state, now_epoch) = committed_state(Some(tool), tenant, principal);
+        crate::citus::end_local(local);
+        if state != enabled.map(|on| (on, version)) || now_epoch != epoch {
+            stale_snapshot(&format!(
+                "tool {tool} or the authorization of principal {principal}"
+            ));
+        }
+    }
+    String::new()
+}
+
+/// REPEATABLE READ and SERIALIZABLE: the transaction reads one snapshot.
+fn uses_transaction_snapshot() -> bool {
+    // SAFETY: a plain read of the backend's isolation level.
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
+fn committed_epoch(tenant: &str, principal: &str) -> i64 {
+    let local = crate::citus::begin_local("keyturn.auth_epoch", tenant);
+    let (_, epoch) = committed_state(None, tenant, principal);
+    crate::citus::end_local(local);
+    epoch
+}
+
+fn stale_snapshot(what: &str) -> ! {
+    KeyturnError::Busy(format!(
+        "{what} changed after this transaction's snapshot was taken; nothing was decided \
+         (the same call in a new transaction answers with the current state)"
+    ))
+    .raise()
 }
 
 fn note(tool: Option<&str>, version: i32, tenant: &str, principal: &str, epoch: i64) -> String {
@@ -365,19 +422,14 @@ thread_local! {
     static ON_PLACEMENT: RefCell<HashMap<String, &'static str>> = RefCell::new(HashMap::new());
 }
 
-/// What changed since an approval was decided on (tool, version, epoch), in
-/// the words of the error the commit raises, or None. The rule, in one place:
-/// the tool still enabled at the version approved, the principal's epoch
-/// unchanged. On a Citus worker at the commit of a delegated call the tool is
-/// read from its local placement (a reference table's shard), which Citus
-/// lets a delegated call read.
-fn commit_problem(
-    tool: Option<&str>,
-    version: i32,
-    tenant: &str,
-    principal: &str,
-    epoch: i64,
-) -> Option<String> {
+/// A tool row as committed: (enabled, version); None: no such tool.
+type ToolState = Option<(bool, Option<i32>)>;
+
+/// The tool's row (when `tool` is given) and the principal's epoch, as
+/// committed now. On a Citus worker at the commit of a delegated call the
+/// tool is read from its local placement (a reference table's shard),
+/// which Citus lets a delegated call read.
+fn committed_state(tool: Option<&str>, tenant: &str, principal: &str) -> (ToolState, i64) {
     let text = pg_sys::TEXTOID;
     let (who, whose) = (Some(tenant.to_owned()), Some(principal.to_owned()));
     let read_epoch = || {
@@ -439,6 +491,21 @@ fn commit_problem(
             }
         }
     };
+    (state, now_epoch)
+}
+
+/// What changed since an approval was decided on (tool, version, epoch), in
+/// the words of the error the commit raises, or None. The rule, in one place:
+/// the tool still enabled at the version approved, the principal's epoch
+/// unchanged.
+fn commit_problem(
+    tool: Option<&str>,
+    version: i32,
+    tenant: &str,
+    principal: &str,
+    epoch: i64,
+) -> Option<String> {
+    let (state, now_epoch) = committed_state(tool, tenant, principal);
     if let Some(name) = tool {
         match state {
             Some((true, Some(v))) if v != version => {

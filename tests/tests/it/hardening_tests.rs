@@ -726,9 +726,12 @@ async fn test_an_approver_whose_grant_was_revoked_approves_nothing_under_repeata
 
 /// Under REPEATABLE READ an approve whose snapshot was taken before
 /// `meanwhile` turned the tool off, registered a new version of it or
-/// revoked the proposer's grant: its re-check reads the snapshot, which no
-/// longer holds a lock that would fail at once (row 97), so the commit's
-/// recheck is what refuses it (40001), and nothing of it stays.
+/// revoked the proposer's grant is refused by the call itself (40001),
+/// before anything is decided or written, and nothing of it stays. On the
+/// earlier build the re-check read the snapshot (`FOR KEY SHARE` does not
+/// fail on a change outside the key), so approve answered `queued`, an sql
+/// tool's business write and its triggers ran, and only the commit failed
+/// (eleventh red-team pass, F2).
 async fn approve_after_the_tool_or_proposer_changed(meanwhile: &str) {
     let (w, t, _, erin_conn, p) = independent_proposal("erin-1", "x").await;
     let tx = erin_conn.transaction_with(RR).await.unwrap();
@@ -742,8 +745,18 @@ async fn approve_after_the_tool_or_proposer_changed(meanwhile: &str) {
             .await
             .unwrap();
     }
-    let answer = approve_and_commit(tx, &p).await;
-    assert_eq!(answer, "40001", "{meanwhile}: approved on a stale snapshot");
+    let answer = tx
+        .query_one(
+            "SELECT status FROM keyturn.approve($1, $2)",
+            &[&p.id, &p.token],
+        )
+        .await;
+    assert_eq!(
+        sqlstate(answer),
+        "40001",
+        "{meanwhile}: decided on a stale snapshot"
+    );
+    tx.rollback().await.ok();
     assert_eq!(w.status(p.id).await, "pending");
 }
 
@@ -765,13 +778,12 @@ async fn test_a_proposer_revoked_after_the_snapshot_approves_nothing_under_repea
     approve_after_the_tool_or_proposer_changed("SELECT keyturn.revoke_tool($1, $2, $3)").await;
 }
 
-/// The other side of reading the snapshot under REPEATABLE READ: a tool
-/// that was off when the snapshot was taken, and is on again, invalidates
-/// the proposal, as approve at READ COMMITTED would have a moment earlier
-/// (the approval is ordered at its snapshot). The commit is not refused:
-/// nothing was approved. Recorded, so the proposer sees why.
+/// Nor does a snapshot that shows the tool off, when it is on again,
+/// decide anything: 40001, and the same call in a new transaction approves.
+/// On the earlier build the proposal ended `invalidated`, for a reason no
+/// longer true (eleventh red-team pass, F4).
 #[tokio::test]
-async fn test_a_tool_off_in_the_snapshot_invalidates_under_repeatable_read() {
+async fn test_a_tool_off_only_in_the_snapshot_invalidates_nothing_under_repeatable_read() {
     let (w, t, _, erin_conn, p) = independent_proposal("erin-1", "x").await;
     w.admin
         .execute("SELECT keyturn.set_tool_enabled($1, false)", &[&t])
@@ -783,8 +795,10 @@ async fn test_a_tool_off_in_the_snapshot_invalidates_under_repeatable_read() {
         .execute("SELECT keyturn.set_tool_enabled($1, true)", &[&t])
         .await
         .unwrap();
-    assert_eq!(approve_and_commit(tx, &p).await, "committed invalidated");
-    assert_eq!(w.status(p.id).await, "invalidated");
+    assert_eq!(approve_and_commit(tx, &p).await, "40001");
+    assert_eq!(w.status(p.id).await, "pending");
+    let again = erin_conn.transaction_with(RR).await.unwrap();
+    assert_eq!(approve_and_commit(again, &p).await, "committed queued");
 }
 
 /// A quorum vote cast by an approver removed since no longer counts, even
