@@ -57,7 +57,7 @@ TITLES = {
     "notify": "7. External approve flow with NOTIFY (A) vs keyturn.notify = off (B)",
     "drain": "3. Drain: keyturnd (A) vs bare worker (B), 8 slots each; flows = actions",
     "exp-e1": "E1. Gate flow as installed (A) vs helpers without SET search_path (B)",
-    "exp-e2": "E2. Gate flow as installed (A) vs _invalid_reason without FOR SHARE (B)",
+    "exp-e2": "E2. Gate flow as installed (A) vs _invalid_reason with its FOR KEY SHARE put back (B)",
 }
 
 print("# keyturn benchmark summary\n")
