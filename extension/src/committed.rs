@@ -285,9 +285,7 @@ fn read_as_committed(
     epoch: i64,
 ) -> String {
     if uses_transaction_snapshot() {
-        let local = crate::citus::begin_local("keyturn.auth_epoch", tenant);
         let (state, now_epoch) = committed_state(Some(tool), tenant, principal);
-        crate::citus::end_local(local);
         if state != enabled.map(|on| (on, version)) || now_epoch != epoch {
             stale_snapshot(&format!(
                 "tool {tool} or the authorization of principal {principal}"
@@ -304,10 +302,7 @@ fn uses_transaction_snapshot() -> bool {
 }
 
 fn committed_epoch(tenant: &str, principal: &str) -> i64 {
-    let local = crate::citus::begin_local("keyturn.auth_epoch", tenant);
-    let (_, epoch) = committed_state(None, tenant, principal);
-    crate::citus::end_local(local);
-    epoch
+    committed_state(None, tenant, principal).1
 }
 
 fn stale_snapshot(what: &str) -> ! {
@@ -390,12 +385,7 @@ pub fn check_noted() {
             continue;
         }
         let _as_owner = RoleSwitch::to(n.owner);
-        // keyturn.auth_epoch is distributed by tenant in layout B: at a
-        // worker's commit Citus refuses its read unless allowed, for this
-        // tenant's local shard only (citus.rs). Without Citus: None.
-        let local = crate::citus::begin_local("keyturn.auth_epoch", tenant);
         let problem = commit_problem(n.tool.as_deref(), n.version, tenant, principal, n.epoch);
-        crate::citus::end_local(local);
         if let Some(problem) = problem {
             KeyturnError::Busy(format!(
                 "{problem} while this transaction was open; what it approved does not commit \
@@ -428,8 +418,18 @@ type ToolState = Option<(bool, Option<i32>)>;
 /// The tool's row (when `tool` is given) and the principal's epoch, as
 /// committed now. On a Citus worker at the commit of a delegated call the
 /// tool is read from its local placement (a reference table's shard),
-/// which Citus lets a delegated call read.
+/// which Citus lets a delegated call read; keyturn.auth_epoch is
+/// distributed by tenant in layout B, and there Citus refuses its read
+/// unless allowed, for this tenant's local shard only (citus.rs; without
+/// Citus nothing is asked).
 fn committed_state(tool: Option<&str>, tenant: &str, principal: &str) -> (ToolState, i64) {
+    let local = crate::citus::begin_local("keyturn.auth_epoch", tenant);
+    let state = read_committed_state(tool, tenant, principal);
+    crate::citus::end_local(local);
+    state
+}
+
+fn read_committed_state(tool: Option<&str>, tenant: &str, principal: &str) -> (ToolState, i64) {
     let text = pg_sys::TEXTOID;
     let (who, whose) = (Some(tenant.to_owned()), Some(principal.to_owned()));
     let read_epoch = || {
@@ -468,7 +468,11 @@ fn committed_state(tool: Option<&str>, tenant: &str, principal: &str) -> (ToolSt
                         &[text, text, text],
                     )
                     .map(|r| fields(&r));
-                    let now = row.and_then(|(_, _, e)| e).unwrap_or(0);
+                    // No tool row, no epoch read with it: read it alone.
+                    let now = match row {
+                        Some((_, _, e)) => e.unwrap_or(0),
+                        None => read_epoch(),
+                    };
                     (row.map(|(on, v, _)| (on, v)), now)
                 }
                 Some(placement) => {
