@@ -5849,11 +5849,19 @@ $$;
 -- lease(worker, max_jobs, lease_for) is the documented signature; the
 -- overload with providers (keyturnd's, with NULL for every provider) has
 -- no defaults, so that each call names one of the two unambiguously.
+--
+-- Planned once per backend, as begin_dispatch (see there). With the batch's
+-- arrays known, plpgsql planned two of keyturn._lease's statements again on
+-- every call; for a one-job lease, planning was a third of the call's time
+-- (tests/bench/BENCHMARKS.md, section 19). lease_for is not: on Citus its
+-- plans must fold the tenant to a constant (keyturn._lease).
 CREATE OR REPLACE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds')
 RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
                idempotency_key text, attempt int)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 BEGIN
     RETURN QUERY SELECT * FROM keyturn._lease('lease', NULL, lease.worker, lease.max_jobs, lease.lease_for, NULL);
@@ -5865,6 +5873,8 @@ RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider t
                idempotency_key text, attempt int)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 BEGIN
     RETURN QUERY SELECT * FROM keyturn._lease('lease', NULL, lease.worker, lease.max_jobs, lease.lease_for,

@@ -2,7 +2,7 @@
 -- Run in a fresh database with pgtap and pg_keyturn installed; every check
 -- prints the offending objects when it fails.
 BEGIN;
-SELECT plan(25);
+SELECT plan(26);
 
 SELECT is_empty($$
     SELECT c.oid::regclass FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
@@ -48,6 +48,17 @@ SELECT is_empty($$
        AND 'plan_cache_mode=force_generic_plan' = ANY (p.proconfig)
        AND NOT 'enable_seqscan=off' = ANY (p.proconfig)$$,
     'every function planned once per backend turns sequential scans off');
+
+-- keyturnd runs these thousands of times a connection, with one shape: a
+-- plan made per call (plpgsql's custom plans, chosen again and again with
+-- the batch's arrays known) cost a one-job lease a third of its time
+-- (tests/bench/BENCHMARKS.md, section 19). Their _for forms must not be.
+SELECT is_empty($$
+    SELECT p.oid::regprocedure FROM pg_proc p
+     WHERE p.pronamespace = 'keyturn'::regnamespace
+       AND p.proname IN ('lease', 'begin_dispatch', 'begin_dispatch_many', 'complete', 'complete_many')
+       AND NOT coalesce('plan_cache_mode=force_generic_plan' = ANY (p.proconfig), false)$$,
+    'the dispatcher''s plain calls are planned once per backend');
 
 -- (The two hot-path triggers are Rust, language c: they resolve no name
 -- through the search_path, since every name in their statements is
