@@ -202,12 +202,7 @@ $$;
 -- lease(worker, max_jobs, lease_for) is the documented signature; the
 -- overload with providers (keyturnd's, with NULL for every provider) has
 -- no defaults, so that each call names one of the two unambiguously.
---
--- Planned once per backend, as begin_dispatch (see there). With the batch's
--- arrays known, plpgsql planned two of keyturn._lease's statements again on
--- every call; for a one-job lease, planning was a third of the call's time
--- (tests/bench/BENCHMARKS.md, section 19). lease_for is not: on Citus its
--- plans must fold the tenant to a constant (keyturn._lease).
+-- Planned once per backend (the note before keyturn.begin_dispatch).
 CREATE FUNCTION keyturn.lease(worker text, max_jobs int DEFAULT 16, lease_for interval DEFAULT '30 seconds')
 RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
                idempotency_key text, attempt int)
@@ -506,11 +501,15 @@ BEGIN
 END
 $$;
 
--- The dispatcher's calls (begin and complete, single and batched, and
--- keyturn._due) are planned once per backend (force_generic_plan): a
--- keyturnd connection runs them thousands of times with the same shape. A
--- generic plan is made from the statistics of the moment and kept: made
--- while a table was empty (a new installation's keyturn.attempt), it read
+-- The dispatcher's plain calls (lease, begin and complete, single and
+-- batched, and keyturn._due) are planned once per backend
+-- (force_generic_plan): a keyturnd connection runs them thousands of times
+-- with the same shape, and with a batch's arrays known plpgsql's custom plan
+-- always looked cheaper, so it planned again on every call (for a one-job
+-- lease, a third of the call's time: tests/bench/BENCHMARKS.md, section
+-- 19). Their _for forms are not: on Citus their plans must fold the tenant
+-- to a constant (keyturn._lease). A generic plan is made from the
+-- statistics of the moment and kept: made while a table was empty (a new installation's keyturn.attempt), it read
 -- that table whole in every later call, and the first drain of 20,000
 -- actions ran at a third of the speed of the next (tests/bench/BENCHMARKS.md).
 -- Every statement they run finds its rows by key, so sequential scans are

@@ -49,10 +49,8 @@ SELECT is_empty($$
        AND NOT 'enable_seqscan=off' = ANY (p.proconfig)$$,
     'every function planned once per backend turns sequential scans off');
 
--- keyturnd runs these thousands of times a connection, with one shape: a
--- plan made per call (plpgsql's custom plans, chosen again and again with
--- the batch's arrays known) cost a one-job lease a third of its time
--- (tests/bench/BENCHMARKS.md, section 19). Their _for forms must not be.
+-- Why, and why not their _for forms: sql/060_dispatch.sql, the note before
+-- keyturn.begin_dispatch.
 SELECT is_empty($$
     SELECT p.oid::regprocedure FROM pg_proc p
      WHERE p.pronamespace = 'keyturn'::regnamespace
