@@ -11,7 +11,7 @@
 //! ```text
 //! cargo run --release -p keyturnd --example bench_worker -- \
 //!     --database-url postgres://app_dispatcher@127.0.0.1:PORT/keyturn \
-//!     --webhook-url http://127.0.0.1:9000/ --secret S [--workers 8] [--exit-when-empty]
+//!     --webhook-url http://127.0.0.1:9000/ --secret S [--workers 64] [--exit-when-empty]
 //! ```
 
 use std::sync::Arc;
@@ -32,8 +32,8 @@ struct Args {
     webhook_url: url::Url,
     #[arg(long)]
     secret: String,
-    /// Provider calls in flight at most (keyturnd: KEYTURN_WORKERS, default 8).
-    #[arg(long, default_value_t = 8)]
+    /// Provider calls in flight at most (keyturnd: KEYTURN_WORKERS, default 64).
+    #[arg(long, default_value_t = 64)]
     workers: usize,
     /// Poll period when no job ended (keyturnd: KEYTURN_POLL_MS, default 1000).
     #[arg(long, default_value_t = 1000)]

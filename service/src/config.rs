@@ -3,7 +3,7 @@
 //! Precedence, highest first: command-line flag, environment variable, the
 //! TOML file named by `KEYTURN_CONFIG`, built-in default. The TOML file uses
 //! the field names below as keys (`listen = "127.0.0.1:8787"`,
-//! `workers = 8`, …); an unknown key is an error, so a typo never silently
+//! `workers = 64`, …); an unknown key is an error, so a typo never silently
 //! falls back to a default.
 //!
 //! Each setting is said once: its doc comment and its range are on its
@@ -285,10 +285,22 @@ pub struct Config {
     pub sweep_seconds: u64,
 
     /// Provider calls in flight at most; the lease step's `u32` and `i32`
-    /// counts rely on the bound.
-    #[arg(long, env = "KEYTURN_WORKERS", default_value_t = 8,
+    /// counts rely on the bound. It bounds throughput: with calls of L
+    /// seconds, at most `workers` ÷ L actions a second; and a lease step's
+    /// price is mostly fixed, so the jobs a step carries (at most the free
+    /// workers) set what an action costs the database (docs/benchmarks.md).
+    #[arg(long, env = "KEYTURN_WORKERS", default_value_t = 64,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub workers: usize,
+
+    /// Size of the dispatcher's connection pool: lease steps, completions,
+    /// the sweep, the heartbeat, the card sessions `/rpc` redeems, and the
+    /// reads a call makes before it starts (a notification's message,
+    /// attachments, an upstream tool's definition). No connection is held
+    /// across a provider call, so it need not grow with the workers.
+    #[arg(long, env = "KEYTURN_DB_CONNECTIONS", default_value_t = 16,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=1024))]
+    pub db_connections: usize,
 
     /// Lease poll period in milliseconds: at least one poll a second, since
     /// retries and lapsed leases send no notification.
@@ -1195,7 +1207,8 @@ mod tests {
         assert_eq!(c.listen.to_string(), "127.0.0.1:8787");
         assert_eq!(c.lease_seconds, 30);
         assert_eq!(c.sweep_seconds, 5);
-        assert_eq!(c.workers, 8);
+        assert_eq!(c.workers, 64);
+        assert_eq!(c.db_connections, 16);
         assert_eq!(c.poll_ms, 1000);
         assert_eq!(c.lease_linger_ms, 2);
         assert!(c.listen_notify);
@@ -1494,6 +1507,8 @@ mod tests {
             ("--workers", "1025", false),
             ("--notify-heartbeat-seconds", "3601", false),
             ("--rpc-connections", "0", false),
+            ("--db-connections", "1", false),
+            ("--db-connections", "2", true),
         ];
         for (flag, value, ok) in cases {
             let parsed = parse(&["--database-url", "postgres://x", flag, value], None);

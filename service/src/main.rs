@@ -328,11 +328,9 @@ async fn serve(config: Config) -> Result<(), Error> {
         (Journal::disabled(state.metrics.clone()), Vec::new())
     };
 
-    // Every call slot may need a connection at once, plus lease and sweep,
-    // plus one for the card sessions /rpc redeems and resolves.
     let pool = db::pool(
         config.database_url.expose(),
-        config.workers + 3,
+        config.db_connections,
         state.metrics.clone(),
     )?;
 
@@ -392,6 +390,7 @@ async fn serve(config: Config) -> Result<(), Error> {
         worker = %settings.worker_name,
         providers = ?providers.names(),
         workers = config.workers,
+        db_connections = config.db_connections,
         lease_seconds = config.lease_seconds,
         listen_notify = config.listen_notify,
         rpc = state.rpc.is_some(),

@@ -99,20 +99,29 @@ stop_pid() {
 }
 
 # Seconds (and peak RSS of $2, if given) until the query $1 answers 0.
+# One connection asks, every 100 ms: a psql started for each question cost
+# the machine a few per cent of its CPU, which only keyturnd's side paid
+# (the bare worker exits when its queue is empty). VmHWM is the peak, so
+# it is read once, at the end.
 wait_drained() {
-  local q=$1 pid=${2:-} t0 left hwm=0 now
+  local q=$1 pid=${2:-} t0 left hwm=0
   t0=$(date +%s.%N)
+  coproc POLL { kt_psql -qAt 2>&1; }
   while :; do
-    left=$(kt_psql -Atc "$q")
-    if [ -n "$pid" ] && [ -r "/proc/$pid/status" ]; then
-      now=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
-      [ -n "$now" ] && hwm=$now
-    fi
+    echo "$q;" >&"${POLL[1]}"
+    IFS= read -r -t 60 left <&"${POLL[0]}" || { log "the drain's poll got no answer"; break; }
     [ "$left" = 0 ] && break
     sleep 0.1
     if (( $(date +%s) - ${t0%.*} > 600 )); then log "drain did not finish in 600 s ($left left)"; break; fi
   done
-  echo "$(python3 -c "import time; print(round(time.time() - $t0, 3))") $hwm"
+  local secs
+  secs=$(python3 -c "import time; print(round(time.time() - $t0, 3))")
+  if [ -n "$pid" ] && [ -r "/proc/$pid/status" ]; then
+    hwm=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
+  fi
+  exec {POLL[1]}>&-
+  wait "$POLL_PID" 2>/dev/null || true
+  echo "$secs ${hwm:-0}"
 }
 
 # Earlier items (7) leave approved external actions queued with no consumer:
@@ -129,41 +138,47 @@ VACUUM ANALYZE keyturn.open_action;
 SQL
 }
 
+# Each round drains the same approved actions twice, with keyturnd and then
+# with the bare worker, each with $w provider calls in flight, for each $w
+# of DRAIN_WORKERS: 8, keyturnd's default before 0.3.0, and 64, its default
+# since (the results' clients column is the slots).
 item_drain() {
   clear_queue
   build_service || { echo "PENDING: keyturnd or the examples do not build; see service-build.log" > "$OUT/drain.txt"; return 0; }
   start_receiver
-  local url="http://127.0.0.1:$RECV_PORT/hook" r secs hwm n=$DRAIN_N rounds=${DRAIN_ROUNDS:-$(( ROUNDS < 3 ? ROUNDS : 3 ))}
+  local url="http://127.0.0.1:$RECV_PORT/hook" r w secs hwm n=$DRAIN_N rounds=${DRAIN_ROUNDS:-$(( ROUNDS < 3 ? ROUNDS : 3 ))}
   : > "$OUT/drain.txt"
   for r in $(seq 1 "$rounds"); do
-    log "drain round $r: queueing $n approved actions"
+   for w in ${DRAIN_WORKERS:-8 64}; do
+    log "drain round $r, $w slots: queueing $n approved actions"
     queue_actions "$n" approve
     local w0 w1
     w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
     local b0 b1 r0 r1 k1
     b0=$(busy_ticks); r0=$(pid_ticks "$RECV_PID")
-    start_keyturnd "$url"
+    start_keyturnd "$url" KEYTURN_WORKERS="$w"
     read -r secs hwm < <(wait_drained "SELECT count(*) FROM keyturn.open_action WHERE status IN ('queued', 'leased', 'executing')" "$KTD_PID")
     b1=$(busy_ticks); r1=$(pid_ticks "$RECV_PID"); k1=$(pid_ticks "$KTD_PID")
     w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
     stop_pid "$KTD_PID"
     local ok
     ok=$(kt_psql -Atc "SELECT count(*) FROM keyturn.action a JOIN bare.token t ON t.action_id = a.id WHERE a.status = 'succeeded'")
-    printf 'drain\tA\t8\t%s\t%s\t%s\t%s\t0\trss_kib=%s\n' "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$hwm" >> "$RESULTS"
-    echo "round $r keyturnd:    $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") actions/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/action, peak RSS $(( hwm / 1024 )) MiB, CPU ms/action: machine $(ms_per $(( b1 - b0 )) "$ok"), keyturnd $(ms_per "$k1" "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok")" | tee -a "$OUT/drain.txt"
+    printf 'drain\tA\t%s\t%s\t%s\t%s\t%s\t0\trss_kib=%s\n' "$w" "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$hwm" >> "$RESULTS"
+    echo "round $r, $w slots, keyturnd:    $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") actions/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/action, peak RSS $(( hwm / 1024 )) MiB, CPU ms/action: machine $(ms_per $(( b1 - b0 )) "$ok"), keyturnd $(ms_per "$k1" "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok")" | tee -a "$OUT/drain.txt"
 
     w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
     local t0 out
     t0=$(date +%s.%N)
     b0=$(busy_ticks); r0=$(pid_ticks "$RECV_PID")
     out=$("$BENCH_BIN/examples/bench_worker" --database-url "postgres://app_dispatcher@127.0.0.1:$KT_PGPORT/keyturn" \
-            --webhook-url "$url" --secret "$WEBHOOK_SECRET" --exit-when-empty 2>>"$OUT/bench_worker.log")
+            --webhook-url "$url" --secret "$WEBHOOK_SECRET" --workers "$w" --exit-when-empty 2>>"$OUT/bench_worker.log")
     secs=$(python3 -c "import time; print(round(time.time() - $t0, 3))")
     b1=$(busy_ticks); r1=$(pid_ticks "$RECV_PID")
     w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
     ok=$(kt_psql -Atc "SELECT count(*) FROM bare.job WHERE status = 'succeeded'")
-    printf 'drain\tB\t8\t%s\t%s\t%s\t%s\t0\t%s\n' "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$out" >> "$RESULTS"
-    echo "round $r bare worker: $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") jobs/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/job, CPU ms/job: machine $(ms_per $(( b1 - b0 )) "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok") ($out)" | tee -a "$OUT/drain.txt"
+    printf 'drain\tB\t%s\t%s\t%s\t%s\t%s\t0\t%s\n' "$w" "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$out" >> "$RESULTS"
+    echo "round $r, $w slots, bare worker: $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") jobs/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/job, CPU ms/job: machine $(ms_per $(( b1 - b0 )) "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok") ($out)" | tee -a "$OUT/drain.txt"
+   done
   done
   drain_profile "$url" "$(( n / 4 ))"
   curl -s "http://127.0.0.1:$RECV_PORT/stats" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("receiver: total", d["total"], "bad signatures", d["bad_signatures"], "duplicates", d["duplicates"])' | tee -a "$OUT/drain.txt" || true
@@ -217,20 +232,20 @@ SQL
 # Item 3b, the price of a dispatch step by its size: one lease, begin and
 # complete of n jobs in one transaction, rolled back (so every run sees the
 # same queue), by the dispatcher's role, one client. The baseline is the step
-# of eight (keyturnd's default workers) in the same run.
+# of eight (keyturnd's default workers before 0.3.0; 64 since) in the same run.
 item_step() {
   clear_queue
   queue_actions 2000 approve
   local n lat script rounds=${STEP_ROUNDS:-$(( ROUNDS < 3 ? ROUNDS : 3 ))} r queued raw
   queued=$(kt_psql -Atc "SELECT count(*) FROM keyturn.open_action WHERE status = 'queued'")
-  if [ "$queued" -lt 32 ]; then
+  if [ "$queued" -lt 64 ]; then
     echo "only $queued actions queued: the steps would lease fewer jobs than they say" | tee "$OUT/step.txt"
     return 1
   fi
   raw="$(kt_scratch)/step.raw"
   : > "$raw"
   for r in $(seq 1 "$rounds"); do
-    for n in 1 4 8 16 32; do
+    for n in 1 4 8 16 32 64; do
       script="$(kt_scratch)/step-$n.sql"
       cat > "$script" <<SQL
 BEGIN;

@@ -55,7 +55,7 @@ TITLES = {
     "chainheld": "1d. Gate flow of one tenant, the chain held until the WAL flush (A: keyturn.chain_early_release = off) vs released at the commit record (B: on, the default)",
     "propose": "2. propose alone vs plain INSERT of the same row",
     "notify": "7. External approve flow with NOTIFY (A) vs keyturn.notify = off (B)",
-    "drain": "3. Drain: keyturnd (A) vs bare worker (B), 8 slots each; flows = actions",
+    "drain": "3. Drain: keyturnd (A) vs bare worker (B), the same slots each (clients = slots); flows = actions",
     "exp-e1": "E1. Gate flow as installed (A) vs helpers without SET search_path (B)",
     "exp-e2": "E2. Gate flow as installed (A) vs _invalid_reason with its FOR KEY SHARE put back (B)",
 }

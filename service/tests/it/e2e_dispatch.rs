@@ -213,3 +213,65 @@ async fn test_keyturnds_outcome_words_are_the_databases() {
     ours.push("lapsed");
     assert_eq!(labels, ours);
 }
+
+/// More provider calls in flight than the dispatcher has connections
+/// (`KEYTURN_WORKERS` 24, `KEYTURN_DB_CONNECTIONS` 2): every call is at the
+/// receiver at once while keyturnd holds no more than its pool and its
+/// `LISTEN` connection, since no call holds a connection across the
+/// provider; then each ends `succeeded`, sent once.
+#[tokio::test]
+async fn test_calls_in_flight_outnumber_the_pool_and_hold_none_of_it() {
+    const CALLS: usize = 24;
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let (rx, gate) = Receiver::held(&w.tenant).await;
+    let mut queued = Vec::with_capacity(CALLS);
+    for n in 0..CALLS {
+        queued.push(
+            w.queue(&tool, json!({"text": format!("in flight {n}")}), false)
+                .await,
+        );
+    }
+    let app = e2e::unique("kt_pool");
+    let mut env = rx.env();
+    env.extend([
+        (
+            "DATABASE_URL",
+            format!(
+                "{}?application_name={app}",
+                e2e::url(port, "app_dispatcher")
+            ),
+        ),
+        ("KEYTURN_WORKERS", CALLS.to_string()),
+        ("KEYTURN_DB_CONNECTIONS", "2".into()),
+        // Held calls must not time out or lapse while the test counts.
+        ("KEYTURN_HTTP_TIMEOUT_SECONDS", "20".into()),
+        ("KEYTURN_LEASE_SECONDS", "30".into()),
+    ]);
+    let k = Keyturnd::start(port, env).await;
+    e2e::eventually(WITHIN, "every call at the receiver at once", || async {
+        (rx.all().len() >= CALLS).then_some(())
+    })
+    .await;
+    let connections: i64 = w
+        .superuser
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .get(0);
+    assert!(
+        (1..=3).contains(&connections),
+        "{CALLS} calls in flight on {connections} connections: at most the pool of 2 and LISTEN's"
+    );
+    gate.add_permits(CALLS);
+    for q in &queued {
+        w.wait_status(q.id, "succeeded", WITHIN).await;
+        assert_eq!(rx.requests(q.id).len(), 1, "sent once: {}", q.id);
+    }
+    k.stop().await;
+}

@@ -10,10 +10,9 @@
 //! outcome, or, when a sweep made the action `uncertain` first, drops it
 //! and says so for the operator.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::e2e::{self, Keyturnd, Queued, Receiver, Reply, World};
+use crate::support::e2e::{self, Keyturnd, Queued, Receiver, World};
 use serde_json::json;
 use tokio_postgres::Client;
 
@@ -109,8 +108,7 @@ async fn test_an_outcome_observed_before_a_kill_is_recorded_by_the_next_keyturnd
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let rx = Receiver::start(&w.tenant, vec![Reply::status(200).until(gate.clone())]).await;
+    let (rx, gate) = Receiver::held(&w.tenant).await;
     let a = w
         .queue(&tool, json!({"text": "answered, then killed"}), false)
         .await;
@@ -150,8 +148,7 @@ async fn test_a_journaled_outcome_swept_to_uncertain_first_is_dropped_and_logged
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let rx = Receiver::start(&w.tenant, vec![Reply::status(200).until(gate.clone())]).await;
+    let (rx, gate) = Receiver::held(&w.tenant).await;
     let a = w
         .queue(&tool, json!({"text": "answered, killed, swept"}), false)
         .await;
@@ -197,8 +194,7 @@ async fn test_without_the_journal_the_same_kill_ends_uncertain() {
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let tool = w.webhook_tool(json!({})).await;
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let rx = Receiver::start(&w.tenant, vec![Reply::status(200).until(gate.clone())]).await;
+    let (rx, gate) = Receiver::held(&w.tenant).await;
     let mut env = rx.env();
     env.push(("KEYTURN_JOURNAL", "false".into()));
     let a = w

@@ -650,6 +650,14 @@ impl Receiver {
         }
     }
 
+    /// A receiver that answers 200 only once the test adds a permit to the
+    /// gate it returns, one request a permit.
+    pub async fn held(tenant: &str) -> (Receiver, Arc<tokio::sync::Semaphore>) {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let rx = Receiver::start(tenant, vec![Reply::status(200).until(gate.clone())]).await;
+        (rx, gate)
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}/hook", self.addr)
     }
