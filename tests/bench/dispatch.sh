@@ -138,10 +138,10 @@ VACUUM ANALYZE keyturn.open_action;
 SQL
 }
 
-# Each round drains the same approved actions twice, with keyturnd and then
-# with the bare worker, each with $w provider calls in flight, for each $w
-# of DRAIN_WORKERS: 8, keyturnd's default before 0.3.0, and 64, its default
-# since (the results' clients column is the slots).
+# Each round, for each $w of DRAIN_WORKERS (8, keyturnd's default before
+# 0.3.0, and 64, its default since), queues approved actions and drains them
+# twice, with keyturnd and then with the bare worker, each with $w provider
+# calls in flight (the results' clients column is the slots).
 item_drain() {
   clear_queue
   build_service || { echo "PENDING: keyturnd or the examples do not build; see service-build.log" > "$OUT/drain.txt"; return 0; }
