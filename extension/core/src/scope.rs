@@ -633,9 +633,14 @@ fn parse_path(path: &str, at: &str) -> Result<Vec<String>, CoreError> {
 }
 
 fn literal(value: &Value, at: &str) -> Result<Literal, CoreError> {
-    canonical::canonicalize_value(value)
-        .map(|canonical| Literal { canonical })
-        .map_err(|e| unrepresentable(at, &e))
+    let canonical = canonical::canonicalize_value(value).map_err(|e| unrepresentable(at, &e))?;
+    // A literal is held as its canonical text, which `check_scope` reads back
+    // (`Literal::to_value`). A value whose text does not read back (an object
+    // keyed `$serde_json::private::Number`, serde_json's own number token) is
+    // refused here too, so `compile` refuses exactly what `check_scope` does;
+    // no params text could carry such a value either.
+    canonical::parse_bounded(&canonical).map_err(|e| unrepresentable(at, &e))?;
+    Ok(Literal { canonical })
 }
 
 fn one_of(value: &Value, at: &str) -> Result<OneOf, CoreError> {

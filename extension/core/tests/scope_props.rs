@@ -254,3 +254,19 @@ proptest! {
         prop_assert_eq!(scope.check(&json!({}), None), Ok(()));
     }
 }
+
+/// The case the hostile property found: an `eq` value keyed as serde_json's
+/// own number token canonicalizes, but its text does not read back, so
+/// `check_scope` refused it while `compile` took it. Both refuse it now.
+#[test]
+fn test_compile_refuses_a_literal_check_scope_refuses() {
+    for bad in [
+        json!({"params": {"a": {"eq": {"$serde_json::private::Number": null}}}}),
+        json!({"params": {"a": {"eq": [{"$serde_json::private::Number": "1"}]}}}),
+    ] {
+        let checked = check_scope(&bad).expect_err("check_scope refuses it");
+        let compiled = compile(&bad).err().expect("compile refuses it");
+        assert_eq!(checked.sqlstate(), "22023", "{bad}");
+        assert_eq!(compiled.to_string(), checked.to_string(), "{bad}");
+    }
+}
