@@ -265,7 +265,9 @@ fn test_compile_refuses_a_literal_check_scope_refuses() {
         json!({"params": {"a": {"eq": [{"$serde_json::private::Number": "1"}]}}}),
     ] {
         let checked = check_scope(&bad).expect_err("check_scope refuses it");
-        let compiled = compile(&bad).err().expect("compile refuses it");
+        let Err(compiled) = compile(&bad) else {
+            panic!("compile refuses it: {bad}");
+        };
         assert_eq!(checked.sqlstate(), "22023", "{bad}");
         assert_eq!(compiled.to_string(), checked.to_string(), "{bad}");
     }
