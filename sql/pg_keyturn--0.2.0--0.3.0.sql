@@ -6156,9 +6156,10 @@ $$;
 -- lease, a third of the call's time: tests/bench/BENCHMARKS.md, section
 -- 19). Their _for forms are not: on Citus their plans must fold the tenant
 -- to a constant (keyturn._lease). A generic plan is made from the
--- statistics of the moment and kept: made while a table was empty (a new installation's keyturn.attempt), it read
--- that table whole in every later call, and the first drain of 20,000
--- actions ran at a third of the speed of the next (tests/bench/BENCHMARKS.md).
+-- statistics of the moment and kept: made while a table was empty (a new
+-- installation's keyturn.attempt), it read that table whole in every later
+-- call, and the first drain of 20,000 actions ran at a third of the speed
+-- of the next (tests/bench/BENCHMARKS.md).
 -- Every statement they run finds its rows by key, so sequential scans are
 -- off for them, and each UPDATE joined to the batch's arrays also names the
 -- ids as an index condition (x.id = ANY (v_ids)), so that the plan kept

@@ -149,36 +149,36 @@ item_drain() {
   local url="http://127.0.0.1:$RECV_PORT/hook" r w secs hwm n=$DRAIN_N rounds=${DRAIN_ROUNDS:-$(( ROUNDS < 3 ? ROUNDS : 3 ))}
   : > "$OUT/drain.txt"
   for r in $(seq 1 "$rounds"); do
-   for w in ${DRAIN_WORKERS:-8 64}; do
-    log "drain round $r, $w slots: queueing $n approved actions"
-    queue_actions "$n" approve
-    local w0 w1
-    w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
-    local b0 b1 r0 r1 k1
-    b0=$(busy_ticks); r0=$(pid_ticks "$RECV_PID")
-    start_keyturnd "$url" KEYTURN_WORKERS="$w"
-    read -r secs hwm < <(wait_drained "SELECT count(*) FROM keyturn.open_action WHERE status IN ('queued', 'leased', 'executing')" "$KTD_PID")
-    b1=$(busy_ticks); r1=$(pid_ticks "$RECV_PID"); k1=$(pid_ticks "$KTD_PID")
-    w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
-    stop_pid "$KTD_PID"
-    local ok
-    ok=$(kt_psql -Atc "SELECT count(*) FROM keyturn.action a JOIN bare.token t ON t.action_id = a.id WHERE a.status = 'succeeded'")
-    printf 'drain\tA\t%s\t%s\t%s\t%s\t%s\t0\trss_kib=%s\n' "$w" "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$hwm" >> "$RESULTS"
-    echo "round $r, $w slots, keyturnd:    $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") actions/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/action, peak RSS $(( hwm / 1024 )) MiB, CPU ms/action: machine $(ms_per $(( b1 - b0 )) "$ok"), keyturnd $(ms_per "$k1" "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok")" | tee -a "$OUT/drain.txt"
+    for w in ${DRAIN_WORKERS:-8 64}; do
+      log "drain round $r, $w slots: queueing $n approved actions"
+      queue_actions "$n" approve
+      local w0 w1
+      w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
+      local b0 b1 r0 r1 k1
+      b0=$(busy_ticks); r0=$(pid_ticks "$RECV_PID")
+      start_keyturnd "$url" KEYTURN_WORKERS="$w"
+      read -r secs hwm < <(wait_drained "SELECT count(*) FROM keyturn.open_action WHERE status IN ('queued', 'leased', 'executing')" "$KTD_PID")
+      b1=$(busy_ticks); r1=$(pid_ticks "$RECV_PID"); k1=$(pid_ticks "$KTD_PID")
+      w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
+      stop_pid "$KTD_PID"
+      local ok
+      ok=$(kt_psql -Atc "SELECT count(*) FROM keyturn.action a JOIN bare.token t ON t.action_id = a.id WHERE a.status = 'succeeded'")
+      printf 'drain\tA\t%s\t%s\t%s\t%s\t%s\t0\trss_kib=%s\n' "$w" "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$hwm" >> "$RESULTS"
+      echo "round $r, $w slots, keyturnd:    $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") actions/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/action, peak RSS $(( hwm / 1024 )) MiB, CPU ms/action: machine $(ms_per $(( b1 - b0 )) "$ok"), keyturnd $(ms_per "$k1" "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok")" | tee -a "$OUT/drain.txt"
 
-    w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
-    local t0 out
-    t0=$(date +%s.%N)
-    b0=$(busy_ticks); r0=$(pid_ticks "$RECV_PID")
-    out=$("$BENCH_BIN/examples/bench_worker" --database-url "postgres://app_dispatcher@127.0.0.1:$KT_PGPORT/keyturn" \
-            --webhook-url "$url" --secret "$WEBHOOK_SECRET" --workers "$w" --exit-when-empty 2>>"$OUT/bench_worker.log")
-    secs=$(python3 -c "import time; print(round(time.time() - $t0, 3))")
-    b1=$(busy_ticks); r1=$(pid_ticks "$RECV_PID")
-    w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
-    ok=$(kt_psql -Atc "SELECT count(*) FROM bare.job WHERE status = 'succeeded'")
-    printf 'drain\tB\t%s\t%s\t%s\t%s\t%s\t0\t%s\n' "$w" "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$out" >> "$RESULTS"
-    echo "round $r, $w slots, bare worker: $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") jobs/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/job, CPU ms/job: machine $(ms_per $(( b1 - b0 )) "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok") ($out)" | tee -a "$OUT/drain.txt"
-   done
+      w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
+      local t0 out
+      t0=$(date +%s.%N)
+      b0=$(busy_ticks); r0=$(pid_ticks "$RECV_PID")
+      out=$("$BENCH_BIN/examples/bench_worker" --database-url "postgres://app_dispatcher@127.0.0.1:$KT_PGPORT/keyturn" \
+              --webhook-url "$url" --secret "$WEBHOOK_SECRET" --workers "$w" --exit-when-empty 2>>"$OUT/bench_worker.log")
+      secs=$(python3 -c "import time; print(round(time.time() - $t0, 3))")
+      b1=$(busy_ticks); r1=$(pid_ticks "$RECV_PID")
+      w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
+      ok=$(kt_psql -Atc "SELECT count(*) FROM bare.job WHERE status = 'succeeded'")
+      printf 'drain\tB\t%s\t%s\t%s\t%s\t%s\t0\t%s\n' "$w" "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$out" >> "$RESULTS"
+      echo "round $r, $w slots, bare worker: $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") jobs/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/job, CPU ms/job: machine $(ms_per $(( b1 - b0 )) "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok") ($out)" | tee -a "$OUT/drain.txt"
+    done
   done
   drain_profile "$url" "$(( n / 4 ))"
   curl -s "http://127.0.0.1:$RECV_PORT/stats" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("receiver: total", d["total"], "bad signatures", d["bad_signatures"], "duplicates", d["duplicates"])' | tee -a "$OUT/drain.txt" || true
