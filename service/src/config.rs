@@ -315,6 +315,14 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(0..=100))]
     pub lease_linger_ms: u64,
 
+    /// Lease steps in flight at most. A step is four round trips (BEGIN,
+    /// lease, begin, COMMIT); with one at a time, the slots that free while
+    /// it runs wait for it to end; a second step leases them meanwhile
+    /// (docs/benchmarks.md). 1 is 0.2.0's one step at a time.
+    #[arg(long, env = "KEYTURN_LEASE_STEPS", default_value_t = 2,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=8))]
+    pub lease_steps: usize,
+
     /// Upper bound of one provider call (a webhook request or an SMTP
     /// transaction), in seconds.
     #[arg(long, env = "KEYTURN_HTTP_TIMEOUT_SECONDS", default_value_t = 10,
@@ -1211,6 +1219,7 @@ mod tests {
         assert_eq!(c.db_connections, 16);
         assert_eq!(c.poll_ms, 1000);
         assert_eq!(c.lease_linger_ms, 2);
+        assert_eq!(c.lease_steps, 2);
         assert!(c.listen_notify);
         assert!(!c.rpc_enabled(), "/rpc is off by default");
         assert_eq!(c.frame_ancestors, "'none'");
@@ -1509,6 +1518,10 @@ mod tests {
             ("--rpc-connections", "0", false),
             ("--db-connections", "1", false),
             ("--db-connections", "2", true),
+            ("--lease-steps", "0", false),
+            ("--lease-steps", "1", true),
+            ("--lease-steps", "8", true),
+            ("--lease-steps", "9", false),
         ];
         for (flag, value, ok) in cases {
             let parsed = parse(&["--database-url", "postgres://x", flag, value], None);

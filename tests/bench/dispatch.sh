@@ -138,36 +138,51 @@ VACUUM ANALYZE keyturn.open_action;
 SQL
 }
 
+# Queues $DRAIN_N approved actions and drains them with keyturnd at $2 slots,
+# round $3, results variant $4 (A: as configured by default; A1: one lease
+# step at a time), extra VAR=value arguments to keyturnd's environment.
+drain_keyturnd() {
+  local url=$1 w=$2 r=$3 variant=$4 n=$DRAIN_N secs hwm w0 w1 b0 b1 r0 r1 k1 ok
+  shift 4
+  log "drain round $r, $w slots, keyturnd ($variant): queueing $n approved actions"
+  queue_actions "$n" approve
+  w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
+  b0=$(busy_ticks); r0=$(pid_ticks "$RECV_PID")
+  start_keyturnd "$url" KEYTURN_WORKERS="$w" "$@"
+  read -r secs hwm < <(wait_drained "SELECT count(*) FROM keyturn.open_action WHERE status IN ('queued', 'leased', 'executing')" "$KTD_PID")
+  b1=$(busy_ticks); r1=$(pid_ticks "$RECV_PID"); k1=$(pid_ticks "$KTD_PID")
+  w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
+  stop_pid "$KTD_PID"
+  ok=$(kt_psql -Atc "SELECT count(*) FROM keyturn.action a JOIN bare.token t ON t.action_id = a.id WHERE a.status = 'succeeded'")
+  printf 'drain\t%s\t%s\t%s\t%s\t%s\t%s\t0\trss_kib=%s\n' "$variant" "$w" "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$hwm" >> "$RESULTS"
+  echo "round $r, $w slots, keyturnd ($variant): $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") actions/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/action, peak RSS $(( hwm / 1024 )) MiB, CPU ms/action: machine $(ms_per $(( b1 - b0 )) "$ok"), keyturnd $(ms_per "$k1" "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok")" | tee -a "$OUT/drain.txt"
+}
+
 # Each round, for each $w of DRAIN_WORKERS (8, keyturnd's default before
 # 0.3.0, and 64, its default since), queues approved actions and drains them
-# twice, with keyturnd and then with the bare worker, each with $w provider
-# calls in flight (the results' clients column is the slots).
+# with keyturnd (A) and then with the bare worker (B), each with $w provider
+# calls in flight (the results' clients column is the slots). At the slots of
+# DRAIN_ONE_STEP (default 64) keyturnd also drains with one lease step at a
+# time (A1, KEYTURN_LEASE_STEPS=1, 0.2.0's loop), before A in odd rounds and
+# after it in even ones.
 item_drain() {
   clear_queue
   build_service || { echo "PENDING: keyturnd or the examples do not build; see service-build.log" > "$OUT/drain.txt"; return 0; }
   start_receiver
-  local url="http://127.0.0.1:$RECV_PORT/hook" r w secs hwm n=$DRAIN_N rounds=${DRAIN_ROUNDS:-$(( ROUNDS < 3 ? ROUNDS : 3 ))}
+  local url="http://127.0.0.1:$RECV_PORT/hook" r w secs n=$DRAIN_N rounds=${DRAIN_ROUNDS:-$(( ROUNDS < 3 ? ROUNDS : 3 ))}
   : > "$OUT/drain.txt"
   for r in $(seq 1 "$rounds"); do
     for w in ${DRAIN_WORKERS:-8 64}; do
-      log "drain round $r, $w slots: queueing $n approved actions"
-      queue_actions "$n" approve
-      local w0 w1
-      w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
-      local b0 b1 r0 r1 k1
-      b0=$(busy_ticks); r0=$(pid_ticks "$RECV_PID")
-      start_keyturnd "$url" KEYTURN_WORKERS="$w"
-      read -r secs hwm < <(wait_drained "SELECT count(*) FROM keyturn.open_action WHERE status IN ('queued', 'leased', 'executing')" "$KTD_PID")
-      b1=$(busy_ticks); r1=$(pid_ticks "$RECV_PID"); k1=$(pid_ticks "$KTD_PID")
-      w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
-      stop_pid "$KTD_PID"
-      local ok
-      ok=$(kt_psql -Atc "SELECT count(*) FROM keyturn.action a JOIN bare.token t ON t.action_id = a.id WHERE a.status = 'succeeded'")
-      printf 'drain\tA\t%s\t%s\t%s\t%s\t%s\t0\trss_kib=%s\n' "$w" "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$hwm" >> "$RESULTS"
-      echo "round $r, $w slots, keyturnd:    $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") actions/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/action, peak RSS $(( hwm / 1024 )) MiB, CPU ms/action: machine $(ms_per $(( b1 - b0 )) "$ok"), keyturnd $(ms_per "$k1" "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok")" | tee -a "$OUT/drain.txt"
+      local one_step=""
+      [[ " ${DRAIN_ONE_STEP-64} " == *" $w "* ]] && one_step=1
+      [ -n "$one_step" ] && (( r % 2 == 1 )) && drain_keyturnd "$url" "$w" "$r" A1 KEYTURN_LEASE_STEPS=1
+      drain_keyturnd "$url" "$w" "$r" A
+      [ -n "$one_step" ] && (( r % 2 == 0 )) && drain_keyturnd "$url" "$w" "$r" A1 KEYTURN_LEASE_STEPS=1
 
+      log "drain round $r, $w slots, bare worker: queueing $n approved actions"
+      queue_actions "$n" approve
+      local w0 w1 b0 b1 r0 r1 t0 out ok
       w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
-      local t0 out
       t0=$(date +%s.%N)
       b0=$(busy_ticks); r0=$(pid_ticks "$RECV_PID")
       out=$("$BENCH_BIN/examples/bench_worker" --database-url "postgres://app_dispatcher@127.0.0.1:$KT_PGPORT/keyturn" \

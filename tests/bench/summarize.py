@@ -96,6 +96,20 @@ for (item, clients), rounds in pairs.items():
           f"**{med(ratios):.3f}** | {min(ratios):.3f}–{max(ratios):.3f} | {med(a_wal):.0f} | {med(b_wal):.0f} | {ckpt} |")
 print()
 
+# Item 3, keyturnd's two sides: the default (two lease steps in flight) and
+# one step at a time (A1, KEYTURN_LEASE_STEPS=1), in the same rounds.
+steps = collections.defaultdict(dict)
+for r in rows:
+    if r["item"] == "drain" and r["variant"] in ("A", "A1"):
+        steps[int(r["clients"])].setdefault(int(r["round"]), {})[r["variant"]] = float(r["flows_per_s"] or 0)
+for c, rs in sorted(steps.items()):
+    both = [x for x in rs.values() if x.get("A") and x.get("A1")]
+    if both:
+        ratios = [x["A"] / x["A1"] for x in both]
+        print(f"**Drain at {c} slots, keyturnd with two lease steps in flight (A, the default) ÷ one at a time "
+              f"(A1, KEYTURN_LEASE_STEPS=1): {med(ratios):.3f}** ({min(ratios):.3f}–{max(ratios):.3f}, "
+              f"{len(both)} rounds; {med([x['A'] for x in both]):.0f} against {med([x['A1'] for x in both]):.0f} actions/s)\n")
+
 # Item 7: approve transaction latency from pgbench -r.
 notify_logs = sorted(glob.glob(os.path.join(out, "pgbench", "notify-*.log")))
 if notify_logs:

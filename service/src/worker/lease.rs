@@ -277,7 +277,7 @@ pub(super) async fn lease_step(
         vec![None]
     };
     let (mut passed, mut handed_back) = (0, 0);
-    for tenant in &tenants {
+    for (i, tenant) in tenants.iter().enumerate() {
         if permits.num_permits() == 0 {
             break;
         }
@@ -288,6 +288,7 @@ pub(super) async fn lease_step(
             &done,
             tenant.as_deref(),
             &mut permits,
+            i + 1 == tenants.len(),
         )
         .await?;
         passed += p;
@@ -302,8 +303,9 @@ pub(super) async fn lease_step(
 
 /// The step's lease, hand-backs and begin in one transaction, for `tenant`
 /// (`None`: every tenant, the plain calls), with at most as many jobs as
-/// `permits` holds; each job takes one. Returns how many jobs went on to be
-/// begun and how many were handed back.
+/// `permits` holds; each job takes one, and the `last` lease of the step
+/// frees the rest as soon as it has its jobs. Returns how many jobs went on
+/// to be begun and how many were handed back.
 async fn lease_one(
     ctx: &Arc<Ctx>,
     tracker: &TaskTracker,
@@ -311,6 +313,7 @@ async fn lease_one(
     done: &mpsc::UnboundedSender<Done>,
     tenant: Option<&str>,
     permits: &mut OwnedSemaphorePermit,
+    last: bool,
 ) -> Result<(usize, usize), Error> {
     let Ok(max_jobs) = i32::try_from(permits.num_permits()) else {
         return Ok((0, 0));
@@ -358,6 +361,12 @@ async fn lease_one(
                 to_begin.push((job, slot));
             }
         }
+    }
+
+    if last {
+        // Slots this step leased no job for are free for the next step at
+        // once, not when this one's begin and COMMIT are answered.
+        drop(permits.split(permits.num_permits()));
     }
 
     if !handed_back.is_empty() {

@@ -14,6 +14,15 @@
 //!    completion.rs  the outcome journaled (one sync per group), then recorded with keyturn.complete_many
 //! ```
 //!
+//! **Steps in flight.** Up to `KEYTURN_LEASE_STEPS` steps (default 2) run at
+//! once, each in a task of its own: a wake-up while a step is still waiting
+//! on its round trips starts the next, which leases the slots freed since
+//! (a step frees the slots it leased no job for as soon as its lease is
+//! answered). Under load the slots free one by one while a step runs, and
+//! with one step at a time they would wait for it to end. Two steps never
+//! lease the same job (`keyturn.lease` skips rows another transaction has
+//! locked).
+//!
 //! Beside the step: `listen.rs` (the `LISTEN` connection: wake-ups and
 //! readiness; by tenant, one more on every other node), `heartbeat.rs`
 //! (whether notifications still arrive on it), `sweeper.rs`
@@ -46,6 +55,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -87,6 +97,8 @@ pub struct Settings {
     pub poll: Duration,
     /// Longest wait for busy slots to free before a lease.
     pub linger: Duration,
+    /// Lease steps in flight at most.
+    pub lease_steps: usize,
     /// Sweep period.
     pub sweep_every: Duration,
     /// Calls in flight at most.
@@ -111,6 +123,7 @@ impl Settings {
             call_timeout: config.call_timeout(),
             poll: Duration::from_millis(config.poll_ms),
             linger: Duration::from_millis(config.lease_linger_ms),
+            lease_steps: config.lease_steps,
             sweep_every: Duration::from_secs(config.sweep_seconds),
             workers: config.workers,
             listen_notify: config.listen_notify,
@@ -342,68 +355,41 @@ impl Dispatcher {
         let journaler = tokio::spawn(journal_loop(ctx.clone(), done_rx, journaled_tx));
         let flusher = tokio::spawn(flush_loop(ctx.clone(), journaled_rx, shutdown.clone()));
 
+        // Each step runs in a tracked task of its own, so a shutdown never
+        // drops its transaction between COMMIT and the provider calls: the
+        // loop only stops awaiting it (`detach_all` below).
+        let mut steps: JoinSet<Result<Step, Error>> = JoinSet::new();
         let mut lease_failing = false;
-        let mut pause = None;
+        let mut paused_until = None;
         loop {
-            match pause.take() {
-                // Every job the step leased went back: leasing again on the
-                // next wake-up would only hand back the next due jobs too.
-                Some(pause) => tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(pause) => {}
-                },
-                None => tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => break,
-                    _ = ctx.wake.notified() => {}
-                    _ = tokio::time::sleep(ctx.settings.poll) => {}
-                },
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                Some(ended) = steps.join_next() => {
+                    let (ok, pause) = step_ended(&ctx, ended, lease_failing).await;
+                    if let Some(pause) = pause {
+                        paused_until = Some(Instant::now() + pause);
+                    }
+                    lease_failing = !ok;
+                    if !ctx.settings.listen_notify {
+                        ctx.health.set_db_ready(ok);
+                    }
+                    continue;
+                }
+                _ = time_to_lease(&ctx, paused_until), if steps.len() < ctx.settings.lease_steps => {}
             }
+            paused_until = None;
             if !linger(&ctx, &shutdown).await {
                 break;
             }
-            // The step runs in a tracked task of its own, so a shutdown
-            // never drops its transaction between COMMIT and the provider
-            // calls: this only stops awaiting it.
-            let step = tracker.spawn(lease_step(
+            steps.spawn(tracker.track_future(lease_step(
                 ctx.clone(),
                 tracker.clone(),
                 shutdown.clone(),
                 done_tx.clone(),
-            ));
-            let step = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => break,
-                step = step => step,
-            };
-            let ok = match step {
-                Ok(Ok(step)) => {
-                    if let Step::OnlyHandedBack { pause: p } = step {
-                        pause = Some(p);
-                    }
-                    true
-                }
-                Ok(Err(e)) => {
-                    log_lease_failure(&e, lease_failing);
-                    // Distributed (or not) since: the next step calls the
-                    // other form.
-                    ctx.refresh_routing().await;
-                    false
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "the lease step panicked; its transaction rolled back unless it had committed");
-                    false
-                }
-            };
-            if ok && lease_failing {
-                tracing::info!("leasing works again");
-            }
-            lease_failing = !ok;
-            if !ctx.settings.listen_notify {
-                ctx.health.set_db_ready(ok);
-            }
+            )));
         }
+        steps.detach_all();
 
         tracing::info!(
             in_flight = ctx.calls_in_flight.get(),
@@ -446,6 +432,50 @@ impl Dispatcher {
         }
         tracing::info!("dispatcher stopped");
         Ok(())
+    }
+}
+
+/// Resolves when the loop should start a step: a wake-up or the poll, or,
+/// after a step that only handed back, the end of its pause (wake-ups
+/// ignored until then).
+async fn time_to_lease(ctx: &Ctx, paused_until: Option<Instant>) {
+    match paused_until {
+        Some(until) => tokio::time::sleep_until(until).await,
+        None => tokio::select! {
+            _ = ctx.wake.notified() => {}
+            _ = tokio::time::sleep(ctx.settings.poll) => {}
+        },
+    }
+}
+
+/// What the loop learns from a step that ended: whether leasing worked, and
+/// the pause a step that only handed back asks for.
+async fn step_ended(
+    ctx: &Ctx,
+    ended: Result<Result<Step, Error>, tokio::task::JoinError>,
+    already_failing: bool,
+) -> (bool, Option<Duration>) {
+    match ended {
+        Ok(Ok(step)) => {
+            if already_failing {
+                tracing::info!("leasing works again");
+            }
+            let pause = match step {
+                Step::OnlyHandedBack { pause } => Some(pause),
+                Step::Done => None,
+            };
+            (true, pause)
+        }
+        Ok(Err(e)) => {
+            log_lease_failure(&e, already_failing);
+            // Distributed (or not) since: the next step calls the other form.
+            ctx.refresh_routing().await;
+            (false, None)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the lease step panicked; its transaction rolled back unless it had committed");
+            (false, None)
+        }
     }
 }
 

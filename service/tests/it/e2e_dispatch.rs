@@ -1,7 +1,9 @@
 //! End to end, the lease rules: every lease `Config::validate` accepts
 //! dispatches; a lease that leaves no job enough time hands back with a
-//! growing delay and one log line, never in a loop; and keyturnd serves only
-//! against a database with a `pg_keyturn` of its own release.
+//! growing delay and one log line, never in a loop; a step slow to be
+//! answered holds up neither the slots it leased no job for nor the next
+//! step; and keyturnd serves only against a database with a `pg_keyturn` of
+//! its own release.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,6 +18,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::e2e::{self, Keyturnd, Receiver, Reply, World};
+use crate::support::pg_proxy::PgProxy;
 
 const WITHIN: Duration = Duration::from_secs(20);
 
@@ -107,6 +110,7 @@ async fn test_a_lease_that_must_hand_back_never_spins() {
         call_timeout: Duration::from_secs(3),
         poll: Duration::from_millis(50),
         linger: Duration::from_millis(2),
+        lease_steps: 2,
         sweep_every: Duration::from_secs(1),
         workers: 4,
         listen_notify: true,
@@ -274,4 +278,68 @@ async fn test_calls_in_flight_outnumber_the_pool_and_hold_none_of_it() {
         assert_eq!(rx.requests(q.id).len(), 1, "sent once: {}", q.id);
     }
     k.stop().await;
+}
+
+/// The answer to one step's COMMIT held by a proxy (a database slow to
+/// answer): that step holds only the slot of the job it leased, and a wake-up
+/// meanwhile starts a second step, which dispatches an action approved in
+/// the meantime. With `KEYTURN_LEASE_STEPS=1` (0.2.0's one step at a time)
+/// the second action waits for the first step, which is what the first half
+/// would see if the loop still awaited each step or a step held every free
+/// slot until its COMMIT was answered.
+#[tokio::test]
+async fn test_a_second_lease_step_dispatches_while_the_first_waits() {
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    for steps in [2, 1] {
+        let w = World::new(port).await;
+        let tool = w.webhook_tool(json!({})).await;
+        let rx = Receiver::start(&w.tenant, vec![]).await;
+        let proxy = PgProxy::start(port).await;
+        let mut env = rx.env();
+        env.extend([
+            ("DATABASE_URL", e2e::url(proxy.port, "app_dispatcher")),
+            ("KEYTURN_LEASE_STEPS", steps.to_string()),
+            // Few, so that a step holding every free slot would leave none.
+            ("KEYTURN_WORKERS", "4".into()),
+            // Nothing lapses while the answer is held.
+            ("KEYTURN_LEASE_SECONDS", "30".into()),
+            ("KEYTURN_HTTP_TIMEOUT_SECONDS", "5".into()),
+        ]);
+        let k = Keyturnd::start(port, env).await;
+        proxy.arm();
+        let first = w.queue(&tool, json!({"text": "first step"}), false).await;
+        proxy.held().await;
+        let second = w.queue(&tool, json!({"text": "second step"}), false).await;
+        if steps == 2 {
+            rx.wait_requests(second.id, 1, WITHIN).await;
+            // keyturnd stops waiting for a COMMIT answer after a while
+            // (10 s here) and hands its jobs back, freeing its slots: the
+            // second action must have gone before that.
+            assert!(
+                !k.log().contains("COMMIT unconfirmed"),
+                "the second action waited for the first step to give up; log:\n{}",
+                k.log()
+            );
+            assert!(
+                rx.requests(first.id).is_empty(),
+                "the first step's COMMIT is still held, so its call has not been made"
+            );
+        } else {
+            // Several polls (200 ms) and the approval's wake-up go by.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            assert!(
+                rx.requests(second.id).is_empty(),
+                "one step at a time: nothing is leased while a step waits; log:\n{}",
+                k.log()
+            );
+        }
+        proxy.release();
+        for q in [&first, &second] {
+            w.wait_status(q.id, "succeeded", WITHIN).await;
+            assert_eq!(rx.requests(q.id).len(), 1, "sent once: {}", q.id);
+        }
+        assert!(!k.log().contains("COMMIT unconfirmed"), "{}", k.log());
+        k.stop().await;
+    }
 }
