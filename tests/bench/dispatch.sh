@@ -146,6 +146,11 @@ drain_keyturnd() {
   shift 4
   log "drain round $r, $w slots, keyturnd ($variant): queueing $n approved actions"
   queue_actions "$n" approve
+  # The rate counts this side's set; anything else queued would be drained
+  # in its time too.
+  local queued
+  queued=$(kt_psql -Atc "SELECT count(*) FROM keyturn.open_action WHERE status IN ('queued', 'leased', 'executing')")
+  [ "$queued" = "$n" ] || log "WARNING: $queued actions to drain, not $n: this side's rate is wrong"
   w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
   b0=$(busy_ticks); r0=$(pid_ticks "$RECV_PID")
   start_keyturnd "$url" KEYTURN_WORKERS="$w" "$@"
@@ -179,8 +184,10 @@ item_drain() {
       drain_keyturnd "$url" "$w" "$r" A
       [ -n "$one_step" ] && (( r % 2 == 0 )) && drain_keyturnd "$url" "$w" "$r" A1 KEYTURN_LEASE_STEPS=1
 
-      log "drain round $r, $w slots, bare worker: queueing $n approved actions"
-      queue_actions "$n" approve
+      # The bare worker drains bare.job, which holds a copy of the set the
+      # last keyturnd side drained (queue_actions); queueing a set for it
+      # would leave the set's actions queued for the next keyturnd side.
+      log "drain round $r, $w slots, bare worker: the same $n actions"
       local w0 w1 b0 b1 r0 r1 t0 out ok
       w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
       t0=$(date +%s.%N)
@@ -291,18 +298,22 @@ PY
   clear_queue
 }
 
+# Item 4: approve commit → the webhook's request, 100 approvals a second, for
+# each of WAKE_MODES: keyturnd woken by NOTIFY (as configured; and with one
+# lease step at a time), and polling only, every second and every 20 ms.
 item_wakeup() {
   [ -x "$BENCH_BIN/examples/bench_wakeup" ] || build_service || {
     echo "PENDING: keyturnd or the examples do not build; see service-build.log" > "$OUT/wakeup.txt"; return 0; }
   local n=$(( 100 * WAKE_SECONDS )) mode port out
   : > "$OUT/wakeup.txt"
-  for mode in notify poll-1000ms poll-20ms; do
+  for mode in ${WAKE_MODES:-notify notify-one-step poll-1000ms poll-20ms}; do
     clear_queue
     queue_actions "$n"
     kt_psql -qc "VACUUM ANALYZE keyturn.action" >/dev/null
     port=$(kt_free_port)
     case $mode in
       notify)      start_keyturnd "http://127.0.0.1:$port/hook" ;;
+      notify-one-step) start_keyturnd "http://127.0.0.1:$port/hook" KEYTURN_LEASE_STEPS=1 ;;
       poll-1000ms) start_keyturnd "http://127.0.0.1:$port/hook" KEYTURN_LISTEN_NOTIFY=false KEYTURN_POLL_MS=1000 ;;
       poll-20ms)   start_keyturnd "http://127.0.0.1:$port/hook" KEYTURN_LISTEN_NOTIFY=false KEYTURN_POLL_MS=20 ;;
     esac
