@@ -300,14 +300,16 @@ async fn test_a_second_lease_step_dispatches_while_the_first_waits() {
         env.extend([
             ("DATABASE_URL", e2e::url(proxy.port, "app_dispatcher")),
             ("KEYTURN_LEASE_STEPS", steps.to_string()),
-            // Few, so that a step holding every free slot would leave none.
-            ("KEYTURN_WORKERS", "4".into()),
+            // More than the jobs other tests may have left queued, which
+            // this keyturnd leases too (a step takes every free slot, and
+            // keeps one for each job it leased).
+            ("KEYTURN_WORKERS", "64".into()),
             // Nothing lapses while the answer is held.
             ("KEYTURN_LEASE_SECONDS", "30".into()),
             ("KEYTURN_HTTP_TIMEOUT_SECONDS", "5".into()),
         ]);
         let k = Keyturnd::start(port, env).await;
-        proxy.arm();
+        proxy.arm_for(&w.tenant);
         let first = w.queue(&tool, json!({"text": "first step"}), false).await;
         proxy.held().await;
         let second = w.queue(&tool, json!({"text": "second step"}), false).await;

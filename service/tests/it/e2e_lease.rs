@@ -34,7 +34,7 @@ async fn held(port: u16, text: &str) -> Held {
     let mut env = rx.env();
     env.push(("DATABASE_URL", e2e::url(proxy.port, "app_dispatcher")));
     let k = Keyturnd::start(port, env).await;
-    proxy.arm();
+    proxy.arm_for(&w.tenant);
     let a = w.queue(&tool, json!({ "text": text }), false).await;
     proxy.held().await;
     Held { w, rx, proxy, k, a }

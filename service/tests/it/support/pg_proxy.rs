@@ -7,10 +7,13 @@
 //! follows while the proxy is armed, the next bytes the server sends on
 //! that connection (the `COMMIT` answer: nothing else is outstanding, as
 //! keyturnd waits for each statement) are held until [`PgProxy::release`].
-//! Everything else passes through unchanged.
+//! It holds only a step whose lease answered a job of the tenant it was
+//! armed for (the tenant's name among the bytes the server sent since the
+//! last `COMMIT`), so that jobs other tests left queued, which any keyturnd
+//! leases, never take the hold. Everything else passes through unchanged.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -18,6 +21,8 @@ use tokio::sync::{watch, Notify};
 
 struct Shared {
     armed: AtomicBool,
+    /// Hold only a step that leased a job of this tenant.
+    tenant: Mutex<Option<Vec<u8>>>,
     /// Set once an answer is being held.
     held: watch::Sender<bool>,
     release: Notify,
@@ -37,6 +42,7 @@ impl PgProxy {
         let port = listener.local_addr().expect("addr").port();
         let shared = Arc::new(Shared {
             armed: AtomicBool::new(false),
+            tenant: Mutex::new(None),
             held: watch::channel(false).0,
             release: Notify::new(),
             released: AtomicBool::new(false),
@@ -56,8 +62,10 @@ impl PgProxy {
     }
 
     /// Holds the answer to the next `COMMIT` that follows a
-    /// `begin_dispatch_many` on its connection.
-    pub fn arm(&self) {
+    /// `begin_dispatch_many` on its connection, in a step that leased a job
+    /// of `tenant`.
+    pub fn arm_for(&self, tenant: &str) {
+        *self.shared.tenant.lock().unwrap() = Some(tenant.as_bytes().to_vec());
         self.shared.armed.store(true, Ordering::SeqCst);
     }
 
@@ -83,6 +91,9 @@ async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
     let (mut sr, mut sw) = server.into_split();
     let hold_next = Arc::new(AtomicBool::new(false));
     let hold = hold_next.clone();
+    // Set when the server named the armed tenant since the last COMMIT.
+    let named = Arc::new(AtomicBool::new(false));
+    let tenant_seen = named.clone();
     let s = shared.clone();
     let up = async move {
         let mut begun = false;
@@ -100,13 +111,14 @@ async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
             if contains(&seen, b"begin_dispatch_many") {
                 begun = true;
             }
-            if begun && contains(&buf[..n], b"COMMIT") {
-                begun = false;
+            if contains(&buf[..n], b"COMMIT") {
+                let ours = tenant_seen.swap(false, Ordering::SeqCst);
                 // Before the COMMIT reaches the server, so its answer cannot
                 // slip through first.
-                if s.armed.swap(false, Ordering::SeqCst) {
+                if begun && ours && s.armed.swap(false, Ordering::SeqCst) {
                     hold.store(true, Ordering::SeqCst);
                 }
+                begun = false;
             }
             tail = seen[seen.len().saturating_sub(32)..].to_vec();
             if sw.write_all(&buf[..n]).await.is_err() {
@@ -117,11 +129,20 @@ async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
     };
     let down = async move {
         let mut buf = vec![0u8; 64 * 1024];
+        let mut tail: Vec<u8> = Vec::new();
         loop {
             let n = match sr.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
+            let mut seen = std::mem::take(&mut tail);
+            seen.extend_from_slice(&buf[..n]);
+            if let Some(tenant) = shared.tenant.lock().unwrap().as_deref() {
+                if contains(&seen, tenant) {
+                    named.store(true, Ordering::SeqCst);
+                }
+            }
+            tail = seen[seen.len().saturating_sub(64)..].to_vec();
             if hold_next.swap(false, Ordering::SeqCst) {
                 let released = shared.release.notified();
                 tokio::pin!(released);
