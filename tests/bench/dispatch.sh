@@ -139,8 +139,9 @@ SQL
 }
 
 # Queues $DRAIN_N approved actions and drains them with keyturnd at $2 slots,
-# round $3, results variant $4 (A: as configured by default; A1: one lease
-# step at a time), extra VAR=value arguments to keyturnd's environment.
+# round $3, results variant $4 (A: as configured by default; A1: the other
+# side, one lease step at a time unless DRAIN_A1_ENV says otherwise), extra
+# VAR=value arguments to keyturnd's environment (kept in the results row).
 drain_keyturnd() {
   local url=$1 w=$2 r=$3 variant=$4 n=$DRAIN_N secs hwm w0 w1 b0 b1 r0 r1 k1 ok
   shift 4
@@ -159,7 +160,7 @@ drain_keyturnd() {
   w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal")
   stop_pid "$KTD_PID"
   ok=$(kt_psql -Atc "SELECT count(*) FROM keyturn.action a JOIN bare.token t ON t.action_id = a.id WHERE a.status = 'succeeded'")
-  printf 'drain\t%s\t%s\t%s\t%s\t%s\t%s\t0\trss_kib=%s\n' "$variant" "$w" "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$hwm" >> "$RESULTS"
+  printf 'drain\t%s\t%s\t%s\t%s\t%s\t%s\t0\trss_kib=%s env=%s\n' "$variant" "$w" "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$hwm" "$(IFS=,; echo "$*")" >> "$RESULTS"
   echo "round $r, $w slots, keyturnd ($variant): $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") actions/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/action, peak RSS $(( hwm / 1024 )) MiB, CPU ms/action: machine $(ms_per $(( b1 - b0 )) "$ok"), keyturnd $(ms_per "$k1" "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok")" | tee -a "$OUT/drain.txt"
 }
 
@@ -168,8 +169,9 @@ drain_keyturnd() {
 # with keyturnd (A) and then with the bare worker (B), each with $w provider
 # calls in flight (the results' clients column is the slots). At the slots of
 # DRAIN_ONE_STEP (default 64) keyturnd also drains with one lease step at a
-# time (A1, KEYTURN_LEASE_STEPS=1, 0.2.0's loop), before A in odd rounds and
-# after it in even ones.
+# time (A1, KEYTURN_LEASE_STEPS=1, 0.2.0's loop; DRAIN_A1_ENV="VAR=value …"
+# sets another environment for that side), before A in odd rounds and after
+# it in even ones.
 item_drain() {
   clear_queue
   build_service || { echo "PENDING: keyturnd or the examples do not build; see service-build.log" > "$OUT/drain.txt"; return 0; }
@@ -180,9 +182,9 @@ item_drain() {
     for w in ${DRAIN_WORKERS:-8 64}; do
       local one_step=""
       [[ " ${DRAIN_ONE_STEP-64} " == *" $w "* ]] && one_step=1
-      [ -n "$one_step" ] && (( r % 2 == 1 )) && drain_keyturnd "$url" "$w" "$r" A1 KEYTURN_LEASE_STEPS=1
+      [ -n "$one_step" ] && (( r % 2 == 1 )) && drain_keyturnd "$url" "$w" "$r" A1 ${DRAIN_A1_ENV:-KEYTURN_LEASE_STEPS=1}
       drain_keyturnd "$url" "$w" "$r" A
-      [ -n "$one_step" ] && (( r % 2 == 0 )) && drain_keyturnd "$url" "$w" "$r" A1 KEYTURN_LEASE_STEPS=1
+      [ -n "$one_step" ] && (( r % 2 == 0 )) && drain_keyturnd "$url" "$w" "$r" A1 ${DRAIN_A1_ENV:-KEYTURN_LEASE_STEPS=1}
 
       # The bare worker drains bare.job, which holds a copy of the set the
       # last keyturnd side drained (queue_actions); queueing a set for it

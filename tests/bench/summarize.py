@@ -96,18 +96,23 @@ for (item, clients), rounds in pairs.items():
           f"**{med(ratios):.3f}** | {min(ratios):.3f}–{max(ratios):.3f} | {med(a_wal):.0f} | {med(b_wal):.0f} | {ckpt} |")
 print()
 
-# Item 3, keyturnd's two sides: the default (two lease steps in flight) and
-# one step at a time (A1, KEYTURN_LEASE_STEPS=1), in the same rounds.
+# Item 3, keyturnd's two sides in the same rounds: as configured by default
+# (A) and with the environment its A1 rows name (KEYTURN_LEASE_STEPS=1, one
+# lease step at a time, unless DRAIN_A1_ENV said otherwise).
 steps = collections.defaultdict(dict)
+a1_env = {}
 for r in rows:
     if r["item"] == "drain" and r["variant"] in ("A", "A1"):
         steps[int(r["clients"])].setdefault(int(r["round"]), {})[r["variant"]] = float(r["flows_per_s"] or 0)
+        m = re.search(r"env=(\S*)", r["extra"] or "")
+        if r["variant"] == "A1" and m:
+            a1_env[int(r["clients"])] = m.group(1).replace(",", " ")
 for c, rs in sorted(steps.items()):
     both = [x for x in rs.values() if x.get("A") and x.get("A1")]
     if both:
         ratios = [x["A"] / x["A1"] for x in both]
-        print(f"**Drain at {c} slots, keyturnd with two lease steps in flight (A, the default) ÷ one at a time "
-              f"(A1, KEYTURN_LEASE_STEPS=1): {med(ratios):.3f}** ({min(ratios):.3f}–{max(ratios):.3f}, "
+        print(f"**Drain at {c} slots, keyturnd as configured by default (A) ÷ with "
+              f"{a1_env.get(c) or 'KEYTURN_LEASE_STEPS=1'} (A1): {med(ratios):.3f}** ({min(ratios):.3f}–{max(ratios):.3f}, "
               f"{len(both)} rounds; {med([x['A'] for x in both]):.0f} against {med([x['A1'] for x in both]):.0f} actions/s)\n")
 
 # Item 7: approve transaction latency from pgbench -r.
