@@ -343,6 +343,13 @@ impl Journal {
         }
     }
 
+    /// Whether an outcome of `action_id` is journaled and not acknowledged.
+    pub fn holds(&self, action_id: Uuid) -> bool {
+        self.inner
+            .as_ref()
+            .is_some_and(|m| lock(m).live.keys().any(|(a, _)| *a == action_id))
+    }
+
     /// Outcomes journaled and not acknowledged.
     pub fn unacknowledged(&self) -> usize {
         self.inner.as_ref().map_or(0, |m| lock(m).live.len())

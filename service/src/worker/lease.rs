@@ -45,6 +45,7 @@
 //! once, then at debug with a running count, until a job is begun again.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -254,16 +255,25 @@ pub(super) async fn lease_step(
     let (Ok(n_permits), Ok(max_tenants)) = (u32::try_from(free), i32::try_from(free)) else {
         return Ok(Step::Done);
     };
-    if free == 0 {
-        return Ok(Step::Done);
-    }
     // An outcome that cannot be journaled would be lost with the process:
     // take on no new call until the journal can be written again.
-    if !ctx.journal.ready() {
+    if free > 0 && !ctx.journal.ready() {
         return Ok(Step::Done);
     }
-    let Ok(mut permits) = ctx.slots.clone().try_acquire_many_owned(n_permits) else {
-        return Ok(Step::Done);
+    let permits = match ctx.slots.clone().try_acquire_many_owned(n_permits) {
+        Ok(permits) if free > 0 => permits,
+        // None free (calls hold them, or another step does): the wake-up
+        // that started this step is owed until a step gives slots back
+        // (see `Unleased`; a call that ends wakes the loop itself).
+        _ => {
+            ctx.wake_owed.store(true, Ordering::SeqCst);
+            return Ok(Step::Done);
+        }
+    };
+    let mut permits = Unleased {
+        permits,
+        owed: &ctx.wake_owed,
+        wake: &ctx.wake,
     };
     let tenants: Vec<Option<String>> = if ctx.by_tenant() {
         let client = ctx.pool.get().await?;
@@ -278,7 +288,7 @@ pub(super) async fn lease_step(
     };
     let (mut passed, mut handed_back) = (0, 0);
     for (i, tenant) in tenants.iter().enumerate() {
-        if permits.num_permits() == 0 {
+        if permits.permits.num_permits() == 0 {
             break;
         }
         let (p, h) = lease_one(
@@ -301,6 +311,34 @@ pub(super) async fn lease_step(
     })
 }
 
+/// The slots a step took and has not yet given to a job. They go back when
+/// it drops, or at [`free_rest`](Self::free_rest); and if a step started
+/// meanwhile found none free (its wake-up spent for nothing: the approval
+/// that sent it may not be in this step's lease), the loop is woken again,
+/// as a slot freed by a call ending would.
+struct Unleased<'a> {
+    permits: OwnedSemaphorePermit,
+    /// [`Ctx`]'s `wake_owed` and `wake`.
+    owed: &'a AtomicBool,
+    wake: &'a Notify,
+}
+
+impl Unleased<'_> {
+    fn free_rest(&mut self) {
+        let n = self.permits.num_permits();
+        drop(self.permits.split(n));
+        if n > 0 && self.owed.swap(false, Ordering::SeqCst) {
+            self.wake.notify_one();
+        }
+    }
+}
+
+impl Drop for Unleased<'_> {
+    fn drop(&mut self) {
+        self.free_rest();
+    }
+}
+
 /// The step's lease, hand-backs and begin in one transaction, for `tenant`
 /// (`None`: every tenant, the plain calls), with at most as many jobs as
 /// `permits` holds; each job takes one, and the `last` lease of the step
@@ -312,10 +350,10 @@ async fn lease_one(
     shutdown: &CancellationToken,
     done: &mpsc::UnboundedSender<Done>,
     tenant: Option<&str>,
-    permits: &mut OwnedSemaphorePermit,
+    permits: &mut Unleased<'_>,
     last: bool,
 ) -> Result<(usize, usize), Error> {
-    let Ok(max_jobs) = i32::try_from(permits.num_permits()) else {
+    let Ok(max_jobs) = i32::try_from(permits.permits.num_permits()) else {
         return Ok((0, 0));
     };
     let started = Instant::now();
@@ -343,7 +381,7 @@ async fn lease_one(
     let mut to_begin: Vec<(LeasedJob, Slot)> = Vec::with_capacity(jobs.len());
     for job in jobs {
         // `max_jobs` permits were there and at most that many jobs came back.
-        let Some(permit) = permits.split(1) else {
+        let Some(permit) = permits.permits.split(1) else {
             tracing::error!(action_id = %job.action_id, "more jobs than slots; leaving it to lapse");
             continue;
         };
@@ -366,7 +404,7 @@ async fn lease_one(
     if last {
         // Slots this step leased no job for are free for the next step at
         // once, not when this one's begin and COMMIT are answered.
-        drop(permits.split(permits.num_permits()));
+        permits.free_rest();
     }
 
     if !handed_back.is_empty() {
@@ -488,6 +526,60 @@ mod tests {
         let (lingered, ()) = tokio::join!(waiting, stopping);
         assert!(!lingered, "shutdown ends the wait and the loop");
         assert_eq!(t0.elapsed(), Duration::from_millis(1));
+    }
+
+    /// Whether `wake` holds a wake-up, without waiting.
+    async fn woken(wake: &Notify) -> bool {
+        tokio::select! {
+            biased;
+            _ = wake.notified() => true,
+            _ = std::future::ready(()) => false,
+        }
+    }
+
+    #[tokio::test]
+    async fn test_slots_given_back_pay_a_wake_up_a_step_spent_finding_none() {
+        let slots = Arc::new(Semaphore::new(8));
+        let (owed, wake) = (AtomicBool::new(false), Notify::new());
+        let take = |n| slots.clone().try_acquire_many_owned(n).expect("free");
+
+        // Nothing owed: slots go back quietly (no step was turned away).
+        let mut unleased = Unleased {
+            permits: take(4),
+            owed: &owed,
+            wake: &wake,
+        };
+        unleased.free_rest();
+        assert_eq!(slots.available_permits(), 8);
+        assert!(!woken(&wake).await);
+
+        // A step found none free meanwhile: giving slots back wakes the loop,
+        // once, and the debt is paid.
+        let mut unleased = Unleased {
+            permits: take(8),
+            owed: &owed,
+            wake: &wake,
+        };
+        let job = unleased.permits.split(1).expect("one for a job");
+        owed.store(true, Ordering::SeqCst);
+        drop(unleased);
+        assert_eq!(slots.available_permits(), 7, "the job keeps its slot");
+        assert!(woken(&wake).await, "the spent wake-up is paid back");
+        assert!(!owed.load(Ordering::SeqCst));
+        assert!(!woken(&wake).await, "once");
+
+        // Nothing to give back: the debt waits for slots that are.
+        let mut unleased = Unleased {
+            permits: take(7),
+            owed: &owed,
+            wake: &wake,
+        };
+        let _jobs = unleased.permits.split(7).expect("all to jobs");
+        owed.store(true, Ordering::SeqCst);
+        unleased.free_rest();
+        assert!(!woken(&wake).await);
+        assert!(owed.load(Ordering::SeqCst), "still owed");
+        drop(job);
     }
 
     #[test]

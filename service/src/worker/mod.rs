@@ -21,7 +21,9 @@
 //! answered). Under load the slots free one by one while a step runs, and
 //! with one step at a time they would wait for it to end. Two steps never
 //! lease the same job (`keyturn.lease` skips rows another transaction has
-//! locked).
+//! locked). A step that finds no slot free has spent a wake-up whose
+//! approval the running step's lease may not have seen: the loop is woken
+//! again when that step gives its unused slots back.
 //!
 //! Beside the step: `listen.rs` (the `LISTEN` connection: wake-ups and
 //! readiness; by tenant, one more on every other node), `heartbeat.rs`
@@ -145,6 +147,9 @@ struct Ctx {
     health: Arc<Health>,
     settings: Settings,
     wake: Notify,
+    /// A step found no slot free: the next step to give slots back wakes
+    /// the loop (lease.rs, `Unleased`).
+    wake_owed: AtomicBool,
     slots: Arc<Semaphore>,
     inflight: Mutex<HashSet<Uuid>>,
     handbacks: Mutex<HandBacks>,
@@ -302,6 +307,7 @@ impl Dispatcher {
                 health,
                 settings,
                 wake: Notify::new(),
+                wake_owed: AtomicBool::new(false),
                 slots,
                 inflight: Mutex::new(HashSet::new()),
                 handbacks: Mutex::new(HandBacks::default()),
@@ -412,7 +418,11 @@ impl Dispatcher {
         {
             let left: Vec<Uuid> = lock(&ctx.inflight).iter().copied().collect();
             for action_id in &left {
-                tracing::error!(%action_id, "still executing at exit: its outcome is not recorded; the sweep will mark it uncertain for an operator");
+                if ctx.journal.holds(*action_id) {
+                    tracing::warn!(%action_id, "observed and journaled, not yet recorded at exit: the next keyturnd started on KEYTURN_JOURNAL_DIR records it");
+                } else {
+                    tracing::error!(%action_id, "still executing at exit: its outcome is not recorded; the sweep will mark it uncertain for an operator");
+                }
             }
         }
         let unrecorded = ctx.journal.unacknowledged();

@@ -214,3 +214,54 @@ async fn test_without_the_journal_the_same_kill_ends_uncertain() {
     assert_eq!(w.attempts(a.id).await, vec![(1, Some("lapsed".into()))]);
     assert_eq!(rx.requests(a.id).len(), 1, "never re-sent");
 }
+
+/// SIGTERM while the database takes no outcome (`keyturn.action` locked):
+/// the shutdown drain ends with the outcome journaled and not recorded, and
+/// the log says the next keyturnd records it, not that the sweep will make
+/// it uncertain; the next keyturnd does.
+#[tokio::test]
+async fn test_an_outcome_journaled_and_unrecorded_at_shutdown_is_named_so() {
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let (rx, gate) = Receiver::held(&w.tenant).await;
+    let a = w
+        .queue(&tool, json!({"text": "journaled at shutdown"}), false)
+        .await;
+    let mut env = rx.env();
+    env.push(("KEYTURN_SHUTDOWN_SECONDS", "2".into()));
+    let k1 = Keyturnd::start(port, env).await;
+    rx.wait_requests(a.id, 1, WITHIN).await;
+
+    let mut locker = e2e::connect(port, "postgres").await;
+    let lock = locker.transaction().await.expect("begin");
+    lock.batch_execute("LOCK TABLE keyturn.action IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock");
+    gate.add_permits(1);
+    let journal = e2e::journal_dir().join("journal");
+    e2e::eventually(WITHIN, "the outcome journaled", || async {
+        std::fs::read(&journal)
+            .ok()
+            .filter(|j| String::from_utf8_lossy(j).contains(&a.id.to_string()))
+            .map(|_| ())
+    })
+    .await;
+    let log = k1.stop().await;
+    let line = log
+        .lines()
+        .find(|l| l.contains(&a.id.to_string()) && l.contains("at exit"))
+        .unwrap_or_else(|| panic!("no line about {} at exit; log:\n{log}", a.id));
+    assert!(
+        line.contains("journaled, not yet recorded") && line.contains("KEYTURN_JOURNAL_DIR"),
+        "{line}"
+    );
+    assert!(!log.contains("still executing at exit"), "{log}");
+    lock.rollback().await.expect("unlock");
+
+    let k2 = Keyturnd::start(port, rx.env()).await;
+    w.wait_status(a.id, "succeeded", WITHIN).await;
+    assert_eq!(rx.requests(a.id).len(), 1, "never re-sent");
+    k2.stop().await;
+}
