@@ -541,25 +541,21 @@ mod tests {
     async fn test_slots_given_back_pay_a_wake_up_a_step_spent_finding_none() {
         let slots = Arc::new(Semaphore::new(8));
         let (owed, wake) = (AtomicBool::new(false), Notify::new());
-        let take = |n| slots.clone().try_acquire_many_owned(n).expect("free");
-
-        // Nothing owed: slots go back quietly (no step was turned away).
-        let mut unleased = Unleased {
-            permits: take(4),
+        let take = |n| Unleased {
+            permits: slots.clone().try_acquire_many_owned(n).expect("free"),
             owed: &owed,
             wake: &wake,
         };
+
+        // Nothing owed: slots go back quietly (no step was turned away).
+        let mut unleased = take(4);
         unleased.free_rest();
         assert_eq!(slots.available_permits(), 8);
         assert!(!woken(&wake).await);
 
         // A step found none free meanwhile: giving slots back wakes the loop,
         // once, and the debt is paid.
-        let mut unleased = Unleased {
-            permits: take(8),
-            owed: &owed,
-            wake: &wake,
-        };
+        let mut unleased = take(8);
         let job = unleased.permits.split(1).expect("one for a job");
         owed.store(true, Ordering::SeqCst);
         drop(unleased);
@@ -569,11 +565,7 @@ mod tests {
         assert!(!woken(&wake).await, "once");
 
         // Nothing to give back: the debt waits for slots that are.
-        let mut unleased = Unleased {
-            permits: take(7),
-            owed: &owed,
-            wake: &wake,
-        };
+        let mut unleased = take(7);
         let _jobs = unleased.permits.split(7).expect("all to jobs");
         owed.store(true, Ordering::SeqCst);
         unleased.free_rest();

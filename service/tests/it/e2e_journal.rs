@@ -10,6 +10,7 @@
 //! outcome, or, when a sweep made the action `uncertain` first, drops it
 //! and says so for the operator.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::e2e::{self, Keyturnd, Queued, Receiver, World};
@@ -17,6 +18,19 @@ use serde_json::json;
 use tokio_postgres::Client;
 
 const WITHIN: Duration = Duration::from_secs(20);
+
+/// A tenant with one webhook action queued, whose call the receiver holds
+/// until `gate` gets a permit.
+async fn held_action(
+    port: u16,
+    text: &str,
+) -> (World, Receiver, Arc<tokio::sync::Semaphore>, Queued) {
+    let w = World::new(port).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let (rx, gate) = Receiver::held(&w.tenant).await;
+    let a = w.queue(&tool, json!({ "text": text }), false).await;
+    (w, rx, gate, a)
+}
 
 /// A keyturnd killed with `a`'s outcome journaled and not recorded.
 async fn killed_after_the_answer(
@@ -106,12 +120,7 @@ fn assert_replayed(metrics: &str, result: &str, rx: &Receiver) {
 async fn test_an_outcome_observed_before_a_kill_is_recorded_by_the_next_keyturnd() {
     let port = require_db!();
     let _serial = e2e::serial().await;
-    let w = World::new(port).await;
-    let tool = w.webhook_tool(json!({})).await;
-    let (rx, gate) = Receiver::held(&w.tenant).await;
-    let a = w
-        .queue(&tool, json!({"text": "answered, then killed"}), false)
-        .await;
+    let (w, rx, gate, a) = held_action(port, "answered, then killed").await;
     let k1 = killed_after_the_answer(&w, rx.env(), &rx, &gate, &a).await;
     assert_eq!(
         w.status(a.id).await,
@@ -146,12 +155,7 @@ async fn test_an_outcome_observed_before_a_kill_is_recorded_by_the_next_keyturnd
 async fn test_a_journaled_outcome_swept_to_uncertain_first_is_dropped_and_logged() {
     let port = require_db!();
     let _serial = e2e::serial().await;
-    let w = World::new(port).await;
-    let tool = w.webhook_tool(json!({})).await;
-    let (rx, gate) = Receiver::held(&w.tenant).await;
-    let a = w
-        .queue(&tool, json!({"text": "answered, killed, swept"}), false)
-        .await;
+    let (w, rx, gate, a) = held_action(port, "answered, killed, swept").await;
     let _k1 = killed_after_the_answer(&w, rx.env(), &rx, &gate, &a).await;
 
     // Another keyturnd's sweep, once the lease (4 s) lapsed.
@@ -223,12 +227,7 @@ async fn test_without_the_journal_the_same_kill_ends_uncertain() {
 async fn test_an_outcome_journaled_and_unrecorded_at_shutdown_is_named_so() {
     let port = require_db!();
     let _serial = e2e::serial().await;
-    let w = World::new(port).await;
-    let tool = w.webhook_tool(json!({})).await;
-    let (rx, gate) = Receiver::held(&w.tenant).await;
-    let a = w
-        .queue(&tool, json!({"text": "journaled at shutdown"}), false)
-        .await;
+    let (w, rx, gate, a) = held_action(port, "journaled at shutdown").await;
     let mut env = rx.env();
     env.push(("KEYTURN_SHUTDOWN_SECONDS", "2".into()));
     let k1 = Keyturnd::start(port, env).await;
