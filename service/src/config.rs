@@ -318,7 +318,7 @@ pub struct Config {
     /// Lease steps in flight at most. A step is four round trips (BEGIN,
     /// lease, begin, COMMIT); with one at a time, the slots that free while
     /// it runs wait for it to end; a second step leases them meanwhile (the
-    /// drain 1.2× as fast at 64 workers, docs/benchmarks.md). 1 is 0.2.0's
+    /// drain 1.1–1.2× as fast at 64 workers, docs/benchmarks.md). 1 is 0.2.0's
     /// one step at a time.
     #[arg(long, env = "KEYTURN_LEASE_STEPS", default_value_t = 2,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=8))]
