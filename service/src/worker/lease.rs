@@ -288,7 +288,7 @@ pub(super) async fn lease_step(
     };
     let (mut passed, mut handed_back) = (0, 0);
     for (i, tenant) in tenants.iter().enumerate() {
-        if permits.permits.num_permits() == 0 {
+        if permits.left() == 0 {
             break;
         }
         let (p, h) = lease_one(
@@ -324,6 +324,15 @@ struct Unleased<'a> {
 }
 
 impl Unleased<'_> {
+    fn left(&self) -> usize {
+        self.permits.num_permits()
+    }
+
+    /// One slot, for a leased job.
+    fn take_one(&mut self) -> Option<OwnedSemaphorePermit> {
+        self.permits.split(1)
+    }
+
     fn free_rest(&mut self) {
         let n = self.permits.num_permits();
         drop(self.permits.split(n));
@@ -353,7 +362,7 @@ async fn lease_one(
     permits: &mut Unleased<'_>,
     last: bool,
 ) -> Result<(usize, usize), Error> {
-    let Ok(max_jobs) = i32::try_from(permits.permits.num_permits()) else {
+    let Ok(max_jobs) = i32::try_from(permits.left()) else {
         return Ok((0, 0));
     };
     let started = Instant::now();
@@ -381,7 +390,7 @@ async fn lease_one(
     let mut to_begin: Vec<(LeasedJob, Slot)> = Vec::with_capacity(jobs.len());
     for job in jobs {
         // `max_jobs` permits were there and at most that many jobs came back.
-        let Some(permit) = permits.permits.split(1) else {
+        let Some(permit) = permits.take_one() else {
             tracing::error!(action_id = %job.action_id, "more jobs than slots; leaving it to lapse");
             continue;
         };
@@ -556,7 +565,7 @@ mod tests {
         // A step found none free meanwhile: giving slots back wakes the loop,
         // once, and the debt is paid.
         let mut unleased = take(8);
-        let job = unleased.permits.split(1).expect("one for a job");
+        let job = unleased.take_one().expect("one for a job");
         owed.store(true, Ordering::SeqCst);
         drop(unleased);
         assert_eq!(slots.available_permits(), 7, "the job keeps its slot");

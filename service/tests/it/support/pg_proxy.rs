@@ -86,6 +86,24 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
+/// One direction of a connection, read in pieces: keeps the tail of the
+/// previous read, so a name split across two reads is still seen.
+#[derive(Default)]
+struct Stream {
+    tail: Vec<u8>,
+}
+
+impl Stream {
+    /// Whether `needle` ends in `chunk` (it may begin in the read before).
+    fn saw(&mut self, chunk: &[u8], needle: &[u8]) -> bool {
+        let mut seen = std::mem::take(&mut self.tail);
+        seen.extend_from_slice(chunk);
+        let found = contains(&seen, needle);
+        self.tail = seen[seen.len().saturating_sub(needle.len())..].to_vec();
+        found
+    }
+}
+
 async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
@@ -97,18 +115,14 @@ async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
     let s = shared.clone();
     let up = async move {
         let mut begun = false;
-        // The tail of the previous read, so a name split across two reads
-        // is still seen.
-        let mut tail: Vec<u8> = Vec::new();
+        let mut stream = Stream::default();
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let n = match cr.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            let mut seen = std::mem::take(&mut tail);
-            seen.extend_from_slice(&buf[..n]);
-            if contains(&seen, b"begin_dispatch_many") {
+            if stream.saw(&buf[..n], b"begin_dispatch_many") {
                 begun = true;
             }
             if contains(&buf[..n], b"COMMIT") {
@@ -120,7 +134,6 @@ async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
                 }
                 begun = false;
             }
-            tail = seen[seen.len().saturating_sub(32)..].to_vec();
             if sw.write_all(&buf[..n]).await.is_err() {
                 break;
             }
@@ -129,20 +142,17 @@ async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
     };
     let down = async move {
         let mut buf = vec![0u8; 64 * 1024];
-        let mut tail: Vec<u8> = Vec::new();
+        let mut stream = Stream::default();
         loop {
             let n = match sr.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            let mut seen = std::mem::take(&mut tail);
-            seen.extend_from_slice(&buf[..n]);
             if let Some(tenant) = shared.tenant.lock().unwrap().as_deref() {
-                if contains(&seen, tenant) {
+                if stream.saw(&buf[..n], tenant) {
                     named.store(true, Ordering::SeqCst);
                 }
             }
-            tail = seen[seen.len().saturating_sub(64)..].to_vec();
             if hold_next.swap(false, Ordering::SeqCst) {
                 let released = shared.release.notified();
                 tokio::pin!(released);
