@@ -59,3 +59,48 @@ item_experiments() {
   experiment e2 4
   experiment e2 16
 }
+
+# L: two builds of the extension's library in one cluster: A the library this
+# run built from the tree, B another build (KT_BENCH_LIBRARY_B: a copy of
+# $libdir/pg_keyturn.so made after `cargo pgrx install --release` at another
+# commit). What a change to the extension's Rust alone is worth, where two
+# runs' noise would hide a few per cent. Every function's probin names the
+# side's copy while it runs; each pgbench run connects anew, and a backend
+# loads the library when it first calls into it. Alternating, A B then B A.
+# Pairs: the gate flow at 4 clients; a dispatch step of 32 jobs and of 1
+# (pgbench/dispatch_step.sql, rolled back, one client).
+item_library() {
+  local b=${KT_BENCH_LIBRARY_B:-}
+  if [ -z "$b" ] || [ ! -f "$b" ]; then
+    log "library: skipped: KT_BENCH_LIBRARY_B names no library file (${b:-unset})"
+    return 0
+  fi
+  local lib_a lib_b
+  lib_a="$(kt_scratch)/pg_keyturn.so"
+  lib_b="$(kt_scratch)/pg_keyturn-b.so"
+  cp "$b" "$lib_b"
+  log "library: A = this tree's build, B = $b ($(sha256sum "$b" | cut -c1-12))"
+  clear_queue
+  queue_actions 2000 approve
+  local r side item clients script args
+  for r in $(seq 1 "$ROUNDS"); do
+    for item in flow step32 step1; do
+      case $item in
+        flow) clients=4; script=gate_flow.sql; args=() ;;
+        step32) clients=1; script=dispatch_step.sql; args=(-U app_dispatcher -D n=32) ;;
+        step1) clients=1; script=dispatch_step.sql; args=(-U app_dispatcher -D n=1) ;;
+      esac
+      for side in $( (( r % 2 )) && echo A B || echo B A); do
+        library_use "$( [ "$side" = A ] && echo "$lib_a" || echo "$lib_b")" "$lib_a" "$lib_b"
+        pgbench_run "lib-$item" "$side" "$clients" "$r" "$script" "${args[@]}"
+      done
+    done
+  done
+  library_use "$lib_a" "$lib_a" "$lib_b"
+  clear_queue
+}
+
+# Points every function of pg_keyturn at library $1 (one of $2, $3).
+library_use() {
+  kt_psql -qc "UPDATE pg_proc SET probin = '$1' WHERE probin IN ('$2', '$3')" >/dev/null
+}

@@ -58,6 +58,9 @@ TITLES = {
     "drain": "3. Drain: keyturnd (A) vs bare worker (B), the same slots each (clients = slots); flows = actions",
     "exp-e1": "E1. Gate flow as installed (A) vs helpers without SET search_path (B)",
     "exp-e2": "E2. Gate flow as installed (A) vs _invalid_reason with its FOR KEY SHARE put back (B)",
+    "lib-flow": "L. Gate flow, this tree's library (A) vs KT_BENCH_LIBRARY_B (B)",
+    "lib-step32": "L. A dispatch step of 32 jobs, rolled back (flows = steps), this tree's library (A) vs KT_BENCH_LIBRARY_B (B)",
+    "lib-step1": "L. A dispatch step of 1 job, rolled back (flows = steps), this tree's library (A) vs KT_BENCH_LIBRARY_B (B)",
 }
 
 print("# keyturn benchmark summary\n")
