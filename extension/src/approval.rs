@@ -10,20 +10,20 @@ use pgrx::prelude::*;
 use crate::error::KeyturnError;
 
 thread_local! {
-    // (extension oid, key): the key never changes while the extension exists;
-    // a new extension (DROP + CREATE) has a new oid and a new key.
+    // (installation, key): the key never changes while the extension exists;
+    // a new extension (DROP + CREATE) is a new installation with a new key
+    // (crate::privilege::installation).
     static KEY: std::cell::RefCell<Option<(pg_sys::Oid, Vec<u8>)>> = const { std::cell::RefCell::new(None) };
 }
 
 /// The database's approval key, if it has one yet. Cached only once read
 /// back from the table: a key this transaction inserted might still roll back.
 fn existing_key() -> Option<Vec<u8>> {
-    // SAFETY: a catalog lookup that returns InvalidOid when missing.
-    let extension = unsafe { pg_sys::get_extension_oid(c"pg_keyturn".as_ptr(), true) };
+    let installation = crate::privilege::installation();
     if let Some(k) = KEY.with(|k| {
         k.borrow()
             .as_ref()
-            .filter(|(oid, _)| *oid == extension)
+            .filter(|(oid, _)| Some(*oid) == installation)
             .map(|(_, key)| key.clone())
     }) {
         return Some(k);
@@ -32,7 +32,7 @@ fn existing_key() -> Option<Vec<u8>> {
         .ok()
         .flatten()
         .filter(|k| k.len() == approval::KEY_BYTES)?;
-    KEY.with(|k| *k.borrow_mut() = Some((extension, key.clone())));
+    KEY.with(|k| *k.borrow_mut() = installation.map(|i| (i, key.clone())));
     Some(key)
 }
 

@@ -151,23 +151,43 @@ pub fn outer_user() -> pg_sys::Oid {
 }
 
 thread_local! {
-    // (extension oid, its owner), per backend: the owner only changes when the
-    // extension is dropped and created again, which changes its oid too.
+    // (installation, its owner), per backend: the owner only changes when the
+    // extension is dropped and created again, which makes a new installation.
     static OWNER: std::cell::Cell<Option<(pg_sys::Oid, pg_sys::Oid)>> = const { std::cell::Cell::new(None) };
+}
+
+/// The installation of pg_keyturn this backend sees, as the key of what it
+/// keeps per backend (the owner, the approval key): the oid of
+/// `keyturn.action`, which a DROP and CREATE EXTENSION makes anew; None
+/// while there is none. Two syscache lookups, where `get_extension_oid`
+/// scans `pg_extension` (it has no syscache) under a lock: asked three times
+/// a dispatched action, that scan was 3.5 % of the database's CPU in a drain
+/// (tests/bench/BENCHMARKS.md, section 22).
+pub fn installation() -> Option<pg_sys::Oid> {
+    // SAFETY: syscache lookups that return InvalidOid when missing.
+    let action = unsafe {
+        let schema = pg_sys::get_namespace_oid(c"keyturn".as_ptr(), true);
+        if schema == pg_sys::Oid::INVALID {
+            return None;
+        }
+        pg_sys::get_relname_relid(c"action".as_ptr(), schema)
+    };
+    (action != pg_sys::Oid::INVALID).then_some(action)
 }
 
 /// The owner of pg_keyturn: the role keyturn's own writes run as.
 pub fn extension_owner() -> pg_sys::Oid {
+    let installation = installation();
+    if let (Some(installation), Some((cached, owner))) = (installation, OWNER.get()) {
+        if cached == installation {
+            return owner;
+        }
+    }
     // SAFETY: a catalog lookup that returns InvalidOid when missing.
     let extension = unsafe { pg_sys::get_extension_oid(c"pg_keyturn".as_ptr(), true) };
     if extension == pg_sys::Oid::INVALID {
         KeyturnError::NotReady("the pg_keyturn extension is not installed in this database".into())
             .raise();
-    }
-    if let Some((cached, owner)) = OWNER.get() {
-        if cached == extension {
-            return owner;
-        }
     }
     let owner = Spi::get_one_with_args::<pg_sys::Oid>(
         "SELECT extowner FROM pg_catalog.pg_extension WHERE oid OPERATOR(pg_catalog.=) $1",
@@ -175,7 +195,7 @@ pub fn extension_owner() -> pg_sys::Oid {
     );
     match owner {
         Ok(Some(owner)) => {
-            OWNER.set(Some((extension, owner)));
+            OWNER.set(installation.map(|i| (i, owner)));
             owner
         }
         _ => KeyturnError::NotReady("the pg_keyturn extension row is missing".into()).raise(),

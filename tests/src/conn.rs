@@ -27,14 +27,15 @@ pub fn dbname() -> String {
 
 /// A connection as `role` (trust authentication on the private cluster).
 pub async fn connect(role: &str) -> Client {
-    let url = format!(
-        "host=127.0.0.1 port={} user={role} dbname={}",
-        port(),
-        dbname()
-    );
+    connect_to(role, &dbname()).await
+}
+
+/// A connection as `role` to database `db` of the private cluster.
+pub async fn connect_to(role: &str, db: &str) -> Client {
+    let url = format!("host=127.0.0.1 port={} user={role} dbname={db}", port());
     let (client, connection) = tokio_postgres::connect(&url, NoTls)
         .await
-        .unwrap_or_else(|e| panic!("connect as {role}: {e}"));
+        .unwrap_or_else(|e| panic!("connect as {role} to {db}: {e}"));
     tokio::spawn(async move {
         let _ = connection.await;
     });

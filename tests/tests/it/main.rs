@@ -25,6 +25,7 @@ mod fuzz_findings_tests;
 mod grant_scope_tests;
 mod hardening_tests;
 mod identity_tests;
+mod installation_tests;
 mod links_tests;
 mod mcp_tests;
 mod membership_tests;
