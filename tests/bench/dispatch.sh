@@ -211,15 +211,18 @@ item_drain() {
 
 # Where a drained action's database time goes (profile-drain.txt; not a
 # measured round: the tracking has a price of its own): keyturnd's statements
-# (pg_stat_statements, track = top) and keyturn's functions (track_functions,
-# total and self time, the difference of two snapshots) over one more drain of
-# $2 actions, each divided by the actions drained.
+# and, apart, the statements keyturn's functions and triggers run under them
+# (pg_stat_statements, track = all: a nested statement's time is also in its
+# caller's; it is counted under the role it ran as, the extension owner, and
+# nothing else runs nested statements while the profile drains), and keyturn's functions (track_functions, total and self time,
+# the difference of two snapshots) over one more drain of $2 actions, each
+# divided by the actions drained.
 drain_profile() {
   local url=$1 n=$2 secs hwm
   log "drain profile: $n actions, the dispatcher's statements and functions tracked"
   queue_actions "$n" approve
   kt_psql -q <<'SQL' >/dev/null
-ALTER ROLE app_dispatcher SET pg_stat_statements.track = 'top';
+ALTER ROLE app_dispatcher SET pg_stat_statements.track = 'all';
 ALTER ROLE app_dispatcher SET track_functions = 'all';
 SELECT pg_stat_statements_reset();
 DROP TABLE IF EXISTS bare.functions_before;
@@ -239,10 +242,18 @@ SELECT calls, round((calls::numeric / :n), 3) AS calls_per_action,
        round((total_exec_time / :n)::numeric, 4) AS ms_per_action,
        regexp_replace(left(query, 90), '\s+', ' ', 'g') AS statement
   FROM pg_stat_statements
- WHERE userid = 'app_dispatcher'::regrole AND calls > 0
+ WHERE userid = 'app_dispatcher'::regrole AND calls > 0 AND toplevel
  ORDER BY total_exec_time DESC LIMIT 10;
 SELECT round(sum(total_exec_time)::numeric / :n, 4) AS database_ms_per_action
-  FROM pg_stat_statements WHERE userid = 'app_dispatcher'::regrole;
+  FROM pg_stat_statements WHERE userid = 'app_dispatcher'::regrole AND toplevel;
+\echo 'The statements run under them (nested), by time:'
+SELECT calls, round((calls::numeric / :n), 3) AS calls_per_action,
+       round((total_exec_time / calls)::numeric, 4) AS ms_per_call,
+       round((total_exec_time / :n)::numeric, 4) AS ms_per_action,
+       regexp_replace(left(query, 110), '\s+', ' ', 'g') AS statement
+  FROM pg_stat_statements
+ WHERE calls > 0 AND NOT toplevel
+ ORDER BY total_exec_time DESC LIMIT 25;
 SELECT f.funcname AS function, f.calls - coalesce(b.calls, 0) AS calls,
        round(((f.total_time - coalesce(b.total_time, 0)) / :n)::numeric, 4) AS total_ms_per_action,
        round(((f.self_time - coalesce(b.self_time, 0)) / :n)::numeric, 4) AS self_ms_per_action
