@@ -622,14 +622,7 @@ fn json_utc(at: i64) -> String {
 /// The OID of keyturn.audit_chain (the class of keyturn's per-tenant chain
 /// locks), or InvalidOid where the extension predates the chain.
 fn chain_table() -> pg_sys::Oid {
-    // SAFETY: catalog cache lookups; both names are keyturn's own.
-    unsafe {
-        let schema = pg_sys::get_namespace_oid(c"keyturn".as_ptr(), true);
-        if schema == pg_sys::Oid::INVALID {
-            return pg_sys::Oid::INVALID;
-        }
-        pg_sys::get_relname_relid(c"audit_chain".as_ptr(), schema)
-    }
+    crate::privilege::keyturn_relid(c"audit_chain").unwrap_or(pg_sys::Oid::INVALID)
 }
 
 /// The OID of keyturn.audit_chain's primary key (its columns: tenant).
@@ -644,20 +637,12 @@ fn event_sequence() -> pg_sys::Oid {
 
 /// The OID of one of keyturn's relations, by name; a missing one is a broken install.
 pub(crate) fn keyturn_relation(name: &std::ffi::CStr) -> pg_sys::Oid {
-    // SAFETY: catalog cache lookups of keyturn's own names.
-    let oid = unsafe {
-        pg_sys::get_relname_relid(
-            name.as_ptr(),
-            pg_sys::get_namespace_oid(c"keyturn".as_ptr(), false),
-        )
-    };
-    if oid == pg_sys::Oid::INVALID {
+    crate::privilege::keyturn_relid(name).unwrap_or_else(|| {
         error!(
             "keyturn: {} is missing; reinstall the extension",
             name.to_string_lossy()
-        );
-    }
-    oid
+        )
+    })
 }
 
 /// Takes keyturn's lock on a tenant's chain until the transaction ends:

@@ -164,15 +164,21 @@ thread_local! {
 /// a dispatched action, that scan was 3.5 % of the database's CPU in a drain
 /// (tests/bench/BENCHMARKS.md, section 22).
 pub fn installation() -> Option<pg_sys::Oid> {
+    keyturn_relid(c"action")
+}
+
+/// The OID of keyturn's relation `name` (schema keyturn), or None while
+/// there is none: two syscache lookups.
+pub fn keyturn_relid(name: &std::ffi::CStr) -> Option<pg_sys::Oid> {
     // SAFETY: syscache lookups that return InvalidOid when missing.
-    let action = unsafe {
+    let oid = unsafe {
         let schema = pg_sys::get_namespace_oid(c"keyturn".as_ptr(), true);
         if schema == pg_sys::Oid::INVALID {
             return None;
         }
-        pg_sys::get_relname_relid(c"action".as_ptr(), schema)
+        pg_sys::get_relname_relid(name.as_ptr(), schema)
     };
-    (action != pg_sys::Oid::INVALID).then_some(action)
+    (oid != pg_sys::Oid::INVALID).then_some(oid)
 }
 
 /// The owner of pg_keyturn: the role keyturn's own writes run as.

@@ -255,20 +255,23 @@ pub(super) async fn lease_step(
     let (Ok(n_permits), Ok(max_tenants)) = (u32::try_from(free), i32::try_from(free)) else {
         return Ok(Step::Done);
     };
+    // None free (calls hold them, or another step does): the wake-up that
+    // started this step is owed until a step gives slots back (see
+    // `Unleased`; a call that ends wakes the loop itself).
+    let owe = || {
+        ctx.wake_owed.store(true, Ordering::SeqCst);
+        Ok(Step::Done)
+    };
+    if free == 0 {
+        return owe();
+    }
     // An outcome that cannot be journaled would be lost with the process:
     // take on no new call until the journal can be written again.
-    if free > 0 && !ctx.journal.ready() {
+    if !ctx.journal.ready() {
         return Ok(Step::Done);
     }
-    let permits = match ctx.slots.clone().try_acquire_many_owned(n_permits) {
-        Ok(permits) if free > 0 => permits,
-        // None free (calls hold them, or another step does): the wake-up
-        // that started this step is owed until a step gives slots back
-        // (see `Unleased`; a call that ends wakes the loop itself).
-        _ => {
-            ctx.wake_owed.store(true, Ordering::SeqCst);
-            return Ok(Step::Done);
-        }
+    let Ok(permits) = ctx.slots.clone().try_acquire_many_owned(n_permits) else {
+        return owe();
     };
     let mut permits = Unleased {
         permits,
