@@ -514,3 +514,113 @@ async fn test_preview_of_digest_action_has_no_params() {
     assert_eq!(card["summary"], t.as_str());
     assert!(!card.to_string().contains("private words"));
 }
+
+/// What approve checks again of a claimed proposal (keyturn._invalid_reason):
+/// each check that fails ends it `invalidated` with its own reason, in these
+/// words. The changes are made behind the API's back (tamper: no trigger
+/// runs, no epoch moves), so each reaches its own check and no earlier one;
+/// the tool needs an independent approver, so that the proposer's membership
+/// and grant can go while the approver's stay.
+#[tokio::test]
+async fn test_each_recheck_invalidates_with_its_own_reason() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({"approval": "independent"})).await;
+    let (approver, human) = w.other("approver", "app_human", "s-recheck").await;
+    w.grant(&approver, &t).await;
+    let who = w.principal.clone();
+    let epoch = w.epoch(&who).await;
+    let evidence: uuid::Uuid = w
+        .human
+        .query_one(
+            "SELECT keyturn.record_evidence(kind => 'email', ref => 'msg-recheck', sha256 => $1)",
+            &[&"a".repeat(64)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // Each change names the tool ($1) and the proposal ($2).
+    let proposer = "(SELECT principal FROM keyturn.action WHERE id = $2)";
+    let cases: [(&str, Value, String, String); 7] = [
+        (
+            "disabled",
+            json!({}),
+            "UPDATE keyturn.tool SET enabled = false WHERE name = $1 AND $2::uuid IS NOT NULL".into(),
+            format!("tool {t} is disabled"),
+        ),
+        (
+            "new version",
+            json!({}),
+            "UPDATE keyturn.tool SET version = version + 1 WHERE name = $1 AND $2::uuid IS NOT NULL".into(),
+            format!("tool {t} changed from version 1 to 2"),
+        ),
+        (
+            "epoch",
+            json!({}),
+            "UPDATE keyturn.action SET epoch = epoch + 5 WHERE id = $2 AND $1 <> ''".into(),
+            format!("the authorization of principal {who} changed (epoch {}, now {epoch})", epoch + 5),
+        ),
+        (
+            "member",
+            json!({}),
+            format!("DELETE FROM keyturn.member WHERE principal = {proposer} AND $1 <> ''"),
+            format!("principal {who} is no longer a member of tenant {}", w.tenant),
+        ),
+        (
+            "grant",
+            json!({}),
+            format!("DELETE FROM keyturn.tool_grant WHERE tool = $1 AND principal = {proposer}"),
+            format!("principal {who} no longer holds a grant for tool {t}"),
+        ),
+        (
+            "conversation",
+            json!({"conversation_id": "c-recheck", "turn_id": "t-1"}),
+            "INSERT INTO keyturn.cancelled_origin (tenant, principal, conversation_id, how) \
+             SELECT tenant, principal, 'c-recheck', 'archived' FROM keyturn.action WHERE id = $2 AND $1 <> ''"
+                .into(),
+            "conversation c-recheck was archived".into(),
+        ),
+        (
+            "evidence",
+            json!({"evidence": [evidence.to_string()]}),
+            format!("UPDATE keyturn.evidence SET revoked_at = now() WHERE principal = {proposer} AND $1 <> ''"),
+            format!("the evidence it cites ({evidence}) was revoked"),
+        ),
+    ];
+    let put_back = [
+        "UPDATE keyturn.tool SET enabled = true, version = 1 WHERE name = $1 AND $2::uuid IS NOT NULL".to_owned(),
+        "INSERT INTO keyturn.member (tenant, principal, role) \
+         SELECT tenant, principal, 'member' FROM keyturn.action WHERE id = $2 AND $1 <> '' \
+         ON CONFLICT DO NOTHING"
+            .to_owned(),
+    ];
+    for (case, origin, change, reason) in cases {
+        let p = propose_on(
+            &w.agent,
+            &t,
+            json!({"channel": "ops", "text": case}),
+            origin,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert!(
+            tamper(&w.superuser, &change, &[&t, &p.id]).await >= 1,
+            "{case}"
+        );
+        let (status, result) = approve_on(&human, p.id, &p.token, None).await.unwrap();
+        assert_eq!(status, "invalidated", "{case}");
+        assert_eq!(result.unwrap()["reason"], json!(reason), "{case}");
+        for sql in &put_back {
+            tamper(&w.superuser, sql, &[&t, &p.id]).await;
+        }
+        w.grant(&who, &t).await;
+    }
+    // Everything put back, the same tool approves.
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "after"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        approve_on(&human, p.id, &p.token, None).await.unwrap().0,
+        "queued"
+    );
+}
