@@ -85,3 +85,7 @@ CREATE TYPE keyturn.mcp_action AS (status text, result jsonb, summary text, expi
 CREATE TYPE keyturn._outcome AS (o_action_id uuid, o_status text, o_result jsonb);
 CREATE TYPE keyturn._proposed AS (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
                                   o_expires_at timestamptz, o_status text, o_delegation_id uuid);
+-- What begin_dispatch's checks answer for one action (sql/060_dispatch.sql,
+-- keyturn._begin_check): why it may not be sent (NULL: it may), and whether
+-- that reason ends it failed rather than invalidated.
+CREATE TYPE keyturn._begun AS (reason text, failed boolean);

@@ -210,6 +210,8 @@ $$;
 
 -- Why the bytes bound to an action can no longer be sent as approved, or
 -- NULL: a file changed in storage (its SHA-256 is recomputed), or is gone.
+-- Asked of metadata that reads (keyturn._attachments_unreadable NULL:
+-- keyturn._begin_check asks that first).
 CREATE FUNCTION keyturn._attachment_problem(a keyturn.action, p_ver keyturn.tool_version, p_params jsonb)
 RETURNS text
 LANGUAGE plpgsql STABLE
@@ -217,8 +219,8 @@ AS $$
 DECLARE
     v_bad uuid;
 BEGIN
-    IF p_ver.attachments_param IS NULL OR keyturn._attachments_unreadable(p_ver, p_params) IS NOT NULL THEN
-        RETURN NULL;  -- unreadable: keyturn._begin_failure's to answer
+    IF p_ver.attachments_param IS NULL THEN
+        RETURN NULL;
     END IF;
     SELECT t.file_id INTO v_bad
       FROM keyturn._attachments(p_ver, p_params) t
@@ -235,7 +237,7 @@ $$;
 -- Why the approved params' attachment metadata cannot be read, or NULL:
 -- metadata propose would refuse now, left by an older keyturn or written
 -- around its checks. No attempt could ever send such an action, so
--- begin_dispatch ends it failed (keyturn._begin_failure) rather than fail
+-- begin_dispatch ends it failed (keyturn._begin_check) rather than fail
 -- the dispatcher's whole batch at every lease. The message names no value.
 CREATE FUNCTION keyturn._attachments_unreadable(p_ver keyturn.tool_version, p_params jsonb)
 RETURNS text

@@ -355,57 +355,55 @@ BEGIN
 END
 $$;
 
--- Why an action leased to the caller must not be dispatched, or NULL: no
--- approval produced it, or something approve checked no longer holds
--- (keyturn._invalid_reason), or its attachments are gone, or (a task
--- action, approved by a request rather than by a person looking at it) its
--- params no longer pass the tool's schema, checked right before they leave.
-CREATE FUNCTION keyturn._begin_problem(a keyturn.action)
-RETURNS text
+-- Why an action leased to the caller must not be dispatched (reason NULL:
+-- it may be), and whether that ends it failed rather than invalidated.
+-- Invalidated: no approval produced it, or something approve checked no
+-- longer holds (keyturn._invalid_reason), or its attachments are gone or
+-- changed in storage, or (a task action, approved by a request rather than
+-- by a person looking at it) its params no longer pass the tool's schema,
+-- checked right before they leave. Failed, when nothing else is wrong: a
+-- deterministic failure after the approval (its approved attachments'
+-- metadata cannot be read), which no attempt could ever get past, so
+-- begin_dispatch ends it with the reason and sends nothing, instead of a
+-- lease that lapses into the same problem again and again.
+-- One function for both, so an action's tool version and params are read
+-- once (BENCHMARKS.md, section 23).
+CREATE FUNCTION keyturn._begin_check(a keyturn.action)
+RETURNS keyturn._begun
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_reason text;
-    v_ver    keyturn.tool_version;
-    v_params jsonb;
+    v_reason     text;
+    v_unreadable text;
+    v_ver        keyturn.tool_version;
+    v_params     jsonb;
 BEGIN
     IF NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
                                    a.approved_at, a.approved_via, a.approval_mac) THEN
-        RETURN 'no approval produced this action; it is never dispatched';
+        RETURN ROW('no approval produced this action; it is never dispatched', false);
     END IF;
     v_reason := keyturn._invalid_reason(a);
     IF v_reason IS NOT NULL THEN
-        RETURN v_reason;
+        RETURN ROW(v_reason, false);
     END IF;
     SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
     v_params := coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
                                      WHERE s.action_id = a.id AND s.tenant = a.tenant));
-    v_reason := keyturn._attachment_problem(a, v_ver, v_params);
+    IF v_ver.attachments_param IS NOT NULL THEN
+        v_unreadable := keyturn._attachments_unreadable(v_ver, v_params);
+        IF v_unreadable IS NULL THEN
+            v_reason := keyturn._attachment_problem(a, v_ver, v_params);
+        END IF;
+    END IF;
     IF v_reason IS NULL AND a.approval = 'task'
        AND coalesce(keyturn._params_errors(v_ver.params_schema, v_params),
                     keyturn._undeclared_recipient(v_ver, v_params)) IS NOT NULL THEN
         v_reason := 'params no longer pass the tool''s schema';
     END IF;
-    RETURN v_reason;
-END
-$$;
-
--- Why an approved action that may still run can never be carried out at
--- all, or NULL: a deterministic failure after the approval (its approved
--- attachments' metadata cannot be read). begin_dispatch ends it failed with
--- the reason and sends nothing, instead of a lease that lapses into the
--- same problem again and again.
-CREATE FUNCTION keyturn._begin_failure(a keyturn.action)
-RETURNS text
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    v_ver    keyturn.tool_version;
-BEGIN
-    SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
-    RETURN keyturn._attachments_unreadable(v_ver,
-        coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
-                             WHERE s.action_id = a.id AND s.tenant = a.tenant)));
+    IF v_reason IS NOT NULL THEN
+        RETURN ROW(v_reason, false);
+    END IF;
+    RETURN ROW(v_unreadable, v_unreadable IS NOT NULL);
 END
 $$;
 
@@ -460,10 +458,9 @@ BEGIN
                           ELSE 'invalidated' END::keyturn.status),
            array_agg(CASE WHEN v.reason IS NOT NULL THEN jsonb_build_object('reason', v.reason) END)
       INTO v_ords, v_ids, v_tenants, v_problems, v_reasons, v_details, v_statuses, v_results
-      FROM (SELECT b.*, coalesce(b.invalid, b.failure) AS reason, b.invalid IS NULL AND b.failure IS NOT NULL AS failed
-              FROM (SELECT c.*, CASE WHEN c.problem IS NULL AND c.invalid IS NULL THEN keyturn._begin_failure(c.a) END AS failure
-                      FROM (SELECT e.ord, e.id, l.a, (l.a).tenant, p.problem, (l.a).attempts, (l.a).leased_by,
-                   CASE WHEN p.problem IS NULL THEN keyturn._begin_problem(l.a) END AS invalid
+      FROM (SELECT c.*, (c.checked).reason, coalesce((c.checked).failed, false) AS failed
+              FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, (l.a).attempts, (l.a).leased_by,
+                   CASE WHEN p.problem IS NULL THEN keyturn._begin_check(l.a) END AS checked
               FROM unnest(p_ords, p_ids, p_leases) AS e (ord, id, lease)
               -- Each row locked as it is read (in the batch's order, as the
               -- single calls one after another would), so the checks see it
@@ -473,7 +470,11 @@ BEGIN
               -- row type, which keyturn's functions do not take.
               LEFT JOIN LATERAL (SELECT ROW(x.*)::keyturn.action AS a FROM keyturn.action x
                                   WHERE x.id = e.id AND (p_tenant IS NULL OR x.tenant = p_tenant) FOR UPDATE) l ON true
-             CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p) c) b) v;
+             CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p
+             -- OFFSET 0: c stays a subquery, so its check runs once an
+             -- action, not once for each of its fields v reads (as in
+             -- keyturn._complete_set).
+            OFFSET 0) c) v;
     PERFORM keyturn._set_event_details(v_ids, v_details);
     v_now := clock_timestamp();
     WITH done AS (

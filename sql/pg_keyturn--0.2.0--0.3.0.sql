@@ -269,6 +269,8 @@ SELECT pg_catalog.pg_extension_config_dump('keyturn.notification', '');
 CREATE TYPE keyturn._outcome AS (o_action_id uuid, o_status text, o_result jsonb);
 CREATE TYPE keyturn._proposed AS (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
                                   o_expires_at timestamptz, o_status text, o_delegation_id uuid);
+-- What begin_dispatch's checks answer for one action (sql/005_status.sql).
+CREATE TYPE keyturn._begun AS (reason text, failed boolean);
 
 
 -- ==== The functions of 0.3.0, from its install script ====
@@ -4896,6 +4898,8 @@ $$;
 
 -- Why the bytes bound to an action can no longer be sent as approved, or
 -- NULL: a file changed in storage (its SHA-256 is recomputed), or is gone.
+-- Asked of metadata that reads (keyturn._attachments_unreadable NULL:
+-- keyturn._begin_check asks that first).
 CREATE OR REPLACE FUNCTION keyturn._attachment_problem(a keyturn.action, p_ver keyturn.tool_version, p_params jsonb)
 RETURNS text
 LANGUAGE plpgsql STABLE
@@ -4903,8 +4907,8 @@ AS $$
 DECLARE
     v_bad uuid;
 BEGIN
-    IF p_ver.attachments_param IS NULL OR keyturn._attachments_unreadable(p_ver, p_params) IS NOT NULL THEN
-        RETURN NULL;  -- unreadable: keyturn._begin_failure's to answer
+    IF p_ver.attachments_param IS NULL THEN
+        RETURN NULL;
     END IF;
     SELECT t.file_id INTO v_bad
       FROM keyturn._attachments(p_ver, p_params) t
@@ -4921,7 +4925,7 @@ $$;
 -- Why the approved params' attachment metadata cannot be read, or NULL:
 -- metadata propose would refuse now, left by an older keyturn or written
 -- around its checks. No attempt could ever send such an action, so
--- begin_dispatch ends it failed (keyturn._begin_failure) rather than fail
+-- begin_dispatch ends it failed (keyturn._begin_check) rather than fail
 -- the dispatcher's whole batch at every lease. The message names no value.
 CREATE OR REPLACE FUNCTION keyturn._attachments_unreadable(p_ver keyturn.tool_version, p_params jsonb)
 RETURNS text
@@ -6002,57 +6006,55 @@ BEGIN
 END
 $$;
 
--- Why an action leased to the caller must not be dispatched, or NULL: no
--- approval produced it, or something approve checked no longer holds
--- (keyturn._invalid_reason), or its attachments are gone, or (a task
--- action, approved by a request rather than by a person looking at it) its
--- params no longer pass the tool's schema, checked right before they leave.
-CREATE OR REPLACE FUNCTION keyturn._begin_problem(a keyturn.action)
-RETURNS text
+-- Why an action leased to the caller must not be dispatched (reason NULL:
+-- it may be), and whether that ends it failed rather than invalidated.
+-- Invalidated: no approval produced it, or something approve checked no
+-- longer holds (keyturn._invalid_reason), or its attachments are gone or
+-- changed in storage, or (a task action, approved by a request rather than
+-- by a person looking at it) its params no longer pass the tool's schema,
+-- checked right before they leave. Failed, when nothing else is wrong: a
+-- deterministic failure after the approval (its approved attachments'
+-- metadata cannot be read), which no attempt could ever get past, so
+-- begin_dispatch ends it with the reason and sends nothing, instead of a
+-- lease that lapses into the same problem again and again.
+-- One function for both, so an action's tool version and params are read
+-- once (BENCHMARKS.md, section 23).
+CREATE OR REPLACE FUNCTION keyturn._begin_check(a keyturn.action)
+RETURNS keyturn._begun
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_reason text;
-    v_ver    keyturn.tool_version;
-    v_params jsonb;
+    v_reason     text;
+    v_unreadable text;
+    v_ver        keyturn.tool_version;
+    v_params     jsonb;
 BEGIN
     IF NOT keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
                                    a.approved_at, a.approved_via, a.approval_mac) THEN
-        RETURN 'no approval produced this action; it is never dispatched';
+        RETURN ROW('no approval produced this action; it is never dispatched', false);
     END IF;
     v_reason := keyturn._invalid_reason(a);
     IF v_reason IS NOT NULL THEN
-        RETURN v_reason;
+        RETURN ROW(v_reason, false);
     END IF;
     SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
     v_params := coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
                                      WHERE s.action_id = a.id AND s.tenant = a.tenant));
-    v_reason := keyturn._attachment_problem(a, v_ver, v_params);
+    IF v_ver.attachments_param IS NOT NULL THEN
+        v_unreadable := keyturn._attachments_unreadable(v_ver, v_params);
+        IF v_unreadable IS NULL THEN
+            v_reason := keyturn._attachment_problem(a, v_ver, v_params);
+        END IF;
+    END IF;
     IF v_reason IS NULL AND a.approval = 'task'
        AND coalesce(keyturn._params_errors(v_ver.params_schema, v_params),
                     keyturn._undeclared_recipient(v_ver, v_params)) IS NOT NULL THEN
         v_reason := 'params no longer pass the tool''s schema';
     END IF;
-    RETURN v_reason;
-END
-$$;
-
--- Why an approved action that may still run can never be carried out at
--- all, or NULL: a deterministic failure after the approval (its approved
--- attachments' metadata cannot be read). begin_dispatch ends it failed with
--- the reason and sends nothing, instead of a lease that lapses into the
--- same problem again and again.
-CREATE OR REPLACE FUNCTION keyturn._begin_failure(a keyturn.action)
-RETURNS text
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    v_ver    keyturn.tool_version;
-BEGIN
-    SELECT v.* INTO v_ver FROM keyturn.tool_version v WHERE v.tool = a.tool AND v.version = a.tool_version;
-    RETURN keyturn._attachments_unreadable(v_ver,
-        coalesce(a.params, (SELECT s.params FROM keyturn.staged_payload s
-                             WHERE s.action_id = a.id AND s.tenant = a.tenant)));
+    IF v_reason IS NOT NULL THEN
+        RETURN ROW(v_reason, false);
+    END IF;
+    RETURN ROW(v_unreadable, v_unreadable IS NOT NULL);
 END
 $$;
 
@@ -6107,10 +6109,9 @@ BEGIN
                           ELSE 'invalidated' END::keyturn.status),
            array_agg(CASE WHEN v.reason IS NOT NULL THEN jsonb_build_object('reason', v.reason) END)
       INTO v_ords, v_ids, v_tenants, v_problems, v_reasons, v_details, v_statuses, v_results
-      FROM (SELECT b.*, coalesce(b.invalid, b.failure) AS reason, b.invalid IS NULL AND b.failure IS NOT NULL AS failed
-              FROM (SELECT c.*, CASE WHEN c.problem IS NULL AND c.invalid IS NULL THEN keyturn._begin_failure(c.a) END AS failure
-                      FROM (SELECT e.ord, e.id, l.a, (l.a).tenant, p.problem, (l.a).attempts, (l.a).leased_by,
-                   CASE WHEN p.problem IS NULL THEN keyturn._begin_problem(l.a) END AS invalid
+      FROM (SELECT c.*, (c.checked).reason, coalesce((c.checked).failed, false) AS failed
+              FROM (SELECT e.ord, e.id, (l.a).tenant, p.problem, (l.a).attempts, (l.a).leased_by,
+                   CASE WHEN p.problem IS NULL THEN keyturn._begin_check(l.a) END AS checked
               FROM unnest(p_ords, p_ids, p_leases) AS e (ord, id, lease)
               -- Each row locked as it is read (in the batch's order, as the
               -- single calls one after another would), so the checks see it
@@ -6120,7 +6121,11 @@ BEGIN
               -- row type, which keyturn's functions do not take.
               LEFT JOIN LATERAL (SELECT ROW(x.*)::keyturn.action AS a FROM keyturn.action x
                                   WHERE x.id = e.id AND (p_tenant IS NULL OR x.tenant = p_tenant) FOR UPDATE) l ON true
-             CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p) c) b) v;
+             CROSS JOIN LATERAL (SELECT keyturn._lease_problem(l.a, e.id, e.lease, '{leased}', true) AS problem) p
+             -- OFFSET 0: c stays a subquery, so its check runs once an
+             -- action, not once for each of its fields v reads (as in
+             -- keyturn._complete_set).
+            OFFSET 0) c) v;
     PERFORM keyturn._set_event_details(v_ids, v_details);
     v_now := clock_timestamp();
     WITH done AS (

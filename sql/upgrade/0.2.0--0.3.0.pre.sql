@@ -263,3 +263,5 @@ SELECT pg_catalog.pg_extension_config_dump('keyturn.notification', '');
 CREATE TYPE keyturn._outcome AS (o_action_id uuid, o_status text, o_result jsonb);
 CREATE TYPE keyturn._proposed AS (o_action_id uuid, o_token text, o_summary text, o_params_hash text,
                                   o_expires_at timestamptz, o_status text, o_delegation_id uuid);
+-- What begin_dispatch's checks answer for one action (sql/005_status.sql).
+CREATE TYPE keyturn._begun AS (reason text, failed boolean);
