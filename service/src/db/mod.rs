@@ -989,6 +989,20 @@ pub async fn record_not_sent(
     get(&row, "taken")
 }
 
+/// Whether this role may call `keyturn.uncertain_actions()` (the gauge
+/// needs `keyturn_operator`). PostgreSQL is asked rather than the call
+/// tried: a refused call is an ERROR in the server's log at every keyturnd
+/// start, which a DBA reads as a fault.
+pub async fn may_count_uncertain(client: &Client) -> Result<bool, Error> {
+    let row = query_one(
+        client,
+        "SELECT pg_catalog.has_function_privilege('keyturn.uncertain_actions()', 'EXECUTE') AS may",
+        &[],
+    )
+    .await?;
+    get(&row, "may")
+}
+
 /// How many rows `keyturn.uncertain_actions()` holds (the gauge).
 pub async fn uncertain_count(client: &Client) -> Result<i64, Error> {
     let row = query_one(

@@ -48,7 +48,8 @@ pub(super) async fn sweep_loop(ctx: Arc<Ctx>, shutdown: CancellationToken) {
     let mut ticker = tokio::time::interval(ctx.settings.sweep_every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
-    let mut gauge_enabled = true;
+    // Whether this role may count the uncertain actions: asked once.
+    let mut gauge: Option<bool> = None;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -88,25 +89,26 @@ pub(super) async fn sweep_loop(ctx: Arc<Ctx>, shutdown: CancellationToken) {
             }
             Err(e) => tracing::debug!(error = %e, "keyturn.sweep failed again"),
         }
-        if gauge_enabled {
+        if gauge != Some(false) {
             let counted = async {
                 let client = ctx.pool.get().await?;
-                db::uncertain_count(&client).await
+                if gauge.is_none() {
+                    gauge = Some(db::may_count_uncertain(&client).await?);
+                    if gauge == Some(false) {
+                        tracing::info!(
+                            "this role lacks keyturn_operator; the keyturn_uncertain gauge is off"
+                        );
+                        return Ok(None);
+                    }
+                }
+                db::uncertain_count(&client).await.map(Some)
             }
             .await;
             match counted {
-                Ok(n) => {
+                Ok(Some(n)) => {
                     ctx.metrics.uncertain.set(n);
                 }
-                Err(e)
-                    if e.sqlstate()
-                        == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
-                {
-                    gauge_enabled = false;
-                    tracing::info!(
-                        "this role lacks keyturn_operator; the keyturn_uncertain gauge is off"
-                    );
-                }
+                Ok(None) => {}
                 Err(e) => tracing::debug!(error = %e, "could not count uncertain actions"),
             }
         }

@@ -1,11 +1,12 @@
 //! End to end, process life: keyturnd killed with SIGKILL mid-call (the
 //! action ends `uncertain`, is never re-sent, and an operator reconciles it
 //! with `keyturnd reconcile`), and SIGTERM mid-call (the call finishes, its
-//! outcome is recorded, `/readyz` is 503 meanwhile, exit code 0).
+//! outcome is recorded, `/readyz` is 503 meanwhile, exit code 0), and the
+//! `keyturn_uncertain` gauge with and without `keyturn_operator`.
 
 use std::time::Duration;
 
-use crate::support::e2e::{self, Keyturnd, Receiver, Reply, World};
+use crate::support::e2e::{self, eventually, Keyturnd, Receiver, Reply, World};
 use serde_json::json;
 
 const WITHIN: Duration = Duration::from_secs(20);
@@ -151,4 +152,117 @@ async fn test_sigterm_mid_call_finishes_records_and_exits_0() {
     let k2 = Keyturnd::start(port, env).await;
     w.wait_status(later.id, "succeeded", WITHIN).await;
     k2.stop().await;
+}
+
+/// The `keyturn_uncertain` gauge: as a role with `keyturn_operator` it
+/// counts `uncertain_actions()`; as a dispatcher alone it is off, and
+/// keyturnd asks PostgreSQL instead of trying the call, so the server's log
+/// holds no refused call (it used to hold one at every start).
+#[tokio::test]
+async fn test_the_uncertain_gauge_counts_for_an_operator_and_leaves_no_error_without_one() {
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let log_path = std::env::var("KT_PGLOG").ok();
+    let mark = log_path
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len());
+
+    let rx = Receiver::start(&w.tenant, vec![]).await;
+    let k = Keyturnd::start(port, rx.env()).await;
+    eventually(WITHIN, "the dispatcher's gauge switched off", || async {
+        k.log()
+            .contains("this role lacks keyturn_operator; the keyturn_uncertain gauge is off")
+            .then_some(())
+    })
+    .await;
+    k.stop().await;
+    match (log_path, mark) {
+        (Some(path), Some(mark)) => {
+            let bytes = std::fs::read(&path).expect("read the server log");
+            let since = String::from_utf8_lossy(&bytes[mark as usize..]);
+            assert!(
+                !since.contains("permission denied for function uncertain_actions"),
+                "keyturnd's gauge made the server log a refused call:\n{since}"
+            );
+        }
+        _ => println!("SKIPPED the server log half: KT_PGLOG names no readable log"),
+    }
+
+    // An action left executing under a lease that lapses: the sweep makes
+    // it uncertain, and an operator's keyturnd counts it.
+    let tool = w.webhook_tool(json!({})).await;
+    let a = w
+        .queue(&tool, json!({"text": "begun, never completed"}), false)
+        .await;
+    let d = e2e::connect(port, "app_dispatcher").await;
+    let leased = d
+        .query(
+            "SELECT action_id, lease_id FROM keyturn.lease('gauge-test', 1000, '1 second')",
+            &[],
+        )
+        .await
+        .expect("lease");
+    let lease: uuid::Uuid = leased
+        .iter()
+        .find(|r| r.get::<_, uuid::Uuid>(0) == a.id)
+        .expect("our action leased")
+        .get(1);
+    let begun: bool = d
+        .query_one("SELECT keyturn.begin_dispatch($1, $2)", &[&a.id, &lease])
+        .await
+        .expect("begin_dispatch")
+        .get(0);
+    assert!(begun);
+    let su = e2e::connect(port, "postgres").await;
+    su.batch_execute(
+        "DO $$ BEGIN
+           IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'app_dispatcher_operator') THEN
+             CREATE ROLE app_dispatcher_operator LOGIN IN ROLE keyturn_dispatcher, keyturn_operator;
+           END IF;
+         END $$",
+    )
+    .await
+    .expect("a role with both");
+    let mut env = rx.env();
+    env.push(("DATABASE_URL", e2e::url(port, "app_dispatcher_operator")));
+    let k = Keyturnd::start(port, env).await;
+    w.wait_status(a.id, "uncertain", WITHIN).await;
+    let op = e2e::connect(port, "app_operator").await;
+    let gauge = eventually(
+        WITHIN,
+        "the gauge counting the uncertain action",
+        || async {
+            let want: i64 = op
+                .query_one("SELECT count(*) FROM keyturn.uncertain_actions()", &[])
+                .await
+                .expect("count")
+                .get(0);
+            let m = k.metrics().await;
+            let line = m
+                .lines()
+                .find(|l| l.starts_with("keyturn_uncertain "))?
+                .to_owned();
+            (want >= 1 && line == format!("keyturn_uncertain {want}")).then_some(line)
+        },
+    )
+    .await;
+    assert!(!k.log().contains("gauge is off"), "{gauge}");
+    k.stop().await;
+    let id = a.id.to_string();
+    let (code, out, err) = e2e::run_cli(
+        port,
+        "app_operator",
+        &[
+            "reconcile",
+            &id,
+            "--outcome",
+            "failed",
+            "--note",
+            "gauge test: never sent",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "reconcile: {out}{err}");
 }
