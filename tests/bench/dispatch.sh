@@ -82,10 +82,13 @@ pid_ticks() {
   awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0
 }
 
-# Busy clock ticks of the whole machine so far (every state of /proc/stat's
-# cpu line but idle and iowait).
+# Busy clock ticks of the whole machine so far, and apart the ticks the
+# hypervisor took ("steal": our virtual CPUs wanted to run and the host ran
+# something else), as "busy steal" (/proc/stat's cpu line: user, nice,
+# system, irq, softirq; steal). Steal used to be counted as busy, so a side
+# that a noisy neighbour slowed read as one that used more CPU an action.
 busy_ticks() {
-  awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat
+  awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $9}' /proc/stat
 }
 
 # "$1 ticks over $2 items" as milliseconds per item.
@@ -168,7 +171,7 @@ PY
 # side, one lease step at a time unless DRAIN_A1_ENV says otherwise), extra
 # VAR=value arguments to keyturnd's environment (kept in the results row).
 drain_keyturnd() {
-  local url=$1 w=$2 r=$3 variant=$4 n=$DRAIN_N secs hwm w0 w1 b0 b1 r0 r1 k1 ok m0 m1
+  local url=$1 w=$2 r=$3 variant=$4 n=$DRAIN_N secs hwm w0 w1 b0 b1 s0 s1 r0 r1 k1 ok m0 m1
   shift 4
   log "drain round $r, $w slots, keyturnd ($variant): queueing $n approved actions"
   queue_actions "$n" approve
@@ -178,15 +181,15 @@ drain_keyturnd() {
   queued=$(kt_psql -Atc "SELECT count(*) FROM keyturn.open_action WHERE status IN ('queued', 'leased', 'executing')")
   [ "$queued" = "$n" ] || log "WARNING: $queued actions to drain, not $n: this side's rate is wrong"
   w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal"); m0=$(maintenance_runs)
-  b0=$(busy_ticks); r0=$(pid_ticks "$RECV_PID")
+  read -r b0 s0 < <(busy_ticks); r0=$(pid_ticks "$RECV_PID")
   start_keyturnd "$url" KEYTURN_WORKERS="$w" "$@"
   read -r secs hwm < <(wait_drained "SELECT count(*) FROM keyturn.open_action WHERE status IN ('queued', 'leased', 'executing')" "$KTD_PID")
-  b1=$(busy_ticks); r1=$(pid_ticks "$RECV_PID"); k1=$(pid_ticks "$KTD_PID")
+  read -r b1 s1 < <(busy_ticks); r1=$(pid_ticks "$RECV_PID"); k1=$(pid_ticks "$KTD_PID")
   w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal"); m1=$(maintenance_runs)
   stop_pid "$KTD_PID"
   ok=$(kt_psql -Atc "SELECT count(*) FROM keyturn.action a JOIN bare.token t ON t.action_id = a.id WHERE a.status = 'succeeded'")
   printf 'drain\t%s\t%s\t%s\t%s\t%s\t%s\t0\trss_kib=%s env=%s\n' "$variant" "$w" "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$hwm" "$(IFS=,; echo "$*")" >> "$RESULTS"
-  echo "round $r, $w slots, keyturnd ($variant): $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") actions/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/action, peak RSS $(( hwm / 1024 )) MiB, CPU ms/action: machine $(ms_per $(( b1 - b0 )) "$ok"), keyturnd $(ms_per "$k1" "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok"); $(maintenance_between "$m0" "$m1")" | tee -a "$OUT/drain.txt"
+  echo "round $r, $w slots, keyturnd ($variant): $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") actions/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/action, peak RSS $(( hwm / 1024 )) MiB, CPU ms/action: machine $(ms_per $(( b1 - b0 )) "$ok") (stolen by the host $(ms_per $(( s1 - s0 )) "$ok")), keyturnd $(ms_per "$k1" "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok"); $(maintenance_between "$m0" "$m1")" | tee -a "$OUT/drain.txt"
 }
 
 # Each round, for each $w of DRAIN_WORKERS (8, keyturnd's default before
@@ -215,18 +218,18 @@ item_drain() {
       # last keyturnd side drained (queue_actions); queueing a set for it
       # would leave the set's actions queued for the next keyturnd side.
       log "drain round $r, $w slots, bare worker: the same $n actions"
-      local w0 w1 b0 b1 r0 r1 t0 out ok m0 m1
+      local w0 w1 b0 b1 s0 s1 r0 r1 t0 out ok m0 m1
       w0=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal"); m0=$(maintenance_runs)
       t0=$(date +%s.%N)
-      b0=$(busy_ticks); r0=$(pid_ticks "$RECV_PID")
+      read -r b0 s0 < <(busy_ticks); r0=$(pid_ticks "$RECV_PID")
       out=$("$BENCH_BIN/examples/bench_worker" --database-url "postgres://app_dispatcher@127.0.0.1:$KT_PGPORT/keyturn" \
               --webhook-url "$url" --secret "$WEBHOOK_SECRET" --workers "$w" --exit-when-empty 2>>"$OUT/bench_worker.log")
       secs=$(python3 -c "import time; print(round(time.time() - $t0, 3))")
-      b1=$(busy_ticks); r1=$(pid_ticks "$RECV_PID")
+      read -r b1 s1 < <(busy_ticks); r1=$(pid_ticks "$RECV_PID")
       w1=$(kt_psql -Atc "SELECT wal_bytes FROM pg_stat_wal"); m1=$(maintenance_runs)
       ok=$(kt_psql -Atc "SELECT count(*) FROM bare.job WHERE status = 'succeeded'")
       printf 'drain\tB\t%s\t%s\t%s\t%s\t%s\t0\t%s\n' "$w" "$r" "$(python3 -c "print(round($ok / $secs, 1))")" "$ok" "$(( w1 - w0 ))" "$out" >> "$RESULTS"
-      echo "round $r, $w slots, bare worker: $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") jobs/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/job, CPU ms/job: machine $(ms_per $(( b1 - b0 )) "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok"); $(maintenance_between "$m0" "$m1") ($out)" | tee -a "$OUT/drain.txt"
+      echo "round $r, $w slots, bare worker: $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") jobs/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/job, CPU ms/job: machine $(ms_per $(( b1 - b0 )) "$ok") (stolen by the host $(ms_per $(( s1 - s0 )) "$ok")), receiver $(ms_per $(( r1 - r0 )) "$ok"); $(maintenance_between "$m0" "$m1") ($out)" | tee -a "$OUT/drain.txt"
     done
   done
   drain_profile "$url" "$(( n / 4 ))"
