@@ -131,8 +131,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_scope   jsonb;
-    v_changed boolean;
+    v_scope    jsonb;
+    v_changed  boolean;
+    v_read     boolean;
+    v_upstream boolean;
 BEGIN
     PERFORM keyturn._require_admin(grant_tool.tenant, 'grant_tool');
     PERFORM keyturn._require_text(grant_tool.tenant, 'tenant'),
@@ -143,6 +145,22 @@ BEGIN
     END IF;
     IF grant_tool.max_uses IS NOT NULL AND grant_tool.max_uses < 1 THEN
         RAISE EXCEPTION 'keyturn: max_uses must be at least 1, not %', grant_tool.max_uses USING ERRCODE = '22023';
+    END IF;
+    -- What a read's grant can honor (keyturn._read_grant): a params scope,
+    -- and max_targets for an sql read (the rows it answers with); a read is
+    -- not counted, and an upstream read resolves no targets.
+    SELECT v.kind = 'read', v.executor IS DISTINCT FROM 'sql' INTO v_read, v_upstream
+      FROM keyturn.tool t JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     WHERE t.name = grant_tool.tool;
+    IF v_read AND grant_tool.max_uses IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: % is a read tool: a read is not counted, so its grant cannot limit uses (max_uses)', grant_tool.tool
+            USING ERRCODE = '22023',
+                  HINT = 'Grant it with a scope and valid_until only; max_uses counts proposals of write tools.';
+    END IF;
+    IF v_read AND v_upstream AND v_scope ? 'max_targets' THEN
+        RAISE EXCEPTION 'keyturn: % is an upstream read tool: it resolves no targets, so its grant cannot bound them (max_targets)', grant_tool.tool
+            USING ERRCODE = '22023',
+                  HINT = 'A params scope bounds an upstream read''s arguments.';
     END IF;
 
     INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)

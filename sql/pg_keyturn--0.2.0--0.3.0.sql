@@ -1952,8 +1952,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_scope   jsonb;
-    v_changed boolean;
+    v_scope    jsonb;
+    v_changed  boolean;
+    v_read     boolean;
+    v_upstream boolean;
 BEGIN
     PERFORM keyturn._require_admin(grant_tool.tenant, 'grant_tool');
     PERFORM keyturn._require_text(grant_tool.tenant, 'tenant'),
@@ -1964,6 +1966,22 @@ BEGIN
     END IF;
     IF grant_tool.max_uses IS NOT NULL AND grant_tool.max_uses < 1 THEN
         RAISE EXCEPTION 'keyturn: max_uses must be at least 1, not %', grant_tool.max_uses USING ERRCODE = '22023';
+    END IF;
+    -- What a read's grant can honor (keyturn._read_grant): a params scope,
+    -- and max_targets for an sql read (the rows it answers with); a read is
+    -- not counted, and an upstream read resolves no targets.
+    SELECT v.kind = 'read', v.executor IS DISTINCT FROM 'sql' INTO v_read, v_upstream
+      FROM keyturn.tool t JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+     WHERE t.name = grant_tool.tool;
+    IF v_read AND grant_tool.max_uses IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: % is a read tool: a read is not counted, so its grant cannot limit uses (max_uses)', grant_tool.tool
+            USING ERRCODE = '22023',
+                  HINT = 'Grant it with a scope and valid_until only; max_uses counts proposals of write tools.';
+    END IF;
+    IF v_read AND v_upstream AND v_scope ? 'max_targets' THEN
+        RAISE EXCEPTION 'keyturn: % is an upstream read tool: it resolves no targets, so its grant cannot bound them (max_targets)', grant_tool.tool
+            USING ERRCODE = '22023',
+                  HINT = 'A params scope bounds an upstream read''s arguments.';
     END IF;
 
     INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)
@@ -7260,6 +7278,48 @@ BEGIN
 END
 $$;
 
+-- The grant of read tool v held to what a read can honor, with arguments
+-- p_args (and, once known, the rows p_rows it answers with): its params scope
+-- holds for the arguments, as propose holds a write's params to it, and its
+-- max_targets bounds the rows one sql read may answer with. A read changes
+-- nothing and is not counted, so a grant that limits uses, or targets of an
+-- upstream read (which resolves none), cannot be honored: it fails closed
+-- (keyturn.grant_tool refuses to make one, but a tool granted as a write
+-- may become a read in a later version). Returns the scope's max_targets.
+-- 42501 for each, naming what failed.
+CREATE OR REPLACE FUNCTION keyturn._read_grant(p_tenant text, p_principal text, v keyturn.tool_version,
+                                    p_args jsonb, p_rows int DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    g     keyturn.tool_grant;
+    v_err text;
+BEGIN
+    SELECT x.* INTO g FROM keyturn.tool_grant x
+     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = v.tool;
+    IF g.max_uses IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: the grant of read tool % to principal % limits its uses (max_uses %), which a read cannot honor: reads are not counted',
+                v.tool, p_principal, g.max_uses
+            USING ERRCODE = '42501',
+                  HINT = 'An admin grants it again without max_uses: keyturn.grant_tool(tenant, principal, tool, scope, valid_until).';
+    END IF;
+    IF g.scope ? 'max_targets' AND v.executor IS DISTINCT FROM 'sql' THEN
+        RAISE EXCEPTION 'keyturn: the grant of read tool % to principal % bounds its targets (max_targets), which an upstream read cannot honor: it resolves none',
+                v.tool, p_principal
+            USING ERRCODE = '42501',
+                  HINT = 'An admin grants it again without max_targets; a params scope bounds an upstream read''s arguments.';
+    END IF;
+    v_err := keyturn._scope_violation(g.scope, p_args, p_rows);
+    IF v_err IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: outside the scope of the grant of tool % to principal %: %', v.tool, p_principal, v_err
+            USING ERRCODE = '42501',
+                  HINT = 'Read within the grant''s scope, or ask an admin to widen it.';
+    END IF;
+    RETURN (g.scope ->> 'max_targets')::int;
+END
+$$;
+
 -- What is wrong with a read form {"where": {col: value | [values]}}, or NULL.
 CREATE OR REPLACE FUNCTION keyturn._read_form_error(v keyturn.tool_version, p_args jsonb)
 RETURNS text
@@ -7312,6 +7372,7 @@ DECLARE
     v_err       text;
     v_sql       text;
     v_rows      jsonb;
+    v_max       int;
 BEGIN
     PERFORM keyturn._refuse_nested('read');
     v := keyturn._readable(v_tenant, v_principal, read.tool);
@@ -7323,6 +7384,7 @@ BEGIN
     IF v_err IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: %', v_err USING ERRCODE = '22023';
     END IF;
+    v_max := keyturn._read_grant(v_tenant, v_principal, v, v_args);
     -- Column names only from the tool's registered lists; values only from
     -- the parameter (keyturn._form_where), never spliced in.
     v_sql := format('SELECT jsonb_build_object(%s) FROM %s AS t WHERE %s ORDER BY t.%I LIMIT %s',
@@ -7339,6 +7401,11 @@ BEGIN
         RAISE EXCEPTION 'keyturn: where does not fit the columns of %: %', format('%I.%I', v.sql_schema, v.sql_table), SQLERRM
             USING ERRCODE = '22023';
     END;
+    -- More rows than the grant's max_targets: refused, not cut (as a write
+    -- that resolves too many targets is).
+    IF jsonb_array_length(v_rows) > v_max THEN
+        PERFORM keyturn._read_grant(v_tenant, v_principal, v, v_args, jsonb_array_length(v_rows));
+    END IF;
     RETURN QUERY SELECT f.guard, f.reference, f.marker, f.evidence_id
                    FROM keyturn.fence(v.projection, jsonb_build_object('rows', v_rows)) f;
 END
@@ -7379,6 +7446,7 @@ BEGIN
         RAISE EXCEPTION 'keyturn: arguments do not match the schema of %: %', upstream_read.tool, v_err
             USING ERRCODE = '22023';
     END IF;
+    PERFORM keyturn._read_grant(keyturn.current_tenant(), keyturn.current_principal(), v, upstream_read.arguments);
     RETURN QUERY SELECT v.upstream, v.upstream_tool, v.projection;
 END
 $$;

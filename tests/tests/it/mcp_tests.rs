@@ -161,6 +161,166 @@ async fn test_reads_need_the_grant_and_a_read_tool() {
     assert_eq!(sqlstate(read(&none, &t, json!({})).await), "42501");
 }
 
+/// The SQLSTATE and message of a statement that must fail.
+fn refused<T: std::fmt::Debug>(r: Result<T, tokio_postgres::Error>) -> (String, String) {
+    match r {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => {
+            let db = e.as_db_error().expect("a database error");
+            (db.code().code().to_owned(), db.message().to_owned())
+        }
+    }
+}
+
+/// Sets the world principal's grant of `tool` to these terms.
+async fn grant_with(
+    w: &World,
+    tool: &str,
+    scope: Option<Value>,
+    max_uses: Option<i32>,
+) -> Result<u64, tokio_postgres::Error> {
+    w.admin
+        .execute(
+            "SELECT keyturn.grant_tool($1, $2, $3, $4, NULL, $5)",
+            &[&w.tenant, &w.principal, &tool, &scope, &max_uses],
+        )
+        .await
+}
+
+/// Enables a discovered upstream read tool and registers its projection
+/// (named like the tool), as an admin does after reviewing it.
+async fn enable_read(w: &World, tool: &str) {
+    w.admin
+        .execute("SELECT keyturn.set_tool_enabled($1, true)", &[&tool])
+        .await
+        .unwrap();
+    w.admin
+        .execute(
+            "SELECT keyturn.register_projection($1, $2)",
+            &[&tool, &json!({"fields": {"text": {"max_length": 200}}})],
+        )
+        .await
+        .unwrap();
+}
+
+// Red-team pass of 0.3.0: a grant's scope was accepted on a read tool and
+// then ignored, so "only alice's deals" read everyone's the agent's role
+// could see (and an upstream read, which has no row-level security, any
+// channel keyturnd's credential could).
+#[tokio::test]
+async fn test_a_read_tool_grant_s_scope_bounds_what_the_agent_may_read() {
+    let w = World::new("member").await;
+    w.deals(&w.principal, 3).await;
+    let t = deals_read_tool(&w, None).await;
+    grant_with(
+        &w,
+        &t,
+        Some(json!({"params": {"where.owner": {"eq": w.principal}}})),
+        None,
+    )
+    .await
+    .unwrap();
+    let (_, reference) = read(&w.agent, &t, json!({"where": {"owner": w.principal}}))
+        .await
+        .unwrap();
+    assert_eq!(rows(&reference).len(), 2, "inside the scope: {reference}");
+    for outside in [
+        json!({"where": {"owner": "someone-else"}}),
+        json!({}),
+        json!({"where": {"stage": "lead"}}),
+    ] {
+        let (state, msg) = refused(read(&w.agent, &t, outside.clone()).await);
+        assert_eq!(state, "42501", "{outside}");
+        assert!(msg.contains("where.owner"), "{outside}: {msg}");
+    }
+    // max_targets bounds the rows one read may answer with: more matching
+    // rows is refused, not cut.
+    grant_with(
+        &w,
+        &t,
+        Some(json!({"params": {"where.owner": {"eq": w.principal}}, "max_targets": 1})),
+        None,
+    )
+    .await
+    .unwrap();
+    let (state, msg) = refused(read(&w.agent, &t, json!({"where": {"owner": w.principal}})).await);
+    assert_eq!(state, "42501");
+    assert!(msg.contains("max_targets"), "{msg}");
+    let (_, reference) = read(
+        &w.agent,
+        &t,
+        json!({"where": {"owner": w.principal, "stage": "no-such-stage"}}),
+    )
+    .await
+    .unwrap();
+    assert!(rows(&reference).is_empty());
+    // A read is not counted, so a grant cannot limit its uses.
+    assert_eq!(sqlstate(grant_with(&w, &t, None, Some(3)).await), "22023");
+}
+
+#[tokio::test]
+async fn test_an_upstream_read_grant_s_scope_bounds_its_arguments() {
+    let w = World::new("member").await;
+    let d = connect("app_dispatcher").await;
+    let up = upstream_name("r");
+    let def = json!({"name": "history", "description": "The last messages of a channel.",
+                     "inputSchema": {"type": "object", "required": ["channel"],
+                                     "properties": {"channel": {"type": "string"}}},
+                     "annotations": {"readOnlyHint": true}});
+    discover(&d, &up, &def, true).await.unwrap();
+    let tool = format!("{up}.history");
+    enable_read(&w, &tool).await;
+    grant_with(
+        &w,
+        &tool,
+        Some(json!({"params": {"channel": {"eq": "sales"}}})),
+        None,
+    )
+    .await
+    .unwrap();
+    let call = "SELECT upstream_tool FROM keyturn.upstream_read($1, $2)";
+    let r = w
+        .agent
+        .query_one(call, &[&tool, &json!({"channel": "sales"})])
+        .await;
+    assert_eq!(r.unwrap().get::<_, String>(0), "history");
+    let (state, msg) = refused(
+        w.agent
+            .query_one(call, &[&tool, &json!({"channel": "another-tenants-board"})])
+            .await,
+    );
+    assert_eq!(state, "42501");
+    assert!(msg.contains("channel"), "{msg}");
+    // No count of targets or of uses can be kept for an upstream read.
+    assert_eq!(
+        sqlstate(grant_with(&w, &tool, Some(json!({"max_targets": 1})), None).await),
+        "22023"
+    );
+    assert_eq!(
+        sqlstate(grant_with(&w, &tool, None, Some(5)).await),
+        "22023"
+    );
+
+    // A grant made with max_uses while the tool was a write tool, which a
+    // new definition then makes a read: the read fails closed.
+    let flips = json!({"name": "flips", "inputSchema": {"type": "object", "properties": {"channel": {"type": "string"}}},
+                       "annotations": {"readOnlyHint": false}});
+    discover(&d, &up, &flips, true).await.unwrap();
+    let flips_tool = format!("{up}.flips");
+    grant_with(&w, &flips_tool, None, Some(5)).await.unwrap();
+    let mut now_read = flips.clone();
+    now_read["annotations"] = json!({"readOnlyHint": true});
+    discover(&d, &up, &now_read, true).await.unwrap();
+    enable_read(&w, &flips_tool).await;
+    let (state, msg) = refused(
+        w.agent
+            .query_one(call, &[&flips_tool, &json!({"channel": "x"})])
+            .await,
+    );
+    assert_eq!(state, "42501");
+    assert!(msg.contains("max_uses"), "{msg}");
+}
+
 #[tokio::test]
 async fn test_mcp_tools_lists_what_the_principal_may_call_with_exact_annotations() {
     let w = World::new("member").await;
