@@ -56,38 +56,51 @@ const SERVICE_WORKER: &str = "sw.js";
 /// The module that tells the card which characters are invisible.
 pub const INVISIBLE_JS: &str = "invisible.js";
 
-/// `/card/invisible.js`: keyturn-core's definition of an invisible character
-/// ([`keyturn_core::text::is_invisible`], the one the server applies to
-/// summaries, credentials and fences) as the ranges of a regular-expression
-/// class, made from it by walking every code point once. So the card marks
-/// exactly what the server calls invisible, and no list is kept twice.
+/// `/card/invisible.js`: keyturn-core's definitions of what a reader cannot
+/// see for what it is, as the ranges of regular-expression classes made by
+/// walking every code point once: `INVISIBLE`, the characters that may
+/// render as nothing ([`keyturn_core::text::is_invisible`], the one the
+/// server applies to summaries, credentials and fences), and `SPACES`, what
+/// draws as a space and is not U+0020
+/// ([`keyturn_core::text::is_space_lookalike`], which the server shows as a
+/// plain space). So the card marks exactly what the server calls so, and no
+/// list is kept twice.
 pub fn invisible_js() -> &'static str {
     static JS: OnceLock<String> = OnceLock::new();
     JS.get_or_init(|| {
-        let mut ranges: Vec<(u32, u32)> = Vec::new();
-        for c in ('\0'..=char::MAX).filter(|&c| keyturn_core::text::is_invisible(c)) {
-            let cp = u32::from(c);
-            match ranges.last_mut() {
-                Some((_, end)) if *end + 1 == cp => *end = cp,
-                _ => ranges.push((cp, cp)),
-            }
-        }
-        let class: String = ranges
-            .iter()
-            .map(|&(a, b)| {
-                if a == b {
-                    format!("\\\\u{{{a:X}}}")
-                } else {
-                    format!("\\\\u{{{a:X}}}-\\\\u{{{b:X}}}")
-                }
-            })
-            .collect();
         format!(
-            "// Made by keyturnd from keyturn-core (keyturn_core::text::is_invisible):\n\
-             // the characters that may render as nothing, as a RegExp class.\n\
-             export const INVISIBLE = \"{class}\";\n"
+            "// Made by keyturnd from keyturn-core (keyturn_core::text): as RegExp classes,\n\
+             // the characters that may render as nothing (is_invisible)...\n\
+             export const INVISIBLE = \"{}\";\n\
+             // ...and those that draw as a space and are not U+0020 (is_space_lookalike).\n\
+             export const SPACES = \"{}\";\n",
+            regexp_class(keyturn_core::text::is_invisible),
+            regexp_class(keyturn_core::text::is_space_lookalike),
         )
     })
+}
+
+/// The code points `member` holds, as the body of a RegExp class (`u` flag),
+/// escaped for a JavaScript string literal.
+fn regexp_class(member: fn(char) -> bool) -> String {
+    let mut ranges: Vec<(u32, u32)> = Vec::new();
+    for c in ('\0'..=char::MAX).filter(|&c| member(c)) {
+        let cp = u32::from(c);
+        match ranges.last_mut() {
+            Some((_, end)) if *end + 1 == cp => *end = cp,
+            _ => ranges.push((cp, cp)),
+        }
+    }
+    ranges
+        .iter()
+        .map(|&(a, b)| {
+            if a == b {
+                format!("\\\\u{{{a:X}}}")
+            } else {
+                format!("\\\\u{{{a:X}}}-\\\\u{{{b:X}}}")
+            }
+        })
+        .collect()
 }
 
 /// The pages' routes.
@@ -172,11 +185,11 @@ async fn asset(Path(name): Path<String>) -> Response {
 mod tests {
     use super::invisible_js;
 
-    /// The ranges of `/card/invisible.js`, read back.
-    fn ranges() -> Vec<(u32, u32)> {
+    /// The ranges of the class `name` of `/card/invisible.js`, read back.
+    fn ranges(name: &str) -> Vec<(u32, u32)> {
         let js = invisible_js();
         let class = js
-            .split_once("INVISIBLE = \"")
+            .split_once(&format!("export const {name} = \""))
             .and_then(|(_, rest)| rest.split_once('"'))
             .map(|(class, _)| class)
             .expect("the export");
@@ -200,12 +213,21 @@ mod tests {
 
     #[test]
     fn test_invisible_js_is_keyturn_core_code_point_by_code_point() {
-        let ranges = ranges();
-        for c in '\0'..=char::MAX {
-            let cp = u32::from(c);
-            let listed = ranges.iter().any(|&(a, b)| (a..=b).contains(&cp));
-            assert_eq!(listed, keyturn_core::text::is_invisible(c), "U+{cp:04X}");
+        for (name, member) in [
+            (
+                "INVISIBLE",
+                keyturn_core::text::is_invisible as fn(char) -> bool,
+            ),
+            ("SPACES", keyturn_core::text::is_space_lookalike),
+        ] {
+            let ranges = ranges(name);
+            for c in '\0'..=char::MAX {
+                let cp = u32::from(c);
+                let listed = ranges.iter().any(|&(a, b)| (a..=b).contains(&cp));
+                assert_eq!(listed, member(c), "{name}: U+{cp:04X}");
+            }
         }
+        assert!(invisible_js().contains("\\\\u{2800}"), "{}", invisible_js());
     }
     #[test]
     fn test_pages_load_only_same_origin_modules() {

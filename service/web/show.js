@@ -2,16 +2,17 @@
 // markup: every node is made with createElement and filled with
 // textContent, so a param value such as <img onerror=…> stays text.
 
-import { INVISIBLE } from "./invisible.js";
+import { INVISIBLE, SPACES } from "./invisible.js";
 
 // Characters that print as nothing or as something else: every character
 // the server calls invisible (format characters, Default_Ignorable code
-// points: INVISIBLE, made by keyturnd from keyturn-core's one definition),
-// and on top of those, for the reader: controls (but tab and newline),
-// separators, unassigned and private-use code points, lone surrogates, and
-// the spaces that look like a plain space.
+// points: INVISIBLE) or a space look-alike (the odd spaces and the blanks
+// such as U+2800: SPACES), both made by keyturnd from keyturn-core's one
+// definition; and on top of those, for the reader: controls (but tab and
+// newline), separators, unassigned and private-use code points, and lone
+// surrogates.
 const HIDDEN = new RegExp(
-  `[${INVISIBLE}\\p{Cc}\\p{Zl}\\p{Zp}\\p{Co}\\p{Cn}\\p{Cs}\\u00A0\\u1680\\u2000-\\u200A\\u202F\\u205F\\u3000]`,
+  `[${INVISIBLE}${SPACES}\\p{Cc}\\p{Zl}\\p{Zp}\\p{Co}\\p{Cn}\\p{Cs}]`,
   "gu"
 );
 

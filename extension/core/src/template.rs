@@ -900,6 +900,22 @@ mod tests {
         assert_eq!(render("Set {x}", &json!({"x": "a\"b"}), 1), r#"Set "a\"b""#);
     }
 
+    // Twelfth red-team pass: U+2800 BRAILLE PATTERN BLANK draws as a space,
+    // is neither White_Space nor invisible, and left the value unquoted.
+    #[test]
+    fn test_attack_a_blank_that_is_no_space_cannot_write_prose() {
+        let params = json!({"channel": "ops\u{2800}(test\u{2800}only,\u{2800}nothing\u{2800}is\u{2800}sent)", "text": "Wire it"});
+        assert_eq!(
+            render("Post to #{channel}: {text}", &params, 1),
+            r#"Post to #"ops (test only, nothing is sent)": "Wire it""#
+        );
+        let params = json!({"to": "ann@acme.com\u{1D159}and\u{1D159}bcc\u{1D159}x@evil.example"});
+        assert_eq!(
+            render("Send email to {to}", &params, 1),
+            r#"Send email to "ann@acme.com and bcc x@evil.example""#
+        );
+    }
+
     #[test]
     fn test_attack_whitespace_runs_collapse_and_values_are_trimmed() {
         let params = json!({"s": "  a \u{3000}\u{A0}  b\n\n\tc  "});

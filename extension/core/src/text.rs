@@ -18,6 +18,9 @@
 //! * **breaks and controls** ([`is_break_or_control`]): C0/C1 controls (line
 //!   feeds, tabs, terminal escapes) and the line/paragraph separators, which fake
 //!   line breaks;
+//! * **space look-alikes** ([`is_space_lookalike`]): what draws as an empty
+//!   space and is not U+0020, the odd White_Space characters and blanks such
+//!   as U+2800 BRAILLE PATTERN BLANK, which read as a word break;
 //! * **quotes** ([`is_quote`]): characters a reader takes for the start or end of
 //!   a quotation.
 //!
@@ -81,6 +84,19 @@ pub fn is_break_or_control(c: char) -> bool {
     c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
 }
 
+/// Characters that draw as an empty space and are not the ASCII space: the
+/// other Unicode White_Space characters that are not breaks or controls
+/// (no-break, en, em, thin, ideographic spaces, ...), and characters that
+/// draw as blank without being White_Space or invisible, so that no other
+/// class catches them: U+2800 BRAILLE PATTERN BLANK and U+1D159 MUSICAL
+/// SYMBOL NULL NOTEHEAD. Shown, they read as a word break; a summary that
+/// kept them as they are would quote no value holding them, and the agent's
+/// words would read as the template's (twelfth red-team pass).
+pub fn is_space_lookalike(c: char) -> bool {
+    (!c.is_ascii() && c.is_whitespace() && !is_break_or_control(c))
+        || matches!(c, '\u{2800}' | '\u{1D159}')
+}
+
 /// Whether an identity value (a tenant, a principal, a session) would
 /// print as another: space at either end, a control, break, bidi or
 /// invisible character, or a form that Unicode normalization (NFKC) changes
@@ -88,9 +104,9 @@ pub fn is_break_or_control(c: char) -> bool {
 /// like the normalized name and is not it.
 pub fn prints_as_another(value: &str) -> bool {
     value.trim() != value
-        || value
-            .chars()
-            .any(|c| is_break_or_control(c) || is_bidi_control(c) || is_invisible(c))
+        || value.chars().any(|c| {
+            is_break_or_control(c) || is_bidi_control(c) || is_invisible(c) || is_space_lookalike(c)
+        })
         || value.nfkc().ne(value.chars())
 }
 
@@ -193,7 +209,8 @@ pub fn is_quote(c: char) -> bool {
 
 /// `s` as a person may be shown it: breaks, controls and bidi controls become
 /// a space, other invisible characters are removed, and every run of
-/// whitespace becomes one ASCII space. Leading and trailing space is kept, so
+/// whitespace and of what draws as it ([`is_space_lookalike`]) becomes one
+/// ASCII space. Leading and trailing space is kept, so
 /// pieces of a larger text can be cleaned one at a time; trim values yourself.
 ///
 /// Bidi controls become a space rather than nothing because they sit at the
@@ -208,7 +225,11 @@ pub fn for_display(s: &str) -> String {
 pub fn display_chars(s: &str) -> impl Iterator<Item = char> + '_ {
     let mut last_space = false;
     s.chars().filter_map(move |c| {
-        let c = if is_break_or_control(c) || is_bidi_control(c) || c.is_whitespace() {
+        let c = if is_break_or_control(c)
+            || is_bidi_control(c)
+            || c.is_whitespace()
+            || is_space_lookalike(c)
+        {
             ' '
         } else if is_invisible(c) {
             return None;
@@ -339,6 +360,20 @@ mod tests {
         ] {
             assert_eq!(filename_problem(good), None, "{good:?}");
         }
+    }
+
+    #[test]
+    fn test_space_lookalikes_are_the_odd_spaces_and_the_blanks() {
+        let listed: Vec<char> = all_chars().filter(|&c| is_space_lookalike(c)).collect();
+        let mut want = vec!['\u{A0}', '\u{1680}'];
+        want.extend('\u{2000}'..='\u{200A}');
+        want.extend(['\u{202F}', '\u{205F}', '\u{2800}', '\u{3000}', '\u{1D159}']);
+        assert_eq!(listed, want);
+        // Each is shown as a plain space, and a value holding one is no identity.
+        assert_eq!(for_display("ops\u{2800}(test\u{2800}only)"), "ops (test only)");
+        assert_eq!(for_display("a\u{2800} \u{1D159}b"), "a b");
+        assert!(prints_as_another("alice\u{2800}"));
+        assert!(prints_as_another("al\u{2800}ice"));
     }
 
     #[test]

@@ -1576,11 +1576,12 @@ async fn test_card_revises_a_proposal_and_shows_the_new_one_as_such() {
     assert_no_secret(&log, &[&p.token]);
 }
 
-/// Every character keyturn-core calls invisible (the server's one
-/// definition, `keyturn_core::text::is_invisible`), code point by code point
-/// across the whole Unicode range, is marked ⟨U+XXXX⟩ by the card's own
-/// `visible()`, as Chromium runs it. Issue 28 item 13: the card kept a list
-/// of its own that missed U+17B4, U+17B5 and U+E0100–E01EF.
+/// Every character keyturn-core calls invisible or a space look-alike (the
+/// server's one definition, `keyturn_core::text::is_invisible` and
+/// `is_space_lookalike`), code point by code point across the whole Unicode
+/// range, is marked ⟨U+XXXX⟩ by the card's own `visible()`, as Chromium runs
+/// it. Issue 28 item 13: the card kept a list of its own that missed U+17B4,
+/// U+17B5 and U+E0100–E01EF; the twelfth red-team pass: U+2800 was unmarked.
 #[tokio::test]
 async fn test_the_card_marks_every_character_the_server_calls_invisible() {
     let webdriver = require_browser!();
@@ -1592,10 +1593,13 @@ async fn test_the_card_marks_every_character_the_server_calls_invisible() {
         let _ = axum::serve(listener, keyturnd::app(keyturnd::AppState::new())).await;
     });
     let invisible: Vec<u32> = ('\0'..=char::MAX)
-        .filter(|&c| keyturn_core::text::is_invisible(c))
+        .filter(|&c| {
+            keyturn_core::text::is_invisible(c) || keyturn_core::text::is_space_lookalike(c)
+        })
         .map(u32::from)
         .collect();
     assert!(invisible.len() > 4000, "the whole range was walked");
+    assert!(invisible.contains(&0x2800), "the blanks are among them");
     let c = browser::open(&webdriver, false).await;
     c.goto(&format!("{base}/card")).await.expect("open /card");
     let unmarked = c

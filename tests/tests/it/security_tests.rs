@@ -812,6 +812,9 @@ async fn test_an_identity_that_prints_as_another_is_missing() {
         // name (a decomposed accent, a fullwidth letter) looked the same.
         format!("{}e\u{0301}", w.principal),
         format!("\u{FF41}{}", w.principal),
+        // Twelfth red-team pass: a blank that draws as a space and is
+        // neither whitespace nor invisible.
+        format!("{}\u{2800}", w.principal),
     ] {
         let claims =
             json!({"tenant_id": w.tenant, "sub": sub, "session_id": w.session}).to_string();
@@ -840,7 +843,7 @@ async fn test_an_identity_that_prints_as_another_is_missing() {
 #[tokio::test]
 async fn test_add_member_refuses_a_name_that_prints_as_another() {
     let w = World::new("member").await;
-    for name in ["ane\u{0301}", "\u{FF41}nn", "ann\u{200B}"] {
+    for name in ["ane\u{0301}", "\u{FF41}nn", "ann\u{200B}", "ann\u{2800}"] {
         assert_eq!(
             sqlstate(
                 w.admin
