@@ -370,7 +370,10 @@ mod tests {
         want.extend(['\u{202F}', '\u{205F}', '\u{2800}', '\u{3000}', '\u{1D159}']);
         assert_eq!(listed, want);
         // Each is shown as a plain space, and a value holding one is no identity.
-        assert_eq!(for_display("ops\u{2800}(test\u{2800}only)"), "ops (test only)");
+        assert_eq!(
+            for_display("ops\u{2800}(test\u{2800}only)"),
+            "ops (test only)"
+        );
         assert_eq!(for_display("a\u{2800} \u{1D159}b"), "a b");
         assert!(prints_as_another("alice\u{2800}"));
         assert!(prints_as_another("al\u{2800}ice"));

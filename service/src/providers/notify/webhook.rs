@@ -122,6 +122,10 @@ pub fn body(job: &LeasedJob, message: &Message, link: &str, now: DateTime<Utc>) 
             "actions": message.actions,
             "link": link,
             "link_expires_at": message.code_expires_at,
+            // The message as plain text, for a receiver that is not Slack:
+            // `text` is escaped for Slack's mrkdwn only, and a workflow that
+            // renders Markdown (Teams) would read `[x](url)` in it as a link.
+            "text": text,
         },
         "text": slack_text(&cut(&message.title, SECTION_MAX)),
         "blocks": [
@@ -210,6 +214,8 @@ mod tests {
         assert_eq!(buttons.len(), 1);
         assert_eq!(buttons[0]["url"], "https://k.example/card#a=x&c=y");
         assert_eq!(b["data"]["link"], "https://k.example/card#a=x&c=y");
+        // The same message, plain, for a receiver that is not Slack.
+        assert_eq!(b["data"]["text"], blocks[0]["text"]["text"]);
         // The link appears as the button and in data, nowhere else.
         let text = b.to_string();
         assert_eq!(text.matches("https://k.example/card").count(), 2);
