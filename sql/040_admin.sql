@@ -90,19 +90,42 @@ BEGIN
 END
 $$;
 
+-- 55P03 for an admin's change of a grant that a transaction still open
+-- holds: propose locks the proposer's grant (its uses, its rate window)
+-- until its transaction ends, and an agent that leaves that transaction
+-- open would hold the change as long (twelfth red-team pass). The admin
+-- functions wait lock_timeout (2 s, longer than any proposal takes), then
+-- say so rather than hang; nothing of the call stays.
+CREATE FUNCTION keyturn._grant_held(p_tenant text, p_principal text, p_tool text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RAISE EXCEPTION 'keyturn: a transaction still open holds % of principal % in tenant %, from a proposal not yet committed; nothing was changed',
+            coalesce('the grant of tool ' || p_tool, 'a grant'), p_principal, p_tenant
+        USING ERRCODE = '55P03',
+              HINT = 'keyturn.set_tool_enabled(tool, false) stops a tool for everyone at once; end that transaction (pg_stat_activity shows it, pg_terminate_backend ends it) and try again. idle_in_transaction_session_timeout on the agents'' logins bounds how long one can be left open (docs/operations.md).';
+END
+$$;
+
 CREATE FUNCTION keyturn.remove_member(tenant text, principal text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_members int;
     v_grants  int;
 BEGIN
     PERFORM keyturn._require_admin(remove_member.tenant, 'remove_member');
-    DELETE FROM keyturn.tool_grant g
-     WHERE g.tenant = remove_member.tenant AND g.principal = remove_member.principal;
-    GET DIAGNOSTICS v_grants = ROW_COUNT;
+    BEGIN
+        DELETE FROM keyturn.tool_grant g
+         WHERE g.tenant = remove_member.tenant AND g.principal = remove_member.principal;
+        GET DIAGNOSTICS v_grants = ROW_COUNT;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM keyturn._grant_held(remove_member.tenant, remove_member.principal, NULL);
+    END;
     DELETE FROM keyturn.member m
      WHERE m.tenant = remove_member.tenant AND m.principal = remove_member.principal;
     GET DIAGNOSTICS v_members = ROW_COUNT;
@@ -129,6 +152,7 @@ CREATE FUNCTION keyturn.grant_tool(tenant text, principal text, tool text, scope
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_scope    jsonb;
@@ -163,15 +187,19 @@ BEGIN
                   HINT = 'A params scope bounds an upstream read''s arguments.';
     END IF;
 
-    INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)
-    VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool, v_scope, grant_tool.valid_until,
-            grant_tool.max_uses)
-    ON CONFLICT ON CONSTRAINT tool_grant_pkey
-    DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
-                  uses = 0, granted_at = EXCLUDED.granted_at
-       WHERE (g.scope, g.valid_until, g.max_uses)
-             IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
-    v_changed := FOUND;
+    BEGIN
+        INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)
+        VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool, v_scope, grant_tool.valid_until,
+                grant_tool.max_uses)
+        ON CONFLICT ON CONSTRAINT tool_grant_pkey
+        DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
+                      uses = 0, granted_at = EXCLUDED.granted_at
+           WHERE (g.scope, g.valid_until, g.max_uses)
+                 IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
+        v_changed := FOUND;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM keyturn._grant_held(grant_tool.tenant, grant_tool.principal, grant_tool.tool);
+    END;
 
     IF v_changed THEN
         PERFORM keyturn._bump_epoch(grant_tool.tenant, grant_tool.principal);
@@ -184,6 +212,7 @@ CREATE FUNCTION keyturn.revoke_tool(tenant text, principal text, tool text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_changed boolean;
@@ -191,10 +220,14 @@ BEGIN
     PERFORM keyturn._require_admin(revoke_tool.tenant, 'revoke_tool');
     PERFORM keyturn._require_tool(revoke_tool.tool);
 
-    DELETE FROM keyturn.tool_grant g
-     WHERE g.tenant = revoke_tool.tenant AND g.principal = revoke_tool.principal
-       AND g.tool = revoke_tool.tool;
-    v_changed := FOUND;
+    BEGIN
+        DELETE FROM keyturn.tool_grant g
+         WHERE g.tenant = revoke_tool.tenant AND g.principal = revoke_tool.principal
+           AND g.tool = revoke_tool.tool;
+        v_changed := FOUND;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM keyturn._grant_held(revoke_tool.tenant, revoke_tool.principal, revoke_tool.tool);
+    END;
 
     IF v_changed THEN
         PERFORM keyturn._bump_epoch(revoke_tool.tenant, revoke_tool.principal);

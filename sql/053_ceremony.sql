@@ -95,6 +95,7 @@ DECLARE
     v_voter     text;
     v_epoch     bigint;
     v_noted     text;
+    v_now       timestamptz;
 BEGIN
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = a.id AND x.tenant = a.tenant FOR NO KEY UPDATE;
     IF a.status <> 'pending' THEN
@@ -107,6 +108,15 @@ BEGIN
                 p_caller::regrole::text)
         ON CONFLICT ON CONSTRAINT vote_pkey DO NOTHING;
         v_new := FOUND;
+        -- A vote changes the action row, not only locks it: a concurrent
+        -- voter whose REPEATABLE READ snapshot predates this vote then fails
+        -- to serialize (40001) instead of counting without it, which left a
+        -- met quorum pending (twelfth red-team pass; isolation spec quorum-rr).
+        IF v_new THEN
+            v_now := clock_timestamp();
+            UPDATE keyturn.action x SET updated_at = v_now
+             WHERE x.id = a.id AND x.tenant = a.tenant;
+        END IF;
         v_votes := keyturn._votes(a.id, a.tenant, a.tool);
         IF v_new THEN
             PERFORM keyturn._append_event(a.id, a.tenant, a.principal, p_caller::regrole::text, v_principal,

@@ -86,10 +86,21 @@ $$;
 
 -- Ends a standing approval: its own principal, or an admin of its tenant.
 -- False when it is unknown, invisible, or already revoked.
+--
+-- It never waits long for the one who uses it: a covered proposal holds the
+-- row (its use) until its transaction ends, and an agent that leaves that
+-- transaction open would hold the person's revocation (twelfth red-team
+-- pass). Past lock_timeout the principal's authorization epoch moves
+-- instead, which nobody holds: every standing approval of the principal
+-- ends with it (each is bound to the epoch it was given under), its pending
+-- proposals are invalidated, and the open transaction's covered write
+-- cannot commit (its commit rechecks the epoch). Broader than asked, never
+-- later.
 CREATE FUNCTION keyturn._revoke_delegation(p_caller oid, p_id uuid)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_tenant    text := keyturn.current_tenant();
@@ -102,8 +113,7 @@ BEGIN
     v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     SELECT x.* INTO d FROM keyturn.delegation x
      WHERE x.id = p_id AND x.tenant = v_tenant
-       AND (v_role IN ('approver', 'admin') OR x.principal = v_principal)
-       FOR NO KEY UPDATE;
+       AND (v_role IN ('approver', 'admin') OR x.principal = v_principal);
     IF NOT FOUND OR d.revoked_at IS NOT NULL THEN
         RETURN false;
     END IF;
@@ -111,8 +121,14 @@ BEGIN
         RAISE EXCEPTION 'keyturn: only its principal or an admin of tenant % may revoke standing approval %', v_tenant, p_id
             USING ERRCODE = '42501';
     END IF;
-    UPDATE keyturn.delegation x SET revoked_at = v_now WHERE x.id = p_id AND x.tenant = v_tenant;
-    RETURN true;
+    BEGIN
+        UPDATE keyturn.delegation x SET revoked_at = v_now
+         WHERE x.id = p_id AND x.tenant = v_tenant AND x.revoked_at IS NULL;
+        RETURN FOUND;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM keyturn._bump_epoch(d.tenant, d.principal);
+        RETURN true;
+    END;
 END
 $$;
 

@@ -1911,19 +1911,42 @@ BEGIN
 END
 $$;
 
+-- 55P03 for an admin's change of a grant that a transaction still open
+-- holds: propose locks the proposer's grant (its uses, its rate window)
+-- until its transaction ends, and an agent that leaves that transaction
+-- open would hold the change as long (twelfth red-team pass). The admin
+-- functions wait lock_timeout (2 s, longer than any proposal takes), then
+-- say so rather than hang; nothing of the call stays.
+CREATE OR REPLACE FUNCTION keyturn._grant_held(p_tenant text, p_principal text, p_tool text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RAISE EXCEPTION 'keyturn: a transaction still open holds % of principal % in tenant %, from a proposal not yet committed; nothing was changed',
+            coalesce('the grant of tool ' || p_tool, 'a grant'), p_principal, p_tenant
+        USING ERRCODE = '55P03',
+              HINT = 'keyturn.set_tool_enabled(tool, false) stops a tool for everyone at once; end that transaction (pg_stat_activity shows it, pg_terminate_backend ends it) and try again. idle_in_transaction_session_timeout on the agents'' logins bounds how long one can be left open (docs/operations.md).';
+END
+$$;
+
 CREATE OR REPLACE FUNCTION keyturn.remove_member(tenant text, principal text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_members int;
     v_grants  int;
 BEGIN
     PERFORM keyturn._require_admin(remove_member.tenant, 'remove_member');
-    DELETE FROM keyturn.tool_grant g
-     WHERE g.tenant = remove_member.tenant AND g.principal = remove_member.principal;
-    GET DIAGNOSTICS v_grants = ROW_COUNT;
+    BEGIN
+        DELETE FROM keyturn.tool_grant g
+         WHERE g.tenant = remove_member.tenant AND g.principal = remove_member.principal;
+        GET DIAGNOSTICS v_grants = ROW_COUNT;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM keyturn._grant_held(remove_member.tenant, remove_member.principal, NULL);
+    END;
     DELETE FROM keyturn.member m
      WHERE m.tenant = remove_member.tenant AND m.principal = remove_member.principal;
     GET DIAGNOSTICS v_members = ROW_COUNT;
@@ -1950,6 +1973,7 @@ CREATE OR REPLACE FUNCTION keyturn.grant_tool(tenant text, principal text, tool 
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_scope    jsonb;
@@ -1984,15 +2008,19 @@ BEGIN
                   HINT = 'A params scope bounds an upstream read''s arguments.';
     END IF;
 
-    INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)
-    VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool, v_scope, grant_tool.valid_until,
-            grant_tool.max_uses)
-    ON CONFLICT ON CONSTRAINT tool_grant_pkey
-    DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
-                  uses = 0, granted_at = EXCLUDED.granted_at
-       WHERE (g.scope, g.valid_until, g.max_uses)
-             IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
-    v_changed := FOUND;
+    BEGIN
+        INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)
+        VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool, v_scope, grant_tool.valid_until,
+                grant_tool.max_uses)
+        ON CONFLICT ON CONSTRAINT tool_grant_pkey
+        DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
+                      uses = 0, granted_at = EXCLUDED.granted_at
+           WHERE (g.scope, g.valid_until, g.max_uses)
+                 IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
+        v_changed := FOUND;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM keyturn._grant_held(grant_tool.tenant, grant_tool.principal, grant_tool.tool);
+    END;
 
     IF v_changed THEN
         PERFORM keyturn._bump_epoch(grant_tool.tenant, grant_tool.principal);
@@ -2005,6 +2033,7 @@ CREATE OR REPLACE FUNCTION keyturn.revoke_tool(tenant text, principal text, tool
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_changed boolean;
@@ -2012,10 +2041,14 @@ BEGIN
     PERFORM keyturn._require_admin(revoke_tool.tenant, 'revoke_tool');
     PERFORM keyturn._require_tool(revoke_tool.tool);
 
-    DELETE FROM keyturn.tool_grant g
-     WHERE g.tenant = revoke_tool.tenant AND g.principal = revoke_tool.principal
-       AND g.tool = revoke_tool.tool;
-    v_changed := FOUND;
+    BEGIN
+        DELETE FROM keyturn.tool_grant g
+         WHERE g.tenant = revoke_tool.tenant AND g.principal = revoke_tool.principal
+           AND g.tool = revoke_tool.tool;
+        v_changed := FOUND;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM keyturn._grant_held(revoke_tool.tenant, revoke_tool.principal, revoke_tool.tool);
+    END;
 
     IF v_changed THEN
         PERFORM keyturn._bump_epoch(revoke_tool.tenant, revoke_tool.principal);
@@ -4184,6 +4217,7 @@ DECLARE
     v_voter     text;
     v_epoch     bigint;
     v_noted     text;
+    v_now       timestamptz;
 BEGIN
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = a.id AND x.tenant = a.tenant FOR NO KEY UPDATE;
     IF a.status <> 'pending' THEN
@@ -4196,6 +4230,15 @@ BEGIN
                 p_caller::regrole::text)
         ON CONFLICT ON CONSTRAINT vote_pkey DO NOTHING;
         v_new := FOUND;
+        -- A vote changes the action row, not only locks it: a concurrent
+        -- voter whose REPEATABLE READ snapshot predates this vote then fails
+        -- to serialize (40001) instead of counting without it, which left a
+        -- met quorum pending (twelfth red-team pass; isolation spec quorum-rr).
+        IF v_new THEN
+            v_now := clock_timestamp();
+            UPDATE keyturn.action x SET updated_at = v_now
+             WHERE x.id = a.id AND x.tenant = a.tenant;
+        END IF;
         v_votes := keyturn._votes(a.id, a.tenant, a.tool);
         IF v_new THEN
             PERFORM keyturn._append_event(a.id, a.tenant, a.principal, p_caller::regrole::text, v_principal,
@@ -4422,10 +4465,21 @@ $$;
 
 -- Ends a standing approval: its own principal, or an admin of its tenant.
 -- False when it is unknown, invisible, or already revoked.
+--
+-- It never waits long for the one who uses it: a covered proposal holds the
+-- row (its use) until its transaction ends, and an agent that leaves that
+-- transaction open would hold the person's revocation (twelfth red-team
+-- pass). Past lock_timeout the principal's authorization epoch moves
+-- instead, which nobody holds: every standing approval of the principal
+-- ends with it (each is bound to the epoch it was given under), its pending
+-- proposals are invalidated, and the open transaction's covered write
+-- cannot commit (its commit rechecks the epoch). Broader than asked, never
+-- later.
 CREATE OR REPLACE FUNCTION keyturn._revoke_delegation(p_caller oid, p_id uuid)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_tenant    text := keyturn.current_tenant();
@@ -4438,8 +4492,7 @@ BEGIN
     v_role := keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     SELECT x.* INTO d FROM keyturn.delegation x
      WHERE x.id = p_id AND x.tenant = v_tenant
-       AND (v_role IN ('approver', 'admin') OR x.principal = v_principal)
-       FOR NO KEY UPDATE;
+       AND (v_role IN ('approver', 'admin') OR x.principal = v_principal);
     IF NOT FOUND OR d.revoked_at IS NOT NULL THEN
         RETURN false;
     END IF;
@@ -4447,8 +4500,14 @@ BEGIN
         RAISE EXCEPTION 'keyturn: only its principal or an admin of tenant % may revoke standing approval %', v_tenant, p_id
             USING ERRCODE = '42501';
     END IF;
-    UPDATE keyturn.delegation x SET revoked_at = v_now WHERE x.id = p_id AND x.tenant = v_tenant;
-    RETURN true;
+    BEGIN
+        UPDATE keyturn.delegation x SET revoked_at = v_now
+         WHERE x.id = p_id AND x.tenant = v_tenant AND x.revoked_at IS NULL;
+        RETURN FOUND;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM keyturn._bump_epoch(d.tenant, d.principal);
+        RETURN true;
+    END;
 END
 $$;
 

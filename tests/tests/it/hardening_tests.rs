@@ -346,16 +346,20 @@ async fn test_a_standing_approval_of_a_role_that_became_an_agent_covers_nothing(
         w.role_table_state(&table, row).await,
         ("lead".to_owned(), None)
     );
-    let ended: Option<String> = w
-        .human
+    let ended = ended_why(&w, d).await;
+    assert!(ended.is_some(), "listed as ended");
+}
+
+/// Why `delegations()` says a standing approval ended, or None while it covers.
+async fn ended_why(w: &World, d: uuid::Uuid) -> Option<String> {
+    w.human
         .query_one(
             "SELECT ended FROM keyturn.delegations() WHERE delegation_id = $1",
             &[&d],
         )
         .await
         .unwrap()
-        .get(0);
-    assert!(ended.is_some(), "listed as ended");
+        .get(0)
 }
 
 #[tokio::test]
@@ -1976,4 +1980,129 @@ async fn test_approve_does_not_wait_for_a_held_tool_row() {
     assert_eq!(answered.0, "queued", "{:?}", answered.1);
     holder.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(w.status(p.id).await, "queued");
+}
+
+// --- Twelfth red-team pass: an open transaction holds no revocation ----------
+//
+// propose locks the proposer's grant (its uses and rate window), and a
+// covered proposal the standing approval's row (its use), until the agent's
+// transaction ends. An agent that left that transaction open made the
+// person's revoke_delegation wait (keyturnd's /rpc answered 500 after its
+// 10 s timeout, and the standing approval stayed live), and an admin's
+// revoke_tool, grant_tool and remove_member hang as long.
+
+/// The error of a statement that must fail: its SQLSTATE and message.
+fn failed_with<T: std::fmt::Debug>(r: Result<T, tokio_postgres::Error>) -> (String, String) {
+    match r {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => {
+            let db = e.as_db_error().expect("a database error");
+            (db.code().code().to_owned(), db.message().to_owned())
+        }
+    }
+}
+
+#[tokio::test]
+async fn test_a_covered_proposal_left_open_cannot_hold_the_persons_revocation() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 2).await;
+    let d = w
+        .delegate(
+            &t,
+            json!({"params": {"set.stage": {"eq": "won"}, "where.id": {"any": true}}}),
+            50,
+            "1 hour",
+        )
+        .await
+        .unwrap();
+    let open = w.agent.transaction().await.unwrap();
+    let p = propose_full(
+        &open,
+        &t,
+        json!({"where": {"id": deals[0]}, "set": {"stage": "won"}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!((p.status.as_str(), p.delegation_id), ("succeeded", Some(d)));
+    // The person revokes while the agent's transaction is still open: the
+    // call returns (a statement_timeout stands for keyturnd's 10 s).
+    let revoked = w.human.transaction().await.unwrap();
+    revoked
+        .batch_execute("SET LOCAL statement_timeout = '10s'")
+        .await
+        .unwrap();
+    let r = revoked
+        .query_one("SELECT keyturn.revoke_delegation($1)", &[&d])
+        .await
+        .expect("revoke_delegation returns while the agent holds the standing approval");
+    assert!(r.get::<_, bool>(0));
+    revoked.commit().await.unwrap();
+    // The agent's covered write cannot commit after it.
+    let (state, _) = failed_with(open.commit().await);
+    assert_eq!(state, "40001");
+    assert_eq!(w.stage_of(deals[0]).await, "lead", "nothing of it stays");
+    // And the standing approval covers nothing any more.
+    let later = propose_full(
+        &w.agent,
+        &t,
+        json!({"where": {"id": deals[1]}, "set": {"stage": "won"}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (later.status.as_str(), later.delegation_id),
+        ("pending", None)
+    );
+    let ended = ended_why(&w, d).await;
+    assert!(ended.is_some(), "delegations() says it ended");
+}
+
+#[tokio::test]
+async fn test_an_admin_change_of_a_grant_an_open_proposal_holds_fails_fast_and_says_so() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    let open = w.agent.transaction().await.unwrap();
+    propose_full(
+        &open,
+        &t,
+        json!({"where": {"id": deal}, "set": {"stage": "won"}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    for call in [
+        "SELECT keyturn.revoke_tool($1, $2, $3)::text",
+        "SELECT keyturn.grant_tool($1, $2, $3, '{\"max_targets\": 1}')::text",
+        "SELECT keyturn.remove_member($1, $2)::text WHERE $3::text IS NOT NULL",
+    ] {
+        let mut c = connect("app_admin").await;
+        let admin = c.transaction().await.unwrap();
+        admin
+            .batch_execute("SET LOCAL statement_timeout = '10s'")
+            .await
+            .unwrap();
+        let (state, message) =
+            failed_with(admin.query_one(call, &[&w.tenant, &w.principal, &t]).await);
+        assert_eq!(state, "55P03", "{call}: {message}");
+        assert!(
+            message.contains("a transaction still open holds") && message.contains(&w.principal),
+            "{call}: {message}"
+        );
+        admin.rollback().await.unwrap();
+    }
+    open.rollback().await.unwrap();
+    // Once that transaction has ended, the same change goes through.
+    let r = w
+        .admin
+        .query_one(
+            "SELECT keyturn.revoke_tool($1, $2, $3)",
+            &[&w.tenant, &w.principal, &t],
+        )
+        .await
+        .unwrap();
+    assert!(r.get::<_, bool>(0));
 }
