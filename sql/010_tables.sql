@@ -88,7 +88,8 @@ CREATE TABLE keyturn.member (
 
 -- What a principal may propose. A grant may be scoped (which params, how
 -- many targets: keyturn-core's scope language), end at valid_until, and allow
--- max_uses proposals, counted in uses by propose itself.
+-- max_uses proposals, counted in keyturn.grant_use by propose itself. The
+-- row is the admin's: nothing a proposal does locks it.
 CREATE TABLE keyturn.tool_grant (
     tenant       text        NOT NULL,
     principal    text        NOT NULL,
@@ -97,6 +98,21 @@ CREATE TABLE keyturn.tool_grant (
     scope        jsonb,
     valid_until  timestamptz,
     max_uses     int         CHECK (max_uses > 0),
+    PRIMARY KEY (tenant, principal, tool)
+);
+
+-- The proposer's side of a grant: propose locks this row, so concurrent
+-- proposals of one (tenant, principal, tool) count the grant's uses and rate
+-- window one at a time, and counts the uses here, against the grant made at
+-- granted_at (a grant given again with new terms starts from zero). A lock
+-- on the grant row itself let an agent that left its transaction open stall
+-- the admin's revoke_tool, grant_tool and remove_member (twelfth red-team
+-- pass, docs/security.md row 101): no admin call waits for this row.
+CREATE TABLE keyturn.grant_use (
+    tenant       text        NOT NULL,
+    principal    text        NOT NULL,
+    tool         text        NOT NULL,
+    granted_at   timestamptz,
     uses         int         NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, principal, tool)
 );
@@ -552,6 +568,7 @@ CREATE TABLE keyturn_secret.approval_key (
 SELECT pg_catalog.pg_extension_config_dump('keyturn.tool', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.tool_version', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.member', '');
+SELECT pg_catalog.pg_extension_config_dump('keyturn.grant_use', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.tool_grant', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.auth_epoch', '');
 SELECT pg_catalog.pg_extension_config_dump('keyturn.cancelled_origin', '');

@@ -151,7 +151,7 @@ DO $$
 DECLARE
     t text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
+    FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'grant_use', 'auth_epoch', 'cancelled_origin', 'action',
                              'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage',
                              'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link', 'audit_chain', 'evidence',
                              'notify_channel', 'notification']
@@ -165,6 +165,8 @@ $$;
 CREATE POLICY member_visible ON keyturn.member FOR SELECT
     USING (keyturn._sees(tenant, principal));
 CREATE POLICY tool_grant_visible ON keyturn.tool_grant FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY grant_use_visible ON keyturn.grant_use FOR SELECT
     USING (keyturn._sees(tenant, principal));
 CREATE POLICY auth_epoch_visible ON keyturn.auth_epoch FOR SELECT
     USING (keyturn._sees(tenant, principal));

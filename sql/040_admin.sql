@@ -90,42 +90,19 @@ BEGIN
 END
 $$;
 
--- 55P03 for an admin's change of a grant that a transaction still open
--- holds: propose locks the proposer's grant (its uses, its rate window)
--- until its transaction ends, and an agent that leaves that transaction
--- open would hold the change as long (twelfth red-team pass). The admin
--- functions wait lock_timeout (2 s, longer than any proposal takes), then
--- say so rather than hang; nothing of the call stays.
-CREATE FUNCTION keyturn._grant_held(p_tenant text, p_principal text, p_tool text)
-RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
-BEGIN
-    RAISE EXCEPTION 'keyturn: a transaction still open holds % of principal % in tenant %, from a proposal not yet committed; nothing was changed',
-            coalesce('the grant of tool ' || p_tool, 'a grant'), p_principal, p_tenant
-        USING ERRCODE = '55P03',
-              HINT = 'keyturn.set_tool_enabled(tool, false) stops a tool for everyone at once; end that transaction (pg_stat_activity shows it, pg_terminate_backend ends it) and try again. idle_in_transaction_session_timeout on the agents'' logins bounds how long one can be left open (docs/operations.md).';
-END
-$$;
-
 CREATE FUNCTION keyturn.remove_member(tenant text, principal text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_members int;
     v_grants  int;
 BEGIN
     PERFORM keyturn._require_admin(remove_member.tenant, 'remove_member');
-    BEGIN
-        DELETE FROM keyturn.tool_grant g
-         WHERE g.tenant = remove_member.tenant AND g.principal = remove_member.principal;
-        GET DIAGNOSTICS v_grants = ROW_COUNT;
-    EXCEPTION WHEN lock_not_available THEN
-        PERFORM keyturn._grant_held(remove_member.tenant, remove_member.principal, NULL);
-    END;
+    DELETE FROM keyturn.tool_grant g
+     WHERE g.tenant = remove_member.tenant AND g.principal = remove_member.principal;
+    GET DIAGNOSTICS v_grants = ROW_COUNT;
     DELETE FROM keyturn.member m
      WHERE m.tenant = remove_member.tenant AND m.principal = remove_member.principal;
     GET DIAGNOSTICS v_members = ROW_COUNT;
@@ -143,7 +120,7 @@ END
 $$;
 
 -- Sets the (tenant, principal, tool) grant to exactly the given scope,
--- valid_until and max_uses, with its use count at zero; the plain
+-- valid_until and max_uses, with its use count at zero (keyturn.grant_use); the plain
 -- three-argument call is a grant without scope or limits. A call that changes
 -- none of them changes nothing (and keeps the count); any real change bumps
 -- the epoch, so proposals made under the old terms are invalidated.
@@ -152,7 +129,6 @@ CREATE FUNCTION keyturn.grant_tool(tenant text, principal text, tool text, scope
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_scope    jsonb;
@@ -187,19 +163,21 @@ BEGIN
                   HINT = 'A params scope bounds an upstream read''s arguments.';
     END IF;
 
-    BEGIN
-        INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)
-        VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool, v_scope, grant_tool.valid_until,
-                grant_tool.max_uses)
-        ON CONFLICT ON CONSTRAINT tool_grant_pkey
-        DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
-                      uses = 0, granted_at = EXCLUDED.granted_at
-           WHERE (g.scope, g.valid_until, g.max_uses)
-                 IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
-        v_changed := FOUND;
-    EXCEPTION WHEN lock_not_available THEN
-        PERFORM keyturn._grant_held(grant_tool.tenant, grant_tool.principal, grant_tool.tool);
-    END;
+    INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)
+    VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool, v_scope, grant_tool.valid_until,
+            grant_tool.max_uses)
+    ON CONFLICT ON CONSTRAINT tool_grant_pkey
+    DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
+                  granted_at = EXCLUDED.granted_at
+       WHERE (g.scope, g.valid_until, g.max_uses)
+             IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
+    v_changed := FOUND;
+    -- The proposer's row, which propose locks and counts the uses in
+    -- (against this grant's granted_at: new terms count from zero). Made
+    -- here, never changed here: no admin call waits for a proposal.
+    INSERT INTO keyturn.grant_use (tenant, principal, tool)
+    VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool)
+    ON CONFLICT ON CONSTRAINT grant_use_pkey DO NOTHING;
 
     IF v_changed THEN
         PERFORM keyturn._bump_epoch(grant_tool.tenant, grant_tool.principal);
@@ -212,7 +190,6 @@ CREATE FUNCTION keyturn.revoke_tool(tenant text, principal text, tool text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_changed boolean;
@@ -220,14 +197,10 @@ BEGIN
     PERFORM keyturn._require_admin(revoke_tool.tenant, 'revoke_tool');
     PERFORM keyturn._require_tool(revoke_tool.tool);
 
-    BEGIN
-        DELETE FROM keyturn.tool_grant g
-         WHERE g.tenant = revoke_tool.tenant AND g.principal = revoke_tool.principal
-           AND g.tool = revoke_tool.tool;
-        v_changed := FOUND;
-    EXCEPTION WHEN lock_not_available THEN
-        PERFORM keyturn._grant_held(revoke_tool.tenant, revoke_tool.principal, revoke_tool.tool);
-    END;
+    DELETE FROM keyturn.tool_grant g
+     WHERE g.tenant = revoke_tool.tenant AND g.principal = revoke_tool.principal
+       AND g.tool = revoke_tool.tool;
+    v_changed := FOUND;
 
     IF v_changed THEN
         PERFORM keyturn._bump_epoch(revoke_tool.tenant, revoke_tool.principal);

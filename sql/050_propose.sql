@@ -178,33 +178,64 @@ BEGIN
 END
 $$;
 
--- The proposing principal's grant for a tool, locked so that its uses and
--- the rate window cannot be raced past (a row lock only keyturn can take:
--- row locks need UPDATE on keyturn.tool_grant, which no role holds, unlike an
--- advisory lock, which any role may take with a guessable key and hold to
--- stall the tenant). 42501 when there is none, it has ended, or its uses are
--- spent.
+-- The proposing principal's grant for a tool, with its proposer's row
+-- (keyturn.grant_use) locked so that its uses and the rate window cannot be
+-- raced past (a row lock only keyturn can take: row locks need UPDATE on
+-- keyturn's tables, which no role holds, unlike an advisory lock, which any
+-- role may take with a guessable key and hold to stall the tenant). The
+-- grant row itself is read, not locked: it is the admin's, and a lock on it
+-- let a proposal left open stall its revocation (docs/security.md row 101).
+-- A grant changed after it was read moves the principal's epoch, which
+-- invalidates the proposal at approve and fails a covered one at COMMIT.
+-- 42501 when there is none, it has ended, or its uses (those counted
+-- against the grant made at its granted_at) are spent.
 CREATE FUNCTION keyturn._lock_grant(p_tenant text, p_principal text, p_tool text)
 RETURNS keyturn.tool_grant
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    g keyturn.tool_grant;
+    g       keyturn.tool_grant;
+    r       record;
+    v_found boolean := false;
 BEGIN
-    SELECT x.* INTO g FROM keyturn.tool_grant x
-     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool
-       FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    FOR i IN 1 .. 2 LOOP
+        SELECT x AS grant_row, u.granted_at, u.uses INTO r
+          FROM keyturn.tool_grant x
+          JOIN keyturn.grant_use u ON u.tenant = x.tenant AND u.principal = x.principal AND u.tool = x.tool
+         WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool
+           FOR NO KEY UPDATE OF u;
+        v_found := FOUND;
+        EXIT WHEN v_found OR i = 2;
+        -- No row: no grant, or a grant restored without its proposer's row
+        -- (grant_tool makes one), made here and locked on the second pass.
+        PERFORM FROM keyturn.tool_grant x
+          WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool;
+        EXIT WHEN NOT FOUND;
+        INSERT INTO keyturn.grant_use (tenant, principal, tool) VALUES (p_tenant, p_principal, p_tool)
+        ON CONFLICT ON CONSTRAINT grant_use_pkey DO NOTHING;
+    END LOOP;
+    IF NOT v_found THEN
         RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
             USING ERRCODE = '42501',
                   HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
+    END IF;
+    g := r.grant_row;
+    -- Under REPEATABLE READ the grant read may be older than one given,
+    -- changed or revoked since: decided on committed data, as every
+    -- admission is (docs/security.md row 22).
+    IF current_setting('transaction_isolation') <> 'read committed'
+       AND keyturn._committed_grant_at(p_tenant, p_principal, p_tool)::timestamptz IS DISTINCT FROM
+           (CASE WHEN keyturn._grant_live(g.valid_until) THEN g.granted_at END) THEN
+        RAISE EXCEPTION 'keyturn: could not serialize access: the grant of tool % to principal % changed after this transaction''s snapshot', p_tool, p_principal
+            USING ERRCODE = '40001',
+                  HINT = 'Retry the transaction.';
     END IF;
     IF NOT keyturn._grant_live(g.valid_until) THEN
         RAISE EXCEPTION 'keyturn: the grant of tool % to principal % ended at %', p_tool, p_principal, keyturn._utc(g.valid_until)
             USING ERRCODE = '42501',
                   HINT = 'An admin renews it with keyturn.grant_tool(tenant, principal, tool, scope, valid_until, max_uses).';
     END IF;
-    IF g.max_uses IS NOT NULL AND g.uses >= g.max_uses THEN
+    IF g.max_uses IS NOT NULL AND r.granted_at IS NOT DISTINCT FROM g.granted_at AND r.uses >= g.max_uses THEN
         RAISE EXCEPTION 'keyturn: the grant of tool % to principal % allows % proposals, all used', p_tool, p_principal, g.max_uses
             USING ERRCODE = '42501',
                   HINT = 'An admin renews it with keyturn.grant_tool(tenant, principal, tool, scope, valid_until, max_uses).';
@@ -413,8 +444,12 @@ BEGIN
         END IF;
     END IF;
     IF v_grant.max_uses IS NOT NULL THEN
-        UPDATE keyturn.tool_grant g SET uses = g.uses + 1
-         WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = v_tool.name;
+        -- Counted against the grant as read: a use of an earlier grant of
+        -- the pair (other terms) counts for nothing.
+        UPDATE keyturn.grant_use u
+           SET uses = CASE WHEN u.granted_at IS NOT DISTINCT FROM v_grant.granted_at THEN u.uses + 1 ELSE 1 END,
+               granted_at = v_grant.granted_at
+         WHERE u.tenant = p_tenant AND u.principal = p_principal AND u.tool = v_tool.name;
     END IF;
 
     v_now := clock_timestamp();

@@ -24,6 +24,7 @@ COMMENT ON TABLE keyturn.staged_payload IS 'Digest-retained external actions: th
 COMMENT ON TABLE keyturn.vote IS 'Quorum votes, one per principal and action.';
 COMMENT ON TABLE keyturn.delegation IS 'Standing approvals: what a person approves in advance, within a scope, uses and time.';
 COMMENT ON TABLE keyturn.staged_file IS 'Private attachments: the bytes, bound to one action, deleted with its final status.';
+COMMENT ON TABLE keyturn.grant_use IS 'The proposer''s side of a grant: the row propose locks to count its uses and rate window, and the uses of the grant made at granted_at.';
 COMMENT ON TABLE keyturn.stager IS 'One row per principal that staged a file: the lock its stagings take to count the quota.';
 COMMENT ON TABLE keyturn.card_link IS 'One-time codes of card links (digests only) and the card sessions they were redeemed for.';
 COMMENT ON TABLE keyturn.audit_chain IS 'Each tenant''s audit chain head: its event count, last hash and last event id (sql/059_audit.sql).';

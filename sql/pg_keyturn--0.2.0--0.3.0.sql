@@ -79,6 +79,21 @@ UPDATE keyturn.delegation d
                                  WHERE v.tool = d.tool AND v.created_at <= d.created_at), 0);
 ALTER TABLE keyturn.delegation ALTER COLUMN tool_version SET NOT NULL;
 
+-- The proposer's side of a grant (sql/050_propose.sql): its lock and use
+-- count move off the grant row, which only admins change.
+CREATE TABLE keyturn.grant_use (
+    tenant       text        NOT NULL,
+    principal    text        NOT NULL,
+    tool         text        NOT NULL,
+    granted_at   timestamptz,
+    uses         int         NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, principal, tool)
+);
+SELECT pg_catalog.pg_extension_config_dump('keyturn.grant_use', '');
+INSERT INTO keyturn.grant_use (tenant, principal, tool, granted_at, uses)
+SELECT g.tenant, g.principal, g.tool, g.granted_at, g.uses FROM keyturn.tool_grant g;
+ALTER TABLE keyturn.tool_grant DROP COLUMN uses;
+
 -- The staging quota's lock row per principal (sql/056_files.sql).
 CREATE TABLE keyturn.stager (
     tenant          text        NOT NULL,
@@ -439,6 +454,16 @@ CREATE OR REPLACE FUNCTION "_claims_for"(
 STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'claims_for_wrapper';
+
+-- pg_keyturn::committed::_committed_grant_at
+CREATE OR REPLACE FUNCTION "_committed_grant_at"(
+	"tenant" TEXT, /* & str */
+	"principal" TEXT, /* & str */
+	"tool" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'committed_grant_at_wrapper';
 
 -- pg_keyturn::committed::_committed_staged
 CREATE OR REPLACE FUNCTION "_committed_staged"(
@@ -1759,7 +1784,7 @@ DO $$
 DECLARE
     t text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'auth_epoch', 'cancelled_origin', 'action',
+    FOREACH t IN ARRAY ARRAY['member', 'tool_grant', 'grant_use', 'auth_epoch', 'cancelled_origin', 'action',
                              'open_action', 'action_target', 'staged_payload', 'attempt', 'event', 'usage',
                              'request', 'vote', 'delegation', 'staged_file', 'stager', 'card_link', 'audit_chain', 'evidence',
                              'notify_channel', 'notification']
@@ -1773,6 +1798,8 @@ $$;
 CREATE POLICY member_visible ON keyturn.member FOR SELECT
     USING (keyturn._sees(tenant, principal));
 CREATE POLICY tool_grant_visible ON keyturn.tool_grant FOR SELECT
+    USING (keyturn._sees(tenant, principal));
+CREATE POLICY grant_use_visible ON keyturn.grant_use FOR SELECT
     USING (keyturn._sees(tenant, principal));
 CREATE POLICY auth_epoch_visible ON keyturn.auth_epoch FOR SELECT
     USING (keyturn._sees(tenant, principal));
@@ -1911,42 +1938,19 @@ BEGIN
 END
 $$;
 
--- 55P03 for an admin's change of a grant that a transaction still open
--- holds: propose locks the proposer's grant (its uses, its rate window)
--- until its transaction ends, and an agent that leaves that transaction
--- open would hold the change as long (twelfth red-team pass). The admin
--- functions wait lock_timeout (2 s, longer than any proposal takes), then
--- say so rather than hang; nothing of the call stays.
-CREATE OR REPLACE FUNCTION keyturn._grant_held(p_tenant text, p_principal text, p_tool text)
-RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
-BEGIN
-    RAISE EXCEPTION 'keyturn: a transaction still open holds % of principal % in tenant %, from a proposal not yet committed; nothing was changed',
-            coalesce('the grant of tool ' || p_tool, 'a grant'), p_principal, p_tenant
-        USING ERRCODE = '55P03',
-              HINT = 'keyturn.set_tool_enabled(tool, false) stops a tool for everyone at once; end that transaction (pg_stat_activity shows it, pg_terminate_backend ends it) and try again. idle_in_transaction_session_timeout on the agents'' logins bounds how long one can be left open (docs/operations.md).';
-END
-$$;
-
 CREATE OR REPLACE FUNCTION keyturn.remove_member(tenant text, principal text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_members int;
     v_grants  int;
 BEGIN
     PERFORM keyturn._require_admin(remove_member.tenant, 'remove_member');
-    BEGIN
-        DELETE FROM keyturn.tool_grant g
-         WHERE g.tenant = remove_member.tenant AND g.principal = remove_member.principal;
-        GET DIAGNOSTICS v_grants = ROW_COUNT;
-    EXCEPTION WHEN lock_not_available THEN
-        PERFORM keyturn._grant_held(remove_member.tenant, remove_member.principal, NULL);
-    END;
+    DELETE FROM keyturn.tool_grant g
+     WHERE g.tenant = remove_member.tenant AND g.principal = remove_member.principal;
+    GET DIAGNOSTICS v_grants = ROW_COUNT;
     DELETE FROM keyturn.member m
      WHERE m.tenant = remove_member.tenant AND m.principal = remove_member.principal;
     GET DIAGNOSTICS v_members = ROW_COUNT;
@@ -1964,7 +1968,7 @@ END
 $$;
 
 -- Sets the (tenant, principal, tool) grant to exactly the given scope,
--- valid_until and max_uses, with its use count at zero; the plain
+-- valid_until and max_uses, with its use count at zero (keyturn.grant_use); the plain
 -- three-argument call is a grant without scope or limits. A call that changes
 -- none of them changes nothing (and keeps the count); any real change bumps
 -- the epoch, so proposals made under the old terms are invalidated.
@@ -1973,7 +1977,6 @@ CREATE OR REPLACE FUNCTION keyturn.grant_tool(tenant text, principal text, tool 
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_scope    jsonb;
@@ -2008,19 +2011,21 @@ BEGIN
                   HINT = 'A params scope bounds an upstream read''s arguments.';
     END IF;
 
-    BEGIN
-        INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)
-        VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool, v_scope, grant_tool.valid_until,
-                grant_tool.max_uses)
-        ON CONFLICT ON CONSTRAINT tool_grant_pkey
-        DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
-                      uses = 0, granted_at = EXCLUDED.granted_at
-           WHERE (g.scope, g.valid_until, g.max_uses)
-                 IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
-        v_changed := FOUND;
-    EXCEPTION WHEN lock_not_available THEN
-        PERFORM keyturn._grant_held(grant_tool.tenant, grant_tool.principal, grant_tool.tool);
-    END;
+    INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)
+    VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool, v_scope, grant_tool.valid_until,
+            grant_tool.max_uses)
+    ON CONFLICT ON CONSTRAINT tool_grant_pkey
+    DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
+                  granted_at = EXCLUDED.granted_at
+       WHERE (g.scope, g.valid_until, g.max_uses)
+             IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
+    v_changed := FOUND;
+    -- The proposer's row, which propose locks and counts the uses in
+    -- (against this grant's granted_at: new terms count from zero). Made
+    -- here, never changed here: no admin call waits for a proposal.
+    INSERT INTO keyturn.grant_use (tenant, principal, tool)
+    VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool)
+    ON CONFLICT ON CONSTRAINT grant_use_pkey DO NOTHING;
 
     IF v_changed THEN
         PERFORM keyturn._bump_epoch(grant_tool.tenant, grant_tool.principal);
@@ -2033,7 +2038,6 @@ CREATE OR REPLACE FUNCTION keyturn.revoke_tool(tenant text, principal text, tool
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '2s'
 AS $$
 DECLARE
     v_changed boolean;
@@ -2041,14 +2045,10 @@ BEGIN
     PERFORM keyturn._require_admin(revoke_tool.tenant, 'revoke_tool');
     PERFORM keyturn._require_tool(revoke_tool.tool);
 
-    BEGIN
-        DELETE FROM keyturn.tool_grant g
-         WHERE g.tenant = revoke_tool.tenant AND g.principal = revoke_tool.principal
-           AND g.tool = revoke_tool.tool;
-        v_changed := FOUND;
-    EXCEPTION WHEN lock_not_available THEN
-        PERFORM keyturn._grant_held(revoke_tool.tenant, revoke_tool.principal, revoke_tool.tool);
-    END;
+    DELETE FROM keyturn.tool_grant g
+     WHERE g.tenant = revoke_tool.tenant AND g.principal = revoke_tool.principal
+       AND g.tool = revoke_tool.tool;
+    v_changed := FOUND;
 
     IF v_changed THEN
         PERFORM keyturn._bump_epoch(revoke_tool.tenant, revoke_tool.principal);
@@ -2858,33 +2858,64 @@ BEGIN
 END
 $$;
 
--- The proposing principal's grant for a tool, locked so that its uses and
--- the rate window cannot be raced past (a row lock only keyturn can take:
--- row locks need UPDATE on keyturn.tool_grant, which no role holds, unlike an
--- advisory lock, which any role may take with a guessable key and hold to
--- stall the tenant). 42501 when there is none, it has ended, or its uses are
--- spent.
+-- The proposing principal's grant for a tool, with its proposer's row
+-- (keyturn.grant_use) locked so that its uses and the rate window cannot be
+-- raced past (a row lock only keyturn can take: row locks need UPDATE on
+-- keyturn's tables, which no role holds, unlike an advisory lock, which any
+-- role may take with a guessable key and hold to stall the tenant). The
+-- grant row itself is read, not locked: it is the admin's, and a lock on it
+-- let a proposal left open stall its revocation (docs/security.md row 101).
+-- A grant changed after it was read moves the principal's epoch, which
+-- invalidates the proposal at approve and fails a covered one at COMMIT.
+-- 42501 when there is none, it has ended, or its uses (those counted
+-- against the grant made at its granted_at) are spent.
 CREATE OR REPLACE FUNCTION keyturn._lock_grant(p_tenant text, p_principal text, p_tool text)
 RETURNS keyturn.tool_grant
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    g keyturn.tool_grant;
+    g       keyturn.tool_grant;
+    r       record;
+    v_found boolean := false;
 BEGIN
-    SELECT x.* INTO g FROM keyturn.tool_grant x
-     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool
-       FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    FOR i IN 1 .. 2 LOOP
+        SELECT x AS grant_row, u.granted_at, u.uses INTO r
+          FROM keyturn.tool_grant x
+          JOIN keyturn.grant_use u ON u.tenant = x.tenant AND u.principal = x.principal AND u.tool = x.tool
+         WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool
+           FOR NO KEY UPDATE OF u;
+        v_found := FOUND;
+        EXIT WHEN v_found OR i = 2;
+        -- No row: no grant, or a grant restored without its proposer's row
+        -- (grant_tool makes one), made here and locked on the second pass.
+        PERFORM FROM keyturn.tool_grant x
+          WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool;
+        EXIT WHEN NOT FOUND;
+        INSERT INTO keyturn.grant_use (tenant, principal, tool) VALUES (p_tenant, p_principal, p_tool)
+        ON CONFLICT ON CONSTRAINT grant_use_pkey DO NOTHING;
+    END LOOP;
+    IF NOT v_found THEN
         RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
             USING ERRCODE = '42501',
                   HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
+    END IF;
+    g := r.grant_row;
+    -- Under REPEATABLE READ the grant read may be older than one given,
+    -- changed or revoked since: decided on committed data, as every
+    -- admission is (docs/security.md row 22).
+    IF current_setting('transaction_isolation') <> 'read committed'
+       AND keyturn._committed_grant_at(p_tenant, p_principal, p_tool)::timestamptz IS DISTINCT FROM
+           (CASE WHEN keyturn._grant_live(g.valid_until) THEN g.granted_at END) THEN
+        RAISE EXCEPTION 'keyturn: could not serialize access: the grant of tool % to principal % changed after this transaction''s snapshot', p_tool, p_principal
+            USING ERRCODE = '40001',
+                  HINT = 'Retry the transaction.';
     END IF;
     IF NOT keyturn._grant_live(g.valid_until) THEN
         RAISE EXCEPTION 'keyturn: the grant of tool % to principal % ended at %', p_tool, p_principal, keyturn._utc(g.valid_until)
             USING ERRCODE = '42501',
                   HINT = 'An admin renews it with keyturn.grant_tool(tenant, principal, tool, scope, valid_until, max_uses).';
     END IF;
-    IF g.max_uses IS NOT NULL AND g.uses >= g.max_uses THEN
+    IF g.max_uses IS NOT NULL AND r.granted_at IS NOT DISTINCT FROM g.granted_at AND r.uses >= g.max_uses THEN
         RAISE EXCEPTION 'keyturn: the grant of tool % to principal % allows % proposals, all used', p_tool, p_principal, g.max_uses
             USING ERRCODE = '42501',
                   HINT = 'An admin renews it with keyturn.grant_tool(tenant, principal, tool, scope, valid_until, max_uses).';
@@ -3093,8 +3124,12 @@ BEGIN
         END IF;
     END IF;
     IF v_grant.max_uses IS NOT NULL THEN
-        UPDATE keyturn.tool_grant g SET uses = g.uses + 1
-         WHERE g.tenant = p_tenant AND g.principal = p_principal AND g.tool = v_tool.name;
+        -- Counted against the grant as read: a use of an earlier grant of
+        -- the pair (other terms) counts for nothing.
+        UPDATE keyturn.grant_use u
+           SET uses = CASE WHEN u.granted_at IS NOT DISTINCT FROM v_grant.granted_at THEN u.uses + 1 ELSE 1 END,
+               granted_at = v_grant.granted_at
+         WHERE u.tenant = p_tenant AND u.principal = p_principal AND u.tool = v_tool.name;
     END IF;
 
     v_now := clock_timestamp();
@@ -9389,6 +9424,7 @@ COMMENT ON TABLE keyturn.staged_payload IS 'Digest-retained external actions: th
 COMMENT ON TABLE keyturn.vote IS 'Quorum votes, one per principal and action.';
 COMMENT ON TABLE keyturn.delegation IS 'Standing approvals: what a person approves in advance, within a scope, uses and time.';
 COMMENT ON TABLE keyturn.staged_file IS 'Private attachments: the bytes, bound to one action, deleted with its final status.';
+COMMENT ON TABLE keyturn.grant_use IS 'The proposer''s side of a grant: the row propose locks to count its uses and rate window, and the uses of the grant made at granted_at.';
 COMMENT ON TABLE keyturn.stager IS 'One row per principal that staged a file: the lock its stagings take to count the quota.';
 COMMENT ON TABLE keyturn.card_link IS 'One-time codes of card links (digests only) and the card sessions they were redeemed for.';
 COMMENT ON TABLE keyturn.audit_chain IS 'Each tenant''s audit chain head: its event count, last hash and last event id (sql/059_audit.sql).';

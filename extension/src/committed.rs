@@ -222,6 +222,26 @@ fn recent_proposals(tenant: &str, principal: &str, tool: &str, per: &str) -> i64
     .unwrap_or(0)
 }
 
+/// When the live grant of (tenant, principal, tool) was given, as committed
+/// (NULL without one): propose reads the grant without a lock (the row is
+/// the admin's, keyturn.grant_use the proposer's), so under REPEATABLE READ
+/// it compares what its snapshot saw with this, and a grant given, changed
+/// or revoked since fails to serialize rather than admit on the old one.
+#[pg_extern(name = "_committed_grant_at", stable, parallel_unsafe)]
+fn committed_grant_at(tenant: &str, principal: &str, tool: &str) -> Option<String> {
+    latest_text(
+        "SELECT g.granted_at::text FROM keyturn.tool_grant g \
+          WHERE g.tenant = $1 AND g.principal = $2 AND g.tool = $3 \
+            AND keyturn._grant_live(g.valid_until)",
+        &[
+            Some(tenant.into()),
+            Some(principal.into()),
+            Some(tool.into()),
+        ],
+        &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+    )
+}
+
 /// "<files> <bytes>" a principal has staged and waiting, as committed (and
 /// this transaction's own).
 #[pg_extern(name = "_committed_staged", stable, parallel_unsafe)]

@@ -73,6 +73,21 @@ UPDATE keyturn.delegation d
                                  WHERE v.tool = d.tool AND v.created_at <= d.created_at), 0);
 ALTER TABLE keyturn.delegation ALTER COLUMN tool_version SET NOT NULL;
 
+-- The proposer's side of a grant (sql/050_propose.sql): its lock and use
+-- count move off the grant row, which only admins change.
+CREATE TABLE keyturn.grant_use (
+    tenant       text        NOT NULL,
+    principal    text        NOT NULL,
+    tool         text        NOT NULL,
+    granted_at   timestamptz,
+    uses         int         NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, principal, tool)
+);
+SELECT pg_catalog.pg_extension_config_dump('keyturn.grant_use', '');
+INSERT INTO keyturn.grant_use (tenant, principal, tool, granted_at, uses)
+SELECT g.tenant, g.principal, g.tool, g.granted_at, g.uses FROM keyturn.tool_grant g;
+ALTER TABLE keyturn.tool_grant DROP COLUMN uses;
+
 -- The staging quota's lock row per principal (sql/056_files.sql).
 CREATE TABLE keyturn.stager (
     tenant          text        NOT NULL,

@@ -24,11 +24,11 @@ SELECT count(*) FILTER (WHERE done = 'foreign key dropped') AS dropped,
   FROM keyturn.citus_distribute('crm.deal') \gset
 SELECT citus_check.expect('the four foreign keys to global tables dropped', :'dropped', '4');
 SELECT citus_check.expect('every global table is a reference table', :'referenced', '6');
-SELECT citus_check.expect('every tenant table is distributed by tenant, colocated with crm.deal', :'distributed', '21');
+SELECT citus_check.expect('every tenant table is distributed by tenant, colocated with crm.deal', :'distributed', '22');
 SELECT citus_check.expect('every tenant-explicit call is delegated', :'delegated',
     (SELECT count(*)::text FROM pg_proc WHERE pronamespace = 'keyturn'::regnamespace AND proname ~ '^[a-z].*_for$'));
 SELECT citus_check.expect('all of keyturn is in Citus''s catalog',
-    (SELECT count(*)::text FROM pg_dist_partition WHERE logicalrelid::text ~ '^keyturn(_secret)?\.'), '27');
+    (SELECT count(*)::text FROM pg_dist_partition WHERE logicalrelid::text ~ '^keyturn(_secret)?\.'), '28');
 SELECT citus_check.expect('colocated with crm.deal',
     (SELECT count(DISTINCT colocationid)::text FROM pg_dist_partition
       WHERE logicalrelid IN ('crm.deal'::regclass, 'keyturn.action'::regclass, 'keyturn.event'::regclass)), '1');

@@ -41,13 +41,17 @@ async fn actions_of(w: &World, tool: &str) -> i64 {
     .await
 }
 
-/// The grant's (scope, valid_until is set, max_uses, uses), read as superuser.
+/// The grant's (scope, valid_until is set, max_uses, uses), read as
+/// superuser: the uses its proposer's row counted against this grant (a row
+/// that counted an earlier grant of the pair counts none of this one's).
 async fn grant_row(w: &World, tool: &str) -> (Option<Value>, bool, Option<i32>, i32) {
     let r = w
         .superuser
         .query_one(
-            "SELECT scope, valid_until IS NOT NULL, max_uses, uses FROM keyturn.tool_grant \
-              WHERE tenant = $1 AND principal = $2 AND tool = $3",
+            "SELECT g.scope, g.valid_until IS NOT NULL, g.max_uses, \
+                    CASE WHEN u.granted_at = g.granted_at THEN u.uses ELSE 0 END \
+               FROM keyturn.tool_grant g JOIN keyturn.grant_use u USING (tenant, principal, tool) \
+              WHERE g.tenant = $1 AND g.principal = $2 AND g.tool = $3",
             &[&w.tenant, &w.principal, &tool],
         )
         .await
@@ -399,6 +403,19 @@ async fn test_max_uses_spent_refuses_the_next_proposal() {
         .unwrap());
     assert_eq!(grant_row(&w, &t).await.3, 0);
     w.propose(&t, json!({"channel": "ops"})).await.unwrap();
+    assert_eq!(grant_row(&w, &t).await.3, 1);
+
+    // A grant restored without its proposer's row (keyturn.grant_use): the
+    // next proposal makes it and counts from there.
+    w.superuser
+        .execute(
+            "DELETE FROM keyturn.grant_use WHERE tenant = $1 AND principal = $2 AND tool = $3",
+            &[&w.tenant, &w.principal, &t],
+        )
+        .await
+        .unwrap();
+    w.propose(&t, json!({"channel": "ops"})).await.unwrap();
+    assert_eq!(grant_row(&w, &t).await.3, 1);
 }
 
 /// The three-argument call is a grant with no scope and no limit, also over

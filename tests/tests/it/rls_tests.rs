@@ -7,6 +7,7 @@ use serde_json::json;
 const TENANT_TABLES: &[&str] = &[
     "member",
     "tool_grant",
+    "grant_use",
     "auth_epoch",
     "cancelled_origin",
     "action",
