@@ -126,7 +126,10 @@ $$;
 -- the proposer's authorization without a row lock. What must not outlive a
 -- change of them is the commit, and the commit reads them again:
 -- keyturn._recheck_at_commit notes the tool version and epoch this decision
--- read, and the commit, ordered against every such change by its share
+-- read (and the conversation and the evidence it checked: the commit also
+-- fails if the one was cancelled or the other revoked meanwhile,
+-- docs/security.md row 104), and the commit, ordered
+-- against every change of the tool or epoch by its share
 -- lock (docs/security.md, row 95), fails (40001) if either has moved (on
 -- Citus, the tool row of this node's placement: keyturn._local_placement).
 -- So nothing here waits: no transaction left open stalls a decision or the
@@ -214,7 +217,10 @@ BEGIN
             RETURN format('the evidence it cites (%s) was revoked', v_how);
         END IF;
     END IF;
-    v_noted := keyturn._recheck_at_commit(a.tool, a.tool_version, a.tenant, a.principal, a.epoch);
+    v_noted := keyturn._recheck_at_commit(a.tool, a.tool_version, a.tenant, a.principal, a.epoch,
+                                          a.conversation_id,
+                                          CASE WHEN a.origin ? 'evidence'
+                                               THEN ARRAY(SELECT jsonb_array_elements_text(a.origin -> 'evidence')) END);
     RETURN NULL;
 END
 $$;

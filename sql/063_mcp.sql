@@ -401,8 +401,10 @@ $$;
 -- call (a 2026-07-28 client answering keyturn's input_required with the
 -- request state it was given, the action's id): a row only when the retry
 -- is the same call, by the same principal: the same tool and the params
--- proposed. Anything else (a forged or stale state, other arguments) gets
--- no row, and keyturnd refuses the retry; nothing is proposed again.
+-- proposed (for a digest action, whose params are not kept: the same tool
+-- in the session that proposed it). Anything else (a forged or stale
+-- state, other arguments) gets no row, and keyturnd refuses the retry;
+-- nothing is proposed again.
 CREATE FUNCTION keyturn.mcp_resume(action_id uuid, tool text, params jsonb)
 RETURNS SETOF keyturn.mcp_action
 LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -429,7 +431,12 @@ END
 $$;
 
 -- The calling principal's own action (with p_tool, only if it is of that
--- tool and p_params are its params).
+-- tool and p_params are its params). A digest action's params are kept only
+-- as a MAC, so an answer that depended on them would confirm guesses of
+-- them to any session of the principal, as many as it liked (twelfth
+-- red-team pass, docs/security.md row 103): a digest action is matched by
+-- its tool and the session that proposed it, never by params, and named by
+-- its tool alone.
 CREATE FUNCTION keyturn._mcp_own_action(p_id uuid, p_tool text, p_params jsonb)
 RETURNS SETOF keyturn.mcp_action
 LANGUAGE plpgsql STABLE
@@ -441,18 +448,16 @@ BEGIN
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     RETURN QUERY
     SELECT a.status::text, CASE WHEN keyturn._is_final(a.status) THEN a.result END,
-           -- A digest action keeps no summary: rendered again from the
-           -- params, and without them (a task) only its tool is named.
-           coalesce(a.summary, (SELECT keyturn._render_summary(v.summary, p_params, a.target_count)
-                                  FROM keyturn.tool_version v
-                                 WHERE p_params IS NOT NULL AND v.tool = a.tool AND v.version = a.tool_version),
-                    a.tool),
+           -- A digest action keeps no summary: only its tool is named.
+           coalesce(a.summary, a.tool),
            a.expires_at, a.created_at, a.updated_at, a.session = keyturn.current_session()
       FROM keyturn.action a
      WHERE a.id = p_id AND a.tenant = v_tenant AND a.principal = v_principal
        AND (p_tool IS NULL
             OR (a.tool = p_tool
-                AND keyturn._params_hash_matches(a.retain, a.params_hash, keyturn.params_hash(p_tool, p_params))));
+                AND CASE WHEN a.retain = 'digest' THEN a.session = keyturn.current_session()
+                         ELSE keyturn._params_hash_matches(a.retain, a.params_hash,
+                                                           keyturn.params_hash(p_tool, p_params)) END));
 END
 $$;
 

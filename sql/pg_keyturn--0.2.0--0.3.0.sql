@@ -761,9 +761,11 @@ CREATE OR REPLACE FUNCTION "_recheck_at_commit"(
 	"version" INT, /* i32 */
 	"tenant" TEXT, /* & str */
 	"principal" TEXT, /* & str */
-	"epoch" bigint /* i64 */
+	"epoch" bigint, /* i64 */
+	"conversation" TEXT, /* Option < & str > */
+	"evidence" TEXT[] /* :: std :: option :: Option < Vec < String > > */
 ) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
+VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'recheck_at_commit_wrapper';
 
@@ -3367,7 +3369,10 @@ $$;
 -- the proposer's authorization without a row lock. What must not outlive a
 -- change of them is the commit, and the commit reads them again:
 -- keyturn._recheck_at_commit notes the tool version and epoch this decision
--- read, and the commit, ordered against every such change by its share
+-- read (and the conversation and the evidence it checked: the commit also
+-- fails if the one was cancelled or the other revoked meanwhile,
+-- docs/security.md row 104), and the commit, ordered
+-- against every change of the tool or epoch by its share
 -- lock (docs/security.md, row 95), fails (40001) if either has moved (on
 -- Citus, the tool row of this node's placement: keyturn._local_placement).
 -- So nothing here waits: no transaction left open stalls a decision or the
@@ -3455,7 +3460,10 @@ BEGIN
             RETURN format('the evidence it cites (%s) was revoked', v_how);
         END IF;
     END IF;
-    v_noted := keyturn._recheck_at_commit(a.tool, a.tool_version, a.tenant, a.principal, a.epoch);
+    v_noted := keyturn._recheck_at_commit(a.tool, a.tool_version, a.tenant, a.principal, a.epoch,
+                                          a.conversation_id,
+                                          CASE WHEN a.origin ? 'evidence'
+                                               THEN ARRAY(SELECT jsonb_array_elements_text(a.origin -> 'evidence')) END);
     RETURN NULL;
 END
 $$;
@@ -7563,8 +7571,10 @@ $$;
 -- call (a 2026-07-28 client answering keyturn's input_required with the
 -- request state it was given, the action's id): a row only when the retry
 -- is the same call, by the same principal: the same tool and the params
--- proposed. Anything else (a forged or stale state, other arguments) gets
--- no row, and keyturnd refuses the retry; nothing is proposed again.
+-- proposed (for a digest action, whose params are not kept: the same tool
+-- in the session that proposed it). Anything else (a forged or stale
+-- state, other arguments) gets no row, and keyturnd refuses the retry;
+-- nothing is proposed again.
 CREATE OR REPLACE FUNCTION keyturn.mcp_resume(action_id uuid, tool text, params jsonb)
 RETURNS SETOF keyturn.mcp_action
 LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -7591,7 +7601,12 @@ END
 $$;
 
 -- The calling principal's own action (with p_tool, only if it is of that
--- tool and p_params are its params).
+-- tool and p_params are its params). A digest action's params are kept only
+-- as a MAC, so an answer that depended on them would confirm guesses of
+-- them to any session of the principal, as many as it liked (twelfth
+-- red-team pass, docs/security.md row 103): a digest action is matched by
+-- its tool and the session that proposed it, never by params, and named by
+-- its tool alone.
 CREATE OR REPLACE FUNCTION keyturn._mcp_own_action(p_id uuid, p_tool text, p_params jsonb)
 RETURNS SETOF keyturn.mcp_action
 LANGUAGE plpgsql STABLE
@@ -7603,18 +7618,16 @@ BEGIN
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     RETURN QUERY
     SELECT a.status::text, CASE WHEN keyturn._is_final(a.status) THEN a.result END,
-           -- A digest action keeps no summary: rendered again from the
-           -- params, and without them (a task) only its tool is named.
-           coalesce(a.summary, (SELECT keyturn._render_summary(v.summary, p_params, a.target_count)
-                                  FROM keyturn.tool_version v
-                                 WHERE p_params IS NOT NULL AND v.tool = a.tool AND v.version = a.tool_version),
-                    a.tool),
+           -- A digest action keeps no summary: only its tool is named.
+           coalesce(a.summary, a.tool),
            a.expires_at, a.created_at, a.updated_at, a.session = keyturn.current_session()
       FROM keyturn.action a
      WHERE a.id = p_id AND a.tenant = v_tenant AND a.principal = v_principal
        AND (p_tool IS NULL
             OR (a.tool = p_tool
-                AND keyturn._params_hash_matches(a.retain, a.params_hash, keyturn.params_hash(p_tool, p_params))));
+                AND CASE WHEN a.retain = 'digest' THEN a.session = keyturn.current_session()
+                         ELSE keyturn._params_hash_matches(a.retain, a.params_hash,
+                                                           keyturn.params_hash(p_tool, p_params)) END));
 END
 $$;
 

@@ -48,6 +48,12 @@ struct Noted {
     tenant: String,
     principal: String,
     epoch: i64,
+    /// The conversation the approved proposal belongs to, and the evidence
+    /// it cites: a person who cancels the one, or revokes the other, while
+    /// the approving transaction is still open stops it at its commit
+    /// (twelfth red-team pass, docs/security.md row 104).
+    conversation: Option<String>,
+    evidence: Vec<String>,
 }
 
 /// Runs `sql` (one text result column, at most one row) on the latest
@@ -266,8 +272,17 @@ fn recheck_at_commit(
     tenant: &str,
     principal: &str,
     epoch: i64,
+    conversation: Option<&str>,
+    evidence: Option<Vec<String>>,
 ) -> String {
-    note(Some(tool), version, tenant, principal, epoch)
+    note(Some(tool), version, tenant, principal, epoch);
+    NOTED.with(|noted| {
+        if let Some(n) = noted.borrow_mut().last_mut() {
+            n.conversation = conversation.map(str::to_owned);
+            n.evidence = evidence.unwrap_or_default();
+        }
+    });
+    String::new()
 }
 
 /// Notes that a decision of this transaction was taken by `principal` (the
@@ -345,6 +360,8 @@ fn note(tool: Option<&str>, version: i32, tenant: &str, principal: &str, epoch: 
             tenant: tenant.into(),
             principal: principal.into(),
             epoch,
+            conversation: None,
+            evidence: Vec::new(),
         })
     });
     String::new()
@@ -398,6 +415,12 @@ pub fn check_noted() {
     let mut seen = std::collections::HashSet::new();
     for n in &noted {
         let (tenant, principal) = (n.tenant.as_str(), n.principal.as_str());
+        if let Some(problem) = origin_problem(n) {
+            KeyturnError::Busy(format!(
+                "{problem} while this transaction was open; what it approved does not commit"
+            ))
+            .raise();
+        }
         if n.tool.is_none() && covered.contains(&(tenant, principal, n.epoch)) {
             continue;
         }
@@ -540,6 +563,35 @@ fn commit_problem(
         }
     }
     (now_epoch != epoch).then(|| format!("the authorization of principal {principal} changed"))
+}
+
+/// Whether the conversation of a noted approval was cancelled, or evidence
+/// it cites revoked, as committed now (two of the reads
+/// keyturn._invalid_reason made when it decided), in the commit error's
+/// words. An archived conversation is not: archiving ends a conversation
+/// normally and cancels only what has not run yet, and what this
+/// transaction approved has. On a Citus worker at the commit of a delegated
+/// call both tables are read on the tenant's local shard, as the epoch is
+/// (committed_state).
+fn origin_problem(n: &Noted) -> Option<String> {
+    if n.conversation.is_none() && n.evidence.is_empty() {
+        return None;
+    }
+    let _as_owner = RoleSwitch::to(n.owner);
+    let local = crate::citus::begin_local("keyturn.cancelled_origin", &n.tenant);
+    let cancelled = n
+        .conversation
+        .as_deref()
+        .filter(|c| ended_how(&n.tenant, &n.principal, c).as_deref() == Some("cancelled"))
+        .map(|c| format!("conversation {c} was cancelled"));
+    let problem = cancelled.or_else(|| {
+        (!n.evidence.is_empty())
+            .then(|| evidence_revoked(&n.tenant, n.evidence.clone()))
+            .flatten()
+            .map(|id| format!("the evidence it cites ({id}) was revoked"))
+    });
+    crate::citus::end_local(local);
+    problem
 }
 
 /// A subtransaction at `level` committed (RELEASE, or a plpgsql block

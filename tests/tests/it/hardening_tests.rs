@@ -2120,3 +2120,62 @@ async fn test_an_admin_changes_a_grant_an_open_proposal_uses_at_once() {
         );
     }
 }
+
+/// A covered write whose transaction is still open when the person revokes
+/// the evidence it cites, or cancels its conversation, does not commit
+/// (twelfth red-team pass): both stops used to update only what was
+/// committed, and the commit's recheck read the tool and the epoch only.
+#[tokio::test]
+async fn test_a_covered_write_left_open_does_not_outlive_a_revoked_citation_or_conversation() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 2).await;
+    w.delegate(
+        &t,
+        json!({"params": {"set.stage": {"any": true}, "where.id": {"any": true}}}),
+        50,
+        "1 hour",
+    )
+    .await
+    .unwrap();
+    for (deal, stop) in [(deals[0], "evidence"), (deals[1], "conversation")] {
+        let evidence: uuid::Uuid = w
+            .human
+            .query_one(
+                "SELECT keyturn.record_evidence('document', 'contract.pdf', repeat('a', 64))",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let conversation = unique("conv");
+        let open = w.agent.transaction().await.unwrap();
+        let p = propose_full(
+            &open,
+            &t,
+            json!({"where": {"id": deal}, "set": {"stage": "won"}}),
+            json!({"evidence": [evidence], "conversation_id": conversation}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(p.status, "succeeded", "{stop}: covered");
+        let sql = if stop == "evidence" {
+            "SELECT keyturn.revoke_evidence($1::text::uuid)::text"
+        } else {
+            "SELECT keyturn.cancel_origin($1)::text"
+        };
+        let arg = if stop == "evidence" {
+            evidence.to_string()
+        } else {
+            conversation.clone()
+        };
+        w.human.query_one(sql, &[&arg]).await.unwrap();
+        let (state, message) = failed_with(open.commit().await);
+        assert_eq!(state, "40001", "{stop}: {message}");
+        assert_eq!(
+            w.stage_of(deal).await,
+            "lead",
+            "{stop}: nothing of it stays"
+        );
+    }
+}

@@ -432,20 +432,51 @@ async fn test_mcp_resume_is_only_the_same_call_by_the_same_principal() {
                     })
             }
         };
-        // The same call: the proposal, its summary even where only a
-        // digest is kept (rendered again from the params resubmitted).
+        // The same call: the proposal, with its summary (a digest action
+        // keeps none: its tool is named).
+        let summary = if retain == "full" {
+            "Notify c: \"resume me\"".to_owned()
+        } else {
+            t.clone()
+        };
         assert_eq!(
             resume(p.id, t.clone(), params.clone()).await,
-            Some((
-                "pending".into(),
-                None,
-                Some("Notify c: \"resume me\"".into())
-            )),
+            Some(("pending".into(), None, Some(summary.clone()))),
             "{retain}"
         );
-        // Other params, another tool, no such action: no row.
+        // Other params: no row. Except for a digest action, which is never
+        // matched by params: an answer that depended on them would confirm
+        // guesses of what only its MAC keeps (twelfth red-team pass).
         let other = json!({"channel": "c", "text": "something else"});
-        assert_eq!(resume(p.id, t.clone(), other).await, None, "{retain}");
+        let answer = resume(p.id, t.clone(), other).await;
+        if retain == "full" {
+            assert_eq!(answer, None);
+        } else {
+            assert_eq!(answer, Some(("pending".into(), None, Some(summary))));
+            // In another session of the same principal, not even the
+            // right guess gets an answer.
+            let elsewhere = Conn::connect(
+                "app_agent",
+                Identity::gucs(&w.tenant, &w.principal, "guessing-session"),
+            )
+            .await;
+            for guess in [
+                params.clone(),
+                json!({"channel": "c", "text": "resume you"}),
+            ] {
+                let row = elsewhere
+                    .query_opt(
+                        "SELECT status FROM keyturn.mcp_resume($1, $2, $3)",
+                        &[&p.id, &t, &guess],
+                    )
+                    .await
+                    .unwrap();
+                assert!(
+                    row.is_none(),
+                    "{guess}: a digest action answered another session"
+                );
+            }
+        }
         assert_eq!(
             resume(p.id, "mcp_other".into(), params.clone()).await,
             None,
