@@ -6,9 +6,10 @@
 //! identity may do stays in the database.
 //!
 //! Accepted: HS256 with `KEYTURN_JWT_SECRET`, or RS256 / ES256 with a key of
-//! the `KEYTURN_JWT_JWKS` file (chosen by `kid`, else by algorithm). `exp` is
-//! required (and `aud`, when `KEYTURN_JWT_AUD` is set); `exp` and `nbf` are checked with 60 s of leeway; `aud` is checked
-//! when `KEYTURN_JWT_AUD` is set. `alg: none` and any algorithm other than
+//! the `KEYTURN_JWT_JWKS` file (chosen by `kid`, else by algorithm). `exp`
+//! and `nbf` are checked when present, with 60 s of leeway (a token without
+//! `exp` is its issuer's choice, as PostgREST takes it); `aud` is required
+//! and checked when `KEYTURN_JWT_AUD` is set. `alg: none` and any algorithm other than
 //! the configured ones are refused, so a JWKS public key can never be used
 //! as an HMAC secret. A JWKS key that could not or should not verify
 //! anything (a type that does not match its `alg`, an RSA modulus under
