@@ -107,7 +107,8 @@ CREATE TABLE keyturn.tool_grant (
 -- granted_at (a grant given again with new terms starts from zero). A lock
 -- on the grant row itself let an agent that left its transaction open stall
 -- the admin's revoke_tool, grant_tool and remove_member (twelfth red-team
--- pass, docs/security.md row 101): no admin call waits for this row.
+-- pass, docs/security.md row 101): grant_tool makes it when there is none,
+-- and no admin call touches it after.
 CREATE TABLE keyturn.grant_use (
     tenant       text        NOT NULL,
     principal    text        NOT NULL,

@@ -120,7 +120,8 @@ END
 $$;
 
 -- Sets the (tenant, principal, tool) grant to exactly the given scope,
--- valid_until and max_uses, with its use count at zero (keyturn.grant_use); the plain
+-- valid_until and max_uses, with its use count at zero (counted in
+-- keyturn.grant_use against the grant's granted_at); the plain
 -- three-argument call is a grant without scope or limits. A call that changes
 -- none of them changes nothing (and keeps the count); any real change bumps
 -- the epoch, so proposals made under the old terms are invalidated.
@@ -172,12 +173,20 @@ BEGIN
        WHERE (g.scope, g.valid_until, g.max_uses)
              IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
     v_changed := FOUND;
-    -- The proposer's row, which propose locks and counts the uses in
-    -- (against this grant's granted_at: new terms count from zero). Made
-    -- here, never changed here: no admin call waits for a proposal.
-    INSERT INTO keyturn.grant_use (tenant, principal, tool)
-    VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool)
-    ON CONFLICT ON CONSTRAINT grant_use_pkey DO NOTHING;
+    -- The uses are counted in the proposer's row (keyturn.grant_use),
+    -- against the grant's granted_at: new terms count from zero. Made here
+    -- when there is none, so that proposals find it (a REPEATABLE READ one
+    -- could not make it after its snapshot without failing to serialize),
+    -- and never touched when there is: an INSERT ... ON CONFLICT DO NOTHING
+    -- waits for the row's open updater, a proposal left open (thirteenth
+    -- red-team pass).
+    PERFORM FROM keyturn.grant_use u
+      WHERE u.tenant = grant_tool.tenant AND u.principal = grant_tool.principal AND u.tool = grant_tool.tool;
+    IF NOT FOUND THEN
+        INSERT INTO keyturn.grant_use (tenant, principal, tool)
+        VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool)
+        ON CONFLICT ON CONSTRAINT grant_use_pkey DO NOTHING;
+    END IF;
 
     IF v_changed THEN
         PERFORM keyturn._bump_epoch(grant_tool.tenant, grant_tool.principal);

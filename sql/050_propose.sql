@@ -185,41 +185,44 @@ $$;
 -- role may take with a guessable key and hold to stall the tenant). The
 -- grant row itself is read, not locked: it is the admin's, and a lock on it
 -- let a proposal left open stall its revocation (docs/security.md row 101).
--- A grant changed after it was read moves the principal's epoch, which
--- invalidates the proposal at approve and fails a covered one at COMMIT.
--- 42501 when there is none, it has ended, or its uses (those counted
--- against the grant made at its granted_at) are spent.
+-- It is read after the lock, in a statement of its own, so that under READ
+-- COMMITTED a proposal that waited for another reads the grant as committed
+-- then, not as it was before the wait (a grant narrowed meanwhile was
+-- counted against its old terms: thirteenth red-team pass); under
+-- REPEATABLE READ it is compared with the committed one. A grant changed
+-- after it was read moves the principal's epoch, which invalidates the
+-- proposal at approve and fails a covered one at COMMIT. 42501 when there
+-- is none, it has ended, or its uses (those counted against the grant made
+-- at its granted_at) are spent.
 CREATE FUNCTION keyturn._lock_grant(p_tenant text, p_principal text, p_tool text)
 RETURNS keyturn.tool_grant
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    g       keyturn.tool_grant;
-    r       record;
-    v_found boolean := false;
+    g      keyturn.tool_grant;
+    v_at   timestamptz;
+    v_uses int;
 BEGIN
     FOR i IN 1 .. 2 LOOP
-        SELECT x AS grant_row, u.granted_at, u.uses INTO r
-          FROM keyturn.tool_grant x
-          JOIN keyturn.grant_use u ON u.tenant = x.tenant AND u.principal = x.principal AND u.tool = x.tool
-         WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool
-           FOR NO KEY UPDATE OF u;
-        v_found := FOUND;
-        EXIT WHEN v_found OR i = 2;
-        -- No row: no grant, or a grant restored without its proposer's row
-        -- (grant_tool makes one), made here and locked on the second pass.
+        SELECT u.granted_at, u.uses INTO v_at, v_uses FROM keyturn.grant_use u
+         WHERE u.tenant = p_tenant AND u.principal = p_principal AND u.tool = p_tool
+           FOR NO KEY UPDATE;
+        EXIT WHEN FOUND OR i = 2;
+        -- A grant restored without its proposer's row (grant_tool makes
+        -- one): made here, once there is a grant to count.
         PERFORM FROM keyturn.tool_grant x
           WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool;
         EXIT WHEN NOT FOUND;
         INSERT INTO keyturn.grant_use (tenant, principal, tool) VALUES (p_tenant, p_principal, p_tool)
         ON CONFLICT ON CONSTRAINT grant_use_pkey DO NOTHING;
     END LOOP;
-    IF NOT v_found THEN
+    SELECT x.* INTO g FROM keyturn.tool_grant x
+     WHERE x.tenant = p_tenant AND x.principal = p_principal AND x.tool = p_tool;
+    IF NOT FOUND THEN
         RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
             USING ERRCODE = '42501',
                   HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
     END IF;
-    g := r.grant_row;
     -- Under REPEATABLE READ the grant read may be older than one given,
     -- changed or revoked since: decided on committed data, as every
     -- admission is (docs/security.md row 22).
@@ -235,7 +238,7 @@ BEGIN
             USING ERRCODE = '42501',
                   HINT = 'An admin renews it with keyturn.grant_tool(tenant, principal, tool, scope, valid_until, max_uses).';
     END IF;
-    IF g.max_uses IS NOT NULL AND r.granted_at IS NOT DISTINCT FROM g.granted_at AND r.uses >= g.max_uses THEN
+    IF g.max_uses IS NOT NULL AND v_at IS NOT DISTINCT FROM g.granted_at AND v_uses >= g.max_uses THEN
         RAISE EXCEPTION 'keyturn: the grant of tool % to principal % allows % proposals, all used', p_tool, p_principal, g.max_uses
             USING ERRCODE = '42501',
                   HINT = 'An admin renews it with keyturn.grant_tool(tenant, principal, tool, scope, valid_until, max_uses).';

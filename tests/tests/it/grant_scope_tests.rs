@@ -42,15 +42,16 @@ async fn actions_of(w: &World, tool: &str) -> i64 {
 }
 
 /// The grant's (scope, valid_until is set, max_uses, uses), read as
-/// superuser: the uses its proposer's row counted against this grant (a row
-/// that counted an earlier grant of the pair counts none of this one's).
+/// superuser: the uses its proposer's row counted against this grant (none
+/// before the pair's first proposal makes the row; a row that counted an
+/// earlier grant of the pair counts none of this one's).
 async fn grant_row(w: &World, tool: &str) -> (Option<Value>, bool, Option<i32>, i32) {
     let r = w
         .superuser
         .query_one(
             "SELECT g.scope, g.valid_until IS NOT NULL, g.max_uses, \
                     CASE WHEN u.granted_at = g.granted_at THEN u.uses ELSE 0 END \
-               FROM keyturn.tool_grant g JOIN keyturn.grant_use u USING (tenant, principal, tool) \
+               FROM keyturn.tool_grant g LEFT JOIN keyturn.grant_use u USING (tenant, principal, tool) \
               WHERE g.tenant = $1 AND g.principal = $2 AND g.tool = $3",
             &[&w.tenant, &w.principal, &tool],
         )

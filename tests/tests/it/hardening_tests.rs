@@ -2073,6 +2073,11 @@ async fn test_an_admin_changes_a_grant_an_open_proposal_uses_at_once() {
         ("SELECT keyturn.revoke_tool($1, $2, $3)", 3),
         ("SELECT keyturn.remove_member($1, $2)", 2),
     ] {
+        // A grant with a use limit, so that the proposal counts a use:
+        // its row stays written by a transaction still open.
+        w.grant_with(&w.principal, &t, None, None, Some(100))
+            .await
+            .unwrap();
         // A proposal made and left open: its transaction holds what
         // propose locked until it ends.
         let open = w.agent.transaction().await.unwrap();
@@ -2090,6 +2095,8 @@ async fn test_an_admin_changes_a_grant_an_open_proposal_uses_at_once() {
             .batch_execute("SET LOCAL statement_timeout = '10s'")
             .await
             .unwrap();
+        // Then a second change of the grant, unchanged terms included:
+        // none of them touches the proposer's row.
         let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = if args == 3 {
             vec![&w.tenant, &w.principal, &t]
         } else {
@@ -2099,6 +2106,15 @@ async fn test_an_admin_changes_a_grant_an_open_proposal_uses_at_once() {
             .query_one(call, &params)
             .await
             .unwrap_or_else(|e| panic!("{call} while a proposal is open: {e}"));
+        for again in [
+            "SELECT keyturn.grant_tool($1, $2, $3)",
+            "SELECT keyturn.grant_tool($1, $2, $3)",
+        ] {
+            admin
+                .query_one(again, &[&w.tenant, &w.principal, &t])
+                .await
+                .unwrap_or_else(|e| panic!("{again} after {call} while a proposal is open: {e}"));
+        }
         admin.commit().await.unwrap();
         open.commit().await.unwrap();
         // What that proposal rested on changed: a person cannot approve it
