@@ -155,6 +155,7 @@ DECLARE
     v_how     text;
     v_local   regclass;
     v_noted   text;
+    v_cited   text[];
 BEGIN
     -- Asked first, in Rust: without Citus, approve and begin_dispatch pay
     -- for no call of the plpgsql function per action.
@@ -211,16 +212,16 @@ BEGIN
     -- (revoke_evidence invalidates what is pending; this covers what was
     -- approved meanwhile, and a revocation that raced the proposal).
     IF a.origin ? 'evidence' THEN
-        v_how := keyturn._evidence_revoked(a.tenant,
-                     ARRAY(SELECT jsonb_array_elements_text(a.origin -> 'evidence')));
+        v_cited := ARRAY(SELECT jsonb_array_elements_text(a.origin -> 'evidence'));
+        v_how := keyturn._evidence_revoked(a.tenant, v_cited);
         IF v_how IS NOT NULL THEN
             RETURN format('the evidence it cites (%s) was revoked', v_how);
         END IF;
     END IF;
+    -- A call with plain arguments (no subquery): plpgsql evaluates it
+    -- without a statement of its own.
     v_noted := keyturn._recheck_at_commit(a.tool, a.tool_version, a.tenant, a.principal, a.epoch,
-                                          a.conversation_id,
-                                          CASE WHEN a.origin ? 'evidence'
-                                               THEN ARRAY(SELECT jsonb_array_elements_text(a.origin -> 'evidence')) END);
+                                          a.conversation_id, v_cited);
     RETURN NULL;
 END
 $$;
