@@ -275,14 +275,15 @@ fn recheck_at_commit(
     conversation: Option<&str>,
     evidence: Option<Vec<String>>,
 ) -> String {
-    note(Some(tool), version, tenant, principal, epoch);
-    NOTED.with(|noted| {
-        if let Some(n) = noted.borrow_mut().last_mut() {
-            n.conversation = conversation.map(str::to_owned);
-            n.evidence = evidence.unwrap_or_default();
-        }
-    });
-    String::new()
+    note(
+        Some(tool),
+        version,
+        tenant,
+        principal,
+        epoch,
+        conversation,
+        evidence.unwrap_or_default(),
+    )
 }
 
 /// Notes that a decision of this transaction was taken by `principal` (the
@@ -296,7 +297,7 @@ fn recheck_epoch_at_commit(tenant: &str, principal: &str, epoch: i64) -> String 
     if uses_transaction_snapshot() && committed_epoch(tenant, principal) != epoch {
         stale_snapshot(&format!("the authorization of principal {principal}"));
     }
-    note(None, 0, tenant, principal, epoch)
+    note(None, 0, tenant, principal, epoch, None, Vec::new())
 }
 
 /// Under REPEATABLE READ or SERIALIZABLE: raises 40001 unless the tool row
@@ -348,7 +349,15 @@ fn stale_snapshot(what: &str) -> ! {
     .raise()
 }
 
-fn note(tool: Option<&str>, version: i32, tenant: &str, principal: &str, epoch: i64) -> String {
+fn note(
+    tool: Option<&str>,
+    version: i32,
+    tenant: &str,
+    principal: &str,
+    epoch: i64,
+    conversation: Option<&str>,
+    evidence: Vec<String>,
+) -> String {
     // SAFETY: a plain read of the backend's transaction state.
     let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
     NOTED.with(|noted| {
@@ -360,8 +369,8 @@ fn note(tool: Option<&str>, version: i32, tenant: &str, principal: &str, epoch: 
             tenant: tenant.into(),
             principal: principal.into(),
             epoch,
-            conversation: None,
-            evidence: Vec::new(),
+            conversation: conversation.map(str::to_owned),
+            evidence,
         })
     });
     String::new()
