@@ -1984,12 +1984,14 @@ async fn test_approve_does_not_wait_for_a_held_tool_row() {
 
 // --- Twelfth red-team pass: an open transaction holds no revocation ----------
 //
-// propose locks the proposer's grant (its uses and rate window), and a
-// covered proposal the standing approval's row (its use), until the agent's
-// transaction ends. An agent that left that transaction open made the
-// person's revoke_delegation wait (keyturnd's /rpc answered 500 after its
-// 10 s timeout, and the standing approval stayed live), and an admin's
-// revoke_tool, grant_tool and remove_member hang as long.
+// propose locked the proposer's grant (its uses and rate window), and a
+// covered proposal locks the standing approval's row (its use), until the
+// agent's transaction ends. An agent that left that transaction open made
+// the person's revoke_delegation wait (keyturnd's /rpc answered 500 after
+// its 10 s timeout, and the standing approval stayed live), and an admin's
+// revoke_tool, grant_tool and remove_member hung as long. propose now locks
+// the proposer's own row of the grant (keyturn.grant_use), which no admin
+// call touches; revoke_delegation ends what it cannot lock through the epoch.
 
 /// The error of a statement that must fail: its SQLSTATE and message.
 fn failed_with<T: std::fmt::Debug>(r: Result<T, tokio_postgres::Error>) -> (String, String) {
