@@ -15,10 +15,42 @@
 //! against a head kept elsewhere (`keyturn.audit_head`), which is how a
 //! deleted tail shows.
 
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 
-use keyturn_core::audit::CHAIN_START;
+use keyturn_core::audit::{CHAIN_START, EXPORT_LINE_BYTES};
 use serde_json::Value;
+
+/// One line of an export, or the news that it is longer than any event,
+/// read no further than that (a multi-gigabyte line is not held in memory
+/// to be refused).
+enum Line {
+    Text(String),
+    TooLong,
+}
+
+/// The next line of `input` without its line end (`\n` or `\r\n`, as
+/// `BufRead::lines` reads them), None at the end; invalid UTF-8 is an
+/// `InvalidData` error, as from `lines`.
+fn next_line(input: &mut impl BufRead, buf: &mut Vec<u8>) -> std::io::Result<Option<Line>> {
+    buf.clear();
+    let limit = EXPORT_LINE_BYTES as u64 + 2;
+    let read = input.by_ref().take(limit).read_until(b'\n', buf)?;
+    if read == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        if buf.last() == Some(&b'\r') {
+            buf.pop();
+        }
+    }
+    if buf.len() > EXPORT_LINE_BYTES {
+        return Ok(Some(Line::TooLong));
+    }
+    String::from_utf8(std::mem::take(buf))
+        .map(|t| Some(Line::Text(t)))
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
 
 /// What an export proved: its events and last hash, or the first line
 /// (1-based) that does not verify and why.
@@ -46,7 +78,7 @@ fn event_hash(event: &Value) -> Result<String, String> {
 
 /// Checks the export read from `input`.
 pub fn verify(
-    input: impl BufRead,
+    mut input: impl BufRead,
     after: Option<&str>,
     head: Option<&str>,
 ) -> std::io::Result<Verdict> {
@@ -55,10 +87,15 @@ pub fn verify(
     let mut tenant: Option<String> = None;
     let mut last_id: Option<i64> = None;
     let mut n = 0;
-    for line in input.lines() {
-        let line = line?;
+    let mut buf = Vec::new();
+    while let Some(line) = next_line(&mut input, &mut buf)? {
         n += 1;
         let bad = |why: String| Ok(Verdict::Bad { line: n, why });
+        let Line::Text(line) = line else {
+            return bad(format!(
+                "longer than any event ({EXPORT_LINE_BYTES} bytes at most)"
+            ));
+        };
         let event: Value = match keyturn_core::audit::parse_exported_event(&line) {
             Ok(v) => v,
             Err(e) => return bad(format!("not JSON: {e}")),
@@ -151,6 +188,31 @@ mod tests {
 
     fn check(events: &[Value]) -> Verdict {
         verify(text(events).as_bytes(), None, None).unwrap()
+    }
+
+    #[test]
+    fn test_a_line_longer_than_any_event_is_refused_unread() {
+        let c = chain(2);
+        let mut t = text(&c);
+        t.push_str(&"x".repeat(EXPORT_LINE_BYTES + 10));
+        t.push('\n');
+        match verify(t.as_bytes(), None, None).unwrap() {
+            Verdict::Bad { line, why } => {
+                assert_eq!(line, 3);
+                assert!(why.starts_with("longer than any event"), "{why}");
+            }
+            v => panic!("{v:?}"),
+        }
+        // Line ends as BufRead::lines reads them: \r\n, and none at the end.
+        let crlf = text(&c).replace('\n', "\r\n");
+        assert!(matches!(
+            verify(crlf.trim_end().as_bytes(), None, None).unwrap(),
+            Verdict::Verified { events: 2, .. }
+        ));
+        // Invalid UTF-8 is an error, as before.
+        let mut bytes = text(&c).into_bytes();
+        bytes.extend_from_slice(b"\xff\n");
+        assert!(verify(&bytes[..], None, None).is_err());
     }
 
     #[test]

@@ -15,6 +15,10 @@ use crate::CoreError;
 /// never twice as long plus its short columns.
 const STORED_EVENT_BYTES: usize = 4 * MAX_BYTES;
 
+/// The longest line an export can hold: one stored event
+/// ([`parse_exported_event`] refuses a longer one). A reader stops there.
+pub const EXPORT_LINE_BYTES: usize = STORED_EVENT_BYTES;
+
 /// The largest id an event can have whose canonical form is exact (2^53 - 1):
 /// what an event's length is checked with before its id is known.
 const LONGEST_ID: u64 = 9_007_199_254_740_991;
