@@ -406,6 +406,19 @@ pub fn sqlstate<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
     }
 }
 
+/// The SQLSTATE and the message of a failed statement, for assertions on both.
+pub fn failure<T: std::fmt::Debug>(result: Result<T, Error>) -> (String, String) {
+    match result {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => {
+            let db = e
+                .as_db_error()
+                .unwrap_or_else(|| panic!("not a database error: {e}"));
+            (db.code().code().to_owned(), db.message().to_owned())
+        }
+    }
+}
+
 /// The message of a failed statement.
 pub fn message<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
     match result {

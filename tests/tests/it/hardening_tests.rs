@@ -1993,17 +1993,6 @@ async fn test_approve_does_not_wait_for_a_held_tool_row() {
 // the proposer's own row of the grant (keyturn.grant_use), which no admin
 // call touches; revoke_delegation ends what it cannot lock through the epoch.
 
-/// The error of a statement that must fail: its SQLSTATE and message.
-fn failed_with<T: std::fmt::Debug>(r: Result<T, tokio_postgres::Error>) -> (String, String) {
-    match r {
-        Ok(v) => panic!("expected an error, got {v:?}"),
-        Err(e) => {
-            let db = e.as_db_error().expect("a database error");
-            (db.code().code().to_owned(), db.message().to_owned())
-        }
-    }
-}
-
 #[tokio::test]
 async fn test_a_covered_proposal_left_open_cannot_hold_the_persons_revocation() {
     let w = World::new("member").await;
@@ -2042,7 +2031,7 @@ async fn test_a_covered_proposal_left_open_cannot_hold_the_persons_revocation() 
     assert!(r.get::<_, bool>(0));
     revoked.commit().await.unwrap();
     // The agent's covered write cannot commit after it.
-    let (state, _) = failed_with(open.commit().await);
+    let (state, _) = failure(open.commit().await);
     assert_eq!(state, "40001");
     assert_eq!(w.stage_of(deals[0]).await, "lead", "nothing of it stays");
     // And the standing approval covers nothing any more.
@@ -2188,7 +2177,7 @@ async fn test_a_covered_write_left_open_does_not_outlive_a_revoked_citation_or_c
             conversation.clone()
         };
         w.human.query_one(sql, &[&arg]).await.unwrap();
-        let (state, message) = failed_with(open.commit().await);
+        let (state, message) = failure(open.commit().await);
         assert_eq!(state, "40001", "{stop}: {message}");
         assert_eq!(
             w.stage_of(deal).await,

@@ -161,17 +161,6 @@ async fn test_reads_need_the_grant_and_a_read_tool() {
     assert_eq!(sqlstate(read(&none, &t, json!({})).await), "42501");
 }
 
-/// The SQLSTATE and message of a statement that must fail.
-fn refused<T: std::fmt::Debug>(r: Result<T, tokio_postgres::Error>) -> (String, String) {
-    match r {
-        Ok(v) => panic!("expected an error, got {v:?}"),
-        Err(e) => {
-            let db = e.as_db_error().expect("a database error");
-            (db.code().code().to_owned(), db.message().to_owned())
-        }
-    }
-}
-
 /// Sets the world principal's grant of `tool` to these terms.
 async fn grant_with(
     w: &World,
@@ -229,7 +218,7 @@ async fn test_a_read_tool_grant_s_scope_bounds_what_the_agent_may_read() {
         json!({}),
         json!({"where": {"stage": "lead"}}),
     ] {
-        let (state, msg) = refused(read(&w.agent, &t, outside.clone()).await);
+        let (state, msg) = failure(read(&w.agent, &t, outside.clone()).await);
         assert_eq!(state, "42501", "{outside}");
         assert!(msg.contains("where.owner"), "{outside}: {msg}");
     }
@@ -243,7 +232,7 @@ async fn test_a_read_tool_grant_s_scope_bounds_what_the_agent_may_read() {
     )
     .await
     .unwrap();
-    let (state, msg) = refused(read(&w.agent, &t, json!({"where": {"owner": w.principal}})).await);
+    let (state, msg) = failure(read(&w.agent, &t, json!({"where": {"owner": w.principal}})).await);
     assert_eq!(state, "42501");
     assert!(msg.contains("max_targets"), "{msg}");
     let (_, reference) = read(
@@ -284,7 +273,7 @@ async fn test_an_upstream_read_grant_s_scope_bounds_its_arguments() {
         .query_one(call, &[&tool, &json!({"channel": "sales"})])
         .await;
     assert_eq!(r.unwrap().get::<_, String>(0), "history");
-    let (state, msg) = refused(
+    let (state, msg) = failure(
         w.agent
             .query_one(call, &[&tool, &json!({"channel": "another-tenants-board"})])
             .await,
@@ -312,7 +301,7 @@ async fn test_an_upstream_read_grant_s_scope_bounds_its_arguments() {
     now_read["annotations"] = json!({"readOnlyHint": true});
     discover(&d, &up, &now_read, true).await.unwrap();
     enable_read(&w, &flips_tool).await;
-    let (state, msg) = refused(
+    let (state, msg) = failure(
         w.agent
             .query_one(call, &[&flips_tool, &json!({"channel": "x"})])
             .await,
