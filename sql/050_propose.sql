@@ -520,6 +520,9 @@ BEGIN
     IF p_revised_from IS NULL AND v_delegated THEN
         v_deleg := keyturn._spend_delegation(p_tenant, p_principal, v_epoch, v_ver, p_params, v_count);
         IF v_deleg.id IS NOT NULL THEN
+            -- What it covers commits before it ends, or not at all.
+            v_noted := keyturn._ends_at_commit(v_deleg.expires_at,
+                format('standing approval %s (until %s)', v_deleg.id, keyturn._utc(v_deleg.expires_at)));
             PERFORM keyturn._set_event_context(jsonb_build_object(
                 'delegation', v_deleg.id, 'delegated_by', v_deleg.principal));
             v_claimed := keyturn._claim(p_tenant, v_id, v_token, v_deleg.principal, v_deleg.db_role,

@@ -509,6 +509,15 @@ STRICT STABLE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'ended_how_wrapper';
 
+-- pg_keyturn::committed::_ends_at_commit
+CREATE OR REPLACE FUNCTION "_ends_at_commit"(
+	"at" timestamp with time zone, /* TimestampWithTimeZone */
+	"what" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'ends_at_commit_wrapper';
+
 -- pg_keyturn::approval::_ensure_approval_key
 CREATE OR REPLACE FUNCTION "_ensure_approval_key"() RETURNS bool /* bool */
 STRICT VOLATILE PARALLEL UNSAFE 
@@ -3211,6 +3220,9 @@ BEGIN
     IF p_revised_from IS NULL AND v_delegated THEN
         v_deleg := keyturn._spend_delegation(p_tenant, p_principal, v_epoch, v_ver, p_params, v_count);
         IF v_deleg.id IS NOT NULL THEN
+            -- What it covers commits before it ends, or not at all.
+            v_noted := keyturn._ends_at_commit(v_deleg.expires_at,
+                format('standing approval %s (until %s)', v_deleg.id, keyturn._utc(v_deleg.expires_at)));
             PERFORM keyturn._set_event_context(jsonb_build_object(
                 'delegation', v_deleg.id, 'delegated_by', v_deleg.principal));
             v_claimed := keyturn._claim(p_tenant, v_id, v_token, v_deleg.principal, v_deleg.db_role,
@@ -3406,7 +3418,7 @@ DECLARE
     v_version int;
     v_epoch   bigint;
     v_member  boolean;
-    v_granted boolean;
+    v_until   timestamptz;
     v_how     text;
     v_local   regclass;
     v_noted   text;
@@ -3433,10 +3445,10 @@ BEGIN
     SELECT (SELECT e.epoch FROM keyturn.auth_epoch e
              WHERE e.tenant = a.tenant AND e.principal = a.principal),
            EXISTS (SELECT 1 FROM keyturn.member m WHERE m.tenant = a.tenant AND m.principal = a.principal),
-           EXISTS (SELECT 1 FROM keyturn.tool_grant g
-                    WHERE g.tenant = a.tenant AND g.principal = a.principal AND g.tool = a.tool
-                      AND keyturn._grant_live(g.valid_until))
-      INTO v_epoch, v_member, v_granted;
+           (SELECT coalesce(g.valid_until, 'infinity') FROM keyturn.tool_grant g
+             WHERE g.tenant = a.tenant AND g.principal = a.principal AND g.tool = a.tool
+               AND keyturn._grant_live(g.valid_until))
+      INTO v_epoch, v_member, v_until;
     -- Under REPEATABLE READ or SERIALIZABLE, what was just read is the
     -- snapshot's: 40001 unless it is still what is committed (a no-op at
     -- READ COMMITTED; an expression, not a statement).
@@ -3454,8 +3466,15 @@ BEGIN
     IF NOT v_member THEN
         RETURN format('principal %s is no longer a member of tenant %s', a.principal, a.tenant);
     END IF;
-    IF NOT v_granted THEN
+    IF v_until IS NULL THEN
         RETURN format('principal %s no longer holds a grant for tool %s', a.principal, a.tool);
+    END IF;
+    -- A grant that ends by time ends what it admitted at its end: this
+    -- transaction does not commit past it (keyturn._ends_at_commit).
+    IF v_until <> 'infinity' THEN
+        v_noted := keyturn._ends_at_commit(v_until,
+            format('the grant of tool %s to principal %s (valid until %s)', a.tool, a.principal,
+                   keyturn._utc(v_until)));
     END IF;
     IF a.conversation_id IS NOT NULL THEN
         v_how := keyturn._ended_how(a.tenant, a.principal, a.conversation_id);

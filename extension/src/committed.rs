@@ -34,6 +34,18 @@ thread_local! {
     /// What approval decisions in this transaction read: (nest level, tool,
     /// version, tenant, principal, epoch).
     static NOTED: RefCell<Vec<Noted>> = const { RefCell::new(Vec::new()) };
+    /// Terms that end by time, which decisions in this transaction rested on.
+    static ENDS: RefCell<Vec<Ends>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A decision's term that ends by time: a grant's `valid_until`, a standing
+/// approval's end. Nothing is written when it passes (no epoch moves), so
+/// the commit compares the clock with it.
+struct Ends {
+    level: i32,
+    at: pg_sys::TimestampTz,
+    /// What ends, in the commit error's words.
+    what: String,
 }
 
 struct Noted {
@@ -300,6 +312,25 @@ fn recheck_epoch_at_commit(tenant: &str, principal: &str, epoch: i64) -> String 
     note(None, 0, tenant, principal, epoch, None, Vec::new())
 }
 
+/// Notes that a decision of this transaction holds only until `at`: a
+/// grant's `valid_until`, a standing approval's end. An agent that leaves a
+/// covered write open in its transaction past it cannot commit it (40001),
+/// as after a revocation (thirteenth red-team pass, docs/security.md row
+/// 105). Returns '' (assigned, not PERFORMed: no statement).
+#[pg_extern(name = "_ends_at_commit", volatile, parallel_unsafe)]
+fn ends_at_commit(at: TimestampWithTimeZone, what: &str) -> String {
+    // SAFETY: a plain read of the backend's transaction state.
+    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
+    ENDS.with(|ends| {
+        ends.borrow_mut().push(Ends {
+            level,
+            at: at.into_inner(),
+            what: what.into(),
+        })
+    });
+    String::new()
+}
+
 /// Under REPEATABLE READ or SERIALIZABLE: raises 40001 unless the tool row
 /// (`enabled`, `version`; both NULL: no row) and the principal's `epoch`
 /// that an approval decision just read on the transaction's snapshot are
@@ -412,6 +443,16 @@ pub fn hold_noted() {
 /// decision against the latest committed tool row and epoch; the first
 /// that no longer holds fails the commit with 40001.
 pub fn check_noted() {
+    let ends = ENDS.with(|ends| std::mem::take(&mut *ends.borrow_mut()));
+    // SAFETY: reads the clock.
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    if let Some(ended) = ends.iter().find(|e| e.at <= now) {
+        KeyturnError::Busy(format!(
+            "{} ended while this transaction was open; what it approved does not commit",
+            ended.what
+        ))
+        .raise();
+    }
     let noted = NOTED.with(|noted| std::mem::take(&mut *noted.borrow_mut()));
     // A tool's check reads the principal's epoch too: an authorization
     // noted alone that one of them covers (a person approving their own
@@ -612,20 +653,27 @@ pub fn keep_in_parent(level: i32) {
             x.level = level - 1;
         }
     });
+    ENDS.with(|s| {
+        for x in s.borrow_mut().iter_mut().filter(|x| x.level >= level) {
+            x.level = level - 1;
+        }
+    });
 }
 
 /// Forgets what an aborted subtransaction noted (an approve_many element
 /// that rolled back decided nothing).
 pub fn forget_from_level(level: i32) {
     NOTED.with(|noted| noted.borrow_mut().retain(|n| n.level < level));
+    ENDS.with(|ends| ends.borrow_mut().retain(|e| e.level < level));
 }
 
 /// Whether this transaction made decisions its commit checks again.
 pub fn has_noted() -> bool {
-    NOTED.with(|noted| !noted.borrow().is_empty())
+    NOTED.with(|noted| !noted.borrow().is_empty()) || ENDS.with(|ends| !ends.borrow().is_empty())
 }
 
 /// Forgets everything at the end of the transaction.
 pub fn forget_all() {
     NOTED.with(|noted| noted.borrow_mut().clear());
+    ENDS.with(|ends| ends.borrow_mut().clear());
 }

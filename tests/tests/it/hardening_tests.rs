@@ -2186,3 +2186,77 @@ async fn test_a_covered_write_left_open_does_not_outlive_a_revoked_citation_or_c
         );
     }
 }
+
+/// Thirteenth red-team pass (docs/security.md row 105): a grant's
+/// `valid_until` and a standing approval's end are terms of the decision as
+/// much as a revocation is. A covered write left open in an agent's
+/// transaction past either used to commit; it now fails at its commit as a
+/// revoked grant's does.
+#[tokio::test]
+async fn test_a_covered_write_left_open_does_not_outlive_its_grant_or_standing_approval() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 2).await;
+    let scope = json!({"params": {"set.stage": {"any": true}, "where.id": {"any": true}}});
+    for (deal, ends) in [(deals[0], "the grant"), (deals[1], "standing approval")] {
+        let soon = std::time::SystemTime::now() + std::time::Duration::from_secs(2);
+        let (until, valid_for) = if ends == "the grant" {
+            (Some(soon), "1 hour")
+        } else {
+            (None, "2 seconds")
+        };
+        w.grant_with(&w.principal, &t, None, until, None)
+            .await
+            .unwrap();
+        w.delegate(&t, scope.clone(), 50, valid_for).await.unwrap();
+        let open = w.agent.transaction().await.unwrap();
+        let p = propose_full(
+            &open,
+            &t,
+            json!({"where": {"id": deal}, "set": {"stage": "won"}}),
+            json!({}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(p.status, "succeeded", "{ends}: covered while it lasted");
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        let (state, message) = failure(open.commit().await);
+        assert_eq!(state, "40001", "{ends}: {message}");
+        assert!(
+            message.starts_with(&format!("keyturn: {ends}")),
+            "{ends}: says what ended: {message}"
+        );
+        assert!(
+            message.contains("ended while this transaction was open"),
+            "{message}"
+        );
+        assert_eq!(
+            w.stage_of(deal).await,
+            "lead",
+            "{ends}: nothing of it stays"
+        );
+    }
+    // A person's approval left open in the application's transaction past
+    // the proposer's grant ends alike.
+    let deal = w.deals(&w.principal, 1).await[0];
+    let soon = std::time::SystemTime::now() + std::time::Duration::from_secs(2);
+    w.grant_with(&w.principal, &t, None, Some(soon), None)
+        .await
+        .unwrap();
+    let p = w
+        .propose(&t, json!({"where": {"id": deal}, "set": {"stage": "won"}}))
+        .await
+        .unwrap();
+    let open = w.human.transaction().await.unwrap();
+    let (status, _) = approve_on(&open, p.id, &p.token, None).await.unwrap();
+    assert_eq!(status, "succeeded", "approved while the grant lasted");
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let (state, message) = failure(open.commit().await);
+    assert_eq!(state, "40001", "approve: {message}");
+    assert!(message.contains("valid until"), "approve: {message}");
+    assert_eq!(
+        w.stage_of(deal).await,
+        "lead",
+        "approve: nothing of it stays"
+    );
+}
