@@ -11,6 +11,7 @@ wrong.
 """
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -184,6 +185,38 @@ def start_upstream():
         except Exception:
             return False
     wait_for("the upstream to listen", up)
+
+
+async def upstream_definition(tool):
+    """The JSON object of `tool` in the upstream's tools/list, as served:
+    read over plain HTTP, so no SDK model re-serializes it."""
+    def rpc(http, session, body):
+        headers = {"Authorization": f"Bearer {UPSTREAM_TOKEN}", "Accept": "application/json, text/event-stream",
+                   "MCP-Protocol-Version": "2025-06-18"}
+        if session:
+            headers["Mcp-Session-Id"] = session
+        r = http.post(f"http://127.0.0.1:{UPSTREAM_PORT}/mcp", json=body, headers=headers)
+        assert r.status_code in (200, 202), (r.status_code, r.text)
+        text = r.text
+        if r.headers.get("content-type", "").startswith("text/event-stream"):
+            text = next((line[5:] for line in text.splitlines() if line.startswith("data:")), "null")
+        return r.headers.get("mcp-session-id", session), (json.loads(text) if text.strip() else None)
+
+    def go():
+        with httpx2.Client(timeout=BOUND) as http:
+            session, _ = rpc(http, None, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "1"}}})
+            rpc(http, session, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+            _, listed = rpc(http, session, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+            return next(t for t in listed["result"]["tools"] if t["name"] == tool)
+    return await asyncio.to_thread(go)
+
+
+def canonical(value):
+    """RFC 8785 for what a tool definition holds here (ASCII keys, no
+    fractional numbers): sorted keys, no whitespace, UTF-8 as is."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def keyturnd_env():
@@ -361,6 +394,7 @@ EXPECTED = {
     "mcp_deals": {"readOnlyHint": True, "openWorldHint": False},
     "mcp_unprojected": {"readOnlyHint": True, "openWorldHint": False},
     "chat.send_message": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
+    "chat.post_reply": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
     "chat.history": {"readOnlyHint": True, "openWorldHint": True},
     "chat.fail_send": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
     "chat.drop_send": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
@@ -458,6 +492,34 @@ def propose_upstream(tool, arguments):
             assert not r.is_error and r.structured_content["status"] == "pending", r
             return r.structured_content["action_id"]
     return go()
+
+
+@check("upstream_optional_arguments_are_checked_and_sent_as_given")
+async def _():
+    # The SDK's schema for optional arguments (a default; anyOf with null)
+    # is registered and checked, not refused; the hash is of the tool's
+    # definition as the upstream serves it.
+    async with client() as c:
+        listed = keep(await c.list_tools())
+        schema = next(t for t in listed.tools if t.name == "chat.post_reply").input_schema
+        assert schema["required"] == ["channel", "text"], schema
+        assert {"type": "null"} in schema["properties"]["thread"]["anyOf"], schema
+        assert schema["additionalProperties"] is False, schema
+        for bad in [{"channel": "general", "text": "t", "urgent": "yes"},
+                    {"channel": "general", "text": "t", "thread": 7},
+                    {"channel": "general", "text": "t", "bcc": "ceo@example.com"}]:
+            r = await call(c, "chat.post_reply", bad)
+            assert r.is_error and "22023" in r.content[0].text, (bad, r)
+    served = await upstream_definition("post_reply")
+    stored = psql("SELECT upstream_schema_sha256 FROM keyturn.tool t JOIN keyturn.tool_version v "
+                  "ON v.tool = t.name AND v.version = t.version WHERE t.name = 'chat.post_reply'")
+    assert stored == hashlib.sha256(canonical(served).encode()).hexdigest(), (stored, served)
+    for args in [{"channel": "general", "text": "in a thread", "thread": None, "urgent": True},
+                 {"channel": "general", "text": "tagged", "tags": ["a", "b"]}]:
+        aid = await propose_upstream("chat.post_reply", args)
+        assert approve(aid) == "queued"
+        wait_for("the action to succeed", lambda: status_of(aid) == "succeeded")
+        assert [x["arguments"] for x in calls("post_reply")].count(args) == 1, calls("post_reply")
 
 
 @check("upstream_write_approved_is_exactly_one_call")
@@ -1101,16 +1163,17 @@ async def main():
         start_upstream()
         start_keyturnd()
         AGENT = jwt()
-        chat = "ARRAY['chat.drop_send', 'chat.fail_send', 'chat.history', 'chat.rename_channel', " \
-               "'chat.send_message', 'chat.slow_send']"
+        chat = "ARRAY['chat.drop_send', 'chat.fail_send', 'chat.history', 'chat.post_reply', " \
+               "'chat.rename_channel', 'chat.send_message', 'chat.slow_send']"
         wait_for("keyturnd to register the upstream's tools",
-                 lambda: psql(f"SELECT count(*) FROM keyturn.tool WHERE name = ANY ({chat})") == "6")
+                 lambda: psql(f"SELECT count(*) FROM keyturn.tool WHERE name = ANY ({chat})") == "7")
         assert psql(f"SELECT bool_or(enabled) FROM keyturn.tool WHERE name = ANY ({chat})") == "f", \
             "discovered tools must be registered disabled"
         assert psql("SELECT string_agg(name || ':' || v.kind, ' ' ORDER BY name) FROM keyturn.tool t "
                     "JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version "
                     f"WHERE name = ANY ({chat})") == \
-            "chat.drop_send:write chat.fail_send:write chat.history:read chat.rename_channel:write " \
+            "chat.drop_send:write chat.fail_send:write chat.history:read chat.post_reply:write " \
+            "chat.rename_channel:write " \
             "chat.send_message:write chat.slow_send:write"
         psql("SELECT keyturn.set_tool_enabled(name, true), keyturn.grant_tool('mcpt', 'alice', name) "
              f"FROM unnest({chat}) AS name", user="app_admin")

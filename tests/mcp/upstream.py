@@ -6,7 +6,8 @@ KT_UPSTREAM_CALLS (one JSON object a line: tool, arguments, _meta), before
 the tool runs; so a call that kills the server is still counted. It refuses
 any request without `Authorization: Bearer $KT_UPSTREAM_TOKEN`.
 
-Tools: send_message (a write), history (a read: readOnlyHint true; slow, as
+Tools: send_message (a write), post_reply (a write with optional
+arguments: defaults, and a value that may be null), history (a read: readOnlyHint true; slow, as
 slow_send, for the channel "slow"),
 fail_send (answers isError), drop_send (the server dies after receiving it:
 the connection drops), slow_send (answers after KT_UPSTREAM_SLOW seconds),
@@ -35,6 +36,14 @@ server = MCPServer("chat")
 @server.tool(description="Post a message to a channel.")
 def send_message(channel: str, text: str) -> str:
     return f"posted to {channel}"
+
+
+@server.tool(description="Reply in a channel, optionally in a thread.")
+def post_reply(channel: str, text: str, thread: str | None = None, urgent: bool = False,
+               tags: list[str] = []) -> str:
+    # Optional arguments as the SDK describes them: a default, and
+    # anyOf [..., {"type": "null"}] for one that may be None.
+    return f"replied in {channel}"
 
 
 @server.tool(description="The last messages of a channel.", annotations=ToolAnnotations(readOnlyHint=True),

@@ -243,6 +243,7 @@ fn normalize(schema: &Value, path: &mut String, depth: usize) -> Result<Value, C
                 }
                 value.clone()
             }
+            "anyOf" => nullable(obj, value, path, depth)?,
             "format" => {
                 if value.as_str() != Some("email") {
                     return Err(invalid(path, "the only supported \"format\" is \"email\""));
@@ -255,7 +256,8 @@ fn normalize(schema: &Value, path: &mut String, depth: usize) -> Result<Value, C
                     &format!(
                         "unsupported keyword \"{other}\"; supported: type, properties, required, \
                          items, enum, minLength, maxLength, minimum, maximum, maxItems, \
-                         format (email), additionalProperties (boolean), description, title"
+                         format (email), additionalProperties (boolean), anyOf (a value that may \
+                         be null), description, title"
                     ),
                 ))
             }
@@ -265,7 +267,7 @@ fn normalize(schema: &Value, path: &mut String, depth: usize) -> Result<Value, C
 
     // Checked after the keywords, so a schema like {"$ref": ...} is told about
     // the unsupported keyword rather than about its missing type.
-    if ty.is_none() && !obj.contains_key("enum") {
+    if ty.is_none() && !obj.contains_key("enum") && !obj.contains_key("anyOf") {
         return Err(invalid(
             path,
             "declare a \"type\" (or an \"enum\"): an untyped schema accepts any value",
@@ -277,6 +279,49 @@ fn normalize(schema: &Value, path: &mut String, depth: usize) -> Result<Value, C
         out.insert("additionalProperties".to_owned(), Value::Bool(false));
     }
     Ok(Value::Object(out))
+}
+
+/// `anyOf` in the one form keyturn checks: a value that may also be null,
+/// `[<schema>, {"type": "null"}]` in either order, with no `type` or `enum`
+/// beside it (the form Pydantic and the MCP SDKs give an optional argument).
+/// Any other union is refused: it is a constraint keyturn would not check.
+fn nullable(
+    obj: &Map<String, Value>,
+    value: &Value,
+    path: &mut String,
+    depth: usize,
+) -> Result<Value, CoreError> {
+    let null = json!({"type": "null"});
+    let refuse = || {
+        invalid(
+            path,
+            "\"anyOf\" is supported only as [<schema>, {\"type\": \"null\"}] (a value that may be null), \
+             without \"type\" or \"enum\" beside it",
+        )
+    };
+    let Some(branches) = value.as_array() else {
+        return Err(refuse());
+    };
+    if branches.len() != 2
+        || obj.contains_key("type")
+        || obj.contains_key("enum")
+        || branches.iter().filter(|b| **b == null).count() != 1
+    {
+        return Err(refuse());
+    }
+    let mut out = Vec::with_capacity(2);
+    for (i, branch) in branches.iter().enumerate() {
+        if *branch == null {
+            out.push(null.clone());
+            continue;
+        }
+        let len = path.len();
+        path.push_str(&format!("/anyOf/{i}"));
+        let normalized = normalize(branch, path, depth + 1)?;
+        path.truncate(len);
+        out.push(normalized);
+    }
+    Ok(Value::Array(out))
 }
 
 fn check_required(obj: &Map<String, Value>, value: &Value, path: &str) -> Result<(), CoreError> {
@@ -383,6 +428,8 @@ mod tests {
         test_top_without_type: json!({"properties": {}}) => "top level",
         test_unknown_keyword: json!({"type": "object", "pattern": "x"}) => "unsupported keyword \"pattern\"",
         test_ref_refused: json!({"type": "object", "properties": {"a": {"$ref": "#"}}}) => "at /properties/a: unsupported keyword \"$ref\"",
+        test_union_refused: json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}}) => "at /properties/a: \"anyOf\" is supported only as",
+        test_nullable_branch_checked: json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "null"}, {"type": "string", "pattern": "x"}]}}}) => "at /properties/a/anyOf/1: unsupported keyword \"pattern\"",
         test_one_of_refused: json!({"type": "object", "oneOf": []}) => "\"oneOf\"",
         test_type_array_refused: json!({"type": "object", "properties": {"a": {"type": ["string", "null"]}}}) => "one string",
         test_type_unknown: json!({"type": "object", "properties": {"a": {"type": "null"}}}) => "one string",

@@ -105,6 +105,10 @@ fn strip_annotations(schema: &Value) -> Value {
                 None => value.clone(),
             },
             "items" => strip_annotations(value),
+            "anyOf" => match value.as_array() {
+                Some(branches) => Value::Array(branches.iter().map(strip_annotations).collect()),
+                None => value.clone(),
+            },
             _ => value.clone(),
         };
         out.insert(key.clone(), value);
@@ -247,8 +251,29 @@ mod tests {
         assert!(normalized.get("$schema").is_none());
         assert!(normalized["properties"]["text"].get("default").is_none());
         assert_eq!(normalized["additionalProperties"], json!(false));
+        // An optional argument as Pydantic writes it (`cc: str | None = None`):
+        // a value that may be null, which keyturn checks.
+        let optional = json!({
+            "type": "object",
+            "properties": {"cc": {"anyOf": [{"type": "string", "title": "x"}, {"type": "null"}],
+                                  "default": null, "title": "Cc"}}
+        });
+        let normalized = params_schema(&optional).expect("a nullable value fits");
+        assert_eq!(
+            normalized["properties"]["cc"],
+            json!({"anyOf": [{"type": "string", "title": "x"}, {"type": "null"}], "title": "Cc"})
+        );
+        let compiled = crate::schema::compile(&normalized).unwrap();
+        assert!(compiled.validate(&json!({})).is_ok());
+        assert!(compiled.validate(&json!({"cc": null})).is_ok());
+        assert!(compiled.validate(&json!({"cc": "a"})).is_ok());
+        assert!(compiled.validate(&json!({"cc": 1})).is_err());
         for unchecked in [
-            json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}),
+            json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}}),
+            json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "null"}]}}}),
+            json!({"type": "object", "properties": {"a": {"type": "string", "anyOf": [{"type": "string"}, {"type": "null"}]}}}),
+            json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "string", "pattern": "x"}, {"type": "null"}]}}}),
+            json!({"type": "object", "properties": {"a": {"oneOf": [{"type": "string"}, {"type": "null"}]}}}),
             json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}),
             json!({"type": "object", "additionalProperties": {"type": "string"}}),
         ] {
