@@ -638,7 +638,7 @@ async fn test_discovered_tools_are_disabled_and_read_only_on_an_explicit_trusted
     // A schema keyturn cannot check, a name that makes no tool name, an
     // agent, a tool that was never discovered there.
     let anyof = json!({"name": "anyof", "inputSchema": {"type": "object", "properties":
-        {"a": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}});
+        {"a": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}}});
     assert_eq!(sqlstate(discover(&d, &up, &anyof, true).await), "22023");
     assert_eq!(
         sqlstate(discover(&d, &up, &json!({"name": "Bad-Name"}), true).await),
