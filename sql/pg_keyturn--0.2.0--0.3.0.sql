@@ -921,6 +921,12 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'set_event_details_wrapper';
 
+-- pg_keyturn::guc::_strict_dispatcher_links
+CREATE OR REPLACE FUNCTION "_strict_dispatcher_links"() RETURNS bool /* bool */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'strict_dispatcher_links_wrapper';
+
 -- pg_keyturn::token::_token_binding
 CREATE OR REPLACE FUNCTION "_token_binding"(
 	"token" TEXT, /* & str */
@@ -5484,20 +5490,24 @@ END
 $$;
 
 -- A one-time code for a link to these actions, for the calling identity
--- (the human side for its own principal; the dispatcher, for keyturnd's MCP
--- elicitation, asserting the agent's person). It expires at the earliest of
--- its ttl and the actions' expiry. The card session it is redeemed for runs
--- as the caller's role; a code the dispatcher made, as keyturnd's card role.
+-- (the human side for its own principal; the dispatcher, for the person it
+-- asserts: keyturnd's MCP elicitation, the agent's person). It expires at
+-- the earliest of its ttl and the actions' expiry. The card session it is
+-- redeemed for runs as the caller's role; a code the dispatcher made, as
+-- keyturnd's card role.
 --
 -- The dispatcher asserts whatever identity it likes, and keyturnd redeems
--- codes for anyone who brings one to POST /card/session: left open, the
--- dispatcher's login alone could make a code for any approver and approve.
--- So a dispatcher's code is only what the elicitation needs: for one
--- action, its proposer, in the session it proposed in (a self decision),
--- once (card_link_elicits_idx, so no isolation level makes a second),
--- within keyturn._elicit_window() of the proposal. (A
--- notification's code is minted by the database from its own row, for the
--- person it waits for: sql/064_notify.sql.)
+-- codes for anyone who brings one to POST /card/session: so whoever holds
+-- the dispatcher's login can make a code for any person who may decide an
+-- action, and decide it as them (twelfth red-team pass, docs/security.md
+-- row 52). By default that is the dispatcher's remit, as a mail server
+-- carrying a notification's link holds its card. With
+-- keyturn.strict_dispatcher_links on, a dispatcher's code is only what the
+-- elicitation needs: for one action, its proposer, in the session it
+-- proposed in (a self decision), once (card_link_elicits_idx, so no
+-- isolation level makes a second), within keyturn._elicit_window() of the
+-- proposal. (A notification's code is minted by the database from its own
+-- row, for the person it waits for: sql/064_notify.sql.)
 -- How long after a proposal keyturnd's MCP elicitation may still make its
 -- card link: the elicitation follows the propose at once.
 CREATE OR REPLACE FUNCTION keyturn._elicit_window()
@@ -5519,7 +5529,7 @@ DECLARE
     a           keyturn.action;
     v_now       timestamptz := clock_timestamp();
     v_expires   timestamptz;
-    v_dispatcher boolean;
+    v_strict    boolean;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
     v_role := keyturn._require_member(v_tenant, v_principal, v_session);
@@ -5534,19 +5544,22 @@ BEGIN
                   HINT = 'A link is opened soon or not at all; the person can ask for a new one from the queue.';
     END IF;
     v_expires := v_now + p_ttl;
-    v_dispatcher := pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER');
+    v_strict := pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER') AND keyturn._strict_dispatcher_links();
     FOREACH v_id IN ARRAY p_ids LOOP
         a := keyturn._decidable(v_tenant, v_principal, v_session, v_role, v_id, 'link_code');
-        IF v_dispatcher AND (cardinality(p_ids) <> 1
+        IF v_strict AND (cardinality(p_ids) <> 1
                              OR a.principal IS DISTINCT FROM v_principal OR a.session IS DISTINCT FROM v_session
                              OR a.created_at < v_now - keyturn._elicit_window()) THEN
             PERFORM keyturn._refuse_dispatcher_link(v_id);
         END IF;
         v_expires := least(v_expires, a.expires_at);
     END LOOP;
-    IF NOT v_dispatcher THEN
+    IF NOT pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER') THEN
         RETURN keyturn._mint_link(v_tenant, v_principal, v_session, p_caller::regrole::text, p_ids, v_now,
                                   v_expires);
+    END IF;
+    IF NOT v_strict THEN
+        RETURN keyturn._mint_link(v_tenant, v_principal, v_session, NULL, p_ids, v_now, v_expires);
     END IF;
     BEGIN
         RETURN keyturn._mint_link(v_tenant, v_principal, v_session, NULL, p_ids, v_now, v_expires, p_ids[1]);
@@ -5563,7 +5576,7 @@ AS $$
 BEGIN
     RAISE EXCEPTION 'keyturn: the dispatcher may not make a link to action %', p_id
         USING ERRCODE = '42501',
-              DETAIL = 'A dispatcher''s code is for one action, its proposer in its session, once, within '
+              DETAIL = 'With keyturn.strict_dispatcher_links on, a dispatcher''s code is for one action, its proposer in its session, once, within '
                        || keyturn._elicit_window() || ' of the proposal (keyturnd''s MCP elicitation).',
               HINT = 'The person asks for a link (keyturn.link_code) or opens the action from their queue.';
 END

@@ -39,6 +39,19 @@ pub fn notify_on() -> bool {
     NOTIFY.get()
 }
 
+/// `keyturn.strict_dispatcher_links`: the dispatcher makes a link code only
+/// for keyturnd's MCP elicitation (the proposer, in its session, one action,
+/// once, while fresh). Off, for anyone who may decide the actions.
+pub static STRICT_DISPATCHER_LINKS: GucSetting<bool> = GucSetting::<bool>::new(false);
+
+/// Whether `keyturn.strict_dispatcher_links` is on; asked through the
+/// library, so that a value a caller set before it was loaded (a placeholder
+/// anyone may set) never counts.
+#[pg_extern(name = "_strict_dispatcher_links", stable, parallel_safe)]
+fn strict_dispatcher_links() -> bool {
+    STRICT_DISPATCHER_LINKS.get()
+}
+
 /// `keyturn.claim_numbers`: accept a JSON number as a claim (Supabase and
 /// other issuers put numeric ids in JWTs); its text is the identity.
 pub static CLAIM_NUMBERS: GucSetting<bool> = GucSetting::<bool>::new(false);
@@ -76,6 +89,14 @@ pub fn register() {
         c"Release a tenant's audit chain at the commit record; COMMIT still returns only once durable.",
         c"On: other sessions may see such a commit up to one WAL flush before it is durable, and one tenant's commits share flushes. Off: the chain is held until the flush, as PostgreSQL holds locks.",
         &CHAIN_EARLY_RELEASE,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"keyturn.strict_dispatcher_links",
+        c"Let the dispatcher make a card link code only for keyturnd's MCP elicitation.",
+        c"On: the proposer, in the session it proposed in, one action, at most one code, within two minutes of the proposal; so the dispatcher's login alone cannot approve an independent action. Off: a code for anyone who may decide the actions.",
+        &STRICT_DISPATCHER_LINKS,
         GucContext::Suset,
         GucFlags::default(),
     );

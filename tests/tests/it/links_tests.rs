@@ -245,16 +245,77 @@ async fn test_the_dispatcher_makes_a_code_for_the_person_it_writes_to() {
     assert!(tokens[p.id.to_string()].is_string());
 }
 
+/// By default the dispatcher makes a code for any person who may decide
+/// every action it names, as the human side does for itself: an eligible
+/// approver of an independent action, several actions at once, more than
+/// once. Anyone who may not decide them: 42501.
+#[tokio::test]
+async fn test_the_dispatcher_makes_a_code_for_any_person_who_may_decide() {
+    let w = World::new("member").await;
+    let ind = w.webhook_tool(json!({"approval": "independent"})).await;
+    let (approver, _) = w.other("approver", "app_human", "s-appr").await;
+    w.grant(&approver, &ind).await;
+    let mut ids = Vec::new();
+    for text in ["1", "2"] {
+        let p = w
+            .propose(&ind, json!({"channel": "c", "text": text}))
+            .await
+            .unwrap();
+        ids.push(p.id);
+    }
+    let as_approver = Conn::connect(
+        "app_dispatcher",
+        Identity::gucs(&w.tenant, &approver, "s-appr"),
+    )
+    .await;
+    let code = link_code(&as_approver, &ids).await.unwrap();
+    link_code(&as_approver, &ids[..1]).await.unwrap();
+    let d = connect("app_dispatcher").await;
+    let (_, tokens, role, claims) = redeem(&d, &code, &ids).await.unwrap();
+    assert_eq!(role, None, "keyturnd's card role");
+    assert_eq!(claims["sub"], json!(approver), "{claims}");
+    assert!(
+        ids.iter().all(|id| tokens[id.to_string()].is_string()),
+        "{tokens}"
+    );
+    // The proposer may not decide an independent action, nor may someone
+    // outside the tenant: the dispatcher makes them no code.
+    let disp = Conn::connect("app_dispatcher", w.identity()).await;
+    assert_eq!(sqlstate(link_code(&disp, &ids).await), "42501");
+    let stranger = Conn::connect(
+        "app_dispatcher",
+        Identity::gucs(&w.tenant, &unique("nobody"), "s-x"),
+    )
+    .await;
+    assert_eq!(sqlstate(link_code(&stranger, &ids).await), "42501");
+}
+
+/// A dispatcher login with `keyturn.strict_dispatcher_links` on, as its
+/// role's setting (superuser-only).
+async fn strict_dispatcher(w: &World) -> String {
+    let role = unique("strict_dispatcher");
+    w.superuser
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN IN ROLE keyturn_dispatcher; \
+             ALTER ROLE {role} SET keyturn.strict_dispatcher_links = on"
+        ))
+        .await
+        .expect("create a strict dispatcher login");
+    role
+}
+
 /// The red-team pass: with the dispatcher's login alone (DATABASE_URL), an
 /// attacker asserted an approver's identity, made a code for that approver
 /// (keyturnd's POST /card/session redeems it for a card session) and so
 /// approved an independent action, or met a quorum with two invented
-/// approvers. A code the dispatcher makes is for keyturnd's MCP elicitation
-/// only: the proposer, in the session it proposed in, once per action, while
-/// the proposal is fresh.
+/// approvers. With `keyturn.strict_dispatcher_links` on, a code the
+/// dispatcher makes is for keyturnd's MCP elicitation only: the proposer,
+/// in the session it proposed in, once per action, while the proposal is
+/// fresh.
 #[tokio::test]
-async fn test_the_dispatcher_cannot_make_a_code_for_someone_else() {
+async fn test_a_strict_dispatcher_cannot_make_a_code_for_someone_else() {
     let w = World::new("member").await;
+    let strict = strict_dispatcher(&w).await;
     let ind = w.webhook_tool(json!({"approval": "independent"})).await;
     let (approver, _) = w.other("approver", "app_human", "s-appr").await;
     w.grant(&approver, &ind).await;
@@ -262,11 +323,7 @@ async fn test_the_dispatcher_cannot_make_a_code_for_someone_else() {
         .propose(&ind, json!({"channel": "c", "text": "3"}))
         .await
         .unwrap();
-    let as_approver = Conn::connect(
-        "app_dispatcher",
-        Identity::gucs(&w.tenant, &approver, "s-appr"),
-    )
-    .await;
+    let as_approver = Conn::connect(&strict, Identity::gucs(&w.tenant, &approver, "s-appr")).await;
     assert_eq!(
         sqlstate(link_code(&as_approver, &[q.id]).await),
         "42501",
@@ -274,7 +331,7 @@ async fn test_the_dispatcher_cannot_make_a_code_for_someone_else() {
     );
     // The proposer's own, in another session: refused too.
     let elsewhere = Conn::connect(
-        "app_dispatcher",
+        &strict,
         Identity::gucs(&w.tenant, &w.principal, "another-session"),
     )
     .await;
@@ -285,7 +342,7 @@ async fn test_the_dispatcher_cannot_make_a_code_for_someone_else() {
         .unwrap();
     assert_eq!(sqlstate(link_code(&elsewhere, &[p.id]).await), "42501");
     // The proposer in its session: one code, and no second one.
-    let disp = Conn::connect("app_dispatcher", w.identity()).await;
+    let disp = Conn::connect(&strict, w.identity()).await;
     link_code(&disp, &[p.id]).await.unwrap();
     assert_eq!(
         sqlstate(link_code(&disp, &[p.id]).await),
@@ -312,18 +369,19 @@ async fn test_the_dispatcher_cannot_make_a_code_for_someone_else() {
     link_code(&w.human, &[p.id]).await.unwrap();
 }
 
-/// The red-team pass: under REPEATABLE READ a dispatcher transaction whose
-/// snapshot predated keyturnd's own code made a second one (the check read
-/// its snapshot). The one code per action is a unique index now.
+/// The red-team pass: under REPEATABLE READ a strict dispatcher transaction
+/// whose snapshot predated keyturnd's own code made a second one (the check
+/// read its snapshot). The one code per action is a unique index now.
 #[tokio::test]
 async fn test_the_dispatchers_one_code_per_action_holds_under_repeatable_read() {
     let w = World::new("member").await;
+    let strict = strict_dispatcher(&w).await;
     let t = w.webhook_tool(json!({})).await;
     let p = w
         .propose(&t, json!({"channel": "a", "text": "1"}))
         .await
         .unwrap();
-    let rr = connect("app_dispatcher").await;
+    let rr = connect(&strict).await;
     rr.batch_execute(&format!(
         "BEGIN ISOLATION LEVEL REPEATABLE READ; \
          SET LOCAL keyturn.tenant = '{}'; SET LOCAL keyturn.principal = '{}'; SET LOCAL keyturn.session = '{}'; \
@@ -332,7 +390,7 @@ async fn test_the_dispatchers_one_code_per_action_holds_under_repeatable_read() 
     ))
     .await
     .unwrap();
-    let disp = Conn::connect("app_dispatcher", w.identity()).await;
+    let disp = Conn::connect(&strict, w.identity()).await;
     link_code(&disp, &[p.id]).await.unwrap();
     let second = rr
         .query_one("SELECT keyturn.link_code($1)", &[&vec![p.id]])
