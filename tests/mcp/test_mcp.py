@@ -39,6 +39,7 @@ SECRET = "mcp-layer-jwt-secret-0123456789abcdef"
 UPSTREAM_TOKEN = "upstream-bearer-" + uuid.uuid4().hex
 CALLS = os.path.join(DIR, "calls.jsonl")
 DRIFT = os.path.join(DIR, "drift")
+LATE = os.path.join(DIR, "late")
 TENANT = "mcpt"
 BOUND = 60  # seconds: ends a wait only when a run has gone wrong
 
@@ -175,7 +176,8 @@ LOG = os.path.join(DIR, "keyturnd.log")
 
 def start_upstream():
     global upstream_proc
-    env = dict(os.environ, KT_UPSTREAM_CALLS=CALLS, KT_UPSTREAM_TOKEN=UPSTREAM_TOKEN, KT_UPSTREAM_DRIFT=DRIFT)
+    env = dict(os.environ, KT_UPSTREAM_CALLS=CALLS, KT_UPSTREAM_TOKEN=UPSTREAM_TOKEN, KT_UPSTREAM_DRIFT=DRIFT,
+               KT_UPSTREAM_LATE=LATE)
     upstream_proc = subprocess.Popen([sys.executable, os.path.join(HERE, "upstream.py"), str(UPSTREAM_PORT)],
                                      env=env, stdout=subprocess.DEVNULL, stderr=open(os.path.join(DIR, "upstream.log"), "a"))
 
@@ -395,6 +397,7 @@ EXPECTED = {
     "mcp_unprojected": {"readOnlyHint": True, "openWorldHint": False},
     "chat.send_message": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
     "chat.post_reply": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
+    "chat.open_channel": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
     "chat.history": {"readOnlyHint": True, "openWorldHint": True},
     "chat.fail_send": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
     "chat.drop_send": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
@@ -520,6 +523,39 @@ async def _():
         assert approve(aid) == "queued"
         wait_for("the action to succeed", lambda: status_of(aid) == "succeeded")
         assert [x["arguments"] for x in calls("post_reply")].count(args) == 1, calls("post_reply")
+
+
+def registered(tool):
+    return psql(f"SELECT count(*) FROM keyturn.tool WHERE name = '{tool}'") == "1"
+
+
+@check("upstream_list_changed_is_discovered_at_once")
+async def _():
+    # keyturnd discovers again every 300 s here: a tool registered within
+    # seconds was found because the upstream said its list changed.
+    assert not registered("chat.post_to_news")
+    aid = await propose_upstream("chat.open_channel", {"name": "news"})
+    assert approve(aid) == "queued"
+    wait_for("the action to succeed", lambda: status_of(aid) == "succeeded")
+    wait_for("chat.post_to_news to be registered", lambda: registered("chat.post_to_news"), bound=15)
+    assert psql("SELECT enabled FROM keyturn.tool WHERE name = 'chat.post_to_news'") == "f"
+
+
+@check("upstream_tools_are_discovered_again_every_refresh")
+async def _():
+    # A second keyturnd that discovers every second; the upstream adds a
+    # tool and says nothing.
+    env = dict(keyturnd_env(), KEYTURN_LISTEN=f"127.0.0.1:{free_port()}", KEYTURN_MCP_REFRESH_SECONDS="1",
+               KEYTURN_JOURNAL_DIR=os.path.join(DIR, "journal-refresh"))
+    second = subprocess.Popen([KEYTURND], env=env, stdout=subprocess.DEVNULL, stderr=open(LOG, "a"))
+    try:
+        assert not registered("chat.late_refresh")
+        open(LATE, "w").close()
+        wait_for("chat.late_refresh to be registered", lambda: registered("chat.late_refresh"), bound=20)
+        assert second.poll() is None, "the second keyturnd exited"
+    finally:
+        second.terminate()
+        second.wait(timeout=BOUND)
 
 
 @check("upstream_write_approved_is_exactly_one_call")
@@ -1155,7 +1191,7 @@ async def _():
 async def main():
     global AGENT
     os.makedirs(DIR, exist_ok=True)
-    for f in (CALLS, DRIFT):
+    for f in (CALLS, DRIFT, LATE):
         if os.path.exists(f):
             os.remove(f)
     try:
@@ -1163,16 +1199,17 @@ async def main():
         start_upstream()
         start_keyturnd()
         AGENT = jwt()
-        chat = "ARRAY['chat.drop_send', 'chat.fail_send', 'chat.history', 'chat.post_reply', " \
-               "'chat.rename_channel', 'chat.send_message', 'chat.slow_send']"
+        chat = "ARRAY['chat.drop_send', 'chat.fail_send', 'chat.history', 'chat.open_channel', " \
+               "'chat.post_reply', 'chat.rename_channel', 'chat.send_message', 'chat.slow_send']"
         wait_for("keyturnd to register the upstream's tools",
-                 lambda: psql(f"SELECT count(*) FROM keyturn.tool WHERE name = ANY ({chat})") == "7")
+                 lambda: psql(f"SELECT count(*) FROM keyturn.tool WHERE name = ANY ({chat})") == "8")
         assert psql(f"SELECT bool_or(enabled) FROM keyturn.tool WHERE name = ANY ({chat})") == "f", \
             "discovered tools must be registered disabled"
         assert psql("SELECT string_agg(name || ':' || v.kind, ' ' ORDER BY name) FROM keyturn.tool t "
                     "JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version "
                     f"WHERE name = ANY ({chat})") == \
-            "chat.drop_send:write chat.fail_send:write chat.history:read chat.post_reply:write " \
+            "chat.drop_send:write chat.fail_send:write chat.history:read chat.open_channel:write " \
+            "chat.post_reply:write " \
             "chat.rename_channel:write " \
             "chat.send_message:write chat.slow_send:write"
         psql("SELECT keyturn.set_tool_enabled(name, true), keyturn.grant_tool('mcpt', 'alice', name) "

@@ -12,7 +12,9 @@ slow_send, for the channel "slow"),
 fail_send (answers isError), drop_send (the server dies after receiving it:
 the connection drops), slow_send (answers after KT_UPSTREAM_SLOW seconds),
 rename_channel (its description changes once the file KT_UPSTREAM_DRIFT
-exists: a schema drift).
+exists: a schema drift), open_channel (adds a tool post_to_<name> and says
+the list changed), and late_refresh once the file KT_UPSTREAM_LATE exists
+(without a word: only a periodic discovery finds it).
 
 Usage: python upstream.py PORT
 """
@@ -22,12 +24,13 @@ import os
 import sys
 
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
 CALLS = os.environ["KT_UPSTREAM_CALLS"]
 TOKEN = os.environ["KT_UPSTREAM_TOKEN"]
 DRIFT = os.environ.get("KT_UPSTREAM_DRIFT", "")
+LATE = os.environ.get("KT_UPSTREAM_LATE", "")
 SLOW = float(os.environ.get("KT_UPSTREAM_SLOW", "2"))
 
 server = MCPServer("chat")
@@ -44,6 +47,21 @@ def post_reply(channel: str, text: str, thread: str | None = None, urgent: bool 
     # Optional arguments as the SDK describes them: a default, and
     # anyOf [..., {"type": "null"}] for one that may be None.
     return f"replied in {channel}"
+
+
+@server.tool(description="Open a channel: a tool to post to it appears.")
+async def open_channel(name: str, ctx: Context) -> str:
+    def post(text: str) -> str:
+        return f"posted to {name}"
+    server.add_tool(post, name=f"post_to_{name}", description=f"Post to {name}.")
+    # Told as each revision hears it: the 2026-07-28 subscription, and the
+    # session's notifications/tools/list_changed for the earlier ones.
+    await ctx.notify_tools_changed()
+    try:
+        await ctx.session.send_tool_list_changed()
+    except Exception as e:  # a session of the new revision has no such stream
+        print(f"list_changed not sent on the session: {e!r}", file=sys.stderr)
+    return f"opened {name}"
 
 
 @server.tool(description="The last messages of a channel.", annotations=ToolAnnotations(readOnlyHint=True),
@@ -81,6 +99,20 @@ server.add_tool(rename_channel, description="Rename a channel.")
 drifted = False
 
 
+late = False
+
+
+def late_tool_if_asked():
+    """A tool that appears once the file KT_UPSTREAM_LATE exists, with no
+    notification: only a periodic discovery finds it."""
+    global late
+    if LATE and not late and os.path.exists(LATE):
+        def late_refresh(text: str) -> str:
+            return "late"
+        server.add_tool(late_refresh, description="A tool that came later.")
+        late = True
+
+
 def drift_if_asked():
     global drifted
     if DRIFT and not drifted and os.path.exists(DRIFT):
@@ -102,6 +134,7 @@ def recording(app):
             await send({"type": "http.response.body", "body": b""})
             return
         drift_if_asked()
+        late_tool_if_asked()
         body = b""
         more = True
         while more:
