@@ -5508,6 +5508,7 @@ $$;
 -- isolation level makes a second), within keyturn._elicit_window() of the
 -- proposal. (A notification's code is minted by the database from its own
 -- row, for the person it waits for: sql/064_notify.sql.)
+
 -- How long after a proposal keyturnd's MCP elicitation may still make its
 -- card link: the elicitation follows the propose at once.
 CREATE OR REPLACE FUNCTION keyturn._elicit_window()
@@ -5529,6 +5530,7 @@ DECLARE
     a           keyturn.action;
     v_now       timestamptz := clock_timestamp();
     v_expires   timestamptz;
+    v_dispatcher boolean;
     v_strict    boolean;
 BEGIN
     PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
@@ -5544,7 +5546,8 @@ BEGIN
                   HINT = 'A link is opened soon or not at all; the person can ask for a new one from the queue.';
     END IF;
     v_expires := v_now + p_ttl;
-    v_strict := pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER') AND keyturn._strict_dispatcher_links();
+    v_dispatcher := pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER');
+    v_strict := v_dispatcher AND keyturn._strict_dispatcher_links();
     FOREACH v_id IN ARRAY p_ids LOOP
         a := keyturn._decidable(v_tenant, v_principal, v_session, v_role, v_id, 'link_code');
         IF v_strict AND (cardinality(p_ids) <> 1
@@ -5554,7 +5557,7 @@ BEGIN
         END IF;
         v_expires := least(v_expires, a.expires_at);
     END LOOP;
-    IF NOT pg_has_role(p_caller, 'keyturn_dispatcher', 'MEMBER') THEN
+    IF NOT v_dispatcher THEN
         RETURN keyturn._mint_link(v_tenant, v_principal, v_session, p_caller::regrole::text, p_ids, v_now,
                                   v_expires);
     END IF;
