@@ -13,6 +13,20 @@
 -- names one row across tenants all the same: ids are minted only by keyturn's
 -- own functions (keyturn._uuid_v7()), and no role but the owner inserts.
 
+-- The one rule for a name keyturn keeps (a tool, a projection, an upstream
+-- MCP server): dot-separated segments of ASCII letters, digits, '_' and '-',
+-- each starting with a letter, at most max_len characters. MCP servers name
+-- their tools in any case and with hyphens (getTinyImage, get-weather), and
+-- keyturn names them <upstream>.<tool>. ASCII only, so a look-alike (Cyrillic
+-- 'е' in 'sеnd_email') can never be registered next to the real name; a name
+-- that differs from another only in case is kept out by keyturn.tool's folded
+-- key. The tables' constraints call it, so it is part of the data model: the
+-- upgrade scripts' sweep of old functions leaves it (it has dependents) and
+-- it changes only in a data-model step.
+CREATE FUNCTION keyturn._name_ok(name text, max_len int) RETURNS boolean
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    RETURN name ~ '^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z][A-Za-z0-9_-]*)*$' AND length(name) <= max_len;
+
 -- Tools are global; what a tenant may do with them is decided by grants.
 CREATE TABLE keyturn.tool (
     name        text        PRIMARY KEY,
@@ -20,11 +34,10 @@ CREATE TABLE keyturn.tool (
     enabled     boolean     NOT NULL DEFAULT true,
     created_at  timestamptz NOT NULL DEFAULT now(),
     updated_at  timestamptz NOT NULL DEFAULT now(),
-    -- ASCII only, so a look-alike (Cyrillic 'е' in 'sеnd_email') can never be
-    -- registered next to the real tool.
-    CONSTRAINT tool_name_shape CHECK (name ~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$'
-                                      AND length(name) <= 63)
+    CONSTRAINT tool_name_shape CHECK (keyturn._name_ok(name, 63))
 );
+-- Names that differ only in case are one name to a person reading a card.
+CREATE UNIQUE INDEX tool_name_folded ON keyturn.tool (lower(name));
 
 -- Every registration is a new immutable version; proposals are bound to one.
 CREATE TABLE keyturn.tool_version (
@@ -468,8 +481,7 @@ CREATE TABLE keyturn.projection (
     provider    text        PRIMARY KEY,
     version     int         NOT NULL CHECK (version > 0),
     updated_at  timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT projection_name_shape CHECK (provider ~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$'
-                                            AND length(provider) <= 63)
+    CONSTRAINT projection_name_shape CHECK (keyturn._name_ok(provider, 63))
 );
 CREATE TABLE keyturn.projection_version (
     provider    text        NOT NULL REFERENCES keyturn.projection (provider),

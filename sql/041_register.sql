@@ -421,12 +421,13 @@ DECLARE
     v_desc      text;
     v_proj      text;
     v_select    text[];
+    v_other     text;
 BEGIN
     PERFORM keyturn._refuse_nested('register_tool');
-    IF v_name IS NULL OR v_name !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$' OR length(v_name) > 63 THEN
+    IF keyturn._name_ok(v_name, 63) IS NOT TRUE THEN
         RAISE EXCEPTION 'keyturn: tool name % is not allowed', coalesce(quote_literal(v_name), 'NULL')
             USING ERRCODE = '22023',
-                  HINT = 'Use lowercase ASCII letters, digits and underscores, dot-separated, at most 63 characters.';
+                  HINT = 'Use ASCII letters, digits, underscores and hyphens in dot-separated parts that each start with a letter, at most 63 characters.';
     END IF;
     IF spec IS NULL OR jsonb_typeof(spec) <> 'object' THEN
         RAISE EXCEPTION 'keyturn: spec must be a JSON object' USING ERRCODE = '22023';
@@ -481,7 +482,7 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'keyturn.register_projection(provider, spec) registers one; an unreviewed integration contributes nothing.';
     END IF;
-    IF v_proj IS NOT NULL AND (v_proj !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$' OR length(v_proj) > 63) THEN
+    IF v_proj IS NOT NULL AND NOT keyturn._name_ok(v_proj, 63) THEN
         RAISE EXCEPTION 'keyturn: spec.projection % is not a projection name', quote_literal(v_proj) USING ERRCODE = '22023';
     END IF;
 
@@ -539,6 +540,12 @@ BEGIN
     SELECT t.version + 1 INTO v_version FROM keyturn.tool t WHERE t.name = v_name FOR NO KEY UPDATE;
     IF v_version IS NULL THEN
         v_version := 1;
+        SELECT t.name INTO v_other FROM keyturn.tool t WHERE lower(t.name) = lower(v_name);
+        IF FOUND THEN
+            RAISE EXCEPTION 'keyturn: tool name % differs from the tool % only in case', quote_literal(v_name), quote_literal(v_other)
+                USING ERRCODE = '22023',
+                      HINT = 'A person reads both as one name: register under that name, or under one that differs in more than case.';
+        END IF;
         INSERT INTO keyturn.tool (name, version) VALUES (v_name, v_version);
     ELSE
         UPDATE keyturn.tool t SET version = v_version, updated_at = now() WHERE t.name = v_name;

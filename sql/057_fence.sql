@@ -16,12 +16,10 @@ DECLARE
     v_version int;
 BEGIN
     PERFORM keyturn._refuse_nested('register_projection');
-    IF register_projection.provider IS NULL
-       OR register_projection.provider !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$'
-       OR length(register_projection.provider) > 63 THEN
+    IF keyturn._name_ok(register_projection.provider, 63) IS NOT TRUE THEN
         RAISE EXCEPTION 'keyturn: provider name % is not allowed', coalesce(quote_literal(register_projection.provider), 'NULL')
             USING ERRCODE = '22023',
-                  HINT = 'Use lowercase ASCII letters, digits and underscores, dot-separated, at most 63 characters.';
+                  HINT = 'Use ASCII letters, digits, underscores and hyphens in dot-separated parts that each start with a letter, at most 63 characters.';
     END IF;
     v_spec := keyturn._check_projection(register_projection.spec);
     SELECT p.version + 1 INTO v_version FROM keyturn.projection p

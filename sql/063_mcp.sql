@@ -487,10 +487,10 @@ DECLARE
     v_known   boolean;
 BEGIN
     PERFORM keyturn._refuse_nested('register_discovered_tool');
-    IF v_up IS NULL OR v_up !~ '^[a-z][a-z0-9_]*$' OR length(v_up) > 30 THEN
+    IF keyturn._name_ok(v_up, 30) IS NOT TRUE OR strpos(v_up, '.') > 0 THEN
         RAISE EXCEPTION 'keyturn: upstream name % is not allowed', coalesce(quote_literal(v_up), 'NULL')
             USING ERRCODE = '22023',
-                  HINT = 'Use 1 to 30 lowercase ASCII letters, digits and underscores, starting with a letter.';
+                  HINT = 'Use 1 to 30 ASCII letters, digits, underscores and hyphens, starting with a letter.';
     END IF;
     IF definition IS NULL OR jsonb_typeof(definition) <> 'object' OR trust_annotations IS NULL THEN
         RAISE EXCEPTION 'keyturn: definition must be the JSON object of one tool, and trust_annotations true or false'
@@ -498,10 +498,10 @@ BEGIN
     END IF;
     v_info := keyturn._upstream_tool(definition, trust_annotations);
     v_name := v_up || '.' || (v_info ->> 'tool');
-    IF v_name !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$' OR length(v_name) > 63 THEN
+    IF NOT keyturn._name_ok(v_name, 63) THEN
         RAISE EXCEPTION 'keyturn: upstream tool % cannot be named % in keyturn', quote_literal(v_info ->> 'tool'), quote_literal(v_name)
             USING ERRCODE = '22023',
-                  HINT = 'keyturn tool names are lowercase ASCII letters, digits and underscores, dot-separated, at most 63 characters.';
+                  HINT = 'keyturn tool names are ASCII letters, digits, underscores and hyphens in dot-separated parts that each start with a letter, at most 63 characters.';
     END IF;
     SELECT x.* INTO v_cur FROM keyturn.tool t
       JOIN keyturn.tool_version x ON x.tool = t.name AND x.version = t.version

@@ -287,6 +287,19 @@ CREATE TYPE keyturn._proposed AS (o_action_id uuid, o_token text, o_summary text
 -- What begin_dispatch's checks answer for one action (sql/005_status.sql).
 CREATE TYPE keyturn._begun AS (reason text, failed boolean);
 
+-- One name rule, which MCP servers' tool names fit (sql/010_tables.sql):
+-- ASCII letters in any case and hyphens as well, and no two tools whose
+-- names differ only in case. 0.2.0's names are all lowercase, so none
+-- collide.
+CREATE FUNCTION keyturn._name_ok(name text, max_len int) RETURNS boolean
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    RETURN name ~ '^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z][A-Za-z0-9_-]*)*$' AND length(name) <= max_len;
+ALTER TABLE keyturn.tool DROP CONSTRAINT tool_name_shape,
+    ADD CONSTRAINT tool_name_shape CHECK (keyturn._name_ok(name, 63));
+CREATE UNIQUE INDEX tool_name_folded ON keyturn.tool (lower(name));
+ALTER TABLE keyturn.projection DROP CONSTRAINT projection_name_shape,
+    ADD CONSTRAINT projection_name_shape CHECK (keyturn._name_ok(provider, 63));
+
 
 -- ==== The functions of 0.3.0, from its install script ====
 
@@ -2547,12 +2560,13 @@ DECLARE
     v_desc      text;
     v_proj      text;
     v_select    text[];
+    v_other     text;
 BEGIN
     PERFORM keyturn._refuse_nested('register_tool');
-    IF v_name IS NULL OR v_name !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$' OR length(v_name) > 63 THEN
+    IF keyturn._name_ok(v_name, 63) IS NOT TRUE THEN
         RAISE EXCEPTION 'keyturn: tool name % is not allowed', coalesce(quote_literal(v_name), 'NULL')
             USING ERRCODE = '22023',
-                  HINT = 'Use lowercase ASCII letters, digits and underscores, dot-separated, at most 63 characters.';
+                  HINT = 'Use ASCII letters, digits, underscores and hyphens in dot-separated parts that each start with a letter, at most 63 characters.';
     END IF;
     IF spec IS NULL OR jsonb_typeof(spec) <> 'object' THEN
         RAISE EXCEPTION 'keyturn: spec must be a JSON object' USING ERRCODE = '22023';
@@ -2607,7 +2621,7 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'keyturn.register_projection(provider, spec) registers one; an unreviewed integration contributes nothing.';
     END IF;
-    IF v_proj IS NOT NULL AND (v_proj !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$' OR length(v_proj) > 63) THEN
+    IF v_proj IS NOT NULL AND NOT keyturn._name_ok(v_proj, 63) THEN
         RAISE EXCEPTION 'keyturn: spec.projection % is not a projection name', quote_literal(v_proj) USING ERRCODE = '22023';
     END IF;
 
@@ -2665,6 +2679,12 @@ BEGIN
     SELECT t.version + 1 INTO v_version FROM keyturn.tool t WHERE t.name = v_name FOR NO KEY UPDATE;
     IF v_version IS NULL THEN
         v_version := 1;
+        SELECT t.name INTO v_other FROM keyturn.tool t WHERE lower(t.name) = lower(v_name);
+        IF FOUND THEN
+            RAISE EXCEPTION 'keyturn: tool name % differs from the tool % only in case', quote_literal(v_name), quote_literal(v_other)
+                USING ERRCODE = '22023',
+                      HINT = 'A person reads both as one name: register under that name, or under one that differs in more than case.';
+        END IF;
         INSERT INTO keyturn.tool (name, version) VALUES (v_name, v_version);
     ELSE
         UPDATE keyturn.tool t SET version = v_version, updated_at = now() WHERE t.name = v_name;
@@ -5196,12 +5216,10 @@ DECLARE
     v_version int;
 BEGIN
     PERFORM keyturn._refuse_nested('register_projection');
-    IF register_projection.provider IS NULL
-       OR register_projection.provider !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$'
-       OR length(register_projection.provider) > 63 THEN
+    IF keyturn._name_ok(register_projection.provider, 63) IS NOT TRUE THEN
         RAISE EXCEPTION 'keyturn: provider name % is not allowed', coalesce(quote_literal(register_projection.provider), 'NULL')
             USING ERRCODE = '22023',
-                  HINT = 'Use lowercase ASCII letters, digits and underscores, dot-separated, at most 63 characters.';
+                  HINT = 'Use ASCII letters, digits, underscores and hyphens in dot-separated parts that each start with a letter, at most 63 characters.';
     END IF;
     v_spec := keyturn._check_projection(register_projection.spec);
     SELECT p.version + 1 INTO v_version FROM keyturn.projection p
@@ -7705,10 +7723,10 @@ DECLARE
     v_known   boolean;
 BEGIN
     PERFORM keyturn._refuse_nested('register_discovered_tool');
-    IF v_up IS NULL OR v_up !~ '^[a-z][a-z0-9_]*$' OR length(v_up) > 30 THEN
+    IF keyturn._name_ok(v_up, 30) IS NOT TRUE OR strpos(v_up, '.') > 0 THEN
         RAISE EXCEPTION 'keyturn: upstream name % is not allowed', coalesce(quote_literal(v_up), 'NULL')
             USING ERRCODE = '22023',
-                  HINT = 'Use 1 to 30 lowercase ASCII letters, digits and underscores, starting with a letter.';
+                  HINT = 'Use 1 to 30 ASCII letters, digits, underscores and hyphens, starting with a letter.';
     END IF;
     IF definition IS NULL OR jsonb_typeof(definition) <> 'object' OR trust_annotations IS NULL THEN
         RAISE EXCEPTION 'keyturn: definition must be the JSON object of one tool, and trust_annotations true or false'
@@ -7716,10 +7734,10 @@ BEGIN
     END IF;
     v_info := keyturn._upstream_tool(definition, trust_annotations);
     v_name := v_up || '.' || (v_info ->> 'tool');
-    IF v_name !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$' OR length(v_name) > 63 THEN
+    IF NOT keyturn._name_ok(v_name, 63) THEN
         RAISE EXCEPTION 'keyturn: upstream tool % cannot be named % in keyturn', quote_literal(v_info ->> 'tool'), quote_literal(v_name)
             USING ERRCODE = '22023',
-                  HINT = 'keyturn tool names are lowercase ASCII letters, digits and underscores, dot-separated, at most 63 characters.';
+                  HINT = 'keyturn tool names are ASCII letters, digits, underscores and hyphens in dot-separated parts that each start with a letter, at most 63 characters.';
     END IF;
     SELECT x.* INTO v_cur FROM keyturn.tool t
       JOIN keyturn.tool_version x ON x.tool = t.name AND x.version = t.version

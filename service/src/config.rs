@@ -529,19 +529,27 @@ pub fn read_upstreams(path: &Path) -> Result<Vec<Upstream>, Error> {
     let mut out = Vec::with_capacity(raw.len());
     for u in raw {
         let bad = |why: String| Error::Config(format!("[[{UPSTREAM_KEY}]] {:?}: {why}", u.name));
-        if !u.name.starts_with(|c: char| c.is_ascii_lowercase())
+        // The database's rule for an upstream's name (keyturn._name_ok, one
+        // part), said here too so that a bad file fails at start rather than
+        // at every discovery.
+        if !u.name.starts_with(|c: char| c.is_ascii_alphabetic())
             || !u
                 .name
                 .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
             || u.name.len() > 30
         {
             return Err(bad(
-                "name must be 1 to 30 lowercase ASCII letters, digits and underscores, starting with a letter".into(),
+                "name must be 1 to 30 ASCII letters, digits, underscores and hyphens, starting with a letter".into(),
             ));
         }
-        if out.iter().any(|o: &Upstream| o.name == u.name) {
-            return Err(bad("two upstreams have this name".into()));
+        // Apart in case only, their tools would be a case apart (which the
+        // database refuses).
+        if out
+            .iter()
+            .any(|o: &Upstream| o.name.eq_ignore_ascii_case(&u.name))
+        {
+            return Err(bad("two upstreams have this name (in some case)".into()));
         }
         let url = url::Url::parse(&u.url)
             .ok()
@@ -1304,13 +1312,14 @@ mod tests {
              [[mcp_upstream]]\nname = \"github\"\nurl = \"https://mcp.example.com/mcp\"\n\
              headers = { Authorization = \"env:KT_CONFIG_TEST_UPSTREAM_TOKEN\", X-Team = \"core\" }\n\
              trust_annotations = true\n\
-             [[mcp_upstream]]\nname = \"slack\"\nurl = \"http://127.0.0.1:9/mcp\"\n",
+             [[mcp_upstream]]\nname = \"Slack-eu\"\nurl = \"http://127.0.0.1:9/mcp\"\n",
         );
         let c = parse(&[], Some(f.path())).expect("the tables do not disturb the settings");
         assert_eq!(c.database_url.expose(), "postgres://x");
         let ups = read_upstreams(f.path()).expect("reads");
         assert_eq!(ups.len(), 2);
         assert_eq!(ups[0].name, "github");
+        assert_eq!(ups[1].name, "Slack-eu");
         assert!(ups[0].trust_annotations && !ups[1].trust_annotations);
         assert_eq!(ups[0].headers[0].0, "Authorization");
         assert_eq!(ups[0].headers[0].1.expose(), "Bearer s3cr3t-upstream");
@@ -1320,6 +1329,14 @@ mod tests {
         );
         for (bad, needle) in [
             ("name = \"Git Hub\"\nurl = \"https://a/\"", "name must be"),
+            ("name = \"1up\"\nurl = \"https://a/\"", "name must be"),
+            ("name = \"a.b\"\nurl = \"https://a/\"", "name must be"),
+            ("name = \"-a\"\nurl = \"https://a/\"", "name must be"),
+            ("name = \"a23456789012345678901234567890x\"\nurl = \"https://a/\"", "name must be"),
+            (
+                "name = \"a\"\nurl = \"https://a/\"\n[[mcp_upstream]]\nname = \"A\"\nurl = \"https://b/\"",
+                "two upstreams",
+            ),
             ("name = \"a\"\nurl = \"ftp://a/\"", "url must be"),
             ("name = \"a\"\nurl = \"https://a/\"\nheaders = { A = \"env:KT_CONFIG_TEST_UNSET_VAR\" }", "KT_CONFIG_TEST_UNSET_VAR"),
             ("name = \"a\"\nurl = \"https://a/\"\ntrust = true", "takes name"),

@@ -280,3 +280,16 @@ CREATE TYPE keyturn._proposed AS (o_action_id uuid, o_token text, o_summary text
                                   o_expires_at timestamptz, o_status text, o_delegation_id uuid);
 -- What begin_dispatch's checks answer for one action (sql/005_status.sql).
 CREATE TYPE keyturn._begun AS (reason text, failed boolean);
+
+-- One name rule, which MCP servers' tool names fit (sql/010_tables.sql):
+-- ASCII letters in any case and hyphens as well, and no two tools whose
+-- names differ only in case. 0.2.0's names are all lowercase, so none
+-- collide.
+CREATE FUNCTION keyturn._name_ok(name text, max_len int) RETURNS boolean
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    RETURN name ~ '^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z][A-Za-z0-9_-]*)*$' AND length(name) <= max_len;
+ALTER TABLE keyturn.tool DROP CONSTRAINT tool_name_shape,
+    ADD CONSTRAINT tool_name_shape CHECK (keyturn._name_ok(name, 63));
+CREATE UNIQUE INDEX tool_name_folded ON keyturn.tool (lower(name));
+ALTER TABLE keyturn.projection DROP CONSTRAINT projection_name_shape,
+    ADD CONSTRAINT projection_name_shape CHECK (keyturn._name_ok(provider, 63));

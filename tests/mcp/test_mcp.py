@@ -398,6 +398,7 @@ EXPECTED = {
     "chat.send_message": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
     "chat.post_reply": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
     "chat.open_channel": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
+    "chat.set-Topic": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
     "chat.history": {"readOnlyHint": True, "openWorldHint": True},
     "chat.fail_send": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
     "chat.drop_send": {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
@@ -523,6 +524,21 @@ async def _():
         assert approve(aid) == "queued"
         wait_for("the action to succeed", lambda: status_of(aid) == "succeeded")
         assert [x["arguments"] for x in calls("post_reply")].count(args) == 1, calls("post_reply")
+
+
+@check("upstream_tool_names_keep_their_case_and_hyphens")
+async def _():
+    # set-Topic is chat.set-Topic in keyturn, listed, proposed and approved
+    # under that name, and sent to the upstream under its own.
+    args = {"channel": "general", "topic": "Q3 launch"}
+    aid = await propose_upstream("chat.set-Topic", args)
+    assert psql(f"SELECT tool FROM keyturn.action WHERE id = '{aid}'") == "chat.set-Topic"
+    assert approve(aid) == "queued"
+    wait_for("the action to succeed", lambda: status_of(aid) == "succeeded")
+    assert [x["arguments"] for x in calls("set-Topic")] == [args], calls("set-Topic")
+    async with client() as c:
+        r = await call(c, "chat.set-topic", args)
+        assert r.is_error and "42704" in r.content[0].text, r
 
 
 def registered(tool):
@@ -1200,9 +1216,10 @@ async def main():
         start_keyturnd()
         AGENT = jwt()
         chat = "ARRAY['chat.drop_send', 'chat.fail_send', 'chat.history', 'chat.open_channel', " \
-               "'chat.post_reply', 'chat.rename_channel', 'chat.send_message', 'chat.slow_send']"
+               "'chat.post_reply', 'chat.rename_channel', 'chat.send_message', 'chat.set-Topic', " \
+               "'chat.slow_send']"
         wait_for("keyturnd to register the upstream's tools",
-                 lambda: psql(f"SELECT count(*) FROM keyturn.tool WHERE name = ANY ({chat})") == "8")
+                 lambda: psql(f"SELECT count(*) FROM keyturn.tool WHERE name = ANY ({chat})") == "9")
         assert psql(f"SELECT bool_or(enabled) FROM keyturn.tool WHERE name = ANY ({chat})") == "f", \
             "discovered tools must be registered disabled"
         assert psql("SELECT string_agg(name || ':' || v.kind, ' ' ORDER BY name) FROM keyturn.tool t "
@@ -1211,7 +1228,7 @@ async def main():
             "chat.drop_send:write chat.fail_send:write chat.history:read chat.open_channel:write " \
             "chat.post_reply:write " \
             "chat.rename_channel:write " \
-            "chat.send_message:write chat.slow_send:write"
+            "chat.send_message:write chat.set-Topic:write chat.slow_send:write"
         psql("SELECT keyturn.set_tool_enabled(name, true), keyturn.grant_tool('mcpt', 'alice', name) "
              f"FROM unnest({chat}) AS name", user="app_admin")
         for run in CHECKS:

@@ -7,7 +7,8 @@ the tool runs; so a call that kills the server is still counted. It refuses
 any request without `Authorization: Bearer $KT_UPSTREAM_TOKEN`.
 
 Tools: send_message (a write), post_reply (a write with optional
-arguments: defaults, and a value that may be null), history (a read: readOnlyHint true; slow, as
+arguments: defaults, and a value that may be null), set-Topic (a write named
+as many servers name theirs: a hyphen and an uppercase letter), history (a read: readOnlyHint true; slow, as
 slow_send, for the channel "slow"),
 fail_send (answers isError), drop_send (the server dies after receiving it:
 the connection drops), slow_send (answers after KT_UPSTREAM_SLOW seconds),
@@ -47,6 +48,11 @@ def post_reply(channel: str, text: str, thread: str | None = None, urgent: bool 
     # Optional arguments as the SDK describes them: a default, and
     # anyOf [..., {"type": "null"}] for one that may be None.
     return f"replied in {channel}"
+
+
+@server.tool(name="set-Topic", description="Set a channel's topic.")
+def set_topic(channel: str, topic: str) -> str:
+    return f"topic of {channel} set"
 
 
 @server.tool(description="Open a channel: a tool to post to it appears.")

@@ -640,12 +640,37 @@ async fn test_discovered_tools_are_disabled_and_read_only_on_an_explicit_trusted
     let anyof = json!({"name": "anyof", "inputSchema": {"type": "object", "properties":
         {"a": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}}});
     assert_eq!(sqlstate(discover(&d, &up, &anyof, true).await), "22023");
+    for bad in ["bad name", "2fa", "-x", "x/y", "caf\u{e9}"] {
+        assert_eq!(
+            sqlstate(discover(&d, &up, &json!({"name": bad}), true).await),
+            "22023",
+            "{bad}"
+        );
+    }
+    for bad_up in ["Bad Up", "a.b", "-up", ""] {
+        assert_eq!(
+            sqlstate(discover(&d, bad_up, &json!({"name": "x"}), true).await),
+            "22023",
+            "{bad_up}"
+        );
+    }
+    // Names as MCP servers spell them: either case, hyphens, on an upstream
+    // whose name has a hyphen too.
+    let hyphened = format!("{up}-b");
+    for name in ["getTinyImage", "get-weather", "files.read"] {
+        assert_eq!(
+            discover(&d, &hyphened, &json!({"name": name}), true)
+                .await
+                .unwrap(),
+            1,
+            "{name}"
+        );
+        let (enabled, version, kind, ..) = tool_row(&w, &format!("{hyphened}.{name}")).await;
+        assert!(!enabled && version == 1 && kind == "write", "{name}");
+    }
+    // ...but never one a case apart from a tool it already has.
     assert_eq!(
-        sqlstate(discover(&d, &up, &json!({"name": "Bad-Name"}), true).await),
-        "22023"
-    );
-    assert_eq!(
-        sqlstate(discover(&d, "Bad Up", &json!({"name": "x"}), true).await),
+        sqlstate(discover(&d, &hyphened, &json!({"name": "GetTinyImage"}), true).await),
         "22023"
     );
     let r = w

@@ -169,7 +169,23 @@ async fn test_register_rejects_bad_specs() {
 #[tokio::test]
 async fn test_register_name_must_be_plain_ascii() {
     let w = World::new("admin").await;
-    for name in ["s\u{0435}nd_email", "Send", "send email", "", "x;drop", "é"] {
+    let too_long = "a".repeat(64);
+    for name in [
+        "s\u{0435}nd_email",
+        "send email",
+        "",
+        "x;drop",
+        "é",
+        "-send",
+        "1send",
+        "_send",
+        "send.",
+        ".send",
+        "send..email",
+        "send.-email",
+        "send/email",
+        too_long.as_str(),
+    ] {
         assert_eq!(
             sqlstate(register(&w, name, json!({"kind": "read"})).await),
             "22023",
@@ -181,6 +197,51 @@ async fn test_register_name_must_be_plain_ascii() {
     let fake = real.replacen('o', "\u{043e}", 1); // Cyrillic о
     assert_ne!(fake, real);
     let r = w.propose(&fake, json!({"channel": "c", "text": "t"})).await;
+    assert_eq!(sqlstate(r), "42704");
+}
+
+/// MCP servers name their tools in either case and with hyphens
+/// (`getTinyImage`, `get-weather`); keyturn keeps such names as they are
+/// spelled, and refuses one that differs from a registered tool's only in
+/// case, which a person reading a card takes for the same tool.
+#[tokio::test]
+async fn test_names_take_either_case_and_hyphens_but_never_only_a_case_apart() {
+    let w = World::new("admin").await;
+    let ns = unique("kt_test_case").replace('-', "_");
+    let spec = json!({"executor": "external", "provider": "webhook"});
+    let name = format!("{ns}.getTiny-Image");
+    assert_eq!(register(&w, &name, spec.clone()).await.unwrap(), 1);
+    assert_eq!(register(&w, &name, spec.clone()).await.unwrap(), 2);
+    let max = format!("{ns}.{}", "X".repeat(63 - ns.len() - 1));
+    assert_eq!(register(&w, &max, spec.clone()).await.unwrap(), 1);
+    for twin in [
+        name.to_lowercase(),
+        name.to_uppercase(),
+        format!("{ns}.GetTiny-Image"),
+    ] {
+        let e = register(&w, &twin, spec.clone()).await.unwrap_err();
+        let e = e.as_db_error().expect("a database error");
+        assert_eq!(e.code().code(), "22023", "{twin}");
+        let msg = e.message().to_owned();
+        assert!(msg.contains("only in case") && msg.contains(&name), "{msg}");
+    }
+    // Such a tool is proposed and approved as any other, under its own name.
+    w.admin
+        .execute("SELECT keyturn.set_tool_enabled($1, true)", &[&name])
+        .await
+        .unwrap();
+    w.grant(&w.principal, &name).await;
+    let p = w.propose(&name, json!({})).await.unwrap();
+    assert_eq!(w.approve(&p).await.unwrap().0, "queued");
+    let tool: String = w
+        .superuser
+        .query_one("SELECT tool FROM keyturn.action WHERE id = $1", &[&p.id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tool, name);
+    // Only the exact spelling names it.
+    let r = w.propose(&name.to_lowercase(), json!({})).await;
     assert_eq!(sqlstate(r), "42704");
 }
 
