@@ -19,12 +19,12 @@
 -- their tools in any case and with hyphens (getTinyImage, get-weather), and
 -- keyturn names them <upstream>.<tool>. ASCII only, so a look-alike (Cyrillic
 -- 'е' in 'sеnd_email') can never be registered next to the real name; a name
--- that differs from another only in case is kept out by keyturn.tool's folded
--- key. The tables' constraints call it, so it is part of the data model: the
+-- that differs from another only in case is kept out by the tables' folded
+-- keys. The tables' constraints call it, so it is part of the data model: the
 -- upgrade scripts' sweep of old functions leaves it (it has dependents) and
 -- it changes only in a data-model step.
 CREATE FUNCTION keyturn._name_ok(name text, max_len int) RETURNS boolean
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
     RETURN name ~ '^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z][A-Za-z0-9_-]*)*$' AND length(name) <= max_len;
 
 -- Tools are global; what a tenant may do with them is decided by grants.
@@ -37,7 +37,10 @@ CREATE TABLE keyturn.tool (
     CONSTRAINT tool_name_shape CHECK (keyturn._name_ok(name, 63))
 );
 -- Names that differ only in case are one name to a person reading a card.
-CREATE UNIQUE INDEX tool_name_folded ON keyturn.tool (lower(name));
+-- Folded as ASCII (COLLATE "C"), whatever the database's collation: under a
+-- Turkish one lower('Index') is 'ındex', and 'Index' and 'index' would both
+-- register.
+CREATE UNIQUE INDEX tool_name_folded ON keyturn.tool (lower(name COLLATE "C"));
 
 -- Every registration is a new immutable version; proposals are bound to one.
 CREATE TABLE keyturn.tool_version (
@@ -483,6 +486,7 @@ CREATE TABLE keyturn.projection (
     updated_at  timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT projection_name_shape CHECK (keyturn._name_ok(provider, 63))
 );
+CREATE UNIQUE INDEX projection_name_folded ON keyturn.projection (lower(provider COLLATE "C"));
 CREATE TABLE keyturn.projection_version (
     provider    text        NOT NULL REFERENCES keyturn.projection (provider),
     version     int         NOT NULL,

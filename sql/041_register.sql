@@ -540,7 +540,7 @@ BEGIN
     SELECT t.version + 1 INTO v_version FROM keyturn.tool t WHERE t.name = v_name FOR NO KEY UPDATE;
     IF v_version IS NULL THEN
         v_version := 1;
-        SELECT t.name INTO v_other FROM keyturn.tool t WHERE lower(t.name) = lower(v_name);
+        SELECT t.name INTO v_other FROM keyturn.tool t WHERE lower(t.name COLLATE "C") = lower(v_name COLLATE "C");
         IF FOUND THEN
             RAISE EXCEPTION 'keyturn: tool name % differs from the tool % only in case', quote_literal(v_name), quote_literal(v_other)
                 USING ERRCODE = '22023',

@@ -511,6 +511,9 @@ BEGIN
         PERFORM keyturn._set_event_context(jsonb_build_object('request', v_request.message_id));
         v_claimed := keyturn._claim(p_tenant, v_id, v_token, p_principal, v_request.recorded_role,
                                     'task:' || v_request.message_id);
+        -- What the request admits commits only while its turn is still the
+        -- conversation's latest.
+        v_noted := keyturn._turn_at_commit(p_tenant, p_principal, v_request.conversation_id, v_request.turn_id);
         v_result := keyturn._after_claim(to_regrole(v_request.recorded_role)::oid, v_claimed, v_token, p_params, NULL);
         -- The request's approval is this action's alone, not the rest of
         -- the transaction's.

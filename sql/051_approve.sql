@@ -79,10 +79,10 @@ BEGIN
            -- ROW(x.*), not x: on Citus, in a call delegated to a worker,
            -- x's row type would be its shard's (as in sql/063_mcp.sql).
            ROW(x.*)::keyturn.action AS action,
-           p_for IN ('approve', 'revise')
-             AND EXISTS (SELECT 1 FROM keyturn.tool_grant g
-                          WHERE g.tenant = v_tenant AND g.principal = v_principal AND g.tool = x.tool
-                            AND keyturn._grant_live(g.valid_until)) AS granted
+           CASE WHEN p_for IN ('approve', 'revise') THEN
+               (SELECT coalesce(g.valid_until, 'infinity') FROM keyturn.tool_grant g
+                 WHERE g.tenant = v_tenant AND g.principal = v_principal AND g.tool = x.tool
+                   AND keyturn._grant_live(g.valid_until)) END AS granted_until
       INTO v_read
       FROM keyturn.member m
       LEFT JOIN keyturn.action x ON x.id = p_id AND x.tenant = v_tenant
@@ -98,7 +98,8 @@ BEGIN
             USING ERRCODE = '55000',
                   DETAIL = 'It does not exist, or it is not visible to this identity.';
     END IF;
-    v_problem := keyturn._decide_problem(a, v_principal, v_session, v_role, p_for, v_read.granted);
+    v_problem := keyturn._decide_problem(a, v_principal, v_session, v_role, p_for,
+                                         v_read.granted_until IS NOT NULL);
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: %', v_problem
             USING ERRCODE = '42501',
@@ -117,6 +118,13 @@ BEGIN
     -- snapshot decides nothing.
     IF p_for <> 'preview' THEN
         v_noted := keyturn._recheck_epoch_at_commit(v_tenant, v_principal, v_read.epoch);
+    END IF;
+    -- And an approval commits only while the approver's grant lasts
+    -- (fourteenth red-team pass, docs/security.md row 108).
+    IF p_for = 'approve' AND v_read.granted_until < 'infinity' THEN
+        v_noted := keyturn._ends_at_commit(v_read.granted_until,
+            format('the grant of tool %s to approver %s (valid until %s)', a.tool, v_principal,
+                   keyturn._utc(v_read.granted_until)));
     END IF;
     RETURN a;
 END
@@ -406,6 +414,10 @@ BEGIN
             jsonb_build_object('reason', format('the proposal expired at %s', keyturn._utc(a.expires_at))),
             jsonb_build_object('reason', 'expired'));
     END IF;
+    -- An approval is one when it commits: not after the proposal expired
+    -- (fourteenth red-team pass, docs/security.md row 108).
+    v_noted := keyturn._ends_at_commit(a.expires_at,
+        format('proposal %s (it expired at %s)', a.id, keyturn._utc(a.expires_at)));
     -- A digest action stores only a MAC of its params hash: the params
     -- resubmitted now (or proposed in this call: a task request, a standing
     -- approval) must be the ones it was made of.

@@ -48,21 +48,26 @@ $$;
 
 -- The votes that count for a quorum action: one per principal, from voters
 -- who are still approvers or admins of its tenant, still hold the tool's
--- grant, and whose authorization has not changed since they voted.
+-- grant (o_until: its end, 'infinity' for none), and whose authorization
+-- has not changed since they voted.
 -- plpgsql, not sql: Citus cannot plan an SQL function's parameter in a
 -- statement on distributed tables (layout B, docs/scale-out.md).
 CREATE FUNCTION keyturn._counted_votes(p_id uuid, p_tenant text, p_tool text)
-RETURNS TABLE (o_principal text, o_epoch bigint)
+RETURNS TABLE (o_principal text, o_epoch bigint, o_until timestamptz)
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
     RETURN QUERY
-        SELECT x.principal, x.epoch
-          FROM keyturn.vote x
-          JOIN keyturn.member m ON m.tenant = p_tenant AND m.principal = x.principal
-         WHERE x.action_id = p_id AND x.tenant = p_tenant AND m.role IN ('approver', 'admin')
-           AND keyturn._has_grant(p_tenant, x.principal, p_tool)
-           AND keyturn._epoch(p_tenant, x.principal) = x.epoch;
+        SELECT v.principal, v.epoch, v.until
+          FROM (SELECT x.principal, x.epoch,
+                       (SELECT coalesce(g.valid_until, 'infinity') FROM keyturn.tool_grant g
+                         WHERE g.tenant = p_tenant AND g.principal = x.principal AND g.tool = p_tool
+                           AND keyturn._grant_live(g.valid_until)) AS until
+                  FROM keyturn.vote x
+                  JOIN keyturn.member m ON m.tenant = p_tenant AND m.principal = x.principal
+                 WHERE x.action_id = p_id AND x.tenant = p_tenant AND m.role IN ('approver', 'admin')
+                   AND keyturn._epoch(p_tenant, x.principal) = x.epoch) v
+         WHERE v.until IS NOT NULL;
 END
 $$;
 
@@ -94,6 +99,7 @@ DECLARE
     v_votes     int;
     v_voter     text;
     v_epoch     bigint;
+    v_until     timestamptz;
     v_noted     text;
     v_now       timestamptz;
 BEGIN
@@ -131,8 +137,14 @@ BEGIN
     -- snapshot: it commits only if each voter's authorization is unchanged
     -- then (a voter removed since, under REPEATABLE READ, counts for nothing).
     IF v_votes >= p_quorum THEN
-        FOR v_voter, v_epoch IN SELECT c.o_principal, c.o_epoch FROM keyturn._counted_votes(a.id, a.tenant, a.tool) c LOOP
+        FOR v_voter, v_epoch, v_until IN
+            SELECT c.o_principal, c.o_epoch, c.o_until FROM keyturn._counted_votes(a.id, a.tenant, a.tool) c
+        LOOP
             v_noted := keyturn._recheck_epoch_at_commit(a.tenant, v_voter, v_epoch);
+            IF v_until < 'infinity' THEN
+                v_noted := keyturn._ends_at_commit(v_until,
+                    format('the grant of tool %s to voter %s (valid until %s)', a.tool, v_voter, keyturn._utc(v_until)));
+            END IF;
         END LOOP;
     END IF;
     PERFORM keyturn._set_event_context(jsonb_build_object('quorum', p_quorum));

@@ -14,6 +14,7 @@ AS $$
 DECLARE
     v_spec    jsonb;
     v_version int;
+    v_other   text;
 BEGIN
     PERFORM keyturn._refuse_nested('register_projection');
     IF keyturn._name_ok(register_projection.provider, 63) IS NOT TRUE THEN
@@ -26,6 +27,14 @@ BEGIN
      WHERE p.provider = register_projection.provider FOR UPDATE;
     IF v_version IS NULL THEN
         v_version := 1;
+        SELECT p.provider INTO v_other FROM keyturn.projection p
+         WHERE lower(p.provider COLLATE "C") = lower(register_projection.provider COLLATE "C");
+        IF FOUND THEN
+            RAISE EXCEPTION 'keyturn: provider name % differs from the projection % only in case',
+                    quote_literal(register_projection.provider), quote_literal(v_other)
+                USING ERRCODE = '22023',
+                      HINT = 'A person reads both as one name: register under that name, or under one that differs in more than case.';
+        END IF;
         INSERT INTO keyturn.projection (provider, version) VALUES (register_projection.provider, 1);
     ELSE
         UPDATE keyturn.projection p SET version = v_version, updated_at = now()

@@ -107,6 +107,14 @@ $$;
 -- isolation level makes a second), within keyturn._elicit_window() of the
 -- proposal. (A notification's code is minted by the database from its own
 -- row, for the person it waits for: sql/064_notify.sql.)
+--
+-- In either mode the dispatcher makes no code for a revision written in a
+-- card session: the session could have been opened from a code of the
+-- dispatcher's own, so its login alone would write the params and then
+-- decide them (fourteenth red-team pass, docs/security.md row 106; the
+-- class of row 75, below: such a revision is decided where the person is
+-- signed in). With the strict setting, no code for any revision: a
+-- revision is never a fresh proposal of the agent's.
 
 -- How long after a proposal keyturnd's MCP elicitation may still make its
 -- card link: the elicitation follows the propose at once.
@@ -151,8 +159,18 @@ BEGIN
         a := keyturn._decidable(v_tenant, v_principal, v_session, v_role, v_id, 'link_code');
         IF v_strict AND (cardinality(p_ids) <> 1
                              OR a.principal IS DISTINCT FROM v_principal OR a.session IS DISTINCT FROM v_session
-                             OR a.created_at < v_now - keyturn._elicit_window()) THEN
+                             OR a.created_at < v_now - keyturn._elicit_window()
+                             OR a.revised_from IS NOT NULL) THEN
             PERFORM keyturn._refuse_dispatcher_link(v_id);
+        END IF;
+        IF v_dispatcher AND a.revised_from IS NOT NULL AND EXISTS (
+               SELECT 1 FROM keyturn.event e
+                WHERE e.action_id = a.id AND e.tenant = a.tenant AND e.from_status IS NULL
+                  AND e.detail ->> 'via' = 'card_session') THEN
+            RAISE EXCEPTION 'keyturn: the dispatcher may not make a link to action %, a revision written in a card session', v_id
+                USING ERRCODE = '42501',
+                      DETAIL = 'A card session''s holder may not be its person, and what it wrote is not its to decide.',
+                      HINT = 'The person decides it where they are signed in: the queue, the console, their app.';
         END IF;
         v_expires := least(v_expires, a.expires_at);
     END LOOP;
@@ -179,7 +197,7 @@ BEGIN
     RAISE EXCEPTION 'keyturn: the dispatcher may not make a link to action %', p_id
         USING ERRCODE = '42501',
               DETAIL = 'With keyturn.strict_dispatcher_links on, a dispatcher''s code is for one action, its proposer in its session, once, within '
-                       || keyturn._elicit_window() || ' of the proposal (keyturnd''s MCP elicitation).',
+                       || keyturn._elicit_window() || ' of the proposal, never a revision (keyturnd''s MCP elicitation).',
               HINT = 'The person asks for a link (keyturn.link_code) or opens the action from their queue.';
 END
 $$;

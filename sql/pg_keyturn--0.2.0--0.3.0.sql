@@ -292,13 +292,14 @@ CREATE TYPE keyturn._begun AS (reason text, failed boolean);
 -- names differ only in case. 0.2.0's names are all lowercase, so none
 -- collide.
 CREATE FUNCTION keyturn._name_ok(name text, max_len int) RETURNS boolean
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
     RETURN name ~ '^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z][A-Za-z0-9_-]*)*$' AND length(name) <= max_len;
 ALTER TABLE keyturn.tool DROP CONSTRAINT tool_name_shape,
     ADD CONSTRAINT tool_name_shape CHECK (keyturn._name_ok(name, 63));
-CREATE UNIQUE INDEX tool_name_folded ON keyturn.tool (lower(name));
+CREATE UNIQUE INDEX tool_name_folded ON keyturn.tool (lower(name COLLATE "C"));
 ALTER TABLE keyturn.projection DROP CONSTRAINT projection_name_shape,
     ADD CONSTRAINT projection_name_shape CHECK (keyturn._name_ok(provider, 63));
+CREATE UNIQUE INDEX projection_name_folded ON keyturn.projection (lower(provider COLLATE "C"));
 
 
 -- ==== The functions of 0.3.0, from its install script ====
@@ -978,6 +979,17 @@ CREATE OR REPLACE FUNCTION "_token_new"() RETURNS TEXT /* String */
 STRICT VOLATILE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'token_new_wrapper';
+
+-- pg_keyturn::committed::_turn_at_commit
+CREATE OR REPLACE FUNCTION "_turn_at_commit"(
+	"tenant" TEXT, /* & str */
+	"principal" TEXT, /* & str */
+	"conversation" TEXT, /* & str */
+	"turn" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'turn_at_commit_wrapper';
 
 -- pg_keyturn::mcp::_upstream_tool
 CREATE OR REPLACE FUNCTION "_upstream_tool"(
@@ -2679,7 +2691,7 @@ BEGIN
     SELECT t.version + 1 INTO v_version FROM keyturn.tool t WHERE t.name = v_name FOR NO KEY UPDATE;
     IF v_version IS NULL THEN
         v_version := 1;
-        SELECT t.name INTO v_other FROM keyturn.tool t WHERE lower(t.name) = lower(v_name);
+        SELECT t.name INTO v_other FROM keyturn.tool t WHERE lower(t.name COLLATE "C") = lower(v_name COLLATE "C");
         IF FOUND THEN
             RAISE EXCEPTION 'keyturn: tool name % differs from the tool % only in case', quote_literal(v_name), quote_literal(v_other)
                 USING ERRCODE = '22023',
@@ -3237,6 +3249,9 @@ BEGIN
         PERFORM keyturn._set_event_context(jsonb_build_object('request', v_request.message_id));
         v_claimed := keyturn._claim(p_tenant, v_id, v_token, p_principal, v_request.recorded_role,
                                     'task:' || v_request.message_id);
+        -- What the request admits commits only while its turn is still the
+        -- conversation's latest.
+        v_noted := keyturn._turn_at_commit(p_tenant, p_principal, v_request.conversation_id, v_request.turn_id);
         v_result := keyturn._after_claim(to_regrole(v_request.recorded_role)::oid, v_claimed, v_token, p_params, NULL);
         -- The request's approval is this action's alone, not the rest of
         -- the transaction's.
@@ -3372,10 +3387,10 @@ BEGIN
            -- ROW(x.*), not x: on Citus, in a call delegated to a worker,
            -- x's row type would be its shard's (as in sql/063_mcp.sql).
            ROW(x.*)::keyturn.action AS action,
-           p_for IN ('approve', 'revise')
-             AND EXISTS (SELECT 1 FROM keyturn.tool_grant g
-                          WHERE g.tenant = v_tenant AND g.principal = v_principal AND g.tool = x.tool
-                            AND keyturn._grant_live(g.valid_until)) AS granted
+           CASE WHEN p_for IN ('approve', 'revise') THEN
+               (SELECT coalesce(g.valid_until, 'infinity') FROM keyturn.tool_grant g
+                 WHERE g.tenant = v_tenant AND g.principal = v_principal AND g.tool = x.tool
+                   AND keyturn._grant_live(g.valid_until)) END AS granted_until
       INTO v_read
       FROM keyturn.member m
       LEFT JOIN keyturn.action x ON x.id = p_id AND x.tenant = v_tenant
@@ -3391,7 +3406,8 @@ BEGIN
             USING ERRCODE = '55000',
                   DETAIL = 'It does not exist, or it is not visible to this identity.';
     END IF;
-    v_problem := keyturn._decide_problem(a, v_principal, v_session, v_role, p_for, v_read.granted);
+    v_problem := keyturn._decide_problem(a, v_principal, v_session, v_role, p_for,
+                                         v_read.granted_until IS NOT NULL);
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: %', v_problem
             USING ERRCODE = '42501',
@@ -3410,6 +3426,13 @@ BEGIN
     -- snapshot decides nothing.
     IF p_for <> 'preview' THEN
         v_noted := keyturn._recheck_epoch_at_commit(v_tenant, v_principal, v_read.epoch);
+    END IF;
+    -- And an approval commits only while the approver's grant lasts
+    -- (fourteenth red-team pass, docs/security.md row 108).
+    IF p_for = 'approve' AND v_read.granted_until < 'infinity' THEN
+        v_noted := keyturn._ends_at_commit(v_read.granted_until,
+            format('the grant of tool %s to approver %s (valid until %s)', a.tool, v_principal,
+                   keyturn._utc(v_read.granted_until)));
     END IF;
     RETURN a;
 END
@@ -3699,6 +3722,10 @@ BEGIN
             jsonb_build_object('reason', format('the proposal expired at %s', keyturn._utc(a.expires_at))),
             jsonb_build_object('reason', 'expired'));
     END IF;
+    -- An approval is one when it commits: not after the proposal expired
+    -- (fourteenth red-team pass, docs/security.md row 108).
+    v_noted := keyturn._ends_at_commit(a.expires_at,
+        format('proposal %s (it expired at %s)', a.id, keyturn._utc(a.expires_at)));
     -- A digest action stores only a MAC of its params hash: the params
     -- resubmitted now (or proposed in this call: a task request, a standing
     -- approval) must be the ones it was made of.
@@ -4271,21 +4298,26 @@ $$;
 
 -- The votes that count for a quorum action: one per principal, from voters
 -- who are still approvers or admins of its tenant, still hold the tool's
--- grant, and whose authorization has not changed since they voted.
+-- grant (o_until: its end, 'infinity' for none), and whose authorization
+-- has not changed since they voted.
 -- plpgsql, not sql: Citus cannot plan an SQL function's parameter in a
 -- statement on distributed tables (layout B, docs/scale-out.md).
 CREATE OR REPLACE FUNCTION keyturn._counted_votes(p_id uuid, p_tenant text, p_tool text)
-RETURNS TABLE (o_principal text, o_epoch bigint)
+RETURNS TABLE (o_principal text, o_epoch bigint, o_until timestamptz)
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
     RETURN QUERY
-        SELECT x.principal, x.epoch
-          FROM keyturn.vote x
-          JOIN keyturn.member m ON m.tenant = p_tenant AND m.principal = x.principal
-         WHERE x.action_id = p_id AND x.tenant = p_tenant AND m.role IN ('approver', 'admin')
-           AND keyturn._has_grant(p_tenant, x.principal, p_tool)
-           AND keyturn._epoch(p_tenant, x.principal) = x.epoch;
+        SELECT v.principal, v.epoch, v.until
+          FROM (SELECT x.principal, x.epoch,
+                       (SELECT coalesce(g.valid_until, 'infinity') FROM keyturn.tool_grant g
+                         WHERE g.tenant = p_tenant AND g.principal = x.principal AND g.tool = p_tool
+                           AND keyturn._grant_live(g.valid_until)) AS until
+                  FROM keyturn.vote x
+                  JOIN keyturn.member m ON m.tenant = p_tenant AND m.principal = x.principal
+                 WHERE x.action_id = p_id AND x.tenant = p_tenant AND m.role IN ('approver', 'admin')
+                   AND keyturn._epoch(p_tenant, x.principal) = x.epoch) v
+         WHERE v.until IS NOT NULL;
 END
 $$;
 
@@ -4317,6 +4349,7 @@ DECLARE
     v_votes     int;
     v_voter     text;
     v_epoch     bigint;
+    v_until     timestamptz;
     v_noted     text;
     v_now       timestamptz;
 BEGIN
@@ -4354,8 +4387,14 @@ BEGIN
     -- snapshot: it commits only if each voter's authorization is unchanged
     -- then (a voter removed since, under REPEATABLE READ, counts for nothing).
     IF v_votes >= p_quorum THEN
-        FOR v_voter, v_epoch IN SELECT c.o_principal, c.o_epoch FROM keyturn._counted_votes(a.id, a.tenant, a.tool) c LOOP
+        FOR v_voter, v_epoch, v_until IN
+            SELECT c.o_principal, c.o_epoch, c.o_until FROM keyturn._counted_votes(a.id, a.tenant, a.tool) c
+        LOOP
             v_noted := keyturn._recheck_epoch_at_commit(a.tenant, v_voter, v_epoch);
+            IF v_until < 'infinity' THEN
+                v_noted := keyturn._ends_at_commit(v_until,
+                    format('the grant of tool %s to voter %s (valid until %s)', a.tool, v_voter, keyturn._utc(v_until)));
+            END IF;
         END LOOP;
     END IF;
     PERFORM keyturn._set_event_context(jsonb_build_object('quorum', p_quorum));
@@ -5214,6 +5253,7 @@ AS $$
 DECLARE
     v_spec    jsonb;
     v_version int;
+    v_other   text;
 BEGIN
     PERFORM keyturn._refuse_nested('register_projection');
     IF keyturn._name_ok(register_projection.provider, 63) IS NOT TRUE THEN
@@ -5226,6 +5266,14 @@ BEGIN
      WHERE p.provider = register_projection.provider FOR UPDATE;
     IF v_version IS NULL THEN
         v_version := 1;
+        SELECT p.provider INTO v_other FROM keyturn.projection p
+         WHERE lower(p.provider COLLATE "C") = lower(register_projection.provider COLLATE "C");
+        IF FOUND THEN
+            RAISE EXCEPTION 'keyturn: provider name % differs from the projection % only in case',
+                    quote_literal(register_projection.provider), quote_literal(v_other)
+                USING ERRCODE = '22023',
+                      HINT = 'A person reads both as one name: register under that name, or under one that differs in more than case.';
+        END IF;
         INSERT INTO keyturn.projection (provider, version) VALUES (register_projection.provider, 1);
     ELSE
         UPDATE keyturn.projection p SET version = v_version, updated_at = now()
@@ -5526,6 +5574,14 @@ $$;
 -- isolation level makes a second), within keyturn._elicit_window() of the
 -- proposal. (A notification's code is minted by the database from its own
 -- row, for the person it waits for: sql/064_notify.sql.)
+--
+-- In either mode the dispatcher makes no code for a revision written in a
+-- card session: the session could have been opened from a code of the
+-- dispatcher's own, so its login alone would write the params and then
+-- decide them (fourteenth red-team pass, docs/security.md row 106; the
+-- class of row 75, below: such a revision is decided where the person is
+-- signed in). With the strict setting, no code for any revision: a
+-- revision is never a fresh proposal of the agent's.
 
 -- How long after a proposal keyturnd's MCP elicitation may still make its
 -- card link: the elicitation follows the propose at once.
@@ -5570,8 +5626,18 @@ BEGIN
         a := keyturn._decidable(v_tenant, v_principal, v_session, v_role, v_id, 'link_code');
         IF v_strict AND (cardinality(p_ids) <> 1
                              OR a.principal IS DISTINCT FROM v_principal OR a.session IS DISTINCT FROM v_session
-                             OR a.created_at < v_now - keyturn._elicit_window()) THEN
+                             OR a.created_at < v_now - keyturn._elicit_window()
+                             OR a.revised_from IS NOT NULL) THEN
             PERFORM keyturn._refuse_dispatcher_link(v_id);
+        END IF;
+        IF v_dispatcher AND a.revised_from IS NOT NULL AND EXISTS (
+               SELECT 1 FROM keyturn.event e
+                WHERE e.action_id = a.id AND e.tenant = a.tenant AND e.from_status IS NULL
+                  AND e.detail ->> 'via' = 'card_session') THEN
+            RAISE EXCEPTION 'keyturn: the dispatcher may not make a link to action %, a revision written in a card session', v_id
+                USING ERRCODE = '42501',
+                      DETAIL = 'A card session''s holder may not be its person, and what it wrote is not its to decide.',
+                      HINT = 'The person decides it where they are signed in: the queue, the console, their app.';
         END IF;
         v_expires := least(v_expires, a.expires_at);
     END LOOP;
@@ -5598,7 +5664,7 @@ BEGIN
     RAISE EXCEPTION 'keyturn: the dispatcher may not make a link to action %', p_id
         USING ERRCODE = '42501',
               DETAIL = 'With keyturn.strict_dispatcher_links on, a dispatcher''s code is for one action, its proposer in its session, once, within '
-                       || keyturn._elicit_window() || ' of the proposal (keyturnd''s MCP elicitation).',
+                       || keyturn._elicit_window() || ' of the proposal, never a revision (keyturnd''s MCP elicitation).',
               HINT = 'The person asks for a link (keyturn.link_code) or opens the action from their queue.';
 END
 $$;

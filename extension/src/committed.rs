@@ -34,18 +34,62 @@ thread_local! {
     /// What approval decisions in this transaction read: (nest level, tool,
     /// version, tenant, principal, epoch).
     static NOTED: RefCell<Vec<Noted>> = const { RefCell::new(Vec::new()) };
-    /// Terms that end by time, which decisions in this transaction rested on.
+    /// Terms that end without a change to what NOTED reads, which decisions
+    /// in this transaction rested on.
     static ENDS: RefCell<Vec<Ends>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A decision's term that ends by time: a grant's `valid_until`, a standing
-/// approval's end. Nothing is written when it passes (no epoch moves), so
-/// the commit compares the clock with it.
+/// A decision's term that ends without moving a tool's version or an epoch,
+/// so the commit looks at it again itself.
 struct Ends {
     level: i32,
-    at: pg_sys::TimestampTz,
-    /// What ends, in the commit error's words.
+    term: Term,
+    /// How it ended, in the commit error's words.
     what: String,
+}
+
+enum Term {
+    /// At a time: a grant's `valid_until`, a standing approval's end, a
+    /// proposal's expiry. The commit compares the clock with it.
+    At(pg_sys::TimestampTz),
+    /// While `turn` is the conversation's latest (a task request's
+    /// admission): the commit reads the latest turn as committed, as the
+    /// role the admission ran as.
+    LatestTurn {
+        owner: pg_sys::Oid,
+        tenant: String,
+        principal: String,
+        conversation: String,
+        turn: String,
+    },
+}
+
+impl Ends {
+    fn ended(&self, now: pg_sys::TimestampTz) -> bool {
+        match &self.term {
+            Term::At(at) => *at <= now,
+            Term::LatestTurn {
+                owner,
+                tenant,
+                principal,
+                conversation,
+                turn,
+            } => {
+                let _as_owner = RoleSwitch::to(*owner);
+                let local = crate::citus::begin_local("keyturn.request", tenant);
+                let latest = latest_turn(tenant, principal, conversation);
+                crate::citus::end_local(local);
+                latest.as_deref() != Some(turn.as_str())
+            }
+        }
+    }
+}
+
+fn note_term(term: Term, what: String) -> String {
+    // SAFETY: a plain read of the backend's transaction state.
+    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
+    ENDS.with(|ends| ends.borrow_mut().push(Ends { level, term, what }));
+    String::new()
 }
 
 struct Noted {
@@ -319,16 +363,26 @@ fn recheck_epoch_at_commit(tenant: &str, principal: &str, epoch: i64) -> String 
 /// 105). Returns '' (assigned, not PERFORMed: no statement).
 #[pg_extern(name = "_ends_at_commit", volatile, parallel_unsafe)]
 fn ends_at_commit(at: TimestampWithTimeZone, what: &str) -> String {
-    // SAFETY: a plain read of the backend's transaction state.
-    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
-    ENDS.with(|ends| {
-        ends.borrow_mut().push(Ends {
-            level,
-            at: at.into_inner(),
-            what: what.into(),
-        })
-    });
-    String::new()
+    note_term(Term::At(at.into_inner()), format!("{what} ended"))
+}
+
+/// Notes that what a task request admitted in this transaction holds only
+/// while `turn` is its conversation's latest: a person who says something
+/// new ("no, stop") while the agent holds the write open stops it at its
+/// commit (40001; fourteenth red-team pass, docs/security.md row 108).
+/// Returns '' (assigned: no statement).
+#[pg_extern(name = "_turn_at_commit", volatile, parallel_unsafe)]
+fn turn_at_commit(tenant: &str, principal: &str, conversation: &str, turn: &str) -> String {
+    note_term(
+        Term::LatestTurn {
+            owner: privilege::current_user(),
+            tenant: tenant.into(),
+            principal: principal.into(),
+            conversation: conversation.into(),
+            turn: turn.into(),
+        },
+        format!("a turn of conversation {conversation} after {turn} was recorded"),
+    )
 }
 
 /// Under REPEATABLE READ or SERIALIZABLE: raises 40001 unless the tool row
@@ -446,9 +500,9 @@ pub fn check_noted() {
     let ends = ENDS.with(|ends| std::mem::take(&mut *ends.borrow_mut()));
     // SAFETY: reads the clock.
     let now = unsafe { pg_sys::GetCurrentTimestamp() };
-    if let Some(ended) = ends.iter().find(|e| e.at <= now) {
+    if let Some(ended) = ends.iter().find(|e| e.ended(now)) {
         KeyturnError::Busy(format!(
-            "{} ended while this transaction was open; what it approved does not commit",
+            "{} while this transaction was open; what it approved does not commit",
             ended.what
         ))
         .raise();

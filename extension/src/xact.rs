@@ -84,8 +84,8 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
     }
 }
 
-/// PREPARE TRANSACTION of a transaction that changed actions is refused
-/// (0A000): a prepared transaction keeps its tenant's audit chain locked
+/// PREPARE TRANSACTION of a transaction in which a keyturn function acted is
+/// refused (0A000). One that changed actions would keep its tenant's audit chain locked
 /// (its events are chained at PREPARE) until someone commits or rolls it
 /// back, which outlives the session and a restart; every commit of that
 /// tenant, and keyturnd's work across tenants, would wait behind it. And the
@@ -95,11 +95,17 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
 /// exception: nothing marks its connections in a way a client cannot copy
 /// (their application_name is anyone's to claim: row 88), and keyturn's
 /// Citus layouts commit a transaction that changed actions in one phase.
+/// And any keyturn call that writes or locks keyturn's rows without an
+/// event (an agent's `cancel_origin` of its own conversation, `stage_file`,
+/// `link_code`) would keep those locks as long: the person's
+/// `cancel_origin` of that conversation waited on the prepared row for
+/// ever, while the agent went on proposing in it (fourteenth red-team pass,
+/// row 107).
 fn refuse_prepare() {
-    if changed_actions() {
+    if changed_actions() || actor::acted() {
         crate::error::KeyturnError::NotSupported {
-            message: "a transaction that changed keyturn actions cannot be prepared (PREPARE TRANSACTION)".into(),
-            hint: "COMMIT it instead; its audit events would keep the tenant's chain locked until COMMIT PREPARED.",
+            message: "a transaction in which keyturn acted cannot be prepared (PREPARE TRANSACTION)".into(),
+            hint: "COMMIT it instead; a prepared transaction would keep keyturn's rows (and a tenant's audit chain) locked until COMMIT PREPARED.",
         }
         .raise();
     }

@@ -286,10 +286,11 @@ CREATE TYPE keyturn._begun AS (reason text, failed boolean);
 -- names differ only in case. 0.2.0's names are all lowercase, so none
 -- collide.
 CREATE FUNCTION keyturn._name_ok(name text, max_len int) RETURNS boolean
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
     RETURN name ~ '^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z][A-Za-z0-9_-]*)*$' AND length(name) <= max_len;
 ALTER TABLE keyturn.tool DROP CONSTRAINT tool_name_shape,
     ADD CONSTRAINT tool_name_shape CHECK (keyturn._name_ok(name, 63));
-CREATE UNIQUE INDEX tool_name_folded ON keyturn.tool (lower(name));
+CREATE UNIQUE INDEX tool_name_folded ON keyturn.tool (lower(name COLLATE "C"));
 ALTER TABLE keyturn.projection DROP CONSTRAINT projection_name_shape,
     ADD CONSTRAINT projection_name_shape CHECK (keyturn._name_ok(provider, 63));
+CREATE UNIQUE INDEX projection_name_folded ON keyturn.projection (lower(provider COLLATE "C"));

@@ -1202,6 +1202,10 @@ async def _():
     assert found == "0", found
     log = open(LOG).read()
     assert UPSTREAM_TOKEN not in log and SECRET not in log
+    # What an upstream names its tool reaches the log escaped, on its line.
+    assert "bad\\nname" in log, "the refused tool's line is missing"
+    assert not any(line.startswith("name 2026-12-07") or "FORGED LINE" in line and "bad\\nname" not in line
+                   for line in log.splitlines()), "an upstream wrote a line into keyturnd's log"
 
 
 async def main():

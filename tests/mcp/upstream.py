@@ -14,8 +14,10 @@ fail_send (answers isError), drop_send (the server dies after receiving it:
 the connection drops), slow_send (answers after KT_UPSTREAM_SLOW seconds),
 rename_channel (its description changes once the file KT_UPSTREAM_DRIFT
 exists: a schema drift), open_channel (adds a tool post_to_<name> and says
-the list changed), and late_refresh once the file KT_UPSTREAM_LATE exists
-(without a word: only a periodic discovery finds it).
+the list changed), late_refresh once the file KT_UPSTREAM_LATE exists
+(without a word: only a periodic discovery finds it), and one whose name
+holds a line break (keyturn refuses it; keyturnd's log stays one line a
+record).
 
 Usage: python upstream.py PORT
 """
@@ -53,6 +55,18 @@ def post_reply(channel: str, text: str, thread: str | None = None, urgent: bool 
 @server.tool(name="set-Topic", description="Set a channel's topic.")
 def set_topic(channel: str, topic: str) -> str:
     return f"topic of {channel} set"
+
+
+# A name with a line break, which keyturn refuses: the line keyturnd logs
+# about it must stay one line (a red-team pass wrote this forged log line).
+FORGED_NAME = "bad\nname 2026-12-07T00:00:00Z  WARN keyturnd: FORGED LINE"
+
+
+def forged(channel: str) -> str:
+    return "x"
+
+
+server.add_tool(forged, name=FORGED_NAME, description="A name with a line break.")
 
 
 @server.tool(description="Open a channel: a tool to post to it appears.")

@@ -328,10 +328,17 @@ fn never_left(e: &ServiceError) -> bool {
 
 /// An rmcp error's kind, for the log: its message names the failure, never
 /// a header or an argument.
+/// An error's words for the log: on one line (what an upstream says could
+/// otherwise write lines of its own into keyturnd's log), and short.
 fn kind_of(e: &dyn std::fmt::Display) -> String {
-    let mut out = e.to_string();
-    out.truncate(300);
-    out
+    one_line(&e.to_string())
+}
+
+/// `s` with its control characters escaped (a line break reads `\n`), at
+/// most 300 characters: for a log line that quotes what another party
+/// wrote.
+pub fn one_line(s: &str) -> String {
+    s.escape_debug().take(300).collect()
 }
 
 /// Every configured upstream.
@@ -442,10 +449,11 @@ pub async fn discover(u: &Upstream, pool: &Pool, metrics: &Metrics, call_timeout
         {
             Ok(_) => registered += 1,
             Err(e) => {
+                // The database quotes the upstream's name for the tool.
                 let why = e
                     .db_error()
-                    .map(|d| d.message().to_owned())
-                    .unwrap_or_else(|| e.to_string());
+                    .map(|d| one_line(d.message()))
+                    .unwrap_or_else(|| one_line(&e.to_string()));
                 tracing::warn!(upstream = u.name(), tool = name, reason = %why, "upstream tool not registered");
             }
         }

@@ -1080,6 +1080,88 @@ async fn test_a_transaction_that_changed_actions_cannot_be_prepared() {
     );
 }
 
+/// Fourteenth red-team pass (docs/security.md, row 107): keyturn calls that
+/// write or lock keyturn's rows without an audit event were prepared, and
+/// kept their locks until someone rolled them back. An agent cancelled its
+/// own conversation and prepared the transaction: the conversation stayed
+/// live for it (the cancellation never committed) and the person's
+/// `cancel_origin` of it waited on the prepared row for ever. Any
+/// transaction in which keyturn acted is refused now.
+#[tokio::test]
+async fn test_a_transaction_in_which_keyturn_acted_cannot_be_prepared() {
+    let su = connect("postgres").await;
+    let enabled: String = su
+        .query_one("SHOW max_prepared_transactions", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if enabled == "0" {
+        note_skip(
+            "hardening_tests::test_a_transaction_in_which_keyturn_acted_cannot_be_prepared",
+            "max_prepared_transactions is 0 on this cluster",
+        );
+        return;
+    }
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let conversation = unique("conv");
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "x"}))
+        .await
+        .unwrap();
+    let gid = unique("kt_prepared");
+    for (conn, call, what) in [
+        (
+            &w.agent,
+            "SELECT keyturn.cancel_origin($1)::text",
+            "the agent's cancel_origin",
+        ),
+        (
+            &w.agent,
+            "SELECT keyturn.archive_conversation($1)::text",
+            "the agent's archive_conversation",
+        ),
+    ] {
+        let answer = prepare_after(conn, call, &[&conversation], &gid).await;
+        assert_eq!(answer, "0A000", "{what} was prepared");
+    }
+    let answer = prepare_after(
+        &w.agent,
+        "SELECT keyturn.stage_file('\\x00'::bytea, 'a.txt', 'text/plain')::text",
+        &[],
+        &gid,
+    )
+    .await;
+    assert_eq!(answer, "0A000", "the agent's stage_file was prepared");
+    let answer = prepare_after(&w.human, "SELECT keyturn.issue_token($1)", &[&p.id], &gid).await;
+    assert_eq!(answer, "0A000", "the person's issue_token was prepared");
+    let answer = prepare_after(
+        &w.human,
+        "SELECT keyturn.link_code($1)",
+        &[&vec![p.id]],
+        &gid,
+    )
+    .await;
+    assert_eq!(answer, "0A000", "the person's link_code was prepared");
+    // Nothing was left holding a lock: the person's own cancellation of the
+    // conversation commits at once.
+    w.human
+        .batch_execute(&format!(
+            "SET lock_timeout = '5s'; SELECT keyturn.cancel_origin('{conversation}'); RESET lock_timeout"
+        ))
+        .await
+        .expect("the person's cancel_origin");
+    assert_eq!(
+        count(
+            &su,
+            "SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1",
+            &[&gid]
+        )
+        .await,
+        0
+    );
+}
+
 // --- 6. No agent transaction delays the kill switch --------------------------
 
 /// A covered proposal left open by its agent: 0.2.0 held FOR SHARE on the
@@ -2259,4 +2341,116 @@ async fn test_a_covered_write_left_open_does_not_outlive_its_grant_or_standing_a
         "lead",
         "approve: nothing of it stays"
     );
+}
+
+/// Fourteenth red-team pass (docs/security.md row 108): three more terms an
+/// approval rests on that end without moving a tool's version or an epoch,
+/// each left open in a transaction past its end, used to commit: the
+/// proposal's own expiry, the grant of the approver (and of each voter of a
+/// quorum), and, for a task tool, the request's turn being the
+/// conversation's latest. Each now fails at the commit (40001) and leaves
+/// nothing behind.
+#[tokio::test]
+async fn test_an_approval_left_open_does_not_outlive_its_expiry_approvers_grant_or_turn() {
+    let w = World::new("member").await;
+    let form = |deal: i64| json!({"where": {"id": deal}, "set": {"stage": "won"}});
+    let wait = || tokio::time::sleep(std::time::Duration::from_millis(2500));
+    // (a) The proposal's expiry.
+    let t = w.deal_tool(json!({"expires_in": "2 seconds"})).await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    let p = w.propose(&t, form(deal)).await.unwrap();
+    let open = w.human.transaction().await.unwrap();
+    assert_eq!(
+        approve_on(&open, p.id, &p.token, None).await.unwrap().0,
+        "succeeded",
+        "approved before it expired"
+    );
+    wait().await;
+    let (state, message) = failure(open.commit().await);
+    assert_eq!(state, "40001", "expiry: {message}");
+    assert!(message.contains("expired"), "expiry: {message}");
+    assert_eq!(w.stage_of(deal).await, "lead", "expiry: nothing stays");
+
+    // (b) The approver's grant, and a voter's.
+    for quorum in [1, 2] {
+        let t = w
+            .webhook_tool(json!({"approval": "independent", "quorum": quorum}))
+            .await;
+        let mut approvers = Vec::new();
+        for i in 0..quorum {
+            let (a, c) = w
+                .other("approver", "app_human", &format!("q{quorum}-{i}"))
+                .await;
+            approvers.push((a, c));
+        }
+        let soon = std::time::SystemTime::now() + std::time::Duration::from_secs(2);
+        // The first approver's grant ends soon: the only one, or the voter
+        // who voted first.
+        for (i, (a, _)) in approvers.iter().enumerate() {
+            let until = (i == 0).then_some(soon);
+            w.grant_with(a, &t, None, until, None).await.unwrap();
+        }
+        let p = w
+            .propose(&t, json!({"channel": "ops", "text": "x"}))
+            .await
+            .unwrap();
+        if quorum == 2 {
+            assert_eq!(
+                approve_on(&approvers[0].1, p.id, &p.token, None)
+                    .await
+                    .unwrap()
+                    .0,
+                "pending"
+            );
+        }
+        let decider = &approvers[(quorum - 1) as usize].1;
+        let open = decider.transaction().await.unwrap();
+        assert_eq!(
+            approve_on(&open, p.id, &p.token, None).await.unwrap().0,
+            "queued",
+            "quorum {quorum}: approved while the grant lasted"
+        );
+        wait().await;
+        let (state, message) = failure(open.commit().await);
+        assert_eq!(state, "40001", "quorum {quorum}: {message}");
+        assert!(
+            message.contains(&format!(
+                "to {} {}",
+                if quorum == 1 { "approver" } else { "voter" },
+                approvers[0].0
+            )),
+            "quorum {quorum}: says whose grant ended: {message}"
+        );
+        assert_eq!(w.status(p.id).await, "pending", "quorum {quorum}");
+    }
+
+    // (c) A task request's turn: the person says something new while the
+    // agent holds the admitted write open.
+    let t = w.deal_tool(json!({"approval": "task"})).await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    let conversation = unique("conv");
+    assert!(
+        record_request_on(&w.human, &conversation, "t1", "m1", "move it")
+            .await
+            .unwrap()
+    );
+    let open = w.agent.transaction().await.unwrap();
+    let p = propose_full(
+        &open,
+        &t,
+        form(deal),
+        task_origin(&conversation, "t1", "m1"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(p.status, "succeeded", "admitted by the latest turn");
+    assert!(
+        record_request_on(&w.human, &conversation, "t2", "m2", "no, stop")
+            .await
+            .unwrap()
+    );
+    let (state, message) = failure(open.commit().await);
+    assert_eq!(state, "40001", "turn: {message}");
+    assert!(message.contains("after t1"), "turn: {message}");
+    assert_eq!(w.stage_of(deal).await, "lead", "turn: nothing stays");
 }

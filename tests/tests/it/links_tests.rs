@@ -410,3 +410,84 @@ async fn test_the_dispatchers_one_code_per_action_holds_under_repeatable_read() 
         1
     );
 }
+
+/// Fourteenth red-team pass (docs/security.md, row 106): with its login
+/// alone, the dispatcher made a code for a fresh self proposal, revised it
+/// in the card session the code opened (params of its own), made a second
+/// code for the revision and approved it there: it wrote what it decided,
+/// in either mode. The dispatcher makes no code for a revision written in a
+/// card session, and with the strict setting none for any revision; the
+/// person decides the revision where they are signed in.
+#[tokio::test]
+async fn test_the_dispatcher_makes_no_code_for_a_revision_written_in_a_card_session() {
+    let w = World::new("member").await;
+    let strict = strict_dispatcher(&w).await;
+    let t = w.webhook_tool(json!({})).await;
+    for login in ["app_dispatcher", strict.as_str()] {
+        let p = w
+            .propose(&t, json!({"channel": "ops", "text": "the agent's"}))
+            .await
+            .unwrap();
+        let disp = Conn::connect(login, w.identity()).await;
+        let code = link_code(&disp, &[p.id]).await.unwrap();
+        let d = connect("app_dispatcher").await;
+        let (_, tokens, role, claims) = redeem(&d, &code, &[p.id]).await.unwrap();
+        assert_eq!(role, None, "keyturnd's card role");
+        // The card session's call, as keyturnd makes it: its card role,
+        // the session's claims.
+        let card = Conn::connect("app_human", Identity::claims(&claims.to_string())).await;
+        let token = tokens[p.id.to_string()].as_str().unwrap().to_owned();
+        let r = card
+            .query_one(
+                "SELECT action_id FROM keyturn.revise($1, $2, $3)",
+                &[
+                    &p.id,
+                    &token,
+                    &json!({"channel": "ops", "text": "the dispatcher's"}),
+                ],
+            )
+            .await
+            .unwrap();
+        let revised: uuid::Uuid = r.get(0);
+        let (state, msg) = failure(link_code(&disp, &[revised]).await);
+        assert_eq!(state, "42501", "{login}: {msg}");
+        assert_eq!(w.status(revised).await, "pending");
+        // The person, where signed in, decides it.
+        link_code(&w.human, &[revised]).await.unwrap();
+        let fresh = issue(&w.human, revised).await.unwrap();
+        assert_eq!(
+            approve_on(&w.human, revised, &fresh, None).await.unwrap().0,
+            "queued"
+        );
+    }
+    // A revision the person wrote where signed in: the dispatcher may make
+    // a code for it by default (it may decide as the person), never with
+    // the strict setting (a revision is no fresh proposal of the agent's).
+    let mut revisions = Vec::new();
+    for _ in 0..2 {
+        let p = w
+            .propose(&t, json!({"channel": "ops", "text": "draft"}))
+            .await
+            .unwrap();
+        let r = w
+            .human
+            .query_one(
+                "SELECT action_id FROM keyturn.revise($1, $2, $3)",
+                &[
+                    &p.id,
+                    &p.token,
+                    &json!({"channel": "ops", "text": "the person's"}),
+                ],
+            )
+            .await
+            .unwrap();
+        revisions.push(r.get::<_, uuid::Uuid>(0));
+    }
+    let disp = Conn::connect("app_dispatcher", w.identity()).await;
+    link_code(&disp, &revisions[..1]).await.unwrap();
+    let strict_disp = Conn::connect(&strict, w.identity()).await;
+    assert_eq!(
+        sqlstate(link_code(&strict_disp, &revisions[1..]).await),
+        "42501"
+    );
+}

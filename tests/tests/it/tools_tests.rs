@@ -243,6 +243,38 @@ async fn test_names_take_either_case_and_hyphens_but_never_only_a_case_apart() {
     // Only the exact spelling names it.
     let r = w.propose(&name.to_lowercase(), json!({})).await;
     assert_eq!(sqlstate(r), "42704");
+    // Projections alike (fourteenth red-team pass, docs/security.md row 109).
+    let projection = json!({"fields": {"n": {"max_length": 10}}});
+    let provider = format!("{ns}.Proj");
+    w.admin
+        .query_one(
+            "SELECT keyturn.register_projection($1, $2)",
+            &[&provider, &projection],
+        )
+        .await
+        .unwrap();
+    let twin = w
+        .admin
+        .query_one(
+            "SELECT keyturn.register_projection($1, $2)",
+            &[&provider.to_lowercase(), &projection],
+        )
+        .await;
+    assert_eq!(sqlstate(twin), "22023");
+    // Folded as ASCII whatever the database's collation: under a Turkish
+    // one lower('Index') is 'ındex', and 'Index' and 'index' were two names.
+    for index in ["tool_name_folded", "projection_name_folded"] {
+        let def: String = w
+            .superuser
+            .query_one(
+                "SELECT pg_get_indexdef(format('keyturn.%I', $1::text)::regclass)",
+                &[&index],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(def.contains("COLLATE \"C\""), "{def}");
+    }
 }
 
 #[tokio::test]

@@ -63,13 +63,17 @@ pub fn hostile_template() -> BoxedStrategy<String> {
     .boxed()
 }
 
-/// A tool name: valid (dotted lowercase) or not (upper case, look-alikes,
-/// too long, hidden characters, SQL).
+/// A tool name: valid (dotted parts of letters in either case, digits, `_`
+/// and `-`) or not (look-alikes, empty parts, a leading digit, hyphen or
+/// underscore, too long, hidden characters, SQL).
 pub fn hostile_tool_name() -> BoxedStrategy<String> {
     prop_oneof![
         prop::sample::select(vec![
             "Deal",
             "deal-stage",
+            "-deal",
+            "deal.-x",
+            "deal/x",
             "deal..x",
             ".deal",
             "deal.",

@@ -16,13 +16,16 @@ use crate::generators::schemas::fitting;
 use crate::generators::specs::{external_spec, hostile_spec, hostile_tool_name, sql_spec};
 use crate::oracle::{check_write, snapshot};
 
-/// The tool name rule (docs/sql-api.md, "Tools").
+/// The tool name rule (docs/sql-api.md, "Tools"): dot-separated parts of
+/// ASCII letters, digits, `_` and `-`, each starting with a letter, at most
+/// 63 characters. (A valid name may still be refused as a case twin of a
+/// registered one.)
 fn valid_name(name: &str) -> bool {
     name.len() <= 63
         && name.split('.').all(|part| {
             let mut cs = part.chars();
-            cs.next().is_some_and(|c| c.is_ascii_lowercase())
-                && cs.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            cs.next().is_some_and(|c| c.is_ascii_alphabetic())
+                && cs.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         })
 }
 
