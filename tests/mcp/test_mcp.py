@@ -189,15 +189,17 @@ def start_upstream():
     wait_for("the upstream to listen", up)
 
 
-async def upstream_definition(tool):
-    """The JSON object of `tool` in the upstream's tools/list, as served:
-    read over plain HTTP, so no SDK model re-serializes it."""
+async def upstream_definition(tool, port=None, version="2025-06-18", token=True):
+    """The JSON object of `tool` in an upstream's tools/list (the Python
+    one's by default), as served in protocol revision `version`: read over
+    plain HTTP, so no SDK model re-serializes it."""
     def rpc(http, session, body):
-        headers = {"Authorization": f"Bearer {UPSTREAM_TOKEN}", "Accept": "application/json, text/event-stream",
-                   "MCP-Protocol-Version": "2025-06-18"}
+        headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": version}
+        if token:
+            headers["Authorization"] = f"Bearer {UPSTREAM_TOKEN}"
         if session:
             headers["Mcp-Session-Id"] = session
-        r = http.post(f"http://127.0.0.1:{UPSTREAM_PORT}/mcp", json=body, headers=headers)
+        r = http.post(f"http://127.0.0.1:{port or UPSTREAM_PORT}/mcp", json=body, headers=headers)
         assert r.status_code in (200, 202), (r.status_code, r.text)
         text = r.text
         if r.headers.get("content-type", "").startswith("text/event-stream"):
@@ -207,7 +209,7 @@ async def upstream_definition(tool):
     def go():
         with httpx2.Client(timeout=BOUND) as http:
             session, _ = rpc(http, None, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": "2025-06-18", "capabilities": {},
+                "protocolVersion": version, "capabilities": {},
                 "clientInfo": {"name": "raw", "version": "1"}}})
             rpc(http, session, {"jsonrpc": "2.0", "method": "notifications/initialized"})
             _, listed = rpc(http, session, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
@@ -1206,6 +1208,62 @@ async def _():
     assert "bad\\nname" in log, "the refused tool's line is missing"
     assert not any(line.startswith("name 2026-12-07") or "FORGED LINE" in line and "bad\\nname" not in line
                    for line in log.splitlines()), "an upstream wrote a line into keyturnd's log"
+
+
+@check("typescript_sdk_upstream_is_taken_as_it_serves_its_tools")
+async def _():
+    """An upstream on the official TypeScript SDK (tests/mcp/ts/ts_upstream.mjs,
+    installed by tests/run-all into KT_MCP_TS_DIR): discovered and registered
+    under the name it gives its tool (board.pin-Message), its stored hash that
+    of the definition exactly as served, `execution` and a vendor `_meta` key
+    included (the Rust SDK's Tool keeps neither), and an approved call sent to
+    it once, with the idempotency key."""
+    ts_dir = os.environ.get("KT_MCP_TS_DIR")
+    if not ts_dir:
+        raise Skip(os.environ.get("KT_MCP_TS_UNAVAILABLE", "KT_MCP_TS_DIR is not set"))
+    port = free_port()
+    ts_calls = os.path.join(DIR, "ts-upstream-calls.jsonl")
+    up = subprocess.Popen(["node", os.path.join(ts_dir, "ts_upstream.mjs"), str(port)], cwd=ts_dir,
+                          env=dict(os.environ, KT_TS_UPSTREAM_CALLS=ts_calls), stdout=subprocess.DEVNULL,
+                          stderr=open(os.path.join(DIR, "ts-upstream.log"), "a"))
+    tool = "board.pin-Message"
+    try:
+        wait_for("the TypeScript upstream to listen", lambda: listening(port))
+        config = os.path.join(DIR, "keyturnd-board.toml")
+        with open(os.path.join(DIR, "keyturnd.toml")) as base, open(config, "w") as f:
+            f.write(base.read() + f'[[mcp_upstream]]\nname = "board"\nurl = "http://127.0.0.1:{port}/mcp"\n')
+        with keyturnd_with(KEYTURN_CONFIG=config):
+            wait_for(f"{tool} to be registered", lambda: registered(tool), bound=20)
+            # The definition as this SDK serves it, in the revision it
+            # answers keyturnd's initialize with.
+            served = await upstream_definition("pin-Message", port=port, version="2025-11-25", token=False)
+            assert served.get("execution") == {"taskSupport": "forbidden"}, served
+            assert served.get("_meta") == {"com.example/audience": "ops"}, served
+            stored = psql("SELECT upstream_schema_sha256 FROM keyturn.tool t JOIN keyturn.tool_version v "
+                          f"ON v.tool = t.name AND v.version = t.version WHERE t.name = '{tool}'")
+            assert stored == hashlib.sha256(canonical(served).encode()).hexdigest(), (stored, served)
+            psql(f"SELECT keyturn.set_tool_enabled('{tool}', true), keyturn.grant_tool('mcpt', 'alice', '{tool}')",
+                 user="app_admin")
+            args = {"board": "ops", "text": "Deploy at 5"}
+            aid = await propose_upstream(tool, args)
+            assert approve(aid) == "queued"
+            wait_for("the action to succeed", lambda: status_of(aid) == "succeeded")
+            with open(ts_calls) as f:
+                sent = [json.loads(line) for line in f if line.strip()]
+            assert [(c["arguments"], c["_meta"]) for c in sent] == [(args, {"idempotency_key": f"keyturn-{aid}"})], sent
+    finally:
+        if registered(tool):  # as for bob: nothing of it is listed by the checks after
+            psql(f"SELECT keyturn.set_tool_enabled('{tool}', false)", user="app_admin")
+        up.terminate()
+        up.wait(timeout=BOUND)
+
+
+def listening(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 async def main():

@@ -17,7 +17,9 @@
 //! | [`streams`] | the standalone streams (`GET /mcp`): one per session, half the connections in all |
 //! | [`task`] | the Tasks extension: a proposal's task, its card link |
 //! | [`upstream`] | the upstream MCP servers: sessions, discovery, calls |
+//! | [`raw_tools`] | the upstream client's HTTP, keeping `tools/list` answers as received |
 
+pub mod raw_tools;
 pub mod server;
 pub mod streams;
 pub mod task;

@@ -24,7 +24,7 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientRequest, ErrorData, JsonObject,
     PaginatedRequestParams, RequestMetaObject, ServerResult,
 };
-use rmcp::service::{NotificationContext, RunningService};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientHandler, RoleClient, ServiceError, ServiceExt};
@@ -33,6 +33,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::raw_tools::RawTools;
 use crate::config::{self, Config};
 use crate::db;
 use crate::error::Error;
@@ -67,7 +68,7 @@ impl ClientHandler for Listener {
 /// One upstream MCP server and its session.
 pub struct Upstream {
     config: config::Upstream,
-    http: reqwest013::Client,
+    http: RawTools,
     session: tokio::sync::Mutex<Option<RunningService<RoleClient, Listener>>>,
     changed: Arc<Notify>,
     up: AtomicBool,
@@ -93,7 +94,7 @@ impl Upstream {
             .map_err(|e| Error::Config(format!("mcp_upstream {}: {e}", config.name)))?;
         Ok(Upstream {
             config,
-            http,
+            http: RawTools::new(http),
             session: tokio::sync::Mutex::new(None),
             changed: Arc::new(Notify::new()),
             up: AtomicBool::new(false),
@@ -161,8 +162,8 @@ impl Upstream {
     }
 
     /// Every tool definition of its `tools/list`, each the JSON object as
-    /// received (as rmcp reads it; when rmcp cannot read the list, as the
-    /// raw JSON), ended by `by`. Never served from a cache.
+    /// received ([`RawTools`]; where an answer came as a plain JSON body, as
+    /// rmcp reads it), ended by `by`. Never served from a cache.
     pub async fn list(&self, by: Instant) -> Result<Vec<Value>, CallError> {
         let listed = tokio::time::timeout_at(by, self.list_pages()).await;
         let result = match listed {
@@ -191,16 +192,28 @@ impl Upstream {
                 params,
                 extensions: Default::default(),
             });
-            let answer = peer.send_request(request).await.map_err(|e| match e {
+            let failed = |e: ServiceError| match e {
                 ServiceError::McpError(e) => CallError::Rpc(e),
                 other => CallError::NotSent(format!("tools/list failed: {}", kind_of(&other))),
-            })?;
+            };
+            let handle = peer
+                .send_request_with_option(request, PeerRequestOptions::no_options())
+                .await
+                .map_err(failed)?;
+            let id = handle.id.clone();
+            let answer = handle.await_response().await.map_err(failed)?;
+            let raw = self.http.take(&id);
             let next = match answer {
                 ServerResult::ListToolsResult(r) => {
-                    for tool in &r.tools {
-                        tools.push(serde_json::to_value(tool).map_err(|e| {
-                            CallError::NotSent(format!("a tool does not serialize: {e}"))
-                        })?);
+                    match raw.and_then(|raw| same_tools(&raw, &r.tools)) {
+                        Some(as_sent) => tools.extend(as_sent),
+                        None => {
+                            for tool in &r.tools {
+                                tools.push(serde_json::to_value(tool).map_err(|e| {
+                                    CallError::NotSent(format!("a tool does not serialize: {e}"))
+                                })?);
+                            }
+                        }
                     }
                     r.next_cursor
                 }
@@ -311,6 +324,15 @@ impl<T: rmcp::transport::Transport<RoleClient>> rmcp::transport::Transport<RoleC
     fn close(&mut self) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send {
         self.0.close()
     }
+}
+
+/// The tools of a raw `tools/list` result, when they are the ones rmcp read
+/// (the same names, in the same order): what keyturn takes as received.
+fn same_tools(raw: &Value, read: &[rmcp::model::Tool]) -> Option<Vec<Value>> {
+    let list = raw.get("tools")?.as_array()?;
+    let names = list.iter().map(|t| t.get("name").and_then(Value::as_str));
+    (list.len() == read.len() && names.eq(read.iter().map(|t| Some(t.name.as_ref()))))
+        .then(|| list.clone())
 }
 
 /// Whether an rmcp error proves the request never left: a connection that

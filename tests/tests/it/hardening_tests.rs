@@ -1025,19 +1025,29 @@ async fn prepare_after(
     answer
 }
 
-#[tokio::test]
-async fn test_a_transaction_that_changed_actions_cannot_be_prepared() {
-    let su = connect("postgres").await;
-    let enabled: String = su
+/// Whether the cluster allows prepared transactions; if not, `test` is
+/// noted as skipped, with the reason.
+async fn prepared_transactions_on(su: &tokio_postgres::Client, test: &str) -> bool {
+    let max: String = su
         .query_one("SHOW max_prepared_transactions", &[])
         .await
         .unwrap()
         .get(0);
-    if enabled == "0" {
-        note_skip(
-            "hardening_tests::test_a_transaction_that_changed_actions_cannot_be_prepared",
-            "max_prepared_transactions is 0 on this cluster",
-        );
+    if max == "0" {
+        note_skip(test, "max_prepared_transactions is 0 on this cluster");
+    }
+    max != "0"
+}
+
+#[tokio::test]
+async fn test_a_transaction_that_changed_actions_cannot_be_prepared() {
+    let su = connect("postgres").await;
+    if !prepared_transactions_on(
+        &su,
+        "hardening_tests::test_a_transaction_that_changed_actions_cannot_be_prepared",
+    )
+    .await
+    {
         return;
     }
     let w = World::new("member").await;
@@ -1090,16 +1100,12 @@ async fn test_a_transaction_that_changed_actions_cannot_be_prepared() {
 #[tokio::test]
 async fn test_a_transaction_in_which_keyturn_acted_cannot_be_prepared() {
     let su = connect("postgres").await;
-    let enabled: String = su
-        .query_one("SHOW max_prepared_transactions", &[])
-        .await
-        .unwrap()
-        .get(0);
-    if enabled == "0" {
-        note_skip(
-            "hardening_tests::test_a_transaction_in_which_keyturn_acted_cannot_be_prepared",
-            "max_prepared_transactions is 0 on this cluster",
-        );
+    if !prepared_transactions_on(
+        &su,
+        "hardening_tests::test_a_transaction_in_which_keyturn_acted_cannot_be_prepared",
+    )
+    .await
+    {
         return;
     }
     let w = World::new("member").await;
