@@ -374,6 +374,16 @@ BEGIN
     END IF;
 
     IF v_ver.approval = 'task' THEN
+        -- A revision is never approved at its making: a request admits what
+        -- the agent proposed in its turn, never params someone else wrote
+        -- (a card session's holder, another approver) into a proposal of a
+        -- tool that became a task tool meanwhile (fifteenth red-team pass,
+        -- docs/security.md row 111).
+        IF p_revised_from IS NOT NULL THEN
+            RAISE EXCEPTION 'keyturn: tool % is a task tool now; a person''s request admits no revision', v_tool.name
+                USING ERRCODE = '42501',
+                      HINT = 'Reject the proposal; the agent proposes again in the person''s latest turn.';
+        END IF;
         -- The person's request in the chat is the approval; the same request
         -- for the same call again is the same action. A replay is answered
         -- before the checks that admission spent (the grant's uses, the

@@ -41,12 +41,6 @@ pub fn clear() {
     let _ = ACTOR.try_with(|a| a.borrow_mut().take());
 }
 
-/// Whether a keyturn function has acted in this transaction: every one that
-/// writes keyturn's rows or locks them notes its actor first.
-pub fn acted() -> bool {
-    ACTOR.try_with(|a| a.borrow().is_some()).unwrap_or(false)
-}
-
 /// Notes the acting role and principal for this transaction and clears the
 /// event detail. Returns '' (callers `PERFORM` it).
 #[pg_extern(name = "_set_actor", volatile, parallel_unsafe)]

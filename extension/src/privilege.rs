@@ -32,6 +32,10 @@ thread_local! {
     // a trigger on a gated table must not approve, propose or dispatch
     // anything in the approver's name.
     static IN_BUSINESS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    // Whether a keyturn entry point ran in this transaction (each passes
+    // refuse_inside_business_statement first): such a transaction is never
+    // prepared (crate::xact).
+    static ENTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 impl RoleSwitch {
@@ -112,15 +116,25 @@ impl Drop for RoleSwitch {
     }
 }
 
-/// Forgets any business statement: an aborted transaction may have left the
-/// count behind if an error skipped a drop.
+/// At the end of every transaction: forgets any business statement (an
+/// aborted transaction may have left the count behind if an error skipped a
+/// drop) and that keyturn was entered.
 pub fn reset_business() {
     let _ = IN_BUSINESS.try_with(|n| n.set(0));
+    let _ = ENTERED.try_with(|e| e.set(false));
+}
+
+/// Whether a keyturn entry point ran in this transaction.
+pub fn entered() -> bool {
+    ENTERED.try_with(std::cell::Cell::get).unwrap_or(false)
 }
 
 /// Refuses (42501) while a business statement runs as a caller: a trigger, a
 /// default or a policy function on a gated table reaching back into keyturn.
+/// Every entry point of keyturn's asks first, so it also notes that keyturn
+/// was entered in this transaction.
 pub fn refuse_inside_business_statement(what: &str) {
+    ENTERED.set(true);
     if IN_BUSINESS.get() > 0 {
         KeyturnError::Forbidden {
             message: format!("{what} cannot be called while an approved business statement runs"),

@@ -84,8 +84,8 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
     }
 }
 
-/// PREPARE TRANSACTION of a transaction in which a keyturn function acted is
-/// refused (0A000). One that changed actions would keep its tenant's audit chain locked
+/// PREPARE TRANSACTION of a transaction in which any keyturn entry point ran
+/// is refused (0A000). One that changed actions would keep its tenant's audit chain locked
 /// (its events are chained at PREPARE) until someone commits or rolls it
 /// back, which outlives the session and a restart; every commit of that
 /// tenant, and keyturnd's work across tenants, would wait behind it. And the
@@ -96,13 +96,15 @@ unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut st
 /// (their application_name is anyone's to claim: row 88), and keyturn's
 /// Citus layouts commit a transaction that changed actions in one phase.
 /// And any keyturn call that writes or locks keyturn's rows without an
-/// event (an agent's `cancel_origin` of its own conversation, `stage_file`,
-/// `link_code`) would keep those locks as long: the person's
-/// `cancel_origin` of that conversation waited on the prepared row for
-/// ever, while the agent went on proposing in it (fourteenth red-team pass,
-/// row 107).
+/// event would keep those locks as long: an agent's `cancel_origin` of its
+/// own conversation kept it live while the person's waited for ever
+/// (fourteenth red-team pass, row 107); the dispatcher's prepared
+/// `register_discovered_tool` held the tool's recheck lock, so every
+/// approval of the tool waited in its COMMIT and the kill switch behind it
+/// (fifteenth pass, row 112). So the rule is keyturn's entry, not a list of
+/// calls.
 fn refuse_prepare() {
-    if changed_actions() || actor::acted() {
+    if changed_actions() || privilege::entered() {
         crate::error::KeyturnError::NotSupported {
             message: "a transaction in which keyturn acted cannot be prepared (PREPARE TRANSACTION)".into(),
             hint: "COMMIT it instead; a prepared transaction would keep keyturn's rows (and a tenant's audit chain) locked until COMMIT PREPARED.",

@@ -49,6 +49,14 @@ impl RawTools {
         self.kept.lock().ok()?.remove(&key(id))
     }
 
+    /// Forgets every answer not taken: a new session numbers its requests
+    /// from the start again.
+    pub fn forget(&self) {
+        if let Ok(mut kept) = self.kept.lock() {
+            kept.clear();
+        }
+    }
+
     /// `stream`, noting the answer to request `id` when it passes.
     fn tap(
         &self,
@@ -67,11 +75,12 @@ impl RawTools {
                 if answer.get("id").map(Value::to_string).as_deref() != Some(id.as_str()) {
                     return;
                 }
+                // The first answer to the id, as rmcp takes the first.
                 if let (Some(result), Ok(mut kept)) = (answer.remove("result"), kept.lock()) {
                     if kept.len() >= KEPT {
                         kept.clear();
                     }
-                    kept.insert(id.clone(), result);
+                    kept.entry(id.clone()).or_insert(result);
                 }
             })
             .boxed()

@@ -53,6 +53,18 @@ pub enum CallError {
     Rpc(ErrorData),
 }
 
+/// For the log: on one line and short, whatever an upstream put in its
+/// error (its message is the upstream's words, up to rmcp's 16 MiB).
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::NotSent(why) => write!(f, "not sent: {why}"),
+            CallError::AfterSend(why) => write!(f, "after the request may have left: {why}"),
+            CallError::Rpc(e) => write!(f, "JSON-RPC error {}: {}", e.code.0, one_line(&e.message)),
+        }
+    }
+}
+
 /// Hears an upstream's notifications.
 #[derive(Clone)]
 struct Listener {
@@ -120,6 +132,8 @@ impl Upstream {
                 return Ok(s.peer().clone());
             }
         }
+        // A new session numbers its requests from the start again.
+        self.http.forget();
         let mut headers = HashMap::new();
         for (name, value) in &self.config.headers {
             let (Ok(n), Ok(v)) = (
@@ -154,6 +168,7 @@ impl Upstream {
         if let Some(s) = self.session.lock().await.take() {
             let _ = s.cancel().await;
         }
+        self.http.forget();
     }
 
     /// Closes the session (shutdown).
@@ -451,7 +466,7 @@ pub async fn discover(u: &Upstream, pool: &Pool, metrics: &Metrics, call_timeout
         Ok(tools) => tools,
         Err(e) => {
             metrics.mcp_upstream_up.get_or_create(&label).set(0);
-            tracing::warn!(upstream = u.name(), error = ?e, "upstream MCP server unreachable; its tools stay as registered");
+            tracing::warn!(upstream = u.name(), error = %e, "upstream MCP server unreachable; its tools stay as registered");
             return;
         }
     };
@@ -486,4 +501,35 @@ pub async fn discover(u: &Upstream, pool: &Pool, metrics: &Metrics, call_timeout
         registered,
         "upstream tools discovered"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fifteenth red-team pass (docs/security.md, row 113): an upstream's
+    /// JSON-RPC error of 1 MiB went into keyturnd's log whole, on every
+    /// discovery. What is logged of it is one short line.
+    #[test]
+    fn test_an_upstream_error_is_logged_on_one_short_line() {
+        let words = format!(
+            "UPSTREAM WORDS\n2026-12-07T00:00:00Z WARN forged{}",
+            "x".repeat(1 << 20)
+        );
+        let e = CallError::Rpc(ErrorData::new(
+            rmcp::model::ErrorCode(-32000),
+            words,
+            Some(serde_json::json!({"more": "y".repeat(1 << 16)})),
+        ));
+        let logged = e.to_string();
+        assert!(logged.len() < 400, "{} characters", logged.len());
+        assert!(!logged.contains('\n'), "{logged}");
+        assert!(
+            logged.starts_with("JSON-RPC error -32000: UPSTREAM WORDS\\n2026"),
+            "{logged}"
+        );
+        // A cut inside a character is no panic.
+        let wide = "é".repeat(400);
+        assert_eq!(one_line(&wide).chars().count(), 300);
+    }
 }

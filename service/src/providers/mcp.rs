@@ -86,7 +86,7 @@ impl Provider for McpProvider {
                 // A tool the upstream no longer lists is a changed one.
                 Ok(def) => Ok(Some(def.unwrap_or(Value::Null))),
                 Err(e) => {
-                    tracing::warn!(upstream, error = ?e, "could not read the upstream's live definition; nothing sent, recording retry");
+                    tracing::warn!(upstream, error = %e, "could not read the upstream's live definition; nothing sent, recording retry");
                     Err(not_sent(
                         Outcome::Retry { after: None },
                         "the upstream's live tool definition could not be read; nothing sent",

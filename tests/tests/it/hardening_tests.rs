@@ -1149,6 +1149,39 @@ async fn test_a_transaction_in_which_keyturn_acted_cannot_be_prepared() {
     )
     .await;
     assert_eq!(answer, "0A000", "the person's link_code was prepared");
+    // Fifteenth pass (row 112): calls that wrote or locked keyturn's rows
+    // without noting an actor. The dispatcher's discovery held the tool's
+    // recheck lock, so every approval of the tool waited in its COMMIT; an
+    // admin's grant, likewise through the epoch; even a read entered keyturn.
+    let dispatcher = Conn::connect("app_dispatcher", Identity::none()).await;
+    let answer = prepare_after(
+        &dispatcher,
+        "SELECT keyturn.register_discovered_tool($1, $2, false)::text",
+        &[
+            &unique("up").replace('_', ""),
+            &json!({"name": "post", "inputSchema": {"type": "object"}}),
+        ],
+        &gid,
+    )
+    .await;
+    assert_eq!(answer, "0A000", "the dispatcher's discovery was prepared");
+    let admin = Conn::connect("app_admin", Identity::none()).await;
+    let answer = prepare_after(
+        &admin,
+        "SELECT keyturn.grant_tool($1, $2, $3)::text",
+        &[&w.tenant, &w.principal, &t],
+        &gid,
+    )
+    .await;
+    assert_eq!(answer, "0A000", "the admin's grant was prepared");
+    let answer = prepare_after(
+        &w.human,
+        "SELECT status FROM keyturn.action_status($1)",
+        &[&p.id],
+        &gid,
+    )
+    .await;
+    assert_eq!(answer, "0A000", "a read of keyturn's was prepared");
     // Nothing was left holding a lock: the person's own cancellation of the
     // conversation commits at once.
     w.human

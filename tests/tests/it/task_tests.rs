@@ -746,3 +746,56 @@ async fn test_replay_is_answered_when_the_grant_uses_are_spent() {
         .expect("the replay of an admitted call");
     assert_eq!((again.id, again.token), (first.id, None));
 }
+
+/// Fifteenth red-team pass (docs/security.md, row 111): a proposal of a
+/// `self` tool that became a task tool while it was pending was revised
+/// (in a card session, or by another approver), and the revision, proposed
+/// at the tool's new version, was admitted at once by the person's request:
+/// params nobody approved ran. A revision is never admitted by a request.
+#[tokio::test]
+async fn test_a_revision_is_never_admitted_by_a_request() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    let conversation = unique("conv");
+    record(&w, &conversation, "t-1", "m-1").await;
+    let p = propose_full(
+        &w.agent,
+        &t,
+        form(deal, "won"),
+        task_origin(&conversation, "t-1", "m-1"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(p.status, "pending", "a self tool waits for the person");
+    w.admin
+        .query_one(
+            "SELECT keyturn.register_tool($1, $2)",
+            &[
+                &t,
+                &json!({"executor": "sql", "approval": "task",
+                        "sql": {"table": "crm.deal", "key": "id", "version": "xmin",
+                                "set": ["stage"], "where": ["id"]}}),
+            ],
+        )
+        .await
+        .unwrap();
+    let r = w
+        .human
+        .query_one(
+            "SELECT action_id FROM keyturn.revise($1, $2, $3)",
+            &[&p.id, &p.token.clone().unwrap(), &form(deal, "lost")],
+        )
+        .await;
+    assert_eq!(sqlstate(r), "42501");
+    assert_eq!(w.stage_of(deal).await, "lead", "nothing ran");
+    assert_eq!(
+        count(
+            &w.superuser,
+            "SELECT count(*) FROM keyturn.action WHERE revised_from = $1",
+            &[&p.id]
+        )
+        .await,
+        0
+    );
+}
