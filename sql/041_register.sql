@@ -57,6 +57,17 @@ BEGIN
 END
 $$;
 
+-- Whether v is more than 0 and at most p_max, the one rule for every bound
+-- keyturn puts on a length of time (an expiry, a standing approval, a link,
+-- a reminder). Without months or years: interval comparison counts a month
+-- as 30 days, but adding one counts the calendar, so '120 mons -3593 days'
+-- compared as 7 days and lasted 60 (sixteenth red-team pass,
+-- docs/security.md row 116).
+CREATE FUNCTION keyturn._interval_within(v interval, p_max interval)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN v > interval '0' AND v <= p_max AND extract(year FROM v) = 0 AND extract(month FROM v) = 0;
+
 CREATE FUNCTION keyturn._spec_interval(p_value jsonb, p_what text, p_max interval)
 RETURNS interval
 LANGUAGE plpgsql STABLE
@@ -74,8 +85,8 @@ BEGIN
         RAISE EXCEPTION 'keyturn: % is not a valid interval: %', p_what, p_value
             USING ERRCODE = '22023';
     END;
-    IF v <= interval '0' OR v > p_max THEN
-        RAISE EXCEPTION 'keyturn: % must be more than 0 and at most %, not %', p_what, p_max, v
+    IF NOT keyturn._interval_within(v, p_max) THEN
+        RAISE EXCEPTION 'keyturn: % must be more than 0 and at most %, without months or years, not %', p_what, p_max, v
             USING ERRCODE = '22023';
     END IF;
     RETURN v;

@@ -102,6 +102,7 @@ DECLARE
     v_until     timestamptz;
     v_noted     text;
     v_now       timestamptz;
+    v_out       keyturn._outcome;
 BEGIN
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = a.id AND x.tenant = a.tenant FOR NO KEY UPDATE;
     IF a.status <> 'pending' THEN
@@ -147,9 +148,12 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
+    -- The quorum is this claim's context alone: taken off once it settled.
     PERFORM keyturn._set_event_context(jsonb_build_object('quorum', p_quorum));
     v_claimed := keyturn._claim(a.tenant, a.id, p_token, v_principal, p_caller::regrole::text, 'quorum');
-    RETURN keyturn._after_claim(p_caller, v_claimed, p_token, p_params, p_given_hash);
+    v_out := keyturn._after_claim(p_caller, v_claimed, p_token, p_params, p_given_hash);
+    PERFORM keyturn._set_event_context(NULL);
+    RETURN v_out;
 END
 $$;
 

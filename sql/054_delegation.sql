@@ -56,8 +56,8 @@ BEGIN
     IF p_max_uses IS NULL OR p_max_uses NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'keyturn: max_uses must be from 1 to 1000, not %', p_max_uses USING ERRCODE = '22023';
     END IF;
-    IF p_valid_for IS NULL OR p_valid_for <= interval '0' OR p_valid_for > interval '7 days' THEN
-        RAISE EXCEPTION 'keyturn: valid_for must be more than 0 and at most 7 days, not %', p_valid_for
+    IF keyturn._interval_within(p_valid_for, interval '7 days') IS NOT TRUE THEN
+        RAISE EXCEPTION 'keyturn: valid_for must be more than 0 and at most 7 days, without months or years, not %', p_valid_for
             USING ERRCODE = '22023';
     END IF;
     v_why := keyturn._not_delegable(v_ver);

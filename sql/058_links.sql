@@ -147,8 +147,8 @@ BEGIN
         RAISE EXCEPTION 'keyturn: action_ids must list 1 to 100 distinct action ids'
             USING ERRCODE = '22023';
     END IF;
-    IF p_ttl IS NULL OR p_ttl <= interval '0' OR p_ttl > interval '1 day' THEN
-        RAISE EXCEPTION 'keyturn: ttl must be more than 0 and at most 1 day, not %', p_ttl
+    IF keyturn._interval_within(p_ttl, interval '1 day') IS NOT TRUE THEN
+        RAISE EXCEPTION 'keyturn: ttl must be more than 0 and at most 1 day, without months or years, not %', p_ttl
             USING ERRCODE = '22023',
                   HINT = 'A link is opened soon or not at all; the person can ask for a new one from the queue.';
     END IF;

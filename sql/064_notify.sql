@@ -116,8 +116,8 @@ BEGIN
             RAISE EXCEPTION 'keyturn: remind_before is not an interval: %', quote_literal(v_settings ->> 'remind_before')
                 USING ERRCODE = '22023';
         END;
-        IF v_remind <= interval '0' OR v_remind > interval '7 days' THEN
-            RAISE EXCEPTION 'keyturn: remind_before must be more than 0 and at most 7 days, not %', v_remind
+        IF NOT keyturn._interval_within(v_remind, interval '7 days') THEN
+            RAISE EXCEPTION 'keyturn: remind_before must be more than 0 and at most 7 days, without months or years, not %', v_remind
                 USING ERRCODE = '22023';
         END IF;
     END IF;

@@ -2208,6 +2208,17 @@ BEGIN
 END
 $$;
 
+-- Whether v is more than 0 and at most p_max, the one rule for every bound
+-- keyturn puts on a length of time (an expiry, a standing approval, a link,
+-- a reminder). Without months or years: interval comparison counts a month
+-- as 30 days, but adding one counts the calendar, so '120 mons -3593 days'
+-- compared as 7 days and lasted 60 (sixteenth red-team pass,
+-- docs/security.md row 116).
+CREATE OR REPLACE FUNCTION keyturn._interval_within(v interval, p_max interval)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN v > interval '0' AND v <= p_max AND extract(year FROM v) = 0 AND extract(month FROM v) = 0;
+
 CREATE OR REPLACE FUNCTION keyturn._spec_interval(p_value jsonb, p_what text, p_max interval)
 RETURNS interval
 LANGUAGE plpgsql STABLE
@@ -2225,8 +2236,8 @@ BEGIN
         RAISE EXCEPTION 'keyturn: % is not a valid interval: %', p_what, p_value
             USING ERRCODE = '22023';
     END;
-    IF v <= interval '0' OR v > p_max THEN
-        RAISE EXCEPTION 'keyturn: % must be more than 0 and at most %, not %', p_what, p_max, v
+    IF NOT keyturn._interval_within(v, p_max) THEN
+        RAISE EXCEPTION 'keyturn: % must be more than 0 and at most %, without months or years, not %', p_what, p_max, v
             USING ERRCODE = '22023';
     END IF;
     RETURN v;
@@ -4362,6 +4373,7 @@ DECLARE
     v_until     timestamptz;
     v_noted     text;
     v_now       timestamptz;
+    v_out       keyturn._outcome;
 BEGIN
     SELECT x.* INTO a FROM keyturn.action x WHERE x.id = a.id AND x.tenant = a.tenant FOR NO KEY UPDATE;
     IF a.status <> 'pending' THEN
@@ -4407,9 +4419,12 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
+    -- The quorum is this claim's context alone: taken off once it settled.
     PERFORM keyturn._set_event_context(jsonb_build_object('quorum', p_quorum));
     v_claimed := keyturn._claim(a.tenant, a.id, p_token, v_principal, p_caller::regrole::text, 'quorum');
-    RETURN keyturn._after_claim(p_caller, v_claimed, p_token, p_params, p_given_hash);
+    v_out := keyturn._after_claim(p_caller, v_claimed, p_token, p_params, p_given_hash);
+    PERFORM keyturn._set_event_context(NULL);
+    RETURN v_out;
 END
 $$;
 
@@ -4585,8 +4600,8 @@ BEGIN
     IF p_max_uses IS NULL OR p_max_uses NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'keyturn: max_uses must be from 1 to 1000, not %', p_max_uses USING ERRCODE = '22023';
     END IF;
-    IF p_valid_for IS NULL OR p_valid_for <= interval '0' OR p_valid_for > interval '7 days' THEN
-        RAISE EXCEPTION 'keyturn: valid_for must be more than 0 and at most 7 days, not %', p_valid_for
+    IF keyturn._interval_within(p_valid_for, interval '7 days') IS NOT TRUE THEN
+        RAISE EXCEPTION 'keyturn: valid_for must be more than 0 and at most 7 days, without months or years, not %', p_valid_for
             USING ERRCODE = '22023';
     END IF;
     v_why := keyturn._not_delegable(v_ver);
@@ -5624,8 +5639,8 @@ BEGIN
         RAISE EXCEPTION 'keyturn: action_ids must list 1 to 100 distinct action ids'
             USING ERRCODE = '22023';
     END IF;
-    IF p_ttl IS NULL OR p_ttl <= interval '0' OR p_ttl > interval '1 day' THEN
-        RAISE EXCEPTION 'keyturn: ttl must be more than 0 and at most 1 day, not %', p_ttl
+    IF keyturn._interval_within(p_ttl, interval '1 day') IS NOT TRUE THEN
+        RAISE EXCEPTION 'keyturn: ttl must be more than 0 and at most 1 day, without months or years, not %', p_ttl
             USING ERRCODE = '22023',
                   HINT = 'A link is opened soon or not at all; the person can ask for a new one from the queue.';
     END IF;
@@ -8056,8 +8071,8 @@ BEGIN
             RAISE EXCEPTION 'keyturn: remind_before is not an interval: %', quote_literal(v_settings ->> 'remind_before')
                 USING ERRCODE = '22023';
         END;
-        IF v_remind <= interval '0' OR v_remind > interval '7 days' THEN
-            RAISE EXCEPTION 'keyturn: remind_before must be more than 0 and at most 7 days, not %', v_remind
+        IF NOT keyturn._interval_within(v_remind, interval '7 days') THEN
+            RAISE EXCEPTION 'keyturn: remind_before must be more than 0 and at most 7 days, without months or years, not %', v_remind
                 USING ERRCODE = '22023';
         END IF;
     END IF;

@@ -27,9 +27,14 @@ struct Actor {
     /// `detail`: a batch changes many actions in one statement, each with
     /// its own detail (its attempt, its outcome). Each is used once.
     details: HashMap<[u8; 16], String>,
-    /// Merged into every event detail until the transaction ends: what a
-    /// whole call is part of (a batch, a standing approval, a task request).
-    context: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Merged into every event detail while it lasts: what a whole call is
+    /// part of (a batch, a standing approval, a task request, a quorum), each
+    /// with the subtransaction level that set it. The call that sets one
+    /// takes it off again (`_set_event_context(NULL)`), and a subtransaction
+    /// that aborts takes off what it set: one that lingered named a standing
+    /// approval or a quorum on later events it had nothing to do with
+    /// (sixteenth red-team pass, docs/security.md row 114).
+    context: Vec<(i32, serde_json::Map<String, serde_json::Value>)>,
 }
 
 thread_local! {
@@ -47,7 +52,10 @@ pub fn clear() {
 fn set_actor(p_role: Option<&str>, p_principal: Option<&str>) -> String {
     ACTOR.with(|a| {
         let mut a = a.borrow_mut();
-        let context = a.as_mut().and_then(|a| a.context.take());
+        let context = a
+            .as_mut()
+            .map(|a| std::mem::take(&mut a.context))
+            .unwrap_or_default();
         *a = Some(Actor {
             role: p_role.filter(|r| !r.is_empty()).map(str::to_owned),
             principal: p_principal.filter(|p| !p.is_empty()).map(str::to_owned),
@@ -59,22 +67,44 @@ fn set_actor(p_role: Option<&str>, p_principal: Option<&str>) -> String {
     String::new()
 }
 
-/// Adds keys to the context merged into every later event detail of this
-/// transaction (NULL clears it). Returns ''.
+/// Puts keys on the context merged into every later event detail, until
+/// the same call takes them off with NULL (the last put on comes off).
+/// Returns ''.
 #[pg_extern(name = "_set_event_context", volatile, parallel_unsafe)]
 fn set_event_context(p_context: Option<pgrx::JsonB>) -> String {
+    // SAFETY: a plain read of the backend's transaction state.
+    let level = unsafe { pgrx::pg_sys::GetCurrentTransactionNestLevel() };
     ACTOR.with(|a| {
         let mut a = a.borrow_mut();
         let actor = a.get_or_insert_with(Actor::default);
         match p_context.map(|c| c.0) {
-            Some(serde_json::Value::Object(add)) => actor
-                .context
-                .get_or_insert_with(Default::default)
-                .extend(add),
-            _ => actor.context = None,
+            Some(serde_json::Value::Object(add)) => actor.context.push((level, add)),
+            _ => {
+                actor.context.pop();
+            }
         }
     });
     String::new()
+}
+
+/// A subtransaction at `level` aborted: the contexts it put on come off.
+pub fn forget_from_level(level: i32) {
+    let _ = ACTOR.try_with(|a| {
+        if let Some(a) = a.borrow_mut().as_mut() {
+            a.context.retain(|(l, _)| *l < level);
+        }
+    });
+}
+
+/// A subtransaction at `level` committed: what it put on is its parent's.
+pub fn keep_in_parent(level: i32) {
+    let _ = ACTOR.try_with(|a| {
+        if let Some(a) = a.borrow_mut().as_mut() {
+            for (l, _) in a.context.iter_mut().filter(|(l, _)| *l >= level) {
+                *l = level - 1;
+            }
+        }
+    });
 }
 
 /// Sets the detail of the next event rows (never param values). Returns ''.
@@ -135,17 +165,28 @@ pub fn event_detail_of(id: Option<pgrx::Uuid>) -> Option<String> {
         let a = a.as_mut()?;
         let own = id.and_then(|id| a.details.remove(id.as_bytes()));
         let detail = own.as_ref().or(a.detail.as_ref());
-        match (detail, &a.context) {
-            (detail, None) => detail.cloned(),
-            (detail, Some(context)) => {
-                let mut merged = match detail.map(|d| serde_json::from_str(d)) {
-                    Some(Ok(serde_json::Value::Object(m))) => m,
-                    _ => serde_json::Map::new(),
-                };
-                merged.extend(context.clone());
-                Some(serde_json::Value::Object(merged).to_string())
+        // A decision in a card session says so: a link's holder may not be
+        // its person (sixteenth red-team pass, docs/security.md row 115).
+        let via_link = crate::identity::in_card_session();
+        if a.context.is_empty() && !via_link {
+            return detail.cloned();
+        }
+        let mut merged = match detail.map(|d| serde_json::from_str(d)) {
+            Some(Ok(serde_json::Value::Object(m))) => m,
+            _ => serde_json::Map::new(),
+        };
+        if via_link {
+            merged
+                .entry("via")
+                .or_insert_with(|| serde_json::Value::from("card_session"));
+        }
+        // The event's own detail wins over a context's key of the same name.
+        for (_, context) in a.context.iter().rev() {
+            for (k, v) in context {
+                merged.entry(k.clone()).or_insert_with(|| v.clone());
             }
         }
+        Some(serde_json::Value::Object(merged).to_string())
     })
 }
 

@@ -244,7 +244,7 @@ fn card_claims(tenant: &str, principal: &str, session: &str) -> pgrx::JsonB {
 /// narrows what a call may do, so a JWT that carries the mark itself gains
 /// nothing by it.
 #[pg_extern(name = "_in_card_session", stable, parallel_safe)]
-fn in_card_session() -> bool {
+pub fn in_card_session() -> bool {
     guc::value(CLAIMS)
         .filter(|c| !c.is_empty())
         .and_then(|c| canonical::parse_bounded(&c).ok())

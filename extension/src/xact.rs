@@ -170,11 +170,13 @@ unsafe extern "C-unwind" fn at_sub_end(
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
         committed::forget_from_level(level);
         audit::forget_from_level(level);
+        actor::forget_from_level(level);
     } else if event == pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB {
         // Its events and noted decisions are its parent's now: without this,
         // a sibling savepoint rolled back at the same depth later dropped
         // them (an action's creation event lost, a commit recheck skipped).
         committed::keep_in_parent(level);
         audit::keep_in_parent(level);
+        actor::keep_in_parent(level);
     }
 }

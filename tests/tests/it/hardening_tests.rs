@@ -2493,3 +2493,170 @@ async fn test_an_approval_left_open_does_not_outlive_its_expiry_approvers_grant_
     assert!(message.contains("after t1"), "turn: {message}");
     assert_eq!(w.stage_of(deal).await, "lead", "turn: nothing stays");
 }
+
+/// Sixteenth red-team pass (docs/security.md row 114): the context keyturn
+/// merges into event details (a quorum, a standing approval, a task request)
+/// outlived the call that set it. A person who met a quorum and then
+/// rejected another action in the same transaction chained `quorum` into the
+/// rejection; an agent whose covered propose failed in a savepoint chained
+/// the standing approval into a later, uncovered proposal.
+#[tokio::test]
+async fn test_an_events_context_is_its_own_calls_alone() {
+    let w = World::new("member").await;
+    let detail = |id: uuid::Uuid, to: &'static str| {
+        let su = &w.superuser;
+        async move {
+            su.query_one(
+                "SELECT detail FROM keyturn.event WHERE action_id = $1 AND to_status = $2::text::keyturn.status \
+                 ORDER BY id DESC LIMIT 1",
+                &[&id, &to],
+            )
+            .await
+            .unwrap()
+            .get::<_, Value>(0)
+        }
+    };
+    // A quorum met, then a rejection, in one transaction.
+    let t = w
+        .webhook_tool(json!({"approval": "independent", "quorum": 2}))
+        .await;
+    let mut voters = Vec::new();
+    for i in 0..2 {
+        let (v, c) = w.other("approver", "app_human", &format!("ctx{i}")).await;
+        w.grant(&v, &t).await;
+        voters.push(c);
+    }
+    let a = w
+        .propose(&t, json!({"channel": "ops", "text": "a"}))
+        .await
+        .unwrap();
+    let c = w
+        .propose(&t, json!({"channel": "ops", "text": "c"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        approve_on(&voters[0], a.id, &a.token, None)
+            .await
+            .unwrap()
+            .0,
+        "pending"
+    );
+    let tx = voters[1].transaction().await.unwrap();
+    assert_eq!(
+        approve_on(&tx, a.id, &a.token, None).await.unwrap().0,
+        "queued"
+    );
+    tx.query(
+        "SELECT * FROM keyturn.reject($1, $2, 'too high')",
+        &[&c.id, &c.token],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(detail(a.id, "queued").await["quorum"], json!(2));
+    let rejected = detail(c.id, "rejected").await;
+    assert!(rejected.get("quorum").is_none(), "{rejected}");
+
+    // A covered propose that fails in a savepoint, then an uncovered one.
+    let t = w.deal_tool(json!({})).await;
+    let deals = w.deals(&w.principal, 1).await;
+    w.delegate(
+        &t,
+        json!({"params": {"set.stage": {"in": ["won"]}, "where.id": {"any": true}}}),
+        50,
+        "1 hour",
+    )
+    .await
+    .unwrap();
+    let holder = connect("postgres").await;
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM crm.deal WHERE id = {} FOR UPDATE",
+            deals[0]
+        ))
+        .await
+        .unwrap();
+    let tx = w.agent.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL lock_timeout = '200ms'; SAVEPOINT covered")
+        .await
+        .unwrap();
+    let covered = propose_full(
+        &tx,
+        &t,
+        json!({"where": {"id": deals[0]}, "set": {"stage": "won"}}),
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        sqlstate(covered),
+        "55P03",
+        "the covered write waited for the row"
+    );
+    // (The comment first: Tx refuses a statement that starts with ROLLBACK,
+    // which would end the whole transaction; this one only ends a savepoint.)
+    tx.batch_execute("/* the savepoint */ ROLLBACK TO SAVEPOINT covered")
+        .await
+        .unwrap();
+    let plain = propose_full(
+        &tx,
+        &t,
+        json!({"where": {"id": deals[0]}, "set": {"stage": "lost"}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(plain.status, "pending", "not covered");
+    tx.commit().await.unwrap();
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    let made = detail(plain.id, "pending").await;
+    assert!(
+        made.get("delegation").is_none() && made.get("delegated_by").is_none(),
+        "{made}"
+    );
+}
+
+/// Sixteenth red-team pass (docs/security.md row 116): a bound on a length
+/// of time compared a month as 30 days, where adding it counts the
+/// calendar: a standing approval of '120 mons -3593 days' passed "at most 7
+/// days" and lasted 60, a link code's ttl likewise. Months and years are
+/// refused in every such bound.
+#[tokio::test]
+async fn test_a_bound_on_a_length_of_time_takes_no_months() {
+    let w = World::new("member").await;
+    let t = w.deal_tool(json!({})).await;
+    let scope = json!({"params": {"set.stage": {"any": true}, "where.id": {"any": true}}});
+    for valid_for in ["120 mons -3593 days", "1 mon -23 days", "1 year -358 days"] {
+        assert_eq!(
+            sqlstate(w.delegate(&t, scope.clone(), 5, valid_for).await),
+            "22023",
+            "{valid_for}"
+        );
+    }
+    w.delegate(&t, scope, 5, "7 days").await.unwrap();
+    let p = w
+        .propose(
+            &t,
+            json!({"where": {"id": w.deals(&w.principal, 1).await[0]}, "set": {"stage": "won"}}),
+        )
+        .await
+        .unwrap();
+    let r = w
+        .human
+        .query_one(
+            "SELECT keyturn.link_code($1, '12 mons -359 days')",
+            &[&vec![p.id]],
+        )
+        .await;
+    assert_eq!(sqlstate(r), "22023");
+    let r = w
+        .admin
+        .query_one(
+            "SELECT keyturn.register_tool($1, $2)",
+            &[
+                &unique("kt_test_months"),
+                &json!({"kind": "read", "expires_in": "1 mon -23 days"}),
+            ],
+        )
+        .await;
+    assert_eq!(sqlstate(r), "22023");
+}

@@ -491,3 +491,49 @@ async fn test_the_dispatcher_makes_no_code_for_a_revision_written_in_a_card_sess
         "42501"
     );
 }
+
+/// Sixteenth red-team pass (docs/security.md row 115): a decision made in a
+/// card session was chained exactly as the person's own, so the audit could
+/// not tell a link's holder (the dispatcher's login, someone who read the
+/// mail) from the person. Every event a card session makes says
+/// `via: card_session`.
+#[tokio::test]
+async fn test_a_decision_in_a_card_session_says_so_in_the_chain() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "a", "text": "1"}))
+        .await
+        .unwrap();
+    let q = w
+        .propose(&t, json!({"channel": "b", "text": "2"}))
+        .await
+        .unwrap();
+    let code = link_code(&w.human, &[p.id]).await.unwrap();
+    let d = connect("app_dispatcher").await;
+    let (_, tokens, _, claims) = redeem(&d, &code, &[p.id]).await.unwrap();
+    let card = Conn::connect("app_human", Identity::claims(&claims.to_string())).await;
+    let token = tokens[p.id.to_string()].as_str().unwrap().to_owned();
+    assert_eq!(
+        approve_on(&card, p.id, &token, None).await.unwrap().0,
+        "queued"
+    );
+    assert_eq!(
+        approve_on(&w.human, q.id, &q.token, None).await.unwrap().0,
+        "queued"
+    );
+    let via = |id: uuid::Uuid| {
+        let su = &w.superuser;
+        async move {
+            su.query_one(
+                "SELECT detail ->> 'via' FROM keyturn.event WHERE action_id = $1 AND to_status = 'queued'",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<String>>(0)
+        }
+    };
+    assert_eq!(via(p.id).await.as_deref(), Some("card_session"));
+    assert_eq!(via(q.id).await, None, "the person's own approval");
+}
