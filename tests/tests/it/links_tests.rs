@@ -34,6 +34,21 @@ async fn redeem(
     .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
 }
 
+/// The card session `code` opens for action `id` (redeemed as keyturnd
+/// does), as keyturnd runs its calls: its card role (app_human here, for a
+/// code the dispatcher made as for one the person made), the session's
+/// claims; the fresh token it gives for `id`, and the role redemption names
+/// (None: keyturnd's card role).
+async fn card_session(code: &str, id: uuid::Uuid) -> (Conn, String, Option<String>) {
+    let d = connect("app_dispatcher").await;
+    let (_, tokens, role, claims) = redeem(&d, code, &[id])
+        .await
+        .expect("the code opens a session");
+    let card = Conn::connect("app_human", Identity::claims(&claims.to_string())).await;
+    let token = tokens[id.to_string()].as_str().expect("a token").to_owned();
+    (card, token, role)
+}
+
 #[tokio::test]
 async fn test_issue_token_gives_a_fresh_token_and_ends_the_old_one() {
     let w = World::new("member").await;
@@ -430,13 +445,8 @@ async fn test_the_dispatcher_makes_no_code_for_a_revision_written_in_a_card_sess
             .unwrap();
         let disp = Conn::connect(login, w.identity()).await;
         let code = link_code(&disp, &[p.id]).await.unwrap();
-        let d = connect("app_dispatcher").await;
-        let (_, tokens, role, claims) = redeem(&d, &code, &[p.id]).await.unwrap();
+        let (card, token, role) = card_session(&code, p.id).await;
         assert_eq!(role, None, "keyturnd's card role");
-        // The card session's call, as keyturnd makes it: its card role,
-        // the session's claims.
-        let card = Conn::connect("app_human", Identity::claims(&claims.to_string())).await;
-        let token = tokens[p.id.to_string()].as_str().unwrap().to_owned();
         let r = card
             .query_one(
                 "SELECT action_id FROM keyturn.revise($1, $2, $3)",
@@ -510,10 +520,7 @@ async fn test_a_decision_in_a_card_session_says_so_in_the_chain() {
         .await
         .unwrap();
     let code = link_code(&w.human, &[p.id]).await.unwrap();
-    let d = connect("app_dispatcher").await;
-    let (_, tokens, _, claims) = redeem(&d, &code, &[p.id]).await.unwrap();
-    let card = Conn::connect("app_human", Identity::claims(&claims.to_string())).await;
-    let token = tokens[p.id.to_string()].as_str().unwrap().to_owned();
+    let (card, token, _) = card_session(&code, p.id).await;
     assert_eq!(
         approve_on(&card, p.id, &token, None).await.unwrap().0,
         "queued"
