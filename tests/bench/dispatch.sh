@@ -192,8 +192,8 @@ drain_keyturnd() {
   echo "round $r, $w slots, keyturnd ($variant): $ok/$n succeeded in ${secs}s = $(python3 -c "print(round($ok / $secs))") actions/s, WAL $(( (w1 - w0) / (ok > 0 ? ok : 1) )) B/action, peak RSS $(( hwm / 1024 )) MiB, CPU ms/action: machine $(ms_per $(( b1 - b0 )) "$ok") (stolen by the host $(ms_per $(( s1 - s0 )) "$ok")), keyturnd $(ms_per "$k1" "$ok"), receiver $(ms_per $(( r1 - r0 )) "$ok"); $(maintenance_between "$m0" "$m1")" | tee -a "$OUT/drain.txt"
 }
 
-# Each round, for each $w of DRAIN_WORKERS (8, keyturnd's default before
-# 0.3.0, and 64, its default since), queues approved actions and drains them
+# Each round, for each $w of DRAIN_WORKERS (8, keyturnd's default, and 64,
+# for a provider that takes that many requests at once), queues approved actions and drains them
 # with keyturnd (A) and then with the bare worker (B), each with $w provider
 # calls in flight (the results' clients column is the slots). At the slots of
 # DRAIN_ONE_STEP (default 64) keyturnd also drains with one lease step at a
@@ -295,7 +295,7 @@ SQL
 # Item 3b, the price of a dispatch step by its size: one lease, begin and
 # complete of n jobs in one transaction, rolled back (so every run sees the
 # same queue), by the dispatcher's role, one client. The baseline is the step
-# of eight (keyturnd's default workers before 0.3.0; 64 since) in the same run.
+# of eight (keyturnd's default workers) in the same run.
 item_step() {
   clear_queue
   queue_actions 2000 approve

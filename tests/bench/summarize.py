@@ -99,8 +99,8 @@ for (item, clients), rounds in pairs.items():
           f"**{med(ratios):.3f}** | {min(ratios):.3f}–{max(ratios):.3f} | {med(a_wal):.0f} | {med(b_wal):.0f} | {ckpt} |")
 print()
 
-# Item 3, keyturnd's two sides in the same rounds: as configured by default
-# (A) and with the environment its A1 rows name (KEYTURN_LEASE_STEPS=1, one
+# Item 3, keyturnd's two sides in the same rounds: its settings at their
+# defaults but the workers, which are the slots (A) and with the environment its A1 rows name (KEYTURN_LEASE_STEPS=1, one
 # lease step at a time, unless DRAIN_A1_ENV said otherwise).
 steps = collections.defaultdict(dict)
 a1_env = {}
@@ -114,7 +114,7 @@ for c, rs in sorted(steps.items()):
     both = [x for x in rs.values() if x.get("A") and x.get("A1")]
     if both:
         ratios = [x["A"] / x["A1"] for x in both]
-        print(f"**Drain at {c} slots, keyturnd as configured by default (A) ÷ with "
+        print(f"**Drain at {c} slots, keyturnd with its other settings at their defaults (A) ÷ with "
               f"{a1_env.get(c) or 'KEYTURN_LEASE_STEPS=1'} (A1): {med(ratios):.3f}** ({min(ratios):.3f}–{max(ratios):.3f}, "
               f"{len(both)} rounds; {med([x['A'] for x in both]):.0f} against {med([x['A1'] for x in both]):.0f} actions/s)\n")
 
