@@ -24,6 +24,7 @@
 //! | [`operator`] | `keyturnd uncertain` and `keyturnd reconcile` |
 //! | [`audit`] | `keyturnd audit-verify`: an audit export checked offline |
 //! | [`shutdown`] | SIGTERM / SIGINT → drain |
+//! | [`log`] | the log's writer: one line per event, whatever it quotes |
 //! | [`error`] | the one error type, and its HTTP answer |
 
 pub mod audit;
@@ -35,6 +36,7 @@ pub mod error;
 pub mod http;
 pub mod journal;
 pub mod jwt;
+pub mod log;
 pub mod mcp;
 pub mod metrics;
 pub mod operator;

@@ -1,6 +1,5 @@
 //! `keyturnd`: wiring only. See the library docs for what each part does.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -289,8 +288,10 @@ fn init_logging(format: LogFormat) {
     }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
+        // Plain text, so that the writer can escape every terminal escape
+        // an event quotes (keyturnd::log).
+        .with_ansi(false)
+        .with_writer(keyturnd::log::OneLinePerEvent);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),

@@ -4,7 +4,8 @@ Python SDK client (PyPI `mcp`), with a small upstream MCP server
 tests/run-all.
 
 Environment: KT_PGPORT (the cluster), KT_PSQL (psql), KEYTURND (the binary),
-KT_MCP_DIR (a scratch directory). Prints one line per check and ends with
+KT_MCP_DIR (a scratch directory); KT_MCP_CHECKS, names of checks to run
+alone (the others print SKIPPED). Prints one line per check and ends with
 `N passed, N failed`; exits non-zero when a check failed. Nothing waits for a
 time: every wait is for a state, with a bound that only ends a run gone
 wrong.
@@ -1258,6 +1259,96 @@ async def _():
         up.wait(timeout=BOUND)
 
 
+@check("a_rogue_upstream_gets_each_call_once_and_cannot_end_another_or_write_the_log")
+async def _():
+    """The seventeenth red-team pass (docs/security.md, rows 118-120), with an
+    upstream that misbehaves on purpose (tests/mcp/rogue_upstream.py):
+    - an approved call answered HTTP 404 ("session expired") is not sent
+      again on a new session: one tools/call, `uncertain`;
+    - an agent's read that times out does not end an approved call in flight
+      on the same session: it succeeds, sent once;
+    - a request id the upstream writes with a line break and terminal
+      escapes reaches keyturnd's log escaped, on its line."""
+    port = free_port()
+    mode, rogue_calls, requests = (os.path.join(DIR, f"rogue-{x}") for x in ("mode.json", "calls.jsonl",
+                                                                            "requests.jsonl"))
+    for f in (mode, rogue_calls, requests):
+        if os.path.exists(f):
+            os.remove(f)
+
+    def set_mode(m):
+        with open(mode, "w") as f:
+            json.dump(m, f)
+
+    def sent(tool, text):
+        if not os.path.exists(rogue_calls):
+            return []
+        with open(rogue_calls) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        return [r for r in rows if r["tool"] == tool and r["arguments"] == {"text": text}]
+
+    up = subprocess.Popen([sys.executable, os.path.join(HERE, "rogue_upstream.py"), str(port)],
+                          env=dict(os.environ, KT_ROGUE_MODE=mode, KT_ROGUE_CALLS=rogue_calls,
+                                   KT_ROGUE_REQUESTS=requests),
+                          stdout=subprocess.DEVNULL, stderr=open(os.path.join(DIR, "rogue.log"), "a"))
+    tools = ["rogue.post", "rogue.lookup"]
+    try:
+        wait_for("the rogue upstream to listen", lambda: listening(port))
+        config = os.path.join(DIR, "keyturnd-rogue.toml")
+        with open(os.path.join(DIR, "keyturnd.toml")) as base, open(config, "w") as f:
+            f.write(base.read() + f'[[mcp_upstream]]\nname = "rogue"\nurl = "http://127.0.0.1:{port}/mcp"\n'
+                                  'trust_annotations = true\n')
+        log_from = os.path.getsize(LOG)
+        with keyturnd_with(KEYTURN_CONFIG=config):
+            for tool in tools:
+                wait_for(f"{tool} to be registered", lambda: registered(tool), bound=20)
+            psql("SELECT keyturn.register_projection('rogue.lookup', '{\"fields\": {\"text\": {\"max_length\": 40}}}'); "
+                 "SELECT keyturn.set_tool_enabled(t, true), keyturn.grant_tool('mcpt', 'alice', t) "
+                 "FROM unnest(ARRAY['rogue.post', 'rogue.lookup']) t", user="app_admin")
+
+            # 1. A 404 to an approved call: unknown, and never sent twice.
+            set_mode({"http404": ["post"]})
+            aid = await propose_upstream("rogue.post", {"text": "answered 404"})
+            assert approve(aid) == "queued"
+            wait_for("the 404 to be recorded", lambda: status_of(aid) not in ("queued", "leased", "executing"))
+            assert status_of(aid) == "uncertain", status_of(aid)
+            assert len(sent("post", "answered 404")) == 1, sent("post", "answered 404")
+
+            # 2. An agent's read times out (3 s) while an approved call is
+            # in flight on the same session (sent 1 s after the read, it
+            # answers 2.5 s after it is sent).
+            set_mode({"stall": {"lookup": 6, "post": 2.5}})
+            aid = await propose_upstream("rogue.post", {"text": "in flight"})
+            async with client() as c:
+                read = asyncio.create_task(call(c, "rogue.lookup", {"text": "slow"}))
+                await asyncio.to_thread(wait_for, "the read to reach the upstream", lambda: sent("lookup", "slow"))
+                await asyncio.sleep(1)  # staging, not a measure: the overlap is asserted below
+                assert approve(aid) == "queued"
+                r = await read
+                assert r.is_error, r
+            wait_for("the approved call to end", lambda: status_of(aid) not in ("queued", "leased", "executing"))
+            t_read, t_post = sent("lookup", "slow")[0]["at"], sent("post", "in flight")[0]["at"]
+            assert t_post < t_read + 3 < t_post + 2.5, ("the read's timeout did not fall inside the call", t_read, t_post)
+            assert status_of(aid) == "succeeded", status_of(aid)
+            assert len(sent("post", "in flight")) == 1, sent("post", "in flight")
+
+        # 3. What the upstream wrote as a request id is on one line, escaped.
+        with open(LOG, encoding="utf-8", errors="replace") as f:
+            f.seek(log_from)
+            log = f.read()
+        assert "id=x\\n2026-12-07T00:00:00.000000Z ERROR keyturnd::worker: FORGED BY THE UPSTREAM \\u{1b}[31mred" in log, \
+            "the upstream's request id is not in the log as rmcp writes it, escaped"
+        assert not any(line.startswith("2026-12-07T00:00:00.000000Z") for line in log.splitlines()), \
+            "the upstream wrote a line into keyturnd's log"
+        assert "\x1b" not in log, "a terminal escape reached the log"
+    finally:
+        for tool in tools:  # nothing of it is listed by the checks after
+            if registered(tool):
+                psql(f"SELECT keyturn.set_tool_enabled('{tool}', false)", user="app_admin")
+        up.terminate()
+        up.wait(timeout=BOUND)
+
+
 def listening(port):
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -1293,7 +1384,11 @@ async def main():
             "chat.send_message:write chat.set-Topic:write chat.slow_send:write"
         psql("SELECT keyturn.set_tool_enabled(name, true), keyturn.grant_tool('mcpt', 'alice', name) "
              f"FROM unnest({chat}) AS name", user="app_admin")
+        only = os.environ.get("KT_MCP_CHECKS", "").split()
         for run in CHECKS:
+            if only and run.__name__ not in only:
+                print(f"SKIPPED {run.__name__}: not in KT_MCP_CHECKS", flush=True)
+                continue
             await run()
     finally:
         for p in (keyturnd_proc, upstream_proc):

@@ -11,8 +11,13 @@
 //! official SDKs' servers), by its JSON-RPC id, for [`RawTools::take`]. An
 //! answer in a plain JSON body is read inside rmcp's client before anything
 //! else sees it: for those, rmcp's reading stands.
+//!
+//! It also keeps a `tools/call` to one send: rmcp answers an HTTP 404 (the
+//! upstream's "session expired") by opening a new session and sending the
+//! request again, which for an approved call would be a second call.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::http::{HeaderName, HeaderValue};
@@ -29,11 +34,14 @@ use sse_stream::Sse;
 /// never taken).
 const KEPT: usize = 16;
 
-/// reqwest's client for rmcp, and the raw `tools/list` answers it saw.
+/// reqwest's client for rmcp: the raw `tools/list` answers it saw, and each
+/// `tools/call` sent once.
 #[derive(Clone)]
 pub struct RawTools {
     http: reqwest013::Client,
     kept: Arc<Mutex<HashMap<String, Value>>>,
+    /// The upstream answered a `tools/call` that its session had expired.
+    expired: Arc<AtomicBool>,
 }
 
 impl RawTools {
@@ -41,12 +49,19 @@ impl RawTools {
         RawTools {
             http,
             kept: Arc::default(),
+            expired: Arc::default(),
         }
     }
 
     /// The raw `result` of the `tools/list` answer to request `id`, once.
     pub fn take(&self, id: &RequestId) -> Option<Value> {
         self.kept.lock().ok()?.remove(&key(id))
+    }
+
+    /// Whether the upstream has said, since the last ask, that the session
+    /// a `tools/call` went over had expired (its session is then gone).
+    pub fn took_expired(&self) -> bool {
+        self.expired.swap(false, Ordering::Relaxed)
     }
 
     /// Forgets every answer not taken: a new session numbers its requests
@@ -100,6 +115,11 @@ fn tools_list_id(message: &ClientJsonRpcMessage) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// Whether `message` is a `tools/call` request, which is sent at most once.
+fn is_tools_call(message: &ClientJsonRpcMessage) -> bool {
+    matches!(message, JsonRpcMessage::Request(r) if matches!(r.request, ClientRequest::CallToolRequest(_)))
 }
 
 type Stream = BoxStream<'static, Result<Sse, SseError>>;
@@ -159,7 +179,8 @@ impl StreamableHttpClient for RawTools {
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
         let id = tools_list_id(&message);
-        let answer = self
+        let is_call = is_tools_call(&message);
+        let answer = match self
             .http
             .post_message_with_response_limits(
                 uri,
@@ -169,7 +190,19 @@ impl StreamableHttpClient for RawTools {
                 custom_headers,
                 limits,
             )
-            .await?;
+            .await
+        {
+            // rmcp opens a new session on a 404 and sends the request again.
+            // A tools/call was sent: whatever the upstream did with it is
+            // unknown, and it is never sent a second time.
+            Err(StreamableHttpError::SessionExpired) if is_call => {
+                self.expired.store(true, Ordering::Relaxed);
+                return Err(StreamableHttpError::UnexpectedServerResponse(
+                    "HTTP 404 (session expired) to a tools/call it was sent; not sent again".into(),
+                ))
+            }
+            answer => answer?,
+        };
         Ok(match (answer, id) {
             (StreamableHttpPostResponse::Sse(stream, session), Some(id)) => {
                 StreamableHttpPostResponse::Sse(self.tap(stream, id), session)

@@ -37,6 +37,7 @@ use super::raw_tools::RawTools;
 use crate::config::{self, Config};
 use crate::db;
 use crate::error::Error;
+use crate::log::quote;
 use crate::metrics::{Metrics, UpstreamLabel};
 
 /// Pages of `tools/list` read at most from one upstream.
@@ -60,7 +61,7 @@ impl std::fmt::Display for CallError {
         match self {
             CallError::NotSent(why) => write!(f, "not sent: {why}"),
             CallError::AfterSend(why) => write!(f, "after the request may have left: {why}"),
-            CallError::Rpc(e) => write!(f, "JSON-RPC error {}: {}", e.code.0, one_line(&e.message)),
+            CallError::Rpc(e) => write!(f, "JSON-RPC error {}: {}", e.code.0, quote(&e.message)),
         }
     }
 }
@@ -162,8 +163,8 @@ impl Upstream {
         Ok(peer)
     }
 
-    /// Drops the session after a transport failure; the next call opens
-    /// another.
+    /// Drops the session (its calls in flight end with it); the next
+    /// request opens another.
     async fn reset(&self) {
         if let Some(s) = self.session.lock().await.take() {
             let _ = s.cancel().await;
@@ -180,15 +181,19 @@ impl Upstream {
     /// received ([`RawTools`]; where an answer came as a plain JSON body, as
     /// rmcp reads it), ended by `by`. Never served from a cache.
     pub async fn list(&self, by: Instant) -> Result<Vec<Value>, CallError> {
-        let listed = tokio::time::timeout_at(by, self.list_pages()).await;
-        let result = match listed {
+        let result = match tokio::time::timeout_at(by, self.list_pages()).await {
+            Ok(Err(e @ CallError::NotSent(_))) => {
+                // The session failed where no agent's input was involved:
+                // the next request opens another.
+                self.reset().await;
+                Err(e)
+            }
             Ok(r) => r,
+            // A slow answer is the upstream's, not the session's: the
+            // calls in flight on it go on.
             Err(_) => Err(CallError::NotSent("tools/list timed out".into())),
         };
         self.up.store(result.is_ok(), Ordering::Relaxed);
-        if result.is_err() {
-            self.reset().await;
-        }
         result
     }
 
@@ -282,24 +287,30 @@ impl Upstream {
         let mut params = CallToolRequestParams::new(name.to_owned());
         params.arguments = Some(arguments);
         params.meta = meta.map(|m| RequestMetaObject(rmcp::model::MetaObject(m)));
+        // One call's failure is its own. The session is shared by every
+        // agent's reads and every approved call, so a call that fails or
+        // is slow (which an agent's arguments can make a read) never ends
+        // it: rmcp closes a session whose transport ended, and `peer` opens
+        // another. A timed-out call is dropped, which cancels it at the
+        // upstream (`notifications/cancelled`).
         let called = tokio::time::timeout_at(by, peer.call_tool(params)).await;
         match called {
             Ok(Ok(result)) => Ok(result),
             Ok(Err(ServiceError::McpError(e))) => Err(CallError::Rpc(e)),
             Ok(Err(e)) => {
-                let not_sent = never_left(&e);
+                // The upstream said the session is gone: the next call
+                // opens one (rmcp would have sent this call again on it).
+                if self.http.took_expired() {
+                    self.reset().await;
+                }
                 let why = format!("tools/call failed: {}", kind_of(&e));
-                self.reset().await;
-                if not_sent {
+                if never_left(&e) {
                     Err(CallError::NotSent(why))
                 } else {
                     Err(CallError::AfterSend(why))
                 }
             }
-            Err(_) => {
-                self.reset().await;
-                Err(CallError::AfterSend("tools/call timed out".into()))
-            }
+            Err(_) => Err(CallError::AfterSend("tools/call timed out".into())),
         }
     }
 }
@@ -363,19 +374,10 @@ fn never_left(e: &ServiceError) -> bool {
     false
 }
 
-/// An rmcp error's kind, for the log: its message names the failure, never
-/// a header or an argument.
-/// An error's words for the log: on one line (what an upstream says could
-/// otherwise write lines of its own into keyturnd's log), and short.
+/// An error's words for the log, quoted (what an upstream says could
+/// otherwise write lines of its own into keyturnd's log).
 fn kind_of(e: &dyn std::fmt::Display) -> String {
-    one_line(&e.to_string())
-}
-
-/// `s` with its control characters escaped (a line break reads `\n`), at
-/// most 300 characters: for a log line that quotes what another party
-/// wrote.
-pub fn one_line(s: &str) -> String {
-    s.escape_debug().take(300).collect()
+    quote(&e.to_string())
 }
 
 /// Every configured upstream.
@@ -489,8 +491,8 @@ pub async fn discover(u: &Upstream, pool: &Pool, metrics: &Metrics, call_timeout
                 // The database quotes the upstream's name for the tool.
                 let why = e
                     .db_error()
-                    .map(|d| one_line(d.message()))
-                    .unwrap_or_else(|| one_line(&e.to_string()));
+                    .map(|d| quote(d.message()))
+                    .unwrap_or_else(|| quote(&e.to_string()));
                 tracing::warn!(upstream = u.name(), tool = name, reason = %why, "upstream tool not registered");
             }
         }
@@ -528,8 +530,5 @@ mod tests {
             logged.starts_with("JSON-RPC error -32000: UPSTREAM WORDS\\n2026"),
             "{logged}"
         );
-        // A cut inside a character is no panic.
-        let wide = "é".repeat(400);
-        assert_eq!(one_line(&wide).chars().count(), 300);
     }
 }
