@@ -11,11 +11,15 @@
 // carries no credential: the one-time code is redeemed for a short card
 // session with a fresh token per action (POST /card/session), after which
 // the URL holds nothing that works; a digest action's reviewed params may
-// follow its `a` as `p=<base64url params JSON>`. An application that embeds
-// the element passes `link="a=…&t=<token>…"` as an attribute (never a URL)
-// and its person's JWT as the `jwt` property, or leaves the JWT in this
-// tab's sessionStorage. A JWT or a token in the page's fragment is never
-// read.
+// follow its `a` as `p=<base64url params JSON>`. In a tab where the person
+// is signed in (their JWT in this tab's sessionStorage, as the console
+// keeps it), `a=<action_id>&t=<token>` opens the card too, or `a` alone
+// (the card takes a fresh token): a token is bound to its action and works
+// only with that person's JWT. An application that embeds the element
+// passes `link="a=…&t=<token>…"` as an attribute and its person's JWT as
+// the `jwt` property, or leaves the JWT in sessionStorage. A JWT in the
+// page's fragment (`j=`) is never read; the card takes `c`, `t`, `j` and
+// `p` out of the address bar.
 
 import { rpc, cardToken, takeJwt, redeemLink, keepCardSession, takeCardSession, explain, isMissingFunction, RpcError } from "./rpc.js";
 import { decodeLinkParams } from "./jcs.js";
@@ -28,15 +32,14 @@ const EFFECTS = {
   irreversible: ["Irreversible", "It cannot be undone."],
 };
 
-/** The items and the one-time code of a link (without the leading #).
- *  Tokens (`t`) count only where `withTokens` (the embedding application's
- *  `link` attribute, which no browser history keeps); `j` never does. */
-export function parseLink(fragment, { withTokens = false } = {}) {
+/** The items and the one-time code of a link (without the leading #);
+ *  `j` never counts. */
+export function parseLink(fragment) {
   const items = [];
   let code = null;
   for (const [key, value] of new URLSearchParams(fragment)) {
     if (key === "a") items.push({ action_id: value, token: null, p: null });
-    else if (key === "t" && withTokens && items.length) items[items.length - 1].token = value;
+    else if (key === "t" && items.length) items[items.length - 1].token = value;
     else if (key === "p" && items.length) items[items.length - 1].p = value;
     else if (key === "c") code = value;
   }
@@ -63,15 +66,16 @@ function keepLinkParams(items) {
 }
 
 /** The page's fragment without its one-time code, which is spent once
- *  redeemed, nor a digest's params, which this tab keeps: what stays in the
- *  address bar is the action ids, nothing that works and no value. (The
- *  entry the browser made when the link was opened keeps what the link
- *  held: a spent code, and `p` if the application put it there.) */
+ *  redeemed, its tokens and a JWT put there, nor a digest's params, which
+ *  this tab keeps: what stays in the address bar is the action ids, nothing
+ *  that works and no value. (The entry the browser made when the link was
+ *  opened keeps what the link held: a spent code, a token that needs its
+ *  person's JWT, and `p` if the application put it there.) */
 function dropCode() {
   const params = new URLSearchParams(location.hash.slice(1));
-  if (params.has("c") || params.has("p")) {
-    params.delete("c");
-    params.delete("p");
+  const kept = ["c", "t", "j", "p"].filter((k) => params.has(k));
+  if (kept.length) {
+    for (const k of kept) params.delete(k);
     history.replaceState(history.state, "", location.pathname + "#" + params.toString());
   }
 }
@@ -176,6 +180,16 @@ class Item {
 
   async load() {
     this.root.replaceChildren(el("p", { class: "kt-loading", text: "Loading the proposal…" }));
+    if (!this.token && this.card.auth.jwt && !this.card.session) {
+      // Signed in, from a link without a token: the person's own, fresh.
+      try {
+        this.token = await rpc("issue_token", { action_id: this.actionId }, this.card.auth);
+      } catch (e) {
+        this.renderError(explain(e));
+        this.card.refresh();
+        return;
+      }
+    }
     if (!this.token) {
       this.renderError(["This action can no longer be decided from this link: it was decided already, or you may not decide it.", ""]);
       return;
@@ -631,8 +645,12 @@ class KeyturnCard extends HTMLElement {
       // reloads nothing by itself: start over with it.
       window.addEventListener("hashchange", () => location.reload());
     }
-    const { items, code } = parseLink(ownLink ?? location.hash.slice(1), { withTokens: ownLink !== null });
-    if (ownLink === null) keepLinkParams(items);
+    const { items, code } = parseLink(ownLink ?? location.hash.slice(1));
+    if (ownLink === null) {
+      keepLinkParams(items);
+      // A code leaves the address bar once redeemed (start); all else now.
+      if (!code) dropCode();
+    }
     // An embedding page hands its person's JWT over as a property, or leaves
     // it in sessionStorage; a link brings a one-time code instead.
     this.code = code;
@@ -666,13 +684,14 @@ class KeyturnCard extends HTMLElement {
       this.session = true;
       for (const item of this.items) item.token = (opened.tokens || {})[item.actionId] || null;
     };
-    if (!this.code) {
-      // Reloaded: the code is spent, but this tab's session may go on.
-      const kept = this.auth.jwt ? null : takeCardSession(ids);
-      if (kept) use(kept);
-      return;
-    }
     try {
+      if (!this.code) {
+        // Signed in, or reloaded: the code is spent, but this tab's session
+        // may go on.
+        const kept = this.auth.jwt ? null : takeCardSession(ids);
+        if (kept) use(kept);
+        return;
+      }
       const opened = await redeemLink(this.code, ids, this.auth);
       if (this.getAttribute("link") === null) keepCardSession(opened, ids);
       use(opened);

@@ -304,8 +304,10 @@ async fn test_card_refuses_expired_proposals_used_codes_and_credentials_in_the_u
     }
     c.close().await.expect("close");
 
-    // A link of the old form, a token and the person's own JWT in the
-    // fragment: the card reads neither, stores nothing and shows nothing.
+    // A link with a token and the person's own JWT in the fragment, in a
+    // tab where nobody signed in: the card never reads the JWT, and a token
+    // is nothing without one; it stores nothing, shows nothing, and takes
+    // both out of the address bar.
     let c = browser::open(&webdriver, false).await;
     visit(
         &c,
@@ -325,6 +327,10 @@ async fn test_card_refuses_expired_proposals_used_codes_and_credentials_in_the_u
     assert_eq!(
         js(&c, "return sessionStorage.length", vec![]).await,
         json!(0)
+    );
+    assert_eq!(
+        js(&c, "return location.hash", vec![]).await,
+        json!(format!("#a={}", p.id))
     );
     c.close().await.expect("close");
     assert_eq!(w.status(p.id).await, "pending");
@@ -1292,6 +1298,65 @@ async fn test_console_approves_from_the_queue_without_the_link() {
     c.close().await.expect("close");
     let log = k.stop().await;
     assert_no_secret(&log, &[&jwt, &p.token]);
+}
+
+/// A person signed in in this tab (their JWT in sessionStorage, as the
+/// console keeps it) opens `/card#a=<id>&t=<token>`, or `/card#a=<id>`
+/// alone, and decides there: the token is their action's, or a fresh one
+/// the card takes for them. The address bar keeps only the action id.
+#[tokio::test]
+async fn test_a_signed_in_tab_opens_the_card_from_a_token_link_or_the_action_alone() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
+    let k = keyturnd(&w, rx.env()).await;
+    let tool = w.webhook_tool(json!({})).await;
+    let with_token = w.propose(&tool, json!({"text": "with its token"})).await;
+    let alone = w.propose(&tool, json!({"text": "by its id alone"})).await;
+    let jwt = w.human_jwt();
+
+    let c = browser::open(&webdriver, false).await;
+    visit(&c, &format!("{}/card", k.base)).await.expect("open");
+    js(
+        &c,
+        "sessionStorage.setItem('keyturn.jwt', arguments[0])",
+        vec![json!(jwt)],
+    )
+    .await;
+    for (p, fragment, words) in [
+        (&with_token, format!("a={}&t={}", with_token.id, with_token.token), "with its token"),
+        (&alone, format!("a={}", alone.id), "by its id alone"),
+    ] {
+        visit(&c, &format!("{}/card#{fragment}", k.base))
+            .await
+            .expect("open");
+        wait_js(
+            &c,
+            "the card to show the action",
+            "const s = document.querySelector('[data-kt=summary]'); return s && s.textContent",
+            vec![],
+        )
+        .await;
+        assert!(text(&c, "[data-kt=summary]").await.contains(words), "{words}");
+        assert_eq!(
+            js(&c, "return location.hash", vec![]).await,
+            json!(format!("#a={}", p.id)),
+            "{words}"
+        );
+        c.find(Locator::Css("[data-kt=approve]"))
+            .await
+            .expect("approve")
+            .click()
+            .await
+            .expect("click");
+        wait_status(&c, &p.id.to_string(), "succeeded").await;
+        assert_eq!(rx.requests(p.id).len(), 1, "{words}");
+    }
+    c.close().await.expect("close");
+    let log = k.stop().await;
+    assert_no_secret(&log, &[&jwt, &with_token.token, &alone.token]);
 }
 
 /// The platform admin throws the kill switch from the console: the tool is
