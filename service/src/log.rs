@@ -95,7 +95,10 @@ mod tests {
         assert_eq!(out.lines().count(), 1);
         // An event without a control character passes as it is, its own
         // line break kept; one without any is not given one.
-        assert!(matches!(escaped(b"plain \xc3\xa9 text\n"), Cow::Borrowed(_)));
+        assert!(matches!(
+            escaped(b"plain \xc3\xa9 text\n"),
+            Cow::Borrowed(_)
+        ));
         assert_eq!(&*escaped(b"no end"), b"no end");
         // Bytes that are not UTF-8 cannot smuggle a control character.
         assert_eq!(&*escaped(b"a\xff\x1bb\n"), "a\u{fffd}\\u{1b}b\n".as_bytes());

@@ -199,7 +199,7 @@ impl StreamableHttpClient for RawTools {
                 self.expired.store(true, Ordering::Relaxed);
                 return Err(StreamableHttpError::UnexpectedServerResponse(
                     "HTTP 404 (session expired) to a tools/call it was sent; not sent again".into(),
-                ))
+                ));
             }
             answer => answer?,
         };

@@ -1326,7 +1326,11 @@ async fn test_a_signed_in_tab_opens_the_card_from_a_token_link_or_the_action_alo
     )
     .await;
     for (p, fragment, words) in [
-        (&with_token, format!("a={}&t={}", with_token.id, with_token.token), "with its token"),
+        (
+            &with_token,
+            format!("a={}&t={}", with_token.id, with_token.token),
+            "with its token",
+        ),
         (&alone, format!("a={}", alone.id), "by its id alone"),
     ] {
         visit(&c, &format!("{}/card#{fragment}", k.base))
@@ -1339,7 +1343,10 @@ async fn test_a_signed_in_tab_opens_the_card_from_a_token_link_or_the_action_alo
             vec![],
         )
         .await;
-        assert!(text(&c, "[data-kt=summary]").await.contains(words), "{words}");
+        assert!(
+            text(&c, "[data-kt=summary]").await.contains(words),
+            "{words}"
+        );
         assert_eq!(
             js(&c, "return location.hash", vec![]).await,
             json!(format!("#a={}", p.id)),
