@@ -7435,6 +7435,9 @@ AS $$
 BEGIN
     RETURN CASE
             WHEN v.executor = 'external' THEN v.params_schema
+            -- A read tool for agents' own queries: listed, but it reads
+            -- nothing over MCP (keyturn._readable).
+            WHEN v.kind = 'read' AND v.executor IS NULL THEN coalesce(v.params_schema, '{"type": "object"}')
             WHEN v.kind = 'read' THEN jsonb_build_object(
                 'type', 'object',
                 'properties', jsonb_build_object('where', keyturn._mcp_where_schema(v)),
@@ -7464,16 +7467,17 @@ LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
     RETURN CASE WHEN v.kind = 'read'
-                    THEN jsonb_build_object('readOnlyHint', true, 'openWorldHint', v.executor = 'external')
+                    THEN jsonb_build_object('readOnlyHint', true, 'openWorldHint', v.executor IS NOT DISTINCT FROM 'external')
                     ELSE jsonb_build_object('readOnlyHint', false, 'destructiveHint', v.effect <> 'reversible',
                                             'idempotentHint', false, 'openWorldHint', v.executor = 'external') END;
 END
 $$;
 
 -- Agent: the tools the calling principal may call over MCP, by name:
--- enabled, granted to it (a grant that has not ended), and runnable (a
--- write tool, or a read tool with an executor); upstream names the
--- upstream MCP server of a discovered tool.
+-- enabled and granted to it (a grant that has not ended); upstream names
+-- the upstream MCP server of a discovered tool. A read tool without an
+-- executor is listed too, as every granted tool is, and a call of it
+-- answers that it reads nothing (keyturn._readable).
 CREATE OR REPLACE FUNCTION keyturn.mcp_tools()
 RETURNS TABLE (name text, kind text, description text, input_schema jsonb, annotations jsonb, upstream text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -7497,15 +7501,16 @@ BEGIN
       JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
      WHERE g.tenant = v_tenant AND g.principal = v_principal
        AND keyturn._grant_live(g.valid_until)
-       AND t.enabled AND (v.kind = 'write' OR v.executor IS NOT NULL)
+       AND t.enabled
      ORDER BY t.name;
 END
 $$;
 
 -- The enabled read tool p_tool for a read by the calling identity, with its
 -- current version: 42704 unknown, disabled or not a read tool; 42501 no
--- identity, membership or grant; 22023 its projection is not registered
--- (nothing is read).
+-- identity, membership or grant; 22023 it has no executor (a read tool for
+-- the agent's own queries) or its projection is not registered (nothing is
+-- read).
 CREATE OR REPLACE FUNCTION keyturn._readable(p_tenant text, p_principal text, p_tool text)
 RETURNS keyturn.tool_version
 LANGUAGE plpgsql STABLE
@@ -7516,7 +7521,7 @@ BEGIN
     PERFORM keyturn._require_member(p_tenant, p_principal, keyturn.current_session());
     SELECT x.* INTO v FROM keyturn.tool t
       JOIN keyturn.tool_version x ON x.tool = t.name AND x.version = t.version
-     WHERE t.name = p_tool AND t.enabled AND x.kind = 'read' AND x.executor IS NOT NULL;
+     WHERE t.name = p_tool AND t.enabled AND x.kind = 'read';
     IF NOT FOUND THEN
         RAISE EXCEPTION 'keyturn: % is no enabled read tool', coalesce(quote_literal(p_tool), 'NULL')
             USING ERRCODE = '42704',
@@ -7526,6 +7531,11 @@ BEGIN
         RAISE EXCEPTION 'keyturn: principal % holds no grant for tool % in tenant %', p_principal, p_tool, p_tenant
             USING ERRCODE = '42501',
                   HINT = 'An admin grants tools with keyturn.grant_tool(tenant, principal, tool).';
+    END IF;
+    IF v.executor IS NULL THEN
+        RAISE EXCEPTION 'keyturn: read tool % has no executor: keyturn reads nothing for it', p_tool
+            USING ERRCODE = '22023',
+                  HINT = 'It marks reads the agent makes with its own queries. An admin registers a version with an sql read spec (executor sql, projection, sql) for it to read over MCP.';
     END IF;
     IF NOT EXISTS (SELECT 1 FROM keyturn.projection p WHERE p.provider = v.projection) THEN
         RAISE EXCEPTION 'keyturn: no projection is registered for provider %, the projection of read tool %',

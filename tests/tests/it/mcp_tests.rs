@@ -316,6 +316,10 @@ async fn test_mcp_tools_lists_what_the_principal_may_call_with_exact_annotations
     let sql_write = w.deal_tool(json!({})).await;
     let hook = w.webhook_tool(json!({"effect": "irreversible"})).await;
     let r = deals_read_tool(&w, None).await;
+    // A read tool for the agent's own queries (no executor): listed, as
+    // every enabled tool the principal holds a grant for is, and a call of
+    // it reads nothing.
+    let own = w.tool("own_reads", json!({"kind": "read"})).await;
     let disabled = w.webhook_tool(json!({})).await;
     w.admin
         .execute("SELECT keyturn.set_tool_enabled($1, false)", &[&disabled])
@@ -333,7 +337,18 @@ async fn test_mcp_tools_lists_what_the_principal_may_call_with_exact_annotations
         .iter()
         .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
         .collect();
-    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got.len(), 4, "{got:?}");
+    assert_eq!(
+        got[&own],
+        (
+            "read".to_owned(),
+            json!({"type": "object"}),
+            json!({"readOnlyHint": true, "openWorldHint": false})
+        )
+    );
+    let e = read(&w.agent, &own, json!({})).await;
+    assert!(format!("{e:?}").contains("no executor"), "{e:?}");
+    assert_eq!(sqlstate(e), "22023");
     assert_eq!(
         got[&sql_write].2,
         json!({"readOnlyHint": false, "destructiveHint": false, "idempotentHint": false, "openWorldHint": false})
