@@ -202,10 +202,7 @@ async def upstream_definition(tool, port=None, version="2025-06-18", token=True)
             headers["Mcp-Session-Id"] = session
         r = http.post(f"http://127.0.0.1:{port or UPSTREAM_PORT}/mcp", json=body, headers=headers)
         assert r.status_code in (200, 202), (r.status_code, r.text)
-        text = r.text
-        if r.headers.get("content-type", "").startswith("text/event-stream"):
-            text = next((line[5:] for line in text.splitlines() if line.startswith("data:")), "null")
-        return r.headers.get("mcp-session-id", session), (json.loads(text) if text.strip() else None)
+        return r.headers.get("mcp-session-id", session), rpc_answer(r)
 
     def go():
         with httpx2.Client(timeout=BOUND) as http:
@@ -216,6 +213,17 @@ async def upstream_definition(tool, port=None, version="2025-06-18", token=True)
             _, listed = rpc(http, session, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
             return next(t for t in listed["result"]["tools"] if t["name"] == tool)
     return await asyncio.to_thread(go)
+
+
+def rpc_answer(r):
+    """The JSON-RPC message of an HTTP answer, in a plain JSON body or as the
+    first event of a stream that carries data (not a priming event); None
+    for an empty body."""
+    text = r.text
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        text = next((line[5:] for line in text.splitlines() if line.startswith("data:") and line[5:].strip()),
+                    "null")
+    return json.loads(text) if text.strip() else None
 
 
 def canonical(value):
@@ -423,6 +431,13 @@ async def _():
             assert schema["required"] == ["where", "set"] and set(schema["properties"]["where"]["properties"]) == {"id", "owner"}
             assert set(schema["properties"]["set"]["properties"]) == {"stage"}
             assert next(t for t in listed.tools if t.name == "chat.send_message").input_schema["required"] == ["channel", "text"]
+    # Each handshake revision is answered in itself.
+    for version in ["2025-03-26", "2025-06-18", "2025-11-25"]:
+        r = await asyncio.to_thread(raw_initialize, AGENT, version)
+        assert r.status_code == 200, (version, r.status_code, r.text)
+        assert rpc_answer(r)["result"]["protocolVersion"] == version, (version, r.text)
+        await asyncio.to_thread(httpx2.delete, f"{BASE}/mcp", timeout=BOUND, headers={
+            "Authorization": f"Bearer {AGENT}", "Mcp-Session-Id": r.headers["mcp-session-id"]})
     # bob holds no grant for the upstream tools: they are not listed for him.
     async with client(token=jwt(sub="bob")) as c:
         names = {t.name for t in keep(await c.list_tools()).tools}
@@ -791,10 +806,10 @@ class keyturnd_with:
         start_keyturnd()
 
 
-def raw_initialize(token):
+def raw_initialize(token, version="2025-11-25"):
     """A legacy initialize, by hand."""
     body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}
+        "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}
     return httpx2.post(f"{BASE}/mcp", json=body, timeout=BOUND, headers={
         "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"})
 

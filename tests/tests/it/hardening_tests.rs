@@ -1390,6 +1390,27 @@ async fn test_staging_is_bounded_per_principal() {
         .unwrap();
 }
 
+/// 100 MiB may wait per principal: four files of the most a file may hold
+/// (25 MiB) fill it, and one byte more is refused.
+#[tokio::test]
+async fn test_staged_bytes_are_bounded_per_principal() {
+    let w = World::new("member").await;
+    let most = vec![b'x'; 25 * 1024 * 1024];
+    for _ in 0..4 {
+        stage_file_on(&w.agent, &most, "f.pdf", "application/pdf")
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        sqlstate(stage_file_on(&w.agent, b"1", "f.pdf", "application/pdf").await),
+        "54000"
+    );
+    let (_, other) = w.other("member", "app_agent", "s-other").await;
+    stage_file_on(&other, &most, "f.pdf", "application/pdf")
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn test_staging_refuses_filenames_that_read_as_another() {
     let w = World::new("member").await;

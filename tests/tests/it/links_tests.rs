@@ -195,6 +195,64 @@ async fn test_an_expired_link_code_redeems_nothing() {
     );
 }
 
+/// A code lives its ttl (15 minutes unless the caller says), and never past
+/// the earliest expiry of the actions it names.
+#[tokio::test]
+async fn test_a_link_code_lives_its_ttl_and_never_past_its_actions() {
+    let w = World::new("member").await;
+    let long = w.webhook_tool(json!({"expires_in": "1 hour"})).await;
+    let short = w.webhook_tool(json!({"expires_in": "90 seconds"})).await;
+    let a = w
+        .propose(&long, json!({"channel": "a", "text": "1"}))
+        .await
+        .unwrap();
+    let b = w
+        .propose(&long, json!({"channel": "a", "text": "2"}))
+        .await
+        .unwrap();
+    let soon = w
+        .propose(&short, json!({"channel": "a", "text": "3"}))
+        .await
+        .unwrap();
+    // The code's life as the database keeps it, and the earliest expiry of
+    // the actions it names.
+    let life = |code: String, ids: Vec<uuid::Uuid>| {
+        let su = &w.superuser;
+        async move {
+            let r = su
+                .query_one(
+                    "SELECT date_trunc('second', l.expires_at - l.created_at)::text, \
+                            l.expires_at = (SELECT min(x.expires_at) FROM keyturn.action x WHERE x.id = ANY ($2)) \
+                       FROM keyturn.card_link l WHERE l.code_digest = keyturn._token_digest($1)",
+                    &[&code, &ids],
+                )
+                .await
+                .unwrap();
+            (r.get::<_, String>(0), r.get::<_, bool>(1))
+        }
+    };
+    let code = link_code(&w.human, &[a.id]).await.unwrap();
+    assert_eq!(life(code, vec![a.id]).await, ("00:15:00".into(), false));
+    let code: String = w
+        .human
+        .query_one(
+            "SELECT keyturn.link_code($1, '2 minutes')",
+            &[&vec![a.id, b.id]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        life(code, vec![a.id, b.id]).await,
+        ("00:02:00".into(), false)
+    );
+    // An action that expires sooner ends the code with it, whatever the ttl.
+    let code = link_code(&w.human, &[a.id, soon.id]).await.unwrap();
+    let (left, at_expiry) = life(code, vec![a.id, soon.id]).await;
+    assert!(at_expiry, "{left}");
+    assert!(left < "00:01:31".to_owned(), "{left}");
+}
+
 #[tokio::test]
 async fn test_a_link_code_is_for_a_person_who_may_decide_every_action() {
     let w = World::new("member").await;
