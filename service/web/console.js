@@ -13,7 +13,7 @@
 
 import { rpc, takeJwt, keepJwt, forgetJwt, explain, isMissingFunction, RpcError } from "./rpc.js";
 import { el, valueText, when } from "./show.js";
-import { pushKey, subscribeToPush } from "./push.js";
+import { offerPush } from "./push.js";
 import "./keyturn-card.js";
 
 const auth = { jwt: takeJwt(), base: "" };
@@ -82,32 +82,6 @@ async function loadMetrics() {
 }
 
 // ---- waiting for me ----------------------------------------------------------
-
-/** The "Notify me on this device" control of the queue: offered where this
- *  browser can take Web Push and keyturnd has a VAPID key. It subscribes
- *  with the person's own JWT (never a card session's) after they pressed it,
- *  and says what came of it. */
-async function offerPush() {
-  if (!(await pushKey())) return;
-  const button = $("push-subscribe");
-  const status = $("push-status");
-  $("push-box").hidden = false;
-  button.addEventListener("click", async () => {
-    button.disabled = true;
-    try {
-      const result = await subscribeToPush({ jwt: auth.jwt });
-      status.textContent = {
-        subscribed: "This device is notified when an action waits for you.",
-        denied: "Notifications are blocked for this site; allow them in the browser's settings, then try again.",
-        unavailable: "This browser cannot take notifications from keyturn.",
-      }[result];
-    } catch (e) {
-      status.textContent = explain(e).join(" ");
-    } finally {
-      button.disabled = false;
-    }
-  });
-}
 
 async function loadMine() {
   const rows = await rpc("pending", {}, auth);
@@ -501,7 +475,7 @@ async function start() {
       fail(new RpcError(403, { message: "this sign-in may not use any part of the console" }));
     }
     // A person's queue: their own sign-in, so this device may subscribe.
-    if (!$("mine-section").hidden) await offerPush();
+    if (!$("mine-section").hidden) await offerPush($("push-box"), auth.jwt);
   } catch (e) {
     if (e instanceof RpcError && e.status === 401) signIn(e);
     else fail(e);

@@ -23,6 +23,7 @@
 
 import { rpc, cardToken, takeJwt, redeemLink, keepCardSession, takeCardSession, explain, isMissingFunction, RpcError } from "./rpc.js";
 import { decodeLinkParams } from "./jcs.js";
+import { offerPush } from "./push.js";
 import { el, showValue, visible, duration } from "./show.js";
 
 const IN_FLIGHT = new Set(["queued", "leased", "executing"]);
@@ -712,6 +713,14 @@ class KeyturnCard extends HTMLElement {
   afterLoad() {
     // When nothing could be shown because of the sign-in, say so once.
     const denied = this.items.every((i) => !i.preview);
+    // The page /card in a tab signed in with the person's own JWT (never a
+    // card session, which a link's holder opened; an embedding page offers
+    // what it will, as the console does): this device may be notified.
+    if (this.getAttribute("link") === null && this.auth.jwt && !this.session && !denied) {
+      const box = el("p", { class: "kt-row", kt: "push-box", hidden: true });
+      this.querySelector(".kt-header").append(box);
+      offerPush(box, this.auth.jwt);
+    }
     this.dataset.loaded = "true";
     if (denied && this.items.length > 1) this.fail(["None of these actions can be shown to you.", ""], false);
   }

@@ -8,7 +8,8 @@
 // session: a session opened from a link could otherwise point the person's
 // future notifications, and their link codes, at another device.
 
-import { rpc } from "./rpc.js";
+import { rpc, explain } from "./rpc.js";
+import { el } from "./show.js";
 
 const WORKER = "/card/sw.js";
 const SCOPE = "/card";
@@ -65,4 +66,32 @@ export async function unsubscribeFromPush({ jwt }) {
     if (subscription) await subscription.unsubscribe();
   }
   return rpc("remove_notify", { channel: "webpush" }, { jwt });
+}
+
+/** The "Notify me on this device" control, put in `box` (which stays hidden
+ *  where this browser cannot take Web Push or keyturnd has no VAPID key). It
+ *  subscribes with `jwt`, the person's own (never a card session's), after
+ *  they pressed it, and says what came of it. The console's queue and the
+ *  card in a signed-in tab offer it. */
+export async function offerPush(box, jwt) {
+  if (!(await pushKey())) return;
+  const button = el("button", { type: "button", class: "kt-secondary", kt: "push-subscribe", text: "Notify me on this device" });
+  const status = el("span", { class: "kt-note", kt: "push-status", role: "status", "aria-live": "polite" });
+  box.replaceChildren(button, " ", status);
+  box.hidden = false;
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    try {
+      const result = await subscribeToPush({ jwt });
+      status.textContent = {
+        subscribed: "This device is notified when an action waits for you.",
+        denied: "Notifications are blocked for this site; allow them in the browser's settings, then try again.",
+        unavailable: "This browser cannot take notifications from keyturn.",
+      }[result];
+    } catch (e) {
+      status.textContent = explain(e).join(" ");
+    } finally {
+      button.disabled = false;
+    }
+  });
 }

@@ -360,6 +360,11 @@ async fn test_the_browsers_history_holds_nothing_that_works() {
     let (c, profile) = browser::open_profile(&webdriver, true).await;
     visit(&c, &link).await.expect("open");
     wait_loaded(&c).await;
+    // A card session (whoever holds the link) never subscribes a device.
+    assert!(
+        !shown(&c, "push-box").await,
+        "no Web Push in a card session"
+    );
     let (bearer, token) = approve_in_the_card(&c, p.id).await;
     c.close().await.expect("quit the browser");
 
@@ -1303,7 +1308,8 @@ async fn test_console_approves_from_the_queue_without_the_link() {
 /// A person signed in in this tab (their JWT in sessionStorage, as the
 /// console keeps it) opens `/card#a=<id>&t=<token>`, or `/card#a=<id>`
 /// alone, and decides there: the token is their action's, or a fresh one
-/// the card takes for them. The address bar keeps only the action id.
+/// the card takes for them. The address bar keeps only the action id. With
+/// a VAPID key, the card offers this device Web Push, with the person's JWT.
 #[tokio::test]
 async fn test_a_signed_in_tab_opens_the_card_from_a_token_link_or_the_action_alone() {
     let webdriver = require_browser!();
@@ -1311,7 +1317,17 @@ async fn test_a_signed_in_tab_opens_the_card_from_a_token_link_or_the_action_alo
     let _serial = e2e::serial().await;
     let w = World::new(port).await;
     let rx = Receiver::start(&w.tenant, vec![Reply::status(200)]).await;
-    let k = keyturnd(&w, rx.env()).await;
+    let (vapid, _) = keyturnd::config::VapidKey::generate();
+    let mut env = rx.env();
+    env.extend([
+        ("KEYTURN_VAPID_PRIVATE_KEY", vapid.expose().to_owned()),
+        // Where notifications' links would point; none is sent here.
+        (
+            "KEYTURN_PUBLIC_URL",
+            "https://keyturn.example.com".to_owned(),
+        ),
+    ]);
+    let k = keyturnd(&w, env).await;
     let tool = w.webhook_tool(json!({})).await;
     let with_token = w.propose(&tool, json!({"text": "with its token"})).await;
     let alone = w.propose(&tool, json!({"text": "by its id alone"})).await;
@@ -1352,6 +1368,13 @@ async fn test_a_signed_in_tab_opens_the_card_from_a_token_link_or_the_action_alo
             json!(format!("#a={}", p.id)),
             "{words}"
         );
+        wait_js(
+            &c,
+            "the card to offer Web Push",
+            "const b = document.querySelector('[data-kt=push-box]'); return !!b && !b.hidden && !!b.querySelector('[data-kt=push-subscribe]');",
+            vec![],
+        )
+        .await;
         c.find(Locator::Css("[data-kt=approve]"))
             .await
             .expect("approve")
@@ -1361,6 +1384,20 @@ async fn test_a_signed_in_tab_opens_the_card_from_a_token_link_or_the_action_alo
         wait_status(&c, &p.id.to_string(), "succeeded").await;
         assert_eq!(rx.requests(p.id).len(), 1, "{words}");
     }
+    c.find(Locator::Css("[data-kt=push-subscribe]"))
+        .await
+        .expect("the button")
+        .click()
+        .await
+        .expect("click");
+    let said = wait_js(
+        &c,
+        "what came of the subscription",
+        "return document.querySelector('[data-kt=push-status]').textContent;",
+        vec![],
+    )
+    .await;
+    assert!(!said.as_str().unwrap_or("").is_empty(), "{said}");
     c.close().await.expect("close");
     let log = k.stop().await;
     assert_no_secret(&log, &[&jwt, &with_token.token, &alone.token]);

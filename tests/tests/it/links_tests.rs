@@ -250,7 +250,7 @@ async fn test_a_link_code_lives_its_ttl_and_never_past_its_actions() {
     let code = link_code(&w.human, &[a.id, soon.id]).await.unwrap();
     let (left, at_expiry) = life(code, vec![a.id, soon.id]).await;
     assert!(at_expiry, "{left}");
-    assert!(left < "00:01:31".to_owned(), "{left}");
+    assert!(left.as_str() < "00:01:31", "{left}");
 }
 
 #[tokio::test]
