@@ -57,3 +57,22 @@ SELECT string_agg(coalesce(from_status::text, '-') || '>' || to_status, ' ' ORDE
 COMMIT;
 SELECT citus_check.expect('audit: the trail', :'trail', '->pending pending>succeeded');
 SELECT citus_check.expect('audit: approved as', :'by_role', 'app_human');
+
+-- The hash chain on Citus (layout A: keyturn's tables on the coordinator):
+-- it verifies, the export is every event, and a changed event, triggers
+-- off, is found where it is.
+\connect - postgres
+SELECT citus_check.expect('chain: acme''s verifies',
+    (SELECT ok::text || ' ' || (events > 0)::text FROM keyturn.verify_audit('acme')), 'true true');
+SELECT citus_check.expect('chain: the export is every event',
+    (SELECT (SELECT count(*) FROM keyturn.audit_export('acme')) = (SELECT events FROM keyturn.verify_audit('acme')))::text,
+    'true');
+SELECT id AS tampered FROM keyturn.event WHERE tenant = 'acme' ORDER BY id OFFSET 1 LIMIT 1 \gset
+BEGIN;
+SET LOCAL session_replication_role = replica;
+UPDATE keyturn.event SET detail = coalesce(detail, '{}') || '{"edited": true}' WHERE id = :'tampered';
+SELECT citus_check.expect('chain: a changed event is the first bad one',
+    (SELECT ok::text || ' ' || (first_bad = :'tampered')::text FROM keyturn.verify_audit('acme')), 'false true');
+ROLLBACK;
+SELECT citus_check.expect('chain: verifies again once undone',
+    (SELECT ok::text FROM keyturn.verify_audit('acme')), 'true');
