@@ -167,7 +167,9 @@ pub fn event_detail_of(id: Option<pgrx::Uuid>) -> Option<String> {
         let detail = own.as_ref().or(a.detail.as_ref());
         // A decision in a card session says so: a link's holder may not be
         // its person (sixteenth red-team pass, docs/security.md row 115).
-        let via_link = crate::identity::in_card_session();
+        // Never for an agent's call, which may assert the claims' mark
+        // itself but opens no card session (eighteenth pass, row 122).
+        let via_link = crate::identity::in_card_session() && !crate::privilege::outer_is_agent();
         if a.context.is_empty() && !via_link {
             return detail.cloned();
         }

@@ -232,9 +232,7 @@ pub fn extension_owner() -> pg_sys::Oid {
 /// Superusers are members of every role, so they are refused too.
 pub fn refuse_agents(what: &str) {
     refuse_inside_business_statement(what);
-    // SAFETY: get_role_oid with missing_ok returns InvalidOid instead of raising.
-    let agent = unsafe { pg_sys::get_role_oid(c"keyturn_agent".as_ptr(), true) };
-    // A missing keyturn_agent role means a broken install: fail closed.
+    let agent = agent_role();
     let refused = |label: &str| -> ! {
         KeyturnError::Forbidden {
             message: format!(
@@ -248,8 +246,7 @@ pub fn refuse_agents(what: &str) {
         ("current_user", current_user()),
         ("the outer role", outer_user()),
     ] {
-        // SAFETY: is_member_of_role only reads the catalog cache.
-        if agent == pg_sys::Oid::INVALID || unsafe { pg_sys::is_member_of_role(role, agent) } {
+        if is_agent(role, agent) {
             refused(label);
         }
     }
@@ -257,6 +254,27 @@ pub fn refuse_agents(what: &str) {
     if unsafe { pg_sys::has_privs_of_role(pg_sys::GetSessionUserId(), agent) } {
         refused("the session's login role (it inherits keyturn_agent)");
     }
+}
+
+/// Whether the outer role (the one in effect after SET ROLE, which no
+/// SECURITY DEFINER function changes) is an agent's: what an event's
+/// detail may not take from a setting an agent can make.
+pub fn outer_is_agent() -> bool {
+    is_agent(outer_user(), agent_role())
+}
+
+/// `keyturn_agent`'s oid; InvalidOid when the role is missing.
+fn agent_role() -> pg_sys::Oid {
+    // SAFETY: get_role_oid with missing_ok returns InvalidOid instead of raising.
+    unsafe { pg_sys::get_role_oid(c"keyturn_agent".as_ptr(), true) }
+}
+
+/// Whether `role` is a member of `agent` (a missing keyturn_agent, a broken
+/// install, counts as yes: fail closed; superusers are members of every
+/// role).
+fn is_agent(role: pg_sys::Oid, agent: pg_sys::Oid) -> bool {
+    // SAFETY: is_member_of_role only reads the catalog cache.
+    agent == pg_sys::Oid::INVALID || unsafe { pg_sys::is_member_of_role(role, agent) }
 }
 
 /// `keyturn._refuse_rls_bypass(role)`: the check below, for approve to make

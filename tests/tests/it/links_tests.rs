@@ -565,6 +565,42 @@ async fn test_the_dispatcher_makes_no_code_for_a_revision_written_in_a_card_sess
 /// not tell a link's holder (the dispatcher's login, someone who read the
 /// mail) from the person. Every event a card session makes says
 /// `via: card_session`.
+/// Eighteenth red-team pass (docs/security.md, row 122): an agent that
+/// asserted a card session's claims itself chained `via: card_session` on
+/// its proposal. An agent opens no card session: its events never say so.
+#[tokio::test]
+async fn test_an_agent_cannot_chain_a_card_session() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let claims: Value = w
+        .superuser
+        .query_one(
+            "SELECT keyturn._card_claims($1, $2, $3)",
+            &[&w.tenant, &w.principal, &w.session],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let agent = Conn::connect("app_agent", Identity::claims(&claims.to_string())).await;
+    let id = propose_on(&agent, &t, json!({"channel": "a", "text": "1"}), json!({}))
+        .await
+        .unwrap()
+        .id;
+    let detail: Option<Value> = w
+        .superuser
+        .query_one(
+            "SELECT detail FROM keyturn.event WHERE action_id = $1 AND to_status = 'pending'",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        detail.as_ref().and_then(|d| d.get("via")).is_none(),
+        "{detail:?}"
+    );
+}
+
 #[tokio::test]
 async fn test_a_decision_in_a_card_session_says_so_in_the_chain() {
     let w = World::new("member").await;
