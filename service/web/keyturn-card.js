@@ -14,8 +14,10 @@
 // follow its `a` as `p=<base64url params JSON>`. In a tab where the person
 // is signed in (their JWT in this tab's sessionStorage, as the console
 // keeps it), `a=<action_id>&t=<token>` opens the card too, or `a` alone
-// (the card takes a fresh token): a token is bound to its action and works
-// only with that person's JWT. An application that embeds the element
+// (a fresh token once the person asks): a token is bound to its action and
+// works only with that person's JWT. Any page can load this tab's card on
+// a fragment of its choosing, so in a signed-in tab nothing but `preview`
+// runs until the person acts (docs/security.md, row 121). An application that embeds the element
 // passes `link="a=…&t=<token>…"` as an attribute and its person's JWT as
 // the `jwt` property, or leaves the JWT in sessionStorage. A JWT in the
 // page's fragment (`j=`) is never read; the card takes `c`, `t`, `j` and
@@ -175,22 +177,13 @@ class Item {
       !this.busy &&
       !this.editing &&
       !this.expired &&
-      (this.preview.retain !== "digest" || this.hashOk === true)
+      (this.preview.retain !== "digest" || this.hashOk === true || (this.hashOk === null && this.card.signedIn))
     );
   }
 
   async load() {
     this.root.replaceChildren(el("p", { class: "kt-loading", text: "Loading the proposal…" }));
-    if (!this.token && this.card.auth.jwt && !this.card.session) {
-      // Signed in, from a link without a token: the person's own, fresh.
-      try {
-        this.token = await rpc("issue_token", { action_id: this.actionId }, this.card.auth);
-      } catch (e) {
-        this.renderError(explain(e));
-        this.card.refresh();
-        return;
-      }
-    }
+    if (!this.token && this.card.signedIn) return this.offerOpen();
     if (!this.token) {
       this.renderError(["This action can no longer be decided from this link: it was decided already, or you may not decide it.", ""]);
       return;
@@ -205,9 +198,54 @@ class Item {
     }
     this.status = this.preview.status;
     this.render();
-    if (this.preview.retain === "digest") await this.checkHash();
+    if (this.preview.retain === "digest") {
+      if (this.card.signedIn) this.deferHashCheck();
+      else await this.checkHash();
+    }
     if (IN_FLIGHT.has(this.status)) this.follow();
     this.card.refresh();
+  }
+
+  /** Signed in, from a link without a token: any page can open this tab's
+   *  card on a fragment of its choosing, so a fresh token (which ends the
+   *  one anyone else holds) is taken only when the person says so. */
+  offerOpen() {
+    this.awaiting = true;
+    const open = el("button", { type: "button", kt: "open-signed-in", class: "kt-secondary", text: "Review this action" });
+    open.addEventListener("click", async () => {
+      open.disabled = true;
+      try {
+        this.token = await rpc("issue_token", { action_id: this.actionId }, this.card.auth);
+      } catch (e) {
+        this.renderError(explain(e));
+        this.card.refresh();
+        return;
+      }
+      this.awaiting = false;
+      await this.load();
+    });
+    this.root.replaceChildren(
+      el("p", { class: "kt-note", text: "This link holds no token for the action. Review it as yourself: any earlier link to it stops working." }),
+      open
+    );
+  }
+
+  /** Signed in: a digest action's fields from the link are checked by the
+   *  approval the person makes, never on load (a guess ends the proposal,
+   *  and any page can open this tab's card with fields of its choosing). */
+  deferHashCheck() {
+    const hashLine = this.root.querySelector('[data-kt="hash"]');
+    if (this.linkParams === undefined) {
+      this.hashOk = false;
+      hashLine.textContent = this.linkParamsError || "This link does not carry the fields to review, so it cannot be approved here. Ask for a new link.";
+      hashLine.className = "kt-hash kt-bad";
+    } else {
+      this.hashOk = null;
+      hashLine.textContent = "keyturn checks these fields when you approve: if they are not exactly the ones proposed, the proposal ends and nothing runs.";
+      hashLine.className = "kt-hash";
+    }
+    hashLine.dataset.match = String(this.hashOk);
+    this.sync();
   }
 
   /** A digest action's fields from the link, checked by the database:
@@ -706,17 +744,23 @@ class KeyturnCard extends HTMLElement {
     }
   }
 
+  /** Signed in with the person's own JWT (a tab's sessionStorage, or an
+   *  embedding page's property), not in a card session a code opened. */
+  get signedIn() {
+    return Boolean(this.auth.jwt) && !this.session;
+  }
+
   disconnectedCallback() {
     clearInterval(this.timer);
   }
 
   afterLoad() {
     // When nothing could be shown because of the sign-in, say so once.
-    const denied = this.items.every((i) => !i.preview);
+    const denied = this.items.every((i) => !i.preview && !i.awaiting);
     // The page /card in a tab signed in with the person's own JWT (never a
     // card session, which a link's holder opened; an embedding page offers
     // what it will, as the console does): this device may be notified.
-    if (this.getAttribute("link") === null && this.auth.jwt && !this.session && !denied) {
+    if (this.getAttribute("link") === null && this.signedIn && !denied) {
       const box = el("p", { class: "kt-row", kt: "push-box", hidden: true });
       this.querySelector(".kt-header").append(box);
       offerPush(box, this.auth.jwt);

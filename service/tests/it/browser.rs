@@ -1352,6 +1352,33 @@ async fn test_a_signed_in_tab_opens_the_card_from_a_token_link_or_the_action_alo
         visit(&c, &format!("{}/card#{fragment}", k.base))
             .await
             .expect("open");
+        if p.id == alone.id {
+            // Any page can open this tab's card on a fragment of its
+            // choosing: without a token, nothing is called until the person
+            // asks (eighteenth red-team pass, docs/security.md row 121).
+            wait_js(
+                &c,
+                "the card to offer to open the action",
+                "return !!document.querySelector('[data-kt=open-signed-in]')",
+                vec![],
+            )
+            .await;
+            assert!(!exists(&c, "[data-kt=summary]").await);
+            let (status, _, _) = post_rpc(
+                &k.base,
+                "preview",
+                Some(&jwt),
+                &json!({"action_id": alone.id, "token": alone.token}),
+            )
+            .await;
+            assert_eq!(status, 200, "the proposal's token still works");
+            c.find(Locator::Css("[data-kt=open-signed-in]"))
+                .await
+                .expect("review")
+                .click()
+                .await
+                .expect("click");
+        }
         wait_js(
             &c,
             "the card to show the action",
@@ -1398,9 +1425,62 @@ async fn test_a_signed_in_tab_opens_the_card_from_a_token_link_or_the_action_alo
     )
     .await;
     assert!(!said.as_str().unwrap_or("").is_empty(), "{said}");
+
+    // A digest action's fields in the fragment are not checked on load (a
+    // guess ends the proposal, in the person's name): the approval checks
+    // them. Fields that are not the proposed ones end nothing until then.
+    let digest = w.webhook_tool(json!({"retain": "digest"})).await;
+    let params = json!({"text": "the proposed words"});
+    let d = w.propose(&digest, params.clone()).await;
+    let wrong = link_params(&json!({"text": "other words"}));
+    visit(
+        &c,
+        &format!("{}/card#a={}&t={}&p={wrong}", k.base, d.id, d.token),
+    )
+    .await
+    .expect("open");
+    wait_js(
+        &c,
+        "the card to show the digest action",
+        "const h = document.querySelector('[data-kt=hash]'); return h && h.dataset.match === 'null'",
+        vec![],
+    )
+    .await;
+    assert_eq!(
+        w.status(d.id).await,
+        "pending",
+        "nothing was checked on load"
+    );
+    visit(
+        &c,
+        &format!(
+            "{}/card#a={}&t={}&p={}",
+            k.base,
+            d.id,
+            d.token,
+            link_params(&params)
+        ),
+    )
+    .await
+    .expect("open");
+    wait_js(
+        &c,
+        "the card to show the digest action",
+        "const h = document.querySelector('[data-kt=hash]'); return h && h.dataset.match === 'null'",
+        vec![],
+    )
+    .await;
+    c.find(Locator::Css("[data-kt=approve]"))
+        .await
+        .expect("approve")
+        .click()
+        .await
+        .expect("click");
+    wait_status(&c, &d.id.to_string(), "succeeded").await;
+    assert_eq!(rx.requests(d.id).len(), 1);
     c.close().await.expect("close");
     let log = k.stop().await;
-    assert_no_secret(&log, &[&jwt, &with_token.token, &alone.token]);
+    assert_no_secret(&log, &[&jwt, &with_token.token, &alone.token, &d.token]);
 }
 
 /// The platform admin throws the kill switch from the console: the tool is
