@@ -51,10 +51,12 @@ export function parseLink(fragment) {
 
 const PARAMS_KEY = "keyturn.params";
 
-/** A digest action's reviewed params (`p`) for this tab: those the link
- *  brings are kept in sessionStorage, so the address bar need not keep
- *  them; a reload finds them there. */
-function keepLinkParams(items) {
+/** A digest action's reviewed params (`p`) for this tab. Those a link with
+ *  its code brings are kept in sessionStorage, so the address bar need not
+ *  keep them and a reload finds them there; they win over any a fragment
+ *  without a code brings, which any page can write (docs/security.md, row
+ *  123), and which count for that page load alone. */
+function keepLinkParams(items, withCode) {
   let kept = {};
   try {
     kept = JSON.parse(sessionStorage.getItem(PARAMS_KEY)) || {};
@@ -62,21 +64,21 @@ function keepLinkParams(items) {
     kept = {};
   }
   for (const item of items) {
-    if (item.p) kept[item.action_id] = item.p;
+    if (item.p && withCode) kept[item.action_id] = item.p;
     else if (kept[item.action_id]) item.p = kept[item.action_id];
   }
-  if (Object.keys(kept).length) sessionStorage.setItem(PARAMS_KEY, JSON.stringify(kept));
+  if (withCode && Object.keys(kept).length) sessionStorage.setItem(PARAMS_KEY, JSON.stringify(kept));
 }
 
 /** The page's fragment without its one-time code, which is spent once
- *  redeemed, its tokens and a JWT put there, nor a digest's params, which
- *  this tab keeps: what stays in the address bar is the action ids, nothing
- *  that works and no value. (The entry the browser made when the link was
- *  opened keeps what the link held: a spent code, a token that needs its
- *  person's JWT, and `p` if the application put it there.) */
-function dropCode() {
+ *  redeemed, its tokens and a JWT put there, nor (with a code) a digest's
+ *  params, which this tab keeps: what stays in the address bar is the
+ *  action ids, nothing that works. (The entry the browser made when the
+ *  link was opened keeps what the link held: a spent code, a token that
+ *  needs its person's JWT, and `p` if the application put it there.) */
+function dropCode(withCode) {
   const params = new URLSearchParams(location.hash.slice(1));
-  const kept = ["c", "t", "j", "p"].filter((k) => params.has(k));
+  const kept = ["c", "t", "j", ...(withCode ? ["p"] : [])].filter((k) => params.has(k));
   if (kept.length) {
     for (const k of kept) params.delete(k);
     history.replaceState(history.state, "", location.pathname + "#" + params.toString());
@@ -129,6 +131,11 @@ function tone(status) {
   return "bad";
 }
 
+/** Whether `e` is the database's "wrong token for this action". */
+function isWrongToken(e) {
+  return e instanceof RpcError && e.code === "55000" && /wrong token/.test(e.message || "");
+}
+
 function plural(n, one, many) {
   return `${n} ${n === 1 ? one : many}`;
 }
@@ -139,6 +146,9 @@ class Item {
     this.card = card;
     this.actionId = action_id;
     this.token = token;
+    // A token the page's URL brought: any page can write one, so the card
+    // never replaces it by itself (withToken).
+    this.fromLink = Boolean(token) && card.getAttribute("link") === null;
     this.linkParams = undefined;
     this.linkParamsError = null;
     if (p) {
@@ -177,7 +187,7 @@ class Item {
       !this.busy &&
       !this.editing &&
       !this.expired &&
-      (this.preview.retain !== "digest" || this.hashOk === true || (this.hashOk === null && this.card.signedIn))
+      (this.preview.retain !== "digest" || this.hashOk === true || (this.hashOk === null && !this.card.redeemed))
     );
   }
 
@@ -191,6 +201,13 @@ class Item {
     try {
       this.preview = await this.withToken(() => rpc("preview", { action_id: this.actionId, token: this.token }, this.card.auth));
     } catch (e) {
+      if (isWrongToken(e) && this.fromLink && this.card.signedIn) {
+        // The link's token is not the action's (any more): the person may
+        // take a fresh one.
+        this.token = null;
+        this.fromLink = false;
+        return this.offerOpen();
+      }
       this.preview = null;
       this.renderError(explain(e));
       this.card.refresh();
@@ -199,8 +216,8 @@ class Item {
     this.status = this.preview.status;
     this.render();
     if (this.preview.retain === "digest") {
-      if (this.card.signedIn) this.deferHashCheck();
-      else await this.checkHash();
+      if (this.card.redeemed) await this.checkHash();
+      else this.deferHashCheck();
     }
     if (IN_FLIGHT.has(this.status)) this.follow();
     this.card.refresh();
@@ -230,9 +247,10 @@ class Item {
     );
   }
 
-  /** Signed in: a digest action's fields from the link are checked by the
-   *  approval the person makes, never on load (a guess ends the proposal,
-   *  and any page can open this tab's card with fields of its choosing). */
+  /** Unless this page load redeemed the link's code: a digest action's
+   *  fields are checked by the approval the person makes, never on load (a
+   *  guess ends the proposal, and any page can load this tab's card, signed
+   *  in or in a kept card session, with a fragment of its choosing). */
   deferHashCheck() {
     const hashLine = this.root.querySelector('[data-kt="hash"]');
     if (this.linkParams === undefined) {
@@ -484,7 +502,7 @@ class Item {
     try {
       return await call();
     } catch (e) {
-      if (!(e instanceof RpcError) || e.code !== "55000" || !/wrong token/.test(e.message || "")) throw e;
+      if (!isWrongToken(e) || this.fromLink) throw e;
       this.token = this.card.session
         ? await cardToken(this.actionId, this.card.auth)
         : await rpc("issue_token", { action_id: this.actionId }, this.card.auth);
@@ -686,9 +704,9 @@ class KeyturnCard extends HTMLElement {
     }
     const { items, code } = parseLink(ownLink ?? location.hash.slice(1));
     if (ownLink === null) {
-      keepLinkParams(items);
+      keepLinkParams(items, Boolean(code));
       // A code leaves the address bar once redeemed (start); all else now.
-      if (!code) dropCode();
+      if (!code) dropCode(false);
     }
     // An embedding page hands its person's JWT over as a property, or leaves
     // it in sessionStorage; a link brings a one-time code instead.
@@ -721,7 +739,10 @@ class KeyturnCard extends HTMLElement {
     const use = (opened) => {
       this.auth.jwt = opened.session;
       this.session = true;
-      for (const item of this.items) item.token = (opened.tokens || {})[item.actionId] || null;
+      for (const item of this.items) {
+        item.token = (opened.tokens || {})[item.actionId] || null;
+        item.fromLink = false;
+      }
     };
     try {
       if (!this.code) {
@@ -734,13 +755,16 @@ class KeyturnCard extends HTMLElement {
       const opened = await redeemLink(this.code, ids, this.auth);
       if (this.getAttribute("link") === null) keepCardSession(opened, ids);
       use(opened);
+      // This load's link came with its code: its digest fields are checked
+      // now (checkHash); any later load's wait for the approval.
+      this.redeemed = true;
     } catch (e) {
       this.fail(e instanceof RpcError && e.status === 401
         ? ["This link was already used or has expired: links work once, for a short time. Open the newest notification, or the action from your queue.", ""]
         : explain(e));
       this.items = [];
     } finally {
-      if (this.getAttribute("link") === null) dropCode();
+      if (this.getAttribute("link") === null) dropCode(Boolean(this.code));
     }
   }
 

@@ -854,6 +854,40 @@ async fn test_digest_card_approves_only_the_proposed_fields() {
         !approve_disabled(&c).await,
         "matching fields may be approved"
     );
+    // A later page in this tab loads the card on the action with other
+    // fields and no code (nineteenth red-team pass, docs/security.md row
+    // 123): the kept session goes on, the fields its code's link brought
+    // win, and nothing is checked before the person approves.
+    js(&c, "window.ktBefore = true", vec![]).await;
+    visit(
+        &c,
+        &format!(
+            "{}/card#a={}&p={}",
+            k.base,
+            p.id,
+            link_params(&json!({"text": "other words"}))
+        ),
+    )
+    .await
+    .expect("open");
+    wait_js(
+        &c,
+        "the card to load again",
+        "const card = document.querySelector('keyturn-card'); \
+         return !window.ktBefore && !!card && card.dataset.loaded === 'true'",
+        vec![],
+    )
+    .await;
+    assert_eq!(
+        text(&c, "[data-kt=param][data-key=text]").await,
+        "Grüße 😂 דּ — 1e30 and 4.50"
+    );
+    assert_eq!(
+        w.status(p.id).await,
+        "pending",
+        "nothing was checked on load"
+    );
+    assert!(!approve_disabled(&c).await);
     c.find(Locator::Css("[data-kt=approve]"))
         .await
         .expect("approve")
@@ -1341,6 +1375,29 @@ async fn test_a_signed_in_tab_opens_the_card_from_a_token_link_or_the_action_alo
         vec![json!(jwt)],
     )
     .await;
+    // A token in the fragment that is not the action's: the card takes no
+    // fresh one by itself (nineteenth red-team pass, row 123).
+    visit(
+        &c,
+        &format!("{}/card#a={}&t=not-its-token", k.base, alone.id),
+    )
+    .await
+    .expect("open");
+    wait_js(
+        &c,
+        "the card to offer to open the action",
+        "return !!document.querySelector('[data-kt=open-signed-in]')",
+        vec![],
+    )
+    .await;
+    let (status, _, _) = post_rpc(
+        &k.base,
+        "preview",
+        Some(&jwt),
+        &json!({"action_id": alone.id, "token": alone.token}),
+    )
+    .await;
+    assert_eq!(status, 200, "the proposal's token still works");
     for (p, fragment, words) in [
         (
             &with_token,
