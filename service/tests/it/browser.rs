@@ -1033,6 +1033,19 @@ async fn wait_console(c: &Client) {
     .await;
 }
 
+/// The HTTP status of a person's `preview` of action `id` with `token`:
+/// 200 while the token is the action's, 409 once another replaced it.
+async fn preview_status(base: &str, jwt: &str, id: uuid::Uuid, token: &str) -> u16 {
+    post_rpc(
+        base,
+        "preview",
+        Some(jwt),
+        &json!({"action_id": id, "token": token}),
+    )
+    .await
+    .0
+}
+
 async fn shown(c: &Client, section: &str) -> bool {
     js(
         c,
@@ -1305,14 +1318,11 @@ async fn test_console_approves_from_the_queue_without_the_link() {
         .contains("from the queue"));
     screenshot(&c, "console-queue-mobile").await;
     // The proposal's own token (the link's) no longer works.
-    let (status, _, _) = post_rpc(
-        &k.base,
-        "preview",
-        Some(&jwt),
-        &json!({"action_id": p.id, "token": p.token}),
-    )
-    .await;
-    assert_eq!(status, 409, "the link's token was replaced");
+    assert_eq!(
+        preview_status(&k.base, &jwt, p.id, &p.token).await,
+        409,
+        "the link's token was replaced"
+    );
     c.find(Locator::Css("[data-kt=approve]"))
         .await
         .expect("approve")
@@ -1390,14 +1400,11 @@ async fn test_a_signed_in_tab_opens_the_card_from_a_token_link_or_the_action_alo
         vec![],
     )
     .await;
-    let (status, _, _) = post_rpc(
-        &k.base,
-        "preview",
-        Some(&jwt),
-        &json!({"action_id": alone.id, "token": alone.token}),
-    )
-    .await;
-    assert_eq!(status, 200, "the proposal's token still works");
+    assert_eq!(
+        preview_status(&k.base, &jwt, alone.id, &alone.token).await,
+        200,
+        "the proposal's token still works"
+    );
     for (p, fragment, words) in [
         (
             &with_token,
@@ -1421,14 +1428,11 @@ async fn test_a_signed_in_tab_opens_the_card_from_a_token_link_or_the_action_alo
             )
             .await;
             assert!(!exists(&c, "[data-kt=summary]").await);
-            let (status, _, _) = post_rpc(
-                &k.base,
-                "preview",
-                Some(&jwt),
-                &json!({"action_id": alone.id, "token": alone.token}),
-            )
-            .await;
-            assert_eq!(status, 200, "the proposal's token still works");
+            assert_eq!(
+                preview_status(&k.base, &jwt, alone.id, &alone.token).await,
+                200,
+                "the proposal's token still works"
+            );
             c.find(Locator::Css("[data-kt=open-signed-in]"))
                 .await
                 .expect("review")
