@@ -51,23 +51,32 @@ export function parseLink(fragment) {
 
 const PARAMS_KEY = "keyturn.params";
 
-/** A digest action's reviewed params (`p`) for this tab. Those a link with
- *  its code brings are kept in sessionStorage, so the address bar need not
- *  keep them and a reload finds them there; they win over any a fragment
- *  without a code brings, which any page can write (docs/security.md, row
- *  123), and which count for that page load alone. */
-function keepLinkParams(items, withCode) {
-  let kept = {};
+/** The digest params (`p`) this tab keeps, by action id. */
+function keptParams() {
   try {
-    kept = JSON.parse(sessionStorage.getItem(PARAMS_KEY)) || {};
+    return JSON.parse(sessionStorage.getItem(PARAMS_KEY)) || {};
   } catch (e) {
-    kept = {};
+    return {};
   }
-  for (const item of items) {
-    if (item.p && withCode) kept[item.action_id] = item.p;
-    else if (kept[item.action_id]) item.p = kept[item.action_id];
-  }
-  if (withCode && Object.keys(kept).length) sessionStorage.setItem(PARAMS_KEY, JSON.stringify(kept));
+}
+
+/** A digest action's reviewed params (`p`) for this tab: those of a link
+ *  whose code was redeemed are kept in sessionStorage (keepParams), so the
+ *  address bar need not keep them and a reload finds them there. They win
+ *  over any a fragment without a code brings, which any page can write
+ *  (docs/security.md, rows 123 and 125), and which count for that page
+ *  load alone. */
+function adoptKeptParams(items) {
+  const kept = keptParams();
+  for (const item of items) if (kept[item.action_id]) item.p = kept[item.action_id];
+}
+
+/** Keeps the `p` of a link whose code was just redeemed. */
+function keepParams(items) {
+  const kept = keptParams();
+  const given = items.filter((item) => item.p);
+  for (const item of given) kept[item.action_id] = item.p;
+  if (given.length) sessionStorage.setItem(PARAMS_KEY, JSON.stringify(kept));
 }
 
 /** The page's fragment without its one-time code, which is spent once
@@ -146,9 +155,11 @@ class Item {
     this.card = card;
     this.actionId = action_id;
     this.token = token;
-    // A token the page's URL brought: any page can write one, so the card
-    // never replaces it by itself (withToken).
-    this.fromLink = Boolean(token) && card.getAttribute("link") === null;
+    // A token the card was given, by the page's URL or a kept card session,
+    // not one the person's act in this page load took: any page can load
+    // the card with it, so the card never replaces it by itself
+    // (withToken; docs/security.md, rows 123 and 125).
+    this.given = Boolean(token) && card.getAttribute("link") === null;
     this.linkParams = undefined;
     this.linkParamsError = null;
     if (p) {
@@ -201,11 +212,10 @@ class Item {
     try {
       this.preview = await this.withToken(() => rpc("preview", { action_id: this.actionId, token: this.token }, this.card.auth));
     } catch (e) {
-      if (isWrongToken(e) && this.fromLink && this.card.signedIn) {
-        // The link's token is not the action's (any more): the person may
+      if (isWrongToken(e) && this.given) {
+        // The token given is not the action's (any more): the person may
         // take a fresh one.
         this.token = null;
-        this.fromLink = false;
         return this.offerOpen();
       }
       this.preview = null;
@@ -223,26 +233,31 @@ class Item {
     this.card.refresh();
   }
 
-  /** Signed in, from a link without a token: any page can open this tab's
-   *  card on a fragment of its choosing, so a fresh token (which ends the
-   *  one anyone else holds) is taken only when the person says so. */
+  /** Without a token the card may use (none given, or a given one that is
+   *  not the action's any more): any page can load this tab's card on a
+   *  fragment of its choosing, so a fresh token (which ends the one anyone
+   *  else holds) is taken only when the person says so: issue_token when
+   *  signed in, the card session's /card/token in one. */
   offerOpen() {
     this.awaiting = true;
     const open = el("button", { type: "button", kt: "open-signed-in", class: "kt-secondary", text: "Review this action" });
     open.addEventListener("click", async () => {
       open.disabled = true;
       try {
-        this.token = await rpc("issue_token", { action_id: this.actionId }, this.card.auth);
+        this.token = this.card.session
+          ? await cardToken(this.actionId, this.card.auth)
+          : await rpc("issue_token", { action_id: this.actionId }, this.card.auth);
       } catch (e) {
         this.renderError(explain(e));
         this.card.refresh();
         return;
       }
+      this.given = false;
       this.awaiting = false;
       await this.load();
     });
     this.root.replaceChildren(
-      el("p", { class: "kt-note", text: "This link holds no token for the action. Review it as yourself: any earlier link to it stops working." }),
+      el("p", { class: "kt-note", text: "This card holds no token for the action that still works. Review it as yourself: any other card or link open for it stops working." }),
       open
     );
   }
@@ -502,7 +517,7 @@ class Item {
     try {
       return await call();
     } catch (e) {
-      if (!isWrongToken(e) || this.fromLink) throw e;
+      if (!isWrongToken(e) || this.given) throw e;
       this.token = this.card.session
         ? await cardToken(this.actionId, this.card.auth)
         : await rpc("issue_token", { action_id: this.actionId }, this.card.auth);
@@ -704,7 +719,8 @@ class KeyturnCard extends HTMLElement {
     }
     const { items, code } = parseLink(ownLink ?? location.hash.slice(1));
     if (ownLink === null) {
-      keepLinkParams(items, Boolean(code));
+      if (!code) adoptKeptParams(items);
+      this.linkItems = items;
       // A code leaves the address bar once redeemed (start); all else now.
       if (!code) dropCode(false);
     }
@@ -741,7 +757,7 @@ class KeyturnCard extends HTMLElement {
       this.session = true;
       for (const item of this.items) {
         item.token = (opened.tokens || {})[item.actionId] || null;
-        item.fromLink = false;
+        item.given = !this.redeemed;
       }
     };
     try {
@@ -753,11 +769,15 @@ class KeyturnCard extends HTMLElement {
         return;
       }
       const opened = await redeemLink(this.code, ids, this.auth);
-      if (this.getAttribute("link") === null) keepCardSession(opened, ids);
-      use(opened);
-      // This load's link came with its code: its digest fields are checked
-      // now (checkHash); any later load's wait for the approval.
+      // This load's link came with its code: its tokens may be taken again
+      // (withToken) and its digest fields are checked now (checkHash); any
+      // later load's wait for the person.
       this.redeemed = true;
+      if (this.getAttribute("link") === null) {
+        keepCardSession(opened, ids);
+        keepParams(this.linkItems);
+      }
+      use(opened);
     } catch (e) {
       this.fail(e instanceof RpcError && e.status === 401
         ? ["This link was already used or has expired: links work once, for a short time. Open the newest notification, or the action from your queue.", ""]

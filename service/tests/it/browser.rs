@@ -586,6 +586,57 @@ async fn test_a_card_opened_before_another_for_its_action_still_approves() {
         .expect("click");
     wait_status(&first, &p.id.to_string(), "queued").await;
     assert_eq!(w.status(p.id).await, "queued");
+
+    // A later load of the first card (a reload, or any page navigating its
+    // tab) resumes its kept session, whose token the second card ended: it
+    // takes no fresh one by itself (twentieth red-team pass, docs/security.md
+    // row 125), so the second card's still works, until the person asks.
+    let q: web::Proposal = w.propose(&tool, json!({"text": "a later load"})).await;
+    visit(&first, &code_link(&w, &k.base, &[(&q, None)]).await)
+        .await
+        .expect("open the first card");
+    wait_loaded(&first).await;
+    visit(&second, &code_link(&w, &k.base, &[(&q, None)]).await)
+        .await
+        .expect("open the second card");
+    wait_loaded(&second).await;
+    first.refresh().await.expect("reload");
+    wait_js(
+        &first,
+        "the first card to offer to open the action",
+        "return !!document.querySelector('[data-kt=open-signed-in]')",
+        vec![],
+    )
+    .await;
+    second
+        .find(Locator::Css("[data-kt=approve]"))
+        .await
+        .expect("approve")
+        .click()
+        .await
+        .expect("click");
+    wait_status(&second, &q.id.to_string(), "queued").await;
+    // Asked now, the first card finds nothing left to decide.
+    first
+        .find(Locator::Css("[data-kt=open-signed-in]"))
+        .await
+        .expect("review")
+        .click()
+        .await
+        .expect("click");
+    let said = wait_js(
+        &first,
+        "the first card to say why",
+        "const e = document.querySelector('[data-kt=item] [data-kt=error]'); return e && e.textContent",
+        vec![],
+    )
+    .await;
+    assert!(
+        said.as_str()
+            .unwrap_or("")
+            .contains("nothing left to decide"),
+        "{said}"
+    );
     second.close().await.expect("close");
     first.close().await.expect("close");
     k.stop().await;
@@ -858,8 +909,7 @@ async fn test_digest_card_approves_only_the_proposed_fields() {
     // fields and no code (nineteenth red-team pass, docs/security.md row
     // 123): the kept session goes on, the fields its code's link brought
     // win, and nothing is checked before the person approves.
-    js(&c, "window.ktBefore = true", vec![]).await;
-    visit(
+    load_again(
         &c,
         &format!(
             "{}/card#a={}&p={}",
@@ -867,15 +917,6 @@ async fn test_digest_card_approves_only_the_proposed_fields() {
             p.id,
             link_params(&json!({"text": "other words"}))
         ),
-    )
-    .await
-    .expect("open");
-    wait_js(
-        &c,
-        "the card to load again",
-        "const card = document.querySelector('keyturn-card'); \
-         return !window.ktBefore && !!card && card.dataset.loaded === 'true'",
-        vec![],
     )
     .await;
     assert_eq!(
@@ -888,6 +929,31 @@ async fn test_digest_card_approves_only_the_proposed_fields() {
         "nothing was checked on load"
     );
     assert!(!approve_disabled(&c).await);
+    // Nor does a fragment with other fields and a code that opens nothing
+    // replace them (twentieth red-team pass, row 125).
+    visit(
+        &c,
+        &format!(
+            "{}/card#a={}&p={}&c=kt_made-up",
+            k.base,
+            p.id,
+            link_params(&json!({"text": "other words"}))
+        ),
+    )
+    .await
+    .expect("open");
+    wait_js(
+        &c,
+        "the card to refuse the code",
+        "const e = document.querySelector('[data-kt=error]:not([hidden])'); return e && e.textContent",
+        vec![],
+    )
+    .await;
+    load_again(&c, &format!("{}/card#a={}", k.base, p.id)).await;
+    assert_eq!(
+        text(&c, "[data-kt=param][data-key=text]").await,
+        "Grüße 😂 דּ — 1e30 and 4.50"
+    );
     c.find(Locator::Css("[data-kt=approve]"))
         .await
         .expect("approve")
@@ -1044,6 +1110,21 @@ async fn preview_status(base: &str, jwt: &str, id: uuid::Uuid, token: &str) -> u
     )
     .await
     .0
+}
+
+/// Opens `url` in the card's tab and waits for the card it loads (a
+/// fragment's change reloads the page), not the one before.
+async fn load_again(c: &Client, url: &str) {
+    js(c, "window.ktBefore = true", vec![]).await;
+    visit(c, url).await.expect("open");
+    wait_js(
+        c,
+        "the card to load again",
+        "const card = document.querySelector('keyturn-card'); \
+         return !window.ktBefore && !!card && card.dataset.loaded === 'true'",
+        vec![],
+    )
+    .await;
 }
 
 async fn shown(c: &Client, section: &str) -> bool {
