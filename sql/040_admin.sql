@@ -134,6 +134,7 @@ AS $$
 DECLARE
     v_scope    jsonb;
     v_changed  boolean;
+    v_at       timestamptz := clock_timestamp();
     v_read     boolean;
     v_upstream boolean;
 BEGIN
@@ -164,12 +165,15 @@ BEGIN
                   HINT = 'A params scope bounds an upstream read''s arguments.';
     END IF;
 
-    INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)
+    -- granted_at names the terms the uses count against, so each new terms
+    -- get their own, also within one transaction (whose now() stands
+    -- still): the clock's (v_at), and always later than the terms before.
+    INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses, granted_at)
     VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool, v_scope, grant_tool.valid_until,
-            grant_tool.max_uses)
+            grant_tool.max_uses, v_at)
     ON CONFLICT ON CONSTRAINT tool_grant_pkey
     DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
-                  granted_at = EXCLUDED.granted_at
+                  granted_at = greatest(EXCLUDED.granted_at, g.granted_at + interval '1 microsecond')
        WHERE (g.scope, g.valid_until, g.max_uses)
              IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
     v_changed := FOUND;

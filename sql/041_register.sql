@@ -57,16 +57,21 @@ BEGIN
 END
 $$;
 
--- Whether v is more than 0 and at most p_max, the one rule for every bound
--- keyturn puts on a length of time (an expiry, a standing approval, a link,
--- a reminder). Without months or years: interval comparison counts a month
--- as 30 days, but adding one counts the calendar, so '120 mons -3593 days'
--- compared as 7 days and lasted 60 (sixteenth red-team pass,
--- docs/security.md row 116).
+-- Whether v is more than 0 and at most p_max however the calendar adds it,
+-- the one rule for every bound keyturn puts on a length of time (an expiry,
+-- a rate window, a standing approval, a link, a reminder). Interval
+-- comparison counts a month as 30 days and a year as 360, but adding one
+-- counts the calendar, so '120 mons -3593 days' compared as 7 days and
+-- lasted 60 (sixteenth red-team pass, docs/security.md row 116): every part
+-- must be at least 0, and a month counts as 31 days, a year as 366.
 CREATE FUNCTION keyturn._interval_within(v interval, p_max interval)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN v > interval '0' AND v <= p_max AND extract(year FROM v) = 0 AND extract(month FROM v) = 0;
+RETURN v > interval '0'
+   AND extract(year FROM v) >= 0 AND extract(month FROM v) >= 0 AND extract(day FROM v) >= 0
+   AND v - make_interval(years => extract(year FROM v)::int, months => extract(month FROM v)::int,
+                         days => extract(day FROM v)::int) >= interval '0'
+   AND v + (6 * extract(year FROM v) + extract(month FROM v))::int * interval '1 day' <= p_max;
 
 CREATE FUNCTION keyturn._spec_interval(p_value jsonb, p_what text, p_max interval)
 RETURNS interval

@@ -420,14 +420,10 @@ BEGIN
         format('proposal %s (it expired at %s)', a.id, keyturn._utc(a.expires_at)));
     -- A digest action stores only a MAC of its params hash: the params
     -- resubmitted now (or proposed in this call: a task request, a standing
-    -- approval) must be the ones it was made of.
+    -- approval) must be the ones it was made of, checked where a changed
+    -- hash is (after the token's binding and the invalidations).
     IF a.retain = 'digest' THEN
         v_plain := coalesce(p_given_hash, keyturn.params_hash(a.tool, p_params));
-        IF NOT keyturn._params_hash_matches(a.retain, a.params_hash, v_plain) THEN
-            RETURN keyturn._settle(a, 'rejected_tampered',
-                jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
-                jsonb_build_object('reason', 'resubmitted params hash mismatch'));
-        END IF;
     END IF;
     -- The token is bound to the stored params hash and origin (the
     -- conversation column is the origin's, read from it at propose); a digest
@@ -446,6 +442,11 @@ BEGIN
             jsonb_build_object('reason', v_reason), jsonb_build_object('reason', v_reason));
     END IF;
 
+    IF a.retain = 'digest' AND NOT keyturn._params_hash_matches(a.retain, a.params_hash, v_plain) THEN
+        RETURN keyturn._settle(a, 'rejected_tampered',
+            jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
+            jsonb_build_object('reason', 'resubmitted params hash mismatch'));
+    END IF;
     IF a.retain = 'full' THEN
         IF keyturn.params_hash(a.tool, a.params) <> a.params_hash THEN
             RETURN keyturn._settle(a, 'rejected_tampered',

@@ -2024,6 +2024,7 @@ AS $$
 DECLARE
     v_scope    jsonb;
     v_changed  boolean;
+    v_at       timestamptz := clock_timestamp();
     v_read     boolean;
     v_upstream boolean;
 BEGIN
@@ -2054,12 +2055,15 @@ BEGIN
                   HINT = 'A params scope bounds an upstream read''s arguments.';
     END IF;
 
-    INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses)
+    -- granted_at names the terms the uses count against, so each new terms
+    -- get their own, also within one transaction (whose now() stands
+    -- still): the clock's (v_at), and always later than the terms before.
+    INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses, granted_at)
     VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool, v_scope, grant_tool.valid_until,
-            grant_tool.max_uses)
+            grant_tool.max_uses, v_at)
     ON CONFLICT ON CONSTRAINT tool_grant_pkey
     DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
-                  granted_at = EXCLUDED.granted_at
+                  granted_at = greatest(EXCLUDED.granted_at, g.granted_at + interval '1 microsecond')
        WHERE (g.scope, g.valid_until, g.max_uses)
              IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
     v_changed := FOUND;
@@ -2208,16 +2212,21 @@ BEGIN
 END
 $$;
 
--- Whether v is more than 0 and at most p_max, the one rule for every bound
--- keyturn puts on a length of time (an expiry, a standing approval, a link,
--- a reminder). Without months or years: interval comparison counts a month
--- as 30 days, but adding one counts the calendar, so '120 mons -3593 days'
--- compared as 7 days and lasted 60 (sixteenth red-team pass,
--- docs/security.md row 116).
+-- Whether v is more than 0 and at most p_max however the calendar adds it,
+-- the one rule for every bound keyturn puts on a length of time (an expiry,
+-- a rate window, a standing approval, a link, a reminder). Interval
+-- comparison counts a month as 30 days and a year as 360, but adding one
+-- counts the calendar, so '120 mons -3593 days' compared as 7 days and
+-- lasted 60 (sixteenth red-team pass, docs/security.md row 116): every part
+-- must be at least 0, and a month counts as 31 days, a year as 366.
 CREATE OR REPLACE FUNCTION keyturn._interval_within(v interval, p_max interval)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN v > interval '0' AND v <= p_max AND extract(year FROM v) = 0 AND extract(month FROM v) = 0;
+RETURN v > interval '0'
+   AND extract(year FROM v) >= 0 AND extract(month FROM v) >= 0 AND extract(day FROM v) >= 0
+   AND v - make_interval(years => extract(year FROM v)::int, months => extract(month FROM v)::int,
+                         days => extract(day FROM v)::int) >= interval '0'
+   AND v + (6 * extract(year FROM v) + extract(month FROM v))::int * interval '1 day' <= p_max;
 
 CREATE OR REPLACE FUNCTION keyturn._spec_interval(p_value jsonb, p_what text, p_max interval)
 RETURNS interval
@@ -3749,14 +3758,10 @@ BEGIN
         format('proposal %s (it expired at %s)', a.id, keyturn._utc(a.expires_at)));
     -- A digest action stores only a MAC of its params hash: the params
     -- resubmitted now (or proposed in this call: a task request, a standing
-    -- approval) must be the ones it was made of.
+    -- approval) must be the ones it was made of, checked where a changed
+    -- hash is (after the token's binding and the invalidations).
     IF a.retain = 'digest' THEN
         v_plain := coalesce(p_given_hash, keyturn.params_hash(a.tool, p_params));
-        IF NOT keyturn._params_hash_matches(a.retain, a.params_hash, v_plain) THEN
-            RETURN keyturn._settle(a, 'rejected_tampered',
-                jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
-                jsonb_build_object('reason', 'resubmitted params hash mismatch'));
-        END IF;
     END IF;
     -- The token is bound to the stored params hash and origin (the
     -- conversation column is the origin's, read from it at propose); a digest
@@ -3775,6 +3780,11 @@ BEGIN
             jsonb_build_object('reason', v_reason), jsonb_build_object('reason', v_reason));
     END IF;
 
+    IF a.retain = 'digest' AND NOT keyturn._params_hash_matches(a.retain, a.params_hash, v_plain) THEN
+        RETURN keyturn._settle(a, 'rejected_tampered',
+            jsonb_build_object('reason', 'the resubmitted params differ from what was proposed'),
+            jsonb_build_object('reason', 'resubmitted params hash mismatch'));
+    END IF;
     IF a.retain = 'full' THEN
         IF keyturn.params_hash(a.tool, a.params) <> a.params_hash THEN
             RETURN keyturn._settle(a, 'rejected_tampered',

@@ -515,6 +515,42 @@ async fn test_preview_of_digest_action_has_no_params() {
     assert!(!card.to_string().contains("private words"));
 }
 
+/// After the claim, in the documented order: the token's binding, then the
+/// invalidations, then the hash. A digest action of a changed tool approved
+/// with other fields is `invalidated`, not `rejected_tampered` (an earlier
+/// 0.3.0 build checked the resubmitted fields first).
+#[tokio::test]
+async fn test_a_changed_tool_invalidates_before_a_digests_fields_are_checked() {
+    let w = World::new("member").await;
+    let t = w
+        .webhook_tool(json!({"approval": "independent", "retain": "digest"}))
+        .await;
+    let (approver, human) = w.other("approver", "app_human", "s-order").await;
+    w.grant(&approver, &t).await;
+    let p = w
+        .propose(&t, json!({"channel": "ops", "text": "the proposed words"}))
+        .await
+        .unwrap();
+    assert!(
+        tamper(
+            &w.superuser,
+            "UPDATE keyturn.tool SET version = version + 1 WHERE name = $1",
+            &[&t],
+        )
+        .await
+            >= 1
+    );
+    let other = json!({"channel": "ops", "text": "other words"});
+    let (status, result) = approve_on(&human, p.id, &p.token, Some(other))
+        .await
+        .unwrap();
+    assert_eq!(status, "invalidated", "{result:?}");
+    assert_eq!(
+        result.unwrap()["reason"],
+        json!(format!("tool {t} changed from version 1 to 2"))
+    );
+}
+
 /// What approve checks again of a claimed proposal (keyturn._invalid_reason):
 /// each check that fails ends it `invalidated` with its own reason, in these
 /// words. The changes are made behind the API's back (tamper: no trigger

@@ -545,3 +545,45 @@ async fn test_changed_terms_bump_the_epoch_and_invalidate_pending_proposals() {
         assert_eq!(w.writes(deal).await, 0, "{what}");
     }
 }
+
+/// A call that gives new terms starts the use count at zero, also in the
+/// transaction of the earlier grant and its proposals (whose `now()` stands
+/// still: an earlier 0.3.0 build named the terms by it, and kept counting).
+/// Admin and agent in one transaction, as a SQL test suite runs them.
+#[tokio::test]
+async fn test_new_terms_count_from_zero_within_one_transaction() {
+    let w = World::new("member").await;
+    let t = w.webhook_tool(json!({})).await;
+    let su = connect("postgres").await;
+    let grant = |terms: &str| {
+        format!(
+            "RESET ROLE; SET LOCAL ROLE app_admin; \
+             SELECT keyturn.grant_tool('{}', '{}', '{t}', {terms}); \
+             RESET ROLE; SET LOCAL ROLE app_agent; \
+             SELECT set_config('keyturn.tenant', '{}', true), set_config('keyturn.principal', '{}', true), \
+                    set_config('keyturn.session', '{}', true);",
+            w.tenant, w.principal, w.tenant, w.principal, w.session
+        )
+    };
+    let propose = "SELECT status FROM keyturn.propose($1, $2)";
+    su.batch_execute("BEGIN").await.unwrap();
+    su.batch_execute(&grant("NULL, NULL, 1")).await.unwrap();
+    su.query_one(propose, &[&t, &json!({"channel": "a", "text": "1"})])
+        .await
+        .unwrap();
+    su.batch_execute("SAVEPOINT used").await.unwrap();
+    let spent = su
+        .query_one(propose, &[&t, &json!({"channel": "a", "text": "2"})])
+        .await;
+    assert_eq!(sqlstate(spent), "42501");
+    su.batch_execute("ROLLBACK TO SAVEPOINT used")
+        .await
+        .unwrap();
+    su.batch_execute(&grant("NULL, now() + interval '1 day', 1"))
+        .await
+        .unwrap();
+    su.query_one(propose, &[&t, &json!({"channel": "a", "text": "3"})])
+        .await
+        .expect("new terms count from zero");
+    su.batch_execute("ROLLBACK").await.unwrap();
+}

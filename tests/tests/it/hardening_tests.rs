@@ -2639,10 +2639,12 @@ async fn test_an_events_context_is_its_own_calls_alone() {
 /// Sixteenth red-team pass (docs/security.md row 116): a bound on a length
 /// of time compared a month as 30 days, where adding it counts the
 /// calendar: a standing approval of '120 mons -3593 days' passed "at most 7
-/// days" and lasted 60, a link code's ttl likewise. Months and years are
-/// refused in every such bound.
+/// days" and lasted 60, a link code's ttl likewise. Every such bound holds
+/// however the calendar adds the interval: no part below 0, a month counted
+/// as 31 days, a year as 366; so a month or a year is still a good rate
+/// window (a first form refused them).
 #[tokio::test]
-async fn test_a_bound_on_a_length_of_time_takes_no_months() {
+async fn test_a_bound_on_a_length_of_time_holds_on_the_calendar() {
     let w = World::new("member").await;
     let t = w.deal_tool(json!({})).await;
     let scope = json!({"params": {"set.stage": {"any": true}, "where.id": {"any": true}}});
@@ -2680,4 +2682,44 @@ async fn test_a_bound_on_a_length_of_time_takes_no_months() {
         )
         .await;
     assert_eq!(sqlstate(r), "22023");
+    // A rate window of a month or a year is within its 366 days; one that
+    // could outlast them on the calendar is not, nor a part below 0.
+    let rate = |per: &str| {
+        let admin = &w.admin;
+        let spec = json!({"kind": "read", "rate_limit": {"max": 10, "per": per}});
+        async move {
+            admin
+                .query_one(
+                    "SELECT keyturn.register_tool($1, $2)",
+                    &[&unique("kt_test_rate"), &spec],
+                )
+                .await
+                .map(|_| ())
+        }
+    };
+    for per in ["1 mon", "1 year", "11 mons 20 days", "366 days"] {
+        rate(per).await.unwrap_or_else(|e| panic!("{per}: {e}"));
+    }
+    for per in [
+        "1 year 1 day",
+        "12 mons 1 hour",
+        "1 mon -1 day",
+        "1 day -1 second",
+        "367 days",
+    ] {
+        assert_eq!(sqlstate(rate(per).await), "22023", "{per}");
+    }
+    assert_eq!(
+        sqlstate(
+            w.delegate(
+                &t,
+                json!({"params": {"set.stage": {"any": true}, "where.id": {"any": true}}}),
+                5,
+                "1 mon"
+            )
+            .await
+        ),
+        "22023",
+        "a month may outlast 7 days"
+    );
 }
