@@ -134,7 +134,7 @@ AS $$
 DECLARE
     v_scope    jsonb;
     v_changed  boolean;
-    v_at       timestamptz := clock_timestamp();
+    v_at       timestamptz;
     v_read     boolean;
     v_upstream boolean;
 BEGIN
@@ -167,13 +167,18 @@ BEGIN
 
     -- granted_at names the terms the uses count against, so each new terms
     -- get their own, also within one transaction (whose now() stands
-    -- still): the clock's (v_at), and always later than the terms before.
+    -- still): the clock's, and always later than the terms before. Worked
+    -- out here: Citus takes only immutable functions in an upsert's DO
+    -- UPDATE, and adding to a timestamptz is not one.
+    SELECT greatest(clock_timestamp(), max(g.granted_at) + interval '1 microsecond') INTO v_at
+      FROM keyturn.tool_grant g
+     WHERE g.tenant = grant_tool.tenant AND g.principal = grant_tool.principal AND g.tool = grant_tool.tool;
     INSERT INTO keyturn.tool_grant AS g (tenant, principal, tool, scope, valid_until, max_uses, granted_at)
     VALUES (grant_tool.tenant, grant_tool.principal, grant_tool.tool, v_scope, grant_tool.valid_until,
             grant_tool.max_uses, v_at)
     ON CONFLICT ON CONSTRAINT tool_grant_pkey
     DO UPDATE SET scope = EXCLUDED.scope, valid_until = EXCLUDED.valid_until, max_uses = EXCLUDED.max_uses,
-                  granted_at = greatest(EXCLUDED.granted_at, g.granted_at + interval '1 microsecond')
+                  granted_at = EXCLUDED.granted_at
        WHERE (g.scope, g.valid_until, g.max_uses)
              IS DISTINCT FROM (EXCLUDED.scope, EXCLUDED.valid_until, EXCLUDED.max_uses);
     v_changed := FOUND;
