@@ -473,20 +473,7 @@ async fn test_a_notifications_link_opens_the_card_once_on_a_phone() {
     let c = browser::open(&webdriver, true).await;
     console_sign_in(&c, &k.base, &person).await;
     assert!(shown(&c, "push-box").await, "Notify me on this device");
-    c.find(Locator::Css("[data-kt=push-subscribe]"))
-        .await
-        .expect("the button")
-        .click()
-        .await
-        .expect("click");
-    let said = wait_js(
-        &c,
-        "what came of the subscription",
-        "return document.querySelector('[data-kt=push-status]').textContent;",
-        vec![],
-    )
-    .await;
-    assert!(!said.as_str().unwrap_or("").is_empty(), "{said}");
+    press_notify_me(&c).await;
     let log = k.stop().await;
     assert_no_secret(&log, &[&bearer, &token, &p.token, &person]);
 }
@@ -1127,6 +1114,25 @@ async fn load_again(c: &Client, url: &str) {
     .await;
 }
 
+/// Presses "Notify me on this device" and waits for what came of it
+/// (headless Chromium reaches no push service: that it says something).
+async fn press_notify_me(c: &Client) {
+    c.find(Locator::Css("[data-kt=push-subscribe]"))
+        .await
+        .expect("the button")
+        .click()
+        .await
+        .expect("click");
+    let said = wait_js(
+        c,
+        "what came of the subscription",
+        "return document.querySelector('[data-kt=push-status]').textContent;",
+        vec![],
+    )
+    .await;
+    assert!(!said.as_str().unwrap_or("").is_empty(), "{said}");
+}
+
 async fn shown(c: &Client, section: &str) -> bool {
     js(
         c,
@@ -1553,20 +1559,7 @@ async fn test_a_signed_in_tab_opens_the_card_from_a_token_link_or_the_action_alo
         wait_status(&c, &p.id.to_string(), "succeeded").await;
         assert_eq!(rx.requests(p.id).len(), 1, "{words}");
     }
-    c.find(Locator::Css("[data-kt=push-subscribe]"))
-        .await
-        .expect("the button")
-        .click()
-        .await
-        .expect("click");
-    let said = wait_js(
-        &c,
-        "what came of the subscription",
-        "return document.querySelector('[data-kt=push-status]').textContent;",
-        vec![],
-    )
-    .await;
-    assert!(!said.as_str().unwrap_or("").is_empty(), "{said}");
+    press_notify_me(&c).await;
 
     // A digest action's fields in the fragment are not checked on load (a
     // guess ends the proposal, in the person's name): the approval checks
