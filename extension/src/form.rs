@@ -122,8 +122,8 @@ fn where_clause(types: Option<JsonbText>, form: Option<JsonbText>) -> String {
     keys.sort();
     keys.iter()
         .map(|&k| {
-            let t = column_type(&types, k).unwrap_or_default();
             if wheres[k].is_array() {
+                let t = value_type(&types, k);
                 format!(
                     "t.{} = ANY (ARRAY(SELECT jsonb_array_elements_text($1->'where'->{}))::{t}[])",
                     quote_ident(k),
@@ -210,20 +210,81 @@ fn value_expr(types: Option<JsonbText>, part: &str, column: &str) -> String {
     form_value(&read("the tool's column types", types), part, column)
 }
 
-/// A form's value as the column's type, read from `$1` (the canonical form
-/// `_form_arg` made of what was hashed): `->` for a json or jsonb column.
+/// A form's value as the column's type without its size (crate::loose_type),
+/// read from `$1` (the canonical form `_form_arg` made of what was hashed):
+/// `->` for a json or jsonb column.
 fn form_value(types: &Value, part: &str, column: &str) -> String {
-    let t = column_type(types, column).unwrap_or_default();
-    let arrow = if t == "json" || t == "jsonb" {
+    let arrow = if json_column(types, column) {
         "->"
     } else {
         "->>"
     };
     format!(
-        "($1->{}{arrow}{})::{t}",
+        "($1->{}{arrow}{})::{}",
         quote_literal(part),
-        quote_literal(column)
+        quote_literal(column),
+        value_type(types, column)
     )
+}
+
+/// The statement that finds the first value of `form` its column would
+/// store as another value (cut, padded past what compares equal, rounded),
+/// as `part.column`, in one jsonb row; NULL when no column of the form has
+/// a size. Its casts may also raise (a value too large for the column, a
+/// bit string of another length): that too is a value that does not fit.
+/// Run by propose (`keyturn._resolve_targets`), as the proposer, with the
+/// argument `_form_arg` makes.
+#[pg_extern(name = "_form_fit", immutable, parallel_safe)]
+fn form_fit(types: Option<JsonbText>, form: Option<JsonbText>) -> Option<String> {
+    let types = read("the tool's column types", types);
+    let form = read("the form", form);
+    let mut checks = Vec::new();
+    for part in ["where", "set"] {
+        let Some(values) = form.get(part).and_then(Value::as_object) else {
+            continue;
+        };
+        let mut keys: Vec<&String> = values.keys().collect();
+        keys.sort();
+        for k in keys {
+            let declared = column_type(&types, k).unwrap_or_default();
+            let loose = value_type(&types, k);
+            if declared.is_empty() || json_column(&types, k) || declared == loose {
+                continue;
+            }
+            let (part_q, k_q) = (quote_literal(part), quote_literal(k));
+            let fits = if values[k].is_array() {
+                format!(
+                    "(SELECT pg_catalog.bool_and(e::{declared} IS NOT DISTINCT FROM e::{loose}) \
+                       FROM pg_catalog.jsonb_array_elements_text($1->{part_q}->{k_q}) AS e)"
+                )
+            } else {
+                format!(
+                    "(($1->{part_q}->>{k_q})::{declared} IS NOT DISTINCT FROM ($1->{part_q}->>{k_q})::{loose})"
+                )
+            };
+            checks.push(format!(
+                "WHEN NOT {fits} THEN {}",
+                quote_literal(&format!("{part}.{k}"))
+            ));
+        }
+    }
+    (!checks.is_empty())
+        .then(|| format!("SELECT pg_catalog.to_jsonb(CASE {} END)", checks.join(" ")))
+}
+
+fn json_column(types: &Value, column: &str) -> bool {
+    matches!(
+        column_type(types, column).as_deref(),
+        Some("json" | "jsonb")
+    )
+}
+
+/// The type a form's value is read in: its column's, without the size.
+fn value_type(types: &Value, column: &str) -> String {
+    match column_type(types, column) {
+        Some(t) if !t.is_empty() => crate::loose_type::loose(&t),
+        _ => String::new(),
+    }
 }
 
 /// A column's type as `sql_types ->> column` gives it: a string's text, else

@@ -35,6 +35,7 @@ mod guc; // keyturn's settings; how long a setting's value lasts
 mod identity; // current_tenant, current_principal, current_session
 mod ids; // time-ordered action and notification ids
 mod lifecycle; // the action row triggers: the status guard, the lifecycle side effects
+mod loose_type; // an sql tool's values read in its columns' types without their sizes, so none is cut or rounded
 mod mcp; // tools discovered on upstream MCP servers: kind (fail closed), params schema, definition hash
 mod plans; // SPI plans kept per backend
 mod privilege; // switching between the caller and the extension owner
@@ -114,6 +115,7 @@ mod tests;
         "register",
         exec_as::exec_as,
         form::form_problem,
+        form::form_fit,
         form::where_clause,
         form::value_expr
     ]

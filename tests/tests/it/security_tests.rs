@@ -357,6 +357,180 @@ async fn test_a_date_key_names_the_same_row_in_every_date_style() {
     );
 }
 
+/// A sized column (`varchar(5)`, `char(3)`, `bit(4)`, `numeric(12,2)`,
+/// `timestamp(0)`) never stores another value than the one the person
+/// approved: an explicit cast to the sized type cut or rounded the value
+/// silently, and the postcondition, cast the same way, agreed (twenty-first
+/// red-team pass, docs/security.md row 126). A value that does not fit is
+/// refused at propose; one that fits is written as approved.
+#[tokio::test]
+async fn test_a_sized_column_stores_the_approved_value_or_nothing() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let t = table(
+        su,
+        "id bigint PRIMARY KEY, role varchar(5) NOT NULL DEFAULT 'user', code char(3), \
+         flags bit(4), amount numeric(12,2), due timestamp(0)",
+    )
+    .await;
+    su.batch_execute(&format!(
+        "INSERT INTO {t} VALUES ('{}', 1, 'user', 'abc', '0000', 1, '2026-01-01')",
+        w.tenant
+    ))
+    .await
+    .unwrap();
+    let tool = w
+        .tool(
+            "sized",
+            json!({"executor": "sql", "summary": "Set {set} on {count} row(s)",
+                   "sql": {"table": t, "key": "id", "set": ["role", "code", "flags", "amount", "due"], "where": ["id"]}}),
+        )
+        .await;
+    let row = format!("SELECT role || ' ' || code || '|' || flags || ' ' || amount || ' ' || due FROM {t} WHERE id = 1");
+    let before: String = su.query_one(&row, &[]).await.unwrap().get(0);
+    for (column, value) in [
+        ("role", json!("admin_readonly")),
+        ("code", json!("EURx")),
+        ("flags", json!("11110000")),
+        ("flags", json!("1")),
+        ("amount", json!(0.004)),
+        ("due", json!("2026-03-31 23:59:59.6")),
+    ] {
+        let params = json!({"where": {"id": 1}, "set": {column: value}});
+        let (state, message) = failure(propose_on(&w.agent, &tool, params, json!({})).await);
+        assert_eq!(state, "22023", "{column} = {value}: {message}");
+        assert!(
+            message.contains(&format!("params.set.{column}")) && message.contains("does not fit"),
+            "the refusal names what does not fit: {message}"
+        );
+    }
+    assert_eq!(
+        su.query_one(&row, &[]).await.unwrap().get::<_, String>(0),
+        before
+    );
+
+    // What fits is written as approved, in the column's own form.
+    let p = propose_on(
+        &w.agent,
+        &tool,
+        json!({"where": {"id": 1}, "set": {"role": "admin", "code": "EU", "flags": "1010",
+                                             "amount": 5, "due": "2026-03-31 23:59:59"}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        approve_on(&w.human, p.id, &p.token, None).await.unwrap().0,
+        "succeeded"
+    );
+    assert_eq!(
+        su.query_one(&row, &[]).await.unwrap().get::<_, String>(0),
+        "admin EU|1010 5.00 2026-03-31 23:59:59"
+    );
+}
+
+/// A filter on a sized column names the rows whose value is the one given,
+/// never those it would be cut to: `login = 'admin.old-test-account'` on a
+/// `varchar(5)` column matched the account `admin` (row 126).
+#[tokio::test]
+async fn test_a_filter_on_a_sized_column_never_matches_a_cut_value() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let t = table(
+        su,
+        "id bigint PRIMARY KEY, login varchar(5) NOT NULL, active boolean NOT NULL",
+    )
+    .await;
+    su.batch_execute(&format!(
+        "INSERT INTO {t} VALUES ('{0}', 1, 'admin', true), ('{0}', 2, 'intrn', true)",
+        w.tenant
+    ))
+    .await
+    .unwrap();
+    let tool = w
+        .tool(
+            "disable",
+            json!({"executor": "sql", "summary": "Set active={set.active} for {where.login}",
+                   "sql": {"table": t, "key": "id", "set": ["active"], "where": ["login"]}}),
+        )
+        .await;
+    for login in [
+        json!("admin.old-test-account"),
+        json!(["admin.old-test-account", "intrn-x"]),
+    ] {
+        let params = json!({"where": {"login": login}, "set": {"active": false}});
+        assert_eq!(
+            sqlstate(propose_on(&w.agent, &tool, params, json!({})).await),
+            "22023",
+            "{login}"
+        );
+    }
+    let active = count(su, &format!("SELECT count(*) FROM {t} WHERE active"), &[]).await;
+    assert_eq!(active, 2, "no account was disabled");
+}
+
+/// What changed after the proposal is caught at the write: a column made
+/// narrower after a value was proposed for it stores nothing, and the action
+/// ends failed (row 126; the proposal's tool version still names the
+/// column's old type).
+#[tokio::test]
+async fn test_a_column_narrowed_after_the_proposal_stores_nothing() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let t = table(su, "id bigint PRIMARY KEY, amount numeric NOT NULL, role text NOT NULL, revision int NOT NULL DEFAULT 1").await;
+    let bump = unique("bump");
+    su.batch_execute(&format!(
+        "INSERT INTO {t} VALUES ('{}', 1, 1, 'user');
+         CREATE FUNCTION crm.{bump}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN NEW.revision := OLD.revision + 1; RETURN NEW; END $$;
+         CREATE TRIGGER {bump} BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION crm.{bump}();",
+        w.tenant
+    ))
+    .await
+    .unwrap();
+    let tool = w
+        .tool(
+            "narrowed",
+            json!({"executor": "sql", "summary": "Set {set} on {count} row(s)",
+                   "sql": {"table": t, "key": "id", "version": "revision", "set": ["amount", "role"], "where": ["id"]}}),
+        )
+        .await;
+    let rounded = propose_on(
+        &w.agent,
+        &tool,
+        json!({"where": {"id": 1}, "set": {"amount": 0.004}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    let cut = propose_on(
+        &w.agent,
+        &tool,
+        json!({"where": {"id": 1}, "set": {"role": "admin_readonly"}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    su.batch_execute(&format!(
+        "ALTER TABLE {t} ALTER COLUMN amount TYPE numeric(12,2), ALTER COLUMN role TYPE varchar(5)"
+    ))
+    .await
+    .unwrap();
+    for p in [rounded, cut] {
+        let (status, result) = approve_on(&w.human, p.id, &p.token, None).await.unwrap();
+        assert_eq!(status, "failed", "{result:?}");
+    }
+    let row: String = su
+        .query_one(
+            &format!("SELECT amount || ' ' || role || ' ' || revision FROM {t}"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(row, "1.00 user 1", "nothing was written");
+}
+
 // --- Only a person approves --------------------------------------------------
 
 #[tokio::test]

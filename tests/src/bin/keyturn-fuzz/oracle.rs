@@ -47,6 +47,17 @@ pub async fn expected_targets(
         if matches!(v, Value::Object(_) | Value::Array(_)) && column(col).kind != Kind::Jsonb {
             return Err(format!("set {col} is not a scalar"));
         }
+        // A value its sized column would store as another (rounded, cut) is
+        // refused; one it cannot read or hold at all fails at approve.
+        let sized = column(col).sql_type;
+        if let (Some(open), Ok(Some(text))) = (sized.find('('), scalar_text(v)) {
+            let sql = format!("SELECT $1::text::{sized} = $1::text::{}", &sized[..open]);
+            if let Ok(row) = su.query_one(&sql, &[&text]).await {
+                if !row.get::<_, bool>(0) {
+                    return Err(format!("set {col} does not fit {sized}"));
+                }
+            }
+        }
     }
     let mut clauses = Vec::new();
     let mut texts: Vec<Vec<Option<String>>> = Vec::new();
