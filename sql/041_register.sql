@@ -225,6 +225,41 @@ BEGIN
 END
 $$;
 
+-- Why p_key does not name one row of p_relid, or NULL. It does when a unique
+-- index (not partial, on no expression) is on it alone, or, on a table Citus
+-- distributes, on it and the distribution column (Citus puts that column in
+-- every unique index, and the tenant's row-level security pins it). With a
+-- key that can name two rows, a row that took a target's key and version
+-- after the proposal is one the approval writes, and no card showed it
+-- (docs/security.md, row 127). register_tool refuses; check_deployment
+-- reports a key whose index went since.
+CREATE FUNCTION keyturn._key_problem(p_relid oid, p_key text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_key  int2;
+    v_dist int2;
+BEGIN
+    SELECT a.attnum INTO v_key FROM pg_attribute a
+     WHERE a.attrelid = p_relid AND a.attname = p_key AND a.attnum > 0 AND NOT a.attisdropped;
+    SELECT a.attnum INTO v_dist FROM keyturn._citus_table(p_relid) c
+      JOIN pg_attribute a ON a.attrelid = p_relid AND a.attname = c.dist_column;
+    IF EXISTS (SELECT 1 FROM pg_index i
+                WHERE i.indrelid = p_relid AND i.indisunique AND i.indisvalid
+                  AND i.indpred IS NULL AND i.indexprs IS NULL
+                  AND (SELECT coalesce(bool_and(k = v_key OR k = v_dist) AND bool_or(k = v_key), false)
+                         FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS u (k, n)
+                        WHERE n <= i.indnkeyatts)) THEN
+        RETURN NULL;
+    END IF;
+    RETURN format('key %s does not name one row of %s: no unique index (not partial, on no expression) is on that column alone%s, so an approval could write a row its card never showed',
+                  quote_ident(p_key), p_relid::regclass,
+                  CASE WHEN v_dist IS NOT NULL THEN format(' or on it and %s, the distribution column', quote_ident(
+                      (SELECT c.dist_column FROM keyturn._citus_table(p_relid) c))) ELSE '' END);
+END
+$$;
+
 -- The sql part of a spec: {"table", "key", "version", "set", "where"}, checked
 -- against the catalog. Returns the stored columns as one jsonb object.
 CREATE FUNCTION keyturn._spec_sql(p_tool text, p_sql jsonb)
@@ -298,6 +333,12 @@ BEGIN
         RAISE EXCEPTION 'keyturn: % cannot be gated this way on Citus: %', v_relid::regclass, v_bad
             USING ERRCODE = '22023',
                   HINT = 'Leave the distribution column out of spec.sql.set, and use key and version columns of a type whose text is the same under every setting (integers, text, uuid; "xmin"); docs/scale-out.md.';
+    END IF;
+    v_bad := keyturn._key_problem(v_relid, v_key);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: spec.sql.%', v_bad
+            USING ERRCODE = '22023',
+                  HINT = 'Name a primary key or another unique column as spec.sql.key, or add a unique index on the column.';
     END IF;
 
     RETURN (SELECT jsonb_build_object(

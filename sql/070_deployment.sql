@@ -65,6 +65,14 @@ BEGIN
                 AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner))
             OR (f.prosecdef AND NOT coalesce(array_to_string(f.proconfig, ',') LIKE '%search_path=%', false))
         UNION ALL
+        -- Keys that can name two rows (a unique index dropped since).
+        SELECT 'error', format('tool %s', v.tool), k
+          FROM keyturn.tool t
+          JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+         CROSS JOIN LATERAL keyturn._key_problem(to_regclass(format('%I.%I', v.sql_schema, v.sql_table)), v.sql_key) k
+         WHERE v.executor = 'sql' AND to_regclass(format('%I.%I', v.sql_schema, v.sql_table)) IS NOT NULL
+           AND k IS NOT NULL
+        UNION ALL
         -- Version columns nothing maintains.
         SELECT 'warning', format('tool %s', v.tool),
                format('version column %s of %I.%I is not changed by any BEFORE UPDATE trigger, so a conflicting edit may go unseen',

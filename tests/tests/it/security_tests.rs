@@ -531,6 +531,73 @@ async fn test_a_column_narrowed_after_the_proposal_stores_nothing() {
     assert_eq!(row, "1.00 user 1", "nothing was written");
 }
 
+/// An sql tool's key names one row: with a key that is not unique
+/// (`owner`), a row that took a target's key and version after the
+/// proposal was written by the approval, and the target the card showed was
+/// not (twenty-first red-team pass, docs/security.md row 127). register_tool
+/// refuses such a key; check_deployment reports a key whose unique index was
+/// dropped since.
+#[tokio::test]
+async fn test_a_key_that_can_name_two_rows_is_refused() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let t = table(
+        su,
+        "id bigint PRIMARY KEY, owner text NOT NULL, stage text NOT NULL",
+    )
+    .await;
+    let spec = |key: &str| {
+        json!({"executor": "sql", "summary": "Set stage {set.stage} for {where.owner}",
+               "sql": {"table": t, "key": key, "set": ["stage"], "where": ["owner"]}})
+    };
+    let name = unique("by_owner");
+    let (state, message) = failure(
+        w.admin
+            .execute(
+                "SELECT keyturn.register_tool($1, $2)",
+                &[&name, &spec("owner")],
+            )
+            .await,
+    );
+    assert_eq!(state, "22023", "{message}");
+    assert!(message.contains("spec.sql.key"), "{message}");
+
+    // Unique by itself, it names one row.
+    su.batch_execute(&format!("CREATE UNIQUE INDEX ON {t} (owner)"))
+        .await
+        .unwrap();
+    let tool = w.tool("by_owner", spec("owner")).await;
+    let index: String = su
+        .query_one(
+            "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = $1::text::regclass AND NOT indisprimary",
+            &[&t],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    su.batch_execute(&format!("DROP INDEX {index}"))
+        .await
+        .unwrap();
+    let reported = w
+        .admin
+        .query(
+            "SELECT severity, object, problem FROM keyturn.check_deployment()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .any(|r| {
+            r.get::<_, String>(0) == "error"
+                && r.get::<_, String>(1) == format!("tool {tool}")
+                && r.get::<_, String>(2).contains("owner")
+        });
+    assert!(
+        reported,
+        "check_deployment names the tool whose key lost its unique index"
+    );
+}
+
 // --- Only a person approves --------------------------------------------------
 
 #[tokio::test]
