@@ -271,7 +271,7 @@ impl Verifier {
         let mut last = Error::Unauthorized("the JWT's signature does not verify");
         for key in candidates {
             match decode::<Map<String, Value>>(token, &key.key, &validation) {
-                Ok(data) => return self.accept(data.claims),
+                Ok(data) => return self.accept(token, data.claims),
                 Err(e) => {
                     last = unauthorized(e.kind());
                     // Only a bad signature may mean "another key of the
@@ -285,14 +285,33 @@ impl Verifier {
         Err(last)
     }
 
-    fn accept(&self, claims: Map<String, Value>) -> Result<Verified, Error> {
+    /// The database reads its identity from the claims with keyturn-core's
+    /// strict reader, which refuses a repeated key and serde_json's reserved
+    /// number key; the JSON library here takes the last of a repeated key.
+    /// So the payload is read that way too, and the database gets it as it
+    /// was signed, never a re-serialization that would hide either
+    /// (docs/security.md, row 128).
+    fn accept(&self, token: &str, claims: Map<String, Value>) -> Result<Verified, Error> {
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        use base64::Engine;
+        let payload = token
+            .split('.')
+            .nth(1)
+            .and_then(|p| URL_SAFE_NO_PAD.decode(p).ok())
+            .and_then(|p| String::from_utf8(p).ok())
+            .ok_or(Error::Unauthorized("the JWT is malformed"))?;
+        if keyturn_core::canonical::parse_bounded(&payload).is_err() {
+            return Err(Error::Unauthorized(
+                "the JWT's claims repeat a key, or hold JSON keyturn does not read exactly",
+            ));
+        }
         let role = match claims.get("role") {
             Some(Value::String(role)) if self.roles.contains(role) => role.clone(),
             _ => return Err(Error::RoleNotAllowed),
         };
         Ok(Verified {
             role,
-            claims: Value::Object(claims).to_string(),
+            claims: payload,
         })
     }
 }
@@ -486,6 +505,55 @@ mod tests {
         assert_eq!(code(v.verify(Some(&bearer_of(&agent)))), "403");
         let none = token(json!({"exp": now() + 60}));
         assert_eq!(code(v.verify(Some(&bearer_of(&none)))), "403");
+    }
+
+    /// A payload keyturnd read one way and the database's strict reader
+    /// another (the last of two `tenant_id`s won here; a reserved key read
+    /// as a number) is refused, and what the database gets is the payload
+    /// as it was signed (twenty-first red-team pass, docs/security.md row
+    /// 128).
+    #[test]
+    fn test_a_payload_the_database_reads_otherwise_is_401() {
+        let v = verifier(None);
+        let exp = now() + 60;
+        for payload in [
+            format!(
+                r#"{{"role":"web_human","tenant_id":"globex","tenant_id":"acme","exp":{exp}}}"#
+            ),
+            format!(r#"{{"role":"web_human","role":"web_human","exp":{exp}}}"#),
+            format!(
+                r#"{{"role":"web_human","n":{{"$serde_json::private::Number":"7"}},"exp":{exp}}}"#
+            ),
+        ] {
+            assert_eq!(
+                code(v.verify(Some(&bearer_of(&signed(&payload))))),
+                "401",
+                "{payload}"
+            );
+        }
+        let payload = format!(r#"{{"exp": {exp}, "role": "web_human", "sub": "alice"}}"#);
+        let verified = v
+            .verify(Some(&bearer_of(&signed(&payload))))
+            .expect("valid");
+        assert_eq!(verified.claims, payload);
+    }
+
+    /// An HS256 JWT of exactly `payload`.
+    fn signed(payload: &str) -> String {
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        use base64::Engine;
+        use hmac::{Hmac, Mac};
+        let head = format!(
+            "{}.{}",
+            base64_url(r#"{"alg":"HS256","typ":"JWT"}"#),
+            base64_url(payload)
+        );
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(SECRET).expect("key");
+        mac.update(head.as_bytes());
+        format!(
+            "{head}.{}",
+            URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
+        )
     }
 
     fn base64_url(s: &str) -> String {

@@ -17,6 +17,7 @@
 //! | [`state`] | what the routes read ([`AppState`]) and the readiness inputs ([`state::Health`]) |
 //! | [`jwt`] | verifying the people's JWTs (HS256, or RS256 / ES256 from a JWKS) |
 //! | [`mcp`] | `/mcp`: keyturn over the Model Context Protocol (rmcp's Streamable HTTP server), and the upstream MCP servers |
+//! | [`body`] | a request body's JSON, read as the database reads it: a repeated or reserved key refused |
 //! | [`rpc`] | `POST /rpc/<function>`: a person's keyturn call, run the way PostgREST runs it; the start-up checks of its login and roles |
 //! | [`pages`] | the approval card and the operator console, compiled in (`service/web/`), with the card's web app manifest, service worker and Web Push hook |
 //! | [`metrics`] | the Prometheus registry |
@@ -28,6 +29,7 @@
 //! | [`error`] | the one error type, and its HTTP answer |
 
 pub mod audit;
+pub mod body;
 pub mod classify;
 pub mod compat;
 pub mod config;

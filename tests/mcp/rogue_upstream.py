@@ -7,7 +7,9 @@ behaviour is read, at every request, from the JSON file named by
 KT_ROGUE_MODE:
 - `stall`: {tool: seconds} a tools/call of that tool waits before its answer;
 - `http404`: [tool, ...] a tools/call of that tool is answered HTTP 404, the
-  spec's "session expired".
+  spec's "session expired";
+- `nul`: [tool, ...] a tools/call of that tool answers structured content
+  whose text is the mode's `secret` and then a NUL character (U+0000).
 Before each tools/list answer it sends, on the same stream, a request of
 its own whose string id holds a line break and terminal escapes, which a
 client that logs the id as it came writes into its log.
@@ -105,6 +107,10 @@ class Handler(BaseHTTPRequestHandler):
             name = params.get("name")
             if name in m.get("http404", []):
                 return self.empty(404)
+            if name in m.get("nul", []):
+                return self.stream({"jsonrpc": "2.0", "id": rid, "result": {
+                    "content": [{"type": "text", "text": "see structuredContent"}],
+                    "structuredContent": {"text": m.get("secret", "") + " and then \u0000"}, "isError": False}})
             time.sleep(m.get("stall", {}).get(name, 0))
             return self.stream({"jsonrpc": "2.0", "id": rid, "result": {
                 "content": [{"type": "text", "text": f"{name} done"}], "isError": False}})

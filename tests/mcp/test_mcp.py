@@ -1283,7 +1283,10 @@ async def _():
     - an agent's read that times out does not end an approved call in flight
       on the same session: it succeeds, sent once;
     - a request id the upstream writes with a line break and terminal
-      escapes reaches keyturnd's log escaped, on its line."""
+      escapes reaches keyturnd's log escaped, on its line;
+    - a read answered with a NUL character (U+0000) is an error before the
+      database sees it, whose error would quote the answer into the server
+      log (the twenty-first pass, row 131)."""
     port = free_port()
     mode, rogue_calls, requests = (os.path.join(DIR, f"rogue-{x}") for x in ("mode.json", "calls.jsonl",
                                                                             "requests.jsonl"))
@@ -1347,7 +1350,19 @@ async def _():
             assert status_of(aid) == "succeeded", status_of(aid)
             assert len(sent("post", "in flight")) == 1, sent("post", "in flight")
 
-        # 3. What the upstream wrote as a request id is on one line, escaped.
+            # 3. A NUL in a read's answer: an error, and nothing of the
+            # answer in the server log.
+            secret = "UPSTREAMSECRET" + uuid.uuid4().hex[:12]
+            set_mode({"nul": ["lookup"], "secret": secret})
+            pg_from = os.path.getsize(os.environ["KT_PGLOG"])
+            async with client() as c:
+                r = await call(c, "rogue.lookup", {"text": "nul"})
+            assert r.is_error and "NUL" in r.content[0].text, r
+            with open(os.environ["KT_PGLOG"], errors="replace") as f:
+                f.seek(pg_from)
+                assert secret not in f.read(), "the upstream's answer reached the server log"
+
+        # 4. What the upstream wrote as a request id is on one line, escaped.
         with open(LOG, encoding="utf-8", errors="replace") as f:
             f.seek(log_from)
             log = f.read()
@@ -1370,6 +1385,55 @@ def listening(port):
             return True
     except OSError:
         return False
+
+
+def hs256(payload):
+    """An HS256 JWT of exactly `payload`, signed with the layer's secret."""
+    import base64
+    import hmac
+
+    def b64(b):
+        return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+    head = b64(b'{"alg":"HS256","typ":"JWT"}') + "." + b64(payload.encode())
+    return head + "." + b64(hmac.new(SECRET.encode(), head.encode(), hashlib.sha256).digest())
+
+
+@check("what_keyturn_would_read_otherwise_is_refused_and_the_log_stays_short")
+async def _():
+    """The twenty-first red-team pass (docs/security.md, rows 128 to 130):
+    - arguments that repeat a key, or hold serde_json's reserved number key,
+      which the MCP SDK read one way and keyturn's strict reader another,
+      are refused (400) and propose nothing;
+    - a JWT whose payload repeats a claim (the last tenant won here; the
+      database reads none) is refused (401);
+    - a request id of 900 KB, which rmcp logs whole, writes a short line."""
+    sid = open_session(AGENT)
+    headers = {"Authorization": f"Bearer {AGENT}", "Mcp-Session-Id": sid, "MCP-Protocol-Version": "2025-11-25",
+               "Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    text = "read apart " + uuid.uuid4().hex
+    for arguments in ['{"channel": "general", "text": "%s", "text": "%s, again"}' % (text, text),
+                      '{"channel": "general", "text": "%s", "n": {"$serde_json::private::Number": "7"}}' % text]:
+        body = ('{"jsonrpc": "2.0", "id": 3, "method": "tools/call", '
+                '"params": {"name": "chat.send_message", "arguments": %s}}' % arguments)
+        r = httpx2.post(f"{BASE}/mcp", content=body, headers=headers, timeout=BOUND)
+        assert r.status_code == 400, (r.status_code, r.text[:300])
+    found = f"SELECT count(*) FROM keyturn.action WHERE tenant = '{TENANT}' AND params ->> 'text' LIKE '{text}%'"
+    assert psql(found) == "0", psql(found)
+
+    claims = ('{"role": "kt_mcp_agent", "sub": "alice", "session_id": "s1", "tenant_id": "elsewhere", '
+              '"tenant_id": "%s", "exp": %d}' % (TENANT, int(time.time()) + 300))
+    r = httpx2.post(f"{BASE}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=BOUND,
+                    headers={"Authorization": f"Bearer {hs256(claims)}", "Accept": "application/json, text/event-stream"})
+    assert r.status_code == 401, (r.status_code, r.text[:300])
+
+    log_from = os.path.getsize(LOG)
+    for _ in range(3):
+        body = ('{"jsonrpc": "2.0", "id": "%s", "method": "tools/call", '
+                '"params": {"name": "a\\u0000b", "arguments": {}}}' % ("x" * 900_000))
+        httpx2.post(f"{BASE}/mcp", content=body, headers=headers, timeout=BOUND)
+    time.sleep(0.5)
+    grown = os.path.getsize(LOG) - log_from
+    assert grown < 60_000, f"the log grew by {grown} bytes"
 
 
 async def main():

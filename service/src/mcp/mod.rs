@@ -252,6 +252,15 @@ async fn authenticate(State(mcp): State<Arc<Mcp>>, mut request: Request, next: N
                 }
             }
             request.extensions_mut().insert(verified);
+            if request.method() == axum::http::Method::POST {
+                request = match read_strictly(request).await {
+                    Ok(request) => request,
+                    Err(refused) => {
+                        mcp.metrics.mcp_call("auth", "bad_body");
+                        return refused.into_response();
+                    }
+                };
+            }
             let ends_session = request.method() == axum::http::Method::DELETE;
             // A standalone stream is held until the client lets it go: its
             // slot first (docs/security.md, row 84).
@@ -311,6 +320,20 @@ async fn authenticate(State(mcp): State<Arc<Mcp>>, mut request: Request, next: N
             e.into_response()
         }
     }
+}
+
+/// The request with its body read whole (at most [`BODY_LIMIT`]), refused
+/// when the SDK's JSON reader and the database's would read it apart
+/// ([`crate::body`]).
+async fn read_strictly(request: Request) -> Result<Request, Error> {
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, BODY_LIMIT)
+        .await
+        .map_err(|_| Error::BodyTooLarge)?;
+    if let Some(why) = crate::body::read_apart(&bytes) {
+        return Err(Error::BadBody(why.into()));
+    }
+    Ok(Request::from_parts(parts, axum::body::Body::from(bytes)))
 }
 
 impl Mcp {

@@ -496,17 +496,30 @@ impl Handler {
             Ok(r) if r.is_error == Some(true) => {
                 Err("The upstream answered with an error; its text is not passed on.".into())
             }
-            Ok(r) => Ok(match r.structured_content {
-                Some(v) if !v.is_null() => v,
-                _ => {
-                    let text: Vec<String> = r
-                        .content
-                        .iter()
-                        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-                        .collect();
-                    json!({"text": text.join("\n")})
+            Ok(r) => {
+                let data = match r.structured_content {
+                    Some(v) if !v.is_null() => v,
+                    _ => {
+                        let text: Vec<String> = r
+                            .content
+                            .iter()
+                            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+                            .collect();
+                        json!({"text": text.join("\n")})
+                    }
+                };
+                // Refused before the database: its error for a NUL in jsonb
+                // quotes the answer into the server log (docs/security.md,
+                // rows 85 and 131).
+                if holds_nul(&data) {
+                    return Err(
+                        "The upstream's answer holds the NUL character (U+0000), which \
+                                keyturn cannot store; it is not passed on."
+                            .into(),
+                    );
                 }
-            }),
+                Ok(data)
+            }
             Err(CallError::NotSent(_) | CallError::AfterSend(_) | CallError::Rpc(_)) => {
                 Err("The upstream could not be reached; try again later.".into())
             }

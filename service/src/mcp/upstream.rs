@@ -483,6 +483,12 @@ pub async fn discover(u: &Upstream, pool: &Pool, metrics: &Metrics, call_timeout
     let mut registered = 0;
     for tool in &tools {
         let name = tool.get("name").and_then(Value::as_str).unwrap_or("?");
+        // The database's error for a NUL in jsonb would quote the definition
+        // into its log (docs/security.md, row 131); no such tool is kept.
+        if keyturn_core::text::holds_nul(tool) {
+            tracing::warn!(upstream = u.name(), tool = %quote(name), "upstream tool not registered: its definition holds the NUL character (U+0000)");
+            continue;
+        }
         match db::mcp::register_discovered_tool(&client, u.name(), tool, u.config.trust_annotations)
             .await
         {

@@ -254,6 +254,9 @@ fn parse_body(body: &[u8]) -> Result<Map<String, Value>, Error> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }
+    if let Some(why) = crate::body::read_apart(body) {
+        return Err(Error::BadBody(why.into()));
+    }
     match serde_json::from_slice::<Value>(body) {
         // PostgreSQL's error for a NUL in jsonb quotes the values into its
         // log (docs/security.md, row 85): refused before it gets there.

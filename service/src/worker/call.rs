@@ -258,9 +258,16 @@ async fn live_check(
     deadline: Instant,
 ) -> Result<bool, CallResult> {
     let by = call_by(ctx, deadline);
-    let Some(definition) = provider.live_definition(job, by).await? else {
+    let Some(mut definition) = provider.live_definition(job, by).await? else {
         return Ok(true);
     };
+    // No definition keyturn registered holds a NUL (U+0000), which jsonb
+    // cannot store and whose error would quote the rest into the server log
+    // (docs/security.md, row 131): one that does is another definition,
+    // which the database is asked about as such.
+    if keyturn_core::text::holds_nul(&definition) {
+        definition = serde_json::json!({"keyturnd": "the live definition holds U+0000"});
+    }
     let asked = async {
         let client = ctx.pool.get().await?;
         db::mcp::check_upstream_tool(
