@@ -247,10 +247,14 @@ fn form_fit(types: Option<JsonbText>, form: Option<JsonbText>) -> Option<String>
         keys.sort();
         for k in keys {
             let declared = column_type(&types, k).unwrap_or_default();
-            let loose = value_type(&types, k);
-            if declared.is_empty() || json_column(&types, k) || declared == loose {
+            if declared.is_empty() || json_column(&types, k) {
                 continue;
             }
+            let loose = crate::loose_type::loose(&declared);
+            if !loose.sized {
+                continue;
+            }
+            let loose = loose.name;
             let (part_q, k_q) = (quote_literal(part), quote_literal(k));
             let fits = if values[k].is_array() {
                 format!(
@@ -282,7 +286,7 @@ fn json_column(types: &Value, column: &str) -> bool {
 /// The type a form's value is read in: its column's, without the size.
 fn value_type(types: &Value, column: &str) -> String {
     match column_type(types, column) {
-        Some(t) if !t.is_empty() => crate::loose_type::loose(&t),
+        Some(t) if !t.is_empty() => crate::loose_type::loose(&t).name,
         _ => String::new(),
     }
 }

@@ -22,13 +22,24 @@ use pgrx::prelude::*;
 
 use crate::error::KeyturnError;
 
+/// A declared type's loose form.
+#[derive(Clone)]
+pub struct Loose {
+    /// Its name, schema-qualified where that means anything, so it reads
+    /// the same under any search_path.
+    pub name: String,
+    /// Whether it differs from the declared type (a size, or a domain): a
+    /// value may then not be stored as it reads.
+    pub sized: bool,
+}
+
 thread_local! {
-    static LOOSE: RefCell<Option<HashMap<String, String>>> = const { RefCell::new(None) };
+    static LOOSE: RefCell<Option<HashMap<String, Loose>>> = const { RefCell::new(None) };
 }
 
 /// The loose form of `declared` (a `format_type` text, as register_tool
 /// stores a tool's column types).
-pub fn loose(declared: &str) -> String {
+pub fn loose(declared: &str) -> Loose {
     if let Some(known) = LOOSE.with(|l| l.borrow().as_ref().and_then(|m| m.get(declared).cloned()))
     {
         return known;
@@ -53,7 +64,7 @@ pub fn loose(declared: &str) -> String {
     name
 }
 
-fn look_up(declared: &str) -> String {
+fn look_up(declared: &str) -> Loose {
     let text = CString::new(declared).unwrap_or_else(|_| {
         KeyturnError::NotReady(format!("column type {declared:?} holds a NUL character")).raise()
     });
@@ -77,13 +88,17 @@ fn look_up(declared: &str) -> String {
     // TYPEMOD_GIVEN with -1: the names that mean a size when none is given
     // (character, bit) come out as bpchar and "bit", which mean none.
     // SAFETY: format_type_extended returns a palloc'd NUL-terminated string.
-    unsafe {
+    let name = unsafe {
         let name = pg_sys::format_type_extended(
             loose,
             -1,
             (pg_sys::FORMAT_TYPE_TYPEMOD_GIVEN | pg_sys::FORMAT_TYPE_FORCE_QUALIFY) as u16,
         );
         CStr::from_ptr(name).to_string_lossy().into_owned()
+    };
+    Loose {
+        name,
+        sized: typmod >= 0 || loose != typid,
     }
 }
 

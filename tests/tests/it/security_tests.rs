@@ -427,6 +427,19 @@ async fn test_a_sized_column_stores_the_approved_value_or_nothing() {
         su.query_one(&row, &[]).await.unwrap().get::<_, String>(0),
         "admin EU|1010 5.00 2026-03-31 23:59:59"
     );
+    // Only a form with a value for a sized column pays for the check.
+    let check: Option<String> = su
+        .query_one(
+            "SELECT keyturn._form_fit($1, $2)",
+            &[
+                &json!({"id": "bigint", "stage": "text", "note": "character varying", "at": "timestamp with time zone"}),
+                &json!({"where": {"id": [1, 2]}, "set": {"stage": "won", "note": "x", "at": "2026-01-01"}}),
+            ],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(check, None);
 }
 
 /// A filter on a sized column names the rows whose value is the one given,
