@@ -225,38 +225,102 @@ BEGIN
 END
 $$;
 
--- Why p_key does not name one row of p_relid, or NULL. It does when a unique
--- index (not partial, on no expression) is on it alone, or, on a table Citus
--- distributes, on it and the distribution column (Citus puts that column in
--- every unique index, and the tenant's row-level security pins it). With a
--- key that can name two rows, a row that took a target's key and version
--- after the proposal is one the approval writes, and no card showed it
--- (docs/security.md, row 127). register_tool refuses; check_deployment
--- reports a key whose index went since.
+-- The type of column p_column of p_relid, when keyturn cannot write a value
+-- of it exactly (else NULL): what a person approves is the value the card
+-- shows, and the table must store that value or refuse it. keyturn reads a
+-- form's values in the column's type without its size and checks each
+-- against the column (keyturn._form_fit, keyturn._form_problem); the types
+-- below it checks (a domain as its base, an array as its elements). Not a
+-- composite type (its fields' sizes apply with no size of its own), a range,
+-- "char" or name (cut without a size), money (rounded, and read by
+-- lc_monetary), xml (no equality), nor any other (docs/security.md, row 126).
+CREATE FUNCTION keyturn._inexact_type(p_relid oid, p_column text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_declared oid;
+    v_type     oid;
+    t          record;
+BEGIN
+    SELECT a.atttypid INTO v_declared FROM pg_attribute a
+     WHERE a.attrelid = p_relid AND a.attname = p_column AND a.attnum > 0 AND NOT a.attisdropped;
+    v_type := v_declared;
+    LOOP
+        SELECT y.typtype, y.typbasetype, y.typelem, y.typcategory, y.typname INTO t
+          FROM pg_type y WHERE y.oid = v_type;
+        EXIT WHEN NOT FOUND;
+        IF t.typtype = 'd' THEN
+            v_type := t.typbasetype;
+        ELSIF t.typcategory = 'A' AND t.typelem <> 0 THEN
+            v_type := t.typelem;
+        ELSE
+            EXIT;
+        END IF;
+    END LOOP;
+    IF t.typtype = 'e' OR t.typname = 'citext'
+       OR v_type = ANY ('{text,varchar,bpchar,int2,int4,int8,numeric,float4,float8,bool,uuid,date,time,timetz,timestamp,timestamptz,interval,json,jsonb,bytea,inet,cidr,macaddr,macaddr8,bit,varbit}'::regtype[]::oid[]) THEN
+        RETURN NULL;
+    END IF;
+    RETURN format_type(v_declared, NULL);
+END
+$$;
+
+-- Why p_key does not name one row of p_relid, or NULL. It does when the
+-- column is NOT NULL and a valid unique index (not partial, on no expression)
+-- is on it alone, or, on a table Citus distributes, on it and the
+-- distribution column (Citus puts that column in every unique index, and the
+-- tenant's row-level security pins it), under the collation keyturn compares
+-- the key in (the column's, where that one is not deterministic); and no
+-- child table inherits from it (the write would reach the child's rows,
+-- which its index does not cover). With a key that can name two rows, a row
+-- that took a target's key and version after the proposal is one the
+-- approval writes, and no card showed it (docs/security.md, row 127).
+-- register_tool refuses; check_deployment reports what changed since.
 CREATE FUNCTION keyturn._key_problem(p_relid oid, p_key text)
 RETURNS text
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_key  int2;
-    v_dist int2;
+    v_key      int2;
+    v_notnull  boolean;
+    v_coll     oid;
+    v_dist     int2;
+    v_distname text;
 BEGIN
-    SELECT a.attnum INTO v_key FROM pg_attribute a
+    SELECT a.attnum, a.attnotnull, a.attcollation INTO v_key, v_notnull, v_coll
+      FROM pg_attribute a
      WHERE a.attrelid = p_relid AND a.attname = p_key AND a.attnum > 0 AND NOT a.attisdropped;
-    SELECT a.attnum INTO v_dist FROM keyturn._citus_table(p_relid) c
+    SELECT a.attnum, c.dist_column INTO v_dist, v_distname
+      FROM keyturn._citus_table(p_relid) c
       JOIN pg_attribute a ON a.attrelid = p_relid AND a.attname = c.dist_column;
+    IF NOT v_notnull THEN
+        RETURN format('key %s of %s may be NULL, and a row without a key cannot be named: make it NOT NULL',
+                      quote_ident(p_key), p_relid::regclass);
+    END IF;
+    IF (SELECT r.relkind = 'r' FROM pg_class r WHERE r.oid = p_relid)
+       AND EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhparent = p_relid) THEN
+        RETURN format('%s has child tables (INHERITS), which an approval''s write reaches and its unique index does not cover',
+                      p_relid::regclass);
+    END IF;
     IF EXISTS (SELECT 1 FROM pg_index i
                 WHERE i.indrelid = p_relid AND i.indisunique AND i.indisvalid
                   AND i.indpred IS NULL AND i.indexprs IS NULL
-                  AND (SELECT coalesce(bool_and(k = v_key OR k = v_dist) AND bool_or(k = v_key), false)
+                  AND (SELECT coalesce(bool_and(k = v_key OR k IS NOT DISTINCT FROM v_dist)
+                                       AND bool_or(k = v_key
+                                                   AND (i.indcollation[n - 1] = v_coll
+                                                        OR v_coll = 0
+                                                        OR (SELECT c.collisdeterministic FROM pg_collation c
+                                                             WHERE c.oid = v_coll))),
+                                       false)
                          FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS u (k, n)
                         WHERE n <= i.indnkeyatts)) THEN
         RETURN NULL;
     END IF;
-    RETURN format('key %s does not name one row of %s: no unique index (not partial, on no expression) is on that column alone%s, so an approval could write a row its card never showed',
+    RETURN format('key %s does not name one row of %s: no unique index (not partial, on no expression, in the column''s collation) is on that column alone%s, so an approval could write a row its card never showed',
                   quote_ident(p_key), p_relid::regclass,
-                  CASE WHEN v_dist IS NOT NULL THEN format(' or on it and %s, the distribution column', quote_ident(
-                      (SELECT c.dist_column FROM keyturn._citus_table(p_relid) c))) ELSE '' END);
+                  CASE WHEN v_distname IS NOT NULL
+                       THEN format(' or on it and %s, the distribution column', quote_ident(v_distname)) ELSE '' END);
 END
 $$;
 
@@ -326,6 +390,16 @@ BEGIN
         RAISE EXCEPTION 'keyturn: spec.sql.where must name at least one column the form may filter on'
             USING ERRCODE = '22023',
                   HINT = 'A form without filters would address the whole table.';
+    END IF;
+    v_bad := (SELECT string_agg(format('spec.sql.%s names %s, a column of type %s', x.part, quote_ident(x.col),
+                                       keyturn._inexact_type(v_relid, x.col)), '; ')
+                FROM (SELECT 'set' AS part, s AS col FROM unnest(v_set) s
+                      UNION ALL SELECT 'where', w FROM unnest(v_where) w) x
+               WHERE keyturn._inexact_type(v_relid, x.col) IS NOT NULL);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: %, whose values keyturn cannot write or compare exactly', v_bad
+            USING ERRCODE = '22023',
+                  HINT = 'Gate columns of plain types (text, numbers, booleans, uuid, dates and times, json, enums, and domains and arrays of them); a composite''s fields as columns of their own.';
     END IF;
     -- A table Citus distributes (sql/012_citus_catalog.sql); nothing without Citus.
     v_bad := (SELECT string_agg(p, '; ') FROM keyturn._citus_table_problems(v_relid, v_key, v_verc, v_set, v_types) p);

@@ -16,7 +16,12 @@ ALTER FUNCTION keyturn._exec_as(oid, text, jsonb)
     SET TimeZone = 'UTC'
     SET IntervalStyle = 'postgres'
     SET extra_float_digits = 1
-    SET bytea_output = 'hex';
+    SET bytea_output = 'hex'
+    -- Read as values, these two change what a text means (IST is Israel's
+    -- by default and India's in the India set; NULL in an array is NULL or
+    -- the string), so they are pinned too (docs/security.md, row 132).
+    SET timezone_abbreviations = 'Default'
+    SET array_nulls = on;
 
 -- origin: {"conversation_id", "turn_id", "message_id", "assistant_message_id",
 -- "evidence": [ids]}, all optional (task tools need the first four).
@@ -166,8 +171,12 @@ BEGIN
     BEGIN
         v_rows := keyturn._exec_as(p_caller, v_sql, v_arg);
     EXCEPTION WHEN data_exception THEN
-        RAISE EXCEPTION 'keyturn: params.where does not fit the columns of %: %', format('%I.%I', p_ver.sql_schema, p_ver.sql_table), SQLERRM
-            USING ERRCODE = '22023';
+        -- Not SQLERRM: it quotes the value, whole, into the server log
+        -- (docs/security.md, row 133).
+        RAISE EXCEPTION 'keyturn: params.where holds a value its column in % cannot read (SQLSTATE %)',
+                format('%I.%I', p_ver.sql_schema, p_ver.sql_table), SQLSTATE
+            USING ERRCODE = '22023',
+                  HINT = 'Each value of params.where must be of its column''s type: a number for a number, a date for a date.';
     END;
     v_n := jsonb_array_length(v_rows);
     IF v_n = 0 THEN

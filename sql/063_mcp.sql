@@ -340,7 +340,9 @@ BEGIN
                                    keyturn._form_arg(jsonb_build_object('where', coalesce(v_args -> 'where', '{}')),
                                                      v.sql_types));
     EXCEPTION WHEN data_exception THEN
-        RAISE EXCEPTION 'keyturn: where does not fit the columns of %: %', format('%I.%I', v.sql_schema, v.sql_table), SQLERRM
+        -- Not SQLERRM, which quotes the value into the server log (row 133).
+        RAISE EXCEPTION 'keyturn: where holds a value its column in % cannot read (SQLSTATE %)',
+                format('%I.%I', v.sql_schema, v.sql_table), SQLSTATE
             USING ERRCODE = '22023';
     END;
     -- More rows than the grant's max_targets: refused, not cut (as a write

@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 
 use crate::error::KeyturnError;
 use crate::jsonb_text::{JsonbText, RawJsonb};
+use crate::loose_type::Kind;
 
 /// The first problem of `form`, or NULL; the keys of `where` and `set` are
 /// taken in jsonb's order (shorter first, then by bytes), so the problem
@@ -100,7 +101,90 @@ fn form_problem(
             }
         }
     }
+    // Values a type without a size would store as another (a float's
+    // nearest number, a time rounded to the microsecond): the card shows
+    // what was proposed, so they are refused here (docs/security.md, row
+    // 126). A sized column's are `_form_fit`'s.
+    for (part, values) in [("where", wheres), ("set", sets)] {
+        for (k, v) in in_jsonb_order(values) {
+            let Some(t) = type_of(k).filter(|t| t != "json" && t != "jsonb") else {
+                continue;
+            };
+            let kind = crate::loose_type::loose(&t).kind;
+            let items = match v {
+                Value::Array(items) => items.iter().collect(),
+                v => vec![v],
+            };
+            if let Some(why) = items.into_iter().find_map(|item| inexact(kind, item)) {
+                return Some(format!("params.{part}.{k} {why} (a {t} column)"));
+            }
+        }
+    }
     None
+}
+
+/// Why `value` would not be stored as it reads in a column of `kind`.
+fn inexact(kind: Kind, value: &Value) -> Option<&'static str> {
+    let text = match value {
+        Value::String(s) => s.trim().to_owned(),
+        Value::Number(n) => n.to_string(),
+        _ => return None,
+    };
+    match kind {
+        Kind::Exact => None,
+        Kind::Time => past_microseconds(&text).then_some(
+            "has digits past the microsecond, which PostgreSQL rounds away; give at most six",
+        ),
+        Kind::Float4 | Kind::Float8 => {
+            // What is no number at all (NaN, Infinity, a typo) the column
+            // reads as such or refuses.
+            let literal = number_literal(&text)?;
+            let number = literal.parse::<serde_json::Number>().ok()?;
+            if keyturn_core::canonical::scalar_text(&Value::Number(number)).is_err() {
+                return Some(
+                    "is no double-precision number exactly, and would be stored as the nearest one",
+                );
+            }
+            if kind == Kind::Float4 {
+                let (wide, narrow) = (literal.parse::<f64>().ok()?, literal.parse::<f32>().ok()?);
+                if !narrow.is_finite() || narrow.to_string().parse::<f64>().ok() != Some(wide) {
+                    return Some("is no real (single-precision) number exactly, and would be stored as the nearest one");
+                }
+            }
+            None
+        }
+    }
+}
+
+/// `text` as a JSON number literal, the forms PostgreSQL's float input also
+/// reads (`+1`, `.5`, `1.`) written as JSON writes them; None for no number.
+fn number_literal(text: &str) -> Option<String> {
+    let (sign, digits) = match text.strip_prefix('-') {
+        Some(rest) => ("-", rest),
+        None => ("", text.strip_prefix('+').unwrap_or(text)),
+    };
+    let digits = match digits.starts_with('.') {
+        true => format!("0{digits}"),
+        false => digits.to_owned(),
+    };
+    let digits = digits.replacen(".e", ".0e", 1).replacen(".E", ".0E", 1);
+    let digits = match digits.strip_suffix('.') {
+        Some(whole) => whole.to_owned(),
+        None => digits,
+    };
+    digits
+        .chars()
+        .next()
+        .filter(char::is_ascii_digit)
+        .map(|_| format!("{sign}{digits}"))
+}
+
+/// Whether `text` holds a fraction of more than six digits (a time's past
+/// the microsecond).
+fn past_microseconds(text: &str) -> bool {
+    text.split('.')
+        .skip(1)
+        .any(|after| after.bytes().take_while(u8::is_ascii_digit).count() > 6)
 }
 
 /// The WHERE clause of an sql tool's form over the row alias `t`, as propose
@@ -254,17 +338,25 @@ fn form_fit(types: Option<JsonbText>, form: Option<JsonbText>) -> Option<String>
             if !loose.sized {
                 continue;
             }
-            let loose = loose.name;
+            let (loose, kind) = (loose.name, loose.kind);
             let (part_q, k_q) = (quote_literal(part), quote_literal(k));
+            // A time compares as text: an interval's `=` counts a month as
+            // 30 days, so an `interval year` that dropped 11 months and
+            // -330 days would still compare equal.
+            let same = |v: &str| {
+                match kind {
+                Kind::Time => format!("({v})::{declared}::pg_catalog.text IS NOT DISTINCT FROM ({v})::{loose}::pg_catalog.text"),
+                _ => format!("({v})::{declared} IS NOT DISTINCT FROM ({v})::{loose}"),
+            }
+            };
             let fits = if values[k].is_array() {
                 format!(
-                    "(SELECT pg_catalog.bool_and(e::{declared} IS NOT DISTINCT FROM e::{loose}) \
-                       FROM pg_catalog.jsonb_array_elements_text($1->{part_q}->{k_q}) AS e)"
+                    "(SELECT pg_catalog.bool_and({}) \
+                       FROM pg_catalog.jsonb_array_elements_text($1->{part_q}->{k_q}) AS e)",
+                    same("e")
                 )
             } else {
-                format!(
-                    "(($1->{part_q}->>{k_q})::{declared} IS NOT DISTINCT FROM ($1->{part_q}->>{k_q})::{loose})"
-                )
+                format!("({})", same(&format!("$1->{part_q}->>{k_q}")))
             };
             checks.push(format!(
                 "WHEN NOT {fits} THEN {}",

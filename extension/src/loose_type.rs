@@ -31,6 +31,21 @@ pub struct Loose {
     /// Whether it differs from the declared type (a size, or a domain): a
     /// value may then not be stored as it reads.
     pub sized: bool,
+    /// How a value of it may be stored as another without a size.
+    pub kind: Kind,
+}
+
+/// What a type (an array's, its elements') does to a value without a size.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Nothing: it stores the value as it reads, or refuses it.
+    Exact,
+    /// `real`: the nearest single-precision number.
+    Float4,
+    /// `double precision`: the nearest double.
+    Float8,
+    /// A time, a timestamp or an interval: rounded to the microsecond.
+    Time,
 }
 
 thread_local! {
@@ -96,9 +111,27 @@ fn look_up(declared: &str) -> Loose {
         );
         CStr::from_ptr(name).to_string_lossy().into_owned()
     };
+    // SAFETY: syscache lookups of an existing type's OID.
+    let scalar = unsafe {
+        match pg_sys::get_element_type(loose) {
+            element if element == pg_sys::Oid::INVALID => loose,
+            element => element,
+        }
+    };
+    let kind = match scalar {
+        pg_sys::FLOAT4OID => Kind::Float4,
+        pg_sys::FLOAT8OID => Kind::Float8,
+        pg_sys::TIMESTAMPOID
+        | pg_sys::TIMESTAMPTZOID
+        | pg_sys::TIMEOID
+        | pg_sys::TIMETZOID
+        | pg_sys::INTERVALOID => Kind::Time,
+        _ => Kind::Exact,
+    };
     Loose {
         name,
         sized: typmod >= 0 || loose != typid,
+        kind,
     }
 }
 

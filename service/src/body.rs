@@ -11,11 +11,13 @@
 use keyturn_core::CoreError;
 
 /// Why `body` is refused, for a body serde_json reads and keyturn-core
-/// would read otherwise; `None` for any other (what neither reads, what is
-/// too deep or too large, is the reader's further on to answer).
+/// would read otherwise, at any depth serde_json reads (a deep value beside
+/// a repeated key hid it from a check bounded at keyturn's 64 levels:
+/// docs/security.md, row 130); `None` for any other (what neither reads, or
+/// what is too large, is the reader's further on to answer).
 pub fn read_apart(body: &[u8]) -> Option<&'static str> {
     let text = std::str::from_utf8(body).ok()?;
-    match keyturn_core::canonical::parse_bounded(text) {
+    match keyturn_core::canonical::parse_any_depth(text) {
         Err(CoreError::InvalidJson(_))
             if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() =>
         {
@@ -38,6 +40,11 @@ mod tests {
             r#"{"a": 1, "a": 2}"#,
             r#"{"params": {"to": "bob", "to": "mallory"}}"#,
             r#"{"amount": {"$serde_json::private::Number": "950000"}}"#,
+            &format!(
+                r#"{{"deep": {}1{}, "text": "bob", "text": "mallory"}}"#,
+                "[".repeat(80),
+                "]".repeat(80)
+            ),
         ] {
             assert!(read_apart(body.as_bytes()).is_some(), "{body}");
         }
@@ -45,6 +52,7 @@ mod tests {
             r#"{"a": 1, "b": {"a": 2}}"#,
             "not json",
             &format!("{}{}", "[".repeat(100), "]".repeat(100)),
+            &format!("{}{}", "[".repeat(200), "]".repeat(200)),
         ] {
             assert!(read_apart(body.as_bytes()).is_none(), "{body}");
         }

@@ -78,6 +78,14 @@ pub fn parse_bounded(json: &str) -> Result<Value, CoreError> {
     parse::parse_strict(json)
 }
 
+/// [`parse_bounded`] at any depth serde_json reads (128 levels): for a
+/// service that checks a whole request, its envelope around what keyturn
+/// hashes included, for the keys only this reader refuses (a repeated key,
+/// the reserved number key) before another reader acts on it.
+pub fn parse_any_depth(json: &str) -> Result<Value, CoreError> {
+    parse::parse_strict_bounded(json, MAX_BYTES, usize::MAX)
+}
+
 /// [`parse_bounded`] of a text PostgreSQL printed from a value keyturn
 /// already admitted, whose printed form may be longer than `max_bytes`
 /// allows a caller's input (crate::audit: a stored event).

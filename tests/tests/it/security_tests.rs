@@ -442,6 +442,104 @@ async fn test_a_sized_column_stores_the_approved_value_or_nothing() {
     assert_eq!(check, None);
 }
 
+/// What keyturn cannot write exactly, it does not gate: a composite type
+/// whose fields have sizes (`(0.004,refund)` stored as `(0.00,refund)`),
+/// `"char"` and `name` (cut without a size), `money` (rounded, and read by
+/// `lc_monetary`), a range; and the values of types it gates that would be
+/// rounded without a size (a fraction of a second past microseconds, a
+/// `real` or `double precision` that is no such number, an `interval year`
+/// given months) are refused at propose (twenty-second red-team pass,
+/// docs/security.md row 126).
+#[tokio::test]
+async fn test_a_type_keyturn_cannot_write_exactly_is_refused() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let line = format!("crm.{}", unique("line"));
+    su.batch_execute(&format!(
+        "CREATE TYPE {line} AS (amount numeric(12,2), memo text)"
+    ))
+    .await
+    .unwrap();
+    for column in [
+        line.clone(),
+        format!("{line}[]"),
+        "\"char\"".into(),
+        "name".into(),
+        "money".into(),
+        "tsrange".into(),
+    ] {
+        let t = table(su, &format!("id bigint PRIMARY KEY, v {column}")).await;
+        let name = unique("inexact");
+        let spec = json!({"executor": "sql", "sql": {"table": t, "key": "id", "set": ["v"], "where": ["id"]}});
+        let (state, message) = failure(
+            w.admin
+                .execute("SELECT keyturn.register_tool($1, $2)", &[&name, &spec])
+                .await,
+        );
+        assert_eq!(state, "22023", "{column}: {message}");
+        assert!(message.contains("spec.sql.set"), "{column}: {message}");
+    }
+
+    let t = table(
+        su,
+        "id bigint PRIMARY KEY, at timestamp, at_tz timestamptz, t time, r real, d double precision, \
+         y interval year, i interval",
+    )
+    .await;
+    su.batch_execute(&format!(
+        "INSERT INTO {t} (tenant, id) VALUES ('{}', 1)",
+        w.tenant
+    ))
+    .await
+    .unwrap();
+    let tool = w
+        .tool(
+            "timely",
+            json!({"executor": "sql", "sql": {"table": t, "key": "id",
+                   "set": ["at", "at_tz", "t", "r", "d", "y", "i"], "where": ["id"]}}),
+        )
+        .await;
+    for (column, value) in [
+        ("at", json!("2026-12-31 23:59:59.9999995")),
+        ("at_tz", json!("2026-12-31 23:59:59.99999951+00")),
+        ("t", json!("23:59:59.9999999")),
+        ("i", json!("1.0000001 seconds")),
+        ("r", json!("16777217")),
+        ("d", json!("9007199254740993")),
+        ("y", json!("11 mons -330 days")),
+    ] {
+        let params = json!({"where": {"id": 1}, "set": {column: value}});
+        let (state, message) = failure(propose_on(&w.agent, &tool, params, json!({})).await);
+        assert_eq!(state, "22023", "{column} = {value}: {message}");
+    }
+    // What they hold exactly passes, and is written as approved.
+    let p = propose_on(
+        &w.agent,
+        &tool,
+        json!({"where": {"id": 1}, "set": {"at": "2026-12-31 23:59:59.999999", "t": "12:00:00.5",
+                                             "r": 0.5, "d": "0.1", "y": "2 years", "i": "1.5 seconds"}}),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        approve_on(&w.human, p.id, &p.token, None).await.unwrap().0,
+        "succeeded"
+    );
+    let row: String = su
+        .query_one(
+            &format!("SELECT concat_ws(' ', at, t, r, d, y, i) FROM {t}"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        row,
+        "2026-12-31 23:59:59.999999 12:00:00.5 0.5 0.1 2 years 00:00:01.5"
+    );
+}
+
 /// A filter on a sized column names the rows whose value is the one given,
 /// never those it would be cut to: `login = 'admin.old-test-account'` on a
 /// `varchar(5)` column matched the account `admin` (row 126).
@@ -574,6 +672,49 @@ async fn test_a_key_that_can_name_two_rows_is_refused() {
     );
     assert_eq!(state, "22023", "{message}");
     assert!(message.contains("spec.sql.key"), "{message}");
+    // Nor with another column, under another collation, NULL, or with a
+    // child table the write reaches (twenty-second pass, row 127).
+    let refused = |t: String| {
+        let name = unique("key");
+        let spec = json!({"executor": "sql", "sql": {"table": t, "key": "k", "set": ["v"], "where": ["k"]}});
+        let admin = &w.admin;
+        async move {
+            let (state, message) = failure(
+                admin
+                    .execute("SELECT keyturn.register_tool($1, $2)", &[&name, &spec])
+                    .await,
+            );
+            assert_eq!(state, "22023", "{t}: {message}");
+        }
+    };
+    refused(table(su, "k text NOT NULL, j int NOT NULL, v text, UNIQUE (k, j)").await).await;
+    refused(table(su, "k text UNIQUE, v text").await).await;
+    let nd = unique("nd");
+    su.batch_execute(&format!(
+        "CREATE COLLATION {nd} (provider = icu, locale = 'und-u-ks-level2', deterministic = false)"
+    ))
+    .await
+    .unwrap();
+    let folded = table(su, &format!("k text COLLATE {nd} NOT NULL, v text")).await;
+    su.batch_execute(&format!(
+        "CREATE UNIQUE INDEX ON {folded} ((k) COLLATE \"C\")"
+    ))
+    .await
+    .unwrap();
+    refused(folded.clone()).await;
+    su.batch_execute(&format!(
+        "CREATE UNIQUE INDEX ON {folded} (k COLLATE \"C\")"
+    ))
+    .await
+    .unwrap();
+    refused(folded).await;
+    let parent = table(su, "k text PRIMARY KEY, v text").await;
+    su.batch_execute(&format!(
+        "CREATE TABLE {parent}_child () INHERITS ({parent})"
+    ))
+    .await
+    .unwrap();
+    refused(parent).await;
 
     // Unique by itself, it names one row.
     su.batch_execute(&format!("CREATE UNIQUE INDEX ON {t} (owner)"))
@@ -608,6 +749,96 @@ async fn test_a_key_that_can_name_two_rows_is_refused() {
     assert!(
         reported,
         "check_deployment names the tool whose key lost its unique index"
+    );
+}
+
+/// What an approval writes does not depend on the approver's session: the
+/// time zone abbreviations (`IST` is India's or Israel's or Ireland's) and
+/// `array_nulls` changed a value as it was read (twenty-second red-team
+/// pass, docs/security.md row 132).
+#[tokio::test]
+async fn test_an_approvers_settings_never_change_the_value_written() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let t = table(su, "id bigint PRIMARY KEY, at timestamptz, tags text[]").await;
+    su.batch_execute(&format!(
+        "INSERT INTO {t} VALUES ('{}', 1, NULL, NULL)",
+        w.tenant
+    ))
+    .await
+    .unwrap();
+    let tool = w
+        .tool(
+            "meet",
+            json!({"executor": "sql", "sql": {"table": t, "key": "id", "set": ["at", "tags"], "where": ["id"]}}),
+        )
+        .await;
+    let mut written = Vec::new();
+    for settings in [
+        "",
+        "SET LOCAL timezone_abbreviations = 'India'; SET LOCAL array_nulls = off",
+    ] {
+        let p = propose_on(
+            &w.agent,
+            &tool,
+            json!({"where": {"id": 1}, "set": {"at": "2026-06-01 12:00 IST", "tags": "{admin,NULL}"}}),
+            json!({}),
+        )
+        .await
+        .unwrap();
+        let tx = w.human.transaction().await.unwrap();
+        tx.batch_execute(settings).await.unwrap();
+        assert_eq!(
+            approve_on(&tx, p.id, &p.token, None).await.unwrap().0,
+            "succeeded"
+        );
+        tx.commit().await.unwrap();
+        let row: String = su
+            .query_one(
+                &format!("SELECT (at AT TIME ZONE 'UTC')::text || ' ' || (tags[2] IS NULL)::text FROM {t}"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        written.push(row);
+    }
+    assert_eq!(
+        written[0], written[1],
+        "the approver's settings changed the value written"
+    );
+}
+
+/// A filter value its column cannot read is refused without quoting it:
+/// PostgreSQL writes every error message to its log, and an agent's value of
+/// a megabyte of terminal escapes went there whole (twenty-second red-team
+/// pass, docs/security.md row 133).
+#[tokio::test]
+async fn test_a_value_that_is_no_date_is_refused_without_being_quoted() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let t = table(su, "day date PRIMARY KEY, note text NOT NULL").await;
+    let tool = w
+        .tool(
+            "note",
+            json!({"executor": "sql", "sql": {"table": t, "key": "day", "set": ["note"], "where": ["day"]}}),
+        )
+        .await;
+    let value = format!("no date \u{1b}]0;forged\u{7} {}", "x".repeat(10_000));
+    let (state, message) = failure(
+        propose_on(
+            &w.agent,
+            &tool,
+            json!({"where": {"day": value}, "set": {"note": "n"}}),
+            json!({}),
+        )
+        .await,
+    );
+    assert_eq!(state, "22023", "{message}");
+    assert!(
+        !message.contains("forged") && message.len() < 500,
+        "the refusal quotes the value: {}",
+        &message[..message.len().min(300)]
     );
 }
 

@@ -37,14 +37,27 @@ pub(super) fn parse_strict(json: &str) -> Result<Value, CoreError> {
 
 /// [`parse_strict`] with another bound on the input text's size.
 pub(super) fn parse_strict_within(json: &str, max_bytes: usize) -> Result<Value, CoreError> {
+    parse_strict_bounded(json, max_bytes, MAX_DEPTH)
+}
+
+/// [`parse_strict_within`] with another bound on nesting (serde_json's own,
+/// 128, stays below any larger one).
+pub(super) fn parse_strict_bounded(
+    json: &str,
+    max_bytes: usize,
+    max_depth: usize,
+) -> Result<Value, CoreError> {
     if json.len() > max_bytes {
         return Err(CoreError::TooLarge { limit: max_bytes });
     }
     let mut de = serde_json::Deserializer::from_str(json);
-    let value = StrictSeed { depth: 0 }
-        .deserialize(&mut de)
-        .and_then(|v| de.end().map(|()| v))
-        .map_err(map_error)?;
+    let value = StrictSeed {
+        depth: 0,
+        max: max_depth,
+    }
+    .deserialize(&mut de)
+    .and_then(|v| de.end().map(|()| v))
+    .map_err(map_error)?;
     Ok(value)
 }
 
@@ -61,15 +74,19 @@ fn map_error(e: serde_json::Error) -> CoreError {
 #[derive(Clone, Copy)]
 struct StrictSeed {
     depth: usize,
+    max: usize,
 }
 
 impl StrictSeed {
     fn enter<E: de::Error>(self) -> Result<StrictSeed, E> {
         let depth = self.depth + 1;
-        if depth > MAX_DEPTH {
+        if depth > self.max {
             return Err(E::custom(DEPTH_MARKER));
         }
-        Ok(StrictSeed { depth })
+        Ok(StrictSeed {
+            depth,
+            max: self.max,
+        })
     }
 }
 
