@@ -34,6 +34,18 @@ async fn table(su: &tokio_postgres::Client, columns: &str) -> String {
     name
 }
 
+/// The message of register_tool's refusal (22023) of `spec`.
+async fn refused_registration(w: &World, spec: &Value) -> String {
+    let name = unique("refused");
+    let (state, message) = failure(
+        w.admin
+            .execute("SELECT keyturn.register_tool($1, $2)", &[&name, spec])
+            .await,
+    );
+    assert_eq!(state, "22023", "{spec}: {message}");
+    message
+}
+
 fn recipients_tool(extra: Value) -> Value {
     let mut spec = json!({
         "executor": "external", "provider": "webhook",
@@ -469,14 +481,8 @@ async fn test_a_type_keyturn_cannot_write_exactly_is_refused() {
         "tsrange".into(),
     ] {
         let t = table(su, &format!("id bigint PRIMARY KEY, v {column}")).await;
-        let name = unique("inexact");
         let spec = json!({"executor": "sql", "sql": {"table": t, "key": "id", "set": ["v"], "where": ["id"]}});
-        let (state, message) = failure(
-            w.admin
-                .execute("SELECT keyturn.register_tool($1, $2)", &[&name, &spec])
-                .await,
-        );
-        assert_eq!(state, "22023", "{column}: {message}");
+        let message = refused_registration(&w, &spec).await;
         assert!(message.contains("spec.sql.set"), "{column}: {message}");
     }
 
@@ -661,30 +667,15 @@ async fn test_a_key_that_can_name_two_rows_is_refused() {
         json!({"executor": "sql", "summary": "Set stage {set.stage} for {where.owner}",
                "sql": {"table": t, "key": key, "set": ["stage"], "where": ["owner"]}})
     };
-    let name = unique("by_owner");
-    let (state, message) = failure(
-        w.admin
-            .execute(
-                "SELECT keyturn.register_tool($1, $2)",
-                &[&name, &spec("owner")],
-            )
-            .await,
-    );
-    assert_eq!(state, "22023", "{message}");
+    let message = refused_registration(&w, &spec("owner")).await;
     assert!(message.contains("spec.sql.key"), "{message}");
     // Nor with another column, under another collation, NULL, or with a
     // child table the write reaches (twenty-second pass, row 127).
     let refused = |t: String| {
-        let name = unique("key");
         let spec = json!({"executor": "sql", "sql": {"table": t, "key": "k", "set": ["v"], "where": ["k"]}});
-        let admin = &w.admin;
+        let w = &w;
         async move {
-            let (state, message) = failure(
-                admin
-                    .execute("SELECT keyturn.register_tool($1, $2)", &[&name, &spec])
-                    .await,
-            );
-            assert_eq!(state, "22023", "{t}: {message}");
+            refused_registration(w, &spec).await;
         }
     };
     refused(table(su, "k text NOT NULL, j int NOT NULL, v text, UNIQUE (k, j)").await).await;
