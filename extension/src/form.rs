@@ -132,6 +132,11 @@ fn inexact(kind: Kind, value: &Value) -> Option<&'static str> {
     };
     match kind {
         Kind::Exact => None,
+        Kind::Time | Kind::Date if relative(&text) => Some(
+            "names a time relative to when it is read (now, today, tomorrow, yesterday), which \
+             PostgreSQL reads when the approved write runs; give the time itself",
+        ),
+        Kind::Date => None,
         Kind::Time => past_microseconds(&text).then_some(
             "has digits past the microsecond, which PostgreSQL rounds away; give at most six",
         ),
@@ -177,6 +182,16 @@ fn number_literal(text: &str) -> Option<String> {
         .next()
         .filter(char::is_ascii_digit)
         .map(|_| format!("{sign}{digits}"))
+}
+
+/// Whether `text` holds one of the words PostgreSQL's date and time input
+/// reads as the current moment or day.
+fn relative(text: &str) -> bool {
+    text.split(|c: char| !c.is_ascii_alphabetic()).any(|word| {
+        ["now", "today", "tomorrow", "yesterday"]
+            .iter()
+            .any(|w| word.eq_ignore_ascii_case(w))
+    })
 }
 
 /// Whether `text` holds a fraction of more than six digits (a time's past
@@ -343,11 +358,13 @@ fn form_fit(types: Option<JsonbText>, form: Option<JsonbText>) -> Option<String>
             // A time compares as text: an interval's `=` counts a month as
             // 30 days, so an `interval year` that dropped 11 months and
             // -330 days would still compare equal.
+            let as_text = if kind == Kind::Time {
+                "::pg_catalog.text"
+            } else {
+                ""
+            };
             let same = |v: &str| {
-                match kind {
-                Kind::Time => format!("({v})::{declared}::pg_catalog.text IS NOT DISTINCT FROM ({v})::{loose}::pg_catalog.text"),
-                _ => format!("({v})::{declared} IS NOT DISTINCT FROM ({v})::{loose}"),
-            }
+                format!("({v})::{declared}{as_text} IS NOT DISTINCT FROM ({v})::{loose}{as_text}")
             };
             let fits = if values[k].is_array() {
                 format!(

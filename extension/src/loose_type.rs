@@ -44,8 +44,11 @@ pub enum Kind {
     Float4,
     /// `double precision`: the nearest double.
     Float8,
-    /// A time, a timestamp or an interval: rounded to the microsecond.
+    /// A time, a timestamp or an interval: rounded to the microsecond, and
+    /// (but an interval) `now`, `today` … read when the write runs.
     Time,
+    /// A date: `today` … read when the write runs.
+    Date,
 }
 
 thread_local! {
@@ -126,6 +129,7 @@ fn look_up(declared: &str) -> Loose {
         | pg_sys::TIMEOID
         | pg_sys::TIMETZOID
         | pg_sys::INTERVALOID => Kind::Time,
+        pg_sys::DATEOID => Kind::Date,
         _ => Kind::Exact,
     };
     Loose {

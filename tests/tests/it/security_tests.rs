@@ -489,7 +489,7 @@ async fn test_a_type_keyturn_cannot_write_exactly_is_refused() {
     let t = table(
         su,
         "id bigint PRIMARY KEY, at timestamp, at_tz timestamptz, t time, r real, d double precision, \
-         y interval year, i interval",
+         y interval year, i interval, dd date",
     )
     .await;
     su.batch_execute(&format!(
@@ -502,7 +502,7 @@ async fn test_a_type_keyturn_cannot_write_exactly_is_refused() {
         .tool(
             "timely",
             json!({"executor": "sql", "sql": {"table": t, "key": "id",
-                   "set": ["at", "at_tz", "t", "r", "d", "y", "i"], "where": ["id"]}}),
+                   "set": ["at", "at_tz", "t", "r", "d", "y", "i", "dd"], "where": ["id"]}}),
         )
         .await;
     for (column, value) in [
@@ -513,6 +513,12 @@ async fn test_a_type_keyturn_cannot_write_exactly_is_refused() {
         ("r", json!("16777217")),
         ("d", json!("9007199254740993")),
         ("y", json!("11 mons -330 days")),
+        // Read when the write runs, not when the person looked.
+        ("at", json!("now")),
+        ("at_tz", json!("Tomorrow 10:00")),
+        ("t", json!("now")),
+        ("dd", json!("today")),
+        ("dd", json!("yesterday")),
     ] {
         let params = json!({"where": {"id": 1}, "set": {column: value}});
         let (state, message) = failure(propose_on(&w.agent, &tool, params, json!({})).await);
