@@ -241,6 +241,7 @@ AS $$
 DECLARE
     v_declared oid;
     v_type     oid;
+    v_array    boolean := false;
     t          record;
 BEGIN
     SELECT a.atttypid INTO v_declared FROM pg_attribute a
@@ -253,12 +254,23 @@ BEGIN
         IF t.typtype = 'd' THEN
             v_type := t.typbasetype;
         ELSIF t.typcategory = 'A' AND t.typelem <> 0 THEN
+            v_array := true;
             v_type := t.typelem;
         ELSE
             EXIT;
         END IF;
     END LOOP;
-    IF t.typtype = 'e' OR t.typname = 'citext'
+    -- citext only as the citext extension's own type, not any type so named.
+    -- An array of JSON: its text would be read as JSON element by element,
+    -- not as the JSON value the card shows.
+    IF v_array AND v_type IN ('json'::regtype, 'jsonb'::regtype) THEN
+        RETURN format_type(v_declared, NULL);
+    END IF;
+    IF t.typtype = 'e'
+       OR (t.typname = 'citext' AND EXISTS (
+             SELECT 1 FROM pg_depend d JOIN pg_extension x ON x.oid = d.refobjid
+              WHERE d.classid = 'pg_type'::regclass AND d.objid = v_type AND d.deptype = 'e'
+                AND x.extname = 'citext'))
        OR v_type = ANY ('{text,varchar,bpchar,int2,int4,int8,numeric,float4,float8,bool,uuid,date,time,timetz,timestamp,timestamptz,interval,json,jsonb,bytea,inet,cidr,macaddr,macaddr8,bit,varbit}'::regtype[]::oid[]) THEN
         RETURN NULL;
     END IF;
@@ -294,6 +306,10 @@ BEGIN
     SELECT a.attnum, c.dist_column INTO v_dist, v_distname
       FROM keyturn._citus_table(p_relid) c
       JOIN pg_attribute a ON a.attrelid = p_relid AND a.attname = c.dist_column;
+    IF keyturn._inexact_type(p_relid, p_key) IS NOT NULL THEN
+        RETURN format('key %s of %s is of type %s, which keyturn does not compare exactly',
+                      quote_ident(p_key), p_relid::regclass, keyturn._inexact_type(p_relid, p_key));
+    END IF;
     IF NOT v_notnull THEN
         RETURN format('key %s of %s may be NULL, and a row without a key cannot be named: make it NOT NULL',
                       quote_ident(p_key), p_relid::regclass);
@@ -308,6 +324,9 @@ BEGIN
                   AND i.indpred IS NULL AND i.indexprs IS NULL
                   AND (SELECT coalesce(bool_and(k = v_key OR k IS NOT DISTINCT FROM v_dist)
                                        AND bool_or(k = v_key
+                                                   -- the equality approve compares the key with
+                                                   AND (SELECT oc.opcdefault FROM pg_opclass oc
+                                                         WHERE oc.oid = i.indclass[n - 1])
                                                    AND (i.indcollation[n - 1] = v_coll
                                                         OR v_coll = 0
                                                         OR (SELECT c.collisdeterministic FROM pg_collation c
@@ -527,6 +546,10 @@ RETURNS int
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET IntervalStyle = 'postgres'
+-- The column types it stores are format_type's, which quotes every name
+-- under quote_all_identifiers ("jsonb"), and keyturn reads them back
+-- (docs/security.md, row 126).
+SET quote_all_identifiers = off
 AS $$
 DECLARE
     v_name      text := register_tool.name;

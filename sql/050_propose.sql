@@ -139,27 +139,25 @@ BEGIN
         RAISE EXCEPTION 'keyturn: %', v_error USING ERRCODE = '22023';
     END IF;
     v_arg := keyturn._form_arg(p_form, p_ver.sql_types);
-    -- Only a form with a value for a sized column (varchar(n), numeric(p,s),
-    -- ...) pays for this statement: such a value must be stored as given, not
-    -- cut or rounded (docs/security.md, row 126).
-    v_fit := keyturn._form_fit(p_ver.sql_types, p_form);
     -- Keys and versions are stored as text written under the settings
     -- _exec_as pins (DateStyle, TimeZone, ...), and compared in the column's
     -- own type at approve, so no session setting changes what they name.
     v_sql := format('SELECT jsonb_build_object(''k'', t.%I::text, ''v'', %s::text) FROM %s AS t WHERE %s ORDER BY t.%I LIMIT %s',
                     p_ver.sql_key, keyturn._version_expr(p_ver), keyturn._tool_table(p_ver),
                     keyturn._form_where(p_ver, p_form), p_ver.sql_key, p_ver.max_targets + 1);
-    IF v_fit IS NOT NULL THEN
+    -- One statement a value, each in a block of its own: a value its
+    -- column's type cannot read at all ('lots' for a number) or hold (too
+    -- large) is refused below if it filters, and a failed write at approve
+    -- if it is set, as any value the business table refuses; it hides no
+    -- other value's check (docs/security.md, row 126).
+    FOREACH v_fit IN ARRAY coalesce(keyturn._form_fit(p_ver.sql_types, p_form), '{}') LOOP
         BEGIN
             v_unfit := keyturn._exec_as(p_caller, v_fit, v_arg) ->> 0;
         EXCEPTION WHEN data_exception THEN
-            -- A value its column's type cannot read at all ('lots' for a
-            -- number) or hold (too large): refused below if it filters,
-            -- and a failed write at approve if it is set, as any value the
-            -- business table refuses.
             v_unfit := NULL;
         END;
-    END IF;
+        EXIT WHEN v_unfit IS NOT NULL;
+    END LOOP;
     IF v_unfit IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: params.% does not fit column % of %: it would store another value than the one proposed',
                 v_unfit, quote_ident(substr(v_unfit, strpos(v_unfit, '.') + 1))

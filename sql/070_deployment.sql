@@ -29,6 +29,7 @@ CREATE FUNCTION keyturn.check_deployment()
 RETURNS TABLE (severity text, object text, problem text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET quote_all_identifiers = off  -- types compared as register_tool printed them
 AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('check_deployment');
@@ -72,6 +73,22 @@ BEGIN
          CROSS JOIN LATERAL keyturn._key_problem(to_regclass(format('%I.%I', v.sql_schema, v.sql_table)), v.sql_key) k
          WHERE v.executor = 'sql' AND to_regclass(format('%I.%I', v.sql_schema, v.sql_table)) IS NOT NULL
            AND k IS NOT NULL
+        UNION ALL
+        -- Columns whose type changed since the tool was registered: its
+        -- checks read the type it was registered with (docs/security.md,
+        -- row 126).
+        SELECT 'error', format('tool %s', v.tool),
+               format('column %s of %I.%I is %s now, and was %s when the tool was registered, whose checks read that type',
+                      quote_ident(c.col), v.sql_schema, v.sql_table,
+                      coalesce(format_type(a.atttypid, a.atttypmod), 'gone'), c.registered)
+          FROM keyturn.tool t
+          JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+         CROSS JOIN LATERAL jsonb_each_text(v.sql_types) AS c (col, registered)
+          LEFT JOIN pg_attribute a ON a.attrelid = to_regclass(format('%I.%I', v.sql_schema, v.sql_table))
+                                  AND a.attname = c.col AND a.attnum > 0 AND NOT a.attisdropped
+         WHERE v.executor = 'sql' AND to_regclass(format('%I.%I', v.sql_schema, v.sql_table)) IS NOT NULL
+           AND c.col <> 'xmin'
+           AND format_type(a.atttypid, a.atttypmod) IS DISTINCT FROM c.registered
         UNION ALL
         -- Version columns nothing maintains.
         SELECT 'warning', format('tool %s', v.tool),

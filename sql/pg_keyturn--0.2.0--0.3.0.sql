@@ -617,7 +617,7 @@ AS 'MODULE_PATHNAME', 'form_arg_wrapper';
 CREATE OR REPLACE FUNCTION "_form_fit"(
 	"types" jsonb, /* Option < JsonbText > */
 	"form" jsonb /* Option < JsonbText > */
-) RETURNS TEXT /* Option < String > */
+) RETURNS TEXT[] /* :: std :: option :: Option < Vec < String > > */
 IMMUTABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'form_fit_wrapper';
@@ -2410,6 +2410,7 @@ AS $$
 DECLARE
     v_declared oid;
     v_type     oid;
+    v_array    boolean := false;
     t          record;
 BEGIN
     SELECT a.atttypid INTO v_declared FROM pg_attribute a
@@ -2422,12 +2423,23 @@ BEGIN
         IF t.typtype = 'd' THEN
             v_type := t.typbasetype;
         ELSIF t.typcategory = 'A' AND t.typelem <> 0 THEN
+            v_array := true;
             v_type := t.typelem;
         ELSE
             EXIT;
         END IF;
     END LOOP;
-    IF t.typtype = 'e' OR t.typname = 'citext'
+    -- citext only as the citext extension's own type, not any type so named.
+    -- An array of JSON: its text would be read as JSON element by element,
+    -- not as the JSON value the card shows.
+    IF v_array AND v_type IN ('json'::regtype, 'jsonb'::regtype) THEN
+        RETURN format_type(v_declared, NULL);
+    END IF;
+    IF t.typtype = 'e'
+       OR (t.typname = 'citext' AND EXISTS (
+             SELECT 1 FROM pg_depend d JOIN pg_extension x ON x.oid = d.refobjid
+              WHERE d.classid = 'pg_type'::regclass AND d.objid = v_type AND d.deptype = 'e'
+                AND x.extname = 'citext'))
        OR v_type = ANY ('{text,varchar,bpchar,int2,int4,int8,numeric,float4,float8,bool,uuid,date,time,timetz,timestamp,timestamptz,interval,json,jsonb,bytea,inet,cidr,macaddr,macaddr8,bit,varbit}'::regtype[]::oid[]) THEN
         RETURN NULL;
     END IF;
@@ -2463,6 +2475,10 @@ BEGIN
     SELECT a.attnum, c.dist_column INTO v_dist, v_distname
       FROM keyturn._citus_table(p_relid) c
       JOIN pg_attribute a ON a.attrelid = p_relid AND a.attname = c.dist_column;
+    IF keyturn._inexact_type(p_relid, p_key) IS NOT NULL THEN
+        RETURN format('key %s of %s is of type %s, which keyturn does not compare exactly',
+                      quote_ident(p_key), p_relid::regclass, keyturn._inexact_type(p_relid, p_key));
+    END IF;
     IF NOT v_notnull THEN
         RETURN format('key %s of %s may be NULL, and a row without a key cannot be named: make it NOT NULL',
                       quote_ident(p_key), p_relid::regclass);
@@ -2477,6 +2493,9 @@ BEGIN
                   AND i.indpred IS NULL AND i.indexprs IS NULL
                   AND (SELECT coalesce(bool_and(k = v_key OR k IS NOT DISTINCT FROM v_dist)
                                        AND bool_or(k = v_key
+                                                   -- the equality approve compares the key with
+                                                   AND (SELECT oc.opcdefault FROM pg_opclass oc
+                                                         WHERE oc.oid = i.indclass[n - 1])
                                                    AND (i.indcollation[n - 1] = v_coll
                                                         OR v_coll = 0
                                                         OR (SELECT c.collisdeterministic FROM pg_collation c
@@ -2696,6 +2715,10 @@ RETURNS int
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET IntervalStyle = 'postgres'
+-- The column types it stores are format_type's, which quotes every name
+-- under quote_all_identifiers ("jsonb"), and keyturn reads them back
+-- (docs/security.md, row 126).
+SET quote_all_identifiers = off
 AS $$
 DECLARE
     v_name      text := register_tool.name;
@@ -3026,27 +3049,25 @@ BEGIN
         RAISE EXCEPTION 'keyturn: %', v_error USING ERRCODE = '22023';
     END IF;
     v_arg := keyturn._form_arg(p_form, p_ver.sql_types);
-    -- Only a form with a value for a sized column (varchar(n), numeric(p,s),
-    -- ...) pays for this statement: such a value must be stored as given, not
-    -- cut or rounded (docs/security.md, row 126).
-    v_fit := keyturn._form_fit(p_ver.sql_types, p_form);
     -- Keys and versions are stored as text written under the settings
     -- _exec_as pins (DateStyle, TimeZone, ...), and compared in the column's
     -- own type at approve, so no session setting changes what they name.
     v_sql := format('SELECT jsonb_build_object(''k'', t.%I::text, ''v'', %s::text) FROM %s AS t WHERE %s ORDER BY t.%I LIMIT %s',
                     p_ver.sql_key, keyturn._version_expr(p_ver), keyturn._tool_table(p_ver),
                     keyturn._form_where(p_ver, p_form), p_ver.sql_key, p_ver.max_targets + 1);
-    IF v_fit IS NOT NULL THEN
+    -- One statement a value, each in a block of its own: a value its
+    -- column's type cannot read at all ('lots' for a number) or hold (too
+    -- large) is refused below if it filters, and a failed write at approve
+    -- if it is set, as any value the business table refuses; it hides no
+    -- other value's check (docs/security.md, row 126).
+    FOREACH v_fit IN ARRAY coalesce(keyturn._form_fit(p_ver.sql_types, p_form), '{}') LOOP
         BEGIN
             v_unfit := keyturn._exec_as(p_caller, v_fit, v_arg) ->> 0;
         EXCEPTION WHEN data_exception THEN
-            -- A value its column's type cannot read at all ('lots' for a
-            -- number) or hold (too large): refused below if it filters,
-            -- and a failed write at approve if it is set, as any value the
-            -- business table refuses.
             v_unfit := NULL;
         END;
-    END IF;
+        EXIT WHEN v_unfit IS NOT NULL;
+    END LOOP;
     IF v_unfit IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: params.% does not fit column % of %: it would store another value than the one proposed',
                 v_unfit, quote_ident(substr(v_unfit, strpos(v_unfit, '.') + 1))
@@ -9293,6 +9314,7 @@ CREATE OR REPLACE FUNCTION keyturn.check_deployment()
 RETURNS TABLE (severity text, object text, problem text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET quote_all_identifiers = off  -- types compared as register_tool printed them
 AS $$
 BEGIN
     PERFORM keyturn._refuse_nested('check_deployment');
@@ -9336,6 +9358,22 @@ BEGIN
          CROSS JOIN LATERAL keyturn._key_problem(to_regclass(format('%I.%I', v.sql_schema, v.sql_table)), v.sql_key) k
          WHERE v.executor = 'sql' AND to_regclass(format('%I.%I', v.sql_schema, v.sql_table)) IS NOT NULL
            AND k IS NOT NULL
+        UNION ALL
+        -- Columns whose type changed since the tool was registered: its
+        -- checks read the type it was registered with (docs/security.md,
+        -- row 126).
+        SELECT 'error', format('tool %s', v.tool),
+               format('column %s of %I.%I is %s now, and was %s when the tool was registered, whose checks read that type',
+                      quote_ident(c.col), v.sql_schema, v.sql_table,
+                      coalesce(format_type(a.atttypid, a.atttypmod), 'gone'), c.registered)
+          FROM keyturn.tool t
+          JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
+         CROSS JOIN LATERAL jsonb_each_text(v.sql_types) AS c (col, registered)
+          LEFT JOIN pg_attribute a ON a.attrelid = to_regclass(format('%I.%I', v.sql_schema, v.sql_table))
+                                  AND a.attname = c.col AND a.attnum > 0 AND NOT a.attisdropped
+         WHERE v.executor = 'sql' AND to_regclass(format('%I.%I', v.sql_schema, v.sql_table)) IS NOT NULL
+           AND c.col <> 'xmin'
+           AND format_type(a.atttypid, a.atttypmod) IS DISTINCT FROM c.registered
         UNION ALL
         -- Version columns nothing maintains.
         SELECT 'warning', format('tool %s', v.tool),

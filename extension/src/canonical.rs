@@ -47,11 +47,15 @@ fn param_keys(params: JsonbText) -> Vec<String> {
 #[pg_extern(name = "_form_arg", immutable, strict, parallel_safe)]
 fn form_arg(form: JsonbText, types: JsonB) -> JsonB {
     let form = canonical::parse_bounded(&form.0).or_raise();
+    // A json or jsonb column, or a domain over one, in whatever spelling the
+    // catalog gave it (crate::loose_type).
     let json_column = |c: &str| {
-        matches!(
-            types.0.get(c).and_then(Value::as_str),
-            Some("json" | "jsonb")
-        )
+        types
+            .0
+            .get(c)
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .is_some_and(|t| crate::loose_type::loose(t).kind == crate::loose_type::Kind::Json)
     };
     let mut out = serde_json::Map::new();
     for part in ["where", "set"] {

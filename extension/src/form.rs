@@ -96,18 +96,18 @@ fn form_problem(
         // A column without a type is not refused here (the plpgsql check's
         // NULL comparison); register_tool gives every column one.
         if matches!(v, Value::Object(_) | Value::Array(_)) {
-            if let Some(t) = type_of(k).filter(|t| t != "json" && t != "jsonb") {
+            if let Some(t) = type_of(k).filter(|_| !json_column(&types, k)) {
                 return Some(format!("params.set.{k} must be a scalar for a {t} column"));
             }
         }
     }
-    // Values a type without a size would store as another (a float's
-    // nearest number, a time rounded to the microsecond): the card shows
-    // what was proposed, so they are refused here (docs/security.md, row
-    // 126). A sized column's are `_form_fit`'s.
+    // Values a type would store as another, or read otherwise than a person
+    // reads them ([`inexact`]): the card shows what was proposed, so they
+    // are refused here (docs/security.md, row 126). A sized column's, an
+    // array's and an interval's are `_form_fit`'s.
     for (part, values) in [("where", wheres), ("set", sets)] {
         for (k, v) in in_jsonb_order(values) {
-            let Some(t) = type_of(k).filter(|t| t != "json" && t != "jsonb") else {
+            let Some(t) = type_of(k).filter(|t| !t.is_empty()) else {
                 continue;
             };
             let kind = crate::loose_type::loose(&t).kind;
@@ -123,27 +123,42 @@ fn form_problem(
     None
 }
 
-/// Why `value` would not be stored as it reads in a column of `kind`.
+/// Why `value` would not be stored as it reads, or would be read otherwise
+/// than a person reads it, in a column of `kind`. Dates and times are taken
+/// in ISO 8601 form only (`2026-06-01`, `09:00:00.5`, `2026-06-01T09:00:00Z`,
+/// an offset only for a type with a zone): PostgreSQL also reads words (`now`
+/// when the write runs, `GMT+03:00` with the POSIX sign, a zone name a
+/// `timestamp` drops) and rounds past the microsecond. Floats are taken as
+/// decimal numbers the type holds exactly. Arrays and intervals are checked
+/// against their printed form (`_form_fit`).
 fn inexact(kind: Kind, value: &Value) -> Option<&'static str> {
     let text = match value {
-        Value::String(s) => s.trim().to_owned(),
+        Value::String(s) => s.clone(),
         Value::Number(n) => n.to_string(),
         _ => return None,
     };
+    let infinite = |t: &str| matches!(t, "infinity" | "-infinity");
     match kind {
-        Kind::Exact => None,
-        Kind::Time | Kind::Date if relative(&text) => Some(
-            "names a time relative to when it is read (now, today, tomorrow, yesterday), which \
-             PostgreSQL reads when the approved write runs; give the time itself",
-        ),
-        Kind::Date => None,
-        Kind::Time => past_microseconds(&text).then_some(
-            "has digits past the microsecond, which PostgreSQL rounds away; give at most six",
-        ),
+        Kind::Exact | Kind::Json | Kind::Array | Kind::Interval => None,
+        Kind::Date => (!infinite(&text) && iso_date(&text).is_none_or(|rest| !rest.is_empty()))
+            .then_some("is no date in ISO 8601 form (2026-06-01)"),
+        Kind::Time { with_zone } => (!iso_time(&text, with_zone))
+            .then_some("is no time in ISO 8601 form (09:00, 09:00:00.5, with an offset such as +02:00 only for a time with a zone; at most six digits after the point)"),
+        Kind::Timestamp { with_zone } => (!infinite(&text)
+            && !iso_date(&text).is_some_and(|rest| {
+                rest.is_empty()
+                    || rest
+                        .strip_prefix(['T', ' '])
+                        .is_some_and(|time| iso_time(time, with_zone))
+            }))
+        .then_some("is no timestamp in ISO 8601 form (2026-06-01 09:00:00, with an offset such as Z or +02:00 only for a timestamp with a zone; at most six digits after the point)"),
         Kind::Float4 | Kind::Float8 => {
-            // What is no number at all (NaN, Infinity, a typo) the column
-            // reads as such or refuses.
-            let literal = number_literal(&text)?;
+            if matches!(text.to_ascii_lowercase().as_str(), "nan" | "infinity" | "-infinity") {
+                return None;
+            }
+            let Some(literal) = decimal_literal(&text) else {
+                return Some("is no decimal number (digits, a point, an exponent)");
+            };
             let number = literal.parse::<serde_json::Number>().ok()?;
             if keyturn_core::canonical::scalar_text(&Value::Number(number)).is_err() {
                 return Some(
@@ -161,45 +176,87 @@ fn inexact(kind: Kind, value: &Value) -> Option<&'static str> {
     }
 }
 
-/// `text` as a JSON number literal, the forms PostgreSQL's float input also
-/// reads (`+1`, `.5`, `1.`) written as JSON writes them; None for no number.
-fn number_literal(text: &str) -> Option<String> {
-    let (sign, digits) = match text.strip_prefix('-') {
+/// `text` as a JSON number literal when it is a plain decimal number
+/// (`-12.5e3`; also `+1`, `.5`, `1.` and leading zeros, which PostgreSQL's
+/// float input reads alike); None for anything else (hex, words, spaces).
+fn decimal_literal(text: &str) -> Option<String> {
+    let (sign, rest) = match text.strip_prefix('-') {
         Some(rest) => ("-", rest),
         None => ("", text.strip_prefix('+').unwrap_or(text)),
     };
-    let digits = match digits.starts_with('.') {
-        true => format!("0{digits}"),
-        false => digits.to_owned(),
+    let (mantissa, exponent) = match rest.split_once(['e', 'E']) {
+        Some((m, e)) => (m, Some(e)),
+        None => (rest, None),
     };
-    let digits = digits.replacen(".e", ".0e", 1).replacen(".E", ".0E", 1);
-    let digits = match digits.strip_suffix('.') {
-        Some(whole) => whole.to_owned(),
-        None => digits,
-    };
-    digits
-        .chars()
-        .next()
-        .filter(char::is_ascii_digit)
-        .map(|_| format!("{sign}{digits}"))
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    let exponent_ok = exponent.is_none_or(|e| {
+        let e = e.strip_prefix(['+', '-']).unwrap_or(e);
+        !e.is_empty() && digits(e)
+    });
+    if (whole.is_empty() && fraction.is_empty())
+        || !digits(whole)
+        || !digits(fraction)
+        || !exponent_ok
+    {
+        return None;
+    }
+    let whole = whole.trim_start_matches('0');
+    let mut literal = format!("{sign}{}", if whole.is_empty() { "0" } else { whole });
+    if !fraction.is_empty() {
+        literal = format!("{literal}.{fraction}");
+    }
+    if let Some(e) = exponent {
+        literal = format!("{literal}e{e}");
+    }
+    Some(literal)
 }
 
-/// Whether `text` holds one of the words PostgreSQL's date and time input
-/// reads as the current moment or day.
-fn relative(text: &str) -> bool {
-    text.split(|c: char| !c.is_ascii_alphabetic()).any(|word| {
-        ["now", "today", "tomorrow", "yesterday"]
-            .iter()
-            .any(|w| word.eq_ignore_ascii_case(w))
-    })
+/// After an ISO 8601 date at the start of `text` (`YYYY-MM-DD`), the rest.
+fn iso_date(text: &str) -> Option<&str> {
+    let b = text.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|s| s.iter().all(u8::is_ascii_digit));
+    (digits(0..4)
+        && b.get(4) == Some(&b'-')
+        && digits(5..7)
+        && b.get(7) == Some(&b'-')
+        && digits(8..10))
+    .then(|| &text[10..])
 }
 
-/// Whether `text` holds a fraction of more than six digits (a time's past
-/// the microsecond).
-fn past_microseconds(text: &str) -> bool {
-    text.split('.')
-        .skip(1)
-        .any(|after| after.bytes().take_while(u8::is_ascii_digit).count() > 6)
+/// Whether `text` is an ISO 8601 time (`HH:MM`, `HH:MM:SS`, `HH:MM:SS.ffffff`),
+/// with an offset (`Z`, `+HH`, `+HH:MM`, `+HHMM`) only when `with_zone`.
+fn iso_time(text: &str, with_zone: bool) -> bool {
+    let (time, offset) = match text.find(['Z', '+', '-']) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let two = |s: &str| s.len() == 2 && digits(s);
+    let mut parts = time.splitn(3, ':');
+    let (Some(h), Some(m)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let seconds_ok = match parts.next() {
+        None => true,
+        Some(s) => match s.split_once('.') {
+            Some((whole, fraction)) => two(whole) && digits(fraction) && fraction.len() <= 6,
+            None => two(s),
+        },
+    };
+    let offset_ok = match offset {
+        "" => true,
+        "Z" => with_zone,
+        o => {
+            let o = &o[1..];
+            with_zone
+                && (two(o)
+                    || (o.len() == 4 && digits(o))
+                    || o.split_once(':').is_some_and(|(a, b)| two(a) && two(b)))
+        }
+    };
+    two(h) && two(m) && seconds_ok && offset_ok
 }
 
 /// The WHERE clause of an sql tool's form over the row alias `t`, as propose
@@ -259,8 +316,21 @@ fn set_clauses(types: Option<JsonbText>, form: Option<JsonbText>) -> Vec<String>
         ),
         each(
             &|k| {
+                // Compared as what the person saw: an interval's `=` counts a
+                // month as 30 days, json has no `=`.
+                let cast = match column_type(&types, k).filter(|t| !t.is_empty()) {
+                    Some(t) => match crate::loose_type::loose(&t).kind {
+                        Kind::Json => "::pg_catalog.jsonb",
+                        Kind::Time { .. }
+                        | Kind::Timestamp { .. }
+                        | Kind::Interval
+                        | Kind::Array => "::pg_catalog.text",
+                        _ => "",
+                    },
+                    None => "",
+                };
                 format!(
-                    "(u.{} IS NOT DISTINCT FROM {})",
+                    "(u.{}{cast} IS NOT DISTINCT FROM {}{cast})",
                     quote_ident(k),
                     form_value(&types, "set", k)
                 )
@@ -326,15 +396,18 @@ fn form_value(types: &Value, part: &str, column: &str) -> String {
     )
 }
 
-/// The statement that finds the first value of `form` its column would
-/// store as another value (cut, padded past what compares equal, rounded),
-/// as `part.column`, in one jsonb row; NULL when no column of the form has
-/// a size. Its casts may also raise (a value too large for the column, a
-/// bit string of another length): that too is a value that does not fit.
-/// Run by propose (`keyturn._resolve_targets`), as the proposer, with the
-/// argument `_form_arg` makes.
+/// The statements that check `form`'s values against their columns, one a
+/// value a cast must check: each answers one jsonb row, `part.column` when
+/// the value would be stored as another (cut, padded past what compares
+/// equal, rounded) or, for an array or an interval, is not written as
+/// PostgreSQL prints it (one printed form, which the card then shows); NULL
+/// when it fits. None for a form with no such value. A cast may also raise
+/// (a value too large for its column, a bit string of another length): its
+/// statement alone fails, and propose runs each in a block of its own, so a
+/// value that raises hides no other. Run by propose
+/// (`keyturn._resolve_targets`), as the proposer, with `_form_arg`'s argument.
 #[pg_extern(name = "_form_fit", immutable, parallel_safe)]
-fn form_fit(types: Option<JsonbText>, form: Option<JsonbText>) -> Option<String> {
+fn form_fit(types: Option<JsonbText>, form: Option<JsonbText>) -> Option<Vec<String>> {
     let types = read("the tool's column types", types);
     let form = read("the form", form);
     let mut checks = Vec::new();
@@ -346,50 +419,55 @@ fn form_fit(types: Option<JsonbText>, form: Option<JsonbText>) -> Option<String>
         keys.sort();
         for k in keys {
             let declared = column_type(&types, k).unwrap_or_default();
-            if declared.is_empty() || json_column(&types, k) {
+            if declared.is_empty() {
                 continue;
             }
             let loose = crate::loose_type::loose(&declared);
-            if !loose.sized {
-                continue;
-            }
-            let (loose, kind) = (loose.name, loose.kind);
+            let same = match loose.kind {
+                Kind::Json => continue,
+                // One printed form: an interval's `=` counts a month as 30
+                // days (an `interval year` that dropped 11 months and -330
+                // days compares equal), and an array's elements are read by
+                // their own rules.
+                Kind::Array | Kind::Interval => |v: &str, declared: &str, _: &str| {
+                    format!("({v})::{declared}::pg_catalog.text IS NOT DISTINCT FROM ({v})")
+                },
+                _ if !loose.sized => continue,
+                Kind::Time { .. } | Kind::Timestamp { .. } => {
+                    |v: &str, declared: &str, loose: &str| {
+                        format!("({v})::{declared}::pg_catalog.text IS NOT DISTINCT FROM ({v})::{loose}::pg_catalog.text")
+                    }
+                }
+                _ => |v: &str, declared: &str, loose: &str| {
+                    format!("({v})::{declared} IS NOT DISTINCT FROM ({v})::{loose}")
+                },
+            };
             let (part_q, k_q) = (quote_literal(part), quote_literal(k));
-            // A time compares as text: an interval's `=` counts a month as
-            // 30 days, so an `interval year` that dropped 11 months and
-            // -330 days would still compare equal.
-            let as_text = if kind == Kind::Time {
-                "::pg_catalog.text"
-            } else {
-                ""
-            };
-            let same = |v: &str| {
-                format!("({v})::{declared}{as_text} IS NOT DISTINCT FROM ({v})::{loose}{as_text}")
-            };
             let fits = if values[k].is_array() {
                 format!(
                     "(SELECT pg_catalog.bool_and({}) \
                        FROM pg_catalog.jsonb_array_elements_text($1->{part_q}->{k_q}) AS e)",
-                    same("e")
+                    same("e", &declared, &loose.name)
                 )
             } else {
-                format!("({})", same(&format!("$1->{part_q}->>{k_q}")))
+                format!(
+                    "({})",
+                    same(&format!("$1->{part_q}->>{k_q}"), &declared, &loose.name)
+                )
             };
             checks.push(format!(
-                "WHEN NOT {fits} THEN {}",
+                "SELECT pg_catalog.to_jsonb(CASE WHEN NOT {fits} THEN {} END)",
                 quote_literal(&format!("{part}.{k}"))
             ));
         }
     }
-    (!checks.is_empty())
-        .then(|| format!("SELECT pg_catalog.to_jsonb(CASE {} END)", checks.join(" ")))
+    (!checks.is_empty()).then_some(checks)
 }
 
 fn json_column(types: &Value, column: &str) -> bool {
-    matches!(
-        column_type(types, column).as_deref(),
-        Some("json" | "jsonb")
-    )
+    column_type(types, column)
+        .filter(|t| !t.is_empty())
+        .is_some_and(|t| crate::loose_type::loose(&t).kind == Kind::Json)
 }
 
 /// The type a form's value is read in: its column's, without the size.

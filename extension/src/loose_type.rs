@@ -35,20 +35,28 @@ pub struct Loose {
     pub kind: Kind,
 }
 
-/// What a type (an array's, its elements') does to a value without a size.
+/// What a type does to a value without a size, and how keyturn checks it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// Nothing: it stores the value as it reads, or refuses it.
+    /// Stores the value as it reads, or refuses it (text, numbers but
+    /// floats, booleans, uuid, enums …).
     Exact,
+    /// `json` or `jsonb` (or a domain over one): the canonical JSON value.
+    Json,
     /// `real`: the nearest single-precision number.
     Float4,
     /// `double precision`: the nearest double.
     Float8,
-    /// A time, a timestamp or an interval: rounded to the microsecond, and
-    /// (but an interval) `now`, `today` … read when the write runs.
-    Time,
-    /// A date: `today` … read when the write runs.
+    /// A date: read as a person reads it only in ISO form.
     Date,
+    /// A time (`with_zone`: `timetz`): likewise, rounded to the microsecond.
+    Time { with_zone: bool },
+    /// A timestamp (`with_zone`: `timestamptz`): likewise.
+    Timestamp { with_zone: bool },
+    /// An interval: many spellings, one printed form; checked against it.
+    Interval,
+    /// An array: its text is checked against the printed form.
+    Array,
 }
 
 thread_local! {
@@ -114,22 +122,18 @@ fn look_up(declared: &str) -> Loose {
         );
         CStr::from_ptr(name).to_string_lossy().into_owned()
     };
-    // SAFETY: syscache lookups of an existing type's OID.
-    let scalar = unsafe {
-        match pg_sys::get_element_type(loose) {
-            element if element == pg_sys::Oid::INVALID => loose,
-            element => element,
-        }
-    };
-    let kind = match scalar {
+    let kind = match loose {
+        // SAFETY: a syscache lookup of an existing type's OID.
+        _ if unsafe { pg_sys::get_element_type(loose) } != pg_sys::Oid::INVALID => Kind::Array,
+        pg_sys::JSONOID | pg_sys::JSONBOID => Kind::Json,
         pg_sys::FLOAT4OID => Kind::Float4,
         pg_sys::FLOAT8OID => Kind::Float8,
-        pg_sys::TIMESTAMPOID
-        | pg_sys::TIMESTAMPTZOID
-        | pg_sys::TIMEOID
-        | pg_sys::TIMETZOID
-        | pg_sys::INTERVALOID => Kind::Time,
         pg_sys::DATEOID => Kind::Date,
+        pg_sys::TIMEOID => Kind::Time { with_zone: false },
+        pg_sys::TIMETZOID => Kind::Time { with_zone: true },
+        pg_sys::TIMESTAMPOID => Kind::Timestamp { with_zone: false },
+        pg_sys::TIMESTAMPTZOID => Kind::Timestamp { with_zone: true },
+        pg_sys::INTERVALOID => Kind::Interval,
         _ => Kind::Exact,
     };
     Loose {

@@ -47,6 +47,9 @@ pub async fn expected_targets(
         if matches!(v, Value::Object(_) | Value::Array(_)) && column(col).kind != Kind::Jsonb {
             return Err(format!("set {col} is not a scalar"));
         }
+        if column(col).kind == Kind::Date && !iso_dates(v) {
+            return Err(format!("set {col} is no ISO 8601 date"));
+        }
         // A value its sized column would store as another (rounded, cut) is
         // refused; one it cannot read or hold at all fails at approve.
         let sized = column(col).sql_type;
@@ -64,6 +67,9 @@ pub async fn expected_targets(
     for (col, v) in filters {
         if !where_cols.contains(&col.as_str()) {
             return Err(format!("where {col} not listed"));
+        }
+        if column(col).kind == Kind::Date && !iso_dates(v) {
+            return Err(format!("where {col} holds no ISO 8601 date"));
         }
         let items = match v {
             Value::Array(items) if (1..=1000).contains(&items.len()) => items.clone(),
@@ -223,4 +229,29 @@ pub async fn check_write(
         }
     }
     None
+}
+
+/// Whether every date `v` holds (one, or a list's) is written `YYYY-MM-DD`
+/// (or `infinity`): docs/sql-api.md, propose, takes dates in ISO 8601 form
+/// only, since PostgreSQL also reads `20240101`, `01/02/03` or `epoch`.
+fn iso_dates(v: &Value) -> bool {
+    let items = match v {
+        Value::Array(items) => items.iter().collect(),
+        v => vec![v],
+    };
+    items.into_iter().all(|item| match scalar_text(item) {
+        Ok(Some(t)) => {
+            let b = t.as_bytes();
+            matches!(t.as_str(), "infinity" | "-infinity")
+                || (b.len() == 10
+                    && b.iter().enumerate().all(|(i, c)| {
+                        if i == 4 || i == 7 {
+                            *c == b'-'
+                        } else {
+                            c.is_ascii_digit()
+                        }
+                    }))
+        }
+        _ => true,
+    })
 }
