@@ -17,10 +17,10 @@ ALTER FUNCTION keyturn._exec_as(oid, text, jsonb)
     SET IntervalStyle = 'postgres'
     SET extra_float_digits = 1
     SET bytea_output = 'hex'
-    -- Read as values, these two change what a text means (IST is Israel's
-    -- by default and India's in the India set; NULL in an array is NULL or
-    -- the string), so they are pinned too (docs/security.md, row 132).
-    SET timezone_abbreviations = 'Default'
+    -- NULL in an array is NULL or the string by this one, so it is pinned
+    -- too (docs/security.md, row 132). Not timezone_abbreviations: setting
+    -- it reads and parses a file (some 60 µs a call), and no value keyturn
+    -- takes holds an abbreviation (dates and times in ISO 8601 form only).
     SET array_nulls = on;
 
 -- origin: {"conversation_id", "turn_id", "message_id", "assistant_message_id",
