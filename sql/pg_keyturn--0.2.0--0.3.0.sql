@@ -3069,12 +3069,12 @@ BEGIN
         EXIT WHEN v_unfit IS NOT NULL;
     END LOOP;
     IF v_unfit IS NOT NULL THEN
-        RAISE EXCEPTION 'keyturn: params.% does not fit column % of %: it would store another value than the one proposed',
+        RAISE EXCEPTION 'keyturn: params.% does not fit column % of %: stored, it would not be the value proposed, written as proposed',
                 v_unfit, quote_ident(substr(v_unfit, strpos(v_unfit, '.') + 1))
                          || ' (' || (p_ver.sql_types ->> substr(v_unfit, strpos(v_unfit, '.') + 1)) || ')',
                 format('%I.%I', p_ver.sql_schema, p_ver.sql_table)
             USING ERRCODE = '22023',
-                  HINT = 'Propose a value the column holds as it is: within its length, precision and scale.';
+                  HINT = 'Propose a value the column holds as it is (within its length, precision and scale), and an interval or an array as PostgreSQL prints it (02:00:00, {a,b}).';
     END IF;
     BEGIN
         v_rows := keyturn._exec_as(p_caller, v_sql, v_arg);
