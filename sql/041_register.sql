@@ -299,6 +299,7 @@ DECLARE
     v_coll     oid;
     v_dist     int2;
     v_distname text;
+    v_inexact  text;
 BEGIN
     SELECT a.attnum, a.attnotnull, a.attcollation INTO v_key, v_notnull, v_coll
       FROM pg_attribute a
@@ -306,9 +307,10 @@ BEGIN
     SELECT a.attnum, c.dist_column INTO v_dist, v_distname
       FROM keyturn._citus_table(p_relid) c
       JOIN pg_attribute a ON a.attrelid = p_relid AND a.attname = c.dist_column;
-    IF keyturn._inexact_type(p_relid, p_key) IS NOT NULL THEN
+    v_inexact := keyturn._inexact_type(p_relid, p_key);
+    IF v_inexact IS NOT NULL THEN
         RETURN format('key %s of %s is of type %s, which keyturn does not compare exactly',
-                      quote_ident(p_key), p_relid::regclass, keyturn._inexact_type(p_relid, p_key));
+                      quote_ident(p_key), p_relid::regclass, v_inexact);
     END IF;
     IF NOT v_notnull THEN
         RETURN format('key %s of %s may be NULL, and a row without a key cannot be named: make it NOT NULL',
@@ -410,11 +412,11 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'A form without filters would address the whole table.';
     END IF;
-    v_bad := (SELECT string_agg(format('spec.sql.%s names %s, a column of type %s', x.part, quote_ident(x.col),
-                                       keyturn._inexact_type(v_relid, x.col)), '; ')
+    v_bad := (SELECT string_agg(format('spec.sql.%s names %s, a column of type %s', x.part, quote_ident(x.col), y.t), '; ')
                 FROM (SELECT 'set' AS part, s AS col FROM unnest(v_set) s
                       UNION ALL SELECT 'where', w FROM unnest(v_where) w) x
-               WHERE keyturn._inexact_type(v_relid, x.col) IS NOT NULL);
+               CROSS JOIN LATERAL keyturn._inexact_type(v_relid, x.col) AS y (t)
+               WHERE y.t IS NOT NULL);
     IF v_bad IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: %, whose values keyturn cannot write or compare exactly', v_bad
             USING ERRCODE = '22023',

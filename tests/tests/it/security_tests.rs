@@ -46,6 +46,19 @@ async fn refused_registration(w: &World, spec: &Value) -> String {
     message
 }
 
+/// A BEFORE UPDATE trigger that moves `t`'s `revision` on every write: a
+/// version column a tool may name.
+async fn bump_revision(su: &tokio_postgres::Client, t: &str) {
+    let bump = unique("bump");
+    su.batch_execute(&format!(
+        "CREATE FUNCTION crm.{bump}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN NEW.revision := OLD.revision + 1; RETURN NEW; END $$;
+         CREATE TRIGGER {bump} BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION crm.{bump}();"
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("the revision trigger on {t}: {e}"));
+}
+
 fn recipients_tool(extra: Value) -> Value {
     let mut spec = json!({
         "executor": "external", "provider": "webhook",
@@ -593,16 +606,13 @@ async fn test_a_json_column_in_any_spelling_stores_the_value_shown() {
         &format!("id bigint PRIMARY KEY, p {prefs}, j json, term interval, revision int NOT NULL DEFAULT 1"),
     )
     .await;
-    let bump = unique("bump");
     su.batch_execute(&format!(
-        "INSERT INTO {t} (tenant, id) VALUES ('{}', 1);
-         CREATE FUNCTION crm.{bump}() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN NEW.revision := OLD.revision + 1; RETURN NEW; END $$;
-         CREATE TRIGGER {bump} BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION crm.{bump}();",
+        "INSERT INTO {t} (tenant, id) VALUES ('{}', 1)",
         w.tenant
     ))
     .await
     .unwrap();
+    bump_revision(su, &t).await;
     let tool = w
         .tool(
             "prefs",
@@ -736,16 +746,13 @@ async fn test_a_column_narrowed_after_the_proposal_stores_nothing() {
     let w = World::new("member").await;
     let su = &w.superuser;
     let t = table(su, "id bigint PRIMARY KEY, amount numeric NOT NULL, role text NOT NULL, revision int NOT NULL DEFAULT 1").await;
-    let bump = unique("bump");
     su.batch_execute(&format!(
-        "INSERT INTO {t} VALUES ('{}', 1, 1, 'user');
-         CREATE FUNCTION crm.{bump}() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN NEW.revision := OLD.revision + 1; RETURN NEW; END $$;
-         CREATE TRIGGER {bump} BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION crm.{bump}();",
+        "INSERT INTO {t} VALUES ('{}', 1, 1, 'user')",
         w.tenant
     ))
     .await
     .unwrap();
+    bump_revision(su, &t).await;
     let tool = w
         .tool(
             "narrowed",
