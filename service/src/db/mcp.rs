@@ -9,7 +9,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
-use super::{bounded, get, query_one};
+use super::{bounded, get, query_one, query_one_for};
 use crate::error::Error;
 
 /// One row of `keyturn.mcp_tools()`.
@@ -275,24 +275,14 @@ pub async fn check_upstream_tool(
         (definition, Type::JSONB),
         (&tenant, Type::TEXT),
     ];
-    let row = match tenant {
-        None => {
-            query_one(
-                client,
-                "SELECT keyturn.check_upstream_tool($1, $2, $3) AS same",
-                &params[..3],
-            )
-            .await?
-        }
-        Some(_) => {
-            query_one(
-                client,
-                "SELECT keyturn.check_upstream_tool_for($4, $1, $2, $3) AS same",
-                &params,
-            )
-            .await?
-        }
-    };
+    let row = query_one_for(
+        client,
+        tenant,
+        "SELECT keyturn.check_upstream_tool($1, $2, $3) AS same",
+        "SELECT keyturn.check_upstream_tool_for($4, $1, $2, $3) AS same",
+        &params,
+    )
+    .await?;
     get(&row, "same")
 }
 
