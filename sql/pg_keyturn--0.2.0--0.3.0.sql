@@ -4577,6 +4577,15 @@ BEGIN
     IF a.status <> 'pending' THEN
         RETURN ROW(a.id, a.status::text, a.result)::keyturn._outcome;
     END IF;
+    -- The token was checked before this lock: one replaced while the vote
+    -- waited for it (issue_token from the queue) is the wrong token now,
+    -- and counts for nothing (docs/security.md, row 134).
+    IF NOT keyturn._ct_eq(a.token_digest, keyturn._token_digest(p_token)) THEN
+        RAISE EXCEPTION 'keyturn: wrong token for this action'
+            USING ERRCODE = '55000',
+                  DETAIL = format('action %s: its token was replaced while this vote waited', a.id),
+                  HINT = 'Take the action''s current token (the card or the queue gives a fresh one) and vote again.';
+    END IF;
     IF clock_timestamp() <= a.expires_at
        AND (p_given_hash IS NULL OR keyturn._params_hash_matches(a.retain, a.params_hash, p_given_hash)) THEN
         INSERT INTO keyturn.vote (action_id, principal, tenant, action_principal, epoch, db_role)

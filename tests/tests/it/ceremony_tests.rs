@@ -1,6 +1,8 @@
 //! docs/sql-api.md, "The approval ceremony": the queue, batch approval,
 //! M-of-N quorum, edit before approve.
 
+use std::time::Duration;
+
 use keyturn_tests::*;
 use serde_json::{json, Value};
 
@@ -715,4 +717,62 @@ async fn test_the_ceremony_and_session_calls_for_the_callers_own_tenant_only() {
             "{conv} ended: it starts no new action"
         );
     }
+}
+
+/// A vote whose token was replaced while it waited for the action row (a
+/// colleague took a fresh token from the queue, `issue_token`) is the wrong
+/// token, as it would have been a moment later: 55000, no vote counted.
+/// It had been counted, had met the quorum, and then the claim with the
+/// old token found nothing and failed with an internal error (XX000), which
+/// `approve_many` re-raised, undoing the batch's other decisions
+/// (docs/security.md, row 134).
+#[tokio::test]
+async fn test_a_vote_whose_token_was_replaced_while_it_waited_counts_for_nothing() {
+    let (w, t, mut approvers) = quorum_world(json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
+    approve_on(&approvers[0].1, p.id, &p.token, None)
+        .await
+        .unwrap();
+    let fresh = approvers[0].1.transaction().await.unwrap();
+    let new_token: String = fresh
+        .query_one("SELECT keyturn.issue_token($1)", &[&p.id])
+        .await
+        .unwrap()
+        .get(0);
+    let (id, old_token, (_, voter)) = (p.id, p.token.clone(), approvers.remove(1));
+    let voting = tokio::spawn(async move {
+        let answer = approve_on(&voter, id, &old_token, None).await;
+        (answer, voter)
+    });
+    while count(
+        &w.superuser,
+        "SELECT count(*) FROM pg_stat_activity \
+          WHERE wait_event_type = 'Lock' AND query LIKE '%keyturn.approve(%'",
+        &[],
+    )
+    .await
+        == 0
+    {
+        assert!(
+            !voting.is_finished(),
+            "the vote did not wait for the action row"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    fresh.commit().await.unwrap();
+    let (answer, voter) = voting.await.unwrap();
+    assert_eq!(sqlstate(answer), "55000");
+    assert_eq!(w.status(p.id).await, "pending");
+    let votes = count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.vote WHERE action_id = $1",
+        &[&p.id],
+    )
+    .await;
+    assert_eq!(votes, 1, "the stale token's vote is not counted");
+    let (status, _) = approve_on(&voter, p.id, &new_token, None).await.unwrap();
+    assert_eq!(status, "queued", "the fresh token's vote decides");
 }
