@@ -54,7 +54,7 @@ COMMENT ON FUNCTION keyturn.action_counts(text, text, timestamptz, timestamptz) 
 COMMENT ON FUNCTION keyturn.find_actions(text, text, text, timestamptz, timestamptz, uuid, int) IS 'Operator, admin: the actions that match (status, tenant, tool, creation time, or one id), newest first; never a param value or a summary.';
 COMMENT ON FUNCTION keyturn.tools() IS 'Operator, admin: every tool with its current version''s class and whether it is enabled.';
 COMMENT ON FUNCTION keyturn.standing_approvals(text) IS 'Operator, admin: every standing approval (of one tenant), with why it ended.';
-COMMENT ON FUNCTION keyturn.verify_audit(text) IS 'Operator, admin: recomputes a tenant''s hash chain; false and the first event that no longer verifies when any was changed, deleted, reordered or inserted.';
+COMMENT ON FUNCTION keyturn.verify_audit(text) IS 'Operator, admin: recomputes a tenant''s hash chain; false and the first event that no longer verifies when any was changed, deleted, reordered or inserted, or whose action no longer is what it committed to (params, approval, result, receipt).';
 COMMENT ON FUNCTION keyturn.audit_export(text, timestamptz) IS 'Operator, admin: a tenant''s events since a time, each one JSON object of all its columns, for keyturnd audit-verify.';
 COMMENT ON FUNCTION keyturn.audit_head(text) IS 'Operator, admin: a tenant''s chain head (events, last hash), to anchor elsewhere.';
 COMMENT ON FUNCTION keyturn.set_notify(text, text, jsonb) IS 'Human: where the caller is reached when an action waits for them (email, webhook, webpush), with remind_before, max_per_hour and a webhook''s secret.';

@@ -469,6 +469,15 @@ STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'claims_for_wrapper';
 
+-- pg_keyturn::approval::_commitment
+CREATE OR REPLACE FUNCTION "_commitment"(
+	"what" TEXT, /* & str */
+	"value" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'commitment_sql_wrapper';
+
 -- pg_keyturn::committed::_committed_grant_at
 CREATE OR REPLACE FUNCTION "_committed_grant_at"(
 	"tenant" TEXT, /* & str */
@@ -6044,6 +6053,35 @@ RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT repeat('0', 64) $$;
 
+-- Whether action a still is what event detail d committed to (the
+-- lifecycle trigger writes the commitments: extension/src/lifecycle.rs,
+-- `commitments`): its tool and tool version; the MAC of its params hash
+-- (and its params still hash to it, where kept, unless approve found they
+-- did not and ended it rejected_tampered); its approval binding's MAC
+-- (and the binding still verifies: who approved, as which role, when,
+-- how); the MACs of its result's and receipt's jsonb text. A key d does not
+-- hold (an event of 0.2.0, a status change that commits to nothing) is not
+-- compared.
+CREATE OR REPLACE FUNCTION keyturn._commitments_kept(a keyturn.action, d jsonb)
+RETURNS boolean
+LANGUAGE plpgsql STABLE  -- not sql: the MACs are volatile, so no inlining
+AS $$
+BEGIN
+    RETURN (NOT d ? 'tool' OR d ->> 'tool' IS NOT DISTINCT FROM a.tool)
+       AND (NOT d ? 'tool_version' OR d ->> 'tool_version' IS NOT DISTINCT FROM a.tool_version::text)
+       AND (NOT d ? 'params_mac'
+            OR (d ->> 'params_mac' IS NOT DISTINCT FROM keyturn._commitment('params_hash', a.params_hash)
+                AND (a.params IS NULL OR a.retain = 'digest' OR a.status = 'rejected_tampered'
+                     OR keyturn.params_hash(a.tool, a.params) IS NOT DISTINCT FROM a.params_hash)))
+       AND (NOT d ? 'approval_mac'
+            OR (d ->> 'approval_mac' IS NOT DISTINCT FROM encode(a.approval_mac, 'hex')
+                AND keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
+                                            a.approved_at, a.approved_via, a.approval_mac)))
+       AND (NOT d ? 'result_mac' OR d ->> 'result_mac' IS NOT DISTINCT FROM keyturn._commitment('result', a.result::text))
+       AND (NOT d ? 'receipt_mac' OR d ->> 'receipt_mac' IS NOT DISTINCT FROM keyturn._commitment('receipt', a.receipt::text));
+END
+$$;
+
 -- Recomputes a tenant's chain. ok is false at the first event that no longer
 -- verifies (first_bad: its id): changed (its hash is not of its columns),
 -- reordered, inserted, or after a deleted one (its prev_hash names no event
@@ -6053,6 +6091,10 @@ AS $$ SELECT repeat('0', 64) $$;
 -- is arithmetic over the rows. What it cannot see is a chain rewritten from
 -- some point on together with the head: compare the head with one anchored
 -- elsewhere (keyturn.audit_head, docs/audit.md).
+-- Then the actions: ok is false, first_bad the first event whose
+-- commitments its action no longer keeps (keyturn._commitments_kept), when
+-- an action's params, approval or outcome was rewritten under a chain that
+-- verifies. An action no longer stored is not compared.
 CREATE OR REPLACE FUNCTION keyturn.verify_audit(tenant text)
 RETURNS TABLE (ok boolean, events bigint, first_bad bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -6064,6 +6106,7 @@ DECLARE
     v_prev  text := keyturn._chain_start();
     v_n     bigint := 0;
     v_head  keyturn.audit_chain;
+    v_bad   bigint;
 BEGIN
     PERFORM keyturn._refuse_nested('verify_audit');
     PERFORM keyturn._require_text(verify_audit.tenant, 'tenant');
@@ -6082,6 +6125,16 @@ BEGIN
     END LOOP;
     IF v_n <> coalesce(v_head.events, 0) OR v_prev IS DISTINCT FROM coalesce(v_head.head, keyturn._chain_start()) THEN
         RETURN QUERY SELECT false, v_n, NULL::bigint;
+        RETURN;
+    END IF;
+    SELECT min(x.id) INTO v_bad
+      FROM keyturn.event x
+      JOIN keyturn.action a ON a.id = x.action_id AND a.tenant = verify_audit.tenant
+     WHERE x.tenant = verify_audit.tenant
+       AND x.detail ?| ARRAY['tool', 'tool_version', 'params_mac', 'approval_mac', 'result_mac', 'receipt_mac']
+       AND NOT keyturn._commitments_kept(ROW(a.*)::keyturn.action, x.detail);
+    IF v_bad IS NOT NULL THEN
+        RETURN QUERY SELECT false, v_n, v_bad;
         RETURN;
     END IF;
     RETURN QUERY SELECT true, v_n, NULL::bigint;
@@ -9868,7 +9921,7 @@ COMMENT ON FUNCTION keyturn.action_counts(text, text, timestamptz, timestamptz) 
 COMMENT ON FUNCTION keyturn.find_actions(text, text, text, timestamptz, timestamptz, uuid, int) IS 'Operator, admin: the actions that match (status, tenant, tool, creation time, or one id), newest first; never a param value or a summary.';
 COMMENT ON FUNCTION keyturn.tools() IS 'Operator, admin: every tool with its current version''s class and whether it is enabled.';
 COMMENT ON FUNCTION keyturn.standing_approvals(text) IS 'Operator, admin: every standing approval (of one tenant), with why it ended.';
-COMMENT ON FUNCTION keyturn.verify_audit(text) IS 'Operator, admin: recomputes a tenant''s hash chain; false and the first event that no longer verifies when any was changed, deleted, reordered or inserted.';
+COMMENT ON FUNCTION keyturn.verify_audit(text) IS 'Operator, admin: recomputes a tenant''s hash chain; false and the first event that no longer verifies when any was changed, deleted, reordered or inserted, or whose action no longer is what it committed to (params, approval, result, receipt).';
 COMMENT ON FUNCTION keyturn.audit_export(text, timestamptz) IS 'Operator, admin: a tenant''s events since a time, each one JSON object of all its columns, for keyturnd audit-verify.';
 COMMENT ON FUNCTION keyturn.audit_head(text) IS 'Operator, admin: a tenant''s chain head (events, last hash), to anchor elsewhere.';
 COMMENT ON FUNCTION keyturn.set_notify(text, text, jsonb) IS 'Human: where the caller is reached when an action waits for them (email, webhook, webpush), with remind_before, max_per_hour and a webhook''s secret.';
@@ -10210,6 +10263,13 @@ ALTER TABLE keyturn.action ENABLE TRIGGER action_proposal_immutable;
 -- The event log is append-only even for its owner: its trigger is off for
 -- this one statement's work.
 ALTER TABLE keyturn.event DISABLE TRIGGER event_append_only;
+-- What an event commits to of its action (sql/059_audit.sql) is 0.3.0's:
+-- the events before this upgrade commit to nothing. This library under
+-- 0.2.0's SQL (the upgrade window) wrote MACs of params hashes and
+-- approvals that this upgrade binds again above (digest actions); they go.
+UPDATE keyturn.event x
+   SET detail = x.detail - ARRAY['params_mac', 'approval_mac', 'result_mac', 'receipt_mac']
+ WHERE x.detail ?| ARRAY['params_mac', 'approval_mac', 'result_mac', 'receipt_mac'];
 DO $$
 DECLARE
     e       record;

@@ -104,6 +104,19 @@ fn digest_mac(params_hash: &str) -> String {
     approval::digest_mac(&key(), params_hash)
 }
 
+/// [`keyturn_core::approval::commitment`] under the database's key: what
+/// an audit event commits to of its action (the lifecycle trigger), and what
+/// `verify_audit` recomputes from the action row.
+pub fn commitment(what: &str, value: &[u8]) -> String {
+    approval::commitment(&key(), what, value)
+}
+
+/// [`commitment`] for `verify_audit` (sql/059_audit.sql).
+#[pg_extern(name = "_commitment", volatile, strict, parallel_unsafe)]
+fn commitment_sql(what: &str, value: &str) -> String {
+    commitment(what, value.as_bytes())
+}
+
 /// Whether `plain`, the params hash of what is being approved, is what the
 /// action stored: equal for `retain = full`, the digest MAC of it for
 /// `retain = digest`; in constant time either way. The one comparison of a

@@ -37,7 +37,7 @@ use crate::privilege::{extension_owner, RoleSwitch};
 use crate::{actor, audit, plans};
 
 /// The columns the triggers read, in this order.
-const COLUMNS: [&str; 20] = [
+const COLUMNS: [&str; 23] = [
     "id",
     "tenant",
     "principal",
@@ -58,6 +58,9 @@ const COLUMNS: [&str; 20] = [
     "approved_at",
     "approved_via",
     "approval_mac",
+    "tool_version",
+    "result",
+    "receipt",
 ];
 const ID: usize = 0;
 const TENANT: usize = 1;
@@ -79,6 +82,9 @@ const APPROVED_ROLE: usize = 16;
 const APPROVED_AT: usize = 17;
 const APPROVED_VIA: usize = 18;
 const APPROVAL_MAC: usize = 19;
+const TOOL_VERSION: usize = 20;
+const RESULT: usize = 21;
+const RECEIPT: usize = 22;
 
 /// What a backend knows about `keyturn.action` and `keyturn.status`, for the
 /// relation it was read for (a new extension has a new relation).
@@ -239,6 +245,11 @@ impl Row {
     fn text(&self, col: usize) -> Option<&str> {
         // SAFETY: text columns hold text datums (varlena), valid for this call.
         self.datums[col].and_then(|d| unsafe { <&str as FromDatum>::from_datum(d, false) })
+    }
+
+    fn bytes(&self, col: usize) -> Option<&[u8]> {
+        // SAFETY: bytea columns hold bytea datums (varlena), valid for this call.
+        self.datums[col].and_then(|d| unsafe { <&[u8] as FromDatum>::from_datum(d, false) })
     }
 
     fn timestamp(&self, col: usize) -> Option<i64> {
@@ -526,16 +537,11 @@ fn _action_lifecycle<'a>(
 
     // SAFETY: a uuid datum of this row, valid for this call.
     let id = new.datums[ID].and_then(|d| unsafe { pgrx::Uuid::from_datum(d, false) });
-    let mut detail = actor::event_detail_of(id).unwrap_or_else(|| "{}".to_owned());
-    if !acting {
-        detail = match serde_json::from_str::<serde_json::Value>(&detail) {
-            Ok(serde_json::Value::Object(mut m)) => {
-                m.insert("direct_write".into(), serde_json::Value::Bool(true));
-                serde_json::Value::Object(m).to_string()
-            }
-            _ => r#"{"direct_write": true}"#.to_owned(),
-        };
-    }
+    let detail = event_detail(
+        actor::event_detail_of(id).as_deref(),
+        !acting,
+        commitments(old.as_ref(), &new, is_final),
+    );
     let db_role = actor::actor_role().unwrap_or_else(outer_role_name);
     let principal = actor::actor_principal();
     let external = new.text(EXECUTOR) == Some("external");
@@ -626,6 +632,96 @@ fn _action_lifecycle<'a>(
     })
     .unwrap_or_else(|e| error!("keyturn: the lifecycle of an action failed: {e}"));
     Ok(None)
+}
+
+/// The event's detail: what the code that changed the row noted, marked
+/// `direct_write` when keyturn did not make the change, with the row's
+/// [`commitments`] (which no caller's note can replace).
+fn event_detail(
+    noted: Option<&str>,
+    direct_write: bool,
+    commitments: serde_json::Map<String, serde_json::Value>,
+) -> String {
+    if !direct_write && commitments.is_empty() {
+        return noted.unwrap_or("{}").to_owned();
+    }
+    let mut detail = match noted.map(serde_json::from_str::<serde_json::Value>) {
+        Some(Ok(serde_json::Value::Object(m))) => m,
+        _ => serde_json::Map::new(),
+    };
+    if direct_write {
+        detail.insert("direct_write".into(), serde_json::Value::Bool(true));
+    }
+    detail.extend(commitments);
+    serde_json::Value::Object(detail).to_string()
+}
+
+/// What a status change's event commits to besides the status, read from
+/// the row (docs/audit.md, "What an event commits to"): when the action is
+/// created, its tool and tool version, and a MAC of its params hash; when
+/// its approval binding is first written, the binding's MAC (over who
+/// approved, as which role, when, how, and the params hash); at a final
+/// status, MACs of its result's and receipt's jsonb text. The MACs are
+/// under the database's key ([`approval::commitment`]): no reader of the
+/// chain can test guesses against them. `verify_audit` recomputes them from
+/// the row, so a rewrite of what was approved or of how it ended shows
+/// against an anchored head (twenty-fifth red-team pass).
+fn commitments(
+    old: Option<&Row>,
+    new: &Row,
+    is_final: bool,
+) -> serde_json::Map<String, serde_json::Value> {
+    use serde_json::Value;
+    let mut facts = serde_json::Map::new();
+    let created = old.is_none();
+    let approved =
+        old.is_none_or(|o| o.datums[APPROVAL_MAC].is_none()) && new.datums[APPROVAL_MAC].is_some();
+    if !(created || approved || is_final) {
+        return facts;
+    }
+    // The key is the extension owner's to read, whoever changed the row.
+    let _as_owner = RoleSwitch::to(extension_owner());
+    if created {
+        if let Some(tool) = new.text(TOOL) {
+            facts.insert("tool".into(), Value::String(tool.to_owned()));
+        }
+        if let Some(v) = new.datums[TOOL_VERSION] {
+            // int4, passed by value.
+            facts.insert("tool_version".into(), Value::from(v.value() as i32));
+        }
+        if let Some(hash) = new.text(PARAMS_HASH) {
+            let mac = approval::commitment("params_hash", hash.as_bytes());
+            facts.insert("params_mac".into(), Value::String(mac));
+        }
+    }
+    if approved {
+        if let Some(mac) = new.bytes(APPROVAL_MAC) {
+            facts.insert("approval_mac".into(), Value::String(hex::encode(mac)));
+        }
+    }
+    if is_final {
+        for (key, what, col) in [
+            ("result_mac", "result", RESULT),
+            ("receipt_mac", "receipt", RECEIPT),
+        ] {
+            if let Some(d) = new.datums[col] {
+                let mac = approval::commitment(what, jsonb_text(d).to_bytes());
+                facts.insert(key.into(), Value::String(mac));
+            }
+        }
+    }
+    facts
+}
+
+/// A jsonb datum's text, as `jsonb_out` prints it (and `::text` in SQL).
+fn jsonb_text<'d>(d: pg_sys::Datum) -> &'d std::ffi::CStr {
+    // SAFETY: d is a jsonb datum of the trigger's row, valid for this call;
+    // jsonb_out detoasts it and returns a palloc'd NUL-terminated string,
+    // which lives as long as the trigger's memory context.
+    unsafe {
+        let printed = pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_OUT), d);
+        std::ffi::CStr::from_ptr(printed)
+    }
 }
 
 /// The session's role as the audit log names a change keyturn did not make:

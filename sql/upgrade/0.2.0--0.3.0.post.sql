@@ -95,6 +95,13 @@ ALTER TABLE keyturn.action ENABLE TRIGGER action_proposal_immutable;
 -- The event log is append-only even for its owner: its trigger is off for
 -- this one statement's work.
 ALTER TABLE keyturn.event DISABLE TRIGGER event_append_only;
+-- What an event commits to of its action (sql/059_audit.sql) is 0.3.0's:
+-- the events before this upgrade commit to nothing. This library under
+-- 0.2.0's SQL (the upgrade window) wrote MACs of params hashes and
+-- approvals that this upgrade binds again above (digest actions); they go.
+UPDATE keyturn.event x
+   SET detail = x.detail - ARRAY['params_mac', 'approval_mac', 'result_mac', 'receipt_mac']
+ WHERE x.detail ?| ARRAY['params_mac', 'approval_mac', 'result_mac', 'receipt_mac'];
 DO $$
 DECLARE
     e       record;

@@ -86,6 +86,27 @@ pub fn digest_mac(key: &[u8], params_hash: &str) -> String {
     hex::encode(digest_message(key, params_hash).finalize().into_bytes())
 }
 
+/// Domain tag of an audit event's commitments, never the same MAC as an
+/// approval's or a digest's.
+const COMMITMENT_TAG: &[u8] = b"keyturn/v1/commitment";
+
+/// What an audit event commits to of its action (docs/audit.md): HMAC-SHA256
+/// under the database's key over `what` (the fact's name) and `value`, as
+/// lowercase hex. Keyed, so that whoever reads the chain (an operator, an
+/// export) cannot test guesses of short params or of a result naming row
+/// keys against it, as they could a plain hash.
+pub fn commitment(key: &[u8], what: &str, value: &[u8]) -> String {
+    let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(key) else {
+        unreachable!("HMAC-SHA256 accepts keys of any length")
+    };
+    mac.update(COMMITMENT_TAG);
+    // usize → u64 is lossless on every supported target.
+    mac.update(&(what.len() as u64).to_be_bytes());
+    mac.update(what.as_bytes());
+    mac.update(value);
+    hex::encode(mac.finalize().into_bytes())
+}
+
 /// Whether `stored` (lowercase hex) is the digest MAC of `params_hash`, in
 /// constant time.
 pub fn digest_matches(key: &[u8], params_hash: &str, stored: &str) -> bool {

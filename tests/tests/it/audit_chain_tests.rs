@@ -736,3 +736,121 @@ async fn test_a_sequence_behind_the_chain_is_moved_past_it() {
     );
     assert_eq!(verify(&w.tenant).await, (true, after.len() as i64, None));
 }
+
+/// The events commit to what was approved and how it ended, not only to the
+/// status changes: an action's params and hash, who approved it, its result
+/// and its receipt, rewritten with triggers off under a chain that still
+/// verifies, make verify_audit false at the event that committed to them
+/// (twenty-fifth red-team pass; docs/security.md, row 135). Before, each
+/// rewrite verified.
+#[tokio::test]
+async fn test_rewriting_what_was_approved_or_how_it_ended_is_found() {
+    let w = World::new("member").await;
+    let deal = w.deals(&w.principal, 1).await[0];
+    let sql_tool = w.deal_tool(json!({})).await;
+    let written = w
+        .propose(
+            &sql_tool,
+            json!({"where": {"id": deal}, "set": {"stage": "won"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.approve(&written).await.unwrap().0, "succeeded");
+    let hook = w.webhook_tool(json!({})).await;
+    let sent = w
+        .propose(&hook, json!({"channel": "c", "text": "t"}))
+        .await
+        .unwrap();
+    assert_eq!(w.approve(&sent).await.unwrap().0, "queued");
+    let d = connect("app_dispatcher").await;
+    let l = lease_mine(&d, &[sent.id], "30 seconds").await.remove(0);
+    assert!(begin(&d, &l).await.unwrap());
+    let status = complete(&d, &l, "succeeded", json!({"message_id": "m-1"}), None)
+        .await
+        .unwrap();
+    assert_eq!(status, "succeeded");
+    assert!(verify(&w.tenant).await.0, "the honest chain verifies");
+    // Keyed: whoever reads the chain cannot test a guess of the params
+    // against it, as a plain hash would let them.
+    let exported = serde_json::to_string(&export(&w.tenant).await).unwrap();
+    assert!(
+        !exported.contains(&written.params_hash) && !exported.contains(&sent.params_hash),
+        "the chain holds no plain params hash"
+    );
+
+    // The event that committed to the rewritten column, for each rewrite.
+    let committed = |id: uuid::Uuid, key: &'static str| {
+        let su = &w.superuser;
+        async move {
+            let r = su
+                .query_one(
+                    "SELECT min(id) FROM keyturn.event WHERE action_id = $1 AND detail ? $2",
+                    &[&id, &key],
+                )
+                .await
+                .unwrap();
+            r.get::<_, Option<i64>>(0).expect("an event commits to it")
+        }
+    };
+    let lost = json!({"where": {"id": deal}, "set": {"stage": "lost"}});
+    let rewrites: [(&str, uuid::Uuid, &str, &str); 5] = [
+        (
+            "the params and their hash",
+            written.id,
+            "params_mac",
+            "UPDATE keyturn.action SET params = $2, params_hash = keyturn.params_hash(tool, $2) WHERE id = $1",
+        ),
+        (
+            "the params alone",
+            written.id,
+            "params_mac",
+            "UPDATE keyturn.action SET params = $2 WHERE id = $1 AND $2::jsonb IS NOT NULL",
+        ),
+        (
+            "who approved",
+            written.id,
+            "approval_mac",
+            "UPDATE keyturn.action SET approved_by = 'mallory' WHERE id = $1 AND $2::jsonb IS NOT NULL",
+        ),
+        (
+            "the result",
+            written.id,
+            "result_mac",
+            "UPDATE keyturn.action SET result = '{\"rows\": 0}' WHERE id = $1 AND $2::jsonb IS NOT NULL",
+        ),
+        (
+            "the receipt",
+            sent.id,
+            "receipt_mac",
+            "UPDATE keyturn.action SET receipt = '{\"message_id\": \"m-2\"}' WHERE id = $1 AND $2::jsonb IS NOT NULL",
+        ),
+    ];
+    for (what, id, key, sql) in rewrites {
+        let before: (Value, String, Option<String>, Option<Value>, Option<Value>) = {
+            let r = w
+                .superuser
+                .query_one(
+                    "SELECT params, params_hash, approved_by, result, receipt FROM keyturn.action WHERE id = $1",
+                    &[&id],
+                )
+                .await
+                .unwrap();
+            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))
+        };
+        assert_eq!(tamper(&w.superuser, sql, &[&id, &lost]).await, 1, "{what}");
+        let at = committed(id, key).await;
+        assert_eq!(
+            verify(&w.tenant).await,
+            (false, event_ids(&w).await.len() as i64, Some(at)),
+            "{what} rewritten is found at the event that committed to it"
+        );
+        tamper(
+            &w.superuser,
+            "UPDATE keyturn.action SET params = $2, params_hash = $3, approved_by = $4, result = $5, receipt = $6 \
+              WHERE id = $1",
+            &[&id, &before.0, &before.1, &before.2, &before.3, &before.4],
+        )
+        .await;
+        assert!(verify(&w.tenant).await.0, "{what} put back verifies");
+    }
+}

@@ -36,7 +36,12 @@ SELECT status, result FROM keyturn.approve(:'action_id', :'token');
 SELECT tool, status, summary, attempts FROM keyturn.action_status(:'action_id');
 -- Events join their tenant's hash chain at COMMIT (docs/audit.md); until
 -- then audit() shows this transaction (rolled back below) its own.
-SELECT db_role, principal, from_status, to_status, detail FROM keyturn.audit(:'action_id');
+-- The MACs an event commits to are under this database's own key: shown
+-- by name, not value.
+SELECT db_role, principal, from_status, to_status,
+       detail - ARRAY['params_mac', 'approval_mac', 'result_mac'] AS detail,
+       ARRAY(SELECT k FROM jsonb_object_keys(detail) k WHERE k LIKE '%\_mac' ORDER BY k) AS macs
+  FROM keyturn.audit(:'action_id');
 SELECT id, tenant, stage FROM public.rg_deal ORDER BY id;
 SELECT count(*) AS usage_rows FROM keyturn.usage WHERE action_id = :'action_id';
 RESET ROLE;
