@@ -330,6 +330,13 @@ $$;
 
 -- ---- The dispatcher's calls, for notifications ----
 
+-- How many of one tenant's notifications may be leased or executing at
+-- once (keyturn._lease_notifications).
+CREATE FUNCTION keyturn._notify_in_flight()
+RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 2 $$;
+
 -- lease's part (keyturn._lease calls it first): the due notifications of the
 -- channels p_providers names (NULL: every channel), at most p_max, locked
 -- FOR UPDATE SKIP LOCKED in (next_attempt_at, id) order. Each is checked
@@ -341,6 +348,14 @@ $$;
 -- params naming the notification, idempotency key keyturn-notify-<id>. The
 -- channel row is locked while the cap is counted, so two dispatchers count
 -- one person's notifications one at a time. p_tenant as in keyturn._lease.
+-- A share of the dispatcher, not all of it: a person's endpoint that never
+-- answers holds a slot for a whole call timeout, and notifications come
+-- first, so one tenant's person (and their agent's burst of proposals) had
+-- every slot all tenants share (docs/security.md, row 136). A lease gives
+-- notifications at most half its jobs (at least one), and a tenant with
+-- keyturn._notify_in_flight() notifications leased or executing gets no
+-- more until one ends: its others wait in the queue, and the other
+-- tenants' notifications are leased past them.
 CREATE FUNCTION keyturn._lease_notifications(p_tenant text, p_worker text, p_max int, p_lease_for interval,
                                              p_providers text[], p_now timestamptz)
 RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
@@ -355,20 +370,32 @@ DECLARE
     v_lease    uuid;
     v_digest   uuid;
     v_recent   bigint;
+    v_full     text[];
+    v_left     int := greatest(1, p_max / 2);
 BEGIN
     v_channels := ARRAY(SELECT c FROM unnest(enum_range(NULL::keyturn.channel)) c
                          WHERE p_providers IS NULL OR keyturn._notify_provider(c) = ANY (p_providers));
     IF p_max < 1 OR cardinality(v_channels) = 0 THEN
         RETURN;
     END IF;
+    -- The tenants with their share in flight already.
+    v_full := ARRAY(SELECT x.tenant FROM keyturn.notification x
+                     WHERE x.status IN ('leased', 'executing') AND (p_tenant IS NULL OR x.tenant = p_tenant)
+                     GROUP BY x.tenant HAVING count(*) >= keyturn._notify_in_flight());
     FOR n IN
         SELECT x.* FROM keyturn.notification x
          WHERE x.status = 'queued' AND x.next_attempt_at <= p_now AND x.channel = ANY (v_channels)
-           AND (p_tenant IS NULL OR x.tenant = p_tenant)
+           AND (p_tenant IS NULL OR x.tenant = p_tenant) AND x.tenant <> ALL (v_full)
          ORDER BY x.next_attempt_at, x.id
          LIMIT p_max
            FOR UPDATE SKIP LOCKED
     LOOP
+        IF v_left < 1 THEN
+            EXIT;
+        END IF;
+        IF n.tenant = ANY (v_full) THEN
+            CONTINUE;
+        END IF;
         SELECT c.max_per_hour INTO v_max FROM keyturn.notify_channel c
          WHERE c.tenant = n.tenant AND c.principal = n.principal AND c.channel = n.channel FOR NO KEY UPDATE;
         v_problem := keyturn._notification_problem(n);
@@ -398,6 +425,11 @@ BEGIN
            SET status = 'leased', lease_id = v_lease, leased_by = p_worker, lease_expires_at = p_now + p_lease_for,
                updated_at = p_now
          WHERE x.id = n.id AND x.tenant = n.tenant;
+        v_left := v_left - 1;
+        IF (SELECT count(*) FROM keyturn.notification x
+             WHERE x.tenant = n.tenant AND x.status IN ('leased', 'executing')) >= keyturn._notify_in_flight() THEN
+            v_full := v_full || n.tenant;
+        END IF;
         action_id := n.id;
         lease_id := v_lease;
         tenant := n.tenant;

@@ -379,7 +379,7 @@ async fn lease_one(
         &ctx.settings.worker_name,
         max_jobs,
         ctx.settings.lease,
-        &ctx.provider_names,
+        ctx.lease_providers(),
     )
     .await?;
     if jobs.is_empty() {
@@ -407,7 +407,7 @@ async fn lease_one(
             // Its slot is free again as soon as the permit drops here.
             Some(why) => handed_back.push((job, why)),
             None => {
-                let slot = Slot::new(ctx, permit, job.action_id);
+                let slot = Slot::new(ctx, permit, &job);
                 to_begin.push((job, slot));
             }
         }

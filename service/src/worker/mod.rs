@@ -143,6 +143,11 @@ struct Ctx {
     /// The `providers` argument of `keyturn.lease`: what this process can
     /// carry out.
     provider_names: Vec<&'static str>,
+    /// The same without the notification channels: what a lease asks for
+    /// once notifications hold their share of the slots ([`Ctx::lease_providers`]).
+    effect_providers: Vec<&'static str>,
+    /// Slots held by notifications.
+    notifying: AtomicUsize,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     settings: Settings,
@@ -242,16 +247,23 @@ struct Slot {
     action_id: Uuid,
     _permit: OwnedSemaphorePermit,
     queued: bool,
+    /// Counted in [`Ctx::notifying`].
+    notification: bool,
 }
 
 impl Slot {
-    fn new(ctx: &Arc<Ctx>, permit: OwnedSemaphorePermit, action_id: Uuid) -> Self {
-        lock(&ctx.inflight).insert(action_id);
+    fn new(ctx: &Arc<Ctx>, permit: OwnedSemaphorePermit, job: &LeasedJob) -> Self {
+        lock(&ctx.inflight).insert(job.action_id);
+        let notification = job.provider.starts_with(crate::providers::notify::PREFIX);
+        if notification {
+            ctx.notifying.fetch_add(1, Ordering::SeqCst);
+        }
         Slot {
             ctx: ctx.clone(),
-            action_id,
+            action_id: job.action_id,
             _permit: permit,
             queued: false,
+            notification,
         }
     }
 }
@@ -261,8 +273,34 @@ impl Drop for Slot {
         if !self.queued {
             lock(&self.ctx.inflight).remove(&self.action_id);
         }
+        if self.notification {
+            self.ctx.notifying.fetch_sub(1, Ordering::SeqCst);
+        }
         self.ctx.wake.notify_one();
     }
+}
+
+impl Ctx {
+    /// The `providers` of the next lease: without the notification channels
+    /// while notifications hold half the slots or more. A person's endpoint
+    /// that never answers holds its slot for a whole call timeout; the
+    /// database gives notifications at most half of one lease's jobs and a
+    /// tenant two in flight, and this keeps them from filling the slots
+    /// lease by lease, so approved effects always have some (docs/security.md,
+    /// row 136).
+    fn lease_providers(&self) -> &[&'static str] {
+        if notifications_may_lease(self.notifying.load(Ordering::SeqCst), self.settings.workers) {
+            &self.provider_names
+        } else {
+            &self.effect_providers
+        }
+    }
+}
+
+/// Whether a lease may take notifications while `notifying` of `workers`
+/// slots hold some: below half of them.
+fn notifications_may_lease(notifying: usize, workers: usize) -> bool {
+    notifying < workers.div_ceil(2)
 }
 
 /// An observed outcome waiting in the completion queue.
@@ -297,12 +335,19 @@ impl Dispatcher {
     ) -> Self {
         let slots = Arc::new(Semaphore::new(settings.workers));
         let provider_names = providers.names();
+        let effect_providers = provider_names
+            .iter()
+            .copied()
+            .filter(|p| !p.starts_with(crate::providers::notify::PREFIX))
+            .collect();
         let journal = Arc::new(Journal::disabled(metrics.clone()));
         Dispatcher {
             ctx: Ctx {
                 pool,
                 providers,
                 provider_names,
+                effect_providers,
+                notifying: AtomicUsize::new(0),
                 metrics,
                 health,
                 settings,
@@ -537,4 +582,22 @@ fn discard(client: Object) {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic elsewhere must not stop the bookkeeping.
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::notifications_may_lease;
+
+    #[test]
+    fn test_notifications_lease_only_while_they_hold_less_than_half_the_slots() {
+        assert!(notifications_may_lease(0, 8));
+        assert!(notifications_may_lease(3, 8));
+        assert!(!notifications_may_lease(4, 8));
+        assert!(!notifications_may_lease(8, 8));
+        // One slot: a notification may take it when nothing else holds it.
+        assert!(notifications_may_lease(0, 1));
+        assert!(!notifications_may_lease(1, 1));
+        assert!(notifications_may_lease(1, 3));
+        assert!(!notifications_may_lease(2, 3));
+    }
 }

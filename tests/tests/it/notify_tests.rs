@@ -1352,3 +1352,105 @@ async fn test_a_notice_carries_the_whole_summary() {
         .unwrap();
     remove_channels(&w.human).await;
 }
+
+/// A person's notification endpoint that never answers holds a dispatcher
+/// slot for a whole call timeout. Notifications are leased first, so one
+/// tenant's person (and their agent, proposing in a burst) had every slot
+/// of the dispatcher all tenants share: another tenant's notifications and
+/// approved effects waited (twenty-fourth red-team pass; docs/security.md,
+/// row 136). A tenant has at most two notifications in flight, and a lease
+/// gives notifications at most half its jobs; the other tenant's notice and
+/// effects are leased beside them.
+#[tokio::test]
+async fn test_one_tenants_notifications_never_take_every_slot() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let (flood, t) = notified(
+        "webhook",
+        "http://127.0.0.1:9/stalls",
+        json!({"max_per_hour": 1000}),
+    )
+    .await;
+    for i in 0..6 {
+        flood
+            .propose(&t, json!({"channel": "c", "text": format!("burst {i}")}))
+            .await
+            .unwrap();
+    }
+    let (other, other_tool) = notified("email", "bo@other.example", json!({})).await;
+    other
+        .propose(&other_tool, json!({"channel": "c", "text": "mine"}))
+        .await
+        .unwrap();
+    let effect = other
+        .propose(&other_tool, json!({"channel": "c", "text": "approved"}))
+        .await
+        .unwrap();
+    assert_eq!(other.approve(&effect).await.unwrap().0, "queued");
+
+    let d = connect("app_dispatcher").await;
+    // The cluster is shared: lease until nothing is due, handing every
+    // other test's job back for a day, and keep ours in flight.
+    let ours = [flood.tenant.as_str(), other.tenant.as_str()];
+    let mut leases: Vec<Lease> = Vec::new();
+    for step in 0.. {
+        let rows = d
+            .query(
+                "SELECT action_id, lease_id, tenant, tool, provider, params, idempotency_key, attempt \
+                   FROM keyturn.lease('itest-fair', 8, interval '30 seconds')",
+                &[],
+            )
+            .await
+            .expect("lease");
+        if rows.is_empty() {
+            break;
+        }
+        assert!(step < 1000, "the lease never ran dry");
+        let notes = rows
+            .iter()
+            .filter(|r| r.get::<_, String>("tool") == "keyturn.notify")
+            .count();
+        assert!(
+            notes <= 4,
+            "step {step}: {notes} of 8 jobs were notifications"
+        );
+        for l in rows.iter().map(Lease::from_row) {
+            if ours.contains(&l.tenant.as_str()) {
+                leases.push(l);
+            } else if let Err(e) = complete(&d, &l, "retry", json!({}), Some("1 day")).await {
+                assert_eq!(
+                    e.code(),
+                    Some(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE),
+                    "{e}"
+                );
+            }
+        }
+    }
+    let of = |tenant: &str, notes: bool| {
+        leases
+            .iter()
+            .filter(|l| l.tenant == tenant && (l.tool == "keyturn.notify") == notes)
+            .count()
+    };
+    assert_eq!(
+        of(&flood.tenant, true),
+        2,
+        "two of the flooding tenant's notifications in flight"
+    );
+    assert_eq!(
+        of(&other.tenant, true),
+        1,
+        "the other tenant's notice is leased"
+    );
+    assert_eq!(
+        of(&other.tenant, false),
+        1,
+        "the other tenant's effect is leased"
+    );
+    for l in &leases {
+        complete(&d, l, "retry", json!({}), Some("1 day"))
+            .await
+            .expect("hand back");
+    }
+    remove_channels(&flood.human).await;
+    remove_channels(&other.human).await;
+}
