@@ -14,17 +14,23 @@
 //!   requests it never reads) cannot hold one. It runs only while a write
 //!   waits: an idle `GET /mcp` stream is not timed, one whose client stopped
 //!   reading is;
-//! - a **connection cap** (`KEYTURN_SERVER_CONNECTIONS`): past it, a new
-//!   connection is closed as soon as it is accepted, so a client learns at
-//!   once instead of waiting behind stalled ones, and the descriptors left
-//!   keep `/healthz` and the database connections working;
+//! - a **connection cap** (`KEYTURN_SERVER_CONNECTIONS`): at it, a new
+//!   connection takes the place of the oldest one that has not yet sent a
+//!   whole request head, which is closed; with none such, the new one is
+//!   closed as soon as it is accepted, so a client learns at once instead of
+//!   waiting behind stalled ones, and the descriptors left keep `/healthz`
+//!   and the database connections working. Without the first half one
+//!   client holding the cap in connections that each sent a byte, opened
+//!   again as the header timeout closed them, kept everyone else out
+//!   (docs/security.md, row 137);
 //! - a **shutdown with a deadline**: once told to stop, keyturnd accepts no
 //!   more connections, closes idle ones, lets requests under way finish, and
 //!   at the deadline (the SIGTERM plus `KEYTURN_SHUTDOWN_SECONDS`) closes
 //!   whatever is still open, a half-sent request included.
 
+use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -37,6 +43,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::config::Config;
@@ -44,6 +51,39 @@ use crate::config::Config;
 /// A pause after a failed `accept` (out of descriptors, say), so the loop
 /// does not spin while the condition lasts.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// How long a connection accepted at the cap waits for the slot of the one
+/// it closed (its task drops it at once).
+const TAKE_OVER_WAIT: Duration = Duration::from_secs(1);
+
+/// The connections that have not yet sent a whole request head, oldest
+/// first, each with what closes it: the ones a connection accepted at the
+/// cap may take the place of.
+#[derive(Clone, Default)]
+struct Unserved(Arc<Mutex<BTreeMap<u64, CancellationToken>>>);
+
+impl Unserved {
+    fn insert(&self, id: u64) -> CancellationToken {
+        let close = CancellationToken::new();
+        self.lock().insert(id, close.clone());
+        close
+    }
+
+    /// Its first request head arrived (or it ended).
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Closes the oldest; false when there is none.
+    fn close_oldest(&self) -> bool {
+        let oldest = self.lock().pop_first();
+        oldest.map(|(_, close)| close.cancel()).is_some()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, CancellationToken>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 /// What one client may hold of the server.
 #[derive(Clone, Copy, Debug)]
@@ -85,6 +125,8 @@ pub async fn serve(
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read);
     let slots = Arc::new(Semaphore::new(limits.connections));
+    let unserved = Unserved::default();
+    let mut next_id: u64 = 0;
     let graceful = GracefulShutdown::new();
     let mut conns = JoinSet::new();
     tokio::pin!(stop);
@@ -101,19 +143,49 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    tracing::debug!(cap = limits.connections, "at the connection cap; closing a new connection");
-                    drop(stream);
-                    continue;
+                let slot = match slots.clone().try_acquire_owned() {
+                    Ok(slot) => Some(slot),
+                    Err(_) if unserved.close_oldest() => {
+                        tracing::debug!(cap = limits.connections, "at the connection cap; closing the oldest connection that sent no request for a new one");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::debug!(cap = limits.connections, "at the connection cap; closing a new connection");
+                        drop(stream);
+                        continue;
+                    }
                 };
+                let id = next_id;
+                next_id += 1;
+                let close = unserved.insert(id);
                 let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
                 stream.set_write_timeout(Some(limits.request));
                 let stream = TokioIo::new(Box::pin(stream));
-                let conn = graceful.watch(http.serve_connection(stream, service.clone()));
+                let (inner, marks) = (service.clone(), unserved.clone());
+                let service = hyper::service::service_fn(move |request| {
+                    marks.remove(id);
+                    hyper::service::Service::call(&inner, request)
+                });
+                let conn = graceful.watch(http.serve_connection(stream, service));
+                let (slots, unserved) = (slots.clone(), unserved.clone());
                 conns.spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended");
+                    let slot = match slot {
+                        Some(slot) => slot,
+                        None => match tokio::time::timeout(TAKE_OVER_WAIT, slots.acquire_owned()).await {
+                            Ok(Ok(slot)) => slot,
+                            _ => {
+                                unserved.remove(id);
+                                return;
+                            }
+                        },
+                    };
+                    tokio::select! {
+                        ended = conn => if let Err(e) = ended {
+                            tracing::debug!(error = %e, "connection ended");
+                        },
+                        () = close.cancelled() => {}
                     }
+                    unserved.remove(id);
                     drop(slot);
                 });
             }

@@ -125,6 +125,54 @@ async fn test_a_connection_past_the_cap_is_refused_and_healthz_answers_once_one_
     .await;
 }
 
+/// One client holding the cap in connections that each sent a byte of a
+/// request head, and opening them again as they are closed, kept every
+/// other client out: a new connection at the cap was closed at accept
+/// (twenty-fourth red-team pass; docs/security.md, row 137). A new one now
+/// takes the place of the oldest that has sent no request head.
+#[tokio::test]
+async fn test_connections_that_sent_no_request_give_way_at_the_cap() {
+    let k = Keyturnd::spawn(
+        support::closed_port(),
+        vec![
+            ("KEYTURN_SERVER_CONNECTIONS", "4".into()),
+            ("KEYTURN_SERVER_HEADER_SECONDS", "300".into()),
+        ],
+    );
+    let addr = addr(&k);
+    eventually(WITHIN, "keyturnd listening", || served(&addr)).await;
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(&addr).await.expect("connect");
+        s.write_all(b"G").await.expect("write");
+        stalled.push(s);
+    }
+    // Accepted before the clients below, in the order they connected.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..3 {
+        let answered = tokio::time::timeout(Duration::from_secs(10), served(&addr))
+            .await
+            .ok()
+            .flatten();
+        assert!(
+            answered.is_some(),
+            "client {i} was kept out by connections that sent one byte"
+        );
+    }
+    let mut closed = 0;
+    for s in &mut stalled {
+        let mut buf = [0u8; 16];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(
+        closed >= 1,
+        "no connection that sent no request head was closed"
+    );
+}
+
 #[tokio::test]
 async fn test_sigterm_exits_despite_clients_holding_half_sent_requests() {
     let mut k = alive(vec![
