@@ -87,17 +87,23 @@ async fn test_connections_dribbling_header_bytes_are_closed() {
     assert_eq!(k.get_status("/healthz").await, Some(200));
 }
 
-#[tokio::test]
-async fn test_a_connection_past_the_cap_is_refused_and_healthz_answers_once_one_frees() {
-    // Probed with raw connections only: a pooling HTTP client would keep
-    // one of the four slots.
-    let k = Keyturnd::spawn(
+/// keyturnd (without a database) with a cap of four connections and a
+/// header timeout no test waits for.
+fn four_connections() -> Keyturnd {
+    Keyturnd::spawn(
         support::closed_port(),
         vec![
             ("KEYTURN_SERVER_CONNECTIONS", "4".into()),
             ("KEYTURN_SERVER_HEADER_SECONDS", "300".into()),
         ],
-    );
+    )
+}
+
+#[tokio::test]
+async fn test_a_connection_past_the_cap_is_refused_and_healthz_answers_once_one_frees() {
+    // Probed with raw connections only: a pooling HTTP client would keep
+    // one of the four slots.
+    let k = four_connections();
     let addr = addr(&k);
     let mut held = Vec::new();
     // A connection closed just before may hold its slot a moment longer:
@@ -132,13 +138,7 @@ async fn test_a_connection_past_the_cap_is_refused_and_healthz_answers_once_one_
 /// takes the place of the oldest that has sent no request head.
 #[tokio::test]
 async fn test_connections_that_sent_no_request_give_way_at_the_cap() {
-    let k = Keyturnd::spawn(
-        support::closed_port(),
-        vec![
-            ("KEYTURN_SERVER_CONNECTIONS", "4".into()),
-            ("KEYTURN_SERVER_HEADER_SECONDS", "300".into()),
-        ],
-    );
+    let k = four_connections();
     let addr = addr(&k);
     eventually(WITHIN, "keyturnd listening", || served(&addr)).await;
     let mut stalled = Vec::new();
