@@ -59,8 +59,30 @@ $$;
 
 -- ---- The person's channels ----
 
+-- The links a person's channel was sent, ended: the unopened codes its
+-- notifications carried and the card sessions they opened. Whoever read the
+-- channel (a chat webhook that leaked, an inbox handed on) could otherwise
+-- decide the person's pending actions with them after the person removed
+-- the channel or pointed it elsewhere (docs/security.md, row 138). Returns
+-- how many ended.
+CREATE FUNCTION keyturn._end_channel_links(p_tenant text, p_principal text, p_channel keyturn.channel)
+RETURNS int
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_n int;
+BEGIN
+    DELETE FROM keyturn.card_link l
+     USING keyturn.notification n
+     WHERE n.tenant = p_tenant AND n.principal = p_principal AND n.channel = p_channel
+       AND l.tenant = p_tenant AND l.code_digest = n.link_digest;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+
 -- set_notify: one target per channel for the caller's principal, replacing
--- the one before. Settings: remind_before (an interval, more than 0 and at
+-- the one before (and ending the links sent to it, when the target changes). Settings: remind_before (an interval, more than 0 and at
 -- most 7 days; 5 minutes by default), max_per_hour (1 to 1000; 100 by
 -- default: a bound on a runaway agent, not on a busy person, who sets it
 -- lower for a quieter phone), and for a webhook its own secret (whsec_…; without one keyturnd
@@ -84,6 +106,7 @@ DECLARE
     v_secret    text;
     v_role      text := p_caller::regrole::text;
     v_now       timestamptz := clock_timestamp();
+    v_old       text;
 BEGIN
     PERFORM keyturn._set_actor(v_role, v_principal);
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
@@ -136,6 +159,12 @@ BEGIN
         v_secret := v_settings ->> 'secret';
         PERFORM keyturn._check_webhook_secret(v_secret);
     END IF;
+    SELECT c.target INTO v_old FROM keyturn.notify_channel c
+     WHERE c.tenant = v_tenant AND c.principal = v_principal AND c.channel = p_channel::keyturn.channel
+       FOR UPDATE;
+    IF v_old IS DISTINCT FROM v_target THEN
+        PERFORM keyturn._end_channel_links(v_tenant, v_principal, p_channel::keyturn.channel);
+    END IF;
     INSERT INTO keyturn.notify_channel AS c (tenant, principal, channel, target, remind_before, max_per_hour, secret,
                                               db_role, created_at, updated_at)
     VALUES (v_tenant, v_principal, p_channel::keyturn.channel, v_target, v_remind, v_max, v_secret, v_role, v_now,
@@ -172,7 +201,8 @@ END
 $$;
 
 -- Removes one of the caller's channels: true if there was one. Its
--- notifications not yet sent are cancelled when they come due.
+-- notifications not yet sent are cancelled when they come due, and the
+-- links already sent to it end.
 CREATE FUNCTION keyturn._remove_notify(p_caller oid, p_channel text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -193,7 +223,32 @@ BEGIN
     END IF;
     DELETE FROM keyturn.notify_channel c
      WHERE c.tenant = v_tenant AND c.principal = v_principal AND c.channel = p_channel::keyturn.channel;
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM keyturn._end_channel_links(v_tenant, v_principal, p_channel::keyturn.channel);
+    RETURN true;
+END
+$$;
+
+-- revoke_links: every link code of the caller's principal not yet opened,
+-- and every card session one opened, ended (a person who fears a link
+-- reached someone else); how many.
+CREATE FUNCTION keyturn._revoke_links(p_caller oid)
+RETURNS int
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_n         int;
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    DELETE FROM keyturn.card_link l WHERE l.tenant = v_tenant AND l.principal = v_principal;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
 END
 $$;
 

@@ -59,7 +59,8 @@ COMMENT ON FUNCTION keyturn.audit_export(text, timestamptz) IS 'Operator, admin:
 COMMENT ON FUNCTION keyturn.audit_head(text) IS 'Operator, admin: a tenant''s chain head (events, last hash), to anchor elsewhere.';
 COMMENT ON FUNCTION keyturn.set_notify(text, text, jsonb) IS 'Human: where the caller is reached when an action waits for them (email, webhook, webpush), with remind_before, max_per_hour and a webhook''s secret.';
 COMMENT ON FUNCTION keyturn.notify_channels() IS 'Human: the caller''s channels, with a URL''s scheme and host only and never a secret.';
-COMMENT ON FUNCTION keyturn.remove_notify(text) IS 'Human: removes one of the caller''s channels; its notifications not yet sent are cancelled.';
+COMMENT ON FUNCTION keyturn.remove_notify(text) IS 'Human: removes one of the caller''s channels; its notifications not yet sent are cancelled, and the links already sent to it end.';
+COMMENT ON FUNCTION keyturn.revoke_links() IS 'Human: ends the caller''s link codes not yet opened and the card sessions they opened; how many.';
 COMMENT ON FUNCTION keyturn.record_evidence(text, text, text) IS 'Human: records evidence the person saw (kind, reference, SHA-256) for proposals to cite; an agent never records evidence.';
 COMMENT ON FUNCTION keyturn.revoke_evidence(uuid) IS 'The principal that recorded it: ends a piece of evidence and invalidates the pending proposals that cite it.';
 COMMENT ON FUNCTION keyturn.register_tool(text, jsonb) IS 'Admin: creates or replaces a tool from its spec; returns the new version.';

@@ -77,6 +77,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.delegations(), keyturn.record_request(text, text, text, text),
     keyturn.issue_token(uuid), keyturn.record_evidence(text, text, text),
     keyturn.set_notify(text, text, jsonb), keyturn.notify_channels(), keyturn.remove_notify(text),
+    keyturn.revoke_links(),
     keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
     keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text)
 TO keyturn_approver;

@@ -1412,6 +1412,13 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'revoke_delegation_wrapper';
 
+-- pg_keyturn::gate::human::revoke_links
+CREATE OR REPLACE FUNCTION "revoke_links"() RETURNS INT /* i32 */
+STRICT VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'revoke_links_wrapper';
+
 -- pg_keyturn::gate::human::set_notify
 CREATE OR REPLACE FUNCTION "set_notify"(
 	"channel" TEXT, /* Option < String > */
@@ -8286,8 +8293,30 @@ $$;
 
 -- ---- The person's channels ----
 
+-- The links a person's channel was sent, ended: the unopened codes its
+-- notifications carried and the card sessions they opened. Whoever read the
+-- channel (a chat webhook that leaked, an inbox handed on) could otherwise
+-- decide the person's pending actions with them after the person removed
+-- the channel or pointed it elsewhere (docs/security.md, row 138). Returns
+-- how many ended.
+CREATE OR REPLACE FUNCTION keyturn._end_channel_links(p_tenant text, p_principal text, p_channel keyturn.channel)
+RETURNS int
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_n int;
+BEGIN
+    DELETE FROM keyturn.card_link l
+     USING keyturn.notification n
+     WHERE n.tenant = p_tenant AND n.principal = p_principal AND n.channel = p_channel
+       AND l.tenant = p_tenant AND l.code_digest = n.link_digest;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+
 -- set_notify: one target per channel for the caller's principal, replacing
--- the one before. Settings: remind_before (an interval, more than 0 and at
+-- the one before (and ending the links sent to it, when the target changes). Settings: remind_before (an interval, more than 0 and at
 -- most 7 days; 5 minutes by default), max_per_hour (1 to 1000; 100 by
 -- default: a bound on a runaway agent, not on a busy person, who sets it
 -- lower for a quieter phone), and for a webhook its own secret (whsec_…; without one keyturnd
@@ -8311,6 +8340,7 @@ DECLARE
     v_secret    text;
     v_role      text := p_caller::regrole::text;
     v_now       timestamptz := clock_timestamp();
+    v_old       text;
 BEGIN
     PERFORM keyturn._set_actor(v_role, v_principal);
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
@@ -8363,6 +8393,12 @@ BEGIN
         v_secret := v_settings ->> 'secret';
         PERFORM keyturn._check_webhook_secret(v_secret);
     END IF;
+    SELECT c.target INTO v_old FROM keyturn.notify_channel c
+     WHERE c.tenant = v_tenant AND c.principal = v_principal AND c.channel = p_channel::keyturn.channel
+       FOR UPDATE;
+    IF v_old IS DISTINCT FROM v_target THEN
+        PERFORM keyturn._end_channel_links(v_tenant, v_principal, p_channel::keyturn.channel);
+    END IF;
     INSERT INTO keyturn.notify_channel AS c (tenant, principal, channel, target, remind_before, max_per_hour, secret,
                                               db_role, created_at, updated_at)
     VALUES (v_tenant, v_principal, p_channel::keyturn.channel, v_target, v_remind, v_max, v_secret, v_role, v_now,
@@ -8399,7 +8435,8 @@ END
 $$;
 
 -- Removes one of the caller's channels: true if there was one. Its
--- notifications not yet sent are cancelled when they come due.
+-- notifications not yet sent are cancelled when they come due, and the
+-- links already sent to it end.
 CREATE OR REPLACE FUNCTION keyturn._remove_notify(p_caller oid, p_channel text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -8420,7 +8457,32 @@ BEGIN
     END IF;
     DELETE FROM keyturn.notify_channel c
      WHERE c.tenant = v_tenant AND c.principal = v_principal AND c.channel = p_channel::keyturn.channel;
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM keyturn._end_channel_links(v_tenant, v_principal, p_channel::keyturn.channel);
+    RETURN true;
+END
+$$;
+
+-- revoke_links: every link code of the caller's principal not yet opened,
+-- and every card session one opened, ended (a person who fears a link
+-- reached someone else); how many.
+CREATE OR REPLACE FUNCTION keyturn._revoke_links(p_caller oid)
+RETURNS int
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant    text := keyturn.current_tenant();
+    v_principal text := keyturn.current_principal();
+    v_n         int;
+BEGIN
+    PERFORM keyturn._set_actor(p_caller::regrole::text, v_principal);
+    PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
+    DELETE FROM keyturn.card_link l WHERE l.tenant = v_tenant AND l.principal = v_principal;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
 END
 $$;
 
@@ -9958,7 +10020,8 @@ COMMENT ON FUNCTION keyturn.audit_export(text, timestamptz) IS 'Operator, admin:
 COMMENT ON FUNCTION keyturn.audit_head(text) IS 'Operator, admin: a tenant''s chain head (events, last hash), to anchor elsewhere.';
 COMMENT ON FUNCTION keyturn.set_notify(text, text, jsonb) IS 'Human: where the caller is reached when an action waits for them (email, webhook, webpush), with remind_before, max_per_hour and a webhook''s secret.';
 COMMENT ON FUNCTION keyturn.notify_channels() IS 'Human: the caller''s channels, with a URL''s scheme and host only and never a secret.';
-COMMENT ON FUNCTION keyturn.remove_notify(text) IS 'Human: removes one of the caller''s channels; its notifications not yet sent are cancelled.';
+COMMENT ON FUNCTION keyturn.remove_notify(text) IS 'Human: removes one of the caller''s channels; its notifications not yet sent are cancelled, and the links already sent to it end.';
+COMMENT ON FUNCTION keyturn.revoke_links() IS 'Human: ends the caller''s link codes not yet opened and the card sessions they opened; how many.';
 COMMENT ON FUNCTION keyturn.record_evidence(text, text, text) IS 'Human: records evidence the person saw (kind, reference, SHA-256) for proposals to cite; an agent never records evidence.';
 COMMENT ON FUNCTION keyturn.revoke_evidence(uuid) IS 'The principal that recorded it: ends a piece of evidence and invalidates the pending proposals that cite it.';
 COMMENT ON FUNCTION keyturn.register_tool(text, jsonb) IS 'Admin: creates or replaces a tool from its spec; returns the new version.';
@@ -10129,6 +10192,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.delegations(), keyturn.record_request(text, text, text, text),
     keyturn.issue_token(uuid), keyturn.record_evidence(text, text, text),
     keyturn.set_notify(text, text, jsonb), keyturn.notify_channels(), keyturn.remove_notify(text),
+    keyturn.revoke_links(),
     keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
     keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text)
 TO keyturn_approver;

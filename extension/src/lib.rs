@@ -240,7 +240,8 @@ mod tests;
         gate::human::record_evidence,
         gate::human::set_notify,
         gate::human::notify_channels,
-        gate::human::remove_notify
+        gate::human::remove_notify,
+        gate::human::revoke_links
     ]
 );
 ::pgrx::extension_sql_file!(

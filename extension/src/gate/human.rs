@@ -654,3 +654,17 @@ fn remove_notify(channel: Option<String>) -> bool {
     .next()
     .unwrap_or(false)
 }
+
+/// Human side: ends every link code of the caller's not yet opened, and
+/// every card session one opened; how many.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn revoke_links() -> i32 {
+    refuse_agents("revoke_links");
+    as_owner("SELECT keyturn._revoke_links($1)", &[], vec![], |row| {
+        required::<i32>(row, 1)
+    })
+    .into_iter()
+    .next()
+    .unwrap_or(0)
+}

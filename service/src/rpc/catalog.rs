@@ -47,6 +47,7 @@ pub const EXPOSED: &[&str] = &[
     "set_notify",
     "notify_channels",
     "remove_notify",
+    "revoke_links",
     // An action's notifications, for the console's timeline.
     "notifications",
 ];

@@ -1454,3 +1454,136 @@ async fn test_one_tenants_notifications_never_take_every_slot() {
     remove_channels(&flood.human).await;
     remove_channels(&other.human).await;
 }
+
+/// The code of the message a lease of `w`'s one due notification carries,
+/// sent (completed `succeeded`).
+async fn delivered_code(w: &World, d: &tokio_postgres::Client) -> String {
+    let l = lease_notes(d, &w.tenant, "30 seconds").await.remove(0);
+    assert!(begin(d, &l).await.unwrap());
+    let code: String = message_of(d, &l).await.get("code");
+    complete(d, &l, "succeeded", json!({}), None).await.unwrap();
+    code
+}
+
+/// Links already delivered to a channel ended with the channel: a person
+/// who removed a chat webhook that had leaked, or pointed it elsewhere,
+/// still had its messages' codes open a card of their pending actions for
+/// as long as those waited (twenty-fourth red-team pass; docs/security.md,
+/// row 138). Removing a channel, or giving it another target, ends the
+/// codes its notifications carried and the card sessions they opened;
+/// `revoke_links` ends all of the person's.
+#[tokio::test]
+async fn test_a_removed_or_moved_channels_links_open_nothing() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let (w, t) = notified("webhook", "http://127.0.0.1:9/leaked", json!({})).await;
+    let d = connect("app_dispatcher").await;
+    let redeem = "SELECT session FROM keyturn.redeem_link_code($1, $2)";
+    let opens = |code: String, id: Uuid| {
+        let d = &d;
+        async move {
+            d.query_opt(redeem, &[&code, &vec![id]])
+                .await
+                .unwrap()
+                .map(|r| r.get::<_, String>(0))
+        }
+    };
+
+    // Removed: the unopened code and an opened card session both end.
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
+    let opened = delivered_code(&w, &d).await;
+    let session = opens(opened, p.id)
+        .await
+        .expect("the delivered code opens a card");
+    let q = w
+        .propose(&t, json!({"channel": "c", "text": "b"}))
+        .await
+        .unwrap();
+    let unopened = delivered_code(&w, &d).await;
+    assert!(w
+        .human
+        .query_one("SELECT keyturn.remove_notify('webhook')", &[])
+        .await
+        .unwrap()
+        .get::<_, bool>(0));
+    assert!(
+        opens(unopened, q.id).await.is_none(),
+        "a removed channel's code still opens a card"
+    );
+    let live = count(
+        &d,
+        "SELECT count(*) FROM keyturn.card_session($1)",
+        &[&session],
+    )
+    .await;
+    assert_eq!(live, 0, "a removed channel's card session still acts");
+
+    // Moved to another target: the old target's code ends; the same target
+    // set again (another setting) keeps it.
+    set_notify(&w.human, "webhook", "http://127.0.0.1:9/first", json!({}))
+        .await
+        .unwrap();
+    let r = w
+        .propose(&t, json!({"channel": "c", "text": "c"}))
+        .await
+        .unwrap();
+    let kept = delivered_code(&w, &d).await;
+    set_notify(
+        &w.human,
+        "webhook",
+        "http://127.0.0.1:9/first",
+        json!({"max_per_hour": 50}),
+    )
+    .await
+    .unwrap();
+    assert!(
+        opens(kept, r.id).await.is_some(),
+        "the same target kept its code"
+    );
+    let s = w
+        .propose(&t, json!({"channel": "c", "text": "d"}))
+        .await
+        .unwrap();
+    let moved = delivered_code(&w, &d).await;
+    set_notify(&w.human, "webhook", "http://127.0.0.1:9/second", json!({}))
+        .await
+        .unwrap();
+    assert!(
+        opens(moved, s.id).await.is_none(),
+        "the old target's code still opens a card"
+    );
+
+    // revoke_links: every code and card session of the person.
+    let mine: String = w
+        .human
+        .query_one(
+            "SELECT keyturn.link_code(ARRAY[$1]::uuid[], interval '1 hour')",
+            &[&s.id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let n: i32 = w
+        .human
+        .query_one("SELECT keyturn.revoke_links()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(n >= 1, "revoke_links ended {n}");
+    assert!(
+        opens(mine, s.id).await.is_none(),
+        "a revoked code still opens a card"
+    );
+    assert_eq!(
+        sqlstate(
+            w.agent
+                .query_one("SELECT keyturn.revoke_links()", &[])
+                .await
+        ),
+        "42501",
+        "an agent revokes nothing"
+    );
+    remove_channels(&w.human).await;
+}

@@ -83,6 +83,7 @@ async fn test_each_role_executes_exactly_its_functions() {
         "set_notify",
         "notify_channels",
         "remove_notify",
+        "revoke_links",
         // a tenant's own admin manages its tenant through this role
         "add_member",
         "remove_member",
