@@ -455,23 +455,31 @@ fn head_and_ids(tenant: &str, n: usize, direct: bool) -> (i64, String, Vec<Strin
                 .unwrap_or_else(|| error!("keyturn: no id for an audit event"))
             }
         };
-        let mut first = next();
-        if first <= last_id {
-            // The sequence is behind the chain (a restore, a shard moved
-            // back from Citus): HEAD's setval, taken here the same way.
-            first = on_latest(
+        // Each id above the one before it, the chain's last included. The
+        // sequence can be behind the chain (a restore, a shard moved back
+        // from Citus): HEAD's setval, taken here the same way. Another
+        // tenant's commit may set it back meanwhile (its own chain behind
+        // it), so every id is checked, not only the first.
+        let above = |before: i64| {
+            let id = next();
+            if id > before {
+                return id;
+            }
+            on_latest(
                 "SELECT pg_catalog.setval('keyturn.event_id_seq', $1::bigint)::text",
-                &[Some((last_id + 1).to_string())],
+                &[Some((before + 1).to_string())],
                 &[text],
                 false,
             )
             .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| error!("keyturn: no id for an audit event"));
+            .unwrap_or_else(|| error!("keyturn: no id for an audit event"))
+        };
+        let mut ids = Vec::with_capacity(n);
+        let mut before = last_id;
+        for _ in 0..n {
+            before = above(before);
+            ids.push(before.to_string());
         }
-        let ids = std::iter::once(first)
-            .chain((1..n).map(|_| next()))
-            .map(|id| id.to_string())
-            .collect();
         return (count, head, ids);
     }
     let head = on_latest(HEAD, &t, &[text], false).or_else(|| {
