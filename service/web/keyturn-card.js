@@ -8,7 +8,8 @@
 // only reports what the database answered (docs/card.md).
 //
 // Input: the page's fragment, `a=<action_id>[&a=…]&c=<code>`, a link that
-// carries no credential: the one-time code is redeemed for a short card
+// carries no credential: when the person taps Open (never on load, which a
+// scanner would do), the one-time code is redeemed for a short card
 // session with a fresh token per action (POST /card/session), after which
 // the URL holds nothing that works; a digest action's reviewed params may
 // follow its `a` as `p=<base64url params JSON>`. In a tab where the person
@@ -745,7 +746,24 @@ class KeyturnCard extends HTMLElement {
     }
     for (const item of this.items) this.list.append(item.root);
     this.timer = setInterval(() => this.items.forEach((i) => i.tick()), 1000);
-    this.start().then(() => Promise.all(this.items.map((i) => i.load()))).then(() => this.afterLoad());
+    const begin = () => this.start().then(() => Promise.all(this.items.map((i) => i.load()))).then(() => this.afterLoad());
+    if (!code || ownLink !== null) return void begin();
+    // A link's code is spent by the person's tap, never by loading the page:
+    // a mail scanner or a chat preview that runs the page would spend it,
+    // and the person's link would answer "already used" (docs/security.md,
+    // row 139).
+    const open = el("button", { type: "button", kt: "open", class: "kt-approve", text: this.items.length > 1 ? "Open these actions" : "Open this action" });
+    const gate = el("div", { class: "kt-open", kt: "open-gate" },
+      el("p", { class: "kt-note", text: "This link opens the card once, for a short time." }), open);
+    this.list.hidden = true;
+    if (this.approveAll) this.approveAll.hidden = true;
+    this.insertBefore(gate, this.list);
+    open.addEventListener("click", () => {
+      gate.remove();
+      this.list.hidden = false;
+      if (this.approveAll) this.approveAll.hidden = false;
+      begin();
+    }, { once: true });
   }
 
   /** With a link's code: redeem it for a card session and the actions'

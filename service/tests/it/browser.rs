@@ -27,8 +27,28 @@ async fn keyturnd(w: &World, mut env: Vec<(&'static str, String)>) -> Keyturnd {
 }
 
 /// Opens `url` afresh: a link that differs from the page's only in its
-/// fragment would otherwise reach the open card as a hashchange.
+/// fragment would otherwise reach the open card as a hashchange. A link
+/// with a code is then opened as a person does, with a tap on Open: the
+/// card spends a code on nothing else (docs/security.md, row 139).
 async fn visit(c: &Client, url: &str) -> Result<(), fantoccini::error::CmdError> {
+    load(c, url).await?;
+    let coded = url
+        .split_once('#')
+        .is_some_and(|(_, fragment)| fragment.split('&').any(|p| p.starts_with("c=")));
+    if coded {
+        c.wait()
+            .at_most(WITHIN)
+            .for_element(Locator::Css("[data-kt=open]"))
+            .await?
+            .click()
+            .await?;
+    }
+    Ok(())
+}
+
+/// [`visit`] without the person's tap: what a mail scanner or a chat
+/// preview does with a link.
+async fn load(c: &Client, url: &str) -> Result<(), fantoccini::error::CmdError> {
     c.goto("about:blank").await?;
     c.goto(url).await
 }
@@ -50,6 +70,62 @@ async fn approve_disabled(c: &Client) -> bool {
     )
     .await
         == json!(true)
+}
+
+/// A link opened by something that runs the page and taps nothing (a mail
+/// security scanner, a chat preview) spent its one-time code: the card
+/// redeemed it on load, and the person's tap on the link then answered
+/// "already used" (twenty-fourth red-team pass; docs/security.md, row 139).
+/// The card now redeems only when Open is tapped.
+#[tokio::test]
+async fn test_loading_a_link_spends_nothing_until_the_person_taps_open() {
+    let webdriver = require_browser!();
+    let port = require_db!();
+    let _serial = e2e::serial().await;
+    let w = World::new(port).await;
+    let k = keyturnd(&w, vec![]).await;
+    let (tool, deals) = w.deal_tool(1).await;
+    let p = w
+        .propose(
+            &tool,
+            json!({"where": {"id": deals[0]}, "set": {"stage": "won"}}),
+        )
+        .await;
+    let link = code_link(&w, &k.base, &[(&p, None)]).await;
+    let scanner = browser::open(&webdriver, false).await;
+    load(&scanner, &link)
+        .await
+        .expect("the scanner loads the link");
+    scanner
+        .wait()
+        .at_most(WITHIN)
+        .for_element(Locator::Css("[data-kt=open]"))
+        .await
+        .expect("the card offers Open");
+    // Long enough for a redemption on load to have been answered.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let redeemed = w
+        .superuser
+        .query_one(
+            "SELECT count(*) FROM keyturn.card_link WHERE $1 = ANY (action_ids) AND redeemed_at IS NOT NULL",
+            &[&p.id],
+        )
+        .await
+        .expect("card_link")
+        .get::<_, i64>(0);
+    assert_eq!(redeemed, 0, "loading the link spent its code");
+    scanner.close().await.expect("close");
+
+    let person = browser::open(&webdriver, false).await;
+    visit(&person, &link)
+        .await
+        .expect("the person opens the link");
+    wait_loaded(&person).await;
+    assert_eq!(
+        text(&person, "[data-kt=summary]").await,
+        "Set stage won on 1 deal(s)"
+    );
+    person.close().await.expect("close");
 }
 
 #[tokio::test]
