@@ -15,13 +15,14 @@
 //!   waits: an idle `GET /mcp` stream is not timed, one whose client stopped
 //!   reading is;
 //! - a **connection cap** (`KEYTURN_SERVER_CONNECTIONS`): at it, a new
-//!   connection takes the place of the oldest one that has not yet sent a
-//!   whole request head, which is closed; with none such, the new one is
-//!   closed as soon as it is accepted, so a client learns at once instead of
-//!   waiting behind stalled ones, and the descriptors left keep `/healthz`
-//!   and the database connections working. Without the first half one
-//!   client holding the cap in connections that each sent a byte, opened
-//!   again as the header timeout closed them, kept everyone else out
+//!   connection takes the place of the one that has waited longest for a
+//!   request head (none sent yet, or an idle keep-alive after its answer),
+//!   which is closed; with none such, the new one is closed as soon as it
+//!   is accepted, so a client learns at once instead of waiting behind
+//!   stalled ones, and the descriptors left keep `/healthz` and the
+//!   database connections working. Without the first half one client
+//!   holding the cap in connections that each sent a byte (or one request),
+//!   opened again as the header timeout closed them, kept everyone else out
 //!   (docs/security.md, row 137);
 //! - a **shutdown with a deadline**: once told to stop, keyturnd accepts no
 //!   more connections, closes idle ones, lets requests under way finish, and
@@ -56,32 +57,133 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// it closed (its task drops it at once).
 const TAKE_OVER_WAIT: Duration = Duration::from_secs(1);
 
-/// The connections that have not yet sent a whole request head, oldest
-/// first, each with what closes it: the ones a connection accepted at the
-/// cap may take the place of.
+/// The connections waiting for a request head, longest waiting first,
+/// each with what closes it: the ones a connection accepted at the cap may
+/// take the place of. A connection waits from its accept to its first head,
+/// and again from each answer's end to the next head (an idle keep-alive:
+/// one client holding the cap in connections it had sent one request on
+/// kept everyone out as well; docs/security.md, row 137).
 #[derive(Clone, Default)]
-struct Unserved(Arc<Mutex<BTreeMap<u64, CancellationToken>>>);
+struct Waiting(Arc<Mutex<(u64, BTreeMap<u64, CancellationToken>)>>);
 
-impl Unserved {
-    fn insert(&self, id: u64) -> CancellationToken {
-        let close = CancellationToken::new();
-        self.lock().insert(id, close.clone());
-        close
+impl Waiting {
+    /// Enters `close` as waiting from now; its key.
+    fn enter(&self, close: &CancellationToken) -> u64 {
+        let mut w = self.lock();
+        let key = w.0;
+        w.0 += 1;
+        w.1.insert(key, close.clone());
+        key
     }
 
-    /// Its first request head arrived (or it ended).
-    fn remove(&self, id: u64) {
-        self.lock().remove(&id);
+    fn leave(&self, key: u64) {
+        self.lock().1.remove(&key);
     }
 
-    /// Closes the oldest; false when there is none.
-    fn close_oldest(&self) -> bool {
-        let oldest = self.lock().pop_first();
-        oldest.map(|(_, close)| close.cancel()).is_some()
+    /// Closes the connection waiting longest; false when none waits.
+    fn close_longest(&self) -> bool {
+        let longest = self.lock().1.pop_first();
+        longest.map(|(_, close)| close.cancel()).is_some()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, CancellationToken>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, BTreeMap<u64, CancellationToken>)> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One connection's place among the [`Waiting`]: its requests under way
+/// (a head arrived, its answer's body not yet sent or dropped), and its key
+/// while none is.
+struct Place {
+    waiting: Waiting,
+    close: CancellationToken,
+    state: Mutex<PlaceState>,
+}
+
+#[derive(Default)]
+struct PlaceState {
+    key: Option<u64>,
+    answering: usize,
+    gone: bool,
+}
+
+impl Place {
+    /// A connection just accepted: waiting for its first head.
+    fn new(waiting: &Waiting) -> Arc<Place> {
+        let close = CancellationToken::new();
+        let key = waiting.enter(&close);
+        Arc::new(Place {
+            waiting: waiting.clone(),
+            close,
+            state: Mutex::new(PlaceState {
+                key: Some(key),
+                ..PlaceState::default()
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PlaceState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A request head arrived: no longer waiting until its answer ends.
+    fn answering(self: &Arc<Self>) -> Answering {
+        let mut state = self.lock();
+        state.answering += 1;
+        if let Some(key) = state.key.take() {
+            self.waiting.leave(key);
+        }
+        Answering(self.clone())
+    }
+
+    /// The connection ended.
+    fn gone(&self) {
+        let mut state = self.lock();
+        state.gone = true;
+        if let Some(key) = state.key.take() {
+            self.waiting.leave(key);
+        }
+    }
+}
+
+/// A request under way on a [`Place`]; dropped with its answer's body (sent,
+/// or the connection ended), the connection waits again.
+struct Answering(Arc<Place>);
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        let place = &self.0;
+        let mut state = place.lock();
+        state.answering -= 1;
+        if state.answering == 0 && !state.gone && state.key.is_none() {
+            state.key = Some(place.waiting.enter(&place.close));
+        }
+    }
+}
+
+/// An answer's body, holding its request's [`Answering`] until it is sent.
+struct AnswerBody {
+    body: axum::body::Body,
+    _answering: Answering,
+}
+
+impl hyper::body::Body for AnswerBody {
+    type Data = hyper::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -125,8 +227,7 @@ pub async fn serve(
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read);
     let slots = Arc::new(Semaphore::new(limits.connections));
-    let unserved = Unserved::default();
-    let mut next_id: u64 = 0;
+    let waiting = Waiting::default();
     let graceful = GracefulShutdown::new();
     let mut conns = JoinSet::new();
     tokio::pin!(stop);
@@ -145,8 +246,8 @@ pub async fn serve(
                 };
                 let slot = match slots.clone().try_acquire_owned() {
                     Ok(slot) => Some(slot),
-                    Err(_) if unserved.close_oldest() => {
-                        tracing::debug!(cap = limits.connections, "at the connection cap; closing the oldest connection that sent no request for a new one");
+                    Err(_) if waiting.close_longest() => {
+                        tracing::debug!(cap = limits.connections, "at the connection cap; closing the connection waiting longest for a request for a new one");
                         None
                     }
                     Err(_) => {
@@ -155,26 +256,30 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let id = next_id;
-                next_id += 1;
-                let close = unserved.insert(id);
+                let place = Place::new(&waiting);
                 let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
                 stream.set_write_timeout(Some(limits.request));
                 let stream = TokioIo::new(Box::pin(stream));
-                let (inner, marks) = (service.clone(), unserved.clone());
+                let (inner, at) = (service.clone(), place.clone());
                 let service = hyper::service::service_fn(move |request| {
-                    marks.remove(id);
-                    hyper::service::Service::call(&inner, request)
+                    let answering = at.answering();
+                    let answer = hyper::service::Service::call(&inner, request);
+                    async move {
+                        let answer = answer.await?;
+                        Ok::<_, std::convert::Infallible>(answer.map(|body| {
+                            axum::body::Body::new(AnswerBody { body, _answering: answering })
+                        }))
+                    }
                 });
                 let conn = graceful.watch(http.serve_connection(stream, service));
-                let (slots, unserved) = (slots.clone(), unserved.clone());
+                let slots = slots.clone();
                 conns.spawn(async move {
                     let slot = match slot {
                         Some(slot) => slot,
                         None => match tokio::time::timeout(TAKE_OVER_WAIT, slots.acquire_owned()).await {
                             Ok(Ok(slot)) => slot,
                             _ => {
-                                unserved.remove(id);
+                                place.gone();
                                 return;
                             }
                         },
@@ -183,9 +288,9 @@ pub async fn serve(
                         ended = conn => if let Err(e) = ended {
                             tracing::debug!(error = %e, "connection ended");
                         },
-                        () = close.cancelled() => {}
+                        () = place.close.cancelled() => {}
                     }
-                    unserved.remove(id);
+                    place.gone();
                     drop(slot);
                 });
             }

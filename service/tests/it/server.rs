@@ -99,21 +99,69 @@ fn four_connections() -> Keyturnd {
     )
 }
 
-#[tokio::test]
-async fn test_a_connection_past_the_cap_is_refused_and_healthz_answers_once_one_frees() {
-    // Probed with raw connections only: a pooling HTTP client would keep
-    // one of the four slots.
-    let k = four_connections();
-    let addr = addr(&k);
-    let mut held = Vec::new();
-    // A connection closed just before may hold its slot a moment longer:
-    // each of the four is retried until served.
-    for _ in 0..4 {
-        held.push(eventually(WITHIN, "a connection within the cap", || served(&addr)).await);
+/// `serve` of a router with `GET /ok` and `POST /echo` (which reads its
+/// body) on a port of its own, with a cap of four connections and timeouts
+/// no test waits for.
+async fn four_slots() -> std::net::SocketAddr {
+    use axum::body::Bytes;
+    use keyturnd::server::{serve, Limits};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let router = axum::Router::new()
+        .route("/ok", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/echo",
+            axum::routing::post(|body: Bytes| async move { body }),
+        );
+    let limits = Limits {
+        header_read: Duration::from_secs(300),
+        request: Duration::from_secs(300),
+        connections: 4,
+    };
+    tokio::spawn(serve(listener, router, limits, std::future::pending()));
+    addr
+}
+
+/// A connection with a request under way: its head sent, its body not.
+async fn busy(addr: std::net::SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: k\r\nContent-Length: 100\r\n\r\nhalf")
+        .await
+        .expect("write");
+    s
+}
+
+/// A connection that had `GET /ok` answered and stays open, idle.
+async fn answered(addr: std::net::SocketAddr) -> Option<TcpStream> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    s.write_all(b"GET /ok HTTP/1.1\r\nHost: k\r\n\r\n")
+        .await
+        .ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.ends_with(b"ok\n") {
+        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => return None,
+        }
     }
-    let mut fifth = TcpStream::connect(&addr).await.expect("the kernel accepts");
+    Some(s)
+}
+
+#[tokio::test]
+async fn test_a_connection_past_a_cap_of_busy_ones_is_refused_and_served_once_one_frees() {
+    let addr = four_slots().await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(busy(addr).await);
+    }
+    // Accepted, and their heads read, before the fifth.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut fifth = TcpStream::connect(addr).await.expect("the kernel accepts");
     let _ = fifth
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: k\r\n\r\n")
+        .write_all(b"GET /ok HTTP/1.1\r\nHost: k\r\n\r\n")
         .await;
     let mut buf = [0u8; 256];
     let answer = tokio::time::timeout(WITHIN, fifth.read(&mut buf))
@@ -125,10 +173,38 @@ async fn test_a_connection_past_the_cap_is_refused_and_healthz_answers_once_one_
         String::from_utf8_lossy(&buf)
     );
     drop(held.pop());
-    eventually(WITHIN, "/healthz once a slot is free", || async {
-        served(&addr).await.map(|_| ())
+    eventually(WITHIN, "/ok once a slot is free", || async {
+        answered(addr).await.map(|_| ())
     })
     .await;
+}
+
+/// Idle keep-alive connections held the cap as well: one client sent one
+/// request on each, read the answer and kept it open (twenty-sixth red-team
+/// pass; docs/security.md, row 137). Such a connection waits for a head
+/// again, and gives way at the cap as one that sent none does.
+#[tokio::test]
+async fn test_idle_keep_alive_connections_give_way_at_the_cap() {
+    let addr = four_slots().await;
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(answered(addr).await.expect("a connection within the cap"));
+    }
+    for i in 0..3 {
+        assert!(
+            answered(addr).await.is_some(),
+            "client {i} was kept out by idle keep-alive connections"
+        );
+    }
+    let mut closed = 0;
+    for s in &mut idle {
+        let mut buf = [0u8; 16];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "no idle connection was closed");
 }
 
 /// One client holding the cap in connections that each sent a byte of a
