@@ -383,6 +383,7 @@ CREATE TABLE keyturn.card_link (
     session_digest      bytea,
     session_expires_at  timestamptz,
     elicits             uuid,                     -- a dispatcher's code (keyturnd's MCP elicitation): its one action
+    notification        uuid,                     -- a notification's code: the notification whose message carried it
     PRIMARY KEY (code_digest, tenant)
 );
 CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, tenant)
@@ -391,6 +392,8 @@ CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
 -- At most one dispatcher's code per action (keyturn._link_code): an index,
 -- which no snapshot can miss.
 CREATE UNIQUE INDEX card_link_elicits_idx ON keyturn.card_link (elicits, tenant) WHERE elicits IS NOT NULL;
+-- A channel's links, ended with it (keyturn._end_channel_links).
+CREATE INDEX card_link_notification_idx ON keyturn.card_link (notification, tenant) WHERE notification IS NOT NULL;
 
 -- Evidence recorded by the trusted side (sql/057_fence.sql): what a person
 -- showed, or what keyturn.fence handed an agent, by kind, reference and

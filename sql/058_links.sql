@@ -208,7 +208,8 @@ $$;
 -- message (sql/064_notify.sql), whose card runs as the role its person set
 -- the channel as.
 CREATE FUNCTION keyturn._mint_link(p_tenant text, p_principal text, p_session text, p_db_role text, p_ids uuid[],
-                                   p_now timestamptz, p_expires timestamptz, p_elicits uuid DEFAULT NULL)
+                                   p_now timestamptz, p_expires timestamptz, p_elicits uuid DEFAULT NULL,
+                                   p_notification uuid DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -218,8 +219,9 @@ DECLARE
 BEGIN
     v_digest := keyturn._token_digest(v_code);
     INSERT INTO keyturn.card_link (code_digest, tenant, principal, session, db_role, action_ids, created_at,
-                                   expires_at, elicits)
-    VALUES (v_digest, p_tenant, p_principal, p_session, p_db_role, p_ids, p_now, p_expires, p_elicits);
+                                   expires_at, elicits, notification)
+    VALUES (v_digest, p_tenant, p_principal, p_session, p_db_role, p_ids, p_now, p_expires, p_elicits,
+            p_notification);
     RETURN v_code;
 END
 $$;

@@ -20,16 +20,17 @@ RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT repeat('0', 64) $$;
 
--- Whether action a still is what event detail d committed to (the
--- lifecycle trigger writes the commitments: extension/src/lifecycle.rs,
--- `commitments`): its tool and tool version; the MAC of its params hash
--- (and its params still hash to it, where kept, unless approve found they
--- did not and ended it rejected_tampered); its approval binding's MAC
--- (and the binding still verifies: who approved, as which role, when,
--- how); the MACs of its result's and receipt's jsonb text. A key d does not
--- hold (an event of 0.2.0, a status change that commits to nothing) is not
--- compared.
-CREATE FUNCTION keyturn._commitments_kept(a keyturn.action, d jsonb)
+-- Whether action a still is what event detail d, of an event to status
+-- p_to, committed to (the lifecycle trigger writes the commitments:
+-- extension/src/lifecycle.rs, `commitments`): its tool and tool version;
+-- the MAC of its params hash (and its params still hash to it, where kept,
+-- unless approve found they did not and ended it rejected_tampered); its
+-- approval binding's MAC, null for none (and the binding still verifies:
+-- who approved, as which role, when, how); at a final status, that status
+-- and the MACs of its result's and receipt's jsonb text, null for none. A
+-- key d does not hold (an event of 0.2.0, a status change that commits to
+-- nothing) is not compared.
+CREATE FUNCTION keyturn._commitments_kept(a keyturn.action, d jsonb, p_to keyturn.status)
 RETURNS boolean
 LANGUAGE plpgsql STABLE  -- not sql: the MACs are volatile, so no inlining
 AS $$
@@ -42,10 +43,44 @@ BEGIN
                      OR keyturn.params_hash(a.tool, a.params) IS NOT DISTINCT FROM a.params_hash)))
        AND (NOT d ? 'approval_mac'
             OR (d ->> 'approval_mac' IS NOT DISTINCT FROM encode(a.approval_mac, 'hex')
-                AND keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
-                                            a.approved_at, a.approved_via, a.approval_mac)))
-       AND (NOT d ? 'result_mac' OR d ->> 'result_mac' IS NOT DISTINCT FROM keyturn._commitment('result', a.result::text))
-       AND (NOT d ? 'receipt_mac' OR d ->> 'receipt_mac' IS NOT DISTINCT FROM keyturn._commitment('receipt', a.receipt::text));
+                AND (a.approval_mac IS NULL
+                     OR keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
+                                                a.approved_at, a.approved_via, a.approval_mac))))
+       AND (NOT d ? 'result_mac'
+            OR (p_to = a.status
+                AND d ->> 'result_mac' IS NOT DISTINCT FROM keyturn._commitment('result', a.result::text)
+                AND d ->> 'receipt_mac' IS NOT DISTINCT FROM keyturn._commitment('receipt', a.receipt::text)));
+END
+$$;
+
+-- When action a's row calls for a commitment none of its events holds, and
+-- its first event committed to anything (0.3.0's): an approval binding no
+-- event committed to, or a final status no event ended it with (a status,
+-- an approval rewritten in the row alone), the id of its last event, after
+-- which the row and the chain part. NULL when none is missing.
+CREATE FUNCTION keyturn._commitment_missing(a keyturn.action)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_last bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM keyturn.event x
+                    WHERE x.action_id = a.id AND x.tenant = a.tenant AND x.detail ? 'params_mac') THEN
+        RETURN NULL;
+    END IF;
+    SELECT max(x.id) INTO v_last FROM keyturn.event x WHERE x.action_id = a.id AND x.tenant = a.tenant;
+    IF (a.approval_mac IS NOT NULL
+        AND NOT EXISTS (SELECT 1 FROM keyturn.event x
+                         WHERE x.action_id = a.id AND x.tenant = a.tenant
+                           AND x.detail ->> 'approval_mac' = encode(a.approval_mac, 'hex')))
+       OR (keyturn._is_final(a.status)
+           AND NOT EXISTS (SELECT 1 FROM keyturn.event x
+                            WHERE x.action_id = a.id AND x.tenant = a.tenant
+                              AND x.to_status = a.status AND x.detail ? 'result_mac')) THEN
+        RETURN v_last;
+    END IF;
+    RETURN NULL;
 END
 $$;
 
@@ -59,8 +94,10 @@ $$;
 -- some point on together with the head: compare the head with one anchored
 -- elsewhere (keyturn.audit_head, docs/audit.md).
 -- Then the actions: ok is false, first_bad the first event whose
--- commitments its action no longer keeps (keyturn._commitments_kept), when
--- an action's params, approval or outcome was rewritten under a chain that
+-- commitments its action no longer keeps (keyturn._commitments_kept), or
+-- the last event of an action whose row calls for a commitment none holds
+-- (keyturn._commitment_missing), whichever comes first, when an action's
+-- params, approval, status or outcome was rewritten under a chain that
 -- verifies. An action no longer stored is not compared.
 CREATE FUNCTION keyturn.verify_audit(tenant text)
 RETURNS TABLE (ok boolean, events bigint, first_bad bigint)
@@ -74,6 +111,7 @@ DECLARE
     v_n     bigint := 0;
     v_head  keyturn.audit_chain;
     v_kept  record;
+    v_bad   bigint;
 BEGIN
     PERFORM keyturn._refuse_nested('verify_audit');
     PERFORM keyturn._require_text(verify_audit.tenant, 'tenant');
@@ -97,18 +135,24 @@ BEGIN
     -- Compared here, not in the query: the MACs read the key, which on
     -- Citus a query already on a shard cannot.
     FOR v_kept IN
-        SELECT x.id, x.detail, ROW(a.*)::keyturn.action AS a
+        SELECT x.id, x.detail, x.to_status, ROW(a.*)::keyturn.action AS a
           FROM keyturn.event x
           JOIN keyturn.action a ON a.id = x.action_id AND a.tenant = verify_audit.tenant
          WHERE x.tenant = verify_audit.tenant
            AND x.detail ?| ARRAY['tool', 'tool_version', 'params_mac', 'approval_mac', 'result_mac', 'receipt_mac']
          ORDER BY x.id
     LOOP
-        IF NOT keyturn._commitments_kept(v_kept.a, v_kept.detail) THEN
-            RETURN QUERY SELECT false, v_n, v_kept.id;
-            RETURN;
+        IF NOT keyturn._commitments_kept(v_kept.a, v_kept.detail, v_kept.to_status) THEN
+            v_bad := least(v_bad, v_kept.id);
+        END IF;
+        IF v_kept.detail ? 'params_mac' THEN
+            v_bad := least(v_bad, keyturn._commitment_missing(v_kept.a));
         END IF;
     END LOOP;
+    IF v_bad IS NOT NULL THEN
+        RETURN QUERY SELECT false, v_n, v_bad;
+        RETURN;
+    END IF;
     RETURN QUERY SELECT true, v_n, NULL::bigint;
 END
 $$;

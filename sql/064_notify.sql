@@ -72,10 +72,11 @@ AS $$
 DECLARE
     v_n int;
 BEGIN
+    -- Every attempt's code (each carried one), opened or not.
     DELETE FROM keyturn.card_link l
      USING keyturn.notification n
      WHERE n.tenant = p_tenant AND n.principal = p_principal AND n.channel = p_channel
-       AND l.tenant = p_tenant AND l.code_digest = n.link_digest;
+       AND l.tenant = p_tenant AND l.notification = n.id;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
@@ -407,10 +408,12 @@ AS $$ SELECT 2 $$;
 -- answers holds a slot for a whole call timeout, and notifications come
 -- first, so one tenant's person (and their agent's burst of proposals) had
 -- every slot all tenants share (docs/security.md, row 136). A lease gives
--- notifications at most half its jobs (at least one), and a tenant with
--- keyturn._notify_in_flight() notifications leased or executing gets no
--- more until one ends: its others wait in the queue, and the other
--- tenants' notifications are leased past them.
+-- notifications at most half its jobs (at least one); a person with one
+-- notification leased or executing gets no other until it ends (one
+-- member's stalled endpoint had held the tenant's whole share, and their
+-- colleagues' notifications waited behind it), and a tenant with
+-- keyturn._notify_in_flight() gets no more: their others wait in the
+-- queue, and everyone else's are leased past them.
 CREATE FUNCTION keyturn._lease_notifications(p_tenant text, p_worker text, p_max int, p_lease_for interval,
                                              p_providers text[], p_now timestamptz)
 RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
@@ -426,6 +429,7 @@ DECLARE
     v_digest   uuid;
     v_recent   bigint;
     v_full     text[];
+    v_busy     jsonb;
     v_left     int := greatest(1, p_max / 2);
 BEGIN
     v_channels := ARRAY(SELECT c FROM unnest(enum_range(NULL::keyturn.channel)) c
@@ -433,24 +437,24 @@ BEGIN
     IF p_max < 1 OR cardinality(v_channels) = 0 THEN
         RETURN;
     END IF;
-    -- The tenants with their share in flight already.
+    -- The tenants with their share in flight already, and the people with
+    -- one in flight: [[tenant, principal], …].
     v_full := ARRAY(SELECT x.tenant FROM keyturn.notification x
                      WHERE x.status IN ('leased', 'executing') AND (p_tenant IS NULL OR x.tenant = p_tenant)
                      GROUP BY x.tenant HAVING count(*) >= keyturn._notify_in_flight());
+    v_busy := coalesce((SELECT jsonb_agg(DISTINCT jsonb_build_array(x.tenant, x.principal))
+                          FROM keyturn.notification x
+                         WHERE x.status IN ('leased', 'executing') AND (p_tenant IS NULL OR x.tenant = p_tenant)),
+                       '[]');
     FOR n IN
         SELECT x.* FROM keyturn.notification x
          WHERE x.status = 'queued' AND x.next_attempt_at <= p_now AND x.channel = ANY (v_channels)
            AND (p_tenant IS NULL OR x.tenant = p_tenant) AND x.tenant <> ALL (v_full)
+           AND NOT v_busy @> jsonb_build_array(jsonb_build_array(x.tenant, x.principal))
          ORDER BY x.next_attempt_at, x.id
          LIMIT p_max
            FOR UPDATE SKIP LOCKED
     LOOP
-        IF v_left < 1 THEN
-            EXIT;
-        END IF;
-        IF n.tenant = ANY (v_full) THEN
-            CONTINUE;
-        END IF;
         SELECT c.max_per_hour INTO v_max FROM keyturn.notify_channel c
          WHERE c.tenant = n.tenant AND c.principal = n.principal AND c.channel = n.channel FOR NO KEY UPDATE;
         v_problem := keyturn._notification_problem(n);
@@ -475,12 +479,19 @@ BEGIN
                 CONTINUE;
             END IF;
         END IF;
+        -- Past the lease's share, or of a person or tenant that took theirs
+        -- in it: checked above (cancelled, held for the digest), not leased.
+        IF v_left < 1 OR n.tenant = ANY (v_full)
+           OR v_busy @> jsonb_build_array(jsonb_build_array(n.tenant, n.principal)) THEN
+            CONTINUE;
+        END IF;
         v_lease := gen_random_uuid();
         UPDATE keyturn.notification x
            SET status = 'leased', lease_id = v_lease, leased_by = p_worker, lease_expires_at = p_now + p_lease_for,
                updated_at = p_now
          WHERE x.id = n.id AND x.tenant = n.tenant;
         v_left := v_left - 1;
+        v_busy := v_busy || jsonb_build_array(jsonb_build_array(n.tenant, n.principal));
         IF (SELECT count(*) FROM keyturn.notification x
              WHERE x.tenant = n.tenant AND x.status IN ('leased', 'executing')) >= keyturn._notify_in_flight() THEN
             v_full := v_full || n.tenant;
@@ -1000,7 +1011,8 @@ BEGIN
     -- The attempt before's code, unless the person opened it, ends here.
     DELETE FROM keyturn.card_link l
      WHERE l.code_digest = n.link_digest AND l.tenant = n.tenant AND l.redeemed_at IS NULL;
-    v_code := keyturn._mint_link(n.tenant, n.principal, v_session, c.db_role, v_link, v_now, v_expires);
+    v_code := keyturn._mint_link(n.tenant, n.principal, v_session, c.db_role, v_link, v_now, v_expires,
+                                 p_notification => n.id);
     UPDATE keyturn.notification x SET link_digest = keyturn._token_digest(v_code), link_attempt = n.attempts
      WHERE x.id = n.id AND x.tenant = n.tenant;
     RETURN QUERY SELECT true, NULL::text, n.channel::text, c.target, c.secret, n.kind::text, v_title,

@@ -117,6 +117,7 @@ CREATE TABLE keyturn.card_link (
     session_digest      bytea,
     session_expires_at  timestamptz,
     elicits             uuid,                     -- a dispatcher's code (keyturnd's MCP elicitation): its one action
+    notification        uuid,                     -- a notification's code: the notification whose message carried it
     PRIMARY KEY (code_digest, tenant)
 );
 CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, tenant)
@@ -125,6 +126,8 @@ CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
 -- At most one dispatcher's code per action (keyturn._link_code): an index,
 -- which no snapshot can miss.
 CREATE UNIQUE INDEX card_link_elicits_idx ON keyturn.card_link (elicits, tenant) WHERE elicits IS NOT NULL;
+-- A channel's links, ended with it (keyturn._end_channel_links).
+CREATE INDEX card_link_notification_idx ON keyturn.card_link (notification, tenant) WHERE notification IS NOT NULL;
 CREATE INDEX action_revised_from_idx ON keyturn.action (revised_from, tenant) WHERE revised_from IS NOT NULL;
 SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');
 
@@ -5923,7 +5926,8 @@ $$;
 -- message (sql/064_notify.sql), whose card runs as the role its person set
 -- the channel as.
 CREATE OR REPLACE FUNCTION keyturn._mint_link(p_tenant text, p_principal text, p_session text, p_db_role text, p_ids uuid[],
-                                   p_now timestamptz, p_expires timestamptz, p_elicits uuid DEFAULT NULL)
+                                   p_now timestamptz, p_expires timestamptz, p_elicits uuid DEFAULT NULL,
+                                   p_notification uuid DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -5933,8 +5937,9 @@ DECLARE
 BEGIN
     v_digest := keyturn._token_digest(v_code);
     INSERT INTO keyturn.card_link (code_digest, tenant, principal, session, db_role, action_ids, created_at,
-                                   expires_at, elicits)
-    VALUES (v_digest, p_tenant, p_principal, p_session, p_db_role, p_ids, p_now, p_expires, p_elicits);
+                                   expires_at, elicits, notification)
+    VALUES (v_digest, p_tenant, p_principal, p_session, p_db_role, p_ids, p_now, p_expires, p_elicits,
+            p_notification);
     RETURN v_code;
 END
 $$;
@@ -6060,16 +6065,17 @@ RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT repeat('0', 64) $$;
 
--- Whether action a still is what event detail d committed to (the
--- lifecycle trigger writes the commitments: extension/src/lifecycle.rs,
--- `commitments`): its tool and tool version; the MAC of its params hash
--- (and its params still hash to it, where kept, unless approve found they
--- did not and ended it rejected_tampered); its approval binding's MAC
--- (and the binding still verifies: who approved, as which role, when,
--- how); the MACs of its result's and receipt's jsonb text. A key d does not
--- hold (an event of 0.2.0, a status change that commits to nothing) is not
--- compared.
-CREATE OR REPLACE FUNCTION keyturn._commitments_kept(a keyturn.action, d jsonb)
+-- Whether action a still is what event detail d, of an event to status
+-- p_to, committed to (the lifecycle trigger writes the commitments:
+-- extension/src/lifecycle.rs, `commitments`): its tool and tool version;
+-- the MAC of its params hash (and its params still hash to it, where kept,
+-- unless approve found they did not and ended it rejected_tampered); its
+-- approval binding's MAC, null for none (and the binding still verifies:
+-- who approved, as which role, when, how); at a final status, that status
+-- and the MACs of its result's and receipt's jsonb text, null for none. A
+-- key d does not hold (an event of 0.2.0, a status change that commits to
+-- nothing) is not compared.
+CREATE OR REPLACE FUNCTION keyturn._commitments_kept(a keyturn.action, d jsonb, p_to keyturn.status)
 RETURNS boolean
 LANGUAGE plpgsql STABLE  -- not sql: the MACs are volatile, so no inlining
 AS $$
@@ -6082,10 +6088,44 @@ BEGIN
                      OR keyturn.params_hash(a.tool, a.params) IS NOT DISTINCT FROM a.params_hash)))
        AND (NOT d ? 'approval_mac'
             OR (d ->> 'approval_mac' IS NOT DISTINCT FROM encode(a.approval_mac, 'hex')
-                AND keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
-                                            a.approved_at, a.approved_via, a.approval_mac)))
-       AND (NOT d ? 'result_mac' OR d ->> 'result_mac' IS NOT DISTINCT FROM keyturn._commitment('result', a.result::text))
-       AND (NOT d ? 'receipt_mac' OR d ->> 'receipt_mac' IS NOT DISTINCT FROM keyturn._commitment('receipt', a.receipt::text));
+                AND (a.approval_mac IS NULL
+                     OR keyturn._approval_valid(a.id, a.params_hash, a.approved_by, a.approved_role,
+                                                a.approved_at, a.approved_via, a.approval_mac))))
+       AND (NOT d ? 'result_mac'
+            OR (p_to = a.status
+                AND d ->> 'result_mac' IS NOT DISTINCT FROM keyturn._commitment('result', a.result::text)
+                AND d ->> 'receipt_mac' IS NOT DISTINCT FROM keyturn._commitment('receipt', a.receipt::text)));
+END
+$$;
+
+-- When action a's row calls for a commitment none of its events holds, and
+-- its first event committed to anything (0.3.0's): an approval binding no
+-- event committed to, or a final status no event ended it with (a status,
+-- an approval rewritten in the row alone), the id of its last event, after
+-- which the row and the chain part. NULL when none is missing.
+CREATE OR REPLACE FUNCTION keyturn._commitment_missing(a keyturn.action)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_last bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM keyturn.event x
+                    WHERE x.action_id = a.id AND x.tenant = a.tenant AND x.detail ? 'params_mac') THEN
+        RETURN NULL;
+    END IF;
+    SELECT max(x.id) INTO v_last FROM keyturn.event x WHERE x.action_id = a.id AND x.tenant = a.tenant;
+    IF (a.approval_mac IS NOT NULL
+        AND NOT EXISTS (SELECT 1 FROM keyturn.event x
+                         WHERE x.action_id = a.id AND x.tenant = a.tenant
+                           AND x.detail ->> 'approval_mac' = encode(a.approval_mac, 'hex')))
+       OR (keyturn._is_final(a.status)
+           AND NOT EXISTS (SELECT 1 FROM keyturn.event x
+                            WHERE x.action_id = a.id AND x.tenant = a.tenant
+                              AND x.to_status = a.status AND x.detail ? 'result_mac')) THEN
+        RETURN v_last;
+    END IF;
+    RETURN NULL;
 END
 $$;
 
@@ -6099,8 +6139,10 @@ $$;
 -- some point on together with the head: compare the head with one anchored
 -- elsewhere (keyturn.audit_head, docs/audit.md).
 -- Then the actions: ok is false, first_bad the first event whose
--- commitments its action no longer keeps (keyturn._commitments_kept), when
--- an action's params, approval or outcome was rewritten under a chain that
+-- commitments its action no longer keeps (keyturn._commitments_kept), or
+-- the last event of an action whose row calls for a commitment none holds
+-- (keyturn._commitment_missing), whichever comes first, when an action's
+-- params, approval, status or outcome was rewritten under a chain that
 -- verifies. An action no longer stored is not compared.
 CREATE OR REPLACE FUNCTION keyturn.verify_audit(tenant text)
 RETURNS TABLE (ok boolean, events bigint, first_bad bigint)
@@ -6114,6 +6156,7 @@ DECLARE
     v_n     bigint := 0;
     v_head  keyturn.audit_chain;
     v_kept  record;
+    v_bad   bigint;
 BEGIN
     PERFORM keyturn._refuse_nested('verify_audit');
     PERFORM keyturn._require_text(verify_audit.tenant, 'tenant');
@@ -6137,18 +6180,24 @@ BEGIN
     -- Compared here, not in the query: the MACs read the key, which on
     -- Citus a query already on a shard cannot.
     FOR v_kept IN
-        SELECT x.id, x.detail, ROW(a.*)::keyturn.action AS a
+        SELECT x.id, x.detail, x.to_status, ROW(a.*)::keyturn.action AS a
           FROM keyturn.event x
           JOIN keyturn.action a ON a.id = x.action_id AND a.tenant = verify_audit.tenant
          WHERE x.tenant = verify_audit.tenant
            AND x.detail ?| ARRAY['tool', 'tool_version', 'params_mac', 'approval_mac', 'result_mac', 'receipt_mac']
          ORDER BY x.id
     LOOP
-        IF NOT keyturn._commitments_kept(v_kept.a, v_kept.detail) THEN
-            RETURN QUERY SELECT false, v_n, v_kept.id;
-            RETURN;
+        IF NOT keyturn._commitments_kept(v_kept.a, v_kept.detail, v_kept.to_status) THEN
+            v_bad := least(v_bad, v_kept.id);
+        END IF;
+        IF v_kept.detail ? 'params_mac' THEN
+            v_bad := least(v_bad, keyturn._commitment_missing(v_kept.a));
         END IF;
     END LOOP;
+    IF v_bad IS NOT NULL THEN
+        RETURN QUERY SELECT false, v_n, v_bad;
+        RETURN;
+    END IF;
     RETURN QUERY SELECT true, v_n, NULL::bigint;
 END
 $$;
@@ -8311,10 +8360,11 @@ AS $$
 DECLARE
     v_n int;
 BEGIN
+    -- Every attempt's code (each carried one), opened or not.
     DELETE FROM keyturn.card_link l
      USING keyturn.notification n
      WHERE n.tenant = p_tenant AND n.principal = p_principal AND n.channel = p_channel
-       AND l.tenant = p_tenant AND l.code_digest = n.link_digest;
+       AND l.tenant = p_tenant AND l.notification = n.id;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
@@ -8646,10 +8696,12 @@ AS $$ SELECT 2 $$;
 -- answers holds a slot for a whole call timeout, and notifications come
 -- first, so one tenant's person (and their agent's burst of proposals) had
 -- every slot all tenants share (docs/security.md, row 136). A lease gives
--- notifications at most half its jobs (at least one), and a tenant with
--- keyturn._notify_in_flight() notifications leased or executing gets no
--- more until one ends: its others wait in the queue, and the other
--- tenants' notifications are leased past them.
+-- notifications at most half its jobs (at least one); a person with one
+-- notification leased or executing gets no other until it ends (one
+-- member's stalled endpoint had held the tenant's whole share, and their
+-- colleagues' notifications waited behind it), and a tenant with
+-- keyturn._notify_in_flight() gets no more: their others wait in the
+-- queue, and everyone else's are leased past them.
 CREATE OR REPLACE FUNCTION keyturn._lease_notifications(p_tenant text, p_worker text, p_max int, p_lease_for interval,
                                              p_providers text[], p_now timestamptz)
 RETURNS TABLE (action_id uuid, lease_id uuid, tenant text, tool text, provider text, params jsonb,
@@ -8665,6 +8717,7 @@ DECLARE
     v_digest   uuid;
     v_recent   bigint;
     v_full     text[];
+    v_busy     jsonb;
     v_left     int := greatest(1, p_max / 2);
 BEGIN
     v_channels := ARRAY(SELECT c FROM unnest(enum_range(NULL::keyturn.channel)) c
@@ -8672,24 +8725,24 @@ BEGIN
     IF p_max < 1 OR cardinality(v_channels) = 0 THEN
         RETURN;
     END IF;
-    -- The tenants with their share in flight already.
+    -- The tenants with their share in flight already, and the people with
+    -- one in flight: [[tenant, principal], …].
     v_full := ARRAY(SELECT x.tenant FROM keyturn.notification x
                      WHERE x.status IN ('leased', 'executing') AND (p_tenant IS NULL OR x.tenant = p_tenant)
                      GROUP BY x.tenant HAVING count(*) >= keyturn._notify_in_flight());
+    v_busy := coalesce((SELECT jsonb_agg(DISTINCT jsonb_build_array(x.tenant, x.principal))
+                          FROM keyturn.notification x
+                         WHERE x.status IN ('leased', 'executing') AND (p_tenant IS NULL OR x.tenant = p_tenant)),
+                       '[]');
     FOR n IN
         SELECT x.* FROM keyturn.notification x
          WHERE x.status = 'queued' AND x.next_attempt_at <= p_now AND x.channel = ANY (v_channels)
            AND (p_tenant IS NULL OR x.tenant = p_tenant) AND x.tenant <> ALL (v_full)
+           AND NOT v_busy @> jsonb_build_array(jsonb_build_array(x.tenant, x.principal))
          ORDER BY x.next_attempt_at, x.id
          LIMIT p_max
            FOR UPDATE SKIP LOCKED
     LOOP
-        IF v_left < 1 THEN
-            EXIT;
-        END IF;
-        IF n.tenant = ANY (v_full) THEN
-            CONTINUE;
-        END IF;
         SELECT c.max_per_hour INTO v_max FROM keyturn.notify_channel c
          WHERE c.tenant = n.tenant AND c.principal = n.principal AND c.channel = n.channel FOR NO KEY UPDATE;
         v_problem := keyturn._notification_problem(n);
@@ -8714,12 +8767,19 @@ BEGIN
                 CONTINUE;
             END IF;
         END IF;
+        -- Past the lease's share, or of a person or tenant that took theirs
+        -- in it: checked above (cancelled, held for the digest), not leased.
+        IF v_left < 1 OR n.tenant = ANY (v_full)
+           OR v_busy @> jsonb_build_array(jsonb_build_array(n.tenant, n.principal)) THEN
+            CONTINUE;
+        END IF;
         v_lease := gen_random_uuid();
         UPDATE keyturn.notification x
            SET status = 'leased', lease_id = v_lease, leased_by = p_worker, lease_expires_at = p_now + p_lease_for,
                updated_at = p_now
          WHERE x.id = n.id AND x.tenant = n.tenant;
         v_left := v_left - 1;
+        v_busy := v_busy || jsonb_build_array(jsonb_build_array(n.tenant, n.principal));
         IF (SELECT count(*) FROM keyturn.notification x
              WHERE x.tenant = n.tenant AND x.status IN ('leased', 'executing')) >= keyturn._notify_in_flight() THEN
             v_full := v_full || n.tenant;
@@ -9239,7 +9299,8 @@ BEGIN
     -- The attempt before's code, unless the person opened it, ends here.
     DELETE FROM keyturn.card_link l
      WHERE l.code_digest = n.link_digest AND l.tenant = n.tenant AND l.redeemed_at IS NULL;
-    v_code := keyturn._mint_link(n.tenant, n.principal, v_session, c.db_role, v_link, v_now, v_expires);
+    v_code := keyturn._mint_link(n.tenant, n.principal, v_session, c.db_role, v_link, v_now, v_expires,
+                                 p_notification => n.id);
     UPDATE keyturn.notification x SET link_digest = keyturn._token_digest(v_code), link_attempt = n.attempts
      WHERE x.id = n.id AND x.tenant = n.tenant;
     RETURN QUERY SELECT true, NULL::text, n.channel::text, c.target, c.secret, n.kind::text, v_title,

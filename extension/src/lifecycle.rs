@@ -661,7 +661,8 @@ fn event_detail(
 /// created, its tool and tool version, and a MAC of its params hash; when
 /// its approval binding is first written, the binding's MAC (over who
 /// approved, as which role, when, how, and the params hash); at a final
-/// status, MACs of its result's and receipt's jsonb text. The MACs are
+/// status, the binding's MAC again and MACs of its result's and receipt's
+/// jsonb text, each null where the action has none. The MACs are
 /// under the database's key ([`approval::commitment`]): no reader of the
 /// chain can test guesses against them. `verify_audit` recomputes them from
 /// the row, so a rewrite of what was approved or of how it ended shows
@@ -694,20 +695,23 @@ fn commitments(
             facts.insert("params_mac".into(), Value::String(mac));
         }
     }
-    if approved {
-        if let Some(mac) = new.bytes(APPROVAL_MAC) {
-            facts.insert("approval_mac".into(), Value::String(hex::encode(mac)));
-        }
+    // A final status commits to how the action ended whatever it holds:
+    // no approval, no result and no receipt are facts too (null), or a
+    // rejected action rewritten as approved and sent would verify.
+    if approved || is_final {
+        let mac = new.bytes(APPROVAL_MAC).map(hex::encode);
+        facts.insert(
+            "approval_mac".into(),
+            mac.map_or(Value::Null, Value::String),
+        );
     }
     if is_final {
         for (key, what, col) in [
             ("result_mac", "result", RESULT),
             ("receipt_mac", "receipt", RECEIPT),
         ] {
-            if let Some(d) = new.datums[col] {
-                let mac = approval::commitment(what, jsonb_text(d).to_bytes());
-                facts.insert(key.into(), Value::String(mac));
-            }
+            let mac = new.datums[col].map(|d| approval::commitment(what, jsonb_text(d).to_bytes()));
+            facts.insert(key.into(), mac.map_or(Value::Null, Value::String));
         }
     }
     facts

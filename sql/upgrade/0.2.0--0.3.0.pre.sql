@@ -111,6 +111,7 @@ CREATE TABLE keyturn.card_link (
     session_digest      bytea,
     session_expires_at  timestamptz,
     elicits             uuid,                     -- a dispatcher's code (keyturnd's MCP elicitation): its one action
+    notification        uuid,                     -- a notification's code: the notification whose message carried it
     PRIMARY KEY (code_digest, tenant)
 );
 CREATE UNIQUE INDEX card_link_session_idx ON keyturn.card_link (session_digest, tenant)
@@ -119,6 +120,8 @@ CREATE INDEX card_link_expiry_idx ON keyturn.card_link (expires_at);
 -- At most one dispatcher's code per action (keyturn._link_code): an index,
 -- which no snapshot can miss.
 CREATE UNIQUE INDEX card_link_elicits_idx ON keyturn.card_link (elicits, tenant) WHERE elicits IS NOT NULL;
+-- A channel's links, ended with it (keyturn._end_channel_links).
+CREATE INDEX card_link_notification_idx ON keyturn.card_link (notification, tenant) WHERE notification IS NOT NULL;
 CREATE INDEX action_revised_from_idx ON keyturn.action (revised_from, tenant) WHERE revised_from IS NOT NULL;
 SELECT pg_catalog.pg_extension_config_dump('keyturn.card_link', '');
 

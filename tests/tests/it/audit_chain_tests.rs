@@ -854,3 +854,79 @@ async fn test_rewriting_what_was_approved_or_how_it_ended_is_found() {
         assert!(verify(&w.tenant).await.0, "{what} put back verifies");
     }
 }
+
+/// How an action ended is committed to even where the row holds nothing: a
+/// rejected action rewritten as approved, sent and succeeded (status,
+/// approver, receipt), or a receipt given to an sql tool's action, verified
+/// before, since only facts present when the event was written were
+/// committed to (twenty-sixth red-team pass; docs/security.md, row 135).
+#[tokio::test]
+async fn test_an_action_rewritten_to_another_ending_is_found() {
+    let w = World::new("member").await;
+    let hook = w.webhook_tool(json!({})).await;
+    let p = w
+        .propose(&hook, json!({"channel": "c", "text": "no"}))
+        .await
+        .unwrap();
+    w.human
+        .query_one("SELECT keyturn.reject($1, $2, 'no')", &[&p.id, &p.token])
+        .await
+        .unwrap();
+    let deal = w.deals(&w.principal, 1).await[0];
+    let sql_tool = w.deal_tool(json!({})).await;
+    let q = w
+        .propose(
+            &sql_tool,
+            json!({"where": {"id": deal}, "set": {"stage": "won"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.approve(&q).await.unwrap().0, "succeeded");
+    assert!(verify(&w.tenant).await.0, "the honest chain verifies");
+    let ended = |id: uuid::Uuid| {
+        let su = &w.superuser;
+        async move {
+            su.query_one(
+                "SELECT max(id) FROM keyturn.event WHERE action_id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<i64>>(0)
+            .unwrap()
+        }
+    };
+    let events = event_ids(&w).await.len() as i64;
+    let rewrites: [(&str, uuid::Uuid, &str, &str); 3] = [
+        (
+            "rejected rewritten as approved and sent",
+            p.id,
+            "UPDATE keyturn.action SET status = 'succeeded', approved_by = 'mallory', approved_role = 'app_human', \
+                    approved_at = now(), approved_via = 'approve', receipt = '{\"status\": 200}' WHERE id = $1",
+            "UPDATE keyturn.action SET status = 'rejected', approved_by = NULL, approved_role = NULL, \
+                    approved_at = NULL, approved_via = NULL, receipt = NULL WHERE id = $1",
+        ),
+        (
+            "the status alone",
+            p.id,
+            "UPDATE keyturn.action SET status = 'expired' WHERE id = $1",
+            "UPDATE keyturn.action SET status = 'rejected' WHERE id = $1",
+        ),
+        (
+            "a receipt where there was none",
+            q.id,
+            "UPDATE keyturn.action SET receipt = '{\"status\": 200}' WHERE id = $1",
+            "UPDATE keyturn.action SET receipt = NULL WHERE id = $1",
+        ),
+    ];
+    for (what, id, rewrite, back) in rewrites {
+        assert_eq!(tamper(&w.superuser, rewrite, &[&id]).await, 1, "{what}");
+        assert_eq!(
+            verify(&w.tenant).await,
+            (false, events, Some(ended(id).await)),
+            "{what} is found at the event that ended the action"
+        );
+        tamper(&w.superuser, back, &[&id]).await;
+        assert!(verify(&w.tenant).await.0, "{what} put back verifies");
+    }
+}

@@ -458,7 +458,7 @@ async fn test_batch_events_carry_each_elements_own_detail() {
     // A final event also commits to the result and the receipt
     // (audit_chain_tests), which this test does not look at.
     let mut ended = detail(&w.superuser, ids[0], "succeeded").await;
-    for key in ["result_mac", "receipt_mac"] {
+    for key in ["approval_mac", "result_mac", "receipt_mac"] {
         let hash = ended.as_object_mut().unwrap().remove(key);
         assert_eq!(
             hash.and_then(|h| h.as_str().map(str::len)),

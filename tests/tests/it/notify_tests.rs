@@ -952,15 +952,24 @@ async fn test_complete_gives_a_notification_an_actions_outcomes() {
         .await
         .unwrap();
     let d = connect("app_dispatcher").await;
-    let leased = lease_notes(&d, &w.tenant, "30 seconds").await;
-    assert_eq!(leased.len(), 2);
+    // A person has one notification in flight at a time (row 136).
+    let first = lease_notes(&d, &w.tenant, "30 seconds").await;
+    assert_eq!(first.len(), 1, "one of the person's two in flight");
     // A hand-back from leased: requeued, no attempt counted.
     assert_eq!(
-        complete(&d, &leased[0], "retry", json!({}), None)
+        complete(&d, &first[0], "retry", json!({}), None)
             .await
             .unwrap(),
         "queued"
     );
+    let second = lease_notes(&d, &w.tenant, "30 seconds").await;
+    assert_eq!(
+        second.len(),
+        1,
+        "the other channel's, once the first went back"
+    );
+    assert_ne!(second[0].action_id, first[0].action_id);
+    let leased = [first[0].clone(), second[0].clone()];
     // Begun, then retry: queued again after the backoff, the attempt closed.
     assert!(begin(&d, &leased[1]).await.unwrap());
     assert_eq!(
@@ -1358,9 +1367,11 @@ async fn test_a_notice_carries_the_whole_summary() {
 /// tenant's person (and their agent, proposing in a burst) had every slot
 /// of the dispatcher all tenants share: another tenant's notifications and
 /// approved effects waited (twenty-fourth red-team pass; docs/security.md,
-/// row 136). A tenant has at most two notifications in flight, and a lease
-/// gives notifications at most half its jobs; the other tenant's notice and
-/// effects are leased beside them.
+/// row 136); and then one member's, the whole tenant's share, so that their
+/// colleagues' waited (twenty-sixth pass). A person has at most one
+/// notification in flight, a tenant two, and a lease gives notifications at
+/// most half its jobs: the colleague's notice, the other tenant's notice
+/// and its effect are leased beside them.
 #[tokio::test]
 async fn test_one_tenants_notifications_never_take_every_slot() {
     let _lock = DISPATCH_LOCK.lock().await;
@@ -1376,6 +1387,19 @@ async fn test_one_tenants_notifications_never_take_every_slot() {
             .await
             .unwrap();
     }
+    let reviewed = flood.webhook_tool(json!({"approval": "independent"})).await;
+    let (colleague, colleague_conn) = flood.other("approver", "app_human", "s-colleague").await;
+    flood.grant(&colleague, &reviewed).await;
+    set_notify(&colleague_conn, "email", "col@flood.example", json!({}))
+        .await
+        .unwrap();
+    flood
+        .propose(
+            &reviewed,
+            json!({"channel": "c", "text": "for the colleague"}),
+        )
+        .await
+        .unwrap();
     let (other, other_tool) = notified("email", "bo@other.example", json!({})).await;
     other
         .propose(&other_tool, json!({"channel": "c", "text": "mine"}))
@@ -1431,6 +1455,34 @@ async fn test_one_tenants_notifications_never_take_every_slot() {
             .filter(|l| l.tenant == tenant && (l.tool == "keyturn.notify") == notes)
             .count()
     };
+    let flood_notes = notes(&flood).await;
+    let flood_people: Vec<String> = leases
+        .iter()
+        .filter(|l| l.tenant == flood.tenant && l.tool == "keyturn.notify")
+        .map(|l| {
+            let id: Uuid = l.params.as_ref().unwrap()["notification"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            flood_notes
+                .iter()
+                .find(|n| n.id == id)
+                .map(|n| n.principal.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    let held_by = |who: &str| flood_people.iter().filter(|p| p.as_str() == who).count();
+    assert_eq!(
+        held_by(&flood.principal),
+        1,
+        "one of the flooding person's notifications in flight: {flood_people:?}"
+    );
+    assert_eq!(
+        held_by(&colleague),
+        1,
+        "the colleague's notice is leased beside it: {flood_people:?}"
+    );
     assert_eq!(
         of(&flood.tenant, true),
         2,
@@ -1452,6 +1504,7 @@ async fn test_one_tenants_notifications_never_take_every_slot() {
             .expect("hand back");
     }
     remove_channels(&flood.human).await;
+    remove_channels(&colleague_conn).await;
     remove_channels(&other.human).await;
 }
 
@@ -1553,6 +1606,41 @@ async fn test_a_removed_or_moved_channels_links_open_nothing() {
     assert!(
         opens(moved, s.id).await.is_none(),
         "the old target's code still opens a card"
+    );
+
+    // A retried notification carried a code each attempt: the card session
+    // the first attempt's opened ends with the channel too (twenty-sixth
+    // pass: only the last attempt's code was ended).
+    set_notify(&w.human, "webhook", "http://127.0.0.1:9/retried", json!({}))
+        .await
+        .unwrap();
+    let u = w
+        .propose(&t, json!({"channel": "c", "text": "e"}))
+        .await
+        .unwrap();
+    let first = lease_notes(&d, &w.tenant, "30 seconds").await.remove(0);
+    assert!(begin(&d, &first).await.unwrap());
+    let first_code: String = message_of(&d, &first).await.get("code");
+    let first_session = opens(first_code, u.id)
+        .await
+        .expect("the first attempt's code opens a card");
+    complete(&d, &first, "retry", json!({}), Some("0 seconds"))
+        .await
+        .unwrap();
+    let _second_code = delivered_code(&w, &d).await;
+    w.human
+        .query_one("SELECT keyturn.remove_notify('webhook')", &[])
+        .await
+        .unwrap();
+    let live = count(
+        &d,
+        "SELECT count(*) FROM keyturn.card_session($1)",
+        &[&first_session],
+    )
+    .await;
+    assert_eq!(
+        live, 0,
+        "the first attempt's card session still acts after the channel went"
     );
 
     // revoke_links: every code and card session of the person.
