@@ -20,10 +20,11 @@
 //!   which is closed; with none such, the new one is closed as soon as it
 //!   is accepted, so a client learns at once instead of waiting behind
 //!   stalled ones, and the descriptors left keep `/healthz` and the
-//!   database connections working. Without the first half one client
-//!   holding the cap in connections that each sent a byte (or one request),
-//!   opened again as the header timeout closed them, kept everyone else out
-//!   (docs/security.md, row 137);
+//!   database connections working. A connection whose request head arrived
+//!   but not yet its whole body waits still. Without the first half one
+//!   client holding the cap in connections that each sent a byte (or one
+//!   request, or a head with no body), opened again as the timeouts closed
+//!   them, kept everyone else out (docs/security.md, row 137);
 //! - a **shutdown with a deadline**: once told to stop, keyturnd accepts no
 //!   more connections, closes idle ones, lets requests under way finish, and
 //!   at the deadline (the SIGTERM plus `KEYTURN_SHUTDOWN_SECONDS`) closes
@@ -92,8 +93,11 @@ impl Waiting {
 }
 
 /// One connection's place among the [`Waiting`]: its requests under way
-/// (a head arrived, its answer's body not yet sent or dropped), and its key
-/// while none is.
+/// (a whole request arrived, body included, its answer's body not yet sent
+/// or dropped), and its key while none is. A head whose body stalls leaves
+/// the connection waiting: one client holding the cap in requests whose
+/// bodies it never sent kept everyone out until the request timeout, and
+/// again at once after it (docs/security.md, row 137).
 struct Place {
     waiting: Waiting,
     close: CancellationToken,
@@ -126,7 +130,8 @@ impl Place {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A request head arrived: no longer waiting until its answer ends.
+    /// A whole request arrived (or its answer came first): no longer
+    /// waiting until its answer ends.
     fn answering(self: &Arc<Self>) -> Answering {
         let mut state = self.lock();
         state.answering += 1;
@@ -161,10 +166,80 @@ impl Drop for Answering {
     }
 }
 
+/// One request's way from its head to its answer: [`Answering`] from the
+/// moment its body has arrived whole (at once for a request without one),
+/// or from its answer's, whichever comes first.
+struct Arrival {
+    place: Arc<Place>,
+    answering: Mutex<Option<Answering>>,
+    started: std::sync::atomic::AtomicBool,
+}
+
+impl Arrival {
+    fn new(place: &Arc<Place>) -> Arc<Arrival> {
+        Arc::new(Arrival {
+            place: place.clone(),
+            answering: Mutex::new(None),
+            started: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The body arrived whole.
+    fn arrived(&self) {
+        if !self.started.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            *self
+                .answering
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(self.place.answering());
+        }
+    }
+
+    /// The answer is ready: what its body holds until it is sent.
+    fn answer(&self) -> Option<Answering> {
+        if !self.started.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Some(self.place.answering());
+        }
+        self.answering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+/// A request's body, telling its [`Arrival`] when it has arrived whole.
+struct ArrivingBody {
+    body: hyper::body::Incoming,
+    arrival: Arc<Arrival>,
+}
+
+impl hyper::body::Body for ArrivingBody {
+    type Data = hyper::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None)) || self.body.is_end_stream() {
+            self.arrival.arrived();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// An answer's body, holding its request's [`Answering`] until it is sent.
 struct AnswerBody {
     body: axum::body::Body,
-    _answering: Answering,
+    _answering: Option<Answering>,
 }
 
 impl hyper::body::Body for AnswerBody {
@@ -261,13 +336,17 @@ pub async fn serve(
                 stream.set_write_timeout(Some(limits.request));
                 let stream = TokioIo::new(Box::pin(stream));
                 let (inner, at) = (service.clone(), place.clone());
-                let service = hyper::service::service_fn(move |request| {
-                    let answering = at.answering();
+                let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                    let arrival = Arrival::new(&at);
+                    if hyper::body::Body::is_end_stream(request.body()) {
+                        arrival.arrived();
+                    }
+                    let request = request.map(|body| ArrivingBody { body, arrival: arrival.clone() });
                     let answer = hyper::service::Service::call(&inner, request);
                     async move {
                         let answer = answer.await?;
                         Ok::<_, std::convert::Infallible>(answer.map(|body| {
-                            axum::body::Body::new(AnswerBody { body, _answering: answering })
+                            axum::body::Body::new(AnswerBody { body, _answering: arrival.answer() })
                         }))
                     }
                 });

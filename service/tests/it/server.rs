@@ -112,6 +112,10 @@ async fn four_slots() -> std::net::SocketAddr {
     let router = axum::Router::new()
         .route("/ok", axum::routing::get(|| async { "ok\n" }))
         .route(
+            "/hang",
+            axum::routing::get(std::future::pending::<&'static str>),
+        )
+        .route(
             "/echo",
             axum::routing::post(|body: Bytes| async move { body }),
         );
@@ -124,8 +128,18 @@ async fn four_slots() -> std::net::SocketAddr {
     addr
 }
 
-/// A connection with a request under way: its head sent, its body not.
+/// A connection with a request under way: sent whole, its answer not yet
+/// given (`GET /hang` never answers).
 async fn busy(addr: std::net::SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"GET /hang HTTP/1.1\r\nHost: k\r\n\r\n")
+        .await
+        .expect("write");
+    s
+}
+
+/// A connection whose request head went and whose body stalls.
+async fn stalled_body(addr: std::net::SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.expect("connect");
     s.write_all(b"POST /echo HTTP/1.1\r\nHost: k\r\nContent-Length: 100\r\n\r\nhalf")
         .await
@@ -177,6 +191,35 @@ async fn test_a_connection_past_a_cap_of_busy_ones_is_refused_and_served_once_on
         answered(addr).await.map(|_| ())
     })
     .await;
+}
+
+/// Requests whose bodies stalled held the cap until the request timeout,
+/// and again as soon as the client opened them anew (twenty-seventh
+/// red-team pass; docs/security.md, row 137). A connection waits until its
+/// request's body has arrived whole, and gives way at the cap meanwhile.
+#[tokio::test]
+async fn test_connections_whose_bodies_stall_give_way_at_the_cap() {
+    let addr = four_slots().await;
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        stalled.push(stalled_body(addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..3 {
+        assert!(
+            answered(addr).await.is_some(),
+            "client {i} was kept out by requests whose bodies stalled"
+        );
+    }
+    let mut closed = 0;
+    for s in &mut stalled {
+        let mut buf = [0u8; 16];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "no connection whose body stalled was closed");
 }
 
 /// Idle keep-alive connections held the cap as well: one client sent one
