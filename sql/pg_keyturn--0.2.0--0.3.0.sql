@@ -9242,8 +9242,12 @@ BEGIN
             USING ERRCODE = '55000',
                   HINT = 'One message, and one link, per attempt: send the one read, or record the attempt''s outcome (retry if nothing was sent).';
     END IF;
+    -- Shared, until this transaction ends: a set_notify or remove_notify
+    -- of the channel waits for the code made here, and ends it; or, first,
+    -- this reads the new target or the removal (docs/security.md, row 138).
     SELECT x.* INTO c FROM keyturn.notify_channel x
-     WHERE x.tenant = n.tenant AND x.principal = n.principal AND x.channel = n.channel;
+     WHERE x.tenant = n.tenant AND x.principal = n.principal AND x.channel = n.channel
+       FOR SHARE;
     IF NOT FOUND THEN
         RETURN QUERY SELECT false, format('%s removed the %s channel', n.principal, n.channel), n.channel::text,
                             NULL::text, NULL::text, n.kind::text, NULL::text, NULL::text, NULL::jsonb, NULL::uuid[],

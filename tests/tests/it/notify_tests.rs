@@ -1675,3 +1675,66 @@ async fn test_a_removed_or_moved_channels_links_open_nothing() {
     );
     remove_channels(&w.human).await;
 }
+
+/// A channel moved while its message was being made: `set_notify` read no
+/// code yet (the message's transaction had not committed) and ended
+/// nothing, and the code then sent to the old target opened a card
+/// (twenty-seventh red-team pass; docs/security.md, row 138). The message
+/// holds the channel's row shared until it commits: the move waits for it,
+/// and ends its code.
+#[tokio::test]
+async fn test_a_channel_moved_while_its_message_is_made_ends_that_code() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let (w, t) = notified("webhook", "http://127.0.0.1:9/leaking", json!({})).await;
+    let p = w
+        .propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
+    let d = connect("app_dispatcher").await;
+    let l = lease_notes(&d, &w.tenant, "30 seconds").await.remove(0);
+    assert!(begin(&d, &l).await.unwrap());
+    let making = connect("app_dispatcher").await;
+    making.batch_execute("BEGIN").await.unwrap();
+    let code: String = making
+        .query_one(
+            "SELECT code FROM keyturn.notification_message($1, $2)",
+            &[&l.action_id, &l.lease_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let human = Conn::connect("app_human", w.identity()).await;
+    let moving = tokio::spawn(async move {
+        set_notify(&human, "webhook", "http://127.0.0.1:9/new", json!({}))
+            .await
+            .map(|_| ())
+    });
+    while count(
+        &w.superuser,
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%set_notify(%'",
+        &[],
+    )
+    .await
+        == 0
+        && !moving.is_finished()
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    making.batch_execute("COMMIT").await.unwrap();
+    moving.await.unwrap().unwrap();
+    let opened = d
+        .query_opt(
+            "SELECT session FROM keyturn.redeem_link_code($1, $2)",
+            &[&code, &vec![p.id]],
+        )
+        .await
+        .unwrap();
+    assert!(
+        opened.is_none(),
+        "the code made while the channel moved still opens a card"
+    );
+    complete(&d, &l, "succeeded", json!({}), None)
+        .await
+        .unwrap();
+    remove_channels(&w.human).await;
+}

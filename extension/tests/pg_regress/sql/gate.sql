@@ -39,7 +39,7 @@ SELECT tool, status, summary, attempts FROM keyturn.action_status(:'action_id');
 -- The MACs an event commits to are under this database's own key: shown
 -- by name, not value.
 SELECT db_role, principal, from_status, to_status,
-       detail - ARRAY['params_mac', 'approval_mac', 'result_mac'] AS detail,
+       detail - ARRAY['params_mac', 'approval_mac', 'result_mac', 'receipt_mac'] AS detail,
        ARRAY(SELECT k FROM jsonb_object_keys(detail) k WHERE k LIKE '%\_mac' ORDER BY k) AS macs
   FROM keyturn.audit(:'action_id');
 SELECT id, tenant, stage FROM public.rg_deal ORDER BY id;
