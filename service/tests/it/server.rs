@@ -193,6 +193,26 @@ async fn test_a_connection_past_a_cap_of_busy_ones_is_refused_and_served_once_on
     .await;
 }
 
+/// With `held` taking every slot of [`four_slots`], three clients in turn
+/// are answered, and at least one of `held` was closed for them.
+async fn they_give_way(addr: std::net::SocketAddr, mut held: Vec<TcpStream>, what: &str) {
+    for i in 0..3 {
+        assert!(
+            answered(addr).await.is_some(),
+            "client {i} was kept out by {what}"
+        );
+    }
+    let mut closed = 0;
+    for s in &mut held {
+        let mut buf = [0u8; 16];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "none of the {what} was closed");
+}
+
 /// Requests whose bodies stalled held the cap until the request timeout,
 /// and again as soon as the client opened them anew (twenty-seventh
 /// red-team pass; docs/security.md, row 137). A connection waits until its
@@ -205,21 +225,7 @@ async fn test_connections_whose_bodies_stall_give_way_at_the_cap() {
         stalled.push(stalled_body(addr).await);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    for i in 0..3 {
-        assert!(
-            answered(addr).await.is_some(),
-            "client {i} was kept out by requests whose bodies stalled"
-        );
-    }
-    let mut closed = 0;
-    for s in &mut stalled {
-        let mut buf = [0u8; 16];
-        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await
-        {
-            closed += 1;
-        }
-    }
-    assert!(closed >= 1, "no connection whose body stalled was closed");
+    they_give_way(addr, stalled, "requests whose bodies stalled").await;
 }
 
 /// Idle keep-alive connections held the cap as well: one client sent one
@@ -233,21 +239,7 @@ async fn test_idle_keep_alive_connections_give_way_at_the_cap() {
     for _ in 0..4 {
         idle.push(answered(addr).await.expect("a connection within the cap"));
     }
-    for i in 0..3 {
-        assert!(
-            answered(addr).await.is_some(),
-            "client {i} was kept out by idle keep-alive connections"
-        );
-    }
-    let mut closed = 0;
-    for s in &mut idle {
-        let mut buf = [0u8; 16];
-        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await
-        {
-            closed += 1;
-        }
-    }
-    assert!(closed >= 1, "no idle connection was closed");
+    they_give_way(addr, idle, "idle keep-alive connections").await;
 }
 
 /// One client holding the cap in connections that each sent a byte of a
