@@ -58,36 +58,47 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// it closed (its task drops it at once).
 const TAKE_OVER_WAIT: Duration = Duration::from_secs(1);
 
-/// The connections waiting for a request head, longest waiting first,
-/// each with what closes it: the ones a connection accepted at the cap may
-/// take the place of. A connection waits from its accept to its first head,
-/// and again from each answer's end to the next head (an idle keep-alive:
-/// one client holding the cap in connections it had sent one request on
-/// kept everyone out as well; docs/security.md, row 137).
+/// The connections waiting for a whole request, each with what closes it:
+/// the ones a connection accepted at the cap may take the place of. First
+/// those with no request under way (none sent yet, or an idle keep-alive
+/// after its answer), longest waiting first; then those whose request body
+/// is still arriving, the one whose last bytes came longest ago first, so
+/// that a body that keeps coming (an upload) is closed last (one client
+/// holding the cap in connections that each sent a byte, one request, or
+/// a head without its body kept everyone out; docs/security.md, row 137).
 #[derive(Clone, Default)]
-struct Waiting(Arc<Mutex<(u64, BTreeMap<u64, CancellationToken>)>>);
+struct Waiting(Arc<Mutex<(u64, BTreeMap<(Wait, u64), CancellationToken>)>>);
+
+/// How a connection waits, in the order they are closed at the cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Wait {
+    /// For a request head.
+    Head,
+    /// For the rest of a request's body.
+    Body,
+}
 
 impl Waiting {
     /// Enters `close` as waiting from now; its key.
-    fn enter(&self, close: &CancellationToken) -> u64 {
+    fn enter(&self, wait: Wait, close: &CancellationToken) -> (Wait, u64) {
         let mut w = self.lock();
-        let key = w.0;
+        let key = (wait, w.0);
         w.0 += 1;
         w.1.insert(key, close.clone());
         key
     }
 
-    fn leave(&self, key: u64) {
+    fn leave(&self, key: (Wait, u64)) {
         self.lock().1.remove(&key);
     }
 
-    /// Closes the connection waiting longest; false when none waits.
+    /// Closes the connection first in line; false when none waits.
     fn close_longest(&self) -> bool {
         let longest = self.lock().1.pop_first();
         longest.map(|(_, close)| close.cancel()).is_some()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, BTreeMap<u64, CancellationToken>)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, BTreeMap<(Wait, u64), CancellationToken>)> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -106,7 +117,7 @@ struct Place {
 
 #[derive(Default)]
 struct PlaceState {
-    key: Option<u64>,
+    key: Option<(Wait, u64)>,
     answering: usize,
     gone: bool,
 }
@@ -115,7 +126,7 @@ impl Place {
     /// A connection just accepted: waiting for its first head.
     fn new(waiting: &Waiting) -> Arc<Place> {
         let close = CancellationToken::new();
-        let key = waiting.enter(&close);
+        let key = waiting.enter(Wait::Head, &close);
         Arc::new(Place {
             waiting: waiting.clone(),
             close,
@@ -141,6 +152,18 @@ impl Place {
         Answering(self.clone())
     }
 
+    /// Bytes of a request's body arrived (or its head, with a body to
+    /// come): it waits for the rest, behind those that sent nothing lately.
+    fn body_arriving(&self) {
+        let mut state = self.lock();
+        if state.answering == 0 && !state.gone {
+            if let Some(key) = state.key.take() {
+                self.waiting.leave(key);
+            }
+            state.key = Some(self.waiting.enter(Wait::Body, &self.close));
+        }
+    }
+
     /// The connection ended.
     fn gone(&self) {
         let mut state = self.lock();
@@ -161,7 +184,7 @@ impl Drop for Answering {
         let mut state = place.lock();
         state.answering -= 1;
         if state.answering == 0 && !state.gone && state.key.is_none() {
-            state.key = Some(place.waiting.enter(&place.close));
+            state.key = Some(place.waiting.enter(Wait::Head, &place.close));
         }
     }
 }
@@ -223,6 +246,8 @@ impl hyper::body::Body for ArrivingBody {
         let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
         if matches!(polled, std::task::Poll::Ready(None)) || self.body.is_end_stream() {
             self.arrival.arrived();
+        } else if matches!(polled, std::task::Poll::Ready(Some(Ok(_)))) {
+            self.arrival.place.body_arriving();
         }
         polled
     }
@@ -338,12 +363,20 @@ pub async fn serve(
                 let (inner, at) = (service.clone(), place.clone());
                 let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
                     let arrival = Arrival::new(&at);
-                    if hyper::body::Body::is_end_stream(request.body()) {
-                        arrival.arrived();
+                    let whole = hyper::body::Body::is_end_stream(request.body());
+                    if !whole {
+                        at.body_arriving();
                     }
                     let request = request.map(|body| ArrivingBody { body, arrival: arrival.clone() });
                     let answer = hyper::service::Service::call(&inner, request);
                     async move {
+                        // Under way once its handler runs, not when hyper
+                        // reads its head: a pipelined request waits behind
+                        // the answers before it, which the client may never
+                        // read (twenty-eighth red-team pass).
+                        if whole {
+                            arrival.arrived();
+                        }
                         let answer = answer.await?;
                         Ok::<_, std::convert::Infallible>(answer.map(|body| {
                             axum::body::Body::new(AnswerBody { body, _answering: arrival.answer() })

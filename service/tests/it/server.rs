@@ -228,6 +228,54 @@ async fn test_connections_whose_bodies_stall_give_way_at_the_cap() {
     they_give_way(addr, stalled, "requests whose bodies stalled").await;
 }
 
+/// At the cap, a body still arriving was closed as soon as it was the
+/// longest in line: one client opening bare connections in a loop cut every
+/// slow upload (twenty-eighth red-team pass; docs/security.md, row 137).
+/// Connections with no request under way go first, and a body that keeps
+/// coming goes to the back of its line with each of its bytes.
+#[tokio::test]
+async fn test_an_upload_under_way_outlasts_connections_that_send_nothing() {
+    let addr = four_slots().await;
+    let mut upload = TcpStream::connect(addr).await.expect("connect");
+    upload
+        .write_all(b"POST /echo HTTP/1.1\r\nHost: k\r\nContent-Length: 40\r\n\r\n")
+        .await
+        .expect("head");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(b"G").await.expect("write");
+        held.push(s);
+    }
+    for chunk in 0..8 {
+        upload
+            .write_all(b"12345")
+            .await
+            .expect("the upload goes on");
+        // A bare connection at the cap each time: one of those that sent
+        // nothing gives way, not the upload.
+        held.push(TcpStream::connect(addr).await.expect("connect"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(WITHIN, async {
+        while !got.ends_with(b"1234512345123451234512345123451234512345") {
+            match upload.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .expect("answered");
+    let answer = String::from_utf8_lossy(&got);
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "the upload was cut: {answer:?}"
+    );
+}
+
 /// Idle keep-alive connections held the cap as well: one client sent one
 /// request on each, read the answer and kept it open (twenty-sixth red-team
 /// pass; docs/security.md, row 137). Such a connection waits for a head
