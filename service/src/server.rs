@@ -67,7 +67,10 @@ const TAKE_OVER_WAIT: Duration = Duration::from_secs(1);
 /// holding the cap in connections that each sent a byte, one request, or
 /// a head without its body kept everyone out; docs/security.md, row 137).
 #[derive(Clone, Default)]
-struct Waiting(Arc<Mutex<(u64, BTreeMap<(Wait, u64), CancellationToken>)>>);
+struct Waiting(Arc<Mutex<Line>>);
+
+/// The next key's number, and who waits by key.
+type Line = (u64, BTreeMap<(Wait, u64), CancellationToken>);
 
 /// How a connection waits, in the order they are closed at the cap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -98,7 +101,7 @@ impl Waiting {
         longest.map(|(_, close)| close.cancel()).is_some()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, BTreeMap<(Wait, u64), CancellationToken>)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Line> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
