@@ -247,7 +247,7 @@ async fn test_an_upload_under_way_outlasts_connections_that_send_nothing() {
         s.write_all(b"G").await.expect("write");
         held.push(s);
     }
-    for chunk in 0..8 {
+    for _ in 0..8 {
         upload
             .write_all(b"12345")
             .await
