@@ -456,7 +456,16 @@ BEGIN
            FOR UPDATE SKIP LOCKED
     LOOP
         SELECT c.max_per_hour INTO v_max FROM keyturn.notify_channel c
-         WHERE c.tenant = n.tenant AND c.principal = n.principal AND c.channel = n.channel FOR NO KEY UPDATE;
+         WHERE c.tenant = n.tenant AND c.principal = n.principal AND c.channel = n.channel
+           FOR NO KEY UPDATE SKIP LOCKED;
+        IF NOT FOUND AND EXISTS (SELECT 1 FROM keyturn.notify_channel c
+                                  WHERE c.tenant = n.tenant AND c.principal = n.principal AND c.channel = n.channel) THEN
+            -- Its person is changing the channel, in a transaction still
+            -- open: left queued for a later lease, never waited for. A
+            -- person's open transaction had held every tenant's lease
+            -- (docs/security.md, row 140).
+            CONTINUE;
+        END IF;
         v_problem := keyturn._notification_problem(n);
         IF v_problem IS NOT NULL THEN
             UPDATE keyturn.notification x
@@ -955,11 +964,19 @@ BEGIN
                   HINT = 'One message, and one link, per attempt: send the one read, or record the attempt''s outcome (retry if nothing was sent).';
     END IF;
     -- Shared, until this transaction ends: a set_notify or remove_notify
-    -- of the channel waits for the code made here, and ends it; or, first,
-    -- this reads the new target or the removal (docs/security.md, row 138).
-    SELECT x.* INTO c FROM keyturn.notify_channel x
-     WHERE x.tenant = n.tenant AND x.principal = n.principal AND x.channel = n.channel
-       FOR SHARE;
+    -- of the channel waits for the code made here, and ends it (docs/
+    -- security.md, row 138). One under way is never waited for (row 140):
+    -- the message is not read now, keyturnd records a retry, and the next
+    -- attempt reads the new target or the removal.
+    BEGIN
+        SELECT x.* INTO c FROM keyturn.notify_channel x
+         WHERE x.tenant = n.tenant AND x.principal = n.principal AND x.channel = n.channel
+           FOR SHARE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'keyturn: % is changing their % channel; its message is not read now', n.principal, n.channel
+            USING ERRCODE = '55P03',
+                  HINT = 'Record the attempt as retry: nothing was sent. The next attempt reads the channel as its person left it.';
+    END;
     IF NOT FOUND THEN
         RETURN QUERY SELECT false, format('%s removed the %s channel', n.principal, n.channel), n.channel::text,
                             NULL::text, NULL::text, n.kind::text, NULL::text, NULL::text, NULL::jsonb, NULL::uuid[],

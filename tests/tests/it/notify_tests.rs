@@ -1738,3 +1738,58 @@ async fn test_a_channel_moved_while_its_message_is_made_ends_that_code() {
         .unwrap();
     remove_channels(&w.human).await;
 }
+
+/// A person's transaction left open after `set_notify` held the channel's
+/// row, and the lease waited for it: every tenant's dispatch stalled, and
+/// keyturnd's connections with it (twenty-eighth red-team pass;
+/// docs/security.md, row 140). The lease leaves that person's notification
+/// queued and leases the rest; the message is not read while the channel
+/// is being changed (55P03: keyturnd records a retry).
+#[tokio::test]
+async fn test_a_persons_open_channel_change_holds_no_lease() {
+    let _lock = DISPATCH_LOCK.lock().await;
+    let (w, t) = notified("webhook", "http://127.0.0.1:9/h", json!({})).await;
+    w.propose(&t, json!({"channel": "c", "text": "a"}))
+        .await
+        .unwrap();
+    let d = connect("app_dispatcher").await;
+    d.batch_execute("SET statement_timeout = '5s'")
+        .await
+        .unwrap();
+    let changing = w.human.transaction().await.unwrap();
+    changing
+        .query(
+            "SELECT keyturn.set_notify('webhook', 'http://127.0.0.1:9/h2', '{}')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let leased = lease_notes(&d, &w.tenant, "30 seconds").await;
+    assert!(
+        leased.is_empty(),
+        "leased while its person changes the channel: {leased:?}"
+    );
+    changing.commit().await.unwrap();
+    let l = lease_notes(&d, &w.tenant, "30 seconds").await.remove(0);
+    assert!(begin(&d, &l).await.unwrap());
+    // The message, while the person changes the channel again.
+    let again = w.human.transaction().await.unwrap();
+    again
+        .query("SELECT keyturn.remove_notify('webhook')", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        sqlstate(
+            d.query_one(
+                "SELECT code FROM keyturn.notification_message($1, $2)",
+                &[&l.action_id, &l.lease_id],
+            )
+            .await
+        ),
+        "55P03",
+        "the message waited for the person's transaction"
+    );
+    again.rollback().await.unwrap();
+    complete(&d, &l, "retry", json!({}), None).await.unwrap();
+    remove_channels(&w.human).await;
+}
