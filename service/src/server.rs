@@ -193,8 +193,8 @@ impl Drop for Answering {
 }
 
 /// One request's way from its head to its answer: [`Answering`] from the
-/// moment its body has arrived whole (at once for a request without one),
-/// or from its answer's, whichever comes first.
+/// moment its body has arrived whole (for a request without one, when its
+/// handler first runs), or from its answer's, whichever comes first.
 struct Arrival {
     place: Arc<Place>,
     answering: Mutex<Option<Answering>>,
