@@ -83,7 +83,8 @@ END
 $$;
 
 -- set_notify: one target per channel for the caller's principal, replacing
--- the one before (and ending the links sent to it, when the target changes). Settings: remind_before (an interval, more than 0 and at
+-- the one before (and ending the links sent to it, when the target
+-- changes). Settings: remind_before (an interval, more than 0 and at
 -- most 7 days; 5 minutes by default), max_per_hour (1 to 1000; 100 by
 -- default: a bound on a runaway agent, not on a busy person, who sets it
 -- lower for a quieter phone), and for a webhook its own secret (whsec_…; without one keyturnd

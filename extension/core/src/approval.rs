@@ -219,4 +219,30 @@ mod tests {
     fn test_keys_are_fresh() {
         assert_ne!(new_key(), new_key());
     }
+
+    #[test]
+    fn test_a_commitment_is_keyed_and_names_its_fact() {
+        let (k1, k2) = ([1u8; KEY_BYTES], [2u8; KEY_BYTES]);
+        let c = commitment(&k1, "result", b"{\"rows\": 1}");
+        assert_eq!(c.len(), 64);
+        assert_eq!(c, commitment(&k1, "result", b"{\"rows\": 1}"));
+        assert_ne!(
+            c,
+            commitment(&k2, "result", b"{\"rows\": 1}"),
+            "another key"
+        );
+        assert_ne!(
+            c,
+            commitment(&k1, "receipt", b"{\"rows\": 1}"),
+            "another fact"
+        );
+        assert_ne!(
+            c,
+            commitment(&k1, "result", b"{\"rows\": 2}"),
+            "another value"
+        );
+        // The fact's name is length-prefixed: no name and value pair reads as another.
+        assert_ne!(commitment(&k1, "ab", b"c"), commitment(&k1, "a", b"bc"));
+        assert_ne!(c, digest_mac(&k1, "{\"rows\": 1}"), "never a digest's MAC");
+    }
 }
