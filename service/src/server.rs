@@ -126,18 +126,24 @@ struct PlaceState {
 }
 
 impl Place {
-    /// A connection just accepted: waiting for its first head.
+    /// A connection just accepted: in no line until it holds a slot
+    /// ([`Place::holds_a_slot`]), so a newcomer waiting for the slot of the
+    /// connection it closed is never closed for the next one (twenty-ninth
+    /// red-team pass).
     fn new(waiting: &Waiting) -> Arc<Place> {
-        let close = CancellationToken::new();
-        let key = waiting.enter(Wait::Head, &close);
         Arc::new(Place {
             waiting: waiting.clone(),
-            close,
-            state: Mutex::new(PlaceState {
-                key: Some(key),
-                ..PlaceState::default()
-            }),
+            close: CancellationToken::new(),
+            state: Mutex::new(PlaceState::default()),
         })
+    }
+
+    /// It holds a slot now: it waits for its first head.
+    fn holds_a_slot(&self) {
+        let mut state = self.lock();
+        if state.answering == 0 && !state.gone && state.key.is_none() {
+            state.key = Some(self.waiting.enter(Wait::Head, &self.close));
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, PlaceState> {
@@ -399,6 +405,7 @@ pub async fn serve(
                             }
                         },
                     };
+                    place.holds_a_slot();
                     tokio::select! {
                         ended = conn => if let Err(e) = ended {
                             tracing::debug!(error = %e, "connection ended");
