@@ -462,9 +462,12 @@ BEGIN
         IF NOT FOUND AND EXISTS (SELECT 1 FROM keyturn.notify_channel c
                                   WHERE c.tenant = n.tenant AND c.principal = n.principal AND c.channel = n.channel) THEN
             -- Its person is changing the channel, in a transaction still
-            -- open: left queued for a later lease, never waited for. A
-            -- person's open transaction had held every tenant's lease
-            -- (docs/security.md, row 140).
+            -- open: left queued for a later lease, never waited for, and
+            -- due a little later, so that a burst of them does not fill
+            -- every lease's first rows. A person's open transaction had
+            -- held every tenant's lease (docs/security.md, row 140).
+            UPDATE keyturn.notification x SET next_attempt_at = p_now + interval '5 seconds', updated_at = p_now
+             WHERE x.id = n.id AND x.tenant = n.tenant;
             CONTINUE;
         END IF;
         v_problem := keyturn._notification_problem(n);

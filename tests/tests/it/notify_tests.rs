@@ -1769,7 +1769,25 @@ async fn test_a_persons_open_channel_change_holds_no_lease() {
         leased.is_empty(),
         "leased while its person changes the channel: {leased:?}"
     );
+    // Due a little later: a burst of such rows does not fill every lease's
+    // first rows (twenty-ninth pass).
+    let later = count(
+        &w.superuser,
+        "SELECT count(*) FROM keyturn.notification WHERE tenant = $1 AND status = 'queued' \
+           AND kind = 'notice' AND next_attempt_at > clock_timestamp() + interval '2 seconds'",
+        &[&w.tenant],
+    )
+    .await;
+    assert_eq!(later, 1, "the skipped notice is due later");
     changing.commit().await.unwrap();
+    w.superuser
+        .execute(
+            "UPDATE keyturn.notification SET next_attempt_at = clock_timestamp() \
+              WHERE tenant = $1 AND kind = 'notice'",
+            &[&w.tenant],
+        )
+        .await
+        .unwrap();
     let l = lease_notes(&d, &w.tenant, "30 seconds").await.remove(0);
     assert!(begin(&d, &l).await.unwrap());
     // The message, while the person changes the channel again.
