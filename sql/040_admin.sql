@@ -17,7 +17,7 @@ DECLARE
 BEGIN
     SELECT t.* INTO v FROM keyturn.tool t WHERE t.name = p_tool;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'keyturn: unknown tool %', coalesce(quote_literal(p_tool), 'NULL')
+        RAISE EXCEPTION 'keyturn: unknown tool %', coalesce(keyturn._quoted(p_tool), 'NULL')
             USING ERRCODE = '42704',
                   HINT = 'Register it first with keyturn.register_tool(name, spec).';
     END IF;
@@ -25,10 +25,12 @@ BEGIN
 END
 $$;
 
--- Raises 42501 unless the caller may administer p_tenant: the platform's
--- keyturn_admin role, or an `admin` member of p_tenant acting with its own
--- identity (never an agent: separation of duties holds for administration
--- too, or an agent could grant itself tools).
+-- Raises 42501 unless the caller holds the platform's keyturn_admin role.
+-- Membership and grants are authorized by that role alone, never by an
+-- identity the caller asserts: a tenant's `admin` member decides and sees
+-- the tenant's actions, and administers nothing (an identity is a setting
+-- any connection may make, a role is the database's own grant). The
+-- refusal names an agent as one (separation of duties).
 CREATE FUNCTION keyturn._require_admin(p_tenant text, p_what text)
 RETURNS void
 LANGUAGE plpgsql STABLE
@@ -44,13 +46,10 @@ BEGIN
        OR pg_catalog.pg_has_role(session_user, 'keyturn_agent', 'USAGE') THEN
         RAISE EXCEPTION 'keyturn: % may not be called by an agent role', p_what
             USING ERRCODE = '42501';
-    END IF;
-    IF keyturn._require_member(keyturn.current_tenant(), keyturn.current_principal(),
-                               keyturn.current_session()) <> 'admin'
-       OR keyturn.current_tenant() IS DISTINCT FROM p_tenant THEN
-        RAISE EXCEPTION 'keyturn: % needs the keyturn_admin role, or an admin of tenant % acting as itself', p_what, coalesce(p_tenant, 'NULL')
+    ELSE
+        RAISE EXCEPTION 'keyturn: % needs the keyturn_admin role (tenant %)', p_what, coalesce(keyturn._quoted(p_tenant), 'NULL')
             USING ERRCODE = '42501',
-                  HINT = 'A tenant admin manages only its own tenant; the platform role keyturn_admin manages all.';
+                  HINT = 'Membership and grants are the platform admin''s: call them on a login granted keyturn_admin, never through a person''s identity.';
     END IF;
 END
 $$;
@@ -72,7 +71,7 @@ BEGIN
             keyturn._require_identity_text(add_member.principal, 'principal');
     IF add_member.role IS NULL OR add_member.role NOT IN ('member', 'approver', 'admin') THEN
         RAISE EXCEPTION 'keyturn: role must be member, approver or admin, not %',
-                coalesce(quote_literal(add_member.role), 'NULL')
+                coalesce(keyturn._quoted(add_member.role), 'NULL')
             USING ERRCODE = '22023';
     END IF;
 

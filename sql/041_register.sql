@@ -108,7 +108,7 @@ DECLARE
 BEGIN
     FOR k IN SELECT jsonb_object_keys(p_obj) LOOP
         IF NOT k = ANY (p_known) THEN
-            RAISE EXCEPTION 'keyturn: unknown % key %', p_what, quote_literal(k)
+            RAISE EXCEPTION 'keyturn: unknown % key %', p_what, keyturn._quoted(k)
                 USING ERRCODE = '22023',
                       HINT = format('Known keys: %s.', array_to_string(p_known, ', '));
         END IF;
@@ -478,7 +478,7 @@ BEGIN
     END IF;
     v_schema := keyturn._check_params_schema(coalesce(p_spec -> 'params_schema', '{}'));
     IF v_tparam IS NOT NULL AND NOT (v_schema -> 'properties') ? v_tparam THEN
-        RAISE EXCEPTION 'keyturn: spec.targets_param % is not a property of params_schema', quote_literal(v_tparam)
+        RAISE EXCEPTION 'keyturn: spec.targets_param % is not a property of params_schema', keyturn._quoted(v_tparam)
             USING ERRCODE = '22023';
     END IF;
     -- Every address the smtp adapter sends to is a bare addr-spec the card
@@ -500,7 +500,7 @@ BEGIN
         END IF;
     ELSE
         IF (v_schema #>> ARRAY['properties', v_aparam, 'type']) IS DISTINCT FROM 'array' THEN
-            RAISE EXCEPTION 'keyturn: spec.attachments_param % must be an array property of params_schema', quote_literal(v_aparam)
+            RAISE EXCEPTION 'keyturn: spec.attachments_param % must be an array property of params_schema', keyturn._quoted(v_aparam)
                 USING ERRCODE = '22023';
         END IF;
         IF jsonb_typeof(v_types) IS DISTINCT FROM 'array' OR jsonb_array_length(v_types) = 0
@@ -581,7 +581,7 @@ DECLARE
 BEGIN
     PERFORM keyturn._refuse_nested('register_tool');
     IF keyturn._name_ok(v_name, 63) IS NOT TRUE THEN
-        RAISE EXCEPTION 'keyturn: tool name % is not allowed', coalesce(quote_literal(v_name), 'NULL')
+        RAISE EXCEPTION 'keyturn: tool name % is not allowed', coalesce(keyturn._quoted(v_name), 'NULL')
             USING ERRCODE = '22023',
                   HINT = 'Use ASCII letters, digits, underscores and hyphens in dot-separated parts that each start with a letter, at most 63 characters.';
     END IF;
@@ -639,7 +639,7 @@ BEGIN
                   HINT = 'keyturn.register_projection(provider, spec) registers one; an unreviewed integration contributes nothing.';
     END IF;
     IF v_proj IS NOT NULL AND NOT keyturn._name_ok(v_proj, 63) THEN
-        RAISE EXCEPTION 'keyturn: spec.projection % is not a projection name', quote_literal(v_proj) USING ERRCODE = '22023';
+        RAISE EXCEPTION 'keyturn: spec.projection % is not a projection name', keyturn._quoted(v_proj) USING ERRCODE = '22023';
     END IF;
 
     IF v_kind = 'read' AND (v_approval <> 'self' OR v_quorum > 1 OR v_delegable) THEN
@@ -698,7 +698,7 @@ BEGIN
         v_version := 1;
         SELECT t.name INTO v_other FROM keyturn.tool t WHERE lower(t.name COLLATE "C") = lower(v_name COLLATE "C");
         IF FOUND THEN
-            RAISE EXCEPTION 'keyturn: tool name % differs from the tool % only in case', quote_literal(v_name), quote_literal(v_other)
+            RAISE EXCEPTION 'keyturn: tool name % differs from the tool % only in case', keyturn._quoted(v_name), keyturn._quoted(v_other)
                 USING ERRCODE = '22023',
                       HINT = 'A person reads both as one name: register under that name, or under one that differs in more than case.';
         END IF;

@@ -53,7 +53,7 @@ BEGIN
                     USING ERRCODE = '22023';
             END IF;
         ELSE
-            RAISE EXCEPTION 'keyturn: unknown origin key %', quote_literal(k)
+            RAISE EXCEPTION 'keyturn: unknown origin key %', keyturn._quoted(k)
                 USING ERRCODE = '22023',
                       HINT = 'origin takes conversation_id, turn_id, message_id, assistant_message_id and evidence.';
         END IF;
@@ -367,7 +367,7 @@ BEGIN
         v_ver := v_both.ver;
     END IF;
     IF NOT FOUND OR NOT v_tool.enabled THEN
-        RAISE EXCEPTION 'keyturn: tool % is unknown or disabled', coalesce(quote_literal(p_tool), 'NULL')
+        RAISE EXCEPTION 'keyturn: tool % is unknown or disabled', coalesce(keyturn._quoted(p_tool), 'NULL')
             USING ERRCODE = '42704',
                   HINT = 'keyturn.classify(tool) says what a tool is; only registered, enabled write tools take proposals.';
     END IF;
@@ -402,7 +402,7 @@ BEGIN
     v_hash := v_inspected[2];
     v_err := v_inspected[3];
     IF v_path IS NOT NULL THEN
-        RAISE EXCEPTION 'keyturn: params hold credential material at %', v_path
+        RAISE EXCEPTION 'keyturn: params hold credential material at %', keyturn._quoted(v_path)
             USING ERRCODE = '22023',
                   HINT = 'Credentials never go through keyturn: the dispatcher holds them. Remove the field.';
     END IF;

@@ -110,7 +110,7 @@ BEGIN
     END IF;
     v_how := keyturn._ended_how(p_tenant, p_principal, p_conversation);
     IF v_how IS NOT NULL THEN
-        RAISE EXCEPTION 'keyturn: conversation % was %; it can start no new actions', p_conversation, v_how
+        RAISE EXCEPTION 'keyturn: conversation % was %; it can start no new actions', keyturn._quoted(p_conversation), v_how
             USING ERRCODE = '55000';
     END IF;
 END

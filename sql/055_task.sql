@@ -86,7 +86,7 @@ BEGIN
        OR r.conversation_id IS DISTINCT FROM p_origin ->> 'conversation_id'
        OR r.turn_id IS DISTINCT FROM p_origin ->> 'turn_id' THEN
         RAISE EXCEPTION 'keyturn: no human source: message % was not recorded for this principal and session in conversation %, turn %',
-                p_origin ->> 'message_id', p_origin ->> 'conversation_id', p_origin ->> 'turn_id'
+                keyturn._quoted(p_origin ->> 'message_id'), keyturn._quoted(p_origin ->> 'conversation_id'), keyturn._quoted(p_origin ->> 'turn_id')
             USING ERRCODE = '42501',
                   HINT = 'The human side records the person''s message with keyturn.record_request before the agent proposes.';
     END IF;

@@ -68,7 +68,7 @@ BEGIN
     IF stage_file.content_type IS NULL
        OR stage_file.content_type !~ '^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*$' THEN
         RAISE EXCEPTION 'keyturn: content_type must be a lowercase type/subtype such as application/pdf, not %',
-                coalesce(quote_literal(stage_file.content_type), 'NULL')
+                coalesce(keyturn._quoted(stage_file.content_type), 'NULL')
             USING ERRCODE = '22023';
     END IF;
     IF stage_file.content IS NULL OR length(stage_file.content) = 0

@@ -18,7 +18,7 @@ DECLARE
 BEGIN
     PERFORM keyturn._refuse_nested('register_projection');
     IF keyturn._name_ok(register_projection.provider, 63) IS NOT TRUE THEN
-        RAISE EXCEPTION 'keyturn: provider name % is not allowed', coalesce(quote_literal(register_projection.provider), 'NULL')
+        RAISE EXCEPTION 'keyturn: provider name % is not allowed', coalesce(keyturn._quoted(register_projection.provider), 'NULL')
             USING ERRCODE = '22023',
                   HINT = 'Use ASCII letters, digits, underscores and hyphens in dot-separated parts that each start with a letter, at most 63 characters.';
     END IF;
@@ -31,7 +31,7 @@ BEGIN
          WHERE lower(p.provider COLLATE "C") = lower(register_projection.provider COLLATE "C");
         IF FOUND THEN
             RAISE EXCEPTION 'keyturn: provider name % differs from the projection % only in case',
-                    quote_literal(register_projection.provider), quote_literal(v_other)
+                    keyturn._quoted(register_projection.provider), keyturn._quoted(v_other)
                 USING ERRCODE = '22023',
                       HINT = 'A person reads both as one name: register under that name, or under one that differs in more than case.';
         END IF;
@@ -151,7 +151,7 @@ BEGIN
         END IF;
         IF v_ok IS NOT TRUE THEN
             RAISE EXCEPTION 'keyturn: origin.evidence names %, which is no evidence recorded for this principal (unknown, another''s, or revoked)',
-                    quote_literal(v_id)
+                    keyturn._quoted(v_id)
                 USING ERRCODE = '22023',
                       HINT = 'Cite the evidence_id keyturn.fence returned, or one the person recorded with keyturn.record_evidence, spelled as returned (lower-case, hyphenated).';
         END IF;
@@ -201,7 +201,7 @@ BEGIN
       JOIN keyturn.projection_version v ON v.provider = p.provider AND v.version = p.version
      WHERE p.provider = fence.provider;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'keyturn: no projection is registered for provider %', coalesce(quote_literal(fence.provider), 'NULL')
+        RAISE EXCEPTION 'keyturn: no projection is registered for provider %', coalesce(keyturn._quoted(fence.provider), 'NULL')
             USING ERRCODE = '22023',
                   HINT = 'An unreviewed integration contributes nothing: an admin registers the fields it may contribute with keyturn.register_projection(provider, spec).';
     END IF;

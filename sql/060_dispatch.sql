@@ -551,7 +551,7 @@ BEGIN
     IF p_outcome IS NULL OR p_outcome = 'lapsed'
        OR NOT p_outcome = ANY (enum_range(NULL::keyturn.attempt_outcome)::text[]) THEN
         RETURN format('keyturn: outcome must be succeeded, failed, retry or unknown, not %s',
-                      coalesce(quote_literal(p_outcome), 'NULL'));
+                      coalesce(keyturn._quoted(p_outcome), 'NULL'));
     END IF;
     IF p_retry_after IS NOT NULL AND p_retry_after < interval '0' THEN
         RETURN 'keyturn: retry_after must not be negative';
@@ -807,7 +807,7 @@ DECLARE
 BEGIN
     IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed') THEN
         RAISE EXCEPTION 'keyturn: reconcile outcome must be succeeded or failed, not %',
-                coalesce(quote_literal(p_outcome), 'NULL')
+                coalesce(keyturn._quoted(p_outcome), 'NULL')
             USING ERRCODE = '22023';
     END IF;
     PERFORM keyturn._refuse_nested(p_what);

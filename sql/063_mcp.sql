@@ -35,8 +35,9 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     PERFORM keyturn._spec_keys(p_sql, 'spec.sql of a read tool', ARRAY['table', 'key', 'select', 'where', 'max_rows']);
-    -- A view too: a read form selects, and RLS (or the view's own rules) applies.
-    v_relid := keyturn._spec_table(p_sql -> 'table', '{r,p,v,m}');
+    -- A table, as for a write: a view selects with its owner's rights, past
+    -- the caller's row-level security, and a materialized view has none.
+    v_relid := keyturn._spec_table(p_sql -> 'table', '{r,p}');
     v_key := p_sql ->> 'key';
     v_types := jsonb_build_object(v_key, keyturn._spec_column(v_relid, p_sql -> 'key', 'spec.sql.key'));
     IF jsonb_typeof(p_sql -> 'select') IS DISTINCT FROM 'array' OR jsonb_array_length(p_sql -> 'select') = 0 THEN
@@ -196,7 +197,7 @@ BEGIN
       JOIN keyturn.tool_version x ON x.tool = t.name AND x.version = t.version
      WHERE t.name = p_tool AND t.enabled AND x.kind = 'read';
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'keyturn: % is no enabled read tool', coalesce(quote_literal(p_tool), 'NULL')
+        RAISE EXCEPTION 'keyturn: % is no enabled read tool', coalesce(keyturn._quoted(p_tool), 'NULL')
             USING ERRCODE = '42704',
                   HINT = 'keyturn.mcp_tools() lists the tools this principal may call.';
     END IF;
@@ -212,7 +213,7 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM keyturn.projection p WHERE p.provider = v.projection) THEN
         RAISE EXCEPTION 'keyturn: no projection is registered for provider %, the projection of read tool %',
-                quote_literal(v.projection), p_tool
+                keyturn._quoted(v.projection), p_tool
             USING ERRCODE = '22023',
                   HINT = 'An unreviewed integration contributes nothing: an admin registers the fields it may contribute with keyturn.register_projection(provider, spec).';
     END IF;
@@ -382,7 +383,7 @@ BEGIN
     SELECT i.credential_path, i.schema_errors INTO v_path, v_err
       FROM keyturn._inspect_params(v.tool, upstream_read.arguments, v.params_schema) i;
     IF v_path IS NOT NULL THEN
-        RAISE EXCEPTION 'keyturn: arguments hold credential material at %', v_path
+        RAISE EXCEPTION 'keyturn: arguments hold credential material at %', keyturn._quoted(v_path)
             USING ERRCODE = '22023',
                   HINT = 'Credentials never go through keyturn: keyturnd holds the upstream''s.';
     END IF;
@@ -500,7 +501,7 @@ DECLARE
 BEGIN
     PERFORM keyturn._refuse_nested('register_discovered_tool');
     IF keyturn._name_ok(v_up, 30) IS NOT TRUE OR strpos(v_up, '.') > 0 THEN
-        RAISE EXCEPTION 'keyturn: upstream name % is not allowed', coalesce(quote_literal(v_up), 'NULL')
+        RAISE EXCEPTION 'keyturn: upstream name % is not allowed', coalesce(keyturn._quoted(v_up), 'NULL')
             USING ERRCODE = '22023',
                   HINT = 'Use 1 to 30 ASCII letters, digits, underscores and hyphens, starting with a letter.';
     END IF;
@@ -511,7 +512,7 @@ BEGIN
     v_info := keyturn._upstream_tool(definition, trust_annotations);
     v_name := v_up || '.' || (v_info ->> 'tool');
     IF NOT keyturn._name_ok(v_name, 63) THEN
-        RAISE EXCEPTION 'keyturn: upstream tool % cannot be named % in keyturn', quote_literal(v_info ->> 'tool'), quote_literal(v_name)
+        RAISE EXCEPTION 'keyturn: upstream tool % cannot be named % in keyturn', keyturn._quoted(v_info ->> 'tool'), keyturn._quoted(v_name)
             USING ERRCODE = '22023',
                   HINT = 'keyturn tool names are ASCII letters, digits, underscores and hyphens in dot-separated parts that each start with a letter, at most 63 characters.';
     END IF;
@@ -525,6 +526,18 @@ BEGIN
     END IF;
     IF FOUND AND v_cur.upstream_schema_sha256 = v_info ->> 'sha256' AND v_cur.kind::text = v_info ->> 'kind' THEN
         RETURN v_cur.version;
+    END IF;
+    -- An upstream lists as many tools as it likes, under new names at every
+    -- discovery if it wants, and each is a row of the catalog every tenant
+    -- reads and no one can remove: at most 1,000 an upstream (thirtieth
+    -- red-team pass, docs/security.md row 142).
+    IF NOT v_known AND (SELECT count(*) FROM keyturn.tool t
+                          JOIN keyturn.tool_version x ON x.tool = t.name AND x.version = t.version
+                         WHERE x.upstream = v_up) >= 1000 THEN
+        RAISE EXCEPTION 'keyturn: upstream % has 1000 tools registered, the most an upstream may; % is not registered',
+                v_up, keyturn._quoted(v_name)
+            USING ERRCODE = '54000',
+                  HINT = 'An upstream that lists this many tools, or new names at every discovery, is misbehaving: remove it from keyturnd''s configuration.';
     END IF;
     v_version := keyturn.register_tool(v_name, jsonb_strip_nulls(jsonb_build_object(
         'kind', v_info ->> 'kind', 'executor', 'external', 'provider', 'mcp',

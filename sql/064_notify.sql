@@ -114,7 +114,7 @@ BEGIN
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     IF p_channel IS NULL OR NOT p_channel = ANY (v_channels) THEN
         RAISE EXCEPTION 'keyturn: channel must be one of %, not %', array_to_string(v_channels, ', '),
-                coalesce(quote_literal(p_channel), 'NULL')
+                coalesce(keyturn._quoted(p_channel), 'NULL')
             USING ERRCODE = '22023';
     END IF;
     IF p_target IS NULL THEN
@@ -126,7 +126,7 @@ BEGIN
     END IF;
     FOR v_key IN SELECT k FROM jsonb_object_keys(v_settings) k ORDER BY 1 LOOP
         IF NOT (v_key IN ('remind_before', 'max_per_hour') OR (v_key = 'secret' AND p_channel = 'webhook')) THEN
-            RAISE EXCEPTION 'keyturn: unknown setting % for a % channel', quote_literal(v_key), p_channel
+            RAISE EXCEPTION 'keyturn: unknown setting % for a % channel', keyturn._quoted(v_key), p_channel
                 USING ERRCODE = '22023',
                       HINT = 'Settings: remind_before (an interval), max_per_hour (a number), and for a webhook secret (whsec_…).';
         END IF;
@@ -138,7 +138,7 @@ BEGIN
         BEGIN
             v_remind := (v_settings ->> 'remind_before')::interval;
         EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
-            RAISE EXCEPTION 'keyturn: remind_before is not an interval: %', quote_literal(v_settings ->> 'remind_before')
+            RAISE EXCEPTION 'keyturn: remind_before is not an interval: %', keyturn._quoted(v_settings ->> 'remind_before')
                 USING ERRCODE = '22023';
         END;
         IF NOT keyturn._interval_within(v_remind, interval '7 days') THEN

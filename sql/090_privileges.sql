@@ -65,7 +65,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.stage_file(bytea, text, text), keyturn.fence(text, jsonb), keyturn.revoke_evidence(uuid)
 TO keyturn_agent, keyturn_approver;
 
--- Human. (Tenant admins administer their own tenant through this role.)
+-- Human. (Membership and grants are not here: keyturn_admin alone.)
 GRANT EXECUTE ON FUNCTION
     keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
     keyturn.preview(uuid, text), keyturn.preview(uuid, text, jsonb),
@@ -77,9 +77,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.delegations(), keyturn.record_request(text, text, text, text),
     keyturn.issue_token(uuid), keyturn.record_evidence(text, text, text),
     keyturn.set_notify(text, text, jsonb), keyturn.notify_channels(), keyturn.remove_notify(text),
-    keyturn.revoke_links(),
-    keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
-    keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text)
+    keyturn.revoke_links()
 TO keyturn_approver;
 
 -- Human and dispatcher: a card link's one-time code (for notifications, the

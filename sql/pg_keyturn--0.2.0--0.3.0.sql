@@ -767,6 +767,14 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'params_hash_matches_wrapper';
 
+-- pg_keyturn::validation::_quoted
+CREATE OR REPLACE FUNCTION "_quoted"(
+	"value" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'quoted_wrapper';
+
 -- pg_keyturn::committed::_read_as_committed
 CREATE OR REPLACE FUNCTION "_read_as_committed"(
 	"tool" TEXT, /* & str */
@@ -1935,7 +1943,7 @@ DECLARE
 BEGIN
     SELECT t.* INTO v FROM keyturn.tool t WHERE t.name = p_tool;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'keyturn: unknown tool %', coalesce(quote_literal(p_tool), 'NULL')
+        RAISE EXCEPTION 'keyturn: unknown tool %', coalesce(keyturn._quoted(p_tool), 'NULL')
             USING ERRCODE = '42704',
                   HINT = 'Register it first with keyturn.register_tool(name, spec).';
     END IF;
@@ -1943,10 +1951,12 @@ BEGIN
 END
 $$;
 
--- Raises 42501 unless the caller may administer p_tenant: the platform's
--- keyturn_admin role, or an `admin` member of p_tenant acting with its own
--- identity (never an agent: separation of duties holds for administration
--- too, or an agent could grant itself tools).
+-- Raises 42501 unless the caller holds the platform's keyturn_admin role.
+-- Membership and grants are authorized by that role alone, never by an
+-- identity the caller asserts: a tenant's `admin` member decides and sees
+-- the tenant's actions, and administers nothing (an identity is a setting
+-- any connection may make, a role is the database's own grant). The
+-- refusal names an agent as one (separation of duties).
 CREATE OR REPLACE FUNCTION keyturn._require_admin(p_tenant text, p_what text)
 RETURNS void
 LANGUAGE plpgsql STABLE
@@ -1962,13 +1972,10 @@ BEGIN
        OR pg_catalog.pg_has_role(session_user, 'keyturn_agent', 'USAGE') THEN
         RAISE EXCEPTION 'keyturn: % may not be called by an agent role', p_what
             USING ERRCODE = '42501';
-    END IF;
-    IF keyturn._require_member(keyturn.current_tenant(), keyturn.current_principal(),
-                               keyturn.current_session()) <> 'admin'
-       OR keyturn.current_tenant() IS DISTINCT FROM p_tenant THEN
-        RAISE EXCEPTION 'keyturn: % needs the keyturn_admin role, or an admin of tenant % acting as itself', p_what, coalesce(p_tenant, 'NULL')
+    ELSE
+        RAISE EXCEPTION 'keyturn: % needs the keyturn_admin role (tenant %)', p_what, coalesce(keyturn._quoted(p_tenant), 'NULL')
             USING ERRCODE = '42501',
-                  HINT = 'A tenant admin manages only its own tenant; the platform role keyturn_admin manages all.';
+                  HINT = 'Membership and grants are the platform admin''s: call them on a login granted keyturn_admin, never through a person''s identity.';
     END IF;
 END
 $$;
@@ -1990,7 +1997,7 @@ BEGIN
             keyturn._require_identity_text(add_member.principal, 'principal');
     IF add_member.role IS NULL OR add_member.role NOT IN ('member', 'approver', 'admin') THEN
         RAISE EXCEPTION 'keyturn: role must be member, approver or admin, not %',
-                coalesce(quote_literal(add_member.role), 'NULL')
+                coalesce(keyturn._quoted(add_member.role), 'NULL')
             USING ERRCODE = '22023';
     END IF;
 
@@ -2296,7 +2303,7 @@ DECLARE
 BEGIN
     FOR k IN SELECT jsonb_object_keys(p_obj) LOOP
         IF NOT k = ANY (p_known) THEN
-            RAISE EXCEPTION 'keyturn: unknown % key %', p_what, quote_literal(k)
+            RAISE EXCEPTION 'keyturn: unknown % key %', p_what, keyturn._quoted(k)
                 USING ERRCODE = '22023',
                       HINT = format('Known keys: %s.', array_to_string(p_known, ', '));
         END IF;
@@ -2666,7 +2673,7 @@ BEGIN
     END IF;
     v_schema := keyturn._check_params_schema(coalesce(p_spec -> 'params_schema', '{}'));
     IF v_tparam IS NOT NULL AND NOT (v_schema -> 'properties') ? v_tparam THEN
-        RAISE EXCEPTION 'keyturn: spec.targets_param % is not a property of params_schema', quote_literal(v_tparam)
+        RAISE EXCEPTION 'keyturn: spec.targets_param % is not a property of params_schema', keyturn._quoted(v_tparam)
             USING ERRCODE = '22023';
     END IF;
     -- Every address the smtp adapter sends to is a bare addr-spec the card
@@ -2688,7 +2695,7 @@ BEGIN
         END IF;
     ELSE
         IF (v_schema #>> ARRAY['properties', v_aparam, 'type']) IS DISTINCT FROM 'array' THEN
-            RAISE EXCEPTION 'keyturn: spec.attachments_param % must be an array property of params_schema', quote_literal(v_aparam)
+            RAISE EXCEPTION 'keyturn: spec.attachments_param % must be an array property of params_schema', keyturn._quoted(v_aparam)
                 USING ERRCODE = '22023';
         END IF;
         IF jsonb_typeof(v_types) IS DISTINCT FROM 'array' OR jsonb_array_length(v_types) = 0
@@ -2769,7 +2776,7 @@ DECLARE
 BEGIN
     PERFORM keyturn._refuse_nested('register_tool');
     IF keyturn._name_ok(v_name, 63) IS NOT TRUE THEN
-        RAISE EXCEPTION 'keyturn: tool name % is not allowed', coalesce(quote_literal(v_name), 'NULL')
+        RAISE EXCEPTION 'keyturn: tool name % is not allowed', coalesce(keyturn._quoted(v_name), 'NULL')
             USING ERRCODE = '22023',
                   HINT = 'Use ASCII letters, digits, underscores and hyphens in dot-separated parts that each start with a letter, at most 63 characters.';
     END IF;
@@ -2827,7 +2834,7 @@ BEGIN
                   HINT = 'keyturn.register_projection(provider, spec) registers one; an unreviewed integration contributes nothing.';
     END IF;
     IF v_proj IS NOT NULL AND NOT keyturn._name_ok(v_proj, 63) THEN
-        RAISE EXCEPTION 'keyturn: spec.projection % is not a projection name', quote_literal(v_proj) USING ERRCODE = '22023';
+        RAISE EXCEPTION 'keyturn: spec.projection % is not a projection name', keyturn._quoted(v_proj) USING ERRCODE = '22023';
     END IF;
 
     IF v_kind = 'read' AND (v_approval <> 'self' OR v_quorum > 1 OR v_delegable) THEN
@@ -2886,7 +2893,7 @@ BEGIN
         v_version := 1;
         SELECT t.name INTO v_other FROM keyturn.tool t WHERE lower(t.name COLLATE "C") = lower(v_name COLLATE "C");
         IF FOUND THEN
-            RAISE EXCEPTION 'keyturn: tool name % differs from the tool % only in case', quote_literal(v_name), quote_literal(v_other)
+            RAISE EXCEPTION 'keyturn: tool name % differs from the tool % only in case', keyturn._quoted(v_name), keyturn._quoted(v_other)
                 USING ERRCODE = '22023',
                       HINT = 'A person reads both as one name: register under that name, or under one that differs in more than case.';
         END IF;
@@ -2984,7 +2991,7 @@ BEGIN
                     USING ERRCODE = '22023';
             END IF;
         ELSE
-            RAISE EXCEPTION 'keyturn: unknown origin key %', quote_literal(k)
+            RAISE EXCEPTION 'keyturn: unknown origin key %', keyturn._quoted(k)
                 USING ERRCODE = '22023',
                       HINT = 'origin takes conversation_id, turn_id, message_id, assistant_message_id and evidence.';
         END IF;
@@ -3298,7 +3305,7 @@ BEGIN
         v_ver := v_both.ver;
     END IF;
     IF NOT FOUND OR NOT v_tool.enabled THEN
-        RAISE EXCEPTION 'keyturn: tool % is unknown or disabled', coalesce(quote_literal(p_tool), 'NULL')
+        RAISE EXCEPTION 'keyturn: tool % is unknown or disabled', coalesce(keyturn._quoted(p_tool), 'NULL')
             USING ERRCODE = '42704',
                   HINT = 'keyturn.classify(tool) says what a tool is; only registered, enabled write tools take proposals.';
     END IF;
@@ -3333,7 +3340,7 @@ BEGIN
     v_hash := v_inspected[2];
     v_err := v_inspected[3];
     IF v_path IS NOT NULL THEN
-        RAISE EXCEPTION 'keyturn: params hold credential material at %', v_path
+        RAISE EXCEPTION 'keyturn: params hold credential material at %', keyturn._quoted(v_path)
             USING ERRCODE = '22023',
                   HINT = 'Credentials never go through keyturn: the dispatcher holds them. Remove the field.';
     END IF;
@@ -4369,7 +4376,7 @@ BEGIN
     END IF;
     v_how := keyturn._ended_how(p_tenant, p_principal, p_conversation);
     IF v_how IS NOT NULL THEN
-        RAISE EXCEPTION 'keyturn: conversation % was %; it can start no new actions', p_conversation, v_how
+        RAISE EXCEPTION 'keyturn: conversation % was %; it can start no new actions', keyturn._quoted(p_conversation), v_how
             USING ERRCODE = '55000';
     END IF;
 END
@@ -5092,7 +5099,7 @@ BEGIN
        OR r.conversation_id IS DISTINCT FROM p_origin ->> 'conversation_id'
        OR r.turn_id IS DISTINCT FROM p_origin ->> 'turn_id' THEN
         RAISE EXCEPTION 'keyturn: no human source: message % was not recorded for this principal and session in conversation %, turn %',
-                p_origin ->> 'message_id', p_origin ->> 'conversation_id', p_origin ->> 'turn_id'
+                keyturn._quoted(p_origin ->> 'message_id'), keyturn._quoted(p_origin ->> 'conversation_id'), keyturn._quoted(p_origin ->> 'turn_id')
             USING ERRCODE = '42501',
                   HINT = 'The human side records the person''s message with keyturn.record_request before the agent proposes.';
     END IF;
@@ -5224,7 +5231,7 @@ BEGIN
     IF stage_file.content_type IS NULL
        OR stage_file.content_type !~ '^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*$' THEN
         RAISE EXCEPTION 'keyturn: content_type must be a lowercase type/subtype such as application/pdf, not %',
-                coalesce(quote_literal(stage_file.content_type), 'NULL')
+                coalesce(keyturn._quoted(stage_file.content_type), 'NULL')
             USING ERRCODE = '22023';
     END IF;
     IF stage_file.content IS NULL OR length(stage_file.content) = 0
@@ -5508,7 +5515,7 @@ DECLARE
 BEGIN
     PERFORM keyturn._refuse_nested('register_projection');
     IF keyturn._name_ok(register_projection.provider, 63) IS NOT TRUE THEN
-        RAISE EXCEPTION 'keyturn: provider name % is not allowed', coalesce(quote_literal(register_projection.provider), 'NULL')
+        RAISE EXCEPTION 'keyturn: provider name % is not allowed', coalesce(keyturn._quoted(register_projection.provider), 'NULL')
             USING ERRCODE = '22023',
                   HINT = 'Use ASCII letters, digits, underscores and hyphens in dot-separated parts that each start with a letter, at most 63 characters.';
     END IF;
@@ -5521,7 +5528,7 @@ BEGIN
          WHERE lower(p.provider COLLATE "C") = lower(register_projection.provider COLLATE "C");
         IF FOUND THEN
             RAISE EXCEPTION 'keyturn: provider name % differs from the projection % only in case',
-                    quote_literal(register_projection.provider), quote_literal(v_other)
+                    keyturn._quoted(register_projection.provider), keyturn._quoted(v_other)
                 USING ERRCODE = '22023',
                       HINT = 'A person reads both as one name: register under that name, or under one that differs in more than case.';
         END IF;
@@ -5641,7 +5648,7 @@ BEGIN
         END IF;
         IF v_ok IS NOT TRUE THEN
             RAISE EXCEPTION 'keyturn: origin.evidence names %, which is no evidence recorded for this principal (unknown, another''s, or revoked)',
-                    quote_literal(v_id)
+                    keyturn._quoted(v_id)
                 USING ERRCODE = '22023',
                       HINT = 'Cite the evidence_id keyturn.fence returned, or one the person recorded with keyturn.record_evidence, spelled as returned (lower-case, hyphenated).';
         END IF;
@@ -5691,7 +5698,7 @@ BEGIN
       JOIN keyturn.projection_version v ON v.provider = p.provider AND v.version = p.version
      WHERE p.provider = fence.provider;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'keyturn: no projection is registered for provider %', coalesce(quote_literal(fence.provider), 'NULL')
+        RAISE EXCEPTION 'keyturn: no projection is registered for provider %', coalesce(keyturn._quoted(fence.provider), 'NULL')
             USING ERRCODE = '22023',
                   HINT = 'An unreviewed integration contributes nothing: an admin registers the fields it may contribute with keyturn.register_projection(provider, spec).';
     END IF;
@@ -6800,7 +6807,7 @@ BEGIN
     IF p_outcome IS NULL OR p_outcome = 'lapsed'
        OR NOT p_outcome = ANY (enum_range(NULL::keyturn.attempt_outcome)::text[]) THEN
         RETURN format('keyturn: outcome must be succeeded, failed, retry or unknown, not %s',
-                      coalesce(quote_literal(p_outcome), 'NULL'));
+                      coalesce(keyturn._quoted(p_outcome), 'NULL'));
     END IF;
     IF p_retry_after IS NOT NULL AND p_retry_after < interval '0' THEN
         RETURN 'keyturn: retry_after must not be negative';
@@ -7056,7 +7063,7 @@ DECLARE
 BEGIN
     IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed') THEN
         RAISE EXCEPTION 'keyturn: reconcile outcome must be succeeded or failed, not %',
-                coalesce(quote_literal(p_outcome), 'NULL')
+                coalesce(keyturn._quoted(p_outcome), 'NULL')
             USING ERRCODE = '22023';
     END IF;
     PERFORM keyturn._refuse_nested(p_what);
@@ -7683,8 +7690,9 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     PERFORM keyturn._spec_keys(p_sql, 'spec.sql of a read tool', ARRAY['table', 'key', 'select', 'where', 'max_rows']);
-    -- A view too: a read form selects, and RLS (or the view's own rules) applies.
-    v_relid := keyturn._spec_table(p_sql -> 'table', '{r,p,v,m}');
+    -- A table, as for a write: a view selects with its owner's rights, past
+    -- the caller's row-level security, and a materialized view has none.
+    v_relid := keyturn._spec_table(p_sql -> 'table', '{r,p}');
     v_key := p_sql ->> 'key';
     v_types := jsonb_build_object(v_key, keyturn._spec_column(v_relid, p_sql -> 'key', 'spec.sql.key'));
     IF jsonb_typeof(p_sql -> 'select') IS DISTINCT FROM 'array' OR jsonb_array_length(p_sql -> 'select') = 0 THEN
@@ -7844,7 +7852,7 @@ BEGIN
       JOIN keyturn.tool_version x ON x.tool = t.name AND x.version = t.version
      WHERE t.name = p_tool AND t.enabled AND x.kind = 'read';
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'keyturn: % is no enabled read tool', coalesce(quote_literal(p_tool), 'NULL')
+        RAISE EXCEPTION 'keyturn: % is no enabled read tool', coalesce(keyturn._quoted(p_tool), 'NULL')
             USING ERRCODE = '42704',
                   HINT = 'keyturn.mcp_tools() lists the tools this principal may call.';
     END IF;
@@ -7860,7 +7868,7 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM keyturn.projection p WHERE p.provider = v.projection) THEN
         RAISE EXCEPTION 'keyturn: no projection is registered for provider %, the projection of read tool %',
-                quote_literal(v.projection), p_tool
+                keyturn._quoted(v.projection), p_tool
             USING ERRCODE = '22023',
                   HINT = 'An unreviewed integration contributes nothing: an admin registers the fields it may contribute with keyturn.register_projection(provider, spec).';
     END IF;
@@ -8030,7 +8038,7 @@ BEGIN
     SELECT i.credential_path, i.schema_errors INTO v_path, v_err
       FROM keyturn._inspect_params(v.tool, upstream_read.arguments, v.params_schema) i;
     IF v_path IS NOT NULL THEN
-        RAISE EXCEPTION 'keyturn: arguments hold credential material at %', v_path
+        RAISE EXCEPTION 'keyturn: arguments hold credential material at %', keyturn._quoted(v_path)
             USING ERRCODE = '22023',
                   HINT = 'Credentials never go through keyturn: keyturnd holds the upstream''s.';
     END IF;
@@ -8148,7 +8156,7 @@ DECLARE
 BEGIN
     PERFORM keyturn._refuse_nested('register_discovered_tool');
     IF keyturn._name_ok(v_up, 30) IS NOT TRUE OR strpos(v_up, '.') > 0 THEN
-        RAISE EXCEPTION 'keyturn: upstream name % is not allowed', coalesce(quote_literal(v_up), 'NULL')
+        RAISE EXCEPTION 'keyturn: upstream name % is not allowed', coalesce(keyturn._quoted(v_up), 'NULL')
             USING ERRCODE = '22023',
                   HINT = 'Use 1 to 30 ASCII letters, digits, underscores and hyphens, starting with a letter.';
     END IF;
@@ -8159,7 +8167,7 @@ BEGIN
     v_info := keyturn._upstream_tool(definition, trust_annotations);
     v_name := v_up || '.' || (v_info ->> 'tool');
     IF NOT keyturn._name_ok(v_name, 63) THEN
-        RAISE EXCEPTION 'keyturn: upstream tool % cannot be named % in keyturn', quote_literal(v_info ->> 'tool'), quote_literal(v_name)
+        RAISE EXCEPTION 'keyturn: upstream tool % cannot be named % in keyturn', keyturn._quoted(v_info ->> 'tool'), keyturn._quoted(v_name)
             USING ERRCODE = '22023',
                   HINT = 'keyturn tool names are ASCII letters, digits, underscores and hyphens in dot-separated parts that each start with a letter, at most 63 characters.';
     END IF;
@@ -8173,6 +8181,18 @@ BEGIN
     END IF;
     IF FOUND AND v_cur.upstream_schema_sha256 = v_info ->> 'sha256' AND v_cur.kind::text = v_info ->> 'kind' THEN
         RETURN v_cur.version;
+    END IF;
+    -- An upstream lists as many tools as it likes, under new names at every
+    -- discovery if it wants, and each is a row of the catalog every tenant
+    -- reads and no one can remove: at most 1,000 an upstream (thirtieth
+    -- red-team pass, docs/security.md row 142).
+    IF NOT v_known AND (SELECT count(*) FROM keyturn.tool t
+                          JOIN keyturn.tool_version x ON x.tool = t.name AND x.version = t.version
+                         WHERE x.upstream = v_up) >= 1000 THEN
+        RAISE EXCEPTION 'keyturn: upstream % has 1000 tools registered, the most an upstream may; % is not registered',
+                v_up, keyturn._quoted(v_name)
+            USING ERRCODE = '54000',
+                  HINT = 'An upstream that lists this many tools, or new names at every discovery, is misbehaving: remove it from keyturnd''s configuration.';
     END IF;
     v_version := keyturn.register_tool(v_name, jsonb_strip_nulls(jsonb_build_object(
         'kind', v_info ->> 'kind', 'executor', 'external', 'provider', 'mcp',
@@ -8402,7 +8422,7 @@ BEGIN
     PERFORM keyturn._require_member(v_tenant, v_principal, keyturn.current_session());
     IF p_channel IS NULL OR NOT p_channel = ANY (v_channels) THEN
         RAISE EXCEPTION 'keyturn: channel must be one of %, not %', array_to_string(v_channels, ', '),
-                coalesce(quote_literal(p_channel), 'NULL')
+                coalesce(keyturn._quoted(p_channel), 'NULL')
             USING ERRCODE = '22023';
     END IF;
     IF p_target IS NULL THEN
@@ -8414,7 +8434,7 @@ BEGIN
     END IF;
     FOR v_key IN SELECT k FROM jsonb_object_keys(v_settings) k ORDER BY 1 LOOP
         IF NOT (v_key IN ('remind_before', 'max_per_hour') OR (v_key = 'secret' AND p_channel = 'webhook')) THEN
-            RAISE EXCEPTION 'keyturn: unknown setting % for a % channel', quote_literal(v_key), p_channel
+            RAISE EXCEPTION 'keyturn: unknown setting % for a % channel', keyturn._quoted(v_key), p_channel
                 USING ERRCODE = '22023',
                       HINT = 'Settings: remind_before (an interval), max_per_hour (a number), and for a webhook secret (whsec_…).';
         END IF;
@@ -8426,7 +8446,7 @@ BEGIN
         BEGIN
             v_remind := (v_settings ->> 'remind_before')::interval;
         EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
-            RAISE EXCEPTION 'keyturn: remind_before is not an interval: %', quote_literal(v_settings ->> 'remind_before')
+            RAISE EXCEPTION 'keyturn: remind_before is not an interval: %', keyturn._quoted(v_settings ->> 'remind_before')
                 USING ERRCODE = '22023';
         END;
         IF NOT keyturn._interval_within(v_remind, interval '7 days') THEN
@@ -10117,8 +10137,8 @@ COMMENT ON FUNCTION keyturn.record_evidence(text, text, text) IS 'Human: records
 COMMENT ON FUNCTION keyturn.revoke_evidence(uuid) IS 'The principal that recorded it: ends a piece of evidence and invalidates the pending proposals that cite it.';
 COMMENT ON FUNCTION keyturn.register_tool(text, jsonb) IS 'Admin: creates or replaces a tool from its spec; returns the new version.';
 COMMENT ON FUNCTION keyturn.set_tool_enabled(text, boolean) IS 'Admin: enables or disables a tool; returns whether it changed.';
-COMMENT ON FUNCTION keyturn.add_member(text, text, text) IS 'Admin (platform, or the tenant''s own admin): adds or changes a member; returns whether it changed.';
-COMMENT ON FUNCTION keyturn.remove_member(text, text) IS 'Admin (platform, or the tenant''s own admin): removes a member, its grants and its notification channels.';
+COMMENT ON FUNCTION keyturn.add_member(text, text, text) IS 'Admin: adds or changes a member; returns whether it changed.';
+COMMENT ON FUNCTION keyturn.remove_member(text, text) IS 'Admin: removes a member, its grants and its notification channels.';
 COMMENT ON FUNCTION keyturn.grant_tool(text, text, text, jsonb, timestamptz, int) IS 'Admin: sets a grant to exactly this scope, end and number of uses; returns whether it changed.';
 COMMENT ON FUNCTION keyturn.revoke_tool(text, text, text) IS 'Admin: revokes a grant; returns whether it changed.';
 COMMENT ON FUNCTION keyturn.propose(text, jsonb, jsonb) IS 'Agent: stores an immutable proposal; returns its one-time token (and status, when a standing approval or task request approved it).';
@@ -10271,7 +10291,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.stage_file(bytea, text, text), keyturn.fence(text, jsonb), keyturn.revoke_evidence(uuid)
 TO keyturn_agent, keyturn_approver;
 
--- Human. (Tenant admins administer their own tenant through this role.)
+-- Human. (Membership and grants are not here: keyturn_admin alone.)
 GRANT EXECUTE ON FUNCTION
     keyturn.approve(uuid, text, jsonb), keyturn.approve_for(text, uuid, text, jsonb),
     keyturn.preview(uuid, text), keyturn.preview(uuid, text, jsonb),
@@ -10283,9 +10303,7 @@ GRANT EXECUTE ON FUNCTION
     keyturn.delegations(), keyturn.record_request(text, text, text, text),
     keyturn.issue_token(uuid), keyturn.record_evidence(text, text, text),
     keyturn.set_notify(text, text, jsonb), keyturn.notify_channels(), keyturn.remove_notify(text),
-    keyturn.revoke_links(),
-    keyturn.add_member(text, text, text), keyturn.remove_member(text, text),
-    keyturn.grant_tool(text, text, text, jsonb, timestamptz, int), keyturn.revoke_tool(text, text, text)
+    keyturn.revoke_links()
 TO keyturn_approver;
 
 -- Human and dispatcher: a card link's one-time code (for notifications, the

@@ -112,7 +112,10 @@ impl CompiledSchema {
             if errors.len() < MAX_REPORTED_ERRORS {
                 let path = e.instance_path().as_str();
                 let path = if path.is_empty() { "(root)" } else { path };
-                errors.push(clip(format!("{path}: {}", describe(&e)), MAX_ERROR_CHARS));
+                // One line: the path and the message may quote an agent's
+                // keys and values, and the server log keeps every message.
+                let line = crate::text::for_display(&format!("{path}: {}", describe(&e)));
+                errors.push(clip(line, MAX_ERROR_CHARS));
             }
         }
         if total > errors.len() {

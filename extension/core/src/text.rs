@@ -245,6 +245,28 @@ pub fn display_chars(s: &str) -> impl Iterator<Item = char> + '_ {
     })
 }
 
+/// `s` as a message may quote it: [`for_display`]'s characters, at most `max`
+/// of them (then `…`), in single quotes doubled inside, as `quote_literal`
+/// spells it. PostgreSQL writes every error message to its log, so a refusal
+/// that names an agent's string this way carries no terminal escape, no line
+/// it forges and no megabyte there (docs/security.md rows 133 and 141).
+pub fn quoted(s: &str, max: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max) + 2);
+    out.push('\'');
+    for (n, c) in display_chars(s).enumerate() {
+        if n == max {
+            out.push('…');
+            break;
+        }
+        if c == '\'' {
+            out.push('\'');
+        }
+        out.push(c);
+    }
+    out.push('\'');
+    out
+}
+
 /// `s` as the credential detector compares it: NFKC (fullwidth and other
 /// compatibility forms become their plain letters, odd spaces become U+0020),
 /// then without invisible characters, so a zero-width space cannot split
@@ -272,6 +294,14 @@ pub fn fold_confusables(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn test_a_quoted_string_is_one_clipped_line() {
+        assert_eq!(quoted("it's", 64), "'it''s'");
+        assert_eq!(quoted("ab\u{1b}[2J\ncd\u{202e}e", 64), "'ab [2J cd e'");
+        assert_eq!(quoted(&"x".repeat(100_000), 3), "'xxx…'");
+        assert_eq!(quoted("abc", 3), "'abc'");
+    }
+
     #[test]
     fn test_holds_nul_finds_it_in_a_nested_string_or_key() {
         use serde_json::json;

@@ -112,6 +112,37 @@ async fn test_a_read_form_takes_only_its_columns_and_values_as_data() {
     assert!(rows(&reference).is_empty(), "a value is data: {reference}");
 }
 
+/// An sql read tool reads a table: a view selects with its owner's rights,
+/// past the caller's row-level security (a materialized view has none), so
+/// one is refused when the tool is registered. It was registered and then
+/// never read (`55000` at every call; thirtieth red-team pass).
+#[tokio::test]
+async fn test_an_sql_read_tool_reads_a_table_never_a_view() {
+    let w = World::new("member").await;
+    let view = unique("deal_view");
+    w.superuser
+        .batch_execute(&format!(
+            "CREATE VIEW crm.{view} AS SELECT id, tenant, stage FROM crm.deal; \
+             CREATE MATERIALIZED VIEW crm.{view}_m AS SELECT id, tenant, stage FROM crm.deal"
+        ))
+        .await
+        .unwrap();
+    for table in [format!("crm.{view}"), format!("crm.{view}_m")] {
+        let r = w
+            .admin
+            .execute(
+                "SELECT keyturn.register_tool($1, $2)",
+                &[
+                    &unique("viewread"),
+                    &json!({"kind": "read", "executor": "sql", "projection": "p.x",
+                            "sql": {"table": table, "key": "id", "select": ["id", "tenant"]}}),
+                ],
+            )
+            .await;
+        assert_eq!(sqlstate(r), "22023", "{table}");
+    }
+}
+
 #[tokio::test]
 async fn test_a_read_without_a_registered_projection_reads_nothing() {
     let w = World::new("member").await;
@@ -575,6 +606,40 @@ fn definition(name: &str, annotations: Value) -> Value {
                            "properties": {"channel": {"type": "string", "default": "general"}},
                            "required": ["channel"]},
            "annotations": annotations})
+}
+
+/// An upstream that lists new names at every discovery cannot grow the
+/// catalog every tenant reads without bound: 1,000 tools an upstream, the
+/// rest refused (54000) while a known one still changes (thirtieth red-team
+/// pass, docs/security.md row 142).
+#[tokio::test]
+async fn test_an_upstream_registers_at_most_a_thousand_tools() {
+    let d = connect("app_dispatcher").await;
+    let up = upstream_name("f");
+    let n: i64 = d
+        .query_one(
+            "SELECT count(keyturn.register_discovered_tool($1, \
+                    jsonb_build_object('name', 't' || g, 'inputSchema', '{\"type\": \"object\"}'::jsonb), false)) \
+               FROM generate_series(1, 1000) g",
+            &[&up],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1000);
+    let one_more = discover(&d, &up, &definition("t1001", json!({})), false).await;
+    assert_eq!(sqlstate(one_more), "54000");
+    let changed =
+        json!({"name": "t1", "description": "changed", "inputSchema": {"type": "object"}});
+    assert_eq!(discover(&d, &up, &changed, false).await.unwrap(), 2);
+    // Another upstream has its own thousand.
+    let other = upstream_name("g");
+    assert_eq!(
+        discover(&d, &other, &definition("t1", json!({})), false)
+            .await
+            .unwrap(),
+        1
+    );
 }
 
 #[tokio::test]

@@ -84,11 +84,7 @@ async fn test_each_role_executes_exactly_its_functions() {
         "notify_channels",
         "remove_notify",
         "revoke_links",
-        // a tenant's own admin manages its tenant through this role
-        "add_member",
-        "remove_member",
-        "grant_tool",
-        "revoke_tool",
+        // never membership or grants: keyturn_admin alone
     ];
     let expected = [
         ("app_nobody", set(PUBLIC_FNS, &[])),

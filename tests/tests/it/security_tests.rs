@@ -1000,6 +1000,113 @@ async fn test_a_value_that_is_no_date_is_refused_without_being_quoted() {
     );
 }
 
+/// Row 133's class, every other route the thirtieth red-team pass looked for:
+/// a refusal that names an agent's string (a tool, an origin key or value,
+/// an evidence id, a params key, a file's type) names it cleaned and
+/// clipped, so the server log gets neither its terminal escapes, nor a line
+/// it forges, nor its megabyte (docs/security.md row 141).
+#[tokio::test]
+async fn test_an_agents_strings_reach_no_refusal_whole() {
+    let w = World::new("member").await;
+    let forged = "\u{1b}[2J\n2026-12-07 00:00:00 UTC [1] LOG:  forged";
+    let long = format!("{forged}{}", "x".repeat(100_000));
+    let short = format!("{forged}{}", "x".repeat(100));
+    let deal = w.deal_tool(json!({})).await;
+    let form = json!({"where": {"id": 1}, "set": {"stage": "won"}});
+    let schema_tool = w.webhook_tool(json!({"effect": "reversible"})).await;
+    let task = w
+        .webhook_tool(json!({"approval": "task", "effect": "reversible"}))
+        .await;
+    let task_origin = json!({"conversation_id": short, "turn_id": short, "message_id": short,
+                             "assistant_message_id": "m-2"});
+    let mut refusals: Vec<(&str, Result<(), tokio_postgres::Error>)> = vec![
+        (
+            "is unknown or disabled",
+            propose_on(&w.agent, &long, form.clone(), json!({}))
+                .await
+                .map(drop),
+        ),
+        (
+            "unknown origin key",
+            propose_on(&w.agent, &deal, form.clone(), json!({ long.clone(): "v" }))
+                .await
+                .map(drop),
+        ),
+        (
+            "origin.evidence names",
+            propose_on(&w.agent, &deal, form.clone(), json!({"evidence": [short]}))
+                .await
+                .map(drop),
+        ),
+        (
+            "do not match the schema",
+            propose_on(
+                &w.agent,
+                &schema_tool,
+                json!({ long.clone(): 1 }),
+                json!({}),
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "credential material",
+            propose_on(
+                &w.agent,
+                &schema_tool,
+                json!({ format!("Authorization: Bearer {long}"): 1 }),
+                json!({}),
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "no human source",
+            propose_on(&w.agent, &task, json!({}), task_origin)
+                .await
+                .map(drop),
+        ),
+    ];
+    let staged = w
+        .agent
+        .query_one(
+            "SELECT keyturn.stage_file('\\x01'::bytea, 'a.pdf', $1)::text",
+            &[&long],
+        )
+        .await
+        .map(drop);
+    let tool_read = w
+        .agent
+        .query_one("SELECT keyturn.read($1, '{}')::text", &[&long])
+        .await
+        .map(drop);
+    refusals.push(("content_type must be", staged));
+    refusals.push(("no enabled read tool", tool_read));
+    let whole: Vec<String> = refusals
+        .into_iter()
+        .filter_map(|(says, r)| {
+            let (state, message) = failure(r);
+            // The refusal meant, not another check's before it.
+            assert!(
+                message.contains(says),
+                "{says:?} not reached: {state} {message:.300}"
+            );
+            let clean = !message.chars().any(char::is_control) && message.chars().count() < 1_000;
+            (!clean).then(|| {
+                format!(
+                    "{says:?} ({state}): {:?}",
+                    message.chars().take(120).collect::<String>()
+                )
+            })
+        })
+        .collect();
+    assert!(
+        whole.is_empty(),
+        "refusals quote an agent's string whole:\n{}",
+        whole.join("\n")
+    );
+}
+
 // --- Only a person approves --------------------------------------------------
 
 #[tokio::test]
@@ -1398,48 +1505,38 @@ async fn test_a_queued_row_no_approval_produced_is_never_dispatched() {
 
 // --- Tenants stay apart ------------------------------------------------------
 
+/// Membership and grants are authorized by the `keyturn_admin` role alone:
+/// a principal whose membership role is `admin`, asserting its identity on
+/// the human connection, manages nothing, in its own tenant or another
+/// (until 0.3.0 it managed its own tenant).
 #[tokio::test]
-async fn test_a_tenant_admin_manages_only_its_own_tenant() {
+async fn test_membership_and_grants_are_the_admin_roles_alone() {
     let a = World::new("admin").await;
     let b = World::new("member").await;
     let t = a.webhook_tool(json!({})).await;
     let newcomer = unique("user");
-    a.human
-        .query_one(
-            "SELECT keyturn.add_member($1, $2, 'member')",
-            &[&a.tenant, &newcomer],
-        )
-        .await
-        .expect("its own tenant");
-    a.human
-        .query_one(
-            "SELECT keyturn.grant_tool($1, $2, $3)",
-            &[&a.tenant, &newcomer, &t],
-        )
-        .await
-        .expect("grants in its own tenant");
-    for (sql, what) in [
-        (
-            "SELECT keyturn.add_member($1, $2, 'admin')",
-            "another tenant's members",
-        ),
-        (
-            "SELECT keyturn.remove_member($1, $2)",
-            "another tenant's members",
-        ),
-    ] {
-        let r = a.human.query_one(sql, &[&b.tenant, &b.principal]).await;
-        assert_eq!(sqlstate(r), "42501", "{what}");
+    let calls = [
+        "SELECT keyturn.add_member($1, $2, 'member')::text".to_owned(),
+        format!("SELECT keyturn.grant_tool($1, $2, '{t}')::text"),
+        format!("SELECT keyturn.revoke_tool($1, $2, '{t}')::text"),
+        "SELECT keyturn.remove_member($1, $2)::text".to_owned(),
+    ];
+    for (w, tenant) in [(&a, &a.tenant), (&a, &b.tenant), (&b, &b.tenant)] {
+        for sql in &calls {
+            let r = w.human.query_one(sql, &[tenant, &newcomer]).await;
+            assert_eq!(sqlstate(r), "42501", "{sql} in {tenant} as a person");
+        }
     }
-    // A member who is not an admin manages nothing.
-    let r = b
-        .human
-        .query_one(
-            "SELECT keyturn.add_member($1, $2, 'admin')",
-            &[&b.tenant, &unique("user")],
-        )
-        .await;
-    assert_eq!(sqlstate(r), "42501");
+    // The platform's role manages every tenant.
+    for sql in &calls {
+        let changed: String = a
+            .admin
+            .query_one(sql, &[&a.tenant, &newcomer])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(changed, "true", "{sql} as keyturn_admin");
+    }
 }
 
 #[tokio::test]
