@@ -9,7 +9,11 @@ KT_ROGUE_MODE:
 - `http404`: [tool, ...] a tools/call of that tool is answered HTTP 404, the
   spec's "session expired";
 - `nul`: [tool, ...] a tools/call of that tool answers structured content
-  whose text is the mode's `secret` and then a NUL character (U+0000).
+  whose text is the mode's `secret` and then a NUL character (U+0000);
+- `flood`: n, each tools/list answer is preceded by
+  notifications/tools/list_changed and lists n tools of new names and n
+  whose names keyturn refuses, besides its own (the thirtieth red-team
+  pass, row 142).
 Before each tools/list answer it sends, on the same stream, a request of
 its own whose string id holds a line break and terminal escapes, which a
 client that logs the id as it came writes into its log.
@@ -21,6 +25,7 @@ and every request to the file named by KT_ROGUE_REQUESTS (at, method).
 Usage: python rogue_upstream.py PORT
 """
 
+import itertools
 import json
 import os
 import sys
@@ -42,6 +47,7 @@ def tool(name, read=False):
 
 
 TOOLS = [tool("post"), tool("lookup", read=True)]
+LISTS = itertools.count(1)
 
 
 def mode():
@@ -99,6 +105,13 @@ class Handler(BaseHTTPRequestHandler):
                 "protocolVersion": params.get("protocolVersion"), "capabilities": {"tools": {}},
                 "serverInfo": {"name": "rogue", "version": "1"}}})
         if method == "tools/list":
+            n = m.get("flood", 0)
+            if n:
+                round = next(LISTS)
+                fresh = [tool(f"f{round}x{i}") for i in range(n)] + [tool(f"bad name {round} {i}") for i in range(n)]
+                return self.stream(
+                    {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"},
+                    {"jsonrpc": "2.0", "id": rid, "result": {"tools": TOOLS + fresh}})
             return self.stream(
                 {"jsonrpc": "2.0", "id": FORGED_ID, "method": "sampling/createMessage",
                  "params": {"messages": [], "maxTokens": 1}},

@@ -1379,6 +1379,53 @@ async def _():
         up.wait(timeout=BOUND)
 
 
+@check("an_upstream_that_says_its_list_changed_at_every_turn_is_discovered_at_a_pace")
+async def _():
+    """The thirtieth red-team pass (docs/security.md, row 142): an upstream
+    that sends notifications/tools/list_changed before every tools/list
+    answer, listing new names each time and names keyturn refuses, had
+    keyturnd discover it without pause (81 times in 8 s), growing the tool
+    catalog by thousands of rows and its log by a line a refused tool.
+    keyturnd discovers it again at most every 10 s, and names three refused
+    tools a discovery."""
+    port = free_port()
+    mode, requests = (os.path.join(DIR, f"flood-{x}") for x in ("mode.json", "requests.jsonl"))
+    for f in (mode, requests):
+        if os.path.exists(f):
+            os.remove(f)
+    with open(mode, "w") as f:
+        json.dump({"flood": 20}, f)
+
+    def lists():
+        if not os.path.exists(requests):
+            return 0
+        with open(requests) as f:
+            return sum(1 for line in f if json.loads(line)["method"] == "tools/list")
+
+    up = subprocess.Popen([sys.executable, os.path.join(HERE, "rogue_upstream.py"), str(port)],
+                          env=dict(os.environ, KT_ROGUE_MODE=mode, KT_ROGUE_CALLS=os.path.join(DIR, "flood-calls"),
+                                   KT_ROGUE_REQUESTS=requests),
+                          stdout=subprocess.DEVNULL, stderr=open(os.path.join(DIR, "rogue.log"), "a"))
+    try:
+        wait_for("the flooding upstream to listen", lambda: listening(port))
+        config = os.path.join(DIR, "keyturnd-flood.toml")
+        with open(os.path.join(DIR, "keyturnd.toml")) as base, open(config, "w") as f:
+            f.write(base.read() + f'[[mcp_upstream]]\nname = "flood"\nurl = "http://127.0.0.1:{port}/mcp"\n')
+        log_from = os.path.getsize(LOG)
+        with keyturnd_with(KEYTURN_CONFIG=config):
+            wait_for("the first discovery", lambda: registered("flood.f1x0"), bound=20)
+            time.sleep(6)
+            listed = lists()
+        with open(LOG, encoding="utf-8", errors="replace") as f:
+            f.seek(log_from)
+            refusals = sum(1 for line in f if "upstream tool not registered" in line and "flood" in line)
+        assert 1 <= listed <= 2, f"{listed} discoveries in about 6 s"
+        assert refusals <= 3 * listed, f"{refusals} lines for refused tools in {listed} discoveries"
+    finally:
+        up.terminate()
+        up.wait(timeout=BOUND)
+
+
 def listening(port):
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):

@@ -43,6 +43,17 @@ use crate::metrics::{Metrics, UpstreamLabel};
 /// Pages of `tools/list` read at most from one upstream.
 const MAX_PAGES: usize = 50;
 
+/// The shortest time between two discoveries of one upstream that its
+/// `notifications/tools/list_changed` starts: an upstream may say its list
+/// changed as often as it likes, and each discovery writes the catalog every
+/// tenant reads (thirtieth red-team pass, docs/security.md row 142).
+/// Notifications in the meantime are one discovery at its end.
+const LIST_CHANGED_GAP: Duration = Duration::from_secs(10);
+
+/// Tools of one discovery that are not registered, logged one by one; the
+/// rest are only counted (`not_registered` on the discovery's line).
+const REFUSALS_LOGGED: usize = 3;
+
 /// Why an upstream call did not give a result.
 #[derive(Debug)]
 pub enum CallError {
@@ -441,12 +452,17 @@ pub async fn discovery_loop(
             let (pool, metrics, shutdown) = (pool.clone(), metrics.clone(), shutdown.clone());
             tokio::spawn(async move {
                 loop {
+                    let started = Instant::now();
                     discover(&u, &pool, &metrics, call_timeout).await;
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
                         _ = tokio::time::sleep(refresh) => {}
                         _ = u.changed.notified() => {
                             tracing::info!(upstream = u.name(), "upstream says its tool list changed; discovering again");
+                            tokio::select! {
+                                _ = shutdown.cancelled() => break,
+                                _ = tokio::time::sleep_until(started + LIST_CHANGED_GAP) => {}
+                            }
                         }
                     }
                 }
@@ -480,33 +496,45 @@ pub async fn discover(u: &Upstream, pool: &Pool, metrics: &Metrics, call_timeout
             return;
         }
     };
-    let mut registered = 0;
+    let (mut registered, mut refused) = (0, 0);
     for tool in &tools {
         let name = tool.get("name").and_then(Value::as_str).unwrap_or("?");
         // The database's error for a NUL in jsonb would quote the definition
         // into its log (docs/security.md, row 131); no such tool is kept.
-        if keyturn_core::text::holds_nul(tool) {
-            tracing::warn!(upstream = u.name(), tool = %quote(name), "upstream tool not registered: its definition holds the NUL character (U+0000)");
-            continue;
-        }
-        match db::mcp::register_discovered_tool(&client, u.name(), tool, u.config.trust_annotations)
+        let why = if keyturn_core::text::holds_nul(tool) {
+            "its definition holds the NUL character (U+0000)".to_owned()
+        } else {
+            match db::mcp::register_discovered_tool(
+                &client,
+                u.name(),
+                tool,
+                u.config.trust_annotations,
+            )
             .await
-        {
-            Ok(_) => registered += 1,
-            Err(e) => {
+            {
+                Ok(_) => {
+                    registered += 1;
+                    continue;
+                }
                 // The database quotes the upstream's name for the tool.
-                let why = e
+                Err(e) => e
                     .db_error()
-                    .map(|d| quote(d.message()))
-                    .unwrap_or_else(|| quote(&e.to_string()));
-                tracing::warn!(upstream = u.name(), tool = name, reason = %why, "upstream tool not registered");
+                    .map(|d| d.message().to_owned())
+                    .unwrap_or_else(|| e.to_string()),
             }
+        };
+        refused += 1;
+        // An upstream chooses how many tools it lists: a line for each
+        // would let it fill the log at every discovery.
+        if refused <= REFUSALS_LOGGED {
+            tracing::warn!(upstream = u.name(), tool = %quote(name), reason = %quote(&why), "upstream tool not registered");
         }
     }
     tracing::info!(
         upstream = u.name(),
         tools = tools.len(),
         registered,
+        not_registered = refused,
         "upstream tools discovered"
     );
 }
