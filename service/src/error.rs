@@ -109,6 +109,13 @@ pub enum Error {
     #[error("invalid request body: {0}")]
     BadBody(String),
 
+    /// An `/rpc` argument that cannot be its argument's type (PostgreSQL's
+    /// `22P02`), refused before the database sees it: the database's own
+    /// refusal quotes the value whole into its log (thirty-first red-team
+    /// pass, docs/security.md row 141). Names the argument, never the value.
+    #[error("invalid input for argument {name}: not a {ty}")]
+    BadArgument { name: String, ty: String },
+
     /// The request body is over the limit.
     #[error("request body too large")]
     BodyTooLarge,
@@ -281,6 +288,13 @@ impl IntoResponse for Error {
                 hint.as_deref(),
             ),
             Error::BadBody(why) => body(StatusCode::BAD_REQUEST, "PGRST102", why, None, None),
+            Error::BadArgument { .. } => body(
+                StatusCode::BAD_REQUEST,
+                "22P02",
+                &self.to_string(),
+                None,
+                Some("a value of that type is at most 100 characters of printable ASCII"),
+            ),
             Error::BodyTooLarge => body(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "PGRST413",

@@ -267,7 +267,49 @@ impl Catalog {
                 });
                 not_found(name, body, hint)
             })?;
+        if let Some(arg) = function
+            .args
+            .iter()
+            .find(|a| !castable(a, body.get(&a.name)))
+        {
+            return Err(Error::BadArgument {
+                name: arg.name.clone(),
+                ty: arg.ty.clone(),
+            });
+        }
         Ok(function)
+    }
+}
+
+/// Longest text of a value `/rpc` casts to its argument's type.
+const MAX_CAST_CHARS: usize = 100;
+
+/// Whether `value` may go to the database's cast into `arg`'s type: for
+/// any type but text and JSON, a string or number (or array of them) of at
+/// most [`MAX_CAST_CHARS`] printable ASCII characters. No value of such a
+/// type is longer, and PostgreSQL's refusal of one (`22P02`, `22007`,
+/// `22003`) quotes it whole into its log, where a person's or an operator's
+/// request wrote 900 KB of terminal escapes and forged lines (thirty-first
+/// red-team pass, docs/security.md row 141).
+fn castable(arg: &Arg, value: Option<&Value>) -> bool {
+    let element = arg.ty.strip_suffix("[]").unwrap_or(&arg.ty);
+    if matches!(
+        element,
+        "text" | "jsonb" | "json" | "character varying" | "varchar" | "name"
+    ) {
+        return true;
+    }
+    let fits = |v: &Value| match v {
+        Value::String(s) => {
+            s.len() <= MAX_CAST_CHARS && s.bytes().all(|b| (b' '..=b'~').contains(&b))
+        }
+        Value::Number(n) => n.to_string().len() <= MAX_CAST_CHARS,
+        _ => true,
+    };
+    match value {
+        Some(Value::Array(items)) => items.iter().all(fits),
+        Some(v) => fits(v),
+        None => true,
     }
 }
 

@@ -204,6 +204,45 @@ async fn test_the_databases_refusals_answer_postgrests_shape() {
         (400, Some("22P02")),
         "{body}"
     );
+    // A value no uuid, interval or status could be: 400 before the
+    // database, whose refusal quoted it whole into its log (thirty-first
+    // red-team pass, docs/security.md row 141); neither answer nor log
+    // carries it.
+    let forged = format!("\u{1b}[2J\n2026-12-07 LOG:  forged{}", "x".repeat(100_000));
+    let operator = web::jwt(json!({"role": "app_operator", "sub": "op", "exp": web::now() + 60}));
+    for (f, jwt, body, code) in [
+        (
+            "preview",
+            &jwt,
+            json!({"action_id": forged, "token": "x"}),
+            "22P02",
+        ),
+        (
+            "delegate",
+            &jwt,
+            json!({"tool": tool, "scope": {}, "max_uses": 1, "valid_for": forged}),
+            "22P02",
+        ),
+        // A text argument: the database's refusal names it, as one short line.
+        (
+            "find_actions",
+            &operator,
+            json!({"status": forged}),
+            "22023",
+        ),
+    ] {
+        let (status, answer) = call(f, jwt.clone(), body).await;
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (400, Some(code)),
+            "{f}: {answer:.300}"
+        );
+        let message = answer["message"].as_str().unwrap_or("");
+        assert!(
+            !message.chars().any(char::is_control) && message.len() < 300,
+            "{f}: {message:.300}"
+        );
+    }
 
     // 42501, no identity in the claims: 403.
     let anonymous = web::jwt(json!({"role": "app_human", "exp": web::now() + 60}));
