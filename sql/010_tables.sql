@@ -92,6 +92,9 @@ CREATE TABLE keyturn.tool_version (
     upstream_schema_sha256  text CHECK (upstream_schema_sha256 ~ '^[0-9a-f]{64}$'),
     PRIMARY KEY (tool, version)
 );
+-- An upstream's versions by time: what keyturn.register_discovered_tool
+-- counts to bound them.
+CREATE INDEX tool_version_upstream_idx ON keyturn.tool_version (upstream, created_at) WHERE upstream IS NOT NULL;
 
 CREATE TABLE keyturn.member (
     tenant      text        NOT NULL CHECK (tenant <> ''),

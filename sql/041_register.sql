@@ -169,9 +169,12 @@ $$;
 -- keyturn_agent) that owns it or can act as its owner (ALTER, CREATE
 -- TRIGGER on it, DROP), or holds a privilege that writes to it or attaches
 -- code to it. Such a role could put a trigger on the table that runs inside
--- the approved write, as the approver. Used by register_tool (which refuses)
--- and check_deployment (which reports).
-CREATE FUNCTION keyturn._agent_table_problems(p_relid oid)
+-- the approved write, as the approver. With p_reads_only, only what lets an
+-- agent read it past its row-level security: owning it (an owner may turn
+-- row-level security off, and is exempt unless it is forced) or BYPASSRLS.
+-- Used by register_tool (which refuses) and check_deployment (which
+-- reports).
+CREATE FUNCTION keyturn._agent_table_problems(p_relid oid, p_reads_only boolean DEFAULT false)
 RETURNS SETOF text
 LANGUAGE sql STABLE
 AS $$
@@ -179,15 +182,17 @@ AS $$
       FROM pg_roles r
       JOIN pg_class c ON c.oid = p_relid
      CROSS JOIN LATERAL (VALUES
-         (pg_has_role(r.oid, c.relowner, 'MEMBER'),
+         (pg_has_role(r.oid, c.relowner, 'MEMBER'), true,
           format('owns %s or is a member of its owner %s', p_relid::regclass, c.relowner::regrole)),
+         (r.rolbypassrls, true, 'bypasses row-level security (BYPASSRLS)'),
          (has_table_privilege(r.oid, p_relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
-          OR has_any_column_privilege(r.oid, p_relid, 'INSERT, UPDATE'),
+          OR has_any_column_privilege(r.oid, p_relid, 'INSERT, UPDATE'), false,
           format('may write %s directly', p_relid::regclass)),
-         (has_table_privilege(r.oid, p_relid, 'TRIGGER'),
+         (has_table_privilege(r.oid, p_relid, 'TRIGGER'), false,
           format('may create triggers on %s', p_relid::regclass))
-     ) AS p (bad, problem)
+     ) AS p (bad, reads, problem)
      WHERE NOT r.rolsuper AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') AND p.bad
+       AND (p.reads OR NOT p_reads_only)
      ORDER BY r.rolname, p.problem
 $$;
 

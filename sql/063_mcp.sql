@@ -29,6 +29,7 @@ DECLARE
     v_where  text[] := '{}';
     v_types  jsonb;
     v_max    int := 50;
+    v_bad    text;
 BEGIN
     IF p_sql IS NULL OR jsonb_typeof(p_sql) <> 'object' THEN
         RAISE EXCEPTION 'keyturn: sql read tool % needs spec.sql = {"table", "key", "select", "where", "max_rows"}', p_tool
@@ -38,6 +39,12 @@ BEGIN
     -- A table, as for a write: a view selects with its owner's rights, past
     -- the caller's row-level security, and a materialized view has none.
     v_relid := keyturn._spec_table(p_sql -> 'table', '{r,p}');
+    v_bad := (SELECT string_agg(p, '; ') FROM keyturn._agent_table_problems(v_relid, true) p);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: agents could read % past its row-level security: %', v_relid::regclass, v_bad
+            USING ERRCODE = '22023',
+                  HINT = 'Make a role that is no agent the table''s owner, and take BYPASSRLS from agent roles, then register again.';
+    END IF;
     v_key := p_sql ->> 'key';
     v_types := jsonb_build_object(v_key, keyturn._spec_column(v_relid, p_sql -> 'key', 'spec.sql.key'));
     IF jsonb_typeof(p_sql -> 'select') IS DISTINCT FROM 'array' OR jsonb_array_length(p_sql -> 'select') = 0 THEN
@@ -280,7 +287,7 @@ BEGIN
     FOR k, x IN SELECT e.key, e.value FROM jsonb_each(coalesce(p_args -> 'where', '{}')) e LOOP
         IF NOT k = ANY (v.sql_where) THEN
             RETURN format('tool %s may not filter on %s (filterable columns: %s)',
-                          v.tool, quote_ident(k), coalesce(nullif(array_to_string(v.sql_where, ', '), ''), 'none'));
+                          v.tool, keyturn._quoted(k), coalesce(nullif(array_to_string(v.sql_where, ', '), ''), 'none'));
         END IF;
         IF jsonb_typeof(x) = 'array' THEN
             IF jsonb_array_length(x) NOT BETWEEN 1 AND 1000
@@ -527,10 +534,11 @@ BEGIN
     IF FOUND AND v_cur.upstream_schema_sha256 = v_info ->> 'sha256' AND v_cur.kind::text = v_info ->> 'kind' THEN
         RETURN v_cur.version;
     END IF;
-    -- An upstream lists as many tools as it likes, under new names at every
-    -- discovery if it wants, and each is a row of the catalog every tenant
-    -- reads and no one can remove: at most 1,000 an upstream (thirtieth
-    -- red-team pass, docs/security.md row 142).
+    -- An upstream lists as many tools as it likes, under new names or with
+    -- new definitions at every discovery if it wants, and each is a row of
+    -- the catalog every tenant reads and no one can remove: at most 1,000
+    -- tools an upstream, and 2,000 versions an hour (thirtieth and
+    -- thirty-first red-team passes, docs/security.md row 142).
     IF NOT v_known AND (SELECT count(*) FROM keyturn.tool t
                           JOIN keyturn.tool_version x ON x.tool = t.name AND x.version = t.version
                          WHERE x.upstream = v_up) >= 1000 THEN
@@ -538,6 +546,13 @@ BEGIN
                 v_up, keyturn._quoted(v_name)
             USING ERRCODE = '54000',
                   HINT = 'An upstream that lists this many tools, or new names at every discovery, is misbehaving: remove it from keyturnd''s configuration.';
+    END IF;
+    IF (SELECT count(*) FROM keyturn.tool_version x
+         WHERE x.upstream = v_up AND x.created_at > now() - interval '1 hour') >= 2000 THEN
+        RAISE EXCEPTION 'keyturn: upstream % registered 2000 tool versions in the last hour, the most an upstream may; % is left at its version',
+                v_up, keyturn._quoted(v_name)
+            USING ERRCODE = '54000',
+                  HINT = 'An upstream whose definitions change this often is misbehaving: remove it from keyturnd''s configuration. Until a new version is registered, calls of the changed tool are invalidated, nothing sent.';
     END IF;
     v_version := keyturn.register_tool(v_name, jsonb_strip_nulls(jsonb_build_object(
         'kind', v_info ->> 'kind', 'executor', 'external', 'provider', 'mcp',

@@ -41,7 +41,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF p_status IS NOT NULL AND NOT p_status = ANY (enum_range(NULL::keyturn.status)::text[]) THEN
-        RAISE EXCEPTION 'keyturn: % is not a status', p_status
+        RAISE EXCEPTION 'keyturn: % is not a status', keyturn._quoted(p_status)
             USING ERRCODE = '22023',
                   HINT = format('One of %s.', array_to_string(enum_range(NULL::keyturn.status)::text[], ', '));
     END IF;

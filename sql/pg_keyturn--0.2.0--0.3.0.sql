@@ -205,6 +205,7 @@ ALTER TABLE keyturn.tool_version
     ADD COLUMN upstream text,
     ADD COLUMN upstream_tool text,
     ADD COLUMN upstream_schema_sha256 text CHECK (upstream_schema_sha256 ~ '^[0-9a-f]{64}$');
+CREATE INDEX tool_version_upstream_idx ON keyturn.tool_version (upstream, created_at) WHERE upstream IS NOT NULL;
 INSERT INTO keyturn.transition (from_status, to_status) VALUES ('executing', 'invalidated');
 -- Notifications (sql/064_notify.sql): the channels a person is reached on,
 -- and the notifications keyturn records when an action starts to wait.
@@ -2364,9 +2365,12 @@ $$;
 -- keyturn_agent) that owns it or can act as its owner (ALTER, CREATE
 -- TRIGGER on it, DROP), or holds a privilege that writes to it or attaches
 -- code to it. Such a role could put a trigger on the table that runs inside
--- the approved write, as the approver. Used by register_tool (which refuses)
--- and check_deployment (which reports).
-CREATE OR REPLACE FUNCTION keyturn._agent_table_problems(p_relid oid)
+-- the approved write, as the approver. With p_reads_only, only what lets an
+-- agent read it past its row-level security: owning it (an owner may turn
+-- row-level security off, and is exempt unless it is forced) or BYPASSRLS.
+-- Used by register_tool (which refuses) and check_deployment (which
+-- reports).
+CREATE OR REPLACE FUNCTION keyturn._agent_table_problems(p_relid oid, p_reads_only boolean DEFAULT false)
 RETURNS SETOF text
 LANGUAGE sql STABLE
 AS $$
@@ -2374,15 +2378,17 @@ AS $$
       FROM pg_roles r
       JOIN pg_class c ON c.oid = p_relid
      CROSS JOIN LATERAL (VALUES
-         (pg_has_role(r.oid, c.relowner, 'MEMBER'),
+         (pg_has_role(r.oid, c.relowner, 'MEMBER'), true,
           format('owns %s or is a member of its owner %s', p_relid::regclass, c.relowner::regrole)),
+         (r.rolbypassrls, true, 'bypasses row-level security (BYPASSRLS)'),
          (has_table_privilege(r.oid, p_relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
-          OR has_any_column_privilege(r.oid, p_relid, 'INSERT, UPDATE'),
+          OR has_any_column_privilege(r.oid, p_relid, 'INSERT, UPDATE'), false,
           format('may write %s directly', p_relid::regclass)),
-         (has_table_privilege(r.oid, p_relid, 'TRIGGER'),
+         (has_table_privilege(r.oid, p_relid, 'TRIGGER'), false,
           format('may create triggers on %s', p_relid::regclass))
-     ) AS p (bad, problem)
+     ) AS p (bad, reads, problem)
      WHERE NOT r.rolsuper AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') AND p.bad
+       AND (p.reads OR NOT p_reads_only)
      ORDER BY r.rolname, p.problem
 $$;
 
@@ -7684,6 +7690,7 @@ DECLARE
     v_where  text[] := '{}';
     v_types  jsonb;
     v_max    int := 50;
+    v_bad    text;
 BEGIN
     IF p_sql IS NULL OR jsonb_typeof(p_sql) <> 'object' THEN
         RAISE EXCEPTION 'keyturn: sql read tool % needs spec.sql = {"table", "key", "select", "where", "max_rows"}', p_tool
@@ -7693,6 +7700,12 @@ BEGIN
     -- A table, as for a write: a view selects with its owner's rights, past
     -- the caller's row-level security, and a materialized view has none.
     v_relid := keyturn._spec_table(p_sql -> 'table', '{r,p}');
+    v_bad := (SELECT string_agg(p, '; ') FROM keyturn._agent_table_problems(v_relid, true) p);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: agents could read % past its row-level security: %', v_relid::regclass, v_bad
+            USING ERRCODE = '22023',
+                  HINT = 'Make a role that is no agent the table''s owner, and take BYPASSRLS from agent roles, then register again.';
+    END IF;
     v_key := p_sql ->> 'key';
     v_types := jsonb_build_object(v_key, keyturn._spec_column(v_relid, p_sql -> 'key', 'spec.sql.key'));
     IF jsonb_typeof(p_sql -> 'select') IS DISTINCT FROM 'array' OR jsonb_array_length(p_sql -> 'select') = 0 THEN
@@ -7935,7 +7948,7 @@ BEGIN
     FOR k, x IN SELECT e.key, e.value FROM jsonb_each(coalesce(p_args -> 'where', '{}')) e LOOP
         IF NOT k = ANY (v.sql_where) THEN
             RETURN format('tool %s may not filter on %s (filterable columns: %s)',
-                          v.tool, quote_ident(k), coalesce(nullif(array_to_string(v.sql_where, ', '), ''), 'none'));
+                          v.tool, keyturn._quoted(k), coalesce(nullif(array_to_string(v.sql_where, ', '), ''), 'none'));
         END IF;
         IF jsonb_typeof(x) = 'array' THEN
             IF jsonb_array_length(x) NOT BETWEEN 1 AND 1000
@@ -8182,10 +8195,11 @@ BEGIN
     IF FOUND AND v_cur.upstream_schema_sha256 = v_info ->> 'sha256' AND v_cur.kind::text = v_info ->> 'kind' THEN
         RETURN v_cur.version;
     END IF;
-    -- An upstream lists as many tools as it likes, under new names at every
-    -- discovery if it wants, and each is a row of the catalog every tenant
-    -- reads and no one can remove: at most 1,000 an upstream (thirtieth
-    -- red-team pass, docs/security.md row 142).
+    -- An upstream lists as many tools as it likes, under new names or with
+    -- new definitions at every discovery if it wants, and each is a row of
+    -- the catalog every tenant reads and no one can remove: at most 1,000
+    -- tools an upstream, and 2,000 versions an hour (thirtieth and
+    -- thirty-first red-team passes, docs/security.md row 142).
     IF NOT v_known AND (SELECT count(*) FROM keyturn.tool t
                           JOIN keyturn.tool_version x ON x.tool = t.name AND x.version = t.version
                          WHERE x.upstream = v_up) >= 1000 THEN
@@ -8193,6 +8207,13 @@ BEGIN
                 v_up, keyturn._quoted(v_name)
             USING ERRCODE = '54000',
                   HINT = 'An upstream that lists this many tools, or new names at every discovery, is misbehaving: remove it from keyturnd''s configuration.';
+    END IF;
+    IF (SELECT count(*) FROM keyturn.tool_version x
+         WHERE x.upstream = v_up AND x.created_at > now() - interval '1 hour') >= 2000 THEN
+        RAISE EXCEPTION 'keyturn: upstream % registered 2000 tool versions in the last hour, the most an upstream may; % is left at its version',
+                v_up, keyturn._quoted(v_name)
+            USING ERRCODE = '54000',
+                  HINT = 'An upstream whose definitions change this often is misbehaving: remove it from keyturnd''s configuration. Until a new version is registered, calls of the changed tool are invalidated, nothing sent.';
     END IF;
     v_version := keyturn.register_tool(v_name, jsonb_strip_nulls(jsonb_build_object(
         'kind', v_info ->> 'kind', 'executor', 'external', 'provider', 'mcp',
@@ -9453,7 +9474,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF p_status IS NOT NULL AND NOT p_status = ANY (enum_range(NULL::keyturn.status)::text[]) THEN
-        RAISE EXCEPTION 'keyturn: % is not a status', p_status
+        RAISE EXCEPTION 'keyturn: % is not a status', keyturn._quoted(p_status)
             USING ERRCODE = '22023',
                   HINT = format('One of %s.', array_to_string(enum_range(NULL::keyturn.status)::text[], ', '));
     END IF;

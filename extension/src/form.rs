@@ -65,7 +65,7 @@ fn form_problem(
         if !where_columns.iter().any(|c| c == k) {
             return Some(format!(
                 "tool {tool} may not filter on {} (filterable columns: {})",
-                quote_ident(k),
+                keyturn_core::text::quoted(k),
                 where_columns.join(", ")
             ));
         }
@@ -89,7 +89,7 @@ fn form_problem(
         if !set_columns.iter().any(|c| c == k) {
             return Some(format!(
                 "tool {tool} may not set {} (settable columns: {})",
-                quote_ident(k),
+                keyturn_core::text::quoted(k),
                 set_columns.join(", ")
             ));
         }

@@ -44,15 +44,12 @@ fn filename_problem(name: &str) -> Option<String> {
     keyturn_core::text::filename_problem(name)
 }
 
-/// How many characters of an agent's string a refusal quotes.
-const QUOTED_CHARS: usize = 64;
-
 /// An agent's string (a tool name, an origin key or id, a path of params
 /// keys) as a refusal names it: one line, clipped, in quotes
 /// (`keyturn_core::text::quoted`).
 #[pg_extern(name = "_quoted", immutable, strict, parallel_safe)]
 fn quoted(value: &str) -> String {
-    keyturn_core::text::quoted(value, QUOTED_CHARS)
+    keyturn_core::text::quoted(value)
 }
 
 /// The path of the first credential-shaped key or value, or NULL.

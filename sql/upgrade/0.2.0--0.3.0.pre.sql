@@ -199,6 +199,7 @@ ALTER TABLE keyturn.tool_version
     ADD COLUMN upstream text,
     ADD COLUMN upstream_tool text,
     ADD COLUMN upstream_schema_sha256 text CHECK (upstream_schema_sha256 ~ '^[0-9a-f]{64}$');
+CREATE INDEX tool_version_upstream_idx ON keyturn.tool_version (upstream, created_at) WHERE upstream IS NOT NULL;
 INSERT INTO keyturn.transition (from_status, to_status) VALUES ('executing', 'invalidated');
 -- Notifications (sql/064_notify.sql): the channels a person is reached on,
 -- and the notifications keyturn records when an action starts to wait.

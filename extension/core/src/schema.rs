@@ -115,7 +115,7 @@ impl CompiledSchema {
                 // One line: the path and the message may quote an agent's
                 // keys and values, and the server log keeps every message.
                 let line = crate::text::for_display(&format!("{path}: {}", describe(&e)));
-                errors.push(clip(line, MAX_ERROR_CHARS));
+                errors.push(crate::text::clip(&line, MAX_ERROR_CHARS));
             }
         }
         if total > errors.len() {
@@ -131,14 +131,11 @@ impl CompiledSchema {
 
 fn invalid(path: &str, what: &str) -> CoreError {
     let at = if path.is_empty() { "(root)" } else { path };
-    CoreError::InvalidSchema(format!("at {at}: {what}"))
-}
-
-fn clip(s: String, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        None => s,
-        Some((cut, _)) => format!("{}…", &s[..cut]),
-    }
+    // One short line: the path and the keyword are the schema's author's,
+    // an upstream's for a discovered tool, and the server log keeps every
+    // message (thirty-first red-team pass, docs/security.md row 141).
+    let line = crate::text::for_display(&format!("at {at}: {what}"));
+    CoreError::InvalidSchema(crate::text::clip(&line, MAX_ERROR_CHARS))
 }
 
 /// Which `type` a keyword belongs to.

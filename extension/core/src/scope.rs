@@ -714,7 +714,7 @@ fn number_value(n: &Number) -> Result<(String, f64), CoreError> {
     let text = canonical::canonicalize_value(&Value::Number(n.clone()))?;
     let value = text
         .parse()
-        .map_err(|_| CoreError::InvalidJson(format!("malformed number {text}")))?;
+        .map_err(|_| CoreError::InvalidJson(format!("malformed number {}", clip(&text))))?;
     Ok((text, value))
 }
 
@@ -797,10 +797,7 @@ fn quote(key: &str) -> String {
 }
 
 fn clip(s: &str) -> String {
-    match s.char_indices().nth(MAX_SHOWN_CHARS) {
-        None => s.to_owned(),
-        Some((cut, _)) => format!("{}…", &s[..cut]),
-    }
+    crate::text::clip(s, MAX_SHOWN_CHARS)
 }
 
 #[cfg(test)]

@@ -245,16 +245,28 @@ pub fn display_chars(s: &str) -> impl Iterator<Item = char> + '_ {
     })
 }
 
-/// `s` as a message may quote it: [`for_display`]'s characters, at most `max`
-/// of them (then `…`), in single quotes doubled inside, as `quote_literal`
+/// `s` cut after `max` characters, with `…` where it was cut: what a message
+/// shows of a value it names.
+pub fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_owned(),
+        Some((cut, _)) => format!("{}…", &s[..cut]),
+    }
+}
+
+/// How many characters of a caller's string a message quotes.
+pub const QUOTED_CHARS: usize = 64;
+
+/// `s` as a message may quote it: [`for_display`]'s characters, at most
+/// [`QUOTED_CHARS`] of them (then `…`), in single quotes doubled inside, as `quote_literal`
 /// spells it. PostgreSQL writes every error message to its log, so a refusal
 /// that names an agent's string this way carries no terminal escape, no line
 /// it forges and no megabyte there (docs/security.md rows 133 and 141).
-pub fn quoted(s: &str, max: usize) -> String {
-    let mut out = String::with_capacity(s.len().min(max) + 2);
+pub fn quoted(s: &str) -> String {
+    let mut out = String::with_capacity(s.len().min(QUOTED_CHARS) + 2);
     out.push('\'');
     for (n, c) in display_chars(s).enumerate() {
-        if n == max {
+        if n == QUOTED_CHARS {
             out.push('…');
             break;
         }
@@ -296,10 +308,11 @@ pub fn fold_confusables(s: &str) -> String {
 mod tests {
     #[test]
     fn test_a_quoted_string_is_one_clipped_line() {
-        assert_eq!(quoted("it's", 64), "'it''s'");
-        assert_eq!(quoted("ab\u{1b}[2J\ncd\u{202e}e", 64), "'ab [2J cd e'");
-        assert_eq!(quoted(&"x".repeat(100_000), 3), "'xxx…'");
-        assert_eq!(quoted("abc", 3), "'abc'");
+        assert_eq!(quoted("it's"), "'it''s'");
+        assert_eq!(quoted("ab\u{1b}[2J\ncd\u{202e}e"), "'ab [2J cd e'");
+        let x = "x".repeat(QUOTED_CHARS);
+        assert_eq!(quoted(&x.repeat(1000)), format!("'{x}…'"));
+        assert_eq!(quoted(&x), format!("'{x}'"));
     }
 
     #[test]

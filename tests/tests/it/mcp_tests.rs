@@ -112,34 +112,46 @@ async fn test_a_read_form_takes_only_its_columns_and_values_as_data() {
     assert!(rows(&reference).is_empty(), "a value is data: {reference}");
 }
 
-/// An sql read tool reads a table: a view selects with its owner's rights,
-/// past the caller's row-level security (a materialized view has none), so
-/// one is refused when the tool is registered. It was registered and then
-/// never read (`55000` at every call; thirtieth red-team pass).
+/// An sql read tool reads a table under the agent's row-level security: a
+/// view selects with its owner's rights, past it (a materialized view has
+/// none), and so does an agent role that owns the table; each is refused
+/// when the tool is registered. A view was registered and then never read
+/// (`55000` at every call; thirtieth red-team pass).
 #[tokio::test]
-async fn test_an_sql_read_tool_reads_a_table_never_a_view() {
+async fn test_an_sql_read_tool_reads_a_table_under_the_agents_rls() {
     let w = World::new("member").await;
-    let view = unique("deal_view");
+    let (view, owned) = (unique("deal_view"), unique("agent_owned"));
+    // A table an agent role owns: its owner reads past row-level security
+    // that is not forced, and may turn it off (thirty-first red-team pass).
     w.superuser
         .batch_execute(&format!(
             "CREATE VIEW crm.{view} AS SELECT id, tenant, stage FROM crm.deal; \
-             CREATE MATERIALIZED VIEW crm.{view}_m AS SELECT id, tenant, stage FROM crm.deal"
+             CREATE MATERIALIZED VIEW crm.{view}_m AS SELECT id, tenant, stage FROM crm.deal; \
+             CREATE TABLE crm.{owned} (id int PRIMARY KEY, tenant text); \
+             ALTER TABLE crm.{owned} ENABLE ROW LEVEL SECURITY; \
+             ALTER TABLE crm.{owned} OWNER TO app_agent"
         ))
         .await
         .unwrap();
-    for table in [format!("crm.{view}"), format!("crm.{view}_m")] {
+    for (table, says) in [
+        (view.clone(), "is not an existing table"),
+        (format!("{view}_m"), "is not an existing table"),
+        (owned, "past its row-level security"),
+    ] {
         let r = w
             .admin
             .execute(
                 "SELECT keyturn.register_tool($1, $2)",
                 &[
-                    &unique("viewread"),
+                    &unique("read"),
                     &json!({"kind": "read", "executor": "sql", "projection": "p.x",
-                            "sql": {"table": table, "key": "id", "select": ["id", "tenant"]}}),
+                            "sql": {"table": format!("crm.{table}"), "key": "id", "select": ["id", "tenant"]}}),
                 ],
             )
             .await;
-        assert_eq!(sqlstate(r), "22023", "{table}");
+        let (state, message) = failure(r);
+        assert_eq!(state, "22023", "{table}: {message}");
+        assert!(message.contains(says), "{table}: {message}");
     }
 }
 
@@ -608,10 +620,11 @@ fn definition(name: &str, annotations: Value) -> Value {
            "annotations": annotations})
 }
 
-/// An upstream that lists new names at every discovery cannot grow the
-/// catalog every tenant reads without bound: 1,000 tools an upstream, the
-/// rest refused (54000) while a known one still changes (thirtieth red-team
-/// pass, docs/security.md row 142).
+/// An upstream that lists new names, or new definitions, at every discovery
+/// cannot grow the catalog every tenant reads without bound: 1,000 tools an
+/// upstream, the rest refused (54000) while a known one still changes, and
+/// 2,000 versions an hour (thirtieth and thirty-first red-team passes,
+/// docs/security.md row 142).
 #[tokio::test]
 async fn test_an_upstream_registers_at_most_a_thousand_tools() {
     let d = connect("app_dispatcher").await;
@@ -632,6 +645,22 @@ async fn test_an_upstream_registers_at_most_a_thousand_tools() {
     let changed =
         json!({"name": "t1", "description": "changed", "inputSchema": {"type": "object"}});
     assert_eq!(discover(&d, &up, &changed, false).await.unwrap(), 2);
+    // Definitions changed at every discovery: 2,000 versions an hour, then
+    // a known tool stays at its version (thirty-first pass).
+    let n: i64 = d
+        .query_one(
+            "SELECT count(keyturn.register_discovered_tool($1, \
+                    jsonb_build_object('name', 't' || g, 'description', 'churn', \
+                                       'inputSchema', '{\"type\": \"object\"}'::jsonb), false)) \
+               FROM generate_series(2, 1000) g",
+            &[&up],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 999);
+    let again = json!({"name": "t1", "description": "churned", "inputSchema": {"type": "object"}});
+    assert_eq!(sqlstate(discover(&d, &up, &again, false).await), "54000");
     // Another upstream has its own thousand.
     let other = upstream_name("g");
     assert_eq!(

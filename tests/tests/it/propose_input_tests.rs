@@ -204,7 +204,7 @@ async fn test_an_sql_forms_problems_are_named() {
         ),
         (
             json!({"where": {"zzzzz": 1, "Name": 1}, "set": {"stage": "won"}}),
-            format!(r#"tool {t} may not filter on "Name" (filterable columns: id, owner)"#),
+            format!("tool {t} may not filter on 'Name' (filterable columns: id, owner)"),
         ),
         (
             json!({"where": {"id": null}, "set": {"stage": "won"}}),
@@ -220,7 +220,7 @@ async fn test_an_sql_forms_problems_are_named() {
         ),
         (
             json!({"where": {"id": 1}, "set": {"name": "x", "stage": "won"}}),
-            format!("tool {t} may not set name (settable columns: stage, amount)"),
+            format!("tool {t} may not set 'name' (settable columns: stage, amount)"),
         ),
         (
             json!({"where": {"id": 1}, "set": {"stage": {"a": 1}}}),

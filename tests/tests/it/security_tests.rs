@@ -1080,6 +1080,54 @@ async fn test_an_agents_strings_reach_no_refusal_whole() {
         .query_one("SELECT keyturn.read($1, '{}')::text", &[&long])
         .await
         .map(drop);
+    // The thirty-first pass's routes: a form's key, a number's literal, an
+    // upstream's schema keyword, an operator's status.
+    refusals.push((
+        "may not filter on",
+        propose_on(
+            &w.agent,
+            &deal,
+            json!({"where": { long.clone(): 1 }, "set": {"stage": "won"}}),
+            json!({}),
+        )
+        .await
+        .map(drop),
+    ));
+    let digits = format!("1{}1", "0".repeat(100_000));
+    refusals.push((
+        "IEEE-754 double",
+        propose_on(
+            &w.agent,
+            &schema_tool,
+            serde_json::from_str(&format!(
+                r#"{{"channel": "c", "text": "t", "n": {digits}}}"#
+            ))
+            .unwrap(),
+            json!({}),
+        )
+        .await
+        .map(drop),
+    ));
+    let definition = json!({"name": "t", "inputSchema": {"type": "object", "properties": {"a": { long.clone(): 1 }}}});
+    refusals.push((
+        "unsupported",
+        connect("app_dispatcher")
+            .await
+            .query_one(
+                "SELECT keyturn.register_discovered_tool('u31', $1, false)",
+                &[&definition],
+            )
+            .await
+            .map(drop),
+    ));
+    refusals.push((
+        "is not a status",
+        connect("app_operator")
+            .await
+            .query("SELECT * FROM keyturn.find_actions($1)", &[&long])
+            .await
+            .map(drop),
+    ));
     refusals.push(("content_type must be", staged));
     refusals.push(("no enabled read tool", tool_read));
     let whole: Vec<String> = refusals

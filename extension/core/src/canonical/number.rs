@@ -17,16 +17,14 @@ use crate::CoreError;
 /// `literal` must already be valid JSON number grammar (serde_json guarantees it
 /// for parsed values and for values it built from integers or floats).
 pub(super) fn write_number(out: &mut String, literal: &str) -> Result<(), CoreError> {
-    let parsed: f64 = literal
-        .parse()
-        .map_err(|_| CoreError::InvalidJson(format!("malformed number {literal}")))?;
+    let parsed: f64 = literal.parse().map_err(|_| malformed(literal))?;
     if !parsed.is_finite() {
-        return Err(CoreError::NonFiniteNumber(literal.to_owned()));
+        return Err(CoreError::NonFiniteNumber(shown(literal)));
     }
     let mut buf = ryu_js::Buffer::new();
     let canonical = buf.format_finite(parsed);
     if !same_value(literal, canonical)? {
-        return Err(CoreError::InexactNumber(literal.to_owned()));
+        return Err(CoreError::InexactNumber(shown(literal)));
     }
     out.push_str(canonical);
     Ok(())
@@ -40,7 +38,14 @@ fn same_value(a: &str, b: &str) -> Result<bool, CoreError> {
 }
 
 fn malformed(literal: &str) -> CoreError {
-    CoreError::InvalidJson(format!("malformed number {literal}"))
+    CoreError::InvalidJson(format!("malformed number {}", shown(literal)))
+}
+
+/// A literal as an error names it: its first 64 digits. The literal is the
+/// caller's, of any length, and the server log keeps every error message
+/// (thirty-first red-team pass, docs/security.md row 141).
+fn shown(literal: &str) -> String {
+    crate::text::clip(literal, crate::text::QUOTED_CHARS)
 }
 
 /// A decimal literal split into its parts, borrowed from the text:
