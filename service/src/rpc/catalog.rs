@@ -285,14 +285,19 @@ impl Catalog {
 const MAX_CAST_CHARS: usize = 100;
 
 /// Whether `value` may go to the database's cast into `arg`'s type: for
-/// any type but text and JSON, a string or number (or array of them) of at
-/// most [`MAX_CAST_CHARS`] printable ASCII characters. No value of such a
-/// type is longer, and PostgreSQL's refusal of one (`22P02`, `22007`,
-/// `22003`) quotes it whole into its log, where a person's or an operator's
-/// request wrote 900 KB of terminal escapes and forged lines (thirty-first
-/// red-team pass, docs/security.md row 141).
+/// any type but text and JSON, a scalar (for an array type, an array of
+/// them) whose text is at most [`MAX_CAST_CHARS`] printable ASCII
+/// characters. No value of such a type is longer, and PostgreSQL's refusal
+/// of one (`22P02`, `22007`, `22003`) quotes it whole into its log, where a
+/// person's or an operator's request wrote 900 KB of terminal escapes and
+/// forged lines (thirty-first and thirty-second red-team passes,
+/// docs/security.md row 141): an object or an array is cast as its JSON
+/// text, of any length.
 fn castable(arg: &Arg, value: Option<&Value>) -> bool {
-    let element = arg.ty.strip_suffix("[]").unwrap_or(&arg.ty);
+    let (element, array) = match arg.ty.strip_suffix("[]") {
+        Some(element) => (element, true),
+        None => (arg.ty.as_str(), false),
+    };
     if matches!(
         element,
         "text" | "jsonb" | "json" | "character varying" | "varchar" | "name"
@@ -304,10 +309,11 @@ fn castable(arg: &Arg, value: Option<&Value>) -> bool {
             s.len() <= MAX_CAST_CHARS && s.bytes().all(|b| (b' '..=b'~').contains(&b))
         }
         Value::Number(n) => n.to_string().len() <= MAX_CAST_CHARS,
-        _ => true,
+        Value::Bool(_) | Value::Null => true,
+        Value::Array(_) | Value::Object(_) => false,
     };
     match value {
-        Some(Value::Array(items)) => items.iter().all(fits),
+        Some(Value::Array(items)) if array => items.iter().all(fits),
         Some(v) => fits(v),
         None => true,
     }

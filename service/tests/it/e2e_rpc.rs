@@ -217,6 +217,25 @@ async fn test_the_databases_refusals_answer_postgrests_shape() {
             json!({"action_id": forged, "token": "x"}),
             "22P02",
         ),
+        // An object or an array is cast as its JSON text (thirty-second pass).
+        (
+            "preview",
+            &jwt,
+            json!({"action_id": {"x": forged}, "token": "x"}),
+            "22P02",
+        ),
+        (
+            "preview",
+            &jwt,
+            json!({"action_id": [forged], "token": "x"}),
+            "22P02",
+        ),
+        (
+            "link_code",
+            &jwt,
+            json!({"action_ids": [{"x": forged}]}),
+            "22P02",
+        ),
         (
             "delegate",
             &jwt,
