@@ -168,8 +168,9 @@ $$;
 -- line per problem, or nothing: an agent role (a non-superuser member of
 -- keyturn_agent) that owns it or can act as its owner (ALTER, CREATE
 -- TRIGGER on it, DROP), or holds a privilege that writes to it or attaches
--- code to it. Such a role could put a trigger on the table that runs inside
--- the approved write, as the approver. With p_reads_only, only what lets an
+-- code to it, or the same of one of its partitions or children. Such a role
+-- could put a trigger on the table that runs inside the approved write, as
+-- the approver. With p_reads_only, only what lets an
 -- agent read it past its row-level security: owning it (an owner may turn
 -- row-level security off, and is exempt unless it is forced) or BYPASSRLS.
 -- Used by register_tool (which refuses) and check_deployment (which
@@ -178,22 +179,31 @@ CREATE FUNCTION keyturn._agent_table_problems(p_relid oid, p_reads_only boolean 
 RETURNS SETOF text
 LANGUAGE sql STABLE
 AS $$
-    SELECT format('agent role %s %s', quote_ident(r.rolname), p.problem)
+    -- The table and every partition and inheritance child below it: a
+    -- trigger on a partition runs inside a write to its parent (thirty-
+    -- second red-team pass).
+    WITH RECURSIVE tree (relid) AS (
+        SELECT p_relid
+        UNION
+        SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid
+    )
+    SELECT DISTINCT format('agent role %s %s', quote_ident(r.rolname), p.problem)
       FROM pg_roles r
-      JOIN pg_class c ON c.oid = p_relid
+     CROSS JOIN tree
+      JOIN pg_class c ON c.oid = tree.relid
      CROSS JOIN LATERAL (VALUES
          (pg_has_role(r.oid, c.relowner, 'MEMBER'), true,
-          format('owns %s or is a member of its owner %s', p_relid::regclass, c.relowner::regrole)),
+          format('owns %s or is a member of its owner %s', tree.relid::regclass, c.relowner::regrole)),
          (r.rolbypassrls, true, 'bypasses row-level security (BYPASSRLS)'),
-         (has_table_privilege(r.oid, p_relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
-          OR has_any_column_privilege(r.oid, p_relid, 'INSERT, UPDATE'), false,
-          format('may write %s directly', p_relid::regclass)),
-         (has_table_privilege(r.oid, p_relid, 'TRIGGER'), false,
-          format('may create triggers on %s', p_relid::regclass))
+         (has_table_privilege(r.oid, tree.relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
+          OR has_any_column_privilege(r.oid, tree.relid, 'INSERT, UPDATE'), false,
+          format('may write %s directly', tree.relid::regclass)),
+         (has_table_privilege(r.oid, tree.relid, 'TRIGGER'), false,
+          format('may create triggers on %s', tree.relid::regclass))
      ) AS p (bad, reads, problem)
      WHERE NOT r.rolsuper AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') AND p.bad
        AND (p.reads OR NOT p_reads_only)
-     ORDER BY r.rolname, p.problem
+     ORDER BY 1
 $$;
 
 -- The table spec.sql.table names, of one of p_kinds (pg_class.relkind), not

@@ -323,6 +323,7 @@ DECLARE
     v_sql       text;
     v_rows      jsonb;
     v_max       int;
+    v_table     text;
 BEGIN
     PERFORM keyturn._refuse_nested('read');
     v := keyturn._readable(v_tenant, v_principal, read.tool);
@@ -335,12 +336,22 @@ BEGIN
         RAISE EXCEPTION 'keyturn: %', v_err USING ERRCODE = '22023';
     END IF;
     v_max := keyturn._read_grant(v_tenant, v_principal, v, v_args);
+    -- Its owner reads past row-level security that is not forced, and may
+    -- turn it off: register_tool refuses such a table, and a table handed
+    -- to an agent role since reads nothing (thirty-second red-team pass,
+    -- docs/security.md row 143).
+    v_table := keyturn._tool_table(v);
+    IF pg_has_role(v_caller, (SELECT c.relowner FROM pg_class c WHERE c.oid = v_table::regclass), 'MEMBER') THEN
+        RAISE EXCEPTION 'keyturn: the caller owns % or is a member of its owner, and would read it past its row-level security', v_table
+            USING ERRCODE = '42501',
+                  HINT = 'An admin makes a role that is no agent the table''s owner.';
+    END IF;
     -- Column names only from the tool's registered lists; values only from
     -- the parameter (keyturn._form_where), never spliced in.
     v_sql := format('SELECT jsonb_build_object(%s) FROM %s AS t WHERE %s ORDER BY t.%I LIMIT %s',
                     (SELECT string_agg(format('%L, t.%I', c, c), ', ' ORDER BY o)
                        FROM unnest(v.sql_select) WITH ORDINALITY AS s (c, o)),
-                    keyturn._tool_table(v),
+                    v_table,
                     coalesce(nullif(keyturn._form_where(v, jsonb_build_object('where', coalesce(v_args -> 'where', '{}'))), ''), 'true'),
                     v.sql_key, v.max_rows);
     BEGIN
@@ -547,9 +558,17 @@ BEGIN
             USING ERRCODE = '54000',
                   HINT = 'An upstream that lists this many tools, or new names at every discovery, is misbehaving: remove it from keyturnd''s configuration.';
     END IF;
-    IF (SELECT count(*) FROM keyturn.tool_version x
-         WHERE x.upstream = v_up AND x.created_at > now() - interval '1 hour') >= 2000 THEN
-        RAISE EXCEPTION 'keyturn: upstream % registered 2000 tool versions in the last hour, the most an upstream may; % is left at its version',
+    -- And as many bytes: a definition is at most 64 KiB, an upstream's
+    -- versions of the last hour 16 MiB as stored (thirty-second pass).
+    IF octet_length(definition::text) > 65536 THEN
+        RAISE EXCEPTION 'keyturn: the definition of % is % bytes, over the 65536 a tool may have; it is not registered',
+                keyturn._quoted(v_name), octet_length(definition::text)
+            USING ERRCODE = '54000';
+    END IF;
+    IF (SELECT count(*) >= 2000 OR coalesce(sum(pg_column_size(x.params_schema) + coalesce(pg_column_size(x.description), 0)), 0) > 16777216
+          FROM keyturn.tool_version x
+         WHERE x.upstream = v_up AND x.created_at > now() - interval '1 hour') THEN
+        RAISE EXCEPTION 'keyturn: upstream % registered 2000 tool versions or 16 MiB of them in the last hour, the most an upstream may; % is left as it is',
                 v_up, keyturn._quoted(v_name)
             USING ERRCODE = '54000',
                   HINT = 'An upstream whose definitions change this often is misbehaving: remove it from keyturnd''s configuration. Until a new version is registered, calls of the changed tool are invalidated, nothing sent.';

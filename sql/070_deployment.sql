@@ -11,17 +11,17 @@
 -- refuses a query whose distributed tables (keyturn's, on layout B) appear
 -- only once the planner has inlined it.
 CREATE FUNCTION keyturn._gated_tables()
-RETURNS TABLE (relid oid, tools text)
+RETURNS TABLE (relid oid, kind keyturn.tool_kind, tools text)
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
     RETURN QUERY
-    SELECT to_regclass(format('%I.%I', v.sql_schema, v.sql_table))::oid,
+    SELECT to_regclass(format('%I.%I', v.sql_schema, v.sql_table))::oid, v.kind,
            string_agg(v.tool, ', ' ORDER BY v.tool)
       FROM keyturn.tool t
       JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
      WHERE v.executor = 'sql' AND to_regclass(format('%I.%I', v.sql_schema, v.sql_table)) IS NOT NULL
-     GROUP BY 1;
+     GROUP BY 1, 2;
 END
 $$;
 
@@ -44,6 +44,28 @@ BEGIN
         SELECT 'error', g.relid::regclass::text,
                p || ' (gated by ' || g.tools || '); an agent could run code as the approver inside an approved write'
           FROM keyturn._gated_tables() g, keyturn._agent_table_problems(g.relid) p
+         WHERE g.kind = 'write'
+        UNION ALL
+        -- Agents that read a read tool's table past its row-level security,
+        -- and tables read without any.
+        SELECT 'error', g.relid::regclass::text,
+               p || ' (read by ' || g.tools || '); an agent reads it past its row-level security'
+          FROM keyturn._gated_tables() g, keyturn._agent_table_problems(g.relid, true) p
+         WHERE g.kind = 'read'
+        UNION ALL
+        SELECT 'warning', g.relid::regclass::text,
+               format('row-level security is off on %s (read by %s): an agent reads every tenant''s rows of it',
+                      g.relid::regclass, g.tools)
+          FROM keyturn._gated_tables() g
+          JOIN pg_class c ON c.oid = g.relid
+         WHERE g.kind = 'read' AND NOT c.relrowsecurity
+        UNION ALL
+        -- An agent that may create roles may, on PostgreSQL 15 and earlier,
+        -- grant itself any role that is not a superuser, an approver's too.
+        SELECT 'error', r.rolname::text,
+               'agent role has CREATEROLE: it can make itself or a new login a member of an approver role, and approve its own proposals'
+          FROM pg_roles r
+         WHERE r.rolcreaterole AND NOT r.rolsuper AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER')
         UNION ALL
         -- Code on gated tables.
         SELECT CASE WHEN n.nspname LIKE 'pg\_temp\_%' OR pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
@@ -61,10 +83,11 @@ BEGIN
           JOIN pg_trigger tg ON tg.tgrelid = g.relid AND NOT tg.tgisinternal
           JOIN pg_proc f ON f.oid = tg.tgfoid
           JOIN pg_namespace n ON n.oid = f.pronamespace
-         WHERE n.nspname LIKE 'pg\_temp\_%'
-            OR (pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
-                AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner))
-            OR (f.prosecdef AND NOT coalesce(array_to_string(f.proconfig, ',') LIKE '%search_path=%', false))
+         WHERE g.kind = 'write'
+           AND (n.nspname LIKE 'pg\_temp\_%'
+                OR (pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
+                    AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner))
+                OR (f.prosecdef AND NOT coalesce(array_to_string(f.proconfig, ',') LIKE '%search_path=%', false)))
         UNION ALL
         -- Keys that can name two rows (a unique index dropped since).
         SELECT 'error', format('tool %s', v.tool), k

@@ -84,14 +84,14 @@ BEGIN
       FROM keyturn._gated_tables() g
      CROSS JOIN LATERAL keyturn._citus_table(g.relid) c
       JOIN pg_trigger tg ON tg.tgrelid = g.relid AND NOT tg.tgisinternal
-     WHERE c.method = 'h' AND NOT c.reference;
+     WHERE g.kind = 'write' AND c.method = 'h' AND NOT c.reference;
 
     RETURN QUERY
     SELECT 'warning', g.relid::regclass::text,
            format('reference table gated by %s: every approval writes every node, in a two-phase commit', g.tools)
       FROM keyturn._gated_tables() g
      CROSS JOIN LATERAL keyturn._citus_table(g.relid) c
-     WHERE c.reference;
+     WHERE g.kind = 'write' AND c.reference;
 
     -- The application's own statements on distributed tables (an agent's
     -- reads under RLS) reach the workers with its identity only as

@@ -2364,8 +2364,9 @@ $$;
 -- line per problem, or nothing: an agent role (a non-superuser member of
 -- keyturn_agent) that owns it or can act as its owner (ALTER, CREATE
 -- TRIGGER on it, DROP), or holds a privilege that writes to it or attaches
--- code to it. Such a role could put a trigger on the table that runs inside
--- the approved write, as the approver. With p_reads_only, only what lets an
+-- code to it, or the same of one of its partitions or children. Such a role
+-- could put a trigger on the table that runs inside the approved write, as
+-- the approver. With p_reads_only, only what lets an
 -- agent read it past its row-level security: owning it (an owner may turn
 -- row-level security off, and is exempt unless it is forced) or BYPASSRLS.
 -- Used by register_tool (which refuses) and check_deployment (which
@@ -2374,22 +2375,31 @@ CREATE OR REPLACE FUNCTION keyturn._agent_table_problems(p_relid oid, p_reads_on
 RETURNS SETOF text
 LANGUAGE sql STABLE
 AS $$
-    SELECT format('agent role %s %s', quote_ident(r.rolname), p.problem)
+    -- The table and every partition and inheritance child below it: a
+    -- trigger on a partition runs inside a write to its parent (thirty-
+    -- second red-team pass).
+    WITH RECURSIVE tree (relid) AS (
+        SELECT p_relid
+        UNION
+        SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid
+    )
+    SELECT DISTINCT format('agent role %s %s', quote_ident(r.rolname), p.problem)
       FROM pg_roles r
-      JOIN pg_class c ON c.oid = p_relid
+     CROSS JOIN tree
+      JOIN pg_class c ON c.oid = tree.relid
      CROSS JOIN LATERAL (VALUES
          (pg_has_role(r.oid, c.relowner, 'MEMBER'), true,
-          format('owns %s or is a member of its owner %s', p_relid::regclass, c.relowner::regrole)),
+          format('owns %s or is a member of its owner %s', tree.relid::regclass, c.relowner::regrole)),
          (r.rolbypassrls, true, 'bypasses row-level security (BYPASSRLS)'),
-         (has_table_privilege(r.oid, p_relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
-          OR has_any_column_privilege(r.oid, p_relid, 'INSERT, UPDATE'), false,
-          format('may write %s directly', p_relid::regclass)),
-         (has_table_privilege(r.oid, p_relid, 'TRIGGER'), false,
-          format('may create triggers on %s', p_relid::regclass))
+         (has_table_privilege(r.oid, tree.relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
+          OR has_any_column_privilege(r.oid, tree.relid, 'INSERT, UPDATE'), false,
+          format('may write %s directly', tree.relid::regclass)),
+         (has_table_privilege(r.oid, tree.relid, 'TRIGGER'), false,
+          format('may create triggers on %s', tree.relid::regclass))
      ) AS p (bad, reads, problem)
      WHERE NOT r.rolsuper AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') AND p.bad
        AND (p.reads OR NOT p_reads_only)
-     ORDER BY r.rolname, p.problem
+     ORDER BY 1
 $$;
 
 -- The table spec.sql.table names, of one of p_kinds (pg_class.relkind), not
@@ -7984,6 +7994,7 @@ DECLARE
     v_sql       text;
     v_rows      jsonb;
     v_max       int;
+    v_table     text;
 BEGIN
     PERFORM keyturn._refuse_nested('read');
     v := keyturn._readable(v_tenant, v_principal, read.tool);
@@ -7996,12 +8007,22 @@ BEGIN
         RAISE EXCEPTION 'keyturn: %', v_err USING ERRCODE = '22023';
     END IF;
     v_max := keyturn._read_grant(v_tenant, v_principal, v, v_args);
+    -- Its owner reads past row-level security that is not forced, and may
+    -- turn it off: register_tool refuses such a table, and a table handed
+    -- to an agent role since reads nothing (thirty-second red-team pass,
+    -- docs/security.md row 143).
+    v_table := keyturn._tool_table(v);
+    IF pg_has_role(v_caller, (SELECT c.relowner FROM pg_class c WHERE c.oid = v_table::regclass), 'MEMBER') THEN
+        RAISE EXCEPTION 'keyturn: the caller owns % or is a member of its owner, and would read it past its row-level security', v_table
+            USING ERRCODE = '42501',
+                  HINT = 'An admin makes a role that is no agent the table''s owner.';
+    END IF;
     -- Column names only from the tool's registered lists; values only from
     -- the parameter (keyturn._form_where), never spliced in.
     v_sql := format('SELECT jsonb_build_object(%s) FROM %s AS t WHERE %s ORDER BY t.%I LIMIT %s',
                     (SELECT string_agg(format('%L, t.%I', c, c), ', ' ORDER BY o)
                        FROM unnest(v.sql_select) WITH ORDINALITY AS s (c, o)),
-                    keyturn._tool_table(v),
+                    v_table,
                     coalesce(nullif(keyturn._form_where(v, jsonb_build_object('where', coalesce(v_args -> 'where', '{}'))), ''), 'true'),
                     v.sql_key, v.max_rows);
     BEGIN
@@ -8208,9 +8229,17 @@ BEGIN
             USING ERRCODE = '54000',
                   HINT = 'An upstream that lists this many tools, or new names at every discovery, is misbehaving: remove it from keyturnd''s configuration.';
     END IF;
-    IF (SELECT count(*) FROM keyturn.tool_version x
-         WHERE x.upstream = v_up AND x.created_at > now() - interval '1 hour') >= 2000 THEN
-        RAISE EXCEPTION 'keyturn: upstream % registered 2000 tool versions in the last hour, the most an upstream may; % is left at its version',
+    -- And as many bytes: a definition is at most 64 KiB, an upstream's
+    -- versions of the last hour 16 MiB as stored (thirty-second pass).
+    IF octet_length(definition::text) > 65536 THEN
+        RAISE EXCEPTION 'keyturn: the definition of % is % bytes, over the 65536 a tool may have; it is not registered',
+                keyturn._quoted(v_name), octet_length(definition::text)
+            USING ERRCODE = '54000';
+    END IF;
+    IF (SELECT count(*) >= 2000 OR coalesce(sum(pg_column_size(x.params_schema) + coalesce(pg_column_size(x.description), 0)), 0) > 16777216
+          FROM keyturn.tool_version x
+         WHERE x.upstream = v_up AND x.created_at > now() - interval '1 hour') THEN
+        RAISE EXCEPTION 'keyturn: upstream % registered 2000 tool versions or 16 MiB of them in the last hour, the most an upstream may; % is left as it is',
                 v_up, keyturn._quoted(v_name)
             USING ERRCODE = '54000',
                   HINT = 'An upstream whose definitions change this often is misbehaving: remove it from keyturnd''s configuration. Until a new version is registered, calls of the changed tool are invalidated, nothing sent.';
@@ -9586,17 +9615,17 @@ $$;
 -- refuses a query whose distributed tables (keyturn's, on layout B) appear
 -- only once the planner has inlined it.
 CREATE OR REPLACE FUNCTION keyturn._gated_tables()
-RETURNS TABLE (relid oid, tools text)
+RETURNS TABLE (relid oid, kind keyturn.tool_kind, tools text)
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
     RETURN QUERY
-    SELECT to_regclass(format('%I.%I', v.sql_schema, v.sql_table))::oid,
+    SELECT to_regclass(format('%I.%I', v.sql_schema, v.sql_table))::oid, v.kind,
            string_agg(v.tool, ', ' ORDER BY v.tool)
       FROM keyturn.tool t
       JOIN keyturn.tool_version v ON v.tool = t.name AND v.version = t.version
      WHERE v.executor = 'sql' AND to_regclass(format('%I.%I', v.sql_schema, v.sql_table)) IS NOT NULL
-     GROUP BY 1;
+     GROUP BY 1, 2;
 END
 $$;
 
@@ -9619,6 +9648,28 @@ BEGIN
         SELECT 'error', g.relid::regclass::text,
                p || ' (gated by ' || g.tools || '); an agent could run code as the approver inside an approved write'
           FROM keyturn._gated_tables() g, keyturn._agent_table_problems(g.relid) p
+         WHERE g.kind = 'write'
+        UNION ALL
+        -- Agents that read a read tool's table past its row-level security,
+        -- and tables read without any.
+        SELECT 'error', g.relid::regclass::text,
+               p || ' (read by ' || g.tools || '); an agent reads it past its row-level security'
+          FROM keyturn._gated_tables() g, keyturn._agent_table_problems(g.relid, true) p
+         WHERE g.kind = 'read'
+        UNION ALL
+        SELECT 'warning', g.relid::regclass::text,
+               format('row-level security is off on %s (read by %s): an agent reads every tenant''s rows of it',
+                      g.relid::regclass, g.tools)
+          FROM keyturn._gated_tables() g
+          JOIN pg_class c ON c.oid = g.relid
+         WHERE g.kind = 'read' AND NOT c.relrowsecurity
+        UNION ALL
+        -- An agent that may create roles may, on PostgreSQL 15 and earlier,
+        -- grant itself any role that is not a superuser, an approver's too.
+        SELECT 'error', r.rolname::text,
+               'agent role has CREATEROLE: it can make itself or a new login a member of an approver role, and approve its own proposals'
+          FROM pg_roles r
+         WHERE r.rolcreaterole AND NOT r.rolsuper AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER')
         UNION ALL
         -- Code on gated tables.
         SELECT CASE WHEN n.nspname LIKE 'pg\_temp\_%' OR pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
@@ -9636,10 +9687,11 @@ BEGIN
           JOIN pg_trigger tg ON tg.tgrelid = g.relid AND NOT tg.tgisinternal
           JOIN pg_proc f ON f.oid = tg.tgfoid
           JOIN pg_namespace n ON n.oid = f.pronamespace
-         WHERE n.nspname LIKE 'pg\_temp\_%'
-            OR (pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
-                AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner))
-            OR (f.prosecdef AND NOT coalesce(array_to_string(f.proconfig, ',') LIKE '%search_path=%', false))
+         WHERE g.kind = 'write'
+           AND (n.nspname LIKE 'pg\_temp\_%'
+                OR (pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
+                    AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner))
+                OR (f.prosecdef AND NOT coalesce(array_to_string(f.proconfig, ',') LIKE '%search_path=%', false)))
         UNION ALL
         -- Keys that can name two rows (a unique index dropped since).
         SELECT 'error', format('tool %s', v.tool), k
@@ -9879,14 +9931,14 @@ BEGIN
       FROM keyturn._gated_tables() g
      CROSS JOIN LATERAL keyturn._citus_table(g.relid) c
       JOIN pg_trigger tg ON tg.tgrelid = g.relid AND NOT tg.tgisinternal
-     WHERE c.method = 'h' AND NOT c.reference;
+     WHERE g.kind = 'write' AND c.method = 'h' AND NOT c.reference;
 
     RETURN QUERY
     SELECT 'warning', g.relid::regclass::text,
            format('reference table gated by %s: every approval writes every node, in a two-phase commit', g.tools)
       FROM keyturn._gated_tables() g
      CROSS JOIN LATERAL keyturn._citus_table(g.relid) c
-     WHERE c.reference;
+     WHERE g.kind = 'write' AND c.reference;
 
     -- The application's own statements on distributed tables (an agent's
     -- reads under RLS) reach the workers with its identity only as

@@ -661,6 +661,13 @@ async fn test_an_upstream_registers_at_most_a_thousand_tools() {
     assert_eq!(n, 999);
     let again = json!({"name": "t1", "description": "churned", "inputSchema": {"type": "object"}});
     assert_eq!(sqlstate(discover(&d, &up, &again, false).await), "54000");
+    // And as many bytes: a definition of more than 64 KiB is not registered
+    // (thirty-second pass).
+    let big = json!({"name": "big", "description": "x".repeat(70_000), "inputSchema": {"type": "object"}});
+    assert_eq!(
+        sqlstate(discover(&d, &upstream_name("h"), &big, false).await),
+        "54000"
+    );
     // Another upstream has its own thousand.
     let other = upstream_name("g");
     assert_eq!(

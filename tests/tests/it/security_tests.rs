@@ -1417,6 +1417,112 @@ async fn test_check_deployment_reports_what_a_live_database_gets_wrong() {
     );
 }
 
+/// Thirty-second red-team pass (docs/security.md, row 143): what lets an
+/// agent past a table's row-level security or into an approved write is
+/// refused or reported wherever it stands: a partition the agent owns
+/// (refused for a write tool over its parent), a read tool's table handed
+/// to an agent after registration (it reads nothing, and check_deployment
+/// says why in words for a read), a read tool's table without row-level
+/// security (a warning), an agent role with CREATEROLE (an error).
+#[tokio::test]
+async fn test_what_gets_an_agent_past_row_level_security_is_refused_or_reported() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    // A write tool over a table one of whose partitions an agent owns.
+    let parted = format!("crm.{}", unique("parted"));
+    su.batch_execute(&format!(
+        "CREATE TABLE {parted} (tenant text NOT NULL, id bigint PRIMARY KEY, state text) PARTITION BY RANGE (id);
+         CREATE TABLE {parted}_a PARTITION OF {parted} FOR VALUES FROM (0) TO (1000);
+         ALTER TABLE {parted}_a OWNER TO app_agent;"
+    ))
+    .await
+    .unwrap();
+    let r = w
+        .admin
+        .execute(
+            "SELECT keyturn.register_tool($1, $2)",
+            &[
+                &unique("parted"),
+                &json!({"executor": "sql",
+                "sql": {"table": parted, "key": "id", "set": ["state"], "where": ["id"]}}),
+            ],
+        )
+        .await;
+    let (state, message) = failure(r);
+    assert_eq!(state, "22023", "{message}");
+    assert!(message.contains(&format!("{parted}_a")), "{message}");
+
+    // A read tool's table, handed to an agent role after registration.
+    let t = table(su, "id bigint PRIMARY KEY").await;
+    su.batch_execute(&format!("INSERT INTO {t} VALUES ('{}', 1)", w.tenant))
+        .await
+        .unwrap();
+    let projection = unique("p.handed");
+    let tool = w
+        .tool(
+            "handed",
+            json!({"kind": "read", "executor": "sql", "projection": projection,
+                   "sql": {"table": t, "key": "id", "select": ["id"]}}),
+        )
+        .await;
+    w.admin
+        .execute(
+            "SELECT keyturn.register_projection($1, $2)",
+            &[
+                &projection,
+                &json!({"fields": {"rows[].id": {"max_length": 20}}}),
+            ],
+        )
+        .await
+        .unwrap();
+    let read = "SELECT reference FROM keyturn.read($1)";
+    w.agent
+        .query_one(read, &[&tool])
+        .await
+        .expect("read under its row-level security");
+    su.batch_execute(&format!(
+        "ALTER TABLE {t} OWNER TO app_agent; ALTER TABLE {t} DISABLE ROW LEVEL SECURITY"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(sqlstate(w.agent.query_one(read, &[&tool]).await), "42501");
+    let cr = role(su, "kt_createrole", "CREATEROLE IN ROLE keyturn_agent").await;
+    let rows = w
+        .admin
+        .query(
+            "SELECT severity, object, problem FROM keyturn.check_deployment()",
+            &[],
+        )
+        .await
+        .unwrap();
+    su.batch_execute(&format!(
+        "ALTER TABLE {t} OWNER TO postgres; ALTER TABLE {t} ENABLE ROW LEVEL SECURITY; \
+         DROP ROLE {cr}; DROP TABLE {parted}"
+    ))
+    .await
+    .unwrap();
+    let found = |severity: &str, object: &str, needle: &str| {
+        rows.iter().any(|r| {
+            r.get::<_, String>(0) == severity
+                && r.get::<_, String>(1).contains(object)
+                && r.get::<_, String>(2).contains(needle)
+        })
+    };
+    assert!(
+        found("error", &t, "reads it past its row-level security"),
+        "{t} owned"
+    );
+    assert!(
+        found("warning", &t, "row-level security is off"),
+        "{t} without RLS"
+    );
+    assert!(found("error", &cr, "CREATEROLE"), "{cr}");
+    assert!(
+        !found("error", &t, "inside an approved write"),
+        "a read tool's table is reported in words for a read"
+    );
+}
+
 /// Fifth red-team pass (docs/security.md, row 86): statement logging that
 /// writes bound parameters puts one-time tokens, link codes and card
 /// sessions in the server log; check_deployment says so, and what to set.
