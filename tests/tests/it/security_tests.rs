@@ -34,6 +34,32 @@ async fn table(su: &tokio_postgres::Client, columns: &str) -> String {
     name
 }
 
+/// What check_deployment reports, as (severity, object, problem).
+async fn deployment_problems(admin: &tokio_postgres::Client) -> Vec<(String, String, String)> {
+    admin
+        .query(
+            "SELECT severity, object, problem FROM keyturn.check_deployment()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+/// Whether `problems` hold one of `severity` about `object` that says `needle`.
+fn reported(
+    problems: &[(String, String, String)],
+    severity: &str,
+    object: &str,
+    needle: &str,
+) -> bool {
+    problems
+        .iter()
+        .any(|(s, o, p)| s == severity && o.contains(object) && p.contains(needle))
+}
+
 /// The message of register_tool's refusal (22023) of `spec`.
 async fn refused_registration(w: &World, spec: &Value) -> String {
     let name = unique("refused");
@@ -883,22 +909,9 @@ async fn test_a_key_that_can_name_two_rows_is_refused() {
     su.batch_execute(&format!("DROP INDEX {index}"))
         .await
         .unwrap();
-    let reported = w
-        .admin
-        .query(
-            "SELECT severity, object, problem FROM keyturn.check_deployment()",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .any(|r| {
-            r.get::<_, String>(0) == "error"
-                && r.get::<_, String>(1) == format!("tool {tool}")
-                && r.get::<_, String>(2).contains("owner")
-        });
+    let problems = deployment_problems(&w.admin).await;
     assert!(
-        reported,
+        reported(&problems, "error", &format!("tool {tool}"), "owner"),
         "check_deployment names the tool whose key lost its unique index"
     );
 }
@@ -1383,21 +1396,8 @@ async fn test_check_deployment_reports_what_a_live_database_gets_wrong() {
     su.batch_execute(&format!("GRANT TRIGGER ON {t} TO app_agent"))
         .await
         .unwrap();
-    let rows = w
-        .admin
-        .query(
-            "SELECT severity, object, problem FROM keyturn.check_deployment()",
-            &[],
-        )
-        .await
-        .unwrap();
-    let found = |object: &str, needle: &str| {
-        rows.iter().any(|r| {
-            r.get::<_, String>(0) == "error"
-                && r.get::<_, String>(1).contains(object)
-                && r.get::<_, String>(2).contains(needle)
-        })
-    };
+    let problems = deployment_problems(&w.admin).await;
+    let found = |object: &str, needle: &str| reported(&problems, "error", object, needle);
     assert!(found(&t, "may create triggers"), "the TRIGGER grant on {t}");
     assert!(found(&both, "inherits both"), "the login {both}");
     su.batch_execute(&format!(
@@ -1487,27 +1487,15 @@ async fn test_what_gets_an_agent_past_row_level_security_is_refused_or_reported(
     .unwrap();
     assert_eq!(sqlstate(w.agent.query_one(read, &[&tool]).await), "42501");
     let cr = role(su, "kt_createrole", "CREATEROLE IN ROLE keyturn_agent").await;
-    let rows = w
-        .admin
-        .query(
-            "SELECT severity, object, problem FROM keyturn.check_deployment()",
-            &[],
-        )
-        .await
-        .unwrap();
+    let problems = deployment_problems(&w.admin).await;
     su.batch_execute(&format!(
         "ALTER TABLE {t} OWNER TO postgres; ALTER TABLE {t} ENABLE ROW LEVEL SECURITY; \
          DROP ROLE {cr}; DROP TABLE {parted}"
     ))
     .await
     .unwrap();
-    let found = |severity: &str, object: &str, needle: &str| {
-        rows.iter().any(|r| {
-            r.get::<_, String>(0) == severity
-                && r.get::<_, String>(1).contains(object)
-                && r.get::<_, String>(2).contains(needle)
-        })
-    };
+    let found =
+        |severity: &str, object: &str, needle: &str| reported(&problems, severity, object, needle);
     assert!(
         found("error", &t, "reads it past its row-level security"),
         "{t} owned"
