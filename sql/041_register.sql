@@ -164,10 +164,26 @@ BEGIN
 END
 $$;
 
+-- A table and every partition and inheritance child below it: a trigger on
+-- a partition runs inside a write to its parent (thirty-second red-team
+-- pass), so each is checked as the table.
+CREATE FUNCTION keyturn._table_tree(p_relid oid)
+RETURNS SETOF oid
+LANGUAGE sql STABLE
+AS $$
+    WITH RECURSIVE tree (relid) AS (
+        SELECT p_relid
+        UNION
+        SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid
+    )
+    SELECT relid FROM tree
+$$;
+
 -- What lets an agent change a table other than through an approved form, one
 -- line per problem, or nothing: an agent role (a non-superuser member of
--- keyturn_agent) that owns it or can act as its owner (ALTER, CREATE
--- TRIGGER on it, DROP), or holds a privilege that writes to it or attaches
+-- keyturn_agent) that owns it or its schema, or can act as their owner
+-- (ALTER, CREATE TRIGGER on it, DROP, a table of its own in its place), or
+-- holds a privilege that writes to it or attaches
 -- code to it, or the same of one of its partitions or children. Such a role
 -- could put a trigger on the table that runs inside the approved write, as
 -- the approver. With p_reads_only, only what lets an
@@ -179,21 +195,18 @@ CREATE FUNCTION keyturn._agent_table_problems(p_relid oid, p_reads_only boolean 
 RETURNS SETOF text
 LANGUAGE sql STABLE
 AS $$
-    -- The table and every partition and inheritance child below it: a
-    -- trigger on a partition runs inside a write to its parent (thirty-
-    -- second red-team pass).
-    WITH RECURSIVE tree (relid) AS (
-        SELECT p_relid
-        UNION
-        SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid
-    )
     SELECT DISTINCT format('agent role %s %s', quote_ident(r.rolname), p.problem)
       FROM pg_roles r
-     CROSS JOIN tree
+     CROSS JOIN keyturn._table_tree(p_relid) AS tree (relid)
       JOIN pg_class c ON c.oid = tree.relid
+      JOIN pg_namespace n ON n.oid = c.relnamespace
      CROSS JOIN LATERAL (VALUES
          (pg_has_role(r.oid, c.relowner, 'MEMBER'), true,
           format('owns %s or is a member of its owner %s', tree.relid::regclass, c.relowner::regrole)),
+         -- A schema's owner may drop any table in it and create its own in
+         -- its place (thirty-third red-team pass).
+         (pg_has_role(r.oid, n.nspowner, 'MEMBER'), true,
+          format('owns the schema %s of %s or is a member of its owner %s', quote_ident(n.nspname), tree.relid::regclass, n.nspowner::regrole)),
          (r.rolbypassrls, true, 'bypasses row-level security (BYPASSRLS)'),
          (has_table_privilege(r.oid, tree.relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
           OR has_any_column_privilege(r.oid, tree.relid, 'INSERT, UPDATE'), false,

@@ -64,18 +64,20 @@ $$;
 
 -- The text that names a tool's table in its statements: by name, looked up
 -- again at every use (a table's OID does not survive a dump and restore, and
--- a stale one could name another table). 55000 when it is gone.
+-- a stale one could name another table). 55000 when it is gone, or owned by
+-- an agent's role (one put in its place by the schema's owner included).
 CREATE FUNCTION keyturn._tool_table(p_ver keyturn.tool_version)
 RETURNS text
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_name text := format('%I.%I', p_ver.sql_schema, p_ver.sql_table);
+    v_name    text := format('%I.%I', p_ver.sql_schema, p_ver.sql_table);
+    v_problem text := keyturn._table_problem(to_regclass(v_name));
 BEGIN
-    IF NOT keyturn._is_table(to_regclass(v_name)) THEN
-        RAISE EXCEPTION 'keyturn: the table % of tool % (version %) does not exist', v_name, p_ver.tool, p_ver.version
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: the table % of tool % (version %) %', v_name, p_ver.tool, p_ver.version, v_problem
             USING ERRCODE = '55000',
-                  HINT = 'Restore or recreate the table, or register the tool again for the table it should use.';
+                  HINT = 'Restore or recreate the table, owned by a role that is no agent''s, or register the tool again for the table it should use.';
     END IF;
     RETURN v_name;
 END

@@ -565,7 +565,9 @@ BEGIN
                 keyturn._quoted(v_name), octet_length(definition::text)
             USING ERRCODE = '54000';
     END IF;
-    IF (SELECT count(*) >= 2000 OR coalesce(sum(pg_column_size(x.params_schema) + coalesce(pg_column_size(x.description), 0)), 0) > 16777216
+    IF (SELECT count(*) >= 2000
+               OR coalesce(sum(pg_column_size(x.spec) + pg_column_size(x.params_schema)
+                               + coalesce(pg_column_size(x.description), 0)), 0) > 16777216
           FROM keyturn.tool_version x
          WHERE x.upstream = v_up AND x.created_at > now() - interval '1 hour') THEN
         RAISE EXCEPTION 'keyturn: upstream % registered 2000 tool versions or 16 MiB of them in the last hour, the most an upstream may; % is left as it is',

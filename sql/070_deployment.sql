@@ -73,14 +73,15 @@ BEGIN
                     THEN 'error' ELSE 'warning' END,
                f.oid::regprocedure::text,
                CASE WHEN n.nspname LIKE 'pg\_temp\_%'
-                        THEN format('trigger %s on %s calls a function in a temporary schema', tg.tgname, g.relid::regclass)
+                        THEN format('trigger %s on %s calls a function in a temporary schema', tg.tgname, tree.relid::regclass)
                     WHEN pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
                          AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner)
-                        THEN format('trigger %s on %s calls a function owned by agent role %s', tg.tgname, g.relid::regclass, f.proowner::regrole)
-                    ELSE format('trigger function of %s on %s is SECURITY DEFINER without a pinned search_path', tg.tgname, g.relid::regclass)
+                        THEN format('trigger %s on %s calls a function owned by agent role %s', tg.tgname, tree.relid::regclass, f.proowner::regrole)
+                    ELSE format('trigger function of %s on %s is SECURITY DEFINER without a pinned search_path', tg.tgname, tree.relid::regclass)
                END
           FROM keyturn._gated_tables() g
-          JOIN pg_trigger tg ON tg.tgrelid = g.relid AND NOT tg.tgisinternal
+         CROSS JOIN keyturn._table_tree(g.relid) AS tree (relid)
+          JOIN pg_trigger tg ON tg.tgrelid = tree.relid AND NOT tg.tgisinternal
           JOIN pg_proc f ON f.oid = tg.tgfoid
           JOIN pg_namespace n ON n.oid = f.pronamespace
          WHERE g.kind = 'write'

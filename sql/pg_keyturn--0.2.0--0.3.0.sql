@@ -684,14 +684,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'inspected_wrapper';
 
--- pg_keyturn::form::_is_table
-CREATE OR REPLACE FUNCTION "_is_table"(
-	"table" oid /* Option < pg_sys :: Oid > */
-) RETURNS bool /* bool */
-STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'is_table_wrapper';
-
 -- pg_keyturn::committed::_latest_turn
 CREATE OR REPLACE FUNCTION "_latest_turn"(
 	"tenant" TEXT, /* & str */
@@ -970,6 +962,14 @@ CREATE OR REPLACE FUNCTION "_strict_dispatcher_links"() RETURNS bool /* bool */
 STRICT STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'strict_dispatcher_links_wrapper';
+
+-- pg_keyturn::form::_table_problem
+CREATE OR REPLACE FUNCTION "_table_problem"(
+	"table" oid /* Option < pg_sys :: Oid > */
+) RETURNS TEXT /* Option < & '_ str > */
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'table_problem_wrapper';
 
 -- pg_keyturn::token::_token_binding
 CREATE OR REPLACE FUNCTION "_token_binding"(
@@ -2360,10 +2360,26 @@ BEGIN
 END
 $$;
 
+-- A table and every partition and inheritance child below it: a trigger on
+-- a partition runs inside a write to its parent (thirty-second red-team
+-- pass), so each is checked as the table.
+CREATE OR REPLACE FUNCTION keyturn._table_tree(p_relid oid)
+RETURNS SETOF oid
+LANGUAGE sql STABLE
+AS $$
+    WITH RECURSIVE tree (relid) AS (
+        SELECT p_relid
+        UNION
+        SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid
+    )
+    SELECT relid FROM tree
+$$;
+
 -- What lets an agent change a table other than through an approved form, one
 -- line per problem, or nothing: an agent role (a non-superuser member of
--- keyturn_agent) that owns it or can act as its owner (ALTER, CREATE
--- TRIGGER on it, DROP), or holds a privilege that writes to it or attaches
+-- keyturn_agent) that owns it or its schema, or can act as their owner
+-- (ALTER, CREATE TRIGGER on it, DROP, a table of its own in its place), or
+-- holds a privilege that writes to it or attaches
 -- code to it, or the same of one of its partitions or children. Such a role
 -- could put a trigger on the table that runs inside the approved write, as
 -- the approver. With p_reads_only, only what lets an
@@ -2375,21 +2391,18 @@ CREATE OR REPLACE FUNCTION keyturn._agent_table_problems(p_relid oid, p_reads_on
 RETURNS SETOF text
 LANGUAGE sql STABLE
 AS $$
-    -- The table and every partition and inheritance child below it: a
-    -- trigger on a partition runs inside a write to its parent (thirty-
-    -- second red-team pass).
-    WITH RECURSIVE tree (relid) AS (
-        SELECT p_relid
-        UNION
-        SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid
-    )
     SELECT DISTINCT format('agent role %s %s', quote_ident(r.rolname), p.problem)
       FROM pg_roles r
-     CROSS JOIN tree
+     CROSS JOIN keyturn._table_tree(p_relid) AS tree (relid)
       JOIN pg_class c ON c.oid = tree.relid
+      JOIN pg_namespace n ON n.oid = c.relnamespace
      CROSS JOIN LATERAL (VALUES
          (pg_has_role(r.oid, c.relowner, 'MEMBER'), true,
           format('owns %s or is a member of its owner %s', tree.relid::regclass, c.relowner::regrole)),
+         -- A schema's owner may drop any table in it and create its own in
+         -- its place (thirty-third red-team pass).
+         (pg_has_role(r.oid, n.nspowner, 'MEMBER'), true,
+          format('owns the schema %s of %s or is a member of its owner %s', quote_ident(n.nspname), tree.relid::regclass, n.nspowner::regrole)),
          (r.rolbypassrls, true, 'bypasses row-level security (BYPASSRLS)'),
          (has_table_privilege(r.oid, tree.relid, 'INSERT, UPDATE, DELETE, TRUNCATE')
           OR has_any_column_privilege(r.oid, tree.relid, 'INSERT, UPDATE'), false,
@@ -3018,18 +3031,20 @@ $$;
 
 -- The text that names a tool's table in its statements: by name, looked up
 -- again at every use (a table's OID does not survive a dump and restore, and
--- a stale one could name another table). 55000 when it is gone.
+-- a stale one could name another table). 55000 when it is gone, or owned by
+-- an agent's role (one put in its place by the schema's owner included).
 CREATE OR REPLACE FUNCTION keyturn._tool_table(p_ver keyturn.tool_version)
 RETURNS text
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_name text := format('%I.%I', p_ver.sql_schema, p_ver.sql_table);
+    v_name    text := format('%I.%I', p_ver.sql_schema, p_ver.sql_table);
+    v_problem text := keyturn._table_problem(to_regclass(v_name));
 BEGIN
-    IF NOT keyturn._is_table(to_regclass(v_name)) THEN
-        RAISE EXCEPTION 'keyturn: the table % of tool % (version %) does not exist', v_name, p_ver.tool, p_ver.version
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'keyturn: the table % of tool % (version %) %', v_name, p_ver.tool, p_ver.version, v_problem
             USING ERRCODE = '55000',
-                  HINT = 'Restore or recreate the table, or register the tool again for the table it should use.';
+                  HINT = 'Restore or recreate the table, owned by a role that is no agent''s, or register the tool again for the table it should use.';
     END IF;
     RETURN v_name;
 END
@@ -8236,7 +8251,9 @@ BEGIN
                 keyturn._quoted(v_name), octet_length(definition::text)
             USING ERRCODE = '54000';
     END IF;
-    IF (SELECT count(*) >= 2000 OR coalesce(sum(pg_column_size(x.params_schema) + coalesce(pg_column_size(x.description), 0)), 0) > 16777216
+    IF (SELECT count(*) >= 2000
+               OR coalesce(sum(pg_column_size(x.spec) + pg_column_size(x.params_schema)
+                               + coalesce(pg_column_size(x.description), 0)), 0) > 16777216
           FROM keyturn.tool_version x
          WHERE x.upstream = v_up AND x.created_at > now() - interval '1 hour') THEN
         RAISE EXCEPTION 'keyturn: upstream % registered 2000 tool versions or 16 MiB of them in the last hour, the most an upstream may; % is left as it is',
@@ -9677,14 +9694,15 @@ BEGIN
                     THEN 'error' ELSE 'warning' END,
                f.oid::regprocedure::text,
                CASE WHEN n.nspname LIKE 'pg\_temp\_%'
-                        THEN format('trigger %s on %s calls a function in a temporary schema', tg.tgname, g.relid::regclass)
+                        THEN format('trigger %s on %s calls a function in a temporary schema', tg.tgname, tree.relid::regclass)
                     WHEN pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
                          AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner)
-                        THEN format('trigger %s on %s calls a function owned by agent role %s', tg.tgname, g.relid::regclass, f.proowner::regrole)
-                    ELSE format('trigger function of %s on %s is SECURITY DEFINER without a pinned search_path', tg.tgname, g.relid::regclass)
+                        THEN format('trigger %s on %s calls a function owned by agent role %s', tg.tgname, tree.relid::regclass, f.proowner::regrole)
+                    ELSE format('trigger function of %s on %s is SECURITY DEFINER without a pinned search_path', tg.tgname, tree.relid::regclass)
                END
           FROM keyturn._gated_tables() g
-          JOIN pg_trigger tg ON tg.tgrelid = g.relid AND NOT tg.tgisinternal
+         CROSS JOIN keyturn._table_tree(g.relid) AS tree (relid)
+          JOIN pg_trigger tg ON tg.tgrelid = tree.relid AND NOT tg.tgisinternal
           JOIN pg_proc f ON f.oid = tg.tgfoid
           JOIN pg_namespace n ON n.oid = f.pronamespace
          WHERE g.kind = 'write'

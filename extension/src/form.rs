@@ -361,16 +361,24 @@ fn written_keys(rows: Option<JsonbText>, failed_only: bool) -> Option<RawJsonb> 
     ))
 }
 
-/// Whether `table` is an ordinary or partitioned table (a tool's table must
-/// be one; a view or a name that is gone is not). A catalog cache lookup.
-#[pg_extern(name = "_is_table", stable, parallel_safe)]
-fn is_table(table: Option<pg_sys::Oid>) -> bool {
+/// Why `table` cannot be a tool's table now, or NULL: it must be an
+/// ordinary or partitioned table (a view or a name that is gone is not),
+/// owned by a role that is no agent's (crate::privilege::owned_by_agent).
+/// Catalog cache lookups, no statement: propose, approve and read ask it
+/// at every use.
+#[pg_extern(name = "_table_problem", stable, parallel_safe)]
+fn table_problem(table: Option<pg_sys::Oid>) -> Option<&'static str> {
     let Some(table) = table else {
-        return false;
+        return Some("does not exist");
     };
     // SAFETY: a syscache lookup; '\0' for an OID that names no relation.
     let kind = unsafe { pg_sys::get_rel_relkind(table) } as u8;
-    kind == pg_sys::RELKIND_RELATION || kind == pg_sys::RELKIND_PARTITIONED_TABLE
+    if kind != pg_sys::RELKIND_RELATION && kind != pg_sys::RELKIND_PARTITIONED_TABLE {
+        return Some("does not exist (or is no table)");
+    }
+    crate::privilege::owned_by_agent(table).then_some(
+        "is owned by an agent's role, whose code would run inside the approved write and read past row-level security",
+    )
 }
 
 /// [`form_value`] for SQL (`keyturn._form_value`).

@@ -263,6 +263,31 @@ pub fn outer_is_agent() -> bool {
     is_agent(outer_user(), agent_role())
 }
 
+/// Whether the owner of relation `relid` is an agent's role (a member of
+/// keyturn_agent that is no superuser). Such an owner's triggers run inside
+/// an approved write, as the approver, and it reads past row-level security;
+/// and a table put in the place of a registered one (its schema's owner may
+/// drop and create tables there) is its creator's (thirty-third red-team
+/// pass, docs/security.md row 143). False for an oid that names nothing.
+pub fn owned_by_agent(relid: pg_sys::Oid) -> bool {
+    // SAFETY: a syscache lookup, null for an oid that names no relation,
+    // released before anything else runs.
+    let owner = unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::RELOID as _,
+            pg_sys::Datum::from(relid),
+        );
+        if tuple.is_null() {
+            return false;
+        }
+        let owner = (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tuple)).relowner;
+        pg_sys::ReleaseSysCache(tuple);
+        owner
+    };
+    // SAFETY: catalog lookups only.
+    !unsafe { pg_sys::superuser_arg(owner) } && is_agent(owner, agent_role())
+}
+
 /// `keyturn_agent`'s oid; InvalidOid when the role is missing.
 fn agent_role() -> pg_sys::Oid {
     // SAFETY: get_role_oid with missing_ok returns InvalidOid instead of raising.

@@ -136,7 +136,7 @@ async fn test_an_sql_read_tool_reads_a_table_under_the_agents_rls() {
     for (table, says) in [
         (view.clone(), "is not an existing table"),
         (format!("{view}_m"), "is not an existing table"),
-        (owned, "past its row-level security"),
+        (owned.clone(), "past its row-level security"),
     ] {
         let r = w
             .admin
@@ -153,6 +153,11 @@ async fn test_an_sql_read_tool_reads_a_table_under_the_agents_rls() {
         assert_eq!(state, "22023", "{table}: {message}");
         assert!(message.contains(says), "{table}: {message}");
     }
+    // Nothing of app_agent's outlives the test.
+    w.superuser
+        .batch_execute(&format!("DROP TABLE crm.{owned}"))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -667,6 +672,43 @@ async fn test_an_upstream_registers_at_most_a_thousand_tools() {
     assert_eq!(
         sqlstate(discover(&d, &upstream_name("h"), &big, false).await),
         "54000"
+    );
+    // 16 MiB of versions an hour, as stored: each version keeps its spec
+    // besides its params schema and description (thirty-third pass: the
+    // bound counted half of what was stored).
+    let bulky = upstream_name("j");
+    let mut registered = 0;
+    let refused = loop {
+        let r = d
+            .query_one(
+                "SELECT keyturn.register_discovered_tool($1, jsonb_build_object('name', 't' || $2::int, \
+                        'inputSchema', jsonb_build_object('type', 'object', 'properties', \
+                            (SELECT jsonb_object_agg(encode(sha256((random()::text || i)::bytea), 'hex'), \
+                                                     '{\"type\": \"string\"}'::jsonb) \
+                               FROM generate_series(1, 600) i))), false)",
+                &[&bulky, &registered],
+            )
+            .await;
+        match r {
+            Ok(_) if registered < 900 => registered += 1,
+            other => break other,
+        }
+    };
+    assert_eq!(sqlstate(refused), "54000", "after {registered} versions");
+    let stored: i64 = connect("postgres")
+        .await
+        .query_one(
+            "SELECT sum(pg_column_size(spec) + pg_column_size(params_schema) \
+                        + coalesce(pg_column_size(description), 0))::bigint \
+               FROM keyturn.tool_version WHERE upstream = $1",
+            &[&bulky],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        stored <= 16 * 1024 * 1024 + 256 * 1024,
+        "{stored} bytes stored in {registered} versions"
     );
     // Another upstream has its own thousand.
     let other = upstream_name("g");

@@ -1485,7 +1485,7 @@ async fn test_what_gets_an_agent_past_row_level_security_is_refused_or_reported(
     ))
     .await
     .unwrap();
-    assert_eq!(sqlstate(w.agent.query_one(read, &[&tool]).await), "42501");
+    assert_eq!(sqlstate(w.agent.query_one(read, &[&tool]).await), "55000");
     let cr = role(su, "kt_createrole", "CREATEROLE IN ROLE keyturn_agent").await;
     let problems = deployment_problems(&w.admin).await;
     su.batch_execute(&format!(
@@ -1508,6 +1508,95 @@ async fn test_what_gets_an_agent_past_row_level_security_is_refused_or_reported(
     assert!(
         !found("error", &t, "inside an approved write"),
         "a read tool's table is reported in words for a read"
+    );
+}
+
+/// Thirty-third red-team pass (docs/security.md, row 143): an agent that
+/// owns a gated table's schema dropped the table and put its own in its
+/// place, whose trigger ran inside the approved write as the approver; and
+/// a trigger on a partition, calling an agent's function, went unreported.
+/// Such a schema is refused at registration, a table owned by an agent's
+/// role serves no proposal, and check_deployment looks at partitions.
+#[tokio::test]
+async fn test_a_gated_table_an_agent_could_replace_or_hook_is_refused_or_reported() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let schema = unique("agentapp");
+    su.batch_execute(&format!(
+        "CREATE SCHEMA {schema} AUTHORIZATION app_agent;
+         CREATE TABLE {schema}.ticket (id bigint PRIMARY KEY, state text);"
+    ))
+    .await
+    .unwrap();
+    let message = refused_registration(
+        &w,
+        &json!({"executor": "sql", "sql": {"table": format!("{schema}.ticket"), "key": "id",
+                                           "set": ["state"], "where": ["id"]}}),
+    )
+    .await;
+    su.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+    assert!(message.contains("owns the schema"), "{message}");
+
+    // A registered table handed to an agent's role (as one it put in the
+    // registered table's place would be) serves no proposal.
+    let t = table(su, "id bigint PRIMARY KEY, state text NOT NULL").await;
+    su.batch_execute(&format!(
+        "INSERT INTO {t} VALUES ('{}', 1, 'open')",
+        w.tenant
+    ))
+    .await
+    .unwrap();
+    let tool = w
+        .tool(
+            "handed_write",
+            json!({"executor": "sql", "sql": {"table": t, "key": "id", "set": ["state"], "where": ["id"]}}),
+        )
+        .await;
+    let form = json!({"where": {"id": 1}, "set": {"state": "closed"}});
+    propose_on(&w.agent, &tool, form.clone(), json!({}))
+        .await
+        .expect("a table of a role that is no agent's");
+    su.batch_execute(&format!("ALTER TABLE {t} OWNER TO app_agent"))
+        .await
+        .unwrap();
+    let (state, message) = failure(propose_on(&w.agent, &tool, form, json!({})).await);
+    su.batch_execute(&format!("ALTER TABLE {t} OWNER TO postgres"))
+        .await
+        .unwrap();
+    assert_eq!(state, "55000", "{message}");
+    assert!(message.contains("owned by an agent"), "{message}");
+
+    // A trigger on a partition of a gated table calling an agent's function.
+    let parted = format!("crm.{}", unique("hooked"));
+    su.batch_execute(&format!(
+        "CREATE TABLE {parted} (tenant text NOT NULL, id bigint PRIMARY KEY, state text) PARTITION BY RANGE (id);
+         CREATE TABLE {parted}_a PARTITION OF {parted} FOR VALUES FROM (0) TO (1000);
+         CREATE FUNCTION {parted}_f() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';
+         ALTER FUNCTION {parted}_f() OWNER TO app_agent;
+         CREATE TRIGGER hook BEFORE UPDATE ON {parted}_a FOR EACH ROW EXECUTE FUNCTION {parted}_f();"
+    ))
+    .await
+    .unwrap();
+    w.tool(
+        "hooked",
+        json!({"executor": "sql", "sql": {"table": parted, "key": "id", "set": ["state"], "where": ["id"]}}),
+    )
+    .await;
+    let problems = deployment_problems(&w.admin).await;
+    // Nothing of app_agent's outlives the test: the suite drops the role.
+    su.batch_execute(&format!("DROP TABLE {parted}; DROP FUNCTION {parted}_f()"))
+        .await
+        .unwrap();
+    assert!(
+        reported(
+            &problems,
+            "error",
+            &format!("{parted}_f"),
+            "owned by agent role"
+        ),
+        "the trigger on {parted}_a: {problems:?}"
     );
 }
 
