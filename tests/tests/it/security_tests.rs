@@ -1575,7 +1575,11 @@ async fn test_a_gated_table_an_agent_could_replace_or_hook_is_refused_or_reporte
          CREATE TABLE {parted}_a PARTITION OF {parted} FOR VALUES FROM (0) TO (1000);
          CREATE FUNCTION {parted}_f() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';
          ALTER FUNCTION {parted}_f() OWNER TO app_agent;
-         CREATE TRIGGER hook BEFORE UPDATE ON {parted}_a FOR EACH ROW EXECUTE FUNCTION {parted}_f();"
+         CREATE TRIGGER hook BEFORE UPDATE ON {parted}_a FOR EACH ROW EXECUTE FUNCTION {parted}_f();
+         CREATE FUNCTION {parted}_p(bigint) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+         ALTER FUNCTION {parted}_p(bigint) OWNER TO app_agent;
+         ALTER TABLE {parted} ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY hook ON {parted} AS RESTRICTIVE USING ({parted}_p(id));"
     ))
     .await
     .unwrap();
@@ -1586,9 +1590,11 @@ async fn test_a_gated_table_an_agent_could_replace_or_hook_is_refused_or_reporte
     .await;
     let problems = deployment_problems(&w.admin).await;
     // Nothing of app_agent's outlives the test: the suite drops the role.
-    su.batch_execute(&format!("DROP TABLE {parted}; DROP FUNCTION {parted}_f()"))
-        .await
-        .unwrap();
+    su.batch_execute(&format!(
+        "DROP TABLE {parted}; DROP FUNCTION {parted}_f(); DROP FUNCTION {parted}_p(bigint)"
+    ))
+    .await
+    .unwrap();
     assert!(
         reported(
             &problems,
@@ -1597,6 +1603,10 @@ async fn test_a_gated_table_an_agent_could_replace_or_hook_is_refused_or_reporte
             "owned by agent role"
         ),
         "the trigger on {parted}_a: {problems:?}"
+    );
+    assert!(
+        reported(&problems, "error", &format!("{parted}_p"), "policy hook"),
+        "the policy on {parted}: {problems:?}"
     );
 }
 
