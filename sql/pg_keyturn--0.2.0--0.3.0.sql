@@ -8023,9 +8023,9 @@ BEGIN
     END IF;
     v_max := keyturn._read_grant(v_tenant, v_principal, v, v_args);
     -- Its owner reads past row-level security that is not forced, and may
-    -- turn it off: register_tool refuses such a table, and a table handed
-    -- to an agent role since reads nothing (thirty-second red-team pass,
-    -- docs/security.md row 143).
+    -- turn it off: a table an agent's role owns serves nothing
+    -- (keyturn._tool_table), nor does one whose owner's role the caller is
+    -- a member of (thirty-second red-team pass, docs/security.md row 143).
     v_table := keyturn._tool_table(v);
     IF pg_has_role(v_caller, (SELECT c.relowner FROM pg_class c WHERE c.oid = v_table::regclass), 'MEMBER') THEN
         RAISE EXCEPTION 'keyturn: the caller owns % or is a member of its owner, and would read it past its row-level security', v_table
