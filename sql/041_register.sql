@@ -179,6 +179,72 @@ AS $$
     SELECT relid FROM tree
 $$;
 
+-- What an agent owns that a table's policies, column defaults, constraints,
+-- indexes, rules and column types use, one row each (the use, the object,
+-- its owner): functions (an operator's through its function), relations (a
+-- view or table a policy reads) and types (a domain's constraints) run or
+-- are read inside an approved write, as the approver, and their owner can
+-- change them at will (thirty-third and thirty-fourth red-team passes,
+-- docs/security.md row 143). Triggers are check_deployment's own branch.
+CREATE FUNCTION keyturn._agent_owned_uses(p_relid oid)
+RETURNS TABLE (what text, obj text, owner oid)
+LANGUAGE sql STABLE
+AS $$
+    WITH RECURSIVE used (what, classid, objid) AS (
+        SELECT format('policy %I', p.polname), 'pg_policy'::regclass::oid, p.oid
+          FROM pg_policy p WHERE p.polrelid = p_relid
+        UNION ALL
+        SELECT format('the default of column %I', a.attname), 'pg_attrdef'::regclass::oid, ad.oid
+          FROM pg_attrdef ad
+          JOIN pg_attribute a ON a.attrelid = ad.adrelid AND a.attnum = ad.adnum
+         WHERE ad.adrelid = p_relid
+        UNION ALL
+        SELECT format('constraint %I', c.conname), 'pg_constraint'::regclass::oid, c.oid
+          FROM pg_constraint c WHERE c.conrelid = p_relid
+        UNION ALL
+        SELECT format('index %s', i.indexrelid::regclass), 'pg_class'::regclass::oid, i.indexrelid
+          FROM pg_index i WHERE i.indrelid = p_relid
+        UNION ALL
+        SELECT format('rule %I', r.rulename), 'pg_rewrite'::regclass::oid, r.oid
+          FROM pg_rewrite r WHERE r.ev_class = p_relid
+    ), refs (what, classid, objid) AS (
+        SELECT u.what, d.refclassid, d.refobjid
+          FROM used u
+          JOIN pg_depend d ON d.classid = u.classid AND d.objid = u.objid
+         WHERE d.refclassid IN ('pg_proc'::regclass, 'pg_class'::regclass, 'pg_type'::regclass, 'pg_operator'::regclass)
+           AND NOT (d.refclassid = 'pg_class'::regclass AND d.refobjid = p_relid)
+        UNION
+        SELECT format('column %I', a.attname), 'pg_type'::regclass::oid, a.atttypid
+          FROM pg_attribute a WHERE a.attrelid = p_relid AND a.attnum > 0 AND NOT a.attisdropped
+        UNION
+        -- An operator runs its function; a domain's base type and an
+        -- array's element type are used as the type is.
+        SELECT r.what, n.classid, n.objid
+          FROM refs r
+         CROSS JOIN LATERAL (
+                SELECT 'pg_proc'::regclass::oid, o.oprcode::oid
+                  FROM pg_operator o WHERE r.classid = 'pg_operator'::regclass AND o.oid = r.objid
+                UNION ALL
+                SELECT 'pg_type'::regclass::oid, t.typbasetype
+                  FROM pg_type t WHERE r.classid = 'pg_type'::regclass AND t.oid = r.objid AND t.typbasetype <> 0
+                UNION ALL
+                SELECT 'pg_type'::regclass::oid, t.typelem
+                  FROM pg_type t WHERE r.classid = 'pg_type'::regclass AND t.oid = r.objid AND t.typelem <> 0
+             ) AS n (classid, objid)
+    )
+    SELECT DISTINCT r.what,
+           coalesce(p.oid::regprocedure::text, c.oid::regclass::text, t.oid::regtype::text, o.oid::regoperator::text),
+           w.owner
+      FROM refs r
+      LEFT JOIN pg_proc p ON r.classid = 'pg_proc'::regclass AND p.oid = r.objid
+      LEFT JOIN pg_class c ON r.classid = 'pg_class'::regclass AND c.oid = r.objid
+      LEFT JOIN pg_type t ON r.classid = 'pg_type'::regclass AND t.oid = r.objid
+      LEFT JOIN pg_operator o ON r.classid = 'pg_operator'::regclass AND o.oid = r.objid
+     CROSS JOIN LATERAL (SELECT coalesce(p.proowner, c.relowner, t.typowner, o.oprowner)) AS w (owner)
+      JOIN pg_roles ro ON ro.oid = w.owner
+     WHERE NOT ro.rolsuper AND pg_has_role(w.owner, 'keyturn_agent', 'MEMBER')
+$$;
+
 -- What lets an agent change a table other than through an approved form, one
 -- line per problem, or nothing: an agent role (a non-superuser member of
 -- keyturn_agent) that owns it or its schema, or can act as their owner
@@ -396,7 +462,10 @@ BEGIN
     PERFORM keyturn._spec_keys(p_sql, 'spec.sql', ARRAY['table', 'key', 'version', 'set', 'where']);
     v_relid := keyturn._spec_table(p_sql -> 'table', '{r,p}');
     v_bad := (SELECT string_agg(p, '; ') FROM keyturn._agent_table_problems(v_relid) p);
-    IF v_bad IS NOT NULL THEN
+    v_bad := concat_ws('; ', v_bad,
+                       (SELECT string_agg(format('%s on %s uses %s, owned by agent role %s', u.what, t::regclass, u.obj, u.owner::regrole), '; ')
+                          FROM keyturn._table_tree(v_relid) AS t, keyturn._agent_owned_uses(t) u));
+    IF v_bad <> '' THEN
         RAISE EXCEPTION 'keyturn: agents could change % outside the approved form: %', v_relid::regclass, v_bad
             USING ERRCODE = '22023',
                   HINT = 'Agent roles may only SELECT a gated table: revoke their write and TRIGGER privileges and make a non-agent role its owner, then register again.';

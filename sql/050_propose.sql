@@ -72,8 +72,18 @@ LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     v_name    text := format('%I.%I', p_ver.sql_schema, p_ver.sql_table);
-    v_problem text := keyturn._table_problem(to_regclass(v_name));
+    v_oid     oid := to_regclass(v_name);
+    v_problem text := keyturn._table_problem(v_oid);
 BEGIN
+    -- A partition or child counts as the table (one attached since its
+    -- registration included: thirty-fourth red-team pass); a scan of
+    -- pg_inherits only for a table that has any.
+    IF v_problem IS NULL AND keyturn._has_children(v_oid) THEN
+        v_problem := (SELECT format('has the partition or child %s, owned by an agent''s role, whose code would run inside the approved write', t::regclass)
+                        FROM keyturn._table_tree(v_oid) AS t
+                       WHERE keyturn._owned_by_agent(t)
+                       LIMIT 1);
+    END IF;
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: the table % of tool % (version %) %', v_name, p_ver.tool, p_ver.version, v_problem
             USING ERRCODE = '55000',

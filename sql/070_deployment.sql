@@ -90,33 +90,16 @@ BEGIN
                     AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner))
                 OR (f.prosecdef AND NOT coalesce(array_to_string(f.proconfig, ',') LIKE '%search_path=%', false)))
         UNION ALL
-        -- Functions an agent owns that a gated table's policies, column
-        -- defaults or constraints call: they run inside the approved write,
-        -- as the approver, as a trigger's would (thirty-third red-team pass).
-        SELECT 'error', f.oid::regprocedure::text,
-               format('%s on %s calls a function owned by agent role %s', x.what, tree.relid::regclass, f.proowner::regrole)
+        -- What an agent owns that a gated table's policies, column defaults,
+        -- constraints, indexes, rules and column types use: it runs inside
+        -- the approved write, as the approver, as a trigger's function
+        -- would (thirty-third and thirty-fourth red-team passes).
+        SELECT 'error', u.obj,
+               format('%s on %s uses %s, owned by agent role %s', u.what, tree.relid::regclass, u.obj, u.owner::regrole)
           FROM keyturn._gated_tables() g
          CROSS JOIN keyturn._table_tree(g.relid) AS tree (relid)
-         CROSS JOIN LATERAL (
-                SELECT d.refobjid, format('policy %I', p.polname)
-                  FROM pg_policy p
-                  JOIN pg_depend d ON d.classid = 'pg_policy'::regclass AND d.objid = p.oid
-                 WHERE p.polrelid = tree.relid AND d.refclassid = 'pg_proc'::regclass
-                UNION ALL
-                SELECT d.refobjid, format('the default of column %I', a.attname)
-                  FROM pg_attrdef ad
-                  JOIN pg_attribute a ON a.attrelid = ad.adrelid AND a.attnum = ad.adnum
-                  JOIN pg_depend d ON d.classid = 'pg_attrdef'::regclass AND d.objid = ad.oid
-                 WHERE ad.adrelid = tree.relid AND d.refclassid = 'pg_proc'::regclass
-                UNION ALL
-                SELECT d.refobjid, format('constraint %I', c.conname)
-                  FROM pg_constraint c
-                  JOIN pg_depend d ON d.classid = 'pg_constraint'::regclass AND d.objid = c.oid
-                 WHERE c.conrelid = tree.relid AND d.refclassid = 'pg_proc'::regclass
-             ) AS x (fn, what)
-          JOIN pg_proc f ON f.oid = x.fn
-         WHERE g.kind = 'write' AND pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
-           AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner)
+         CROSS JOIN LATERAL keyturn._agent_owned_uses(tree.relid) u
+         WHERE g.kind = 'write'
         UNION ALL
         -- Keys that can name two rows (a unique index dropped since).
         SELECT 'error', format('tool %s', v.tool), k

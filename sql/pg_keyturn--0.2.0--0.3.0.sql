@@ -647,6 +647,14 @@ IMMUTABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'form_problem_wrapper';
 
+-- pg_keyturn::privilege::_has_children
+CREATE OR REPLACE FUNCTION "_has_children"(
+	"relid" oid /* pg_sys :: Oid */
+) RETURNS bool /* bool */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'has_children_wrapper';
+
 -- pg_keyturn::identity::_identity_problem
 CREATE OR REPLACE FUNCTION "_identity_problem"() RETURNS TEXT /* Option < String > */
 STRICT STABLE PARALLEL SAFE 
@@ -732,6 +740,14 @@ CREATE OR REPLACE FUNCTION "_notify_target_hint"(
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'notify_target_hint_wrapper';
+
+-- pg_keyturn::privilege::_owned_by_agent
+CREATE OR REPLACE FUNCTION "_owned_by_agent"(
+	"relid" oid /* pg_sys :: Oid */
+) RETURNS bool /* bool */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'owned_by_agent_sql_wrapper';
 
 -- pg_keyturn::canonical::_param_keys
 CREATE OR REPLACE FUNCTION "_param_keys"(
@@ -2375,6 +2391,72 @@ AS $$
     SELECT relid FROM tree
 $$;
 
+-- What an agent owns that a table's policies, column defaults, constraints,
+-- indexes, rules and column types use, one row each (the use, the object,
+-- its owner): functions (an operator's through its function), relations (a
+-- view or table a policy reads) and types (a domain's constraints) run or
+-- are read inside an approved write, as the approver, and their owner can
+-- change them at will (thirty-third and thirty-fourth red-team passes,
+-- docs/security.md row 143). Triggers are check_deployment's own branch.
+CREATE OR REPLACE FUNCTION keyturn._agent_owned_uses(p_relid oid)
+RETURNS TABLE (what text, obj text, owner oid)
+LANGUAGE sql STABLE
+AS $$
+    WITH RECURSIVE used (what, classid, objid) AS (
+        SELECT format('policy %I', p.polname), 'pg_policy'::regclass::oid, p.oid
+          FROM pg_policy p WHERE p.polrelid = p_relid
+        UNION ALL
+        SELECT format('the default of column %I', a.attname), 'pg_attrdef'::regclass::oid, ad.oid
+          FROM pg_attrdef ad
+          JOIN pg_attribute a ON a.attrelid = ad.adrelid AND a.attnum = ad.adnum
+         WHERE ad.adrelid = p_relid
+        UNION ALL
+        SELECT format('constraint %I', c.conname), 'pg_constraint'::regclass::oid, c.oid
+          FROM pg_constraint c WHERE c.conrelid = p_relid
+        UNION ALL
+        SELECT format('index %s', i.indexrelid::regclass), 'pg_class'::regclass::oid, i.indexrelid
+          FROM pg_index i WHERE i.indrelid = p_relid
+        UNION ALL
+        SELECT format('rule %I', r.rulename), 'pg_rewrite'::regclass::oid, r.oid
+          FROM pg_rewrite r WHERE r.ev_class = p_relid
+    ), refs (what, classid, objid) AS (
+        SELECT u.what, d.refclassid, d.refobjid
+          FROM used u
+          JOIN pg_depend d ON d.classid = u.classid AND d.objid = u.objid
+         WHERE d.refclassid IN ('pg_proc'::regclass, 'pg_class'::regclass, 'pg_type'::regclass, 'pg_operator'::regclass)
+           AND NOT (d.refclassid = 'pg_class'::regclass AND d.refobjid = p_relid)
+        UNION
+        SELECT format('column %I', a.attname), 'pg_type'::regclass::oid, a.atttypid
+          FROM pg_attribute a WHERE a.attrelid = p_relid AND a.attnum > 0 AND NOT a.attisdropped
+        UNION
+        -- An operator runs its function; a domain's base type and an
+        -- array's element type are used as the type is.
+        SELECT r.what, n.classid, n.objid
+          FROM refs r
+         CROSS JOIN LATERAL (
+                SELECT 'pg_proc'::regclass::oid, o.oprcode::oid
+                  FROM pg_operator o WHERE r.classid = 'pg_operator'::regclass AND o.oid = r.objid
+                UNION ALL
+                SELECT 'pg_type'::regclass::oid, t.typbasetype
+                  FROM pg_type t WHERE r.classid = 'pg_type'::regclass AND t.oid = r.objid AND t.typbasetype <> 0
+                UNION ALL
+                SELECT 'pg_type'::regclass::oid, t.typelem
+                  FROM pg_type t WHERE r.classid = 'pg_type'::regclass AND t.oid = r.objid AND t.typelem <> 0
+             ) AS n (classid, objid)
+    )
+    SELECT DISTINCT r.what,
+           coalesce(p.oid::regprocedure::text, c.oid::regclass::text, t.oid::regtype::text, o.oid::regoperator::text),
+           w.owner
+      FROM refs r
+      LEFT JOIN pg_proc p ON r.classid = 'pg_proc'::regclass AND p.oid = r.objid
+      LEFT JOIN pg_class c ON r.classid = 'pg_class'::regclass AND c.oid = r.objid
+      LEFT JOIN pg_type t ON r.classid = 'pg_type'::regclass AND t.oid = r.objid
+      LEFT JOIN pg_operator o ON r.classid = 'pg_operator'::regclass AND o.oid = r.objid
+     CROSS JOIN LATERAL (SELECT coalesce(p.proowner, c.relowner, t.typowner, o.oprowner)) AS w (owner)
+      JOIN pg_roles ro ON ro.oid = w.owner
+     WHERE NOT ro.rolsuper AND pg_has_role(w.owner, 'keyturn_agent', 'MEMBER')
+$$;
+
 -- What lets an agent change a table other than through an approved form, one
 -- line per problem, or nothing: an agent role (a non-superuser member of
 -- keyturn_agent) that owns it or its schema, or can act as their owner
@@ -2592,7 +2674,10 @@ BEGIN
     PERFORM keyturn._spec_keys(p_sql, 'spec.sql', ARRAY['table', 'key', 'version', 'set', 'where']);
     v_relid := keyturn._spec_table(p_sql -> 'table', '{r,p}');
     v_bad := (SELECT string_agg(p, '; ') FROM keyturn._agent_table_problems(v_relid) p);
-    IF v_bad IS NOT NULL THEN
+    v_bad := concat_ws('; ', v_bad,
+                       (SELECT string_agg(format('%s on %s uses %s, owned by agent role %s', u.what, t::regclass, u.obj, u.owner::regrole), '; ')
+                          FROM keyturn._table_tree(v_relid) AS t, keyturn._agent_owned_uses(t) u));
+    IF v_bad <> '' THEN
         RAISE EXCEPTION 'keyturn: agents could change % outside the approved form: %', v_relid::regclass, v_bad
             USING ERRCODE = '22023',
                   HINT = 'Agent roles may only SELECT a gated table: revoke their write and TRIGGER privileges and make a non-agent role its owner, then register again.';
@@ -3039,8 +3124,18 @@ LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     v_name    text := format('%I.%I', p_ver.sql_schema, p_ver.sql_table);
-    v_problem text := keyturn._table_problem(to_regclass(v_name));
+    v_oid     oid := to_regclass(v_name);
+    v_problem text := keyturn._table_problem(v_oid);
 BEGIN
+    -- A partition or child counts as the table (one attached since its
+    -- registration included: thirty-fourth red-team pass); a scan of
+    -- pg_inherits only for a table that has any.
+    IF v_problem IS NULL AND keyturn._has_children(v_oid) THEN
+        v_problem := (SELECT format('has the partition or child %s, owned by an agent''s role, whose code would run inside the approved write', t::regclass)
+                        FROM keyturn._table_tree(v_oid) AS t
+                       WHERE keyturn._owned_by_agent(t)
+                       LIMIT 1);
+    END IF;
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'keyturn: the table % of tool % (version %) %', v_name, p_ver.tool, p_ver.version, v_problem
             USING ERRCODE = '55000',
@@ -9711,33 +9806,16 @@ BEGIN
                     AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner))
                 OR (f.prosecdef AND NOT coalesce(array_to_string(f.proconfig, ',') LIKE '%search_path=%', false)))
         UNION ALL
-        -- Functions an agent owns that a gated table's policies, column
-        -- defaults or constraints call: they run inside the approved write,
-        -- as the approver, as a trigger's would (thirty-third red-team pass).
-        SELECT 'error', f.oid::regprocedure::text,
-               format('%s on %s calls a function owned by agent role %s', x.what, tree.relid::regclass, f.proowner::regrole)
+        -- What an agent owns that a gated table's policies, column defaults,
+        -- constraints, indexes, rules and column types use: it runs inside
+        -- the approved write, as the approver, as a trigger's function
+        -- would (thirty-third and thirty-fourth red-team passes).
+        SELECT 'error', u.obj,
+               format('%s on %s uses %s, owned by agent role %s', u.what, tree.relid::regclass, u.obj, u.owner::regrole)
           FROM keyturn._gated_tables() g
          CROSS JOIN keyturn._table_tree(g.relid) AS tree (relid)
-         CROSS JOIN LATERAL (
-                SELECT d.refobjid, format('policy %I', p.polname)
-                  FROM pg_policy p
-                  JOIN pg_depend d ON d.classid = 'pg_policy'::regclass AND d.objid = p.oid
-                 WHERE p.polrelid = tree.relid AND d.refclassid = 'pg_proc'::regclass
-                UNION ALL
-                SELECT d.refobjid, format('the default of column %I', a.attname)
-                  FROM pg_attrdef ad
-                  JOIN pg_attribute a ON a.attrelid = ad.adrelid AND a.attnum = ad.adnum
-                  JOIN pg_depend d ON d.classid = 'pg_attrdef'::regclass AND d.objid = ad.oid
-                 WHERE ad.adrelid = tree.relid AND d.refclassid = 'pg_proc'::regclass
-                UNION ALL
-                SELECT d.refobjid, format('constraint %I', c.conname)
-                  FROM pg_constraint c
-                  JOIN pg_depend d ON d.classid = 'pg_constraint'::regclass AND d.objid = c.oid
-                 WHERE c.conrelid = tree.relid AND d.refclassid = 'pg_proc'::regclass
-             ) AS x (fn, what)
-          JOIN pg_proc f ON f.oid = x.fn
-         WHERE g.kind = 'write' AND pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
-           AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner)
+         CROSS JOIN LATERAL keyturn._agent_owned_uses(tree.relid) u
+         WHERE g.kind = 'write'
         UNION ALL
         -- Keys that can name two rows (a unique index dropped since).
         SELECT 'error', format('tool %s', v.tool), k

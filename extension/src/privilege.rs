@@ -263,6 +263,27 @@ pub fn outer_is_agent() -> bool {
     is_agent(outer_user(), agent_role())
 }
 
+/// The owner of relation `relid` and whether it has partitions or
+/// inheritance children (`relhassubclass`, which may stay set after they
+/// are gone); None for an oid that names no relation. A syscache lookup.
+fn owner_and_children(relid: pg_sys::Oid) -> Option<(pg_sys::Oid, bool)> {
+    // SAFETY: a syscache lookup, null for an oid that names no relation,
+    // released before anything else runs.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::RELOID as _,
+            pg_sys::Datum::from(relid),
+        );
+        if tuple.is_null() {
+            return None;
+        }
+        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tuple);
+        let found = ((*form).relowner, (*form).relhassubclass);
+        pg_sys::ReleaseSysCache(tuple);
+        Some(found)
+    }
+}
+
 /// Whether the owner of relation `relid` is an agent's role (a member of
 /// keyturn_agent that is no superuser). Such an owner's triggers run inside
 /// an approved write, as the approver, and it reads past row-level security;
@@ -270,22 +291,26 @@ pub fn outer_is_agent() -> bool {
 /// drop and create tables there) is its creator's (thirty-third red-team
 /// pass, docs/security.md row 143). False for an oid that names nothing.
 pub fn owned_by_agent(relid: pg_sys::Oid) -> bool {
-    // SAFETY: a syscache lookup, null for an oid that names no relation,
-    // released before anything else runs.
-    let owner = unsafe {
-        let tuple = pg_sys::SearchSysCache1(
-            pg_sys::SysCacheIdentifier::RELOID as _,
-            pg_sys::Datum::from(relid),
-        );
-        if tuple.is_null() {
-            return false;
-        }
-        let owner = (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tuple)).relowner;
-        pg_sys::ReleaseSysCache(tuple);
-        owner
+    let Some((owner, _)) = owner_and_children(relid) else {
+        return false;
     };
     // SAFETY: catalog lookups only.
     !unsafe { pg_sys::superuser_arg(owner) } && is_agent(owner, agent_role())
+}
+
+/// `keyturn._owned_by_agent(relid)`: [`owned_by_agent`], for the
+/// partitions and children of a tool's table (keyturn._tool_table).
+#[pgrx::pg_extern(name = "_owned_by_agent", stable, strict, parallel_safe)]
+fn owned_by_agent_sql(relid: pg_sys::Oid) -> bool {
+    owned_by_agent(relid)
+}
+
+/// `keyturn._has_children(relid)`: whether the relation may have partitions
+/// or inheritance children, read from the catalog cache, so that a tool's
+/// table without any costs no scan of `pg_inherits`.
+#[pgrx::pg_extern(name = "_has_children", stable, strict, parallel_safe)]
+fn has_children(relid: pg_sys::Oid) -> bool {
+    owner_and_children(relid).is_some_and(|(_, children)| children)
 }
 
 /// `keyturn_agent`'s oid; InvalidOid when the role is missing.

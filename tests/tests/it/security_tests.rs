@@ -1572,8 +1572,18 @@ async fn test_a_gated_table_an_agent_could_replace_or_hook_is_refused_or_reporte
     let parted = format!("crm.{}", unique("hooked"));
     su.batch_execute(&format!(
         "CREATE TABLE {parted} (tenant text NOT NULL, id bigint PRIMARY KEY, state text) PARTITION BY RANGE (id);
-         CREATE TABLE {parted}_a PARTITION OF {parted} FOR VALUES FROM (0) TO (1000);
-         CREATE FUNCTION {parted}_f() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';
+         CREATE TABLE {parted}_a PARTITION OF {parted} FOR VALUES FROM (0) TO (1000);"
+    ))
+    .await
+    .unwrap();
+    w.tool(
+        "hooked",
+        json!({"executor": "sql", "sql": {"table": parted, "key": "id", "set": ["state"], "where": ["id"]}}),
+    )
+    .await;
+    // Added after registration, which refuses them (thirty-fourth pass).
+    su.batch_execute(&format!(
+        "CREATE FUNCTION {parted}_f() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';
          ALTER FUNCTION {parted}_f() OWNER TO app_agent;
          CREATE TRIGGER hook BEFORE UPDATE ON {parted}_a FOR EACH ROW EXECUTE FUNCTION {parted}_f();
          CREATE FUNCTION {parted}_p(bigint) RETURNS boolean LANGUAGE sql AS 'SELECT true';
@@ -1583,11 +1593,6 @@ async fn test_a_gated_table_an_agent_could_replace_or_hook_is_refused_or_reporte
     ))
     .await
     .unwrap();
-    w.tool(
-        "hooked",
-        json!({"executor": "sql", "sql": {"table": parted, "key": "id", "set": ["state"], "where": ["id"]}}),
-    )
-    .await;
     let problems = deployment_problems(&w.admin).await;
     // Nothing of app_agent's outlives the test: the suite drops the role.
     su.batch_execute(&format!(
@@ -1608,6 +1613,98 @@ async fn test_a_gated_table_an_agent_could_replace_or_hook_is_refused_or_reporte
         reported(&problems, "error", &format!("{parted}_p"), "policy hook"),
         "the policy on {parted}: {problems:?}"
     );
+}
+
+/// Thirty-fourth red-team pass (docs/security.md, row 143): an agent's own
+/// object used by a gated table ran the agent's code inside the approved
+/// write: a domain of a column (its constraint added later), a view a policy
+/// reads, a function behind an operator; and a partition attached after the
+/// tool's registration. Each is refused at registration or reported, and a
+/// partition an agent owns serves no proposal.
+#[tokio::test]
+async fn test_an_agents_object_a_gated_table_uses_is_refused_or_reported() {
+    let w = World::new("member").await;
+    let su = &w.superuser;
+    let domain = format!("crm.{}", unique("agent_text"));
+    let view = format!("crm.{}", unique("agent_view"));
+    let t = table(su, "id bigint PRIMARY KEY, state text NOT NULL").await;
+    su.batch_execute(&format!(
+        "CREATE DOMAIN {domain} AS text; ALTER DOMAIN {domain} OWNER TO app_agent;
+         CREATE VIEW {view} AS SELECT 1 AS one; ALTER VIEW {view} OWNER TO app_agent;
+         CREATE TABLE {t}_d (id bigint PRIMARY KEY, state {domain});"
+    ))
+    .await
+    .unwrap();
+    let message = refused_registration(
+        &w,
+        &json!({"executor": "sql", "sql": {"table": format!("{t}_d"), "key": "id",
+                                           "set": ["state"], "where": ["id"]}}),
+    )
+    .await;
+    assert!(message.contains(&domain), "{message}");
+    // Used after registration: reported.
+    let tool = w
+        .tool(
+            "uses",
+            json!({"executor": "sql", "sql": {"table": t, "key": "id", "set": ["state"], "where": ["id"]}}),
+        )
+        .await;
+    su.batch_execute(&format!(
+        "CREATE POLICY peek ON {t} AS RESTRICTIVE USING (EXISTS (SELECT 1 FROM {view}))"
+    ))
+    .await
+    .unwrap();
+    let problems = deployment_problems(&w.admin).await;
+    su.batch_execute(&format!("DROP POLICY peek ON {t}"))
+        .await
+        .unwrap();
+    assert!(
+        reported(&problems, "error", &view, "policy peek"),
+        "the view a policy reads: {problems:?}"
+    );
+
+    // A partition an agent owns, attached after registration.
+    let parted = format!("crm.{}", unique("attached"));
+    su.batch_execute(&format!(
+        "CREATE TABLE {parted} (tenant text NOT NULL, id bigint PRIMARY KEY, state text) PARTITION BY RANGE (id);
+         ALTER TABLE {parted} ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY by_tenant ON {parted} USING (tenant = keyturn.current_tenant());
+         GRANT SELECT ON {parted} TO app_agent; GRANT SELECT, UPDATE ON {parted} TO app_human;"
+    ))
+    .await
+    .unwrap();
+    let parted_tool = w
+        .tool(
+            "attached",
+            json!({"executor": "sql", "sql": {"table": parted, "key": "id", "set": ["state"], "where": ["id"]}}),
+        )
+        .await;
+    su.batch_execute(&format!(
+        "CREATE TABLE {parted}_a (tenant text NOT NULL, id bigint PRIMARY KEY, state text);
+         ALTER TABLE {parted}_a OWNER TO app_agent;
+         ALTER TABLE {parted} ATTACH PARTITION {parted}_a FOR VALUES FROM (0) TO (1000);
+         INSERT INTO {parted} VALUES ('{}', 1, 'open');",
+        w.tenant
+    ))
+    .await
+    .unwrap();
+    let r = propose_on(
+        &w.agent,
+        &parted_tool,
+        json!({"where": {"id": 1}, "set": {"state": "closed"}}),
+        json!({}),
+    )
+    .await;
+    // Nothing of app_agent's outlives the test: the suite drops the role.
+    su.batch_execute(&format!(
+        "DROP TABLE {parted}; DROP TABLE {t}_d; DROP VIEW {view}; DROP DOMAIN {domain}"
+    ))
+    .await
+    .unwrap();
+    let (state, message) = failure(r);
+    assert_eq!(state, "55000", "{message}");
+    assert!(message.contains(&format!("{parted}_a")), "{message}");
+    drop(tool);
 }
 
 /// Fifth red-team pass (docs/security.md, row 86): statement logging that
