@@ -241,8 +241,7 @@ AS $$
       LEFT JOIN pg_type t ON r.classid = 'pg_type'::regclass AND t.oid = r.objid
       LEFT JOIN pg_operator o ON r.classid = 'pg_operator'::regclass AND o.oid = r.objid
      CROSS JOIN LATERAL (SELECT coalesce(p.proowner, c.relowner, t.typowner, o.oprowner)) AS w (owner)
-      JOIN pg_roles ro ON ro.oid = w.owner
-     WHERE NOT ro.rolsuper AND pg_has_role(w.owner, 'keyturn_agent', 'MEMBER')
+     WHERE keyturn._is_agent_role(w.owner)
 $$;
 
 -- What lets an agent change a table other than through an approved form, one
@@ -280,7 +279,7 @@ AS $$
          (has_table_privilege(r.oid, tree.relid, 'TRIGGER'), false,
           format('may create triggers on %s', tree.relid::regclass))
      ) AS p (bad, reads, problem)
-     WHERE NOT r.rolsuper AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') AND p.bad
+     WHERE keyturn._is_agent_role(r.oid) AND p.bad
        AND (p.reads OR NOT p_reads_only)
      ORDER BY 1
 $$;

@@ -65,17 +65,15 @@ BEGIN
         SELECT 'error', r.rolname::text,
                'agent role has CREATEROLE: it can make itself or a new login a member of an approver role, and approve its own proposals'
           FROM pg_roles r
-         WHERE r.rolcreaterole AND NOT r.rolsuper AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER')
+         WHERE r.rolcreaterole AND keyturn._is_agent_role(r.oid)
         UNION ALL
         -- Code on gated tables.
-        SELECT CASE WHEN n.nspname LIKE 'pg\_temp\_%' OR pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
-                         AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner)
+        SELECT CASE WHEN n.nspname LIKE 'pg\_temp\_%' OR keyturn._is_agent_role(f.proowner)
                     THEN 'error' ELSE 'warning' END,
                f.oid::regprocedure::text,
                CASE WHEN n.nspname LIKE 'pg\_temp\_%'
                         THEN format('trigger %s on %s calls a function in a temporary schema', tg.tgname, tree.relid::regclass)
-                    WHEN pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
-                         AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner)
+                    WHEN keyturn._is_agent_role(f.proowner)
                         THEN format('trigger %s on %s calls a function owned by agent role %s', tg.tgname, tree.relid::regclass, f.proowner::regrole)
                     ELSE format('trigger function of %s on %s is SECURITY DEFINER without a pinned search_path', tg.tgname, tree.relid::regclass)
                END
@@ -86,8 +84,7 @@ BEGIN
           JOIN pg_namespace n ON n.oid = f.pronamespace
          WHERE g.kind = 'write'
            AND (n.nspname LIKE 'pg\_temp\_%'
-                OR (pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
-                    AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner))
+                OR keyturn._is_agent_role(f.proowner)
                 OR (f.prosecdef AND NOT coalesce(array_to_string(f.proconfig, ',') LIKE '%search_path=%', false)))
         UNION ALL
         -- What an agent owns that a gated table's policies, column defaults,

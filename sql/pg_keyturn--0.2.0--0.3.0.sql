@@ -692,6 +692,14 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'inspected_wrapper';
 
+-- pg_keyturn::privilege::_is_agent_role
+CREATE OR REPLACE FUNCTION "_is_agent_role"(
+	"role" oid /* pg_sys :: Oid */
+) RETURNS bool /* bool */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'is_agent_role_sql_wrapper';
+
 -- pg_keyturn::committed::_latest_turn
 CREATE OR REPLACE FUNCTION "_latest_turn"(
 	"tenant" TEXT, /* & str */
@@ -2453,8 +2461,7 @@ AS $$
       LEFT JOIN pg_type t ON r.classid = 'pg_type'::regclass AND t.oid = r.objid
       LEFT JOIN pg_operator o ON r.classid = 'pg_operator'::regclass AND o.oid = r.objid
      CROSS JOIN LATERAL (SELECT coalesce(p.proowner, c.relowner, t.typowner, o.oprowner)) AS w (owner)
-      JOIN pg_roles ro ON ro.oid = w.owner
-     WHERE NOT ro.rolsuper AND pg_has_role(w.owner, 'keyturn_agent', 'MEMBER')
+     WHERE keyturn._is_agent_role(w.owner)
 $$;
 
 -- What lets an agent change a table other than through an approved form, one
@@ -2492,7 +2499,7 @@ AS $$
          (has_table_privilege(r.oid, tree.relid, 'TRIGGER'), false,
           format('may create triggers on %s', tree.relid::regclass))
      ) AS p (bad, reads, problem)
-     WHERE NOT r.rolsuper AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER') AND p.bad
+     WHERE keyturn._is_agent_role(r.oid) AND p.bad
        AND (p.reads OR NOT p_reads_only)
      ORDER BY 1
 $$;
@@ -9781,17 +9788,15 @@ BEGIN
         SELECT 'error', r.rolname::text,
                'agent role has CREATEROLE: it can make itself or a new login a member of an approver role, and approve its own proposals'
           FROM pg_roles r
-         WHERE r.rolcreaterole AND NOT r.rolsuper AND pg_has_role(r.oid, 'keyturn_agent', 'MEMBER')
+         WHERE r.rolcreaterole AND keyturn._is_agent_role(r.oid)
         UNION ALL
         -- Code on gated tables.
-        SELECT CASE WHEN n.nspname LIKE 'pg\_temp\_%' OR pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
-                         AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner)
+        SELECT CASE WHEN n.nspname LIKE 'pg\_temp\_%' OR keyturn._is_agent_role(f.proowner)
                     THEN 'error' ELSE 'warning' END,
                f.oid::regprocedure::text,
                CASE WHEN n.nspname LIKE 'pg\_temp\_%'
                         THEN format('trigger %s on %s calls a function in a temporary schema', tg.tgname, tree.relid::regclass)
-                    WHEN pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
-                         AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner)
+                    WHEN keyturn._is_agent_role(f.proowner)
                         THEN format('trigger %s on %s calls a function owned by agent role %s', tg.tgname, tree.relid::regclass, f.proowner::regrole)
                     ELSE format('trigger function of %s on %s is SECURITY DEFINER without a pinned search_path', tg.tgname, tree.relid::regclass)
                END
@@ -9802,8 +9807,7 @@ BEGIN
           JOIN pg_namespace n ON n.oid = f.pronamespace
          WHERE g.kind = 'write'
            AND (n.nspname LIKE 'pg\_temp\_%'
-                OR (pg_has_role(f.proowner, 'keyturn_agent', 'MEMBER')
-                    AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = f.proowner))
+                OR keyturn._is_agent_role(f.proowner)
                 OR (f.prosecdef AND NOT coalesce(array_to_string(f.proconfig, ',') LIKE '%search_path=%', false)))
         UNION ALL
         -- What an agent owns that a gated table's policies, column defaults,

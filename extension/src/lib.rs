@@ -106,7 +106,7 @@ mod tests;
 ::pgrx::extension_sql_file!(
     "../../sql/041_register.sql",
     name = "register",
-    requires = ["admin"]
+    requires = ["admin", privilege::is_agent_role_sql]
 );
 ::pgrx::extension_sql_file!(
     "../../sql/050_propose.sql",

@@ -291,11 +291,22 @@ fn owner_and_children(relid: pg_sys::Oid) -> Option<(pg_sys::Oid, bool)> {
 /// drop and create tables there) is its creator's (thirty-third red-team
 /// pass, docs/security.md row 143). False for an oid that names nothing.
 pub fn owned_by_agent(relid: pg_sys::Oid) -> bool {
-    let Some((owner, _)) = owner_and_children(relid) else {
-        return false;
-    };
+    owner_and_children(relid).is_some_and(|(owner, _)| is_agent_role(owner))
+}
+
+/// Whether `role` is an agent's role: a member of keyturn_agent that is no
+/// superuser (a superuser is a member of every role). What an agent's role
+/// may own or do is decided by this one definition, in Rust and in SQL
+/// (`keyturn._is_agent_role`: register_tool's and check_deployment's checks).
+pub fn is_agent_role(role: pg_sys::Oid) -> bool {
     // SAFETY: catalog lookups only.
-    !unsafe { pg_sys::superuser_arg(owner) } && is_agent(owner, agent_role())
+    !unsafe { pg_sys::superuser_arg(role) } && is_agent(role, agent_role())
+}
+
+/// [`is_agent_role`] for SQL.
+#[pgrx::pg_extern(name = "_is_agent_role", stable, strict, parallel_safe)]
+pub fn is_agent_role_sql(role: pg_sys::Oid) -> bool {
+    is_agent_role(role)
 }
 
 /// `keyturn._owned_by_agent(relid)`: [`owned_by_agent`], for the
